@@ -1,0 +1,37 @@
+"""What the engine publishes each step: per request, the tokens it generated in that step."""
+
+from dataclasses import dataclass
+from enum import Enum
+
+from gpu.batch import TokenLogprobs
+
+
+class FinishReason(str, Enum):
+    STOP = "stop"  # EOS, a stop token id, or (decided outside the engine) a stop string
+    LENGTH = "length"  # max_tokens or the model's context length
+    ABORT = "abort"  # aborted by the caller: disconnect, shutdown, stop string
+
+
+@dataclass(frozen=True)
+class RequestOutput:
+    """The delta of one request in one engine step."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs | None]
+    finish_reason: FinishReason | None
+    num_prompt_tokens: int
+    num_output_tokens: int  # generated so far, including this step's
+    num_cached_prompt_tokens: int = 0
+
+    @property
+    def is_finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+class RequestRejected(ValueError):
+    """A request that can never be served (too long for the context or the KV cache)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param

@@ -1,0 +1,68 @@
+"""Plain torch attention over the paged cache: the CPU path, and the reference for every kernel.
+
+Clarity over speed: a loop over rows (never over tokens), float32 softmax.
+"""
+
+import torch
+
+from gpu.attention.metadata import AttentionMetadata
+
+
+def store_kv(
+    key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 skipped
+) -> None:
+    is_real = slot_mapping >= 0
+    slots = slot_mapping[is_real]
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    k_cache.view(-1, num_kv_heads, head_dim)[slots] = key[is_real].to(k_cache.dtype)
+    v_cache.view(-1, num_kv_heads, head_dim)[slots] = value[is_real].to(v_cache.dtype)
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    query_start_loc: torch.Tensor,  # [num_rows + 1]
+    context_lens: torch.Tensor,  # [num_rows]
+    block_tables: torch.Tensor,  # [num_rows, max_blocks]
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Each row's queries are its last tokens; query j of a row sees keys up to its own position."""
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group = query.shape[1] // num_kv_heads
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    for row, context_len in enumerate(context_lens.tolist()):
+        start, end = starts[row], starts[row + 1]
+        if end == start:
+            continue
+        blocks = block_tables[row, : (context_len + block_size - 1) // block_size].long()
+        keys = k_cache[blocks].flatten(0, 1)[:context_len].float()  # [context_len, num_kv_heads, head_dim]
+        values = v_cache[blocks].flatten(0, 1)[:context_len].float()
+        out[start:end] = _attend_row(query[start:end].float(), keys, values, group, scale).to(query.dtype)
+    return out
+
+
+def _attend_row(
+    query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: int, scale: float
+) -> torch.Tensor:
+    query_len, context_len = query.shape[0], keys.shape[0]
+    keys = keys.repeat_interleave(group, dim=1)
+    values = values.repeat_interleave(group, dim=1)
+    scores = torch.einsum("qhd,khd->hqk", query, keys) * scale
+    query_positions = torch.arange(context_len - query_len, context_len).unsqueeze(1)
+    is_future = torch.arange(context_len).unsqueeze(0) > query_positions  # [query_len, context_len]
+    scores.masked_fill_(is_future, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), values)
+
+
+def attention_forward(
+    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    return paged_attention(
+        query, k_cache, v_cache, meta.query_start_loc, meta.context_lens, meta.block_tables, scale
+    )

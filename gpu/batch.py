@@ -1,0 +1,69 @@
+"""The plain batch description the model runner executes, and what it returns.
+
+`core/` flattens its sequences into a `Batch`; `gpu/` never sees a sequence. One row per sequence
+scheduled this step. A row's new tokens are the last `query_len` of its `context_len` tokens: the
+runner writes their K/V to `slot_mapping` first, then attends to the whole context through the
+row's block table (causal within the new tokens).
+"""
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class RowSampling:
+    """How to pick the next token of one row. Temperature 0 means greedy."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = None
+    min_p: float = 0.0
+    # With a seed the noise depends only on (seed, output_index): the same tokens whatever else
+    # is in the batch, and again after a preemption recomputes the sequence.
+    seed: int | None = None
+    output_index: int = 0
+    # Token ids that must not be sampled this step (EOS and stop ids until min_tokens is reached).
+    banned_token_ids: tuple[int, ...] = ()
+    # How many top alternatives to return with the sampled token's logprob; None: no logprobs.
+    num_top_logprobs: int | None = None
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass
+class Batch:
+    token_ids: list[int]  # [num_tokens], the new tokens of every row, row after row
+    positions: list[int]  # [num_tokens]
+    slot_mapping: list[int]  # [num_tokens], cache slot = block_id * block_size + offset
+    query_lens: list[int]  # [num_rows]
+    context_lens: list[int]  # [num_rows], tokens in the cache once this step's K/V are written
+    block_tables: list[list[int]]  # [num_rows][blocks of that row]
+    # [num_rows]; None for a prefill chunk that ends before the prompt does (nothing to sample).
+    sampling: list[RowSampling | None] = field(default_factory=list)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def is_decode_only(self) -> bool:
+        return all(n == 1 for n in self.query_lens)
+
+
+@dataclass(frozen=True)
+class TokenLogprobs:
+    """Log-probabilities from the model's raw distribution (before temperature and filters)."""
+
+    logprob: float  # of the sampled token
+    rank: int  # 1 for the most likely token
+    top_token_ids: tuple[int, ...]
+    top_logprobs: tuple[float, ...]
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """One entry per row whose `sampling` was not None, in row order."""
+
+    token_ids: list[int]
+    logprobs: list[TokenLogprobs | None]

@@ -1,0 +1,1 @@
+"""Building blocks of the decoder models, one file per layer kind."""

@@ -1,0 +1,33 @@
+"""What the engine must know of a checkpoint before it builds a runner: limits and special tokens."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformers import AutoConfig, PretrainedConfig
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    architectures: tuple[str, ...]
+    vocab_size: int
+    max_position_embeddings: int
+    eos_token_ids: tuple[int, ...]
+    dtype: str | None  # as stored in the checkpoint, e.g. "bfloat16"
+
+
+def load_hf_config(model_path: str | Path) -> PretrainedConfig:
+    return AutoConfig.from_pretrained(str(model_path))
+
+
+def read_model_info(model_path: str | Path) -> ModelInfo:
+    config = load_hf_config(model_path)
+    eos = config.eos_token_id
+    eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return ModelInfo(
+        architectures=tuple(config.architectures or ()),
+        vocab_size=config.vocab_size,
+        max_position_embeddings=getattr(config, "max_position_embeddings", 4096),
+        eos_token_ids=eos_ids,
+        dtype=str(dtype).removeprefix("torch.") if dtype is not None else None,
+    )

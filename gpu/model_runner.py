@@ -1,0 +1,133 @@
+"""Runs one engine step on the device: batch description in, sampled token ids out.
+
+Owns the model, its KV cache and the sampler. The only host sync of a step is the copy of the
+sampled tokens (and logprobs) back to the host.
+"""
+
+import logging
+from pathlib import Path
+
+import torch
+
+from gpu.attention.backend import select_backend
+from gpu.attention.metadata import AttentionMetadata
+from gpu.batch import Batch, StepResult
+from gpu.config import RunnerConfig
+from gpu import kv_cache
+from gpu.loader import load_weights
+from gpu.model_info import load_hf_config
+from gpu.models import model_class
+from gpu.sampler import Sampler
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_device(requested: str) -> torch.device:
+    if requested == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if requested.startswith("cuda") and not torch.cuda.is_available():
+        raise RuntimeError("device cuda was requested but CUDA is not available")
+    return torch.device(requested)
+
+
+def resolve_dtype(requested: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
+    if requested != "auto":
+        return getattr(torch, requested)
+    if device.type == "cpu":
+        return torch.float32  # exact parity and no slow bf16 matmuls on CPU
+    return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
+
+
+class ModelRunner:
+    def __init__(self, config: RunnerConfig) -> None:
+        self.config = config
+        self.device = resolve_device(config.device)
+        hf_config = load_hf_config(config.model_path)
+        checkpoint_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
+        self.dtype = resolve_dtype(config.dtype, str(checkpoint_dtype).removeprefix("torch."), self.device)
+        self.vocab_size = hf_config.vocab_size
+        self.model = self._build_model(hf_config)
+        self.layers = self.model.attention_layers()
+        self.backend = select_backend(config.attention_backend, self.device)
+        for layer in self.layers:
+            layer.backend = self.backend
+        self.sampler = Sampler(self.device, config.seed)
+        self.num_kv_blocks = self._allocate_kv_cache()
+
+    def _build_model(self, hf_config) -> torch.nn.Module:  # noqa: ANN001 - a transformers config
+        torch.manual_seed(self.config.seed)
+        with torch.device(self.device):
+            model = model_class(hf_config.architectures)(hf_config, self.config.max_model_len)
+        model.to(self.dtype)
+        load_weights(model, Path(self.config.model_path))
+        model.eval().requires_grad_(False)
+        return model
+
+    def _allocate_kv_cache(self) -> int:
+        c = self.config
+        block_bytes = kv_cache.bytes_per_block(self.layers, c.block_size, self.dtype)
+        if c.num_kv_blocks is not None:
+            num_blocks = c.num_kv_blocks
+        elif self.device.type == "cuda":
+            self._warm_up()
+            num_blocks = kv_cache.num_blocks_for_cuda(block_bytes, c.gpu_memory_utilization, self.device)
+        else:
+            num_blocks = kv_cache.num_blocks_for_cpu(block_bytes, c.block_size, c.max_num_seqs, c.max_model_len)
+        kv_cache.allocate(self.layers, num_blocks, c.block_size, self.dtype, self.device)
+        logger.info(
+            "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB (%s)",
+            num_blocks, c.block_size, num_blocks * c.block_size, num_blocks * block_bytes / 2**30, self.dtype,
+        )
+        return num_blocks
+
+    def _warm_up(self) -> None:
+        """A forward pass at the largest prefill shape, against a one-block cache, to find peak memory."""
+        c = self.config
+        kv_cache.allocate(self.layers, 1, c.block_size, self.dtype, self.device)
+        num_tokens = min(c.max_num_batched_tokens, c.max_model_len)
+        batch = Batch(
+            token_ids=[0] * num_tokens, positions=list(range(num_tokens)), slot_mapping=[-1] * num_tokens,
+            query_lens=[num_tokens], context_lens=[num_tokens], block_tables=[[0]], sampling=[None],
+        )
+        torch.cuda.reset_peak_memory_stats(self.device)
+        self._forward(batch)
+        torch.cuda.synchronize(self.device)
+
+    @torch.inference_mode()
+    def execute(self, batch: Batch) -> StepResult:
+        hidden, meta = self._forward(batch)
+        sampled_rows = [i for i, row in enumerate(batch.sampling) if row is not None]
+        if not sampled_rows:
+            return StepResult([], [])
+        last_token_index = meta.query_start_loc[1:].long() - 1
+        rows_index = torch.tensor(sampled_rows, dtype=torch.long).to(self.device, non_blocking=True)
+        logits = self.model.compute_logits(hidden[last_token_index[rows_index]]).float()
+        return self.sampler(logits, [batch.sampling[i] for i in sampled_rows])
+
+    @torch.inference_mode()
+    def _forward(self, batch: Batch) -> tuple[torch.Tensor, AttentionMetadata]:
+        input_ids, positions, meta = self._prepare(batch)
+        return self.model(input_ids, positions, meta), meta
+
+    def _prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        def to_device(values: list, dtype: torch.dtype) -> torch.Tensor:
+            tensor = torch.tensor(values, dtype=dtype)
+            if self.device.type == "cuda":
+                tensor = tensor.pin_memory()
+            return tensor.to(self.device, non_blocking=True)
+
+        max_blocks = max(len(t) for t in batch.block_tables)
+        padded_tables = [t + [0] * (max_blocks - len(t)) for t in batch.block_tables]
+        query_start_loc = [0]
+        for n in batch.query_lens:
+            query_start_loc.append(query_start_loc[-1] + n)
+        meta = AttentionMetadata(
+            slot_mapping=to_device(batch.slot_mapping, torch.int64),
+            query_start_loc=to_device(query_start_loc, torch.int32),
+            context_lens=to_device(batch.context_lens, torch.int32),
+            block_tables=to_device(padded_tables, torch.int32),
+            max_query_len=max(batch.query_lens),
+            max_context_len=max(batch.context_lens),
+            is_decode_only=batch.is_decode_only,
+        )
+        return to_device(batch.token_ids, torch.int64), to_device(batch.positions, torch.int64), meta

@@ -1,0 +1,100 @@
+"""Llama-family decoder (Llama 2/3, Qwen2 with its q/k/v bias, Qwen3 through `has_qk_norm`).
+
+Parameter names follow the Hugging Face checkpoints, except the merged projections
+(`qkv_proj`, `gate_up_proj`), which `packed_modules` maps back to checkpoint names.
+"""
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from gpu.attention.metadata import AttentionMetadata
+from gpu.layers.activation import SiluAndMul
+from gpu.layers.attention import DecoderAttention
+from gpu.layers.linear import MergedLinear
+from gpu.layers.norm import RMSNorm
+from gpu.layers.rotary import RotaryEmbedding
+
+
+class MLP(nn.Module):
+    def __init__(self, config: PretrainedConfig) -> None:
+        super().__init__()
+        if getattr(config, "hidden_act", "silu") != "silu":
+            raise ValueError(f"activation {config.hidden_act!r} is not supported (only silu)")
+        has_bias = bool(getattr(config, "mlp_bias", False))
+        size = config.intermediate_size
+        self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": size, "up": size}, has_bias)
+        self.down_proj = nn.Linear(size, config.hidden_size, bias=has_bias)
+        self.act = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: PretrainedConfig, rotary: RotaryEmbedding, has_qk_norm: bool) -> None:
+        super().__init__()
+        self.self_attn = DecoderAttention(config, rotary, has_qk_norm)
+        self.mlp = MLP(config)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden: torch.Tensor,
+        residual: torch.Tensor | None,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        hidden, residual = self.input_layernorm.forward_with_residual(hidden, residual)
+        hidden = self.self_attn(positions, hidden, meta)
+        hidden, residual = self.post_attention_layernorm.forward_with_residual(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class DecoderModel(nn.Module):
+    def __init__(self, config: PretrainedConfig, max_position: int, has_qk_norm: bool) -> None:
+        super().__init__()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        rotary = RotaryEmbedding(config, head_dim, max_position)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, rotary, has_qk_norm) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, meta)
+        hidden, _ = self.norm.forward_with_residual(hidden, residual)
+        return hidden
+
+
+class LlamaForCausalLM(nn.Module):
+    has_qk_norm = False
+    packed_modules = {
+        "q_proj": ("qkv_proj", "q"),
+        "k_proj": ("qkv_proj", "k"),
+        "v_proj": ("qkv_proj", "v"),
+        "gate_proj": ("gate_up_proj", "gate"),
+        "up_proj": ("gate_up_proj", "up"),
+    }
+
+    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderModel(config, max_position, self.has_qk_norm)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        return self.model(input_ids, positions, meta)  # [num_tokens, hidden_size]
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden)  # [num_rows, vocab_size]
+
+    def attention_layers(self) -> list[DecoderAttention]:
+        return [layer.self_attn for layer in self.model.layers]

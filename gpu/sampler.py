@@ -1,0 +1,136 @@
+"""Batched sampling on the device: greedy, temperature, top-k, top-p, min-p, banned tokens, logprobs.
+
+Random rows pick argmax(probs / noise) with noise ~ Exp(1), which draws from `probs` without
+`torch.multinomial`. A seeded row's noise comes from a generator seeded by (seed, output_index)
+alone, so it draws the same token whatever else is in the batch and after a recompute.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from gpu.batch import RowSampling, StepResult, TokenLogprobs
+
+
+@dataclass
+class SamplingTensors:
+    temperatures: torch.Tensor  # [num_rows] float32, 1.0 on greedy rows
+    is_greedy: torch.Tensor  # [num_rows] bool
+    top_ks: torch.Tensor | None  # [num_rows] int64, vocab size where off; None when no row uses it
+    top_ps: torch.Tensor | None  # [num_rows] float32
+    min_ps: torch.Tensor | None  # [num_rows] float32
+
+
+def build_sampling_tensors(rows: list[RowSampling], vocab_size: int, device: torch.device) -> SamplingTensors:
+    def column(values: list, dtype: torch.dtype) -> torch.Tensor:
+        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+    uses_top_k = any(r.top_k is not None and r.top_k < vocab_size for r in rows if not r.is_greedy)
+    uses_top_p = any(r.top_p < 1.0 for r in rows if not r.is_greedy)
+    uses_min_p = any(r.min_p > 0.0 for r in rows if not r.is_greedy)
+    return SamplingTensors(
+        temperatures=column([r.temperature if not r.is_greedy else 1.0 for r in rows], torch.float32),
+        is_greedy=column([r.is_greedy for r in rows], torch.bool),
+        top_ks=column([min(r.top_k or vocab_size, vocab_size) for r in rows], torch.int64) if uses_top_k else None,
+        top_ps=column([r.top_p for r in rows], torch.float32) if uses_top_p else None,
+        min_ps=column([r.min_p for r in rows], torch.float32) if uses_min_p else None,
+    )
+
+
+class Sampler:
+    def __init__(self, device: torch.device, seed: int) -> None:
+        self.device = device
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(seed)
+
+    def __call__(self, logits: torch.Tensor, rows: list[RowSampling]) -> StepResult:
+        """logits: [num_rows, vocab_size] float32, one row per entry of `rows`."""
+        raw_logits = logits
+        logits = _ban_tokens(logits, rows)
+        tensors = build_sampling_tensors(rows, logits.shape[-1], logits.device)
+        greedy_ids = logits.argmax(dim=-1)
+        if bool(all(r.is_greedy for r in rows)):
+            token_ids = greedy_ids
+        else:
+            probs = _filtered_probs(logits, tensors)
+            random_ids = (probs / self._exponential_noise(probs, rows)).argmax(dim=-1)
+            token_ids = torch.where(tensors.is_greedy, greedy_ids, random_ids)
+        return _to_result(raw_logits, token_ids, rows)
+
+    def _exponential_noise(self, probs: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
+        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+        for i, row in enumerate(rows):
+            if row.seed is not None and not row.is_greedy:
+                generator = torch.Generator(device=probs.device)
+                generator.manual_seed(_row_seed(row.seed, row.output_index))
+                noise[i].exponential_(generator=generator)
+        return noise
+
+
+def _ban_tokens(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
+    if not any(r.banned_token_ids for r in rows):
+        return logits
+    logits = logits.clone()
+    for i, row in enumerate(rows):
+        if row.banned_token_ids:
+            logits[i, list(row.banned_token_ids)] = float("-inf")
+    return logits
+
+
+def _filtered_probs(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
+    logits = logits / t.temperatures.unsqueeze(1)
+    if t.top_ks is not None or t.top_ps is not None:
+        logits = _top_k_top_p(logits, t.top_ks, t.top_ps)
+    probs = logits.softmax(dim=-1)
+    if t.min_ps is not None:
+        max_probs = probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < t.min_ps.unsqueeze(1) * max_probs, 0.0)
+    return probs
+
+
+def _top_k_top_p(logits: torch.Tensor, top_ks: torch.Tensor | None, top_ps: torch.Tensor | None) -> torch.Tensor:
+    sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True)
+    ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
+    is_dropped = torch.zeros_like(sorted_logits, dtype=torch.bool)
+    if top_ks is not None:
+        is_dropped |= ranks >= top_ks.unsqueeze(1)
+    if top_ps is not None:
+        sorted_probs = sorted_logits.masked_fill(is_dropped, float("-inf")).softmax(dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+        is_dropped |= mass_before >= top_ps.unsqueeze(1)  # keeps at least the most likely token
+    sorted_logits = sorted_logits.masked_fill(is_dropped, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, sorted_ids, sorted_logits)
+
+
+def _row_seed(seed: int, output_index: int) -> int:
+    # splitmix64 of the pair: nearby seeds and indices give unrelated streams.
+    x = (seed * 0x9E3779B97F4A7C15 + output_index + 1) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (x ^ (x >> 31)) & 0x7FFFFFFFFFFFFFFF
+
+
+def _to_result(raw_logits: torch.Tensor, token_ids: torch.Tensor, rows: list[RowSampling]) -> StepResult:
+    """Copies the step's results to the host with one sync."""
+    wanted = [r.num_top_logprobs for r in rows]
+    if all(n is None for n in wanted):
+        return StepResult(token_ids.tolist(), [None] * len(rows))
+    logprobs = raw_logits.log_softmax(dim=-1)
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
+    ranks = (logprobs > chosen.unsqueeze(1)).sum(dim=-1) + 1
+    num_top = max(n or 0 for n in wanted)
+    top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (chosen[:, None][:, :0], token_ids[:, None][:, :0])
+    packed = torch.cat([token_ids[:, None].double(), chosen[:, None].double(), ranks[:, None].double(),
+                        top_ids.double(), top_values.double()], dim=1).cpu()  # one host sync
+    results = []
+    for i, n in enumerate(wanted):
+        row = packed[i].tolist()
+        if n is None:
+            results.append(None)
+            continue
+        results.append(TokenLogprobs(
+            logprob=row[1], rank=int(row[2]),
+            top_token_ids=tuple(int(t) for t in row[3 : 3 + n]),
+            top_logprobs=tuple(row[3 + num_top : 3 + num_top + n]),
+        ))
+    return StepResult([int(t) for t in packed[:, 0].tolist()], results)
