@@ -1,5 +1,6 @@
 """What the engine must know of a checkpoint before it builds a runner: limits and special tokens."""
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,8 +22,11 @@ def load_hf_config(model_path: str | Path) -> PretrainedConfig:
 
 def read_model_info(model_path: str | Path) -> ModelInfo:
     config = load_hf_config(model_path)
-    eos = config.eos_token_id
-    eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+    eos_ids = _as_ids(config.eos_token_id)
+    generation_config = Path(model_path) / "generation_config.json"
+    if generation_config.exists():  # chat models list their end-of-turn tokens here (Llama 3: several)
+        eos_ids += tuple(t for t in _as_ids(json.loads(generation_config.read_text()).get("eos_token_id"))
+                         if t not in eos_ids)
     dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     return ModelInfo(
         architectures=tuple(config.architectures or ()),
@@ -31,3 +35,9 @@ def read_model_info(model_path: str | Path) -> ModelInfo:
         eos_token_ids=eos_ids,
         dtype=str(dtype).removeprefix("torch.") if dtype is not None else None,
     )
+
+
+def _as_ids(value: int | list[int] | None) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    return (value,) if isinstance(value, int) else tuple(value)

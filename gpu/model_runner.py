@@ -9,11 +9,11 @@ from pathlib import Path
 
 import torch
 
+from gpu import kv_cache
 from gpu.attention.backend import select_backend
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch, StepResult
 from gpu.config import RunnerConfig
-from gpu import kv_cache
 from gpu.loader import load_weights
 from gpu.model_info import load_hf_config
 from gpu.models import model_class

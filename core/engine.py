@@ -1,0 +1,204 @@
+"""The engine: one step = drain the inbox, schedule, execute, postprocess; outputs are returned.
+
+Threading: `add_request`, `abort_request` and `stats` are safe from any thread (they validate and
+enqueue, or read counters); everything else, and every touch of the scheduler, the block manager
+and the device, happens on the one thread that calls `step`.
+"""
+
+import logging
+import queue
+import threading
+from collections import deque
+from dataclasses import dataclass
+
+from core.batch_builder import build_batch
+from core.block_manager import BlockManager
+from core.config import EngineConfig
+from core.outputs import FinishReason, RequestOutput, RequestRejected
+from core.sampling_params import SamplingParams
+from core.scheduler import ScheduledSequence, Scheduler
+from core.sequence import Sequence
+from core.tokenizer import load_tokenizer
+from gpu.batch import StepResult
+from gpu.config import RunnerConfig
+from gpu.model_info import read_model_info
+from gpu.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    num_running: int
+    num_waiting: int
+    num_total_blocks: int
+    num_free_blocks: int
+    num_evictable_blocks: int
+    num_used_blocks: int
+    num_preemptions: int
+    num_prefix_cache_hit_tokens: int
+
+
+@dataclass(frozen=True)
+class _Abort:
+    request_id: str
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        model = config.model
+        info = read_model_info(model.model)
+        self.max_model_len = _resolve_max_model_len(model.max_model_len, info.max_position_embeddings)
+        self.vocab_size = info.vocab_size
+        self.eos_token_ids = info.eos_token_ids
+        self.tokenizer = load_tokenizer(model.tokenizer or model.model)
+        self.runner = ModelRunner(self._runner_config())
+        self.block_size = config.cache.block_size
+        self.block_manager = BlockManager(self.runner.num_kv_blocks, self.block_size, config.cache.enable_prefix_caching)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager)
+        self._inbox: queue.SimpleQueue[Sequence | _Abort] = queue.SimpleQueue()
+        self._live_ids: set[str] = set()
+        self._live_ids_lock = threading.Lock()
+        self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
+        self._sequences: dict[str, Sequence] = {}
+
+    def _runner_config(self) -> RunnerConfig:
+        c = self.config
+        return RunnerConfig(
+            model_path=c.model.model, dtype=c.model.dtype, device=c.model.device, block_size=c.cache.block_size,
+            num_kv_blocks=c.cache.num_blocks, gpu_memory_utilization=c.cache.gpu_memory_utilization,
+            max_num_seqs=c.scheduler.max_num_seqs, max_num_batched_tokens=c.scheduler.max_num_batched_tokens,
+            max_model_len=self.max_model_len, enforce_eager=c.model.enforce_eager,
+            attention_backend=c.model.attention_backend, seed=c.model.seed,
+        )
+
+    # Any thread.
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Validates and enqueues; raises RequestRejected for a request that can never be served."""
+        max_tokens = self._check_request(prompt_token_ids, params)
+        with self._live_ids_lock:
+            if request_id in self._live_ids:
+                raise RequestRejected("request_id", f"request id {request_id!r} is already in use")
+            self._live_ids.add(request_id)
+        self._inbox.put(Sequence(request_id, prompt_token_ids, params, max_tokens))
+
+    def abort_request(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+
+    def stats(self) -> EngineStats:
+        bm = self.block_manager
+        return EngineStats(
+            num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
+            num_total_blocks=bm.num_blocks, num_free_blocks=len(bm.free_ids),
+            num_evictable_blocks=len(bm.evictable_ids), num_used_blocks=bm.num_used_blocks,
+            num_preemptions=self.scheduler.num_preemptions, num_prefix_cache_hit_tokens=self.scheduler.num_prefix_hit_tokens,
+        )
+
+    def _check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise RequestRejected("prompt", "the prompt is empty")
+        if any(not 0 <= t < self.vocab_size for t in prompt_token_ids):
+            raise RequestRejected("prompt", f"prompt token ids must be in [0, {self.vocab_size})")
+        if num_prompt >= self.max_model_len:
+            raise RequestRejected("prompt", f"the prompt has {num_prompt} tokens; this model's context "
+                                  f"length is {self.max_model_len}, which leaves no room to generate")
+        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - num_prompt
+        if num_prompt + max_tokens > self.max_model_len:
+            raise RequestRejected("max_tokens", f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
+                                  f"exceeds the context length of {self.max_model_len} tokens")
+        num_blocks = -(-(num_prompt + max_tokens) // self.block_size)
+        if num_blocks > self.block_manager.num_blocks:
+            raise RequestRejected("max_tokens", f"the request needs {num_blocks} KV-cache blocks, more than "
+                                  f"the {self.block_manager.num_blocks} that exist")
+        return max_tokens
+
+    # Engine thread only.
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished() or bool(self._taken_from_inbox) or not self._inbox.empty()
+
+    def wait_for_work(self, timeout: float | None = None) -> None:
+        """Blocks until the inbox has something (or the timeout passes); the next step takes it."""
+        if self._taken_from_inbox:
+            return
+        try:
+            self._taken_from_inbox.append(self._inbox.get(timeout=timeout))
+        except queue.Empty:
+            return
+
+    def step(self) -> list[RequestOutput]:
+        outputs = self._drain_inbox()
+        scheduled = self.scheduler.schedule().scheduled
+        if scheduled:
+            batch = build_batch(scheduled, self.block_size, self.eos_token_ids)
+            result = self.runner.execute(batch)
+            outputs += self._postprocess(scheduled, result)
+        return outputs
+
+    def _drain_inbox(self) -> list[RequestOutput]:
+        outputs = []
+        while True:
+            try:
+                item = self._taken_from_inbox.popleft() if self._taken_from_inbox else self._inbox.get_nowait()
+            except queue.Empty:
+                return outputs
+            if isinstance(item, Sequence):
+                self._sequences[item.request_id] = item
+                self.scheduler.add(item)
+            elif (seq := self._sequences.get(item.request_id)) is not None:
+                self._finish(seq, FinishReason.ABORT)
+                outputs.append(_output(seq, 0))
+
+    def _postprocess(self, scheduled: list[ScheduledSequence], result: StepResult) -> list[RequestOutput]:
+        outputs = []
+        sampled = iter(zip(result.token_ids, result.logprobs, strict=True))
+        for s in scheduled:
+            seq = s.seq
+            is_sampled = s.end == seq.num_tokens
+            seq.num_computed_tokens = s.end
+            if not is_sampled:
+                continue
+            token_id, logprobs = next(sampled)
+            seq.append_token(token_id, logprobs)
+            finish_reason = self._finish_reason(seq, token_id)
+            if finish_reason is not None:
+                self._finish(seq, finish_reason)
+            outputs.append(_output(seq, 1))
+        return outputs
+
+    def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
+        params = seq.params
+        if seq.num_output_tokens >= params.min_tokens:
+            if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
+                return FinishReason.STOP
+        if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
+
+    def _finish(self, seq: Sequence, reason: FinishReason) -> None:
+        self.scheduler.finish(seq)
+        seq.finish_reason = reason
+        del self._sequences[seq.request_id]
+        with self._live_ids_lock:
+            self._live_ids.discard(seq.request_id)
+
+
+def _output(seq: Sequence, num_new: int) -> RequestOutput:
+    new_ids = seq.token_ids[seq.num_tokens - num_new :] if num_new else []
+    new_logprobs = seq.logprobs[len(seq.logprobs) - num_new :] if num_new and seq.logprobs else [None] * len(new_ids)
+    return RequestOutput(
+        request_id=seq.request_id, new_token_ids=new_ids, new_logprobs=new_logprobs,
+        finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
+        num_output_tokens=seq.num_output_tokens, num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
+    )
+
+
+def _resolve_max_model_len(requested: int | None, model_limit: int) -> int:
+    if requested is None:
+        return model_limit
+    if requested > model_limit:
+        raise ValueError(f"max_model_len {requested} exceeds the model's max_position_embeddings {model_limit}")
+    return requested

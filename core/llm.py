@@ -1,0 +1,78 @@
+"""Offline generation: `LLM(model).generate(prompts, params)` runs the engine to completion.
+
+Prompts are strings (tokenized here, the engine never tokenizes) or lists of token ids.
+"""
+
+from dataclasses import dataclass, field
+
+from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from core.engine import LLMEngine
+from core.outputs import FinishReason
+from core.sampling_params import SamplingParams
+from gpu.batch import TokenLogprobs
+
+Prompt = str | list[int]
+
+
+@dataclass
+class GenerationOutput:
+    prompt_token_ids: list[int]
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    text: str = ""
+
+
+class LLM:
+    def __init__(
+        self,
+        model: str | None = None,
+        *,
+        cache: CacheConfig | None = None,
+        scheduler: SchedulerConfig | None = None,
+        **model_options: object,
+    ) -> None:
+        """`model`: a checkpoint directory; None builds and uses the built-in tiny model.
+        `model_options` are ModelConfig fields (dtype, device, max_model_len, ...)."""
+        if model is None:
+            from core.tiny_model import default_model_dir
+
+            model = str(default_model_dir())
+        config = EngineConfig(
+            model=ModelConfig(model=model, **model_options),  # type: ignore[arg-type]
+            cache=cache or CacheConfig(), scheduler=scheduler or SchedulerConfig(),
+        )
+        self.engine = LLMEngine(config)
+        self.tokenizer = self.engine.tokenizer
+
+    def generate(
+        self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
+    ) -> list[GenerationOutput]:
+        prompt_list = _as_prompt_list(prompts)
+        params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompt_list)
+        if len(params_list) != len(prompt_list):
+            raise ValueError(f"{len(prompt_list)} prompts but {len(params_list)} sampling params")
+        if any(p.stop for p in params_list):
+            raise ValueError("stop strings need the incremental detokenizer, which offline generation lacks yet")
+        results: dict[str, GenerationOutput] = {}
+        for index, (prompt, p) in enumerate(zip(prompt_list, params_list, strict=True)):
+            token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+            self.engine.add_request(str(index), token_ids, p)
+            results[str(index)] = GenerationOutput(prompt_token_ids=token_ids)
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                result = results[out.request_id]
+                result.token_ids += out.new_token_ids
+                result.logprobs += out.new_logprobs
+                result.finish_reason = out.finish_reason
+        for result in results.values():
+            result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        return list(results.values())
+
+
+def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
+    if isinstance(prompts, str):
+        return [prompts]
+    if prompts and isinstance(prompts[0], int):
+        return [prompts]  # type: ignore[list-item]
+    return list(prompts)  # type: ignore[arg-type]

@@ -1,0 +1,120 @@
+"""Which tokens of which sequences run in the next step, within a token budget.
+
+One rule, in the style of vLLM V1: every scheduled sequence gets tokens so its computed tokens
+catch up with its known tokens, up to `max_num_batched_tokens` per step. Running sequences go
+first, decodes before unfinished prefills, so a long prompt is prefilled in chunks over several
+steps while others keep decoding; waiting sequences are admitted from what is left, their
+prefix-cache hits skipped. When blocks run out, the most recently admitted unscheduled running
+sequence is preempted: its blocks are freed and it goes back to the front of the waiting queue.
+"""
+
+from collections import deque
+from dataclasses import dataclass, field
+
+from core.block_manager import BlockManager
+from core.config import SchedulerConfig
+from core.sequence import Sequence, SequenceStatus
+
+
+@dataclass(frozen=True)
+class ScheduledSequence:
+    seq: Sequence
+    start: int  # the sequence's computed tokens when scheduled: this step computes [start, start + num_new)
+    num_new_tokens: int
+
+    @property
+    def end(self) -> int:
+        return self.start + self.num_new_tokens
+
+    @classmethod
+    def of(cls, seq: Sequence, num_new_tokens: int) -> "ScheduledSequence":
+        return cls(seq, seq.num_computed_tokens, num_new_tokens)
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledSequence] = field(default_factory=list)
+    preempted: list[Sequence] = field(default_factory=list)
+
+    @property
+    def num_batched_tokens(self) -> int:
+        return sum(s.num_new_tokens for s in self.scheduled)
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, block_manager: BlockManager) -> None:
+        self.config = config
+        self.block_manager = block_manager
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []  # in admission order
+        self.num_preemptions = 0
+        self.num_prefix_hit_tokens = 0
+        self._num_admissions = 0
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def finish(self, seq: Sequence) -> None:
+        """Removes a finished or aborted sequence wherever it is and frees its blocks."""
+        if seq.status is SequenceStatus.RUNNING:
+            self.running.remove(seq)
+        elif seq.status is SequenceStatus.WAITING:
+            self.waiting.remove(seq)
+        self.block_manager.free(seq)
+        seq.status = SequenceStatus.FINISHED
+
+    def schedule(self) -> SchedulerOutput:
+        out = SchedulerOutput()
+        budget = self._schedule_running(out, self.config.max_num_batched_tokens)
+        if not out.preempted:
+            self._schedule_waiting(out, budget)
+        return out
+
+    def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
+        pending = sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.admission_order))
+        while pending and budget > 0:
+            seq = pending.pop(0)
+            num_new = min(seq.num_uncomputed_tokens, budget)
+            while not self.block_manager.can_allocate(self.block_manager.num_blocks_to_append(seq, num_new)):
+                victim = max(pending + [seq], key=lambda s: s.admission_order)
+                self._preempt(victim)
+                out.preempted.append(victim)
+                if victim is seq:
+                    break
+                pending.remove(victim)
+            else:
+                self.block_manager.allocate(seq, num_new)
+                out.scheduled.append(ScheduledSequence.of(seq, num_new))
+                budget -= num_new
+        return budget
+
+    def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            hit_ids, hit_keys = self.block_manager.match_prefix(seq)
+            num_new = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget)
+            if not self.block_manager.can_allocate(self.block_manager.num_blocks_to_admit(seq, hit_ids, num_new)):
+                break
+            self.waiting.popleft()
+            self.block_manager.admit(seq, hit_ids, hit_keys)
+            if seq.num_output_tokens == 0:
+                seq.num_cached_prompt_tokens = seq.num_computed_tokens
+            self.num_prefix_hit_tokens += seq.num_computed_tokens
+            self.block_manager.allocate(seq, num_new)
+            seq.status = SequenceStatus.RUNNING
+            seq.admission_order = self._num_admissions
+            self._num_admissions += 1
+            self.running.append(seq)
+            out.scheduled.append(ScheduledSequence.of(seq, num_new))
+            budget -= num_new
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.block_manager.free(seq)
+        seq.num_computed_tokens = 0
+        seq.status = SequenceStatus.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1

@@ -1,0 +1,64 @@
+"""One request's tokens and where it stands: computed tokens, its KV blocks, its finish reason.
+
+`num_computed_tokens` counts tokens whose K/V are in the cache; a sequence is caught up when it
+equals `num_tokens`, and then its next step samples a token. A preempted sequence drops its blocks
+and computed tokens and recomputes prompt and output alike.
+"""
+
+from enum import Enum, auto
+
+from core.outputs import FinishReason
+from core.sampling_params import SamplingParams
+from gpu.batch import TokenLogprobs
+
+
+class SequenceStatus(Enum):
+    WAITING = auto()
+    RUNNING = auto()
+    FINISHED = auto()
+
+
+class Sequence:
+    def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, max_tokens: int) -> None:
+        self.request_id = request_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.max_tokens = max_tokens  # resolved: params.max_tokens or the rest of the context
+        self.status = SequenceStatus.WAITING
+        self.num_computed_tokens = 0
+        self.num_cached_prompt_tokens = 0  # prompt tokens served from the prefix cache at first admission
+        self.block_ids: list[int] = []
+        self.block_keys: list[bytes] = []  # prefix-cache keys of the full blocks, in order
+        self.admission_order = -1  # set by the scheduler each time it admits the sequence
+        self.finish_reason: FinishReason | None = None
+        self.logprobs: list[TokenLogprobs | None] = []
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def num_uncomputed_tokens(self) -> int:
+        return self.num_tokens - self.num_computed_tokens
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status is SequenceStatus.FINISHED
+
+    def append_token(self, token_id: int, logprobs: TokenLogprobs | None) -> None:
+        self.token_ids.append(token_id)
+        if self.params.logprobs is not None:
+            self.logprobs.append(logprobs)
+
+    def __repr__(self) -> str:
+        return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
+                f"computed={self.num_computed_tokens}, blocks={self.block_ids})")
