@@ -6,8 +6,9 @@ Prompts are strings (tokenized here, the engine never tokenizes) or lists of tok
 from dataclasses import dataclass, field
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from core.detokenizer import IncrementalDetokenizer
 from core.engine import LLMEngine
-from core.outputs import FinishReason
+from core.outputs import FinishReason, RequestOutput
 from core.sampling_params import SamplingParams
 from gpu.batch import TokenLogprobs
 
@@ -52,22 +53,34 @@ class LLM:
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompt_list)
         if len(params_list) != len(prompt_list):
             raise ValueError(f"{len(prompt_list)} prompts but {len(params_list)} sampling params")
-        if any(p.stop for p in params_list):
-            raise ValueError("stop strings need the incremental detokenizer, which offline generation lacks yet")
         results: dict[str, GenerationOutput] = {}
+        detokenizers: dict[str, IncrementalDetokenizer] = {}
         for index, (prompt, p) in enumerate(zip(prompt_list, params_list, strict=True)):
             token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
             self.engine.add_request(str(index), token_ids, p)
             results[str(index)] = GenerationOutput(prompt_token_ids=token_ids)
+            detokenizers[str(index)] = IncrementalDetokenizer(self.tokenizer, token_ids, p.stop)
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
-                result = results[out.request_id]
-                result.token_ids += out.new_token_ids
-                result.logprobs += out.new_logprobs
-                result.finish_reason = out.finish_reason
-        for result in results.values():
-            result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+                self._absorb(out, results[out.request_id], detokenizers[out.request_id])
+        for result, detok in zip(results.values(), detokenizers.values(), strict=True):
+            detok.flush()
+            result.text = detok.text
         return list(results.values())
+
+    def _absorb(self, out: RequestOutput, result: GenerationOutput, detok: IncrementalDetokenizer) -> None:
+        """Adds one step's tokens; a stop string ends the sequence after the token that completed it."""
+        if detok.is_stopped:
+            return  # the abort's own final output, or tokens generated before the abort landed
+        for token_id, logprobs in zip(out.new_token_ids, out.new_logprobs, strict=True):
+            result.token_ids.append(token_id)
+            result.logprobs.append(logprobs)
+            detok.add_tokens([token_id])
+            if detok.is_stopped:
+                result.finish_reason = FinishReason.STOP
+                self.engine.abort_request(out.request_id)
+                return
+        result.finish_reason = out.finish_reason
 
 
 def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:
