@@ -1,0 +1,24 @@
+"""Shared fixtures: tiny random checkpoints built once per test session through the real builder."""
+
+from pathlib import Path
+
+import pytest
+
+from core.tiny_model import TinyModelSpec, build_tiny_model
+
+TINY_SPECS = {
+    "qwen3": TinyModelSpec(architecture="qwen3", tie_word_embeddings=True),
+    "llama": TinyModelSpec(architecture="llama", tie_word_embeddings=False, num_kv_heads=1, seed=1),
+    "qwen2": TinyModelSpec(architecture="qwen2", tie_word_embeddings=True, num_kv_heads=4, seed=2),
+}
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {name: build_tiny_model(root / name, spec) for name, spec in TINY_SPECS.items()}
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_dir(tiny_model_dirs: dict[str, Path]) -> Path:
+    return tiny_model_dirs["qwen3"]
