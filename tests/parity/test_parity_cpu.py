@@ -1,0 +1,164 @@
+"""The oracle: with the same weights, our greedy tokens equal transformers' greedy tokens (float32, CPU).
+
+Each case also checks that the engine really took the path it is about (prefix hits, preemption,
+chunked prefill, requests joining a running batch), so a case cannot pass by not exercising it.
+"""
+
+from functools import cache
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from core import LLM, CacheConfig, SamplingParams, SchedulerConfig
+from core.engine import LLMEngine
+from core.scheduler import SchedulerOutput
+
+MAX_NEW_TOKENS = 12
+GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
+PROMPT_LENGTHS = (1, 5, 17, 33, 64, 9)
+MODELS = ("qwen3", "llama", "qwen2")
+
+
+def prompts_of_lengths(lengths: tuple[int, ...], vocab: int = 500, shared_prefix: int = 0) -> list[list[int]]:
+    generator = torch.Generator().manual_seed(sum(lengths) + shared_prefix)
+    prefix = torch.randint(3, vocab, (shared_prefix,), generator=generator).tolist()
+    return [prefix + torch.randint(3, vocab, (n,), generator=generator).tolist() for n in lengths]
+
+
+@cache
+def hf_model(model_dir: Path) -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+
+def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int = MAX_NEW_TOKENS) -> list[int]:
+    model = hf_model(model_dir)
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+def make_llm(model_dir: Path, num_blocks: int = 256, block_size: int = 16, max_tokens_per_step: int = 512) -> LLM:
+    return LLM(
+        str(model_dir),
+        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
+        scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_per_step),
+    )
+
+
+def record_schedules(engine: LLMEngine) -> list[SchedulerOutput]:
+    """Keeps every SchedulerOutput of the engine, to check which path a case exercised."""
+    records: list[SchedulerOutput] = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule() -> SchedulerOutput:
+        out = schedule()
+        records.append(out)
+        return out
+
+    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    return records
+
+
+def assert_matches_hf(model_dir: Path, prompts: list[list[int]], outputs: list) -> None:
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output.token_ids == hf_greedy(model_dir, prompt), f"prompt of {len(prompt)} tokens"
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_batch_of_different_lengths(tiny_model_dirs: dict[str, Path], model: str) -> None:
+    prompts = prompts_of_lengths(PROMPT_LENGTHS)
+    outputs = make_llm(tiny_model_dirs[model]).generate(prompts, GREEDY)
+    assert_matches_hf(tiny_model_dirs[model], prompts, outputs)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_shared_prefixes_hit_the_prefix_cache(tiny_model_dirs: dict[str, Path], model: str) -> None:
+    llm = make_llm(tiny_model_dirs[model])
+    prompts = prompts_of_lengths((3, 11, 20, 1), shared_prefix=48)
+    first = llm.generate(prompts[:1], GREEDY)
+    rest = llm.generate(prompts[1:], GREEDY)
+    assert llm.engine.stats().num_prefix_cache_hit_tokens >= 3 * 48
+    assert_matches_hf(tiny_model_dirs[model], prompts, first + rest)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_small_kv_cache_preempts_and_recomputes(tiny_model_dirs: dict[str, Path], model: str) -> None:
+    # 12 blocks of 4 tokens for 6 sequences of up to ~30 tokens each: they cannot all stay resident.
+    llm = make_llm(tiny_model_dirs[model], num_blocks=12, block_size=4)
+    prompts = prompts_of_lengths((7, 12, 3, 18, 9, 14))
+    outputs = llm.generate(prompts, GREEDY)
+    assert llm.engine.stats().num_preemptions > 0
+    assert_matches_hf(tiny_model_dirs[model], prompts, outputs)
+    assert llm.engine.stats().num_used_blocks == 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_small_token_budget_chunks_prompts(tiny_model_dirs: dict[str, Path], model: str) -> None:
+    llm = make_llm(tiny_model_dirs[model], max_tokens_per_step=16)
+    records = record_schedules(llm.engine)
+    prompts = prompts_of_lengths((50, 7, 40, 23))
+    outputs = llm.generate(prompts, GREEDY)
+    chunks = [s for out in records for s in out.scheduled if s.end < s.seq.num_prompt_tokens]
+    assert len(chunks) >= 4, "long prompts were prefilled in several steps"
+    assert_matches_hf(tiny_model_dirs[model], prompts, outputs)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_requests_added_while_others_run(tiny_model_dirs: dict[str, Path], model: str) -> None:
+    engine = make_llm(tiny_model_dirs[model], max_tokens_per_step=24).engine
+    records = record_schedules(engine)
+    prompts = prompts_of_lengths((30, 4, 19, 41, 2))
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    engine.add_request("0", prompts[0], GREEDY)
+    for index, prompt in enumerate(prompts[1:], start=1):
+        for _ in range(3):
+            for out in engine.step():
+                tokens[out.request_id] += out.new_token_ids
+        engine.add_request(str(index), prompt, GREEDY)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+    assert any(len({s.seq.request_id for s in out.scheduled}) >= 2 and any(s.start > 0 for s in out.scheduled)
+               for out in records), "a new request joined a batch that was already decoding"
+    for index, prompt in enumerate(prompts):
+        assert tokens[str(index)] == hf_greedy(tiny_model_dirs[model], prompt)
+
+
+def test_eos_stops_generation_like_transformers(tiny_qwen3_dir: Path) -> None:
+    # Long generations on a random model: wherever transformers stops at EOS, so must we.
+    prompts = prompts_of_lengths(tuple(range(1, 25)))
+    params = SamplingParams(temperature=0.0, max_tokens=60)
+    outputs = make_llm(tiny_qwen3_dir).generate(prompts, params)
+    for prompt, output in zip(prompts, outputs, strict=True):
+        expected = hf_greedy(tiny_qwen3_dir, prompt, max_new_tokens=60)
+        assert output.token_ids == expected
+        assert output.finish_reason.value == ("stop" if len(expected) < 60 else "length")
+    assert sum(o.finish_reason.value == "stop" for o in outputs) >= 2, "some generations end at EOS"
+
+
+def test_sharded_checkpoint_loads_the_same_weights(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    source = tiny_model_dirs["llama"]
+    sharded = tmp_path / "sharded"
+    hf_model(source).save_pretrained(sharded, max_shard_size="100KB")
+    for tokenizer_file in source.glob("tokenizer*"):
+        (sharded / tokenizer_file.name).write_bytes(tokenizer_file.read_bytes())
+    assert (sharded / "model.safetensors.index.json").exists()
+    prompts = prompts_of_lengths((8, 21))
+    assert_matches_hf(source, prompts, make_llm(sharded).generate(prompts, GREEDY))
+
+
+def test_logits_close_to_transformers(tiny_model_dirs: dict[str, Path]) -> None:
+    for model_dir in tiny_model_dirs.values():
+        engine = make_llm(model_dir).engine
+        prompt = prompts_of_lengths((40,))[0]
+        from gpu.batch import Batch
+
+        batch = Batch(token_ids=prompt, positions=list(range(40)), slot_mapping=list(range(40)), query_lens=[40],
+                      context_lens=[40], block_tables=[[0, 1, 2]], sampling=[None])
+        hidden, _ = engine.runner._forward(batch)
+        ours = engine.runner.model.compute_logits(hidden)
+        with torch.no_grad():
+            theirs = hf_model(model_dir)(torch.tensor([prompt])).logits[0]
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-4)
