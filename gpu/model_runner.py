@@ -12,8 +12,9 @@ import torch
 from gpu import kv_cache
 from gpu.attention.backend import select_backend
 from gpu.attention.metadata import AttentionMetadata
-from gpu.batch import Batch, StepResult
+from gpu.batch import Batch, RowSampling, StepResult
 from gpu.config import RunnerConfig
+from gpu.cuda_graphs import DecodeGraphs
 from gpu.loader import load_weights
 from gpu.model_info import load_hf_config
 from gpu.models import model_class
@@ -52,7 +53,11 @@ class ModelRunner:
         for layer in self.layers:
             layer.backend = self.backend
         self.sampler = Sampler(self.device, config.seed)
+        self.graphs: DecodeGraphs | None = None  # set after the KV cache exists
         self.num_kv_blocks = self._allocate_kv_cache()
+        if self.device.type == "cuda" and not config.enforce_eager:
+            self.graphs = DecodeGraphs(config.max_num_seqs, config.max_model_len, config.block_size, self.device)
+            self.graphs.capture(self.model)
 
     def _build_model(self, hf_config) -> torch.nn.Module:  # noqa: ANN001 - a transformers config
         torch.manual_seed(self.config.seed)
@@ -80,17 +85,22 @@ class ModelRunner:
         )
         return num_blocks
 
+    @torch.inference_mode()
     def _warm_up(self) -> None:
-        """A forward pass at the largest prefill shape, against a one-block cache, to find peak memory."""
+        """The largest prefill and the largest sampling step, against a tiny cache, to find peak memory."""
         c = self.config
-        kv_cache.allocate(self.layers, 1, c.block_size, self.dtype, self.device)
         num_tokens = min(c.max_num_batched_tokens, c.max_model_len)
+        kv_cache.allocate(self.layers, -(-num_tokens // c.block_size), c.block_size, self.dtype, self.device)
         batch = Batch(
             token_ids=[0] * num_tokens, positions=list(range(num_tokens)), slot_mapping=[-1] * num_tokens,
-            query_lens=[num_tokens], context_lens=[num_tokens], block_tables=[[0]], sampling=[None],
+            query_lens=[num_tokens], context_lens=[num_tokens],
+            block_tables=[list(range(-(-num_tokens // c.block_size)))], sampling=[None],
         )
         torch.cuda.reset_peak_memory_stats(self.device)
-        self._forward(batch)
+        hidden, _ = self._forward(batch)
+        num_rows = min(c.max_num_seqs, num_tokens)
+        heaviest = RowSampling(temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, num_top_logprobs=20)
+        self.sampler(self.model.compute_logits(hidden[:num_rows]).float(), [heaviest] * num_rows)
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
@@ -107,6 +117,11 @@ class ModelRunner:
     @torch.inference_mode()
     def _forward(self, batch: Batch) -> tuple[torch.Tensor, AttentionMetadata]:
         input_ids, positions, meta = self._prepare(batch)
+        if self.graphs is not None and meta.is_decode_only and self.graphs.bucket_for(batch.num_rows) is not None:
+            hidden = self.graphs.replay(
+                batch.num_rows, input_ids, positions, meta.slot_mapping, meta.context_lens, meta.block_tables
+            )
+            return hidden, meta
         return self.model(input_ids, positions, meta), meta
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
