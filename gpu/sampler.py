@@ -49,7 +49,7 @@ class Sampler:
         logits = _ban_tokens(logits, rows)
         tensors = build_sampling_tensors(rows, logits.shape[-1], logits.device)
         greedy_ids = logits.argmax(dim=-1)
-        if bool(all(r.is_greedy for r in rows)):
+        if all(r.is_greedy for r in rows):
             token_ids = greedy_ids
         else:
             probs = _filtered_probs(logits, tensors)
@@ -116,21 +116,17 @@ def _to_result(raw_logits: torch.Tensor, token_ids: torch.Tensor, rows: list[Row
     if all(n is None for n in wanted):
         return StepResult(token_ids.tolist(), [None] * len(rows))
     logprobs = raw_logits.log_softmax(dim=-1)
-    chosen = logprobs.gather(1, token_ids.unsqueeze(1)).squeeze(1)
-    ranks = (logprobs > chosen.unsqueeze(1)).sum(dim=-1) + 1
+    chosen = logprobs.gather(1, token_ids.unsqueeze(1))  # [num_rows, 1]
+    ranks = (logprobs > chosen).sum(dim=-1, keepdim=True) + 1
     num_top = max(n or 0 for n in wanted)
-    top_values, top_ids = logprobs.topk(num_top, dim=-1) if num_top else (chosen[:, None][:, :0], token_ids[:, None][:, :0])
-    packed = torch.cat([token_ids[:, None].double(), chosen[:, None].double(), ranks[:, None].double(),
-                        top_ids.double(), top_values.double()], dim=1).cpu()  # one host sync
-    results = []
-    for i, n in enumerate(wanted):
-        row = packed[i].tolist()
-        if n is None:
-            results.append(None)
-            continue
-        results.append(TokenLogprobs(
+    top_values, top_ids = logprobs.topk(num_top, dim=-1)  # [num_rows, num_top], possibly 0 wide
+    columns = [token_ids.unsqueeze(1), chosen, ranks, top_ids, top_values]
+    packed = torch.cat([c.double() for c in columns], dim=1).tolist()  # the one host sync
+    results: list[TokenLogprobs | None] = []
+    for row, n in zip(packed, wanted, strict=True):
+        results.append(None if n is None else TokenLogprobs(
             logprob=row[1], rank=int(row[2]),
             top_token_ids=tuple(int(t) for t in row[3 : 3 + n]),
             top_logprobs=tuple(row[3 + num_top : 3 + num_top + n]),
         ))
-    return StepResult([int(t) for t in packed[:, 0].tolist()], results)
+    return StepResult([int(row[0]) for row in packed], results)
