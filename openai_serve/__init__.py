@@ -1,0 +1,1 @@
+"""openai-serve: an OpenAI-compatible streaming server over the engine in `core`."""

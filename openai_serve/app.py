@@ -1,0 +1,67 @@
+"""The Starlette application: routes, middleware, error handlers, and the lifespan that runs the
+engine thread (started before the first request, stopped after the last connection closed)."""
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import Route
+
+from core import LLMEngine
+from openai_serve.chat_template import ChatTemplate
+from openai_serve.engine_bridge import EngineBridge
+from openai_serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
+from openai_serve.logprobs import TokenTexts
+from openai_serve.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
+from openai_serve.routes.chat import create_chat_completion
+from openai_serve.routes.completions import create_completion
+from openai_serve.routes.models import health, list_models, metrics, retrieve_model
+from openai_serve.routes.tokenize import detokenize, tokenize
+from openai_serve.server_config import ServerConfig
+from openai_serve.state import ServingState
+
+ROUTES = [
+    Route("/v1/completions", create_completion, methods=["POST"]),
+    Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
+    Route("/v1/models", list_models, methods=["GET"]),
+    Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
+    Route("/health", health, methods=["GET"]),
+    Route("/metrics", metrics, methods=["GET"]),
+    Route("/tokenize", tokenize, methods=["POST"]),
+    Route("/detokenize", detokenize, methods=["POST"]),
+]
+
+
+def build_app(engine: LLMEngine, config: ServerConfig) -> Starlette:
+    """An app serving `engine`; the engine thread runs while the app's lifespan does."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        bridge = EngineBridge(engine, config.max_pending_requests)
+        chat_template = ChatTemplate(engine.tokenizer, config.chat_template)
+        app.state.serving = ServingState(engine, bridge, config, chat_template, TokenTexts(engine.tokenizer))
+        bridge.start()
+        try:
+            yield
+        finally:
+            await bridge.stop()
+
+    return Starlette(
+        routes=ROUTES, middleware=_middleware(config), lifespan=lifespan,
+        exception_handlers={APIError: handle_api_error, HTTPException: handle_http_exception,
+                            Exception: handle_unexpected},
+    )
+
+
+def _middleware(config: ServerConfig) -> list[Middleware]:
+    middleware = []
+    if config.allowed_origins:
+        middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+                                     allow_methods=["*"], allow_headers=["*"]))
+    if config.api_key is not None:
+        middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))
+    middleware.append(Middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_body_bytes))
+    return middleware

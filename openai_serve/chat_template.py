@@ -1,0 +1,57 @@
+"""Chat prompts: the model's chat template (or the one `--chat-template` names) through transformers.
+
+`chat_template_kwargs` from a request become template variables; they can never replace the
+template or the arguments of `apply_chat_template` itself. The rendered text already holds the
+template's special tokens, so it is tokenized without adding any (as vLLM does).
+"""
+
+import inspect
+from pathlib import Path
+
+from transformers import PreTrainedTokenizerBase
+
+from openai_serve.errors import bad_request
+from openai_serve.protocol.chat import ChatRequest
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """`--chat-template`: a file path, or the template text itself (as vLLM accepts)."""
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_file():
+        return path.read_text()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
+
+
+class ChatTemplate:
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, template: str | None = None) -> None:
+        self._tokenizer = tokenizer
+        self._template = template
+        parameters = inspect.signature(tokenizer.apply_chat_template).parameters
+        self._reserved = {name for name, p in parameters.items() if p.kind is not p.VAR_KEYWORD} | {"messages"}
+
+    @property
+    def is_available(self) -> bool:
+        return self._template is not None or getattr(self._tokenizer, "chat_template", None) is not None
+
+    def render(self, request: ChatRequest) -> str:
+        if not self.is_available:
+            raise bad_request("this model has no chat template; start the server with --chat-template", "messages")
+        for key in request.template_kwargs:
+            if key in self._reserved:
+                name = f"chat_template_kwargs.{key}"
+                raise bad_request(f"'{name}' is reserved and cannot be set by a request", name)
+        try:
+            return self._tokenizer.apply_chat_template(
+                [dict(m) for m in request.messages], chat_template=self._template, tokenize=False,
+                add_generation_prompt=request.add_generation_prompt,
+                continue_final_message=request.continue_final_message, **request.template_kwargs,
+            )
+        except Exception as exc:  # a template's raise_exception, or variables it cannot use
+            raise bad_request(f"the chat template could not render these messages: {exc}", "messages") from exc
+
+    def tokenize(self, prompt: str) -> list[int]:
+        return self._tokenizer.encode(prompt, add_special_tokens=False)

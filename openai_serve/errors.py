@@ -1,0 +1,84 @@
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, code a string or null.
+
+Every failure a client can cause is an `APIError` raised where it is found and turned into a JSON
+response by one handler; anything else that escapes is logged and answered as a 500 in the same
+shape (a bug, never a crash of the server).
+"""
+
+import logging
+
+import orjson
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+logger = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status_code: int,
+        message: str,
+        *,
+        error_type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+        self.error_type = error_type
+        self.param = param
+        self.code = code
+
+    def to_dict(self) -> dict[str, object]:
+        return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
+
+    def to_response(self) -> Response:
+        headers = {"Retry-After": "1"} if self.status_code == 503 else None
+        return Response(orjson.dumps(self.to_dict()), self.status_code, headers, "application/json")
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def unsupported(param: str, why: str = "is not supported by this server") -> APIError:
+    return APIError(400, f"'{param}' {why}", param=param, code="unsupported_parameter")
+
+
+def model_not_found(model: str) -> APIError:
+    return APIError(404, f"The model `{model}` does not exist.", param="model", code="model_not_found")
+
+
+def service_unavailable(message: str, code: str) -> APIError:
+    return APIError(503, message, error_type="service_unavailable_error", code=code)
+
+
+def unauthorized() -> APIError:
+    message = "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'."
+    return APIError(401, message, code="invalid_api_key")
+
+
+def request_too_large(limit: int) -> APIError:
+    return APIError(413, f"The request body exceeds the limit of {limit} bytes.", code="request_too_large")
+
+
+async def handle_api_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return exc.to_response()
+
+
+async def handle_http_exception(request: Request, exc: Exception) -> Response:
+    """Starlette's own 404 (unknown route) and 405 (wrong method), in OpenAI's shape."""
+    assert isinstance(exc, HTTPException)
+    codes = {404: "not_found", 405: "method_not_allowed"}
+    message = f"{request.method} {request.url.path}: {exc.detail}"
+    return APIError(exc.status_code, message, code=codes.get(exc.status_code)).to_response()
+
+
+async def handle_unexpected(request: Request, exc: Exception) -> Response:
+    logger.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+    error = APIError(500, "The server had an error while processing your request.", error_type="server_error")
+    return error.to_response()

@@ -1,0 +1,117 @@
+"""One HTTP request's choices in the engine: submitted together, decoded as outputs arrive, and
+aborted together when the response ends early (disconnect, error, shutdown).
+
+A choice that hits a stop string is aborted in the engine at once, so its KV blocks are freed in
+the next step even while the other choices go on.
+"""
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from transformers import PreTrainedTokenizerBase
+
+from openai_serve.choice import ChoiceDecoder, ChoiceDelta, ChoiceSpec, TextOptions
+from openai_serve.engine_bridge import EngineBridge, RequestHandle
+from openai_serve.errors import APIError
+from openai_serve.logprobs import TokenLogprob
+from openai_serve.protocol.common import CommonRequest, make_sampling_params
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
+        }
+
+
+class Generation:
+    def __init__(self, specs: list[ChoiceSpec], tokenizer: PreTrainedTokenizerBase, options: TextOptions) -> None:
+        self.decoders = [ChoiceDecoder(spec, tokenizer, options) for spec in specs]
+        self._by_request_id = {d.spec.request_id: d for d in self.decoders}
+        self._handle: RequestHandle | None = None
+
+    def start(self, bridge: EngineBridge, prompt_param: str) -> None:
+        """Submits every choice; a 400 about the prompt names the endpoint's prompt field."""
+        requests = [(d.spec.request_id, d.spec.prompt_token_ids, d.spec.params) for d in self.decoders]
+        try:
+            self._handle = bridge.submit(requests)
+        except APIError as exc:
+            if exc.param == "prompt":
+                exc.param = prompt_param
+            raise
+
+    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
+        """Text deltas of all choices, interleaved as the engine makes them; ends when all finished."""
+        assert self._handle is not None, "start() first"
+        num_unfinished = len(self.decoders)
+        try:
+            while num_unfinished:
+                output = await self._handle.next_output()
+                decoder = self._by_request_id[output.request_id]
+                delta = decoder.absorb(output)
+                if delta is None:
+                    continue
+                if delta.finish_reason is not None:
+                    num_unfinished -= 1
+                    if decoder.is_stopped_by_string:
+                        self._handle.abort(output.request_id)
+                yield delta
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Aborts every choice still running in the engine; safe to call more than once."""
+        if self._handle is not None:
+            self._handle.close()
+
+    def usage(self) -> Usage:
+        """Each prompt counts once, however many choices it has (as OpenAI counts n > 1)."""
+        first_choices: dict[int, ChoiceDecoder] = {}
+        cached: dict[int, int] = {}
+        for d in self.decoders:
+            first_choices.setdefault(d.spec.prompt_index, d)
+            cached[d.spec.prompt_index] = min(cached.get(d.spec.prompt_index, 1 << 62), d.num_cached_prompt_tokens)
+        return Usage(
+            prompt_tokens=sum(len(d.spec.prompt_token_ids) for d in first_choices.values()),
+            completion_tokens=sum(d.num_output_tokens for d in self.decoders),
+            cached_tokens=sum(cached.values()),
+        )
+
+
+@dataclass
+class CollectedChoice:
+    text: str = ""
+    logprobs: list[TokenLogprob] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+async def collect(generation: Generation) -> dict[int, CollectedChoice]:
+    """The whole of every choice, for a response that is not streamed."""
+    choices = {d.spec.index: CollectedChoice() for d in generation.decoders}
+    async for delta in generation.deltas():
+        choice = choices[delta.index]
+        choice.text += delta.text
+        choice.logprobs += delta.logprobs
+        choice.finish_reason = delta.finish_reason
+    return choices
+
+
+def choice_specs(
+    response_id: str, prompts: list[list[int]], common: CommonRequest, max_tokens: int | None, logprobs: int | None
+) -> list[ChoiceSpec]:
+    """n choices per prompt; choice j of prompt i is index i * n + j and engine request `{id}-{index}`."""
+    specs = []
+    for prompt_index, prompt in enumerate(prompts):
+        for j in range(common.n):
+            index = prompt_index * common.n + j
+            params = make_sampling_params(common, j, max_tokens, logprobs)
+            specs.append(ChoiceSpec(index, prompt_index, f"{response_id}-{index}", prompt, params))
+    return specs

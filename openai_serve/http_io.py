@@ -1,0 +1,48 @@
+"""Reading JSON bodies, and noticing a client that leaves before a non-streamed answer is ready."""
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable
+from typing import TypeVar
+
+import orjson
+from starlette.requests import Request
+
+from openai_serve.errors import bad_request
+
+T = TypeVar("T")
+
+
+class ClientDisconnected(Exception):
+    """The client went away; nobody is left to answer."""
+
+
+async def read_json(request: Request) -> object:
+    body = await request.body()
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise bad_request(f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from exc
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Runs `work`, cancelling it (so its cleanup aborts the engine requests) if the client leaves."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+    if task.cancelled():
+        raise ClientDisconnected()
+    return task.result()
+
+
+async def _wait_for_disconnect(request: Request) -> None:
+    # The body has been read, so the next message the server hands us is the disconnect.
+    while (await request.receive())["type"] != "http.disconnect":
+        pass

@@ -1,0 +1,61 @@
+"""ASGI middleware: API-key authentication and the request body size limit.
+
+Order in the app (outermost first): CORS, auth, body limit. CORS answers preflight requests
+before auth sees them, since browsers send no Authorization header on a preflight.
+"""
+
+import hmac
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from openai_serve.errors import request_too_large, unauthorized
+
+# Liveness and metrics carry no model output; load balancers probe them without a key (as in vLLM).
+UNAUTHENTICATED_PATHS = frozenset({"/health", "/metrics"})
+
+
+class APIKeyMiddleware:
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self._expected = f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS or scope["method"] == "OPTIONS":
+            await self.app(scope, receive, send)
+            return
+        provided = dict(scope["headers"]).get(b"authorization", b"")
+        if not hmac.compare_digest(provided, self._expected):  # constant time: no key guessing by timing
+            await unauthorized().to_response()(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+class BodySizeLimitMiddleware:
+    """413 for a body over the limit: at once from Content-Length, or as soon as it streams past it."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self._max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > self._max_bytes:
+            await request_too_large(self._max_bytes).to_response()(scope, receive, send)
+            return
+        await self.app(scope, self._limited(receive), send)
+
+    def _limited(self, receive: Receive) -> Receive:
+        received = 0
+
+        async def limited_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > self._max_bytes:
+                raise request_too_large(self._max_bytes)
+            return message
+
+        return limited_receive

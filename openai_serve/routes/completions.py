@@ -1,0 +1,104 @@
+"""POST /v1/completions: the legacy text completions endpoint, streamed or in full.
+
+Streaming follows OpenAI: every chunk has the response's one `id`; a choice's last chunk carries
+its `finish_reason` (with empty text); with `stream_options.include_usage` every chunk has
+`usage: null` and a last chunk with `choices: []` has the usage; then `data: [DONE]`.
+With `echo`, each choice starts with its prompt's text (its first chunk, when streamed).
+"""
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from openai_serve.choice import TextOptions
+from openai_serve.generation import CollectedChoice, Generation, Usage, choice_specs
+from openai_serve.http_io import read_json
+from openai_serve.logprobs import TokenLogprob, completion_logprobs
+from openai_serve.protocol.completions import CompletionRequest, Prompt, parse_completion_request
+from openai_serve.routes.responding import client_gone, collect_or_abort, json_response
+from openai_serve.sse import event_stream
+from openai_serve.state import ServingState, serving_state
+
+
+async def create_completion(request: Request) -> Response:
+    state = serving_state(request)
+    body = parse_completion_request(await read_json(request))
+    state.check_model(body.common.model)
+    prompts = [_tokenize(state, prompt, body.add_special_tokens) for prompt in body.prompts]
+    view = CompletionView(state, body, _echo_texts(state, body, prompts))
+    specs = choice_specs(view.response_id, prompts, body.common, body.max_tokens, body.logprobs)
+    options = TextOptions(body.common.skip_special_tokens, body.common.include_stop_str_in_output)
+    generation = Generation(specs, state.engine.tokenizer, options)
+    generation.start(state.bridge, "prompt")
+    if body.common.stream.stream:
+        return event_stream(view.stream(generation), generation.close)
+    result = await collect_or_abort(request, generation)
+    return client_gone() if result is None else json_response(view.response(*result))
+
+
+def _tokenize(state: ServingState, prompt: Prompt, add_special_tokens: bool) -> list[int]:
+    if isinstance(prompt, str):
+        return state.engine.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+    return list(prompt)
+
+
+def _echo_texts(state: ServingState, body: CompletionRequest, prompts: list[list[int]]) -> list[str]:
+    if not body.echo:
+        return []
+    skip = body.common.skip_special_tokens
+    return [p if isinstance(p, str) else state.engine.tokenizer.decode(list(ids), skip_special_tokens=skip)
+            for p, ids in zip(body.prompts, prompts, strict=True)]
+
+
+class CompletionView:
+    """Builds this response's JSON: chunks while streaming, or the whole response."""
+
+    def __init__(self, state: ServingState, body: CompletionRequest, echo_texts: list[str]) -> None:
+        self.response_id = f"cmpl-{uuid.uuid4().hex}"
+        self._created = int(time.time())
+        self._model = body.common.model
+        self._n = body.common.n
+        self._include_usage = body.common.stream.include_usage
+        self._wants_logprobs = body.logprobs is not None
+        self._echo_texts = echo_texts
+        self._texts = state.token_texts
+
+    async def stream(self, generation: Generation) -> AsyncIterator[dict[str, object]]:
+        for index in range(len(generation.decoders)):
+            if self._echo_texts:
+                yield self._chunk([self._choice(index, self._echo_texts[index // self._n], None, None)])
+        async for delta in generation.deltas():
+            if delta.text or delta.logprobs:
+                yield self._chunk([self._choice(delta.index, delta.text, delta.logprobs, None)])
+            if delta.finish_reason is not None:
+                yield self._chunk([self._choice(delta.index, "", None, delta.finish_reason)])
+        if self._include_usage:
+            yield {**self._chunk([]), "usage": generation.usage().to_dict()}
+
+    def response(self, choices: dict[int, CollectedChoice], usage: Usage) -> dict[str, object]:
+        items = []
+        for index, choice in sorted(choices.items()):
+            echo = self._echo_texts[index // self._n] if self._echo_texts else ""
+            items.append(self._choice(index, echo + choice.text, choice.logprobs, choice.finish_reason))
+        return {**self._head(), "choices": items, "usage": usage.to_dict()}
+
+    def _head(self) -> dict[str, object]:
+        return {"id": self.response_id, "object": "text_completion", "created": self._created,
+                "model": self._model, "system_fingerprint": None}
+
+    def _chunk(self, choices: list[dict[str, object]]) -> dict[str, object]:
+        chunk = {**self._head(), "choices": choices}
+        if self._include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def _choice(
+        self, index: int, text: str, logprobs: list[TokenLogprob] | None, finish_reason: str | None
+    ) -> dict[str, object]:
+        formatted = None
+        if self._wants_logprobs and logprobs is not None:
+            formatted = completion_logprobs(logprobs, self._texts)
+        return {"index": index, "text": text, "logprobs": formatted, "finish_reason": finish_reason}

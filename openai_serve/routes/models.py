@@ -1,0 +1,52 @@
+"""GET /v1/models, /v1/models/{model}, /health and /metrics (engine and KV-cache gauges)."""
+
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+
+from openai_serve.errors import model_not_found, service_unavailable
+from openai_serve.routes.responding import json_response
+from openai_serve.state import ServingState, serving_state
+
+
+def _model_card(state: ServingState, name: str) -> dict[str, object]:
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "openai-serve",
+            "root": state.engine.config.model.model, "max_model_len": state.engine.max_model_len}
+
+
+async def list_models(request: Request) -> Response:
+    state = serving_state(request)
+    return json_response({"object": "list", "data": [_model_card(state, n) for n in state.model_names]})
+
+
+async def retrieve_model(request: Request) -> Response:
+    state = serving_state(request)
+    name = request.path_params["model"]
+    if name not in state.model_names:
+        raise model_not_found(name)
+    return json_response(_model_card(state, name))
+
+
+async def health(request: Request) -> Response:
+    """200 while the engine thread is alive; 503 once it has died or shutdown has begun."""
+    if not serving_state(request).bridge.is_alive:
+        raise service_unavailable("The engine is not running.", "engine_not_running")
+    return json_response({"status": "ok"})
+
+
+async def metrics(request: Request) -> Response:
+    """Prometheus text format. At idle: kv_blocks_used is 0 and free + evictable = total."""
+    state = serving_state(request)
+    stats = state.engine.stats()
+    gauges = {
+        "requests_running": stats.num_running,
+        "requests_waiting": stats.num_waiting,
+        "requests_in_flight": state.bridge.num_pending_requests,
+        "kv_blocks_total": stats.num_total_blocks,
+        "kv_blocks_free": stats.num_free_blocks,
+        "kv_blocks_evictable": stats.num_evictable_blocks,
+        "kv_blocks_used": stats.num_used_blocks,
+        "preemptions_total": stats.num_preemptions,
+        "prefix_cache_hit_tokens_total": stats.num_prefix_cache_hit_tokens,
+    }
+    lines = [f"openai_serve_{name} {value}" for name, value in gauges.items()]
+    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")

@@ -1,0 +1,36 @@
+"""What every route needs, built once at start-up and read-only afterwards."""
+
+import time
+from dataclasses import dataclass, field
+
+from starlette.requests import Request
+
+from core import LLMEngine
+from openai_serve.chat_template import ChatTemplate
+from openai_serve.engine_bridge import EngineBridge
+from openai_serve.errors import model_not_found
+from openai_serve.logprobs import TokenTexts
+from openai_serve.server_config import ServerConfig
+
+
+@dataclass(frozen=True)
+class ServingState:
+    engine: LLMEngine
+    bridge: EngineBridge
+    config: ServerConfig
+    chat_template: ChatTemplate
+    token_texts: TokenTexts
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        return self.config.served_model_names
+
+    def check_model(self, model: str | None) -> None:
+        """Any served name selects the model; None (allowed on /tokenize) means it too."""
+        if model is not None and model not in self.model_names:
+            raise model_not_found(model)
+
+
+def serving_state(request: Request) -> ServingState:
+    return request.app.state.serving

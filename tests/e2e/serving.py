@@ -1,0 +1,88 @@
+"""A real uvicorn server on a free localhost port, in a background thread, serving a tiny random
+model built through the real checkpoint builder and loaded by the real loader. No mocks anywhere.
+"""
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import httpx
+import openai
+
+from core import CacheConfig, EngineConfig, LLMEngine, ModelConfig, SchedulerConfig
+from openai_serve.app import build_app
+from openai_serve.server import ServingServer
+from openai_serve.server_config import ServerConfig
+
+MODEL = "tiny"
+ALIAS = "tiny-alias"
+
+
+@dataclass
+class RunningServer:
+    server: ServingServer
+    thread: threading.Thread
+    engine: LLMEngine
+    base_url: str
+    api_key: str | None = None
+
+    def client(self, **kwargs: object) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key=self.api_key or "unused", max_retries=0,
+                             **kwargs)
+
+    def async_client(self, **kwargs: object) -> openai.AsyncOpenAI:
+        return openai.AsyncOpenAI(base_url=self.base_url + "/v1", api_key=self.api_key or "unused", max_retries=0,
+                                  **kwargs)
+
+    def http(self, **kwargs: object) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=60, **kwargs)
+
+    def metrics(self) -> dict[str, float]:
+        text = httpx.get(self.base_url + "/metrics", timeout=10).text
+        pairs = (line.split() for line in text.splitlines() if line and not line.startswith("#"))
+        return {name.removeprefix("openai_serve_"): float(value) for name, value in pairs}
+
+    def wait_idle(self, timeout: float = 10.0) -> dict[str, float]:
+        """Polls /metrics until nothing runs and no KV block is referenced; returns the last reading."""
+        deadline = time.monotonic() + timeout
+        while True:
+            m = self.metrics()
+            idle = m["requests_running"] == 0 and m["requests_waiting"] == 0 and m["requests_in_flight"] == 0
+            if (idle and m["kv_blocks_used"] == 0) or time.monotonic() > deadline:
+                return m
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.server.request_shutdown()
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "the server did not shut down"
+
+
+DEFAULT_SERVER = ServerConfig(served_model_names=(MODEL, ALIAS), port=0)
+
+
+def start_server(model_dir: Path, config: ServerConfig = DEFAULT_SERVER, **engine: object) -> RunningServer:
+    engine_config = EngineConfig(
+        model=ModelConfig(model=str(model_dir), device="cpu", max_model_len=int(engine.get("max_model_len", 512))),
+        cache=CacheConfig(block_size=16, num_blocks=int(engine.get("num_blocks", 512))),
+        scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=1024),
+    )
+    llm_engine = LLMEngine(engine_config)
+    server = ServingServer(build_app(llm_engine, config), config)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True, name="uvicorn")
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.02)
+    port = sock.getsockname()[1]
+    return RunningServer(server, thread, llm_engine, f"http://127.0.0.1:{port}", config.api_key)
+
+
+def server_config(**changes: object) -> ServerConfig:
+    return replace(DEFAULT_SERVER, **changes)
