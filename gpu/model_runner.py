@@ -7,6 +7,7 @@ sampled tokens (and logprobs) back to the host.
 import logging
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from gpu import kv_cache
@@ -125,24 +126,28 @@ class ModelRunner:
         return self.model(input_ids, positions, meta), meta
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        def to_device(values: list, dtype: torch.dtype) -> torch.Tensor:
-            tensor = torch.tensor(values, dtype=dtype)
-            if self.device.type == "cuda":
-                tensor = tensor.pin_memory()
-            return tensor.to(self.device, non_blocking=True)
-
-        max_blocks = max(len(t) for t in batch.block_tables)
-        padded_tables = [t + [0] * (max_blocks - len(t)) for t in batch.block_tables]
-        query_start_loc = [0]
-        for n in batch.query_lens:
-            query_start_loc.append(query_start_loc[-1] + n)
         meta = AttentionMetadata(
-            slot_mapping=to_device(batch.slot_mapping, torch.int64),
-            query_start_loc=to_device(query_start_loc, torch.int32),
-            context_lens=to_device(batch.context_lens, torch.int32),
-            block_tables=to_device(padded_tables, torch.int32),
+            slot_mapping=self._to_device(np.asarray(batch.slot_mapping, dtype=np.int64)),
+            query_start_loc=self._to_device(np.cumsum([0, *batch.query_lens], dtype=np.int32)),
+            context_lens=self._to_device(np.asarray(batch.context_lens, dtype=np.int32)),
+            block_tables=self._to_device(_padded_block_tables(batch.block_tables)),
             max_query_len=max(batch.query_lens),
             max_context_len=max(batch.context_lens),
             is_decode_only=batch.is_decode_only,
         )
-        return to_device(batch.token_ids, torch.int64), to_device(batch.positions, torch.int64), meta
+        input_ids = self._to_device(np.asarray(batch.token_ids, dtype=np.int64))
+        return input_ids, self._to_device(np.asarray(batch.positions, dtype=np.int64)), meta
+
+    def _to_device(self, array: np.ndarray) -> torch.Tensor:
+        tensor = torch.from_numpy(array)
+        if self.device.type == "cuda":
+            tensor = tensor.pin_memory()  # lets the copy run asynchronously
+        return tensor.to(self.device, non_blocking=True)
+
+
+def _padded_block_tables(block_tables: list[list[int]]) -> np.ndarray:
+    """[num_rows, max_blocks] int32, rows padded with block 0 (read by no one: context lengths bound reads)."""
+    table = np.zeros((len(block_tables), max(len(t) for t in block_tables)), dtype=np.int32)
+    for row, block_ids in enumerate(block_tables):
+        table[row, : len(block_ids)] = block_ids
+    return table
