@@ -1,0 +1,233 @@
+"""Attention microbenchmark for the Triton kernels; run on a CUDA machine, writes JSON to --out.
+
+Decode attention at (batch, context) = (1, 1k), (16, 1k), (64, 4k), (256, 1k) with Qwen3-0.6B-like
+heads (16 query heads, 8 KV heads, head_dim 128, bf16, block 16), timed eagerly and as CUDA-graph
+replays; achieved bandwidth (bytes of K/V + block table read, q read, out written) as a share of
+the same GPU's device-to-device copy bandwidth (bytes read + written), measured here. Peers: the
+torch reference (gpu/attention/torch_ref.py) and torch SDPA over contiguous (unpaged) KV. A small
+sweep of launch configurations and split counts says whether the defaults are the best ones.
+Then the prefill kernel on 4 rows x 1024 fresh tokens, against SDPA (causal, contiguous).
+Inputs are random; several input sets rotate where one set would fit in L2.
+"""
+
+import argparse
+import datetime
+import itertools
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import triton
+from triton.testing import do_bench
+
+from gpu.attention import torch_ref
+from gpu.kernels.decode_attention import DecodeConfig, choose_num_splits, decode_attention
+from gpu.kernels.prefill_attention import PrefillConfig, prefill_attention
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
+DTYPE = torch.bfloat16
+DECODE_SHAPES = [(1, 1024), (16, 1024), (64, 4096), (256, 1024)]
+DECODE_TILE_SWEEP = [(64, 4, 2), (32, 4, 3), (64, 4, 3), (128, 4, 2), (64, 8, 2), (32, 4, 2), (128, 8, 3)]
+SPLIT_SWEEP = [1, 2, 4, 8, 16, 32]
+PREFILL_SWEEP = [(64, 64, 4, 2), (64, 64, 8, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 32, 8, 2), (64, 32, 4, 3)]
+CALLS_PER_GRAPH = 20
+SCALE = HEAD_DIM**-0.5
+
+
+def median_ms(fn: Callable[[], object], rep_ms: int = 200) -> float:
+    return float(do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
+
+
+def copy_bandwidth() -> float:
+    """Bytes per second of a 1 GiB device-to-device copy, counting bytes read plus written."""
+    src = torch.randint(0, 255, (2**30,), dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    ms = median_ms(lambda: dst.copy_(src), rep_ms=500)
+    return 2 * src.numel() / (ms * 1e-3)
+
+
+class DecodeInputs:
+    """Caches and num_sets rotating (query, block table) sets over disjoint, shuffled blocks."""
+
+    def __init__(self, batch: int, context: int) -> None:
+        l2_bytes = getattr(torch.cuda.get_device_properties(0), "L2_cache_size", 50 * 2**20)
+        set_bytes = batch * context * NUM_KV_HEADS * HEAD_DIM * 2 * DTYPE.itemsize
+        self.num_sets = max(1, min(64, math.ceil(4 * l2_bytes / set_bytes)))
+        blocks_per_row = context // BLOCK_SIZE
+        num_blocks = self.num_sets * batch * blocks_per_row
+        shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+        self.k_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
+        self.v_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
+        tables = torch.randperm(num_blocks, device="cuda").view(self.num_sets, batch, blocks_per_row)
+        self.block_tables = tables.to(torch.int32)
+        self.queries = torch.randn(self.num_sets, batch, NUM_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda")
+        self.context_lens = torch.full((batch,), context, dtype=torch.int32, device="cuda")
+        self.calls = itertools.count()
+
+    def run(self, config: DecodeConfig | None = None) -> torch.Tensor:
+        i = next(self.calls) % self.num_sets
+        return decode_attention(
+            self.queries[i], self.k_cache, self.v_cache, self.block_tables[i], self.context_lens, SCALE, config=config
+        )
+
+    def bytes_moved(self) -> int:
+        batch, blocks_per_row = self.block_tables.shape[1:]
+        kv = batch * blocks_per_row * BLOCK_SIZE * NUM_KV_HEADS * HEAD_DIM * 2 * DTYPE.itemsize
+        q_and_out = 2 * batch * NUM_HEADS * HEAD_DIM * DTYPE.itemsize
+        return kv + q_and_out + batch * blocks_per_row * 4
+
+
+def graph_ms(run: Callable[[], object]) -> float:
+    """Median time of one call, from replays of a graph holding CALLS_PER_GRAPH calls."""
+    run()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS_PER_GRAPH):
+            run()
+    return median_ms(graph.replay) / CALLS_PER_GRAPH
+
+
+def decode_case(batch: int, context: int, copy_bps: float) -> dict:
+    inputs = DecodeInputs(batch, context)
+    nbytes = inputs.bytes_moved()
+
+    def share(ms: float) -> dict:
+        gbps = nbytes / (ms * 1e-3) / 1e9
+        return {"us": round(ms * 1e3, 2), "GBps": round(gbps, 1), "pct_copy": round(100 * gbps * 1e9 / copy_bps, 1)}
+
+    check_against_reference(inputs)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    result = {
+        "batch": batch, "context": context, "bytes": nbytes, "input_sets": inputs.num_sets,
+        "default_num_splits": choose_num_splits(batch, NUM_KV_HEADS, context, sms),
+        "eager": share(median_ms(lambda: inputs.run())),
+        "graph": share(graph_ms(lambda: inputs.run())),
+        "torch_ref_us": round(time_torch_ref(inputs) * 1e3, 1),
+        "sdpa_contiguous_us": time_sdpa_decode(batch, context),
+        "tile_sweep": [], "split_sweep": [],
+    }
+    for block_n, warps, stages in DECODE_TILE_SWEEP:
+        config = DecodeConfig(block_n=block_n, num_warps=warps, num_stages=stages)
+        row = share(graph_ms(lambda config=config: inputs.run(config)))
+        result["tile_sweep"].append({"block_n": block_n, "num_warps": warps, "num_stages": stages, **row})
+    for splits in SPLIT_SWEEP:
+        row = share(graph_ms(lambda splits=splits: inputs.run(DecodeConfig(num_splits=splits))))
+        result["split_sweep"].append({"num_splits": splits, **row})
+    return result
+
+
+def check_against_reference(inputs: DecodeInputs) -> None:
+    """A benchmark of a wrong kernel is worthless: compare one call with the reference first."""
+    q, tables = inputs.queries[0], inputs.block_tables[0]
+    out = decode_attention(q, inputs.k_cache, inputs.v_cache, tables, inputs.context_lens, SCALE)
+    starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device="cuda")
+    ref = torch_ref.paged_attention(q, inputs.k_cache, inputs.v_cache, starts, inputs.context_lens, tables, SCALE)
+    rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert rel < 1e-2, f"decode kernel disagrees with the reference: relative error {rel:.3e}"
+
+
+def time_torch_ref(inputs: DecodeInputs) -> float:
+    q, tables = inputs.queries[0], inputs.block_tables[0]
+    starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device="cuda")
+    k_cache, v_cache, lens = inputs.k_cache, inputs.v_cache, inputs.context_lens
+    return median_ms(lambda: torch_ref.paged_attention(q, k_cache, v_cache, starts, lens, tables, SCALE), rep_ms=300)
+
+
+def time_sdpa_decode(batch: int, context: int) -> float | None:
+    """torch SDPA with one query over contiguous [batch, kv_heads, context, head_dim] K/V (no paging)."""
+    q = torch.randn(batch, NUM_HEADS, 1, HEAD_DIM, dtype=DTYPE, device="cuda")
+    k = torch.randn(batch, NUM_KV_HEADS, context, HEAD_DIM, dtype=DTYPE, device="cuda")
+    v = torch.randn_like(k)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    try:
+        return round(median_ms(lambda: sdpa(q, k, v, enable_gqa=True)) * 1e3, 2)
+    except RuntimeError as error:  # a backend may refuse the shape; record that rather than fail
+        print(f"sdpa decode {batch}x{context}: {error}", file=sys.stderr)
+        return None
+
+
+def prefill_case(num_rows: int, query_len: int) -> dict:
+    num_tokens = num_rows * query_len
+    blocks_per_row = query_len // BLOCK_SIZE
+    shape = (num_rows * blocks_per_row, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    k_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
+    v_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
+    tables = torch.randperm(shape[0], device="cuda").view(num_rows, blocks_per_row).to(torch.int32)
+    q = torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda")
+    starts = torch.arange(0, num_tokens + 1, query_len, dtype=torch.int32, device="cuda")
+    lens = torch.full((num_rows,), query_len, dtype=torch.int32, device="cuda")
+    ref = torch_ref.paged_attention(q, k_cache, v_cache, starts, lens, tables, SCALE)
+    out = prefill_attention(q, k_cache, v_cache, starts, lens, tables, SCALE)
+    rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+    assert rel < 1e-2, f"prefill kernel disagrees with the reference: relative error {rel:.3e}"
+    flops = num_rows * 4 * NUM_HEADS * HEAD_DIM * query_len * (query_len + 1) / 2  # causal QK^T and PV
+
+    def timed(ms: float) -> dict:
+        return {"us": round(ms * 1e3, 2), "TFLOPs": round(flops / (ms * 1e-3) / 1e12, 1)}
+
+    def run(config: PrefillConfig | None = None) -> torch.Tensor:
+        return prefill_attention(q, k_cache, v_cache, starts, lens, tables, SCALE, config=config)
+
+    sweep = []
+    for block_m, block_n, warps, stages in PREFILL_SWEEP:
+        config = PrefillConfig(block_m=block_m, block_n=block_n, num_warps=warps, num_stages=stages)
+        row = timed(median_ms(lambda config=config: run(config)))
+        sweep.append({"block_m": block_m, "block_n": block_n, "num_warps": warps, "num_stages": stages, **row})
+    q4 = q.view(num_rows, query_len, NUM_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+    k4 = torch.randn(num_rows, NUM_KV_HEADS, query_len, HEAD_DIM, dtype=DTYPE, device="cuda")
+    v4 = torch.randn_like(k4)
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    return {
+        "rows": num_rows, "query_len": query_len, "rel_err_vs_ref": rel, "flops": flops,
+        "default": timed(median_ms(run)),
+        "sdpa_contiguous": timed(median_ms(lambda: sdpa(q4, k4, v4, is_causal=True, enable_gqa=True))),
+        "sweep": sweep,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True, help="where to write the JSON results")
+    parser.add_argument("--commit", default="unknown", help="git commit of the code being measured")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    copy_bps = copy_bandwidth()
+    results = {
+        "device": torch.cuda.get_device_name(0),
+        "date": datetime.date.today().isoformat(),
+        "commit": args.commit,
+        "command": " ".join(sys.argv),
+        "torch": torch.__version__, "triton": triton.__version__,
+        "heads": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
+                  "block_size": BLOCK_SIZE, "dtype": str(DTYPE)},
+        "copy_GBps": round(copy_bps / 1e9, 1),
+        "decode": [decode_case(batch, context, copy_bps) for batch, context in DECODE_SHAPES],
+        "prefill": prefill_case(4, 1024),
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    print_table(results)
+
+
+def print_table(results: dict) -> None:
+    print(f"\n{results['device']}  copy {results['copy_GBps']} GB/s (read+write)")
+    print("batch context splits | eager us  GB/s  %copy | graph us  GB/s  %copy | torch_ref us | sdpa us")
+    for r in results["decode"]:
+        e, g = r["eager"], r["graph"]
+        print(f"{r['batch']:5d} {r['context']:7d} {r['default_num_splits']:6d} | {e['us']:8.1f} {e['GBps']:6.0f} "
+              f"{e['pct_copy']:5.1f} | {g['us']:8.1f} {g['GBps']:6.0f} {g['pct_copy']:5.1f} | "
+              f"{r['torch_ref_us']:12.1f} | {r['sdpa_contiguous_us']}")
+        best_tile = max(r["tile_sweep"], key=lambda s: s["GBps"])
+        best_split = max(r["split_sweep"], key=lambda s: s["GBps"])
+        print(f"      best tile {best_tile}\n      best split {best_split}")
+    p = results["prefill"]
+    print(f"prefill {p['rows']}x{p['query_len']}: {p['default']} sdpa {p['sdpa_contiguous']}")
+    print("      best", max(p["sweep"], key=lambda s: s["TFLOPs"]))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""The Triton attention backend: our own kernels on CUDA when flash-attn is absent.
+
+Routing: a decode-only batch (one query per row) goes to the split-KV decode kernel; any other
+batch (prefill chunks, prefix-cache hits, mixed prefill + decode rows) to the varlen prefill kernel,
+which treats decode rows as rows of query length 1. The decode path reads only static facts on the
+host (tensor shapes, the is_decode_only flag), never lengths, and allocates its split-KV scratch
+with torch.empty, so it is safe to capture in a CUDA graph (the graph's pool owns the scratch).
+"""
+
+import torch
+
+try:
+    import triton  # noqa: F401  (imported first for a clear message; the kernels need it)
+except ImportError as error:
+    raise ImportError(
+        "the triton attention backend needs the `triton` package (pip install 'openai-serve[gpu]'); "
+        "on CPU use the torch backend"
+    ) from error
+
+from gpu.attention.metadata import AttentionMetadata
+from gpu.kernels.decode_attention import decode_attention
+from gpu.kernels.prefill_attention import prefill_attention
+from gpu.kernels.store_kv import store_kv
+
+
+class TritonBackend:
+    name = "triton"
+
+    def store_kv(
+        self,
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,
+        k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+        v_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,  # [num_tokens] int64, -1 skipped
+    ) -> None:
+        store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+        if meta.is_decode_only:
+            return decode_attention(query, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+        return prefill_attention(
+            query, k_cache, v_cache, meta.query_start_loc, meta.context_lens, meta.block_tables, scale
+        )

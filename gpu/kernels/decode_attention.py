@@ -1,0 +1,237 @@
+"""Triton paged attention for decode steps: one query token per row, split-KV (flash-decoding).
+
+Grid (row, kv_head, split). A program loads the GROUP query heads that share one KV head as one
+[BLOCK_H, head_dim] tile (GQA: each K/V tile is read once for the whole group), walks its segment
+of the row's context through the block table BLOCK_N tokens at a time, and keeps an online softmax
+in float32 (base 2, the scale folded together with log2(e)). With one split it writes the output
+directly; with several it writes each segment's normalized partial output and log2-sum-exp, and a
+second kernel merges the segments of each (row, head).
+
+Graph safety: the number of splits is fixed from static shapes only (rows, KV heads, block-table
+width, the GPU's multiprocessor count), never from context lengths; each row cuts its own context
+into at most that many segments on the GPU, and a program whose segment is empty writes an empty
+partial (lse = -inf, zeros). A row with context_len 0 (a padding row of a captured batch) gets an
+all-zero output. Every output element is written.
+"""
+
+import functools
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+# Split until about this many programs per multiprocessor are in the grid (two keep the memory
+# pipe full on H100 with 2-stage 64-token tiles), but never below MIN_SPLIT_TOKENS per segment:
+# a segment has to amortize its query load and its partial-result write.
+PROGRAMS_PER_SM = 2
+MIN_SPLIT_TOKENS = 64
+MAX_SPLITS = 64
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Launch parameters; the defaults are what the H100 benchmark picked (bench/results/)."""
+
+    block_n: int = 64  # KV tokens per tile
+    num_warps: int = 4
+    num_stages: int = 2
+    num_splits: int | None = None  # None: choose_num_splits(); a power of two otherwise
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    context_lens_ptr,
+    out_ptr,
+    partial_out_ptr,  # [num_rows, num_heads, NUM_SPLITS, HEAD_DIM] float32
+    partial_lse_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32, log2 domain
+    scale_log2,
+    q_stride_t,
+    q_stride_h,
+    out_stride_t,
+    out_stride_h,
+    cache_stride_b,
+    cache_stride_s,
+    cache_stride_h,
+    table_stride_r,
+    GROUP: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    context_len = tl.load(context_lens_ptr + row)
+    num_tiles = tl.cdiv(context_len, BLOCK_N)
+    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
+    tile_begin = split * tiles_per_split
+    tile_end = tl.minimum(tile_begin + tiles_per_split, num_tiles)
+
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    heads = kv_head * GROUP + offs_h
+    hd_mask = (offs_h < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    q = tl.load(q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :], mask=hd_mask, other=0.0)
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    table_row = block_tables_ptr + row * table_stride_r
+    for tile in range(tile_begin, tile_end):
+        positions = tile * BLOCK_N + offs_n
+        is_valid = positions < context_len
+        pages = tl.load(table_row + positions // BLOCK_SIZE, mask=is_valid, other=0)
+        token_offsets = pages.to(tl.int64) * cache_stride_b + (positions % BLOCK_SIZE) * cache_stride_s
+        kv_offsets = (token_offsets + kv_head * cache_stride_h)[:, None] + offs_d[None, :]
+        # Mask along tokens only when head_dim fills the tile, so loads stay 16 bytes wide.
+        if HEAD_DIM == BLOCK_D:
+            kv_mask = is_valid[:, None]
+        else:
+            kv_mask = is_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
+        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_H, BLOCK_N]
+        scores = tl.where(is_valid[None, :], scores, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+
+    # l_i == 0 only for an empty segment or context: its output is zeros, its weight zero.
+    has_keys = l_i > 0.0
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        out_offsets = row * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :]
+        tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
+    else:
+        num_heads = tl.num_programs(1) * GROUP
+        partial_rows = (row * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_H]
+        tl.store(partial_out_ptr + partial_rows[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hd_mask)
+        lse = tl.where(has_keys, m_i + tl.log2(l_i), float("-inf"))
+        tl.store(partial_lse_ptr + partial_rows, lse, mask=offs_h < GROUP)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    partial_out_ptr,
+    partial_lse_ptr,
+    out_ptr,
+    out_stride_t,
+    out_stride_h,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    num_heads = tl.num_programs(1)
+    offs_s = tl.arange(0, NUM_SPLITS)
+    offs_d = tl.arange(0, BLOCK_D)
+    partial_rows = (row * num_heads + head) * NUM_SPLITS + offs_s
+    lse = tl.load(partial_lse_ptr + partial_rows)
+    lse_max = tl.max(lse, 0)
+    # Empty segments (lse = -inf) weigh nothing; if all are empty the output is zeros.
+    weights = tl.where(lse > float("-inf"), tl.exp2(lse - lse_max), 0.0)
+    d_mask = offs_d < HEAD_DIM
+    part_offsets = partial_rows[:, None] * HEAD_DIM + offs_d[None, :]
+    parts = tl.load(partial_out_ptr + part_offsets, mask=d_mask[None, :], other=0.0)  # [NUM_SPLITS, BLOCK_D]
+    total = tl.sum(weights, 0)
+    out = tl.sum(weights[:, None] * parts, 0) / tl.where(total > 0.0, total, 1.0)
+    tl.store(out_ptr + row * out_stride_t + head * out_stride_h + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+@functools.cache
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 132  # Triton's CPU interpreter: any fixed count will do
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def choose_num_splits(num_rows: int, num_kv_heads: int, max_context_tokens: int, num_sms: int) -> int:
+    """Splits per row from static shapes only: enough programs to fill the GPU, segments not tiny."""
+    wanted = -(-PROGRAMS_PER_SM * num_sms // (num_rows * num_kv_heads))
+    useful = -(-max_context_tokens // MIN_SPLIT_TOKENS)
+    splits = max(1, min(wanted, useful, MAX_SPLITS))
+    return 1 << int(math.log2(splits))  # a power of two: few compiled variants, and arange-able
+
+
+def decode_attention(
+    query: torch.Tensor,  # [num_rows, num_heads, head_dim], one token per row
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,  # [num_rows, max_blocks_per_row] int32
+    context_lens: torch.Tensor,  # [num_rows] int32, including this step's token
+    scale: float,
+    out: torch.Tensor | None = None,  # [num_rows, num_heads, head_dim]; allocated when None
+    config: DecodeConfig | None = None,
+) -> torch.Tensor:
+    """Attention of each row's single query over its whole context; no host sync, graph-capturable."""
+    _check(query, k_cache, v_cache, block_tables, context_lens)
+    config = config or DecodeConfig()
+    num_rows, num_heads, head_dim = query.shape
+    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    out = torch.empty_like(query) if out is None else out
+    if num_rows == 0:
+        return out
+    num_splits = config.num_splits or choose_num_splits(
+        num_rows, num_kv_heads, block_tables.shape[1] * block_size, _num_sms(query.device)
+    )
+    group = num_heads // num_kv_heads
+    block_d = triton.next_power_of_2(head_dim)
+    if num_splits > 1:
+        partial_out = torch.empty(num_rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
+        partial_lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=query.device)
+    else:
+        partial_out = partial_lse = out  # unused by the kernel's single-split path
+    _decode_split_kernel[(num_rows, num_kv_heads, num_splits)](
+        query, k_cache, v_cache, block_tables, context_lens, out, partial_out, partial_lse,
+        scale * math.log2(math.e),
+        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
+        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
+        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
+        NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )
+    if num_splits > 1:
+        _decode_reduce_kernel[(num_rows, num_heads)](
+            partial_out, partial_lse, out, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, num_warps=4,
+        )
+    return out
+
+
+def _check(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    context_lens: torch.Tensor,
+) -> None:
+    if query.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        shapes = f"query {tuple(query.shape)}, caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
+        raise ValueError(f"bad shapes: {shapes}")
+    if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("the KV caches must be contiguous (k and v share strides)")
+    num_rows, num_heads, head_dim = query.shape
+    if k_cache.shape[3] != head_dim or num_heads % k_cache.shape[2] != 0:
+        raise ValueError(f"query heads {num_heads}x{head_dim} do not fit cache heads {tuple(k_cache.shape[2:])}")
+    if query.stride(2) != 1 or query.dtype != k_cache.dtype:
+        raise ValueError(f"query needs unit stride along head_dim and the cache dtype {k_cache.dtype}")
+    if context_lens.shape != (num_rows,) or block_tables.dim() != 2 or block_tables.shape[0] != num_rows:
+        raise ValueError(f"need context_lens [{num_rows}] and block_tables [{num_rows}, n] for a decode batch")
+    if block_tables.stride(1) != 1 or block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
+        raise ValueError("block_tables and context_lens must be int32, block_tables unit-strided per row")
