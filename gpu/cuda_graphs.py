@@ -1,7 +1,9 @@
 """CUDA graphs for decode-only steps: one graph per padded batch-size bucket, sharing one memory pool.
 
 Each graph reads static input buffers that are filled in place before replay (no allocation per
-step) and writes a static hidden-state buffer. Padded rows write no K/V (slot -1) and attend to one
+step) and writes a static hidden-state buffer. With graphs off (`--enforce-eager`) decode steps
+still run on these padded static buffers, eagerly: the kernels then see exactly the shapes they
+see under a graph, so graphs on and off compute the same numbers. Padded rows write no K/V (slot -1) and attend to one
 token of a valid block, so they cost little and never fault; their outputs are ignored. The
 attention metadata a graph was captured with is static too: `max_context_len` is `max_model_len`,
 so a kernel that sizes its launch from it launches the same grid at every replay.
@@ -27,7 +29,10 @@ def batch_size_buckets(max_num_seqs: int) -> list[int]:
 
 
 class DecodeGraphs:
-    def __init__(self, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device) -> None:
+    def __init__(
+        self, forward: ForwardFn, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device
+    ) -> None:
+        self.forward = forward
         self.buckets = batch_size_buckets(max_num_seqs)
         self.max_model_len = max_model_len
         max_blocks = -(-max_model_len // block_size)
@@ -57,20 +62,23 @@ class DecodeGraphs:
         )
 
     @torch.inference_mode()
-    def capture(self, forward: ForwardFn) -> None:
+    def capture(self) -> None:
         for bucket in reversed(self.buckets):  # largest first: later graphs fit in its pool
-            args = (self.input_ids[:bucket], self.positions[:bucket], self.metadata(bucket))
-            forward(*args)  # warm-up outside the graph: compiles kernels, settles allocations
+            args = self._static_args(bucket)
+            self.forward(*args)  # warm-up outside the graph: compiles kernels, settles allocations
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[bucket] = forward(*args)
+                self.outputs[bucket] = self.forward(*args)
             if self.pool is None:
                 self.pool = graph.pool()
             self.graphs[bucket] = graph
         torch.cuda.synchronize()
         logger.info("captured CUDA graphs for decode batch sizes %s", self.buckets)
 
-    def replay(
+    def _static_args(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        return self.input_ids[:bucket], self.positions[:bucket], self.metadata(bucket)
+
+    def run(
         self,
         num_rows: int,
         input_ids: torch.Tensor,
@@ -79,8 +87,8 @@ class DecodeGraphs:
         context_lens: torch.Tensor,
         block_tables: torch.Tensor,
     ) -> torch.Tensor:
-        """Fills the static buffers (device tensors in, already on the GPU) and replays; returns
-        the hidden states of the real rows, [num_rows, hidden_size]."""
+        """Fills the static buffers (device tensors in, already on the GPU), replays the bucket's graph
+        (or runs eagerly on the buffers when none was captured); returns [num_rows, hidden_size]."""
         bucket = self.bucket_for(num_rows)
         assert bucket is not None
         self.input_ids[:num_rows].copy_(input_ids)
@@ -90,5 +98,7 @@ class DecodeGraphs:
         self.context_lens[:num_rows].copy_(context_lens)
         self.context_lens[num_rows:bucket].fill_(1)
         self.block_tables[:num_rows, : block_tables.shape[1]].copy_(block_tables)
+        if bucket not in self.graphs:
+            return self.forward(*self._static_args(bucket))[:num_rows]
         self.graphs[bucket].replay()
         return self.outputs[bucket][:num_rows]

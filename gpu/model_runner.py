@@ -54,11 +54,13 @@ class ModelRunner:
         for layer in self.layers:
             layer.backend = self.backend
         self.sampler = Sampler(self.device, config.seed)
-        self.graphs: DecodeGraphs | None = None  # set after the KV cache exists
+        self.decode: DecodeGraphs | None = None  # set after the KV cache exists
         self.num_kv_blocks = self._allocate_kv_cache()
-        if self.device.type == "cuda" and not config.enforce_eager:
-            self.graphs = DecodeGraphs(config.max_num_seqs, config.max_model_len, config.block_size, self.device)
-            self.graphs.capture(self.model)
+        if self.device.type == "cuda":
+            self.decode = DecodeGraphs(self.model, config.max_num_seqs, config.max_model_len, config.block_size,
+                                       self.device)
+            if not config.enforce_eager:
+                self.decode.capture()
 
     def _build_model(self, hf_config) -> torch.nn.Module:  # noqa: ANN001 - a transformers config
         torch.manual_seed(self.config.seed)
@@ -118,8 +120,8 @@ class ModelRunner:
     @torch.inference_mode()
     def _forward(self, batch: Batch) -> tuple[torch.Tensor, AttentionMetadata]:
         input_ids, positions, meta = self._prepare(batch)
-        if self.graphs is not None and meta.is_decode_only and self.graphs.bucket_for(batch.num_rows) is not None:
-            hidden = self.graphs.replay(
+        if self.decode is not None and meta.is_decode_only and self.decode.bucket_for(batch.num_rows) is not None:
+            hidden = self.decode.run(
                 batch.num_rows, input_ids, positions, meta.slot_mapping, meta.context_lens, meta.block_tables
             )
             return hidden, meta
