@@ -125,16 +125,23 @@ def check_against_reference(inputs: DecodeInputs) -> None:
     q, tables = inputs.queries[0], inputs.block_tables[0]
     out = decode_attention(q, inputs.k_cache, inputs.v_cache, tables, inputs.context_lens, SCALE)
     starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device="cuda")
-    ref = torch_ref.paged_attention(q, inputs.k_cache, inputs.v_cache, starts, inputs.context_lens, tables, SCALE)
+    ref = reference(q, inputs.k_cache, inputs.v_cache, starts, inputs.context_lens, tables, SCALE)
     rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     assert rel < 1e-2, f"decode kernel disagrees with the reference: relative error {rel:.3e}"
+
+
+def reference(*args: torch.Tensor | float) -> torch.Tensor:
+    """torch_ref.paged_attention with CUDA as the default device: it builds its causal mask with
+    device-less torch.arange."""
+    with torch.device("cuda"):
+        return torch_ref.paged_attention(*args)
 
 
 def time_torch_ref(inputs: DecodeInputs) -> float:
     q, tables = inputs.queries[0], inputs.block_tables[0]
     starts = torch.arange(q.shape[0] + 1, dtype=torch.int32, device="cuda")
     k_cache, v_cache, lens = inputs.k_cache, inputs.v_cache, inputs.context_lens
-    return median_ms(lambda: torch_ref.paged_attention(q, k_cache, v_cache, starts, lens, tables, SCALE), rep_ms=300)
+    return median_ms(lambda: reference(q, k_cache, v_cache, starts, lens, tables, SCALE), rep_ms=300)
 
 
 def time_sdpa_decode(batch: int, context: int) -> float | None:
@@ -160,7 +167,7 @@ def prefill_case(num_rows: int, query_len: int) -> dict:
     q = torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda")
     starts = torch.arange(0, num_tokens + 1, query_len, dtype=torch.int32, device="cuda")
     lens = torch.full((num_rows,), query_len, dtype=torch.int32, device="cuda")
-    ref = torch_ref.paged_attention(q, k_cache, v_cache, starts, lens, tables, SCALE)
+    ref = reference(q, k_cache, v_cache, starts, lens, tables, SCALE)
     out = prefill_attention(q, k_cache, v_cache, starts, lens, tables, SCALE)
     rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     assert rel < 1e-2, f"prefill kernel disagrees with the reference: relative error {rel:.3e}"

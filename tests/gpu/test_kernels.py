@@ -46,9 +46,16 @@ class PagedBatch:
     block_tables: torch.Tensor  # [num_rows, max_blocks] int32
 
     def reference(self, scale: float) -> torch.Tensor:
-        return torch_ref.paged_attention(
+        return reference_attention(
             self.query, self.k_cache, self.v_cache, self.query_start_loc, self.context_lens, self.block_tables, scale
         )
+
+
+def reference_attention(*args: torch.Tensor | float) -> torch.Tensor:
+    """torch_ref.paged_attention on the inputs' device: it builds its causal mask with device-less
+    torch.arange, so the default device must be the inputs' one (it is CPU otherwise)."""
+    with DEVICE:
+        return torch_ref.paged_attention(*args)
 
 
 def make_batch(
@@ -169,7 +176,7 @@ def test_decode_replays_in_a_cuda_graph_with_new_lengths() -> None:
         static_tables.copy_(static_tables[torch.randperm(batch, device=DEVICE)])  # rows swap their blocks
         static_out.fill_(float("nan"))
         graph.replay()
-        ref = torch_ref.paged_attention(
+        ref = reference_attention(
             static_q, first.k_cache, first.v_cache, first.query_start_loc, static_lens, static_tables, 0.09
         )
         assert_matches(static_out, ref, f"decode graph replay {step}")
