@@ -86,3 +86,15 @@ def start_server(model_dir: Path, config: ServerConfig = DEFAULT_SERVER, **engin
 
 def server_config(**changes: object) -> ServerConfig:
     return replace(DEFAULT_SERVER, **changes)
+
+
+def assert_error_shape(response: httpx.Response, status: int) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and (error["code"] is None or isinstance(error["code"], str))
+    return error

@@ -3,11 +3,10 @@
 
 import threading
 
-import httpx
 import openai
 import pytest
 
-from tests.e2e.serving import MODEL, RunningServer
+from tests.e2e.serving import MODEL, RunningServer, assert_error_shape
 from tests.e2e.sse_client import post_stream
 
 CHAT = "/v1/chat/completions"
@@ -88,18 +87,6 @@ BAD_BODIES = [
     ("/detokenize", {"tokens": "abc"}, 400, "tokens"),
     ("/detokenize", {"model": "other", "tokens": [1]}, 404, "model"),
 ]
-
-
-def assert_error_shape(response: httpx.Response, status: int) -> dict:
-    assert response.status_code == status, response.text
-    assert response.headers["content-type"].startswith("application/json")
-    body = response.json()
-    assert set(body) == {"error"}
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    assert isinstance(error["type"], str) and (error["code"] is None or isinstance(error["code"], str))
-    return error
 
 
 @pytest.mark.parametrize(("path", "body", "status", "param"), BAD_BODIES)

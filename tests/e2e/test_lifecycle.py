@@ -1,0 +1,104 @@
+"""Overload and shutdown: 503s in OpenAI's shape, terminal events for running requests, blocks freed."""
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from orjson import loads
+
+from tests.e2e.serving import MODEL, RunningServer, assert_error_shape, server_config, start_server
+from tests.e2e.sse_client import DONE, iter_events
+
+LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path) -> Iterator[RunningServer]:
+    running = start_server(model_dir, server_config(max_pending_requests=2))
+    yield running
+    running.stop()
+
+
+class BackgroundStream:
+    """A raw SSE stream read on a thread; `first_event` is set once data arrived."""
+
+    def __init__(self, server: RunningServer, body: dict) -> None:
+        self.events: list[str] = []
+        self.first_event = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._read, args=(server, body), daemon=True)
+        self._thread.start()
+        assert self.first_event.wait(30), "the stream did not start"
+
+    def _read(self, server: RunningServer, body: dict) -> None:
+        with server.http() as http, http.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+            for event in iter_events(r.iter_lines()):
+                self.events.append(event)
+                self.first_event.set()
+                if self._stop.is_set():
+                    return
+
+    def close(self) -> None:
+        self._stop.set()
+        self.join()
+
+    def join(self) -> None:
+        self._thread.join(timeout=30)
+        assert not self._thread.is_alive()
+
+
+def test_overload_is_503_with_retry_after(server: RunningServer) -> None:
+    streams = [BackgroundStream(server, LONG), BackgroundStream(server, LONG)]
+    with server.http() as http:
+        response = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1})
+        assert assert_error_shape(response, 503)["code"] == "overloaded"
+        assert response.headers["retry-after"] == "1"
+        for stream in streams:
+            stream.close()
+        assert server.wait_idle()["kv_blocks_used"] == 0
+        assert http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1}).status_code == 200
+        too_many = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1, "n": 3})
+        assert assert_error_shape(too_many, 503)["code"] == "overloaded"
+    with pytest.raises(openai.InternalServerError):  # the SDK's class for 5xx
+        server.client().completions.create(model=MODEL, prompt="hi", max_tokens=1, n=3)
+
+
+def in_thread(work: Callable[[], object]) -> tuple[threading.Thread, list[object]]:
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(work()), daemon=True)
+    thread.start()
+    return thread, result
+
+
+@pytest.fixture
+def own_server(model_dir: Path) -> Iterator[RunningServer]:
+    running = start_server(model_dir)
+    yield running
+    running.stop()
+
+
+def test_shutdown_ends_running_requests_and_refuses_new_ones(own_server: RunningServer) -> None:
+    running = own_server
+    stream = BackgroundStream(running, LONG)
+    waiting, answer = in_thread(lambda: httpx.post(running.base_url + "/v1/completions", json=LONG, timeout=30))
+    sdk_body = {k: v for k, v in LONG.items() if k != "ignore_eos"}
+    sdk_stream = running.client().completions.create(stream=True, extra_body={"ignore_eos": True}, **sdk_body)
+    next(iter(sdk_stream))
+    time.sleep(0.2)  # the non-streamed request is in the engine by now
+    running.server.request_drain()
+
+    stream.join()
+    error = loads(stream.events[-2])["error"]
+    assert stream.events[-1] == DONE and error["code"] == "shutting_down"
+    waiting.join(timeout=30)
+    assert assert_error_shape(answer[0], 503)["code"] == "shutting_down"
+    with pytest.raises(openai.APIError, match="shutting down"):
+        list(sdk_stream)
+    with running.http() as http:
+        assert assert_error_shape(http.post("/v1/completions", json=LONG), 503)["code"] == "shutting_down"
+        assert http.get("/health").status_code == 503
+    assert running.wait_idle()["kv_blocks_used"] == 0  # the engine thread still freed what was aborted
