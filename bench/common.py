@@ -1,0 +1,64 @@
+"""What every published result carries: the device, the date, the git commit and the exact command.
+
+A result is one JSON object; `write_result` adds this provenance so no figure travels without it.
+On the lent GPU machine the working tree is a copy that may carry no `.git`: the commit can then be
+given in the environment (BENCH_COMMIT) by whoever starts the run, and says so.
+"""
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+
+def git_commit() -> str:
+    """HEAD's short hash, '+dirty' when tracked files differ from it; BENCH_COMMIT wins when set."""
+    given = os.environ.get("BENCH_COMMIT")
+    if given:
+        return given
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "diff", "--quiet", "HEAD"], capture_output=True).returncode != 0
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
+def device_name() -> str:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_name()
+    except ImportError:
+        pass
+    import platform
+
+    return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
+
+
+def command_line() -> str:
+    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, "-m", _module_name(), *sys.argv[1:]])
+
+
+def _module_name() -> str:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return spec.name if spec is not None else sys.argv[0]
+
+
+def provenance() -> dict[str, str]:
+    return {
+        "device": device_name(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": git_commit(), "command": command_line(),
+    }
+
+
+def write_result(path: str | Path, result: dict[str, object]) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**provenance(), **result}, indent=1) + "\n")
+    return path

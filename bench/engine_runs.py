@@ -1,0 +1,168 @@
+"""Driving our engine for the benchmarks: a whole workload, batch-1 latency, and a short profile.
+
+The engine is driven through its public loop (`add_request`, `step`, `has_unfinished_requests`),
+as `LLM.generate` drives it but without the incremental detokenizer: token ids out, as from the
+peer, so both sides do the same work. Time spent inside the model runner is measured by wrapping
+the runner's `execute`; the rest of a step (scheduling, building the batch, postprocessing) is the
+engine's host overhead, which the results report separately.
+"""
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from itertools import count
+
+import torch
+
+from bench.workload import Request, fixed_workload
+from core import LLMEngine, SamplingParams
+
+TEMPERATURE = 0.6
+_request_numbers = count()
+
+
+@dataclass
+class EngineRun:
+    num_requests: int
+    num_output_tokens: int
+    seconds: float
+    num_steps: int
+    runner_seconds: float  # inside ModelRunner.execute (device work and its host-side preparation)
+    num_preemptions: int
+    num_prefix_hit_tokens: int
+    is_partial: bool = False  # stopped by max_seconds; tokens generated until then are counted
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.num_output_tokens / self.seconds
+
+
+class RunnerTimer:
+    """Wraps `engine.runner.execute` to add up the time spent in it."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.seconds = 0.0
+        self.num_calls = 0
+        self._execute: Callable[..., object] = engine.runner.execute
+        engine.runner.execute = self._timed  # type: ignore[method-assign]
+
+    def _timed(self, *args: object, **kwargs: object) -> object:
+        start = time.perf_counter()
+        try:
+            return self._execute(*args, **kwargs)
+        finally:
+            self.seconds += time.perf_counter() - start
+            self.num_calls += 1
+
+
+def add_requests(engine: LLMEngine, requests: list[Request], seed: int | None = None) -> list[str]:
+    ids = []
+    for r in requests:
+        request_id = f"bench-{next(_request_numbers)}"
+        params = SamplingParams(temperature=TEMPERATURE, ignore_eos=True, max_tokens=r.max_tokens, seed=seed)
+        engine.add_request(request_id, r.prompt_token_ids, params)
+        ids.append(request_id)
+    return ids
+
+
+def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float | None = None) -> EngineRun:
+    """Generates the whole workload; past max_seconds the rest is aborted and the run marked partial."""
+    timer = RunnerTimer(engine)
+    before = engine.stats()
+    start = time.perf_counter()
+    ids = add_requests(engine, requests)
+    num_tokens, num_steps, is_partial = 0, 0, False
+    while engine.has_unfinished_requests():
+        if max_seconds is not None and not is_partial and time.perf_counter() - start > max_seconds:
+            is_partial = True
+            break
+        num_tokens += sum(len(out.new_token_ids) for out in engine.step())
+        num_steps += 1
+    seconds = time.perf_counter() - start
+    if is_partial:
+        drain(engine, ids)
+    after = engine.stats()
+    engine.runner.execute = timer._execute  # type: ignore[method-assign]
+    return EngineRun(
+        num_requests=len(requests), num_output_tokens=num_tokens, seconds=seconds, num_steps=num_steps,
+        runner_seconds=timer.seconds, num_preemptions=after.num_preemptions - before.num_preemptions,
+        num_prefix_hit_tokens=after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens,
+        is_partial=is_partial,
+    )
+
+
+def drain(engine: LLMEngine, request_ids: list[str]) -> None:
+    """Aborts the given requests and steps until the engine is idle (their blocks freed)."""
+    for request_id in request_ids:
+        engine.abort_request(request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
+
+
+@dataclass(frozen=True)
+class Batch1Latency:
+    prompt_len: int
+    num_output_tokens: int
+    ttft_ms: float  # median over repeats
+    tpot_ms: float  # median over repeats of (last token - first token) / (tokens - 1)
+    tpot_samples_ms: list[float] = field(default_factory=list)
+
+
+def time_batch1(engine: LLMEngine, prompt_len: int, num_tokens: int, repeats: int, seed: int) -> Batch1Latency:
+    """One request at a time: a fresh random prompt each repeat, so no prefix-cache hit helps."""
+    ttfts, tpots = [], []
+    for i, request in enumerate(fixed_workload(repeats + 1, prompt_len, num_tokens, seed=seed)):
+        start = time.perf_counter()
+        add_requests(engine, [request])
+        token_times: list[float] = []
+        while engine.has_unfinished_requests():
+            outputs = engine.step()
+            now = time.perf_counter()
+            token_times += [now] * sum(len(out.new_token_ids) for out in outputs)
+        if i == 0:
+            continue  # the first repeat is a warm-up
+        ttfts.append((token_times[0] - start) * 1e3)
+        tpots.append((token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3)
+    return Batch1Latency(prompt_len, num_tokens, round(statistics.median(ttfts), 3),
+                         round(statistics.median(tpots), 4), [round(t, 4) for t in tpots])
+
+
+def profile_steps(engine: LLMEngine, requests: list[Request], skip_steps: int, num_steps: int) -> dict[str, object]:
+    """torch.profiler over `num_steps` engine steps after `skip_steps`; the top ops by device and host time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    ids = add_requests(engine, requests)
+    for _ in range(skip_steps):
+        engine.step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    step_seconds = []
+    with profile(activities=activities) as prof:
+        for _ in range(num_steps):
+            start = time.perf_counter()
+            engine.step()
+            step_seconds.append(time.perf_counter() - start)
+    running = engine.stats().num_running
+    drain(engine, ids)
+    events = prof.key_averages()
+    return {
+        "num_running": running, "num_steps": num_steps,
+        "step_ms_median": round(statistics.median(step_seconds) * 1e3, 3),
+        "device_busy_ms_per_step": round(sum(_self_device_us(e) for e in events) / num_steps / 1e3, 3),
+        "top_device_ops": _top(events, _self_device_us, num_steps),
+        "top_host_ops": _top(events, lambda e: float(e.self_cpu_time_total), num_steps),
+    }
+
+
+def _self_device_us(event: object) -> float:
+    for name in ("self_device_time_total", "self_cuda_time_total"):
+        value = getattr(event, name, None)
+        if value is not None:
+            return float(value)
+    return 0.0
+
+
+def _top(events: object, key: Callable[[object], float], num_steps: int, n: int = 15) -> list[dict[str, object]]:
+    ranked = sorted(events, key=key, reverse=True)[:n]  # type: ignore[call-overload]
+    return [{"name": e.key[:90], "ms_per_step": round(key(e) / num_steps / 1e3, 4),
+             "calls_per_step": round(e.count / num_steps, 1)} for e in ranked if key(e) > 0]

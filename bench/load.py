@@ -1,0 +1,136 @@
+"""The load generator's client side: streamed /v1/completions requests over aiohttp, read as a client.
+
+Each request is a POST with `stream: true`; the body is read as raw bytes and cut into server-sent
+events here (`SSEParser`), so nothing of a server's SDK is trusted. A chunk counts as a token
+arrival when one of its choices carries text; the usage chunk (`stream_options.include_usage`)
+gives the token count, else the text chunks are counted. A request fails when the status is not
+200, the stream carries an error, it ends without `data: [DONE]`, or (with `expect_tokens`) it
+returns another number of tokens than asked for, which `ignore_eos` promises.
+
+All chunks that arrive in one network read get the same timestamp: that is when the client saw them.
+"""
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import aiohttp
+
+from bench.stats import RequestRecord
+
+try:
+    import orjson
+
+    _loads: Callable[[str | bytes], object] = orjson.loads
+except ImportError:  # the GPU machine has no orjson unless it is carried as a wheel
+    _loads = json.loads
+
+DONE = "[DONE]"
+
+
+class SSEParser:
+    """Incremental server-sent-events parser: bytes in, each complete event's data out.
+
+    Follows the EventSource rules that matter here: `data:` lines (one leading space dropped) are
+    joined by newlines, an event ends at a blank line, comments (`:`) and other fields are ignored,
+    and CRLF line ends are accepted.
+    """
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, data: bytes) -> list[str]:
+        self._buffer += data
+        # A trailing CR may be half of a CRLF split across reads: keep it for the next read.
+        usable, tail = (self._buffer[:-1], b"\r") if self._buffer.endswith(b"\r") else (self._buffer, b"")
+        blocks = usable.replace(b"\r\n", b"\n").split(b"\n\n")
+        self._buffer = blocks.pop() + tail
+        return [event for block in blocks if (event := _event_data(block)) is not None]
+
+
+def _event_data(block: bytes) -> str | None:
+    lines = [line[5:].removeprefix(b" ") for line in block.split(b"\n") if line.startswith(b"data:")]
+    return b"\n".join(lines).decode() if lines else None
+
+
+@dataclass(frozen=True)
+class RequestSpec:
+    url: str  # the full /v1/completions URL
+    body: dict[str, object]
+    expect_tokens: int | None = None  # with ignore_eos: exactly this many tokens, or the request failed
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def send(session: aiohttp.ClientSession, spec: RequestSpec) -> RequestRecord:
+    """Sends one streamed request and records what the client saw; never raises for a server's fault."""
+    record = RequestRecord(start=time.perf_counter())
+    try:
+        async with session.post(spec.url, json=spec.body, headers=spec.headers) as response:
+            if response.status != 200:
+                record.error = f"HTTP {response.status}: {(await response.text())[:300]}"
+                return record
+            await _read_stream(response, record)
+    except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError, ValueError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    if record.error is None and spec.expect_tokens is not None and record.num_output_tokens != spec.expect_tokens:
+        record.error = f"{record.num_output_tokens} tokens, {spec.expect_tokens} asked for with ignore_eos"
+    return record
+
+
+async def _read_stream(response: aiohttp.ClientResponse, record: RequestRecord) -> None:
+    parser = SSEParser()
+    num_text_chunks, usage_tokens = 0, None
+    async for data in response.content.iter_any():
+        now = time.perf_counter()
+        for event in parser.feed(data):
+            if event == DONE:
+                record.end = now
+                record.num_output_tokens = usage_tokens if usage_tokens is not None else num_text_chunks
+                return
+            chunk = _loads(event)
+            if not isinstance(chunk, dict) or "error" in chunk:
+                record.error = f"error in stream: {event[:300]}"
+                return
+            if any(_choice_text(c) for c in chunk.get("choices") or ()):
+                record.chunk_times.append(now)
+                num_text_chunks += 1
+            if usage := chunk.get("usage"):
+                usage_tokens = int(usage["completion_tokens"])
+    record.error = "the stream ended without data: [DONE]"
+
+
+def _choice_text(choice: dict[str, object]) -> str:
+    text = choice.get("text")
+    if text is None and isinstance(delta := choice.get("delta"), dict):
+        text = delta.get("content")  # a chat chunk, for servers driven through /v1/chat/completions
+    return text if isinstance(text, str) else ""
+
+
+async def run_level(
+    session: aiohttp.ClientSession, specs: list[RequestSpec], concurrency: int, deadline: float | None = None
+) -> tuple[list[RequestRecord], float]:
+    """Sends every spec with at most `concurrency` in flight; returns the records and the wall time.
+
+    Past `deadline` (a perf_counter time) no new request starts; those in flight finish. Requests
+    never started are not records: the level is reported as having fewer requests, not failures.
+    """
+    queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
+    for spec in specs:
+        queue.put_nowait(spec)
+    records: list[RequestRecord] = []
+
+    async def worker() -> None:
+        while not queue.empty() and (deadline is None or time.perf_counter() < deadline):
+            records.append(await send(session, queue.get_nowait()))
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(specs)))))
+    return records, time.perf_counter() - start
+
+
+def new_session(concurrency: int, read_timeout_s: float) -> aiohttp.ClientSession:
+    connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=read_timeout_s)
+    return aiohttp.ClientSession(connector=connector, timeout=timeout)

@@ -1,0 +1,234 @@
+"""Writes docs/benchmarks.md and docs/benchmarks.png from the recorded results in bench/results/*.json.
+
+Runs anywhere (no GPU): the figures come from the JSON that the GPU runs wrote. The latest result
+of each kind is shown: offline throughput on the nano-vllm workload, offline throughput on the
+serving shape (the reference for the server's share), and each server's serving run. The targets
+of issue 5 are checked against them, with the margin. `bench/results/notes.md`, written by hand
+after reading the profile, is copied in as the analysis.
+
+    python -m bench.report [--results bench/results] [--docs docs]
+"""
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+Result = dict[str, Any]  # one results JSON, as loaded
+
+TARGETS = {  # issue 5, on an H100
+    "share_of_ideal": 0.70, "batch1_tpot_ms": 1.5, "server_share_at_256": 0.85, "ttft_p50_c1_ms": 25.0,
+}
+PLOT_NAME = "benchmarks.png"
+
+
+def load_results(results_dir: Path) -> list[Result]:
+    results = []
+    for path in sorted(results_dir.glob("*.json")):
+        result = json.loads(path.read_text())
+        result["file"] = path.name
+        results.append(result)
+    return results
+
+
+def latest(results: list[Result], **match: object) -> Result | None:
+    """The most recent result whose fields equal `match` (dates are 'YYYY-MM-DD HH:MM UTC', so they sort)."""
+    found = [r for r in results if all(r.get(k) == v for k, v in match.items())]
+    return max(found, key=lambda r: (str(r["date"]), str(r["file"]))) if found else None
+
+
+def latest_serve_runs(results: list[Result]) -> list[Result]:
+    labels = sorted({str(r["server"]["label"]) for r in results if r.get("kind") == "serve"})
+    runs = [max((r for r in results if r.get("kind") == "serve" and r["server"]["label"] == label),
+                key=lambda r: (str(r["date"]), str(r["file"]))) for label in labels]
+    return sorted(runs, key=lambda r: r["server"]["label"] != "openai-serve")
+
+
+def provenance(result: Result) -> str:
+    return (f"{result['device']}, {result['date']}, commit `{result['commit']}`, file `bench/results/{result['file']}`"
+            f"\n\n    {result['command']}\n")
+
+
+def fmt(value: object, digits: int = 1) -> str:
+    return f"{value:,.{digits}f}" if isinstance(value, int | float) else "-"
+
+
+def throughput_section(tp: Result) -> list[str]:
+    s, ideal, ours, limits = tp["summary"], tp["ideal"], tp["ours"], tp["limits"]
+    lines = ["## Offline throughput", "", provenance(tp),
+             "| engine | requests | output tokens | seconds | output tok/s | share of ideal | vs transformers |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    partial = " (partial: stopped by --max-seconds)" if ours["is_partial"] else ""
+    lines.append(f"| openai-serve{partial} | {ours['num_requests']} | {ours['num_output_tokens']:,} | "
+                 f"{fmt(ours['seconds'], 2)} | {fmt(ours['tokens_per_s'])} | {s['share_of_ideal']:.1%} | "
+                 f"{fmt(s.get('ours_over_peer'), 2)}x |")
+    peer = tp.get("peer") or {}
+    if "tokens_per_s" in peer:
+        subset = " (first {num_requests} requests only)".format(**peer) if peer.get("is_subset") else ""
+        lines.append(f"| transformers {peer['transformers']} {peer['method']}{subset} | {peer['num_requests']} | "
+                     f"{peer['num_output_tokens']:,} | {fmt(peer['seconds'], 2)} | {fmt(peer['tokens_per_s'])} | "
+                     f"{peer['tokens_per_s'] / ideal['tokens_per_s']:.1%} | 1.00x |")
+    elif peer:
+        lines.append(f"| transformers | - | - | - | - | - | did not run: {next(iter(peer.values()))} |")
+    lines.append(f"| ideal (physical limit) | {ours['num_requests']} | - | {fmt(ideal['seconds'], 2)} | "
+                 f"{fmt(ideal['tokens_per_s'])} | 100% | - |")
+    lines += ["", f"Ideal: {ideal['num_steps']} steps moving {ideal['tera_bytes']} TB "
+              f"({ideal['kv_share_of_bytes']:.0%} of it K/V) at the measured copy bandwidth of "
+              f"{limits['copy_tb_per_s']} TB/s, and "
+              f"{ideal['tera_flops']} TFLOP at the measured matmul rate of {limits['matmul_tflop_per_s']} TFLOP/s "
+              "(bench/roofline.py). Our run: "
+              f"{ours['num_steps']} steps, {fmt(ours['runner_seconds'], 2)} s of {fmt(ours['seconds'], 2)} s "
+              f"inside the model runner, {ours['num_preemptions']} preemptions.", ""]
+    if "batch1" in tp:
+        b1 = tp["batch1"]
+        lines += ["## Batch-1 latency", "",
+                  f"One request, a {b1['prompt_len']}-token prompt, {b1['num_output_tokens']} output tokens "
+                  f"(median of {len(b1['tpot_samples_ms'])} runs; same run as above): time per output token "
+                  f"**{b1['tpot_ms']:.3f} ms** (ideal {ideal['batch1_tpot_ms']:.3f} ms), "
+                  f"TTFT {b1['ttft_ms']:.1f} ms.", ""]
+    return lines
+
+
+def serve_section(runs: list[Result], offline_serve: Result | None) -> list[str]:
+    lines = ["## Online serving", ""]
+    if offline_serve is not None:
+        lines += [f"Offline engine on the same shape (reference for the server's share): "
+                  f"**{fmt(offline_serve['ours']['tokens_per_s'])} tok/s** "
+                  f"({offline_serve['ours']['num_requests']} requests; {offline_serve['date']}, "
+                  f"`bench/results/{offline_serve['file']}`).", ""]
+    for run in runs:
+        server, config = run["server"], run["config"]
+        lines += [f"### {server['label']}", "", provenance(run),
+                  f"Prompts of {config['prompt_len']} random token ids, {config['max_tokens']} output tokens, "
+                  f"ignore_eos {config['ignore_eos']}, temperature {config['temperature']}.", "",
+                  "| concurrency | requests | failed | output tok/s | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
+                  "| ITL p50 / p99 ms | E2E p50 ms | client CPU |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+        for lv in run["levels"]:
+            lines.append(
+                f"| {lv['concurrency']} | {lv['num_requests']} | {lv['num_failed']} | "
+                f"{fmt(lv['output_tokens_per_s'])} | "
+                f"{fmt(lv['request_per_s'], 2)} | {fmt(lv['ttft_ms']['p50'])} / {fmt(lv['ttft_ms']['p99'])} | "
+                f"{fmt(lv['tpot_ms']['p50'], 2)} / {fmt(lv['tpot_ms']['p99'], 2)} | {fmt(lv['itl_ms']['p50'], 2)} / "
+                f"{fmt(lv['itl_ms']['p99'], 2)} | {fmt(lv['e2e_ms']['p50'], 0)} | {lv['client_cpu_share']:.0%} |")
+        lines.append("")
+    lines += [f"![serving by concurrency]({PLOT_NAME})", ""]
+    return lines
+
+
+def target_rows(tp: Result | None, offline_serve: Result | None,
+                serve: Result | None) -> list[tuple[str, str, str, str, str]]:
+    """(target, goal, measured, verdict, measured on) for each of issue 5's targets that has a measurement."""
+    rows = []
+    if tp is not None:
+        share = tp["summary"]["share_of_ideal"]
+        rows.append(("offline throughput, share of ideal", f">= {TARGETS['share_of_ideal']:.0%}", f"{share:.1%}",
+                     verdict(share, TARGETS["share_of_ideal"], higher_is_better=True), tp["device"]))
+        if "batch1" in tp:
+            tpot = tp["batch1"]["tpot_ms"]
+            rows.append(("batch-1 time per output token", f"<= {TARGETS['batch1_tpot_ms']} ms", f"{tpot:.3f} ms",
+                         verdict(tpot, TARGETS["batch1_tpot_ms"], higher_is_better=False), tp["device"]))
+    levels = {lv["concurrency"]: lv for lv in serve["levels"]} if serve else {}
+    if 256 in levels and offline_serve is not None:
+        share = levels[256]["output_tokens_per_s"] / offline_serve["ours"]["tokens_per_s"]
+        rows.append(("server tok/s at concurrency 256 / offline engine", f">= {TARGETS['server_share_at_256']:.0%}",
+                     f"{share:.1%}", verdict(share, TARGETS["server_share_at_256"], higher_is_better=True),
+                     serve["device"]))
+    if 1 in levels:
+        ttft = levels[1]["ttft_ms"]["p50"]
+        rows.append(("TTFT p50 at concurrency 1", f"<= {TARGETS['ttft_p50_c1_ms']:.0f} ms", f"{ttft:.1f} ms",
+                     verdict(ttft, TARGETS["ttft_p50_c1_ms"], higher_is_better=False), serve["device"]))
+    if levels:
+        failed = sum(lv["num_failed"] for lv in levels.values())
+        rows.append(("failed requests", "0", str(failed), "met" if failed == 0 else f"missed by {failed}",
+                     serve["device"]))
+    return rows
+
+
+def verdict(value: float, goal: float, higher_is_better: bool) -> str:
+    is_met = value >= goal if higher_is_better else value <= goal
+    if is_met:
+        return "met"
+    return f"missed: {value / goal:.2f}x of the goal" if higher_is_better else f"missed: {value / goal:.2f}x the goal"
+
+
+def render_markdown(results: list[Result], notes: str | None) -> str:
+    tp = latest(results, kind="throughput", workload="nano-vllm")
+    offline_serve = latest(results, kind="throughput", workload="serve")
+    serve_runs = latest_serve_runs(results)
+    ours_serve = next((r for r in serve_runs if r["server"]["label"] == "openai-serve"), None)
+    lines = ["# Benchmarks", "",
+             "Generated by `python -m bench.report` from `bench/results/*.json`; do not edit by hand. "
+             "How to reproduce: the command under each table, on a GPU machine. Model: the Qwen3-0.6B architecture "
+             "with random bf16 weights (no weights can be downloaded on the GPU machine).", "",
+             "## Targets (issue 5, on an H100)", "",
+             "| target | goal | measured | verdict | measured on |", "| --- | --- | --- | --- | --- |"]
+    lines += ["| " + " | ".join(row) + " |" for row in target_rows(tp, offline_serve, ours_serve)]
+    lines.append("")
+    if tp is not None:
+        lines += throughput_section(tp)
+    if serve_runs:
+        lines += serve_section(serve_runs, offline_serve)
+    if notes:
+        lines += ["## Analysis", "", notes.strip(), ""]
+    return "\n".join(lines)
+
+
+def render_plot(serve_runs: list[Result], offline_serve: Result | None, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    for run in serve_runs:
+        label = str(run["server"]["label"])
+        levels = run["levels"]
+        x = [lv["concurrency"] for lv in levels]
+        axes[0].plot(x, [lv["output_tokens_per_s"] for lv in levels], "o-", label=label)
+        for ax, key in ((axes[1], "ttft_ms"), (axes[2], "tpot_ms")):
+            ax.plot(x, [lv[key]["p50"] for lv in levels], "o-", label=f"{label} p50")
+            ax.plot(x, [lv[key]["p99"] for lv in levels], "s--", label=f"{label} p99")
+    if offline_serve is not None:
+        axes[0].axhline(offline_serve["ours"]["tokens_per_s"], color="gray", linestyle=":",
+                        label="offline engine, same shape")
+    titles = ("output tok/s by concurrency", "TTFT (ms)", "TPOT (ms)")
+    ticks = sorted({lv["concurrency"] for run in serve_runs for lv in run["levels"]})
+    for ax, title in zip(axes, titles, strict=True):
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ticks, [str(t) for t in ticks])
+        ax.set_xlabel("max concurrency")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[1].set_yscale("log")
+    fig.suptitle(f"Serving, {serve_runs[0]['device']}: prompts of {serve_runs[0]['config']['prompt_len']} tokens, "
+                 f"{serve_runs[0]['config']['max_tokens']} output tokens", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, metadata={"Software": None})
+    plt.close(fig)
+
+
+def write_report(results_dir: Path, docs_dir: Path) -> Path:
+    results = load_results(results_dir)
+    notes_path = results_dir / "notes.md"
+    notes = notes_path.read_text() if notes_path.exists() else None
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    page = docs_dir / "benchmarks.md"
+    page.write_text(render_markdown(results, notes))
+    serve_runs = latest_serve_runs(results)
+    if serve_runs:
+        render_plot(serve_runs, latest(results, kind="throughput", workload="serve"), docs_dir / PLOT_NAME)
+    return page
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.report", description=__doc__.split("\n\n")[0])
+    p.add_argument("--results", default="bench/results")
+    p.add_argument("--docs", default="docs")
+    args = p.parse_args(argv)
+    print(write_report(Path(args.results), Path(args.docs)))
+
+
+if __name__ == "__main__":
+    main()

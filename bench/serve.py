@@ -1,0 +1,233 @@
+"""Online serving benchmark: streamed /v1/completions at several concurrency levels, over HTTP/SSE.
+
+Talks to any OpenAI-compatible server (`--base-url`), or starts one itself: `--launch` runs
+`python -m openai_serve` with `--server-args` on a free port, `--launch-cmd` runs any command with
+`{port}` in it; either way it waits for GET /health to answer 200 and stops the server at the end.
+
+Every request sends a prompt of `--prompt-len` random token ids (distinct prompts, so no prefix
+cache helps; as text with `--prompt-format text`, decoded with `--tokenizer`) and asks for
+`--max-tokens` tokens with ignore_eos. Per level: TTFT, TPOT and ITL p50/p99, E2E p50, request/s,
+output tok/s and failed requests (bench/stats.py defines them). The client's own CPU share is
+recorded per level: near 1.0 the client, not the server, would be the bottleneck.
+
+    python -m bench.serve --launch --server-args "--model DIR --max-model-len 4096" --out result.json
+"""
+
+import argparse
+import asyncio
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict
+
+from bench.common import write_result
+from bench.load import RequestSpec, new_session, run_level
+from bench.stats import LevelSummary, summarize
+from bench.workload import fixed_workload
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n\n")[0])
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--base-url", help="a running server, e.g. http://127.0.0.1:8000")
+    target.add_argument("--launch", action="store_true", help="start openai-serve (python -m openai_serve)")
+    target.add_argument("--launch-cmd", help="start this server command; '{port}' is replaced by a free port")
+    p.add_argument("--server-args", default="", help="flags for openai-serve with --launch")
+    p.add_argument("--server-log", default=None, help="file for the launched server's output")
+    p.add_argument("--health-timeout", type=float, default=900.0, help="seconds to wait for /health")
+    p.add_argument("--label", default=None, help="the server's name in the results (default: from how it runs)")
+    p.add_argument("--model", default=None, help="'model' in requests (default: the first of GET /v1/models)")
+    p.add_argument("--levels", default="1,16,64,256", help="max concurrency levels, comma-separated")
+    p.add_argument("--num-requests", default=None,
+                   help="requests per level: one number, or one per level, comma-separated "
+                   "(default: max(32, 4 x concurrency))")
+    p.add_argument("--max-seconds-per-level", type=float, default=None,
+                   help="no new request starts after this long in a level (those in flight finish)")
+    p.add_argument("--warmup-requests", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=1024)
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.6)
+    p.add_argument("--prompt-format", choices=["ids", "text"], default="ids")
+    p.add_argument("--tokenizer", default=None, help="tokenizer directory for --prompt-format text")
+    p.add_argument("--no-ignore-eos", action="store_true",
+                   help="leave ignore_eos out (servers that reject it); the token count is then not enforced")
+    p.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--read-timeout", type=float, default=600.0)
+    p.add_argument("--out", default=None, help="write the result JSON here")
+    return p.parse_args(argv)
+
+
+def requests_per_level(levels: list[int], spec: str | None) -> list[int]:
+    if spec is None:
+        return [max(32, 4 * c) for c in levels]
+    counts = [int(x) for x in spec.split(",")]
+    if len(counts) == 1:
+        return counts * len(levels)
+    if len(counts) != len(levels):
+        raise ValueError(f"--num-requests has {len(counts)} numbers for {len(levels)} levels")
+    return counts
+
+
+class RequestFactory:
+    """Builds the request specs of one level; each level draws its own prompts (seed + level)."""
+
+    def __init__(self, args: argparse.Namespace, base_url: str, model: str) -> None:
+        self.args = args
+        self.url = base_url.rstrip("/") + "/v1/completions"
+        self.model = model
+        self.extra = json.loads(args.extra_body)
+        self.tokenizer = None
+        if args.prompt_format == "text":
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+
+    def specs(self, num_requests: int, seed: int) -> list[RequestSpec]:
+        a = self.args
+        workload = fixed_workload(num_requests, a.prompt_len, a.max_tokens, seed=seed)
+        return [self._spec(r.prompt_token_ids) for r in workload]
+
+    def _spec(self, prompt_ids: list[int]) -> RequestSpec:
+        a = self.args
+        prompt: object = prompt_ids if self.tokenizer is None else self.tokenizer.decode(prompt_ids)
+        body: dict[str, object] = {
+            "model": self.model, "prompt": prompt, "max_tokens": a.max_tokens, "temperature": a.temperature,
+            "stream": True, "stream_options": {"include_usage": True},
+        }
+        if not a.no_ignore_eos:
+            body["ignore_eos"] = True
+        return RequestSpec(self.url, {**body, **self.extra}, None if a.no_ignore_eos else a.max_tokens)
+
+
+async def run_all(args: argparse.Namespace, base_url: str, model: str) -> list[dict[str, object]]:
+    levels = [int(x) for x in args.levels.split(",")]
+    factory = RequestFactory(args, base_url, model)
+    results = []
+    async with new_session(max(levels), args.read_timeout) as session:
+        if args.warmup_requests:
+            warm, _ = await run_level(session, factory.specs(args.warmup_requests, args.seed + 10**6), 8)
+            print(f"warm-up: {sum(r.is_ok for r in warm)}/{len(warm)} ok", flush=True)
+        for concurrency, num in zip(levels, requests_per_level(levels, args.num_requests), strict=True):
+            specs = factory.specs(num, args.seed + concurrency)
+            deadline = None if args.max_seconds_per_level is None else time.perf_counter() + args.max_seconds_per_level
+            cpu_start = time.process_time()
+            records, duration = await run_level(session, specs, concurrency, deadline)
+            summary = summarize(concurrency, records, duration)
+            level = {**asdict(summary), "num_requests_planned": num,
+                     "client_cpu_share": round((time.process_time() - cpu_start) / duration, 3),
+                     "errors": sorted({r.error for r in records if r.error})[:5]}
+            print(format_level(summary), flush=True)
+            results.append(level)
+    return results
+
+
+def format_level(s: LevelSummary) -> str:
+    return (f"c={s.concurrency:<4} n={s.num_requests:<5} failed={s.num_failed:<3} {s.output_tokens_per_s:>9.1f} tok/s "
+            f"{s.request_per_s:>7.2f} req/s  TTFT p50/p99 {s.ttft_ms['p50']:.1f}/{s.ttft_ms['p99']:.1f} ms  "
+            f"TPOT {s.tpot_ms['p50']:.2f}/{s.tpot_ms['p99']:.2f} ms  ITL {s.itl_ms['p50']:.2f}/{s.itl_ms['p99']:.2f} "
+            f"ms  E2E p50 {s.e2e_ms['p50']:.0f} ms")
+
+
+# The server under test.
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def launch_command(args: argparse.Namespace, port: int) -> list[str]:
+    if args.launch_cmd:
+        return shlex.split(args.launch_cmd.replace("{port}", str(port)))
+    return [sys.executable, "-m", "openai_serve", *shlex.split(args.server_args),
+            "--host", "127.0.0.1", "--port", str(port)]
+
+
+def wait_for_health(base_url: str, process: subprocess.Popen[bytes] | None, timeout_s: float) -> float:
+    """Polls GET /health until 200; returns the seconds it took. Raises if the server died or never came up."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout_s:
+        if process is not None and process.poll() is not None:
+            raise RuntimeError(f"the server exited with code {process.returncode} before /health answered")
+        try:
+            with urllib.request.urlopen(base_url + "/health", timeout=5) as response:
+                if response.status == 200:
+                    return time.monotonic() - start
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"/health did not answer 200 within {timeout_s:.0f} s")
+
+
+def first_model(base_url: str) -> str:
+    with urllib.request.urlopen(base_url + "/v1/models", timeout=30) as response:
+        return str(json.loads(response.read())["data"][0]["id"])
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def label_of(args: argparse.Namespace) -> str:
+    if args.label:
+        return args.label
+    return "openai-serve" if args.launch else (args.launch_cmd or args.base_url).split()[0]
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    process, log = None, None
+    server: dict[str, object] = {"label": label_of(args)}
+    if args.base_url:
+        base_url = args.base_url.rstrip("/")
+    else:
+        port = free_port()
+        base_url = f"http://127.0.0.1:{port}"
+        command = launch_command(args, port)
+        server["command"] = " ".join(shlex.quote(c) for c in command)
+        log = open(args.server_log or os.devnull, "wb")  # closed when the server stops, below
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        server["startup_s"] = round(wait_for_health(base_url, process, args.health_timeout), 1)
+        model = args.model or first_model(base_url)
+        server["model"] = model
+        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+            levels = runner.run(run_all(args, base_url, model))
+    finally:
+        if process is not None:
+            stop(process)
+        if log is not None:
+            log.close()
+    config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "prompt_format", "seed",
+                                            "warmup_requests", "max_seconds_per_level", "extra_body")}
+    config["ignore_eos"] = not args.no_ignore_eos
+    if args.out:
+        write_result(args.out, {"kind": "serve", "server": server, "config": config, "levels": levels})
+
+
+def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+    """uvloop where it is installed (it is on the GPU machine): a lighter client loop."""
+    try:
+        import uvloop
+
+        return uvloop.new_event_loop
+    except ImportError:
+        return None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,183 @@
+"""Offline throughput of our engine, next to transformers and to the GPU's physical limit, in one command.
+
+Workload (`--workload nano-vllm`, the default): nano-vllm's, 256 requests with prompt ids uniform in
+[0, 10000), prompt lengths and max_tokens uniform in [100, 1024], temperature 0.6, ignore_eos, seed
+0, max_model_len 4096. `--workload serve` is bench/serve.py's shape run offline (`--serve-requests`
+prompts of 1024 tokens, 128 tokens each), the reference for the server's share of the engine.
+One warm-up run of the same shape (prompts drawn with another seed, so the prefix cache cannot
+carry prompts into the timed run) precedes one timed run; throughput = generated tokens / wall time.
+
+Also measured in the same process: the GPU's copy bandwidth and matmul rate, hence the ideal time
+(bench/roofline.py) and throughput as a share of it; batch-1 time per output token at a 1k-token
+context; a torch.profiler table of a few full-batch decode steps and of batch-1 steps. The peer,
+transformers (bench/hf_peer.py), runs in a subprocess first, on `--peer-requests` of the requests.
+
+    python -m bench.throughput --out bench/results/throughput-h100.json
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench.bench_model import build_bench_model
+from bench.common import write_result
+from bench.device_limits import measure_limits
+from bench.engine_runs import profile_steps, run_workload, time_batch1
+from bench.roofline import DTYPE_BYTES, DeviceLimits, ModelShape, ideal_decode_step_seconds, ideal_run
+from bench.workload import Request, fixed_workload, nano_vllm_workload
+from core import LLM, CacheConfig, SchedulerConfig
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", default=None, help="checkpoint directory (default: a random Qwen3-0.6B, built once)")
+    p.add_argument("--model-dir", default="/tmp/qwen3-0.6b-bench", help="where the random checkpoint is built")
+    p.add_argument("--workload", choices=["nano-vllm", "serve"], default="nano-vllm")
+    p.add_argument("--num-requests", type=int, default=256, help="nano-vllm workload size")
+    p.add_argument("--serve-requests", type=int, default=512, help="serve-shaped workload size")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="bfloat16")
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    p.add_argument("--kv-cache-blocks", type=int, default=None)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--warmup", choices=["full", "short", "none"], default="full",
+                   help="full: the whole workload once; short: every request with 16 tokens")
+    p.add_argument("--max-seconds", type=float, default=None, help="stop the timed run here and report it partial")
+    p.add_argument("--peer", choices=["hf", "none"], default="hf")
+    p.add_argument("--peer-requests", type=int, default=256, help="the peer runs the first N requests")
+    p.add_argument("--peer-max-seconds", type=float, default=None)
+    p.add_argument("--peer-timeout", type=float, default=900.0, help="kill the peer's process after this long")
+    p.add_argument("--batch1-tokens", type=int, default=128, help="0 skips the batch-1 latency figure")
+    p.add_argument("--profile-steps", type=int, default=10, help="0 skips the profile")
+    p.add_argument("--out", default=None)
+    return p.parse_args(argv)
+
+
+def workload(args: argparse.Namespace, seed: int) -> list[Request]:
+    if args.workload == "serve":
+        return fixed_workload(args.serve_requests, 1024, 128, seed=seed)
+    return nano_vllm_workload(args.num_requests, seed=seed)
+
+
+def build_llm(args: argparse.Namespace, model_dir: str) -> LLM:
+    return LLM(
+        model_dir, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+        enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
+        cache=CacheConfig(num_blocks=args.kv_cache_blocks, gpu_memory_utilization=args.gpu_memory_utilization),
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
+    )
+
+
+def run_peer(args: argparse.Namespace, model_dir: str) -> dict[str, object]:
+    """transformers on the first --peer-requests requests, in its own process; failures are reported, not raised."""
+    if args.workload != "nano-vllm":
+        return {"skipped": "the peer runs the nano-vllm workload only"}
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "peer.json"
+        command = [sys.executable, "-m", "bench.hf_peer", "--model", model_dir, "--seed", str(args.seed),
+                   "--num-requests", str(min(args.peer_requests, args.num_requests)), "--out", str(out)]
+        if args.peer_max_seconds is not None:
+            command += ["--max-seconds", str(args.peer_max_seconds)]
+        try:
+            done = subprocess.run(command, timeout=args.peer_timeout, capture_output=True, text=True)
+        except subprocess.TimeoutExpired:
+            return {"failed": f"no result within {args.peer_timeout:.0f} s"}
+        print(done.stdout[-2000:], done.stderr[-4000:], sep="\n", flush=True)
+        if done.returncode != 0 or not out.exists():
+            return {"failed": f"exit code {done.returncode}: {done.stderr[-600:]}"}
+        peer = json.loads(out.read_text())
+    peer["is_subset"] = peer["num_requests"] < args.num_requests
+    return peer
+
+
+def ideal_figures(model_dir: str, args: argparse.Namespace, requests: list[Request], limits: DeviceLimits
+                  ) -> dict[str, object]:
+    shape = ModelShape.from_dir(model_dir, DTYPE_BYTES.get(args.dtype, 2))
+    ideal = ideal_run(shape, requests, limits)
+    batch1_context = 1024 + args.batch1_tokens // 2  # the mean context of the batch-1 decode steps
+    return {
+        "seconds": round(ideal.seconds, 4), "tokens_per_s": round(ideal.tokens_per_s, 1),
+        "num_steps": ideal.num_steps, "tera_bytes": round(ideal.num_bytes / 1e12, 3),
+        "tera_flops": round(ideal.num_flops / 1e12, 2), "kv_share_of_bytes": round(ideal.kv_share, 4),
+        "weight_bytes_per_step": shape.weight_bytes_per_step, "kv_bytes_per_token": shape.kv_bytes_per_token,
+        "batch1_tpot_ms": round(ideal_decode_step_seconds(shape, batch1_context, limits) * 1e3, 4),
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    model_dir = args.model or str(build_bench_model(args.model_dir))
+    device = torch.device("cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
+    limits = measure_limits(device, getattr(torch, args.dtype))
+    print(f"limits: copy {limits.copy_bytes_per_s / 1e12:.3f} TB/s, matmul {limits.matmul_flops_per_s / 1e12:.1f} "
+          f"TFLOP/s", flush=True)
+    requests = workload(args, args.seed)
+    result: dict[str, Any] = {
+        "kind": "throughput", "workload": args.workload, "model": args.model or "random Qwen3-0.6B (bf16)",
+        "torch": torch.__version__,
+        "limits": {"copy_tb_per_s": round(limits.copy_bytes_per_s / 1e12, 4),
+                   "matmul_tflop_per_s": round(limits.matmul_flops_per_s / 1e12, 1)},
+        "ideal": ideal_figures(model_dir, args, requests, limits),
+        "config": {k: v for k, v in vars(args).items() if k not in ("out", "model_dir")},
+    }
+    if args.peer == "hf":
+        result["peer"] = run_peer(args, model_dir)
+        print("peer:", json.dumps(result["peer"]), flush=True)
+    llm = build_llm(args, model_dir)
+    engine = llm.engine
+    result["engine"] = {"num_kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_size,
+                        "attention_backend": getattr(getattr(engine.runner, "backend", None), "name", "?")}
+    if args.warmup != "none":
+        warm = workload(args, args.seed + 1)
+        if args.warmup == "short":
+            warm = [Request(r.prompt_token_ids, 16) for r in warm]
+        print(f"warm-up: {run_workload(engine, warm).tokens_per_s:.1f} tok/s", flush=True)
+    run = run_workload(engine, requests, args.max_seconds)
+    result["ours"] = {**asdict(run), "tokens_per_s": round(run.tokens_per_s, 1)}
+    print(f"ours: {run.tokens_per_s:.1f} tok/s ({run.num_output_tokens} tokens in {run.seconds:.2f} s, "
+          f"{run.num_steps} steps, {run.runner_seconds:.2f} s in the runner)", flush=True)
+    if args.batch1_tokens:
+        result["batch1"] = asdict(time_batch1(engine, 1024, args.batch1_tokens, repeats=3, seed=args.seed + 2))
+        print("batch-1:", result["batch1"], flush=True)
+    if args.profile_steps:
+        result["profile"] = {
+            "full_batch_decode": profile_steps(engine, workload(args, args.seed + 3), skip_steps=40,
+                                               num_steps=args.profile_steps),
+            "batch1_decode": profile_steps(engine, fixed_workload(1, 1024, 128, seed=args.seed + 4), skip_steps=5,
+                                           num_steps=args.profile_steps),
+        }
+    summarize(result)
+    if args.out:
+        write_result(args.out, result)
+
+
+def summarize(result: dict[str, Any]) -> None:
+    """Adds the ratios the issue asks for and prints them last, where the device reply shows them."""
+    ours, ideal = result["ours"], result["ideal"]
+    summary = {"ours_tokens_per_s": ours["tokens_per_s"], "ideal_tokens_per_s": ideal["tokens_per_s"],
+               "share_of_ideal": round(ours["tokens_per_s"] / ideal["tokens_per_s"], 4)}
+    peer = result.get("peer")
+    if isinstance(peer, dict) and "tokens_per_s" in peer:
+        summary["peer_tokens_per_s"] = peer["tokens_per_s"]
+        summary["ours_over_peer"] = round(ours["tokens_per_s"] / peer["tokens_per_s"], 2)
+    if "batch1" in result:
+        summary["batch1_tpot_ms"] = result["batch1"]["tpot_ms"]
+        summary["batch1_ideal_tpot_ms"] = ideal["batch1_tpot_ms"]
+    result["summary"] = summary
+    print(json.dumps(summary, indent=1), flush=True)
+
+
+if __name__ == "__main__":
+    main()
