@@ -22,10 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
-# Split until about this many programs per multiprocessor are in the grid (two keep the memory
-# pipe full on H100 with 2-stage 64-token tiles), but never below MIN_SPLIT_TOKENS per segment:
-# a segment has to amortize its query load and its partial-result write.
-PROGRAMS_PER_SM = 2
+# Measured on H100 (bench/results/attention-*-h100.json): with at least 2 (row, kv_head) programs
+# per multiprocessor, one split is best (splitting (64, 4k) costs 2%, (256, 1k) 2-12%); below
+# that, splitting up to about 4 programs per multiprocessor pays ((16, 1k): 4 splits beat 2 by 4%,
+# (1, 1k): 16 splits run 4x faster than 1). A segment keeps at least MIN_SPLIT_TOKENS tokens to
+# amortize its query load and its partial-result write.
+NO_SPLIT_PROGRAMS_PER_SM = 2
+SPLIT_PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 64
 
@@ -36,7 +39,7 @@ class DecodeConfig:
 
     block_n: int = 64  # KV tokens per tile
     num_warps: int = 4
-    num_stages: int = 2
+    num_stages: int = 3
     num_splits: int | None = None  # None: choose_num_splits(); a power of two otherwise
 
 
@@ -162,7 +165,10 @@ def _num_sms(device: torch.device) -> int:
 
 def choose_num_splits(num_rows: int, num_kv_heads: int, max_context_tokens: int, num_sms: int) -> int:
     """Splits per row from static shapes only: enough programs to fill the GPU, segments not tiny."""
-    wanted = -(-PROGRAMS_PER_SM * num_sms // (num_rows * num_kv_heads))
+    num_programs = num_rows * num_kv_heads
+    if num_programs >= NO_SPLIT_PROGRAMS_PER_SM * num_sms:
+        return 1
+    wanted = -(-SPLIT_PROGRAMS_PER_SM * num_sms // num_programs)
     useful = -(-max_context_tokens // MIN_SPLIT_TOKENS)
     splits = max(1, min(wanted, useful, MAX_SPLITS))
     return 1 << int(math.log2(splits))  # a power of two: few compiled variants, and arange-able
