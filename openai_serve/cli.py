@@ -103,4 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(f"openai-serve: {exc}")
     logger.info("serving %s (context %d tokens) as %s on http://%s:%d/v1", engine.config.model.model,
                 engine.max_model_len, ", ".join(config.served_model_names), config.host, config.port)
-    ServingServer(build_app(engine, config), config).run()
+    try:
+        ServingServer(build_app(engine, config), config).run()
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled; the shutdown was clean
+        pass

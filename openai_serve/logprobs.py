@@ -12,7 +12,7 @@ from functools import cache
 
 from transformers import PreTrainedTokenizerBase
 
-from gpu.batch import TokenLogprobs
+from core.outputs import TokenLogprobs
 
 _LOGPROB_FLOOR = -9999.0
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens

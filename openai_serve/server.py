@@ -30,8 +30,10 @@ class ServingServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         await super().serve(sockets)
 
-    def handle_exit(self, sig: int, frame: object) -> None:  # a signal, on the event loop's thread
-        self.begin_drain()
+    def handle_exit(self, sig: int, frame: object) -> None:
+        # A signal handler runs between any two bytecodes of the loop's thread, maybe inside the
+        # bridge's own code: the drain is scheduled as a callback rather than run here.
+        self.request_drain()
         super().handle_exit(sig, frame)  # type: ignore[arg-type]
 
     def begin_drain(self) -> None:

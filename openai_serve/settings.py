@@ -39,6 +39,16 @@ DEFAULTS: dict[str, object] = {
 }
 
 
+# The JSON types each setting accepts (None is accepted wherever the default is None).
+_TYPES: dict[str, type | tuple[type, ...]] = {
+    **{key: type(value) for key, value in DEFAULTS.items() if value is not None},
+    "gpu_memory_utilization": (int, float),
+    "allowed_origins": (list, str),
+    "model": str, "served_model_name": (str, list), "api_key": str, "max_model_len": int,
+    "kv_cache_blocks": int, "chat_template": str,
+}
+
+
 def load_config_file(path: str | Path) -> dict[str, object]:
     try:
         raw = json.loads(Path(path).read_text())
@@ -47,10 +57,21 @@ def load_config_file(path: str | Path) -> dict[str, object]:
     if not isinstance(raw, dict):
         raise ValueError(f"--config {path}: must hold one JSON object")
     settings = {key.replace("-", "_"): value for key, value in raw.items()}
-    unknown = sorted(set(settings) - set(DEFAULTS) - {"config"})
+    unknown = sorted(set(settings) - set(DEFAULTS))
     if unknown:
         raise ValueError(f"--config {path}: unknown keys {unknown}; known: {sorted(DEFAULTS)}")
+    for key, value in settings.items():
+        if not _has_type(key, value):
+            raise ValueError(f"--config {path}: {key!r} cannot be {json.dumps(value)}")
     return settings
+
+
+def _has_type(key: str, value: object) -> bool:
+    if value is None:
+        return DEFAULTS[key] is None
+    if isinstance(value, bool):  # JSON true/false are not numbers, although bool subclasses int
+        return _TYPES[key] is bool
+    return isinstance(value, _TYPES[key])
 
 
 def merge(file_settings: dict[str, object], flags: dict[str, object]) -> dict[str, object]:
