@@ -9,7 +9,6 @@ import json
 import os
 import shlex
 import subprocess
-import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,25 +39,20 @@ def device_name() -> str:
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
-def command_line() -> str:
-    return " ".join(shlex.quote(a) for a in [Path(sys.executable).name, "-m", _module_name(), *sys.argv[1:]])
+def command_line(module: str, argv: list[str]) -> str:
+    """The command that reproduces a run: `python -m MODULE ARGS...`, quoted for a shell."""
+    return " ".join(shlex.quote(a) for a in ["python", "-m", module, *argv])
 
 
-def _module_name() -> str:
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    return spec.name if spec is not None else sys.argv[0]
-
-
-def provenance() -> dict[str, str]:
+def provenance(module: str, argv: list[str]) -> dict[str, str]:
     return {
         "device": device_name(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git_commit(), "command": command_line(),
+        "commit": git_commit(), "command": command_line(module, argv),
     }
 
 
-def write_result(path: str | Path, result: dict[str, object]) -> Path:
+def write_result(path: str | Path, result: dict[str, object], module: str, argv: list[str]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**provenance(), **result}, indent=1) + "\n")
+    path.write_text(json.dumps({**provenance(module, argv), **result}, indent=1) + "\n")
     return path

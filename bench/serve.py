@@ -189,6 +189,7 @@ def label_of(args: argparse.Namespace) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     process, log = None, None
     server: dict[str, object] = {"label": label_of(args)}
@@ -216,7 +217,8 @@ def main(argv: list[str] | None = None) -> None:
                                             "warmup_requests", "max_seconds_per_level", "extra_body")}
     config["ignore_eos"] = not args.no_ignore_eos
     if args.out:
-        write_result(args.out, {"kind": "serve", "server": server, "config": config, "levels": levels})
+        write_result(args.out, {"kind": "serve", "server": server, "config": config, "levels": levels},
+                     "bench.serve", argv)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

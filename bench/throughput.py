@@ -117,6 +117,7 @@ def ideal_figures(model_dir: str, args: argparse.Namespace, requests: list[Reque
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     model_dir = args.model or str(build_bench_model(args.model_dir))
     device = torch.device("cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
@@ -160,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
         }
     summarize(result)
     if args.out:
-        write_result(args.out, result)
+        write_result(args.out, result, "bench.throughput", argv)
 
 
 def summarize(result: dict[str, Any]) -> None:

@@ -1,0 +1,80 @@
+"""Report generation from sample result JSON: the latest result wins, targets are judged, the plot is written."""
+
+import json
+from pathlib import Path
+
+from bench.report import write_report
+
+DEVICE = "NVIDIA H100 80GB HBM3"
+
+
+def _throughput(date: str, tokens_per_s: float, workload: str = "nano-vllm") -> dict[str, object]:
+    return {
+        "device": DEVICE, "date": date, "commit": "abc1234", "command": "python -m bench.throughput",
+        "kind": "throughput", "workload": workload,
+        "limits": {"copy_tb_per_s": 3.0, "matmul_tflop_per_s": 790.0},
+        "ideal": {"seconds": 5.7, "tokens_per_s": 20_000.0, "num_steps": 1018, "tera_bytes": 16.8, "tera_flops": 346.0,
+                  "kv_share_of_bytes": 0.93, "batch1_tpot_ms": 0.44},
+        "ours": {"num_requests": 256, "num_output_tokens": 150_245, "seconds": 150_245 / tokens_per_s,
+                 "num_steps": 1100, "runner_seconds": 7.0, "num_preemptions": 0, "is_partial": False,
+                 "tokens_per_s": tokens_per_s},
+        "peer": {"method": "continuous_batching", "num_requests": 64, "num_output_tokens": 36_000, "seconds": 50.0,
+                 "tokens_per_s": 720.0, "transformers": "5.17.0", "is_subset": True},
+        "batch1": {"prompt_len": 1024, "num_output_tokens": 128, "ttft_ms": 9.0, "tpot_ms": 1.75,
+                   "tpot_samples_ms": [1.7, 1.75, 1.8]},
+        "summary": {"share_of_ideal": tokens_per_s / 20_000.0, "ours_over_peer": tokens_per_s / 720.0},
+    }
+
+
+def _level(concurrency: int, tokens_per_s: float, ttft_p50: float, failed: int = 0) -> dict[str, object]:
+    p = {"p50": 1.0, "p99": 2.0}
+    return {"concurrency": concurrency, "num_requests": 64, "num_failed": failed, "duration_s": 3.0,
+            "request_per_s": 20.0, "output_tokens_per_s": tokens_per_s, "ttft_ms": {"p50": ttft_p50, "p99": 40.0},
+            "tpot_ms": p, "itl_ms": p, "e2e_ms": p, "num_output_tokens": 8192, "client_cpu_share": 0.2}
+
+
+def _serve(label: str, date: str, levels: list[dict[str, object]]) -> dict[str, object]:
+    return {"device": DEVICE, "date": date, "commit": "abc1234", "command": "python -m bench.serve --launch",
+            "kind": "serve", "server": {"label": label}, "levels": levels,
+            "config": {"prompt_len": 1024, "max_tokens": 128, "temperature": 0.6, "ignore_eos": True}}
+
+
+def _write(results: Path, name: str, result: dict[str, object]) -> None:
+    (results / name).write_text(json.dumps(result))
+
+
+def test_report_shows_the_latest_results_and_judges_the_targets(tmp_path: Path) -> None:
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    results.mkdir()
+    _write(results, "old.json", _throughput("2026-11-20 10:00 UTC", 9_999.0))
+    _write(results, "new.json", _throughput("2026-11-21 10:00 UTC", 16_000.0))
+    _write(results, "offline-serve.json", _throughput("2026-11-21 10:05 UTC", 10_000.0, workload="serve"))
+    _write(results, "ours.json", _serve("openai-serve", "2026-11-21 11:00 UTC",
+                                        [_level(1, 150.0, 30.0), _level(256, 8_000.0, 900.0)]))
+    _write(results, "hf.json", _serve("transformers serve", "2026-11-21 11:30 UTC", [_level(1, 50.0, 80.0, 2)]))
+    (results / "notes.md").write_text("The decode kernel reads K/V twice.")
+
+    page = write_report(results, docs).read_text()
+
+    assert "16,000.0" in page and "9,999.0" not in page  # the newest run of a kind wins
+    assert "| offline throughput, share of ideal | >= 70% | 80.0% | met |" in page
+    assert "| batch-1 time per output token | <= 1.5 ms | 1.750 ms | missed: 1.17x the goal |" in page
+    assert "| server tok/s at concurrency 256 / offline engine | >= 85% | 80.0% | missed: 0.94x of the goal |" in page
+    assert "| TTFT p50 at concurrency 1 | <= 25 ms | 30.0 ms | missed: 1.20x the goal |" in page
+    assert "| failed requests | 0 | 0 | met |" in page  # openai-serve's failures, not the peer's
+    assert "(first 64 requests only)" in page and "22.22x" in page
+    assert "### openai-serve" in page and "### transformers serve" in page
+    assert page.index("### openai-serve") < page.index("### transformers serve")
+    assert "| 256 | 64 | 0 | 8,000.0 |" in page
+    assert "The decode kernel reads K/V twice." in page
+    assert "python -m bench.throughput" in page and DEVICE in page
+    assert (docs / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_report_without_serving_results_has_no_plot(tmp_path: Path) -> None:
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    results.mkdir()
+    _write(results, "tp.json", _throughput("2026-11-21 10:00 UTC", 12_000.0))
+    page = write_report(results, docs).read_text()
+    assert "missed: 0.86x of the goal" in page and "## Online serving" not in page
+    assert not (docs / "benchmarks.png").exists()

@@ -1,0 +1,25 @@
+"""bench/throughput.py end to end on CPU with a tiny model: every asked-for token is generated and reported."""
+
+import json
+from pathlib import Path
+
+from bench import throughput
+from bench.bench_model import build_small_bench_model
+from bench.workload import nano_vllm_workload, total_output_tokens
+
+
+def test_throughput_run_on_cpu(tmp_path: Path) -> None:
+    model = build_small_bench_model(tmp_path / "model")
+    out = tmp_path / "tp.json"
+    throughput.main(["--model", str(model), "--device", "cpu", "--dtype", "float32", "--num-requests", "2",
+                     "--kv-cache-blocks", "256", "--warmup", "short", "--peer", "none", "--batch1-tokens", "4",
+                     "--profile-steps", "2", "--out", str(out)])
+    result = json.loads(out.read_text())
+    ours = result["ours"]
+    assert ours["num_output_tokens"] == total_output_tokens(nano_vllm_workload(2)) and not ours["is_partial"]
+    assert ours["num_prefix_hit_tokens"] == 0  # the warm-up's prompts differ from the timed run's
+    assert 0 < ours["runner_seconds"] < ours["seconds"]
+    assert result["summary"]["share_of_ideal"] == round(ours["tokens_per_s"] / result["ideal"]["tokens_per_s"], 4)
+    assert result["batch1"]["num_output_tokens"] == 4 and result["batch1"]["tpot_ms"] > 0
+    assert result["profile"]["full_batch_decode"]["top_host_ops"]
+    assert result["command"].startswith("python -m bench.throughput --model")

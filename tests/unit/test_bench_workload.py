@@ -1,0 +1,38 @@
+"""The benchmark workloads: nano-vllm's shape, ranges, seeding, and the serving shape."""
+
+from bench.workload import PROMPT_ID_LIMIT, fixed_workload, nano_vllm_workload, total_output_tokens
+
+
+def test_nano_vllm_workload_has_the_published_shape() -> None:
+    requests = nano_vllm_workload()
+    prompt_lens = [len(r.prompt_token_ids) for r in requests]
+    max_tokens = [r.max_tokens for r in requests]
+    assert len(requests) == 256
+    assert 100 <= min(prompt_lens) and max(prompt_lens) <= 1024
+    assert 100 <= min(max_tokens) and max(max_tokens) <= 1024
+    assert all(0 <= t < PROMPT_ID_LIMIT for r in requests for t in r.prompt_token_ids)
+    # Uniform over [100, 1024]: 256 draws reach near both ends and average near the middle (562).
+    assert min(prompt_lens) < 130 and max(prompt_lens) > 990
+    assert 500 < sum(prompt_lens) / 256 < 625 and 500 < sum(max_tokens) / 256 < 625
+
+
+def test_nano_vllm_workload_is_seeded() -> None:
+    assert nano_vllm_workload(seed=0) == nano_vllm_workload(seed=0)
+    assert nano_vllm_workload(seed=0) != nano_vllm_workload(seed=1)
+    # Pinned: the published figures use this exact draw; a change of draw order would move them.
+    assert total_output_tokens(nano_vllm_workload(seed=0)) == 150_245
+    first = nano_vllm_workload(seed=0)[0]
+    assert (len(first.prompt_token_ids), first.prompt_token_ids[:3], first.max_tokens) == (964, [6311, 6890, 663], 480)
+
+
+def test_a_smaller_workload_is_the_same_draw_order() -> None:
+    small = nano_vllm_workload(num_requests=4, seed=0)
+    assert [len(r.prompt_token_ids) for r in small] == [len(r.prompt_token_ids) for r in nano_vllm_workload()[:4]]
+
+
+def test_fixed_workload_prompts_have_the_length_and_differ() -> None:
+    requests = fixed_workload(8, prompt_len=1024, max_tokens=128, seed=3)
+    assert all(len(r.prompt_token_ids) == 1024 and r.max_tokens == 128 for r in requests)
+    assert len({tuple(r.prompt_token_ids[:16]) for r in requests}) == 8  # no shared prefixes for a cache to reuse
+    assert fixed_workload(8, 1024, 128, seed=3) == requests
+    assert fixed_workload(8, 1024, 128, seed=4) != requests
