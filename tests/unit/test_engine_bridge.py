@@ -1,0 +1,186 @@
+"""The bridge between asyncio and the engine thread, driven by a small scripted engine (the real
+engine is exercised end to end in tests/e2e; here we need an engine that fails on demand)."""
+
+import asyncio
+import queue
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+import pytest
+
+from core import FinishReason, RequestOutput, RequestRejected, SamplingParams
+from openai_serve.engine_bridge import EngineBridge
+from openai_serve.errors import APIError
+
+T = TypeVar("T")
+
+
+class ScriptedEngine:
+    """Every step gives each running request one token; a request finishes after `length` tokens."""
+
+    def __init__(self, length: int = 3) -> None:
+        self.length = length
+        self.inbox: queue.SimpleQueue[tuple[str, str]] = queue.SimpleQueue()
+        self.running: dict[str, int] = {}
+        self.aborted: list[str] = []
+        self.fail = threading.Event()
+        self.has_work = threading.Event()
+        self.num_steps_with_outputs = 0
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        if not prompt_token_ids:
+            raise RequestRejected("prompt", "empty")
+        self.inbox.put(("add", request_id))
+        self.has_work.set()
+
+    def abort_request(self, request_id: str) -> None:
+        self.inbox.put(("abort", request_id))
+        self.has_work.set()
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.running) or not self.inbox.empty()
+
+    def wait_for_work(self, timeout: float | None = None) -> None:
+        self.has_work.wait(timeout)
+
+    def step(self) -> list[RequestOutput]:
+        if self.fail.is_set():
+            raise RuntimeError("device lost")
+        outputs = self._drain()
+        for request_id in list(self.running):
+            self.running[request_id] += 1
+            done = self.running[request_id] >= self.length
+            outputs.append(_output(request_id, self.running[request_id], FinishReason.LENGTH if done else None))
+            if done:
+                del self.running[request_id]
+        self.num_steps_with_outputs += bool(outputs)
+        return outputs
+
+    def _drain(self) -> list[RequestOutput]:
+        outputs = []
+        self.has_work.clear()
+        while not self.inbox.empty():
+            kind, request_id = self.inbox.get()
+            if kind == "add":
+                self.running[request_id] = 0
+            elif self.running.pop(request_id, None) is not None:
+                self.aborted.append(request_id)
+                outputs.append(_output(request_id, 0, FinishReason.ABORT))
+        return outputs
+
+
+def _output(request_id: str, num_output: int, finish: FinishReason | None) -> RequestOutput:
+    ids = [num_output] if finish is not FinishReason.ABORT else []
+    return RequestOutput(request_id, ids, [None] * len(ids), finish, 1, num_output)
+
+
+def run(scenario: Callable[[EngineBridge], Awaitable[T]], engine: ScriptedEngine, max_pending: int = 16) -> T:
+    async def main() -> T:
+        bridge = EngineBridge(engine, max_pending)  # type: ignore[arg-type]
+        bridge.start()
+        try:
+            return await asyncio.wait_for(scenario(bridge), timeout=10)
+        finally:
+            await bridge.stop()
+
+    return asyncio.run(main())
+
+
+PARAMS = SamplingParams()
+
+
+def test_outputs_of_one_step_arrive_together_in_order() -> None:
+    async def scenario(bridge: EngineBridge) -> list[list[int]]:
+        handles = [bridge.submit([(f"r{i}", [1], PARAMS)]) for i in range(3)]
+        tokens: list[list[int]] = [[] for _ in handles]
+        for _ in range(3):
+            first = await handles[0].next_output()
+            # One dispatch per step fills every queue in the same callback: sizes never drift apart.
+            assert all(h.queue.qsize() == handles[0].queue.qsize() + 1 for h in handles[1:])
+            tokens[0] += first.new_token_ids
+            for i, h in enumerate(handles[1:], start=1):
+                tokens[i] += (await h.next_output()).new_token_ids
+        assert bridge.num_pending_requests == 0
+        return tokens
+
+    assert run(scenario, ScriptedEngine()) == [[1, 2, 3]] * 3
+
+
+def test_rejection_aborts_the_siblings_already_added() -> None:
+    engine = ScriptedEngine(length=1000)
+
+    async def scenario(bridge: EngineBridge) -> None:
+        with pytest.raises(APIError) as err:
+            bridge.submit([("a-0", [1], PARAMS), ("a-1", [], PARAMS)])
+        assert err.value.status_code == 400 and err.value.param == "prompt"
+        assert bridge.num_pending_requests == 0
+        while "a-0" not in engine.aborted:
+            await asyncio.sleep(0.01)
+
+    run(scenario, engine)
+
+
+def test_overload_is_503() -> None:
+    async def scenario(bridge: EngineBridge) -> None:
+        bridge.submit([("a", [1], PARAMS), ("b", [1], PARAMS)])
+        with pytest.raises(APIError) as err:
+            bridge.submit([("c", [1], PARAMS)])
+        assert err.value.status_code == 503 and err.value.code == "overloaded"
+
+    run(scenario, ScriptedEngine(length=1000), max_pending=2)
+
+
+def test_shutdown_gives_running_requests_a_terminal_event_and_aborts_them() -> None:
+    engine = ScriptedEngine(length=1000)
+
+    async def scenario(bridge: EngineBridge) -> None:
+        handle = bridge.submit([("a", [1], PARAMS)])
+        await handle.next_output()
+        bridge.begin_shutdown()
+        with pytest.raises(APIError) as err:
+            while True:
+                await handle.next_output()
+        assert err.value.status_code == 503 and err.value.code == "shutting_down"
+        with pytest.raises(APIError):
+            bridge.submit([("b", [1], PARAMS)])
+        assert not bridge.is_alive
+        while "a" not in engine.aborted:
+            await asyncio.sleep(0.01)
+
+    run(scenario, engine)
+
+
+def test_engine_failure_ends_every_request_and_health() -> None:
+    engine = ScriptedEngine(length=1000)
+
+    async def scenario(bridge: EngineBridge) -> None:
+        handles = [bridge.submit([(f"r{i}", [1], PARAMS)]) for i in range(2)]
+        await handles[0].next_output()
+        engine.fail.set()
+        for handle in handles:
+            with pytest.raises(APIError) as err:
+                while True:
+                    await handle.next_output()
+            assert err.value.code == "engine_failed" and "device lost" in err.value.message
+        assert not bridge.is_alive
+        with pytest.raises(APIError) as err:
+            bridge.submit([("late", [1], PARAMS)])
+        assert err.value.status_code == 503
+
+    run(scenario, engine)
+
+
+def test_late_outputs_of_an_aborted_request_are_dropped() -> None:
+    async def scenario(bridge: EngineBridge) -> None:
+        handle = bridge.submit([("a", [1], PARAMS), ("b", [1], PARAMS)])
+        await handle.next_output()
+        handle.abort("a")
+        seen = []
+        while len(seen) < 3 or seen[-1].request_id != "b" or not seen[-1].is_finished:
+            seen.append(await handle.next_output())
+            if seen[-1].request_id == "b" and seen[-1].is_finished:
+                break
+        assert all(o.finish_reason is not FinishReason.ABORT for o in seen)
+
+    run(scenario, ScriptedEngine(length=5))
