@@ -4,8 +4,10 @@ Each request is a POST with `stream: true`; the body is read as raw bytes and cu
 events here (`SSEParser`), so nothing of a server's SDK is trusted. A chunk counts as a token
 arrival when one of its choices carries text; the usage chunk (`stream_options.include_usage`)
 gives the token count, else the text chunks are counted. A request fails when the status is not
-200, the stream carries an error, it ends without `data: [DONE]`, or (with `expect_tokens`) it
-returns another number of tokens than asked for, which `ignore_eos` promises.
+200, the stream carries an error, it ends before a choice finished (a `finish_reason`), or (with
+`expect_tokens`) it returns another number of tokens than asked for, which `ignore_eos` promises.
+A stream that ends after its finish_reason without `data: [DONE]` (as `transformers serve` does) is
+complete, as the OpenAI SDK sees it, but is counted per level (`num_without_done`).
 
 All chunks that arrive in one network read get the same timestamp: that is when the client saw them.
 """
@@ -81,24 +83,34 @@ async def send(session: aiohttp.ClientSession, spec: RequestSpec) -> RequestReco
 
 async def _read_stream(response: aiohttp.ClientResponse, record: RequestRecord) -> None:
     parser = SSEParser()
-    num_text_chunks, usage_tokens = 0, None
+    num_text_chunks, usage_tokens, last_time, is_finished = 0, None, 0.0, False
     async for data in response.content.iter_any():
-        now = time.perf_counter()
+        last_time = time.perf_counter()
         for event in parser.feed(data):
             if event == DONE:
-                record.end = now
-                record.num_output_tokens = usage_tokens if usage_tokens is not None else num_text_chunks
+                _complete(record, last_time, usage_tokens, num_text_chunks)
                 return
             chunk = _loads(event)
             if not isinstance(chunk, dict) or "error" in chunk:
                 record.error = f"error in stream: {event[:300]}"
                 return
-            if any(_choice_text(c) for c in chunk.get("choices") or ()):
-                record.chunk_times.append(now)
+            choices = chunk.get("choices") or ()
+            if any(_choice_text(c) for c in choices):
+                record.chunk_times.append(last_time)
                 num_text_chunks += 1
+            is_finished = is_finished or any(c.get("finish_reason") for c in choices)
             if usage := chunk.get("usage"):
                 usage_tokens = int(usage["completion_tokens"])
-    record.error = "the stream ended without data: [DONE]"
+    if not is_finished:
+        record.error = "the stream ended without a finish_reason or data: [DONE]"
+        return
+    record.is_done_missing = True
+    _complete(record, last_time, usage_tokens, num_text_chunks)
+
+
+def _complete(record: RequestRecord, end: float, usage_tokens: int | None, num_text_chunks: int) -> None:
+    record.end = end
+    record.num_output_tokens = usage_tokens if usage_tokens is not None else num_text_chunks
 
 
 def _choice_text(choice: dict[str, object]) -> str:

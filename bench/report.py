@@ -112,6 +112,13 @@ def serve_section(runs: list[Result], offline_serve: Result | None) -> list[str]
                 f"{fmt(lv['tpot_ms']['p50'], 2)} / {fmt(lv['tpot_ms']['p99'], 2)} | {fmt(lv['itl_ms']['p50'], 2)} / "
                 f"{fmt(lv['itl_ms']['p99'], 2)} | {fmt(lv['e2e_ms']['p50'], 0)} | {lv['client_cpu_share']:.0%} |")
         lines.append("")
+        without_done = sum(lv.get("num_without_done", 0) for lv in run["levels"])
+        if without_done:
+            lines += [f"{without_done} complete streams ended without `data: [DONE]` (counted as complete, as the "
+                      "OpenAI SDK reads them).", ""]
+        errors = sorted({e for lv in run["levels"] for e in lv.get("errors", [])})
+        if errors:
+            lines += ["Errors seen: " + "; ".join(f"`{e[:200]}`" for e in errors[:5]), ""]
     lines += [f"![serving by concurrency]({PLOT_NAME})", ""]
     return lines
 

@@ -83,11 +83,12 @@ class Stub:
             for i in range(n):
                 await asyncio.sleep(FIRST_TOKEN_DELAY_S if i == 0 else TOKEN_DELAY_S)
                 yield _chunk(f" w{i}")
-                if body["model"] == "no-done" and i == 1:
+                if body["model"] == "cut" and i == 1:
                     return
             yield _chunk("", finish="length")
             yield _chunk(None, usage={"prompt_tokens": 16, "completion_tokens": n, "total_tokens": 16 + n})
-            yield b"data: [DONE]\n\n"
+            if body["model"] != "no-done":
+                yield b"data: [DONE]\n\n"
         finally:
             self.in_flight -= 1
 
@@ -124,7 +125,7 @@ def test_metrics_of_a_good_stream(stub: tuple[Stub, str], tmp_path: Path) -> Non
     app, url = stub
     result = _run(url, tmp_path, "good", "--levels", "1,4", "--num-requests", "3,8")
     one, four = result["levels"]  # type: ignore[misc]
-    assert (one["num_requests"], one["num_failed"], one["num_output_tokens"]) == (3, 0, 15)
+    assert (one["num_requests"], one["num_failed"], one["num_output_tokens"], one["num_without_done"]) == (3, 0, 15, 0)
     assert (four["num_requests"], four["num_failed"], four["num_output_tokens"]) == (8, 0, 40)
     # The stub waits 50 ms before the first token and 10 ms between tokens.
     assert FIRST_TOKEN_DELAY_S * 1e3 <= one["ttft_ms"]["p50"] < FIRST_TOKEN_DELAY_S * 1e3 + 40
@@ -148,7 +149,7 @@ def test_request_body_asks_for_token_ids_streamed_with_usage_and_ignore_eos(stub
 
 
 @pytest.mark.parametrize(("model", "error"), [
-    ("no-done", "without data: [DONE]"), ("short", "4 tokens, 5 asked for"), ("http-error", "HTTP 500"),
+    ("cut", "without a finish_reason or data: [DONE]"), ("short", "4 tokens, 5 asked for"), ("http-error", "HTTP 500"),
 ])
 def test_failures_are_counted_with_their_reason(stub: tuple[Stub, str], tmp_path: Path, model: str,
                                                 error: str) -> None:
@@ -157,6 +158,12 @@ def test_failures_are_counted_with_their_reason(stub: tuple[Stub, str], tmp_path
     assert level["num_requests"] == 3 and level["num_failed"] == 3
     assert level["output_tokens_per_s"] == 0.0
     assert any(error in e for e in level["errors"])
+
+
+def test_a_finished_stream_without_done_is_complete_but_counted(stub: tuple[Stub, str], tmp_path: Path) -> None:
+    _, url = stub
+    level = _run(url, tmp_path, "no-done", "--levels", "2", "--num-requests", "3")["levels"][0]  # type: ignore[index]
+    assert (level["num_failed"], level["num_output_tokens"], level["num_without_done"]) == (0, 15, 3)
 
 
 def test_the_time_box_stops_starting_requests(stub: tuple[Stub, str], tmp_path: Path) -> None:
