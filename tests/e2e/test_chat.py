@@ -173,3 +173,17 @@ def test_max_completion_tokens_and_async_client(server: RunningServer) -> None:
     with pytest.raises(openai.BadRequestError) as err:
         server.client().chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=2, max_completion_tokens=3)
     assert err.value.body["param"] == "max_tokens"
+
+
+def test_default_max_tokens_is_the_rest_of_the_context(server: RunningServer) -> None:
+    def messages(n: int) -> list[dict]:
+        return [{"role": "user", "content": "hello " * n}]
+
+    base, step = (tokenize_messages(server, messages(n))["count"] for n in (0, 1))
+    per_word = step - base
+    n = (500 - base) // per_word
+    prompt = tokenize_messages(server, messages(n))["count"]
+    assert 480 <= prompt < 512
+    out = server.client().chat.completions.create(model=MODEL, messages=messages(n), extra_body=NO_EOS)
+    assert out.usage.prompt_tokens == prompt
+    assert out.usage.completion_tokens == 512 - prompt and out.choices[0].finish_reason == "length"

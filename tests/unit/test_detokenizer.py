@@ -118,3 +118,22 @@ def test_stop_string_inside_one_token(tokenizer: PreTrainedTokenizerBase) -> Non
     deltas, detok = stream(tokenizer, ids, stop=("ell",))
     assert "".join(deltas) == "h"
     assert detok.stop_string == "ell"
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    st.text(alphabet=st.sampled_from(list("ab 你好🚀é.")), max_size=24),
+    st.lists(st.text(alphabet=st.sampled_from(list("ab 你🚀")), min_size=1, max_size=3), min_size=1, max_size=3),
+)
+def test_stop_strings_cut_at_the_first_match_and_never_leak(
+    tokenizer: PreTrainedTokenizerBase, text: str, stops: list[str]
+) -> None:
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    deltas, detok = stream(tokenizer, ids, stop=tuple(stops))
+    hits = [text.find(s) for s in stops if s in text]
+    expected = text[: min(hits)] if hits else text
+    assert "".join(deltas) == expected == detok.text
+    released = ""
+    for delta in deltas:
+        released += delta
+        assert not any(s in released for s in stops)
