@@ -32,9 +32,8 @@ DTYPE = torch.bfloat16
 DECODE_SHAPES = [(1, 1024), (16, 1024), (64, 4096), (256, 1024)]
 DECODE_TILE_SWEEP = [(64, 4, 2), (32, 4, 3), (64, 4, 3), (128, 4, 2), (64, 8, 2), (32, 4, 2), (128, 8, 3)]
 SPLIT_SWEEP = [1, 2, 4, 8, 16, 32]
-PREFILL_SWEEP = [  # (block_m, block_n, num_warps, num_stages, is_heaviest_first)
-    (64, 64, 4, 2, False), (64, 64, 4, 2, True), (64, 64, 4, 3, True), (64, 128, 4, 2, True),
-    (64, 128, 8, 2, True), (128, 64, 8, 3, True), (128, 128, 8, 2, True), (64, 32, 4, 3, True),
+PREFILL_SWEEP = [  # (block_m, block_n, num_warps, num_stages)
+    (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 3),
 ]
 CALLS_PER_GRAPH = 20
 SCALE = HEAD_DIM**-0.5
@@ -183,8 +182,8 @@ def prefill_case(num_rows: int, query_len: int) -> dict:
         return prefill_attention(q, k_cache, v_cache, starts, lens, tables, SCALE, config=config)
 
     sweep = []
-    for block_m, block_n, warps, stages, is_heaviest_first in PREFILL_SWEEP:
-        config = PrefillConfig(block_m, block_n, warps, stages, is_heaviest_first)
+    for block_m, block_n, warps, stages in PREFILL_SWEEP:
+        config = PrefillConfig(block_m, block_n, warps, stages)
         row = timed(median_ms(lambda config=config: run(config)))
         sweep.append({"config": str(config), **row})
     q4 = q.view(num_rows, query_len, NUM_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
