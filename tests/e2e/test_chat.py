@@ -187,3 +187,25 @@ def test_default_max_tokens_is_the_rest_of_the_context(server: RunningServer) ->
     out = server.client().chat.completions.create(model=MODEL, messages=messages(n), extra_body=NO_EOS)
     assert out.usage.prompt_tokens == prompt
     assert out.usage.completion_tokens == 512 - prompt and out.choices[0].finish_reason == "length"
+
+
+def test_multi_turn_with_the_sdk_message_object(server: RunningServer) -> None:
+    client = server.client()
+    messages: list = [{"role": "user", "content": "hi"}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
+    messages += [first.choices[0].message, {"role": "user", "content": "and then?"}]
+    second = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=3)
+    as_dicts = [m if isinstance(m, dict) else {"role": m.role, "content": m.content} for m in messages]
+    assert second.usage.prompt_tokens == tokenize_messages(server, as_dicts)["count"]
+
+
+def test_models_and_health(server: RunningServer) -> None:
+    client = server.client()
+    assert [m.id for m in client.models.list()] == [MODEL, "tiny-alias"]
+    card = client.models.retrieve("tiny-alias")
+    assert card.id == "tiny-alias" and card.owned_by == "openai-serve"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-4o")
+    with server.http() as http:
+        assert http.get("/health").json() == {"status": "ok"}
+        assert http.get("/v1/models").json()["data"][0]["max_model_len"] == 512
