@@ -79,13 +79,37 @@ def throughput_section(tp: Result) -> list[str]:
               "(bench/roofline.py). Our run: "
               f"{ours['num_steps']} steps, {fmt(ours['runner_seconds'], 2)} s of {fmt(ours['seconds'], 2)} s "
               f"inside the model runner, {ours['num_preemptions']} preemptions.", ""]
-    if "batch1" in tp:
+    if "tpot_ms" in tp.get("batch1", {}):
         b1 = tp["batch1"]
         lines += ["## Batch-1 latency", "",
                   f"One request, a {b1['prompt_len']}-token prompt, {b1['num_output_tokens']} output tokens "
                   f"(median of {len(b1['tpot_samples_ms'])} runs; same run as above): time per output token "
                   f"**{b1['tpot_ms']:.3f} ms** (ideal {ideal['batch1_tpot_ms']:.3f} ms), "
                   f"TTFT {b1['ttft_ms']:.1f} ms.", ""]
+    return lines
+
+
+def profile_section(tp: Result) -> list[str]:
+    """The top device ops of a few profiled steps: where a missed target's time goes."""
+    profile = tp.get("profile") or {}
+    if "failed" in profile:
+        return ["## Profile", "", f"The profile failed: `{profile['failed']}`", ""]
+    lines = ["## Profile", "", "torch.profiler over a few engine steps after the timed run (same process); "
+             "'device busy' adds up the kernels' own times, so step time minus device busy is time the GPU waited "
+             "on the host.", ""]
+    for name, title in (("full_batch_decode", "Full batch, decode"), ("batch1_decode", "Batch 1, decode")):
+        if name not in profile:
+            continue
+        p = profile[name]
+        lines += [f"### {title}: {p['num_running']} running, step {fmt(p['step_ms_median'], 3)} ms (median), "
+                  f"device busy {fmt(p['device_busy_ms_per_step'], 3)} ms per step", "",
+                  "| op (device time) | ms per step | calls per step |", "| --- | ---: | ---: |"]
+        lines += [f"| `{op['name']}` | {fmt(op['ms_per_step'], 3)} | {fmt(op['calls_per_step'])} |"
+                  for op in p["top_device_ops"][:8]]
+        lines += ["", "| op (host time) | ms per step | calls per step |", "| --- | ---: | ---: |"]
+        lines += [f"| `{op['name']}` | {fmt(op['ms_per_step'], 3)} | {fmt(op['calls_per_step'])} |"
+                  for op in p["top_host_ops"][:8]]
+        lines.append("")
     return lines
 
 
@@ -131,7 +155,7 @@ def target_rows(tp: Result | None, offline_serve: Result | None,
         share = tp["summary"]["share_of_ideal"]
         rows.append(("offline throughput, share of ideal", f">= {TARGETS['share_of_ideal']:.0%}", f"{share:.1%}",
                      verdict(share, TARGETS["share_of_ideal"], higher_is_better=True), tp["device"]))
-        if "batch1" in tp:
+        if "tpot_ms" in tp.get("batch1", {}):
             tpot = tp["batch1"]["tpot_ms"]
             rows.append(("batch-1 time per output token", f"<= {TARGETS['batch1_tpot_ms']} ms", f"{tpot:.3f} ms",
                          verdict(tpot, TARGETS["batch1_tpot_ms"], higher_is_better=False), tp["device"]))
@@ -176,6 +200,8 @@ def render_markdown(results: list[Result], notes: str | None) -> str:
         lines += throughput_section(tp)
     if serve_runs:
         lines += serve_section(serve_runs, offline_serve)
+    if tp is not None:
+        lines += profile_section(tp)
     if notes:
         lines += ["## Analysis", "", notes.strip(), ""]
     return "\n".join(lines)

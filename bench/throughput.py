@@ -20,6 +20,8 @@ import json
 import subprocess
 import sys
 import tempfile
+import traceback
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -144,24 +146,33 @@ def main(argv: list[str] | None = None) -> None:
         warm = workload(args, args.seed + 1)
         if args.warmup == "short":
             warm = [Request(r.prompt_token_ids, 16) for r in warm]
-        print(f"warm-up: {run_workload(engine, warm).tokens_per_s:.1f} tok/s", flush=True)
+        print(f"warm-up: {run_workload(engine, warm, args.max_seconds).tokens_per_s:.1f} tok/s", flush=True)
     run = run_workload(engine, requests, args.max_seconds)
     result["ours"] = {**asdict(run), "tokens_per_s": round(run.tokens_per_s, 1)}
     print(f"ours: {run.tokens_per_s:.1f} tok/s ({run.num_output_tokens} tokens in {run.seconds:.2f} s, "
           f"{run.num_steps} steps, {run.runner_seconds:.2f} s in the runner)", flush=True)
     if args.batch1_tokens:
-        result["batch1"] = asdict(time_batch1(engine, 1024, args.batch1_tokens, repeats=3, seed=args.seed + 2))
+        result["batch1"] = guarded(lambda: asdict(time_batch1(engine, 1024, args.batch1_tokens, 3, args.seed + 2)))
         print("batch-1:", result["batch1"], flush=True)
     if args.profile_steps:
-        result["profile"] = {
+        result["profile"] = guarded(lambda: {
             "full_batch_decode": profile_steps(engine, workload(args, args.seed + 3), skip_steps=40,
                                                num_steps=args.profile_steps),
             "batch1_decode": profile_steps(engine, fixed_workload(1, 1024, 128, seed=args.seed + 4), skip_steps=5,
                                            num_steps=args.profile_steps),
-        }
+        })
     summarize(result)
     if args.out:
         write_result(args.out, result, "bench.throughput", argv)
+
+
+def guarded(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """A secondary figure that fails is reported as failed; the figures measured before it are kept."""
+    try:
+        return measure()
+    except Exception as exc:  # noqa: BLE001 - any failure: record it and go on
+        traceback.print_exc()
+        return {"failed": f"{type(exc).__name__}: {exc}"}
 
 
 def summarize(result: dict[str, Any]) -> None:
@@ -173,7 +184,7 @@ def summarize(result: dict[str, Any]) -> None:
     if isinstance(peer, dict) and "tokens_per_s" in peer:
         summary["peer_tokens_per_s"] = peer["tokens_per_s"]
         summary["ours_over_peer"] = round(ours["tokens_per_s"] / peer["tokens_per_s"], 2)
-    if "batch1" in result:
+    if "tpot_ms" in result.get("batch1", {}):
         summary["batch1_tpot_ms"] = result["batch1"]["tpot_ms"]
         summary["batch1_ideal_tpot_ms"] = ideal["batch1_tpot_ms"]
     result["summary"] = summary
