@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -26,6 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict
+from functools import partial
 
 from bench.common import write_result
 from bench.load import RequestSpec, new_session, run_level
@@ -107,7 +109,10 @@ class RequestFactory:
         return RequestSpec(self.url, {**body, **self.extra}, None if a.no_ignore_eos else a.max_tokens)
 
 
-async def run_all(args: argparse.Namespace, base_url: str, model: str) -> list[dict[str, object]]:
+async def run_all(
+    args: argparse.Namespace, base_url: str, model: str, on_level: Callable[[list[dict[str, object]]], None]
+) -> list[dict[str, object]]:
+    """Runs every level in order; `on_level` gets the levels done so far after each one."""
     levels = [int(x) for x in args.levels.split(",")]
     factory = RequestFactory(args, base_url, model)
     results = []
@@ -126,6 +131,7 @@ async def run_all(args: argparse.Namespace, base_url: str, model: str) -> list[d
                      "errors": sorted({r.error for r in records if r.error})[:5]}
             print(format_level(summary), flush=True)
             results.append(level)
+            on_level(results)
     return results
 
 
@@ -191,6 +197,8 @@ def label_of(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
+    # SIGTERM (a `timeout` around this run) unwinds through `finally`, so a launched server is stopped too.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     process, log = None, None
     server: dict[str, object] = {"label": label_of(args)}
     if args.base_url:
@@ -206,19 +214,27 @@ def main(argv: list[str] | None = None) -> None:
         server["startup_s"] = round(wait_for_health(base_url, process, args.health_timeout), 1)
         model = args.model or first_model(base_url)
         server["model"] = model
+        save = partial(save_result, args, argv, server)
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            levels = runner.run(run_all(args, base_url, model))
+            levels = runner.run(run_all(args, base_url, model, lambda done: save(done, is_complete=False)))
+        save(levels, is_complete=True)
     finally:
         if process is not None:
             stop(process)
         if log is not None:
             log.close()
+
+
+def save_result(args: argparse.Namespace, argv: list[str], server: dict[str, object],
+                levels: list[dict[str, object]], is_complete: bool) -> None:
+    """Written after every level, so a run cut short still leaves the levels it finished."""
+    if not args.out:
+        return
     config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "prompt_format", "seed",
                                             "warmup_requests", "max_seconds_per_level", "extra_body")}
     config["ignore_eos"] = not args.no_ignore_eos
-    if args.out:
-        write_result(args.out, {"kind": "serve", "server": server, "config": config, "levels": levels},
-                     "bench.serve", argv)
+    write_result(args.out, {"kind": "serve", "server": server, "config": config, "levels": levels,
+                            "is_complete": is_complete}, "bench.serve", argv)
 
 
 def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

@@ -133,6 +133,7 @@ def test_metrics_of_a_good_stream(stub: tuple[Stub, str], tmp_path: Path) -> Non
     assert TOKEN_DELAY_S * 1e3 * 0.9 <= one["itl_ms"]["p50"] < TOKEN_DELAY_S * 1e3 + 8
     assert app.max_in_flight == 4  # level 4 never exceeded, and reached, its concurrency
     assert result["device"] and result["date"] and result["commit"] and "bench.serve" in result["command"]
+    assert result["is_complete"] is True
 
 
 def test_request_body_asks_for_token_ids_streamed_with_usage_and_ignore_eos(stub: tuple[Stub, str],
