@@ -54,8 +54,9 @@ def _attend_row(
     keys = keys.repeat_interleave(group, dim=1)
     values = values.repeat_interleave(group, dim=1)
     scores = torch.einsum("qhd,khd->hqk", query, keys) * scale
-    query_positions = torch.arange(context_len - query_len, context_len).unsqueeze(1)
-    is_future = torch.arange(context_len).unsqueeze(0) > query_positions  # [query_len, context_len]
+    device = query.device
+    query_positions = torch.arange(context_len - query_len, context_len, device=device).unsqueeze(1)
+    is_future = torch.arange(context_len, device=device).unsqueeze(0) > query_positions  # [query_len, context_len]
     scores.masked_fill_(is_future, float("-inf"))
     return torch.einsum("hqk,khd->qhd", scores.softmax(dim=-1), values)
 
