@@ -73,16 +73,15 @@ class Generation:
             self._handle.close()
 
     def usage(self) -> Usage:
-        """Each prompt counts once, however many choices it has (as OpenAI counts n > 1)."""
-        first_choices: dict[int, ChoiceDecoder] = {}
-        cached: dict[int, int] = {}
-        for d in self.decoders:
-            first_choices.setdefault(d.spec.prompt_index, d)
-            cached[d.spec.prompt_index] = min(cached.get(d.spec.prompt_index, 1 << 62), d.num_cached_prompt_tokens)
+        """Each prompt counts once, however many choices it has (as OpenAI counts n > 1); its cached
+        tokens are those every one of its choices found in the prefix cache."""
+        by_prompt: dict[int, list[ChoiceDecoder]] = {}
+        for decoder in self.decoders:
+            by_prompt.setdefault(decoder.spec.prompt_index, []).append(decoder)
         return Usage(
-            prompt_tokens=sum(len(d.spec.prompt_token_ids) for d in first_choices.values()),
+            prompt_tokens=sum(len(choices[0].spec.prompt_token_ids) for choices in by_prompt.values()),
             completion_tokens=sum(d.num_output_tokens for d in self.decoders),
-            cached_tokens=sum(cached.values()),
+            cached_tokens=sum(min(d.num_cached_prompt_tokens for d in choices) for choices in by_prompt.values()),
         )
 
 
