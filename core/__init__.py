@@ -3,7 +3,7 @@
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
 from core.engine import LLMEngine
 from core.llm import LLM, GenerationOutput
-from core.outputs import FinishReason, RequestOutput, RequestRejected
+from core.outputs import FinishReason, RequestOutput, RequestRejected, TokenLogprobs
 from core.sampling_params import SamplingParams, SamplingParamsError
 
 __all__ = [
@@ -19,4 +19,5 @@ __all__ = [
     "SamplingParams",
     "SamplingParamsError",
     "SchedulerConfig",
+    "TokenLogprobs",
 ]

@@ -59,7 +59,9 @@ class ModelRunner:
         if self.device.type == "cuda":
             self.decode = DecodeGraphs(self.model, config.max_num_seqs, config.max_model_len, config.block_size,
                                        self.device)
-            if not config.enforce_eager:
+            if config.enforce_eager or not self.backend.supports_cuda_graphs:
+                logger.info("CUDA graphs off (%s)", "--enforce-eager" if config.enforce_eager else self.backend.name)
+            else:
                 self.decode.capture()
 
     def _build_model(self, hf_config) -> torch.nn.Module:  # noqa: ANN001 - a transformers config

@@ -18,6 +18,8 @@ logger = logging.getLogger(__name__)
 
 class AttentionBackend(Protocol):
     name: str
+    # Whether decode steps may be captured in a CUDA graph (no host syncs, no data-dependent shapes).
+    supports_cuda_graphs: bool
 
     def store_kv(
         self,
@@ -40,6 +42,7 @@ class AttentionBackend(Protocol):
 
 class TorchBackend:
     name = "torch"
+    supports_cuda_graphs = False  # boolean-mask indexing and per-row host loops
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:  # noqa: ANN001
         torch_ref.store_kv(key, value, k_cache, v_cache, slot_mapping)

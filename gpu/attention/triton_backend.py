@@ -25,6 +25,7 @@ from gpu.kernels.store_kv import store_kv
 
 class TritonBackend:
     name = "triton"
+    supports_cuda_graphs = True
 
     def store_kv(
         self,

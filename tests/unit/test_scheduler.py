@@ -92,7 +92,7 @@ def test_preempted_sequence_recomputes_prompt_and_output() -> None:
     a, b = make_seq("a", 8, max_tokens=6), make_seq("b", 8, max_tokens=8, first_token=100)
     sched.add(a)
     sched.add(b)
-    while not b.status is SequenceStatus.WAITING or b.num_output_tokens == 0:
+    while b.status is not SequenceStatus.WAITING or b.num_output_tokens == 0:
         complete_step(sched, sched.schedule())
     num_known = b.num_tokens
     while not a.is_finished:
