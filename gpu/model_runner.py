@@ -50,7 +50,7 @@ class ModelRunner:
         self.vocab_size = hf_config.vocab_size
         self.model = self._build_model(hf_config)
         self.layers = self.model.attention_layers()
-        self.backend = select_backend(config.attention_backend, self.device)
+        self.backend = select_backend(config.attention_backend, self.device, config.block_size)
         for layer in self.layers:
             layer.backend = self.backend
         self.sampler = Sampler(self.device, config.seed)

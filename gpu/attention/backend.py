@@ -1,7 +1,7 @@
 """The attention backend interface and the choice of backend at start-up.
 
-Order for `auto`: flash-attn when it imports (CUDA only), our Triton kernels on CUDA otherwise,
-the torch reference on CPU.
+Order for `auto`: flash-attn when it imports and the block size suits its paged kernels (CUDA
+only), our Triton kernels on CUDA otherwise, the torch reference on CPU.
 """
 
 import importlib.util
@@ -51,8 +51,8 @@ class TorchBackend:
         return torch_ref.attention_forward(query, k_cache, v_cache, meta, scale)
 
 
-def select_backend(requested: str, device: torch.device) -> AttentionBackend:
-    name = _resolve(requested, device)
+def select_backend(requested: str, device: torch.device, block_size: int) -> AttentionBackend:
+    name = _resolve(requested, device, block_size)
     if name == "torch":
         backend: AttentionBackend = TorchBackend()
     elif name == "triton":
@@ -60,18 +60,20 @@ def select_backend(requested: str, device: torch.device) -> AttentionBackend:
 
         backend = TritonBackend()
     else:
-        from gpu.attention.flash_backend import FlashAttnBackend
+        from gpu.attention.flash_backend import FlashAttnBackend, check_block_size
 
+        check_block_size(block_size)
         backend = FlashAttnBackend()
     logger.info("attention backend: %s (requested %s, device %s)", backend.name, requested, device)
     return backend
 
 
-def _resolve(requested: str, device: torch.device) -> str:
+def _resolve(requested: str, device: torch.device, block_size: int) -> str:
     if device.type != "cuda":
         if requested not in ("auto", "torch"):
             raise ValueError(f"attention backend {requested!r} needs CUDA; this device is {device}")
         return "torch"
     if requested != "auto":
         return requested
-    return "flash-attn" if importlib.util.find_spec("flash_attn") is not None else "triton"
+    has_flash_attn = importlib.util.find_spec("flash_attn") is not None
+    return "flash-attn" if has_flash_attn and block_size % 256 == 0 else "triton"

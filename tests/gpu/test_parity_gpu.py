@@ -21,8 +21,10 @@ LENGTHS = (1, 7, 16, 17, 40, 100, 3, 64)
 
 
 def make_llm(model_dir: Path, dtype: str, backend: str, eager: bool, budget: int = 512, blocks: int = 512) -> LLM:
+    # flash-attn's paged kernels need blocks of 256 tokens: the same cache size in tokens, fewer blocks.
+    block_size = 256 if backend == "flash-attn" else 16
     return LLM(str(model_dir), dtype=dtype, device="cuda", attention_backend=backend, enforce_eager=eager,
-               cache=CacheConfig(block_size=16, num_blocks=blocks),
+               cache=CacheConfig(block_size=block_size, num_blocks=max(2, blocks * 16 // block_size)),
                scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget))
 
 
