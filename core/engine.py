@@ -55,7 +55,9 @@ class LLMEngine:
         self.tokenizer = load_tokenizer(model.tokenizer or model.model)
         self.runner = ModelRunner(self._runner_config())
         self.block_size = config.cache.block_size
-        self.block_manager = BlockManager(self.runner.num_kv_blocks, self.block_size, config.cache.enable_prefix_caching)
+        self.block_manager = BlockManager(
+            self.runner.num_kv_blocks, self.block_size, config.cache.enable_prefix_caching
+        )
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self._inbox: queue.SimpleQueue[Sequence | _Abort] = queue.SimpleQueue()
         self._live_ids: set[str] = set()
@@ -93,7 +95,8 @@ class LLMEngine:
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
             num_total_blocks=bm.num_blocks, num_free_blocks=len(bm.free_ids),
             num_evictable_blocks=len(bm.evictable_ids), num_used_blocks=bm.num_used_blocks,
-            num_preemptions=self.scheduler.num_preemptions, num_prefix_cache_hit_tokens=self.scheduler.num_prefix_hit_tokens,
+            num_preemptions=self.scheduler.num_preemptions,
+            num_prefix_cache_hit_tokens=self.scheduler.num_prefix_hit_tokens,
         )
 
     def _check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
