@@ -1,12 +1,12 @@
 """What the engine publishes each step: per request, the tokens it generated in that step."""
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 
 from gpu.batch import TokenLogprobs
 
 
-class FinishReason(str, Enum):
+class FinishReason(StrEnum):
     STOP = "stop"  # EOS, a stop token id, or (decided outside the engine) a stop string
     LENGTH = "length"  # max_tokens or the model's context length
     ABORT = "abort"  # aborted by the caller: disconnect, shutdown, stop string
