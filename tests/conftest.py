@@ -1,10 +1,17 @@
 """Shared fixtures: tiny random checkpoints built once per test session through the real builder."""
 
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 from core.tiny_model import TinyModelSpec, build_tiny_model
+
+# CI replays the same examples every run: a property failure there is a real regression, not luck.
+settings.register_profile("ci", derandomize=True, deadline=None)
+if os.environ.get("CI"):
+    settings.load_profile("ci")
 
 TINY_SPECS = {
     "qwen3": TinyModelSpec(architecture="qwen3", tie_word_embeddings=True),
