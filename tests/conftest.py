@@ -4,13 +4,15 @@ import os
 from pathlib import Path
 
 import pytest
-from hypothesis import settings
 
 from core.tiny_model import TinyModelSpec, build_tiny_model
 
-# CI replays the same examples every run: a property failure there is a real regression, not luck.
-settings.register_profile("ci", derandomize=True, deadline=None)
 if os.environ.get("CI"):
+    # CI replays the same examples every run: a property failure there is a real regression, not luck.
+    # (Imported here only: the GPU machine, which runs tests/gpu, has no hypothesis.)
+    from hypothesis import settings
+
+    settings.register_profile("ci", derandomize=True, deadline=None)
     settings.load_profile("ci")
 
 TINY_SPECS = {
