@@ -7,6 +7,7 @@ the runner's `execute`; the rest of a step (scheduling, building the batch, post
 engine's host overhead, which the results report separately.
 """
 
+import gc
 import statistics
 import time
 from collections.abc import Callable
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from itertools import count
 
 import torch
+from torch.autograd import DeviceType
 
 from bench.workload import Request, fixed_workload
 from core import LLMEngine, SamplingParams
@@ -107,25 +109,58 @@ class Batch1Latency:
     ttft_ms: float  # median over repeats
     tpot_ms: float  # median over repeats of (last token - first token) / (tokens - 1)
     tpot_samples_ms: list[float] = field(default_factory=list)
+    runner_ms_per_step: float = 0.0  # inside ModelRunner.execute, over all measured steps
+    gc_ms_total: float = 0.0  # Python garbage-collector pauses during the measured repeats
 
 
 def time_batch1(engine: LLMEngine, prompt_len: int, num_tokens: int, repeats: int, seed: int) -> Batch1Latency:
     """One request at a time: a fresh random prompt each repeat, so no prefix-cache hit helps."""
     ttfts, tpots = [], []
-    for i, request in enumerate(fixed_workload(repeats + 1, prompt_len, num_tokens, seed=seed)):
-        start = time.perf_counter()
-        add_requests(engine, [request])
-        token_times: list[float] = []
-        while engine.has_unfinished_requests():
-            outputs = engine.step()
-            now = time.perf_counter()
-            token_times += [now] * sum(len(out.new_token_ids) for out in outputs)
-        if i == 0:
-            continue  # the first repeat is a warm-up
-        ttfts.append((token_times[0] - start) * 1e3)
-        tpots.append((token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3)
+    workload = fixed_workload(repeats + 1, prompt_len, num_tokens, seed=seed)
+    _time_one(engine, workload[0])  # warm-up
+    timer, gc_pauses = RunnerTimer(engine), GcPauses()
+    with gc_pauses:
+        for request in workload[1:]:
+            start, token_times = _time_one(engine, request)
+            ttfts.append((token_times[0] - start) * 1e3)
+            tpots.append((token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3)
+    engine.runner.execute = timer._execute  # type: ignore[method-assign]
     return Batch1Latency(prompt_len, num_tokens, round(statistics.median(ttfts), 3),
-                         round(statistics.median(tpots), 4), [round(t, 4) for t in tpots])
+                         round(statistics.median(tpots), 4), [round(t, 4) for t in tpots],
+                         round(timer.seconds / timer.num_calls * 1e3, 4), round(gc_pauses.seconds * 1e3, 2))
+
+
+def _time_one(engine: LLMEngine, request: Request) -> tuple[float, list[float]]:
+    """Runs one request alone; returns its start time and each token's arrival time."""
+    start = time.perf_counter()
+    add_requests(engine, [request])
+    token_times: list[float] = []
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter()
+        token_times += [now] * sum(len(out.new_token_ids) for out in outputs)
+    return start, token_times
+
+
+class GcPauses:
+    """Adds up the garbage collector's pauses while active (a context manager)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._start = 0.0
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._start
+
+    def __enter__(self) -> "GcPauses":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 def profile_steps(engine: LLMEngine, requests: list[Request], skip_steps: int, num_steps: int) -> dict[str, object]:
@@ -145,21 +180,20 @@ def profile_steps(engine: LLMEngine, requests: list[Request], skip_steps: int, n
     running = engine.stats().num_running
     drain(engine, ids)
     events = prof.key_averages()
+    kernels = [e for e in events if e.device_type == DeviceType.CUDA]  # host ops' device time would count twice
     return {
         "num_running": running, "num_steps": num_steps,
         "step_ms_median": round(statistics.median(step_seconds) * 1e3, 3),
-        "device_busy_ms_per_step": round(sum(_self_device_us(e) for e in events) / num_steps / 1e3, 3),
-        "top_device_ops": _top(events, _self_device_us, num_steps),
-        "top_host_ops": _top(events, lambda e: float(e.self_cpu_time_total), num_steps),
+        "device_busy_ms_per_step": round(sum(_device_us(e) for e in kernels) / num_steps / 1e3, 3),
+        "kernels_per_step": round(sum(e.count for e in kernels) / num_steps, 1),
+        "top_device_ops": _top(kernels, _device_us, num_steps),
+        "top_host_ops": _top([e for e in events if e.device_type != DeviceType.CUDA],
+                             lambda e: float(e.self_cpu_time_total), num_steps),
     }
 
 
-def _self_device_us(event: object) -> float:
-    for name in ("self_device_time_total", "self_cuda_time_total"):
-        value = getattr(event, name, None)
-        if value is not None:
-            return float(value)
-    return 0.0
+def _device_us(event: object) -> float:
+    return float(getattr(event, "self_device_time_total", 0.0) or getattr(event, "device_time_total", 0.0))
 
 
 def _top(events: object, key: Callable[[object], float], num_steps: int, n: int = 15) -> list[dict[str, object]]:

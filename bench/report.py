@@ -85,7 +85,14 @@ def throughput_section(tp: Result) -> list[str]:
                   f"One request, a {b1['prompt_len']}-token prompt, {b1['num_output_tokens']} output tokens "
                   f"(median of {len(b1['tpot_samples_ms'])} runs; same run as above): time per output token "
                   f"**{b1['tpot_ms']:.3f} ms** (ideal {ideal['batch1_tpot_ms']:.3f} ms), "
-                  f"TTFT {b1['ttft_ms']:.1f} ms.", ""]
+                  f"TTFT {b1['ttft_ms']:.1f} ms; {fmt(b1.get('runner_ms_per_step'), 3)} ms per step inside the model "
+                  f"runner, {fmt(b1.get('gc_ms_total'), 1)} ms of GC pauses (all repeats)."]
+        fresh = tp.get("batch1_fresh", {})
+        if "tpot_ms" in fresh:
+            lines.append(f"The same on the fresh engine (same process, before the warm-up and timed runs): "
+                         f"**{fresh['tpot_ms']:.3f} ms** per output token, TTFT {fresh['ttft_ms']:.1f} ms; "
+                         f"{fmt(fresh.get('runner_ms_per_step'), 3)} ms per step inside the model runner.")
+        lines.append("")
     return lines
 
 
@@ -102,7 +109,8 @@ def profile_section(tp: Result) -> list[str]:
             continue
         p = profile[name]
         lines += [f"### {title}: {p['num_running']} running, step {fmt(p['step_ms_median'], 3)} ms (median), "
-                  f"device busy {fmt(p['device_busy_ms_per_step'], 3)} ms per step", "",
+                  f"device busy {fmt(p['device_busy_ms_per_step'], 3)} ms per step in "
+                  f"{fmt(p.get('kernels_per_step'), 0)} kernels", "",
                   "| op (device time) | ms per step | calls per step |", "| --- | ---: | ---: |"]
         lines += [f"| `{op['name']}` | {fmt(op['ms_per_step'], 3)} | {fmt(op['calls_per_step'])} |"
                   for op in p["top_device_ops"][:8]]
@@ -215,6 +223,8 @@ def render_plot(serve_runs: list[Result], offline_serve: Result | None, path: Pa
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for run in serve_runs:
+        if not _is_increasing([lv["concurrency"] for lv in run["levels"]]):
+            continue  # a diagnostic run that repeats a level: in the tables only
         label = str(run["server"]["label"])
         levels = run["levels"]
         x = [lv["concurrency"] for lv in levels]
@@ -240,6 +250,10 @@ def render_plot(serve_runs: list[Result], offline_serve: Result | None, path: Pa
     fig.tight_layout()
     fig.savefig(path, dpi=110, metadata={"Software": None})
     plt.close(fig)
+
+
+def _is_increasing(values: list[int]) -> bool:
+    return all(a < b for a, b in zip(values, values[1:], strict=False))
 
 
 def write_report(results_dir: Path, docs_dir: Path) -> Path:

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Issue 5's benchmarks on a GPU machine, in two device calls (each well inside the 10-minute limit).
+# Issue 5's benchmarks on a GPU machine, one device call per stage (each well inside the 10-minute limit).
 # Usage, from the repo root on the GPU machine:
 #   bash bench/run_gpu.sh offline OUT_DIR   # nano-vllm workload: ours, transformers (subset), ideal, batch-1, profile
 #   bash bench/run_gpu.sh serve OUT_DIR     # offline reference on the serving shape, then openai-serve and
 #                                           # transformers serve over HTTP at concurrency 1, 16, 64, 256
+#   bash bench/run_gpu.sh repeat OUT_DIR    # a second offline sample (no peer), c=1 before/after c=256, HF serve
 # Every run is time-boxed (--max-seconds and friends) so a slow engine yields partial figures, not a killed call.
 set -uo pipefail
-stage=${1:?usage: run_gpu.sh offline|serve OUT_DIR}
-out=${2:?usage: run_gpu.sh offline|serve OUT_DIR}
+stage=${1:?usage: run_gpu.sh offline|serve|repeat OUT_DIR}
+out=${2:?usage: run_gpu.sh offline|serve|repeat OUT_DIR}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 model=${BENCH_MODEL:-/tmp/qwen3-0.6b-bench}  # BENCH_MODEL: an existing checkpoint instead
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/device.txt"
@@ -15,19 +16,10 @@ python3 -c "import torch, transformers; print('torch', torch.__version__, 'trans
   | tee -a "$out/device.txt"
 python3 -c "from bench.bench_model import build_bench_model; build_bench_model('$model')"
 
-if [ "$stage" = offline ]; then
-  python3 -m bench.throughput --model "$model" --peer-requests 64 --peer-max-seconds 120 --peer-timeout 240 \
-    --max-seconds 120 --out "$out/throughput.json" 2>&1 | tee -a "$out/log"
-elif [ "$stage" = serve ]; then
-  python3 -m bench.throughput --model "$model" --workload serve --peer none --batch1-tokens 0 --profile-steps 0 \
-    --max-seconds 90 --out "$out/throughput_serve.json" 2>&1 | tee -a "$out/log"
-  python3 -m bench.serve --launch --label openai-serve \
-    --server-args "--model $model --dtype bfloat16 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192" \
-    --levels 1,16,64,256 --num-requests 32,128,256,768 --max-seconds-per-level 60 \
-    --server-log "$out/server_openai.log" --out "$out/serve_openai.json" 2>&1 | tee -a "$out/log"
-  # transformers serve: text prompts (its /v1/completions takes no token ids), no ignore_eos field (it rejects
-  # unknown fields): EOS is turned off through its generation_config instead.
-  gen='{"do_sample": true, "temperature": 0.6, "top_k": 0, "top_p": 1.0, "eos_token_id": -1, "max_new_tokens": 128}'
+transformers_serve() {
+  # text prompts (its /v1/completions takes no token ids), no ignore_eos field (it rejects unknown fields):
+  # EOS is turned off through its generation_config instead.
+  local gen='{"do_sample": true, "temperature": 0.6, "top_k": 0, "top_p": 1.0, "eos_token_id": -1, "max_new_tokens": 128}'
   timeout 280 python3 -m bench.serve --label "transformers serve" --model "$model" \
     --launch-cmd "python3 -c 'from transformers.cli.transformers import app; app()' serve $model \
       --continuous-batching --host 127.0.0.1 --port {port}" \
@@ -35,4 +27,27 @@ elif [ "$stage" = serve ]; then
     --prompt-format text --tokenizer "$model" --no-ignore-eos \
     --extra-body "$(python3 -c 'import json, sys; print(json.dumps({"generation_config": sys.argv[1]}))' "$gen")" \
     --server-log "$out/server_hf.log" --out "$out/serve_hf.json" 2>&1 | tee -a "$out/log"
+}
+
+server_args="--model $model --dtype bfloat16 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192"
+if [ "$stage" = offline ]; then
+  python3 -m bench.throughput --model "$model" --peer-requests 64 --peer-max-seconds 120 --peer-timeout 240 \
+    --max-seconds 120 --out "$out/throughput.json" 2>&1 | tee -a "$out/log"
+elif [ "$stage" = serve ]; then
+  python3 -m bench.throughput --model "$model" --workload serve --peer none --batch1-tokens 0 --profile-steps 0 \
+    --max-seconds 90 --out "$out/throughput_serve.json" 2>&1 | tee -a "$out/log"
+  python3 -m bench.serve --launch --label openai-serve --server-args "$server_args" \
+    --levels 1,16,64,256 --num-requests 32,128,256,768 --max-seconds-per-level 60 \
+    --server-log "$out/server_openai.log" --out "$out/serve_openai.json" 2>&1 | tee -a "$out/log"
+  transformers_serve
+elif [ "$stage" = repeat ]; then
+  # The offline run again without the peer (a second sample; batch-1 on the fresh engine and after load; the
+  # profile counting kernels only), the server's concurrency 1 before and after a concurrency-256 load, and
+  # transformers serve.
+  python3 -m bench.throughput --model "$model" --peer none --max-seconds 120 --out "$out/throughput_repeat.json" \
+    2>&1 | tee -a "$out/log"
+  python3 -m bench.serve --launch --label "openai-serve, c=1 before and after c=256" --server-args "$server_args" \
+    --levels 1,256,1 --num-requests 16,512,16 --max-seconds-per-level 60 \
+    --server-log "$out/server_openai.log" --out "$out/serve_openai_after_load.json" 2>&1 | tee -a "$out/log"
+  transformers_serve
 fi

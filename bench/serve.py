@@ -120,8 +120,9 @@ async def run_all(
         if args.warmup_requests:
             warm, _ = await run_level(session, factory.specs(args.warmup_requests, args.seed + 10**6), 8)
             print(f"warm-up: {sum(r.is_ok for r in warm)}/{len(warm)} ok", flush=True)
-        for concurrency, num in zip(levels, requests_per_level(levels, args.num_requests), strict=True):
-            specs = factory.specs(num, args.seed + concurrency)
+        for index, (concurrency, num) in enumerate(zip(levels, requests_per_level(levels, args.num_requests),
+                                                         strict=True)):
+            specs = factory.specs(num, args.seed + 1000 * index + concurrency)  # a level repeated gets new prompts
             deadline = None if args.max_seconds_per_level is None else time.perf_counter() + args.max_seconds_per_level
             cpu_start = time.process_time()
             records, duration = await run_level(session, specs, concurrency, deadline)

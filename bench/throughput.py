@@ -142,6 +142,10 @@ def main(argv: list[str] | None = None) -> None:
     engine = llm.engine
     result["engine"] = {"num_kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_size,
                         "attention_backend": getattr(getattr(engine.runner, "backend", None), "name", "?")}
+    if args.batch1_tokens:  # before any load, to compare with the same figure after the timed run
+        result["batch1_fresh"] = guarded(
+            lambda: asdict(time_batch1(engine, 1024, args.batch1_tokens, 3, args.seed + 5)))
+        print("batch-1 on the fresh engine:", result["batch1_fresh"], flush=True)
     if args.warmup != "none":
         warm = workload(args, args.seed + 1)
         if args.warmup == "short":
