@@ -26,8 +26,9 @@ def load_results(results_dir: Path) -> list[Result]:
     results = []
     for path in sorted(results_dir.glob("*.json")):
         result = json.loads(path.read_text())
-        result["file"] = path.name
-        results.append(result)
+        if isinstance(result, dict):  # other benchmarks' files may sit beside ours
+            result["file"] = path.name
+            results.append(result)
     return results
 
 
@@ -53,7 +54,8 @@ def fmt(value: object, digits: int = 1) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, int | float) else "-"
 
 
-def throughput_section(tp: Result) -> list[str]:
+def throughput_section(tp: Result, peer_run: Result | None) -> list[str]:
+    """The latest run's table; the peer comes from `peer_run` (the latest run that has one) when it differs."""
     s, ideal, ours, limits = tp["summary"], tp["ideal"], tp["ours"], tp["limits"]
     lines = ["## Offline throughput", "", provenance(tp),
              "| engine | requests | output tokens | seconds | output tok/s | share of ideal | vs transformers |",
@@ -61,10 +63,12 @@ def throughput_section(tp: Result) -> list[str]:
     partial = " (partial: stopped by --max-seconds)" if ours["is_partial"] else ""
     lines.append(f"| openai-serve{partial} | {ours['num_requests']} | {ours['num_output_tokens']:,} | "
                  f"{fmt(ours['seconds'], 2)} | {fmt(ours['tokens_per_s'])} | {s['share_of_ideal']:.1%} | "
-                 f"{fmt(s.get('ours_over_peer'), 2)}x |")
-    peer = tp.get("peer") or {}
+                 f"{fmt(_ours_over_peer(tp, peer_run), 2)}x |")
+    peer = (peer_run or tp).get("peer") or {}
     if "tokens_per_s" in peer:
         subset = " (first {num_requests} requests only)".format(**peer) if peer.get("is_subset") else ""
+        if peer_run is not None and peer_run is not tp:
+            subset += f" (from the run of {peer_run['date']}, `{peer_run['file']}`)"
         lines.append(f"| transformers {peer['transformers']} {peer['method']}{subset} | {peer['num_requests']} | "
                      f"{peer['num_output_tokens']:,} | {fmt(peer['seconds'], 2)} | {fmt(peer['tokens_per_s'])} | "
                      f"{peer['tokens_per_s'] / ideal['tokens_per_s']:.1%} | 1.00x |")
@@ -85,15 +89,37 @@ def throughput_section(tp: Result) -> list[str]:
                   f"One request, a {b1['prompt_len']}-token prompt, {b1['num_output_tokens']} output tokens "
                   f"(median of {len(b1['tpot_samples_ms'])} runs; same run as above): time per output token "
                   f"**{b1['tpot_ms']:.3f} ms** (ideal {ideal['batch1_tpot_ms']:.3f} ms), "
-                  f"TTFT {b1['ttft_ms']:.1f} ms; {fmt(b1.get('runner_ms_per_step'), 3)} ms per step inside the model "
-                  f"runner, {fmt(b1.get('gc_ms_total'), 1)} ms of GC pauses (all repeats)."]
+                  f"TTFT {b1['ttft_ms']:.1f} ms" + _runner_split(b1)]
         fresh = tp.get("batch1_fresh", {})
         if "tpot_ms" in fresh:
             lines.append(f"The same on the fresh engine (same process, before the warm-up and timed runs): "
-                         f"**{fresh['tpot_ms']:.3f} ms** per output token, TTFT {fresh['ttft_ms']:.1f} ms; "
-                         f"{fmt(fresh.get('runner_ms_per_step'), 3)} ms per step inside the model runner.")
+                         f"**{fresh['tpot_ms']:.3f} ms** per output token, TTFT {fresh['ttft_ms']:.1f} ms"
+                         + _runner_split(fresh))
         lines.append("")
     return lines
+
+
+def _runner_split(b1: Result) -> str:
+    if "runner_ms_per_step" not in b1:
+        return "."  # recorded before this split was measured
+    return (f"; {b1['runner_ms_per_step']:.3f} ms per step inside the model runner, {b1['gc_ms_total']:.1f} ms of "
+            "GC pauses over all repeats.")
+
+
+def _ours_over_peer(tp: Result, peer_run: Result | None) -> float | None:
+    peer = (peer_run or tp).get("peer") or {}
+    return tp["ours"]["tokens_per_s"] / peer["tokens_per_s"] if "tokens_per_s" in peer else None
+
+
+def history_section(runs: list[Result]) -> list[str]:
+    """Every recorded offline run of the nano-vllm workload, newest first."""
+    lines = ["### Every recorded run", "", "| date | device | commit | output tok/s | share of ideal | "
+             "batch-1 ms/token | file |", "| --- | --- | --- | ---: | ---: | ---: | --- |"]
+    for r in sorted(runs, key=lambda r: (str(r["date"]), str(r["file"])), reverse=True):
+        batch1 = (r.get("batch1") or {}).get("tpot_ms")
+        lines.append(f"| {r['date']} | {r['device']} | `{r['commit']}` | {fmt(r['ours']['tokens_per_s'])} | "
+                     f"{r['summary']['share_of_ideal']:.1%} | {fmt(batch1, 3)} | `{r['file']}` |")
+    return lines + [""]
 
 
 def profile_section(tp: Result) -> list[str]:
@@ -205,7 +231,10 @@ def render_markdown(results: list[Result], notes: str | None) -> str:
     lines += ["| " + " | ".join(row) + " |" for row in target_rows(tp, offline_serve, ours_serve)]
     lines.append("")
     if tp is not None:
-        lines += throughput_section(tp)
+        offline_runs = [r for r in results if r.get("kind") == "throughput" and r.get("workload") == "nano-vllm"]
+        peer_run = max((r for r in offline_runs if "tokens_per_s" in (r.get("peer") or {})),
+                       key=lambda r: (str(r["date"]), str(r["file"])), default=None)
+        lines += throughput_section(tp, peer_run) + history_section(offline_runs)
     if serve_runs:
         lines += serve_section(serve_runs, offline_serve)
     if tp is not None:

@@ -47,7 +47,10 @@ def test_report_shows_the_latest_results_and_judges_the_targets(tmp_path: Path) 
     results, docs = tmp_path / "results", tmp_path / "docs"
     results.mkdir()
     _write(results, "old.json", _throughput("2026-11-20 10:00 UTC", 9_999.0))
-    _write(results, "new.json", _throughput("2026-11-21 10:00 UTC", 16_000.0))
+    newest = _throughput("2026-11-21 10:00 UTC", 16_000.0)
+    del newest["peer"]  # a repeat without the peer: the peer row comes from the older run
+    _write(results, "new.json", newest)
+    (results / "other-benchmark.json").write_text("[1, 2, 3]")  # not ours: skipped
     _write(results, "offline-serve.json", _throughput("2026-11-21 10:05 UTC", 10_000.0, workload="serve"))
     _write(results, "ours.json", _serve("openai-serve", "2026-11-21 11:00 UTC",
                                         [_level(1, 150.0, 30.0), _level(256, 8_000.0, 900.0)]))
@@ -56,7 +59,11 @@ def test_report_shows_the_latest_results_and_judges_the_targets(tmp_path: Path) 
 
     page = write_report(results, docs).read_text()
 
-    assert "16,000.0" in page and "9,999.0" not in page  # the newest run of a kind wins
+    main_table = page[page.index("## Offline throughput"):page.index("### Every recorded run")]
+    assert "| openai-serve | 256 | 150,245 | 9.39 | 16,000.0 |" in main_table and "9,999.0" not in main_table
+    assert "(from the run of 2026-11-20 10:00 UTC, `old.json`)" in main_table
+    history = page[page.index("### Every recorded run"):page.index("## Online serving")]
+    assert history.index("16,000.0") < history.index("9,999.0")  # every run, newest first
     assert "| offline throughput, share of ideal | >= 70% | 80.0% | met |" in page
     assert "| batch-1 time per output token | <= 1.5 ms | 1.750 ms | missed: 1.17x the goal |" in page
     assert "| server tok/s at concurrency 256 / offline engine | >= 85% | 80.0% | missed: 0.94x of the goal |" in page
