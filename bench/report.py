@@ -99,6 +99,10 @@ def throughput_section(tp: Result, peer_run: Result | None) -> list[str]:
     return lines
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
 def _runner_split(b1: Result) -> str:
     if "runner_ms_per_step" not in b1:
         return "."  # recorded before this split was measured
@@ -160,15 +164,16 @@ def serve_section(runs: list[Result], offline_serve: Result | None) -> list[str]
                   f"Prompts of {config['prompt_len']} random token ids, {config['max_tokens']} output tokens, "
                   f"ignore_eos {config['ignore_eos']}, temperature {config['temperature']}.", "",
                   "| concurrency | requests | failed | output tok/s | req/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
-                  "| ITL p50 / p99 ms | E2E p50 ms | client CPU |",
-                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+                  "| ITL p50 / p99 ms | E2E p50 ms | client CPU | server CPU |",
+                  "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
         for lv in run["levels"]:
             lines.append(
                 f"| {lv['concurrency']} | {lv['num_requests']} | {lv['num_failed']} | "
                 f"{fmt(lv['output_tokens_per_s'])} | "
                 f"{fmt(lv['request_per_s'], 2)} | {fmt(lv['ttft_ms']['p50'])} / {fmt(lv['ttft_ms']['p99'])} | "
                 f"{fmt(lv['tpot_ms']['p50'], 2)} / {fmt(lv['tpot_ms']['p99'], 2)} | {fmt(lv['itl_ms']['p50'], 2)} / "
-                f"{fmt(lv['itl_ms']['p99'], 2)} | {fmt(lv['e2e_ms']['p50'], 0)} | {lv['client_cpu_share']:.0%} |")
+                f"{fmt(lv['itl_ms']['p99'], 2)} | {fmt(lv['e2e_ms']['p50'], 0)} | {lv['client_cpu_share']:.0%} | "
+                f"{_share(lv.get('server_cpu_share'))} |")
         lines.append("")
         without_done = sum(lv.get("num_without_done", 0) for lv in run["levels"])
         if without_done:
@@ -177,7 +182,9 @@ def serve_section(runs: list[Result], offline_serve: Result | None) -> list[str]
         errors = sorted({e for lv in run["levels"] for e in lv.get("errors", [])})
         if errors:
             lines += ["Errors seen: " + "; ".join(f"`{e[:200]}`" for e in errors[:5]), ""]
-    lines += [f"![serving by concurrency]({PLOT_NAME})", ""]
+    lines += ["'client CPU' and 'server CPU' are each process's CPU time (all threads) over the level's wall time: "
+              "near 100% for one Python process means it is bound by one core (the GIL).", "",
+              f"![serving by concurrency]({PLOT_NAME})", ""]
     return lines
 
 

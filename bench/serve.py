@@ -28,6 +28,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
+from pathlib import Path
 
 from bench.common import write_result
 from bench.load import RequestSpec, new_session, run_level
@@ -110,9 +111,13 @@ class RequestFactory:
 
 
 async def run_all(
-    args: argparse.Namespace, base_url: str, model: str, on_level: Callable[[list[dict[str, object]]], None]
+    args: argparse.Namespace, base_url: str, model: str, on_level: Callable[[list[dict[str, object]]], None],
+    server_cpu: Callable[[], float | None],
 ) -> list[dict[str, object]]:
-    """Runs every level in order; `on_level` gets the levels done so far after each one."""
+    """Runs every level in order; `on_level` gets the levels done so far after each one.
+
+    `server_cpu` gives the server process's CPU seconds so far (all its threads), None when unknown.
+    """
     levels = [int(x) for x in args.levels.split(",")]
     factory = RequestFactory(args, base_url, model)
     results = []
@@ -124,11 +129,14 @@ async def run_all(
                                                          strict=True)):
             specs = factory.specs(num, args.seed + 1000 * index + concurrency)  # a level repeated gets new prompts
             deadline = None if args.max_seconds_per_level is None else time.perf_counter() + args.max_seconds_per_level
-            cpu_start = time.process_time()
+            cpu_start, server_cpu_start = time.process_time(), server_cpu()
             records, duration = await run_level(session, specs, concurrency, deadline)
             summary = summarize(concurrency, records, duration)
+            server_cpu_end = server_cpu()
             level = {**asdict(summary), "num_requests_planned": num,
                      "client_cpu_share": round((time.process_time() - cpu_start) / duration, 3),
+                     "server_cpu_share": None if server_cpu_start is None or server_cpu_end is None
+                     else round((server_cpu_end - server_cpu_start) / duration, 3),
                      "errors": sorted({r.error for r in records if r.error})[:5]}
             print(format_level(summary), flush=True)
             results.append(level)
@@ -189,6 +197,18 @@ def stop(process: subprocess.Popen[bytes]) -> None:
         process.wait()
 
 
+def process_cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU seconds of a process, all threads (Linux /proc); None where unknown."""
+    if pid is None:
+        return None
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    # After the ")" that ends the command name: field 3 is the state, so utime and stime (14, 15) sit at 11, 12.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def label_of(args: argparse.Namespace) -> str:
     if args.label:
         return args.label
@@ -217,7 +237,8 @@ def main(argv: list[str] | None = None) -> None:
         server["model"] = model
         save = partial(save_result, args, argv, server)
         with asyncio.Runner(loop_factory=_loop_factory()) as runner:
-            levels = runner.run(run_all(args, base_url, model, lambda done: save(done, is_complete=False)))
+            levels = runner.run(run_all(args, base_url, model, lambda done: save(done, is_complete=False),
+                                        partial(process_cpu_seconds, process.pid if process else None)))
         save(levels, is_complete=True)
     finally:
         if process is not None:

@@ -134,6 +134,7 @@ def test_metrics_of_a_good_stream(stub: tuple[Stub, str], tmp_path: Path) -> Non
     assert app.max_in_flight == 4  # level 4 never exceeded, and reached, its concurrency
     assert result["device"] and result["date"] and result["commit"] and "bench.serve" in result["command"]
     assert result["is_complete"] is True
+    assert one["server_cpu_share"] is None  # not launched here: its CPU time is unknown
 
 
 def test_request_body_asks_for_token_ids_streamed_with_usage_and_ignore_eos(stub: tuple[Stub, str],
@@ -189,6 +190,7 @@ def test_against_openai_serve_launched_on_cpu(tmp_path: Path) -> None:
     assert (one["num_failed"], one["num_output_tokens"]) == (0, 2 * 6)
     assert (four["num_failed"], four["num_output_tokens"]) == (0, 6 * 6)
     assert 0 < one["ttft_ms"]["p50"] < one["e2e_ms"]["p50"]
+    assert one["server_cpu_share"] > 0  # the launched server's own CPU time is measured
     assert result["server"]["label"] == "openai-serve" and result["server"]["model"] == str(model)
     with pytest.raises(OSError):  # the launched server was stopped
         socket.create_connection(("127.0.0.1", int(result["server"]["command"].rsplit(" ", 1)[1])), timeout=1)
