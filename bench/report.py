@@ -200,7 +200,7 @@ def target_rows(tp: Result | None, offline_serve: Result | None,
             tpot = tp["batch1"]["tpot_ms"]
             rows.append(("batch-1 time per output token", f"<= {TARGETS['batch1_tpot_ms']} ms", f"{tpot:.3f} ms",
                          verdict(tpot, TARGETS["batch1_tpot_ms"], higher_is_better=False), tp["device"]))
-    levels = {lv["concurrency"]: lv for lv in serve["levels"]} if serve else {}
+    levels = {lv["concurrency"]: lv for lv in _sweep(serve["levels"])} if serve else {}
     if 256 in levels and offline_serve is not None:
         share = levels[256]["output_tokens_per_s"] / offline_serve["ours"]["tokens_per_s"]
         rows.append(("server tok/s at concurrency 256 / offline engine", f">= {TARGETS['server_share_at_256']:.0%}",
@@ -211,7 +211,7 @@ def target_rows(tp: Result | None, offline_serve: Result | None,
         rows.append(("TTFT p50 at concurrency 1", f"<= {TARGETS['ttft_p50_c1_ms']:.0f} ms", f"{ttft:.1f} ms",
                      verdict(ttft, TARGETS["ttft_p50_c1_ms"], higher_is_better=False), serve["device"]))
     if levels:
-        failed = sum(lv["num_failed"] for lv in levels.values())
+        failed = sum(lv["num_failed"] for lv in serve["levels"])  # the diagnostic levels too
         rows.append(("failed requests", "0", str(failed), "met" if failed == 0 else f"missed by {failed}",
                      serve["device"]))
     return rows
@@ -259,10 +259,8 @@ def render_plot(serve_runs: list[Result], offline_serve: Result | None, path: Pa
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for run in serve_runs:
-        if not _is_increasing([lv["concurrency"] for lv in run["levels"]]):
-            continue  # a diagnostic run that repeats a level: in the tables only
         label = str(run["server"]["label"])
-        levels = run["levels"]
+        levels = _sweep(run["levels"])
         x = [lv["concurrency"] for lv in levels]
         axes[0].plot(x, [lv["output_tokens_per_s"] for lv in levels], "o-", label=label)
         for ax, key in ((axes[1], "ttft_ms"), (axes[2], "tpot_ms")):
@@ -272,7 +270,7 @@ def render_plot(serve_runs: list[Result], offline_serve: Result | None, path: Pa
         axes[0].axhline(offline_serve["ours"]["tokens_per_s"], color="gray", linestyle=":",
                         label="offline engine, same shape")
     titles = ("output tok/s by concurrency", "TTFT (ms)", "TPOT (ms)")
-    ticks = sorted({lv["concurrency"] for run in serve_runs for lv in run["levels"]})
+    ticks = sorted({lv["concurrency"] for run in serve_runs for lv in _sweep(run["levels"])})
     for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(t) for t in ticks])
@@ -288,8 +286,15 @@ def render_plot(serve_runs: list[Result], offline_serve: Result | None, path: Pa
     plt.close(fig)
 
 
-def _is_increasing(values: list[int]) -> bool:
-    return all(a < b for a, b in zip(values, values[1:], strict=False))
+def _sweep(levels: list[Result]) -> list[Result]:
+    """The levels up to where concurrency stops rising; a level repeated after them (say c=1 again, after the
+    c=256 load) is a diagnostic, shown in the table but not plotted."""
+    sweep = levels[:1]
+    for level in levels[1:]:
+        if level["concurrency"] <= sweep[-1]["concurrency"]:
+            break
+        sweep.append(level)
+    return sweep
 
 
 def write_report(results_dir: Path, docs_dir: Path) -> Path:

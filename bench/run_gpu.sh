@@ -4,7 +4,7 @@
 #   bash bench/run_gpu.sh offline OUT_DIR   # nano-vllm workload: ours, transformers (subset), ideal, batch-1, profile
 #   bash bench/run_gpu.sh serve OUT_DIR     # offline reference on the serving shape, then openai-serve and
 #                                           # transformers serve over HTTP at concurrency 1, 16, 64, 256
-#   bash bench/run_gpu.sh repeat OUT_DIR    # a second offline sample (no peer), c=1 before/after c=256, HF serve
+#   bash bench/run_gpu.sh repeat OUT_DIR    # all but the peer again at one commit; c=1 after c=256; HF serve
 # Every run is time-boxed (--max-seconds and friends) so a slow engine yields partial figures, not a killed call.
 set -uo pipefail
 stage=${1:?usage: run_gpu.sh offline|serve|repeat OUT_DIR}
@@ -20,7 +20,7 @@ transformers_serve() {
   # text prompts (its /v1/completions takes no token ids), no ignore_eos field (it rejects unknown fields):
   # EOS is turned off through its generation_config instead.
   local gen='{"do_sample": true, "temperature": 0.6, "top_k": 0, "top_p": 1.0, "eos_token_id": -1, "max_new_tokens": 128}'
-  timeout 280 python3 -m bench.serve --label "transformers serve" --model "$model" \
+  timeout "${HF_TIMEOUT:-280}" python3 -m bench.serve --label "transformers serve" --model "$model" \
     --launch-cmd "python3 -c 'from transformers.cli.transformers import app; app()' serve $model \
       --continuous-batching --host 127.0.0.1 --port {port}" \
     --levels 1,16,64,256 --num-requests 8,32,64,256 --max-seconds-per-level 40 --warmup-requests 2 \
@@ -41,13 +41,15 @@ elif [ "$stage" = serve ]; then
     --server-log "$out/server_openai.log" --out "$out/serve_openai.json" 2>&1 | tee -a "$out/log"
   transformers_serve
 elif [ "$stage" = repeat ]; then
-  # The offline run again without the peer (a second sample; batch-1 on the fresh engine and after load; the
-  # profile counting kernels only), the server's concurrency 1 before and after a concurrency-256 load, and
-  # transformers serve.
+  # Everything but the peer again, at one commit: the offline run (batch-1 on the fresh engine and after load,
+  # kernel-only profile), the serving-shape reference, openai-serve with its CPU share and a c=1 level after the
+  # c=256 load, and transformers serve (time-boxed shorter).
   python3 -m bench.throughput --model "$model" --peer none --max-seconds 120 --out "$out/throughput_repeat.json" \
     2>&1 | tee -a "$out/log"
-  python3 -m bench.serve --launch --label "openai-serve, c=1 before and after c=256" --server-args "$server_args" \
-    --levels 1,256,1 --num-requests 16,512,16 --max-seconds-per-level 60 \
-    --server-log "$out/server_openai.log" --out "$out/serve_openai_after_load.json" 2>&1 | tee -a "$out/log"
-  transformers_serve
+  python3 -m bench.throughput --model "$model" --workload serve --peer none --batch1-tokens 0 --profile-steps 0 \
+    --max-seconds 90 --out "$out/throughput_serve.json" 2>&1 | tee -a "$out/log"
+  python3 -m bench.serve --launch --label openai-serve --server-args "$server_args" \
+    --levels 1,16,64,256,1 --num-requests 32,128,256,768,16 --max-seconds-per-level 60 \
+    --server-log "$out/server_openai.log" --out "$out/serve_openai.json" 2>&1 | tee -a "$out/log"
+  HF_TIMEOUT=200 transformers_serve
 fi

@@ -53,7 +53,8 @@ def test_report_shows_the_latest_results_and_judges_the_targets(tmp_path: Path) 
     (results / "other-benchmark.json").write_text("[1, 2, 3]")  # not ours: skipped
     _write(results, "offline-serve.json", _throughput("2026-11-21 10:05 UTC", 10_000.0, workload="serve"))
     _write(results, "ours.json", _serve("openai-serve", "2026-11-21 11:00 UTC",
-                                        [_level(1, 150.0, 30.0), _level(256, 8_000.0, 900.0)]))
+                                        [_level(1, 150.0, 30.0), _level(256, 8_000.0, 900.0),
+                                         _level(1, 140.0, 11.0, failed=1)]))  # c=1 again, after the load
     _write(results, "hf.json", _serve("transformers serve", "2026-11-21 11:30 UTC", [_level(1, 50.0, 80.0, 2)]))
     (results / "notes.md").write_text("The decode kernel reads K/V twice.")
 
@@ -68,7 +69,8 @@ def test_report_shows_the_latest_results_and_judges_the_targets(tmp_path: Path) 
     assert "| batch-1 time per output token | <= 1.5 ms | 1.750 ms | missed: 1.17x the goal |" in page
     assert "| server tok/s at concurrency 256 / offline engine | >= 85% | 80.0% | missed: 0.94x of the goal |" in page
     assert "| TTFT p50 at concurrency 1 | <= 25 ms | 30.0 ms | missed: 1.20x the goal |" in page
-    assert "| failed requests | 0 | 0 | met |" in page  # openai-serve's failures, not the peer's
+    assert "| failed requests | 0 | 1 | missed by 1 |" in page  # openai-serve's failures (all levels), not the peer's
+    assert "| 1 | 64 | 1 | 140.0 |" in page  # the diagnostic level is in the table, not in the TTFT target
     assert "(first 64 requests only)" in page and "22.22x" in page
     assert "### openai-serve" in page and "### transformers serve" in page
     assert page.index("### openai-serve") < page.index("### transformers serve")
