@@ -1,0 +1,142 @@
+"""Triton kernel: per-head RMSNorm (Qwen3's q_norm/k_norm, optional) and rotary embedding of the
+queries and keys, read straight from the fused QKV projection.
+
+Queries and keys lie side by side in each row of qkv ([num_heads + num_kv_heads] heads of head_dim,
+values after them), so one head index h covers both: h < num_heads is a query head. A program takes
+one token and a group of heads, splits each head into its two halves x1, x2 (the rotate-half form:
+out1 = x1*cos1 - x2*sin1, out2 = x2*cos2 + x1*sin2) and writes q and k as new contiguous tensors.
+The math is float32, rounded to the model dtype at the points where the torch path (gpu/layers/
+norm.py, gpu/layers/rotary.py) rounds: after the norm's scaling, after the weight, cos/sin as
+model-dtype values, after each product and after the sum. So float32 matches to rounding and
+bf16/fp16 almost always to the bit. The launch passes enable_fp_fusion=False: with fusion on (H200,
+triton 3.6) about a fifth of bf16 and fp16 outputs differed from the torch path by one unit in the
+last place, as when a product and the sum are contracted into one FMA and the product's rounding
+is skipped.
+Invariants the wrapper checks: qkv is 2-d with unit stride along its columns and at least
+(num_heads + num_kv_heads) * head_dim of them; head_dim is a power of two; positions are int64
+[num_tokens]; cos and sin are contiguous [max_position, head_dim] in float32 or the model dtype
+(a model's .to(dtype) casts these buffers; the kernel rounds them to the model dtype either way);
+the norm weights, when given, are [head_dim] in qkv's dtype. Positions are not bounds-checked on
+the device (a host check would sync): the caller keeps them below max_position.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _qk_norm_rope_kernel(
+    qkv_ptr,
+    positions_ptr,
+    cos_ptr,
+    sin_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
+    q_out_ptr,
+    k_out_ptr,
+    qkv_stride,
+    eps,
+    NUM_HEADS: tl.constexpr,
+    NUM_KV_HEADS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HAS_NORM: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    half: tl.constexpr = HEAD_DIM // 2
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
+    dims = tl.arange(0, half)[None, :]  # [1, half]
+    is_query = heads < NUM_HEADS
+    is_valid = heads < NUM_HEADS + NUM_KV_HEADS
+    dtype = q_out_ptr.dtype.element_ty
+    row = qkv_ptr + token * qkv_stride + heads * HEAD_DIM + dims
+    x1 = tl.load(row, mask=is_valid, other=0.0).to(tl.float32)
+    x2 = tl.load(row + half, mask=is_valid, other=0.0).to(tl.float32)
+    if HAS_NORM:
+        variance = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1))[:, None] / HEAD_DIM
+        rstd = tl.math.rsqrt(variance + eps)
+        w1 = tl.where(is_query, tl.load(q_weight_ptr + dims), tl.load(k_weight_ptr + dims)).to(tl.float32)
+        w2 = tl.where(is_query, tl.load(q_weight_ptr + half + dims), tl.load(k_weight_ptr + half + dims)).to(tl.float32)
+        x1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        x2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+    position = tl.load(positions_ptr + token)
+    table = position * HEAD_DIM + dims
+    cos1 = tl.load(cos_ptr + table).to(dtype).to(tl.float32)
+    cos2 = tl.load(cos_ptr + table + half).to(dtype).to(tl.float32)
+    sin1 = tl.load(sin_ptr + table).to(dtype).to(tl.float32)
+    sin2 = tl.load(sin_ptr + table + half).to(dtype).to(tl.float32)
+    # Each product and the sum rounded, as the torch path's q * cos + rotate_half(q) * sin is.
+    out1 = (x1 * cos1).to(dtype).to(tl.float32) + (-(x2 * sin1)).to(dtype).to(tl.float32)
+    out2 = (x2 * cos2).to(dtype).to(tl.float32) + (x1 * sin2).to(dtype).to(tl.float32)
+    q_row = q_out_ptr + token * (NUM_HEADS * HEAD_DIM) + heads * HEAD_DIM + dims
+    k_row = k_out_ptr + token * (NUM_KV_HEADS * HEAD_DIM) + (heads - NUM_HEADS) * HEAD_DIM + dims
+    is_key = is_valid & ~is_query
+    tl.store(q_row, out1.to(dtype), mask=is_query)
+    tl.store(q_row + half, out2.to(dtype), mask=is_query)
+    tl.store(k_row, out1.to(dtype), mask=is_key)
+    tl.store(k_row + half, out2.to(dtype), mask=is_key)
+
+
+def qk_norm_rope(
+    qkv: torch.Tensor,  # [num_tokens, >= (num_heads + num_kv_heads) * head_dim], queries then keys
+    positions: torch.Tensor,  # [num_tokens] int64
+    cos: torch.Tensor,  # [max_position, head_dim], float32 or qkv's dtype
+    sin: torch.Tensor,  # [max_position, head_dim]
+    heads: tuple[int, int, int],  # (num_heads, num_kv_heads, head_dim)
+    norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None,  # (q_norm, k_norm), each [head_dim]
+    eps: float = 1e-6,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Returns q [num_tokens, num_heads, head_dim] and k [num_tokens, num_kv_heads, head_dim],
+    normalized per head when norm weights are given, then rotated by each token's position."""
+    num_heads, num_kv_heads, head_dim = heads
+    _check(qkv, positions, cos, sin, heads, norm_weights)
+    num_tokens = qkv.shape[0]
+    q = torch.empty((num_tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty((num_tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    if num_tokens == 0:
+        return q, k
+    total_heads = num_heads + num_kv_heads
+    # About 1024 elements per program: whole heads, enough work per program for a prefill's many
+    # tokens, and a few programs per token so a batch-1 decode still spreads over several SMs.
+    block_h = min(triton.next_power_of_2(total_heads), max(1024 // head_dim, 1))
+    q_weight, k_weight = norm_weights if norm_weights is not None else (qkv, qkv)  # unused without a norm
+    _qk_norm_rope_kernel[(num_tokens, triton.cdiv(total_heads, block_h))](
+        qkv, positions, cos, sin, q_weight, k_weight, q, k, qkv.stride(0), eps,
+        NUM_HEADS=num_heads,
+        NUM_KV_HEADS=num_kv_heads,
+        HEAD_DIM=head_dim,
+        BLOCK_H=block_h,
+        HAS_NORM=norm_weights is not None,
+        num_warps=4 if block_h * head_dim >= 1024 else 2,
+        enable_fp_fusion=False,  # no mul+add into one FMA: torch rounds the product first
+    )
+    return q, k
+
+
+def _check(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: tuple[int, int, int],
+    norm_weights: tuple[torch.Tensor, torch.Tensor] | None,
+) -> None:
+    num_heads, num_kv_heads, head_dim = heads
+    if head_dim < 2 or head_dim & (head_dim - 1):
+        raise ValueError(f"head_dim must be a power of two >= 2, got {head_dim}")
+    width = (num_heads + num_kv_heads) * head_dim
+    if qkv.dim() != 2 or qkv.stride(1) != 1 or qkv.shape[1] < width:
+        raise ValueError(f"qkv must be 2-d with unit column stride and >= {width} columns, got {tuple(qkv.shape)} "
+                         f"strides {qkv.stride()}")
+    if positions.shape != (qkv.shape[0],) or positions.dtype != torch.int64:
+        raise ValueError(f"positions must be int64 [{qkv.shape[0]}], got {positions.dtype} {tuple(positions.shape)}")
+    if cos.shape != sin.shape or cos.dtype != sin.dtype or not (cos.is_contiguous() and sin.is_contiguous()):
+        raise ValueError(f"cos and sin must be alike and contiguous, got {tuple(cos.shape)}, {tuple(sin.shape)}")
+    if cos.dim() != 2 or cos.shape[1] != head_dim or cos.dtype not in (torch.float32, qkv.dtype):
+        raise ValueError(f"cos and sin must be [max_position, {head_dim}] in float32 or {qkv.dtype}, got "
+                         f"{cos.dtype} {tuple(cos.shape)}")
+    for weight in norm_weights or ():
+        if weight.shape != (head_dim,) or weight.dtype != qkv.dtype or not weight.is_contiguous():
+            raise ValueError(f"norm weights must be contiguous [{head_dim}] {qkv.dtype}, got {weight.dtype} "
+                             f"{tuple(weight.shape)}")

@@ -1,0 +1,49 @@
+"""Triton kernel: SiLU-and-multiply over a merged gate/up projection, [T, 2I] -> [T, I].
+
+out = silu(gate) * up with gate = x[:, :I], up = x[:, I:]. Float32 math, rounded to the model
+dtype where the torch path (gpu/layers/activation.py) rounds: after the SiLU and after the product.
+Grid: (token, block of columns). Invariants the wrapper checks: x is 2-d with an even number of
+columns and unit stride along them (any row stride). The output is a new contiguous tensor.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _silu_and_mul_kernel(
+    x_ptr,
+    out_ptr,
+    x_stride,
+    INTERMEDIATE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    token = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < INTERMEDIATE
+    dtype = out_ptr.dtype.element_ty
+    gate = tl.load(x_ptr + token * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + token * x_stride + INTERMEDIATE + cols, mask=mask, other=0.0).to(tl.float32)
+    silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+    tl.store(out_ptr + token * INTERMEDIATE + cols, (silu * up).to(dtype), mask=mask)
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * intermediate] -> [num_tokens, intermediate]
+    """silu(x[:, :I]) * x[:, I:] with I = x.shape[1] // 2."""
+    if x.dim() != 2 or x.shape[1] % 2 or x.stride(1) != 1:
+        raise ValueError(f"x must be 2-d [num_tokens, 2 * intermediate] with unit column stride, got "
+                         f"{tuple(x.shape)} strides {x.stride()}")
+    num_tokens, intermediate = x.shape[0], x.shape[1] // 2
+    out = torch.empty((num_tokens, intermediate), dtype=x.dtype, device=x.device)
+    if num_tokens == 0 or intermediate == 0:
+        return out
+    block = min(triton.next_power_of_2(intermediate), 1024)
+    _silu_and_mul_kernel[(num_tokens, triton.cdiv(intermediate, block))](
+        x, out, x.stride(0),
+        INTERMEDIATE=intermediate,
+        BLOCK=block,
+        num_warps=4 if block >= 512 else 1,
+        enable_fp_fusion=False,  # no mul+add into one FMA: torch rounds the product first
+    )
+    return out
