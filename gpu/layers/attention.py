@@ -1,7 +1,13 @@
 """The attention layer of a decoder block: project, rotate, write K/V to the cache, attend.
 
 The layer owns no cache: the runner hands it this layer's (k_cache, v_cache) after allocating them.
+On CUDA, when triton is installed, the per-head q/k norms and the rotation are one Triton kernel
+(gpu/kernels/qk_norm_rope.py) reading the fused QKV output; elsewhere, or with `use_fused_kernels`
+off, the torch layers run (the reference the kernel is tested against). Triton is imported on the
+first CUDA call only.
 """
+
+import importlib.util
 
 import torch
 from torch import nn
@@ -12,6 +18,8 @@ from gpu.attention.metadata import AttentionMetadata
 from gpu.layers.linear import MergedLinear
 from gpu.layers.norm import RMSNorm
 from gpu.layers.rotary import RotaryEmbedding
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 
 class DecoderAttention(nn.Module):
@@ -32,17 +40,41 @@ class DecoderAttention(nn.Module):
         self.backend: AttentionBackend | None = None
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        # Cleared to force the torch path on CUDA (tests compare the two); see LlamaForCausalLM.
+        self.use_fused_kernels = True
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self.rotary(positions, q, k)
+        qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self._is_fused(qkv):
+            q, k = self._fused_qk(positions, qkv)
+        else:
+            q, k = self._torch_qk(positions, qkv)
         assert self.backend is not None, "the runner sets the backend before the first forward"
         self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = self.backend.forward(q, self.k_cache, self.v_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, -1))
+
+    def _torch_qk(self, positions: torch.Tensor, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        num_tokens = qkv.shape[0]
+        q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        return self.rotary(positions, q, k)
+
+    def _is_fused(self, qkv: torch.Tensor) -> bool:
+        is_pow2 = (self.head_dim & (self.head_dim - 1)) == 0  # the kernel's head halves are power-of-two ranges
+        return self.use_fused_kernels and HAS_TRITON and qkv.is_cuda and is_pow2 and qkv.stride(1) == 1
+
+    def _fused_qk(self, positions: torch.Tensor, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from gpu.kernels.qk_norm_rope import qk_norm_rope
+
+        norms = None
+        if self.q_norm is not None and self.k_norm is not None:
+            norms = (self.q_norm.weight, self.k_norm.weight)
+        eps = self.q_norm.eps if self.q_norm is not None else 0.0
+        heads = (self.num_heads, self.num_kv_heads, self.head_dim)
+        return qk_norm_rope(qkv, positions, self.rotary.cos, self.rotary.sin, heads, norms, eps)

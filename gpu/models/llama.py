@@ -1,7 +1,11 @@
 """Llama-family decoder (Llama 2/3, Qwen2 with its q/k/v bias, Qwen3 through `has_qk_norm`).
 
 Parameter names follow the Hugging Face checkpoints, except the merged projections
-(`qkv_proj`, `gate_up_proj`), which `packed_modules` maps back to checkpoint names.
+(`qkv_proj`, `gate_up_proj`), which `packed_modules` maps back to checkpoint names. On CUDA the
+elementwise work of a layer (residual add + RMSNorm twice, q/k norm + RoPE, SiLU-and-mul) runs as
+four Triton kernels where triton is installed: per decode step a layer launches about a dozen
+kernels instead of about sixty, which is what a small batch pays for. `set_fused_kernels(False)`
+forces the torch reference code.
 """
 
 import torch
@@ -98,3 +102,10 @@ class LlamaForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[DecoderAttention]:
         return [layer.self_attn for layer in self.model.layers]
+
+    def set_fused_kernels(self, enabled: bool) -> None:
+        """Routes norms, q/k norm + RoPE and SiLU-and-mul to the Triton kernels on CUDA (the default
+        where triton is installed) or to the torch reference code (tests compare the two paths)."""
+        for module in self.modules():
+            if hasattr(module, "use_fused_kernels"):
+                module.use_fused_kernels = enabled
