@@ -114,9 +114,13 @@ class ModelRunner:
         sampled_rows = [i for i, row in enumerate(batch.sampling) if row is not None]
         if not sampled_rows:
             return StepResult([], [])
-        last_token_index = meta.query_start_loc[1:].long() - 1
-        rows_index = torch.tensor(sampled_rows, dtype=torch.long).to(self.device, non_blocking=True)
-        logits = self.model.compute_logits(hidden[last_token_index[rows_index]]).float()
+        if batch.is_decode_only and len(sampled_rows) == batch.num_rows:
+            last_hidden = hidden  # one token per row, every row sampled: no gather (and no copy to the device)
+        else:
+            last_token_index = meta.query_start_loc[1:].long() - 1
+            rows_index = torch.tensor(sampled_rows, dtype=torch.long).to(self.device, non_blocking=True)
+            last_hidden = hidden[last_token_index[rows_index]]
+        logits = self.model.compute_logits(last_hidden)  # model dtype: the sampler upcasts where it must
         return self.sampler(logits, [batch.sampling[i] for i in sampled_rows])
 
     @torch.inference_mode()

@@ -44,17 +44,21 @@ class Sampler:
         self.generator.manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, rows: list[RowSampling]) -> StepResult:
-        """logits: [num_rows, vocab_size] float32, one row per entry of `rows`."""
+        """logits: [num_rows, vocab_size] in the model's dtype or float32, one row per entry of `rows`."""
+        if all(r.is_greedy and r.num_top_logprobs is None for r in rows):
+            # No filters, no noise, no per-row tensors to copy to the device, no float32 copy of the
+            # logits (upcasting changes no order, so the argmax is the same): one argmax kernel.
+            return _to_result(logits, _ban_tokens(logits, rows).argmax(dim=-1), rows)
+        logits = logits.float()
         raw_logits = logits
         logits = _ban_tokens(logits, rows)
-        tensors = build_sampling_tensors(rows, logits.shape[-1], logits.device)
         greedy_ids = logits.argmax(dim=-1)
         if all(r.is_greedy for r in rows):
-            token_ids = greedy_ids
-        else:
-            probs = _filtered_probs(logits, tensors)
-            random_ids = (probs / self._exponential_noise(probs, rows)).argmax(dim=-1)
-            token_ids = torch.where(tensors.is_greedy, greedy_ids, random_ids)
+            return _to_result(raw_logits, greedy_ids, rows)
+        tensors = build_sampling_tensors(rows, logits.shape[-1], logits.device)
+        probs = _filtered_probs(logits, tensors)
+        random_ids = (probs / self._exponential_noise(probs, rows)).argmax(dim=-1)
+        token_ids = torch.where(tensors.is_greedy, greedy_ids, random_ids)
         return _to_result(raw_logits, token_ids, rows)
 
     def _exponential_noise(self, probs: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:

@@ -28,6 +28,17 @@ def test_greedy_takes_argmax() -> None:
     assert result.token_ids == logits.argmax(-1).tolist()
 
 
+def test_greedy_on_bf16_logits_matches_float32_and_honours_bans() -> None:
+    """The greedy-only path takes the model-dtype logits as they are (no float32 copy)."""
+    logits = torch.randn(6, 300).to(torch.bfloat16)
+    rows = [RowSampling(temperature=0.0)] * 5 + [RowSampling(temperature=0.0, banned_token_ids=(7,))]
+    logits[5, 7] = 100.0
+    result = Sampler(torch.device("cpu"), 0)(logits, rows)
+    expected = logits.float().argmax(-1)
+    expected[5] = logits[5].float().scatter(0, torch.tensor([7]), float("-inf")).argmax()
+    assert result.token_ids == expected.tolist() and result.token_ids[5] != 7
+
+
 def test_top_k_keeps_the_k_most_likely() -> None:
     logits = logits_of([0.3, 0.25, 0.2, 0.1, 0.05, 0.04, 0.03, 0.03])
     assert sample_many([RowSampling(top_k=3)], logits) == [{0, 1, 2}]
