@@ -5,5 +5,5 @@ set -uo pipefail
 out=${1:?usage: gpu_checks.sh OUT_DIR}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/device.txt"
-python3 -m pytest -q -p no:cacheprovider tests/gpu 2>&1 | tee "$out/pytest_gpu.log"
+python3 -m pytest -p no:cacheprovider tests/gpu 2>&1 | tee "$out/pytest_gpu.log"
 python3 -m bench.decode_step_bench --out "$out/decode_step.json" 2>&1 | tee "$out/decode_step.log"
