@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     # SIGTERM (a `timeout` around this run) unwinds through `finally`, so a launched server is stopped too.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     process, log = None, None
     server: dict[str, object] = {"label": label_of(args)}
     if args.base_url:
@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> None:
             stop(process)
         if log is not None:
             log.close()
+        signal.signal(signal.SIGTERM, previous_handler)  # as it was, for callers that run main() in-process
 
 
 def save_result(args: argparse.Namespace, argv: list[str], server: dict[str, object],
