@@ -9,15 +9,19 @@ from transformers import AutoConfig, PretrainedConfig
 
 @dataclass(frozen=True)
 class ModelInfo:
-    architectures: tuple[str, ...]
     vocab_size: int
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
-    dtype: str | None  # as stored in the checkpoint, e.g. "bfloat16"
 
 
 def load_hf_config(model_path: str | Path) -> PretrainedConfig:
     return AutoConfig.from_pretrained(str(model_path))
+
+
+def checkpoint_dtype(config: PretrainedConfig) -> str | None:
+    """The dtype the weights are stored in, e.g. "bfloat16" (transformers 5 says `dtype`, 4 `torch_dtype`)."""
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    return str(dtype).removeprefix("torch.") if dtype is not None else None
 
 
 def read_model_info(model_path: str | Path) -> ModelInfo:
@@ -27,13 +31,10 @@ def read_model_info(model_path: str | Path) -> ModelInfo:
     if generation_config.exists():  # chat models list their end-of-turn tokens here (Llama 3: several)
         eos_ids += tuple(t for t in _as_ids(json.loads(generation_config.read_text()).get("eos_token_id"))
                          if t not in eos_ids)
-    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
     return ModelInfo(
-        architectures=tuple(config.architectures or ()),
         vocab_size=config.vocab_size,
         max_position_embeddings=getattr(config, "max_position_embeddings", 4096),
         eos_token_ids=eos_ids,
-        dtype=str(dtype).removeprefix("torch.") if dtype is not None else None,
     )
 
 

@@ -17,7 +17,7 @@ from gpu.batch import Batch, RowSampling, StepResult
 from gpu.config import RunnerConfig
 from gpu.cuda_graphs import DecodeGraphs
 from gpu.loader import load_weights
-from gpu.model_info import load_hf_config
+from gpu.model_info import checkpoint_dtype, load_hf_config
 from gpu.models import model_class
 from gpu.sampler import Sampler
 
@@ -45,8 +45,7 @@ class ModelRunner:
         self.config = config
         self.device = resolve_device(config.device)
         hf_config = load_hf_config(config.model_path)
-        checkpoint_dtype = getattr(hf_config, "dtype", None) or getattr(hf_config, "torch_dtype", None)
-        self.dtype = resolve_dtype(config.dtype, str(checkpoint_dtype).removeprefix("torch."), self.device)
+        self.dtype = resolve_dtype(config.dtype, checkpoint_dtype(hf_config), self.device)
         self.vocab_size = hf_config.vocab_size
         self.model = self._build_model(hf_config)
         self.layers = self.model.attention_layers()

@@ -19,7 +19,3 @@ class AttentionMetadata:
     max_query_len: int
     max_context_len: int
     is_decode_only: bool
-
-    @property
-    def num_rows(self) -> int:
-        return self.context_lens.shape[0]
