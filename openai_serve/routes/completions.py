@@ -13,13 +13,11 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
-from openai_serve.choice import TextOptions
-from openai_serve.generation import CollectedChoice, Generation, Usage, choice_specs
+from openai_serve.generation import CollectedChoice, Generation, Usage
 from openai_serve.http_io import read_json
 from openai_serve.logprobs import TokenLogprob, completion_logprobs
 from openai_serve.protocol.completions import CompletionRequest, Prompt, parse_completion_request
-from openai_serve.routes.responding import client_gone, collect_or_abort, json_response
-from openai_serve.sse import event_stream
+from openai_serve.routes.responding import respond
 from openai_serve.state import ServingState, serving_state
 
 
@@ -29,14 +27,7 @@ async def create_completion(request: Request) -> Response:
     state.check_model(body.common.model)
     prompts = [_tokenize(state, prompt, body.add_special_tokens) for prompt in body.prompts]
     view = CompletionView(state, body, _echo_texts(state, body, prompts))
-    specs = choice_specs(view.response_id, prompts, body.common, body.max_tokens, body.logprobs)
-    options = TextOptions(body.common.skip_special_tokens, body.common.include_stop_str_in_output)
-    generation = Generation(specs, state.engine.tokenizer, options)
-    generation.start(state.bridge, "prompt")
-    if body.common.stream.stream:
-        return event_stream(view.stream(generation), generation.close)
-    result = await collect_or_abort(request, generation)
-    return client_gone() if result is None else json_response(view.response(*result))
+    return await respond(request, state, body, view, prompts, "prompt")
 
 
 def _tokenize(state: ServingState, prompt: Prompt, add_special_tokens: bool) -> list[int]:
