@@ -4,6 +4,7 @@ engine is exercised end to end in tests/e2e; here we need an engine that fails o
 import asyncio
 import queue
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -14,6 +15,13 @@ from openai_serve.engine_bridge import EngineBridge
 from openai_serve.errors import APIError
 
 T = TypeVar("T")
+
+
+# Like a real device step, and long enough that the event loop gets the GIL between steps: with
+# microsecond steps a request could run to its end before a scenario's abort or failure lands.
+STEP_SECONDS = 0.001
+# For scenarios that end requests by abort, shutdown or failure: no request finishes by itself.
+ENDLESS = 10**9
 
 
 class ScriptedEngine:
@@ -45,6 +53,7 @@ class ScriptedEngine:
         self.has_work.wait(timeout)
 
     def step(self) -> list[RequestOutput]:
+        time.sleep(STEP_SECONDS)
         if self.fail.is_set():
             raise RuntimeError("device lost")
         outputs = self._drain()
@@ -108,7 +117,7 @@ def test_outputs_of_one_step_arrive_together_in_order() -> None:
 
 
 def test_rejection_aborts_the_siblings_already_added() -> None:
-    engine = ScriptedEngine(length=1000)
+    engine = ScriptedEngine(length=ENDLESS)
 
     async def scenario(bridge: EngineBridge) -> None:
         with pytest.raises(APIError) as err:
@@ -128,11 +137,11 @@ def test_overload_is_503() -> None:
             bridge.submit([("c", [1], PARAMS)])
         assert err.value.status_code == 503 and err.value.code == "overloaded"
 
-    run(scenario, ScriptedEngine(length=1000), max_pending=2)
+    run(scenario, ScriptedEngine(length=ENDLESS), max_pending=2)
 
 
 def test_shutdown_gives_running_requests_a_terminal_event_and_aborts_them() -> None:
-    engine = ScriptedEngine(length=1000)
+    engine = ScriptedEngine(length=ENDLESS)
 
     async def scenario(bridge: EngineBridge) -> None:
         handle = bridge.submit([("a", [1], PARAMS)])
@@ -152,7 +161,7 @@ def test_shutdown_gives_running_requests_a_terminal_event_and_aborts_them() -> N
 
 
 def test_engine_failure_ends_every_request_and_health() -> None:
-    engine = ScriptedEngine(length=1000)
+    engine = ScriptedEngine(length=ENDLESS)
 
     async def scenario(bridge: EngineBridge) -> None:
         handles = [bridge.submit([(f"r{i}", [1], PARAMS)]) for i in range(2)]
