@@ -2,9 +2,8 @@
 
 The engine is driven through its public loop (`add_request`, `step`, `has_unfinished_requests`),
 as `LLM.generate` drives it but without the incremental detokenizer: token ids out, as from the
-peer, so both sides do the same work. Time spent inside the model runner is measured by wrapping
-the runner's `execute`; the rest of a step (scheduling, building the batch, postprocessing) is the
-engine's host overhead, which the results report separately.
+peer, so both sides do the same work. Time spent in the model runner is measured by wrapping the
+runner's `launch` and its steps' `result` (see RunnerTimer).
 """
 
 import gc
@@ -19,6 +18,8 @@ from torch.autograd import DeviceType
 
 from bench.workload import Request, fixed_workload
 from core import LLMEngine, SamplingParams
+from gpu.batch import Batch, StepResult
+from gpu.pending_step import PendingStep
 
 TEMPERATURE = 0.6
 _request_numbers = count()
@@ -30,7 +31,7 @@ class EngineRun:
     num_output_tokens: int
     seconds: float
     num_steps: int
-    runner_seconds: float  # inside ModelRunner.execute (device work and its host-side preparation)
+    runner_seconds: float  # launching steps and waiting for their tokens (see RunnerTimer)
     num_preemptions: int
     num_prefix_hit_tokens: int
     is_partial: bool = False  # stopped by max_seconds; tokens generated until then are counted
@@ -41,21 +42,48 @@ class EngineRun:
 
 
 class RunnerTimer:
-    """Wraps `engine.runner.execute` to add up the time spent in it."""
+    """Wraps `engine.runner.launch` to add up the host time spent queuing steps and waiting for their tokens.
+
+    With async scheduling the engine waits for step N's tokens after queuing step N+1, so the rest of
+    a step's wall time (scheduling, building the batch, postprocessing) overlaps the device's work."""
 
     def __init__(self, engine: LLMEngine) -> None:
-        self.seconds = 0.0
+        self.seconds = 0.0  # launching plus waiting
+        self.wait_seconds = 0.0  # inside PendingStep.result(): the host blocked on the device
         self.num_calls = 0
-        self._execute: Callable[..., object] = engine.runner.execute
-        engine.runner.execute = self._timed  # type: ignore[method-assign]
+        self._engine = engine
+        self._launch: Callable[[Batch], PendingStep] = engine.runner.launch
+        engine.runner.launch = self._timed  # type: ignore[method-assign]
 
-    def _timed(self, *args: object, **kwargs: object) -> object:
+    def restore(self) -> None:
+        self._engine.runner.launch = self._launch  # type: ignore[method-assign]
+
+    def _timed(self, batch: Batch) -> PendingStep:
         start = time.perf_counter()
         try:
-            return self._execute(*args, **kwargs)
+            return _TimedPending(self._launch(batch), self)
         finally:
             self.seconds += time.perf_counter() - start
             self.num_calls += 1
+
+
+class _TimedPending(PendingStep):
+    def __init__(self, inner: PendingStep, timer: RunnerTimer) -> None:
+        self._inner = inner
+        self._timer = timer
+
+    @property
+    def sampled_token_ids(self) -> torch.Tensor | None:
+        return self._inner.sampled_token_ids
+
+    def result(self) -> StepResult:
+        start = time.perf_counter()
+        try:
+            return self._inner.result()
+        finally:
+            elapsed = time.perf_counter() - start
+            self._timer.seconds += elapsed
+            self._timer.wait_seconds += elapsed
 
 
 def add_requests(engine: LLMEngine, requests: list[Request], seed: int | None = None) -> list[str]:
@@ -85,7 +113,7 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
     if is_partial:
         drain(engine, ids)
     after = engine.stats()
-    engine.runner.execute = timer._execute  # type: ignore[method-assign]
+    timer.restore()
     return EngineRun(
         num_requests=len(requests), num_output_tokens=num_tokens, seconds=seconds, num_steps=num_steps,
         runner_seconds=timer.seconds, num_preemptions=after.num_preemptions - before.num_preemptions,
@@ -109,7 +137,7 @@ class Batch1Latency:
     ttft_ms: float  # median over repeats
     tpot_ms: float  # median over repeats of (last token - first token) / (tokens - 1)
     tpot_samples_ms: list[float] = field(default_factory=list)
-    runner_ms_per_step: float = 0.0  # inside ModelRunner.execute, over all measured steps
+    runner_ms_per_step: float = 0.0  # launching and waiting for a step (see RunnerTimer), over all measured steps
     gc_ms_total: float = 0.0  # Python garbage-collector pauses during the measured repeats
 
 
@@ -124,7 +152,7 @@ def time_batch1(engine: LLMEngine, prompt_len: int, num_tokens: int, repeats: in
             start, token_times = _time_one(engine, request)
             ttfts.append((token_times[0] - start) * 1e3)
             tpots.append((token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3)
-    engine.runner.execute = timer._execute  # type: ignore[method-assign]
+    timer.restore()
     return Batch1Latency(prompt_len, num_tokens, round(statistics.median(ttfts), 3),
                          round(statistics.median(tpots), 4), [round(t, 4) for t in tpots],
                          round(timer.seconds / timer.num_calls * 1e3, 4), round(gc_pauses.seconds * 1e3, 2))

@@ -15,6 +15,10 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
         seq = s.seq
         positions = range(s.start, s.end)
         batch.token_ids.extend(seq.token_ids[s.start : s.end])
+        if s.end > len(seq.token_ids):  # its last token is still on the device: the runner reads it there
+            batch.fed_back_token_indices.append(len(batch.token_ids))
+            batch.fed_back_rows.append(seq.pending_row)
+            batch.token_ids.append(0)
         batch.positions.extend(positions)
         block_ids = seq.block_ids
         batch.slot_mapping.extend(block_ids[p // block_size] * block_size + p % block_size for p in positions)

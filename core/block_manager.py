@@ -86,11 +86,14 @@ class BlockManager:
         return num_blocks <= self.num_available_blocks
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Covers tokens [0, num_computed + num_new) with blocks and keys the blocks they fill."""
+        """Covers tokens [0, num_computed + num_new) with blocks and keys the full ones it can."""
         for _ in range(self.num_blocks_to_append(seq, num_new_tokens)):
             seq.block_ids.append(self._take_block())
-        if self.enable_prefix_caching:
-            self._key_full_blocks(seq, (seq.num_computed_tokens + num_new_tokens) // self.block_size)
+        self._key_full_blocks(seq, seq.num_computed_tokens + num_new_tokens)
+
+    def key_computed_blocks(self, seq: Sequence) -> None:
+        """Keys the full blocks a token that has just reached the host completed."""
+        self._key_full_blocks(seq, seq.num_computed_tokens)
 
     def free(self, seq: Sequence) -> None:
         # Tail blocks first, so they become the least recent and are evicted before shared prefixes.
@@ -116,7 +119,11 @@ class BlockManager:
         self.ref_counts[block_id] = 1
         return block_id
 
-    def _key_full_blocks(self, seq: Sequence, num_full_blocks: int) -> None:
+    def _key_full_blocks(self, seq: Sequence, num_covered_tokens: int) -> None:
+        # A block is keyed by its token ids, so one holding a pending token waits until it resolves.
+        if not self.enable_prefix_caching:
+            return
+        num_full_blocks = min(num_covered_tokens, len(seq.token_ids)) // self.block_size
         for index in range(len(seq.block_keys), num_full_blocks):
             token_ids = seq.token_ids[index * self.block_size : (index + 1) * self.block_size]
             key = block_key(seq.block_keys[-1] if seq.block_keys else None, token_ids)

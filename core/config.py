@@ -49,6 +49,9 @@ class CacheConfig:
 class SchedulerConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
+    # Queue step N+1 on the device before waiting for step N's tokens (vLLM's async scheduling):
+    # the host's bookkeeping overlaps the device's work. Off: every step waits for its own tokens.
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:

@@ -1,4 +1,11 @@
-"""The engine: one step = drain the inbox, schedule, execute, postprocess; outputs are returned.
+"""The engine: one step = drain the inbox, schedule, launch, postprocess; outputs are returned.
+
+With async scheduling (the default) a step queues its work on the device and then postprocesses
+the PREVIOUS step, whose results are ready by then: the device computes step N while the host
+waits for, and books, step N-1's tokens and then schedules step N+1. Tokens sampled by a step
+still in flight are pending (see core/sequence.py) and reach the next step on the device. The price
+is a wasted row now and then: a sequence that samples EOS at step N was already queued in N+1,
+whose token for it is dropped. A sequence that ends by length is known to end, and is not.
 
 Threading: `add_request`, `abort_request` and `stats` are safe from any thread (they validate and
 enqueue, or read counters); everything else, and every touch of the scheduler, the block manager
@@ -19,10 +26,11 @@ from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence
 from core.tokenizer import load_tokenizer
-from gpu.batch import StepResult
+from gpu.batch import TokenLogprobs
 from gpu.config import RunnerConfig
 from gpu.model_info import read_model_info
 from gpu.model_runner import ModelRunner
+from gpu.pending_step import PendingStep
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +50,13 @@ class EngineStats:
 @dataclass(frozen=True)
 class _Abort:
     request_id: str
+
+
+@dataclass(frozen=True)
+class _LaunchedStep:
+    scheduled: list[ScheduledSequence]
+    sampled_seqs: list[Sequence]  # the sequences of the step's sampled rows, in row order
+    pending: PendingStep
 
 
 class LLMEngine:
@@ -64,6 +79,7 @@ class LLMEngine:
         self._live_ids_lock = threading.Lock()
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
+        self._in_flight: _LaunchedStep | None = None  # launched, results not yet taken
 
     def _runner_config(self) -> RunnerConfig:
         c = self.config
@@ -121,7 +137,8 @@ class LLMEngine:
     # Engine thread only.
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished() or bool(self._taken_from_inbox) or not self._inbox.empty()
+        return (self.scheduler.has_unfinished() or self._in_flight is not None or bool(self._taken_from_inbox)
+                or not self._inbox.empty())
 
     def wait_for_work(self, timeout: float | None = None) -> None:
         """Blocks until the inbox has something (or the timeout passes); the next step takes it."""
@@ -135,11 +152,32 @@ class LLMEngine:
     def step(self) -> list[RequestOutput]:
         outputs = self._drain_inbox()
         scheduled = self.scheduler.schedule().scheduled
-        if scheduled:
-            batch = build_batch(scheduled, self.block_size, self.eos_token_ids)
-            result = self.runner.execute(batch)
-            outputs += self._postprocess(scheduled, result)
+        launched = self._launch(scheduled) if scheduled else None
+        if self._in_flight is not None:
+            outputs += self._postprocess(self._in_flight)  # the device works on `launched` meanwhile
+            self._in_flight = None
+        if launched is not None:
+            self._advance(launched)
+            if self.config.scheduler.async_scheduling:
+                self._in_flight = launched
+            else:
+                outputs += self._postprocess(launched)
         return outputs
+
+    def _launch(self, scheduled: list[ScheduledSequence]) -> _LaunchedStep:
+        batch = build_batch(scheduled, self.block_size, self.eos_token_ids)
+        sampled_seqs = [s.seq for s in scheduled if s.end == s.seq.num_tokens]
+        return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch))
+
+    def _advance(self, step: _LaunchedStep) -> None:
+        """Books what the launched step will have computed, before its results are back."""
+        for s in step.scheduled:
+            if not s.seq.is_finished:  # else: ended by the previous step's tokens after this one was queued
+                s.seq.num_computed_tokens = s.end
+        for row, seq in enumerate(step.sampled_seqs):
+            if not seq.is_finished:
+                ends = seq.num_output_tokens + 1 >= seq.max_tokens or seq.num_tokens + 1 >= self.max_model_len
+                seq.add_pending_token(row, is_last=ends)
 
     def _drain_inbox(self) -> list[RequestOutput]:
         outputs = []
@@ -153,23 +191,21 @@ class LLMEngine:
                 self.scheduler.add(item)
             elif (seq := self._sequences.get(item.request_id)) is not None:
                 self._finish(seq, FinishReason.ABORT)
-                outputs.append(_output(seq, 0))
+                outputs.append(_output(seq, [], []))
 
-    def _postprocess(self, scheduled: list[ScheduledSequence], result: StepResult) -> list[RequestOutput]:
+    def _postprocess(self, step: _LaunchedStep) -> list[RequestOutput]:
+        """Waits for the step's tokens (the one host sync) and books them."""
+        result = step.pending.result()
         outputs = []
-        sampled = iter(zip(result.token_ids, result.logprobs, strict=True))
-        for s in scheduled:
-            seq = s.seq
-            is_sampled = s.end == seq.num_tokens
-            seq.num_computed_tokens = s.end
-            if not is_sampled:
-                continue
-            token_id, logprobs = next(sampled)
-            seq.append_token(token_id, logprobs)
+        for seq, token_id, logprobs in zip(step.sampled_seqs, result.token_ids, result.logprobs, strict=True):
+            if seq.is_finished:
+                continue  # aborted, or ended by EOS, while this step was in flight: the token is dropped
+            seq.resolve_pending_token(token_id, logprobs)
+            self.block_manager.key_computed_blocks(seq)
             finish_reason = self._finish_reason(seq, token_id)
             if finish_reason is not None:
                 self._finish(seq, finish_reason)
-            outputs.append(_output(seq, 1))
+            outputs.append(_output(seq, [token_id], [logprobs]))
         return outputs
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
@@ -189,9 +225,9 @@ class LLMEngine:
             self._live_ids.discard(seq.request_id)
 
 
-def _output(seq: Sequence, num_new: int) -> RequestOutput:
-    new_ids = seq.token_ids[seq.num_tokens - num_new :] if num_new else []
-    new_logprobs = seq.logprobs[len(seq.logprobs) - num_new :] if num_new and seq.logprobs else [None] * len(new_ids)
+def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs | None]) -> RequestOutput:
+    if seq.params.logprobs is None:
+        new_logprobs = [None] * len(new_ids)
     return RequestOutput(
         request_id=seq.request_id, new_token_ids=new_ids, new_logprobs=new_logprobs,
         finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,

@@ -74,7 +74,10 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        pending = sorted(self.running, key=lambda s: (s.num_uncomputed_tokens > 1, s.admission_order))
+        pending = sorted(
+            (s for s in self.running if not s.is_last_token_pending),
+            key=lambda s: (s.num_uncomputed_tokens > 1, s.admission_order),
+        )
         while pending and budget > 0:
             seq = pending.pop(0)
             num_new = min(seq.num_uncomputed_tokens, budget)
@@ -94,6 +97,8 @@ class Scheduler:
     def _schedule_waiting(self, out: SchedulerOutput, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
+            if seq.num_pending_tokens:
+                break  # preempted while its last token was on the way; admitted once it has arrived
             hit_ids, hit_keys = self.block_manager.match_prefix(seq)
             num_new = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget)
             if not self.block_manager.can_allocate(self.block_manager.num_blocks_to_admit(seq, hit_ids, num_new)):

@@ -1,8 +1,12 @@
 """One request's tokens and where it stands: computed tokens, its KV blocks, its finish reason.
 
-`num_computed_tokens` counts tokens whose K/V are in the cache; a sequence is caught up when it
-equals `num_tokens`, and then its next step samples a token. A preempted sequence drops its blocks
-and computed tokens and recomputes prompt and output alike.
+`num_computed_tokens` counts tokens whose K/V are in the cache (or queued to be); a sequence is
+caught up when it equals `num_tokens`, and then its next step samples a token. A preempted sequence
+drops its blocks and computed tokens and recomputes prompt and output alike.
+
+A token sampled by a launched step is pending until that step's results reach the host: it counts
+in `num_tokens` (so the next step can be scheduled to compute it, reading it on the device) but is
+not yet in `token_ids`. At most one token is pending at a time.
 """
 
 from enum import Enum, auto
@@ -33,14 +37,17 @@ class Sequence:
         self.admission_order = -1  # set by the scheduler each time it admits the sequence
         self.finish_reason: FinishReason | None = None
         self.logprobs: list[TokenLogprobs | None] = []
+        self.num_pending_tokens = 0
+        self.pending_row = 0  # the pending token's row among its step's sampled rows
+        self.is_last_token_pending = False  # the pending token ends it by length: nothing left to schedule
 
     @property
     def num_tokens(self) -> int:
-        return len(self.token_ids)
+        return len(self.token_ids) + self.num_pending_tokens
 
     @property
     def num_output_tokens(self) -> int:
-        return len(self.token_ids) - self.num_prompt_tokens
+        return self.num_tokens - self.num_prompt_tokens
 
     @property
     def num_uncomputed_tokens(self) -> int:
@@ -50,7 +57,16 @@ class Sequence:
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
 
-    def append_token(self, token_id: int, logprobs: TokenLogprobs | None) -> None:
+    def add_pending_token(self, row: int, is_last: bool) -> None:
+        assert self.num_pending_tokens == 0, "a sequence is sampled again before its last token was resolved"
+        self.num_pending_tokens = 1
+        self.pending_row = row
+        self.is_last_token_pending = is_last
+
+    def resolve_pending_token(self, token_id: int, logprobs: TokenLogprobs | None) -> None:
+        assert self.num_pending_tokens == 1
+        self.num_pending_tokens = 0
+        self.is_last_token_pending = False
         self.token_ids.append(token_id)
         if self.params.logprobs is not None:
             self.logprobs.append(logprobs)

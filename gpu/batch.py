@@ -41,6 +41,11 @@ class Batch:
     block_tables: list[list[int]]  # [num_rows][blocks of that row]
     # [num_rows]; None for a prefill chunk that ends before the prompt does (nothing to sample).
     sampling: list[RowSampling | None] = field(default_factory=list)
+    # Tokens the host does not know yet: token_ids[fed_back_token_indices[i]] (a placeholder) is the
+    # token the previously launched step sampled for its sampled row fed_back_rows[i]; the runner
+    # reads it on the device, so this step can be queued before that one's results reach the host.
+    fed_back_token_indices: list[int] = field(default_factory=list)
+    fed_back_rows: list[int] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:

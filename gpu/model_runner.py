@@ -19,6 +19,7 @@ from gpu.cuda_graphs import DecodeGraphs
 from gpu.loader import load_weights
 from gpu.model_info import checkpoint_dtype, load_hf_config
 from gpu.models import model_class
+from gpu.pending_step import PendingStep, SampledRows
 from gpu.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -54,6 +55,7 @@ class ModelRunner:
             layer.backend = self.backend
         self.sampler = Sampler(self.device, config.seed)
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
+        self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
         self.num_kv_blocks = self._allocate_kv_cache()
         if self.device.type == "cuda":
             self.decode = DecodeGraphs(self.model, config.max_num_seqs, config.max_model_len, config.block_size,
@@ -107,12 +109,22 @@ class ModelRunner:
         self.sampler(self.model.compute_logits(hidden[:num_rows]).float(), [heaviest] * num_rows)
         torch.cuda.synchronize(self.device)
 
-    @torch.inference_mode()
     def execute(self, batch: Batch) -> StepResult:
+        """Runs one step and waits for its tokens on the host."""
+        return self.launch(batch).result()
+
+    @torch.inference_mode()
+    def launch(self, batch: Batch) -> PendingStep:
+        """Queues one step on the device and returns without waiting for it."""
+        pending = PendingStep(self._sample(batch))
+        self._last_sampled_ids = pending.sampled_token_ids
+        return pending
+
+    def _sample(self, batch: Batch) -> SampledRows | None:
         hidden, meta = self._forward(batch)
         sampled_rows = [i for i, row in enumerate(batch.sampling) if row is not None]
         if not sampled_rows:
-            return StepResult([], [])
+            return None
         if batch.is_decode_only and len(sampled_rows) == batch.num_rows:
             last_hidden = hidden  # one token per row, every row sampled: no gather (and no copy to the device)
         else:
@@ -120,7 +132,7 @@ class ModelRunner:
             rows_index = torch.tensor(sampled_rows, dtype=torch.long).to(self.device, non_blocking=True)
             last_hidden = hidden[last_token_index[rows_index]]
         logits = self.model.compute_logits(last_hidden)  # model dtype: the sampler upcasts where it must
-        return self.sampler(logits, [batch.sampling[i] for i in sampled_rows])
+        return self.sampler.sample(logits, [batch.sampling[i] for i in sampled_rows])
 
     @torch.inference_mode()
     def _forward(self, batch: Batch) -> tuple[torch.Tensor, AttentionMetadata]:
@@ -143,7 +155,16 @@ class ModelRunner:
             is_decode_only=batch.is_decode_only,
         )
         input_ids = self._to_device(np.asarray(batch.token_ids, dtype=np.int64))
+        if batch.fed_back_token_indices:
+            input_ids = self._feed_back(input_ids, batch)
         return input_ids, self._to_device(np.asarray(batch.positions, dtype=np.int64)), meta
+
+    def _feed_back(self, input_ids: torch.Tensor, batch: Batch) -> torch.Tensor:
+        """Fills the placeholders with the previous step's sampled tokens, on the device."""
+        assert self._last_sampled_ids is not None, "a batch feeds back tokens but no step sampled any"
+        where = self._to_device(np.array([batch.fed_back_token_indices, batch.fed_back_rows], dtype=np.int64))
+        input_ids[where[0]] = self._last_sampled_ids[where[1]]
+        return input_ids
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         tensor = torch.from_numpy(array)

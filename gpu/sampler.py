@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.batch import RowSampling, StepResult, TokenLogprobs
+from gpu.batch import RowSampling, StepResult
+from gpu.pending_step import PendingStep, SampledRows
 
 
 @dataclass
@@ -44,22 +45,27 @@ class Sampler:
         self.generator.manual_seed(seed)
 
     def __call__(self, logits: torch.Tensor, rows: list[RowSampling]) -> StepResult:
-        """logits: [num_rows, vocab_size] in the model's dtype or float32, one row per entry of `rows`."""
+        """Samples and waits for the result on the host (tests, warm-up); the engine uses `sample`."""
+        return PendingStep(self.sample(logits, rows)).result()
+
+    def sample(self, logits: torch.Tensor, rows: list[RowSampling]) -> SampledRows:
+        """logits: [num_rows, vocab_size] in the model's dtype or float32, one row per entry of `rows`.
+        Queues the work on the device and returns without waiting for it."""
         if all(r.is_greedy and r.num_top_logprobs is None for r in rows):
             # No filters, no noise, no per-row tensors to copy to the device, no float32 copy of the
             # logits (upcasting changes no order, so the argmax is the same): one argmax kernel.
-            return _to_result(logits, _ban_tokens(logits, rows).argmax(dim=-1), rows)
+            return _with_logprobs(logits, _ban_tokens(logits, rows).argmax(dim=-1), rows)
         logits = logits.float()
         raw_logits = logits
         logits = _ban_tokens(logits, rows)
         greedy_ids = logits.argmax(dim=-1)
         if all(r.is_greedy for r in rows):
-            return _to_result(raw_logits, greedy_ids, rows)
+            return _with_logprobs(raw_logits, greedy_ids, rows)
         tensors = build_sampling_tensors(rows, logits.shape[-1], logits.device)
         probs = _filtered_probs(logits, tensors)
         random_ids = (probs / self._exponential_noise(probs, rows)).argmax(dim=-1)
         token_ids = torch.where(tensors.is_greedy, greedy_ids, random_ids)
-        return _to_result(raw_logits, token_ids, rows)
+        return _with_logprobs(raw_logits, token_ids, rows)
 
     def _exponential_noise(self, probs: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
@@ -114,23 +120,15 @@ def _row_seed(seed: int, output_index: int) -> int:
     return (x ^ (x >> 31)) & 0x7FFFFFFFFFFFFFFF
 
 
-def _to_result(raw_logits: torch.Tensor, token_ids: torch.Tensor, rows: list[RowSampling]) -> StepResult:
-    """Copies the step's results to the host with one sync."""
+def _with_logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor, rows: list[RowSampling]) -> SampledRows:
+    """The sampled ids, and where any row asks for logprobs, one packed tensor for a single copy to the host."""
     wanted = [r.num_top_logprobs for r in rows]
     if all(n is None for n in wanted):
-        return StepResult(token_ids.tolist(), [None] * len(rows))
+        return SampledRows(token_ids, None, wanted)
     logprobs = raw_logits.log_softmax(dim=-1)
     chosen = logprobs.gather(1, token_ids.unsqueeze(1))  # [num_rows, 1]
     ranks = (logprobs > chosen).sum(dim=-1, keepdim=True) + 1
     num_top = max(n or 0 for n in wanted)
     top_values, top_ids = logprobs.topk(num_top, dim=-1)  # [num_rows, num_top], possibly 0 wide
     columns = [token_ids.unsqueeze(1), chosen, ranks, top_ids, top_values]
-    packed = torch.cat([c.double() for c in columns], dim=1).tolist()  # the one host sync
-    results: list[TokenLogprobs | None] = []
-    for row, n in zip(packed, wanted, strict=True):
-        results.append(None if n is None else TokenLogprobs(
-            logprob=row[1], rank=int(row[2]),
-            top_token_ids=tuple(int(t) for t in row[3 : 3 + n]),
-            top_logprobs=tuple(row[3 + num_top : 3 + num_top + n]),
-        ))
-    return StepResult([int(row[0]) for row in packed], results)
+    return SampledRows(token_ids, torch.cat([c.double() for c in columns], dim=1), wanted)

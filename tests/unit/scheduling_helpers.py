@@ -24,7 +24,9 @@ def complete_step(scheduler: Scheduler, out: SchedulerOutput, next_token: int = 
         is_sampled = s.end == s.seq.num_tokens
         s.seq.num_computed_tokens = s.end
         if is_sampled:
-            s.seq.append_token(next_token, None)
+            s.seq.add_pending_token(0, is_last=False)
+            s.seq.resolve_pending_token(next_token, None)
+            scheduler.block_manager.key_computed_blocks(s.seq)
             if s.seq.num_output_tokens >= s.seq.max_tokens:
                 scheduler.finish(s.seq)
                 finished.append(s.seq)

@@ -1,0 +1,64 @@
+"""A launched step's sampled tokens on their way to the host.
+
+The runner queues a step's work and returns at once; the copy of its results to the host is queued
+behind it. `result()` is the step's one host sync: the engine calls it only after it has queued
+the next step, so the device never waits for the host's bookkeeping in between.
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+from gpu.batch import StepResult, TokenLogprobs
+
+
+@dataclass(frozen=True)
+class SampledRows:
+    """One step's sampling result, still on the device."""
+
+    token_ids: torch.Tensor  # [num_rows] int64
+    # [num_rows, 3 + 2 * num_top] float64: token id, its logprob, its rank, top ids, top logprobs;
+    # None when no row asked for logprobs.
+    packed_logprobs: torch.Tensor | None
+    num_top_logprobs: list[int | None]  # per row, as asked
+
+
+class PendingStep:
+    def __init__(self, sampled: SampledRows | None) -> None:
+        self._sampled = sampled
+        self._host: torch.Tensor | None = None
+        self._ready: torch.cuda.Event | None = None
+        if sampled is None:
+            return
+        source = sampled.token_ids if sampled.packed_logprobs is None else sampled.packed_logprobs
+        # A non-blocking copy from the GPU lands in pinned memory; the event says when it has.
+        self._host = source.to("cpu", non_blocking=True)
+        if source.is_cuda:
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    @property
+    def sampled_token_ids(self) -> torch.Tensor | None:
+        """[num_rows] on the device: the next step can read them before the host has them."""
+        return None if self._sampled is None else self._sampled.token_ids
+
+    def result(self) -> StepResult:
+        if self._sampled is None or self._host is None:
+            return StepResult([], [])
+        if self._ready is not None:
+            self._ready.synchronize()  # releases the GIL while it waits
+        if self._sampled.packed_logprobs is None:
+            return StepResult(self._host.tolist(), [None] * len(self._sampled.num_top_logprobs))
+        return _unpack(self._host.tolist(), self._sampled.num_top_logprobs)
+
+
+def _unpack(packed: list[list[float]], wanted: list[int | None]) -> StepResult:
+    num_top = max(n or 0 for n in wanted)
+    results: list[TokenLogprobs | None] = []
+    for row, n in zip(packed, wanted, strict=True):
+        results.append(None if n is None else TokenLogprobs(
+            logprob=row[1], rank=int(row[2]),
+            top_token_ids=tuple(int(t) for t in row[3 : 3 + n]),
+            top_logprobs=tuple(row[3 + num_top : 3 + num_top + n]),
+        ))
+    return StepResult([int(row[0]) for row in packed], results)
