@@ -32,6 +32,7 @@ class EngineRun:
     seconds: float
     num_steps: int
     runner_seconds: float  # launching steps and waiting for their tokens (see RunnerTimer)
+    wait_seconds: float  # of which waiting for tokens: the host idle while the device works
     num_preemptions: int
     num_prefix_hit_tokens: int
     is_partial: bool = False  # stopped by max_seconds; tokens generated until then are counted
@@ -116,7 +117,8 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
     timer.restore()
     return EngineRun(
         num_requests=len(requests), num_output_tokens=num_tokens, seconds=seconds, num_steps=num_steps,
-        runner_seconds=timer.seconds, num_preemptions=after.num_preemptions - before.num_preemptions,
+        runner_seconds=timer.seconds, wait_seconds=timer.wait_seconds,
+        num_preemptions=after.num_preemptions - before.num_preemptions,
         num_prefix_hit_tokens=after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens,
         is_partial=is_partial,
     )

@@ -53,6 +53,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-blocks", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enforce-eager", action="store_true")
+    p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
+                   help="every step waits for its own tokens (the engine's default queues the next step first)")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--warmup", choices=["full", "short", "none"], default="full",
                    help="full: the whole workload once; short: every request with 16 tokens")
@@ -78,7 +80,8 @@ def build_llm(args: argparse.Namespace, model_dir: str) -> LLM:
         model_dir, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
         cache=CacheConfig(num_blocks=args.kv_cache_blocks, gpu_memory_utilization=args.gpu_memory_utilization),
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens),
+        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+                                  async_scheduling=args.async_scheduling),
     )
 
 
@@ -154,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     run = run_workload(engine, requests, args.max_seconds)
     result["ours"] = {**asdict(run), "tokens_per_s": round(run.tokens_per_s, 1)}
     print(f"ours: {run.tokens_per_s:.1f} tok/s ({run.num_output_tokens} tokens in {run.seconds:.2f} s, "
-          f"{run.num_steps} steps, {run.runner_seconds:.2f} s in the runner)", flush=True)
+          f"{run.num_steps} steps, {run.runner_seconds:.2f} s in the runner, {run.wait_seconds:.2f} s waiting)",
+          flush=True)
     if args.batch1_tokens:
         result["batch1"] = guarded(lambda: asdict(time_batch1(engine, 1024, args.batch1_tokens, 3, args.seed + 2)))
         print("batch-1:", result["batch1"], flush=True)

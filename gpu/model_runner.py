@@ -16,6 +16,7 @@ from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch, RowSampling, StepResult
 from gpu.config import RunnerConfig
 from gpu.cuda_graphs import DecodeGraphs
+from gpu.host_to_device import to_device
 from gpu.loader import load_weights
 from gpu.model_info import checkpoint_dtype, load_hf_config
 from gpu.models import model_class
@@ -129,7 +130,7 @@ class ModelRunner:
             last_hidden = hidden  # one token per row, every row sampled: no gather (and no copy to the device)
         else:
             last_token_index = meta.query_start_loc[1:].long() - 1
-            rows_index = torch.tensor(sampled_rows, dtype=torch.long).to(self.device, non_blocking=True)
+            rows_index = to_device(sampled_rows, np.int64, self.device)
             last_hidden = hidden[last_token_index[rows_index]]
         logits = self.model.compute_logits(last_hidden)  # model dtype: the sampler upcasts where it must
         return self.sampler.sample(logits, [batch.sampling[i] for i in sampled_rows])
@@ -167,10 +168,7 @@ class ModelRunner:
         return input_ids
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
-        tensor = torch.from_numpy(array)
-        if self.device.type == "cuda":
-            tensor = tensor.pin_memory()  # lets the copy run asynchronously
-        return tensor.to(self.device, non_blocking=True)
+        return to_device(array, array.dtype, self.device)
 
 
 def _padded_block_tables(block_tables: list[list[int]]) -> np.ndarray:

@@ -7,9 +7,11 @@ alone, so it draws the same token whatever else is in the batch and after a reco
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from gpu.batch import RowSampling, StepResult
+from gpu.host_to_device import to_device
 from gpu.pending_step import PendingStep, SampledRows
 
 
@@ -23,18 +25,18 @@ class SamplingTensors:
 
 
 def build_sampling_tensors(rows: list[RowSampling], vocab_size: int, device: torch.device) -> SamplingTensors:
-    def column(values: list, dtype: torch.dtype) -> torch.Tensor:
-        return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    def column(values: list, dtype: type) -> torch.Tensor:
+        return to_device(values, dtype, device)
 
     uses_top_k = any(r.top_k is not None and r.top_k < vocab_size for r in rows if not r.is_greedy)
     uses_top_p = any(r.top_p < 1.0 for r in rows if not r.is_greedy)
     uses_min_p = any(r.min_p > 0.0 for r in rows if not r.is_greedy)
     return SamplingTensors(
-        temperatures=column([r.temperature if not r.is_greedy else 1.0 for r in rows], torch.float32),
-        is_greedy=column([r.is_greedy for r in rows], torch.bool),
-        top_ks=column([min(r.top_k or vocab_size, vocab_size) for r in rows], torch.int64) if uses_top_k else None,
-        top_ps=column([r.top_p for r in rows], torch.float32) if uses_top_p else None,
-        min_ps=column([r.min_p for r in rows], torch.float32) if uses_min_p else None,
+        temperatures=column([r.temperature if not r.is_greedy else 1.0 for r in rows], np.float32),
+        is_greedy=column([r.is_greedy for r in rows], np.bool_),
+        top_ks=column([min(r.top_k or vocab_size, vocab_size) for r in rows], np.int64) if uses_top_k else None,
+        top_ps=column([r.top_p for r in rows], np.float32) if uses_top_p else None,
+        min_ps=column([r.min_p for r in rows], np.float32) if uses_min_p else None,
     )
 
 
@@ -80,10 +82,10 @@ class Sampler:
 def _ban_tokens(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
     if not any(r.banned_token_ids for r in rows):
         return logits
+    pairs = [(i, token_id) for i, row in enumerate(rows) for token_id in row.banned_token_ids]
+    where = to_device(pairs, np.int64, logits.device)  # [num_banned, 2]: row, token id
     logits = logits.clone()
-    for i, row in enumerate(rows):
-        if row.banned_token_ids:
-            logits[i, list(row.banned_token_ids)] = float("-inf")
+    logits[where[:, 0], where[:, 1]] = float("-inf")
     return logits
 
 
