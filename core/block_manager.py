@@ -83,17 +83,14 @@ class BlockManager:
         return max(0, needed - len(seq.block_ids))
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= self.num_available_blocks
+        return num_blocks == 0 or num_blocks <= self.num_available_blocks
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
-        """Covers tokens [0, num_computed + num_new) with blocks and keys the full ones it can."""
+        """Covers tokens [0, num_computed + num_new) with blocks and keys the full ones whose tokens are
+        all known on the host (a block holding a pending token is keyed by a later allocation)."""
         for _ in range(self.num_blocks_to_append(seq, num_new_tokens)):
             seq.block_ids.append(self._take_block())
         self._key_full_blocks(seq, seq.num_computed_tokens + num_new_tokens)
-
-    def key_computed_blocks(self, seq: Sequence) -> None:
-        """Keys the full blocks a token that has just reached the host completed."""
-        self._key_full_blocks(seq, seq.num_computed_tokens)
 
     def free(self, seq: Sequence) -> None:
         # Tail blocks first, so they become the least recent and are evicted before shared prefixes.
@@ -120,10 +117,9 @@ class BlockManager:
         return block_id
 
     def _key_full_blocks(self, seq: Sequence, num_covered_tokens: int) -> None:
-        # A block is keyed by its token ids, so one holding a pending token waits until it resolves.
-        if not self.enable_prefix_caching:
-            return
         num_full_blocks = min(num_covered_tokens, len(seq.token_ids)) // self.block_size
+        if num_full_blocks <= len(seq.block_keys) or not self.enable_prefix_caching:
+            return
         for index in range(len(seq.block_keys), num_full_blocks):
             token_ids = seq.token_ids[index * self.block_size : (index + 1) * self.block_size]
             key = block_key(seq.block_keys[-1] if seq.block_keys else None, token_ids)

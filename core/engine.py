@@ -166,17 +166,19 @@ class LLMEngine:
 
     def _launch(self, scheduled: list[ScheduledSequence]) -> _LaunchedStep:
         batch = build_batch(scheduled, self.block_size, self.eos_token_ids)
-        sampled_seqs = [s.seq for s in scheduled if s.end == s.seq.num_tokens]
+        sampled_seqs = [s.seq for s, row in zip(scheduled, batch.sampling, strict=True) if row is not None]
         return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch))
 
     def _advance(self, step: _LaunchedStep) -> None:
         """Books what the launched step will have computed, before its results are back."""
         for s in step.scheduled:
             if not s.seq.is_finished:  # else: ended by the previous step's tokens after this one was queued
-                s.seq.num_computed_tokens = s.end
+                s.seq.num_computed_tokens = s.start + s.num_new_tokens
         for row, seq in enumerate(step.sampled_seqs):
             if not seq.is_finished:
-                ends = seq.num_output_tokens + 1 >= seq.max_tokens or seq.num_tokens + 1 >= self.max_model_len
+                # A length limit is known before the token is: such a sequence is not scheduled again.
+                num_tokens = seq.num_tokens + 1
+                ends = num_tokens - seq.num_prompt_tokens >= seq.max_tokens or num_tokens >= self.max_model_len
                 seq.add_pending_token(row, is_last=ends)
 
     def _drain_inbox(self) -> list[RequestOutput]:
@@ -201,7 +203,6 @@ class LLMEngine:
             if seq.is_finished:
                 continue  # aborted, or ended by EOS, while this step was in flight: the token is dropped
             seq.resolve_pending_token(token_id, logprobs)
-            self.block_manager.key_computed_blocks(seq)
             finish_reason = self._finish_reason(seq, token_id)
             if finish_reason is not None:
                 self._finish(seq, finish_reason)
@@ -210,10 +211,11 @@ class LLMEngine:
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
-        if seq.num_output_tokens >= params.min_tokens:
+        num_output_tokens = seq.num_tokens - seq.num_prompt_tokens
+        if num_output_tokens >= params.min_tokens:
             if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
                 return FinishReason.STOP
-        if seq.num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+        if num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
             return FinishReason.LENGTH
         return None
 

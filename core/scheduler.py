@@ -10,14 +10,15 @@ sequence is preempted: its blocks are freed and it goes back to the front of the
 
 from collections import deque
 from dataclasses import dataclass, field
+from itertools import chain
+from typing import NamedTuple
 
 from core.block_manager import BlockManager
 from core.config import SchedulerConfig
 from core.sequence import Sequence, SequenceStatus
 
 
-@dataclass(frozen=True)
-class ScheduledSequence:
+class ScheduledSequence(NamedTuple):  # a tuple: built for every row of every step, so cheaply
     seq: Sequence
     start: int  # the sequence's computed tokens when scheduled: this step computes [start, start + num_new)
     num_new_tokens: int
@@ -74,15 +75,15 @@ class Scheduler:
         return out
 
     def _schedule_running(self, out: SchedulerOutput, budget: int) -> int:
-        pending = sorted(
+        pending = deque(sorted(
             (s for s in self.running if not s.is_last_token_pending),
             key=lambda s: (s.num_uncomputed_tokens > 1, s.admission_order),
-        )
+        ))
         while pending and budget > 0:
-            seq = pending.pop(0)
+            seq = pending.popleft()
             num_new = min(seq.num_uncomputed_tokens, budget)
             while not self.block_manager.can_allocate(self.block_manager.num_blocks_to_append(seq, num_new)):
-                victim = max(pending + [seq], key=lambda s: s.admission_order)
+                victim = max(chain(pending, [seq]), key=lambda s: s.admission_order)
                 self._preempt(victim)
                 out.preempted.append(victim)
                 if victim is seq:

@@ -13,7 +13,7 @@ from enum import Enum, auto
 
 from core.outputs import FinishReason
 from core.sampling_params import SamplingParams
-from gpu.batch import TokenLogprobs
+from gpu.batch import RowSampling, TokenLogprobs
 
 
 class SequenceStatus(Enum):
@@ -25,7 +25,8 @@ class SequenceStatus(Enum):
 class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, max_tokens: int) -> None:
         self.request_id = request_id
-        self.token_ids = list(prompt_token_ids)
+        self.token_ids = list(prompt_token_ids)  # known on the host; grows only by resolve_pending_token
+        self.num_tokens = len(self.token_ids)  # known and pending: an attribute, read many times a step
         self.num_prompt_tokens = len(prompt_token_ids)
         self.params = params
         self.max_tokens = max_tokens  # resolved: params.max_tokens or the rest of the context
@@ -40,10 +41,8 @@ class Sequence:
         self.num_pending_tokens = 0
         self.pending_row = 0  # the pending token's row among its step's sampled rows
         self.is_last_token_pending = False  # the pending token ends it by length: nothing left to schedule
-
-    @property
-    def num_tokens(self) -> int:
-        return len(self.token_ids) + self.num_pending_tokens
+        # Its sampling row once nothing in it changes from step to step (no seed, past min_tokens).
+        self.steady_sampling: RowSampling | None = None
 
     @property
     def num_output_tokens(self) -> int:
@@ -60,6 +59,7 @@ class Sequence:
     def add_pending_token(self, row: int, is_last: bool) -> None:
         assert self.num_pending_tokens == 0, "a sequence is sampled again before its last token was resolved"
         self.num_pending_tokens = 1
+        self.num_tokens += 1
         self.pending_row = row
         self.is_last_token_pending = is_last
 

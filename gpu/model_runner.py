@@ -5,6 +5,7 @@ sampled tokens (and logprobs) back to the host.
 """
 
 import logging
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -173,7 +174,9 @@ class ModelRunner:
 
 def _padded_block_tables(block_tables: list[list[int]]) -> np.ndarray:
     """[num_rows, max_blocks] int32, rows padded with block 0 (read by no one: context lengths bound reads)."""
-    table = np.zeros((len(block_tables), max(len(t) for t in block_tables)), dtype=np.int32)
-    for row, block_ids in enumerate(block_tables):
-        table[row, : len(block_ids)] = block_ids
+    lengths = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
+    table = np.zeros((len(block_tables), int(lengths.max())), dtype=np.int32)
+    # One vectorized scatter instead of a numpy call per row.
+    table[np.arange(table.shape[1]) < lengths[:, None]] = np.fromiter(
+        chain.from_iterable(block_tables), dtype=np.int32, count=int(lengths.sum()))
     return table

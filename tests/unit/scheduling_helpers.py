@@ -26,7 +26,6 @@ def complete_step(scheduler: Scheduler, out: SchedulerOutput, next_token: int = 
         if is_sampled:
             s.seq.add_pending_token(0, is_last=False)
             s.seq.resolve_pending_token(next_token, None)
-            scheduler.block_manager.key_computed_blocks(s.seq)
             if s.seq.num_output_tokens >= s.seq.max_tokens:
                 scheduler.finish(s.seq)
                 finished.append(s.seq)

@@ -134,14 +134,15 @@ def test_decode_growth_keys_block_when_it_fills() -> None:
     seq = make_seq([1, 2, 3], "a")
     admit(bm, seq)
     assert seq.block_keys == []
-    seq.token_ids.append(4)  # the sampled token, computed next step
+    seq.add_pending_token(0, is_last=False)  # sampled on the device: its block cannot be keyed yet
     bm.allocate(seq, 1)
-    assert seq.block_ids == [0] and len(seq.block_keys) == 1
+    assert seq.block_ids == [0] and seq.block_keys == []
     seq.num_computed_tokens = 4
-    seq.token_ids.append(5)
+    seq.resolve_pending_token(4, None)  # reaches the host
+    seq.add_pending_token(0, is_last=False)
     assert bm.num_blocks_to_append(seq, 1) == 1
-    bm.allocate(seq, 1)
-    assert seq.block_ids == [0, 1]
+    bm.allocate(seq, 1)  # the next allocation keys the block the known token filled
+    assert seq.block_ids == [0, 1] and len(seq.block_keys) == 1
 
 
 def test_prefix_caching_disabled_keys_nothing() -> None:
