@@ -22,6 +22,7 @@ from openai_serve.routes.models import health, list_models, metrics, retrieve_mo
 from openai_serve.routes.tokenize import detokenize, tokenize
 from openai_serve.server_config import ServerConfig
 from openai_serve.state import ServingState
+from openai_serve.token_decoder import token_decoder
 
 ROUTES = [
     Route("/v1/completions", create_completion, methods=["POST"]),
@@ -42,7 +43,8 @@ def build_app(engine: LLMEngine, config: ServerConfig) -> Starlette:
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         bridge = EngineBridge(engine, config.max_pending_requests)
         chat_template = ChatTemplate(engine.tokenizer, config.chat_template)
-        app.state.serving = ServingState(engine, bridge, config, chat_template, TokenTexts(engine.tokenizer))
+        app.state.serving = ServingState(engine, bridge, config, chat_template, TokenTexts(engine.tokenizer),
+                                         token_decoder(engine.tokenizer))
         bridge.start()
         try:
             yield

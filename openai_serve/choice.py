@@ -8,10 +8,8 @@ token that completed it; the caller then aborts the sequence in the engine.
 
 from dataclasses import dataclass, field
 
-from transformers import PreTrainedTokenizerBase
-
 from core import FinishReason, RequestOutput, SamplingParams
-from core.detokenizer import IncrementalDetokenizer
+from core.detokenizer import IncrementalDetokenizer, TokenDecoder
 from openai_serve.logprobs import TokenLogprob
 
 _FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
@@ -23,6 +21,23 @@ class ChoiceDelta:
     text: str
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+
+
+def merge_deltas(deltas: list[ChoiceDelta]) -> list[ChoiceDelta]:
+    """One delta per choice, in the order choices first appear: its texts and logprobs concatenated
+    in order, and the last finish_reason (only a choice's last delta has one). What a client reads
+    is unchanged: the concatenation of a choice's deltas is the same either way."""
+    if len(deltas) == 1:
+        return deltas
+    by_index: dict[int, list[ChoiceDelta]] = {}
+    for delta in deltas:
+        by_index.setdefault(delta.index, []).append(delta)
+    return [group[0] if len(group) == 1 else _merge(group) for group in by_index.values()]
+
+
+def _merge(group: list[ChoiceDelta]) -> ChoiceDelta:
+    logprobs = [entry for delta in group for entry in delta.logprobs]
+    return ChoiceDelta(group[0].index, "".join(d.text for d in group), logprobs, group[-1].finish_reason)
 
 
 @dataclass(frozen=True)
@@ -43,7 +58,7 @@ class TextOptions:
 
 
 class ChoiceDecoder:
-    def __init__(self, spec: ChoiceSpec, tokenizer: PreTrainedTokenizerBase, options: TextOptions) -> None:
+    def __init__(self, spec: ChoiceSpec, tokenizer: TokenDecoder, options: TextOptions) -> None:
         self.spec = spec
         self._detokenizer = IncrementalDetokenizer(
             tokenizer, spec.prompt_token_ids, spec.params.stop,

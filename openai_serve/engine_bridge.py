@@ -40,12 +40,26 @@ class RequestHandle:
         self._bridge = bridge
         self.request_ids = request_ids
         self.queue: asyncio.Queue[RequestOutput | BridgeClosed] = asyncio.Queue()
+        self._closed: BridgeClosed | None = None  # met while draining, raised on the next call
 
     async def next_output(self) -> RequestOutput:
-        item = await self.queue.get()
+        item = self._closed or await self.queue.get()
         if isinstance(item, BridgeClosed):
             raise service_unavailable(item.message, item.code)
         return item
+
+    async def next_outputs(self) -> list[RequestOutput]:
+        """Every output that has arrived, in order; waits for one if none has. A consumer that fell
+        behind the engine by several steps thus catches up in one wake-up instead of one per step."""
+        outputs = [await self.next_output()]
+        queue = self.queue
+        while not queue.empty():
+            item = queue.get_nowait()
+            if isinstance(item, BridgeClosed):
+                self._closed = item  # the outputs before it are delivered first
+                break
+            outputs.append(item)
+        return outputs
 
     def abort(self, request_id: str) -> None:
         self._bridge.abort(self, request_id)
@@ -132,7 +146,7 @@ class EngineBridge:
             if handle is None:
                 continue  # aborted on this side; the engine's last word on it is not needed
             handle.queue.put_nowait(output)
-            if output.is_finished:
+            if output.finish_reason is not None:
                 del self._handles[output.request_id]
 
     def _engine_failed(self, message: str) -> None:

@@ -8,9 +8,9 @@ the next step even while the other choices go on.
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from transformers import PreTrainedTokenizerBase
-
-from openai_serve.choice import ChoiceDecoder, ChoiceDelta, ChoiceSpec, TextOptions
+from core import RequestOutput
+from core.detokenizer import TokenDecoder
+from openai_serve.choice import ChoiceDecoder, ChoiceDelta, ChoiceSpec, TextOptions, merge_deltas
 from openai_serve.engine_bridge import EngineBridge, RequestHandle
 from openai_serve.errors import APIError
 from openai_serve.logprobs import TokenLogprob
@@ -33,7 +33,7 @@ class Usage:
 
 
 class Generation:
-    def __init__(self, specs: list[ChoiceSpec], tokenizer: PreTrainedTokenizerBase, options: TextOptions) -> None:
+    def __init__(self, specs: list[ChoiceSpec], tokenizer: TokenDecoder, options: TextOptions) -> None:
         self.decoders = [ChoiceDecoder(spec, tokenizer, options) for spec in specs]
         self._by_request_id = {d.spec.request_id: d for d in self.decoders}
         self._handle: RequestHandle | None = None
@@ -48,24 +48,38 @@ class Generation:
                 exc.param = prompt_param
             raise
 
-    async def deltas(self) -> AsyncIterator[ChoiceDelta]:
-        """Text deltas of all choices, interleaved as the engine makes them; ends when all finished."""
+    async def batches(self) -> AsyncIterator[list[ChoiceDelta]]:
+        """Text deltas of all choices as the engine makes them, one batch per wake-up: what arrived
+        since the last one, merged per choice (see merge_deltas). Ends when every choice finished.
+
+        A streaming consumer that falls behind the engine (a busy event loop, a slow client) then
+        sends one chunk per choice for several steps instead of one per step, which is cheaper
+        for both sides and lets it catch up; as vLLM does."""
         assert self._handle is not None, "start() first"
         num_unfinished = len(self.decoders)
         try:
             while num_unfinished:
-                output = await self._handle.next_output()
-                decoder = self._by_request_id[output.request_id]
-                delta = decoder.absorb(output)
-                if delta is None:
-                    continue
-                if delta.finish_reason is not None:
-                    num_unfinished -= 1
-                    if decoder.is_stopped_by_string:
-                        self._handle.abort(output.request_id)
-                yield delta
+                deltas = []
+                for output in await self._handle.next_outputs():
+                    delta = self._absorb(output)
+                    if delta is not None:
+                        num_unfinished -= delta.finish_reason is not None
+                        deltas.append(delta)
+                if deltas:
+                    yield merge_deltas(deltas)
         finally:
             self.close()
+
+    def _absorb(self, output: RequestOutput) -> ChoiceDelta | None:
+        decoder = self._by_request_id[output.request_id]
+        delta = decoder.absorb(output)
+        if delta is not None and decoder.is_stopped_by_string:
+            self._handle.abort(output.request_id)  # type: ignore[union-attr]  # frees its blocks now
+        return delta
+
+    @property
+    def is_finished(self) -> bool:
+        return all(d.is_finished for d in self.decoders)
 
     def close(self) -> None:
         """Aborts every choice still running in the engine; safe to call more than once."""
@@ -95,11 +109,12 @@ class CollectedChoice:
 async def collect(generation: Generation) -> dict[int, CollectedChoice]:
     """The whole of every choice, for a response that is not streamed."""
     choices = {d.spec.index: CollectedChoice() for d in generation.decoders}
-    async for delta in generation.deltas():
-        choice = choices[delta.index]
-        choice.text += delta.text
-        choice.logprobs += delta.logprobs
-        choice.finish_reason = delta.finish_reason
+    async for batch in generation.batches():
+        for delta in batch:
+            choice = choices[delta.index]
+            choice.text += delta.text
+            choice.logprobs += delta.logprobs
+            choice.finish_reason = delta.finish_reason
     return choices
 
 

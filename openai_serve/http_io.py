@@ -7,6 +7,7 @@ from typing import TypeVar
 
 import orjson
 from starlette.requests import Request
+from starlette.types import Receive
 
 from openai_serve.errors import bad_request
 
@@ -28,7 +29,7 @@ async def read_json(request: Request) -> object:
 async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     """Runs `work`, cancelling it (so its cleanup aborts the engine requests) if the client leaves."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_wait_for_disconnect(request))
+    watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     finally:
@@ -42,7 +43,8 @@ async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
     return task.result()
 
 
-async def _wait_for_disconnect(request: Request) -> None:
+async def wait_for_disconnect(receive: Receive) -> None:
+    """Returns when the client has gone (or the response is complete, as the server reports it)."""
     # The body has been read, so the next message the server hands us is the disconnect.
-    while (await request.receive())["type"] != "http.disconnect":
+    while (await receive())["type"] != "http.disconnect":
         pass

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from starlette.requests import Request
 
 from core import LLMEngine
+from core.detokenizer import TokenDecoder
 from openai_serve.chat_template import ChatTemplate
 from openai_serve.engine_bridge import EngineBridge
 from openai_serve.errors import model_not_found
@@ -20,6 +21,7 @@ class ServingState:
     config: ServerConfig
     chat_template: ChatTemplate
     token_texts: TokenTexts
+    token_decoder: TokenDecoder  # the tokenizer's decode, as cheap as it gets (token_decoder.py)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

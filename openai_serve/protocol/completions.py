@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from openai_serve.errors import bad_request, unsupported
 from openai_serve.protocol.common import CommonRequest, check_logprobs, read_common
-from openai_serve.protocol.fields import Fields, is_int
+from openai_serve.protocol.fields import Fields, are_ints
 
 Prompt = str | tuple[int, ...]
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
@@ -54,7 +54,7 @@ def parse_prompts(prompt: object) -> tuple[Prompt, ...]:
         raise bad_request("'prompt' must be a non-empty string or a non-empty array", "prompt")
     if all(isinstance(p, str) for p in prompt):
         return tuple(_non_empty_text(p) for p in prompt)
-    if all(is_int(p) for p in prompt):
+    if are_ints(prompt):
         return (_token_prompt(prompt),)
     if all(isinstance(p, list) for p in prompt):
         return tuple(_token_prompt(p) for p in prompt)
@@ -73,6 +73,6 @@ def _non_empty_text(text: str) -> str:
 def _token_prompt(token_ids: list[object]) -> tuple[int, ...]:
     if not token_ids:
         raise bad_request("'prompt' must not be empty", "prompt")
-    if not all(is_int(t) and t >= 0 for t in token_ids):  # type: ignore[operator]
+    if not are_ints(token_ids) or min(token_ids) < 0:  # type: ignore[type-var]
         raise bad_request("token ids in 'prompt' must be non-negative integers", "prompt")
     return tuple(token_ids)  # type: ignore[arg-type]

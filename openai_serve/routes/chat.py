@@ -18,6 +18,7 @@ from openai_serve.http_io import read_json
 from openai_serve.logprobs import TokenLogprob, chat_logprobs
 from openai_serve.protocol.chat import ChatRequest, parse_chat_request
 from openai_serve.routes.responding import respond
+from openai_serve.sse import Batch
 from openai_serve.state import ServingState, serving_state
 
 
@@ -41,16 +42,20 @@ class ChatView:
         self._wants_logprobs = body.logprobs is not None
         self._texts = state.token_texts
 
-    async def stream(self, generation: Generation) -> AsyncIterator[dict[str, object]]:
-        for index in range(len(generation.decoders)):
-            yield self._chunk(index, {"role": "assistant", "content": ""}, None, None)
-        async for delta in generation.deltas():
-            if delta.text or delta.logprobs:
-                yield self._chunk(delta.index, {"content": delta.text}, delta.logprobs, None)
-            if delta.finish_reason is not None:
-                yield self._chunk(delta.index, {}, None, delta.finish_reason)
-        if self._include_usage:
-            yield {**self._head("chat.completion.chunk"), "choices": [], "usage": generation.usage().to_dict()}
+    async def stream(self, generation: Generation) -> AsyncIterator[Batch]:
+        yield [self._chunk(index, {"role": "assistant", "content": ""}, None, None)
+               for index in range(len(generation.decoders))]
+        async for deltas in generation.batches():
+            chunks = []
+            for delta in deltas:
+                if delta.text or delta.logprobs:
+                    chunks.append(self._chunk(delta.index, {"content": delta.text}, delta.logprobs, None))
+                if delta.finish_reason is not None:
+                    chunks.append(self._chunk(delta.index, {}, None, delta.finish_reason))
+            if self._include_usage and generation.is_finished:
+                chunks.append({**self._head("chat.completion.chunk"), "choices": [],
+                               "usage": generation.usage().to_dict()})
+            yield chunks
 
     def response(self, choices: dict[int, CollectedChoice], usage: Usage) -> dict[str, object]:
         items = [

@@ -18,6 +18,7 @@ from openai_serve.http_io import read_json
 from openai_serve.logprobs import TokenLogprob, completion_logprobs
 from openai_serve.protocol.completions import CompletionRequest, Prompt, parse_completion_request
 from openai_serve.routes.responding import respond
+from openai_serve.sse import Batch
 from openai_serve.state import ServingState, serving_state
 
 
@@ -57,17 +58,20 @@ class CompletionView:
         self._echo_texts = echo_texts
         self._texts = state.token_texts
 
-    async def stream(self, generation: Generation) -> AsyncIterator[dict[str, object]]:
-        for index in range(len(generation.decoders)):
-            if self._echo_texts:
-                yield self._chunk([self._choice(index, self._echo_texts[index // self._n], None, None)])
-        async for delta in generation.deltas():
-            if delta.text or delta.logprobs:
-                yield self._chunk([self._choice(delta.index, delta.text, delta.logprobs, None)])
-            if delta.finish_reason is not None:
-                yield self._chunk([self._choice(delta.index, "", None, delta.finish_reason)])
-        if self._include_usage:
-            yield {**self._chunk([]), "usage": generation.usage().to_dict()}
+    async def stream(self, generation: Generation) -> AsyncIterator[Batch]:
+        if self._echo_texts:
+            yield [self._chunk([self._choice(index, self._echo_texts[index // self._n], None, None)])
+                   for index in range(len(generation.decoders))]
+        async for deltas in generation.batches():
+            chunks = []
+            for delta in deltas:
+                if delta.text or delta.logprobs:
+                    chunks.append(self._chunk([self._choice(delta.index, delta.text, delta.logprobs, None)]))
+                if delta.finish_reason is not None:
+                    chunks.append(self._chunk([self._choice(delta.index, "", None, delta.finish_reason)]))
+            if self._include_usage and generation.is_finished:
+                chunks.append({**self._chunk([]), "usage": generation.usage().to_dict()})
+            yield chunks
 
     def response(self, choices: dict[int, CollectedChoice], usage: Usage) -> dict[str, object]:
         items = []

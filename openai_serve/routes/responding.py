@@ -11,7 +11,7 @@ from openai_serve.choice import TextOptions
 from openai_serve.generation import CollectedChoice, Generation, Usage, choice_specs, collect
 from openai_serve.http_io import ClientDisconnected, until_disconnect
 from openai_serve.protocol.common import CommonRequest
-from openai_serve.sse import event_stream
+from openai_serve.sse import Batch, event_stream
 from openai_serve.state import ServingState
 
 # nginx's "client closed request": never seen by the client, but it shows in access logs.
@@ -27,7 +27,9 @@ class GenerationBody(Protocol):
 class ResponseView(Protocol):
     response_id: str
 
-    def stream(self, generation: Generation) -> AsyncIterator[dict[str, object]]: ...
+    def stream(self, generation: Generation) -> AsyncIterator[Batch]:
+        """The stream's events: one batch (list) for each time the generation hands out deltas."""
+        ...
 
     def response(self, choices: dict[int, CollectedChoice], usage: Usage) -> dict[str, object]: ...
 
@@ -44,7 +46,7 @@ async def respond(
     `prompt_param` names where the client sent the prompt (`prompt`, `messages`) in errors about it."""
     specs = choice_specs(view.response_id, prompts, body.common, body.max_tokens, body.logprobs)
     options = TextOptions(body.common.skip_special_tokens, body.common.include_stop_str_in_output)
-    generation = Generation(specs, state.engine.tokenizer, options)
+    generation = Generation(specs, state.token_decoder, options)
     generation.start(state.bridge, prompt_param)
     if body.common.stream.stream:
         return event_stream(view.stream(generation), generation.close)
