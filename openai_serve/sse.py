@@ -13,7 +13,6 @@ through proxies, and `on_close` runs however the response ends.
 """
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Callable
 
 import orjson
@@ -65,11 +64,9 @@ class EventStreamResponse(Response):
         finally:
             for task in watchers:
                 task.cancel()
-            if not stream.done():  # the client left: cancelling runs the generators' cleanup
-                stream.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await stream
+            stream.cancel()  # the client left (or this task is cancelled): the generators' cleanup runs
             self._on_close()
+            await asyncio.wait({stream})  # its cleanup done; a cancellation of this task still propagates
         if not stream.cancelled():
             stream.result()  # an unexpected error is raised as any route's would be
 

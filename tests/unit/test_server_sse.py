@@ -102,3 +102,28 @@ def test_an_idle_stream_sends_pings_as_comments(monkeypatch: pytest.MonkeyPatch)
     pings = [b for b in client.bodies if b.startswith(b":")]
     assert 2 <= len(pings) <= 7 and all(b == b": ping\n\n" for b in pings)
     assert client.bodies[-2:] == [b'data: {"a":1}\n\n', b"data: [DONE]\n\n"]
+
+
+def test_a_cancelled_response_runs_the_cleanup_and_stays_cancelled() -> None:
+    cleaned_up: list[str] = []
+
+    async def batches() -> AsyncIterator[Batch]:
+        try:
+            yield [{"a": 1}]
+            await asyncio.sleep(3600)  # a client that never leaves, at a server that shuts down
+            yield []
+        finally:
+            cleaned_up.append("generator")
+
+    async def scenario() -> None:
+        client, closed = Client(), []
+        response = EventStreamResponse(batches(), lambda: closed.append("closed"))
+        task = asyncio.ensure_future(response({"type": "http", "method": "POST"}, client.receive, client.send))
+        while not client.bodies:
+            await asyncio.sleep(0.01)
+        task.cancel()  # uvicorn's graceful-shutdown timeout
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert closed == ["closed"] and cleaned_up == ["generator"]
+
+    asyncio.run(asyncio.wait_for(scenario(), 5))
