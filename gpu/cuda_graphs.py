@@ -7,14 +7,21 @@ see under a graph, so graphs on and off compute the same numbers. Padded rows wr
 token of a valid block, so they cost little and never fault; their outputs are ignored. The
 attention metadata a graph was captured with is static too: `max_context_len` is `max_model_len`,
 so a kernel that sizes its launch from it launches the same grid at every replay.
+
+The static buffers are views of two device tensors (int64: token ids, positions, slots and the
+fed-back token indices; int32: context lengths and block tables), filled from pinned host mirrors
+with two copies a step, instead of a copy and a device-side scatter per input.
 """
 
 import logging
 from collections.abc import Callable
+from itertools import chain
 
+import numpy as np
 import torch
 
 from gpu.attention.metadata import AttentionMetadata
+from gpu.batch import Batch
 
 logger = logging.getLogger(__name__)
 
@@ -35,14 +42,20 @@ class DecodeGraphs:
         self.forward = forward
         self.buckets = batch_size_buckets(max_num_seqs)
         self.max_model_len = max_model_len
-        max_blocks = -(-max_model_len // block_size)
-        n = max_num_seqs
-        self.input_ids = torch.zeros(n, dtype=torch.int64, device=device)
-        self.positions = torch.zeros(n, dtype=torch.int64, device=device)
-        self.slot_mapping = torch.full((n,), -1, dtype=torch.int64, device=device)
+        self.max_blocks = max_blocks = -(-max_model_len // block_size)
+        self.max_num_seqs = n = max_num_seqs
+        # Rows: token ids, positions, cache slots, fed-back token indices, fed-back source rows.
+        self._int64 = torch.zeros(5, n, dtype=torch.int64, device=device)
+        self._int32 = torch.zeros(n + n * max_blocks, dtype=torch.int32, device=device)  # context lens, tables
+        self.input_ids, self.positions, self.slot_mapping = self._int64[0], self._int64[1], self._int64[2]
+        self.context_lens = self._int32[:n]
+        self.block_tables = self._int32[n:].view(n, max_blocks)
+        self.slot_mapping.fill_(-1)
+        self.context_lens.fill_(1)
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
-        self.context_lens = torch.ones(n, dtype=torch.int32, device=device)
-        self.block_tables = torch.zeros(n, max_blocks, dtype=torch.int32, device=device)
+        # Two pinned mirrors used in turn: one is filled while the copy out of the other may still be queued.
+        self._mirrors = [_HostMirror(self._int64, self._int32) for _ in range(2)]
+        self._turn = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
         self.pool = None
@@ -78,27 +91,54 @@ class DecodeGraphs:
     def _static_args(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         return self.input_ids[:bucket], self.positions[:bucket], self.metadata(bucket)
 
-    def run(
-        self,
-        num_rows: int,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        slot_mapping: torch.Tensor,
-        context_lens: torch.Tensor,
-        block_tables: torch.Tensor,
-    ) -> torch.Tensor:
-        """Fills the static buffers (device tensors in, already on the GPU), replays the bucket's graph
-        (or runs eagerly on the buffers when none was captured); returns [num_rows, hidden_size]."""
+    def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:
+        """Fills the static buffers from a decode-only batch (fed-back tokens read from `last_sampled_ids`
+        on the device), replays the bucket's graph (or runs eagerly on the buffers when none was
+        captured); returns [num_rows, hidden_size]."""
+        num_rows = batch.num_rows
         bucket = self.bucket_for(num_rows)
-        assert bucket is not None
-        self.input_ids[:num_rows].copy_(input_ids)
-        self.positions[:num_rows].copy_(positions)
-        self.slot_mapping[:num_rows].copy_(slot_mapping)
-        self.slot_mapping[num_rows:bucket].fill_(-1)
-        self.context_lens[:num_rows].copy_(context_lens)
-        self.context_lens[num_rows:bucket].fill_(1)
-        self.block_tables[:num_rows, : block_tables.shape[1]].copy_(block_tables)
+        assert bucket is not None and batch.is_decode_only
+        mirror = self._mirrors[self._turn]
+        self._turn ^= 1
+        num_int32 = mirror.fill(batch, bucket, self.max_num_seqs, self.max_blocks)
+        self._int64.copy_(mirror.int64, non_blocking=True)
+        self._int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)
+        mirror.copied.record()
+        if num_fed_back := len(batch.fed_back_token_indices):
+            assert last_sampled_ids is not None, "a batch feeds back tokens but no step sampled any"
+            self.input_ids[self._int64[3, :num_fed_back]] = last_sampled_ids[self._int64[4, :num_fed_back]]
         if bucket not in self.graphs:
             return self.forward(*self._static_args(bucket))[:num_rows]
         self.graphs[bucket].replay()
         return self.outputs[bucket][:num_rows]
+
+
+class _HostMirror:
+    """Pinned host copies of the static input buffers, and an event for when their copy has run."""
+
+    def __init__(self, int64: torch.Tensor, int32: torch.Tensor) -> None:
+        self.int64 = torch.zeros(int64.shape, dtype=int64.dtype).pin_memory()
+        self.int32 = torch.zeros(int32.shape, dtype=int32.dtype).pin_memory()
+        self.copied = torch.cuda.Event()
+        self.copied.record()
+
+    def fill(self, batch: Batch, bucket: int, max_num_seqs: int, max_blocks: int) -> int:
+        """Writes the batch (padded to the bucket) into the mirror; returns how many int32 entries to copy."""
+        self.copied.synchronize()  # its previous copy has run (long since, in practice)
+        rows = batch.num_rows
+        int64, int32 = self.int64.numpy(), self.int32.numpy()
+        int64[0, :rows] = batch.token_ids  # fed-back entries are placeholders, overwritten on the device
+        int64[1, :rows] = batch.positions
+        int64[2, :rows] = batch.slot_mapping
+        int64[2, rows:bucket] = -1  # padded rows write nothing
+        num_fed_back = len(batch.fed_back_token_indices)
+        int64[3, :num_fed_back] = batch.fed_back_token_indices
+        int64[4, :num_fed_back] = batch.fed_back_rows
+        int32[:rows] = batch.context_lens
+        int32[rows:bucket] = 1  # padded rows attend to one token
+        tables = int32[max_num_seqs : max_num_seqs + bucket * max_blocks].reshape(bucket, max_blocks)
+        # Entries past a row's blocks keep older (valid) block ids: its context length bounds every read.
+        lengths = np.fromiter(map(len, batch.block_tables), dtype=np.int64, count=rows)
+        tables[:rows][np.arange(max_blocks) < lengths[:, None]] = np.fromiter(
+            chain.from_iterable(batch.block_tables), dtype=np.int32, count=int(lengths.sum()))
+        return max_num_seqs + bucket * max_blocks

@@ -105,7 +105,7 @@ class ModelRunner:
             block_tables=[list(range(-(-num_tokens // c.block_size)))], sampling=[None],
         )
         torch.cuda.reset_peak_memory_stats(self.device)
-        hidden, _ = self._forward(batch)
+        hidden = self._forward(batch)
         num_rows = min(c.max_num_seqs, num_tokens)
         heaviest = RowSampling(temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, num_top_logprobs=20)
         self.sampler(self.model.compute_logits(hidden[:num_rows]).float(), [heaviest] * num_rows)
@@ -123,28 +123,25 @@ class ModelRunner:
         return pending
 
     def _sample(self, batch: Batch) -> SampledRows | None:
-        hidden, meta = self._forward(batch)
+        hidden = self._forward(batch)
         sampled_rows = [i for i, row in enumerate(batch.sampling) if row is not None]
         if not sampled_rows:
             return None
         if batch.is_decode_only and len(sampled_rows) == batch.num_rows:
             last_hidden = hidden  # one token per row, every row sampled: no gather (and no copy to the device)
         else:
-            last_token_index = meta.query_start_loc[1:].long() - 1
-            rows_index = to_device(sampled_rows, np.int64, self.device)
-            last_hidden = hidden[last_token_index[rows_index]]
+            last_token_index = np.cumsum(batch.query_lens)[sampled_rows] - 1
+            last_hidden = hidden[to_device(last_token_index, np.int64, self.device)]
         logits = self.model.compute_logits(last_hidden)  # model dtype: the sampler upcasts where it must
         return self.sampler.sample(logits, [batch.sampling[i] for i in sampled_rows])
 
     @torch.inference_mode()
-    def _forward(self, batch: Batch) -> tuple[torch.Tensor, AttentionMetadata]:
+    def _forward(self, batch: Batch) -> torch.Tensor:
+        """[num_tokens, hidden_size]"""
+        if self.decode is not None and batch.is_decode_only and self.decode.bucket_for(batch.num_rows) is not None:
+            return self.decode.run(batch, self._last_sampled_ids)
         input_ids, positions, meta = self._prepare(batch)
-        if self.decode is not None and meta.is_decode_only and self.decode.bucket_for(batch.num_rows) is not None:
-            hidden = self.decode.run(
-                batch.num_rows, input_ids, positions, meta.slot_mapping, meta.context_lens, meta.block_tables
-            )
-            return hidden, meta
-        return self.model(input_ids, positions, meta), meta
+        return self.model(input_ids, positions, meta)
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         meta = AttentionMetadata(

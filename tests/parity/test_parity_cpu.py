@@ -157,7 +157,7 @@ def test_logits_close_to_transformers(tiny_model_dirs: dict[str, Path]) -> None:
 
         batch = Batch(token_ids=prompt, positions=list(range(40)), slot_mapping=list(range(40)), query_lens=[40],
                       context_lens=[40], block_tables=[[0, 1, 2]], sampling=[None])
-        hidden, _ = engine.runner._forward(batch)
+        hidden = engine.runner._forward(batch)
         ours = engine.runner.model.compute_logits(hidden)
         with torch.no_grad():
             theirs = hf_model(model_dir)(torch.tensor([prompt])).logits[0]
