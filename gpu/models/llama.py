@@ -15,7 +15,7 @@ from transformers import PretrainedConfig
 from gpu.attention.metadata import AttentionMetadata
 from gpu.layers.activation import SiluAndMul
 from gpu.layers.attention import DecoderAttention
-from gpu.layers.linear import MergedLinear
+from gpu.layers.linear import Linear, MergedLinear
 from gpu.layers.norm import RMSNorm
 from gpu.layers.rotary import RotaryEmbedding
 
@@ -28,7 +28,7 @@ class MLP(nn.Module):
         has_bias = bool(getattr(config, "mlp_bias", False))
         size = config.intermediate_size
         self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": size, "up": size}, has_bias)
-        self.down_proj = nn.Linear(size, config.hidden_size, bias=has_bias)
+        self.down_proj = Linear(size, config.hidden_size, bias=has_bias)
         self.act = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,219 @@
+"""The skinny GEMM kernel (gpu/kernels/skinny_gemm.py) against a float32 matmul of the same bf16/fp16 inputs;
+the routing of gpu/layers/linear.py; whole models with the kernel on and off.
+
+Skips cleanly without triton or CUDA. Rows 1..16 at every Qwen3-0.6B decode shape, odd shapes that are no
+multiple of any block, with and without a bias (Qwen2's qkv), every inner-product path (fma, dot, split-K), with
+and without programmatic dependent launch, and inside a CUDA graph where x is written by the kernel before.
+Outputs are drawn from NaN-poisoned memory: an element the kernel never writes fails. Tolerance: one bf16
+rounding of the output (relative 2^-8) on top of float32 sums in another order.
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available():
+    pytest.skip("the Triton kernels need CUDA", allow_module_level=True)
+
+from core.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
+from gpu.attention.metadata import AttentionMetadata  # noqa: E402
+from gpu.config import RunnerConfig  # noqa: E402
+from gpu.kernels.skinny_gemm import MAX_ROWS, SkinnyConfig, skinny_gemm  # noqa: E402
+from gpu.layers.linear import Linear, set_skinny_gemm  # noqa: E402
+from gpu.model_runner import ModelRunner  # noqa: E402
+
+DEVICE = torch.device("cuda")
+MODEL_SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024)]  # (N, K)
+ODD_SHAPES = [(1000, 1000), (37, 77), (4099, 1030), (130, 3080), (5, 8)]
+PATHS = {
+    "fma": SkinnyConfig(block_n=8, block_k=256),
+    "fma-split": SkinnyConfig(block_n=4, block_k=256, split_k=3, num_stages=1),
+    "dot": SkinnyConfig(block_n=32, block_k=128, use_dot=True),
+    "dot-split": SkinnyConfig(block_n=16, block_k=64, split_k=4, use_dot=True, num_stages=4),
+}
+TOLERANCE = {torch.bfloat16: 8e-3, torch.float16: 2e-3}  # relative to the output's scale
+
+
+def make_inputs(m: int, n: int, k: int, dtype: torch.dtype, has_bias: bool, seed: int = 0):
+    generator = torch.Generator(device=DEVICE).manual_seed(seed)
+    x = torch.randn(m, k, device=DEVICE, generator=generator).to(dtype)
+    w = (torch.randn(n, k, device=DEVICE, generator=generator) * k**-0.5).to(dtype)
+    bias = torch.randn(n, device=DEVICE, generator=generator).to(dtype) if has_bias else None
+    return x, w, bias
+
+
+def reference(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return F.linear(x.float(), w.float(), None if bias is None else bias.float())
+
+
+def poison_allocator(numel: int) -> None:
+    """Hands the caching allocator back a NaN-filled block big enough for the output (and a workspace)."""
+    torch.full((numel,), float("nan"), device=DEVICE, dtype=torch.float32)
+
+
+def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == dtype and out.shape == ref.shape
+    scale = ref.abs().max().item() + 1.0
+    torch.testing.assert_close(out.float(), ref, rtol=TOLERANCE[dtype], atol=TOLERANCE[dtype] * scale)
+
+
+@pytest.mark.parametrize("has_bias", [False, True])
+@pytest.mark.parametrize("shape", MODEL_SHAPES + ODD_SHAPES, ids=str)
+def test_table_configs_match_float32_for_every_row_count(shape: tuple[int, int], has_bias: bool) -> None:
+    n, k = shape
+    for m in range(1, MAX_ROWS + 1):
+        x, w, bias = make_inputs(m, n, k, torch.bfloat16, has_bias, seed=m)
+        poison_allocator(4 * m * n)
+        assert_close(skinny_gemm(x, w, bias), reference(x, w, bias), torch.bfloat16)
+
+
+@pytest.mark.parametrize("use_pdl", [True, False])
+@pytest.mark.parametrize("has_bias", [False, True])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("shape", ODD_SHAPES + [(1024, 3072)], ids=str)
+def test_every_path_matches_float32(shape: tuple[int, int], path: str, has_bias: bool, use_pdl: bool) -> None:
+    n, k = shape
+    for m in (1, 3, 8, 13, 16):
+        x, w, bias = make_inputs(m, n, k, torch.bfloat16, has_bias, seed=m)
+        poison_allocator(8 * m * n)
+        assert_close(skinny_gemm(x, w, bias, PATHS[path], use_pdl), reference(x, w, bias), torch.bfloat16)
+
+
+@pytest.mark.parametrize("path", PATHS)
+def test_float16(path: str) -> None:
+    for m in (1, 5, 16):
+        x, w, bias = make_inputs(m, 4099, 1030, torch.float16, has_bias=True, seed=m)
+        assert_close(skinny_gemm(x, w, bias, PATHS[path]), reference(x, w, bias), torch.float16)
+
+
+def test_rows_with_a_stride_and_fp16_bias() -> None:
+    x, w, bias = make_inputs(6, 4096, 1024, torch.float16, has_bias=True)
+    wide = torch.randn(6, 1536, device=DEVICE, dtype=torch.float16)
+    wide[:, 256:1280] = x
+    assert_close(skinny_gemm(wide[:, 256:1280], w, bias), reference(x, w, bias), torch.float16)
+
+
+def test_split_k_is_deterministic() -> None:
+    x, w, _ = make_inputs(4, 1024, 3072, torch.bfloat16, has_bias=False)
+    config = PATHS["dot-split"]
+    assert torch.equal(skinny_gemm(x, w, None, config), skinny_gemm(x, w, None, config))
+
+
+@pytest.mark.parametrize("use_pdl", [True, False])
+@pytest.mark.parametrize("path", PATHS)
+def test_inside_a_cuda_graph(path: str, use_pdl: bool) -> None:
+    """Captured once, replayed on new values written into the same input buffers. Inside the graph x is written
+    by the kernel just before (and the next product reads this one's output): a dependent launch must wait."""
+    x, w, bias = make_inputs(5, 1030, 2060, torch.bfloat16, has_bias=True)
+    w2 = make_inputs(5, 2060, 1030, torch.bfloat16, has_bias=False, seed=9)[1]
+
+    def chain() -> tuple[torch.Tensor, torch.Tensor]:
+        first = skinny_gemm(x * 2, w, bias, PATHS[path], use_pdl)
+        return first, skinny_gemm(first, w2, None, PATHS[path], use_pdl)
+
+    chain()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        first, second = chain()
+    for seed in (1, 2):
+        new_x, new_w, new_bias = make_inputs(5, 1030, 2060, torch.bfloat16, has_bias=True, seed=seed)
+        x.copy_(new_x)
+        w.copy_(new_w)
+        bias.copy_(new_bias)
+        graph.replay()
+        assert_close(first, reference(new_x * 2, new_w, new_bias), torch.bfloat16)
+        assert_close(second, reference(first, w2, None), torch.bfloat16)
+
+
+@pytest.mark.parametrize("bad", ["rows", "dtype", "stride", "bias"])
+def test_rejects_what_it_cannot_do(bad: str) -> None:
+    x, w, bias = make_inputs(4, 64, 32, torch.bfloat16, has_bias=True)
+    args = {
+        "rows": (torch.zeros(MAX_ROWS + 1, 32, device=DEVICE, dtype=torch.bfloat16), w, bias),
+        "dtype": (x.float(), w.float(), None),
+        "stride": (x, torch.zeros(32, 64, device=DEVICE, dtype=torch.bfloat16).t(), None),  # [64, 32], K-major
+        "bias": (x, w, bias[:32]),
+    }[bad]
+    with pytest.raises(ValueError):
+        skinny_gemm(*args)
+
+
+def test_linear_routes_few_rows_and_falls_back() -> None:
+    layer = Linear(3072, 1024, bias=True).to(DEVICE).requires_grad_(False)  # down_proj: routed at every row count
+    cases = [(1, torch.bfloat16, True), (16, torch.float16, True), (17, torch.bfloat16, False),
+             (4, torch.float32, False)]
+    for rows, dtype, is_skinny in cases:
+        layer.to(dtype)
+        x = torch.randn(rows, 3072, device=DEVICE, dtype=dtype)
+        assert layer._is_skinny(x) == is_skinny
+        torch.testing.assert_close(layer(x).float(), reference(x, layer.weight, layer.bias), rtol=2e-2, atol=2e-2)
+    layer.to(torch.bfloat16)
+    x = torch.randn(2, 3, 3072, device=DEVICE, dtype=torch.bfloat16)  # 6 rows in a 3-d input
+    assert layer._is_skinny(x) and layer(x).shape == (2, 3, 1024)
+    set_skinny_gemm(layer, False)
+    assert not layer._is_skinny(x)
+
+
+def test_linear_keeps_cublas_where_the_table_says_it_is_as_fast() -> None:
+    gate_up = Linear(1024, 6144, bias=False).to(DEVICE, torch.bfloat16).requires_grad_(False)
+    assert not gate_up._is_skinny(torch.randn(1, 1024, device=DEVICE, dtype=torch.bfloat16))
+    odd = Linear(1000, 1000, bias=False).to(DEVICE, torch.bfloat16).requires_grad_(False)  # no entry: the rule
+    assert odd._is_skinny(torch.randn(1, 1000, device=DEVICE, dtype=torch.bfloat16))
+
+
+# Whole models: the skinny kernel on and off, same weights, same attention backend.
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("skinny-models")
+    specs = {
+        "qwen3": TinyModelSpec(architecture="qwen3", hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                               intermediate_size=768, num_layers=3),
+        "qwen2": TinyModelSpec(architecture="qwen2", num_kv_heads=4, seed=2),
+    }
+    return {name: build_tiny_model(root / name, spec) for name, spec in specs.items()}
+
+
+def prompt_then_decode_logits(model_dir: Path, dtype: str, is_skinny: bool, prompt_len: int = 12) -> torch.Tensor:
+    """Logits of a short prompt (one prefill of <= 16 tokens: skinny) and of one decode step; [prompt_len + 1, V]."""
+    config = RunnerConfig(model_path=str(model_dir), dtype=dtype, device="cuda", num_kv_blocks=16, max_num_seqs=4,
+                          max_model_len=256, enforce_eager=True, attention_backend="triton")
+    runner = ModelRunner(config)
+    set_skinny_gemm(runner.model, is_skinny)
+    model = runner.model
+    tables = torch.arange(2, dtype=torch.int32, device=DEVICE)[None]
+    ids = torch.randint(0, runner.vocab_size, (prompt_len + 1,), device=DEVICE,
+                        generator=torch.Generator(device=DEVICE).manual_seed(0))
+    positions = torch.arange(prompt_len + 1, device=DEVICE)
+    logits = []
+    with torch.inference_mode():
+        for start, end in ((0, prompt_len), (prompt_len, prompt_len + 1)):
+            meta = AttentionMetadata(
+                slot_mapping=positions[start:end].clone(),
+                query_start_loc=torch.tensor([0, end - start], dtype=torch.int32, device=DEVICE),
+                context_lens=torch.tensor([end], dtype=torch.int32, device=DEVICE), block_tables=tables,
+                max_query_len=end - start, max_context_len=end, is_decode_only=start > 0,
+            )
+            logits.append(model.compute_logits(model(ids[start:end], positions[start:end], meta)).float())
+    return torch.cat(logits)
+
+
+@pytest.mark.parametrize("model", ["qwen3", "qwen2"])
+def test_model_logits_skinny_bf16_is_as_accurate_as_cublas(model_dirs: dict[str, Path], model: str) -> None:
+    exact = prompt_then_decode_logits(model_dirs[model], "float32", is_skinny=False)
+    skinny, cublas = (prompt_then_decode_logits(model_dirs[model], "bfloat16", s) for s in (True, False))
+
+    def rel(out: torch.Tensor) -> float:
+        return ((out - exact).norm() / exact.norm()).item()
+
+    def top1(out: torch.Tensor) -> float:
+        return (out.argmax(-1) == exact.argmax(-1)).float().mean().item()
+
+    print(f"model {model} bf16 vs float32: skinny rel_err={rel(skinny):.2e} top1={top1(skinny):.0%}, "
+          f"cuBLAS rel_err={rel(cublas):.2e} top1={top1(cublas):.0%}")
+    assert rel(skinny) <= 1.25 * rel(cublas) + 1e-3
+    assert top1(skinny) >= top1(cublas) - 0.1
