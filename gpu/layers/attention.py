@@ -15,7 +15,7 @@ from transformers import PretrainedConfig
 
 from gpu.attention.backend import AttentionBackend
 from gpu.attention.metadata import AttentionMetadata
-from gpu.layers.linear import MergedLinear
+from gpu.layers.linear import Linear, MergedLinear
 from gpu.layers.norm import RMSNorm
 from gpu.layers.rotary import RotaryEmbedding
 
@@ -33,7 +33,7 @@ class DecoderAttention(nn.Module):
         self.q_size, self.kv_size = q_size, kv_size
         has_bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
         self.qkv_proj = MergedLinear(config.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, has_bias)
-        self.o_proj = nn.Linear(q_size, config.hidden_size, bias=bool(getattr(config, "attention_bias", False)))
+        self.o_proj = Linear(q_size, config.hidden_size, bias=bool(getattr(config, "attention_bias", False)))
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if has_qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if has_qk_norm else None
         self.rotary = rotary
