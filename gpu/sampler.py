@@ -1,10 +1,22 @@
 """Batched sampling on the device: greedy, temperature, top-k, top-p, min-p, banned tokens, logprobs.
 
 Random rows pick argmax(probs / noise) with noise ~ Exp(1), which draws from `probs` without
-`torch.multinomial`. A seeded row's noise comes from a generator seeded by (seed, output_index)
-alone, so it draws the same token whatever else is in the batch and after a recompute.
+`torch.multinomial`. A seeded row's noise depends on (seed, output_index) alone, so it draws the
+same token whatever else is in the batch and after a recompute.
+
+Two implementations of the same draw:
+- On CUDA with triton, rows without top-k/top-p/min-p go through one Triton kernel
+  (gpu/kernels/sampling.py) that reads the model-dtype logits once: argmax for greedy rows,
+  argmax(logits / T - log(E)) for random rows with E ~ Exp(1) from in-kernel Philox keyed per row.
+  A seeded row's key is `_row_seed(seed, output_index)`; unseeded rows get fresh keys each step
+  from one numpy generator seeded with the sampler's seed (host-side, so no sync and no generator
+  object per row). Rows that use a filter take the torch path below, only those rows.
+- Elsewhere (CPU, no triton, or `use_fused_kernel` cleared) the torch code below does it all.
+The two draw from the same distribution with different random streams: a seeded request gets
+other tokens on CUDA than on CPU (each reproducible on its own device), as with vLLM.
 """
 
+import importlib.util
 from dataclasses import dataclass
 
 import numpy as np
@@ -13,6 +25,9 @@ import torch
 from gpu.batch import RowSampling, StepResult
 from gpu.host_to_device import to_device
 from gpu.pending_step import PendingStep, SampledRows
+
+HAS_TRITON = importlib.util.find_spec("triton") is not None
+FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
 @dataclass
@@ -43,8 +58,10 @@ def build_sampling_tensors(rows: list[RowSampling], vocab_size: int, device: tor
 class Sampler:
     def __init__(self, device: torch.device, seed: int) -> None:
         self.device = device
-        self.generator = torch.Generator(device=device)
+        self.generator = torch.Generator(device=device)  # noise of the torch path
         self.generator.manual_seed(seed)
+        self.key_rng = np.random.default_rng(seed)  # per-step Philox keys of the kernel's unseeded rows
+        self.use_fused_kernel = True  # cleared to force the torch path on CUDA (tests and bench compare)
 
     def __call__(self, logits: torch.Tensor, rows: list[RowSampling]) -> StepResult:
         """Samples and waits for the result on the host (tests, warm-up); the engine uses `sample`."""
@@ -53,21 +70,49 @@ class Sampler:
     def sample(self, logits: torch.Tensor, rows: list[RowSampling]) -> SampledRows:
         """logits: [num_rows, vocab_size] in the model's dtype or float32, one row per entry of `rows`.
         Queues the work on the device and returns without waiting for it."""
-        if all(r.is_greedy and r.num_top_logprobs is None for r in rows):
+        if all(r.is_greedy for r in rows):
             # No filters, no noise, no per-row tensors to copy to the device, no float32 copy of the
             # logits (upcasting changes no order, so the argmax is the same): one argmax kernel.
             return _with_logprobs(logits, _ban_tokens(logits, rows).argmax(dim=-1), rows)
-        logits = logits.float()
-        raw_logits = logits
+        if self._is_fused(logits):
+            return _with_logprobs(logits, self._fused_token_ids(logits, rows), rows)
+        return _with_logprobs(logits, self._torch_token_ids(_ban_tokens(logits.float(), rows), rows), rows)
+
+    def _is_fused(self, logits: torch.Tensor) -> bool:
+        return (self.use_fused_kernel and HAS_TRITON and logits.is_cuda and logits.dtype in FUSED_DTYPES
+                and logits.stride(-1) == 1)
+
+    def _fused_token_ids(self, logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
+        from gpu.kernels.sampling import sample_tokens
+
         logits = _ban_tokens(logits, rows)
+        filtered = _filtered_rows(rows, logits.shape[-1])
+        if len(filtered) == len(rows):
+            return self._torch_token_ids(logits.float(), rows)
+        token_ids = sample_tokens(logits, *self._philox_keys(rows))
+        if filtered:
+            # Only these rows pay for the sort and softmax; their draw is the torch path's, as alone.
+            where = to_device(filtered, np.int64, logits.device)
+            token_ids[where] = self._torch_token_ids(logits[where].float(), [rows[i] for i in filtered])
+        return token_ids
+
+    def _philox_keys(self, rows: list[RowSampling]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each row's 64-bit Philox key and its temperature (0 on greedy rows), in one copy to the device."""
+        num_rows = len(rows)
+        keys = self.key_rng.integers(0, 2**63 - 1, size=num_rows, dtype=np.int64)
+        for i in [i for i, r in enumerate(rows) if r.seed is not None]:
+            keys[i] = _row_seed(rows[i].seed, rows[i].output_index)
+        temperatures = np.array([r.temperature for r in rows], dtype=np.float32)  # 0 is greedy
+        packed = to_device(np.concatenate([keys.view(np.uint8), temperatures.view(np.uint8)]), np.uint8, self.device)
+        return packed[: 8 * num_rows].view(torch.int64), packed[8 * num_rows :].view(torch.float32)
+
+    def _torch_token_ids(self, logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
+        """logits: float32, banned tokens already at -inf."""
         greedy_ids = logits.argmax(dim=-1)
-        if all(r.is_greedy for r in rows):
-            return _with_logprobs(raw_logits, greedy_ids, rows)
         tensors = build_sampling_tensors(rows, logits.shape[-1], logits.device)
         probs = _filtered_probs(logits, tensors)
         random_ids = (probs / self._exponential_noise(probs, rows)).argmax(dim=-1)
-        token_ids = torch.where(tensors.is_greedy, greedy_ids, random_ids)
-        return _with_logprobs(raw_logits, token_ids, rows)
+        return torch.where(tensors.is_greedy, greedy_ids, random_ids)
 
     def _exponential_noise(self, probs: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
         noise = torch.empty_like(probs).exponential_(generator=self.generator)
@@ -77,6 +122,12 @@ class Sampler:
                 generator.manual_seed(_row_seed(row.seed, row.output_index))
                 noise[i].exponential_(generator=generator)
         return noise
+
+
+def _filtered_rows(rows: list[RowSampling], vocab_size: int) -> list[int]:
+    """Indices of the random rows with top-k, top-p or min-p (one tight pass: this runs every step)."""
+    return [i for i, r in enumerate(rows) if r.temperature != 0.0 and (
+        r.top_p < 1.0 or r.min_p > 0.0 or (r.top_k is not None and r.top_k < vocab_size))]
 
 
 def _ban_tokens(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
@@ -127,7 +178,7 @@ def _with_logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor, rows: list
     wanted = [r.num_top_logprobs for r in rows]
     if all(n is None for n in wanted):
         return SampledRows(token_ids, None, wanted)
-    logprobs = raw_logits.log_softmax(dim=-1)
+    logprobs = raw_logits.float().log_softmax(dim=-1)
     chosen = logprobs.gather(1, token_ids.unsqueeze(1))  # [num_rows, 1]
     ranks = (logprobs > chosen).sum(dim=-1, keepdim=True) + 1
     num_top = max(n or 0 for n in wanted)

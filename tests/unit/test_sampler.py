@@ -107,3 +107,23 @@ def test_logprob_rank_of_a_sampled_token() -> None:
     assert result.token_ids[0] in (1, 2)
     assert result.logprobs[0].rank == result.token_ids[0] + 1
     assert result.logprobs[0].top_token_ids == ()
+
+
+def test_philox_keys_of_seeded_rows_depend_on_the_row_alone() -> None:
+    """The keys the CUDA kernel gets (built on the host, so this runs on CPU too)."""
+    seeded = RowSampling(temperature=0.7, seed=1234, output_index=3)
+    alone_keys, alone_temperatures = Sampler(torch.device("cpu"), 0)._philox_keys([seeded])
+    rows = [RowSampling(), seeded, RowSampling(temperature=0.0), RowSampling(seed=1234, output_index=4)]
+    keys, temperatures = Sampler(torch.device("cpu"), 99)._philox_keys(rows)
+    assert keys[1] == alone_keys[0] and keys[3] != keys[1]
+    assert temperatures.tolist() == pytest.approx([1.0, 0.7, 0.0, 1.0]) and alone_temperatures.tolist() == [
+        pytest.approx(0.7)]
+
+
+def test_philox_keys_of_unseeded_rows_follow_the_samplers_seed() -> None:
+    rows = [RowSampling()] * 4
+    first, second, other = (Sampler(torch.device("cpu"), seed) for seed in (5, 5, 6))
+    steps = [first._philox_keys(rows)[0].tolist() for _ in range(2)]
+    assert steps == [second._philox_keys(rows)[0].tolist() for _ in range(2)]
+    assert steps[0] != steps[1] and len(set(steps[0])) == 4
+    assert other._philox_keys(rows)[0].tolist() != steps[0]
