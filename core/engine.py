@@ -177,9 +177,7 @@ class LLMEngine:
         for row, seq in enumerate(step.sampled_seqs):
             if not seq.is_finished:
                 # A length limit is known before the token is: such a sequence is not scheduled again.
-                num_tokens = seq.num_tokens + 1
-                ends = num_tokens - seq.num_prompt_tokens >= seq.max_tokens or num_tokens >= self.max_model_len
-                seq.add_pending_token(row, is_last=ends)
+                seq.add_pending_token(row, is_last=self._reaches_length_limit(seq, seq.num_tokens + 1))
 
     def _drain_inbox(self) -> list[RequestOutput]:
         outputs = []
@@ -202,7 +200,7 @@ class LLMEngine:
         for seq, token_id, logprobs in zip(step.sampled_seqs, result.token_ids, result.logprobs, strict=True):
             if seq.is_finished:
                 continue  # aborted, or ended by EOS, while this step was in flight: the token is dropped
-            seq.resolve_pending_token(token_id, logprobs)
+            seq.resolve_pending_token(token_id)
             finish_reason = self._finish_reason(seq, token_id)
             if finish_reason is not None:
                 self._finish(seq, finish_reason)
@@ -211,13 +209,15 @@ class LLMEngine:
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
-        num_output_tokens = seq.num_tokens - seq.num_prompt_tokens
-        if num_output_tokens >= params.min_tokens:
+        if seq.num_output_tokens >= params.min_tokens:
             if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
                 return FinishReason.STOP
-        if num_output_tokens >= seq.max_tokens or seq.num_tokens >= self.max_model_len:
+        if self._reaches_length_limit(seq, seq.num_tokens):
             return FinishReason.LENGTH
         return None
+
+    def _reaches_length_limit(self, seq: Sequence, num_tokens: int) -> bool:
+        return num_tokens - seq.num_prompt_tokens >= seq.max_tokens or num_tokens >= self.max_model_len
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
         self.scheduler.finish(seq)
@@ -228,8 +228,6 @@ class LLMEngine:
 
 
 def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs | None]) -> RequestOutput:
-    if seq.params.logprobs is None:
-        new_logprobs = [None] * len(new_ids)
     return RequestOutput(
         request_id=seq.request_id, new_token_ids=new_ids, new_logprobs=new_logprobs,
         finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,

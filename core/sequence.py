@@ -13,7 +13,7 @@ from enum import Enum, auto
 
 from core.outputs import FinishReason
 from core.sampling_params import SamplingParams
-from gpu.batch import RowSampling, TokenLogprobs
+from gpu.batch import RowSampling
 
 
 class SequenceStatus(Enum):
@@ -37,12 +37,14 @@ class Sequence:
         self.block_keys: list[bytes] = []  # prefix-cache keys of the full blocks, in order
         self.admission_order = -1  # set by the scheduler each time it admits the sequence
         self.finish_reason: FinishReason | None = None
-        self.logprobs: list[TokenLogprobs | None] = []
-        self.num_pending_tokens = 0
         self.pending_row = 0  # the pending token's row among its step's sampled rows
         self.is_last_token_pending = False  # the pending token ends it by length: nothing left to schedule
         # Its sampling row once nothing in it changes from step to step (no seed, past min_tokens).
         self.steady_sampling: RowSampling | None = None
+
+    @property
+    def num_pending_tokens(self) -> int:
+        return self.num_tokens - len(self.token_ids)
 
     @property
     def num_output_tokens(self) -> int:
@@ -58,18 +60,14 @@ class Sequence:
 
     def add_pending_token(self, row: int, is_last: bool) -> None:
         assert self.num_pending_tokens == 0, "a sequence is sampled again before its last token was resolved"
-        self.num_pending_tokens = 1
         self.num_tokens += 1
         self.pending_row = row
         self.is_last_token_pending = is_last
 
-    def resolve_pending_token(self, token_id: int, logprobs: TokenLogprobs | None) -> None:
+    def resolve_pending_token(self, token_id: int) -> None:
         assert self.num_pending_tokens == 1
-        self.num_pending_tokens = 0
         self.is_last_token_pending = False
         self.token_ids.append(token_id)
-        if self.params.logprobs is not None:
-            self.logprobs.append(logprobs)
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "

@@ -7,6 +7,7 @@ row's block table (causal within the new tokens).
 """
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class Batch:
     def num_rows(self) -> int:
         return len(self.query_lens)
 
-    @property
+    @cached_property  # read several times a step; a batch is not changed once built
     def is_decode_only(self) -> bool:
         return all(n == 1 for n in self.query_lens)
 

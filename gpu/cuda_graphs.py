@@ -15,13 +15,13 @@ with two copies a step, instead of a copy and a device-side scatter per input.
 
 import logging
 from collections.abc import Callable
-from itertools import chain
 
-import numpy as np
 import torch
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch
+from gpu.host_to_device import write_block_tables
+from gpu.pending_step import feed_back_tokens
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +105,8 @@ class DecodeGraphs:
         self._int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)
         mirror.copied.record()
         if num_fed_back := len(batch.fed_back_token_indices):
-            assert last_sampled_ids is not None, "a batch feeds back tokens but no step sampled any"
-            self.input_ids[self._int64[3, :num_fed_back]] = last_sampled_ids[self._int64[4, :num_fed_back]]
+            feed_back_tokens(self.input_ids, self._int64[3, :num_fed_back], self._int64[4, :num_fed_back],
+                             last_sampled_ids)
         if bucket not in self.graphs:
             return self.forward(*self._static_args(bucket))[:num_rows]
         self.graphs[bucket].replay()
@@ -136,9 +136,7 @@ class _HostMirror:
         int64[4, :num_fed_back] = batch.fed_back_rows
         int32[:rows] = batch.context_lens
         int32[rows:bucket] = 1  # padded rows attend to one token
-        tables = int32[max_num_seqs : max_num_seqs + bucket * max_blocks].reshape(bucket, max_blocks)
-        # Entries past a row's blocks keep older (valid) block ids: its context length bounds every read.
-        lengths = np.fromiter(map(len, batch.block_tables), dtype=np.int64, count=rows)
-        tables[:rows][np.arange(max_blocks) < lengths[:, None]] = np.fromiter(
-            chain.from_iterable(batch.block_tables), dtype=np.int32, count=int(lengths.sum()))
+        # Entries past a row's blocks keep older (valid) block ids.
+        write_block_tables(int32[max_num_seqs : max_num_seqs + bucket * max_blocks].reshape(bucket, max_blocks),
+                           batch.block_tables)
         return max_num_seqs + bucket * max_blocks

@@ -5,8 +5,18 @@ would stall the host until the device finishes the step in flight and undo async
 every per-step input goes through pinned memory, whose copy is queued like a kernel.
 """
 
+from itertools import chain
+
 import numpy as np
 import torch
+
+
+def write_block_tables(out: np.ndarray, block_tables: list[list[int]]) -> None:
+    """Writes row i's block ids to out[i, :len(row)] with one vectorized scatter (not a numpy call per row);
+    entries past a row's blocks are left as they are: its context length bounds every read."""
+    lengths = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
+    out[: len(block_tables)][np.arange(out.shape[1]) < lengths[:, None]] = np.fromiter(
+        chain.from_iterable(block_tables), dtype=out.dtype, count=int(lengths.sum()))
 
 
 def to_device(array: np.ndarray | list, dtype: np.dtype | type, device: torch.device) -> torch.Tensor:

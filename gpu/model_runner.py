@@ -5,7 +5,6 @@ sampled tokens (and logprobs) back to the host.
 """
 
 import logging
-from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -17,11 +16,11 @@ from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch, RowSampling, StepResult
 from gpu.config import RunnerConfig
 from gpu.cuda_graphs import DecodeGraphs
-from gpu.host_to_device import to_device
+from gpu.host_to_device import to_device, write_block_tables
 from gpu.loader import load_weights
 from gpu.model_info import checkpoint_dtype, load_hf_config
 from gpu.models import model_class
-from gpu.pending_step import PendingStep, SampledRows
+from gpu.pending_step import PendingStep, SampledRows, feed_back_tokens
 from gpu.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -159,15 +158,9 @@ class ModelRunner:
         )
         input_ids = self._to_device(np.asarray(batch.token_ids, dtype=np.int64))
         if batch.fed_back_token_indices:
-            input_ids = self._feed_back(input_ids, batch)
+            where = self._to_device(np.array([batch.fed_back_token_indices, batch.fed_back_rows], dtype=np.int64))
+            feed_back_tokens(input_ids, where[0], where[1], self._last_sampled_ids)
         return input_ids, self._to_device(np.asarray(batch.positions, dtype=np.int64)), meta
-
-    def _feed_back(self, input_ids: torch.Tensor, batch: Batch) -> torch.Tensor:
-        """Fills the placeholders with the previous step's sampled tokens, on the device."""
-        assert self._last_sampled_ids is not None, "a batch feeds back tokens but no step sampled any"
-        where = self._to_device(np.array([batch.fed_back_token_indices, batch.fed_back_rows], dtype=np.int64))
-        input_ids[where[0]] = self._last_sampled_ids[where[1]]
-        return input_ids
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return to_device(array, array.dtype, self.device)
@@ -175,9 +168,6 @@ class ModelRunner:
 
 def _padded_block_tables(block_tables: list[list[int]]) -> np.ndarray:
     """[num_rows, max_blocks] int32, rows padded with block 0 (read by no one: context lengths bound reads)."""
-    lengths = np.fromiter(map(len, block_tables), dtype=np.int64, count=len(block_tables))
-    table = np.zeros((len(block_tables), int(lengths.max())), dtype=np.int32)
-    # One vectorized scatter instead of a numpy call per row.
-    table[np.arange(table.shape[1]) < lengths[:, None]] = np.fromiter(
-        chain.from_iterable(block_tables), dtype=np.int32, count=int(lengths.sum()))
+    table = np.zeros((len(block_tables), max(map(len, block_tables))), dtype=np.int32)
+    write_block_tables(table, block_tables)
     return table

@@ -52,6 +52,13 @@ class PendingStep:
         return _unpack(self._host.tolist(), self._sampled.num_top_logprobs)
 
 
+def feed_back_tokens(input_ids: torch.Tensor, token_indices: torch.Tensor, source_rows: torch.Tensor,
+                     last_sampled_ids: torch.Tensor | None) -> None:
+    """input_ids[token_indices] = the previous step's sampled tokens of `source_rows`, on the device."""
+    assert last_sampled_ids is not None, "a batch feeds back tokens but no step sampled any"
+    input_ids[token_indices] = last_sampled_ids[source_rows]
+
+
 def _unpack(packed: list[list[float]], wanted: list[int | None]) -> StepResult:
     num_top = max(n or 0 for n in wanted)
     results: list[TokenLogprobs | None] = []

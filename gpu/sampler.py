@@ -100,8 +100,9 @@ class Sampler:
         """Each row's 64-bit Philox key and its temperature (0 on greedy rows), in one copy to the device."""
         num_rows = len(rows)
         keys = self.key_rng.integers(0, 2**63 - 1, size=num_rows, dtype=np.int64)
-        for i in [i for i, r in enumerate(rows) if r.seed is not None]:
-            keys[i] = _row_seed(rows[i].seed, rows[i].output_index)
+        for i, row in enumerate(rows):
+            if row.seed is not None:
+                keys[i] = _row_seed(row.seed, row.output_index)
         temperatures = np.array([r.temperature for r in rows], dtype=np.float32)  # 0 is greedy
         packed = to_device(np.concatenate([keys.view(np.uint8), temperatures.view(np.uint8)]), np.uint8, self.device)
         return packed[: 8 * num_rows].view(torch.int64), packed[8 * num_rows :].view(torch.float32)

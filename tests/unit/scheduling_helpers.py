@@ -25,7 +25,7 @@ def complete_step(scheduler: Scheduler, out: SchedulerOutput, next_token: int = 
         s.seq.num_computed_tokens = s.end
         if is_sampled:
             s.seq.add_pending_token(0, is_last=False)
-            s.seq.resolve_pending_token(next_token, None)
+            s.seq.resolve_pending_token(next_token)
             if s.seq.num_output_tokens >= s.seq.max_tokens:
                 scheduler.finish(s.seq)
                 finished.append(s.seq)

@@ -138,7 +138,7 @@ def test_decode_growth_keys_block_when_it_fills() -> None:
     bm.allocate(seq, 1)
     assert seq.block_ids == [0] and seq.block_keys == []
     seq.num_computed_tokens = 4
-    seq.resolve_pending_token(4, None)  # reaches the host
+    seq.resolve_pending_token(4)  # reaches the host
     seq.add_pending_token(0, is_last=False)
     assert bm.num_blocks_to_append(seq, 1) == 1
     bm.allocate(seq, 1)  # the next allocation keys the block the known token filled
