@@ -16,6 +16,7 @@ from itertools import count
 import torch
 from torch.autograd import DeviceType
 
+from bench.step_trace import StepSample, sample_step
 from bench.workload import Request, fixed_workload
 from core import LLMEngine, SamplingParams
 from gpu.batch import Batch, StepResult
@@ -52,6 +53,8 @@ class RunnerTimer:
         self.seconds = 0.0  # launching plus waiting
         self.wait_seconds = 0.0  # inside PendingStep.result(): the host blocked on the device
         self.num_calls = 0
+        self.steps: list[StepSample] = []  # every launched step's shape and launch time, in order
+        self.step_waits: list[float] = []  # per step: the host blocked on its tokens
         self._engine = engine
         self._launch: Callable[[Batch], PendingStep] = engine.runner.launch
         engine.runner.launch = self._timed  # type: ignore[method-assign]
@@ -61,17 +64,20 @@ class RunnerTimer:
 
     def _timed(self, batch: Batch) -> PendingStep:
         start = time.perf_counter()
+        self.steps.append(sample_step(batch, start))
+        self.step_waits.append(0.0)
         try:
-            return _TimedPending(self._launch(batch), self)
+            return _TimedPending(self._launch(batch), self, len(self.steps) - 1)
         finally:
             self.seconds += time.perf_counter() - start
             self.num_calls += 1
 
 
 class _TimedPending(PendingStep):
-    def __init__(self, inner: PendingStep, timer: RunnerTimer) -> None:
+    def __init__(self, inner: PendingStep, timer: RunnerTimer, step_index: int) -> None:
         self._inner = inner
         self._timer = timer
+        self._step_index = step_index
 
     @property
     def sampled_token_ids(self) -> torch.Tensor | None:
@@ -85,6 +91,7 @@ class _TimedPending(PendingStep):
             elapsed = time.perf_counter() - start
             self._timer.seconds += elapsed
             self._timer.wait_seconds += elapsed
+            self._timer.step_waits[self._step_index] += elapsed
 
 
 def add_requests(engine: LLMEngine, requests: list[Request], seed: int | None = None) -> list[str]:
@@ -97,7 +104,17 @@ def add_requests(engine: LLMEngine, requests: list[Request], seed: int | None = 
     return ids
 
 
-def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float | None = None) -> EngineRun:
+@dataclass
+class StepTrace:
+    """Filled by run_workload: each step's shape, launch time and host wait, and the run's end."""
+
+    steps: list[StepSample] = field(default_factory=list)
+    waits: list[float] = field(default_factory=list)
+    end: float = 0.0
+
+
+def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float | None = None,
+                 trace: StepTrace | None = None) -> EngineRun:
     """Generates the whole workload; past max_seconds the rest is aborted and the run marked partial."""
     timer = RunnerTimer(engine)
     before = engine.stats()
@@ -110,7 +127,10 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
             break
         num_tokens += sum(len(out.new_token_ids) for out in engine.step())
         num_steps += 1
-    seconds = time.perf_counter() - start
+    end = time.perf_counter()
+    seconds = end - start
+    if trace is not None:
+        trace.steps, trace.waits, trace.end = timer.steps, timer.step_waits, end
     if is_partial:
         drain(engine, ids)
     after = engine.stats()

@@ -22,4 +22,9 @@ def test_throughput_run_on_cpu(tmp_path: Path) -> None:
     assert result["summary"]["share_of_ideal"] == round(ours["tokens_per_s"] / result["ideal"]["tokens_per_s"], 4)
     assert result["batch1"]["num_output_tokens"] == 4 and result["batch1"]["tpot_ms"] > 0
     assert result["profile"]["full_batch_decode"]["top_host_ops"]
+    rows = ours["step_breakdown"]
+    # Every engine step launches one, but the last (async scheduling): it only collects the one before.
+    assert sum(r["steps"] for r in rows) == ours["num_steps"] - 1
+    assert abs(sum(r["wall_s"] for r in rows) - ours["seconds"]) < 0.05 * ours["seconds"]  # from the first launch
+    assert rows[0]["category"] == "with prefill" and all(r["ideal_s"] > 0 for r in rows)
     assert result["command"].startswith("python -m bench.throughput --model")

@@ -1,0 +1,75 @@
+"""Where a timed run's wall time went, step by step, next to each step's own ideal time.
+
+The runner timer records every launched step's shape (rows, new tokens, context tokens) and when
+it was launched; a step's wall time is the gap to the next launch (the last one runs to the end of
+the run). Each step's ideal time is bench/roofline.py's bound for exactly that batch (its weights
+once, its context's K/V once, its FLOPs), so the table says which kinds of steps lose the time:
+prefill-carrying steps, or decode steps of few or many rows. `wait_s` is the host blocked on the
+device: a category whose wall time is mostly waiting is device-bound, one with little waiting is
+held up by the host.
+"""
+
+from dataclasses import dataclass
+
+from bench.roofline import DeviceLimits, ModelShape, StepCost
+from gpu.batch import Batch
+
+# Decode-only steps are grouped by their number of rows: (label, most rows).
+DECODE_ROW_BINS = (("decode 1-16 rows", 16), ("decode 17-64 rows", 64), ("decode 65-128 rows", 128),
+                   ("decode 129-192 rows", 192), ("decode 193+ rows", 1 << 30))
+
+
+@dataclass(frozen=True)
+class StepSample:
+    launched_at: float  # perf_counter seconds
+    num_rows: int
+    num_new_tokens: int
+    num_sampled_rows: int
+    num_context_tokens: int
+    num_attention_pairs: int  # (query, context token) pairs, causal within each row's new tokens
+    is_decode_only: bool
+
+
+def sample_step(batch: Batch, launched_at: float) -> StepSample:
+    pairs = sum(q * c - q * (q - 1) // 2 for q, c in zip(batch.query_lens, batch.context_lens, strict=True))
+    return StepSample(
+        launched_at=launched_at, num_rows=batch.num_rows, num_new_tokens=sum(batch.query_lens),
+        num_sampled_rows=sum(s is not None for s in batch.sampling), num_context_tokens=sum(batch.context_lens),
+        num_attention_pairs=pairs, is_decode_only=batch.is_decode_only,
+    )
+
+
+def step_cost(shape: ModelShape, s: StepSample) -> StepCost:
+    """The least bytes and FLOPs of one step: weights once, each context token's K/V read once, new K/V written."""
+    num_bytes = shape.weight_bytes_per_step + (s.num_context_tokens + s.num_new_tokens) * shape.kv_bytes_per_token
+    flops = (s.num_new_tokens * shape.linear_flops_per_token + s.num_sampled_rows * shape.lm_head_flops_per_row
+             + s.num_attention_pairs * shape.attention_flops_per_pair)
+    return StepCost(num_bytes, flops)
+
+
+def category(s: StepSample) -> str:
+    if not s.is_decode_only:
+        return "with prefill"
+    return next(label for label, most in DECODE_ROW_BINS if s.num_rows <= most)
+
+
+def breakdown(samples: list[StepSample], waits: list[float], end: float, shape: ModelShape,
+              limits: DeviceLimits) -> list[dict[str, object]]:
+    """Per category: steps, rows and context per step, wall and ideal seconds, their ratio, host wait."""
+    totals: dict[str, dict[str, float]] = {}
+    ends = [s.launched_at for s in samples[1:]] + [end]
+    for s, wait, step_end in zip(samples, waits, ends, strict=True):
+        t = totals.setdefault(category(s), dict.fromkeys(("steps", "rows", "context", "wall", "ideal", "wait"), 0.0))
+        t["steps"] += 1
+        t["rows"] += s.num_rows
+        t["context"] += s.num_context_tokens
+        t["wall"] += step_end - s.launched_at
+        t["ideal"] += step_cost(shape, s).seconds(limits)
+        t["wait"] += wait
+    order = ["with prefill"] + [label for label, _ in DECODE_ROW_BINS]
+    return [{
+        "category": name, "steps": int(t["steps"]), "rows_per_step": round(t["rows"] / t["steps"], 1),
+        "context_per_row": round(t["context"] / max(t["rows"], 1), 1), "wall_s": round(t["wall"], 4),
+        "ideal_s": round(t["ideal"], 4), "share_of_ideal": round(t["ideal"] / t["wall"], 4) if t["wall"] else None,
+        "wait_s": round(t["wait"], 4), "ms_per_step": round(t["wall"] / t["steps"] * 1e3, 3),
+    } for name in order if (t := totals.get(name))]
