@@ -9,13 +9,16 @@ attention metadata a graph was captured with is static too: `max_context_len` is
 so a kernel that sizes its launch from it launches the same grid at every replay.
 
 The static buffers are views of two device tensors (int64: token ids, positions, slots and the
-fed-back token indices; int32: context lengths and block tables), filled from pinned host mirrors
-with two copies a step, instead of a copy and a device-side scatter per input.
+fed-back token indices; int32: context lengths, the rows' launch order and block tables), filled from
+pinned host mirrors with two copies a step, instead of a copy and a device-side scatter per input.
+The launch order (rows by descending context, sorted on the host) lets the decode attention kernel
+start the longest rows first, so the step does not end on a few long rows started last.
 """
 
 import logging
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from gpu.attention.metadata import AttentionMetadata
@@ -46,12 +49,16 @@ class DecodeGraphs:
         self.max_num_seqs = n = max_num_seqs
         # Rows: token ids, positions, cache slots, fed-back token indices, fed-back source rows.
         self._int64 = torch.zeros(5, n, dtype=torch.int64, device=device)
-        self._int32 = torch.zeros(n + n * max_blocks, dtype=torch.int32, device=device)  # context lens, tables
+        # Context lengths, row order, block tables.
+        self._int32 = torch.zeros(2 * n + n * max_blocks, dtype=torch.int32, device=device)
         self.input_ids, self.positions, self.slot_mapping = self._int64[0], self._int64[1], self._int64[2]
         self.context_lens = self._int32[:n]
-        self.block_tables = self._int32[n:].view(n, max_blocks)
+        self.row_order = self._int32[n : 2 * n]
+        self.block_tables = self._int32[2 * n :].view(n, max_blocks)
+        self.order_rows = True  # False launches rows as batched (for A/B measurements)
         self.slot_mapping.fill_(-1)
         self.context_lens.fill_(1)
+        self.row_order.copy_(torch.arange(n, dtype=torch.int32, device=device))
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
         # Two pinned mirrors used in turn: one is filled while the copy out of the other may still be queued.
         self._mirrors = [_HostMirror(self._int64, self._int32) for _ in range(2)]
@@ -72,6 +79,7 @@ class DecodeGraphs:
             max_query_len=1,
             max_context_len=self.max_model_len,
             is_decode_only=True,
+            row_order=self.row_order[:bucket],
         )
 
     @torch.inference_mode()
@@ -100,7 +108,7 @@ class DecodeGraphs:
         assert bucket is not None and batch.is_decode_only
         mirror = self._mirrors[self._turn]
         self._turn ^= 1
-        num_int32 = mirror.fill(batch, bucket, self.max_num_seqs, self.max_blocks)
+        num_int32 = mirror.fill(batch, bucket, self.max_num_seqs, self.max_blocks, self.order_rows)
         self._int64.copy_(mirror.int64, non_blocking=True)
         self._int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)
         mirror.copied.record()
@@ -122,7 +130,7 @@ class _HostMirror:
         self.copied = torch.cuda.Event()
         self.copied.record()
 
-    def fill(self, batch: Batch, bucket: int, max_num_seqs: int, max_blocks: int) -> int:
+    def fill(self, batch: Batch, bucket: int, max_num_seqs: int, max_blocks: int, order_rows: bool) -> int:
         """Writes the batch (padded to the bucket) into the mirror; returns how many int32 entries to copy."""
         self.copied.synchronize()  # its previous copy has run (long since, in practice)
         rows = batch.num_rows
@@ -134,9 +142,13 @@ class _HostMirror:
         num_fed_back = len(batch.fed_back_token_indices)
         int64[3, :num_fed_back] = batch.fed_back_token_indices
         int64[4, :num_fed_back] = batch.fed_back_rows
+        n = max_num_seqs
         int32[:rows] = batch.context_lens
         int32[rows:bucket] = 1  # padded rows attend to one token
+        if order_rows:  # longest context first; padded rows (1 token) last
+            int32[n : n + bucket] = np.argsort(-int32[:bucket], kind="stable")
+        else:
+            int32[n : n + bucket] = np.arange(bucket)
         # Entries past a row's blocks keep older (valid) block ids.
-        write_block_tables(int32[max_num_seqs : max_num_seqs + bucket * max_blocks].reshape(bucket, max_blocks),
-                           batch.block_tables)
-        return max_num_seqs + bucket * max_blocks
+        write_block_tables(int32[2 * n : 2 * n + bucket * max_blocks].reshape(bucket, max_blocks), batch.block_tables)
+        return 2 * n + bucket * max_blocks

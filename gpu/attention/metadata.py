@@ -19,3 +19,6 @@ class AttentionMetadata:
     max_query_len: int
     max_context_len: int
     is_decode_only: bool
+    # Decode only, optional: [num_rows] int32, the rows by descending context length. The decode kernel
+    # launches the rows in this order so the longest finish first instead of forming the tail.
+    row_order: torch.Tensor | None = None

@@ -46,7 +46,9 @@ class TritonBackend:
         scale: float,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         if meta.is_decode_only:
-            return decode_attention(query, k_cache, v_cache, meta.block_tables, meta.context_lens, scale)
+            return decode_attention(
+                query, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, row_order=meta.row_order
+            )
         return prefill_attention(
             query, k_cache, v_cache, meta.query_start_loc, meta.context_lens, meta.block_tables, scale
         )

@@ -50,6 +50,7 @@ def _decode_split_kernel(
     v_cache_ptr,
     block_tables_ptr,
     context_lens_ptr,
+    row_order_ptr,  # [num_rows] int32: which row each program-row runs (longest contexts first); or unused
     out_ptr,
     partial_out_ptr,  # [num_rows, num_heads, NUM_SPLITS, HEAD_DIM] float32
     partial_lse_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32, log2 domain
@@ -70,8 +71,12 @@ def _decode_split_kernel(
     BLOCK_N: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_ROW_ORDER: tl.constexpr,
 ):
-    row = tl.program_id(0).to(tl.int64)
+    if HAS_ROW_ORDER:
+        row = tl.load(row_order_ptr + tl.program_id(0)).to(tl.int64)
+    else:
+        row = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + row)
@@ -183,6 +188,7 @@ def decode_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [num_rows, num_heads, head_dim]; allocated when None
     config: DecodeConfig | None = None,
+    row_order: torch.Tensor | None = None,  # [num_rows] int32, a permutation: launch order of the rows
 ) -> torch.Tensor:
     """Attention of each row's single query over its whole context; no host sync, graph-capturable."""
     _check(query, k_cache, v_cache, block_tables, context_lens)
@@ -203,14 +209,15 @@ def decode_attention(
     else:
         partial_out = partial_lse = out  # unused by the kernel's single-split path
     _decode_split_kernel[(num_rows, num_kv_heads, num_splits)](
-        query, k_cache, v_cache, block_tables, context_lens, out, partial_out, partial_lse,
+        query, k_cache, v_cache, block_tables, context_lens, context_lens if row_order is None else row_order,
+        out, partial_out, partial_lse,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        HAS_ROW_ORDER=row_order is not None, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_rows, num_heads)](
