@@ -57,6 +57,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
                    help="every step waits for its own tokens (the engine's default queues the next step first)")
     p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--decode-row-order", choices=["longest-first", "batch"], default="longest-first",
+                   help="the order decode attention launches rows in (graphs only; batch: as scheduled), for A/B runs")
     p.add_argument("--warmup", choices=["full", "short", "none"], default="full",
                    help="full: the whole workload once; short: every request with 16 tokens")
     p.add_argument("--max-seconds", type=float, default=None, help="stop the timed run here and report it partial")
@@ -144,6 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         print("peer:", json.dumps(result["peer"]), flush=True)
     llm = build_llm(args, model_dir)
     engine = llm.engine
+    if engine.runner.decode is not None:
+        engine.runner.decode.order_rows = args.decode_row_order == "longest-first"
     result["engine"] = {"num_kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_size,
                         "attention_backend": getattr(getattr(engine.runner, "backend", None), "name", "?")}
     if args.batch1_tokens:  # before any load, to compare with the same figure after the timed run
