@@ -55,6 +55,7 @@ class RunnerTimer:
         self.num_calls = 0
         self.steps: list[StepSample] = []  # every launched step's shape and launch time, in order
         self.step_waits: list[float] = []  # per step: the host blocked on its tokens
+        self.step_done_at: list[float] = []  # per step: when its tokens reached the host
         self._engine = engine
         self._launch: Callable[[Batch], PendingStep] = engine.runner.launch
         engine.runner.launch = self._timed  # type: ignore[method-assign]
@@ -66,6 +67,7 @@ class RunnerTimer:
         start = time.perf_counter()
         self.steps.append(sample_step(batch, start))
         self.step_waits.append(0.0)
+        self.step_done_at.append(0.0)
         try:
             return _TimedPending(self._launch(batch), self, len(self.steps) - 1)
         finally:
@@ -92,6 +94,7 @@ class _TimedPending(PendingStep):
             self._timer.seconds += elapsed
             self._timer.wait_seconds += elapsed
             self._timer.step_waits[self._step_index] += elapsed
+            self._timer.step_done_at[self._step_index] = start + elapsed
 
 
 def add_requests(engine: LLMEngine, requests: list[Request], seed: int | None = None) -> list[str]:
@@ -106,11 +109,11 @@ def add_requests(engine: LLMEngine, requests: list[Request], seed: int | None = 
 
 @dataclass
 class StepTrace:
-    """Filled by run_workload: each step's shape, launch time and host wait, and the run's end."""
+    """Filled by run_workload: each step's shape, launch time, host wait and when its tokens arrived."""
 
     steps: list[StepSample] = field(default_factory=list)
     waits: list[float] = field(default_factory=list)
-    end: float = 0.0
+    done_at: list[float] = field(default_factory=list)
 
 
 def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float | None = None,
@@ -130,7 +133,9 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
     end = time.perf_counter()
     seconds = end - start
     if trace is not None:
-        trace.steps, trace.waits, trace.end = timer.steps, timer.step_waits, end
+        # Copies (the drain below steps on); a step whose tokens were never collected (a partial run) ends here.
+        trace.steps, trace.waits = list(timer.steps), list(timer.step_waits)
+        trace.done_at = [t or end for t in timer.step_done_at]
     if is_partial:
         drain(engine, ids)
     after = engine.stats()

@@ -1,9 +1,12 @@
 """Where a timed run's wall time went, step by step, next to each step's own ideal time.
 
-The runner timer records every launched step's shape (rows, new tokens, context tokens) and when
-it was launched; a step's wall time is the gap to the next launch (the last one runs to the end of
-the run). Each step's ideal time is bench/roofline.py's bound for exactly that batch (its weights
-once, its context's K/V once, its FLOPs), so the table says which kinds of steps lose the time:
+The runner timer records every launched step's shape (rows, new tokens, context tokens), when it
+was launched and when its tokens reached the host. A step's wall time runs from the previous step's
+tokens reaching the host to its own (the first step's from its launch): with async scheduling the
+device runs the steps back to back, so that is the step's device time when the device is the
+bottleneck, and includes the host's delay when the host is. Each step's ideal time is
+bench/roofline.py's bound for exactly that batch (its weights once, its context's K/V once, its
+FLOPs), so the table says which kinds of steps lose the time:
 prefill-carrying steps, or decode steps of few or many rows. `wait_s` is the host blocked on the
 device: a category whose wall time is mostly waiting is device-bound, one with little waiting is
 held up by the host.
@@ -53,17 +56,18 @@ def category(s: StepSample) -> str:
     return next(label for label, most in DECODE_ROW_BINS if s.num_rows <= most)
 
 
-def breakdown(samples: list[StepSample], waits: list[float], end: float, shape: ModelShape,
+def breakdown(samples: list[StepSample], waits: list[float], done_at: list[float], shape: ModelShape,
               limits: DeviceLimits) -> list[dict[str, object]]:
-    """Per category: steps, rows and context per step, wall and ideal seconds, their ratio, host wait."""
+    """Per category: steps, rows and context per step, wall and ideal seconds, their ratio, host wait.
+    `done_at[i]`: when step i's tokens reached the host (steps are collected in launch order)."""
     totals: dict[str, dict[str, float]] = {}
-    ends = [s.launched_at for s in samples[1:]] + [end]
-    for s, wait, step_end in zip(samples, waits, ends, strict=True):
+    begins = [samples[0].launched_at, *done_at[:-1]] if samples else []
+    for s, wait, begin, done in zip(samples, waits, begins, done_at, strict=True):
         t = totals.setdefault(category(s), dict.fromkeys(("steps", "rows", "context", "wall", "ideal", "wait"), 0.0))
         t["steps"] += 1
         t["rows"] += s.num_rows
         t["context"] += s.num_context_tokens
-        t["wall"] += step_end - s.launched_at
+        t["wall"] += done - begin
         t["ideal"] += step_cost(shape, s).seconds(limits)
         t["wait"] += wait
     order = ["with prefill"] + [label for label, _ in DECODE_ROW_BINS]

@@ -78,7 +78,9 @@ def _attend_tile(
     return m_new, l_i, acc
 
 
-@triton.jit
+# num_rows changes every step: not specialized (on == 1, % 16), or a new value would compile a new variant
+# in the middle of serving.
+@triton.jit(do_not_specialize=["num_rows"])
 def _prefill_kernel(
     q_ptr,
     k_cache_ptr,

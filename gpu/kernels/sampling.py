@@ -87,7 +87,8 @@ def _scan(row_ptr, tile_begin, tile_end, seed, scale,
     return top, tl.min(tl.where(best == top, best_ids, _NO_TOKEN), axis=0)
 
 
-@triton.jit
+# The split counts follow the batch's rows: not specialized (see prefill_attention.py).
+@triton.jit(do_not_specialize=["tiles_per_split", "num_splits"])
 def _sample_split_kernel(
     logits_ptr,
     seeds_ptr,
@@ -117,7 +118,7 @@ def _sample_split_kernel(
     tl.store(partial_ids_ptr + row * num_splits + split, token_id)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def _pick_split_kernel(partial_scores_ptr, partial_ids_ptr, out_ptr, num_splits,
                        VOCAB: tl.constexpr, SPLITS_P2: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)

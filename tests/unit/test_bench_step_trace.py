@@ -30,10 +30,10 @@ def test_whole_prompt_prefill_costs_what_the_roofline_says() -> None:
     assert category(s) == "with prefill"
 
 
-def test_breakdown_adds_wall_time_up_to_the_end() -> None:
-    steps = [sample_step(_batch([4], [4]), 1.0), sample_step(_batch([1], [5]), 1.5),
-             sample_step(_batch([1], [6]), 1.75)]
-    rows = breakdown(steps, [0.1, 0.2, 0.3], 2.0, SHAPE, LIMITS)
+def test_breakdown_times_each_step_from_the_previous_steps_tokens_to_its_own() -> None:
+    steps = [sample_step(_batch([4], [4]), 1.0), sample_step(_batch([1], [5]), 1.1),
+             sample_step(_batch([1], [6]), 1.6)]
+    rows = breakdown(steps, [0.1, 0.2, 0.3], [1.5, 1.75, 2.0], SHAPE, LIMITS)
     assert [r["category"] for r in rows] == ["with prefill", "decode 1-16 rows"]
     assert rows[0]["wall_s"] == 0.5 and rows[1]["wall_s"] == 0.5 and rows[1]["steps"] == 2
     assert abs(rows[1]["wait_s"] - 0.5) < 1e-9
