@@ -49,6 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--enforce-eager", action="store_true", help="never use CUDA graphs")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                    help="reuse KV blocks of shared prompt prefixes (default on)")
+    p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
+                   help="queue each step on the device before collecting the previous one's tokens (default on)")
     p.add_argument("--attention-backend", choices=["auto", "torch", "triton", "flash-attn"],
                    help="attention implementation (default auto)")
     p.add_argument("--chat-template", help="Jinja chat template (a file, or the template text) replacing the model's")
@@ -57,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-pending-requests", type=int,
                    help=f"requests in flight (n choices count n) before new ones get 503 "
                    f"(default {d['max_pending_requests']})")
+    p.add_argument("--gil-switch-interval-ms", type=float,
+                   help="how long the HTTP thread may hold Python's interpreter lock while the engine thread waits "
+                   f"for it (default {d['gil_switch_interval_ms']})")
     p.add_argument("--log-level", choices=["critical", "error", "warning", "info", "debug"], help="(default info)")
     return p
 

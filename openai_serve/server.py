@@ -7,6 +7,7 @@ event at once and new ones a 503, and only then does uvicorn close the listening
 
 import asyncio
 import socket
+import sys
 
 import uvicorn
 from starlette.applications import Starlette
@@ -24,10 +25,12 @@ class ServingServer(uvicorn.Server):
             timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
         ))
         self._app = app
+        self._switch_interval_s = config.gil_switch_interval_ms / 1e3
         self._loop: asyncio.AbstractEventLoop | None = None
 
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
+        sys.setswitchinterval(self._switch_interval_s)  # process-wide: this process is the server
         await super().serve(sockets)
 
     def handle_exit(self, sig: int, frame: object) -> None:

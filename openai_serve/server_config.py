@@ -17,6 +17,9 @@ class ServerConfig:
     # Engine requests in flight (a request with n choices counts n); past it, new requests get 503.
     max_pending_requests: int = 4096
     log_level: str = "info"
+    # sys.setswitchinterval for the server process: the engine thread and the event loop share one
+    # interpreter lock, and a thread that wants it waits up to this long for the holder to let go.
+    gil_switch_interval_ms: float = 5.0
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(self.served_model_names):
@@ -27,5 +30,7 @@ class ServerConfig:
             raise ValueError("api_key must not be empty (leave it unset for no authentication)")
         if self.max_request_body_bytes < 1024:
             raise ValueError(f"max_request_body_bytes must be >= 1024, got {self.max_request_body_bytes}")
+        if not 0.01 <= self.gil_switch_interval_ms <= 1000:
+            raise ValueError(f"gil_switch_interval_ms must be in [0.01, 1000], got {self.gil_switch_interval_ms}")
         if self.max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {self.max_pending_requests}")

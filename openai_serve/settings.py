@@ -30,12 +30,14 @@ DEFAULTS: dict[str, object] = {
     "device": "auto",
     "enforce_eager": False,
     "enable_prefix_caching": True,
+    "async_scheduling": True,
     "attention_backend": "auto",
     "chat_template": None,
     "seed": 0,
     "max_request_body_bytes": DEFAULT_MAX_BODY_BYTES,
     "max_pending_requests": 4096,
     "log_level": "info",
+    "gil_switch_interval_ms": 5.0,
 }
 
 
@@ -43,6 +45,7 @@ DEFAULTS: dict[str, object] = {
 _TYPES: dict[str, type | tuple[type, ...]] = {
     **{key: type(value) for key, value in DEFAULTS.items() if value is not None},
     "gpu_memory_utilization": (int, float),
+    "gil_switch_interval_ms": (int, float),
     "allowed_origins": (list, str),
     "model": str, "served_model_name": (str, list), "api_key": str, "max_model_len": int,
     "kv_cache_blocks": int, "chat_template": str,
@@ -91,7 +94,8 @@ def engine_config(settings: dict[str, object], model_dir: str) -> EngineConfig:
             block_size=s["block_size"], num_blocks=s["kv_cache_blocks"],
             gpu_memory_utilization=s["gpu_memory_utilization"], enable_prefix_caching=s["enable_prefix_caching"],
         ),
-        scheduler=SchedulerConfig(max_num_seqs=s["max_num_seqs"], max_num_batched_tokens=s["max_num_batched_tokens"]),
+        scheduler=SchedulerConfig(max_num_seqs=s["max_num_seqs"], max_num_batched_tokens=s["max_num_batched_tokens"],
+                                  async_scheduling=s["async_scheduling"]),
     )  # type: ignore[arg-type]
 
 
@@ -101,7 +105,7 @@ def server_config(settings: dict[str, object], chat_template: str | None) -> Ser
         served_model_names=served_model_names(s), host=s["host"], port=s["port"], api_key=s["api_key"],
         allowed_origins=tuple(parse_origins(s["allowed_origins"])), chat_template=chat_template,
         max_request_body_bytes=s["max_request_body_bytes"], max_pending_requests=s["max_pending_requests"],
-        log_level=s["log_level"],
+        log_level=s["log_level"], gil_switch_interval_ms=float(s["gil_switch_interval_ms"]),  # type: ignore[arg-type]
     )  # type: ignore[arg-type]
 
 

@@ -71,3 +71,14 @@ def test_shipped_configs_build_valid_configs(path: Path) -> None:
 
 def test_there_are_shipped_configs() -> None:
     assert len(CONFIGS) >= 2
+
+
+def test_scheduling_and_interpreter_lock_settings_reach_the_configs() -> None:
+    defaults = parse_settings([])
+    assert engine_config(defaults, "m").scheduler.async_scheduling is True
+    assert server_config(defaults, None).gil_switch_interval_ms == 5.0
+    settings = parse_settings(["--no-async-scheduling", "--gil-switch-interval-ms", "0.5"])
+    assert engine_config(settings, "m").scheduler.async_scheduling is False
+    assert server_config(settings, None).gil_switch_interval_ms == 0.5
+    with pytest.raises(ValueError, match="gil_switch_interval_ms"):
+        server_config(parse_settings(["--gil-switch-interval-ms", "0"]), None)
