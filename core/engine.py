@@ -22,6 +22,7 @@ from core.batch_builder import build_batch
 from core.block_manager import BlockManager
 from core.config import EngineConfig
 from core.outputs import FinishReason, RequestOutput, RequestRejected
+from core.request_checks import EngineLimits, check_request
 from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence
@@ -74,6 +75,7 @@ class LLMEngine:
             self.runner.num_kv_blocks, self.block_size, config.cache.enable_prefix_caching
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
+        self._limits = self.limits
         self._inbox: queue.SimpleQueue[Sequence | _Abort] = queue.SimpleQueue()
         self._live_ids: set[str] = set()
         self._live_ids_lock = threading.Lock()
@@ -95,7 +97,7 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Validates and enqueues; raises RequestRejected for a request that can never be served."""
-        max_tokens = self._check_request(prompt_token_ids, params)
+        max_tokens = check_request(prompt_token_ids, params, self._limits)
         with self._live_ids_lock:
             if request_id in self._live_ids:
                 raise RequestRejected("request_id", f"request id {request_id!r} is already in use")
@@ -115,24 +117,9 @@ class LLMEngine:
             num_prefix_cache_hit_tokens=self.scheduler.num_prefix_hit_tokens,
         )
 
-    def _check_request(self, prompt_token_ids: list[int], params: SamplingParams) -> int:
-        num_prompt = len(prompt_token_ids)
-        if num_prompt == 0:
-            raise RequestRejected("prompt", "the prompt is empty")
-        if any(not 0 <= t < self.vocab_size for t in prompt_token_ids):
-            raise RequestRejected("prompt", f"prompt token ids must be in [0, {self.vocab_size})")
-        if num_prompt >= self.max_model_len:
-            raise RequestRejected("prompt", f"the prompt has {num_prompt} tokens; this model's context "
-                                  f"length is {self.max_model_len}, which leaves no room to generate")
-        max_tokens = params.max_tokens if params.max_tokens is not None else self.max_model_len - num_prompt
-        if num_prompt + max_tokens > self.max_model_len:
-            raise RequestRejected("max_tokens", f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
-                                  f"exceeds the context length of {self.max_model_len} tokens")
-        num_blocks = -(-(num_prompt + max_tokens) // self.block_size)
-        if num_blocks > self.block_manager.num_blocks:
-            raise RequestRejected("max_tokens", f"the request needs {num_blocks} KV-cache blocks, more than "
-                                  f"the {self.block_manager.num_blocks} that exist")
-        return max_tokens
+    @property
+    def limits(self) -> EngineLimits:
+        return EngineLimits(self.vocab_size, self.max_model_len, self.block_size, self.block_manager.num_blocks)
 
     # Engine thread only.
 
@@ -148,6 +135,16 @@ class LLMEngine:
             self._taken_from_inbox.append(self._inbox.get(timeout=timeout))
         except queue.Empty:
             return
+
+    def next_outputs(self, idle_timeout: float) -> list[RequestOutput]:
+        """One step if there is work; otherwise waits up to idle_timeout for some and returns []."""
+        if not self.has_unfinished_requests():
+            self.wait_for_work(timeout=idle_timeout)
+            return []
+        return self.step()
+
+    def close(self) -> None:
+        """Nothing to release in-process (the interface of core.engine_process.EngineProcess)."""
 
     def step(self) -> list[RequestOutput]:
         outputs = self._drain_inbox()

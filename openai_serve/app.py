@@ -10,7 +10,7 @@ from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 
-from core import LLMEngine
+from core.serving_engine import ServingEngine
 from openai_serve.chat_template import ChatTemplate
 from openai_serve.engine_bridge import EngineBridge
 from openai_serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
@@ -36,7 +36,7 @@ ROUTES = [
 ]
 
 
-def build_app(engine: LLMEngine, config: ServerConfig) -> Starlette:
+def build_app(engine: ServingEngine, config: ServerConfig) -> Starlette:
     """An app serving `engine`; the engine thread runs while the app's lifespan does."""
 
     @asynccontextmanager

@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from core import LLMEngine
+from core.engine_process import EngineProcess
+from core.serving_engine import ServingEngine
 from openai_serve.app import build_app
 from openai_serve.chat_template import load_chat_template
 from openai_serve.server import ServingServer
@@ -51,6 +53,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="reuse KV blocks of shared prompt prefixes (default on)")
     p.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction,
                    help="queue each step on the device before collecting the previous one's tokens (default on)")
+    p.add_argument("--engine-process", action=argparse.BooleanOptionalAction,
+                   help="run the engine in its own process, off the HTTP side's interpreter lock "
+                   f"(default {'on' if d['engine_process'] else 'off'})")
     p.add_argument("--attention-backend", choices=["auto", "torch", "triton", "flash-attn"],
                    help="attention implementation (default auto)")
     p.add_argument("--chat-template", help="Jinja chat template (a file, or the template text) replacing the model's")
@@ -103,8 +108,13 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=str(settings["log_level"]).upper(), format=log_format)
     try:
         config = server_config(settings, load_chat_template(settings["chat_template"]))  # type: ignore[arg-type]
-        engine = LLMEngine(engine_config(settings, resolve_model(settings["model"])))  # type: ignore[arg-type]
-    except (ValueError, OSError) as exc:
+        config_of_engine = engine_config(settings, resolve_model(settings["model"]))  # type: ignore[arg-type]
+        engine: ServingEngine
+        if settings["engine_process"]:
+            engine = EngineProcess(config_of_engine, log_level=str(settings["log_level"]).upper())
+        else:
+            engine = LLMEngine(config_of_engine)
+    except (ValueError, OSError, RuntimeError) as exc:
         sys.exit(f"openai-serve: {exc}")
     logger.info("serving %s (context %d tokens) as %s on http://%s:%d/v1", engine.config.model.model,
                 engine.max_model_len, ", ".join(config.served_model_names), config.host, config.port)

@@ -1,8 +1,10 @@
 """The one place that knows both worlds: the asyncio event loop and the engine thread.
 
-The engine thread loops: sleep on the inbox while idle, `engine.step()`, then hand the step's
-outputs to the event loop with ONE `call_soon_threadsafe` per step (never one per token). On the
-loop, `_dispatch` puts each output on its HTTP request's `asyncio.Queue`.
+The engine thread loops on `engine.next_outputs()` (for an in-process engine: one step, or a sleep
+on its inbox while idle; for an engine in its own process, core/engine_process.py: the next step's
+outputs off the pipe) and hands each step's outputs to the event loop with ONE
+`call_soon_threadsafe` per step (never one per token). On the loop, `_dispatch` puts each output on
+its HTTP request's `asyncio.Queue`.
 
 Invariants:
 - `_handles` (loop thread only) maps every engine request id still running to its handle; an id
@@ -17,7 +19,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core import LLMEngine, RequestOutput, RequestRejected, SamplingParams
+from core import RequestOutput, RequestRejected, SamplingParams
+from core.serving_engine import ServingEngine
 from openai_serve.errors import bad_request, service_unavailable
 
 logger = logging.getLogger(__name__)
@@ -71,7 +74,7 @@ class RequestHandle:
 
 
 class EngineBridge:
-    def __init__(self, engine: LLMEngine, max_pending_requests: int) -> None:
+    def __init__(self, engine: ServingEngine, max_pending_requests: int) -> None:
         self._engine = engine
         self._max_pending = max_pending_requests
         self._handles: dict[str, RequestHandle] = {}
@@ -92,6 +95,7 @@ class EngineBridge:
         self._should_exit.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
+        await asyncio.to_thread(self._engine.close)
 
     @property
     def is_alive(self) -> bool:
@@ -158,10 +162,7 @@ class EngineBridge:
         assert self._loop is not None
         try:
             while not self._should_exit.is_set():
-                if not self._engine.has_unfinished_requests():
-                    self._engine.wait_for_work(timeout=_IDLE_POLL_S)
-                    continue
-                outputs = self._engine.step()
+                outputs = self._engine.next_outputs(_IDLE_POLL_S)
                 if outputs:
                     self._loop.call_soon_threadsafe(self._dispatch, outputs)
         except Exception as exc:

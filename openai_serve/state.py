@@ -5,8 +5,8 @@ from dataclasses import dataclass, field
 
 from starlette.requests import Request
 
-from core import LLMEngine
 from core.detokenizer import TokenDecoder
+from core.serving_engine import ServingEngine
 from openai_serve.chat_template import ChatTemplate
 from openai_serve.engine_bridge import EngineBridge
 from openai_serve.errors import model_not_found
@@ -16,7 +16,7 @@ from openai_serve.server_config import ServerConfig
 
 @dataclass(frozen=True)
 class ServingState:
-    engine: LLMEngine
+    engine: ServingEngine
     bridge: EngineBridge
     config: ServerConfig
     chat_template: ChatTemplate

@@ -12,6 +12,8 @@ import httpx
 import openai
 
 from core import CacheConfig, EngineConfig, LLMEngine, ModelConfig, SchedulerConfig
+from core.engine_process import EngineProcess
+from core.serving_engine import ServingEngine
 from openai_serve.app import build_app
 from openai_serve.server import ServingServer
 from openai_serve.server_config import ServerConfig
@@ -24,7 +26,7 @@ ALIAS = "tiny-alias"
 class RunningServer:
     server: ServingServer
     thread: threading.Thread
-    engine: LLMEngine
+    engine: ServingEngine
     base_url: str
     api_key: str | None = None
 
@@ -64,13 +66,15 @@ class RunningServer:
 DEFAULT_SERVER = ServerConfig(served_model_names=(MODEL, ALIAS), port=0)
 
 
-def start_server(model_dir: Path, config: ServerConfig = DEFAULT_SERVER, **engine: object) -> RunningServer:
+def start_server(model_dir: Path, config: ServerConfig = DEFAULT_SERVER, engine_process: bool = False,
+                 **engine: object) -> RunningServer:
+    """engine_process: the engine in its own process (core/engine_process.py), as `--engine-process` runs it."""
     engine_config = EngineConfig(
         model=ModelConfig(model=str(model_dir), device="cpu", max_model_len=int(engine.get("max_model_len", 512))),
         cache=CacheConfig(block_size=16, num_blocks=int(engine.get("num_blocks", 512))),
         scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=1024),
     )
-    llm_engine = LLMEngine(engine_config)
+    llm_engine: ServingEngine = EngineProcess(engine_config) if engine_process else LLMEngine(engine_config)
     server = ServingServer(build_app(llm_engine, config), config)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.bind(("127.0.0.1", 0))

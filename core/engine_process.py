@@ -1,0 +1,210 @@
+"""The engine in a child process, behind the same surface the server uses of an in-process engine.
+
+Why: in one process the engine thread and the HTTP event loop share Python's interpreter lock. A
+step's host work (scheduling, batch building, launching) then waits, up to the switch interval,
+whenever the loop is busy streaming, and under load the device idles between steps. In its own
+process the engine never waits for the server's Python (vLLM runs its engine core the same way).
+
+Wire: two one-way pipes of pickled tuples (not dataclasses: a step's 256 outputs pickle in ~0.04 ms
+as tuples, ~0.3 ms as dataclasses, and the child pays that on its critical path).
+- server -> engine: ("add", request_id, prompt_token_ids, params) | ("abort", request_id) | ("stop",)
+- engine -> server: ("ready", EngineInfo) | ("failed", message) | ("outputs", [output tuples], stats tuple)
+
+In the child a receiver thread feeds the engine's thread-safe inbox while the main thread steps, so
+the server's writes never wait for a step to end. The server validates requests with the engine's
+own checks (core/request_checks.py) before sending them, so a bad request is refused at once, in
+the server's process, exactly as the in-process engine refuses it. Stats ride along with every
+outputs message (the last ones are current: the engine only changes while it steps).
+"""
+
+import logging
+import multiprocessing
+import queue
+import signal
+import threading
+from dataclasses import astuple, dataclass
+from multiprocessing.connection import Connection
+from typing import Any
+
+from core.config import EngineConfig
+from core.engine import EngineStats, LLMEngine
+from core.outputs import FinishReason, RequestOutput, RequestRejected
+from core.request_checks import EngineLimits, check_request
+from core.sampling_params import SamplingParams
+from core.tokenizer import load_tokenizer
+
+logger = logging.getLogger(__name__)
+
+_IDLE_POLL_S = 0.25  # how often the idle child checks whether it should exit
+_STOP_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What the server needs to know of the engine, sent once it is built."""
+
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    limits: EngineLimits
+    stats: EngineStats
+
+
+class EngineProcess:
+    """An LLMEngine in a spawned child process. `add_request`, `abort_request` and `stats` from any
+    thread; `next_outputs` from one thread (the server's engine bridge)."""
+
+    def __init__(self, config: EngineConfig, start_timeout_s: float = 900.0, log_level: str = "INFO") -> None:
+        self.config = config
+        self.tokenizer = load_tokenizer(config.model.tokenizer or config.model.model)
+        context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state, no threads forked
+        requests_out, requests_in = context.Pipe(duplex=False)
+        outputs_out, outputs_in = context.Pipe(duplex=False)
+        self._process = context.Process(target=run_engine, args=(config, requests_out, outputs_in, log_level),
+                                        name="openai-serve-engine", daemon=True)
+        self._process.start()
+        requests_out.close()
+        outputs_in.close()
+        self._requests, self._outputs = requests_in, outputs_out
+        self._send_lock = threading.Lock()
+        self._live_ids: set[str] = set()
+        self._live_ids_lock = threading.Lock()
+        info = self._wait_until_ready(start_timeout_s)
+        self.max_model_len, self.vocab_size = info.max_model_len, info.vocab_size
+        self.eos_token_ids = info.eos_token_ids
+        self.limits = info.limits
+        self._stats = info.stats
+
+    def _wait_until_ready(self, timeout_s: float) -> EngineInfo:
+        try:
+            if not self._outputs.poll(timeout_s):
+                raise RuntimeError(f"the engine process did not start within {timeout_s:.0f} s")
+            message = self._outputs.recv()
+        except (EOFError, OSError) as exc:
+            self.close()
+            raise RuntimeError(f"the engine process exited while starting (exit code {self._process.exitcode})") \
+                from exc
+        except RuntimeError:
+            self.close()
+            raise
+        if message[0] != "ready":
+            self.close()
+            raise RuntimeError(f"the engine process failed to start: {message[1]}")
+        return message[1]
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Validates here, as the engine would, then sends; raises RequestRejected."""
+        check_request(prompt_token_ids, params, self.limits)
+        with self._live_ids_lock:
+            if request_id in self._live_ids:
+                raise RequestRejected("request_id", f"request id {request_id!r} is already in use")
+            self._live_ids.add(request_id)
+        self._send(("add", request_id, prompt_token_ids, params))
+
+    def abort_request(self, request_id: str) -> None:
+        self._send(("abort", request_id))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def next_outputs(self, idle_timeout: float) -> list[RequestOutput]:
+        """The next step's outputs, or [] when none came within idle_timeout; raises RuntimeError
+        when the engine failed or its process is gone."""
+        try:
+            if not self._outputs.poll(idle_timeout):
+                return []
+            message = self._outputs.recv()
+        except (EOFError, OSError) as exc:
+            raise RuntimeError(f"the engine process exited (exit code {self._process.exitcode})") from exc
+        if message[0] == "failed":
+            raise RuntimeError(message[1])
+        _, rows, stats = message
+        self._stats = EngineStats(*stats)
+        outputs = [RequestOutput(*row) for row in rows]
+        finished = [o.request_id for o in outputs if o.finish_reason is not None]
+        if finished:
+            with self._live_ids_lock:
+                self._live_ids.difference_update(finished)
+        return outputs
+
+    def close(self) -> None:
+        """Stops the child (it aborts what runs) and waits for it; kills it if it does not exit."""
+        try:
+            self._send(("stop",))
+        except RuntimeError:
+            pass  # already gone
+        self._process.join(_STOP_TIMEOUT_S)
+        if self._process.is_alive():
+            logger.warning("the engine process did not stop within %.0f s: killing it", _STOP_TIMEOUT_S)
+            self._process.kill()
+            self._process.join()
+        self._requests.close()
+        self._outputs.close()
+
+    def _send(self, message: tuple[Any, ...]) -> None:
+        try:
+            with self._send_lock:
+                self._requests.send(message)
+        except (OSError, ValueError) as exc:  # ValueError: the pipe was closed
+            raise RuntimeError("the engine process is gone") from exc
+
+
+# The child process.
+
+
+def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, log_level: str) -> None:
+    """The child's main: build the engine, report ready, then step until told to stop."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server stops us
+    logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [engine]: %(message)s")
+    try:
+        engine = LLMEngine(config)
+    except Exception as exc:  # noqa: BLE001 - any start-up failure goes back to the server as a message
+        logger.exception("the engine failed to start")
+        outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
+        return
+    limits = engine.limits
+    outputs.send(("ready", EngineInfo(engine.max_model_len, engine.vocab_size, engine.eos_token_ids, limits,
+                                      engine.stats())))
+    stop = threading.Event()
+    rejected: queue.SimpleQueue[RequestOutput] = queue.SimpleQueue()  # refused after the server accepted them
+    threading.Thread(target=_receive, args=(engine, requests, stop, rejected), name="engine-inbox",
+                     daemon=True).start()
+    try:
+        while not stop.is_set():
+            step_outputs = engine.next_outputs(_IDLE_POLL_S)
+            while not rejected.empty():
+                step_outputs.insert(0, rejected.get_nowait())
+            if step_outputs:
+                outputs.send(("outputs", [_as_row(o) for o in step_outputs], astuple(engine.stats())))
+    except Exception as exc:  # noqa: BLE001 - the server turns this into 503s for everything running
+        logger.exception("the engine failed")
+        outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
+
+
+def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event,
+             rejected: "queue.SimpleQueue[RequestOutput]") -> None:
+    while True:
+        try:
+            message = requests.recv()
+        except (EOFError, OSError):
+            message = ("stop",)  # the server is gone
+        kind = message[0]
+        if kind == "add":
+            _, request_id, prompt_token_ids, params = message
+            try:
+                engine.add_request(request_id, prompt_token_ids, params)
+            except RequestRejected:  # the server checked it with the same rules: this is not expected
+                logger.exception("request %s refused by the engine after the server accepted it", request_id)
+                rejected.put(RequestOutput(request_id, [], [], FinishReason.ABORT, len(prompt_token_ids), 0))
+                engine.abort_request("")  # wakes the engine's loop, which delivers the refusal
+        elif kind == "abort":
+            engine.abort_request(message[1])
+        else:
+            stop.set()
+            engine.abort_request("")  # an unknown id: aborts nothing, wakes an idle engine so it sees `stop`
+            return
+
+
+def _as_row(o: RequestOutput) -> tuple[Any, ...]:
+    return (o.request_id, o.new_token_ids, o.new_logprobs, o.finish_reason, o.num_prompt_tokens,
+            o.num_output_tokens, o.num_cached_prompt_tokens)

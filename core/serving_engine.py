@@ -1,0 +1,32 @@
+"""What the server needs of an engine: the in-process LLMEngine and the EngineProcess client both are one."""
+
+from typing import Protocol
+
+from transformers import PreTrainedTokenizerBase
+
+from core.config import EngineConfig
+from core.engine import EngineStats
+from core.outputs import RequestOutput
+from core.request_checks import EngineLimits
+from core.sampling_params import SamplingParams
+
+
+class ServingEngine(Protocol):
+    config: EngineConfig
+    tokenizer: PreTrainedTokenizerBase
+    max_model_len: int
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+
+    @property
+    def limits(self) -> EngineLimits: ...
+
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
+
+    def abort_request(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    def next_outputs(self, idle_timeout: float) -> list[RequestOutput]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,84 @@
+"""The engine in its own process (`--engine-process`): the same answers as the in-process engine,
+and the same behaviour under concurrency, disconnects and bad input; a dead engine process turns
+into 503s, never a hung request.
+
+The concurrency and error tests of the in-process server are collected again here (imported) and
+run against this module's `server`, the process-backed one.
+"""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.serving import MODEL, RunningServer, assert_error_shape, start_server
+from tests.e2e.sse_client import DONE, iter_events
+from tests.e2e.test_concurrency import (  # noqa: F401 - collected again, with this module's server
+    test_36_concurrent_streams_equal_one_at_a_time,
+    test_disconnects_abort_sequences_and_free_every_block,
+)
+from tests.e2e.test_errors import (  # noqa: F401 - collected again, with this module's server
+    test_bad_bodies_get_a_4xx_naming_the_parameter,
+    test_bad_requests_do_not_disturb_a_running_stream,
+    test_sdk_raises_typed_errors,
+)
+
+PROMPTS = ["Hello there", "The capital of France is", "1 2 3 4"]
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path) -> Iterator[RunningServer]:
+    running = start_server(model_dir, engine_process=True)
+    yield running
+    running.stop()
+
+
+@pytest.fixture(scope="module")
+def in_process_server(model_dir: Path) -> Iterator[RunningServer]:
+    running = start_server(model_dir)
+    yield running
+    running.stop()
+
+
+def test_same_greedy_and_seeded_answers_as_the_in_process_engine(
+    server: RunningServer, in_process_server: RunningServer
+) -> None:
+    def answers(running: RunningServer) -> list[object]:
+        client = running.client()
+        out: list[object] = []
+        for prompt in PROMPTS:
+            greedy = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0, logprobs=2)
+            seeded = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=1.0, seed=7,
+                                               n=2)
+            out.append((greedy.choices[0].text, greedy.choices[0].logprobs.tokens,
+                        [round(x, 4) for x in greedy.choices[0].logprobs.token_logprobs],
+                        [c.text for c in seeded.choices], greedy.usage.completion_tokens))
+        return out
+
+    assert answers(server) == answers(in_process_server)
+    assert server.wait_idle()["kv_blocks_used"] == 0
+
+
+def test_metrics_follow_the_engine_in_the_other_process(server: RunningServer) -> None:
+    server.client().completions.create(model=MODEL, prompt="count", max_tokens=5)
+    metrics = server.wait_idle()
+    assert metrics["kv_blocks_total"] == 512 and metrics["kv_blocks_used"] == 0
+    assert metrics["kv_blocks_free"] + metrics["kv_blocks_evictable"] == 512
+
+
+def test_a_dead_engine_process_ends_streams_with_503s(model_dir: Path) -> None:
+    running = start_server(model_dir, engine_process=True)
+    try:
+        with running.http() as http:
+            body = {"model": MODEL, "prompt": "Once", "max_tokens": 400, "ignore_eos": True, "stream": True}
+            with http.stream("POST", "/v1/completions", json=body) as response:
+                events = iter_events(response.iter_lines())
+                next(events)
+                running.engine._process.kill()  # type: ignore[attr-defined]  # the device lost, the OOM killer
+                rest = list(events)
+            assert rest[-1] == DONE and '"engine_failed"' in rest[-2]
+            error = assert_error_shape(http.post("/v1/completions", json={"model": MODEL, "prompt": "hi"}), 503)
+            assert error["code"] == "engine_failed"
+            assert http.get("/health").status_code == 503
+    finally:
+        running.stop()
