@@ -31,7 +31,7 @@ DEFAULTS: dict[str, object] = {
     "enforce_eager": False,
     "enable_prefix_caching": True,
     "async_scheduling": True,
-    "engine_process": False,
+    "engine_process": True,
     "attention_backend": "auto",
     "chat_template": None,
     "seed": 0,

@@ -77,6 +77,7 @@ def test_scheduling_and_interpreter_lock_settings_reach_the_configs() -> None:
     defaults = parse_settings([])
     assert engine_config(defaults, "m").scheduler.async_scheduling is True
     assert server_config(defaults, None).gil_switch_interval_ms == 5.0
+    assert defaults["engine_process"] is True and parse_settings(["--no-engine-process"])["engine_process"] is False
     settings = parse_settings(["--no-async-scheduling", "--gil-switch-interval-ms", "0.5"])
     assert engine_config(settings, "m").scheduler.async_scheduling is False
     assert server_config(settings, None).gil_switch_interval_ms == 0.5
