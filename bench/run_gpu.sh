@@ -5,10 +5,11 @@
 #   bash bench/run_gpu.sh serve OUT_DIR     # offline reference on the serving shape, then openai-serve and
 #                                           # transformers serve over HTTP at concurrency 1, 16, 64, 256
 #   bash bench/run_gpu.sh repeat OUT_DIR    # all but the peer again at one commit; c=1 after c=256; HF serve
+#   bash bench/run_gpu.sh repeat-serve OUT_DIR  # the serve stage alone, with c=1 after c=256; HF serve
 # Every run is time-boxed (--max-seconds and friends) so a slow engine yields partial figures, not a killed call.
 set -uo pipefail
-stage=${1:?usage: run_gpu.sh offline|serve|repeat OUT_DIR}
-out=${2:?usage: run_gpu.sh offline|serve|repeat OUT_DIR}
+stage=${1:?usage: run_gpu.sh offline|serve|repeat|repeat-serve OUT_DIR}
+out=${2:?usage: run_gpu.sh offline|serve|repeat|repeat-serve OUT_DIR}
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 model=${BENCH_MODEL:-/tmp/qwen3-0.6b-bench}  # BENCH_MODEL: an existing checkpoint instead
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/device.txt"
@@ -40,6 +41,13 @@ elif [ "$stage" = serve ]; then
     --levels 1,16,64,256 --num-requests 32,128,256,768 --max-seconds-per-level 60 \
     --server-log "$out/server_openai.log" --out "$out/serve_openai.json" 2>&1 | tee -a "$out/log"
   transformers_serve
+elif [ "$stage" = repeat-serve ]; then
+  python3 -m bench.throughput --model "$model" --workload serve --peer none --batch1-tokens 0 --profile-steps 0 \
+    --max-seconds 90 --out "$out/throughput_serve.json" 2>&1 | tee -a "$out/log"
+  python3 -m bench.serve --launch --label openai-serve --server-args "$server_args" \
+    --levels 1,16,64,256,1 --num-requests 32,128,256,768,16 --max-seconds-per-level 60 \
+    --server-log "$out/server_openai.log" --out "$out/serve_openai.json" 2>&1 | tee -a "$out/log"
+  HF_TIMEOUT=200 transformers_serve
 elif [ "$stage" = repeat ]; then
   # Everything but the peer again, at one commit: the offline run (batch-1 on the fresh engine and after load,
   # kernel-only profile), the serving-shape reference, openai-serve with its CPU share and a c=1 level after the
