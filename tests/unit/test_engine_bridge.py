@@ -35,6 +35,7 @@ class ScriptedEngine:
         self.fail = threading.Event()
         self.has_work = threading.Event()
         self.num_steps_with_outputs = 0
+        self.closed = False
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if not prompt_token_ids:
@@ -51,6 +52,15 @@ class ScriptedEngine:
 
     def wait_for_work(self, timeout: float | None = None) -> None:
         self.has_work.wait(timeout)
+
+    def next_outputs(self, idle_timeout: float) -> list[RequestOutput]:  # as LLMEngine.next_outputs
+        if not self.has_unfinished_requests():
+            self.wait_for_work(idle_timeout)
+            return []
+        return self.step()
+
+    def close(self) -> None:
+        self.closed = True
 
     def step(self) -> list[RequestOutput]:
         time.sleep(STEP_SECONDS)
@@ -92,6 +102,7 @@ def run(scenario: Callable[[EngineBridge], Awaitable[T]], engine: ScriptedEngine
             return await asyncio.wait_for(scenario(bridge), timeout=10)
         finally:
             await bridge.stop()
+            assert engine.closed, "stopping the bridge closes the engine (an engine process is stopped)"
 
     return asyncio.run(main())
 
