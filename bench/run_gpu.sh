@@ -31,33 +31,26 @@ transformers_serve() {
 }
 
 server_args="--model $model --dtype bfloat16 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192"
+serve_stage() {  # the offline engine on the serving shape, then openai-serve at these levels, then the HF peer
+  python3 -m bench.throughput --model "$model" --workload serve --peer none --batch1-tokens 0 --profile-steps 0 \
+    --max-seconds 90 --out "$out/throughput_serve.json" 2>&1 | tee -a "$out/log"
+  python3 -m bench.serve --launch --label openai-serve --server-args "$server_args" \
+    --levels "$1" --num-requests "$2" --max-seconds-per-level 60 \
+    --server-log "$out/server_openai.log" --out "$out/serve_openai.json" 2>&1 | tee -a "$out/log"
+  HF_TIMEOUT=${3:-280} transformers_serve
+}
+
 if [ "$stage" = offline ]; then
   python3 -m bench.throughput --model "$model" --peer-requests 64 --peer-max-seconds 120 --peer-timeout 240 \
     --max-seconds 120 --out "$out/throughput.json" 2>&1 | tee -a "$out/log"
 elif [ "$stage" = serve ]; then
-  python3 -m bench.throughput --model "$model" --workload serve --peer none --batch1-tokens 0 --profile-steps 0 \
-    --max-seconds 90 --out "$out/throughput_serve.json" 2>&1 | tee -a "$out/log"
-  python3 -m bench.serve --launch --label openai-serve --server-args "$server_args" \
-    --levels 1,16,64,256 --num-requests 32,128,256,768 --max-seconds-per-level 60 \
-    --server-log "$out/server_openai.log" --out "$out/serve_openai.json" 2>&1 | tee -a "$out/log"
-  transformers_serve
+  serve_stage 1,16,64,256 32,128,256,768
 elif [ "$stage" = repeat-serve ]; then
-  python3 -m bench.throughput --model "$model" --workload serve --peer none --batch1-tokens 0 --profile-steps 0 \
-    --max-seconds 90 --out "$out/throughput_serve.json" 2>&1 | tee -a "$out/log"
-  python3 -m bench.serve --launch --label openai-serve --server-args "$server_args" \
-    --levels 1,16,64,256,1 --num-requests 32,128,256,768,16 --max-seconds-per-level 60 \
-    --server-log "$out/server_openai.log" --out "$out/serve_openai.json" 2>&1 | tee -a "$out/log"
-  HF_TIMEOUT=200 transformers_serve
+  serve_stage 1,16,64,256,1 32,128,256,768,16 200
 elif [ "$stage" = repeat ]; then
   # Everything but the peer again, at one commit: the offline run (batch-1 on the fresh engine and after load,
-  # kernel-only profile), the serving-shape reference, openai-serve with its CPU share and a c=1 level after the
-  # c=256 load, and transformers serve (time-boxed shorter).
+  # kernel-only profile), then the serve stage with a c=1 level after the c=256 load and HF serve time-boxed shorter.
   python3 -m bench.throughput --model "$model" --peer none --max-seconds 120 --out "$out/throughput_repeat.json" \
     2>&1 | tee -a "$out/log"
-  python3 -m bench.throughput --model "$model" --workload serve --peer none --batch1-tokens 0 --profile-steps 0 \
-    --max-seconds 90 --out "$out/throughput_serve.json" 2>&1 | tee -a "$out/log"
-  python3 -m bench.serve --launch --label openai-serve --server-args "$server_args" \
-    --levels 1,16,64,256,1 --num-requests 32,128,256,768,16 --max-seconds-per-level 60 \
-    --server-log "$out/server_openai.log" --out "$out/serve_openai.json" 2>&1 | tee -a "$out/log"
-  HF_TIMEOUT=200 transformers_serve
+  serve_stage 1,16,64,256,1 32,128,256,768,16 200
 fi
