@@ -198,15 +198,33 @@ def stop(process: subprocess.Popen[bytes]) -> None:
 
 
 def process_cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU seconds of a process, all threads (Linux /proc); None where unknown."""
+    """User + system CPU seconds of a process and its live descendants (an engine process, say), all
+    threads (Linux /proc); None where the process is unknown."""
     if pid is None:
         return None
+    own = _own_cpu_seconds(pid)
+    if own is None:
+        return None
+    return own + sum(_own_cpu_seconds(child) or 0.0 for child in _descendants(pid))
+
+
+def _own_cpu_seconds(pid: int) -> float | None:
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
     # After the ")" that ends the command name: field 3 is the state, so utime and stime (14, 15) sit at 11, 12.
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _descendants(pid: int) -> list[int]:
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*/children"):
+        try:
+            children += [int(c) for c in task.read_text().split()]
+        except OSError:
+            continue
+    return children + [d for c in children for d in _descendants(c)]
 
 
 def label_of(args: argparse.Namespace) -> str:
