@@ -188,7 +188,8 @@ def serve_section(runs: list[Result], offline_serve: Result | None) -> list[str]
         if errors:
             lines += ["Errors seen: " + "; ".join(f"`{e[:200]}`" for e in errors[:5]), ""]
     lines += ["'client CPU' and 'server CPU': each process's CPU time (all its threads; the server's with its child "
-              "processes from commit 7f8cd8b on, before that the HTTP process alone) over the level's wall time. "
+              "processes, i.e. the engine's, in runs after cd7af73; up to cd7af73 the HTTP process alone) over the "
+              "level's wall time. "
               "The load generator stays far from a full core, so it is not what limits a level. A server near 100% "
               "at every level, c=1 included, keeps one core busy on average: that includes a thread spinning while "
               "it waits for the GPU, so it does not by itself say how much of that core is useful work.", "",
