@@ -7,22 +7,21 @@ still in flight are pending (see core/sequence.py) and reach the next step on th
 is a wasted row now and then: a sequence that samples EOS at step N was already queued in N+1,
 whose token for it is dropped. A sequence that ends by length is known to end, and is not.
 
-Threading: `add_request`, `abort_request` and `stats` are safe from any thread (they validate and
+Threading: `add_request`, `add_checked_request`, `abort_request` and `stats` are safe from any thread (they validate and
 enqueue, or read counters); everything else, and every touch of the scheduler, the block manager
 and the device, happens on the one thread that calls `step`.
 """
 
 import logging
 import queue
-import threading
 from collections import deque
 from dataclasses import dataclass
 
 from core.batch_builder import build_batch
 from core.block_manager import BlockManager
 from core.config import EngineConfig
-from core.outputs import FinishReason, RequestOutput, RequestRejected
-from core.request_checks import EngineLimits, check_request
+from core.outputs import FinishReason, RequestOutput
+from core.request_checks import EngineLimits, RequestIds, check_request
 from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence
@@ -75,10 +74,9 @@ class LLMEngine:
             self.runner.num_kv_blocks, self.block_size, config.cache.enable_prefix_caching
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
-        self._limits = self.limits
+        self.limits = EngineLimits(self.vocab_size, self.max_model_len, self.block_size, self.block_manager.num_blocks)
         self._inbox: queue.SimpleQueue[Sequence | _Abort] = queue.SimpleQueue()
-        self._live_ids: set[str] = set()
-        self._live_ids_lock = threading.Lock()
+        self._live_ids = RequestIds()
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
         self._in_flight: _LaunchedStep | None = None  # launched, results not yet taken
@@ -97,11 +95,14 @@ class LLMEngine:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Validates and enqueues; raises RequestRejected for a request that can never be served."""
-        max_tokens = check_request(prompt_token_ids, params, self._limits)
-        with self._live_ids_lock:
-            if request_id in self._live_ids:
-                raise RequestRejected("request_id", f"request id {request_id!r} is already in use")
-            self._live_ids.add(request_id)
+        max_tokens = check_request(prompt_token_ids, params, self.limits)
+        self._live_ids.reserve(request_id)
+        self.add_checked_request(request_id, prompt_token_ids, params, max_tokens)
+
+    def add_checked_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
+                            max_tokens: int) -> None:
+        """Enqueues a request its caller already checked against `limits` (check_request's max_tokens), with
+        an id the caller keeps unique: core/engine_process.py, whose server side checks before sending."""
         self._inbox.put(Sequence(request_id, prompt_token_ids, params, max_tokens))
 
     def abort_request(self, request_id: str) -> None:
@@ -116,10 +117,6 @@ class LLMEngine:
             num_preemptions=self.scheduler.num_preemptions,
             num_prefix_cache_hit_tokens=self.scheduler.num_prefix_hit_tokens,
         )
-
-    @property
-    def limits(self) -> EngineLimits:
-        return EngineLimits(self.vocab_size, self.max_model_len, self.block_size, self.block_manager.num_blocks)
 
     # Engine thread only.
 
@@ -220,8 +217,7 @@ class LLMEngine:
         self.scheduler.finish(seq)
         seq.finish_reason = reason
         del self._sequences[seq.request_id]
-        with self._live_ids_lock:
-            self._live_ids.discard(seq.request_id)
+        self._live_ids.release((seq.request_id,))
 
 
 def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs | None]) -> RequestOutput:

@@ -7,19 +7,19 @@ process the engine never waits for the server's Python (vLLM runs its engine cor
 
 Wire: two one-way pipes of pickled tuples (not dataclasses: a step's 256 outputs pickle in ~0.04 ms
 as tuples, ~0.3 ms as dataclasses, and the child pays that on its critical path).
-- server -> engine: ("add", request_id, prompt_token_ids, params) | ("abort", request_id) | ("stop",)
+- server -> engine: ("add", request_id, prompt_token_ids, params, max_tokens) | ("abort", request_id) | ("stop",)
 - engine -> server: ("ready", EngineInfo) | ("failed", message) | ("outputs", [output tuples], stats tuple)
 
 In the child a receiver thread feeds the engine's thread-safe inbox while the main thread steps, so
 the server's writes never wait for a step to end. The server validates requests with the engine's
-own checks (core/request_checks.py) before sending them, so a bad request is refused at once, in
-the server's process, exactly as the in-process engine refuses it. Stats ride along with every
+own checks (core/request_checks.py) and keeps their ids unique before sending them, so a bad request
+is refused at once, in the server's process, exactly as the in-process engine refuses it, and the
+child enqueues what arrives without checking it again. Stats ride along with every
 outputs message (the last ones are current: the engine only changes while it steps).
 """
 
 import logging
 import multiprocessing
-import queue
 import signal
 import threading
 from dataclasses import astuple, dataclass
@@ -28,8 +28,8 @@ from typing import Any
 
 from core.config import EngineConfig
 from core.engine import EngineStats, LLMEngine
-from core.outputs import FinishReason, RequestOutput, RequestRejected
-from core.request_checks import EngineLimits, check_request
+from core.outputs import RequestOutput
+from core.request_checks import EngineLimits, RequestIds, check_request
 from core.sampling_params import SamplingParams
 from core.tokenizer import load_tokenizer
 
@@ -67,8 +67,7 @@ class EngineProcess:
         outputs_in.close()
         self._requests, self._outputs = requests_in, outputs_out
         self._send_lock = threading.Lock()
-        self._live_ids: set[str] = set()
-        self._live_ids_lock = threading.Lock()
+        self._live_ids = RequestIds()  # released when the engine reports a request finished
         info = self._wait_until_ready(start_timeout_s)
         self.max_model_len, self.vocab_size = info.max_model_len, info.vocab_size
         self.eos_token_ids = info.eos_token_ids
@@ -94,12 +93,9 @@ class EngineProcess:
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Validates here, as the engine would, then sends; raises RequestRejected."""
-        check_request(prompt_token_ids, params, self.limits)
-        with self._live_ids_lock:
-            if request_id in self._live_ids:
-                raise RequestRejected("request_id", f"request id {request_id!r} is already in use")
-            self._live_ids.add(request_id)
-        self._send(("add", request_id, prompt_token_ids, params))
+        max_tokens = check_request(prompt_token_ids, params, self.limits)
+        self._live_ids.reserve(request_id)
+        self._send(("add", request_id, prompt_token_ids, params, max_tokens))
 
     def abort_request(self, request_id: str) -> None:
         self._send(("abort", request_id))
@@ -121,10 +117,7 @@ class EngineProcess:
         _, rows, stats = message
         self._stats = EngineStats(*stats)
         outputs = [RequestOutput(*row) for row in rows]
-        finished = [o.request_id for o in outputs if o.finish_reason is not None]
-        if finished:
-            with self._live_ids_lock:
-                self._live_ids.difference_update(finished)
+        self._live_ids.release(o.request_id for o in outputs if o.finish_reason is not None)
         return outputs
 
     def close(self) -> None:
@@ -162,18 +155,13 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
         logger.exception("the engine failed to start")
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    limits = engine.limits
-    outputs.send(("ready", EngineInfo(engine.max_model_len, engine.vocab_size, engine.eos_token_ids, limits,
+    outputs.send(("ready", EngineInfo(engine.max_model_len, engine.vocab_size, engine.eos_token_ids, engine.limits,
                                       engine.stats())))
     stop = threading.Event()
-    rejected: queue.SimpleQueue[RequestOutput] = queue.SimpleQueue()  # refused after the server accepted them
-    threading.Thread(target=_receive, args=(engine, requests, stop, rejected), name="engine-inbox",
-                     daemon=True).start()
+    threading.Thread(target=_receive, args=(engine, requests, stop), name="engine-inbox", daemon=True).start()
     try:
         while not stop.is_set():
             step_outputs = engine.next_outputs(_IDLE_POLL_S)
-            while not rejected.empty():
-                step_outputs.insert(0, rejected.get_nowait())
             if step_outputs:
                 outputs.send(("outputs", [_as_row(o) for o in step_outputs], astuple(engine.stats())))
     except Exception as exc:  # noqa: BLE001 - the server turns this into 503s for everything running
@@ -181,8 +169,7 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
 
 
-def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event,
-             rejected: "queue.SimpleQueue[RequestOutput]") -> None:
+def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event) -> None:
     while True:
         try:
             message = requests.recv()
@@ -190,13 +177,7 @@ def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event,
             message = ("stop",)  # the server is gone
         kind = message[0]
         if kind == "add":
-            _, request_id, prompt_token_ids, params = message
-            try:
-                engine.add_request(request_id, prompt_token_ids, params)
-            except RequestRejected:  # the server checked it with the same rules: this is not expected
-                logger.exception("request %s refused by the engine after the server accepted it", request_id)
-                rejected.put(RequestOutput(request_id, [], [], FinishReason.ABORT, len(prompt_token_ids), 0))
-                engine.abort_request("")  # wakes the engine's loop, which delivers the refusal
+            engine.add_checked_request(*message[1:])  # checked in the server's process, with engine.limits
         elif kind == "abort":
             engine.abort_request(message[1])
         else:

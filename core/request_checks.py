@@ -2,6 +2,8 @@
 by its client in another process (core/engine_process.py), which must refuse exactly what the
 engine would, before the request leaves the server's process."""
 
+import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from core.outputs import RequestRejected
@@ -35,3 +37,21 @@ def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: E
         raise RequestRejected("max_tokens", f"the request needs {num_blocks} KV-cache blocks, more than "
                               f"the {limits.num_blocks} that exist")
     return max_tokens
+
+
+class RequestIds:
+    """The request ids in use, so a second request cannot take a live one's id. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._ids: set[str] = set()
+        self._lock = threading.Lock()
+
+    def reserve(self, request_id: str) -> None:
+        with self._lock:
+            if request_id in self._ids:
+                raise RequestRejected("request_id", f"request id {request_id!r} is already in use")
+            self._ids.add(request_id)
+
+    def release(self, request_ids: Iterable[str]) -> None:
+        with self._lock:
+            self._ids.difference_update(request_ids)

@@ -17,9 +17,7 @@ class ServingEngine(Protocol):
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
-
-    @property
-    def limits(self) -> EngineLimits: ...
+    limits: EngineLimits
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
 
