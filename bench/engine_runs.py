@@ -10,13 +10,13 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from itertools import count
 
 import torch
 from torch.autograd import DeviceType
 
-from bench.step_trace import StepSample, sample_step
+from bench.step_trace import StepRecord
 from bench.workload import Request, fixed_workload
 from core import LLMEngine, SamplingParams
 from gpu.batch import Batch, StepResult
@@ -53,9 +53,7 @@ class RunnerTimer:
         self.seconds = 0.0  # launching plus waiting
         self.wait_seconds = 0.0  # inside PendingStep.result(): the host blocked on the device
         self.num_calls = 0
-        self.steps: list[StepSample] = []  # every launched step's shape and launch time, in order
-        self.step_waits: list[float] = []  # per step: the host blocked on its tokens
-        self.step_done_at: list[float] = []  # per step: when its tokens reached the host
+        self.steps: list[StepRecord] = []  # every launched step, in order
         self._engine = engine
         self._launch: Callable[[Batch], PendingStep] = engine.runner.launch
         engine.runner.launch = self._timed  # type: ignore[method-assign]
@@ -65,21 +63,20 @@ class RunnerTimer:
 
     def _timed(self, batch: Batch) -> PendingStep:
         start = time.perf_counter()
-        self.steps.append(sample_step(batch, start))
-        self.step_waits.append(0.0)
-        self.step_done_at.append(0.0)
+        record = StepRecord(batch, start)
+        self.steps.append(record)
         try:
-            return _TimedPending(self._launch(batch), self, len(self.steps) - 1)
+            return _TimedPending(self._launch(batch), self, record)
         finally:
             self.seconds += time.perf_counter() - start
             self.num_calls += 1
 
 
 class _TimedPending(PendingStep):
-    def __init__(self, inner: PendingStep, timer: RunnerTimer, step_index: int) -> None:
+    def __init__(self, inner: PendingStep, timer: RunnerTimer, record: StepRecord) -> None:
         self._inner = inner
         self._timer = timer
-        self._step_index = step_index
+        self._record = record
 
     @property
     def sampled_token_ids(self) -> torch.Tensor | None:
@@ -93,8 +90,8 @@ class _TimedPending(PendingStep):
             elapsed = time.perf_counter() - start
             self._timer.seconds += elapsed
             self._timer.wait_seconds += elapsed
-            self._timer.step_waits[self._step_index] += elapsed
-            self._timer.step_done_at[self._step_index] = start + elapsed
+            self._record.wait += elapsed
+            self._record.done_at = start + elapsed
 
 
 def add_requests(engine: LLMEngine, requests: list[Request], seed: int | None = None) -> list[str]:
@@ -107,18 +104,10 @@ def add_requests(engine: LLMEngine, requests: list[Request], seed: int | None = 
     return ids
 
 
-@dataclass
-class StepTrace:
-    """Filled by run_workload: each step's shape, launch time, host wait and when its tokens arrived."""
-
-    steps: list[StepSample] = field(default_factory=list)
-    waits: list[float] = field(default_factory=list)
-    done_at: list[float] = field(default_factory=list)
-
-
 def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float | None = None,
-                 trace: StepTrace | None = None) -> EngineRun:
-    """Generates the whole workload; past max_seconds the rest is aborted and the run marked partial."""
+                 trace: list[StepRecord] | None = None) -> EngineRun:
+    """Generates the whole workload; past max_seconds the rest is aborted and the run marked partial.
+    `trace`, when given, receives a record of every step the run launched (bench/step_trace.py)."""
     timer = RunnerTimer(engine)
     before = engine.stats()
     start = time.perf_counter()
@@ -132,10 +121,8 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
         num_steps += 1
     end = time.perf_counter()
     seconds = end - start
-    if trace is not None:
-        # Copies (the drain below steps on); a step whose tokens were never collected (a partial run) ends here.
-        trace.steps, trace.waits = list(timer.steps), list(timer.step_waits)
-        trace.done_at = [t or end for t in timer.step_done_at]
+    if trace is not None:  # copies: the drain below collects the step still in flight of a partial run
+        trace += [replace(r, done_at=r.done_at or end) for r in timer.steps]
     if is_partial:
         drain(engine, ids)
     after = engine.stats()

@@ -35,9 +35,10 @@ def main(argv: list[str] | None = None) -> None:
     model_dir = args.model or str(build_bench_model(args.model_dir))
     engine = build_llm(args, model_dir).engine
     run_workload(engine, workload(args, args.seed + 1))  # warm-up
+    requests = workload(args, args.seed)  # drawn before profiling: not engine work
     profiler = cProfile.Profile()
     profiler.enable()
-    run = run_workload(engine, workload(args, args.seed))
+    run = run_workload(engine, requests)
     profiler.disable()
     stats = pstats.Stats(profiler)
     result = {"kind": "host-profile", "workload": args.workload, "seconds": round(run.seconds, 4),

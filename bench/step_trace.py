@@ -1,15 +1,15 @@
 """Where a timed run's wall time went, step by step, next to each step's own ideal time.
 
-The runner timer records every launched step's shape (rows, new tokens, context tokens), when it
-was launched and when its tokens reached the host. A step's wall time runs from the previous step's
-tokens reaching the host to its own (the first step's from its launch): with async scheduling the
-device runs the steps back to back, so that is the step's device time when the device is the
-bottleneck, and includes the host's delay when the host is. Each step's ideal time is
-bench/roofline.py's bound for exactly that batch (its weights once, its context's K/V once, its
-FLOPs), so the table says which kinds of steps lose the time:
-prefill-carrying steps, or decode steps of few or many rows. `wait_s` is the host blocked on the
-device: a category whose wall time is mostly waiting is device-bound, one with little waiting is
-held up by the host.
+The runner timer keeps a `StepRecord` per launched step: its batch, when it was launched, how long
+the host blocked on its tokens and when they arrived; the batch's shape (rows, new tokens, context
+tokens) is read only after the run, so the timed loop pays nothing for it. A step's wall time runs
+from the previous step's tokens reaching the host to its own (the first step's from its launch):
+with async scheduling the device runs the steps back to back, so that is the step's device time
+when the device is the bottleneck, and includes the host's delay when the host is. Each step's
+ideal time is bench/roofline.py's bound for exactly that batch (its weights once, its context's K/V
+once, its FLOPs), so the table says which kinds of steps lose the time: prefill-carrying steps, or
+decode steps of few or many rows. `wait_s` is the host blocked on the device: a category whose wall
+time is mostly waiting is device-bound, one with little waiting is held up by the host.
 """
 
 from dataclasses import dataclass
@@ -22,9 +22,20 @@ DECODE_ROW_BINS = (("decode 1-16 rows", 16), ("decode 17-64 rows", 64), ("decode
                    ("decode 129-192 rows", 192), ("decode 193+ rows", 1 << 30))
 
 
+@dataclass
+class StepRecord:
+    """One launched step, as the runner timer saw it (perf_counter seconds)."""
+
+    batch: Batch
+    launched_at: float
+    wait: float = 0.0  # the host blocked on its tokens
+    done_at: float | None = None  # its tokens reached the host; None: never collected (a partial run)
+
+
 @dataclass(frozen=True)
 class StepSample:
-    launched_at: float  # perf_counter seconds
+    """A step's shape, as its ideal cost needs it."""
+
     num_rows: int
     num_new_tokens: int
     num_sampled_rows: int
@@ -33,10 +44,10 @@ class StepSample:
     is_decode_only: bool
 
 
-def sample_step(batch: Batch, launched_at: float) -> StepSample:
+def sample_step(batch: Batch) -> StepSample:
     pairs = sum(q * c - q * (q - 1) // 2 for q, c in zip(batch.query_lens, batch.context_lens, strict=True))
     return StepSample(
-        launched_at=launched_at, num_rows=batch.num_rows, num_new_tokens=sum(batch.query_lens),
+        num_rows=batch.num_rows, num_new_tokens=sum(batch.query_lens),
         num_sampled_rows=sum(s is not None for s in batch.sampling), num_context_tokens=sum(batch.context_lens),
         num_attention_pairs=pairs, is_decode_only=batch.is_decode_only,
     )
@@ -56,20 +67,22 @@ def category(s: StepSample) -> str:
     return next(label for label, most in DECODE_ROW_BINS if s.num_rows <= most)
 
 
-def breakdown(samples: list[StepSample], waits: list[float], done_at: list[float], shape: ModelShape,
-              limits: DeviceLimits) -> list[dict[str, object]]:
+def breakdown(records: list[StepRecord], shape: ModelShape, limits: DeviceLimits) -> list[dict[str, object]]:
     """Per category: steps, rows and context per step, wall and ideal seconds, their ratio, host wait.
-    `done_at[i]`: when step i's tokens reached the host (steps are collected in launch order)."""
+    Steps are collected in launch order; every record has its done_at (run_workload sets it)."""
     totals: dict[str, dict[str, float]] = {}
-    begins = [samples[0].launched_at, *done_at[:-1]] if samples else []
-    for s, wait, begin, done in zip(samples, waits, begins, done_at, strict=True):
+    begin = records[0].launched_at if records else 0.0
+    for record in records:
+        s, done = sample_step(record.batch), record.done_at
+        assert done is not None, "a step record without done_at"
         t = totals.setdefault(category(s), dict.fromkeys(("steps", "rows", "context", "wall", "ideal", "wait"), 0.0))
         t["steps"] += 1
         t["rows"] += s.num_rows
         t["context"] += s.num_context_tokens
         t["wall"] += done - begin
         t["ideal"] += step_cost(shape, s).seconds(limits)
-        t["wait"] += wait
+        t["wait"] += record.wait
+        begin = done
     order = ["with prefill"] + [label for label, _ in DECODE_ROW_BINS]
     return [{
         "category": name, "steps": int(t["steps"]), "rows_per_step": round(t["rows"] / t["steps"], 1),

@@ -31,9 +31,9 @@ import torch
 from bench.bench_model import build_bench_model
 from bench.common import write_result
 from bench.device_limits import measure_limits
-from bench.engine_runs import StepTrace, profile_steps, run_workload, time_batch1
+from bench.engine_runs import profile_steps, run_workload, time_batch1
 from bench.roofline import DTYPE_BYTES, DeviceLimits, ModelShape, ideal_decode_step_seconds, ideal_run
-from bench.step_trace import breakdown
+from bench.step_trace import StepRecord, breakdown
 from bench.triton_compiles import TritonCompiles
 from bench.workload import Request, fixed_workload, nano_vllm_workload
 from core import LLM, CacheConfig, SchedulerConfig
@@ -160,14 +160,14 @@ def main(argv: list[str] | None = None) -> None:
         if args.warmup == "short":
             warm = [Request(r.prompt_token_ids, 16) for r in warm]
         print(f"warm-up: {run_workload(engine, warm, args.max_seconds).tokens_per_s:.1f} tok/s", flush=True)
-    trace = StepTrace()
+    trace: list[StepRecord] = []
     with TritonCompiles() as compiles:
         run = run_workload(engine, requests, args.max_seconds, trace)
     result["ours"] = {**asdict(run), "tokens_per_s": round(run.tokens_per_s, 1),
                       "triton_compiles_during_run": compiles.summary()}
     print("triton compiles during the timed run:", compiles.summary(), flush=True)
     shape = ModelShape.from_dir(model_dir, DTYPE_BYTES.get(args.dtype, 2))
-    result["ours"]["step_breakdown"] = breakdown(trace.steps, trace.waits, trace.done_at, shape, limits)
+    result["ours"]["step_breakdown"] = breakdown(trace, shape, limits)
     for row in result["ours"]["step_breakdown"]:
         print(row, flush=True)
     print(f"ours: {run.tokens_per_s:.1f} tok/s ({run.num_output_tokens} tokens in {run.seconds:.2f} s, "
