@@ -18,7 +18,7 @@ from openai_serve.logprobs import TokenTexts
 from openai_serve.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
 from openai_serve.routes.chat import create_chat_completion
 from openai_serve.routes.completions import create_completion
-from openai_serve.routes.models import health, list_models, metrics, retrieve_model
+from openai_serve.routes.models import health, list_models, metrics, retrieve_model, version
 from openai_serve.routes.tokenize import detokenize, tokenize
 from openai_serve.server_config import ServerConfig
 from openai_serve.state import ServingState
@@ -30,6 +30,7 @@ ROUTES = [
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
+    Route("/version", version, methods=["GET"]),
     Route("/metrics", metrics, methods=["GET"]),
     Route("/tokenize", tokenize, methods=["POST"]),
     Route("/detokenize", detokenize, methods=["POST"]),

@@ -13,6 +13,7 @@ from pathlib import Path
 from core import LLMEngine
 from core.engine_process import EngineProcess
 from core.serving_engine import ServingEngine
+from openai_serve import __version__
 from openai_serve.app import build_app
 from openai_serve.chat_template import load_chat_template
 from openai_serve.server import ServingServer
@@ -29,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
         "streaming over server-sent events.",
     )
     d = DEFAULTS
+    p.add_argument("model_tag", nargs="?", metavar="MODEL", help="the model to serve, as --model takes it (as in "
+                   "`vllm serve MODEL`)")
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--config", help="JSON file of settings (keys: these flags' long names); flags override it")
     p.add_argument("--model", help="local checkpoint directory or Hugging Face Hub id; when omitted, a built-in "
                    "tiny random model (gibberish output, for trying the server out)")
@@ -74,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
 def parse_settings(argv: list[str] | None = None) -> dict[str, object]:
     parser = build_parser()
     flags = vars(parser.parse_args(argv))
+    model_tag = flags.pop("model_tag", None)
+    if model_tag is not None:
+        if flags.get("model", model_tag) != model_tag:
+            parser.error(f"MODEL {model_tag!r} and --model {flags['model']!r} disagree; give one")
+        flags["model"] = model_tag
     config_path = flags.pop("config", None)
     try:
         file_settings = load_config_file(config_path) if config_path else {}

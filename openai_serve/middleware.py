@@ -10,8 +10,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_serve.errors import request_too_large, unauthorized
 
-# Liveness and metrics carry no model output; load balancers probe them without a key (as in vLLM).
-UNAUTHENTICATED_PATHS = frozenset({"/health", "/metrics"})
+# Liveness, version and metrics carry no model output; load balancers probe them without a key (as in vLLM).
+UNAUTHENTICATED_PATHS = frozenset({"/health", "/version", "/metrics"})
 
 
 class APIKeyMiddleware:

@@ -1,8 +1,9 @@
-"""GET /v1/models, /v1/models/{model}, /health and /metrics (engine and KV-cache gauges)."""
+"""GET /v1/models, /v1/models/{model}, /health, /version and /metrics (engine and KV-cache gauges)."""
 
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
+from openai_serve import __version__
 from openai_serve.errors import model_not_found, service_unavailable
 from openai_serve.routes.responding import json_response
 from openai_serve.state import ServingState, serving_state
@@ -31,6 +32,11 @@ async def health(request: Request) -> Response:
     if not serving_state(request).bridge.is_alive:
         raise service_unavailable("The engine is not running.", "engine_not_running")
     return json_response({"status": "ok"})
+
+
+async def version(request: Request) -> Response:
+    """The server's version, as vLLM's GET /version answers it."""
+    return json_response({"version": __version__})
 
 
 async def metrics(request: Request) -> Response:

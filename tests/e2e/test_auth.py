@@ -8,6 +8,7 @@ import httpx
 import openai
 import pytest
 
+from openai_serve import __version__
 from tests.e2e.serving import MODEL, RunningServer, assert_error_shape, server_config, start_server
 
 KEY = "sk-test-0123456789"
@@ -37,6 +38,7 @@ def test_right_key_works_for_sdk_and_health_needs_none(server: RunningServer) ->
     assert out.choices
     assert httpx.get(server.base_url + "/health").status_code == 200
     assert httpx.get(server.base_url + "/metrics").status_code == 200
+    assert httpx.get(server.base_url + "/version").json() == {"version": __version__}
     wrong = openai.OpenAI(base_url=server.base_url + "/v1", api_key="nope", max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         wrong.models.list()

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from openai_serve import __version__
 from openai_serve.cli import parse_settings
 from openai_serve.settings import (
     BUILTIN_MODEL_NAME,
@@ -83,3 +84,18 @@ def test_scheduling_and_interpreter_lock_settings_reach_the_configs() -> None:
     assert server_config(settings, None).gil_switch_interval_ms == 0.5
     with pytest.raises(ValueError, match="gil_switch_interval_ms"):
         server_config(parse_settings(["--gil-switch-interval-ms", "0"]), None)
+
+
+def test_model_as_positional_argument_or_flag() -> None:
+    assert parse_settings(["/models/x"])["model"] == "/models/x"
+    assert parse_settings(["--model", "/models/x"])["model"] == "/models/x"
+    assert parse_settings(["/models/x", "--model", "/models/x", "--port", "1"])["model"] == "/models/x"
+    with pytest.raises(SystemExit):
+        parse_settings(["/models/x", "--model", "/models/y"])
+
+
+def test_version_flag_prints_the_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        parse_settings(["--version"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"openai-serve {__version__}"
