@@ -1,9 +1,27 @@
-"""What the model runner needs to know to load a model and size its KV cache."""
+"""What the model runner needs to know to load a model, size its KV cache and choose its kernels."""
 
 from dataclasses import dataclass
 
 ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    """Which of our own kernels run on CUDA where torch code (or cuBLAS) could do the same work.
+
+    The defaults are what the engine runs. The other settings exist so that tests and A/B measurements can
+    build a runner with one path off and compare; a runner keeps the choice it was built with.
+    """
+
+    fused_elementwise: bool = True  # residual add + RMSNorm, q/k norm + RoPE, SiLU-and-mul as Triton kernels
+    fused_sampling: bool = True  # rows without top-k/top-p/min-p sampled by the Triton kernel
+    skinny_gemm: bool = True  # linear layers on few rows through the skinny GEMM kernel where its table says so
+    skinny_gemm_pdl: bool = False  # ... launched as programmatic dependent launches (Hopper)
+    order_decode_rows: bool = True  # decode attention starts the longest contexts first (decode graphs' inputs)
+
+
+DEFAULT_KERNELS = KernelConfig()
 
 
 @dataclass(frozen=True)
@@ -20,6 +38,7 @@ class RunnerConfig:
     enforce_eager: bool = False
     attention_backend: str = "auto"
     seed: int = 0
+    kernels: KernelConfig = DEFAULT_KERNELS
 
     def __post_init__(self) -> None:
         if self.dtype not in DTYPES:

@@ -40,7 +40,8 @@ def batch_size_buckets(max_num_seqs: int) -> list[int]:
 
 class DecodeGraphs:
     def __init__(
-        self, forward: ForwardFn, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device
+        self, forward: ForwardFn, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device,
+        order_rows: bool = True,
     ) -> None:
         self.forward = forward
         self.buckets = batch_size_buckets(max_num_seqs)
@@ -55,7 +56,7 @@ class DecodeGraphs:
         self.context_lens = self._int32[:n]
         self.row_order = self._int32[n : 2 * n]
         self.block_tables = self._int32[2 * n :].view(n, max_blocks)
-        self.order_rows = True  # False launches rows as batched (for A/B measurements)
+        self.order_rows = order_rows  # False launches rows as batched (KernelConfig.order_decode_rows)
         self.slot_mapping.fill_(-1)
         self.context_lens.fill_(1)
         self.row_order.copy_(torch.arange(n, dtype=torch.int32, device=device))

@@ -54,13 +54,13 @@ class ModelRunner:
         self.backend = select_backend(config.attention_backend, self.device, config.block_size)
         for layer in self.layers:
             layer.backend = self.backend
-        self.sampler = Sampler(self.device, config.seed)
+        self.sampler = Sampler(self.device, config.seed, config.kernels)
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
         self.num_kv_blocks = self._allocate_kv_cache()
         if self.device.type == "cuda":
             self.decode = DecodeGraphs(self.model, config.max_num_seqs, config.max_model_len, config.block_size,
-                                       self.device)
+                                       self.device, config.kernels.order_decode_rows)
             if config.enforce_eager or not self.backend.supports_cuda_graphs:
                 logger.info("CUDA graphs off (%s)", "--enforce-eager" if config.enforce_eager else self.backend.name)
             else:
@@ -69,7 +69,7 @@ class ModelRunner:
     def _build_model(self, hf_config) -> torch.nn.Module:  # noqa: ANN001 - a transformers config
         torch.manual_seed(self.config.seed)
         with torch.device(self.device):
-            model = model_class(hf_config.architectures)(hf_config, self.config.max_model_len)
+            model = model_class(hf_config.architectures)(hf_config, self.config.max_model_len, self.config.kernels)
         model.to(self.dtype)
         load_weights(model, Path(self.config.model_path))
         model.eval().requires_grad_(False)

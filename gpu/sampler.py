@@ -11,22 +11,22 @@ Two implementations of the same draw:
   A seeded row's key is `_row_seed(seed, output_index)`; unseeded rows get fresh keys each step
   from one numpy generator seeded with the sampler's seed (host-side, so no sync and no generator
   object per row). Rows that use a filter take the torch path below, only those rows.
-- Elsewhere (CPU, no triton, or `use_fused_kernel` cleared) the torch code below does it all.
+- Elsewhere (CPU, no triton, or built with `KernelConfig.fused_sampling` off) the torch code below does it all.
 The two draw from the same distribution with different random streams: a seeded request gets
 other tokens on CUDA than on CPU (each reproducible on its own device), as with vLLM.
 """
 
-import importlib.util
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from gpu.batch import RowSampling, StepResult
+from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.host_to_device import to_device
+from gpu.kernels import HAS_TRITON
 from gpu.pending_step import PendingStep, SampledRows
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
 FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 
@@ -56,12 +56,12 @@ def build_sampling_tensors(rows: list[RowSampling], vocab_size: int, device: tor
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int) -> None:
+    def __init__(self, device: torch.device, seed: int, kernels: KernelConfig = DEFAULT_KERNELS) -> None:
         self.device = device
         self.generator = torch.Generator(device=device)  # noise of the torch path
         self.generator.manual_seed(seed)
         self.key_rng = np.random.default_rng(seed)  # per-step Philox keys of the kernel's unseeded rows
-        self.use_fused_kernel = True  # cleared to force the torch path on CUDA (tests and bench compare)
+        self.kernels = kernels
 
     def __call__(self, logits: torch.Tensor, rows: list[RowSampling]) -> StepResult:
         """Samples and waits for the result on the host (tests, warm-up); the engine uses `sample`."""
@@ -79,7 +79,7 @@ class Sampler:
         return _with_logprobs(logits, self._torch_token_ids(_ban_tokens(logits.float(), rows), rows), rows)
 
     def _is_fused(self, logits: torch.Tensor) -> bool:
-        return (self.use_fused_kernel and HAS_TRITON and logits.is_cuda and logits.dtype in FUSED_DTYPES
+        return (self.kernels.fused_sampling and HAS_TRITON and logits.is_cuda and logits.dtype in FUSED_DTYPES
                 and logits.stride(-1) == 1)
 
     def _fused_token_ids(self, logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:

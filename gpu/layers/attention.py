@@ -2,12 +2,10 @@
 
 The layer owns no cache: the runner hands it this layer's (k_cache, v_cache) after allocating them.
 On CUDA, when triton is installed, the per-head q/k norms and the rotation are one Triton kernel
-(gpu/kernels/qk_norm_rope.py) reading the fused QKV output; elsewhere, or with `use_fused_kernels`
-off, the torch layers run (the reference the kernel is tested against). Triton is imported on the
-first CUDA call only.
+(gpu/kernels/qk_norm_rope.py) reading the fused QKV output; elsewhere, or built with
+`KernelConfig.fused_elementwise` off, the torch layers run (the reference the kernel is tested
+against). Triton is imported on the first CUDA call only.
 """
-
-import importlib.util
 
 import torch
 from torch import nn
@@ -15,15 +13,16 @@ from transformers import PretrainedConfig
 
 from gpu.attention.backend import AttentionBackend
 from gpu.attention.metadata import AttentionMetadata
+from gpu.config import DEFAULT_KERNELS, KernelConfig
+from gpu.kernels import HAS_TRITON
 from gpu.layers.linear import Linear, MergedLinear
 from gpu.layers.norm import RMSNorm
 from gpu.layers.rotary import RotaryEmbedding
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
-
 
 class DecoderAttention(nn.Module):
-    def __init__(self, config: PretrainedConfig, rotary: RotaryEmbedding, has_qk_norm: bool) -> None:
+    def __init__(self, config: PretrainedConfig, rotary: RotaryEmbedding, has_qk_norm: bool,
+                 kernels: KernelConfig = DEFAULT_KERNELS) -> None:
         super().__init__()
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
@@ -32,16 +31,16 @@ class DecoderAttention(nn.Module):
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_size, self.kv_size = q_size, kv_size
         has_bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        self.qkv_proj = MergedLinear(config.hidden_size, {"q": q_size, "k": kv_size, "v": kv_size}, has_bias)
-        self.o_proj = Linear(q_size, config.hidden_size, bias=bool(getattr(config, "attention_bias", False)))
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if has_qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if has_qk_norm else None
+        shards = {"q": q_size, "k": kv_size, "v": kv_size}
+        self.qkv_proj = MergedLinear(config.hidden_size, shards, has_bias, kernels)
+        self.o_proj = Linear(q_size, config.hidden_size, bool(getattr(config, "attention_bias", False)), kernels)
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels) if has_qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels) if has_qk_norm else None
         self.rotary = rotary
         self.backend: AttentionBackend | None = None
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
-        # Cleared to force the torch path on CUDA (tests compare the two); see LlamaForCausalLM.
-        self.use_fused_kernels = True
+        self.kernels = kernels
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
@@ -67,7 +66,7 @@ class DecoderAttention(nn.Module):
 
     def _is_fused(self, qkv: torch.Tensor) -> bool:
         is_pow2 = (self.head_dim & (self.head_dim - 1)) == 0  # the kernel's head halves are power-of-two ranges
-        return self.use_fused_kernels and HAS_TRITON and qkv.is_cuda and is_pow2 and qkv.stride(1) == 1
+        return self.kernels.fused_elementwise and HAS_TRITON and qkv.is_cuda and is_pow2 and qkv.stride(1) == 1
 
     def _fused_qk(self, positions: torch.Tensor, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         from gpu.kernels.qk_norm_rope import qk_norm_rope

@@ -5,38 +5,40 @@ several checkpoint tensors (q/k/v, gate/up) into one weight.
 gpu/kernels/skinny_gemm.py, which streams the weight at a higher share of the memory bandwidth than cuBLAS
 does for so few rows, unless the kernel's table says cuBLAS is as fast for that shape; anything else goes to
 F.linear. The choice depends on shapes and dtypes only, so it is the same at every replay of a CUDA graph.
-`set_skinny_gemm(model, False)` forces F.linear everywhere (tests compare the two paths). Merging turns three
-(or two) matmuls into one; each parameter of a MergedLinear carries a `weight_loader` that copies one
+A layer built with `KernelConfig.skinny_gemm` off always runs F.linear (tests and A/B runs compare). Merging
+turns three (or two) matmuls into one; each parameter of a MergedLinear carries a `weight_loader` that copies one
 checkpoint shard into its rows.
 """
-
-import importlib.util
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from gpu.config import DEFAULT_KERNELS, KernelConfig
+from gpu.kernels import HAS_TRITON
+
 SKINNY_MAX_ROWS = 16  # the decode graphs' buckets 1, 2, 4, 8, 16; more rows are cuBLAS's GEMM
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)
 
 
 class Linear(nn.Linear):
-    def __init__(self, in_features: int, out_features: int, bias: bool) -> None:
+    def __init__(
+        self, in_features: int, out_features: int, bias: bool, kernels: KernelConfig = DEFAULT_KERNELS
+    ) -> None:
         super().__init__(in_features, out_features, bias=bias)
-        self.use_skinny_gemm = True  # cleared by set_skinny_gemm (tests compare the two paths)
-        self.use_pdl = False  # programmatic dependent launch of the skinny kernel (see skinny_gemm)
+        self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self._is_skinny(x):
             from gpu.kernels.skinny_gemm import skinny_gemm
 
-            y = skinny_gemm(x.reshape(-1, self.in_features), self.weight, self.bias, use_pdl=self.use_pdl)
+            rows = x.reshape(-1, self.in_features)
+            y = skinny_gemm(rows, self.weight, self.bias, use_pdl=self.kernels.skinny_gemm_pdl)
             return y.view(*x.shape[:-1], self.out_features)
         return F.linear(x, self.weight, self.bias)
 
     def _is_skinny(self, x: torch.Tensor) -> bool:
-        if not (self.use_skinny_gemm and HAS_TRITON and x.is_cuda and x.dtype in SKINNY_DTYPES
+        if not (self.kernels.skinny_gemm and HAS_TRITON and x.is_cuda and x.dtype in SKINNY_DTYPES
                 and x.dtype == self.weight.dtype and 0 < x.numel() <= SKINNY_MAX_ROWS * self.in_features
                 and x.stride(-1) == 1 and self.weight.stride(-1) == 1
                 and not (torch.is_grad_enabled() and self.weight.requires_grad)):
@@ -46,17 +48,10 @@ class Linear(nn.Linear):
         return preferred_config(x.numel() // self.in_features, self.out_features, self.in_features) is not None
 
 
-def set_skinny_gemm(model: nn.Module, enabled: bool, use_pdl: bool = False) -> None:
-    """Routes every `Linear` of `model` to the skinny GEMM kernel for few rows (the default) or to F.linear."""
-    for module in model.modules():
-        if isinstance(module, Linear):
-            module.use_skinny_gemm = enabled
-            module.use_pdl = use_pdl
-
-
 class MergedLinear(Linear):
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool) -> None:
-        super().__init__(in_features, sum(shard_sizes.values()), bias=bias)
+    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool,
+                 kernels: KernelConfig = DEFAULT_KERNELS) -> None:
+        super().__init__(in_features, sum(shard_sizes.values()), bias, kernels)
         self.shard_offsets: dict[str, tuple[int, int]] = {}
         start = 0
         for name, size in shard_sizes.items():

@@ -1,26 +1,24 @@
 """RMSNorm, optionally fused with the residual add that precedes it.
 
 On CUDA, when triton is installed, both go through one Triton kernel (gpu/kernels/rms_norm.py);
-elsewhere, or with `use_fused_kernels` off, the torch code below runs: it is the reference the
-kernel is tested against, and it rounds at the same points. The kernel module is imported on the
+elsewhere, or built with `KernelConfig.fused_elementwise` off, the torch code below runs: it is the
+reference the kernel is tested against, and it rounds at the same points. The kernel module is imported on the
 first CUDA call, so CPU runs never import triton.
 """
-
-import importlib.util
 
 import torch
 from torch import nn
 
-HAS_TRITON = importlib.util.find_spec("triton") is not None
+from gpu.config import DEFAULT_KERNELS, KernelConfig
+from gpu.kernels import HAS_TRITON
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float) -> None:
+    def __init__(self, hidden_size: int, eps: float, kernels: KernelConfig = DEFAULT_KERNELS) -> None:
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(hidden_size))
-        # Cleared to force the torch path on CUDA (tests compare the two); see LlamaForCausalLM.
-        self.use_fused_kernels = True
+        self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() == 2 and self._is_fused(x):
@@ -42,7 +40,7 @@ class RMSNorm(nn.Module):
         return self(x), x
 
     def _is_fused(self, x: torch.Tensor) -> bool:
-        return (self.use_fused_kernels and HAS_TRITON and x.is_cuda and x.stride(-1) == 1
+        return (self.kernels.fused_elementwise and HAS_TRITON and x.is_cuda and x.stride(-1) == 1
                 and x.dtype == self.weight.dtype)
 
     def _fused(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:

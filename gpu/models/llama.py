@@ -4,8 +4,8 @@ Parameter names follow the Hugging Face checkpoints, except the merged projectio
 (`qkv_proj`, `gate_up_proj`), which `packed_modules` maps back to checkpoint names. On CUDA the
 elementwise work of a layer (residual add + RMSNorm twice, q/k norm + RoPE, SiLU-and-mul) runs as
 four Triton kernels where triton is installed: per decode step a layer launches about a dozen
-kernels instead of about sixty, which is what a small batch pays for. `set_fused_kernels(False)`
-forces the torch reference code.
+kernels instead of about sixty, which is what a small batch pays for. A model built with
+`KernelConfig.fused_elementwise` off runs the torch reference code instead (tests compare the two).
 """
 
 import torch
@@ -13,6 +13,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from gpu.attention.metadata import AttentionMetadata
+from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.layers.activation import SiluAndMul
 from gpu.layers.attention import DecoderAttention
 from gpu.layers.linear import Linear, MergedLinear
@@ -21,27 +22,28 @@ from gpu.layers.rotary import RotaryEmbedding
 
 
 class MLP(nn.Module):
-    def __init__(self, config: PretrainedConfig) -> None:
+    def __init__(self, config: PretrainedConfig, kernels: KernelConfig) -> None:
         super().__init__()
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"activation {config.hidden_act!r} is not supported (only silu)")
         has_bias = bool(getattr(config, "mlp_bias", False))
         size = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": size, "up": size}, has_bias)
-        self.down_proj = Linear(size, config.hidden_size, bias=has_bias)
-        self.act = SiluAndMul()
+        self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": size, "up": size}, has_bias, kernels)
+        self.down_proj = Linear(size, config.hidden_size, has_bias, kernels)
+        self.act = SiluAndMul(kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, rotary: RotaryEmbedding, has_qk_norm: bool) -> None:
+    def __init__(self, config: PretrainedConfig, rotary: RotaryEmbedding, has_qk_norm: bool,
+                 kernels: KernelConfig) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(config, rotary, has_qk_norm)
-        self.mlp = MLP(config)
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = DecoderAttention(config, rotary, has_qk_norm, kernels)
+        self.mlp = MLP(config, kernels)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
     def forward(
         self,
@@ -57,15 +59,15 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, max_position: int, has_qk_norm: bool) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int, has_qk_norm: bool, kernels: KernelConfig) -> None:
         super().__init__()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         rotary = RotaryEmbedding(config, head_dim, max_position)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, rotary, has_qk_norm) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, rotary, has_qk_norm, kernels) for _ in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.embed_tokens(input_ids)
@@ -86,10 +88,10 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", "up"),
     }
 
-    def __init__(self, config: PretrainedConfig, max_position: int) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig = DEFAULT_KERNELS) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, max_position, self.has_qk_norm)
+        self.model = DecoderModel(config, max_position, self.has_qk_norm, kernels)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -102,10 +104,3 @@ class LlamaForCausalLM(nn.Module):
 
     def attention_layers(self) -> list[DecoderAttention]:
         return [layer.self_attn for layer in self.model.layers]
-
-    def set_fused_kernels(self, enabled: bool) -> None:
-        """Routes norms, q/k norm + RoPE and SiLU-and-mul to the Triton kernels on CUDA (the default
-        where triton is installed) or to the torch reference code (tests compare the two paths)."""
-        for module in self.modules():
-            if hasattr(module, "use_fused_kernels"):
-                module.use_fused_kernels = enabled

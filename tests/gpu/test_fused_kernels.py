@@ -21,7 +21,7 @@ from transformers import LlamaConfig  # noqa: E402
 
 from core.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
 from gpu.attention.metadata import AttentionMetadata  # noqa: E402
-from gpu.config import RunnerConfig  # noqa: E402
+from gpu.config import KernelConfig, RunnerConfig  # noqa: E402
 from gpu.kernels.qk_norm_rope import qk_norm_rope  # noqa: E402
 from gpu.kernels.rms_norm import rms_norm  # noqa: E402
 from gpu.kernels.silu_and_mul import silu_and_mul  # noqa: E402
@@ -36,6 +36,7 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 6.3e-2, torch.float16: 8e-3}
 # Share of elements allowed to differ at all in bf16/fp16 (rounding-boundary cases only).
 MAX_DIFFERING = 0.02
+TORCH_LAYERS = KernelConfig(fused_elementwise=False)  # the layers' torch code, the kernels' reference, on CUDA
 
 
 def poison_allocator(like_numel: int, dtype: torch.dtype) -> None:
@@ -65,9 +66,8 @@ def random_weight(size: int, dtype: torch.dtype) -> torch.Tensor:
 @pytest.mark.parametrize("num_tokens", [1, 300])
 @pytest.mark.parametrize("has_residual", [True, False])
 def test_rms_norm_matches_reference(dtype: torch.dtype, hidden: int, num_tokens: int, has_residual: bool) -> None:
-    norm = RMSNorm(hidden, 1e-6).to(DEVICE, dtype)
+    norm = RMSNorm(hidden, 1e-6, TORCH_LAYERS).to(DEVICE, dtype)
     norm.weight.data = random_weight(hidden, dtype)
-    norm.use_fused_kernels = False
     # x is a strided view (row stride wider than hidden), as a slice of a larger buffer would be.
     x = (3 * torch.randn(num_tokens, hidden + 16, device=DEVICE)).to(dtype)[:, :hidden]
     residual = torch.randn(num_tokens, hidden, device=DEVICE).to(dtype) if has_residual else None
@@ -95,8 +95,7 @@ def test_rms_norm_layer_routes_to_the_kernel() -> None:
 @pytest.mark.parametrize("num_tokens", [1, 333])
 def test_silu_and_mul_matches_reference(dtype: torch.dtype, intermediate: int, num_tokens: int) -> None:
     x = (2 * torch.randn(num_tokens, 2 * intermediate, device=DEVICE)).to(dtype)
-    reference = SiluAndMul()
-    reference.use_fused_kernels = False
+    reference = SiluAndMul(TORCH_LAYERS)
     poison_allocator(num_tokens * intermediate, dtype)
     out = silu_and_mul(x)
     assert_close_to_reference(out, reference(x), f"silu_and_mul {dtype} I={intermediate} tokens={num_tokens}")
@@ -238,9 +237,9 @@ def prefill_then_decode_logits(runner: ModelRunner, prompt_len: int) -> torch.Te
 
 def model_logits(model_dir: Path, dtype: str, is_fused: bool) -> torch.Tensor:
     config = RunnerConfig(model_path=str(model_dir), dtype=dtype, device="cuda", num_kv_blocks=64,
-                          max_num_seqs=4, max_model_len=512, enforce_eager=True, attention_backend="triton")
+                          max_num_seqs=4, max_model_len=512, enforce_eager=True, attention_backend="triton",
+                          kernels=KernelConfig(fused_elementwise=is_fused))
     runner = ModelRunner(config)
-    runner.model.set_fused_kernels(is_fused)
     with torch.inference_mode():
         return prefill_then_decode_logits(runner, prompt_len=300)
 

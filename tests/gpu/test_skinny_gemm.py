@@ -20,9 +20,9 @@ if not torch.cuda.is_available():
 
 from core.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
 from gpu.attention.metadata import AttentionMetadata  # noqa: E402
-from gpu.config import RunnerConfig  # noqa: E402
+from gpu.config import KernelConfig, RunnerConfig  # noqa: E402
 from gpu.kernels.skinny_gemm import MAX_ROWS, SkinnyConfig, skinny_gemm  # noqa: E402
-from gpu.layers.linear import Linear, set_skinny_gemm  # noqa: E402
+from gpu.layers.linear import Linear  # noqa: E402
 from gpu.model_runner import ModelRunner  # noqa: E402
 
 DEVICE = torch.device("cuda")
@@ -154,8 +154,9 @@ def test_linear_routes_few_rows_and_falls_back() -> None:
     layer.to(torch.bfloat16)
     x = torch.randn(2, 3, 3072, device=DEVICE, dtype=torch.bfloat16)  # 6 rows in a 3-d input
     assert layer._is_skinny(x) and layer(x).shape == (2, 3, 1024)
-    set_skinny_gemm(layer, False)
-    assert not layer._is_skinny(x)
+    cublas_only = Linear(3072, 1024, True, KernelConfig(skinny_gemm=False)).to(DEVICE, torch.bfloat16)
+    cublas_only.requires_grad_(False)
+    assert not cublas_only._is_skinny(x)
 
 
 def test_linear_keeps_cublas_where_the_table_says_it_is_as_fast() -> None:
@@ -181,9 +182,9 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def prompt_then_decode_logits(model_dir: Path, dtype: str, is_skinny: bool, prompt_len: int = 12) -> torch.Tensor:
     """Logits of a short prompt (one prefill of <= 16 tokens: skinny) and of one decode step; [prompt_len + 1, V]."""
     config = RunnerConfig(model_path=str(model_dir), dtype=dtype, device="cuda", num_kv_blocks=16, max_num_seqs=4,
-                          max_model_len=256, enforce_eager=True, attention_backend="triton")
+                          max_model_len=256, enforce_eager=True, attention_backend="triton",
+                          kernels=KernelConfig(skinny_gemm=is_skinny))
     runner = ModelRunner(config)
-    set_skinny_gemm(runner.model, is_skinny)
     model = runner.model
     tables = torch.arange(2, dtype=torch.int32, device=DEVICE)[None]
     ids = torch.randint(0, runner.vocab_size, (prompt_len + 1,), device=DEVICE,
