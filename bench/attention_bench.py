@@ -8,26 +8,28 @@ torch reference (gpu/attention/torch_ref.py) and torch SDPA over contiguous (unp
 sweep of launch configurations and split counts says whether the defaults are the best ones.
 Then the prefill kernel on 4 rows x 1024 fresh tokens, against SDPA (causal, contiguous).
 Inputs are random; several input sets rotate where one set would fit in L2.
+
+    python -m bench.attention_bench --out result.json
 """
 
 import argparse
-import datetime
 import itertools
-import json
 import math
 import sys
-from collections.abc import Callable
-from pathlib import Path
 
 import torch
 import triton
-from triton.testing import do_bench
 
+from bench.bench_model import QWEN3_0P6B
+from bench.common import write_result
+from bench.cuda_timing import graph_ms, median_ms
+from bench.device_limits import measure_copy_bytes_per_s
 from gpu.attention import torch_ref
 from gpu.kernels.decode_attention import DecodeConfig, choose_num_splits, decode_attention
 from gpu.kernels.prefill_attention import PrefillConfig, prefill_attention
 
-NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
+NUM_HEADS, NUM_KV_HEADS = int(QWEN3_0P6B["num_attention_heads"]), int(QWEN3_0P6B["num_key_value_heads"])
+HEAD_DIM, BLOCK_SIZE = int(QWEN3_0P6B["head_dim"]), 16
 DTYPE = torch.bfloat16
 DECODE_SHAPES = [(1, 1024), (16, 1024), (64, 4096), (256, 1024)]
 DECODE_TILE_SWEEP = [(64, 4, 2), (32, 4, 3), (64, 4, 3), (128, 4, 2), (64, 8, 2), (32, 4, 2), (128, 8, 3)]
@@ -37,18 +39,6 @@ PREFILL_SWEEP = [  # (block_m, block_n, num_warps, num_stages)
 ]
 CALLS_PER_GRAPH = 20
 SCALE = HEAD_DIM**-0.5
-
-
-def median_ms(fn: Callable[[], object], rep_ms: int = 200) -> float:
-    return float(do_bench(fn, warmup=25, rep=rep_ms, return_mode="median"))
-
-
-def copy_bandwidth() -> float:
-    """Bytes per second of a 1 GiB device-to-device copy, counting bytes read plus written."""
-    src = torch.randint(0, 255, (2**30,), dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    ms = median_ms(lambda: dst.copy_(src), rep_ms=500)
-    return 2 * src.numel() / (ms * 1e-3)
 
 
 class DecodeInputs:
@@ -82,17 +72,6 @@ class DecodeInputs:
         return kv + q_and_out + batch * blocks_per_row * 4
 
 
-def graph_ms(run: Callable[[], object]) -> float:
-    """Median time of one call, from replays of a graph holding CALLS_PER_GRAPH calls."""
-    run()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
-            run()
-    return median_ms(graph.replay) / CALLS_PER_GRAPH
-
-
 def decode_case(batch: int, context: int, copy_bps: float) -> dict:
     inputs = DecodeInputs(batch, context)
     nbytes = inputs.bytes_moved()
@@ -107,17 +86,17 @@ def decode_case(batch: int, context: int, copy_bps: float) -> dict:
         "batch": batch, "context": context, "bytes": nbytes, "input_sets": inputs.num_sets,
         "default_num_splits": choose_num_splits(batch, NUM_KV_HEADS, context, sms),
         "eager": share(median_ms(lambda: inputs.run())),
-        "graph": share(graph_ms(lambda: inputs.run())),
+        "graph": share(graph_ms(lambda: inputs.run(), CALLS_PER_GRAPH)),
         "torch_ref_us": round(time_torch_ref(inputs) * 1e3, 1),
         "sdpa_contiguous_us": time_sdpa_decode(batch, context),
         "tile_sweep": [], "split_sweep": [],
     }
     for block_n, warps, stages in DECODE_TILE_SWEEP:
         config = DecodeConfig(block_n=block_n, num_warps=warps, num_stages=stages)
-        row = share(graph_ms(lambda config=config: inputs.run(config)))
+        row = share(graph_ms(lambda config=config: inputs.run(config), CALLS_PER_GRAPH))
         result["tile_sweep"].append({"block_n": block_n, "num_warps": warps, "num_stages": stages, **row})
     for splits in SPLIT_SWEEP:
-        row = share(graph_ms(lambda splits=splits: inputs.run(DecodeConfig(num_splits=splits))))
+        row = share(graph_ms(lambda splits=splits: inputs.run(DecodeConfig(num_splits=splits)), CALLS_PER_GRAPH))
         result["split_sweep"].append({"num_splits": splits, **row})
     return result
 
@@ -198,32 +177,28 @@ def prefill_case(num_rows: int, query_len: int) -> dict:
     }
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True, help="where to write the JSON results")
-    parser.add_argument("--commit", default="unknown", help="git commit of the code being measured")
-    args = parser.parse_args()
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m bench.attention_bench", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=None, help="where to write the JSON results")
+    args = parser.parse_args(argv)
     torch.manual_seed(0)
-    copy_bps = copy_bandwidth()
+    copy_bps = measure_copy_bytes_per_s(torch.device("cuda"), 2 << 30)
     results = {
-        "device": torch.cuda.get_device_name(0),
-        "date": datetime.date.today().isoformat(),
-        "commit": args.commit,
-        "command": " ".join(sys.argv),
-        "torch": torch.__version__, "triton": triton.__version__,
+        "kind": "attention", "torch": torch.__version__, "triton": triton.__version__,
         "heads": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
                   "block_size": BLOCK_SIZE, "dtype": str(DTYPE)},
         "copy_GBps": round(copy_bps / 1e9, 1),
         "decode": [decode_case(batch, context, copy_bps) for batch, context in DECODE_SHAPES],
         "prefill": prefill_case(4, 1024),
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1))
     print_table(results)
+    if args.out:
+        write_result(args.out, results, "bench.attention_bench", argv)
 
 
 def print_table(results: dict) -> None:
-    print(f"\n{results['device']}  copy {results['copy_GBps']} GB/s (read+write)")
+    print(f"\n{torch.cuda.get_device_name()}  copy {results['copy_GBps']} GB/s (read+write)")
     print("batch context splits | eager us  GB/s  %copy | graph us  GB/s  %copy | torch_ref us | sdpa us")
     for r in results["decode"]:
         e, g = r["eager"], r["graph"]

@@ -14,10 +14,11 @@ import json
 import sys
 
 import torch
-from triton.testing import do_bench
 
-from bench.attention_bench import BLOCK_SIZE, DTYPE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SCALE, copy_bandwidth
+from bench.attention_bench import BLOCK_SIZE, DTYPE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SCALE
 from bench.common import write_result
+from bench.cuda_timing import median_ms
+from bench.device_limits import measure_copy_bytes_per_s
 from gpu.kernels.decode_attention import decode_attention
 
 # (rows, shortest context, longest context): contexts uniform in between, one fixed seed.
@@ -52,9 +53,8 @@ def time_case(num_rows: int, shortest: int, longest: int, generator: torch.Gener
     for name, order in orders.items():
         out = decode_attention(query, k_cache, v_cache, table, context_lens, SCALE, row_order=order)
         assert torch.equal(out, reference), f"row order {name} changed the output"
-        ms = float(do_bench(lambda order=order: decode_attention(query, k_cache, v_cache, table, context_lens, SCALE,
-                                                                 row_order=order), warmup=25, rep=300,
-                            return_mode="median"))
+        ms = median_ms(lambda order=order: decode_attention(query, k_cache, v_cache, table, context_lens, SCALE,
+                                                            row_order=order), rep_ms=300)
         result[name] = {"us": round(ms * 1e3, 2), "GBps": round(kv_bytes / (ms * 1e-3) / 1e9, 1)}
     return result
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.attention_mixed", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
-    copy_bps = copy_bandwidth()
+    copy_bps = measure_copy_bytes_per_s(torch.device("cuda"), 2 << 30)
     generator = torch.Generator().manual_seed(0)
     cases = []
     for case in CASES:

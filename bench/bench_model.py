@@ -1,17 +1,24 @@
 """The benchmark model: a Qwen3-0.6B-shaped random bf16 checkpoint with a tokenizer that covers its vocab.
 
-The tests' tiny tokenizer knows a few hundred tokens, so most ids the random 0.6B model samples
-would decode to nothing and a server would stream no text for them: a serving benchmark would see
-too few chunks, and would not pay for detokenization as it does with a real model. This tokenizer is
-a word-level one over the whole vocabulary (id i is the word "w<i>"), so every id decodes to text
-and a prompt's text encodes back to the same ids (`--prompt-format text` relies on it).
+No weights can be downloaded on the GPU machine, so the figures are taken on random weights of the
+shape the published figures (nano-vllm, vLLM) use; speed does not depend on the values. The tests'
+tiny tokenizer knows a few hundred tokens, so most ids the random model samples would decode to
+nothing and a server would stream no text for them: a serving benchmark would see too few chunks,
+and would not pay for detokenization as it does with a real model. This tokenizer is a word-level
+one over the whole vocabulary (id i is the word "w<i>"), so every id decodes to text and a prompt's
+text encodes back to the same ids (`--prompt-format text` relies on it).
 """
 
 from pathlib import Path
 
 import torch
 
-from bench.random_checkpoint import QWEN3_0P6B, build_random_qwen3_0p6b
+DEFAULT_DIR = "/tmp/qwen3-0.6b-bench"  # where the device scripts build it once per machine
+QWEN3_0P6B = dict(
+    vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+    num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, eos_token_id=151645,
+)
 
 
 def build_word_tokenizer(directory: str | Path, vocab_size: int) -> Path:
@@ -26,9 +33,17 @@ def build_word_tokenizer(directory: str | Path, vocab_size: int) -> Path:
     return directory
 
 
-def build_bench_model(directory: str | Path) -> Path:
-    """The random Qwen3-0.6B checkpoint (reused when present) with the word tokenizer beside it."""
-    directory = build_random_qwen3_0p6b(directory)
+def build_bench_model(directory: str | Path = DEFAULT_DIR) -> Path:
+    """The random bf16 Qwen3-0.6B checkpoint (built on the GPU if present; reused when there) and the word
+    tokenizer beside it."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    directory = Path(directory)
+    if not (directory / "config.json").exists():
+        torch.manual_seed(0)
+        with torch.device("cuda" if torch.cuda.is_available() else "cpu"):
+            model = Qwen3ForCausalLM(Qwen3Config(**QWEN3_0P6B)).to(torch.bfloat16)
+        model.save_pretrained(directory, safe_serialization=True)
     if not (directory / "tokenizer.json").exists():
         build_word_tokenizer(directory, int(QWEN3_0P6B["vocab_size"]))
     return directory

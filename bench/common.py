@@ -1,4 +1,5 @@
-"""What every published result carries: the device, the date, the git commit and the exact command.
+"""What every published result carries: the device, the date, the git commit and the exact command; and
+the one way a benchmark names a kernel choice.
 
 A result is one JSON object; `write_result` adds this provenance so no figure travels without it.
 On the lent GPU machine the working tree is a copy that may carry no `.git`: the commit can then be
@@ -9,8 +10,11 @@ import json
 import os
 import shlex
 import subprocess
+from dataclasses import fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
+
+from gpu.config import KernelConfig
 
 
 def git_commit() -> str:
@@ -56,3 +60,15 @@ def write_result(path: str | Path, result: dict[str, object], module: str, argv:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({**provenance(module, argv), **result}, indent=1) + "\n")
     return path
+
+
+def kernel_variant(spec: str) -> KernelConfig:
+    """`default`, or settings `FIELD=0|1` of gpu.config.KernelConfig joined by `+` (`skinny_gemm=0+...`): the
+    runner a benchmark builds for an A/B run, never a switch flipped on a live one."""
+    if spec == "default":
+        return KernelConfig()
+    names = {f.name for f in fields(KernelConfig)}
+    settings = dict(part.partition("=")[::2] for part in spec.split("+"))
+    if set(settings) - names or any(value not in ("0", "1") for value in settings.values()):
+        raise ValueError(f"kernel variant {spec!r}: each part is FIELD=0|1 with FIELD one of {sorted(names)}")
+    return replace(KernelConfig(), **{name: value == "1" for name, value in settings.items()})

@@ -1,29 +1,33 @@
-"""Times one decode step of a Qwen3-0.6B-shaped model (random bf16 weights) on the GPU.
+"""Times one decode step of the Qwen3-0.6B-shaped bench model (random bf16 weights) on the GPU, per kernel choice.
 
 A step is what the engine pays: building device inputs from the batch description, the forward
-pass (a CUDA-graph replay or eager), logits, sampling, and the one host sync. Reported at batch 1
-and 256 with a 1k-token context per sequence, graphs on and off, as the median of many steps, two
+pass (a CUDA-graph replay or eager), logits, sampling, and the one host sync. Reported per batch
+size with a 1k-token context per sequence, graphs on and off, as the median of many steps, two
 ways: `step_ms` launches a step and waits for its tokens before the next (the host's preparation
 and the device's work add up); `pipelined_step_ms` runs steps as the engine does with async
 scheduling: step k+1 is launched, reading step k's tokens on the device, before step k's tokens are
 waited for, so the host's preparation overlaps the device's work (the interval between steps).
 
-    python -m bench.decode_step_bench --out result.json
+`--variants` compares kernel choices, one runner built per variant: each is `default` or fields of
+gpu.config.KernelConfig joined by `+`, e.g. `fused_elementwise=0` (the torch layer code),
+`skinny_gemm=0` (cuBLAS for every GEMM), `skinny_gemm_pdl=1`, `order_decode_rows=0`.
+`--profile` adds torch.profiler's kernels per step, device busy time and top kernels.
+
+    python -m bench.decode_step_bench --variants default fused_elementwise=0 --profile --out result.json
 """
 
 import argparse
 import gc
-import json
 import statistics
-import subprocess
+import sys
 import time
 from dataclasses import replace
-from datetime import date
-from pathlib import Path
 
 import torch
 
-from bench.random_checkpoint import build_random_qwen3_0p6b
+from bench.bench_model import DEFAULT_DIR, build_bench_model
+from bench.common import kernel_variant, write_result
+from bench.profiling import profile_summary
 from gpu.batch import Batch, RowSampling
 from gpu.config import RunnerConfig
 from gpu.model_runner import ModelRunner
@@ -70,48 +74,68 @@ def time_pipelined_steps(runner: ModelRunner, batch: Batch, steps: int) -> float
     return statistics.median(intervals) * 1e3
 
 
-def git_commit() -> str:
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+def profile_steps(runner: ModelRunner, batch: Batch, steps: int = 5) -> dict[str, object]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            runner.execute(batch)
+    return profile_summary(prof.key_averages(), steps, top=10)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--model-dir", default="/tmp/qwen3-0.6b-random")
-    parser.add_argument("--context", type=int, default=1024)
-    parser.add_argument("--backend", default="auto")
-    parser.add_argument("--out", default=None)
-    args = parser.parse_args()
-    model_dir = build_random_qwen3_0p6b(args.model_dir)
+def measure(args: argparse.Namespace, variant: str, is_eager: bool) -> list[dict[str, object]]:
+    batches = [int(b) for b in args.batches.split(",")]
+    config = RunnerConfig(
+        model_path=str(build_bench_model(args.model_dir)), dtype="bfloat16", device="cuda", block_size=BLOCK,
+        num_kv_blocks=max(batches) * -(-args.context // BLOCK) + 16, max_num_seqs=max(batches),
+        max_num_batched_tokens=8192, max_model_len=4096, enforce_eager=is_eager, attention_backend=args.backend,
+        kernels=kernel_variant(variant),
+    )
+    runner = ModelRunner(config)
     rows = []
-    for enforce_eager in (False, True):
-        config = RunnerConfig(
-            model_path=str(model_dir), dtype="bfloat16", device="cuda", block_size=BLOCK,
-            num_kv_blocks=256 * -(-args.context // BLOCK) + 16, max_num_seqs=256, max_num_batched_tokens=8192,
-            max_model_len=4096, enforce_eager=enforce_eager, attention_backend=args.backend,
-        )
-        runner = ModelRunner(config)
-        for batch_size in (1, 256):
-            batch = decode_batch(batch_size, args.context)
-            ms = time_steps(runner, batch, steps=50)
-            pipelined_ms = time_pipelined_steps(runner, batch, steps=50)
-            rows.append({"batch": batch_size, "context": args.context, "cuda_graphs": not enforce_eager,
-                         "backend": runner.backend.name, "step_ms": round(ms, 3),
-                         "pipelined_step_ms": round(pipelined_ms, 3),
-                         "tokens_per_s": round(batch_size / ms * 1e3),
-                         "pipelined_tokens_per_s": round(batch_size / pipelined_ms * 1e3)})
-            print(rows[-1], flush=True)
-        del runner
-        gc.collect()
-        torch.cuda.empty_cache()
-    result = {
-        "what": "one decode step of a Qwen3-0.6B-shaped model, random bf16 weights, median of 50 steps; "
-                "step_ms: launch then wait; pipelined_step_ms: the next step queued before waiting (async scheduling)",
-        "device": torch.cuda.get_device_name(), "date": date.today().isoformat(),
-        "commit": git_commit(),
-        "command": "python -m bench.decode_step_bench", "torch": torch.__version__, "rows": rows,
-    }
+    for batch_size in batches:
+        batch = decode_batch(batch_size, args.context)
+        ms = time_steps(runner, batch, args.steps)
+        pipelined_ms = time_pipelined_steps(runner, batch, args.steps)
+        row: dict[str, object] = {
+            "variant": variant, "batch": batch_size, "context": args.context, "cuda_graphs": not is_eager,
+            "backend": runner.backend.name, "step_ms": round(ms, 3), "pipelined_step_ms": round(pipelined_ms, 3),
+            "tokens_per_s": round(batch_size / ms * 1e3),
+            "pipelined_tokens_per_s": round(batch_size / pipelined_ms * 1e3)}
+        if args.profile:
+            row["profile"] = profile_steps(runner, batch)
+        print({k: v for k, v in row.items() if k != "profile"}, flush=True)
+        rows.append(row)
+    del runner
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m bench.decode_step_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model-dir", default=DEFAULT_DIR)
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--batches", default="1,256", help="batch sizes, comma-separated")
+    p.add_argument("--steps", type=int, default=50, help="steps per median")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--variants", nargs="+", default=["default"], help="kernel choices to compare (see above)")
+    p.add_argument("--modes", default="graphs,eager", help="graphs, eager or both (comma-separated)")
+    p.add_argument("--profile", action="store_true", help="kernels per step and the top kernels, per row")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    modes = args.modes.split(",")
+    rows = [row for variant in args.variants for mode in modes
+            for row in measure(args, variant, is_eager=mode == "eager")]
+    print("| variant | batch | graphs | step ms | pipelined ms | kernels/step |\n| --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        kernels = r["profile"]["kernels_per_step"] if "profile" in r else "-"  # type: ignore[index]
+        print(f"| {r['variant']} | {r['batch']} | {r['cuda_graphs']} | {r['step_ms']} | {r['pipelined_step_ms']} "
+              f"| {kernels} |")
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        write_result(args.out, {"kind": "decode-step", "torch": torch.__version__, "rows": rows},
+                     "bench.decode_step_bench", argv)
 
 
 if __name__ == "__main__":

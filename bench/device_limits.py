@@ -51,8 +51,8 @@ def measure_matmul_flops_per_s(device: torch.device, n: int, dtype: torch.dtype,
 def measure_limits(device: torch.device, dtype: torch.dtype) -> DeviceLimits:
     is_cuda = device.type == "cuda"
     limits = DeviceLimits(
-        copy_bytes_per_s=measure_copy_bytes_per_s(device, (2 << 30) if is_cuda else (64 << 20)),
-        matmul_flops_per_s=measure_matmul_flops_per_s(device, 8192 if is_cuda else 512, dtype),
+        copy_bytes_per_s=measure_copy_bytes_per_s(device, (2 << 30) if is_cuda else (16 << 20)),
+        matmul_flops_per_s=measure_matmul_flops_per_s(device, 8192 if is_cuda else 256, dtype),
     )
     if is_cuda:
         torch.cuda.empty_cache()  # give the engine the memory back before it sizes its KV cache

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field, replace
 from itertools import count
 
 import torch
-from torch.autograd import DeviceType
 
+from bench.profiling import profile_summary
 from bench.step_trace import StepRecord
 from bench.workload import Request, fixed_workload
 from core import LLMEngine, SamplingParams
@@ -221,24 +221,6 @@ def profile_steps(engine: LLMEngine, requests: list[Request], skip_steps: int, n
             step_seconds.append(time.perf_counter() - start)
     running = engine.stats().num_running
     drain(engine, ids)
-    events = prof.key_averages()
-    kernels = [e for e in events if e.device_type == DeviceType.CUDA]  # host ops' device time would count twice
-    return {
-        "num_running": running, "num_steps": num_steps,
-        "step_ms_median": round(statistics.median(step_seconds) * 1e3, 3),
-        "device_busy_ms_per_step": round(sum(_device_us(e) for e in kernels) / num_steps / 1e3, 3),
-        "kernels_per_step": round(sum(e.count for e in kernels) / num_steps, 1),
-        "top_device_ops": _top(kernels, _device_us, num_steps),
-        "top_host_ops": _top([e for e in events if e.device_type != DeviceType.CUDA],
-                             lambda e: float(e.self_cpu_time_total), num_steps),
-    }
-
-
-def _device_us(event: object) -> float:
-    return float(getattr(event, "self_device_time_total", 0.0) or getattr(event, "device_time_total", 0.0))
-
-
-def _top(events: object, key: Callable[[object], float], num_steps: int, n: int = 15) -> list[dict[str, object]]:
-    ranked = sorted(events, key=key, reverse=True)[:n]  # type: ignore[call-overload]
-    return [{"name": e.key[:90], "ms_per_step": round(key(e) / num_steps / 1e3, 4),
-             "calls_per_step": round(e.count / num_steps, 1)} for e in ranked if key(e) > 0]
+    return {"num_running": running, "num_steps": num_steps,
+            "step_ms_median": round(statistics.median(step_seconds) * 1e3, 3),
+            **profile_summary(prof.key_averages(), num_steps)}

@@ -1,56 +1,120 @@
 #!/usr/bin/env bash
-# Issue 5's benchmarks on a GPU machine, one device call per stage (each well inside the 10-minute limit).
-# Usage, from the repo root on the GPU machine:
-#   bash bench/run_gpu.sh offline OUT_DIR   # nano-vllm workload: ours, transformers (subset), ideal, batch-1, profile
-#   bash bench/run_gpu.sh serve OUT_DIR     # offline reference on the serving shape, then openai-serve and
-#                                           # transformers serve over HTTP at concurrency 1, 16, 64, 256
-#   bash bench/run_gpu.sh repeat OUT_DIR    # all but the peer again at one commit; c=1 after c=256; HF serve
-#   bash bench/run_gpu.sh repeat-serve OUT_DIR  # the serve stage alone, with c=1 after c=256; HF serve
-# Every run is time-boxed (--max-seconds and friends) so a slow engine yields partial figures, not a killed call.
+# Every GPU benchmark, one stage per device call (each well inside the 10-minute limit; every run is time-boxed, so
+# a slow engine yields partial figures, not a killed call). From the repo root on the GPU machine:
+#   bash bench/run_gpu.sh STAGE OUT_DIR [ARGS...]
+# Stages (ARGS go to the stage's Python entry where it says so):
+#   tests         tests/gpu: kernels, fused kernels, skinny GEMM, sampling kernel, GPU parity
+#   decode-step   one decode step at batch 1 and 256, graphs on and off (ARGS: bench.decode_step_bench's,
+#                 e.g. --variants default fused_elementwise=0 --profile)
+#   offline       nano-vllm's workload: ours with the per-step breakdown and compile count, transformers on the
+#                 first 64 requests, the ideal, batch-1 latency, a profile (ARGS: bench.throughput's, e.g. --peer none)
+#   serve         the offline engine on the serving shape, openai-serve over HTTP at concurrency 1, 16, 64, 256 and
+#                 1 again (after the load), then transformers serve
+#   check         the offline engine on the serving shape and openai-serve at concurrency 1 and 256, no peers:
+#                 the quick look after a change
+#   ab-serve      openai-serve at concurrency 256 once per server-flag variant (ARGS, one quoted word each, e.g.
+#                 --no-engine-process --engine-process), interleaved, twice each, beside the offline engine
+#   host-profile  cProfile of the engine's host time over the serving shape and over nano-vllm's workload
+#   attention     the decode and prefill attention kernels (bench.attention_bench), then decode attention over
+#                 unequal contexts per row order (bench.attention_mixed)
+#   sampler       the sampling kernel against the torch path (bench.sampler_bench)
+#   skinny-gemm   the skinny GEMM against cuBLAS (ARGS: bench.skinny_gemm_bench's, e.g. --sweep)
+# Environment: BENCH_MODEL, a checkpoint to use instead of the random Qwen3-0.6B (bench/bench_model.py);
+# BENCH_COMMIT, the commit the tree is (the device's copy may have no .git; every result JSON records it).
 set -uo pipefail
-stage=${1:?usage: run_gpu.sh offline|serve|repeat|repeat-serve OUT_DIR}
-out=${2:?usage: run_gpu.sh offline|serve|repeat|repeat-serve OUT_DIR}
+usage="usage: run_gpu.sh tests|decode-step|offline|serve|check|ab-serve|host-profile|attention|sampler|skinny-gemm OUT_DIR"
+stage=${1:?$usage}
+out=${2:?$usage}
+shift 2
+mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-model=${BENCH_MODEL:-/tmp/qwen3-0.6b-bench}  # BENCH_MODEL: an existing checkpoint instead
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader | tee "$out/device.txt"
-python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)" \
-  | tee -a "$out/device.txt"
-python3 -c "from bench.bench_model import build_bench_model; build_bench_model('$model')"
+model=${BENCH_MODEL:-/tmp/qwen3-0.6b-bench}
+log="$out/log"
+
+{
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv,noheader
+  python3 -c "import torch, transformers; print('torch', torch.__version__, 'transformers', transformers.__version__)"
+  echo "commit ${BENCH_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}, stage $stage $*"
+} | tee "$out/device.txt"
+
+run() {  # SECONDS NAME COMMAND...: time-boxed, its output in the log and on the console
+  local limit=$1 name=$2
+  shift 2
+  echo "== $name" | tee -a "$log"
+  timeout "$limit" "$@" 2>&1 | grep -v "Warn" | tee -a "$log"
+}
+
+build_model() {
+  python3 -c "from bench.bench_model import build_bench_model; build_bench_model('$model')" > /dev/null 2>&1
+}
+
+offline_serve_shape() {  # the reference for the server's share: the engine alone on bench.serve's shape
+  run 150 offline-serve-shape python3 -m bench.throughput --model "$model" --workload serve --peer none \
+    --batch1-tokens 0 --profile-steps 0 --max-seconds 90 --out "$out/throughput_serve.json"
+}
+
+server_args="--model $model --dtype bfloat16 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192"
+openai_serve() {  # NAME LEVELS REQUESTS [SERVER FLAGS]
+  run 200 "$1" python3 -m bench.serve --launch --label "openai-serve${4:+ $4}" --server-args "$server_args ${4:-}" \
+    --levels "$2" --num-requests "$3" --max-seconds-per-level 60 --server-log "$out/server_$1.log" \
+    --out "$out/serve_$1.json"
+}
 
 transformers_serve() {
-  # text prompts (its /v1/completions takes no token ids), no ignore_eos field (it rejects unknown fields):
+  # Text prompts (its /v1/completions takes no token ids), no ignore_eos field (it rejects unknown fields):
   # EOS is turned off through its generation_config instead.
   local gen='{"do_sample": true, "temperature": 0.6, "top_k": 0, "top_p": 1.0, "eos_token_id": -1, "max_new_tokens": 128}'
-  timeout "${HF_TIMEOUT:-280}" python3 -m bench.serve --label "transformers serve" --model "$model" \
+  run 200 transformers-serve python3 -m bench.serve --label "transformers serve" --model "$model" \
     --launch-cmd "python3 -c 'from transformers.cli.transformers import app; app()' serve $model \
       --continuous-batching --host 127.0.0.1 --port {port}" \
     --levels 1,16,64,256 --num-requests 8,32,64,256 --max-seconds-per-level 40 --warmup-requests 2 \
     --prompt-format text --tokenizer "$model" --no-ignore-eos \
     --extra-body "$(python3 -c 'import json, sys; print(json.dumps({"generation_config": sys.argv[1]}))' "$gen")" \
-    --server-log "$out/server_hf.log" --out "$out/serve_hf.json" 2>&1 | tee -a "$out/log"
+    --server-log "$out/server_hf.log" --out "$out/serve_hf.json"
 }
 
-server_args="--model $model --dtype bfloat16 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192"
-serve_stage() {  # the offline engine on the serving shape, then openai-serve at these levels, then the HF peer
-  python3 -m bench.throughput --model "$model" --workload serve --peer none --batch1-tokens 0 --profile-steps 0 \
-    --max-seconds 90 --out "$out/throughput_serve.json" 2>&1 | tee -a "$out/log"
-  python3 -m bench.serve --launch --label openai-serve --server-args "$server_args" \
-    --levels "$1" --num-requests "$2" --max-seconds-per-level 60 \
-    --server-log "$out/server_openai.log" --out "$out/serve_openai.json" 2>&1 | tee -a "$out/log"
-  HF_TIMEOUT=${3:-280} transformers_serve
-}
-
-if [ "$stage" = offline ]; then
-  python3 -m bench.throughput --model "$model" --peer-requests 64 --peer-max-seconds 120 --peer-timeout 240 \
-    --max-seconds 120 --out "$out/throughput.json" 2>&1 | tee -a "$out/log"
-elif [ "$stage" = serve ]; then
-  serve_stage 1,16,64,256 32,128,256,768
-elif [ "$stage" = repeat-serve ]; then
-  serve_stage 1,16,64,256,1 32,128,256,768,16 200
-elif [ "$stage" = repeat ]; then
-  # Everything but the peer again, at one commit: the offline run (batch-1 on the fresh engine and after load,
-  # kernel-only profile), then the serve stage with a c=1 level after the c=256 load and HF serve time-boxed shorter.
-  python3 -m bench.throughput --model "$model" --peer none --max-seconds 120 --out "$out/throughput_repeat.json" \
-    2>&1 | tee -a "$out/log"
-  serve_stage 1,16,64,256,1 32,128,256,768,16 200
-fi
+case "$stage" in
+  tests)
+    run 500 tests python3 -m pytest -p no:cacheprovider -q tests/gpu ;;
+  decode-step)
+    run 500 decode-step python3 -m bench.decode_step_bench --model-dir "$model" --out "$out/decode_step.json" "$@" ;;
+  offline)
+    build_model
+    run 500 offline python3 -m bench.throughput --model "$model" --peer-requests 64 --peer-max-seconds 120 \
+      --peer-timeout 240 --max-seconds 120 --out "$out/throughput.json" "$@" ;;
+  serve)
+    build_model
+    offline_serve_shape
+    openai_serve openai 1,16,64,256,1 32,128,256,768,16
+    transformers_serve ;;
+  check)
+    build_model
+    offline_serve_shape
+    openai_serve openai 1,256 16,768 ;;
+  ab-serve)
+    build_model
+    offline_serve_shape
+    for round in 1 2; do
+      variant=0
+      for flags in "$@"; do
+        variant=$((variant + 1))
+        openai_serve "variant${variant}_round$round" 256 768 "$flags"
+      done
+    done ;;
+  host-profile)
+    build_model
+    run 200 host-profile-serve python3 -m bench.host_profile --model "$model" --workload serve \
+      --out "$out/host_profile_serve.json"
+    run 200 host-profile-nano-vllm python3 -m bench.host_profile --model "$model" \
+      --out "$out/host_profile_nano_vllm.json" ;;
+  attention)
+    run 300 attention python3 -m bench.attention_bench --out "$out/attention.json"
+    run 150 attention-mixed python3 -m bench.attention_mixed --out "$out/attention_mixed.json" ;;
+  sampler)
+    run 300 sampler python3 -m bench.sampler_bench --out "$out/sampler.json" ;;
+  skinny-gemm)
+    run 500 skinny-gemm python3 -m bench.skinny_gemm_bench --out "$out/skinny_gemm.json" "$@" ;;
+  *)
+    echo "$usage" >&2
+    exit 2 ;;
+esac

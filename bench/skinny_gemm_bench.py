@@ -5,9 +5,10 @@ of the device-to-device copy bandwidth measured in the same run. Each figure is 
 of many calls that rotate over copies of the weight totalling 256 MB (five times the 50 MB L2), so the weights
 come from HBM as they do in a decode step; x stays in L2, as activations do. bf16.
 
-    python -m bench.skinny_gemm_bench --out result.json           # cuBLAS vs the table's configs
-    python -m bench.skinny_gemm_bench --decode --out result.json  # and decode steps with the kernel off and on
+    python -m bench.skinny_gemm_bench --out result.json          # cuBLAS vs the table's configs
     python -m bench.skinny_gemm_bench --sweep --out sweep.json   # every candidate config; the fastest per shape
+
+Whole decode steps with the kernel off and on: `python -m bench.decode_step_bench --variants default skinny_gemm=0`.
 """
 
 import argparse
@@ -16,18 +17,17 @@ import json
 import math
 import multiprocessing
 import statistics
+import sys
 import time
 from collections.abc import Callable
-from datetime import date
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from bench.common import write_result
 from bench.device_limits import measure_copy_bytes_per_s
-from gpu.kernels import skinny_gemm as skinny_module
 from gpu.kernels.skinny_gemm import SkinnyConfig, config_for, preferred_config, row_bucket, skinny_gemm
-from gpu.layers.linear import Linear, set_skinny_gemm
 
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
           "lm_head": (151936, 1024)}  # name -> (N, K)
@@ -196,91 +196,27 @@ def per_step_totals(rows: list[dict]) -> dict[int, dict[str, float]]:
     return totals
 
 
-def route_o_proj(model: torch.nn.Module) -> None:
-    """For the A/B only: gpu/layers/attention.py builds o_proj as a plain nn.Linear; swap in a Linear that
-    shares its weight, to measure what routing it would give."""
-    for attention in model.attention_layers():
-        old = attention.o_proj
-        with torch.device("meta"):
-            new = Linear(old.in_features, old.out_features, bias=old.bias is not None)
-        new.weight, new.bias = old.weight, old.bias
-        attention.o_proj = new
-
-
-def decode_ab(steps: int) -> list[dict]:
-    """One decode step as bench.decode_step_bench times it (graphs on, 1k context), the kernel off and on,
-    re-capturing the graphs for each; plus the device time of one replay of the forward's graph."""
-    from bench.decode_step_bench import BLOCK, decode_batch, time_steps
-    from bench.random_checkpoint import build_random_qwen3_0p6b
-    from gpu.config import RunnerConfig
-    from gpu.model_runner import ModelRunner
-
-    config = RunnerConfig(
-        model_path=str(build_random_qwen3_0p6b("/tmp/qwen3-0.6b-random")), dtype="bfloat16", device="cuda",
-        block_size=BLOCK, num_kv_blocks=16 * 64 + 16, max_num_seqs=16, max_num_batched_tokens=2048,
-        max_model_len=4096,
-    )
-    runner = ModelRunner(config)
-    assert runner.decode is not None
-    rows = []
-    table = dict(skinny_module.TABLE)
-    variants = (("cuBLAS", False, False), ("skinny (table)", True, False), ("skinny, every shape", True, False),
-                ("o_proj too: skinny, every shape", True, False), ("o_proj too: skinny (table)", True, False),
-                ("o_proj too: skinny (table) + PDL", True, True), ("o_proj too: cuBLAS", False, False))
-    for label, enabled, use_pdl in variants:
-        if label.startswith("o_proj too") and not isinstance(runner.model.attention_layers()[0].o_proj, Linear):
-            route_o_proj(runner.model)
-        skinny_module.TABLE.update(table)
-        if "every shape" in label:  # the shapes the table leaves to cuBLAS, through the kernel's rule
-            skinny_module.TABLE.update({key: config_for(*key) for key in table})
-        set_skinny_gemm(runner.model, enabled, use_pdl)
-        runner.decode.capture()
-        for batch_size in (1, 16):
-            ms = time_steps(runner, decode_batch(batch_size, 1024), steps)
-            forward_us = graph_us_per_replay(runner.decode.graphs[batch_size])
-            rows.append({"variant": label, "batch": batch_size, "step_ms": round(ms, 3),
-                         "forward_graph_us": round(forward_us, 1)})
-            print(rows[-1], flush=True)
-    skinny_module.TABLE.update(table)
-    return rows
-
-
-def graph_us_per_replay(graph: torch.cuda.CUDAGraph, replays: int = 200) -> float:
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(replays):
-        graph.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / replays
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser()
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m bench.skinny_gemm_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", action="store_true", help="time every candidate config instead of the table")
     parser.add_argument("--workers", type=int, default=14, help="processes that compile the sweep's kernels")
     parser.add_argument("--budget-s", type=float, default=150.0, help="the sweep stops starting shapes after this")
     parser.add_argument("--pdl", action="store_true", help="sweep with programmatic dependent launch")
-    parser.add_argument("--decode", action="store_true", help="also time decode steps with the kernel off and on")
     parser.add_argument("--out", default=None)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     copy_bytes_per_s = measure_copy_bytes_per_s(DEVICE, 2 << 30)
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_bytes_per_s / 1e12:.2f} TB/s", flush=True)
-    result = {"what": "skinny GEMM vs cuBLAS, bf16, CUDA graphs, weights rotated beyond L2",
-              "device": torch.cuda.get_device_name(), "date": date.today().isoformat(),
-              "command": "python -m bench.skinny_gemm_bench" + (" --sweep" if args.sweep else ""),
-              "torch": torch.__version__, "copy_tb_per_s": round(copy_bytes_per_s / 1e12, 3)}
+    result: dict[str, object] = {"kind": "skinny-gemm", "torch": torch.__version__,
+                                 "copy_tb_per_s": round(copy_bytes_per_s / 1e12, 3)}
     if args.sweep:
         precompile(args.workers, args.pdl)
         result["rows"] = sweep(args.budget_s, Path(args.out + ".partial") if args.out else None, args.pdl)
     else:
         result["rows"] = compare(copy_bytes_per_s)
-        result["decode_step_gemm_us"] = per_step_totals(result["rows"])
-    if args.decode:
-        result["decode_steps"] = decode_ab(steps=100)
+        result["decode_step_gemm_us"] = per_step_totals(result["rows"])  # type: ignore[arg-type]
     if args.out:
-        Path(args.out).write_text(json.dumps(result, indent=1))
+        write_result(args.out, result, "bench.skinny_gemm_bench", argv)
 
 
 if __name__ == "__main__":

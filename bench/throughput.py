@@ -3,13 +3,14 @@
 Workload (`--workload nano-vllm`, the default): nano-vllm's, 256 requests with prompt ids uniform in
 [0, 10000), prompt lengths and max_tokens uniform in [100, 1024], temperature 0.6, ignore_eos, seed
 0, max_model_len 4096. `--workload serve` is bench/serve.py's shape run offline (`--serve-requests`
-prompts of 1024 tokens, 128 tokens each), the reference for the server's share of the engine.
+prompts of `--prompt-len` tokens, 1024 by default, `--max-tokens` tokens each, 128 by default), the reference
+for the server's share of the engine.
 One warm-up run of the same shape (prompts drawn with another seed, so the prefix cache cannot
 carry prompts into the timed run) precedes one timed run; throughput = generated tokens / wall time.
 
 Also measured in the same process: the GPU's copy bandwidth and matmul rate, hence the ideal time
-(bench/roofline.py) and throughput as a share of it; batch-1 time per output token at a 1k-token
-context; a torch.profiler table of a few full-batch decode steps and of batch-1 steps. The peer,
+(bench/roofline.py) and throughput as a share of it; batch-1 time per output token after a prompt of
+`--prompt-len` tokens; a torch.profiler table of a few full-batch decode steps and of batch-1 steps. The peer,
 transformers (bench/hf_peer.py), runs in a subprocess first, on `--peer-requests` of the requests.
 
     python -m bench.throughput --out bench/results/throughput-h100.json
@@ -36,7 +37,7 @@ from bench.roofline import DTYPE_BYTES, DeviceLimits, ModelShape, ideal_decode_s
 from bench.step_trace import StepRecord, breakdown
 from bench.triton_compiles import TritonCompiles
 from bench.workload import Request, fixed_workload, nano_vllm_workload
-from core import LLM, CacheConfig, SchedulerConfig
+from core import LLM, CacheConfig, LLMEngine, SchedulerConfig
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +47,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workload", choices=["nano-vllm", "serve"], default="nano-vllm")
     p.add_argument("--num-requests", type=int, default=256, help="nano-vllm workload size")
     p.add_argument("--serve-requests", type=int, default=512, help="serve-shaped workload size")
+    p.add_argument("--prompt-len", type=int, default=1024, help="prompt tokens: serve workload and batch-1 figure")
+    p.add_argument("--max-tokens", type=int, default=128, help="tokens per request of the serve workload")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto")
     p.add_argument("--dtype", default="bfloat16")
@@ -75,7 +78,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def workload(args: argparse.Namespace, seed: int) -> list[Request]:
     if args.workload == "serve":
-        return fixed_workload(args.serve_requests, 1024, 128, seed=seed)
+        return fixed_workload(args.serve_requests, args.prompt_len, args.max_tokens, seed=seed)
     return nano_vllm_workload(args.num_requests, seed=seed)
 
 
@@ -115,7 +118,7 @@ def ideal_figures(model_dir: str, args: argparse.Namespace, requests: list[Reque
                   ) -> dict[str, object]:
     shape = ModelShape.from_dir(model_dir, DTYPE_BYTES.get(args.dtype, 2))
     ideal = ideal_run(shape, requests, limits)
-    batch1_context = 1024 + args.batch1_tokens // 2  # the mean context of the batch-1 decode steps
+    batch1_context = args.prompt_len + args.batch1_tokens // 2  # the mean context of the batch-1 decode steps
     return {
         "seconds": round(ideal.seconds, 4), "tokens_per_s": round(ideal.tokens_per_s, 1),
         "num_steps": ideal.num_steps, "tera_bytes": round(ideal.num_bytes / 1e12, 3),
@@ -153,7 +156,7 @@ def main(argv: list[str] | None = None) -> None:
                         "attention_backend": getattr(getattr(engine.runner, "backend", None), "name", "?")}
     if args.batch1_tokens:  # before any load, to compare with the same figure after the timed run
         result["batch1_fresh"] = guarded(
-            lambda: asdict(time_batch1(engine, 1024, args.batch1_tokens, 3, args.seed + 5)))
+            lambda: asdict(time_batch1(engine, args.prompt_len, args.batch1_tokens, 3, args.seed + 5)))
         print("batch-1 on the fresh engine:", result["batch1_fresh"], flush=True)
     if args.warmup != "none":
         warm = workload(args, args.seed + 1)
@@ -174,18 +177,26 @@ def main(argv: list[str] | None = None) -> None:
           f"{run.num_steps} steps, {run.runner_seconds:.2f} s in the runner, {run.wait_seconds:.2f} s waiting)",
           flush=True)
     if args.batch1_tokens:
-        result["batch1"] = guarded(lambda: asdict(time_batch1(engine, 1024, args.batch1_tokens, 3, args.seed + 2)))
+        result["batch1"] = guarded(
+            lambda: asdict(time_batch1(engine, args.prompt_len, args.batch1_tokens, 3, args.seed + 2)))
         print("batch-1:", result["batch1"], flush=True)
     if args.profile_steps:
-        result["profile"] = guarded(lambda: {
-            "full_batch_decode": profile_steps(engine, workload(args, args.seed + 3), skip_steps=40,
-                                               num_steps=args.profile_steps),
-            "batch1_decode": profile_steps(engine, fixed_workload(1, 1024, 128, seed=args.seed + 4), skip_steps=5,
-                                           num_steps=args.profile_steps),
-        })
+        result["profile"] = guarded(lambda: profile(engine, args))
     summarize(result)
     if args.out:
         write_result(args.out, result, "bench.throughput", argv)
+
+
+def profile(engine: LLMEngine, args: argparse.Namespace) -> dict[str, object]:
+    """A few decode steps of the full workload (past its prefills, short of its shortest request's end), and a few
+    of one request alone."""
+    full = workload(args, args.seed + 3)
+    return {
+        "full_batch_decode": profile_steps(engine, full, skip_steps=min(40, min(r.max_tokens for r in full) // 2),
+                                           num_steps=args.profile_steps),
+        "batch1_decode": profile_steps(engine, fixed_workload(1, args.prompt_len, 128, seed=args.seed + 4),
+                                       skip_steps=5, num_steps=args.profile_steps),
+    }
 
 
 def guarded(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:

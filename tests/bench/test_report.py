@@ -1,4 +1,5 @@
-"""Report generation from sample result JSON: the latest result wins, targets are judged, the plot is written."""
+"""Report generation from sample result JSON: the latest current result wins, the archive feeds the history only,
+targets are judged, the plot is written."""
 
 import json
 from pathlib import Path
@@ -40,31 +41,39 @@ def _serve(label: str, date: str, levels: list[dict[str, object]]) -> dict[str, 
 
 
 def _write(results: Path, name: str, result: dict[str, object]) -> None:
+    (results / name).parent.mkdir(parents=True, exist_ok=True)
     (results / name).write_text(json.dumps(result))
 
 
 def test_report_shows_the_latest_results_and_judges_the_targets(tmp_path: Path) -> None:
     results, docs = tmp_path / "results", tmp_path / "docs"
-    results.mkdir()
-    _write(results, "old.json", _throughput("2026-11-20 10:00 UTC", 9_999.0))
+    _write(results, "archive/2026-11-20-old/old.json", _throughput("2026-11-20 10:00 UTC", 9_999.0))
+    variant = _throughput("2026-11-22 09:00 UTC", 30_000.0)
+    del variant["peer"]
+    _write(results, "archive/2026-11-22-ab/variant.json", variant)
     newest = _throughput("2026-11-21 10:00 UTC", 16_000.0)
     del newest["peer"]  # a repeat without the peer: the peer row comes from the older run
-    _write(results, "new.json", newest)
-    (results / "other-benchmark.json").write_text("[1, 2, 3]")  # not ours: skipped
-    _write(results, "offline-serve.json", _throughput("2026-11-21 10:05 UTC", 10_000.0, workload="serve"))
-    _write(results, "ours.json", _serve("openai-serve", "2026-11-21 11:00 UTC",
-                                        [_level(1, 150.0, 30.0), _level(256, 8_000.0, 900.0),
-                                         _level(1, 140.0, 11.0, failed=1)]))  # c=1 again, after the load
-    _write(results, "hf.json", _serve("transformers serve", "2026-11-21 11:30 UTC", [_level(1, 50.0, 80.0, 2)]))
+    _write(results, "current/new.json", newest)
+    _write(results, "current/other-benchmark.json", [1, 2, 3])  # type: ignore[arg-type]  # not ours: skipped
+    _write(results, "current/offline-serve.json", _throughput("2026-11-21 10:05 UTC", 10_000.0, workload="serve"))
+    _write(results, "current/ours.json", _serve("openai-serve", "2026-11-21 11:00 UTC",
+                                                [_level(1, 150.0, 30.0), _level(256, 8_000.0, 900.0),
+                                                 _level(1, 140.0, 11.0, failed=1)]))  # c=1 again, after the load
+    _write(results, "archive/2026-11-22-ab/ours-variant.json",
+           _serve("openai-serve", "2026-11-22 11:00 UTC", [_level(256, 1.0, 1.0)]))  # archived: not shown
+    _write(results, "current/hf.json", _serve("transformers serve", "2026-11-21 11:30 UTC",
+                                              [_level(1, 50.0, 80.0, 2)]))
     (results / "notes.md").write_text("The decode kernel reads K/V twice.")
 
     page = write_report(results, docs).read_text()
 
     main_table = page[page.index("## Offline throughput"):page.index("### Every recorded run")]
     assert "| openai-serve | 256 | 150,245 | 9.39 | 16,000.0 |" in main_table and "9,999.0" not in main_table
-    assert "(from the run of 2026-11-20 10:00 UTC, `old.json`)" in main_table
+    assert "30,000.0" not in main_table  # a newer archived (A/B) run is history, not the current figure
+    assert "(from the run of 2026-11-20 10:00 UTC, `archive/2026-11-20-old/old.json`)" in main_table
+    assert "file `bench/results/current/new.json`" in page
     history = page[page.index("### Every recorded run"):page.index("## Online serving")]
-    assert history.index("16,000.0") < history.index("9,999.0")  # every run, newest first
+    assert history.index("30,000.0") < history.index("16,000.0") < history.index("9,999.0")  # every run, newest first
     assert "| offline throughput, share of ideal | >= 70% | 80.0% | met |" in page
     assert "| batch-1 time per output token | <= 1.5 ms | 1.750 ms | missed: 1.17x the goal |" in page
     assert "| server tok/s at concurrency 256 / offline engine | >= 85% | 80.0% | missed: 0.94x of the goal |" in page
@@ -74,7 +83,7 @@ def test_report_shows_the_latest_results_and_judges_the_targets(tmp_path: Path) 
     assert "(first 64 requests only)" in page and "22.22x" in page
     assert "### openai-serve" in page and "### transformers serve" in page
     assert page.index("### openai-serve") < page.index("### transformers serve")
-    assert "| 256 | 64 | 0 | 8,000.0 |" in page
+    assert "| 256 | 64 | 0 | 8,000.0 |" in page and "| 256 | 64 | 0 | 1.0 |" not in page
     assert "The decode kernel reads K/V twice." in page
     assert "python -m bench.throughput" in page and DEVICE in page
     assert (docs / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -82,8 +91,7 @@ def test_report_shows_the_latest_results_and_judges_the_targets(tmp_path: Path) 
 
 def test_report_without_serving_results_has_no_plot(tmp_path: Path) -> None:
     results, docs = tmp_path / "results", tmp_path / "docs"
-    results.mkdir()
-    _write(results, "tp.json", _throughput("2026-11-21 10:00 UTC", 12_000.0))
+    _write(results, "current/tp.json", _throughput("2026-11-21 10:00 UTC", 12_000.0))
     page = write_report(results, docs).read_text()
     assert "missed: 0.86x of the goal" in page and "## Online serving" not in page
     assert not (docs / "benchmarks.png").exists()

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from bench.random_checkpoint import QWEN3_0P6B
+from bench.bench_model import QWEN3_0P6B
 from bench.roofline import DeviceLimits, ModelShape, decode_cost, ideal_decode_step_seconds, ideal_run, prefill_cost
 from bench.workload import Request
 

@@ -1,31 +1,24 @@
-"""The load generator: SSE parsing, metrics from a scripted stub server, and a run against the real server.
-
-The stub (test-only, Starlette on uvicorn in a thread) streams exactly the bytes a test wants with
-known delays, so what the client must measure is known; its `model` field picks a behaviour.
+"""The load generator: SSE parsing, metrics from a scripted stub server (in a thread, and launched, timed and
+stopped as bench.serve launches a server), and a run against the real server.
 """
 
-import asyncio
 import json
 import socket
+import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import uvicorn
-from starlette.applications import Starlette
-from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
-from starlette.routing import Route
 
 from bench import serve
 from bench.bench_model import build_small_bench_model
 from bench.load import SSEParser
-
-FIRST_TOKEN_DELAY_S = 0.05
-TOKEN_DELAY_S = 0.01
-
+from tests.bench import stub_server
+from tests.bench.stub_server import FIRST_TOKEN_DELAY_S, TOKEN_DELAY_S, Stub
+from tests.e2e.serving import start_server
 
 # SSEParser
 
@@ -46,51 +39,7 @@ def test_parser_handles_any_split_crlf_comments_and_multiline_data() -> None:
         assert events == expected, size
 
 
-# A scripted stub server
-
-
-def _chunk(text: str | None, usage: dict[str, int] | None = None, finish: str | None = None) -> bytes:
-    choices = [] if text is None else [{"index": 0, "text": text, "finish_reason": finish}]
-    return b"data: " + json.dumps({"choices": choices, "usage": usage}).encode() + b"\n\n"
-
-
-class Stub:
-    def __init__(self) -> None:
-        self.bodies: list[dict[str, object]] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self.app = Starlette(routes=[
-            Route("/v1/completions", self.completions, methods=["POST"]),
-            Route("/v1/models", lambda _: JSONResponse({"data": [{"id": "good"}]})),
-            Route("/health", lambda _: JSONResponse({"status": "ok"})),
-        ])
-
-    async def completions(self, request: Request) -> Response:
-        body = await request.json()
-        self.bodies.append(body)
-        if body["model"] == "http-error":
-            return JSONResponse({"error": {"message": "boom"}}, status_code=500)
-        return StreamingResponse(self.stream(body), media_type="text/event-stream")
-
-    async def stream(self, body: dict[str, object]) -> AsyncIterator[bytes]:
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        try:
-            n = int(body["max_tokens"])  # type: ignore[call-overload]
-            if body["model"] == "short":
-                n -= 1
-            yield b": keep-alive comment\n\n"
-            for i in range(n):
-                await asyncio.sleep(FIRST_TOKEN_DELAY_S if i == 0 else TOKEN_DELAY_S)
-                yield _chunk(f" w{i}")
-                if body["model"] == "cut" and i == 1:
-                    return
-            yield _chunk("", finish="length")
-            yield _chunk(None, usage={"prompt_tokens": 16, "completion_tokens": n, "total_tokens": 16 + n})
-            if body["model"] != "no-done":
-                yield b"data: [DONE]\n\n"
-        finally:
-            self.in_flight -= 1
+# Against the scripted stub server (tests/bench/stub_server.py), in a thread
 
 
 def _free_port() -> int:
@@ -175,22 +124,40 @@ def test_the_time_box_stops_starting_requests(stub: tuple[Stub, str], tmp_path: 
     assert 1 <= level["num_requests"] < 10 and level["num_failed"] == 0 and level["num_requests_planned"] == 50
 
 
-# The real server
+# A launched server, and the real one
 
 
-def test_against_openai_serve_launched_on_cpu(tmp_path: Path) -> None:
-    pytest.importorskip("openai_serve.cli")
+def test_a_launched_server_is_waited_for_timed_and_stopped(tmp_path: Path) -> None:
+    out = tmp_path / "launched.json"
+    serve.main(["--launch-cmd", f"{sys.executable} {stub_server.__file__} {{port}}", "--label", "stub",
+                "--model", "busy", "--levels", "2", "--num-requests", "4", "--prompt-len", "16", "--max-tokens", "3",
+                "--warmup-requests", "0", "--server-log", str(tmp_path / "server.log"), "--out", str(out)])
+    result = json.loads(out.read_text())
+    (level,) = result["levels"]
+    assert (level["num_failed"], level["num_output_tokens"]) == (0, 4 * 3)
+    # 4 requests spent at least 4 x 30 ms of the launched process's CPU time (read from /proc, 10 ms ticks).
+    assert level["server_cpu_share"] * level["duration_s"] >= 4 * stub_server.BUSY_CPU_S - 0.02
+    assert result["server"]["label"] == "stub" and result["server"]["startup_s"] >= 0
+    port = int(result["server"]["command"].rsplit(" ", 1)[1])
+    with pytest.raises(OSError):  # the launched server was stopped
+        socket.create_connection(("127.0.0.1", port), timeout=1)
+
+
+def test_against_openai_serve(tmp_path: Path) -> None:
+    """The real server (in a thread of this process: tests/e2e/serving.py) on a tiny model whose vocabulary covers
+    the workload's prompt ids; its streams are counted as the OpenAI SDK would read them."""
     model = build_small_bench_model(tmp_path / "model")
-    out = tmp_path / "serve.json"
-    serve.main(["--launch", "--server-args", f"--model {model} --device cpu --max-model-len 256 --kv-cache-blocks 128",
-                "--levels", "1,4", "--num-requests", "2,6", "--prompt-len", "32", "--max-tokens", "6",
-                "--warmup-requests", "1", "--server-log", str(tmp_path / "server.log"), "--out", str(out)])
+    server = start_server(model, max_model_len=256, num_blocks=128)
+    try:
+        out = tmp_path / "serve.json"
+        serve.main(["--base-url", server.base_url, "--label", "openai-serve", "--levels", "1,4",
+                    "--num-requests", "2,6", "--prompt-len", "32", "--max-tokens", "6", "--warmup-requests", "1",
+                    "--out", str(out)])
+    finally:
+        server.stop()
     result = json.loads(out.read_text())
     one, four = result["levels"]
     assert (one["num_failed"], one["num_output_tokens"]) == (0, 2 * 6)
     assert (four["num_failed"], four["num_output_tokens"]) == (0, 6 * 6)
     assert 0 < one["ttft_ms"]["p50"] < one["e2e_ms"]["p50"]
-    assert one["server_cpu_share"] > 0  # the launched server's own CPU time is measured
-    assert result["server"]["label"] == "openai-serve" and result["server"]["model"] == str(model)
-    with pytest.raises(OSError):  # the launched server was stopped
-        socket.create_connection(("127.0.0.1", int(result["server"]["command"].rsplit(" ", 1)[1])), timeout=1)
+    assert result["server"]["label"] == "openai-serve" and result["server"]["model"] == "tiny"
