@@ -44,9 +44,8 @@ from bench.common import write_result
 from bench.load import RequestSpec, new_session, run_level
 from bench.serve import free_port, process_cpu_seconds, stop, wait_for_health
 from bench.stats import summarize
-from core import CacheConfig, EngineConfig, LLMEngine, ModelConfig, RequestOutput, SamplingParams, SchedulerConfig
+from core import CacheConfig, EngineConfig, LLMEngine, ModelConfig, SamplingParams, SchedulerConfig
 from gpu.batch import Batch, StepResult
-from openai_serve.engine_bridge import EngineBridge
 
 MODEL = "tiny"
 _MAX_MODEL_LEN = 2048
@@ -62,15 +61,9 @@ class StepLog:
     device_idle: list[float] = field(default_factory=list)
     num_rows: list[int] = field(default_factory=list)
     engine_cpu_s: float = 0.0  # the engine thread's CPU time so far
-    # Server only: when the engine thread published each step's outputs, and on the loop thread how
-    # long until `_dispatch` ran for it and how long it took.
-    published_at: dict[int, float] = field(default_factory=dict)  # by id() of the outputs list
-    dispatch_lags: list[float] = field(default_factory=list)
-    dispatch_times: list[float] = field(default_factory=list)
 
     def snapshot(self) -> dict[str, object]:
-        return {"num_steps": len(self.num_rows), "num_waits": len(self.wake_delays),
-                "num_dispatches": len(self.dispatch_times), "engine_cpu_s": self.engine_cpu_s}
+        return {"num_steps": len(self.num_rows), "num_waits": len(self.wake_delays), "engine_cpu_s": self.engine_cpu_s}
 
 
 class EmulatedStep:
@@ -170,16 +163,12 @@ def serve(args: argparse.Namespace) -> None:
     log: StepLog = engine.runner.log  # type: ignore[attr-defined]
     config = ServerConfig(served_model_names=(MODEL,), port=args.port, log_level="warning")
     app = build_app(engine, config)
-    timed_publish(engine, log)
 
     async def stats(request: Request) -> JSONResponse:
         # Runs on the event loop thread: thread_time() here is that thread's CPU time. device_idle[i]
         # is the gap before step i + 1, so the gap before the level's first step is left out.
-        timed_dispatch(request.app.state.serving.bridge, log)
         start = int(request.query_params.get("since", "0"))
-        since_dispatch = int(request.query_params.get("since_dispatch", "0"))
         return JSONResponse({
-            "dispatch_lags": log.dispatch_lags[since_dispatch:], "dispatch_times": log.dispatch_times[since_dispatch:],
             **log.snapshot(), "loop_cpu_s": time.thread_time(), "process_cpu_s": time.process_time(),
             "wake_delays": log.wake_delays[int(request.query_params.get("since_wait", "0")):],
             "device_idle": log.device_idle[start:], "num_rows": log.num_rows[start:],
@@ -189,36 +178,6 @@ def serve(args: argparse.Namespace) -> None:
 
     app.add_route("/bench/stats", stats, methods=["GET"])
     ServingServer(app, config).run()
-
-
-def timed_publish(engine: LLMEngine, log: StepLog) -> None:
-    step = engine.step
-
-    def publishing_step() -> list[RequestOutput]:
-        outputs = step()
-        if outputs:  # the bridge publishes exactly these steps
-            log.published_at[id(outputs)] = time.perf_counter()
-        return outputs
-
-    engine.step = publishing_step  # type: ignore[method-assign]
-
-
-def timed_dispatch(bridge: EngineBridge, log: StepLog) -> None:
-    """Times the bridge's `_dispatch` (looked up per step, so wrapping the instance's is enough)."""
-    if "_dispatch" in vars(bridge):
-        return
-    log.published_at.clear()  # steps published before now were dispatched untimed
-    dispatch = bridge._dispatch
-
-    def timed(outputs: list[RequestOutput]) -> None:
-        start = time.perf_counter()
-        dispatch(outputs)
-        published = log.published_at.pop(id(outputs), None)
-        if published is not None:  # else published before the wrapper was installed
-            log.dispatch_lags.append(start - published)
-        log.dispatch_times.append(time.perf_counter() - start)
-
-    bridge._dispatch = timed  # type: ignore[method-assign]
 
 
 # The driver side.
@@ -258,10 +217,10 @@ def ms_quantiles(values: list[float]) -> dict[str, float]:
             "p90": round(pick(0.9) * 1e3, 3), "p99": round(pick(0.99) * 1e3, 3)}
 
 
-def fetch_stats(base_url: str, since: int = 0, since_wait: int = 0, since_dispatch: int = 0) -> dict[str, object]:
+def fetch_stats(base_url: str, since: int = 0, since_wait: int = 0) -> dict[str, object]:
     import urllib.request
 
-    query = f"since={since}&since_wait={since_wait}&since_dispatch={since_dispatch}"
+    query = f"since={since}&since_wait={since_wait}"
     with urllib.request.urlopen(f"{base_url}/bench/stats?{query}", timeout=30) as response:
         return json.loads(response.read())
 
@@ -298,8 +257,7 @@ async def drive(args: argparse.Namespace, base_url: str, specs: list[RequestSpec
         cpu_before, client_before = process_cpu_seconds(pid), time.process_time()
         records, duration = await run_level(session, specs, concurrency)
         cpu_after, client_after = process_cpu_seconds(pid), time.process_time()
-        after = await asyncio.to_thread(fetch_stats, base_url, before["num_steps"], before["num_waits"],
-                                        before["num_dispatches"])
+        after = await asyncio.to_thread(fetch_stats, base_url, before["num_steps"], before["num_waits"])
     summary = summarize(concurrency, records, duration)
     tokens = summary.num_output_tokens
     loop_cpu = after["loop_cpu_s"] - before["loop_cpu_s"]
@@ -310,7 +268,6 @@ async def drive(args: argparse.Namespace, base_url: str, specs: list[RequestSpec
         "itl_ms": summary.itl_ms, "tpot_ms": summary.tpot_ms,
         "tokens_per_text_chunk": round(tokens / max(1, sum(len(r.chunk_times) for r in records)), 3),
         **step_figures(after["wake_delays"], after["device_idle"], len(after["num_rows"]), duration, step_ms),
-        "dispatch_lag_ms": ms_quantiles(after["dispatch_lags"]), "dispatch_ms": ms_quantiles(after["dispatch_times"]),
         "loop_cpu_us_per_token": round(loop_cpu / max(tokens, 1) * 1e6, 2),
         "loop_cpu_share": round(loop_cpu / duration, 3), "engine_cpu_share": round(engine_cpu / duration, 3),
         "server_cpu_share": None if cpu_before is None or cpu_after is None else round((cpu_after - cpu_before)
@@ -387,7 +344,6 @@ _SUMMARY = [
     ("device idle mean ms/step", ("server", "device_idle_ms_per_step", "mean")),
     ("offline device idle mean ms/step", ("offline", "device_idle_ms_per_step", "mean")),
     ("loop us/token", ("server", "loop_cpu_us_per_token")),
-    ("dispatch lag p50 ms", ("server", "dispatch_lag_ms", "p50")),
 ]
 
 
@@ -416,8 +372,7 @@ def format_level(level: dict[str, object]) -> str:
         lines.append(f"  server {s['steps_per_s']:.1f} steps/s (ideal {s['ideal_steps_per_s']:.1f}), "
                      f"{s['output_tokens_per_s']:.0f} tok/s, failed {s['num_failed']}, "
                      f"wake delay {s['wake_delay_ms']}, "
-                     f"device idle ms/step {s['device_idle_ms_per_step']}, dispatch lag {s['dispatch_lag_ms']} "
-                     f"took {s['dispatch_ms']}, {s['tokens_per_text_chunk']} tokens/chunk, "
+                     f"device idle ms/step {s['device_idle_ms_per_step']}, {s['tokens_per_text_chunk']} tokens/chunk, "
                      f"loop {s['loop_cpu_us_per_token']} us/token (cores: loop "
                      f"{s['loop_cpu_share']}, engine {s['engine_cpu_share']}, server {s['server_cpu_share']}, "
                      f"client {s['client_cpu_share']})")

@@ -1,0 +1,25 @@
+"""bench/common.py: every result carries its provenance; a kernel variant names a KernelConfig, or is refused."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench.common import kernel_variant, write_result
+from gpu.config import KernelConfig
+
+
+def test_a_result_carries_device_date_commit_and_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("BENCH_COMMIT", "abc1234")  # the device's copy of the tree may have no .git
+    path = write_result(tmp_path / "sub" / "r.json", {"kind": "x", "value": 1}, "bench.x", ["--out", "a b"])
+    result = json.loads(path.read_text())
+    assert result["commit"] == "abc1234" and result["command"] == "python -m bench.x --out 'a b'"
+    assert result["device"].startswith("CPU") and result["date"].endswith("UTC") and result["value"] == 1
+
+
+def test_kernel_variants() -> None:
+    assert kernel_variant("default") == KernelConfig()
+    assert kernel_variant("skinny_gemm=0+skinny_gemm_pdl=1") == KernelConfig(skinny_gemm=False, skinny_gemm_pdl=True)
+    for bad in ("fused=0", "skinny_gemm", "skinny_gemm=yes", ""):
+        with pytest.raises(ValueError, match=r"FIELD=0\|1"):
+            kernel_variant(bad)
