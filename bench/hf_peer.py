@@ -1,20 +1,18 @@
 """The peer: Hugging Face transformers generating the same workload from the same checkpoint.
 
-First choice is transformers' own continuous batching (paged attention): a manager from
+transformers' own continuous batching (paged attention): a manager from
 `model.init_continuous_batching(...)` gets every request through `add_request(input_ids,
 max_new_tokens=..., eos_token_id=-1)` (-1: no EOS, as ignore_eos), so each request keeps its own
 length. transformers' API moves fast (the GPU machine has 5.17, developers' machines newer): where
-that path is missing or fails, plain `generate` runs in static batches instead, each batch as long
-as its longest request; only the tokens each request asked for are counted. The result says which
-one ran and why. Runs in its own process (`python -m bench.hf_peer`) so its GPU memory is its own.
+it is missing or fails, the run fails and bench.throughput records why. Runs in its own process
+(`python -m bench.hf_peer`) so its GPU memory is its own.
 """
 
 import argparse
 import inspect
 import json
 import time
-import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -26,12 +24,11 @@ TEMPERATURE = 0.6
 
 @dataclass
 class PeerRun:
-    method: str  # "continuous_batching" | "static_generate"
+    method: str  # "continuous_batching"
     num_requests: int
     num_output_tokens: int
     seconds: float
     is_partial: bool = False  # stopped by --max-seconds: the figures cover the requests that finished
-    notes: list[str] = field(default_factory=list)
 
     @property
     def tokens_per_s(self) -> float:
@@ -104,57 +101,10 @@ def _warmup_requests(requests: list[Request]) -> list[Request]:
     return [Request(r.prompt_token_ids, 16) for r in requests[:8]]
 
 
-def run_static_generate(
-    model: torch.nn.Module, requests: list[Request], batch_size: int, max_seconds: float | None
-) -> PeerRun:
-    config = generation_config(model)
-    _static_batch(model, config, _warmup_requests(requests))
-    start, num_tokens = time.perf_counter(), 0
-    done = 0
-    for first in range(0, len(requests), batch_size):
-        if max_seconds is not None and time.perf_counter() - start > max_seconds:
-            break
-        batch = requests[first : first + batch_size]
-        _static_batch(model, config, batch)
-        num_tokens += sum(r.max_tokens for r in batch)  # what was asked for; the padding tail is waste
-        done += len(batch)
-    seconds = time.perf_counter() - start
-    return PeerRun("static_generate", done, num_tokens, seconds, is_partial=done < len(requests),
-                   notes=[f"static batches of {batch_size}, left-padded, each run to its longest request"])
-
-
-def _static_batch(model: torch.nn.Module, config: object, batch: list[Request]) -> None:
-    longest_prompt = max(len(r.prompt_token_ids) for r in batch)
-    input_ids = torch.zeros(len(batch), longest_prompt, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for row, r in enumerate(batch):
-        input_ids[row, longest_prompt - len(r.prompt_token_ids) :] = torch.tensor(r.prompt_token_ids)
-        mask[row, longest_prompt - len(r.prompt_token_ids) :] = 1
-    new_tokens = max(r.max_tokens for r in batch)
-    model.generate(input_ids=input_ids.to(model.device), attention_mask=mask.to(model.device),
-                   generation_config=config, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
 def run_peer(args: argparse.Namespace) -> PeerRun:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     requests = nano_vllm_workload(seed=args.seed)[: args.num_requests]
-    model = load_model(args.model, device)
-    notes = []
-    if args.method in ("auto", "cb") and hasattr(model, "init_continuous_batching"):
-        try:
-            return run_continuous_batching(model, requests, args.max_seconds)
-        except Exception as exc:  # any failure of the peer's API: fall back and say why
-            if args.method == "cb":
-                raise
-            notes.append(f"continuous batching failed: {type(exc).__name__}: {exc}")
-            traceback.print_exc()
-    elif args.method == "auto":
-        notes.append("this transformers has no init_continuous_batching")
-    run = run_static_generate(model, requests, args.batch_size, args.max_seconds)
-    run.notes = notes + run.notes
-    return run
+    return run_continuous_batching(load_model(args.model, device), requests, args.max_seconds)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,8 +114,6 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", required=True)
     p.add_argument("--num-requests", type=int, default=256, help="the first N requests of the workload")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--method", choices=["auto", "cb", "static"], default="auto")
-    p.add_argument("--batch-size", type=int, default=64, help="static batches' size in the fallback")
     p.add_argument("--max-seconds", type=float, default=None)
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
