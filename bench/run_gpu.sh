@@ -22,10 +22,15 @@
 # Environment: BENCH_MODEL, a checkpoint to use instead of the random Qwen3-0.6B (bench/bench_model.py);
 # BENCH_COMMIT, the commit the tree is (the device's copy may have no .git; every result JSON records it).
 set -uo pipefail
-usage="usage: run_gpu.sh tests|decode-step|offline|serve|check|ab-serve|host-profile|attention|sampler|skinny-gemm OUT_DIR"
+stages="tests decode-step offline serve check ab-serve host-profile attention sampler skinny-gemm"
+usage="usage: run_gpu.sh ${stages// /|} OUT_DIR [ARGS...]"
 stage=${1:?$usage}
 out=${2:?$usage}
 shift 2
+if [[ " $stages " != *" $stage "* ]]; then
+  echo "$usage" >&2
+  exit 2
+fi
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 model=${BENCH_MODEL:-/tmp/qwen3-0.6b-bench}
@@ -41,7 +46,7 @@ run() {  # SECONDS NAME COMMAND...: time-boxed, its output in the log and on the
   local limit=$1 name=$2
   shift 2
   echo "== $name" | tee -a "$log"
-  timeout "$limit" "$@" 2>&1 | grep -v "Warn" | tee -a "$log"
+  timeout "$limit" "$@" 2>&1 | grep --line-buffered -v "Warn" | tee -a "$log"
 }
 
 build_model() {
@@ -114,7 +119,4 @@ case "$stage" in
     run 300 sampler python3 -m bench.sampler_bench --out "$out/sampler.json" ;;
   skinny-gemm)
     run 500 skinny-gemm python3 -m bench.skinny_gemm_bench --out "$out/skinny_gemm.json" "$@" ;;
-  *)
-    echo "$usage" >&2
-    exit 2 ;;
 esac
