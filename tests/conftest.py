@@ -1,11 +1,19 @@
 """Shared fixtures: tiny random checkpoints built once per test session through the real builder."""
 
 import os
-from pathlib import Path
 
-import pytest
+# One OpenMP thread for torch here and in the servers the tests start (they inherit it), unless the caller chose:
+# the tests' models are tiny, and on a 2-core machine shared with other work two threads spin against each other
+# (tests/parity, tests/unit/test_engine.py and tests/bench at load 12-13, interleaved: 406 and 475 s with two
+# threads, 85 and 154 s with one).
+# Set before anything imports torch.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 
-from core.tiny_model import TinyModelSpec, build_tiny_model
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from core.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
 
 if os.environ.get("CI"):
     # CI replays the same examples every run: a property failure there is a real regression, not luck.
