@@ -7,9 +7,13 @@ still in flight are pending (see core/sequence.py) and reach the next step on th
 is a wasted row now and then: a sequence that samples EOS at step N was already queued in N+1,
 whose token for it is dropped. A sequence that ends by length is known to end, and is not.
 
-Threading: `add_request`, `add_checked_request`, `abort_request` and `stats` are safe from any thread (they validate and
-enqueue, or read counters); everything else, and every touch of the scheduler, the block manager
-and the device, happens on the one thread that calls `step`.
+Requests come checked: the front ends (the offline LLM, the server) check each one with `limits`
+(core/request_checks.py) and keep request ids unique among live requests, so nothing the engine is
+given can fail a step.
+
+Threading: `add_request`, `abort_request` and `stats` are safe from any thread (they enqueue, or
+read counters); everything else, and every touch of the scheduler, the block manager and the
+device, happens on the one thread that calls `step`.
 """
 
 import logging
@@ -21,7 +25,7 @@ from core.batch_builder import build_batch
 from core.block_manager import BlockManager
 from core.config import EngineConfig
 from core.outputs import FinishReason, RequestOutput
-from core.request_checks import EngineLimits, RequestIds, check_request
+from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence
@@ -76,7 +80,6 @@ class LLMEngine:
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.limits = EngineLimits(self.vocab_size, self.max_model_len, self.block_size, self.block_manager.num_blocks)
         self._inbox: queue.SimpleQueue[Sequence | _Abort] = queue.SimpleQueue()
-        self._live_ids = RequestIds()
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
         self._in_flight: _LaunchedStep | None = None  # launched, results not yet taken
@@ -94,15 +97,9 @@ class LLMEngine:
     # Any thread.
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Validates and enqueues; raises RequestRejected for a request that can never be served."""
-        max_tokens = check_request(prompt_token_ids, params, self.limits)
-        self._live_ids.reserve(request_id)
-        self.add_checked_request(request_id, prompt_token_ids, params, max_tokens)
-
-    def add_checked_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams,
-                            max_tokens: int) -> None:
-        """Enqueues a request its caller already checked against `limits` (check_request's max_tokens), with
-        an id the caller keeps unique: core/engine_process.py, whose server side checks before sending."""
+        """Enqueues a request its caller checked with `limits` (see the module's docstring), under an id
+        that no live request has."""
+        max_tokens = self.limits.max_tokens_of(len(prompt_token_ids), params)
         self._inbox.put(Sequence(request_id, prompt_token_ids, params, max_tokens))
 
     def abort_request(self, request_id: str) -> None:
@@ -217,7 +214,6 @@ class LLMEngine:
         self.scheduler.finish(seq)
         seq.finish_reason = reason
         del self._sequences[seq.request_id]
-        self._live_ids.release((seq.request_id,))
 
 
 def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs | None]) -> RequestOutput:

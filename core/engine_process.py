@@ -7,15 +7,14 @@ process the engine never waits for the server's Python (vLLM runs its engine cor
 
 Wire: two one-way pipes of pickled tuples (not dataclasses: a step's 256 outputs pickle in ~0.04 ms
 as tuples, ~0.3 ms as dataclasses, and the child pays that on its critical path).
-- server -> engine: ("add", request_id, prompt_token_ids, params, max_tokens) | ("abort", request_id) | ("stop",)
+- server -> engine: ("add", request_id, prompt_token_ids, params) | ("abort", request_id) | ("stop",)
 - engine -> server: ("ready", EngineInfo) | ("failed", message) | ("outputs", [output tuples], stats tuple)
 
 In the child a receiver thread feeds the engine's thread-safe inbox while the main thread steps, so
-the server's writes never wait for a step to end. The server validates requests with the engine's
-own checks (core/request_checks.py) and keeps their ids unique before sending them, so a bad request
-is refused at once, in the server's process, exactly as the in-process engine refuses it, and the
-child enqueues what arrives without checking it again. Stats ride along with every
-outputs message (the last ones are current: the engine only changes while it steps).
+the server's writes never wait for a step to end. Requests arrive checked, as the engine takes
+them (the server checks them with `limits`, core/request_checks.py, in its own process, and keeps
+their ids unique). Stats ride along with every outputs message (the last ones are current: the
+engine only changes while it steps).
 """
 
 import logging
@@ -29,7 +28,7 @@ from typing import Any
 from core.config import EngineConfig
 from core.engine import EngineStats, LLMEngine
 from core.outputs import RequestOutput
-from core.request_checks import EngineLimits, RequestIds, check_request
+from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
 from core.tokenizer import load_tokenizer
 
@@ -67,7 +66,6 @@ class EngineProcess:
         outputs_in.close()
         self._requests, self._outputs = requests_in, outputs_out
         self._send_lock = threading.Lock()
-        self._live_ids = RequestIds()  # released when the engine reports a request finished
         info = self._wait_until_ready(start_timeout_s)
         self.max_model_len, self.vocab_size = info.max_model_len, info.vocab_size
         self.eos_token_ids = info.eos_token_ids
@@ -92,10 +90,8 @@ class EngineProcess:
         return message[1]
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Validates here, as the engine would, then sends; raises RequestRejected."""
-        max_tokens = check_request(prompt_token_ids, params, self.limits)
-        self._live_ids.reserve(request_id)
-        self._send(("add", request_id, prompt_token_ids, params, max_tokens))
+        """Sends a checked request (as LLMEngine.add_request takes it)."""
+        self._send(("add", request_id, prompt_token_ids, params))
 
     def abort_request(self, request_id: str) -> None:
         self._send(("abort", request_id))
@@ -116,9 +112,7 @@ class EngineProcess:
             raise RuntimeError(message[1])
         _, rows, stats = message
         self._stats = EngineStats(*stats)
-        outputs = [RequestOutput(*row) for row in rows]
-        self._live_ids.release(o.request_id for o in outputs if o.finish_reason is not None)
-        return outputs
+        return [RequestOutput(*row) for row in rows]
 
     def close(self) -> None:
         """Stops the child (it aborts what runs) and waits for it; kills it if it does not exit."""
@@ -177,7 +171,7 @@ def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event) -> 
             message = ("stop",)  # the server is gone
         kind = message[0]
         if kind == "add":
-            engine.add_checked_request(*message[1:])  # checked in the server's process, with engine.limits
+            engine.add_request(*message[1:])
         elif kind == "abort":
             engine.abort_request(message[1])
         else:

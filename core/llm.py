@@ -53,13 +53,16 @@ class LLM:
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompt_list)
         if len(params_list) != len(prompt_list):
             raise ValueError(f"{len(prompt_list)} prompts but {len(params_list)} sampling params")
+        token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]
+        checked = [self.engine.limits.check(ids, p) for ids, p in zip(token_lists, params_list, strict=True)]
         results: dict[str, GenerationOutput] = {}
         detokenizers: dict[str, IncrementalDetokenizer] = {}
-        for index, (prompt, p) in enumerate(zip(prompt_list, params_list, strict=True)):
-            token_ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
-            self.engine.add_request(str(index), token_ids, p)
+        for index, (token_ids, p) in enumerate(zip(token_lists, checked, strict=True)):
+            self.engine.add_request(str(index), token_ids, p.for_engine())
             results[str(index)] = GenerationOutput(prompt_token_ids=token_ids)
-            detokenizers[str(index)] = IncrementalDetokenizer(self.tokenizer, token_ids, p.stop)
+            detokenizers[str(index)] = IncrementalDetokenizer(
+                self.tokenizer, token_ids, p.stop, skip_special_tokens=p.skip_special_tokens,
+                include_stop_str_in_output=p.include_stop_str_in_output)
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
                 self._absorb(out, results[out.request_id], detokenizers[out.request_id])

@@ -1,10 +1,13 @@
-"""Whether a request can ever be served: the checks `add_request` makes, shared by the engine and
-by its client in another process (core/engine_process.py), which must refuse exactly what the
-engine would, before the request leaves the server's process."""
+"""Whether a request can ever be served by this engine: its prompt's token ids, its length, and the
+context and KV blocks it needs. The one statement of these rules; the front ends (the offline
+`LLM`, the server) check every request with them before it reaches the engine, which trusts them.
 
-import threading
-from collections.abc import Iterable
-from dataclasses import dataclass
+An error names the field as the caller's client knows it (`prompt`, `messages`, `max_tokens`,
+`max_completion_tokens`): the caller says which, so nobody renames an error afterwards.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from core.outputs import RequestRejected
 from core.sampling_params import SamplingParams
@@ -17,41 +20,39 @@ class EngineLimits:
     block_size: int
     num_blocks: int  # KV-cache blocks that exist
 
+    def check_token_ids(self, token_ids: Sequence[int], param: str) -> None:
+        """Every id is one of the model's tokens."""
+        if token_ids and not (min(token_ids) >= 0 and max(token_ids) < self.vocab_size):
+            raise RequestRejected(param, f"token ids in '{param}' must be in [0, {self.vocab_size})")
 
-def check_request(prompt_token_ids: list[int], params: SamplingParams, limits: EngineLimits) -> int:
-    """Returns the request's max_tokens; raises RequestRejected for a request that can never be served."""
-    num_prompt = len(prompt_token_ids)
-    if num_prompt == 0:
-        raise RequestRejected("prompt", "the prompt is empty")
-    if any(not 0 <= t < limits.vocab_size for t in prompt_token_ids):
-        raise RequestRejected("prompt", f"prompt token ids must be in [0, {limits.vocab_size})")
-    if num_prompt >= limits.max_model_len:
-        raise RequestRejected("prompt", f"the prompt has {num_prompt} tokens; this model's context "
-                              f"length is {limits.max_model_len}, which leaves no room to generate")
-    max_tokens = params.max_tokens if params.max_tokens is not None else limits.max_model_len - num_prompt
-    if num_prompt + max_tokens > limits.max_model_len:
-        raise RequestRejected("max_tokens", f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
-                              f"exceeds the context length of {limits.max_model_len} tokens")
-    num_blocks = -(-(num_prompt + max_tokens) // limits.block_size)
-    if num_blocks > limits.num_blocks:
-        raise RequestRejected("max_tokens", f"the request needs {num_blocks} KV-cache blocks, more than "
-                              f"the {limits.num_blocks} that exist")
-    return max_tokens
+    def check_prompt(self, prompt_token_ids: Sequence[int], param: str = "prompt") -> None:
+        """Not empty, known tokens only, and room left to generate."""
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise RequestRejected(param, f"'{param}' must not be empty")
+        self.check_token_ids(prompt_token_ids, param)
+        if num_prompt >= self.max_model_len:
+            raise RequestRejected(param, f"'{param}' has {num_prompt} tokens; this model's context length is "
+                                  f"{self.max_model_len}, which leaves no room to generate")
 
+    def max_tokens_of(self, num_prompt_tokens: int, params: SamplingParams) -> int:
+        """max_tokens, where None means as many as the context leaves."""
+        return params.max_tokens if params.max_tokens is not None else self.max_model_len - num_prompt_tokens
 
-class RequestIds:
-    """The request ids in use, so a second request cannot take a live one's id. Thread-safe."""
+    def fit(self, num_prompt_tokens: int, params: SamplingParams, param: str = "max_tokens") -> SamplingParams:
+        """`params` with max_tokens resolved for a checked prompt of this length; raises RequestRejected
+        when prompt and output do not fit the context or the KV cache."""
+        max_tokens = self.max_tokens_of(num_prompt_tokens, params)
+        if num_prompt_tokens + max_tokens > self.max_model_len:
+            raise RequestRejected(param, f"the prompt ({num_prompt_tokens} tokens) + '{param}' ({max_tokens}) "
+                                  f"exceeds the context length of {self.max_model_len} tokens")
+        num_blocks = -(-(num_prompt_tokens + max_tokens) // self.block_size)
+        if num_blocks > self.num_blocks:
+            raise RequestRejected(param, f"the request needs {num_blocks} KV-cache blocks, more than the "
+                                  f"{self.num_blocks} that exist")
+        return params if params.max_tokens == max_tokens else replace(params, max_tokens=max_tokens)
 
-    def __init__(self) -> None:
-        self._ids: set[str] = set()
-        self._lock = threading.Lock()
-
-    def reserve(self, request_id: str) -> None:
-        with self._lock:
-            if request_id in self._ids:
-                raise RequestRejected("request_id", f"request id {request_id!r} is already in use")
-            self._ids.add(request_id)
-
-    def release(self, request_ids: Iterable[str]) -> None:
-        with self._lock:
-            self._ids.difference_update(request_ids)
+    def check(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> SamplingParams:
+        """Both checks, for a caller whose client names the fields `prompt` and `max_tokens`."""
+        self.check_prompt(prompt_token_ids)
+        return self.fit(len(prompt_token_ids), params)

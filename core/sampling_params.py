@@ -1,16 +1,53 @@
 """What a request asks of generation: validated once, on construction, with errors that name the field.
 
-`SamplingParamsError` carries the offending field name so the HTTP layer can answer a 400 that
-names the parameter.
+Each numeric range is stated once, as a `Bounds` below. `SamplingParams` checks its own fields
+against them; the server reads a request field that becomes one of these values with the same
+`Bounds` and names the field as the client sent it (`top_logprobs`, `max_completion_tokens`).
+`SamplingParamsError` carries the offending field's name.
+
+Stop strings, `skip_special_tokens` and `include_stop_str_in_output` are read by the front end
+that turns tokens into text (core/text_tracker.py), never by the engine: `for_engine()` is what
+the engine is given.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 
 class SamplingParamsError(ValueError):
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """An allowed numeric range: `low` (exclusive when `low_open`) up to `high`, both inclusive by default."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+
+    def admits(self, value: float) -> bool:
+        if self.low is not None and (value <= self.low if self.low_open else value < self.low):
+            return False
+        return self.high is None or value <= self.high
+
+    def __str__(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low}"
+        return f"in {'(' if self.low_open else '['}{self.low}, {self.high}]"
+
+
+MAX_LOGPROBS = 20  # top alternatives per token, as OpenAI allows
+
+TEMPERATURE = Bounds(0.0)
+TOP_P = Bounds(0.0, 1.0, low_open=True)
+TOP_K = Bounds(1)
+MIN_P = Bounds(0.0, 1.0)
+MAX_TOKENS = Bounds(1)
+MIN_TOKENS = Bounds(0)
+LOGPROBS = Bounds(0, MAX_LOGPROBS)
+SEED = Bounds(-(2**63), 2**64 - 1)  # anything a 64-bit generator seed can hold
 
 
 @dataclass(frozen=True)
@@ -28,30 +65,33 @@ class SamplingParams:
     ignore_eos: bool = False
     # Number of top alternatives per generated token; None: no logprobs at all.
     logprobs: int | None = None
-    extra: dict[str, object] = field(default_factory=dict, compare=False, repr=False)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _as_tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
-        _check(self.temperature >= 0.0, "temperature", f"temperature must be >= 0, got {self.temperature}")
-        _check(0.0 < self.top_p <= 1.0, "top_p", f"top_p must be in (0, 1], got {self.top_p}")
-        _check(self.top_k is None or self.top_k >= 1, "top_k", f"top_k must be >= 1 or None, got {self.top_k}")
-        _check(0.0 <= self.min_p <= 1.0, "min_p", f"min_p must be in [0, 1], got {self.min_p}")
-        _check(self.max_tokens is None or self.max_tokens >= 1, "max_tokens",
-               f"max_tokens must be >= 1, got {self.max_tokens}")
-        _check(self.min_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {self.min_tokens}")
+        for name, bounds in _BOUNDS.items():
+            value = getattr(self, name)
+            if value is not None and not bounds.admits(value):
+                raise SamplingParamsError(name, f"{name} must be {bounds}, got {value}")
         _check(self.max_tokens is None or self.min_tokens <= self.max_tokens, "min_tokens",
                f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})")
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                "stop_token_ids must be non-negative integers")
-        _check(self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs",
-               f"logprobs must be between 0 and 20, got {self.logprobs}")
-        _check(self.seed is None or -(2**63) <= self.seed < 2**64, "seed", "seed must fit in 64 bits")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    def for_engine(self) -> "SamplingParams":
+        """These params as the engine gets them: without the stop strings, which only the front end reads."""
+        return replace(self, stop=()) if self.stop else self
+
+
+_BOUNDS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P, "max_tokens": MAX_TOKENS,
+           "min_tokens": MIN_TOKENS, "logprobs": LOGPROBS, "seed": SEED}
 
 
 def _as_tuple(stop: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:

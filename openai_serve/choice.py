@@ -51,19 +51,13 @@ class ChoiceSpec:
     params: SamplingParams
 
 
-@dataclass(frozen=True)
-class TextOptions:
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-
-
 class ChoiceDecoder:
-    def __init__(self, spec: ChoiceSpec, tokenizer: TokenDecoder, options: TextOptions) -> None:
+    def __init__(self, spec: ChoiceSpec, tokenizer: TokenDecoder) -> None:
         self.spec = spec
+        params = spec.params
         self._detokenizer = IncrementalDetokenizer(
-            tokenizer, spec.prompt_token_ids, spec.params.stop,
-            skip_special_tokens=options.skip_special_tokens,
-            include_stop_str_in_output=options.include_stop_str_in_output,
+            tokenizer, spec.prompt_token_ids, params.stop, skip_special_tokens=params.skip_special_tokens,
+            include_stop_str_in_output=params.include_stop_str_in_output,
         )
         self._pending_logprobs: list[TokenLogprob] = []
         self.finish_reason: str | None = None

@@ -8,7 +8,8 @@ its HTTP request's `asyncio.Queue`.
 
 Invariants:
 - `_handles` (loop thread only) maps every engine request id still running to its handle; an id
-  leaves it when the engine finishes it or when it is aborted, so late outputs are dropped.
+  leaves it when the engine finishes it or when it is aborted, so late outputs are dropped. It is
+  the server's one registry of live requests: a new request never takes a live one's id.
 - Shutdown: every open handle gets a terminal `BridgeClosed` and its sequences are aborted; new
   submissions get a 503. If `step()` raises, the same happens and `is_alive` turns false.
 """
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 
 from core import RequestOutput, RequestRejected, SamplingParams
 from core.serving_engine import ServingEngine
-from openai_serve.errors import bad_request, service_unavailable
+from openai_serve.errors import refused, service_unavailable
 
 logger = logging.getLogger(__name__)
 
@@ -106,16 +107,19 @@ class EngineBridge:
         return len(self._handles)
 
     def submit(self, requests: Sequence[tuple[str, list[int], SamplingParams]]) -> RequestHandle:
-        """Adds all of an HTTP request's engine requests, or none (a rejection aborts the others)."""
+        """Adds all of an HTTP request's engine requests (checked: core/request_checks.py), or none (a
+        refusal aborts the others)."""
         self._check_open(len(requests))
         handle = RequestHandle(self, [request_id for request_id, _, _ in requests])
         for request_id, prompt_token_ids, params in requests:
-            self._handles[request_id] = handle
             try:
+                if request_id in self._handles:
+                    raise RequestRejected("request_id", f"request id {request_id!r} is already in use")
+                self._handles[request_id] = handle
                 self._engine.add_request(request_id, prompt_token_ids, params)
             except RequestRejected as exc:
                 handle.close()
-                raise bad_request(str(exc), exc.param) from exc
+                raise refused(exc) from exc
         return handle
 
     def abort(self, handle: RequestHandle, request_id: str) -> None:

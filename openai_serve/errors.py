@@ -12,6 +12,8 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from core import RequestRejected, SamplingParamsError
+
 logger = logging.getLogger(__name__)
 
 
@@ -42,6 +44,11 @@ class APIError(Exception):
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
     return APIError(400, message, param=param, code=code)
+
+
+def refused(exc: RequestRejected | SamplingParamsError) -> APIError:
+    """A request core's rules refuse, as a 400; the error already names the client's field."""
+    return bad_request(str(exc), exc.param)
 
 
 def unsupported(param: str, why: str = "is not supported by this server") -> APIError:

@@ -7,14 +7,16 @@ the next step even while the other choices go on.
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
-from core import RequestOutput
+from core import RequestOutput, RequestRejected
 from core.detokenizer import TokenDecoder
-from openai_serve.choice import ChoiceDecoder, ChoiceDelta, ChoiceSpec, TextOptions, merge_deltas
+from core.request_checks import EngineLimits
+from openai_serve.choice import ChoiceDecoder, ChoiceDelta, ChoiceSpec, merge_deltas
 from openai_serve.engine_bridge import EngineBridge, RequestHandle
-from openai_serve.errors import APIError
+from openai_serve.errors import refused
 from openai_serve.logprobs import TokenLogprob
-from openai_serve.protocol.common import CommonRequest, make_sampling_params
+from openai_serve.protocol.common import CommonRequest, choice_params
 
 
 @dataclass(frozen=True)
@@ -32,21 +34,24 @@ class Usage:
         }
 
 
+class GenerationBody(Protocol):
+    """What a generation endpoint's parsed request tells every choice."""
+
+    common: CommonRequest
+    prompt_param: str  # the client's names of the prompt and of max_tokens, for errors about them
+    max_tokens_param: str
+
+
 class Generation:
-    def __init__(self, specs: list[ChoiceSpec], tokenizer: TokenDecoder, options: TextOptions) -> None:
-        self.decoders = [ChoiceDecoder(spec, tokenizer, options) for spec in specs]
+    def __init__(self, specs: list[ChoiceSpec], tokenizer: TokenDecoder) -> None:
+        self.decoders = [ChoiceDecoder(spec, tokenizer) for spec in specs]
         self._by_request_id = {d.spec.request_id: d for d in self.decoders}
         self._handle: RequestHandle | None = None
 
-    def start(self, bridge: EngineBridge, prompt_param: str) -> None:
-        """Submits every choice; a 400 about the prompt names the endpoint's prompt field."""
-        requests = [(d.spec.request_id, d.spec.prompt_token_ids, d.spec.params) for d in self.decoders]
-        try:
-            self._handle = bridge.submit(requests)
-        except APIError as exc:
-            if exc.param == "prompt":
-                exc.param = prompt_param
-            raise
+    def start(self, bridge: EngineBridge) -> None:
+        """Submits every choice (all or none)."""
+        requests = [(d.spec.request_id, d.spec.prompt_token_ids, d.spec.params.for_engine()) for d in self.decoders]
+        self._handle = bridge.submit(requests)
 
     async def batches(self) -> AsyncIterator[list[ChoiceDelta]]:
         """Text deltas of all choices as the engine makes them, one batch per wake-up: what arrived
@@ -119,13 +124,19 @@ async def collect(generation: Generation) -> dict[int, CollectedChoice]:
 
 
 def choice_specs(
-    response_id: str, prompts: list[list[int]], common: CommonRequest, max_tokens: int | None, logprobs: int | None
+    response_id: str, prompts: list[list[int]], body: GenerationBody, limits: EngineLimits
 ) -> list[ChoiceSpec]:
-    """n choices per prompt; choice j of prompt i is index i * n + j and engine request `{id}-{index}`."""
+    """n choices per prompt; choice j of prompt i is index i * n + j and engine request `{id}-{index}`.
+    Each prompt is checked against the engine's limits once, errors naming the client's fields."""
+    n = body.common.n
     specs = []
     for prompt_index, prompt in enumerate(prompts):
-        for j in range(common.n):
-            index = prompt_index * common.n + j
-            params = make_sampling_params(common, j, max_tokens, logprobs)
-            specs.append(ChoiceSpec(index, prompt_index, f"{response_id}-{index}", prompt, params))
+        try:
+            limits.check_prompt(prompt, body.prompt_param)
+            params = limits.fit(len(prompt), body.common.sampling, body.max_tokens_param)
+        except RequestRejected as exc:
+            raise refused(exc) from exc
+        for j in range(n):
+            index = prompt_index * n + j
+            specs.append(ChoiceSpec(index, prompt_index, f"{response_id}-{index}", prompt, choice_params(params, j)))
     return specs

@@ -7,9 +7,11 @@ know `developer`). Tools, images and audio are not supported: a 400 names the fi
 """
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
+from core.sampling_params import LOGPROBS, MAX_TOKENS
 from openai_serve.errors import bad_request, unsupported
-from openai_serve.protocol.common import CommonRequest, check_logprobs, read_common
+from openai_serve.protocol.common import CommonRequest, read_common, read_model
 from openai_serve.protocol.fields import Fields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -20,16 +22,29 @@ NO_TOOLS = "is not supported by this server (no tool calling)"
 class ChatRequest:
     common: CommonRequest
     messages: tuple[dict[str, object], ...]
-    max_tokens: int | None = None  # None: the rest of the context
-    logprobs: int | None = None  # top alternatives per token; None: no logprobs
     template_kwargs: dict[str, object] = field(default_factory=dict)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    # The client's name for max_tokens (it has two), in errors about it; the prompt is the messages.
+    max_tokens_param: str = "max_tokens"
+    prompt_param: ClassVar[str] = "messages"
+
+    @property
+    def max_tokens(self) -> int | None:
+        """None: the rest of the context."""
+        return self.common.sampling.max_tokens
+
+    @property
+    def logprobs(self) -> int | None:
+        """Top alternatives per token; None: no logprobs."""
+        return self.common.sampling.logprobs
 
 
 def parse_chat_request(body: object) -> ChatRequest:
     fields = Fields(body)
-    common = read_common(fields)
+    model = read_model(fields)
+    max_tokens, max_tokens_param = _read_max_tokens(fields)
+    common = read_common(fields, model, max_tokens, _read_logprobs(fields))
     _reject_unsupported(fields)
     if fields.has("chat_template"):
         raise unsupported("chat_template", "is not accepted from clients: the server's template is used "
@@ -38,8 +53,7 @@ def parse_chat_request(body: object) -> ChatRequest:
     request = ChatRequest(
         common=common,
         messages=parse_messages(fields.raw("messages")),
-        max_tokens=_read_max_tokens(fields),
-        logprobs=_read_logprobs(fields),
+        max_tokens_param=max_tokens_param,
         template_kwargs={} if kwargs is None else kwargs.raw_items(),
         add_generation_prompt=fields.get_bool("add_generation_prompt", True),
         continue_final_message=fields.get_bool("continue_final_message", False),
@@ -99,17 +113,20 @@ def _text_part(part: object, name: str) -> str:
     return text
 
 
-def _read_max_tokens(fields: Fields) -> int | None:
-    max_tokens = fields.get_int("max_tokens", None, minimum=1)
-    max_completion_tokens = fields.get_int("max_completion_tokens", None, minimum=1)
+def _read_max_tokens(fields: Fields) -> tuple[int | None, str]:
+    """The value and the name the client sent it under (OpenAI's newer name first)."""
+    max_tokens = fields.get_int("max_tokens", None, MAX_TOKENS)
+    max_completion_tokens = fields.get_int("max_completion_tokens", None, MAX_TOKENS)
     if None not in (max_tokens, max_completion_tokens) and max_tokens != max_completion_tokens:
         raise bad_request("'max_tokens' and 'max_completion_tokens' disagree; send one of them", "max_tokens")
-    return max_completion_tokens if max_completion_tokens is not None else max_tokens
+    if max_completion_tokens is not None:
+        return max_completion_tokens, "max_completion_tokens"
+    return max_tokens, "max_tokens"
 
 
 def _read_logprobs(fields: Fields) -> int | None:
     wants_logprobs = fields.get_bool("logprobs", False)
-    top_logprobs = check_logprobs(fields.get_int("top_logprobs", None), "top_logprobs")
+    top_logprobs = fields.get_int("top_logprobs", None, LOGPROBS)
     if top_logprobs is not None and not wants_logprobs:
         raise bad_request("'top_logprobs' requires 'logprobs' to be true", "top_logprobs")
     return (top_logprobs or 0) if wants_logprobs else None

@@ -1,18 +1,21 @@
 """The fields /v1/completions and /v1/chat/completions share: model, n, streaming and sampling.
 
-OpenAI parameters this server does not implement (penalties, logit_bias, ...) are accepted only at
-their defaults; anything else is a 400 naming the parameter. vLLM's extras (top_k, min_p,
-ignore_eos, min_tokens, stop_token_ids, skip_special_tokens, include_stop_str_in_output) work.
+`read_sampling` is the one place where request fields become `SamplingParams` (vLLM's
+`to_sampling_params()`); ranges are core's (core/sampling_params.py), checked under the client's
+field names. OpenAI parameters this server does not implement (penalties, logit_bias, ...) are
+accepted only at their defaults; anything else is a 400 naming the parameter. vLLM's extras (top_k,
+min_p, ignore_eos, min_tokens, stop_token_ids, skip_special_tokens, include_stop_str_in_output) work.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 
 from core import SamplingParams, SamplingParamsError
-from openai_serve.errors import bad_request, unsupported
+from core.sampling_params import MIN_P, MIN_TOKENS, SEED, TEMPERATURE, TOP_P, Bounds
+from openai_serve.errors import bad_request, refused
 from openai_serve.protocol.fields import Fields
 
-MAX_N = 128  # OpenAI's limit on choices per request
-MAX_LOGPROBS = 20
+N = Bounds(1, 128)  # choices per request, as OpenAI allows
+REQUEST_TOP_K = Bounds(-1)  # vLLM spells "no top-k" -1 (or 0)
 
 
 @dataclass(frozen=True)
@@ -24,45 +27,59 @@ class StreamOptions:
 @dataclass(frozen=True)
 class CommonRequest:
     model: str
+    # What every choice asks for; choice i's own is choice_params(sampling, i).
+    sampling: SamplingParams = SamplingParams()
     n: int = 1
     stream: StreamOptions = StreamOptions()
     user: str | None = None
-    skip_special_tokens: bool = True
-    include_stop_str_in_output: bool = False
-    # SamplingParams fields every choice shares (not max_tokens or logprobs, which differ by endpoint).
-    sampling: dict[str, object] = field(default_factory=dict)
 
 
-def read_common(fields: Fields) -> CommonRequest:
+def read_model(fields: Fields) -> str:
     model = fields.get_str("model", None)
     if model is None:
         raise bad_request("you must provide a model parameter", "model")
+    return model
+
+
+def read_common(fields: Fields, model: str, max_tokens: int | None, logprobs: int | None) -> CommonRequest:
+    """The shared fields; `max_tokens` and `logprobs` are the endpoint's, read under its own names."""
     _reject_unsupported_sampling(fields)
     return CommonRequest(
         model=model,
-        n=fields.get_int("n", 1, minimum=1, maximum=MAX_N),
+        n=fields.get_int("n", 1, N),
         stream=_read_stream(fields),
         user=fields.get_str("user", None),
-        skip_special_tokens=fields.get_bool("skip_special_tokens", True),
-        include_stop_str_in_output=fields.get_bool("include_stop_str_in_output", False),
-        sampling=_read_sampling(fields),
+        sampling=read_sampling(fields, max_tokens, logprobs),
     )
 
 
-def _read_sampling(fields: Fields) -> dict[str, object]:
-    top_k = fields.get_int("top_k", None, minimum=-1)
-    return {
-        "temperature": fields.get_float("temperature", 1.0),
-        "top_p": fields.get_float("top_p", 1.0),
-        # vLLM spells "no top-k" as -1 (or 0); SamplingParams spells it None.
-        "top_k": None if top_k is None or top_k <= 0 else top_k,
-        "min_p": fields.get_float("min_p", 0.0),
-        "seed": fields.get_int("seed", None),
-        "stop": fields.str_list("stop"),
-        "stop_token_ids": fields.int_list("stop_token_ids"),
-        "ignore_eos": fields.get_bool("ignore_eos", False),
-        "min_tokens": fields.get_int("min_tokens", 0),
-    }
+def read_sampling(fields: Fields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+    """The request's SamplingParams. A rule between fields (min_tokens <= max_tokens, non-empty stop
+    strings) is SamplingParams' own, and names its field, which is the client's name for it."""
+    top_k = fields.get_int("top_k", None, REQUEST_TOP_K)
+    try:
+        return SamplingParams(
+            temperature=fields.get_float("temperature", 1.0, TEMPERATURE),
+            top_p=fields.get_float("top_p", 1.0, TOP_P),
+            top_k=None if top_k is None or top_k <= 0 else top_k,
+            min_p=fields.get_float("min_p", 0.0, MIN_P),
+            seed=fields.get_int("seed", None, SEED),
+            max_tokens=max_tokens,
+            min_tokens=fields.get_int("min_tokens", 0, MIN_TOKENS),
+            stop=fields.str_list("stop"),
+            stop_token_ids=fields.int_list("stop_token_ids"),
+            ignore_eos=fields.get_bool("ignore_eos", False),
+            logprobs=logprobs,
+            skip_special_tokens=fields.get_bool("skip_special_tokens", True),
+            include_stop_str_in_output=fields.get_bool("include_stop_str_in_output", False),
+        )
+    except SamplingParamsError as exc:
+        raise refused(exc) from exc
+
+
+def choice_params(params: SamplingParams, choice_index: int) -> SamplingParams:
+    """Choice i of a seeded request samples with seed + i, as in vLLM, so that its choices differ."""
+    return params if params.seed is None or choice_index == 0 else replace(params, seed=params.seed + choice_index)
 
 
 def _read_stream(fields: Fields) -> StreamOptions:
@@ -87,22 +104,3 @@ def _reject_unsupported_sampling(fields: Fields) -> None:
     fields.unsupported_unless("store", lambda v: v is False, "is not supported: this server stores nothing")
     fields.unsupported_unless("metadata", lambda v: v == {}, "is not supported: this server stores nothing")
     fields.unsupported_unless("service_tier", lambda v: v in ("auto", "default"), "must be 'auto' or 'default'")
-
-
-def make_sampling_params(
-    common: CommonRequest, choice_index: int, max_tokens: int | None, logprobs: int | None
-) -> SamplingParams:
-    """The SamplingParams of one choice. Seeded choices get seed + index, as in vLLM, so they differ."""
-    kwargs = dict(common.sampling)
-    if kwargs["seed"] is not None:
-        kwargs["seed"] = kwargs["seed"] + choice_index  # type: ignore[operator]
-    try:
-        return SamplingParams(max_tokens=max_tokens, logprobs=logprobs, **kwargs)  # type: ignore[arg-type]
-    except SamplingParamsError as exc:
-        raise bad_request(str(exc), exc.param) from exc
-
-
-def check_logprobs(value: int | None, param: str) -> int | None:
-    if value is not None and not 0 <= value <= MAX_LOGPROBS:
-        raise unsupported(param, f"must be between 0 and {MAX_LOGPROBS}")
-    return value

@@ -5,9 +5,11 @@ ids; each prompt gets `n` choices, numbered prompt by prompt (prompt i, choice j
 """
 
 from dataclasses import dataclass
+from typing import ClassVar
 
+from core.sampling_params import LOGPROBS, MAX_TOKENS
 from openai_serve.errors import bad_request, unsupported
-from openai_serve.protocol.common import CommonRequest, check_logprobs, read_common
+from openai_serve.protocol.common import CommonRequest, read_common, read_model
 from openai_serve.protocol.fields import Fields, are_ints
 
 Prompt = str | tuple[int, ...]
@@ -18,21 +20,32 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 class CompletionRequest:
     common: CommonRequest
     prompts: tuple[Prompt, ...]
-    max_tokens: int
     echo: bool = False
-    logprobs: int | None = None  # top alternatives per token; None: no logprobs
     add_special_tokens: bool = True  # vLLM's extra: tokenize string prompts with BOS etc.
+    # The client's names for the prompt and for max_tokens, in errors about them.
+    prompt_param: ClassVar[str] = "prompt"
+    max_tokens_param: ClassVar[str] = "max_tokens"
+
+    @property
+    def max_tokens(self) -> int:
+        return self.common.sampling.max_tokens  # type: ignore[return-value]  # the endpoint's default is a number
+
+    @property
+    def logprobs(self) -> int | None:
+        """Top alternatives per token; None: no logprobs."""
+        return self.common.sampling.logprobs
 
 
 def parse_completion_request(body: object) -> CompletionRequest:
     fields = Fields(body)
-    common = read_common(fields)
+    model = read_model(fields)
+    max_tokens = fields.get_int("max_tokens", DEFAULT_MAX_TOKENS, MAX_TOKENS)
+    logprobs = fields.get_int("logprobs", None, LOGPROBS)
+    common = read_common(fields, model, max_tokens, logprobs)
     request = CompletionRequest(
         common=common,
         prompts=parse_prompts(fields.raw("prompt")),
-        max_tokens=fields.get_int("max_tokens", DEFAULT_MAX_TOKENS, minimum=1),
         echo=fields.get_bool("echo", False),
-        logprobs=check_logprobs(fields.get_int("logprobs", None), "logprobs"),
         add_special_tokens=fields.get_bool("add_special_tokens", True),
     )
     fields.unsupported_unless("suffix", lambda v: v == "", "is not supported by this server")
@@ -46,33 +59,21 @@ def parse_completion_request(body: object) -> CompletionRequest:
 
 
 def parse_prompts(prompt: object) -> tuple[Prompt, ...]:
+    """The prompts' shapes; what their tokens must be (not empty, known ids) the route checks once
+    they are tokens, with the engine's limits (core/request_checks.py)."""
     if prompt is None:
         raise bad_request("you must provide a prompt parameter", "prompt")
     if isinstance(prompt, str):
-        return (_non_empty_text(prompt),)
+        return (prompt,)
     if not isinstance(prompt, list) or not prompt:
         raise bad_request("'prompt' must be a non-empty string or a non-empty array", "prompt")
     if all(isinstance(p, str) for p in prompt):
-        return tuple(_non_empty_text(p) for p in prompt)
+        return tuple(prompt)
     if are_ints(prompt):
-        return (_token_prompt(prompt),)
-    if all(isinstance(p, list) for p in prompt):
-        return tuple(_token_prompt(p) for p in prompt)
+        return (tuple(prompt),)
+    if all(isinstance(p, list) and are_ints(p) for p in prompt):
+        return tuple(tuple(p) for p in prompt)
     raise bad_request(
         "'prompt' must be a string, an array of strings, an array of token ids or an array of arrays of "
         "token ids", "prompt",
     )
-
-
-def _non_empty_text(text: str) -> str:
-    if not text:
-        raise bad_request("'prompt' must not be empty", "prompt")
-    return text
-
-
-def _token_prompt(token_ids: list[object]) -> tuple[int, ...]:
-    if not token_ids:
-        raise bad_request("'prompt' must not be empty", "prompt")
-    if not are_ints(token_ids) or min(token_ids) < 0:  # type: ignore[type-var]
-        raise bad_request("token ids in 'prompt' must be non-negative integers", "prompt")
-    return tuple(token_ids)  # type: ignore[arg-type]

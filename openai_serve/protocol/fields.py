@@ -9,6 +9,7 @@ JSON booleans are not numbers here, although Python's `bool` is an `int`.
 from collections.abc import Callable
 from typing import TypeVar
 
+from core.sampling_params import Bounds
 from openai_serve.errors import bad_request, unsupported
 
 T = TypeVar("T")
@@ -62,18 +63,19 @@ class Fields:
             raise bad_request(f"'{self.name(key)}' must be {type_name}, got {_type_name(value)}", self.name(key))
         return value  # type: ignore[return-value]
 
-    def get_int(self, key: str, default: T, minimum: int | None = None, maximum: int | None = None) -> int | T:
+    def get_int(self, key: str, default: T, bounds: Bounds | None = None) -> int | T:
         value = self.typed(key, is_int, "an integer", default)
-        if is_int(value):
-            self._check_range(key, value, minimum, maximum)  # type: ignore[arg-type]
+        if bounds is not None and is_int(value):
+            self._check_bounds(key, value, bounds)  # type: ignore[arg-type]
         return value
 
-    def get_float(self, key: str, default: T, minimum: float | None = None, maximum: float | None = None) -> float | T:
+    def get_float(self, key: str, default: T, bounds: Bounds | None = None) -> float | T:
         value = self.typed(key, is_number, "a number", default)
-        if is_number(value):
-            self._check_range(key, value, minimum, maximum)  # type: ignore[arg-type]
-            return float(value)  # type: ignore[arg-type]
-        return value
+        if not is_number(value):
+            return value
+        if bounds is not None:
+            self._check_bounds(key, value, bounds)  # type: ignore[arg-type]
+        return float(value)  # type: ignore[arg-type]
 
     def get_bool(self, key: str, default: T) -> bool | T:
         return self.typed(key, lambda v: isinstance(v, bool), "a boolean", default)
@@ -120,8 +122,7 @@ class Fields:
             if key not in self._read:
                 raise bad_request(f"Unrecognized request argument supplied: {self.name(key)}", self.name(key))
 
-    def _check_range(self, key: str, value: float, minimum: float | None, maximum: float | None) -> None:
-        if minimum is not None and value < minimum:
-            raise bad_request(f"'{self.name(key)}' must be >= {minimum}, got {value}", self.name(key))
-        if maximum is not None and value > maximum:
-            raise bad_request(f"'{self.name(key)}' must be <= {maximum}, got {value}", self.name(key))
+    def _check_bounds(self, key: str, value: float, bounds: Bounds) -> None:
+        """A range stated once in core (SamplingParams' fields, ...), checked here under the client's name."""
+        if not bounds.admits(value):
+            raise bad_request(f"'{self.name(key)}' must be {bounds}, got {value}", self.name(key))

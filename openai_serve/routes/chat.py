@@ -28,7 +28,7 @@ async def create_chat_completion(request: Request) -> Response:
     state.check_model(body.common.model)
     prompt = state.chat_template.tokenize(state.chat_template.render(body))
     view = ChatView(state, body)
-    return await respond(request, state, body, view, [prompt], "messages")
+    return await respond(request, state, body, view, [prompt])
 
 
 class ChatView:

@@ -9,6 +9,7 @@ With `echo`, each choice starts with its prompt's text (its first chunk, when st
 import time
 import uuid
 from collections.abc import AsyncIterator
+from functools import cached_property
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -27,8 +28,8 @@ async def create_completion(request: Request) -> Response:
     body = parse_completion_request(await read_json(request))
     state.check_model(body.common.model)
     prompts = [_tokenize(state, prompt, body.add_special_tokens) for prompt in body.prompts]
-    view = CompletionView(state, body, _echo_texts(state, body, prompts))
-    return await respond(request, state, body, view, prompts, "prompt")
+    view = CompletionView(state, body, prompts)
+    return await respond(request, state, body, view, prompts)
 
 
 def _tokenize(state: ServingState, prompt: Prompt, add_special_tokens: bool) -> list[int]:
@@ -37,26 +38,28 @@ def _tokenize(state: ServingState, prompt: Prompt, add_special_tokens: bool) -> 
     return list(prompt)
 
 
-def _echo_texts(state: ServingState, body: CompletionRequest, prompts: list[list[int]]) -> list[str]:
-    if not body.echo:
-        return []
-    skip = body.common.skip_special_tokens
-    return [p if isinstance(p, str) else state.engine.tokenizer.decode(list(ids), skip_special_tokens=skip)
-            for p, ids in zip(body.prompts, prompts, strict=True)]
-
-
 class CompletionView:
     """Builds this response's JSON: chunks while streaming, or the whole response."""
 
-    def __init__(self, state: ServingState, body: CompletionRequest, echo_texts: list[str]) -> None:
+    def __init__(self, state: ServingState, body: CompletionRequest, prompts: list[list[int]]) -> None:
         self.response_id = f"cmpl-{uuid.uuid4().hex}"
         self._created = int(time.time())
         self._model = body.common.model
         self._n = body.common.n
         self._include_usage = body.common.stream.include_usage
         self._wants_logprobs = body.logprobs is not None
-        self._echo_texts = echo_texts
+        self._state, self._body, self._prompts = state, body, prompts
         self._texts = state.token_texts
+
+    @cached_property
+    def _echo_texts(self) -> list[str]:
+        """Each prompt's text for `echo`: read only once the prompts passed the engine's checks."""
+        if not self._body.echo:
+            return []
+        skip = self._body.common.sampling.skip_special_tokens
+        decode = self._state.engine.tokenizer.decode
+        return [p if isinstance(p, str) else decode(ids, skip_special_tokens=skip)
+                for p, ids in zip(self._body.prompts, self._prompts, strict=True)]
 
     async def stream(self, generation: Generation) -> AsyncIterator[Batch]:
         if self._echo_texts:

@@ -7,21 +7,13 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from openai_serve.choice import TextOptions
-from openai_serve.generation import CollectedChoice, Generation, Usage, choice_specs, collect
+from openai_serve.generation import CollectedChoice, Generation, GenerationBody, Usage, choice_specs, collect
 from openai_serve.http_io import ClientDisconnected, until_disconnect
-from openai_serve.protocol.common import CommonRequest
 from openai_serve.sse import Batch, event_stream
 from openai_serve.state import ServingState
 
 # nginx's "client closed request": never seen by the client, but it shows in access logs.
 _CLIENT_CLOSED_REQUEST = 499
-
-
-class GenerationBody(Protocol):
-    common: CommonRequest
-    max_tokens: int | None
-    logprobs: int | None
 
 
 class ResponseView(Protocol):
@@ -40,14 +32,11 @@ async def respond(
     body: GenerationBody,
     view: ResponseView,
     prompts: list[list[int]],
-    prompt_param: str,
 ) -> Response:
-    """Starts every choice of every prompt in the engine, then streams them or answers in full.
-    `prompt_param` names where the client sent the prompt (`prompt`, `messages`) in errors about it."""
-    specs = choice_specs(view.response_id, prompts, body.common, body.max_tokens, body.logprobs)
-    options = TextOptions(body.common.skip_special_tokens, body.common.include_stop_str_in_output)
-    generation = Generation(specs, state.token_decoder, options)
-    generation.start(state.bridge, prompt_param)
+    """Starts every choice of every prompt in the engine, then streams them or answers in full."""
+    specs = choice_specs(view.response_id, prompts, body, state.engine.limits)
+    generation = Generation(specs, state.token_decoder)
+    generation.start(state.bridge)
     if body.common.stream.stream:
         return event_stream(view.stream(generation), generation.close)
     result = await collect_or_abort(request, generation)

@@ -7,7 +7,8 @@ as /v1/chat/completions renders them, so its count is the prompt_tokens a chat r
 from starlette.requests import Request
 from starlette.responses import Response
 
-from openai_serve.errors import bad_request
+from core import RequestRejected
+from openai_serve.errors import bad_request, refused
 from openai_serve.http_io import read_json
 from openai_serve.protocol.chat import ChatRequest, parse_messages
 from openai_serve.protocol.common import CommonRequest
@@ -52,6 +53,8 @@ async def detokenize(request: Request) -> Response:
     state.check_model(fields.get_str("model", None))
     token_ids = list(fields.int_list("tokens"))
     fields.reject_unknown()
-    if not all(0 <= t < state.engine.vocab_size for t in token_ids):
-        raise bad_request(f"token ids must be in [0, {state.engine.vocab_size})", "tokens")
+    try:
+        state.engine.limits.check_token_ids(token_ids, "tokens")
+    except RequestRejected as exc:
+        raise refused(exc) from exc
     return json_response({"prompt": state.engine.tokenizer.decode(token_ids)})

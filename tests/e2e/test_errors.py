@@ -79,6 +79,7 @@ BAD_BODIES = [
     (CHAT, M | {"chat_template_kwargs": []}, 400, "chat_template_kwargs"),
     (CHAT, M | {"continue_final_message": True}, 400, "continue_final_message"),
     (CHAT, M | {"max_tokens": 600}, 400, "max_tokens"),
+    (CHAT, M | {"max_completion_tokens": 600}, 400, "max_completion_tokens"),
     (CHAT, M | {"messages": [{"role": "user", "content": "hello " * 600}]}, 400, "messages"),
     (CHAT, M | {"audio": {"voice": "alloy"}}, 400, "audio"),
     ("/tokenize", {"prompt": 5}, 400, "prompt"),

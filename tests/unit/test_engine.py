@@ -1,4 +1,5 @@
-"""LLMEngine on the tiny model: request validation, aborts, finish reasons, seeded sampling."""
+"""LLMEngine on the tiny model: the checks its front ends make (its limits), aborts, finish reasons,
+seeded sampling."""
 
 from pathlib import Path
 
@@ -42,24 +43,15 @@ def tokens_of(outputs: list) -> list[int]:
 def test_requests_that_can_never_fit_are_refused(engine: LLMEngine, prompt: list[int], params: SamplingParams,
                                                  param: str) -> None:
     with pytest.raises(RequestRejected) as error:
-        engine.add_request("bad", prompt, params)
+        engine.limits.check(prompt, params)
     assert error.value.param == param
     assert not engine.has_unfinished_requests()
 
 
 def test_request_needing_more_blocks_than_exist_is_refused(tiny_qwen3_dir: Path) -> None:
-    small = LLM(str(tiny_qwen3_dir), cache=CacheConfig(block_size=16, num_blocks=4)).engine
+    small = LLM(str(tiny_qwen3_dir), cache=CacheConfig(block_size=16, num_blocks=4))
     with pytest.raises(RequestRejected, match="KV-cache blocks"):
-        small.add_request("x", [5] * 50, SamplingParams(max_tokens=20))
-
-
-def test_duplicate_live_request_id_is_refused(engine: LLMEngine) -> None:
-    engine.add_request("dup", [5, 6, 7], SamplingParams(max_tokens=2))
-    with pytest.raises(RequestRejected):
-        engine.add_request("dup", [5, 6, 7], SamplingParams(max_tokens=2))
-    run_all(engine)
-    engine.add_request("dup", [5, 6, 7], SamplingParams(max_tokens=2))  # free again once finished
-    run_all(engine)
+        small.generate([[5] * 50], SamplingParams(max_tokens=20))
 
 
 def test_default_max_tokens_is_the_rest_of_the_context(engine: LLMEngine) -> None:

@@ -141,6 +141,23 @@ def test_rejection_aborts_the_siblings_already_added() -> None:
     run(scenario, engine)
 
 
+def test_a_live_request_id_is_refused_until_its_request_finished() -> None:
+    engine = ScriptedEngine(length=2)
+
+    async def scenario(bridge: EngineBridge) -> None:
+        first = bridge.submit([("a", [1], PARAMS)])
+        with pytest.raises(APIError) as err:
+            bridge.submit([("b", [1], PARAMS), ("a", [1], PARAMS)])
+        assert err.value.status_code == 400 and err.value.param == "request_id"
+        while "b" not in engine.aborted:  # the sibling added before the refusal is aborted
+            await asyncio.sleep(0.01)
+        while not (await first.next_output()).is_finished:
+            pass
+        bridge.submit([("a", [1], PARAMS)])  # free again once finished
+
+    run(scenario, engine)
+
+
 def test_overload_is_503() -> None:
     async def scenario(bridge: EngineBridge) -> None:
         bridge.submit([("a", [1], PARAMS), ("b", [1], PARAMS)])

@@ -10,7 +10,7 @@ import pytest
 
 from core import FinishReason, RequestOutput, SamplingParams, TokenLogprobs
 from core.tokenizer import load_tokenizer
-from openai_serve.choice import ChoiceDelta, ChoiceSpec, TextOptions, merge_deltas
+from openai_serve.choice import ChoiceDelta, ChoiceSpec, merge_deltas
 from openai_serve.engine_bridge import BridgeClosed, RequestHandle
 from openai_serve.errors import APIError
 from openai_serve.generation import Generation
@@ -51,13 +51,13 @@ def outputs_for(request_id: str, token_ids: list[int], finish: FinishReason, log
 def make_generation(tokenizer: object, n: int, stop: tuple[str, ...] = (), logprobs: int | None = None) -> Generation:
     params = SamplingParams(max_tokens=64, stop=stop, logprobs=logprobs)
     specs = [ChoiceSpec(i, 0, f"r-{i}", PROMPT, params) for i in range(n)]
-    return Generation(specs, tokenizer, TextOptions())  # type: ignore[arg-type]
+    return Generation(specs, tokenizer)  # type: ignore[arg-type]
 
 
 async def run_stream(generation: Generation, steps: list[list[RequestOutput]], lag: int) -> list[list[ChoiceDelta]]:
     """Feeds the engine's steps `lag` at a time before the consumer may run (lag 1: it keeps up)."""
     bridge = FakeBridge()
-    generation.start(bridge, "prompt")  # type: ignore[arg-type]
+    generation.start(bridge)  # type: ignore[arg-type]
     assert bridge.handle is not None
     batches: list[list[ChoiceDelta]] = []
     consumer = asyncio.ensure_future(_consume(generation, batches))
@@ -130,7 +130,7 @@ def test_a_stop_string_in_a_merged_batch_ends_the_choice_there_and_aborts_it(dec
 
     generation = make_generation(decoder, 1, stop=(stop,))
     bridge = FakeBridge()
-    generation.start(bridge, "prompt")  # type: ignore[arg-type]
+    generation.start(bridge)  # type: ignore[arg-type]
     assert bridge.handle is not None
     for output in outputs_for("r-0", token_ids, FinishReason.LENGTH, logprobs=False):
         bridge.handle.queue.put_nowait(output)  # all queued before the consumer runs: one batch
