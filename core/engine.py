@@ -29,7 +29,6 @@ from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence
-from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs
 from gpu.config import RunnerConfig
 from gpu.model_info import read_model_info
@@ -64,15 +63,15 @@ class _LaunchedStep:
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None) -> None:
+        """`runner`: the model runner to drive (a benchmark's, built with its own kernel choices);
+        None builds one from `config` (see runner_config)."""
         self.config = config
-        model = config.model
-        info = read_model_info(model.model)
-        self.max_model_len = _resolve_max_model_len(model.max_model_len, info.max_position_embeddings)
+        info = read_model_info(config.model.model)
+        self.max_model_len = _resolve_max_model_len(config.model.max_model_len, info.max_position_embeddings)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
-        self.tokenizer = load_tokenizer(model.tokenizer or model.model)
-        self.runner = ModelRunner(self._runner_config())
+        self.runner = runner if runner is not None else ModelRunner(runner_config(config, self.max_model_len))
         self.block_size = config.cache.block_size
         self.block_manager = BlockManager(
             self.runner.num_kv_blocks, self.block_size, config.cache.enable_prefix_caching
@@ -83,16 +82,6 @@ class LLMEngine:
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
         self._in_flight: _LaunchedStep | None = None  # launched, results not yet taken
-
-    def _runner_config(self) -> RunnerConfig:
-        c = self.config
-        return RunnerConfig(
-            model_path=c.model.model, dtype=c.model.dtype, device=c.model.device, block_size=c.cache.block_size,
-            num_kv_blocks=c.cache.num_blocks, gpu_memory_utilization=c.cache.gpu_memory_utilization,
-            max_num_seqs=c.scheduler.max_num_seqs, max_num_batched_tokens=c.scheduler.max_num_batched_tokens,
-            max_model_len=self.max_model_len, enforce_eager=c.model.enforce_eager,
-            attention_backend=c.model.attention_backend, seed=c.model.seed,
-        )
 
     # Any thread.
 
@@ -221,6 +210,22 @@ def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs 
         request_id=seq.request_id, new_token_ids=new_ids, new_logprobs=new_logprobs,
         finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
         num_output_tokens=seq.num_output_tokens, num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
+    )
+
+
+def runner_config(config: EngineConfig, max_model_len: int | None = None) -> RunnerConfig:
+    """The runner's part of an engine config. `max_model_len`: the engine's, resolved against the
+    model (None: resolved here, from the checkpoint's config.json)."""
+    c = config
+    if max_model_len is None:
+        limit = read_model_info(c.model.model).max_position_embeddings
+        max_model_len = _resolve_max_model_len(c.model.max_model_len, limit)
+    return RunnerConfig(
+        model_path=c.model.model, dtype=c.model.dtype, device=c.model.device, block_size=c.cache.block_size,
+        num_kv_blocks=c.cache.num_blocks, gpu_memory_utilization=c.cache.gpu_memory_utilization,
+        max_num_seqs=c.scheduler.max_num_seqs, max_num_batched_tokens=c.scheduler.max_num_batched_tokens,
+        max_model_len=max_model_len, enforce_eager=c.model.enforce_eager,
+        attention_backend=c.model.attention_backend, seed=c.model.seed,
     )
 
 

@@ -30,7 +30,6 @@ from core.engine import EngineStats, LLMEngine
 from core.outputs import RequestOutput
 from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
-from core.tokenizer import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -55,7 +54,6 @@ class EngineProcess:
 
     def __init__(self, config: EngineConfig, start_timeout_s: float = 900.0, log_level: str = "INFO") -> None:
         self.config = config
-        self.tokenizer = load_tokenizer(config.model.tokenizer or config.model.model)
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state, no threads forked
         requests_out, requests_in = context.Pipe(duplex=False)
         outputs_out, outputs_in = context.Pipe(duplex=False)

@@ -1,16 +1,17 @@
 """Offline generation: `LLM(model).generate(prompts, params)` runs the engine to completion.
 
-Prompts are strings (tokenized here, the engine never tokenizes) or lists of token ids.
+Prompts are strings (tokenized here: the engine knows token ids only) or lists of token ids; text
+and stop strings come from the same tracker the server uses (core/text_tracker.py).
 """
 
 from dataclasses import dataclass, field
 
 from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from core.detokenizer import IncrementalDetokenizer
 from core.engine import LLMEngine
-from core.outputs import FinishReason, RequestOutput
+from core.outputs import FinishReason, TokenLogprobs
 from core.sampling_params import SamplingParams
-from gpu.batch import TokenLogprobs
+from core.text_tracker import TextTracker
+from core.tokenizer import load_tokenizer
 
 Prompt = str | list[int]
 
@@ -44,46 +45,42 @@ class LLM:
             cache=cache or CacheConfig(), scheduler=scheduler or SchedulerConfig(),
         )
         self.engine = LLMEngine(config)
-        self.tokenizer = self.engine.tokenizer
+        self.tokenizer = load_tokenizer(config.model.tokenizer or config.model.model)
 
     def generate(
         self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None
     ) -> list[GenerationOutput]:
+        """Every prompt to its end. Each is checked with the engine's limits first (RequestRejected,
+        naming `prompt` or `max_tokens`); then all run together."""
         prompt_list = _as_prompt_list(prompts)
         params_list = params if isinstance(params, list) else [params or SamplingParams()] * len(prompt_list)
         if len(params_list) != len(prompt_list):
             raise ValueError(f"{len(prompt_list)} prompts but {len(params_list)} sampling params")
         token_lists = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompt_list]
         checked = [self.engine.limits.check(ids, p) for ids, p in zip(token_lists, params_list, strict=True)]
-        results: dict[str, GenerationOutput] = {}
-        detokenizers: dict[str, IncrementalDetokenizer] = {}
+        trackers: dict[str, TextTracker] = {}
+        logprobs: dict[str, list[TokenLogprobs]] = {}
         for index, (token_ids, p) in enumerate(zip(token_lists, checked, strict=True)):
-            self.engine.add_request(str(index), token_ids, p.for_engine())
-            results[str(index)] = GenerationOutput(prompt_token_ids=token_ids)
-            detokenizers[str(index)] = IncrementalDetokenizer(
-                self.tokenizer, token_ids, p.stop, skip_special_tokens=p.skip_special_tokens,
-                include_stop_str_in_output=p.include_stop_str_in_output)
+            request_id = str(index)
+            trackers[request_id] = TextTracker(request_id, self.tokenizer, token_ids, p, self.engine.abort_request)
+            logprobs[request_id] = []
+            self.engine.add_request(request_id, token_ids, p.for_engine())
         while self.engine.has_unfinished_requests():
             for out in self.engine.step():
-                self._absorb(out, results[out.request_id], detokenizers[out.request_id])
-        for result, detok in zip(results.values(), detokenizers.values(), strict=True):
-            detok.flush()
-            result.text = detok.text
-        return list(results.values())
+                delta = trackers[out.request_id].absorb(out)
+                if delta is not None:
+                    logprobs[out.request_id] += [entry.logprobs for entry in delta.logprobs]
+        return [_output(tracker, ids, logprobs[tracker.request_id], p.logprobs is not None)
+                for tracker, ids, p in zip(trackers.values(), token_lists, checked, strict=True)]
 
-    def _absorb(self, out: RequestOutput, result: GenerationOutput, detok: IncrementalDetokenizer) -> None:
-        """Adds one step's tokens; a stop string ends the sequence after the token that completed it."""
-        if detok.is_stopped:
-            return  # the abort's own final output, or tokens generated before the abort landed
-        for token_id, logprobs in zip(out.new_token_ids, out.new_logprobs, strict=True):
-            result.token_ids.append(token_id)
-            result.logprobs.append(logprobs)
-            detok.add_tokens([token_id])
-            if detok.is_stopped:
-                result.finish_reason = FinishReason.STOP
-                self.engine.abort_request(out.request_id)
-                return
-        result.finish_reason = out.finish_reason
+
+def _output(tracker: TextTracker, prompt_token_ids: list[int], logprobs: list[TokenLogprobs],
+            wants_logprobs: bool) -> GenerationOutput:
+    return GenerationOutput(
+        prompt_token_ids=prompt_token_ids, token_ids=tracker.token_ids,
+        logprobs=list(logprobs) if wants_logprobs else [None] * len(tracker.token_ids),
+        finish_reason=tracker.finish_reason, text=tracker.text,
+    )
 
 
 def _as_prompt_list(prompts: Prompt | list[Prompt]) -> list[Prompt]:

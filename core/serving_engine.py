@@ -1,8 +1,9 @@
-"""What the server needs of an engine: the in-process LLMEngine and the EngineProcess client both are one."""
+"""What the server needs of an engine: the in-process LLMEngine and the EngineProcess client both are one.
+
+The engine knows token ids only: the server holds the tokenizer, and checks each request with
+`limits` before it adds it (core/request_checks.py)."""
 
 from typing import Protocol
-
-from transformers import PreTrainedTokenizerBase
 
 from core.config import EngineConfig
 from core.engine import EngineStats
@@ -13,7 +14,6 @@ from core.sampling_params import SamplingParams
 
 class ServingEngine(Protocol):
     config: EngineConfig
-    tokenizer: PreTrainedTokenizerBase
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]

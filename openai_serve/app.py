@@ -1,5 +1,6 @@
 """The Starlette application: routes, middleware, error handlers, and the lifespan that runs the
-engine thread (started before the first request, stopped after the last connection closed)."""
+engine bridge (its output thread, and the engine's process or thread: started before the first
+request, stopped after the last connection closed)."""
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -9,8 +10,10 @@ from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
+from transformers import PreTrainedTokenizerBase
 
 from core.serving_engine import ServingEngine
+from core.tokenizer import load_tokenizer
 from openai_serve.chat_template import ChatTemplate
 from openai_serve.engine_bridge import EngineBridge
 from openai_serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
@@ -37,15 +40,20 @@ ROUTES = [
 ]
 
 
-def build_app(engine: ServingEngine, config: ServerConfig) -> Starlette:
-    """An app serving `engine`; the engine thread runs while the app's lifespan does."""
+def build_app(
+    engine: ServingEngine, config: ServerConfig, tokenizer: PreTrainedTokenizerBase | None = None
+) -> Starlette:
+    """An app serving `engine`, which runs while the app's lifespan does (and is closed after it).
+    `tokenizer`: the model's (None: loaded from the engine's model config); the engine knows token ids only."""
+    if tokenizer is None:
+        tokenizer = load_tokenizer(engine.config.model.tokenizer or engine.config.model.model)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         bridge = EngineBridge(engine, config.max_pending_requests)
-        chat_template = ChatTemplate(engine.tokenizer, config.chat_template)
-        app.state.serving = ServingState(engine, bridge, config, chat_template, TokenTexts(engine.tokenizer),
-                                         token_decoder(engine.tokenizer))
+        chat_template = ChatTemplate(tokenizer, config.chat_template)
+        app.state.serving = ServingState(engine, bridge, config, tokenizer, chat_template, TokenTexts(tokenizer),
+                                         token_decoder(tokenizer))
         bridge.start()
         try:
             yield

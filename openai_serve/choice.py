@@ -1,18 +1,14 @@
-"""One choice of a response: engine deltas (token ids) in, text deltas with their logprobs out.
-
-Runs on the asyncio side, per request delta. Text that is held back (half a UTF-8 character, or
-what may be the start of a stop string) keeps its tokens' logprobs waiting with it, so a stream's
-chunks concatenate to exactly the non-streamed choice. A stop string finishes the choice at the
-token that completed it; the caller then aborts the sequence in the engine.
+"""One choice of a response: the core tracker's text deltas (core/text_tracker.py), as the
+response's choice `index` with OpenAI's finish_reason, and merged per choice when a consumer fell
+behind. The tracker finishes a choice at a stop string and aborts its sequence in the engine.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from core import FinishReason, RequestOutput, SamplingParams
-from core.detokenizer import IncrementalDetokenizer, TokenDecoder
-from openai_serve.logprobs import TokenLogprob
-
-_FINISH_REASONS = {FinishReason.STOP: "stop", FinishReason.LENGTH: "length", FinishReason.ABORT: "abort"}
+from core import RequestOutput, SamplingParams
+from core.detokenizer import TokenDecoder
+from core.text_tracker import TextTracker, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -52,49 +48,18 @@ class ChoiceSpec:
 
 
 class ChoiceDecoder:
-    def __init__(self, spec: ChoiceSpec, tokenizer: TokenDecoder) -> None:
+    def __init__(self, spec: ChoiceSpec, tokenizer: TokenDecoder, abort: Callable[[str], None]) -> None:
         self.spec = spec
-        params = spec.params
-        self._detokenizer = IncrementalDetokenizer(
-            tokenizer, spec.prompt_token_ids, params.stop, skip_special_tokens=params.skip_special_tokens,
-            include_stop_str_in_output=params.include_stop_str_in_output,
-        )
-        self._pending_logprobs: list[TokenLogprob] = []
-        self.finish_reason: str | None = None
-        self.num_output_tokens = 0
-        self.num_cached_prompt_tokens = 0
+        self.tracker = TextTracker(spec.request_id, tokenizer, spec.prompt_token_ids, spec.params, abort)
 
     @property
     def is_finished(self) -> bool:
-        return self.finish_reason is not None
-
-    @property
-    def is_stopped_by_string(self) -> bool:
-        return self._detokenizer.is_stopped
+        return self.tracker.is_finished
 
     def absorb(self, output: RequestOutput) -> ChoiceDelta | None:
         """This step's tokens; None while everything new is held back (or after the choice finished)."""
-        if self.is_finished:
-            return None  # tokens the engine made before the abort for a stop string reached it
-        self.num_cached_prompt_tokens = output.num_cached_prompt_tokens
-        text = self._add_tokens(output)
-        if not self.is_finished and output.finish_reason is not None:
-            text += self._detokenizer.flush()
-            self.finish_reason = _FINISH_REASONS[output.finish_reason]
-        if not text and not self.is_finished:
+        delta = self.tracker.absorb(output)
+        if delta is None:
             return None
-        logprobs, self._pending_logprobs = self._pending_logprobs, []
-        return ChoiceDelta(self.spec.index, text, logprobs, self.finish_reason)
-
-    def _add_tokens(self, output: RequestOutput) -> str:
-        pieces = []
-        for token_id, logprobs in zip(output.new_token_ids, output.new_logprobs, strict=True):
-            offset = len(self._detokenizer.text)
-            pieces.append(self._detokenizer.add_tokens([token_id]))
-            self.num_output_tokens += 1
-            if logprobs is not None:
-                self._pending_logprobs.append(TokenLogprob(token_id, logprobs, offset))
-            if self._detokenizer.is_stopped:
-                self.finish_reason = "stop"
-                break
-        return "".join(pieces)
+        reason = delta.finish_reason
+        return ChoiceDelta(self.spec.index, delta.text, delta.logprobs, None if reason is None else reason.value)

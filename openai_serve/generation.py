@@ -1,21 +1,21 @@
 """One HTTP request's choices in the engine: submitted together, decoded as outputs arrive, and
 aborted together when the response ends early (disconnect, error, shutdown).
 
-A choice that hits a stop string is aborted in the engine at once, so its KV blocks are freed in
-the next step even while the other choices go on.
+A choice that hits a stop string is aborted in the engine at once (by its tracker,
+core/text_tracker.py), so its KV blocks are freed in the next step while the other choices go on.
 """
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from core import RequestOutput, RequestRejected
+from core import RequestRejected
 from core.detokenizer import TokenDecoder
 from core.request_checks import EngineLimits
+from core.text_tracker import TokenLogprob
 from openai_serve.choice import ChoiceDecoder, ChoiceDelta, ChoiceSpec, merge_deltas
 from openai_serve.engine_bridge import EngineBridge, RequestHandle
 from openai_serve.errors import refused
-from openai_serve.logprobs import TokenLogprob
 from openai_serve.protocol.common import CommonRequest, choice_params
 
 
@@ -44,7 +44,7 @@ class GenerationBody(Protocol):
 
 class Generation:
     def __init__(self, specs: list[ChoiceSpec], tokenizer: TokenDecoder) -> None:
-        self.decoders = [ChoiceDecoder(spec, tokenizer) for spec in specs]
+        self.decoders = [ChoiceDecoder(spec, tokenizer, self._abort) for spec in specs]
         self._by_request_id = {d.spec.request_id: d for d in self.decoders}
         self._handle: RequestHandle | None = None
 
@@ -66,7 +66,7 @@ class Generation:
             while num_unfinished:
                 deltas = []
                 for output in await self._handle.next_outputs():
-                    delta = self._absorb(output)
+                    delta = self._by_request_id[output.request_id].absorb(output)
                     if delta is not None:
                         num_unfinished -= delta.finish_reason is not None
                         deltas.append(delta)
@@ -75,12 +75,10 @@ class Generation:
         finally:
             self.close()
 
-    def _absorb(self, output: RequestOutput) -> ChoiceDelta | None:
-        decoder = self._by_request_id[output.request_id]
-        delta = decoder.absorb(output)
-        if delta is not None and decoder.is_stopped_by_string:
-            self._handle.abort(output.request_id)  # type: ignore[union-attr]  # frees its blocks now
-        return delta
+    def _abort(self, request_id: str) -> None:
+        """Aborts one choice in the engine (its tracker ended it at a stop string)."""
+        if self._handle is not None:
+            self._handle.abort(request_id)
 
     @property
     def is_finished(self) -> bool:
@@ -97,10 +95,11 @@ class Generation:
         by_prompt: dict[int, list[ChoiceDecoder]] = {}
         for decoder in self.decoders:
             by_prompt.setdefault(decoder.spec.prompt_index, []).append(decoder)
+        groups = by_prompt.values()
         return Usage(
-            prompt_tokens=sum(len(choices[0].spec.prompt_token_ids) for choices in by_prompt.values()),
-            completion_tokens=sum(d.num_output_tokens for d in self.decoders),
-            cached_tokens=sum(min(d.num_cached_prompt_tokens for d in choices) for choices in by_prompt.values()),
+            prompt_tokens=sum(len(choices[0].spec.prompt_token_ids) for choices in groups),
+            completion_tokens=sum(len(d.tracker.token_ids) for d in self.decoders),
+            cached_tokens=sum(min(d.tracker.num_cached_prompt_tokens for d in choices) for choices in groups),
         )
 
 

@@ -7,24 +7,15 @@ reported as -9999.0 (OpenAI's floor) since JSON has no infinity.
 """
 
 import re
-from dataclasses import dataclass
 from functools import cache
 
 from transformers import PreTrainedTokenizerBase
 
 from core.outputs import TokenLogprobs
+from core.text_tracker import TokenLogprob
 
 _LOGPROB_FLOOR = -9999.0
 _BYTE_FALLBACK = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte tokens
-
-
-@dataclass(frozen=True)
-class TokenLogprob:
-    """One generated token's logprob, its top alternatives and where its text starts."""
-
-    token_id: int
-    logprobs: TokenLogprobs
-    text_offset: int
 
 
 @cache

@@ -4,6 +4,7 @@ import time
 from dataclasses import dataclass, field
 
 from starlette.requests import Request
+from transformers import PreTrainedTokenizerBase
 
 from core.detokenizer import TokenDecoder
 from core.serving_engine import ServingEngine
@@ -19,6 +20,7 @@ class ServingState:
     engine: ServingEngine
     bridge: EngineBridge
     config: ServerConfig
+    tokenizer: PreTrainedTokenizerBase
     chat_template: ChatTemplate
     token_texts: TokenTexts
     token_decoder: TokenDecoder  # the tokenizer's decode, as cheap as it gets (token_decoder.py)

@@ -34,7 +34,7 @@ async def create_completion(request: Request) -> Response:
 
 def _tokenize(state: ServingState, prompt: Prompt, add_special_tokens: bool) -> list[int]:
     if isinstance(prompt, str):
-        return state.engine.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        return state.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
     return list(prompt)
 
 
@@ -57,7 +57,7 @@ class CompletionView:
         if not self._body.echo:
             return []
         skip = self._body.common.sampling.skip_special_tokens
-        decode = self._state.engine.tokenizer.decode
+        decode = self._state.tokenizer.decode
         return [p if isinstance(p, str) else decode(ids, skip_special_tokens=skip)
                 for p, ids in zip(self._body.prompts, self._prompts, strict=True)]
 

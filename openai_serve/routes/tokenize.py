@@ -24,7 +24,7 @@ async def tokenize(request: Request) -> Response:
     token_ids = _tokenize_messages(state, fields) if fields.has("messages") else _tokenize_prompt(state, fields)
     with_strs = fields.get_bool("return_token_strs", False)
     fields.reject_unknown()
-    token_strs = state.engine.tokenizer.convert_ids_to_tokens(token_ids) if with_strs else None
+    token_strs = state.tokenizer.convert_ids_to_tokens(token_ids) if with_strs else None
     return json_response({"count": len(token_ids), "max_model_len": state.engine.max_model_len,
                           "tokens": token_ids, "token_strs": token_strs})
 
@@ -33,7 +33,7 @@ def _tokenize_prompt(state: ServingState, fields: Fields) -> list[int]:
     prompt = fields.get_str("prompt", None)
     if prompt is None:
         raise bad_request("send either 'prompt' (a string) or 'messages'", "prompt")
-    return state.engine.tokenizer.encode(prompt, add_special_tokens=fields.get_bool("add_special_tokens", True))
+    return state.tokenizer.encode(prompt, add_special_tokens=fields.get_bool("add_special_tokens", True))
 
 
 def _tokenize_messages(state: ServingState, fields: Fields) -> list[int]:
@@ -57,4 +57,4 @@ async def detokenize(request: Request) -> Response:
         state.engine.limits.check_token_ids(token_ids, "tokens")
     except RequestRejected as exc:
         raise refused(exc) from exc
-    return json_response({"prompt": state.engine.tokenizer.decode(token_ids)})
+    return json_response({"prompt": state.tokenizer.decode(token_ids)})
