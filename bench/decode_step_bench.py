@@ -28,8 +28,9 @@ import torch
 from bench.bench_model import DEFAULT_DIR, build_bench_model
 from bench.common import kernel_variant, write_result
 from bench.profiling import profile_summary
+from core.config import engine_config
+from core.engine import runner_config
 from gpu.batch import Batch, RowSampling
-from gpu.config import RunnerConfig
 from gpu.model_runner import ModelRunner
 
 BLOCK = 16
@@ -85,12 +86,11 @@ def profile_steps(runner: ModelRunner, batch: Batch, steps: int = 5) -> dict[str
 
 def measure(args: argparse.Namespace, variant: str, is_eager: bool) -> list[dict[str, object]]:
     batches = [int(b) for b in args.batches.split(",")]
-    config = RunnerConfig(
-        model_path=str(build_bench_model(args.model_dir)), dtype="bfloat16", device="cuda", block_size=BLOCK,
-        num_kv_blocks=max(batches) * -(-args.context // BLOCK) + 16, max_num_seqs=max(batches),
+    config = replace(runner_config(engine_config(
+        str(build_bench_model(args.model_dir)), dtype="bfloat16", device="cuda", block_size=BLOCK,
+        kv_cache_blocks=max(batches) * -(-args.context // BLOCK) + 16, max_num_seqs=max(batches),
         max_num_batched_tokens=8192, max_model_len=4096, enforce_eager=is_eager, attention_backend=args.backend,
-        kernels=kernel_variant(variant),
-    )
+    )), kernels=kernel_variant(variant))
     runner = ModelRunner(config)
     rows = []
     for batch_size in batches:

@@ -37,7 +37,7 @@ from bench.roofline import DTYPE_BYTES, DeviceLimits, ModelShape, ideal_decode_s
 from bench.step_trace import StepRecord, breakdown
 from bench.triton_compiles import TritonCompiles
 from bench.workload import Request, fixed_workload, nano_vllm_workload
-from core import LLM, CacheConfig, LLMEngine, SchedulerConfig
+from core import LLM, LLMEngine
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,9 +86,9 @@ def build_llm(args: argparse.Namespace, model_dir: str) -> LLM:
     return LLM(
         model_dir, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
-        cache=CacheConfig(num_blocks=args.kv_cache_blocks, gpu_memory_utilization=args.gpu_memory_utilization),
-        scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-                                  async_scheduling=args.async_scheduling),
+        kv_cache_blocks=args.kv_cache_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        async_scheduling=args.async_scheduling,
     )
 
 

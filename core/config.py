@@ -1,57 +1,124 @@
-"""Engine configuration: one frozen dataclass per concern, validated on construction.
+"""Engine configuration: one frozen dataclass per concern, validated on construction, and the one
+source of every engine setting (as SGLang's ServerArgs, vLLM's EngineArgs).
+
+A field made with `setting(...)` is a setting: its name (or `name=`) is the `--flag` of
+`openai-serve`, the key of a `--config` file and the keyword of `LLM(...)` (vLLM's names:
+`max_num_seqs`, `block_size`, `gpu_memory_utilization`, ...); its default and help are the flag's.
+openai_serve/settings.py builds the command line from these fields; `engine_config` builds an
+EngineConfig from flat keywords.
 
 Nothing writes into a config after start-up; values found at run time (the context length a
 model allows, the number of KV blocks that fit) live on the engine.
 """
 
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, Field, dataclass, field, fields
+from typing import Any, get_type_hints
 
 from gpu.config import ATTENTION_BACKENDS, DTYPES
+
+DEVICES = ("auto", "cuda", "cpu")  # and cuda:N
+
+
+def setting(
+    default: object = MISSING,
+    help: str = "",
+    *,
+    name: str | None = None,
+    choices: tuple[str, ...] | None = None,
+    parse: Callable[[str], object] | None = None,
+) -> Any:
+    """A dataclass field that is also a setting. `name`: its flat name when not the field's;
+    `choices`: the values it takes; `parse`: how a string from a flag or a file becomes its value."""
+    metadata = {"help": help, "name": name, "choices": choices, "parse": parse}
+    return field(default=default, metadata=metadata)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One setting as the command line, config files and `LLM(...)` see it."""
+
+    name: str  # flat, with underscores; the flag is --name-with-dashes
+    field_name: str
+    type: object  # the field's annotation
+    default: object  # MISSING: no default (the caller must give one)
+    help: str
+    choices: tuple[str, ...] | None
+    parse: Callable[[str], object] | None
+
+
+def settings_of(cls: type) -> list[Setting]:
+    """The settings among a config dataclass's fields, in order."""
+    hints = get_type_hints(cls)
+    return [_setting(f, hints[f.name]) for f in fields(cls) if "help" in f.metadata]
+
+
+def _setting(f: Field[Any], annotation: object) -> Setting:
+    m = f.metadata
+    return Setting(m["name"] or f.name, f.name, annotation, f.default, m["help"], m["choices"], m["parse"])
+
+
+def config_from(cls: type, values: Mapping[str, object]) -> Any:
+    """An instance of a config dataclass from the flat values given for its settings (the rest keep their
+    defaults); values for other settings are ignored."""
+    return cls(**{s.field_name: values[s.name] for s in settings_of(cls) if s.name in values})
+
+
+def check_choices(config: object) -> None:
+    for s in settings_of(type(config)):
+        value = getattr(config, s.field_name)
+        if s.choices is not None and value not in s.choices:
+            raise ValueError(f"{s.name} must be one of {', '.join(s.choices)}, got {value!r}")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str  # a checkpoint directory (or a Hub id, resolved before it gets here)
-    dtype: str = "auto"
-    device: str = "auto"
-    seed: int = 0
-    max_model_len: int | None = None  # None: the model's max_position_embeddings
-    enforce_eager: bool = False
-    attention_backend: str = "auto"
-    tokenizer: str | None = None  # None: the model directory
+    # What the engine loads is a checkpoint directory: the CLI and LLM resolve what the user named
+    # (a Hub id; '' for the built-in model) before an engine is built.
+    model: str = setting(help="local checkpoint directory or Hugging Face Hub id (default: a built-in tiny "
+                         "random model, whose output is gibberish: for trying the server out)")
+    dtype: str = setting("auto", "weights' and activations' dtype; auto: float32 on CPU, else the "
+                         "checkpoint's float16 or bfloat16", choices=DTYPES)
+    device: str = setting("auto", "where the model runs: auto (cuda when available, else cpu), cuda, cuda:N or cpu")
+    seed: int = setting(0, "seed of unseeded sampling")
+    max_model_len: int | None = setting(None, "context length in tokens (default: the model's)")
+    enforce_eager: bool = setting(False, "never use CUDA graphs")
+    attention_backend: str = setting("auto", "attention implementation; auto: flash-attn when it imports, "
+                                     "else Triton on CUDA, else torch", choices=ATTENTION_BACKENDS)
+    tokenizer: str | None = setting(None, "tokenizer directory or Hub id (default: the model's)")
 
     def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
+        check_choices(self)
+        if self.device not in DEVICES and not self.device.startswith("cuda:"):
+            raise ValueError(f"device must be auto, cuda, cuda:N or cpu, got {self.device!r}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 
 
 @dataclass(frozen=True)
 class CacheConfig:
-    block_size: int = 16
-    num_blocks: int | None = None  # None: sized from memory
-    gpu_memory_utilization: float = 0.9
-    enable_prefix_caching: bool = True
+    block_size: int = setting(16, "tokens per KV-cache block (a power of two)")
+    num_blocks: int | None = setting(None, "number of KV-cache blocks (default: sized from memory)",
+                                     name="kv_cache_blocks")
+    gpu_memory_utilization: float = setting(0.9, "share of GPU memory for weights and KV cache, in (0, 1]")
+    enable_prefix_caching: bool = setting(True, "reuse the KV blocks of shared prompt prefixes")
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
-            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+            raise ValueError(f"kv_cache_blocks must be >= 1, got {self.num_blocks}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 
 
 @dataclass(frozen=True)
 class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    # Queue step N+1 on the device before waiting for step N's tokens (vLLM's async scheduling):
-    # the host's bookkeeping overlaps the device's work. Off: every step waits for its own tokens.
-    async_scheduling: bool = True
+    max_num_seqs: int = setting(256, "most sequences in one batch")
+    max_num_batched_tokens: int = setting(8192, "token budget of one engine step")
+    # vLLM's async scheduling: the host's bookkeeping overlaps the device's work.
+    async_scheduling: bool = setting(True, "queue each step on the device before collecting the previous "
+                                     "one's tokens (off: every step waits for its own)")
 
     def __post_init__(self) -> None:
         if self.max_num_seqs < 1:
@@ -68,3 +135,22 @@ class EngineConfig:
     model: ModelConfig
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+
+ENGINE_PARTS: dict[str, type] = {"model": ModelConfig, "cache": CacheConfig, "scheduler": SchedulerConfig}
+
+
+def engine_settings() -> list[Setting]:
+    return [s for cls in ENGINE_PARTS.values() for s in settings_of(cls)]
+
+
+def engine_config(model: str, **values: object) -> EngineConfig:
+    """An EngineConfig from flat settings (`max_num_seqs=64, kv_cache_blocks=512, dtype="bfloat16"`);
+    an unknown name is a TypeError, as for any keyword argument."""
+    unknown = set(values) - {s.name for s in engine_settings()}
+    if unknown:
+        known = ", ".join(s.name for s in engine_settings())
+        raise TypeError(f"unknown engine settings {sorted(unknown)}; known: {known}")
+    values = values | {"model": model}
+    return EngineConfig(model=config_from(ModelConfig, values), cache=config_from(CacheConfig, values),
+                        scheduler=config_from(SchedulerConfig, values))

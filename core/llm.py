@@ -6,7 +6,7 @@ and stop strings come from the same tracker the server uses (core/text_tracker.p
 
 from dataclasses import dataclass, field
 
-from core.config import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
+from core.config import engine_config
 from core.engine import LLMEngine
 from core.outputs import FinishReason, TokenLogprobs
 from core.sampling_params import SamplingParams
@@ -26,24 +26,15 @@ class GenerationOutput:
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str | None = None,
-        *,
-        cache: CacheConfig | None = None,
-        scheduler: SchedulerConfig | None = None,
-        **model_options: object,
-    ) -> None:
-        """`model`: a checkpoint directory; None builds and uses the built-in tiny model.
-        `model_options` are ModelConfig fields (dtype, device, max_model_len, ...)."""
+    def __init__(self, model: str | None = None, **settings: object) -> None:
+        """`model`: a checkpoint directory; None builds and uses the built-in tiny model. `settings`: the
+        engine's, by vLLM's names (max_num_seqs, block_size, gpu_memory_utilization, max_model_len, dtype,
+        enforce_eager, kv_cache_blocks, ...: core/config.py), as `openai-serve` takes them as flags."""
         if model is None:
             from core.tiny_model import default_model_dir
 
             model = str(default_model_dir())
-        config = EngineConfig(
-            model=ModelConfig(model=model, **model_options),  # type: ignore[arg-type]
-            cache=cache or CacheConfig(), scheduler=scheduler or SchedulerConfig(),
-        )
+        config = engine_config(model, **settings)
         self.engine = LLMEngine(config)
         self.tokenizer = load_tokenizer(config.model.tokenizer or config.model.model)
 

@@ -1,4 +1,5 @@
-"""What the model runner needs to know to load a model, size its KV cache and choose its kernels."""
+"""What the model runner needs to know to load a model, size its KV cache and choose its kernels, and
+the dtypes and attention backends it implements."""
 
 from dataclasses import dataclass
 
@@ -26,28 +27,19 @@ DEFAULT_KERNELS = KernelConfig()
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    model_path: str
-    dtype: str = "auto"
-    device: str = "auto"  # auto: cuda when available, else cpu
-    block_size: int = 16
-    num_kv_blocks: int | None = None  # None: size from memory (gpu_memory_utilization on CUDA)
-    gpu_memory_utilization: float = 0.9
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-    max_model_len: int = 4096
-    enforce_eager: bool = False
-    attention_backend: str = "auto"
-    seed: int = 0
-    kernels: KernelConfig = DEFAULT_KERNELS
+    """Built from an engine config (core.engine.runner_config), which holds the defaults and checks
+    the values (core/config.py); the kernel choices are the runner's own."""
 
-    def __post_init__(self) -> None:
-        if self.dtype not in DTYPES:
-            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
-        if self.attention_backend not in ATTENTION_BACKENDS:
-            raise ValueError(f"attention backend must be one of {ATTENTION_BACKENDS}, got {self.attention_backend!r}")
-        if self.device not in ("auto", "cpu", "cuda") and not self.device.startswith("cuda:"):
-            raise ValueError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        if self.num_kv_blocks is not None and self.num_kv_blocks < 1:
-            raise ValueError(f"num_kv_blocks must be >= 1, got {self.num_kv_blocks}")
+    model_path: str
+    dtype: str  # one of DTYPES
+    device: str  # auto: cuda when available, else cpu
+    block_size: int
+    num_kv_blocks: int | None  # None: size from memory (gpu_memory_utilization on CUDA)
+    gpu_memory_utilization: float
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    enforce_eager: bool
+    attention_backend: str  # one of ATTENTION_BACKENDS
+    seed: int
+    kernels: KernelConfig = DEFAULT_KERNELS

@@ -1,25 +1,54 @@
-"""The HTTP server's configuration (the engine's lives in core.config). Frozen; validated on creation."""
+"""The HTTP server's configuration (the engine's lives in core.config). Frozen; validated on creation.
 
+Its fields are settings as the engine's are (core.config.setting): flags, config-file keys, defaults
+and help come from here.
+"""
+
+import json
 from dataclasses import dataclass
 
-DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+from core.config import check_choices, setting
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+def parse_origins(value: str) -> tuple[str, ...]:
+    """A JSON list (vLLM's spelling) or a comma-separated string; empty: no CORS."""
+    text = value.strip()
+    if text.startswith("["):
+        return tuple(str(v) for v in json.loads(text))
+    return tuple(origin.strip() for origin in text.split(",") if origin.strip())
 
 
 @dataclass(frozen=True)
 class ServerConfig:
-    served_model_names: tuple[str, ...]  # the first is the one /v1/models lists first
-    host: str = "127.0.0.1"
-    port: int = 8000
-    api_key: str | None = None
-    allowed_origins: tuple[str, ...] = ("*",)  # CORS; vLLM's default, so browser chat UIs work
-    chat_template: str | None = None  # the template text that replaces the model's own
-    max_request_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    # The first is the one /v1/models lists first. Required here: the CLI defaults it to the model's name.
+    served_model_names: tuple[str, ...] = setting(
+        help="name(s) clients use in 'model' (default: the --model argument as given)", name="served_model_name")
+    host: str = setting("127.0.0.1", "address to bind")
+    port: int = setting(8000, "port to bind")
+    api_key: str | None = setting(None, "require 'Authorization: Bearer KEY' (default: $OPENAI_SERVE_API_KEY, "
+                                  "else no key)")
+    # CORS; vLLM's default, so browser chat UIs work.
+    allowed_origins: tuple[str, ...] = setting(("*",), "CORS origins: a JSON list or comma-separated; '' turns "
+                                               "CORS off", parse=parse_origins)
+    # The template text that replaces the model's own (the CLI reads a file or takes the text).
+    chat_template: str | None = setting(None, "Jinja chat template (a file, or the template text) replacing "
+                                        "the model's")
+    max_request_body_bytes: int = setting(32 * 1024 * 1024, "larger request bodies get 413")
     # Engine requests in flight (a request with n choices counts n); past it, new requests get 503.
-    max_pending_requests: int = 4096
-    log_level: str = "info"
-    # sys.setswitchinterval for the server process: the engine thread and the event loop share one
-    # interpreter lock, and a thread that wants it waits up to this long for the holder to let go.
-    gil_switch_interval_ms: float = 5.0
+    max_pending_requests: int = setting(4096, "engine requests in flight (n choices count n) before new "
+                                        "requests get 503")
+    log_level: str = setting("info", "log level", choices=LOG_LEVELS)
+    engine_process: bool = setting(True, "run the engine in its own process, off the HTTP side's interpreter "
+                                   "lock (off: a thread of the server's process)")
+    # sys.setswitchinterval for the server process: how long a thread that wants Python's interpreter
+    # lock waits for the holder to let go. Its threads are the event loop and the bridge's output thread
+    # (and the engine's, with --no-engine-process).
+    gil_switch_interval_ms: float = setting(5.0, "how long a thread of the server's process waits for "
+                                            "another to release Python's interpreter lock: the event loop, the "
+                                            "thread reading the engine's outputs, and (with --no-engine-process) "
+                                            "the engine's own thread")
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(self.served_model_names):
@@ -34,3 +63,4 @@ class ServerConfig:
             raise ValueError(f"gil_switch_interval_ms must be in [0.01, 1000], got {self.gil_switch_interval_ms}")
         if self.max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {self.max_pending_requests}")
+        check_choices(self)

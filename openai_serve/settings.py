@@ -1,59 +1,78 @@
-"""Serving settings: built-in defaults, then a `--config` JSON file, then command-line flags.
+"""`openai-serve`'s settings: each field's default, then a `--config` JSON file, then flags.
 
+Flags, config-file keys, defaults and help all come from the config dataclasses' fields
+(core/config.py, openai_serve/server_config.py; see core.config.setting): there is no second table.
 A config file is one JSON object whose keys are the long flag names, with dashes or underscores
 (`"max-model-len"` or `"max_model_len"`); see configs/. JSON rather than YAML so that no extra
 dependency is needed. An unknown key is an error, never silently ignored.
 """
 
+import argparse
 import json
+import types
+from dataclasses import MISSING, dataclass, replace
 from pathlib import Path
+from typing import Union, get_args, get_origin
 
-from core import CacheConfig, EngineConfig, ModelConfig, SchedulerConfig
-from openai_serve.server_config import DEFAULT_MAX_BODY_BYTES, ServerConfig
+from core.config import EngineConfig, Setting, config_from, engine_config, engine_settings, settings_of
+from openai_serve.chat_template import load_chat_template
+from openai_serve.server_config import ServerConfig
 
 BUILTIN_MODEL_NAME = "openai-serve-tiny"
 
-DEFAULTS: dict[str, object] = {
-    "model": None,
-    "served_model_name": None,
-    "host": "127.0.0.1",
-    "port": 8000,
-    "api_key": None,
-    "allowed_origins": ["*"],
-    "max_model_len": None,
-    "max_num_seqs": 256,
-    "max_num_batched_tokens": 8192,
-    "block_size": 16,
-    "kv_cache_blocks": None,
-    "gpu_memory_utilization": 0.9,
-    "dtype": "auto",
-    "device": "auto",
-    "enforce_eager": False,
-    "enable_prefix_caching": True,
-    "async_scheduling": True,
-    "engine_process": True,
-    "attention_backend": "auto",
-    "chat_template": None,
-    "seed": 0,
-    "max_request_body_bytes": DEFAULT_MAX_BODY_BYTES,
-    "max_pending_requests": 4096,
-    "log_level": "info",
-    "gil_switch_interval_ms": 5.0,
-}
+SETTINGS: dict[str, Setting] = {s.name: s for s in [*engine_settings(), *settings_of(ServerConfig)]}
+_ENGINE_NAMES = {s.name for s in engine_settings()}
+# How a string from a flag or a file becomes a value, where that is more than its type says.
+_PARSERS = {"chat_template": load_chat_template}
 
 
-# The JSON types each setting accepts (None is accepted wherever the default is None).
-_TYPES: dict[str, type | tuple[type, ...]] = {
-    **{key: type(value) for key, value in DEFAULTS.items() if value is not None},
-    "gpu_memory_utilization": (int, float),
-    "gil_switch_interval_ms": (int, float),
-    "allowed_origins": (list, str),
-    "model": str, "served_model_name": (str, list), "api_key": str, "max_model_len": int,
-    "kv_cache_blocks": int, "chat_template": str,
-}
+@dataclass(frozen=True)
+class Settings:
+    """What `openai-serve` was asked to run. `engine.model.model` is the model as named (a directory, a
+    Hub id, '' for the built-in one) until the CLI resolves it to a checkpoint directory."""
+
+    engine: EngineConfig
+    server: ServerConfig
+
+    @property
+    def model(self) -> str | None:
+        return self.engine.model.model or None
+
+    def with_model_dir(self, model_dir: str) -> "Settings":
+        return replace(self, engine=replace(self.engine, model=replace(self.engine.model, model=model_dir)))
+
+
+def settings_from(values: dict[str, object]) -> Settings:
+    """Settings from checked flat values (those not given keep their fields' defaults)."""
+    server_values = values | {"served_model_name": served_model_names(values.get("served_model_name"),
+                                                                      values.get("model"))}  # type: ignore[arg-type]
+    engine_values = {k: v for k, v in values.items() if k in _ENGINE_NAMES}
+    model = str(engine_values.pop("model", None) or "")
+    return Settings(engine=engine_config(model, **engine_values), server=config_from(ServerConfig, server_values))
+
+
+def served_model_names(names: tuple[str, ...] | None, model: str | None) -> tuple[str, ...]:
+    """As in vLLM: the --served-model-name values, else the --model argument as given."""
+    return names or (model or BUILTIN_MODEL_NAME,)
+
+
+def add_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per setting, named, typed, defaulted and explained by its dataclass field."""
+    for s in SETTINGS.values():
+        flag = "--" + s.name.replace("_", "-")
+        kinds = _kinds(s.type)
+        help_text = s.help + _default_text(s)
+        if bool in kinds:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, help=help_text)
+        elif tuple in kinds and s.parse is None:
+            parser.add_argument(flag, nargs="+", help=help_text)
+        else:
+            number = next((k for k in (int, float) if k in kinds), str)
+            parser.add_argument(flag, type=number, choices=s.choices, help=help_text)
 
 
 def load_config_file(path: str | Path) -> dict[str, object]:
+    """The file's settings, checked: flat names and values of their fields' types."""
     try:
         raw = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError) as exc:
@@ -61,70 +80,48 @@ def load_config_file(path: str | Path) -> dict[str, object]:
     if not isinstance(raw, dict):
         raise ValueError(f"--config {path}: must hold one JSON object")
     settings = {key.replace("-", "_"): value for key, value in raw.items()}
-    unknown = sorted(set(settings) - set(DEFAULTS))
+    unknown = sorted(set(settings) - set(SETTINGS))
     if unknown:
-        raise ValueError(f"--config {path}: unknown keys {unknown}; known: {sorted(DEFAULTS)}")
-    for key, value in settings.items():
-        if not _has_type(key, value):
-            raise ValueError(f"--config {path}: {key!r} cannot be {json.dumps(value)}")
-    return settings
+        raise ValueError(f"--config {path}: unknown keys {unknown}; known: {sorted(SETTINGS)}")
+    try:
+        return {key: coerce(SETTINGS[key], value) for key, value in settings.items()}
+    except ValueError as exc:
+        raise ValueError(f"--config {path}: {exc}") from exc
 
 
-def _has_type(key: str, value: object) -> bool:
-    if value is None:
-        return DEFAULTS[key] is None
+def coerce(s: Setting, value: object) -> object:
+    """`value` (from JSON or a flag) as the setting's type; raises ValueError for a value of another type."""
+    kinds = _kinds(s.type)
+    if isinstance(value, str) and (parse := s.parse or _PARSERS.get(s.name)) is not None:
+        value = parse(value)
+    elif isinstance(value, str) and tuple in kinds:
+        value = (value,)  # one name where a list of names may be given
+    if isinstance(value, list) and tuple in kinds and all(isinstance(v, str) for v in value):
+        value = tuple(value)
     if isinstance(value, bool):  # JSON true/false are not numbers, although bool subclasses int
-        return _TYPES[key] is bool
-    return isinstance(value, _TYPES[key])
+        ok = bool in kinds
+    elif isinstance(value, int) and float in kinds:
+        value, ok = float(value), True
+    else:
+        ok = isinstance(value, tuple(kinds))
+    if not ok:
+        raise ValueError(f"{s.name!r} cannot be {json.dumps(value)}")
+    return value  # its range and choices are the config's own checks
 
 
-def merge(file_settings: dict[str, object], flags: dict[str, object]) -> dict[str, object]:
-    """Flags override the file, which overrides the defaults."""
-    return {**DEFAULTS, **file_settings, **flags}
+def _kinds(annotation: object) -> set[type]:
+    """The classes a field's annotation admits: `int | None` -> {int, NoneType}, `tuple[str, ...]` -> {tuple}."""
+    if get_origin(annotation) in (Union, types.UnionType):
+        return set().union(*(_kinds(arg) for arg in get_args(annotation)))
+    origin = get_origin(annotation)
+    return {origin if origin is not None else annotation}  # type: ignore[arg-type]
 
 
-def engine_config(settings: dict[str, object], model_dir: str) -> EngineConfig:
-    s = settings
-    return EngineConfig(
-        model=ModelConfig(
-            model=model_dir, dtype=s["dtype"], device=s["device"], seed=s["seed"],
-            max_model_len=s["max_model_len"], enforce_eager=s["enforce_eager"],
-            attention_backend=s["attention_backend"],
-        ),
-        cache=CacheConfig(
-            block_size=s["block_size"], num_blocks=s["kv_cache_blocks"],
-            gpu_memory_utilization=s["gpu_memory_utilization"], enable_prefix_caching=s["enable_prefix_caching"],
-        ),
-        scheduler=SchedulerConfig(max_num_seqs=s["max_num_seqs"], max_num_batched_tokens=s["max_num_batched_tokens"],
-                                  async_scheduling=s["async_scheduling"]),
-    )  # type: ignore[arg-type]
-
-
-def server_config(settings: dict[str, object], chat_template: str | None) -> ServerConfig:
-    s = settings
-    return ServerConfig(
-        served_model_names=served_model_names(s), host=s["host"], port=s["port"], api_key=s["api_key"],
-        allowed_origins=tuple(parse_origins(s["allowed_origins"])), chat_template=chat_template,
-        max_request_body_bytes=s["max_request_body_bytes"], max_pending_requests=s["max_pending_requests"],
-        log_level=s["log_level"], gil_switch_interval_ms=float(s["gil_switch_interval_ms"]),  # type: ignore[arg-type]
-    )  # type: ignore[arg-type]
-
-
-def served_model_names(settings: dict[str, object]) -> tuple[str, ...]:
-    """As in vLLM: the --served-model-name values, else the --model argument as given."""
-    names = settings["served_model_name"]
-    if isinstance(names, str):
-        return (names,)
-    if names:
-        return tuple(names)  # type: ignore[arg-type]
-    return (str(settings["model"] or BUILTIN_MODEL_NAME),)
-
-
-def parse_origins(value: object) -> list[str]:
-    """A list, a JSON list (vLLM's spelling) or a comma-separated string; empty: no CORS."""
-    if isinstance(value, list):
-        return [str(v) for v in value]
-    text = str(value).strip()
-    if text.startswith("["):
-        return [str(v) for v in json.loads(text)]
-    return [origin.strip() for origin in text.split(",") if origin.strip()]
+def _default_text(s: Setting) -> str:
+    if s.default is MISSING or s.default is None:
+        return ""  # the help says what no value means
+    if isinstance(s.default, bool):
+        return f" (default: {'on' if s.default else 'off'})"
+    if isinstance(s.default, tuple):
+        return f" (default: {','.join(s.default)})"
+    return f" (default: {s.default})"

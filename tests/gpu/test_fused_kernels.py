@@ -8,6 +8,7 @@ agrees to a few ulps, and bf16/fp16 agree to one unit of the last place on the r
 a float32 sum in another order lands on the other side of a rounding boundary.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -19,9 +20,11 @@ if not torch.cuda.is_available():
 
 from transformers import LlamaConfig  # noqa: E402
 
+from core.config import engine_config  # noqa: E402
+from core.engine import runner_config  # noqa: E402
 from core.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
 from gpu.attention.metadata import AttentionMetadata  # noqa: E402
-from gpu.config import KernelConfig, RunnerConfig  # noqa: E402
+from gpu.config import KernelConfig  # noqa: E402
 from gpu.kernels.qk_norm_rope import qk_norm_rope  # noqa: E402
 from gpu.kernels.rms_norm import rms_norm  # noqa: E402
 from gpu.kernels.silu_and_mul import silu_and_mul  # noqa: E402
@@ -236,9 +239,9 @@ def prefill_then_decode_logits(runner: ModelRunner, prompt_len: int) -> torch.Te
 
 
 def model_logits(model_dir: Path, dtype: str, is_fused: bool) -> torch.Tensor:
-    config = RunnerConfig(model_path=str(model_dir), dtype=dtype, device="cuda", num_kv_blocks=64,
-                          max_num_seqs=4, max_model_len=512, enforce_eager=True, attention_backend="triton",
-                          kernels=KernelConfig(fused_elementwise=is_fused))
+    config = replace(runner_config(engine_config(
+        str(model_dir), dtype=dtype, device="cuda", kv_cache_blocks=64, max_num_seqs=4, max_model_len=512,
+        enforce_eager=True, attention_backend="triton")), kernels=KernelConfig(fused_elementwise=is_fused))
     runner = ModelRunner(config)
     with torch.inference_mode():
         return prefill_then_decode_logits(runner, prompt_len=300)

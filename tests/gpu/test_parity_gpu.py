@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from core import LLM, CacheConfig, SamplingParams, SchedulerConfig
+from core import LLM, SamplingParams
 from tests.parity.test_parity_cpu import prompts_of_lengths
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -24,8 +24,8 @@ def make_llm(model_dir: Path, dtype: str, backend: str, eager: bool, budget: int
     # flash-attn's paged kernels need blocks of 256 tokens: the same cache size in tokens, fewer blocks.
     block_size = 256 if backend == "flash-attn" else 16
     return LLM(str(model_dir), dtype=dtype, device="cuda", attention_backend=backend, enforce_eager=eager,
-               cache=CacheConfig(block_size=block_size, num_blocks=max(2, blocks * 16 // block_size)),
-               scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=budget))
+               block_size=block_size, kv_cache_blocks=max(2, blocks * 16 // block_size), max_num_seqs=16,
+               max_num_batched_tokens=budget)
 
 
 def hf_greedy_and_logits(model_dir: Path, dtype: torch.dtype, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
@@ -84,7 +84,7 @@ def test_cuda_graphs_on_and_off_give_identical_tokens(tiny_model_dirs: dict[str,
 
 def test_kv_cache_is_sized_from_memory_utilization(tiny_qwen3_dir: Path) -> None:
     llm = LLM(str(tiny_qwen3_dir), dtype="bfloat16", device="cuda", enforce_eager=True,
-              cache=CacheConfig(gpu_memory_utilization=0.3))
+              gpu_memory_utilization=0.3)
     free, total = torch.cuda.mem_get_info()
     assert llm.engine.runner.num_kv_blocks > 1000
     assert torch.cuda.memory_allocated() <= 0.3 * total

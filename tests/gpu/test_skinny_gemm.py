@@ -8,6 +8,7 @@ Outputs are drawn from NaN-poisoned memory: an element the kernel never writes f
 rounding of the output (relative 2^-8) on top of float32 sums in another order.
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -18,9 +19,11 @@ pytest.importorskip("triton")
 if not torch.cuda.is_available():
     pytest.skip("the Triton kernels need CUDA", allow_module_level=True)
 
+from core.config import engine_config  # noqa: E402
+from core.engine import runner_config  # noqa: E402
 from core.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
 from gpu.attention.metadata import AttentionMetadata  # noqa: E402
-from gpu.config import KernelConfig, RunnerConfig  # noqa: E402
+from gpu.config import KernelConfig  # noqa: E402
 from gpu.kernels.skinny_gemm import MAX_ROWS, SkinnyConfig, skinny_gemm  # noqa: E402
 from gpu.layers.linear import Linear  # noqa: E402
 from gpu.model_runner import ModelRunner  # noqa: E402
@@ -181,9 +184,9 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 def prompt_then_decode_logits(model_dir: Path, dtype: str, is_skinny: bool, prompt_len: int = 12) -> torch.Tensor:
     """Logits of a short prompt (one prefill of <= 16 tokens: skinny) and of one decode step; [prompt_len + 1, V]."""
-    config = RunnerConfig(model_path=str(model_dir), dtype=dtype, device="cuda", num_kv_blocks=16, max_num_seqs=4,
-                          max_model_len=256, enforce_eager=True, attention_backend="triton",
-                          kernels=KernelConfig(skinny_gemm=is_skinny))
+    config = replace(runner_config(engine_config(
+        str(model_dir), dtype=dtype, device="cuda", kv_cache_blocks=16, max_num_seqs=4, max_model_len=256,
+        enforce_eager=True, attention_backend="triton")), kernels=KernelConfig(skinny_gemm=is_skinny))
     runner = ModelRunner(config)
     model = runner.model
     tables = torch.arange(2, dtype=torch.int32, device=DEVICE)[None]

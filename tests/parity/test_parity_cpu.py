@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from core import LLM, CacheConfig, SamplingParams, SchedulerConfig
+from core import LLM, SamplingParams
 from core.engine import LLMEngine
 from core.scheduler import SchedulerOutput
 
@@ -42,8 +42,7 @@ def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int = MAX_NEW_
 def make_llm(model_dir: Path, num_blocks: int = 256, block_size: int = 16, max_tokens_per_step: int = 512) -> LLM:
     return LLM(
         str(model_dir),
-        cache=CacheConfig(block_size=block_size, num_blocks=num_blocks),
-        scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=max_tokens_per_step),
+        block_size=block_size, kv_cache_blocks=num_blocks, max_num_seqs=16, max_num_batched_tokens=max_tokens_per_step,
     )
 
 

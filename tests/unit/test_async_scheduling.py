@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from core import LLM, CacheConfig, FinishReason, SamplingParams, SchedulerConfig
+from core import LLM, FinishReason, SamplingParams
 from core.engine import LLMEngine
 from core.outputs import RequestOutput
 from gpu.batch import Batch
@@ -18,8 +18,8 @@ from gpu.pending_step import PendingStep
 
 
 def make_engine(model_dir: Path, async_scheduling: bool, num_blocks: int = 64) -> LLMEngine:
-    llm = LLM(str(model_dir), max_model_len=128, cache=CacheConfig(block_size=8, num_blocks=num_blocks),
-              scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32, async_scheduling=async_scheduling))
+    llm = LLM(str(model_dir), max_model_len=128, block_size=8, kv_cache_blocks=num_blocks, max_num_seqs=8,
+              max_num_batched_tokens=32, async_scheduling=async_scheduling)
     return llm.engine
 
 

@@ -6,14 +6,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from core import LLM, CacheConfig, FinishReason, RequestRejected, SamplingParams, SchedulerConfig
+from core import LLM, FinishReason, RequestRejected, SamplingParams
 from core.engine import LLMEngine
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_qwen3_dir: Path) -> LLMEngine:
-    llm = LLM(str(tiny_qwen3_dir), max_model_len=256, cache=CacheConfig(block_size=16, num_blocks=64),
-              scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64))
+    llm = LLM(str(tiny_qwen3_dir), max_model_len=256, block_size=16, kv_cache_blocks=64, max_num_seqs=8,
+              max_num_batched_tokens=64)
     return llm.engine
 
 
@@ -49,7 +49,7 @@ def test_requests_that_can_never_fit_are_refused(engine: LLMEngine, prompt: list
 
 
 def test_request_needing_more_blocks_than_exist_is_refused(tiny_qwen3_dir: Path) -> None:
-    small = LLM(str(tiny_qwen3_dir), cache=CacheConfig(block_size=16, num_blocks=4))
+    small = LLM(str(tiny_qwen3_dir), block_size=16, kv_cache_blocks=4)
     with pytest.raises(RequestRejected, match="KV-cache blocks"):
         small.generate([[5] * 50], SamplingParams(max_tokens=20))
 
