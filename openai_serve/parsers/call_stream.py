@@ -1,0 +1,68 @@
+"""One tool call read out of a growing JSON object: `{"name": ..., "arguments": {...}}`.
+
+The call's first delta (its id and name) goes out once the name is complete; its arguments then go
+out in raw pieces as the model writes them (held back until the name is out, should a model write
+them first). `parameters` is accepted for `arguments`, as Llama 3 writes it. Arguments written as a
+JSON string of JSON (some models do) are sent decoded, in one piece once complete. A call object
+that ends without arguments gets `{}`.
+"""
+
+import json
+
+from openai_serve.parsers.deltas import MessageDelta, ToolCallDelta, new_tool_call_id
+from openai_serve.parsers.json_spans import JsonSpans, Path
+
+ARGUMENT_KEYS = ("arguments", "parameters")
+
+
+class CallStream:
+    def __init__(self, index: int, spans: JsonSpans, path: Path = ()) -> None:
+        self.index = index
+        self._spans = spans
+        self._path = path  # where the call object lies in `spans`
+        self.is_started = False  # its id and name went out
+        self._num_sent = 0  # characters of the arguments' text sent so far
+        self._is_complete = False
+
+    def update(self) -> list[MessageDelta]:
+        """What became known since the last update."""
+        if self._is_complete:
+            return []
+        deltas = []
+        if not self.is_started:
+            name = self._name()
+            if name is None:
+                return []
+            self.is_started = True
+            deltas.append(ToolCallDelta(self.index, new_tool_call_id(), name))
+        piece = self._arguments_piece()
+        if piece:
+            deltas.append(ToolCallDelta(self.index, arguments=piece))
+        return [MessageDelta(tool_call=d) for d in deltas]
+
+    def _name(self) -> str | None:
+        raw = self._spans.complete((*self._path, "name"))
+        if raw is None:
+            return None
+        name = json.loads(raw)
+        return name if isinstance(name, str) else raw
+
+    def _arguments_piece(self) -> str:
+        spans = self._spans
+        span = next((s for key in ARGUMENT_KEYS if (s := spans.spans.get((*self._path, key))) is not None), None)
+        if span is None:
+            if spans.complete(self._path) is None:
+                return ""
+            self._is_complete = True
+            return "{}"
+        end = len(spans.text) if span.end is None else span.end
+        if spans.text[span.start] == '"':  # arguments as a JSON string
+            if span.end is None:
+                return ""
+            self._is_complete = True
+            decoded = json.loads(spans.text[span.start:end])
+            return decoded if isinstance(decoded, str) else ""
+        piece = spans.text[span.start + self._num_sent:end]
+        self._num_sent += len(piece)
+        self._is_complete = span.end is not None
+        return piece

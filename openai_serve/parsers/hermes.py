@@ -1,0 +1,115 @@
+"""`hermes`: Hermes 2 Pro, Qwen2.5, Qwen3 and others write each call as
+`<tool_call>\n{"name": "f", "arguments": {...}}\n</tool_call>`, possibly after some text.
+
+Text before the first call is content. Whitespace around and between calls is dropped (it is held
+until text follows it, so a stream and a response in full agree). A `<tool_call>` whose body is not
+a JSON object with a name is content, as written.
+"""
+
+from enum import Enum
+
+from openai_serve.parsers.call_stream import CallStream
+from openai_serve.parsers.deltas import MessageDelta
+from openai_serve.parsers.json_spans import JsonSpans
+from openai_serve.parsers.tags import held_back, split_at_tag
+
+START = "<tool_call>"
+END = "</tool_call>"
+
+
+class _State(Enum):
+    CONTENT = "content"
+    CALL = "call"  # inside <tool_call>, reading the JSON
+    CLOSING = "closing"  # after the call's JSON, expecting </tool_call>
+    SKIPPING = "skipping"  # a call that broke off: up to </tool_call> is dropped
+
+
+class HermesToolParser:
+    def __init__(self) -> None:
+        self._state = _State.CONTENT
+        self._pending = ""  # text not handled yet
+        self._num_calls = 0
+        self._spans = JsonSpans()
+        self._call: CallStream | None = None
+
+    def feed(self, text: str) -> list[MessageDelta]:
+        self._pending += text
+        deltas: list[MessageDelta] = []
+        while self._step(deltas):
+            pass
+        return deltas
+
+    def finish(self) -> list[MessageDelta]:
+        pending, self._pending = self._pending, ""
+        if self._state is _State.CONTENT and (pending.strip() or not self._num_calls):
+            return [MessageDelta(content=pending)] if pending else []
+        if self._state is _State.CALL and not self._call.is_started:  # type: ignore[union-attr]
+            return [MessageDelta(content=START + self._spans.text)]
+        return []
+
+    def _step(self, deltas: list[MessageDelta]) -> bool:
+        """Handles what it can of the pending text; False when it must wait for more."""
+        if self._state is _State.CONTENT:
+            return self._read_content(deltas)
+        if self._state is _State.CALL:
+            return self._read_call(deltas)
+        return self._read_closing()
+
+    def _read_content(self, deltas: list[MessageDelta]) -> bool:
+        before, tag, after = split_at_tag(self._pending, START)
+        text = before.rstrip()  # whitespace waits: dropped if a call follows it, sent if text does
+        if text:
+            deltas.append(MessageDelta(content=text))
+        if tag is None:
+            self._pending = before[len(text):] + after
+            return False
+        self._pending = after
+        self._start_call()
+        return True
+
+    def _start_call(self) -> None:
+        self._state = _State.CALL
+        self._spans = JsonSpans()
+        self._call = CallStream(self._num_calls, self._spans)
+
+    def _read_call(self, deltas: list[MessageDelta]) -> bool:
+        spans, call = self._spans, self._call
+        spans.feed(self._pending)
+        self._pending = ""
+        deltas.extend(call.update())  # type: ignore[union-attr]
+        if spans.is_invalid:
+            if not call.is_started:  # type: ignore[union-attr]
+                deltas.append(MessageDelta(content=START + spans.text))
+                self._state = _State.CONTENT
+            else:
+                self._state = _State.SKIPPING
+                self._pending = spans.text
+            return True
+        if spans.end is None:
+            return False
+        if not call.is_started:  # type: ignore[union-attr]  # a JSON value without a name: not a call
+            deltas.append(MessageDelta(content=START + spans.text))
+            self._state = _State.CONTENT
+            return True
+        self._num_calls += 1
+        self._pending = spans.text[spans.end:]
+        self._state = _State.CLOSING
+        return True
+
+    def _read_closing(self) -> bool:
+        if self._state is _State.SKIPPING:
+            _, tag, after = self._pending.partition(END)
+            if not tag:
+                self._pending = self._pending[len(self._pending) - held_back(self._pending, END):]
+                return False
+            self._pending, self._state = after, _State.CONTENT
+            return True
+        rest = self._pending.lstrip()
+        if rest.startswith(END):
+            self._pending, self._state = rest[len(END):], _State.CONTENT
+            return True
+        if END.startswith(rest):  # nothing yet, or part of the tag
+            self._pending = rest
+            return False
+        self._pending, self._state = rest, _State.CONTENT  # no closing tag: lenient
+        return True

@@ -1,0 +1,108 @@
+"""`llama3_json`: Llama 3.1-3.3 (and 4) write calls as JSON: `{"name": "f", "parameters": {...}}`,
+several separated by `;`, sometimes after `<|python_tag|>`.
+
+Whether an answer is calls or prose is decided by how it starts (after whitespace): with `{` or the
+tag it is calls, otherwise all of it is content (as vLLM's streaming parser decides). Text after
+the last call is content. A call that is not a JSON object with a name is content, as written.
+"""
+
+from enum import Enum
+
+from openai_serve.parsers.call_stream import CallStream
+from openai_serve.parsers.deltas import MessageDelta
+from openai_serve.parsers.json_spans import JsonSpans
+
+PYTHON_TAG = "<|python_tag|>"
+
+
+class _State(Enum):
+    START = "start"  # nothing but whitespace (or part of the tag) so far
+    CONTENT = "content"
+    CALL = "call"
+    BETWEEN = "between"  # after a call: `;` and the next, or content
+
+
+class Llama3JsonToolParser:
+    def __init__(self) -> None:
+        self._state = _State.START
+        self._pending = ""
+        self._num_calls = 0
+        self._spans = JsonSpans()
+        self._call: CallStream | None = None
+        self._after_separator = False
+
+    def feed(self, text: str) -> list[MessageDelta]:
+        self._pending += text
+        deltas: list[MessageDelta] = []
+        while self._step(deltas):
+            pass
+        return deltas
+
+    def finish(self) -> list[MessageDelta]:
+        pending, self._pending = self._pending, ""
+        if self._state is _State.CALL and not self._call.is_started:  # type: ignore[union-attr]
+            return [MessageDelta(content=self._spans.text)]
+        if self._state in (_State.START, _State.CONTENT) and pending:
+            return [MessageDelta(content=pending)]
+        return []
+
+    def _step(self, deltas: list[MessageDelta]) -> bool:
+        if self._state is _State.START:
+            return self._read_start()
+        if self._state is _State.CONTENT:
+            if self._pending:
+                deltas.append(MessageDelta(content=self._pending))
+                self._pending = ""
+            return False
+        if self._state is _State.CALL:
+            return self._read_call(deltas)
+        return self._read_between()
+
+    def _read_start(self) -> bool:
+        rest = self._pending.lstrip()
+        if rest.startswith(PYTHON_TAG):
+            self._pending = rest[len(PYTHON_TAG):]
+            self._state, self._after_separator = _State.BETWEEN, True
+            return True
+        if not rest or PYTHON_TAG.startswith(rest):
+            return False
+        if rest.startswith("{"):
+            self._pending = rest
+            self._start_call()
+        else:
+            self._state = _State.CONTENT
+        return True
+
+    def _start_call(self) -> None:
+        self._state = _State.CALL
+        self._spans = JsonSpans()
+        self._call = CallStream(self._num_calls, self._spans)
+
+    def _read_call(self, deltas: list[MessageDelta]) -> bool:
+        spans, call = self._spans, self._call
+        spans.feed(self._pending)
+        self._pending = ""
+        deltas.extend(call.update())  # type: ignore[union-attr]
+        if not spans.is_done:
+            return False
+        if not call.is_started:  # type: ignore[union-attr]  # not a call after all
+            self._pending, self._state = spans.text, _State.CONTENT
+            return True
+        self._num_calls += 1
+        self._pending = "" if spans.is_invalid else spans.text[spans.end:]
+        self._state, self._after_separator = _State.BETWEEN, False
+        return True
+
+    def _read_between(self) -> bool:
+        rest = self._pending.lstrip()
+        if not rest:
+            self._pending = ""
+            return False
+        if rest.startswith("{") and (self._after_separator or not self._num_calls):
+            self._pending = rest
+            self._start_call()
+        elif rest.startswith(";") and not self._after_separator:
+            self._pending, self._after_separator = rest[1:], True
+        else:
+            self._pending, self._state = rest, _State.CONTENT
+        return True
