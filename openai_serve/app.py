@@ -2,6 +2,7 @@
 engine bridge (its output thread, and the engine's process or thread: started before the first
 request, stopped after the last connection closed)."""
 
+import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -19,6 +20,7 @@ from openai_serve.engine_bridge import EngineBridge
 from openai_serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from openai_serve.logprobs import TokenTexts
 from openai_serve.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
+from openai_serve.parsers.selection import resolve_tool_call_parser
 from openai_serve.routes.chat import create_chat_completion
 from openai_serve.routes.completions import create_completion
 from openai_serve.routes.models import health, list_models, metrics, retrieve_model, version
@@ -26,6 +28,8 @@ from openai_serve.routes.tokenize import detokenize, tokenize
 from openai_serve.server_config import ServerConfig
 from openai_serve.state import ServingState
 from openai_serve.token_decoder import token_decoder
+
+logger = logging.getLogger(__name__)
 
 ROUTES = [
     Route("/v1/completions", create_completion, methods=["POST"]),
@@ -52,8 +56,11 @@ def build_app(
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         bridge = EngineBridge(engine, config.max_pending_requests)
         chat_template = ChatTemplate(tokenizer, config.chat_template)
+        tool_call_parser = resolve_tool_call_parser(config.tool_call_parser, chat_template.text)
+        reasoning_parser = None if config.reasoning_parser == "none" else config.reasoning_parser
+        logger.info("tool-call parser: %s; reasoning parser: %s", tool_call_parser, reasoning_parser)
         app.state.serving = ServingState(engine, bridge, config, tokenizer, chat_template, TokenTexts(tokenizer),
-                                         token_decoder(tokenizer))
+                                         token_decoder(tokenizer), tool_call_parser, reasoning_parser)
         bridge.start()
         try:
             yield

@@ -1,8 +1,10 @@
 """Chat prompts: the model's chat template (or the one `--chat-template` names) through transformers.
 
-`chat_template_kwargs` from a request become template variables; they can never replace the
-template or the arguments of `apply_chat_template` itself. The rendered text already holds the
-template's special tokens, so it is tokenized without adding any (as vLLM does).
+`chat_template_kwargs` from a request become template variables (as do `reasoning_effort` and
+`verbosity`); they can never replace the template or the arguments of `apply_chat_template` itself.
+A request's tools go to the template as `tools`, in OpenAI's shape, as transformers expects them. The
+rendered text already holds the template's special tokens, so it is tokenized without adding any (as
+vLLM does).
 """
 
 import inspect
@@ -37,6 +39,12 @@ class ChatTemplate:
     def is_available(self) -> bool:
         return self._template is not None or getattr(self._tokenizer, "chat_template", None) is not None
 
+    @property
+    def text(self) -> str | None:
+        """The template in use (a model's several named templates: all of them, joined)."""
+        template = self._template or getattr(self._tokenizer, "chat_template", None)
+        return "\n".join(template.values()) if isinstance(template, dict) else template
+
     def render(self, request: ChatRequest) -> str:
         if not self.is_available:
             raise bad_request("this model has no chat template; start the server with --chat-template", "messages")
@@ -46,7 +54,8 @@ class ChatTemplate:
                 raise bad_request(f"'{name}' is reserved and cannot be set by a request", name)
         try:
             return self._tokenizer.apply_chat_template(
-                [dict(m) for m in request.messages], chat_template=self._template, tokenize=False,
+                [dict(m) for m in request.messages], tools=request.tools.template_tools(),
+                chat_template=self._template, tokenize=False,
                 add_generation_prompt=request.add_generation_prompt,
                 continue_final_message=request.continue_final_message, **request.template_kwargs,
             )

@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 
 from core.config import check_choices, setting
+from openai_serve.parsers.reasoning import PARSER_CHOICES as REASONING_PARSERS
+from openai_serve.parsers.tool_parsers import PARSER_CHOICES as TOOL_CALL_PARSERS
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
@@ -49,6 +51,15 @@ class ServerConfig:
                                             "another to release Python's interpreter lock: the event loop, the "
                                             "thread reading the engine's outputs, and (with --no-engine-process) "
                                             "the engine's own thread")
+    # Unknown request fields: a 400 (OpenAI's way) instead of ignored with a warning (vLLM's way).
+    strict_request_fields: bool = setting(False, "answer unknown request fields with a 400 (off: ignore them, log "
+                                          "each name once and name them in the X-Ignored-Fields header, as vLLM "
+                                          "ignores them)")
+    tool_call_parser: str = setting("auto", "how tool calls are read from answers: hermes (<tool_call> JSON: Qwen, "
+                                    "Hermes), llama3_json, none, or auto: chosen from the chat template",
+                                    choices=TOOL_CALL_PARSERS)
+    reasoning_parser: str = setting("none", "put <think> blocks of answers into reasoning_content: qwen3, "
+                                    "deepseek_r1, or none", choices=("none", *REASONING_PARSERS))
 
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(self.served_model_names):

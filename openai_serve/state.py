@@ -11,6 +11,7 @@ from core.serving_engine import ServingEngine
 from openai_serve.chat_template import ChatTemplate
 from openai_serve.engine_bridge import EngineBridge
 from openai_serve.errors import model_not_found
+from openai_serve.ignored_fields import IgnoredFieldsLog
 from openai_serve.logprobs import TokenTexts
 from openai_serve.server_config import ServerConfig
 
@@ -24,6 +25,9 @@ class ServingState:
     chat_template: ChatTemplate
     token_texts: TokenTexts
     token_decoder: TokenDecoder  # the tokenizer's decode, as cheap as it gets (token_decoder.py)
+    tool_call_parser: str | None = None  # --tool-call-parser resolved against the template (None: no parsing)
+    reasoning_parser: str | None = None  # --reasoning-parser (None: thinking is not split from the answer)
+    ignored_fields: IgnoredFieldsLog = field(default_factory=IgnoredFieldsLog)
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property

@@ -1,21 +1,23 @@
 """POST /v1/chat/completions: the request body, parsed and validated.
 
-Messages are normalized for the model's chat template: content that is a list of text parts is
-joined with newlines into one string (as vLLM does, since many templates only render strings), and
-the `developer` role is rendered as `system` (departure: OpenAI treats them alike, templates rarely
-know `developer`). Tools, images and audio are not supported: a 400 names the field.
+Messages are made ready for the chat template in messages.py; tools, tool_choice and
+parallel_tool_calls in tools.py. `reasoning_effort` (and `verbosity`) reach the chat template as
+variables of those names, for templates that use them; `chat_template_kwargs` set any other.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from core.sampling_params import LOGPROBS, MAX_TOKENS
 from openai_serve.errors import bad_request, unsupported
 from openai_serve.protocol.common import CommonRequest, read_common, read_model
-from openai_serve.protocol.fields import Fields
+from openai_serve.protocol.fields import Fields, UnknownFields
+from openai_serve.protocol.messages import parse_messages
+from openai_serve.protocol.tools import ToolRequest, read_tools
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
-NO_TOOLS = "is not supported by this server (no tool calling)"
+# OpenAI's values (the SDK's ReasoningEffort and verbosity types).
+REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
+VERBOSITIES = ("low", "medium", "high")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,8 @@ class ChatRequest:
     template_kwargs: dict[str, object] = field(default_factory=dict)
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    tools: ToolRequest = ToolRequest()
+    ignored_fields: tuple[str, ...] = ()  # unknown fields the request sent (see fields.py)
     # The client's name for max_tokens (it has two), in errors about it; the prompt is the messages.
     max_tokens_param: str = "max_tokens"
     prompt_param: ClassVar[str] = "messages"
@@ -40,8 +44,10 @@ class ChatRequest:
         return self.common.sampling.logprobs
 
 
-def parse_chat_request(body: object) -> ChatRequest:
-    fields = Fields(body)
+def parse_chat_request(body: object, unknown: UnknownFields | None = None) -> ChatRequest:
+    """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`)."""
+    unknown = UnknownFields(is_strict=True) if unknown is None else unknown
+    fields = Fields(body, unknown=unknown)
     model = read_model(fields)
     max_tokens, max_tokens_param = _read_max_tokens(fields)
     common = read_common(fields, model, max_tokens, _read_logprobs(fields))
@@ -49,68 +55,31 @@ def parse_chat_request(body: object) -> ChatRequest:
     if fields.has("chat_template"):
         raise unsupported("chat_template", "is not accepted from clients: the server's template is used "
                           "(variables can be passed in chat_template_kwargs)")
-    kwargs = fields.get_object("chat_template_kwargs")
     request = ChatRequest(
         common=common,
-        messages=parse_messages(fields.raw("messages")),
+        messages=parse_messages(fields.raw("messages"), unknown),
         max_tokens_param=max_tokens_param,
-        template_kwargs={} if kwargs is None else kwargs.raw_items(),
+        template_kwargs=read_template_kwargs(fields),
         add_generation_prompt=fields.get_bool("add_generation_prompt", True),
         continue_final_message=fields.get_bool("continue_final_message", False),
+        tools=read_tools(fields),
     )
     _check_continuation(request)
-    fields.reject_unknown()
-    return request
+    fields.check_unknown()
+    return replace(request, ignored_fields=tuple(unknown.names))
 
 
-def parse_messages(messages: object) -> tuple[dict[str, object], ...]:
-    if messages is None:
-        raise bad_request("you must provide a messages parameter", "messages")
-    if not isinstance(messages, list) or not messages:
-        raise bad_request("'messages' must be a non-empty array", "messages")
-    return tuple(_parse_message(message, f"messages[{i}]") for i, message in enumerate(messages))
-
-
-def _parse_message(message: object, name: str) -> dict[str, object]:
-    fields = Fields(message, name + ".")
-    role = fields.get_str("role", None)
-    if role not in ROLES:
-        raise bad_request(f"'{name}.role' must be one of {', '.join(ROLES)}, got {role!r}", f"{name}.role")
-    fields.unsupported_unless("tool_calls", lambda v: v == [], NO_TOOLS)
-    fields.unsupported_unless("function_call", lambda v: False, NO_TOOLS)
-    parsed: dict[str, object] = {"role": "system" if role == "developer" else role}
-    parsed["content"] = _parse_content(fields, role == "assistant")
-    for key in ("name", "tool_call_id"):
+def read_template_kwargs(fields: Fields) -> dict[str, object]:
+    """chat_template_kwargs, with reasoning_effort and verbosity where the request sets them."""
+    kwargs = fields.get_object("chat_template_kwargs")
+    variables = {} if kwargs is None else kwargs.raw_items()
+    for key, allowed in (("reasoning_effort", REASONING_EFFORTS), ("verbosity", VERBOSITIES)):
         value = fields.get_str(key, None)
+        if value is not None and value not in allowed:
+            raise bad_request(f"'{key}' must be one of {', '.join(allowed)}, got {value!r}", key)
         if value is not None:
-            parsed[key] = value
-    fields.unsupported_unless("refusal", lambda v: False, "is not supported in messages")
-    fields.reject_unknown()
-    return parsed
-
-
-def _parse_content(fields: Fields, may_be_null: bool) -> str:
-    content = fields.raw("content")
-    name = fields.name("content")
-    if content is None and may_be_null:
-        return ""
-    if isinstance(content, str):
-        return content
-    if not isinstance(content, list):
-        raise bad_request(f"'{name}' must be a string or an array of content parts", name)
-    return "\n".join(_text_part(part, f"{name}[{j}]") for j, part in enumerate(content))
-
-
-def _text_part(part: object, name: str) -> str:
-    fields = Fields(part, name + ".")
-    kind = fields.get_str("type", None)
-    if kind != "text":
-        raise unsupported(f"{name}.type", f"must be 'text' (got {kind!r}): only text content is supported")
-    text = fields.get_str("text", None)
-    if text is None:
-        raise bad_request(f"'{name}.text' must be a string", f"{name}.text")
-    fields.reject_unknown()
-    return text
+            variables.setdefault(key, value)
+    return variables
 
 
 def _read_max_tokens(fields: Fields) -> tuple[int | None, str]:
@@ -144,13 +113,12 @@ def _check_continuation(request: ChatRequest) -> None:
 
 
 def _reject_unsupported(fields: Fields) -> None:
-    fields.unsupported_unless("tools", lambda v: v == [], NO_TOOLS)
-    fields.unsupported_unless("tool_choice", lambda v: v == "none", NO_TOOLS)
-    fields.unsupported_unless("functions", lambda v: v == [], NO_TOOLS)
-    fields.unsupported_unless("function_call", lambda v: v == "none", NO_TOOLS)
-    fields.unsupported_unless("parallel_tool_calls", lambda v: False, NO_TOOLS)
+    """Known fields whose values this server cannot honour: each would change the answer."""
+    legacy = "is not supported: send 'tools' and 'tool_choice' (OpenAI's replacement for it)"
+    fields.unsupported_unless("functions", lambda v: v == [], legacy)
+    fields.unsupported_unless("function_call", lambda v: v == "none", legacy)
     fields.unsupported_unless("response_format", lambda v: v == {"type": "text"},
                               "only {'type': 'text'} is supported")
     fields.unsupported_unless("modalities", lambda v: v == ["text"], "only ['text'] is supported")
-    for key in ("audio", "prediction", "reasoning_effort", "web_search_options"):
+    for key in ("audio", "web_search_options"):
         fields.unsupported_unless(key, lambda v: False, "is not supported by this server")

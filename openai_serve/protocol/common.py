@@ -91,7 +91,7 @@ def _read_stream(fields: Fields) -> StreamOptions:
         raise bad_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
     include_usage = options.get_bool("include_usage", False)
     options.unsupported_unless("continuous_usage_stats", lambda v: v is False, "is not supported by this server")
-    options.reject_unknown()
+    options.check_unknown()
     return StreamOptions(stream=True, include_usage=include_usage)
 
 
@@ -101,6 +101,18 @@ def _reject_unsupported_sampling(fields: Fields) -> None:
     fields.unsupported_unless("frequency_penalty", lambda v: v == 0, not_yet)
     fields.unsupported_unless("repetition_penalty", lambda v: v == 1, not_yet)
     fields.unsupported_unless("logit_bias", lambda v: v == {}, not_yet)
-    fields.unsupported_unless("store", lambda v: v is False, "is not supported: this server stores nothing")
-    fields.unsupported_unless("metadata", lambda v: v == {}, "is not supported: this server stores nothing")
-    fields.unsupported_unless("service_tier", lambda v: v in ("auto", "default"), "must be 'auto' or 'default'")
+    _accept_openai_only(fields)
+
+
+def _accept_openai_only(fields: Fields) -> None:
+    """OpenAI's fields that mean nothing to one local server (storing, billing tiers, caching hints,
+    predicted outputs, abuse ids): accepted when they have the right type, and unused."""
+    for key in ("service_tier", "safety_identifier", "prompt_cache_key", "prompt_cache_retention"):
+        fields.get_str(key, None)
+    fields.get_bool("store", None)
+    for key in ("metadata", "prediction", "prompt_cache_options", "moderation"):
+        fields.typed(key, _is_object, "an object", None)
+
+
+def _is_object(value: object) -> bool:
+    return isinstance(value, dict)

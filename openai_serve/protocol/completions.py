@@ -4,13 +4,13 @@ A prompt is a string, an array of strings, an array of token ids, or an array of
 ids; each prompt gets `n` choices, numbered prompt by prompt (prompt i, choice j: index i*n + j).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from core.sampling_params import LOGPROBS, MAX_TOKENS
 from openai_serve.errors import bad_request, unsupported
 from openai_serve.protocol.common import CommonRequest, read_common, read_model
-from openai_serve.protocol.fields import Fields, are_ints
+from openai_serve.protocol.fields import Fields, UnknownFields, are_ints
 
 Prompt = str | tuple[int, ...]
 DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
@@ -22,6 +22,7 @@ class CompletionRequest:
     prompts: tuple[Prompt, ...]
     echo: bool = False
     add_special_tokens: bool = True  # vLLM's extra: tokenize string prompts with BOS etc.
+    ignored_fields: tuple[str, ...] = ()  # unknown fields the request sent (see fields.py)
     # The client's names for the prompt and for max_tokens, in errors about them.
     prompt_param: ClassVar[str] = "prompt"
     max_tokens_param: ClassVar[str] = "max_tokens"
@@ -36,8 +37,10 @@ class CompletionRequest:
         return self.common.sampling.logprobs
 
 
-def parse_completion_request(body: object) -> CompletionRequest:
-    fields = Fields(body)
+def parse_completion_request(body: object, unknown: UnknownFields | None = None) -> CompletionRequest:
+    """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`)."""
+    unknown = UnknownFields(is_strict=True) if unknown is None else unknown
+    fields = Fields(body, unknown=unknown)
     model = read_model(fields)
     max_tokens = fields.get_int("max_tokens", DEFAULT_MAX_TOKENS, MAX_TOKENS)
     logprobs = fields.get_int("logprobs", None, LOGPROBS)
@@ -54,8 +57,8 @@ def parse_completion_request(body: object) -> CompletionRequest:
         raise unsupported("best_of", f"must equal n ({common.n}): picking the best of several is not supported")
     if request.echo and request.logprobs is not None:
         raise unsupported("echo", "with logprobs needs prompt logprobs, which this server does not compute")
-    fields.reject_unknown()
-    return request
+    fields.check_unknown()
+    return replace(request, ignored_fields=tuple(unknown.names))
 
 
 def parse_prompts(prompt: object) -> tuple[Prompt, ...]:

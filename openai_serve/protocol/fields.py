@@ -1,9 +1,11 @@
 """Typed, named reads from a JSON request body: every wrong type or value is a 400 naming the field.
 
 `null` means "the default" for every optional field, as in the OpenAI API. A `Fields` remembers
-which keys were read, so that `reject_unknown()` can answer a key nobody reads with a 400.
-Deliberate choice (OpenAI's, not vLLM's): an unknown argument is an error, never silently ignored.
-JSON booleans are not numbers here, although Python's `bool` is an `int`.
+which keys were read, so that `check_unknown()` can report a key nobody reads to the request's
+`UnknownFields`: ignored, logged and named in a response header (vLLM's way: clients and chat UIs
+send fields of other servers), or a 400 with `--strict-request-fields` (OpenAI's way). A known field
+with a wrong type or value is always a 400 that names it. JSON booleans are not numbers here,
+although Python's `bool` is an `int`.
 """
 
 from collections.abc import Callable
@@ -34,16 +36,32 @@ def is_number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-class Fields:
-    """Reads fields of one JSON object; `prefix` names nested objects in errors (`stream_options.`)."""
+class UnknownFields:
+    """The fields of one request that nobody reads (`messages[0].mood` names a nested one)."""
 
-    def __init__(self, body: object, prefix: str = "") -> None:
+    def __init__(self, is_strict: bool = False) -> None:
+        self.is_strict = is_strict
+        self.names: list[str] = []
+
+    def found(self, name: str) -> None:
+        if self.is_strict:
+            raise bad_request(f"Unrecognized request argument supplied: {name}", name)
+        if name not in self.names:
+            self.names.append(name)
+
+
+class Fields:
+    """Reads fields of one JSON object; `prefix` names nested objects in errors (`stream_options.`).
+    Nested objects read through `get_object` report unknown fields to the same `unknown`."""
+
+    def __init__(self, body: object, prefix: str = "", unknown: UnknownFields | None = None) -> None:
         if not isinstance(body, dict):
             name = prefix.rstrip(".") or "the request body"
             raise bad_request(f"{name} must be a JSON object, got {_type_name(body)}", prefix.rstrip(".") or None)
         self._body: dict[str, object] = body
         self._prefix = prefix
         self._read: set[str] = set()
+        self.unknown = UnknownFields(is_strict=True) if unknown is None else unknown
 
     def name(self, key: str) -> str:
         return self._prefix + key
@@ -85,7 +103,7 @@ class Fields:
 
     def get_object(self, key: str) -> "Fields | None":
         value = self.raw(key)
-        return None if value is None else Fields(value, self.name(key) + ".")
+        return None if value is None else Fields(value, self.name(key) + ".", self.unknown)
 
     def raw_items(self) -> dict[str, object]:
         """All fields, as they are (free-form objects such as chat_template_kwargs)."""
@@ -117,10 +135,15 @@ class Fields:
         if value is not None and not is_default(value):
             raise unsupported(self.name(key), why)
 
-    def reject_unknown(self) -> None:
+    def check_unknown(self) -> None:
         for key in self._body:
             if key not in self._read:
-                raise bad_request(f"Unrecognized request argument supplied: {self.name(key)}", self.name(key))
+                self.unknown.found(self.name(key))
+
+    def accept(self, *keys: str) -> None:
+        """Fields that mean nothing here (OpenAI's `store`, a message's `annotations`): read, so
+        they are neither an error nor reported, whatever their value."""
+        self._read.update(keys)
 
     def _check_bounds(self, key: str, value: float, bounds: Bounds) -> None:
         """A range stated once in core (SamplingParams' fields, ...), checked here under the client's name."""

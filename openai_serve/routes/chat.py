@@ -3,7 +3,8 @@
 Streaming follows OpenAI: every chunk has the response's one `id`; each choice opens with a delta
 `{"role": "assistant", "content": ""}`, then content deltas, then a chunk with an empty delta and
 its `finish_reason`; with `stream_options.include_usage` every chunk has `usage: null` and a last
-chunk with `choices: []` has the usage; then `data: [DONE]`.
+chunk with `choices: []` has the usage; then `data: [DONE]`. With a reasoning parser or tools, each
+choice's text goes through its parser (parsers/), and deltas carry reasoning and tool calls too.
 """
 
 import time
@@ -13,10 +14,17 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import Response
 
+from openai_serve.chat_output import delta_json, finish_reason, message_json
+from openai_serve.errors import unsupported
 from openai_serve.generation import CollectedChoice, Generation, Usage
 from openai_serve.http_io import read_json
+from openai_serve.ignored_fields import name_ignored_fields
 from openai_serve.logprobs import TokenLogprob, chat_logprobs
+from openai_serve.parsers.deltas import fold
+from openai_serve.parsers.message import MessageParser
+from openai_serve.parsers.selection import OutputParsing
 from openai_serve.protocol.chat import ChatRequest, parse_chat_request
+from openai_serve.protocol.fields import UnknownFields
 from openai_serve.routes.responding import respond
 from openai_serve.sse import Batch
 from openai_serve.state import ServingState, serving_state
@@ -24,50 +32,76 @@ from openai_serve.state import ServingState, serving_state
 
 async def create_chat_completion(request: Request) -> Response:
     state = serving_state(request)
-    body = parse_chat_request(await read_json(request))
+    body = parse_chat_request(await read_json(request), UnknownFields(state.config.strict_request_fields))
     state.check_model(body.common.model)
-    prompt = state.chat_template.tokenize(state.chat_template.render(body))
-    view = ChatView(state, body)
-    return await respond(request, state, body, view, [prompt])
+    state.ignored_fields.note(body.ignored_fields)
+    if body.tools.is_forced:  # until structured output can enforce the tools' schemas
+        raise unsupported("tool_choice", "'required' and named functions need structured output, which this "
+                          "server does not have yet")
+    prompt_text = state.chat_template.render(body)
+    parsing = OutputParsing(body.tools, state.tool_call_parser, state.config.reasoning_parser, prompt_text)
+    view = ChatView(state, body, parsing)
+    response = await respond(request, state, body, view, [state.chat_template.tokenize(prompt_text)])
+    return name_ignored_fields(response, body.ignored_fields)
 
 
 class ChatView:
     """Builds this response's JSON: chunks while streaming, or the whole response."""
 
-    def __init__(self, state: ServingState, body: ChatRequest) -> None:
+    def __init__(self, state: ServingState, body: ChatRequest, parsing: OutputParsing) -> None:
         self.response_id = f"chatcmpl-{uuid.uuid4().hex}"
         self._created = int(time.time())
         self._model = body.common.model
         self._include_usage = body.common.stream.include_usage
         self._wants_logprobs = body.logprobs is not None
         self._texts = state.token_texts
+        self._parsing = parsing
 
     async def stream(self, generation: Generation) -> AsyncIterator[Batch]:
-        yield [self._chunk(index, {"role": "assistant", "content": ""}, None, None)
-               for index in range(len(generation.decoders))]
+        num_choices = len(generation.decoders)
+        parsers = [self._parsing.new_parser() for _ in range(num_choices)]
+        yield [self._chunk(index, {"role": "assistant", "content": ""}, None, None) for index in range(num_choices)]
         async for deltas in generation.batches():
             chunks = []
             for delta in deltas:
-                if delta.text or delta.logprobs:
-                    chunks.append(self._chunk(delta.index, {"content": delta.text}, delta.logprobs, None))
+                parser = parsers[delta.index]
+                message = {"content": delta.text} if delta.text else {}
+                if parser is not None:
+                    message = self._parse(parser, delta.text, delta.finish_reason is not None)
+                if message or delta.logprobs:
+                    chunks.append(self._chunk(delta.index, message, delta.logprobs, None))
                 if delta.finish_reason is not None:
-                    chunks.append(self._chunk(delta.index, {}, None, delta.finish_reason))
+                    reason = finish_reason(delta.finish_reason, parser is not None and parser.has_tool_calls)
+                    chunks.append(self._chunk(delta.index, {}, None, reason))
             if self._include_usage and generation.is_finished:
                 chunks.append({**self._head("chat.completion.chunk"), "choices": [],
                                "usage": generation.usage().to_dict()})
             yield chunks
 
+    @staticmethod
+    def _parse(parser: MessageParser, text: str, is_last: bool) -> dict[str, object]:
+        parts = parser.feed(text) if text else []
+        return delta_json(parts + parser.finish() if is_last else parts)
+
     def response(self, choices: dict[int, CollectedChoice], usage: Usage) -> dict[str, object]:
         items = [
             {
                 "index": index,
-                "message": {"role": "assistant", "content": choice.text, "refusal": None},
+                **self._message(choice),
                 "logprobs": self._logprobs(choice.logprobs),
-                "finish_reason": choice.finish_reason,
             }
             for index, choice in sorted(choices.items())
         ]
         return {**self._head("chat.completion"), "choices": items, "usage": usage.to_dict()}
+
+    def _message(self, choice: CollectedChoice) -> dict[str, object]:
+        parser = self._parsing.new_parser()
+        if parser is None:
+            message = {"role": "assistant", "content": choice.text, "refusal": None}
+            return {"message": message, "finish_reason": choice.finish_reason}
+        parsed = fold(parser.feed(choice.text) + parser.finish())
+        return {"message": message_json(parsed, self._parsing.has_reasoning),
+                "finish_reason": finish_reason(choice.finish_reason, parser.has_tool_calls)}
 
     def _head(self, kind: str) -> dict[str, object]:
         return {"id": self.response_id, "object": kind, "created": self._created, "model": self._model,

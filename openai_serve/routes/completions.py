@@ -16,8 +16,10 @@ from starlette.responses import Response
 
 from openai_serve.generation import CollectedChoice, Generation, Usage
 from openai_serve.http_io import read_json
+from openai_serve.ignored_fields import name_ignored_fields
 from openai_serve.logprobs import TokenLogprob, completion_logprobs
 from openai_serve.protocol.completions import CompletionRequest, Prompt, parse_completion_request
+from openai_serve.protocol.fields import UnknownFields
 from openai_serve.routes.responding import respond
 from openai_serve.sse import Batch
 from openai_serve.state import ServingState, serving_state
@@ -25,11 +27,13 @@ from openai_serve.state import ServingState, serving_state
 
 async def create_completion(request: Request) -> Response:
     state = serving_state(request)
-    body = parse_completion_request(await read_json(request))
+    body = parse_completion_request(await read_json(request), UnknownFields(state.config.strict_request_fields))
     state.check_model(body.common.model)
+    state.ignored_fields.note(body.ignored_fields)
     prompts = [_tokenize(state, prompt, body.add_special_tokens) for prompt in body.prompts]
     view = CompletionView(state, body, prompts)
-    return await respond(request, state, body, view, prompts)
+    response = await respond(request, state, body, view, prompts)
+    return name_ignored_fields(response, body.ignored_fields)
 
 
 def _tokenize(state: ServingState, prompt: Prompt, add_special_tokens: bool) -> list[int]:

@@ -1,0 +1,138 @@
+"""`tools`, `tool_choice` and `parallel_tool_calls` of a chat request, checked and typed.
+
+Tools reach the chat template as the client sent them (transformers' `apply_chat_template(tools=)`).
+`tool_choice` `required` and a named function are enforced with structured output: the answer must
+match a JSON Schema built from the tools' own `parameters` (`forced_schema`), so the arguments of
+a forced call always validate. `auto` lets the model choose, and the server's tool-call parser
+(`--tool-call-parser`) reads its calls; `none` leaves the answer alone. As in OpenAI, the default
+is `auto` with tools and `none` without. A function's `strict` is accepted; its arguments are
+enforced under `required` and named choices (under `auto` the model may write text, which no
+schema can say in advance).
+"""
+
+import json
+from dataclasses import dataclass
+from enum import Enum
+
+from openai_serve.errors import bad_request, unsupported
+from openai_serve.protocol.fields import Fields
+
+_ANY_OBJECT: dict[str, object] = {"type": "object"}
+
+
+class ToolChoice(Enum):
+    NONE = "none"
+    AUTO = "auto"
+    REQUIRED = "required"
+    NAMED = "named"  # {"type": "function", "function": {"name": ...}}
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    definition: dict[str, object]  # the client's {"type": "function", "function": {...}}, for the template
+
+    @property
+    def parameters(self) -> dict[str, object]:
+        function = self.definition["function"]
+        parameters = function.get("parameters")  # type: ignore[attr-defined]
+        return parameters if parameters else _ANY_OBJECT
+
+
+@dataclass(frozen=True)
+class ToolRequest:
+    tools: tuple[Tool, ...] = ()
+    choice: ToolChoice = ToolChoice.NONE
+    named: str | None = None  # the function a named choice forces
+    parallel_tool_calls: bool = True
+
+    @property
+    def is_forced(self) -> bool:
+        return self.choice in (ToolChoice.REQUIRED, ToolChoice.NAMED)
+
+    def template_tools(self) -> list[dict[str, object]] | None:
+        return [tool.definition for tool in self.tools] or None
+
+
+def read_tools(fields: Fields) -> ToolRequest:
+    tools = _read_tool_list(fields.raw("tools"))
+    choice, named = _read_choice(fields.raw("tool_choice"), tools)
+    return ToolRequest(tools, choice, named, fields.get_bool("parallel_tool_calls", True))
+
+
+def forced_schema(request: ToolRequest) -> str | None:
+    """The JSON Schema (as JSON text) the answer must match; None when nothing is forced.
+
+    As vLLM: a named function's answer is its arguments; `required` answers with an array of calls,
+    each `{"name": ..., "parameters": ...}` of one of the tools (one call at most without
+    `parallel_tool_calls`)."""
+    if request.choice is ToolChoice.NAMED:
+        tool = next(t for t in request.tools if t.name == request.named)
+        return json.dumps(tool.parameters)
+    if request.choice is not ToolChoice.REQUIRED:
+        return None
+    calls = [
+        {"type": "object", "properties": {"name": {"type": "string", "enum": [tool.name]},
+                                          "parameters": tool.parameters},
+         "required": ["name", "parameters"], "additionalProperties": False}
+        for tool in request.tools
+    ]
+    schema: dict[str, object] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
+    if not request.parallel_tool_calls:
+        schema["maxItems"] = 1
+    return json.dumps(schema)
+
+
+def _read_tool_list(value: object) -> tuple[Tool, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise bad_request("'tools' must be an array of tools", "tools")
+    tools = tuple(_read_tool(tool, f"tools[{i}]") for i, tool in enumerate(value))
+    names = [tool.name for tool in tools]
+    for name in names:
+        if names.count(name) > 1:
+            raise bad_request(f"'tools' has two functions named {name!r}", "tools")
+    return tools
+
+
+def _read_tool(value: object, name: str) -> Tool:
+    fields = Fields(value, name + ".")
+    kind = fields.get_str("type", None)
+    if kind != "function":
+        raise unsupported(f"{name}.type", f"must be 'function' (got {kind!r}): only function tools are supported")
+    function = fields.get_object("function")
+    if function is None:
+        raise bad_request(f"'{name}.function' is required", f"{name}.function")
+    function_name = function.get_str("name", None)
+    if not function_name:
+        raise bad_request(f"'{name}.function.name' must be a non-empty string", f"{name}.function.name")
+    function.get_str("description", None)
+    function.get_bool("strict", None)
+    parameters = function.raw("parameters")
+    if parameters is not None and not isinstance(parameters, dict):
+        raise bad_request(f"'{name}.function.parameters' must be a JSON Schema object", f"{name}.function.parameters")
+    return Tool(function_name, value)  # type: ignore[arg-type]
+
+
+def _read_choice(value: object, tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | None]:
+    if value is None:
+        return (ToolChoice.AUTO if tools else ToolChoice.NONE), None
+    if isinstance(value, str):
+        if value not in ("none", "auto", "required"):
+            raise bad_request(f"'tool_choice' must be 'none', 'auto', 'required' or a function, got {value!r}",
+                              "tool_choice")
+        choice = ToolChoice(value)
+        if choice is ToolChoice.REQUIRED and not tools:
+            raise bad_request("'tool_choice' 'required' needs 'tools'", "tool_choice")
+        return (ToolChoice.NONE if not tools else choice), None
+    fields = Fields(value, "tool_choice.")
+    if fields.get_str("type", None) != "function":
+        raise unsupported("tool_choice.type", "must be 'function' (the other kinds of choice are not supported)")
+    function = fields.get_object("function")
+    name = None if function is None else function.get_str("name", None)
+    if name is None:
+        raise bad_request("'tool_choice.function.name' must name a function", "tool_choice.function.name")
+    if name not in {tool.name for tool in tools}:
+        raise bad_request(f"'tool_choice' names {name!r}, which is not one of 'tools'", "tool_choice.function.name")
+    return ToolChoice.NAMED, name

@@ -1,0 +1,32 @@
+"""Chat templates for tests: ChatML that shows tools the way Hermes/Qwen2.5 templates do (so the
+`auto` tool-call parser picks `hermes`), renders assistant tool calls and tool replies, thinking,
+and the `reasoning_effort` variable. Written for these tests in the shape of those models' templates."""
+
+HERMES_TOOLS_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\n"
+    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}\n\n{% endif %}"
+    "{%- if reasoning_effort is defined %}Reasoning effort: {{ reasoning_effort }}\n\n{% endif %}"
+    "# Tools\n\nYou are provided with function signatures within <tools></tools> XML tags:\n<tools>"
+    "{%- for tool in tools %}\n{{ tool | tojson }}{%- endfor %}\n</tools>\n\n"
+    "For each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    "</tool_call><|im_end|>\n"
+    "{%- elif messages[0].role == 'system' or reasoning_effort is defined %}<|im_start|>system\n"
+    "{%- if reasoning_effort is defined %}Reasoning effort: {{ reasoning_effort }}\n{% endif %}"
+    "{%- if messages[0].role == 'system' %}{{ messages[0].content }}{% endif %}<|im_end|>\n"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'system' %}"
+    "{%- elif message.role == 'assistant' %}<|im_start|>assistant\n"
+    "{%- if message.reasoning_content %}<think>\n{{ message.reasoning_content }}\n</think>\n\n{% endif %}"
+    "{{- message.content }}"
+    "{%- for call in message.tool_calls or [] %}\n<tool_call>\n"
+    "{\"name\": \"{{ call.function.name }}\", \"arguments\": {{ call.function.arguments | tojson }}}\n</tool_call>"
+    "{%- endfor %}<|im_end|>\n"
+    "{%- elif message.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ message.content }}\n"
+    "</tool_response><|im_end|>\n"
+    "{%- else %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
