@@ -1,0 +1,87 @@
+"""Tools and thinking end to end, on a server whose chat template shows tools as Hermes/Qwen do (so
+`--tool-call-parser auto` reads `<tool_call>` JSON) and splits thinking with `--reasoning-parser
+deepseek_r1` (answers start inside a think block). The tiny model is random: it writes no call of
+its own accord, so the parsing itself is covered by tests/unit/test_parsers_*.py and forced calls
+by tests that need structured output."""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.chat_templates import HERMES_TOOLS_TEMPLATE
+from tests.e2e.serving import MODEL, RunningServer, server_config, start_server
+from tests.e2e.sse_client import post_stream
+
+CHAT = "/v1/chat/completions"
+MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+                                            "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                           "required": ["city"]}}}
+GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": 8, "extra_body": {"ignore_eos": True}}
+RAW_GREEDY = {"model": MODEL, "temperature": 0, "max_tokens": 8, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def server(model_dir: Path) -> Iterator[RunningServer]:
+    config = server_config(chat_template=HERMES_TOOLS_TEMPLATE, reasoning_parser="deepseek_r1")
+    running = start_server(model_dir, config)
+    yield running
+    running.stop()
+
+
+def rendered(server: RunningServer, **body: object) -> str:
+    with server.http() as http:
+        tokens = http.post("/tokenize", json={"messages": MESSAGES, **body}).json()["tokens"]
+        return http.post("/detokenize", json={"tokens": tokens}).json()["prompt"]
+
+
+def test_tools_reach_the_prompt(server: RunningServer) -> None:
+    with_tools = server.client().chat.completions.create(messages=MESSAGES, tools=[WEATHER], **GREEDY)
+    without = server.client().chat.completions.create(messages=MESSAGES, **GREEDY)
+    assert with_tools.usage.prompt_tokens > without.usage.prompt_tokens
+    assert '"name": "get_weather"' in rendered(server, tools=[WEATHER])
+
+
+def test_calls_and_replies_go_back_through_the_template(server: RunningServer) -> None:
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [*MESSAGES, {"role": "assistant", "content": None, "tool_calls": [call]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "18 C, sunny"}]
+    prompt = rendered(server, messages=history, tools=[WEATHER])
+    assert '{"name": "get_weather", "arguments": {"city": "Paris"}}' in prompt
+    assert "<tool_response>\n18 C, sunny\n</tool_response>" in prompt
+    out = server.client().chat.completions.create(messages=history, tools=[WEATHER], **GREEDY)
+    assert out.choices[0].finish_reason == "length"
+
+
+def test_thinking_goes_to_reasoning_content(server: RunningServer) -> None:
+    out = server.client().chat.completions.create(messages=MESSAGES, **GREEDY)
+    message = out.choices[0].message.model_dump()
+    # deepseek_r1: an answer that never closes its think block is all reasoning
+    assert message["reasoning_content"] and message["reasoning_content"] == message["reasoning"]
+    assert message["content"] is None and out.usage.completion_tokens == 8
+
+
+def test_streamed_thinking_adds_up_to_the_answer_in_full(server: RunningServer) -> None:
+    whole = server.client().chat.completions.create(messages=MESSAGES, **GREEDY).choices[0].message
+    with server.http() as http:
+        chunks = post_stream(http, CHAT, RAW_GREEDY | {"messages": MESSAGES, "stream": True}).chunks
+    deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == whole.model_dump()["reasoning_content"]
+    assert all(d.get("reasoning_content") == d.get("reasoning") for d in deltas)
+    assert all(not d.get("content") for d in deltas)
+
+
+def test_reasoning_effort_reaches_the_template(server: RunningServer) -> None:
+    assert "Reasoning effort: high" in rendered(server, reasoning_effort="high")
+    client = server.client()
+    high = client.chat.completions.create(messages=MESSAGES, reasoning_effort="high", **GREEDY)
+    plain = client.chat.completions.create(messages=MESSAGES, **GREEDY)
+    assert high.usage.prompt_tokens > plain.usage.prompt_tokens
+
+
+def test_tool_choice_none_and_auto_without_a_call_answer_text(server: RunningServer) -> None:
+    for choice in ("none", "auto"):
+        out = server.client().chat.completions.create(messages=MESSAGES, tools=[WEATHER], tool_choice=choice,
+                                                      **GREEDY)
+        assert out.choices[0].message.tool_calls is None and out.choices[0].finish_reason == "length"
