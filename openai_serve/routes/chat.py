@@ -39,7 +39,7 @@ async def create_chat_completion(request: Request) -> Response:
         raise unsupported("tool_choice", "'required' and named functions need structured output, which this "
                           "server does not have yet")
     prompt_text = state.chat_template.render(body)
-    parsing = OutputParsing(body.tools, state.tool_call_parser, state.config.reasoning_parser, prompt_text)
+    parsing = OutputParsing(body.tools, state.tool_call_parser, state.reasoning_parser, prompt_text)
     view = ChatView(state, body, parsing)
     response = await respond(request, state, body, view, [state.chat_template.tokenize(prompt_text)])
     return name_ignored_fields(response, body.ignored_fields)
