@@ -2,14 +2,14 @@
 
 The engine is driven through its public loop (`add_request`, `step`, `has_unfinished_requests`),
 as `LLM.generate` drives it but without the incremental detokenizer: token ids out, as from the
-peer, so both sides do the same work. Time spent in the model runner is measured by wrapping the
-runner's `launch` and its steps' `result` (see RunnerTimer).
+peer, so both sides do the same work. Time spent in the model runner is measured by the runner the
+engine is built with (`LLMEngine(config, runner)`): a TimedRunner around the real one, built with
+the kernel choices the run asks for.
 """
 
 import gc
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from itertools import count
 
@@ -18,8 +18,11 @@ import torch
 from bench.profiling import profile_summary
 from bench.step_trace import StepRecord
 from bench.workload import Request, fixed_workload
-from core import LLMEngine, SamplingParams
+from core import EngineConfig, LLMEngine, SamplingParams
+from core.engine import runner_config
 from gpu.batch import Batch, StepResult
+from gpu.config import KernelConfig
+from gpu.model_runner import ModelRunner
 from gpu.pending_step import PendingStep
 
 TEMPERATURE = 0.6
@@ -32,7 +35,7 @@ class EngineRun:
     num_output_tokens: int
     seconds: float
     num_steps: int
-    runner_seconds: float  # launching steps and waiting for their tokens (see RunnerTimer)
+    runner_seconds: float  # launching steps and waiting for their tokens (see TimedRunner)
     wait_seconds: float  # of which waiting for tokens: the host idle while the device works
     num_preemptions: int
     num_prefix_hit_tokens: int
@@ -43,39 +46,58 @@ class EngineRun:
         return self.num_output_tokens / self.seconds
 
 
-class RunnerTimer:
-    """Wraps `engine.runner.launch` to add up the host time spent queuing steps and waiting for their tokens.
+@dataclass
+class RunnerTimes:
+    """What a TimedRunner added up since a measurement began."""
 
-    With async scheduling the engine waits for step N's tokens after queuing step N+1, so the rest of
-    a step's wall time (scheduling, building the batch, postprocessing) overlaps the device's work."""
+    seconds: float = 0.0  # launching plus waiting
+    wait_seconds: float = 0.0  # inside PendingStep.result(): the host blocked on the device
+    num_calls: int = 0
+    steps: list[StepRecord] = field(default_factory=list)  # every launched step, in order
 
-    def __init__(self, engine: LLMEngine) -> None:
-        self.seconds = 0.0  # launching plus waiting
-        self.wait_seconds = 0.0  # inside PendingStep.result(): the host blocked on the device
-        self.num_calls = 0
-        self.steps: list[StepRecord] = []  # every launched step, in order
-        self._engine = engine
-        self._launch: Callable[[Batch], PendingStep] = engine.runner.launch
-        engine.runner.launch = self._timed  # type: ignore[method-assign]
 
-    def restore(self) -> None:
-        self._engine.runner.launch = self._launch  # type: ignore[method-assign]
+class TimedRunner:
+    """The model runner the benchmarks build the engine with: the real one, plus the host time spent queuing
+    steps and waiting for their tokens. With async scheduling the engine waits for step N's tokens after queuing
+    step N+1, so the rest of a step's wall time (scheduling, building the batch, postprocessing) overlaps the
+    device's work."""
 
-    def _timed(self, batch: Batch) -> PendingStep:
-        start = time.perf_counter()
+    def __init__(self, runner: ModelRunner) -> None:
+        self.runner = runner
+        self.num_kv_blocks = runner.num_kv_blocks
+        self.times = RunnerTimes()
+
+    def measure(self) -> RunnerTimes:
+        """Starts a new tally and returns it."""
+        self.times = RunnerTimes()
+        return self.times
+
+    def launch(self, batch: Batch) -> PendingStep:
+        times, start = self.times, time.perf_counter()
         record = StepRecord(batch, start)
-        self.steps.append(record)
+        times.steps.append(record)
         try:
-            return _TimedPending(self._launch(batch), self, record)
+            return _TimedPending(self.runner.launch(batch), times, record)
         finally:
-            self.seconds += time.perf_counter() - start
-            self.num_calls += 1
+            times.seconds += time.perf_counter() - start
+            times.num_calls += 1
+
+
+@dataclass(frozen=True)
+class TimedEngine:
+    engine: LLMEngine
+    runner: TimedRunner  # the engine's
+
+
+def build_timed_engine(config: EngineConfig, kernels: KernelConfig) -> TimedEngine:
+    runner = TimedRunner(ModelRunner(replace(runner_config(config), kernels=kernels)))
+    return TimedEngine(LLMEngine(config, runner), runner)  # type: ignore[arg-type]  # a runner by its interface
 
 
 class _TimedPending(PendingStep):
-    def __init__(self, inner: PendingStep, timer: RunnerTimer, record: StepRecord) -> None:
+    def __init__(self, inner: PendingStep, times: RunnerTimes, record: StepRecord) -> None:
         self._inner = inner
-        self._timer = timer
+        self._times = times
         self._record = record
 
     @property
@@ -88,8 +110,8 @@ class _TimedPending(PendingStep):
             return self._inner.result()
         finally:
             elapsed = time.perf_counter() - start
-            self._timer.seconds += elapsed
-            self._timer.wait_seconds += elapsed
+            self._times.seconds += elapsed
+            self._times.wait_seconds += elapsed
             self._record.wait += elapsed
             self._record.done_at = start + elapsed
 
@@ -104,11 +126,11 @@ def add_requests(engine: LLMEngine, requests: list[Request], seed: int | None = 
     return ids
 
 
-def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float | None = None,
+def run_workload(timed: TimedEngine, requests: list[Request], max_seconds: float | None = None,
                  trace: list[StepRecord] | None = None) -> EngineRun:
     """Generates the whole workload; past max_seconds the rest is aborted and the run marked partial.
     `trace`, when given, receives a record of every step the run launched (bench/step_trace.py)."""
-    timer = RunnerTimer(engine)
+    engine, times = timed.engine, timed.runner.measure()
     before = engine.stats()
     start = time.perf_counter()
     ids = add_requests(engine, requests)
@@ -122,14 +144,13 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
     end = time.perf_counter()
     seconds = end - start
     if trace is not None:  # copies: the drain below collects the step still in flight of a partial run
-        trace += [replace(r, done_at=r.done_at or end) for r in timer.steps]
+        trace += [replace(r, done_at=r.done_at or end) for r in times.steps]
     if is_partial:
         drain(engine, ids)
     after = engine.stats()
-    timer.restore()
     return EngineRun(
         num_requests=len(requests), num_output_tokens=num_tokens, seconds=seconds, num_steps=num_steps,
-        runner_seconds=timer.seconds, wait_seconds=timer.wait_seconds,
+        runner_seconds=times.seconds, wait_seconds=times.wait_seconds,
         num_preemptions=after.num_preemptions - before.num_preemptions,
         num_prefix_hit_tokens=after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens,
         is_partial=is_partial,
@@ -151,25 +172,24 @@ class Batch1Latency:
     ttft_ms: float  # median over repeats
     tpot_ms: float  # median over repeats of (last token - first token) / (tokens - 1)
     tpot_samples_ms: list[float] = field(default_factory=list)
-    runner_ms_per_step: float = 0.0  # launching and waiting for a step (see RunnerTimer), over all measured steps
+    runner_ms_per_step: float = 0.0  # launching and waiting for a step (see TimedRunner), over all measured steps
     gc_ms_total: float = 0.0  # Python garbage-collector pauses during the measured repeats
 
 
-def time_batch1(engine: LLMEngine, prompt_len: int, num_tokens: int, repeats: int, seed: int) -> Batch1Latency:
+def time_batch1(timed: TimedEngine, prompt_len: int, num_tokens: int, repeats: int, seed: int) -> Batch1Latency:
     """One request at a time: a fresh random prompt each repeat, so no prefix-cache hit helps."""
     ttfts, tpots = [], []
     workload = fixed_workload(repeats + 1, prompt_len, num_tokens, seed=seed)
-    _time_one(engine, workload[0])  # warm-up
-    timer, gc_pauses = RunnerTimer(engine), GcPauses()
+    _time_one(timed.engine, workload[0])  # warm-up
+    times, gc_pauses = timed.runner.measure(), GcPauses()
     with gc_pauses:
         for request in workload[1:]:
-            start, token_times = _time_one(engine, request)
+            start, token_times = _time_one(timed.engine, request)
             ttfts.append((token_times[0] - start) * 1e3)
             tpots.append((token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3)
-    timer.restore()
     return Batch1Latency(prompt_len, num_tokens, round(statistics.median(ttfts), 3),
                          round(statistics.median(tpots), 4), [round(t, 4) for t in tpots],
-                         round(timer.seconds / timer.num_calls * 1e3, 4), round(gc_pauses.seconds * 1e3, 2))
+                         round(times.seconds / times.num_calls * 1e3, 4), round(gc_pauses.seconds * 1e3, 2))
 
 
 def _time_one(engine: LLMEngine, request: Request) -> tuple[float, list[float]]:

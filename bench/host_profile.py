@@ -16,7 +16,7 @@ from typing import Any
 from bench.bench_model import build_bench_model
 from bench.common import write_result
 from bench.engine_runs import run_workload
-from bench.throughput import build_llm, parse_args, workload
+from bench.throughput import build_engine, parse_args, workload
 
 TOP = 40
 
@@ -33,12 +33,12 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
     model_dir = args.model or str(build_bench_model(args.model_dir))
-    engine = build_llm(args, model_dir).engine
-    run_workload(engine, workload(args, args.seed + 1))  # warm-up
+    timed = build_engine(args, model_dir)
+    run_workload(timed, workload(args, args.seed + 1))  # warm-up
     requests = workload(args, args.seed)  # drawn before profiling: not engine work
     profiler = cProfile.Profile()
     profiler.enable()
-    run = run_workload(engine, requests)
+    run = run_workload(timed, requests)
     profiler.disable()
     stats = pstats.Stats(profiler)
     result = {"kind": "host-profile", "workload": args.workload, "seconds": round(run.seconds, 4),

@@ -14,6 +14,8 @@
 #                 the quick look after a change
 #   ab-serve      openai-serve at concurrency 256 once per server-flag variant (ARGS, one quoted word each, e.g.
 #                 --no-engine-process --engine-process), interleaved, twice each, beside the offline engine
+#   ab-offline    the offline run on nano-vllm's workload (no peer) once per kernel variant (ARGS, e.g. default
+#                 order_decode_rows=0: bench.throughput --kernels), each engine built with that KernelConfig
 #   host-profile  cProfile of the engine's host time over the serving shape and over nano-vllm's workload
 #   attention     the decode and prefill attention kernels (bench.attention_bench), then decode attention over
 #                 unequal contexts per row order (bench.attention_mixed)
@@ -22,7 +24,7 @@
 # Environment: BENCH_MODEL, a checkpoint to use instead of the random Qwen3-0.6B (bench/bench_model.py);
 # BENCH_COMMIT, the commit the tree is (the device's copy may have no .git; every result JSON records it).
 set -uo pipefail
-stages="tests decode-step offline serve check ab-serve host-profile attention sampler skinny-gemm"
+stages="tests decode-step offline serve check ab-serve ab-offline host-profile attention sampler skinny-gemm"
 usage="usage: run_gpu.sh ${stages// /|} OUT_DIR [ARGS...]"
 stage=${1:?$usage}
 out=${2:?$usage}
@@ -105,6 +107,12 @@ case "$stage" in
         variant=$((variant + 1))
         openai_serve "variant${variant}_round$round" 256 768 "$flags"
       done
+    done ;;
+  ab-offline)
+    build_model
+    for variant in "$@"; do
+      run 250 "offline $variant" python3 -m bench.throughput --model "$model" --peer none --batch1-tokens 0 \
+        --profile-steps 0 --max-seconds 120 --kernels "$variant" --out "$out/throughput_${variant//[=+]/-}.json"
     done ;;
   host-profile)
     build_model

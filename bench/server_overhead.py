@@ -46,6 +46,7 @@ from bench.serve import free_port, process_cpu_seconds, stop, wait_for_health
 from bench.stats import summarize
 from core import CacheConfig, EngineConfig, LLMEngine, ModelConfig, SamplingParams, SchedulerConfig
 from gpu.batch import Batch, StepResult
+from gpu.model_info import read_model_info
 
 MODEL = "tiny"
 _MAX_MODEL_LEN = 2048
@@ -124,20 +125,20 @@ def _hold_the_gil(seconds: float) -> None:
         pass
 
 
-def build_engine(args: argparse.Namespace, step_ms: float, max_num_seqs: int) -> LLMEngine:
+def build_engine(args: argparse.Namespace, step_ms: float, max_num_seqs: int) -> tuple[LLMEngine, EmulatedRunner]:
+    """The real engine on the tiny model's limits, built with the emulated runner instead of a model runner."""
     from core.tiny_model import default_model_dir
 
+    model = str(default_model_dir())
     num_blocks = max_num_seqs * -(-(args.prompt_len + args.max_tokens) // 16) + 64
     sync = {"async_scheduling": False} if args.no_async_scheduling else {}
     config = EngineConfig(
-        model=ModelConfig(model=str(default_model_dir()), device="cpu", max_model_len=_MAX_MODEL_LEN),
+        model=ModelConfig(model=model, device="cpu", max_model_len=_MAX_MODEL_LEN),
         cache=CacheConfig(block_size=16, num_blocks=num_blocks, enable_prefix_caching=True),
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=_MAX_NUM_BATCHED_TOKENS, **sync),
     )
-    engine = LLMEngine(config)
-    runner = EmulatedRunner(num_blocks, engine.vocab_size, step_ms / 1e3, args.host_ms / 1e3)
-    engine.runner = runner  # type: ignore[assignment]
-    return engine
+    runner = EmulatedRunner(num_blocks, read_model_info(model).vocab_size, step_ms / 1e3, args.host_ms / 1e3)
+    return LLMEngine(config, runner), runner  # type: ignore[arg-type]  # a runner by its interface
 
 
 def prompts(num: int, prompt_len: int, vocab_size: int, seed: int) -> list[list[int]]:
@@ -159,8 +160,8 @@ def serve(args: argparse.Namespace) -> None:
 
     if args.switch_interval_ms is not None:
         sys.setswitchinterval(args.switch_interval_ms / 1e3)
-    engine = build_engine(args, args.step_ms, args.concurrency)
-    log: StepLog = engine.runner.log  # type: ignore[attr-defined]
+    engine, runner = build_engine(args, args.step_ms, args.concurrency)
+    log = runner.log
     config = ServerConfig(served_model_names=(MODEL,), port=args.port, log_level="warning")
     app = build_app(engine, config)
 
@@ -185,8 +186,8 @@ def serve(args: argparse.Namespace) -> None:
 
 def offline_level(args: argparse.Namespace, concurrency: int, step_ms: float, num_requests: int) -> dict[str, object]:
     """The engine alone with the same emulated runner: the reference the server is measured against."""
-    engine = build_engine(args, step_ms, concurrency)
-    log: StepLog = engine.runner.log  # type: ignore[attr-defined]
+    engine, runner = build_engine(args, step_ms, concurrency)
+    log = runner.log
     params = SamplingParams(max_tokens=args.max_tokens, ignore_eos=True, temperature=0.6)
     start = time.perf_counter()
     for i, prompt in enumerate(prompts(num_requests, args.prompt_len, engine.vocab_size, args.seed)):

@@ -30,14 +30,15 @@ from typing import Any
 import torch
 
 from bench.bench_model import build_bench_model
-from bench.common import write_result
+from bench.common import kernel_variant, write_result
 from bench.device_limits import measure_limits
-from bench.engine_runs import profile_steps, run_workload, time_batch1
+from bench.engine_runs import TimedEngine, build_timed_engine, profile_steps, run_workload, time_batch1
 from bench.roofline import DTYPE_BYTES, DeviceLimits, ModelShape, ideal_decode_step_seconds, ideal_run
 from bench.step_trace import StepRecord, breakdown
 from bench.triton_compiles import TritonCompiles
 from bench.workload import Request, fixed_workload, nano_vllm_workload
-from core import LLM, LLMEngine
+from core import LLMEngine
+from core.config import engine_config
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,8 +62,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
                    help="every step waits for its own tokens (the engine's default queues the next step first)")
     p.add_argument("--attention-backend", default="auto")
-    p.add_argument("--decode-row-order", choices=["longest-first", "batch"], default="longest-first",
-                   help="the order decode attention launches rows in (graphs only; batch: as scheduled), for A/B runs")
+    p.add_argument("--kernels", default="default", help="kernel choices for A/B runs: `default`, or gpu.config."
+                   "KernelConfig fields joined by + (order_decode_rows=0+skinny_gemm=0); the engine's runner is "
+                   "built with them")
     p.add_argument("--warmup", choices=["full", "short", "none"], default="full",
                    help="full: the whole workload once; short: every request with 16 tokens")
     p.add_argument("--max-seconds", type=float, default=None, help="stop the timed run here and report it partial")
@@ -82,14 +84,15 @@ def workload(args: argparse.Namespace, seed: int) -> list[Request]:
     return nano_vllm_workload(args.num_requests, seed=seed)
 
 
-def build_llm(args: argparse.Namespace, model_dir: str) -> LLM:
-    return LLM(
+def build_engine(args: argparse.Namespace, model_dir: str) -> TimedEngine:
+    config = engine_config(
         model_dir, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
         enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
         kv_cache_blocks=args.kv_cache_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         async_scheduling=args.async_scheduling,
     )
+    return build_timed_engine(config, kernel_variant(args.kernels))
 
 
 def run_peer(args: argparse.Namespace, model_dir: str) -> dict[str, object]:
@@ -148,24 +151,23 @@ def main(argv: list[str] | None = None) -> None:
     if args.peer == "hf":
         result["peer"] = run_peer(args, model_dir)
         print("peer:", json.dumps(result["peer"]), flush=True)
-    llm = build_llm(args, model_dir)
-    engine = llm.engine
-    if engine.runner.decode is not None:
-        engine.runner.decode.order_rows = args.decode_row_order == "longest-first"
+    timed = build_engine(args, model_dir)
+    engine = timed.engine
     result["engine"] = {"num_kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_size,
-                        "attention_backend": getattr(getattr(engine.runner, "backend", None), "name", "?")}
+                        "attention_backend": timed.runner.runner.backend.name,
+                        "kernels": asdict(timed.runner.runner.config.kernels)}
     if args.batch1_tokens:  # before any load, to compare with the same figure after the timed run
         result["batch1_fresh"] = guarded(
-            lambda: asdict(time_batch1(engine, args.prompt_len, args.batch1_tokens, 3, args.seed + 5)))
+            lambda: asdict(time_batch1(timed, args.prompt_len, args.batch1_tokens, 3, args.seed + 5)))
         print("batch-1 on the fresh engine:", result["batch1_fresh"], flush=True)
     if args.warmup != "none":
         warm = workload(args, args.seed + 1)
         if args.warmup == "short":
             warm = [Request(r.prompt_token_ids, 16) for r in warm]
-        print(f"warm-up: {run_workload(engine, warm, args.max_seconds).tokens_per_s:.1f} tok/s", flush=True)
+        print(f"warm-up: {run_workload(timed, warm, args.max_seconds).tokens_per_s:.1f} tok/s", flush=True)
     trace: list[StepRecord] = []
     with TritonCompiles() as compiles:
-        run = run_workload(engine, requests, args.max_seconds, trace)
+        run = run_workload(timed, requests, args.max_seconds, trace)
     result["ours"] = {**asdict(run), "tokens_per_s": round(run.tokens_per_s, 1),
                       "triton_compiles_during_run": compiles.summary()}
     print("triton compiles during the timed run:", compiles.summary(), flush=True)
@@ -178,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
           flush=True)
     if args.batch1_tokens:
         result["batch1"] = guarded(
-            lambda: asdict(time_batch1(engine, args.prompt_len, args.batch1_tokens, 3, args.seed + 2)))
+            lambda: asdict(time_batch1(timed, args.prompt_len, args.batch1_tokens, 3, args.seed + 2)))
         print("batch-1:", result["batch1"], flush=True)
     if args.profile_steps:
         result["profile"] = guarded(lambda: profile(engine, args))

@@ -14,7 +14,7 @@ def test_throughput_run_on_cpu(tmp_path: Path) -> None:
     throughput.main(["--model", str(model), "--device", "cpu", "--dtype", "float32", "--workload", "serve",
                      "--serve-requests", "3", "--prompt-len", "24", "--max-tokens", "6", "--kv-cache-blocks", "64",
                      "--warmup", "short", "--peer", "none", "--batch1-tokens", "4", "--profile-steps", "2",
-                     "--out", str(out)])
+                     "--kernels", "order_decode_rows=0+fused_sampling=0", "--out", str(out)])
     result = json.loads(out.read_text())
     ours = result["ours"]
     assert ours["num_output_tokens"] == total_output_tokens(fixed_workload(3, 24, 6)) == 18
@@ -32,3 +32,5 @@ def test_throughput_run_on_cpu(tmp_path: Path) -> None:
     assert abs(sum(r["wall_s"] for r in rows) - ours["seconds"]) < 0.05 * ours["seconds"]  # from the first launch
     assert rows[0]["category"] == "with prefill" and all(r["ideal_s"] > 0 for r in rows)
     assert result["command"].startswith("python -m bench.throughput --model")
+    kernels = result["engine"]["kernels"]  # the engine's runner was built with the variant asked for
+    assert not kernels["order_decode_rows"] and not kernels["fused_sampling"] and kernels["skinny_gemm"]
