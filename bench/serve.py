@@ -137,7 +137,9 @@ async def run_all(
                      "client_cpu_share": round((time.process_time() - cpu_start) / duration, 3),
                      "server_cpu_share": None if server_cpu_start is None or server_cpu_end is None
                      else round((server_cpu_end - server_cpu_start) / duration, 3),
-                     "errors": sorted({r.error for r in records if r.error})[:5]}
+                     "errors": sorted({r.error for r in records if r.error})[:5],
+                     # The level's first request: with no warm-up requests, the server's first.
+                     "first_ttft_ms": round(records[0].ttft * 1e3, 2) if records and records[0].is_ok else None}
             print(format_level(summary), flush=True)
             results.append(level)
             on_level(results)

@@ -155,7 +155,11 @@ def main(argv: list[str] | None = None) -> None:
     engine = timed.engine
     result["engine"] = {"num_kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_size,
                         "attention_backend": timed.runner.runner.backend.name,
-                        "kernels": asdict(timed.runner.runner.config.kernels)}
+                        "kernels": asdict(timed.runner.runner.config.kernels),
+                        # per phase, each candidate's step milliseconds as `auto` measured them at start-up
+                        "attention_times_ms": timed.runner.runner.attention_times}
+    print(f"attention backend: {result['engine']['attention_backend']} "
+          f"(measured: {result['engine']['attention_times_ms']})", flush=True)
     if args.batch1_tokens:  # before any load, to compare with the same figure after the timed run
         result["batch1_fresh"] = guarded(
             lambda: asdict(time_batch1(timed, args.prompt_len, args.batch1_tokens, 3, args.seed + 5)))

@@ -20,6 +20,7 @@ class KernelConfig:
     skinny_gemm: bool = True  # linear layers on few rows through the skinny GEMM kernel where its table says so
     skinny_gemm_pdl: bool = False  # ... launched as programmatic dependent launches (Hopper)
     order_decode_rows: bool = True  # decode attention starts the longest contexts first (decode graphs' inputs)
+    prefill_step_graphs: bool = True  # steps with prefill replay CUDA graphs per token bucket (gpu/mixed_graphs.py)
 
 
 DEFAULT_KERNELS = KernelConfig()

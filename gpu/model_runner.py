@@ -10,14 +10,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from gpu import kv_cache
-from gpu.attention.backend import select_backend
+from gpu import backend_choice, kv_cache
+from gpu.attention.backend import AttentionBackend, PhasedBackend, backend_named, candidate_names
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch, RowSampling, StepResult
 from gpu.config import RunnerConfig
 from gpu.cuda_graphs import DecodeGraphs
 from gpu.host_to_device import to_device, write_block_tables
+from gpu.layers.linear import SKINNY_MAX_ROWS
 from gpu.loader import load_weights
+from gpu.mixed_graphs import MixedGraphs
 from gpu.model_info import checkpoint_dtype, load_hf_config
 from gpu.models import model_class
 from gpu.pending_step import PendingStep, SampledRows, feed_back_tokens
@@ -51,20 +53,91 @@ class ModelRunner:
         self.vocab_size = hf_config.vocab_size
         self.model = self._build_model(hf_config)
         self.layers = self.model.attention_layers()
-        self.backend = select_backend(config.attention_backend, self.device, config.block_size)
-        for layer in self.layers:
-            layer.backend = self.backend
+        names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype)
+        if flash_attn_reason is not None:
+            logger.info("attention backend flash-attn not a candidate: %s", flash_attn_reason)
+        candidates = [backend_named(name) for name in names]
+        self._set_backend(PhasedBackend(candidates[0], candidates[0]))  # for the warm-up pass
         self.sampler = Sampler(self.device, config.seed, config.kernels)
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
+        self.mixed: MixedGraphs | None = None
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
+        # Per phase, each candidate's summed step milliseconds when `auto` measured them (None otherwise).
+        self.attention_times: dict[str, dict[str, float]] | None = None
         self.num_kv_blocks = self._allocate_kv_cache()
+        self.backend = self._choose_backend(candidates)
+        self._set_backend(self.backend)
+        logger.info("attention backend: %s (requested %s, device %s)", self.backend.name, config.attention_backend,
+                    self.device)
         if self.device.type == "cuda":
-            self.decode = DecodeGraphs(self.model, config.max_num_seqs, config.max_model_len, config.block_size,
-                                       self.device, config.kernels.order_decode_rows)
-            if config.enforce_eager or not self.backend.supports_cuda_graphs:
-                logger.info("CUDA graphs off (%s)", "--enforce-eager" if config.enforce_eager else self.backend.name)
-            else:
-                self.decode.capture()
+            self._capture_graphs()
+            self._run_first_request_shapes()
+
+    def _set_backend(self, backend: AttentionBackend) -> None:
+        for layer in self.layers:
+            layer.backend = backend
+
+    def _choose_backend(self, candidates: list[AttentionBackend]) -> PhasedBackend:
+        """The only candidate for both phases, or per phase the one measured faster here (gpu/backend_choice.py)."""
+        if len(candidates) > 1:
+            c = self.config
+            steps = backend_choice.synthetic_steps(backend_choice.StepShape(
+                c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.block_size, self.num_kv_blocks))
+            if backend_choice.blocks_used(steps) <= self.num_kv_blocks:
+                return self._measure_phases(candidates, steps)
+            logger.info("attention: the KV cache is too small to time the candidates; using %s", candidates[0].name)
+        backend = PhasedBackend(candidates[0], candidates[0])
+        self._compile_flash_attn(backend)
+        return backend
+
+    @torch.inference_mode()
+    def _measure_phases(self, candidates: list[AttentionBackend], steps: dict[str, list[Batch]]) -> PhasedBackend:
+        num_blocks = backend_choice.blocks_used(steps)
+        for layer in self.layers:  # random contexts: timing on zeros can flatter a kernel
+            layer.k_cache[:num_blocks].normal_()
+            layer.v_cache[:num_blocks].normal_()
+
+        def is_graphed(backend: AttentionBackend, phase: str) -> bool:
+            graph_safe = backend.supports_cuda_graphs if phase == "decode" else backend.supports_mixed_graphs
+            return graph_safe and not self.config.enforce_eager
+
+        def time_step(backend: AttentionBackend, batch: Batch, graphed: bool) -> float:
+            self._set_backend(PhasedBackend(backend, backend))
+            inputs = self._prepare(batch)
+            return backend_choice.time_forward(lambda: self.model(*inputs), graphed)
+
+        backend, self.attention_times = backend_choice.choose_phases(candidates, steps, is_graphed, time_step)
+        for layer in self.layers:
+            layer.k_cache[:num_blocks].zero_()
+            layer.v_cache[:num_blocks].zero_()
+        self._compile_flash_attn(backend)
+        return backend
+
+    def _compile_flash_attn(self, backend: PhasedBackend) -> None:
+        """Every FA4 kernel variant a step can use, compiled now rather than at a request."""
+        for phase_backend in {id(b): b for b in (backend.decode, backend.prefill)}.values():
+            if compile_variants := getattr(phase_backend, "compile_variants", None):
+                layer = self.layers[0]
+                compile_variants(layer.num_heads, layer.k_cache, layer.v_cache, layer.scale, self.config.max_num_seqs)
+
+    def _capture_graphs(self) -> None:
+        """Graphs for decode-only steps and, when the backend allows, for steps with prefill (one pool)."""
+        c = self.config
+        self.decode = DecodeGraphs(self.model, c.max_num_seqs, c.max_model_len, c.block_size, self.device,
+                                   c.kernels.order_decode_rows)
+        if self.backend.supports_mixed_graphs and c.kernels.prefill_step_graphs:
+            self.mixed = MixedGraphs(self.model, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len,
+                                     c.block_size, self.device)
+        if c.enforce_eager:
+            logger.info("CUDA graphs off (--enforce-eager)")
+            return
+        if self.mixed is not None:
+            self.mixed.capture()
+            self.decode.pool = self.mixed.pool
+        if self.backend.supports_cuda_graphs:
+            self.decode.capture()
+        else:
+            logger.info("CUDA graphs for decode steps off (%s)", self.backend.name)
 
     def _build_model(self, hf_config) -> torch.nn.Module:  # noqa: ANN001 - a transformers config
         torch.manual_seed(self.config.seed)
@@ -114,6 +187,22 @@ class ModelRunner:
         self.sampler(logits, plain)
         torch.cuda.synchronize(self.device)
 
+    @torch.inference_mode()
+    def _run_first_request_shapes(self) -> None:
+        """Runs what a server's first requests run, so none of it is built at a request: a prompt's
+        prefill, and decode steps of every row count that the skinny GEMM serves (the lm_head after a
+        graph runs eagerly on the unpadded rows) and of every graph bucket, greedy and sampled rows.
+        Nothing is written to the cache (slot -1); every row reads block 0."""
+        c = self.config
+        prompt = min(1024, c.max_num_batched_tokens, c.max_model_len)
+        skinny_rows = range(1, min(SKINNY_MAX_ROWS, c.max_num_seqs) + 1)
+        row_counts = sorted(set(skinny_rows) | set(self.decode.buckets if self.decode else []))
+        batches = [_dummy_batch([prompt], c.block_size)] + [_dummy_batch([1] * n, c.block_size) for n in row_counts]
+        for batch in batches:
+            self.execute(batch)
+        self._last_sampled_ids = None
+        torch.cuda.synchronize(self.device)
+
     def execute(self, batch: Batch) -> StepResult:
         """Runs one step and waits for its tokens on the host."""
         return self.launch(batch).result()
@@ -143,6 +232,8 @@ class ModelRunner:
         """[num_tokens, hidden_size]"""
         if self.decode is not None and batch.is_decode_only and self.decode.bucket_for(batch.num_rows) is not None:
             return self.decode.run(batch, self._last_sampled_ids)
+        if self.mixed is not None and not batch.is_decode_only and self.mixed.bucket_for(batch) is not None:
+            return self.mixed.run(batch, self._last_sampled_ids)
         input_ids, positions, meta = self._prepare(batch)
         return self.model(input_ids, positions, meta)
 
@@ -164,6 +255,16 @@ class ModelRunner:
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return to_device(array, array.dtype, self.device)
+
+
+def _dummy_batch(query_lens: list[int], block_size: int) -> Batch:
+    """Rows of fresh tokens (context = query) that write nothing, alternately greedy and sampled."""
+    num_tokens = sum(query_lens)
+    return Batch(
+        token_ids=[0] * num_tokens, positions=[p for n in query_lens for p in range(n)], slot_mapping=[-1] * num_tokens,
+        query_lens=query_lens, context_lens=query_lens, block_tables=[[0] * -(-n // block_size) for n in query_lens],
+        sampling=[RowSampling(temperature=0.0 if i % 2 else 0.6) for i in range(len(query_lens))],
+    )
 
 
 def _padded_block_tables(block_tables: list[list[int]]) -> np.ndarray:

@@ -1,11 +1,14 @@
-"""The attention backend interface and the choice of backend at start-up.
+"""The attention backend interface, the backends by name, and a backend per step phase.
 
-Order for `auto`: flash-attn when it imports and the block size suits its paged kernels (CUDA
-only), our Triton kernels on CUDA otherwise, the torch reference on CPU.
+A step is in one of two phases: decode-only (one query per row) or anything else (prefill chunks,
+prefix-cache hits, decode rows mixed with prefill). `PhasedBackend` routes each phase to its own
+backend; the runner builds it at start-up (gpu/backend_choice.py measures which is faster per
+phase for `auto`). Backends that can run here: `torch` anywhere (the reference), `triton` on
+CUDA, `flash-attn` (FlashAttention-4) on CUDA GPUs of compute capability 9.x-11.x in float16 or
+bfloat16 when `flash_attn.cute` is installed.
 """
 
 import importlib.util
-import logging
 from typing import Protocol
 
 import torch
@@ -13,13 +16,16 @@ import torch
 from gpu.attention import torch_ref
 from gpu.attention.metadata import AttentionMetadata
 
-logger = logging.getLogger(__name__)
+BACKEND_NAMES = ("torch", "triton", "flash-attn")
 
 
 class AttentionBackend(Protocol):
     name: str
     # Whether decode steps may be captured in a CUDA graph (no host syncs, no data-dependent shapes).
     supports_cuda_graphs: bool
+    # Whether other steps may be captured too, padded to a token bucket with empty padding rows
+    # (the launch grid then depends only on the padded shapes).
+    supports_mixed_graphs: bool
 
     def store_kv(
         self,
@@ -43,6 +49,7 @@ class AttentionBackend(Protocol):
 class TorchBackend:
     name = "torch"
     supports_cuda_graphs = False  # boolean-mask indexing and per-row host loops
+    supports_mixed_graphs = False
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:  # noqa: ANN001
         torch_ref.store_kv(key, value, k_cache, v_cache, slot_mapping)
@@ -51,29 +58,68 @@ class TorchBackend:
         return torch_ref.attention_forward(query, k_cache, v_cache, meta, scale)
 
 
-def select_backend(requested: str, device: torch.device, block_size: int) -> AttentionBackend:
-    name = _resolve(requested, device, block_size)
+class PhasedBackend:
+    """Decode-only steps to one backend, every other step to another (possibly the same)."""
+
+    def __init__(self, decode: AttentionBackend, prefill: AttentionBackend) -> None:
+        self.decode, self.prefill = decode, prefill
+        self.name = decode.name if decode.name == prefill.name else f"decode={decode.name}, prefill={prefill.name}"
+        self.supports_cuda_graphs = decode.supports_cuda_graphs
+        self.supports_mixed_graphs = prefill.supports_mixed_graphs
+
+    def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:  # noqa: ANN001
+        # Every backend writes the one cache layout (metadata.py), so either may write it.
+        self.prefill.store_kv(key, value, k_cache, v_cache, slot_mapping)
+
+    def forward(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:  # noqa: ANN001
+        backend = self.decode if meta.is_decode_only else self.prefill
+        return backend.forward(query, k_cache, v_cache, meta, scale)
+
+
+def backend_named(name: str) -> AttentionBackend:
+    """Imports lazily: triton and flash_attn are optional."""
     if name == "torch":
-        backend: AttentionBackend = TorchBackend()
-    elif name == "triton":
+        return TorchBackend()
+    if name == "triton":
         from gpu.attention.triton_backend import TritonBackend
 
-        backend = TritonBackend()
-    else:
-        from gpu.attention.flash_backend import FlashAttnBackend, check_block_size
+        return TritonBackend()
+    if name == "flash-attn":
+        from gpu.attention.flash_backend import FlashAttnBackend
 
-        check_block_size(block_size)
-        backend = FlashAttnBackend()
-    logger.info("attention backend: %s (requested %s, device %s)", backend.name, requested, device)
-    return backend
+        return FlashAttnBackend()
+    raise ValueError(f"unknown attention backend {name!r}; choose from {BACKEND_NAMES}")
 
 
-def _resolve(requested: str, device: torch.device, block_size: int) -> str:
+def flash_attn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the flash-attn backend cannot run here, or None when it can."""
     if device.type != "cuda":
-        if requested not in ("auto", "torch"):
-            raise ValueError(f"attention backend {requested!r} needs CUDA; this device is {device}")
-        return "torch"
+        return f"it needs CUDA (device {device})"
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"its kernels take float16 or bfloat16 (dtype {dtype})"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major not in (9, 10, 11):  # FA4 reads a paged cache on Hopper and Blackwell only
+        return f"its paged kernels need compute capability 9.x-11.x (this GPU: {major}.{minor})"
+    if importlib.util.find_spec("flash_attn") is None or importlib.util.find_spec("flash_attn.cute") is None:
+        return "flash_attn.cute is not installed (pip install 'openai-serve[flash]')"
+    return None
+
+
+def candidate_names(requested: str, device: torch.device, dtype: torch.dtype) -> tuple[list[str], str | None]:
+    """The backends to choose between for every phase, and why flash-attn is not among them for `auto`.
+
+    An explicit name is the only candidate (an error when it cannot run here); `auto` is the torch
+    reference on CPU, and on CUDA triton plus flash-attn where it can run.
+    """
+    if requested not in ("auto", *BACKEND_NAMES):
+        raise ValueError(f"unknown attention backend {requested!r}; choose from auto, {', '.join(BACKEND_NAMES)}")
+    if device.type != "cuda" and requested not in ("auto", "torch"):
+        raise ValueError(f"attention backend {requested!r} needs CUDA; this device is {device}")
+    reason = flash_attn_unavailable(device, dtype) if device.type == "cuda" else None
+    if requested == "flash-attn" and reason is not None:
+        raise ValueError(f"attention backend flash-attn cannot run: {reason}")
     if requested != "auto":
-        return requested
-    has_flash_attn = importlib.util.find_spec("flash_attn") is not None
-    return "flash-attn" if has_flash_attn and block_size % 256 == 0 else "triton"
+        return [requested], None
+    if device.type != "cuda":
+        return ["torch"], None
+    return (["triton"], reason) if reason is not None else (["triton", "flash-attn"], None)

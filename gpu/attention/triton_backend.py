@@ -1,10 +1,12 @@
-"""The Triton attention backend: our own kernels on CUDA when flash-attn is absent.
+"""The Triton attention backend: our own kernels on CUDA.
 
 Routing: a decode-only batch (one query per row) goes to the split-KV decode kernel; any other
 batch (prefill chunks, prefix-cache hits, mixed prefill + decode rows) to the varlen prefill kernel,
-which treats decode rows as rows of query length 1. The decode path reads only static facts on the
-host (tensor shapes, the is_decode_only flag), never lengths, and allocates its split-KV scratch
-with torch.empty, so it is safe to capture in a CUDA graph (the graph's pool owns the scratch).
+which treats decode rows as rows of query length 1. Both paths read only static facts on the host
+(tensor shapes, the is_decode_only flag), never lengths, and allocate their scratch with
+torch.empty, so both are safe to capture in a CUDA graph (the graph's pool owns the scratch): the
+prefill kernel's grid is an upper bound from the token and row counts, and rows with no queries
+(the padding rows of a captured mixed step) exit at once.
 """
 
 import torch
@@ -26,6 +28,7 @@ from gpu.kernels.store_kv import store_kv
 class TritonBackend:
     name = "triton"
     supports_cuda_graphs = True
+    supports_mixed_graphs = True
 
     def store_kv(
         self,

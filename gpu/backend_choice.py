@@ -1,0 +1,115 @@
+"""`auto` attention: per step phase, the backend whose model forward measured faster here, at start-up.
+
+Each candidate runs the whole model's forward on synthetic steps of each phase (gpu/attention/
+backend.py), timed the way that phase will run: a step that will replay a CUDA graph is timed on
+the device alone (a sleep kernel first, so the host has queued the whole forward before the device
+reaches it, as a replay is queued), an eager step from the host's call to the device's end (its
+launch cost is part of it). Phase "decode": one row, and max_num_seqs rows, at ~1k tokens of
+context; phase "prefill": a fresh prompt chunk beside decode rows. The sum of a phase's step times
+decides; ties go to the first candidate (triton). Contexts read distinct, randomly filled cache
+blocks (never zeros), and write nothing (slot -1).
+"""
+
+import logging
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from gpu.attention.backend import AttentionBackend, PhasedBackend
+from gpu.batch import Batch, RowSampling
+
+logger = logging.getLogger(__name__)
+
+PHASES = ("decode", "prefill")
+TARGET_CONTEXT = 1024
+PREFILL_CHUNK = 2048
+PREFILL_DECODE_ROWS = 64
+# ~30 ms at the H100's clock: longer than the host takes to queue one forward.
+SLEEP_CYCLES = 50_000_000
+
+
+@dataclass(frozen=True)
+class StepShape:
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    max_model_len: int
+    block_size: int
+    num_kv_blocks: int
+
+
+def synthetic_steps(shape: StepShape) -> dict[str, list[Batch]]:
+    """The steps each phase is timed on, sized to fit the cache and the scheduler's limits."""
+    rows, bs = shape.max_num_seqs, shape.block_size
+    capacity = shape.num_kv_blocks * bs
+    context = max(1, min(TARGET_CONTEXT, shape.max_model_len - 1, capacity // rows - bs))
+    chunk = max(1, min(PREFILL_CHUNK, shape.max_num_batched_tokens, shape.max_model_len, capacity // 2))
+    decode_rows = max(0, min(PREFILL_DECODE_ROWS, rows - 1, shape.max_num_batched_tokens - chunk))
+    mixed_context = max(1, min(context, (capacity - chunk) // max(decode_rows, 1) - bs))
+    return {
+        "decode": [_step([], 1, context, bs), _step([], rows, context, bs)],
+        "prefill": [_step([chunk], decode_rows, mixed_context, bs)],
+    }
+
+
+def _step(prefill_lens: list[int], num_decode_rows: int, context: int, block_size: int) -> Batch:
+    """Fresh prefill rows, then decode rows with `context` tokens each; every row on its own blocks."""
+    query_lens = prefill_lens + [1] * num_decode_rows
+    context_lens = prefill_lens + [context] * num_decode_rows
+    tables, next_block = [], 0
+    for n in context_lens:
+        num_blocks = -(-n // block_size)
+        tables.append(list(range(next_block, next_block + num_blocks)))
+        next_block += num_blocks
+    positions = [p for q, c in zip(query_lens, context_lens, strict=True) for p in range(c - q, c)]
+    num_tokens = len(positions)
+    return Batch(
+        token_ids=[(7 * i) % 1000 for i in range(num_tokens)], positions=positions, slot_mapping=[-1] * num_tokens,
+        query_lens=query_lens, context_lens=context_lens, block_tables=tables,
+        sampling=[RowSampling(temperature=0.0)] * len(query_lens),
+    )
+
+
+def blocks_used(steps: dict[str, list[Batch]]) -> int:
+    return max(max(b for row in batch.block_tables for b in row) + 1 for batches in steps.values() for batch in batches)
+
+
+def time_forward(forward: Callable[[], object], is_graphed: bool, repeats: int = 5) -> float:
+    """Median milliseconds of `forward` after one untimed call (which compiles what it needs)."""
+    forward()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        if is_graphed:
+            torch.cuda._sleep(SLEEP_CYCLES)
+        start.record()
+        forward()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+TimeStep = Callable[[AttentionBackend, Batch, bool], float]
+
+
+def choose_phases(
+    candidates: list[AttentionBackend],
+    steps: dict[str, list[Batch]],
+    is_graphed: Callable[[AttentionBackend, str], bool],
+    time_step: TimeStep,
+) -> tuple[PhasedBackend, dict[str, dict[str, float]]]:
+    """Times every candidate on every phase's steps; returns the choice and the summed milliseconds."""
+    times: dict[str, dict[str, float]] = {phase: {} for phase in PHASES}
+    for phase in PHASES:
+        for backend in candidates:
+            graphed = is_graphed(backend, phase)
+            times[phase][backend.name] = sum(time_step(backend, batch, graphed) for batch in steps[phase])
+    by_name = {backend.name: backend for backend in candidates}
+    pick = {phase: min(times[phase], key=times[phase].__getitem__) for phase in PHASES}
+    for phase in PHASES:
+        measured = ", ".join(f"{name} {ms:.3f} ms" for name, ms in times[phase].items())
+        logger.info("attention backend for %s steps: %s (measured: %s)", phase, pick[phase], measured)
+    return PhasedBackend(by_name[pick["decode"]], by_name[pick["prefill"]]), times

@@ -1,0 +1,176 @@
+"""CUDA graphs for the steps that carry prefill: one graph per padded token bucket.
+
+Such a step (prefill chunks, prefix-cache hits, decode rows beside them) is padded to the smallest
+token bucket that holds it, and its rows to the bucket's row capacity (min(max_num_seqs, bucket):
+a step never has more rows than tokens). Padding tokens write no K/V (slot -1) and sit at
+position 0; padding rows have no queries (query_start_loc repeats the token count) and context 0,
+so the attention kernel's programs for them exit at once and every launch grid depends only on
+the bucket. Their outputs are ignored. Only a backend whose non-decode path is safe to capture
+this way (`supports_mixed_graphs`: the Triton one) gets these graphs.
+
+Why: run eagerly, such a step is launched op by op from Python, ~10 ms of host time for the 0.6B
+model's 28 layers, more than its device time (bench/results/notes.md); a replay is one launch.
+With graphs off (`--enforce-eager`) the same padded buffers run eagerly, so graphs on and off
+compute the same numbers, as for decode (gpu/cuda_graphs.py, whose memory pool these graphs share).
+
+The static inputs are views of one int64 and one int32 tensor (StaticInputs), filled from one of
+two pinned host mirrors used in turn, with one contiguous copy each.
+"""
+
+import logging
+
+import numpy as np
+import torch
+
+from gpu.attention.metadata import AttentionMetadata
+from gpu.batch import Batch
+from gpu.cuda_graphs import ForwardFn
+from gpu.host_to_device import write_block_tables
+from gpu.pending_step import feed_back_tokens
+
+logger = logging.getLogger(__name__)
+
+
+def token_buckets(max_num_batched_tokens: int) -> list[int]:
+    """16 to 512 by doubling, then every 256 up to 2048, then every 512, and the budget itself (largest last).
+
+    Padding costs compute for at most an eighth of the tokens past 2048, where steps are compute-bound."""
+    candidates = [16, 32, 64, 128, 256, 512, *range(768, 2049, 256), *range(2560, max_num_batched_tokens, 512)]
+    return sorted({b for b in candidates if b < max_num_batched_tokens} | {max_num_batched_tokens})
+
+
+class StaticInputs:
+    """The device buffers a mixed-step graph reads, and how a batch is written into them.
+
+    Each bucket lays its fields out from the start of the two flat tensors (int64: token ids,
+    positions, slots, fed-back token indices, their source rows, `bucket` entries each; int32:
+    query_start_loc, context lengths, block tables, for the bucket's row capacity), so a step
+    copies one contiguous prefix of each; a graph reads the views of its own bucket.
+    """
+
+    def __init__(self, max_tokens: int, max_rows: int, max_blocks: int, device: torch.device) -> None:
+        self.max_rows, self.max_blocks = max_rows, max_blocks
+        self.int64 = torch.zeros(5 * max_tokens, dtype=torch.int64, device=device)
+        self.int32 = torch.zeros(int32_size(max_rows, max_blocks), dtype=torch.int32, device=device)
+
+    def rows_for(self, bucket: int) -> int:
+        return min(self.max_rows, bucket)
+
+    def fields(self, bucket: int) -> torch.Tensor:
+        """[5, bucket]: token ids, positions, slots, fed-back token indices, fed-back source rows."""
+        return self.int64[: 5 * bucket].view(5, bucket)
+
+    def metadata(self, bucket: int, max_model_len: int) -> AttentionMetadata:
+        rows = self.rows_for(bucket)
+        return AttentionMetadata(
+            slot_mapping=self.fields(bucket)[2],
+            query_start_loc=self.int32[: rows + 1],
+            context_lens=self.int32[rows + 1 : 2 * rows + 1],
+            block_tables=self.int32[2 * rows + 1 : int32_size(rows, self.max_blocks)].view(rows, self.max_blocks),
+            max_query_len=bucket,
+            max_context_len=max_model_len,
+            is_decode_only=False,
+        )
+
+
+def int32_size(rows: int, max_blocks: int) -> int:
+    return 2 * rows + 1 + rows * max_blocks
+
+
+def fill_host_inputs(int64: np.ndarray, int32: np.ndarray, batch: Batch, bucket: int, rows_cap: int,
+                     max_blocks: int) -> tuple[int, int]:
+    """Writes the batch, padded to the bucket, into flat host arrays laid out as StaticInputs' bucket views;
+    returns how many leading int64 and int32 entries to copy."""
+    n, rows = len(batch.token_ids), batch.num_rows
+    fields = int64[: 5 * bucket].reshape(5, bucket)
+    fields[0, :n], fields[0, n:] = batch.token_ids, 0  # fed-back entries: placeholders, set on the device
+    fields[1, :n], fields[1, n:] = batch.positions, 0
+    fields[2, :n], fields[2, n:] = batch.slot_mapping, -1
+    num_fed_back = len(batch.fed_back_token_indices)
+    fields[3, :num_fed_back] = batch.fed_back_token_indices
+    fields[4, :num_fed_back] = batch.fed_back_rows
+    query_start_loc = int32[: rows_cap + 1]
+    query_start_loc[0] = 0
+    query_start_loc[1 : rows + 1] = np.cumsum(batch.query_lens)
+    query_start_loc[rows + 1 :] = n  # padding rows: no queries
+    context_lens = int32[rows_cap + 1 : 2 * rows_cap + 1]
+    context_lens[:rows], context_lens[rows:] = batch.context_lens, 0
+    num_int32 = int32_size(rows_cap, max_blocks)
+    tables = int32[2 * rows_cap + 1 : num_int32].reshape(rows_cap, max_blocks)
+    write_block_tables(tables[:rows], batch.block_tables)  # padding rows' entries are never read
+    return 5 * bucket, num_int32
+
+
+class MixedGraphs:
+    def __init__(self, forward: ForwardFn, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
+                 block_size: int, device: torch.device) -> None:
+        self.forward = forward
+        self.buckets = token_buckets(max_num_batched_tokens)
+        self.max_model_len = max_model_len
+        self.inputs = StaticInputs(self.buckets[-1], max_num_seqs, -(-max_model_len // block_size), device)
+        self._mirrors = [_PinnedMirror(self.inputs) for _ in range(2)]
+        self._turn = 0
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[int, torch.Tensor] = {}
+        self.pool = None
+
+    def bucket_for(self, batch: Batch) -> int | None:
+        num_tokens = len(batch.token_ids)
+        bucket = next((b for b in self.buckets if b >= num_tokens), None)
+        if bucket is None or batch.num_rows > self.inputs.rows_for(bucket):
+            return None
+        return bucket
+
+    def _static_args(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+        fields = self.inputs.fields(bucket)
+        return fields[0], fields[1], self.inputs.metadata(bucket, self.max_model_len)
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Captures every bucket, largest first (later graphs fit in its pool), with empty rows
+        (query_start_loc and context lengths all 0): the kernels launch, no program does work."""
+        for bucket in reversed(self.buckets):
+            self.inputs.int32.zero_()
+            self.inputs.fields(bucket)[2].fill_(-1)  # slots: no K/V written
+            args = self._static_args(bucket)
+            self.forward(*args)  # outside the graph: compiles kernels, settles allocations
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self.pool):
+                self.outputs[bucket] = self.forward(*args)
+            if self.pool is None:
+                self.pool = graph.pool()
+            self.graphs[bucket] = graph
+        torch.cuda.synchronize()
+        logger.info("captured CUDA graphs for steps with prefill, token buckets %s", self.buckets)
+
+    def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:
+        """Fills the static buffers (fed-back tokens read from `last_sampled_ids` on the device), replays the
+        bucket's graph (or runs eagerly on the buffers when none was captured); returns [num_tokens, hidden]."""
+        bucket = self.bucket_for(batch)
+        assert bucket is not None and self.inputs.rows_for(bucket) >= batch.num_rows
+        mirror = self._mirrors[self._turn]
+        self._turn ^= 1
+        mirror.copied.synchronize()  # its previous copy has run (long since, in practice)
+        num_int64, num_int32 = fill_host_inputs(mirror.int64.numpy(), mirror.int32.numpy(), batch, bucket,
+                                                self.inputs.rows_for(bucket), self.inputs.max_blocks)
+        self.inputs.int64[:num_int64].copy_(mirror.int64[:num_int64], non_blocking=True)
+        self.inputs.int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)
+        mirror.copied.record()
+        if num_fed_back := len(batch.fed_back_token_indices):
+            fields = self.inputs.fields(bucket)
+            feed_back_tokens(fields[0], fields[3, :num_fed_back], fields[4, :num_fed_back], last_sampled_ids)
+        num_tokens = len(batch.token_ids)
+        if bucket not in self.graphs:
+            return self.forward(*self._static_args(bucket))[:num_tokens]
+        self.graphs[bucket].replay()
+        return self.outputs[bucket][:num_tokens]
+
+
+class _PinnedMirror:
+    """Pinned host copies of the static buffers, and an event for when their copy has run."""
+
+    def __init__(self, inputs: StaticInputs) -> None:
+        self.int64 = torch.zeros(inputs.int64.shape, dtype=torch.int64).pin_memory()
+        self.int32 = torch.zeros(inputs.int32.shape, dtype=torch.int32).pin_memory()
+        self.copied = torch.cuda.Event()
+        self.copied.record()

@@ -1,0 +1,106 @@
+"""The flash-attn backend (FlashAttention-4, `flash_attn.cute`) against the torch reference, on CUDA.
+
+The same cases as the Triton kernels' (tests/gpu/test_kernels.py: random caches, shuffled block
+tables wider than needed, partly filled last blocks, NaN-poisoned outputs, mixed batches of prefill
+chunks, prefix hits and decode rows), through the backend's `forward` as the model calls it.
+Skips without CUDA or without flash_attn.cute.
+"""
+
+import random
+
+import pytest
+import torch
+
+from gpu.attention.metadata import AttentionMetadata
+from tests.gpu.test_kernels import (  # skips this module too without CUDA or triton
+    DECODE_CASES,
+    DEVICE,
+    PREFILL_CASES,
+    PagedBatch,
+    Shape,
+    assert_matches,
+    make_batch,
+    random_context_lens,
+    reference_attention,
+)
+
+pytest.importorskip("flash_attn.cute")
+
+from gpu.attention.flash_backend import FlashAttnBackend  # noqa: E402
+
+BACKEND = FlashAttnBackend()
+
+
+def attend(b: PagedBatch, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Into a NaN-poisoned output: an element the kernel never wrote fails the comparison."""
+    out = torch.full_like(b.query, float("nan"))
+    return BACKEND.attend(b.query, b.k_cache, b.v_cache, meta, scale, out)
+
+
+def metadata(b: PagedBatch, query_lens: list[int], context_lens: list[int]) -> AttentionMetadata:
+    return AttentionMetadata(
+        slot_mapping=torch.full((b.query.shape[0],), -1, dtype=torch.int64, device=DEVICE),
+        query_start_loc=b.query_start_loc, context_lens=b.context_lens, block_tables=b.block_tables,
+        max_query_len=max(query_lens), max_context_len=max(context_lens),
+        is_decode_only=max(query_lens) == 1,
+    )
+
+
+@pytest.mark.parametrize(("shape", "batch", "max_context"), DECODE_CASES, ids=str)
+def test_decode_matches_reference(shape: Shape, batch: int, max_context: int) -> None:
+    rng = random.Random(hash((shape, batch, max_context)) % 2**32)
+    lens = random_context_lens(rng, batch, max_context)
+    b = make_batch([1] * batch, lens, shape)
+    scale = shape.head_dim**-0.5
+    out = attend(b, metadata(b, [1] * batch, lens), scale)
+    assert_matches(out, b.reference(scale), f"fa4 decode {shape} batch={batch} max_ctx={max_context}")
+
+
+@pytest.mark.parametrize(("shape", "rows"), PREFILL_CASES, ids=lambda x: str(x)[:60])
+def test_prefill_and_mixed_match_reference(shape: Shape, rows: list[tuple[int, int]]) -> None:
+    query_lens, context_lens = [q for q, _ in rows], [c for _, c in rows]
+    b = make_batch(query_lens, context_lens, shape)
+    scale = shape.head_dim**-0.5
+    meta = metadata(b, query_lens, context_lens)
+    meta.is_decode_only = False  # a batch of single-token rows may still come as a mixed step
+    out = attend(b, meta, scale)
+    assert_matches(out, b.reference(scale), f"fa4 prefill {shape} rows={len(rows)} tokens={sum(query_lens)}")
+
+
+def test_float16() -> None:
+    lens = [70, 1, 300]
+    b = make_batch([70, 1, 33], lens, Shape(16, 128, 2, 8), dtype=torch.float16)
+    out = attend(b, metadata(b, [70, 1, 33], lens), 0.1)
+    assert_matches(out, b.reference(0.1), "fa4 prefill float16")
+
+
+def test_decode_replays_in_a_cuda_graph_with_new_lengths() -> None:
+    """Captured once; lengths, tables and queries change in place between replays."""
+    shape, batch = Shape(16, 128, 2, 8), 32
+    first = make_batch([1] * batch, [4096] * batch, shape)
+    static_q, static_lens, static_tables = first.query.clone(), first.context_lens.clone(), first.block_tables.clone()
+    meta = metadata(first, [1] * batch, [4096] * batch)
+    meta.context_lens, meta.block_tables = static_lens, static_tables
+    BACKEND.forward(static_q, first.k_cache, first.v_cache, meta, 0.09)  # compiles outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = BACKEND.forward(static_q, first.k_cache, first.v_cache, meta, 0.09)
+    rng = random.Random(7)
+    for step in range(3):
+        lens = random_context_lens(rng, batch, 4096 if step else 300)
+        static_q.copy_(torch.randn_like(static_q.float()).to(static_q.dtype))
+        static_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        static_tables.copy_(static_tables[torch.randperm(batch, device=DEVICE)])
+        static_out.fill_(float("nan"))
+        graph.replay()
+        ref = reference_attention(
+            static_q, first.k_cache, first.v_cache, first.query_start_loc, static_lens, static_tables, 0.09
+        )
+        assert_matches(static_out, ref, f"fa4 decode graph replay {step}")
+
+
+def test_compile_variants_runs_every_variant() -> None:
+    shape = Shape(16, 128, 2, 8)
+    b = make_batch([1], [16], shape)
+    BACKEND.compile_variants(16, b.k_cache, b.v_cache, 0.1, max_num_seqs=300)

@@ -1,0 +1,115 @@
+"""Attention backends per step phase on CPU: candidates, routing, the start-up choice, and the padded
+inputs of mixed-step CUDA graphs (their host side: the graphs themselves are tested in tests/gpu)."""
+
+import numpy as np
+import pytest
+import torch
+
+from gpu import backend_choice
+from gpu.attention.backend import PhasedBackend, TorchBackend, candidate_names, flash_attn_unavailable
+from gpu.attention.metadata import AttentionMetadata
+from gpu.batch import Batch
+from gpu.mixed_graphs import fill_host_inputs, int32_size, token_buckets
+
+CPU = torch.device("cpu")
+
+
+def test_candidates_on_cpu() -> None:
+    assert candidate_names("auto", CPU, torch.float32) == (["torch"], None)
+    assert candidate_names("torch", CPU, torch.float32) == (["torch"], None)
+    for name in ("triton", "flash-attn"):
+        with pytest.raises(ValueError, match="needs CUDA"):
+            candidate_names(name, CPU, torch.float32)
+    with pytest.raises(ValueError, match="unknown attention backend"):
+        candidate_names("xformers", CPU, torch.float32)
+
+
+def test_flash_attn_refuses_cpu_and_float32() -> None:
+    assert "CUDA" in flash_attn_unavailable(CPU, torch.bfloat16)
+    assert "float16 or bfloat16" in flash_attn_unavailable(torch.device("cuda"), torch.float32)
+
+
+class _Recorder(TorchBackend):
+    def __init__(self, name: str) -> None:
+        self.name, self.calls = name, 0
+
+    def forward(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:  # noqa: ANN001
+        self.calls += 1
+        return query
+
+
+def _meta(is_decode_only: bool) -> AttentionMetadata:
+    empty = torch.zeros(0, dtype=torch.int32)
+    return AttentionMetadata(empty, empty, empty, empty.view(0, 0), 1, 1, is_decode_only)
+
+
+def test_phased_backend_routes_by_phase() -> None:
+    decode, prefill = _Recorder("a"), _Recorder("b")
+    phased = PhasedBackend(decode, prefill)
+    assert phased.name == "decode=a, prefill=b"
+    q = torch.zeros(1, 1, 1)
+    phased.forward(q, q, q, _meta(True), 1.0)
+    assert (decode.calls, prefill.calls) == (1, 0)
+    phased.forward(q, q, q, _meta(False), 1.0)
+    assert (decode.calls, prefill.calls) == (1, 1)
+    assert PhasedBackend(decode, decode).name == "a"
+
+
+def test_choose_phases_picks_the_faster_per_phase_and_sums_steps() -> None:
+    fast_decode, fast_prefill = _Recorder("triton"), _Recorder("flash-attn")
+    steps = {"decode": ["d1", "d2"], "prefill": ["p"]}
+    cost = {("triton", "d1"): 1.0, ("triton", "d2"): 5.0, ("flash-attn", "d1"): 3.0, ("flash-attn", "d2"): 3.5,
+            ("triton", "p"): 2.0, ("flash-attn", "p"): 1.5}
+    seen_graphed = []
+
+    def time_step(backend, batch, graphed: bool) -> float:  # noqa: ANN001
+        seen_graphed.append((backend.name, batch, graphed))
+        return cost[(backend.name, batch)]
+
+    chosen, times = backend_choice.choose_phases(
+        [fast_decode, fast_prefill], steps, lambda backend, phase: phase == "decode", time_step)
+    assert times == {"decode": {"triton": 6.0, "flash-attn": 6.5}, "prefill": {"triton": 2.0, "flash-attn": 1.5}}
+    assert chosen.decode is fast_decode and chosen.prefill is fast_prefill
+    assert ("flash-attn", "p", False) in seen_graphed and ("triton", "d2", True) in seen_graphed
+
+
+@pytest.mark.parametrize(("num_blocks", "max_num_seqs", "budget"), [(40_000, 256, 8192), (24, 16, 32), (512, 16, 512)])
+def test_synthetic_steps_fit_the_cache_and_limits(num_blocks: int, max_num_seqs: int, budget: int) -> None:
+    shape = backend_choice.StepShape(max_num_seqs, budget, 4096, 16, num_blocks)
+    steps = backend_choice.synthetic_steps(shape)
+    assert backend_choice.blocks_used(steps) <= num_blocks
+    for batch in steps["decode"]:
+        assert batch.is_decode_only and batch.num_rows <= max_num_seqs
+    prefill = steps["prefill"][0]
+    assert not prefill.is_decode_only and len(prefill.token_ids) <= budget and prefill.num_rows <= max_num_seqs
+    assert steps["decode"][1].num_rows == max_num_seqs
+    for batch in (*steps["decode"], prefill):
+        assert len(batch.positions) == sum(batch.query_lens)
+        assert all(len(t) * 16 >= c for t, c in zip(batch.block_tables, batch.context_lens, strict=True))
+
+
+def test_token_buckets() -> None:
+    assert token_buckets(8192)[:8] == [16, 32, 64, 128, 256, 512, 768, 1024]
+    assert token_buckets(8192)[-3:] == [7168, 7680, 8192]
+    assert token_buckets(100) == [16, 32, 64, 100]
+    assert token_buckets(8000)[-1] == 8000
+
+
+def test_fill_host_inputs_pads_tokens_and_rows() -> None:
+    max_rows, max_blocks, bucket = 8, 4, 16
+    int64 = np.full(5 * 32, 99, dtype=np.int64)
+    int32 = np.full(int32_size(max_rows, max_blocks), 99, dtype=np.int32)
+    batch = Batch(token_ids=[5, 6, 7, 0, 9], positions=[0, 1, 2, 40, 3], slot_mapping=[16, 17, 18, 70, 3],
+                  query_lens=[3, 1, 1], context_lens=[3, 41, 4], block_tables=[[1], [2, 3, 4], [0]],
+                  fed_back_token_indices=[3], fed_back_rows=[2])
+    num_int64, num_int32 = fill_host_inputs(int64, int32, batch, bucket, rows_cap=8, max_blocks=max_blocks)
+    assert num_int64 == 5 * bucket and num_int32 == int32_size(8, max_blocks)
+    fields = int64[: 5 * bucket].reshape(5, bucket)
+    assert fields[0].tolist() == [5, 6, 7, 0, 9] + [0] * 11
+    assert fields[1].tolist() == [0, 1, 2, 40, 3] + [0] * 11
+    assert fields[2].tolist() == [16, 17, 18, 70, 3] + [-1] * 11
+    assert (fields[3, 0], fields[4, 0]) == (3, 2)
+    assert int32[:9].tolist() == [0, 3, 4, 5, 5, 5, 5, 5, 5]  # padding rows repeat the token count
+    assert int32[9:17].tolist() == [3, 41, 4, 0, 0, 0, 0, 0]
+    tables = int32[17:num_int32].reshape(8, max_blocks)
+    assert tables[0, 0] == 1 and tables[1, :3].tolist() == [2, 3, 4] and tables[2, 0] == 0
