@@ -26,8 +26,8 @@ PHASES = ("decode", "prefill")
 TARGET_CONTEXT = 1024
 PREFILL_CHUNK = 2048
 PREFILL_DECODE_ROWS = 64
-# ~30 ms at the H100's clock: longer than the host takes to queue one forward.
-SLEEP_CYCLES = 50_000_000
+# ~50 ms at the H100's clock: longer than the host takes to queue one forward.
+SLEEP_CYCLES = 100_000_000
 
 
 @dataclass(frozen=True)
