@@ -37,6 +37,7 @@ class StepShape:
     max_model_len: int
     block_size: int
     num_kv_blocks: int
+    vocab_size: int
 
 
 def synthetic_steps(shape: StepShape) -> dict[str, list[Batch]]:
@@ -47,13 +48,14 @@ def synthetic_steps(shape: StepShape) -> dict[str, list[Batch]]:
     chunk = max(1, min(PREFILL_CHUNK, shape.max_num_batched_tokens, shape.max_model_len, capacity // 2))
     decode_rows = max(0, min(PREFILL_DECODE_ROWS, rows - 1, shape.max_num_batched_tokens - chunk))
     mixed_context = max(1, min(context, (capacity - chunk) // max(decode_rows, 1) - bs))
+    vocab = shape.vocab_size
     return {
-        "decode": [_step([], 1, context, bs), _step([], rows, context, bs)],
-        "prefill": [_step([chunk], decode_rows, mixed_context, bs)],
+        "decode": [_step([], 1, context, bs, vocab), _step([], rows, context, bs, vocab)],
+        "prefill": [_step([chunk], decode_rows, mixed_context, bs, vocab)],
     }
 
 
-def _step(prefill_lens: list[int], num_decode_rows: int, context: int, block_size: int) -> Batch:
+def _step(prefill_lens: list[int], num_decode_rows: int, context: int, block_size: int, vocab_size: int) -> Batch:
     """Fresh prefill rows, then decode rows with `context` tokens each; every row on its own blocks."""
     query_lens = prefill_lens + [1] * num_decode_rows
     context_lens = prefill_lens + [context] * num_decode_rows
@@ -65,8 +67,8 @@ def _step(prefill_lens: list[int], num_decode_rows: int, context: int, block_siz
     positions = [p for q, c in zip(query_lens, context_lens, strict=True) for p in range(c - q, c)]
     num_tokens = len(positions)
     return Batch(
-        token_ids=[(7 * i) % 1000 for i in range(num_tokens)], positions=positions, slot_mapping=[-1] * num_tokens,
-        query_lens=query_lens, context_lens=context_lens, block_tables=tables,
+        token_ids=[(7 * i) % vocab_size for i in range(num_tokens)], positions=positions,
+        slot_mapping=[-1] * num_tokens, query_lens=query_lens, context_lens=context_lens, block_tables=tables,
         sampling=[RowSampling(temperature=0.0)] * len(query_lens),
     )
 

@@ -82,7 +82,8 @@ class ModelRunner:
         if len(candidates) > 1:
             c = self.config
             steps = backend_choice.synthetic_steps(backend_choice.StepShape(
-                c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.block_size, self.num_kv_blocks))
+                c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.block_size, self.num_kv_blocks,
+                self.vocab_size))
             if backend_choice.blocks_used(steps) <= self.num_kv_blocks:
                 return self._measure_phases(candidates, steps)
             logger.info("attention: the KV cache is too small to time the candidates; using %s", candidates[0].name)

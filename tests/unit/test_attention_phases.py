@@ -75,7 +75,7 @@ def test_choose_phases_picks_the_faster_per_phase_and_sums_steps() -> None:
 
 @pytest.mark.parametrize(("num_blocks", "max_num_seqs", "budget"), [(40_000, 256, 8192), (24, 16, 32), (512, 16, 512)])
 def test_synthetic_steps_fit_the_cache_and_limits(num_blocks: int, max_num_seqs: int, budget: int) -> None:
-    shape = backend_choice.StepShape(max_num_seqs, budget, 4096, 16, num_blocks)
+    shape = backend_choice.StepShape(max_num_seqs, budget, 4096, 16, num_blocks, vocab_size=300)
     steps = backend_choice.synthetic_steps(shape)
     assert backend_choice.blocks_used(steps) <= num_blocks
     for batch in steps["decode"]:
@@ -85,6 +85,7 @@ def test_synthetic_steps_fit_the_cache_and_limits(num_blocks: int, max_num_seqs:
     assert steps["decode"][1].num_rows == max_num_seqs
     for batch in (*steps["decode"], prefill):
         assert len(batch.positions) == sum(batch.query_lens)
+        assert 0 <= min(batch.token_ids) and max(batch.token_ids) < 300  # the tests' tiny models have small vocabs
         assert all(len(t) * 16 >= c for t, c in zip(batch.block_tables, batch.context_lens, strict=True))
 
 
