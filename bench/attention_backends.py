@@ -13,7 +13,6 @@ prints a table; prefill rates as TFLOP/s of causal attention (4 * q * k * d per 
 """
 
 import argparse
-import datetime
 import itertools
 import json
 import math
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
+from bench.common import write_result
 from gpu.attention import torch_ref
 from gpu.attention.backend import backend_named
 from gpu.attention.metadata import AttentionMetadata
@@ -160,19 +160,16 @@ def measure(phase: str, label: str, rows: list[tuple[int, int]], backends: dict[
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--commit", default="unknown")
     p.add_argument("--backends", default="triton,flash-attn")
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
     backends = {name: backend_named(name) for name in args.backends.split(",")}
     results = []
     for phase, label, spec in CASES:
         results.append(measure(phase, label, rows_of(spec), backends))
         print(json.dumps(results[-1]), flush=True)
-    doc = {"kind": "attention-backends", "device": torch.cuda.get_device_name(), "torch": torch.__version__,
-           "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="minutes"), "commit": args.commit,
-           "command": "python -m bench.attention_backends " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "results": results}
-    args.out.write_text(json.dumps(doc, indent=1))
+    write_result(args.out, {"kind": "attention-backends", "torch": torch.__version__, "results": results},
+                 "bench.attention_backends", argv)
     print_table(results, list(backends))
 
 

@@ -21,10 +21,19 @@
 #                 unequal contexts per row order (bench.attention_mixed)
 #   sampler       the sampling kernel against the torch path (bench.sampler_bench)
 #   skinny-gemm   the skinny GEMM against cuBLAS (ARGS: bench.skinny_gemm_bench's, e.g. --sweep)
+#   attention-backends  every attention backend that runs here (triton, flash-attn), per step phase, as graph
+#                 replays and as eager calls (bench.attention_backends; flash-attn needs FA4_WHEELS, below)
+#   ttft-starts   openai-serve at concurrency 1 on 5 fresh starts, no warm-up request (the first request counts),
+#                 then the offline engine on the serving shape and openai-serve at concurrency 256 (ARGS: server flags)
 # Environment: BENCH_MODEL, a checkpoint to use instead of the random Qwen3-0.6B (bench/bench_model.py);
-# BENCH_COMMIT, the commit the tree is (the device's copy may have no .git; every result JSON records it).
+# BENCH_COMMIT, the commit the tree is (the device's copy may have no .git; every result JSON records it);
+# FA4_WHEELS, a folder holding the halves a/ and b/ of ../shared/device/fa4_wheels.sh's download (flash-attn-4, 107 MB):
+# a call that carries one half stages it in /tmp/fa, and the call that brings the second installs both into
+# /tmp/fasite (two consecutive calls to the same warm machine: one call carries at most 64 MiB); every stage then
+# imports flash_attn.cute from there.
 set -uo pipefail
 stages="tests decode-step offline serve check ab-serve ab-offline host-profile attention sampler skinny-gemm"
+stages="$stages attention-backends ttft-starts"
 usage="usage: run_gpu.sh ${stages// /|} OUT_DIR [ARGS...]"
 stage=${1:?$usage}
 out=${2:?$usage}
@@ -34,7 +43,18 @@ if [[ " $stages " != *" $stage "* ]]; then
   exit 2
 fi
 mkdir -p "$out"
+fa4_site=/tmp/fasite
+if [ -n "${FA4_WHEELS:-}" ]; then
+  mkdir -p /tmp/fa && cp "$FA4_WHEELS"/*/* /tmp/fa/ 2>/dev/null
+  if [ -f /tmp/fa/part.aa ] && [ -f /tmp/fa/part.ab ]; then
+    (cd /tmp/fa && cat part.aa part.ab > "$(cat wheelname)" && rm part.a?) \
+      && python3 -m pip install -q --no-index --no-deps --no-compile --target $fa4_site /tmp/fa/*.whl
+  fi
+fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+if [ -d $fa4_site ]; then  # --target skips the .pth file that puts cutlass on the path
+  export PYTHONPATH=$PYTHONPATH:$fa4_site:$fa4_site/nvidia_cutlass_dsl/dsl_packages
+fi
 model=${BENCH_MODEL:-/tmp/qwen3-0.6b-bench}
 log="$out/log"
 
@@ -127,4 +147,15 @@ case "$stage" in
     run 300 sampler python3 -m bench.sampler_bench --out "$out/sampler.json" ;;
   skinny-gemm)
     run 500 skinny-gemm python3 -m bench.skinny_gemm_bench --out "$out/skinny_gemm.json" "$@" ;;
+  attention-backends)
+    run 200 attention-backends python3 -m bench.attention_backends --out "$out/attention_backends.json" ;;
+  ttft-starts)
+    build_model
+    for start in 1 2 3 4 5; do
+      run 90 "ttft-start$start" python3 -m bench.serve --launch --label openai-serve \
+        --server-args "$server_args $*" --levels 1 --num-requests 16 --warmup-requests 0 \
+        --server-log "$out/server_ttft$start.log" --out "$out/serve_ttft$start.json"
+    done
+    offline_serve_shape
+    openai_serve c256 256 768 "$*" ;;
 esac

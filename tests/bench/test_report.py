@@ -89,6 +89,22 @@ def test_report_shows_the_latest_results_and_judges_the_targets(tmp_path: Path) 
     assert (docs / "benchmarks.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_several_current_server_runs_share_the_targets(tmp_path: Path) -> None:
+    """Fresh starts at concurrency 1 (the worst TTFT counts) and a separate run at 256 (its share counts)."""
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    _write(results, "current/offline-serve.json", _throughput("2026-11-21 10:05 UTC", 10_000.0, workload="serve"))
+    for start, ttft in enumerate((7.0, 9.5, 6.9)):
+        _write(results, f"current/start{start}.json", _serve("openai-serve", f"2026-11-21 11:0{start} UTC",
+                                                              [_level(1, 150.0, ttft)]))
+    _write(results, "current/c256.json", _serve("openai-serve", "2026-11-21 11:10 UTC",
+                                                [_level(256, 9_500.0, 180.0, failed=2)]))
+    page = write_report(results, docs).read_text()
+    assert "| TTFT p50 at concurrency 1 | <= 25 ms | 9.5 ms (worst of 3 runs) | met |" in page
+    assert "| server tok/s at concurrency 256 / offline engine | >= 85% | 95.0% | met |" in page
+    assert "| failed requests | 0 | 2 | missed by 2 |" in page
+    assert page.count("### openai-serve") == 4 and "file `bench/results/current/start1.json`" in page
+
+
 def test_report_without_serving_results_has_no_plot(tmp_path: Path) -> None:
     results, docs = tmp_path / "results", tmp_path / "docs"
     _write(results, "current/tp.json", _throughput("2026-11-21 10:00 UTC", 12_000.0))
