@@ -104,7 +104,7 @@ class LLMEngine:
             num_prefix_cache_hit_tokens=self.scheduler.num_prefix_hit_tokens,
         )
 
-    # Engine thread only.
+    # The stepping thread only (the engine process's main thread, or the server's bridge thread).
 
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.has_unfinished() or self._in_flight is not None or bool(self._taken_from_inbox)

@@ -1,8 +1,9 @@
-"""The one place that knows both worlds: the asyncio event loop and the engine thread.
+"""The one place that knows both worlds: the asyncio event loop and the engine.
 
-The engine thread loops on `engine.next_outputs()` (for an in-process engine: one step, or a sleep
-on its inbox while idle; for an engine in its own process, core/engine_process.py: the next step's
-outputs off the pipe) and hands each step's outputs to the event loop with ONE
+The bridge's output thread ("engine-outputs") loops on `engine.next_outputs()`: for the engine in
+its own process (the default, core/engine_process.py), the next step's outputs off the pipe; for an
+engine in this process (--no-engine-process), one step, or a sleep on its inbox while idle, so that
+the thread is then the engine's. It hands each step's outputs to the event loop with ONE
 `call_soon_threadsafe` per step (never one per token). On the loop, `_dispatch` puts each output on
 its HTTP request's `asyncio.Queue`.
 
@@ -11,7 +12,8 @@ Invariants:
   leaves it when the engine finishes it or when it is aborted, so late outputs are dropped. It is
   the server's one registry of live requests: a new request never takes a live one's id.
 - Shutdown: every open handle gets a terminal `BridgeClosed` and its sequences are aborted; new
-  submissions get a 503. If `step()` raises, the same happens and `is_alive` turns false.
+  submissions get a 503. If the engine fails (an exception in its step, its process gone), the same
+  happens and `is_alive` turns false.
 """
 
 import asyncio
@@ -26,7 +28,7 @@ from openai_serve.errors import refused, service_unavailable
 
 logger = logging.getLogger(__name__)
 
-_IDLE_POLL_S = 0.25  # how often an idle engine thread checks whether it should exit
+_IDLE_POLL_S = 0.25  # how often an idle output thread checks whether it should exit
 
 
 @dataclass(frozen=True)
@@ -88,7 +90,7 @@ class EngineBridge:
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._thread = threading.Thread(target=self._run, name="engine", daemon=True)
+        self._thread = threading.Thread(target=self._run, name="engine-outputs", daemon=True)
         self._thread.start()
 
     async def stop(self) -> None:
@@ -160,7 +162,7 @@ class EngineBridge:
     def _engine_failed(self, message: str) -> None:
         self._close_all(BridgeClosed(f"The engine failed and cannot serve requests: {message}", "engine_failed"))
 
-    # Engine thread.
+    # The output thread.
 
     def _run(self) -> None:
         assert self._loop is not None
@@ -170,5 +172,5 @@ class EngineBridge:
                 if outputs:
                     self._loop.call_soon_threadsafe(self._dispatch, outputs)
         except Exception as exc:
-            logger.exception("the engine thread failed")
+            logger.exception("the engine failed")
             self._loop.call_soon_threadsafe(self._engine_failed, f"{type(exc).__name__}: {exc}")

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from core.sampling_params import LOGPROBS, MAX_TOKENS
 from openai_serve.errors import bad_request, unsupported
-from openai_serve.protocol.common import CommonRequest, read_common, read_model
+from openai_serve.protocol.common import GenerationRequest, read_common, read_model
 from openai_serve.protocol.fields import Fields, UnknownFields
 from openai_serve.protocol.messages import parse_messages
 from openai_serve.protocol.tools import ToolRequest, read_tools
@@ -21,8 +21,7 @@ VERBOSITIES = ("low", "medium", "high")
 
 
 @dataclass(frozen=True)
-class ChatRequest:
-    common: CommonRequest
+class ChatRequest(GenerationRequest):
     messages: tuple[dict[str, object], ...]
     template_kwargs: dict[str, object] = field(default_factory=dict)
     add_generation_prompt: bool = True
@@ -32,16 +31,6 @@ class ChatRequest:
     # The client's name for max_tokens (it has two), in errors about it; the prompt is the messages.
     max_tokens_param: str = "max_tokens"
     prompt_param: ClassVar[str] = "messages"
-
-    @property
-    def max_tokens(self) -> int | None:
-        """None: the rest of the context."""
-        return self.common.sampling.max_tokens
-
-    @property
-    def logprobs(self) -> int | None:
-        """Top alternatives per token; None: no logprobs."""
-        return self.common.sampling.logprobs
 
 
 def parse_chat_request(body: object, unknown: UnknownFields | None = None) -> ChatRequest:

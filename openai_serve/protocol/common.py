@@ -34,6 +34,23 @@ class CommonRequest:
     user: str | None = None
 
 
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What a request to either generation endpoint holds besides its prompt."""
+
+    common: CommonRequest
+
+    @property
+    def max_tokens(self) -> int | None:
+        """None: the rest of the context."""
+        return self.common.sampling.max_tokens
+
+    @property
+    def logprobs(self) -> int | None:
+        """Top alternatives per token; None: no logprobs."""
+        return self.common.sampling.logprobs
+
+
 def read_model(fields: Fields) -> str:
     model = fields.get_str("model", None)
     if model is None:

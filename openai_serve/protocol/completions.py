@@ -9,7 +9,7 @@ from typing import ClassVar
 
 from core.sampling_params import LOGPROBS, MAX_TOKENS
 from openai_serve.errors import bad_request, unsupported
-from openai_serve.protocol.common import CommonRequest, read_common, read_model
+from openai_serve.protocol.common import GenerationRequest, read_common, read_model
 from openai_serve.protocol.fields import Fields, UnknownFields, are_ints
 
 Prompt = str | tuple[int, ...]
@@ -17,8 +17,7 @@ DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
 
 
 @dataclass(frozen=True)
-class CompletionRequest:
-    common: CommonRequest
+class CompletionRequest(GenerationRequest):
     prompts: tuple[Prompt, ...]
     echo: bool = False
     add_special_tokens: bool = True  # vLLM's extra: tokenize string prompts with BOS etc.
@@ -26,15 +25,6 @@ class CompletionRequest:
     # The client's names for the prompt and for max_tokens, in errors about them.
     prompt_param: ClassVar[str] = "prompt"
     max_tokens_param: ClassVar[str] = "max_tokens"
-
-    @property
-    def max_tokens(self) -> int:
-        return self.common.sampling.max_tokens  # type: ignore[return-value]  # the endpoint's default is a number
-
-    @property
-    def logprobs(self) -> int | None:
-        """Top alternatives per token; None: no logprobs."""
-        return self.common.sampling.logprobs
 
 
 def parse_completion_request(body: object, unknown: UnknownFields | None = None) -> CompletionRequest:

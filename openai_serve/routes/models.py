@@ -28,7 +28,8 @@ async def retrieve_model(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    """200 while the engine thread is alive; 503 once it has died or shutdown has begun."""
+    """200 while the engine runs (its process or thread, and the bridge's output thread); 503 once it
+    failed or shutdown has begun."""
     if not serving_state(request).bridge.is_alive:
         raise service_unavailable("The engine is not running.", "engine_not_running")
     return json_response({"status": "ok"})

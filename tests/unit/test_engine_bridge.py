@@ -1,4 +1,4 @@
-"""The bridge between asyncio and the engine thread, driven by a small scripted engine (the real
+"""The bridge between asyncio and the engine (its output thread), driven by a small scripted engine (the real
 engine is exercised end to end in tests/e2e; here we need an engine that fails on demand)."""
 
 import asyncio
