@@ -1,4 +1,4 @@
-"""Loading the model's tokenizer. The engine never tokenizes; it only hands the tokenizer out."""
+"""Loading the model's tokenizer, for the server and the offline LLM: the engine knows token ids only."""
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 

@@ -44,8 +44,9 @@ class Settings:
 
 def settings_from(values: dict[str, object]) -> Settings:
     """Settings from checked flat values (those not given keep their fields' defaults)."""
-    server_values = values | {"served_model_name": served_model_names(values.get("served_model_name"),
-                                                                      values.get("model"))}  # type: ignore[arg-type]
+    names, model_named = values.get("served_model_name"), values.get("model")
+    server_values = values | {"served_model_name": served_model_names(
+        names if isinstance(names, tuple) else None, model_named if isinstance(model_named, str) else None)}
     engine_values = {k: v for k, v in values.items() if k in _ENGINE_NAMES}
     model = str(engine_values.pop("model", None) or "")
     return Settings(engine=engine_config(model, **engine_values), server=config_from(ServerConfig, server_values))
@@ -103,18 +104,18 @@ def coerce(s: Setting, value: object) -> object:
     elif isinstance(value, int) and float in kinds:
         value, ok = float(value), True
     else:
-        ok = isinstance(value, tuple(kinds))
+        ok = isinstance(value, tuple(k for k in kinds if isinstance(k, type)))
     if not ok:
         raise ValueError(f"{s.name!r} cannot be {json.dumps(value)}")
     return value  # its range and choices are the config's own checks
 
 
-def _kinds(annotation: object) -> set[type]:
+def _kinds(annotation: object) -> set[object]:
     """The classes a field's annotation admits: `int | None` -> {int, NoneType}, `tuple[str, ...]` -> {tuple}."""
     if get_origin(annotation) in (Union, types.UnionType):
         return set().union(*(_kinds(arg) for arg in get_args(annotation)))
     origin = get_origin(annotation)
-    return {origin if origin is not None else annotation}  # type: ignore[arg-type]
+    return {origin if origin is not None else annotation}
 
 
 def _default_text(s: Setting) -> str:

@@ -5,9 +5,11 @@ OpenAI's error shape, which the official SDK raises as an APIError, followed by 
 
 This is the hot path of a streaming server (one event per request per engine step), so events are
 framed here as bytes with orjson, and everything a view yields at once (a batch: the chunks of one
-wake-up) goes out as ONE body message, so one socket write. sse-starlette did this job before; its
-per-event work (a str round trip, an anyio cancel scope per send) stood out in profiles of the event
-loop under load (bench/server_overhead.py). What it did that matters is kept: a disconnect ends the
+wake-up) goes out as ONE body message, so one socket write. sse-starlette did this job before, and is
+not a dependency: even fed one pre-framed batch per wake-up, its per-send work (an anyio cancel scope
+and a lock per send, a task group per response) cost the event loop a third more CPU per streamed
+token and the server 21-26% of its throughput at 256 streams (bench/results/notes.md, "SSE framing").
+What it did that matters is kept: a disconnect ends the
 stream at once (its cleanup aborts the engine requests), a comment line keeps idle connections open
 through proxies, and `on_close` runs however the response ends. Server shutdown needs nothing here:
 the bridge ends every stream with a terminal event.
