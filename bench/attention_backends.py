@@ -22,16 +22,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from triton.testing import do_bench
 
+from bench.attention_bench import BLOCK_SIZE, DTYPE, HEAD_DIM, NUM_HEADS, NUM_KV_HEADS, SCALE
 from bench.common import write_result
+from bench.cuda_timing import graph_ms
 from gpu.attention import torch_ref
 from gpu.attention.backend import backend_named
 from gpu.attention.metadata import AttentionMetadata
 
-NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 16, 8, 128, 16
-DTYPE = torch.bfloat16
-SCALE = HEAD_DIM**-0.5
 CALLS_PER_GRAPH = 20
 # (phase, label, rows as (query_len, context_len))
 CASES = [
@@ -117,16 +115,6 @@ def rel_error(inputs: Inputs, backend: object) -> float:
     return ((out.float() - ref.float()).norm() / ref.float().norm()).item()
 
 
-def graph_us(run: Callable[[], object]) -> float:
-    run()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(CALLS_PER_GRAPH):
-            run()
-    return do_bench(graph.replay, warmup=25, rep=200, return_mode="median") * 1e3 / CALLS_PER_GRAPH
-
-
 def eager_us(run: Callable[[], object], calls: int = 50) -> float:
     for _ in range(5):
         run()
@@ -150,7 +138,7 @@ def measure(phase: str, label: str, rows: list[tuple[int, int]], backends: dict[
         try:
             entry["rel_err"] = round(rel_error(inputs, backend), 5)
             entry["eager_us"] = round(eager_us(inputs.runner(backend)), 2)
-            entry["graph_us"] = round(graph_us(inputs.runner(backend)), 2)
+            entry["graph_us"] = round(graph_ms(inputs.runner(backend), CALLS_PER_GRAPH) * 1e3, 2)
         except Exception as error:  # noqa: BLE001 - a backend that cannot run a case is reported, not fatal
             entry["error"] = repr(error)[:300]
         row[name] = entry
