@@ -1,15 +1,18 @@
 """Flattens one step's scheduled sequences into the runner's plain `Batch`.
 
 This is the only place that turns sequences into positions, cache slots and sampling rows, so it
-is testable without a device.
+is testable without a device. A penalized sequence takes its penalty slot here, at its first
+sampled row (after a preemption too), with the tokens that fill the slot.
 """
 
+from core.penalty_slots import PenaltySlots
 from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
-from gpu.batch import Batch, RowSampling
+from gpu.batch import Batch, Penalties, PenaltySlotInit, RowSampling
 
 
-def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_ids: tuple[int, ...]) -> Batch:
+def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_ids: tuple[int, ...],
+                penalty_slots: PenaltySlots | None = None) -> Batch:
     batch = Batch(token_ids=[], positions=[], slot_mapping=[], query_lens=[], context_lens=[], block_tables=[])
     token_ids, positions, slot_mapping = batch.token_ids, batch.positions, batch.slot_mapping
     for s in scheduled:
@@ -32,8 +35,25 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
         batch.query_lens.append(end - start)
         batch.context_lens.append(end)
         batch.block_tables.append(block_ids)
-        batch.sampling.append(row_sampling(seq, eos_token_ids) if end == seq.num_tokens else None)
+        if end == seq.num_tokens:
+            if seq.has_penalties and seq.penalty_slot is None:
+                _take_penalty_slot(seq, penalty_slots, batch)
+            row = row_sampling(seq, eos_token_ids)
+            batch.has_token_masks |= row.has_token_mask
+            batch.sampling.append(row)
+        else:
+            batch.sampling.append(None)
     return batch
+
+
+def _take_penalty_slot(seq: Sequence, penalty_slots: PenaltySlots | None, batch: Batch) -> None:
+    """Gives the sequence a slot, filled this step from its tokens (all known: see core/penalty_slots.py)."""
+    assert penalty_slots is not None, "a penalized sequence in a batch built without penalty slots"
+    assert seq.num_pending_tokens == 0, "a penalty slot is filled from known tokens only"
+    seq.penalty_slot = penalty_slots.allocate()
+    seq.steady_sampling = None  # built before it held this slot
+    n = seq.num_prompt_tokens
+    batch.penalty_slot_inits.append(PenaltySlotInit(seq.penalty_slot, seq.token_ids[:n], seq.token_ids[n:]))
 
 
 def row_sampling(seq: Sequence, eos_token_ids: tuple[int, ...]) -> RowSampling:
@@ -45,6 +65,10 @@ def row_sampling(seq: Sequence, eos_token_ids: tuple[int, ...]) -> RowSampling:
     banned: tuple[int, ...] = ()
     if num_output_tokens < params.min_tokens:
         banned = params.stop_token_ids + (() if params.ignore_eos else eos_token_ids)
+    penalties = None
+    if seq.penalty_slot is not None:
+        penalties = Penalties(seq.penalty_slot, params.presence_penalty, params.frequency_penalty,
+                              params.repetition_penalty)
     row = RowSampling(
         temperature=params.temperature,
         top_p=params.top_p,
@@ -54,6 +78,9 @@ def row_sampling(seq: Sequence, eos_token_ids: tuple[int, ...]) -> RowSampling:
         output_index=num_output_tokens,
         banned_token_ids=banned,
         num_top_logprobs=params.logprobs,
+        penalties=penalties,
+        logit_bias=seq.logit_bias,
+        has_token_mask=params.structured_output is not None,
     )
     if is_steady:
         seq.steady_sampling = row

@@ -7,6 +7,11 @@ still in flight are pending (see core/sequence.py) and reach the next step on th
 is a wasted row now and then: a sequence that samples EOS at step N was already queued in N+1,
 whose token for it is dropped. A sequence that ends by length is known to end, and is not.
 
+Structured output: a request waits, unscheduled, until its grammar is compiled on core/grammar.py's
+worker thread. A step with constrained rows is launched in two parts: its forward pass first; then,
+while the device runs it, the previous step's tokens are booked (each constrained sequence's
+matcher accepts its token) and the rows' token masks are filled; then its sampling is queued.
+
 Requests come checked: the front ends (the offline LLM, the server) check each one with `limits`
 (core/request_checks.py) and keep request ids unique among live requests, so nothing the engine is
 given can fail a step.
@@ -16,24 +21,28 @@ read counters); everything else, and every touch of the scheduler, the block man
 device, happens on the one thread that calls `step`.
 """
 
+import concurrent.futures
 import logging
 import queue
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.batch_builder import build_batch
 from core.block_manager import BlockManager
 from core.config import EngineConfig
+from core.grammar import Grammars
 from core.outputs import FinishReason, RequestOutput
+from core.penalty_slots import PenaltySlots
 from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
-from core.sequence import Sequence
-from gpu.batch import TokenLogprobs
+from core.sequence import Sequence, SequenceStatus
+from core.tokenizer import load_tokenizer
+from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
 from gpu.model_info import read_model_info
 from gpu.model_runner import ModelRunner
-from gpu.pending_step import PendingStep
+from gpu.pending_step import PendingLogits, PendingStep
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +68,7 @@ class _Abort:
 class _LaunchedStep:
     scheduled: list[ScheduledSequence]
     sampled_seqs: list[Sequence]  # the sequences of the step's sampled rows, in row order
-    pending: PendingStep
+    pending: PendingStep | PendingLogits  # PendingLogits: its sampling waits for token masks
 
 
 class LLMEngine:
@@ -82,6 +91,16 @@ class LLMEngine:
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
         self._in_flight: _LaunchedStep | None = None  # launched, results not yet taken
+        self.penalty_slots = PenaltySlots(config.scheduler.max_num_seqs)
+        self._grammars: Grammars | None = None  # built at the first structured-output request
+        self._compiling: dict[Sequence, concurrent.futures.Future] = {}  # waiting for their grammar, unscheduled
+
+    @property
+    def grammars(self) -> Grammars:
+        if self._grammars is None:
+            self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids,
+                                      self.config.scheduler.max_num_seqs)
+        return self._grammars
 
     # Any thread.
 
@@ -108,7 +127,7 @@ class LLMEngine:
 
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.has_unfinished() or self._in_flight is not None or bool(self._taken_from_inbox)
-                or not self._inbox.empty())
+                or not self._inbox.empty() or bool(self._compiling))
 
     def wait_for_work(self, timeout: float | None = None) -> None:
         """Blocks until the inbox has something (or the timeout passes); the next step takes it."""
@@ -127,16 +146,22 @@ class LLMEngine:
         return self.step()
 
     def close(self) -> None:
-        """Nothing to release in-process (the interface of core.engine_process.EngineProcess)."""
+        """Stops the grammar compiler's thread (the interface of core.engine_process.EngineProcess)."""
+        if self._grammars is not None:
+            self._grammars.close()
 
     def step(self) -> list[RequestOutput]:
         outputs = self._drain_inbox()
-        scheduled = self.scheduler.schedule().scheduled
+        if self._compiling:
+            outputs += self._schedule_compiled()
+        scheduled = self._schedule()
         launched = self._launch(scheduled) if scheduled else None
         if self._in_flight is not None:
             outputs += self._postprocess(self._in_flight)  # the device works on `launched` meanwhile
             self._in_flight = None
         if launched is not None:
+            if isinstance(launched.pending, PendingLogits):
+                launched = self._sample_masked(launched)
             self._advance(launched)
             if self.config.scheduler.async_scheduling:
                 self._in_flight = launched
@@ -144,8 +169,14 @@ class LLMEngine:
                 outputs += self._postprocess(launched)
         return outputs
 
+    def _schedule(self) -> list[ScheduledSequence]:
+        out = self.scheduler.schedule()
+        for seq in out.preempted:
+            self._release_penalty_slot(seq)  # it takes one anew, filled from its tokens, when it samples again
+        return out.scheduled
+
     def _launch(self, scheduled: list[ScheduledSequence]) -> _LaunchedStep:
-        batch = build_batch(scheduled, self.block_size, self.eos_token_ids)
+        batch = build_batch(scheduled, self.block_size, self.eos_token_ids, self.penalty_slots)
         sampled_seqs = [s.seq for s, row in zip(scheduled, batch.sampling, strict=True) if row is not None]
         return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch))
 
@@ -159,6 +190,16 @@ class LLMEngine:
                 # A length limit is known before the token is: such a sequence is not scheduled again.
                 seq.add_pending_token(row, is_last=self._reaches_length_limit(seq, seq.num_tokens + 1))
 
+    def _sample_masked(self, step: _LaunchedStep) -> _LaunchedStep:
+        """Fills the token masks of the step's constrained rows from their matchers, which have taken every
+        token up to the previous step's, and queues the step's sampling."""
+        assert isinstance(step.pending, PendingLogits)
+        rows = [i for i, seq in enumerate(step.sampled_seqs) if seq.grammar is not None]
+        # A sequence that ended meanwhile gets an unmasked row: its token will be dropped.
+        matchers = [None if step.sampled_seqs[i].is_finished else step.sampled_seqs[i].grammar for i in rows]
+        token_mask = TokenMask(rows, self.grammars.fill(matchers))
+        return replace(step, pending=self.runner.sample_masked(step.pending, token_mask))
+
     def _drain_inbox(self) -> list[RequestOutput]:
         outputs = []
         while True:
@@ -168,10 +209,32 @@ class LLMEngine:
                 return outputs
             if isinstance(item, Sequence):
                 self._sequences[item.request_id] = item
-                self.scheduler.add(item)
+                if item.params.structured_output is None:
+                    self.scheduler.add(item)
+                else:
+                    self._compiling[item] = self.grammars.compile(item.params.structured_output)
             elif (seq := self._sequences.get(item.request_id)) is not None:
                 self._finish(seq, FinishReason.ABORT)
                 outputs.append(_output(seq, [], []))
+
+    def _schedule_compiled(self) -> list[RequestOutput]:
+        """Hands the sequences whose grammar is compiled to the scheduler. With nothing else to do, waits a
+        little for a compile first (the idle engine would otherwise spin on it)."""
+        if not self.scheduler.has_unfinished() and self._in_flight is None:
+            concurrent.futures.wait(self._compiling.values(), timeout=0.01, return_when="FIRST_COMPLETED")
+        outputs = []
+        for seq, future in list(self._compiling.items()):
+            if not future.done():
+                continue
+            del self._compiling[seq]
+            if future.exception() is None:
+                seq.grammar = self.grammars.matcher(future.result())
+                self.scheduler.add(seq)
+            else:  # never for a checked request (core/request_checks.py): it fails alone
+                logger.error("request %s: its grammar did not compile: %s", seq.request_id, future.exception())
+                self._finish(seq, FinishReason.ABORT)
+                outputs.append(_output(seq, [], []))
+        return outputs
 
     def _postprocess(self, step: _LaunchedStep) -> list[RequestOutput]:
         """Waits for the step's tokens (the one host sync) and books them."""
@@ -182,6 +245,9 @@ class LLMEngine:
                 continue  # aborted, or ended by EOS, while this step was in flight: the token is dropped
             seq.resolve_pending_token(token_id)
             finish_reason = self._finish_reason(seq, token_id)
+            if seq.grammar is not None and not seq.grammar.accept_token(token_id):
+                logger.error("request %s: token %d is outside its grammar; ended", seq.request_id, token_id)
+                finish_reason = FinishReason.ABORT
             if finish_reason is not None:
                 self._finish(seq, finish_reason)
             outputs.append(_output(seq, [token_id], [logprobs]))
@@ -200,9 +266,19 @@ class LLMEngine:
         return num_tokens - seq.num_prompt_tokens >= seq.max_tokens or num_tokens >= self.max_model_len
 
     def _finish(self, seq: Sequence, reason: FinishReason) -> None:
-        self.scheduler.finish(seq)
+        if self._compiling.pop(seq, None) is not None:
+            seq.status = SequenceStatus.FINISHED  # never reached the scheduler
+        else:
+            self.scheduler.finish(seq)
+        self._release_penalty_slot(seq)
         seq.finish_reason = reason
         del self._sequences[seq.request_id]
+
+    def _release_penalty_slot(self, seq: Sequence) -> None:
+        if seq.penalty_slot is not None:
+            self.penalty_slots.release(seq.penalty_slot)
+            seq.penalty_slot = None
+            seq.steady_sampling = None  # it named the slot
 
 
 def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs | None]) -> RequestOutput:

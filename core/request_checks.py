@@ -1,5 +1,6 @@
 """Whether a request can ever be served by this engine: its prompt's token ids, its length, and the
-context and KV blocks it needs. The one statement of these rules; the front ends (the offline
+context and KV blocks it needs, the token ids its sampling names and a structured output that
+compiles. The one statement of these rules; the front ends (the offline
 `LLM`, the server) check every request with them before it reaches the engine, which trusts them.
 
 An error names the field as the caller's client knows it (`prompt`, `messages`, `max_tokens`,
@@ -9,8 +10,10 @@ An error names the field as the caller's client knows it (`prompt`, `messages`, 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from core import grammar
 from core.outputs import RequestRejected
 from core.sampling_params import SamplingParams
+from core.structured_output import StructuredOutputError
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,8 @@ class EngineLimits:
 
     def fit(self, num_prompt_tokens: int, params: SamplingParams, param: str = "max_tokens") -> SamplingParams:
         """`params` with max_tokens resolved for a checked prompt of this length; raises RequestRejected
-        when prompt and output do not fit the context or the KV cache."""
+        when prompt and output do not fit the context or the KV cache, or its sampling cannot run."""
+        self.check_sampling(params)
         max_tokens = self.max_tokens_of(num_prompt_tokens, params)
         if num_prompt_tokens + max_tokens > self.max_model_len:
             raise RequestRejected(param, f"the prompt ({num_prompt_tokens} tokens) + '{param}' ({max_tokens}) "
@@ -51,6 +55,16 @@ class EngineLimits:
             raise RequestRejected(param, f"the request needs {num_blocks} KV-cache blocks, more than the "
                                   f"{self.num_blocks} that exist")
         return params if params.max_tokens == max_tokens else replace(params, max_tokens=max_tokens)
+
+    def check_sampling(self, params: SamplingParams) -> None:
+        """logit_bias names the model's tokens; a structured output compiles (the reason otherwise, under the
+        request field it came from)."""
+        self.check_token_ids([token_id for token_id, _ in params.logit_bias], "logit_bias")
+        if params.structured_output is not None:
+            try:
+                grammar.check(params.structured_output)
+            except StructuredOutputError as exc:
+                raise RequestRejected(exc.param, str(exc)) from exc
 
     def check(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> SamplingParams:
         """Both checks, for a caller whose client names the fields `prompt` and `max_tokens`."""

@@ -10,7 +10,10 @@ that turns tokens into text (core/text_tracker.py), never by the engine: `for_en
 the engine is given.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
+
+from core.structured_output import StructuredOutput
 
 
 class SamplingParamsError(ValueError):
@@ -48,6 +51,10 @@ MAX_TOKENS = Bounds(1)
 MIN_TOKENS = Bounds(0)
 LOGPROBS = Bounds(0, MAX_LOGPROBS)
 SEED = Bounds(-(2**63), 2**64 - 1)  # anything a 64-bit generator seed can hold
+PRESENCE_PENALTY = Bounds(-2.0, 2.0)  # OpenAI's range
+FREQUENCY_PENALTY = Bounds(-2.0, 2.0)
+REPETITION_PENALTY = Bounds(0.0, low_open=True)  # vLLM's: any positive factor
+LOGIT_BIAS = Bounds(-100.0, 100.0)  # OpenAI's range of a bias value
 
 
 @dataclass(frozen=True)
@@ -67,10 +74,19 @@ class SamplingParams:
     logprobs: int | None = None
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    # OpenAI's, over the generated tokens: logit -= frequency * count + presence * (count > 0).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # transformers'/vLLM's, over prompt and output: a seen token's logit / penalty if > 0, else * penalty.
+    repetition_penalty: float = 1.0
+    # (token id, value) pairs added to the logits before anything else; a mapping is accepted too.
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    structured_output: StructuredOutput | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _as_tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         for name, bounds in _BOUNDS.items():
             value = getattr(self, name)
             if value is not None and not bounds.admits(value):
@@ -80,10 +96,22 @@ class SamplingParams:
         _check(all(isinstance(s, str) and s for s in self.stop), "stop", "stop strings must be non-empty strings")
         _check(all(isinstance(t, int) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
                "stop_token_ids must be non-negative integers")
+        _check(all(isinstance(t, int) and t >= 0 for t, _ in self.logit_bias), "logit_bias",
+               "logit_bias keys must be non-negative token ids")
+        _check(all(LOGIT_BIAS.admits(v) for _, v in self.logit_bias), "logit_bias",
+               f"logit_bias values must be {LOGIT_BIAS}")
+        if self.structured_output is not None:
+            # The grammar decides where the output ends: it allows EOS exactly when the output is complete.
+            _check(self.min_tokens == 0, "min_tokens", "min_tokens cannot be combined with structured output")
+            _check(not self.ignore_eos, "ignore_eos", "ignore_eos cannot be combined with structured output")
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0.0 or self.frequency_penalty != 0.0 or self.repetition_penalty != 1.0
 
     def for_engine(self) -> "SamplingParams":
         """These params as the engine gets them: without the stop strings, which only the front end reads."""
@@ -91,7 +119,8 @@ class SamplingParams:
 
 
 _BOUNDS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P, "max_tokens": MAX_TOKENS,
-           "min_tokens": MIN_TOKENS, "logprobs": LOGPROBS, "seed": SEED}
+           "min_tokens": MIN_TOKENS, "logprobs": LOGPROBS, "seed": SEED, "presence_penalty": PRESENCE_PENALTY,
+           "frequency_penalty": FREQUENCY_PENALTY, "repetition_penalty": REPETITION_PENALTY}
 
 
 def _as_tuple(stop: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:
@@ -100,6 +129,15 @@ def _as_tuple(stop: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]
     if isinstance(stop, str):
         return (stop,)
     return tuple(stop)
+
+
+def _bias_pairs(bias: Mapping[int, float] | tuple[tuple[int, float], ...] | None) -> tuple[tuple[int, float], ...]:
+    """Sorted (token id, value) pairs, one per token (a later pair for the same token wins)."""
+    pairs = dict(bias.items() if isinstance(bias, Mapping) else (bias or ()))
+    try:
+        return tuple(sorted((t, float(v)) for t, v in pairs.items()))
+    except (TypeError, ValueError) as exc:
+        raise SamplingParamsError("logit_bias", "logit_bias must map token ids to numbers") from exc
 
 
 def _check(condition: bool, param: str, message: str) -> None:

@@ -10,10 +10,16 @@ not yet in `token_ids`. At most one token is pending at a time.
 """
 
 from enum import Enum, auto
+from typing import TYPE_CHECKING
+
+import numpy as np
 
 from core.outputs import FinishReason
 from core.sampling_params import SamplingParams
-from gpu.batch import RowSampling
+from gpu.batch import LogitBias, RowSampling
+
+if TYPE_CHECKING:
+    from xgrammar import GrammarMatcher
 
 
 class SequenceStatus(Enum):
@@ -41,6 +47,10 @@ class Sequence:
         self.is_last_token_pending = False  # the pending token ends it by length: nothing left to schedule
         # Its sampling row once nothing in it changes from step to step (no seed, past min_tokens).
         self.steady_sampling: RowSampling | None = None
+        self.has_penalties = params.has_penalties  # read every step: an attribute
+        self.penalty_slot: int | None = None  # its entry in the runner's penalty table while it runs (penalized only)
+        self.logit_bias = _logit_bias(params)
+        self.grammar: GrammarMatcher | None = None  # structured output: set once its grammar is compiled
 
     @property
     def num_pending_tokens(self) -> int:
@@ -72,3 +82,11 @@ class Sequence:
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
                 f"computed={self.num_computed_tokens}, blocks={self.block_ids})")
+
+
+def _logit_bias(params: SamplingParams) -> LogitBias | None:
+    """The bias as the runner takes it, built once per sequence."""
+    if not params.logit_bias:
+        return None
+    token_ids, values = zip(*params.logit_bias, strict=True)
+    return LogitBias(np.array(token_ids, dtype=np.int64), np.array(values, dtype=np.float32))

@@ -9,6 +9,40 @@ row's block table (causal within the new tokens).
 from dataclasses import dataclass, field
 from functools import cached_property
 
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Penalties:
+    """A row's repetition penalties. The runner keeps, per slot, the counts of the row's generated tokens
+    and which tokens its prompt holds, on the device; `slot` is the row's entry (core assigns it)."""
+
+    slot: int
+    presence: float = 0.0  # OpenAI's: subtracted once from every token generated so far
+    frequency: float = 0.0  # OpenAI's: subtracted once per time the token was generated
+    repetition: float = 1.0  # transformers'/vLLM's: divides positive, multiplies negative logits of seen tokens
+
+    @property
+    def uses_prompt(self) -> bool:
+        return self.repetition != 1.0
+
+
+@dataclass(frozen=True, eq=False)
+class LogitBias:
+    """Added to the row's logits before anything else (OpenAI's logit_bias)."""
+
+    token_ids: np.ndarray  # [num_biased] int64
+    values: np.ndarray  # [num_biased] float32
+
+
+@dataclass(frozen=True)
+class PenaltySlotInit:
+    """Fills a penalty slot anew before this step samples: zero counts, then these tokens counted."""
+
+    slot: int
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+
 
 @dataclass(frozen=True)
 class RowSampling:
@@ -26,10 +60,26 @@ class RowSampling:
     banned_token_ids: tuple[int, ...] = ()
     # How many top alternatives to return with the sampled token's logprob; None: no logprobs.
     num_top_logprobs: int | None = None
+    penalties: Penalties | None = None
+    logit_bias: LogitBias | None = None
+    # The row's allowed tokens come as a bitmask after the launch (structured output): see ModelRunner.
+    has_token_mask: bool = False
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @cached_property  # read every step; a row is not changed once built (steady rows are reused)
+    def adjusts_logits(self) -> bool:
+        return self.penalties is not None or self.logit_bias is not None or bool(self.banned_token_ids)
+
+
+@dataclass(frozen=True, eq=False)
+class TokenMask:
+    """The allowed tokens of some of a step's sampled rows, filled on the host (structured output)."""
+
+    row_indices: list[int]  # among the step's sampled rows
+    bitmask: np.ndarray  # [len(row_indices), ceil(vocab / 32)] int32: bit t % 32 of word t // 32 allows token t
 
 
 @dataclass
@@ -47,6 +97,10 @@ class Batch:
     # reads it on the device, so this step can be queued before that one's results reach the host.
     fed_back_token_indices: list[int] = field(default_factory=list)
     fed_back_rows: list[int] = field(default_factory=list)
+    # Penalty slots (re)filled before this step samples: a row's first sample, or its first after a preemption.
+    penalty_slot_inits: list[PenaltySlotInit] = field(default_factory=list)
+    # Some sampled row has `has_token_mask`: its sampling waits for the masks (ModelRunner.sample_masked).
+    has_token_masks: bool = False
 
     @property
     def num_rows(self) -> int:

@@ -1,7 +1,11 @@
 """Runs one engine step on the device: batch description in, sampled token ids out.
 
-Owns the model, its KV cache and the sampler. The only host sync of a step is the copy of the
-sampled tokens (and logprobs) back to the host.
+Owns the model, its KV cache, the sampler and its penalty state. The only host sync of a step is
+the copy of the sampled tokens (and logprobs) back to the host.
+
+A batch with token masks (structured output) is launched in two parts: `launch` queues the forward
+pass and returns the logits still waiting to be sampled; the caller fills the masks on the host
+while the device runs, then `sample_masked` queues the sampling.
 """
 
 import logging
@@ -13,7 +17,7 @@ import torch
 from gpu import backend_choice, kv_cache
 from gpu.attention.backend import AttentionBackend, PhasedBackend, backend_named, candidate_names
 from gpu.attention.metadata import AttentionMetadata
-from gpu.batch import Batch, RowSampling, StepResult
+from gpu.batch import Batch, Penalties, RowSampling, StepResult, TokenMask
 from gpu.config import RunnerConfig
 from gpu.cuda_graphs import DecodeGraphs
 from gpu.host_to_device import to_device, write_block_tables
@@ -22,7 +26,8 @@ from gpu.loader import load_weights
 from gpu.mixed_graphs import MixedGraphs
 from gpu.model_info import checkpoint_dtype, load_hf_config
 from gpu.models import model_class
-from gpu.pending_step import PendingStep, SampledRows, feed_back_tokens
+from gpu.penalties import PenaltyState
+from gpu.pending_step import PendingLogits, PendingStep, SampledRows, feed_back_tokens
 from gpu.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -58,7 +63,9 @@ class ModelRunner:
             logger.info("attention backend flash-attn not a candidate: %s", flash_attn_reason)
         candidates = [backend_named(name) for name in names]
         self._set_backend(PhasedBackend(candidates[0], candidates[0]))  # for the warm-up pass
-        self.sampler = Sampler(self.device, config.seed, config.kernels)
+        # Before the KV cache is sized, so its memory is counted: [max_num_seqs, vocab] int32 + bool.
+        self.penalty_state = PenaltyState(config.max_num_seqs, self.vocab_size, self.device)
+        self.sampler = Sampler(self.device, config.seed, config.kernels, self.penalty_state)
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
         self.mixed: MixedGraphs | None = None
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
@@ -180,9 +187,11 @@ class ModelRunner:
         torch.cuda.reset_peak_memory_stats(self.device)
         hidden = self._forward(batch)
         num_rows = min(c.max_num_seqs, num_tokens)
-        heaviest = RowSampling(temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, num_top_logprobs=20)
+        heaviest = [RowSampling(temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, num_top_logprobs=20,
+                                penalties=Penalties(slot=i, presence=0.5, frequency=0.5, repetition=1.2))
+                    for i in range(num_rows)]
         logits = self.model.compute_logits(hidden[:num_rows])
-        self.sampler(logits.float(), [heaviest] * num_rows)
+        self.sampler(logits.float(), heaviest)
         # The plain rows' path too (the fused sampling kernel on CUDA): compiled now, not on the first request.
         plain = [RowSampling(temperature=0.6 if i % 2 == 0 else 0.0) for i in range(num_rows)]
         self.sampler(logits, plain)
@@ -204,18 +213,38 @@ class ModelRunner:
         self._last_sampled_ids = None
         torch.cuda.synchronize(self.device)
 
-    def execute(self, batch: Batch) -> StepResult:
+    def execute(self, batch: Batch, token_mask: TokenMask | None = None) -> StepResult:
         """Runs one step and waits for its tokens on the host."""
-        return self.launch(batch).result()
+        pending = self.launch(batch)
+        if isinstance(pending, PendingLogits):
+            assert token_mask is not None, "the batch has token masks: pass them"
+            pending = self.sample_masked(pending, token_mask)
+        return pending.result()
 
     @torch.inference_mode()
-    def launch(self, batch: Batch) -> PendingStep:
-        """Queues one step on the device and returns without waiting for it."""
-        pending = PendingStep(self._sample(batch))
+    def launch(self, batch: Batch) -> PendingStep | PendingLogits:
+        """Queues one step on the device and returns without waiting for it. A batch with token masks
+        returns its logits awaiting them: pass those to `sample_masked` before the next launch."""
+        logits = self._logits(batch)
+        if logits is None:
+            return self._launched(None)
+        rows = [row for row in batch.sampling if row is not None]
+        if batch.has_token_masks:
+            return PendingLogits(logits, rows, batch.penalty_slot_inits)
+        return self._launched(self.sampler.sample(logits, rows, batch.penalty_slot_inits))
+
+    @torch.inference_mode()
+    def sample_masked(self, pending: PendingLogits, token_mask: TokenMask) -> PendingStep:
+        """Queues the sampling of a launched step whose token masks are now filled."""
+        return self._launched(self.sampler.sample(pending.logits, pending.rows, pending.slot_inits, token_mask))
+
+    def _launched(self, sampled: SampledRows | None) -> PendingStep:
+        pending = PendingStep(sampled)
         self._last_sampled_ids = pending.sampled_token_ids
         return pending
 
-    def _sample(self, batch: Batch) -> SampledRows | None:
+    def _logits(self, batch: Batch) -> torch.Tensor | None:
+        """[num_sampled_rows, vocab] in the model's dtype (the sampler upcasts where it must); None: no row samples."""
         hidden = self._forward(batch)
         sampled_rows = [i for i, row in enumerate(batch.sampling) if row is not None]
         if not sampled_rows:
@@ -225,8 +254,7 @@ class ModelRunner:
         else:
             last_token_index = np.cumsum(batch.query_lens)[sampled_rows] - 1
             last_hidden = hidden[to_device(last_token_index, np.int64, self.device)]
-        logits = self.model.compute_logits(last_hidden)  # model dtype: the sampler upcasts where it must
-        return self.sampler.sample(logits, [batch.sampling[i] for i in sampled_rows])
+        return self.model.compute_logits(last_hidden)
 
     @torch.inference_mode()
     def _forward(self, batch: Batch) -> torch.Tensor:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from gpu.batch import StepResult, TokenLogprobs
+from gpu.batch import PenaltySlotInit, RowSampling, StepResult, TokenLogprobs
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,15 @@ class SampledRows:
     # None when no row asked for logprobs.
     packed_logprobs: torch.Tensor | None
     num_top_logprobs: list[int | None]  # per row, as asked
+
+
+@dataclass(frozen=True)
+class PendingLogits:
+    """A launched step's logits (on the device) waiting for token masks before they are sampled."""
+
+    logits: torch.Tensor  # [num_sampled_rows, vocab]
+    rows: list[RowSampling]
+    slot_inits: list[PenaltySlotInit]
 
 
 class PendingStep:

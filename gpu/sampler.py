@@ -1,4 +1,5 @@
-"""Batched sampling on the device: greedy, temperature, top-k, top-p, min-p, banned tokens, logprobs.
+"""Batched sampling on the device: greedy, temperature, top-k, top-p, min-p, banned tokens, logprobs,
+after the logits are adjusted for logit bias, repetition penalties and allowed-token masks.
 
 Random rows pick argmax(probs / noise) with noise ~ Exp(1), which draws from `probs` without
 `torch.multinomial`. A seeded row's noise depends on (seed, output_index) alone, so it draws the
@@ -14,6 +15,12 @@ Two implementations of the same draw:
 - Elsewhere (CPU, no triton, or built with `KernelConfig.fused_sampling` off) the torch code below does it all.
 The two draw from the same distribution with different random streams: a seeded request gets
 other tokens on CUDA than on CPU (each reproducible on its own device), as with vLLM.
+
+Adjusting (in vLLM's order): logit bias, then penalties (gpu/penalties.py), then banned tokens and
+token masks to -inf. A step with none of these takes the logits as the model made them (no copy);
+otherwise a float32 copy is adjusted, every row's at once. Each row's adjustment depends on that
+row alone, so a seeded row still draws the same tokens alone or in any batch. Logprobs are always
+those of the raw distribution.
 """
 
 from dataclasses import dataclass
@@ -21,11 +28,13 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from gpu.batch import RowSampling, StepResult
+from gpu.batch import PenaltySlotInit, RowSampling, StepResult, TokenMask
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.host_to_device import to_device
 from gpu.kernels import HAS_TRITON
+from gpu.penalties import PenaltyState, apply_logit_bias
 from gpu.pending_step import PendingStep, SampledRows
+from gpu.token_mask import apply_token_bitmask
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
@@ -56,27 +65,74 @@ def build_sampling_tensors(rows: list[RowSampling], vocab_size: int, device: tor
 
 
 class Sampler:
-    def __init__(self, device: torch.device, seed: int, kernels: KernelConfig = DEFAULT_KERNELS) -> None:
+    def __init__(self, device: torch.device, seed: int, kernels: KernelConfig = DEFAULT_KERNELS,
+                 penalty_state: PenaltyState | None = None) -> None:
         self.device = device
         self.generator = torch.Generator(device=device)  # noise of the torch path
         self.generator.manual_seed(seed)
         self.key_rng = np.random.default_rng(seed)  # per-step Philox keys of the kernel's unseeded rows
         self.kernels = kernels
+        self.penalty_state = penalty_state  # needed once a row has penalties
 
-    def __call__(self, logits: torch.Tensor, rows: list[RowSampling]) -> StepResult:
+    def __call__(self, logits: torch.Tensor, rows: list[RowSampling], slot_inits: list[PenaltySlotInit] | None = None,
+                 token_mask: TokenMask | None = None) -> StepResult:
         """Samples and waits for the result on the host (tests, warm-up); the engine uses `sample`."""
-        return PendingStep(self.sample(logits, rows)).result()
+        return PendingStep(self.sample(logits, rows, slot_inits, token_mask)).result()
 
-    def sample(self, logits: torch.Tensor, rows: list[RowSampling]) -> SampledRows:
-        """logits: [num_rows, vocab_size] in the model's dtype or float32, one row per entry of `rows`.
+    def sample(self, logits: torch.Tensor, rows: list[RowSampling], slot_inits: list[PenaltySlotInit] | None = None,
+               token_mask: TokenMask | None = None) -> SampledRows:
+        """logits: [num_rows, vocab_size] in the model's dtype or float32, one row per entry of `rows`;
+        slot_inits: penalty slots to fill first; token_mask: allowed tokens of some rows.
         Queues the work on the device and returns without waiting for it."""
+        raw_logits = logits
+        adjusted = [i for i, r in enumerate(rows) if r.adjusts_logits]
+        if adjusted or token_mask is not None:
+            logits = self._adjusted_logits(logits, rows, adjusted, slot_inits, token_mask)
         if all(r.is_greedy for r in rows):
             # No filters, no noise, no per-row tensors to copy to the device, no float32 copy of the
             # logits (upcasting changes no order, so the argmax is the same): one argmax kernel.
-            return _with_logprobs(logits, _ban_tokens(logits, rows).argmax(dim=-1), rows)
-        if self._is_fused(logits):
-            return _with_logprobs(logits, self._fused_token_ids(logits, rows), rows)
-        return _with_logprobs(logits, self._torch_token_ids(_ban_tokens(logits.float(), rows), rows), rows)
+            token_ids = logits.argmax(dim=-1)
+        elif self._is_fused(logits):
+            token_ids = self._fused_token_ids(logits, rows)
+        else:
+            token_ids = self._torch_token_ids(logits.float(), rows)
+        if adjusted:
+            self._count_penalized(token_ids, rows, adjusted)
+        return _with_logprobs(raw_logits, token_ids, rows)
+
+    def _adjusted_logits(self, logits: torch.Tensor, rows: list[RowSampling], adjusted: list[int],
+                         slot_inits: list[PenaltySlotInit] | None, token_mask: TokenMask | None) -> torch.Tensor:
+        """A float32 copy of the logits with bias, penalties, bans and masks applied (see the module's doc)."""
+        logits = logits.to(torch.float32, copy=True)
+        biased = [i for i in adjusted if rows[i].logit_bias is not None]
+        if biased:
+            apply_logit_bias(logits, biased, [rows[i].logit_bias for i in biased])  # type: ignore[misc]
+        penalized = [i for i in adjusted if rows[i].penalties is not None]
+        if slot_inits:
+            self._penalties().fill(slot_inits)
+        if penalized:
+            self._penalties().apply(logits, self._where(penalized, len(rows)),
+                                    [rows[i].penalties for i in penalized])  # type: ignore[misc]
+        _ban_tokens(logits, rows, adjusted)
+        if token_mask is not None and token_mask.row_indices:
+            where = to_device(token_mask.row_indices, np.int64, logits.device)
+            apply_token_bitmask(logits, where, to_device(token_mask.bitmask, np.int32, logits.device))
+        return logits
+
+    def _count_penalized(self, token_ids: torch.Tensor, rows: list[RowSampling], adjusted: list[int]) -> None:
+        penalized = [i for i in adjusted if rows[i].penalties is not None]
+        if penalized:
+            self._penalties().count(token_ids, self._where(penalized, len(rows)),
+                                    [rows[i].penalties for i in penalized])  # type: ignore[misc]
+
+    def _where(self, row_indices: list[int], num_rows: int) -> torch.Tensor | None:
+        """The rows as a device index, or None when they are all of them (no gather needed)."""
+        return None if len(row_indices) == num_rows else to_device(row_indices, np.int64, self.device)
+
+    def _penalties(self) -> PenaltyState:
+        if self.penalty_state is None:
+            raise RuntimeError("a row has penalties but the sampler was given no PenaltyState")
+        return self.penalty_state
 
     def _is_fused(self, logits: torch.Tensor) -> bool:
         return (self.kernels.fused_sampling and HAS_TRITON and logits.is_cuda and logits.dtype in FUSED_DTYPES
@@ -85,7 +141,6 @@ class Sampler:
     def _fused_token_ids(self, logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
         from gpu.kernels.sampling import sample_tokens
 
-        logits = _ban_tokens(logits, rows)
         filtered = _filtered_rows(rows, logits.shape[-1])
         if len(filtered) == len(rows):
             return self._torch_token_ids(logits.float(), rows)
@@ -131,14 +186,12 @@ def _filtered_rows(rows: list[RowSampling], vocab_size: int) -> list[int]:
         r.top_p < 1.0 or r.min_p > 0.0 or (r.top_k is not None and r.top_k < vocab_size))]
 
 
-def _ban_tokens(logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
-    if not any(r.banned_token_ids for r in rows):
-        return logits
-    pairs = [(i, token_id) for i, row in enumerate(rows) for token_id in row.banned_token_ids]
-    where = to_device(pairs, np.int64, logits.device)  # [num_banned, 2]: row, token id
-    logits = logits.clone()
-    logits[where[:, 0], where[:, 1]] = float("-inf")
-    return logits
+def _ban_tokens(logits: torch.Tensor, rows: list[RowSampling], adjusted: list[int]) -> None:
+    """Banned tokens (min_tokens' EOS and stop ids) to -inf, in place."""
+    pairs = [(i, token_id) for i in adjusted for token_id in rows[i].banned_token_ids]
+    if pairs:
+        where = to_device(pairs, np.int64, logits.device)  # [num_banned, 2]: row, token id
+        logits[where[:, 0], where[:, 1]] = float("-inf")
 
 
 def _filtered_probs(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:

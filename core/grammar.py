@@ -1,0 +1,157 @@
+"""Structured output through xgrammar: checking a constraint, compiling it against the model's
+vocabulary, and each sequence's matcher and token masks.
+
+Why xgrammar rather than llguidance (bench/grammar_mask_cost.py, notes in bench/results/README.md):
+filling the token masks of 256 rows of one JSON schema took xgrammar a median 1.2-1.8 ms per step
+on the development machine's CPU against llguidance's 10-20 ms (SmolLM2's 49k vocabulary), and the
+engine fills them every step while the device runs. Both took every schema feature we tried except
+that llguidance refuses `not`, `if`/`then`/`else` and `uniqueItems` outright, while xgrammar
+accepts them and does not enforce them: `check` refuses those keywords here, so nothing a schema
+asks is silently dropped.
+
+- `check` (any thread, milliseconds, no vocabulary needed): builds the grammar, raising
+  StructuredOutputError with the engine's reason; the front ends run it on every request, so a
+  checked constraint always compiles.
+- `Grammars` (engine thread): compiles each constraint once (cached) on a worker thread, off the
+  engine's step, makes a matcher per sequence, and fills a step's masks in one batched call.
+Compiled JSON follows xgrammar's strict mode (as vLLM does): properties a schema does not list are
+not generated, so every output is also an instance of the schema as written.
+"""
+
+import json
+import re
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import lru_cache
+
+import numpy as np
+import xgrammar as xgr
+
+from core.structured_output import StructuredOutput, StructuredOutputError
+
+# Keywords xgrammar 0.2.8 compiles without enforcing (outputs that break them were accepted when tried).
+UNENFORCED_KEYWORDS = frozenset({"not", "if", "then", "else", "uniqueItems", "dependentSchemas"})
+_ANY_OBJECT_SCHEMA = '{"type": "object"}'
+_LENGTH_BOUNDED_CHARS = r'[^\"\\\r\n]'  # as xgrammar writes it in EBNF
+_JSON_STRING_CHARS = r'[^\0-\x1f\"\\]'
+_MAX_CACHED_GRAMMARS = 256
+
+
+def check(constraint: StructuredOutput) -> None:
+    """Raises StructuredOutputError (naming the request's field) when the constraint cannot be compiled."""
+    _checked(constraint)
+
+
+@lru_cache(maxsize=1024)  # a client usually sends the same few schemas again and again
+def _checked(constraint: StructuredOutput) -> None:
+    if constraint.json_schema is not None:
+        _check_keywords(constraint)
+    _grammar(constraint)
+
+
+def _grammar(constraint: StructuredOutput) -> xgr.Grammar:
+    try:
+        if constraint.json_schema is not None:
+            return _json(constraint.json_schema, strict_mode=True)
+        if constraint.json_object:
+            return _json(_ANY_OBJECT_SCHEMA, strict_mode=False)
+        if constraint.regex is not None:
+            return xgr.Grammar.from_regex(constraint.regex)
+        if constraint.choice is not None:
+            return xgr.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(c) for c in constraint.choice))
+        assert constraint.grammar is not None
+        return xgr.Grammar.from_ebnf(constraint.grammar)
+    except RuntimeError as exc:
+        raise StructuredOutputError(constraint.param, _reason(exc)) from exc
+
+
+def _json(schema: str, strict_mode: bool) -> xgr.Grammar:
+    # JSON in json.dumps's layout ({"a": 1, "b": [2, 3]}), not any whitespace anywhere (vLLM's default):
+    # with free whitespace, small models (and random weights) pad between tokens until max_tokens.
+    return _json_strings_fixed(xgr.Grammar.from_json_schema(schema, strict_mode=strict_mode, any_whitespace=False))
+
+
+def _json_strings_fixed(grammar: xgr.Grammar) -> xgr.Grammar:
+    """xgrammar 0.2.8 lets any character but quote, backslash, CR and LF into a string with minLength or
+    maxLength, so raw control characters (invalid in JSON) got through: they are excluded here, as xgrammar
+    does in its other JSON strings."""
+    text = str(grammar)
+    fixed = text.replace(_LENGTH_BOUNDED_CHARS, _JSON_STRING_CHARS)
+    return grammar if fixed == text else xgr.Grammar.from_ebnf(fixed)
+
+
+def _check_keywords(constraint: StructuredOutput) -> None:
+    try:
+        schema = json.loads(constraint.json_schema or "")
+    except json.JSONDecodeError as exc:
+        raise StructuredOutputError(constraint.param, f"the JSON schema is not valid JSON: {exc}") from exc
+    for path, keyword in _keywords(schema, "#"):
+        if keyword in UNENFORCED_KEYWORDS:
+            raise StructuredOutputError(constraint.param, f"the JSON schema keyword '{keyword}' (at {path}) is not "
+                                        "supported by this server's grammar engine")
+
+
+def _keywords(node: object, path: str) -> Iterator[tuple[str, str]]:
+    """(path, key) of every schema keyword; property names under `properties` and `$defs` are not keywords."""
+    if isinstance(node, list):
+        for i, item in enumerate(node):
+            yield from _keywords(item, f"{path}/{i}")
+    elif isinstance(node, dict):
+        for key, value in node.items():
+            yield path, key
+            if key in ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas") and \
+                    isinstance(value, dict):
+                for name, sub in value.items():
+                    yield from _keywords(sub, f"{path}/{key}/{name}")
+            elif key not in ("enum", "const", "default", "examples", "required"):
+                yield from _keywords(value, f"{path}/{key}")
+
+
+def _reason(exc: RuntimeError) -> str:
+    """xgrammar's message without its log prefix ("[12:00:00] /project/cpp/x.cc:83: ")."""
+    message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return re.sub(r"^\[[\d:]+\] \S+:\d+: ", "", message)
+
+
+class Grammars:
+    """The engine's structured-output state: compiled grammars (cached) and batched mask fills."""
+
+    def __init__(self, tokenizer: object, vocab_size: int, stop_token_ids: Sequence[int], max_rows: int) -> None:
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids))
+        self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # cached below, by constraint
+        self._compiled: OrderedDict[StructuredOutput, Future[xgr.CompiledGrammar]] = OrderedDict()
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
+        self._batch = xgr.BatchGrammarMatcher()
+        self._bitmask = xgr.allocate_token_bitmask(max_rows, vocab_size)  # [max_rows, words] int32, reused
+
+    def compile(self, constraint: StructuredOutput) -> Future[xgr.CompiledGrammar]:
+        """The compiled grammar, compiled at most once per constraint on the worker thread."""
+        future = self._compiled.get(constraint)
+        if future is None or (future.done() and future.exception() is not None):
+            future = self._worker.submit(self._compile, constraint)
+            self._compiled[constraint] = future
+            while len(self._compiled) > _MAX_CACHED_GRAMMARS:
+                self._compiled.popitem(last=False)
+        self._compiled.move_to_end(constraint)
+        return future
+
+    def _compile(self, constraint: StructuredOutput) -> xgr.CompiledGrammar:
+        return self._compiler.compile_grammar(_grammar(constraint))
+
+    @staticmethod
+    def matcher(compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
+        return xgr.GrammarMatcher(compiled)
+
+    def fill(self, matchers: Sequence[xgr.GrammarMatcher | None]) -> np.ndarray:
+        """[len(matchers), words] int32 masks, one row per matcher; None (a row whose sequence has ended,
+        its token to be dropped) allows everything."""
+        bitmask = self._bitmask[: len(matchers)]
+        live = [i for i, m in enumerate(matchers) if m is not None]
+        bitmask.fill_(-1)
+        if live:
+            self._batch.batch_fill_next_token_bitmask([matchers[i] for i in live], self._bitmask, indices=live)
+        return bitmask.numpy()
+
+    def close(self) -> None:
+        self._worker.shutdown(wait=False, cancel_futures=True)

@@ -1,0 +1,182 @@
+"""Structured output: the constraint type, its checks, and the engine on the tiny model (random weights),
+whose constrained outputs must be valid whenever they end by themselves, over many seeds."""
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+
+import jsonschema
+import pytest
+import xgrammar as xgr
+
+from core import LLM, CacheConfig, FinishReason, RequestRejected, SamplingParams, SamplingParamsError, SchedulerConfig
+from core.grammar import Grammars, check
+from core.structured_output import StructuredOutput, StructuredOutputError
+
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "user"]},
+        "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 3},
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+}
+REGEX = r"[a-z]{2,5}-\d{3}"
+CHOICES = ("yes", "no", "maybe later")
+GRAMMAR = 'root ::= "(" num ("+" num)* ")"\nnum ::= [0-9] | [1-9] [0-9]'
+
+
+def is_valid_json(text: str) -> bool:
+    try:
+        jsonschema.validate(json.loads(text), SCHEMA)  # json.loads refuses raw control characters in strings
+    except (ValueError, jsonschema.ValidationError):
+        return False
+    return True
+
+
+KINDS = {
+    "json_schema": (StructuredOutput(json_schema=json.dumps(SCHEMA)), is_valid_json),
+    "regex": (StructuredOutput(regex=REGEX), lambda text: re.fullmatch(REGEX, text) is not None),
+    "choice": (StructuredOutput(choice=CHOICES), lambda text: text in CHOICES),
+    "grammar": (StructuredOutput(grammar=GRAMMAR), lambda text: re.fullmatch(r"\((\d{1,2})(\+\d{1,2})*\)", text)),
+}
+
+
+@pytest.fixture(scope="module")
+def llm(tiny_qwen3_dir: Path) -> LLM:
+    return LLM(str(tiny_qwen3_dir), max_model_len=256, cache=CacheConfig(block_size=16, num_blocks=128),
+               scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=256))
+
+
+def test_exactly_one_kind_of_constraint() -> None:
+    with pytest.raises(StructuredOutputError, match="got none"):
+        StructuredOutput()
+    with pytest.raises(StructuredOutputError, match="got json_object, regex"):
+        StructuredOutput(json_object=True, regex="a")
+    with pytest.raises(StructuredOutputError, match="choice"):
+        StructuredOutput(choice=())
+    assert StructuredOutput(regex="a", param="x") == StructuredOutput(regex="a")  # param names, it does not constrain
+    assert StructuredOutput(choice=["a"]).choice == ("a",)
+
+
+@pytest.mark.parametrize(("constraint", "message"), [
+    (StructuredOutput(json_schema="{not json"), "not valid JSON"),
+    (StructuredOutput(json_schema='{"type": "strang"}'), 'Unsupported type "strang"'),
+    (StructuredOutput(json_schema='{"$ref": "#/$defs/missing"}'), "missing"),
+    (StructuredOutput(json_schema='{"type": "array", "uniqueItems": true}'), "'uniqueItems' \\(at #\\)"),
+    (StructuredOutput(json_schema='{"properties": {"a": {"not": {"type": "string"}}}}'),
+     "'not' \\(at #/properties/a\\)"),
+    (StructuredOutput(regex="(unclosed", param="structured_outputs.regex"), "parenthesis is not closed"),
+    (StructuredOutput(grammar='root ::= foo'), 'Rule "foo" is not defined'),
+])
+def test_a_constraint_that_cannot_compile_is_refused_with_the_reason(constraint: StructuredOutput,
+                                                                     message: str) -> None:
+    with pytest.raises(StructuredOutputError, match=message) as raised:
+        check(constraint)
+    assert raised.value.param == constraint.param
+    assert not str(raised.value).startswith("[")  # xgrammar's log prefix is gone
+
+
+def test_properties_named_like_keywords_are_not_keywords() -> None:
+    check(StructuredOutput(json_schema='{"properties": {"not": {"enum": ["if", "then"]}}, "required": ["not"]}'))
+
+
+def test_length_bounded_json_strings_refuse_raw_control_characters(llm: LLM) -> None:
+    """xgrammar 0.2.8 lets them into strings with maxLength: core/grammar.py takes them out."""
+    grammars = Grammars(llm.tokenizer, 512, (2,), max_rows=4)
+    constraint = StructuredOutput(json_schema='{"type": "string", "maxLength": 5}')
+    accepts = [Grammars.matcher(grammars.compile(constraint).result()).accept_string(s) for s in ('"ab\x01', '"ab c"')]
+    assert accepts == [False, True]
+    raw = xgr.GrammarCompiler(xgr.TokenizerInfo.from_huggingface(llm.tokenizer, vocab_size=512)).compile_json_schema(
+        '{"type": "string", "maxLength": 5}')
+    assert xgr.GrammarMatcher(raw).accept_string('"ab\x01')  # still so upstream: the fix above is needed
+
+
+def test_constrained_outputs_are_valid_whenever_they_end_by_themselves(llm: LLM) -> None:
+    """Random weights, 24 seeds per kind, every kind in one batch: an output that ends by EOS is valid;
+    only a max_tokens cut-off may leave it unfinished, and then its finish reason says length."""
+    prompts, params, kinds = [], [], []
+    for name, (constraint, _) in KINDS.items():
+        for seed in range(24):
+            prompts.append([5 + seed, 6, 7])
+            params.append(SamplingParams(temperature=0.7 + seed % 3 * 0.3, seed=seed, max_tokens=64,
+                                         structured_output=constraint))
+            kinds.append(name)
+    outputs = llm.generate(prompts, params)
+    reasons: Counter[tuple[str, FinishReason]] = Counter()
+    for kind, out in zip(kinds, outputs, strict=True):
+        reasons[kind, out.finish_reason] += 1
+        if out.finish_reason is FinishReason.STOP:
+            assert KINDS[kind][1](out.text), (kind, out.text)
+            assert out.token_ids[-1] == 2  # ended by EOS, which the grammar allowed only once complete
+        else:
+            assert out.finish_reason is FinishReason.LENGTH and len(out.token_ids) == 64
+    for kind in KINDS:
+        assert reasons[kind, FinishReason.STOP] >= 16, reasons  # the property is not vacuous
+    assert len({o.text for o in outputs[:24]}) > 12  # the seeds give different outputs
+
+
+def test_constrained_and_free_rows_share_a_batch_without_touching_each_other(llm: LLM) -> None:
+    free = SamplingParams(temperature=1.0, seed=3, max_tokens=20, ignore_eos=True)
+    alone = llm.generate([[9, 9, 9]], free)[0].token_ids
+    constrained = SamplingParams(temperature=1.0, seed=4, max_tokens=20, structured_output=KINDS["regex"][0])
+    batch = llm.generate([[1, 2], [9, 9, 9], [3, 4, 5]], [constrained, free, constrained])
+    assert batch[1].token_ids == alone
+    assert all(re.fullmatch(REGEX, batch[i].text) for i in (0, 2))
+
+
+def test_json_object_gives_a_json_object(llm: LLM) -> None:
+    constraint = StructuredOutput(json_object=True)
+    outputs = llm.generate([[5, 6]] * 8, [SamplingParams(seed=s, max_tokens=48, structured_output=constraint)
+                                          for s in range(8)])
+    for out in outputs:
+        assert out.text.startswith("{")
+        if out.finish_reason is FinishReason.STOP:
+            assert isinstance(json.loads(out.text), dict)
+
+
+def constrained_run(model_dir: Path, num_blocks: int, async_scheduling: bool) -> tuple[LLM, list]:
+    llm = LLM(str(model_dir), max_model_len=256, cache=CacheConfig(block_size=8, num_blocks=num_blocks),
+              scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32, async_scheduling=async_scheduling))
+    params = [SamplingParams(temperature=1.0, seed=s, max_tokens=40, structured_output=KINDS["json_schema"][0])
+              for s in range(6)]
+    return llm, llm.generate([[5 + s] * (3 + 5 * s) for s in range(6)], params)
+
+
+def test_async_scheduling_and_preemption_give_the_tokens_of_a_plain_run(tiny_qwen3_dir: Path) -> None:
+    """Masks for step N+1 are filled while it runs, after step N's tokens reach the matchers; with few
+    KV blocks, preempted sequences keep their matcher and go on where they were."""
+    _, expected = constrained_run(tiny_qwen3_dir, num_blocks=128, async_scheduling=False)
+    llm, outputs = constrained_run(tiny_qwen3_dir, num_blocks=12, async_scheduling=True)
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outputs] == [o.token_ids for o in expected]
+    stopped = [o for o in outputs if o.finish_reason is FinishReason.STOP]
+    assert stopped and all(is_valid_json(o.text) for o in stopped)
+
+
+def test_requests_are_checked_before_the_engine(llm: LLM) -> None:
+    with pytest.raises(RequestRejected, match="uniqueItems") as raised:
+        llm.engine.add_request("bad", [1, 2], SamplingParams(structured_output=StructuredOutput(
+            json_schema='{"type": "array", "uniqueItems": true}', param="response_format")))
+    assert raised.value.param == "response_format"
+    with pytest.raises(SamplingParamsError, match="min_tokens"):
+        SamplingParams(min_tokens=2, structured_output=StructuredOutput(regex="a+"))
+    with pytest.raises(SamplingParamsError, match="ignore_eos"):
+        SamplingParams(ignore_eos=True, structured_output=StructuredOutput(regex="a+"))
+    assert not llm.engine.has_unfinished_requests()
+
+
+def test_abort_while_the_grammar_compiles(llm: LLM) -> None:
+    engine = llm.engine
+    constraint = StructuredOutput(json_schema=json.dumps({**SCHEMA, "title": "never compiled before"}))
+    engine.add_request("compiling", [1, 2, 3], SamplingParams(max_tokens=8, structured_output=constraint))
+    engine.abort_request("compiling")
+    outputs = []
+    while engine.has_unfinished_requests():
+        outputs += engine.step()
+    assert [(o.request_id, o.finish_reason) for o in outputs] == [("compiling", FinishReason.ABORT)]
+    assert engine.stats().num_used_blocks == 0
