@@ -25,7 +25,11 @@
 #                 replays and as eager calls (bench.attention_backends; flash-attn needs FA4_WHEELS, below)
 #   ttft-starts   openai-serve at concurrency 1 on 5 fresh starts, no warm-up request (the first request counts),
 #                 then the offline engine on the serving shape and openai-serve at concurrency 256 (ARGS: server flags)
+#   sampling-cost offline tok/s with a JSON schema on every request and with penalties on every request, against
+#                 neither, on the same shape (bench.sampling_cost; needs BENCH_TOKENIZER, a BPE tokenizer directory,
+#                 and the xgrammar wheels)
 # Environment: BENCH_MODEL, a checkpoint to use instead of the random Qwen3-0.6B (bench/bench_model.py);
+# BENCH_TOKENIZER, the tokenizer directory of the sampling-cost stage;
 # BENCH_COMMIT, the commit the tree is (the device's copy may have no .git; every result JSON records it);
 # FA4_WHEELS, a folder holding the halves a/ and b/ of ../shared/device/fa4_wheels.sh's download (flash-attn-4, 107 MB):
 # a call that carries one half stages it in /tmp/fa, and the call that brings the second installs both into
@@ -33,7 +37,7 @@
 # imports flash_attn.cute from there.
 set -uo pipefail
 stages="tests decode-step offline serve check ab-serve ab-offline host-profile attention sampler skinny-gemm"
-stages="$stages attention-backends ttft-starts"
+stages="$stages attention-backends ttft-starts sampling-cost"
 usage="usage: run_gpu.sh ${stages// /|} OUT_DIR [ARGS...]"
 stage=${1:?$usage}
 out=${2:?$usage}
@@ -145,6 +149,10 @@ case "$stage" in
     run 150 attention-mixed python3 -m bench.attention_mixed --out "$out/attention_mixed.json" ;;
   sampler)
     run 300 sampler python3 -m bench.sampler_bench --out "$out/sampler.json" ;;
+  sampling-cost)
+    build_model
+    run 500 sampling-cost python3 -m bench.sampling_cost --tokenizer "${BENCH_TOKENIZER:?set BENCH_TOKENIZER}" \
+      --out "$out/sampling_cost.json" "$@" ;;
   skinny-gemm)
     run 500 skinny-gemm python3 -m bench.skinny_gemm_bench --out "$out/skinny_gemm.json" "$@" ;;
   attention-backends)
