@@ -97,8 +97,11 @@ class LLMEngine:
 
     @property
     def grammars(self) -> Grammars:
+        """Built at the first structured-output request: its own tokenizer, for the vocabulary the grammars
+        are compiled against (the engine never tokenizes)."""
         if self._grammars is None:
-            self._grammars = Grammars(self.tokenizer, self.vocab_size, self.eos_token_ids,
+            tokenizer = load_tokenizer(self.config.model.tokenizer or self.config.model.model)
+            self._grammars = Grammars(tokenizer, self.vocab_size, self.eos_token_ids,
                                       self.config.scheduler.max_num_seqs)
         return self._grammars
 
