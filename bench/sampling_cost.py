@@ -31,7 +31,7 @@ import torch
 
 from bench.bench_model import build_bench_model
 from bench.common import write_result
-from core import LLM, CacheConfig, FinishReason, LLMEngine, SamplingParams, SchedulerConfig
+from core import LLM, FinishReason, LLMEngine, SamplingParams
 from core.structured_output import StructuredOutput
 
 SCHEMA = {
@@ -143,9 +143,8 @@ def main(argv: list[str] | None = None) -> None:
     weights = Path(args.model) if args.model else build_bench_model()
     model_dir = model_with_tokenizer(weights, Path(args.tokenizer), Path(args.model_dir))
     llm = LLM(str(model_dir), dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              cache=CacheConfig(num_blocks=args.kv_cache_blocks),
-              scheduler=SchedulerConfig(max_num_seqs=args.max_num_seqs,
-                                        max_num_batched_tokens=args.max_num_batched_tokens))
+              kv_cache_blocks=args.kv_cache_blocks, max_num_seqs=args.max_num_seqs,
+              max_num_batched_tokens=args.max_num_batched_tokens)
     engine, vocab = llm.engine, len(llm.tokenizer)
     n, length = args.num_requests, args.prompt_len
     schema = StructuredOutput(json_schema=json.dumps(SCHEMA))

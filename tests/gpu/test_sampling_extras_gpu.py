@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessorList
 
-from core import LLM, CacheConfig, FinishReason, SamplingParams, SchedulerConfig
+from core import LLM, FinishReason, SamplingParams
 from core.structured_output import StructuredOutput
 from gpu.batch import LogitBias, Penalties, PenaltySlotInit, RowSampling, TokenMask
 from gpu.penalties import PenaltyState
@@ -128,7 +128,7 @@ def hf_greedy_cuda(model_dir: Path, prompt: list[int], params: SamplingParams) -
 
 def test_float32_penalized_greedy_tokens_match_transformers(tiny_qwen3_dir: Path) -> None:
     llm = LLM(str(tiny_qwen3_dir), dtype="float32", device="cuda", max_model_len=256,
-              cache=CacheConfig(block_size=16, num_blocks=64), scheduler=SchedulerConfig(max_num_seqs=16))
+              block_size=16, kv_cache_blocks=64, max_num_seqs=16)
     prompts = [p for p in PROMPTS for _ in CASES]
     params = CASES * len(PROMPTS)
     ours = [o.token_ids for o in llm.generate(prompts, params)]
@@ -138,7 +138,7 @@ def test_float32_penalized_greedy_tokens_match_transformers(tiny_qwen3_dir: Path
 @pytest.mark.parametrize("eager", [False, True])
 def test_constrained_outputs_are_valid_on_cuda(tiny_qwen3_dir: Path, eager: bool) -> None:
     llm = LLM(str(tiny_qwen3_dir), dtype="bfloat16", device="cuda", max_model_len=256, enforce_eager=eager,
-              cache=CacheConfig(block_size=16, num_blocks=256), scheduler=SchedulerConfig(max_num_seqs=128))
+              block_size=16, kv_cache_blocks=256, max_num_seqs=128)
     prompts, params, kinds = [], [], []
     for name, (constraint, _) in KINDS.items():
         for seed in range(32):

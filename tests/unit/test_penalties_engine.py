@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
-from core import LLM, CacheConfig, SamplingParams, SchedulerConfig
+from core import LLM, SamplingParams
 from core.engine import LLMEngine
 from gpu.sampler import Sampler
 
@@ -47,9 +47,8 @@ def hf_greedy(model_dir: Path, prompt: list[int], params: SamplingParams) -> lis
 
 
 def make_llm(model_dir: Path, num_blocks: int = 128, async_scheduling: bool = True) -> LLM:
-    return LLM(str(model_dir), max_model_len=256, cache=CacheConfig(block_size=8, num_blocks=num_blocks),
-               scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64,
-                                         async_scheduling=async_scheduling))
+    return LLM(str(model_dir), max_model_len=256, block_size=8, kv_cache_blocks=num_blocks, max_num_seqs=8,
+               max_num_batched_tokens=64, async_scheduling=async_scheduling)
 
 
 PROMPTS = [[5, 9, 14, 30, 30, 7], [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110], [42] * 9]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import xgrammar as xgr
 
-from core import LLM, CacheConfig, FinishReason, RequestRejected, SamplingParams, SamplingParamsError, SchedulerConfig
+from core import LLM, FinishReason, RequestRejected, SamplingParams, SamplingParamsError
 from core.grammar import Grammars, check
 from core.structured_output import StructuredOutput, StructuredOutputError
 
@@ -49,8 +49,8 @@ KINDS = {
 
 @pytest.fixture(scope="module")
 def llm(tiny_qwen3_dir: Path) -> LLM:
-    return LLM(str(tiny_qwen3_dir), max_model_len=256, cache=CacheConfig(block_size=16, num_blocks=128),
-               scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=256))
+    return LLM(str(tiny_qwen3_dir), max_model_len=256, block_size=16, kv_cache_blocks=128,
+               max_num_seqs=64, max_num_batched_tokens=256)
 
 
 def test_exactly_one_kind_of_constraint() -> None:
@@ -141,8 +141,8 @@ def test_json_object_gives_a_json_object(llm: LLM) -> None:
 
 
 def constrained_run(model_dir: Path, num_blocks: int, async_scheduling: bool) -> tuple[LLM, list]:
-    llm = LLM(str(model_dir), max_model_len=256, cache=CacheConfig(block_size=8, num_blocks=num_blocks),
-              scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=32, async_scheduling=async_scheduling))
+    llm = LLM(str(model_dir), max_model_len=256, block_size=8, kv_cache_blocks=num_blocks,
+              max_num_seqs=8, max_num_batched_tokens=32, async_scheduling=async_scheduling)
     params = [SamplingParams(temperature=1.0, seed=s, max_tokens=40, structured_output=KINDS["json_schema"][0])
               for s in range(6)]
     return llm, llm.generate([[5 + s] * (3 + 5 * s) for s in range(6)], params)
@@ -161,9 +161,11 @@ def test_async_scheduling_and_preemption_give_the_tokens_of_a_plain_run(tiny_qwe
 
 def test_requests_are_checked_before_the_engine(llm: LLM) -> None:
     with pytest.raises(RequestRejected, match="uniqueItems") as raised:
-        llm.engine.add_request("bad", [1, 2], SamplingParams(structured_output=StructuredOutput(
+        llm.generate([[1, 2]], SamplingParams(structured_output=StructuredOutput(
             json_schema='{"type": "array", "uniqueItems": true}', param="response_format")))
     assert raised.value.param == "response_format"
+    with pytest.raises(RequestRejected, match="logit_bias"):
+        llm.generate([[1, 2]], SamplingParams(logit_bias={512: 1.0}))
     with pytest.raises(SamplingParamsError, match="min_tokens"):
         SamplingParams(min_tokens=2, structured_output=StructuredOutput(regex="a+"))
     with pytest.raises(SamplingParamsError, match="ignore_eos"):
