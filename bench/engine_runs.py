@@ -20,10 +20,10 @@ from bench.step_trace import StepRecord
 from bench.workload import Request, fixed_workload
 from core import EngineConfig, LLMEngine, SamplingParams
 from core.engine import runner_config
-from gpu.batch import Batch, StepResult
+from gpu.batch import Batch, StepResult, TokenMask
 from gpu.config import KernelConfig
 from gpu.model_runner import ModelRunner
-from gpu.pending_step import PendingStep
+from gpu.pending_step import PendingLogits, PendingStep
 
 TEMPERATURE = 0.6
 _request_numbers = count()
@@ -72,15 +72,24 @@ class TimedRunner:
         self.times = RunnerTimes()
         return self.times
 
-    def launch(self, batch: Batch) -> PendingStep:
+    def launch(self, batch: Batch) -> PendingStep | PendingLogits:
         times, start = self.times, time.perf_counter()
         record = StepRecord(batch, start)
         times.steps.append(record)
         try:
-            return _TimedPending(self.runner.launch(batch), times, record)
+            pending = self.runner.launch(batch)
+            return pending if isinstance(pending, PendingLogits) else _TimedPending(pending, times, record)
         finally:
             times.seconds += time.perf_counter() - start
             times.num_calls += 1
+
+    def sample_masked(self, pending: PendingLogits, token_mask: TokenMask) -> PendingStep:
+        """The sampling of a step with token masks (structured output), timed with its launch."""
+        start = time.perf_counter()
+        try:
+            return _TimedPending(self.runner.sample_masked(pending, token_mask), self.times, self.times.steps[-1])
+        finally:
+            self.times.seconds += time.perf_counter() - start
 
 
 @dataclass(frozen=True)
