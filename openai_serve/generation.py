@@ -103,6 +103,14 @@ class Generation:
         )
 
 
+def with_usage_so_far(chunks: list[dict[str, object]], generation: Generation) -> list[dict[str, object]]:
+    """vLLM's `stream_options.continuous_usage_stats`: every chunk carries the usage up to it."""
+    usage = generation.usage().to_dict()
+    for chunk in chunks:
+        chunk["usage"] = usage
+    return chunks
+
+
 @dataclass
 class CollectedChoice:
     text: str = ""

@@ -106,8 +106,6 @@ def _reject_unsupported(fields: Fields) -> None:
     legacy = "is not supported: send 'tools' and 'tool_choice' (OpenAI's replacement for it)"
     fields.unsupported_unless("functions", lambda v: v == [], legacy)
     fields.unsupported_unless("function_call", lambda v: v == "none", legacy)
-    fields.unsupported_unless("response_format", lambda v: v == {"type": "text"},
-                              "only {'type': 'text'} is supported")
     fields.unsupported_unless("modalities", lambda v: v == ["text"], "only ['text'] is supported")
     for key in ("audio", "web_search_options"):
         fields.unsupported_unless(key, lambda v: False, "is not supported by this server")

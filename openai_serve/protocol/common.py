@@ -2,17 +2,29 @@
 
 `read_sampling` is the one place where request fields become `SamplingParams` (vLLM's
 `to_sampling_params()`); ranges are core's (core/sampling_params.py), checked under the client's
-field names. OpenAI parameters this server does not implement (penalties, logit_bias, ...) are
-accepted only at their defaults; anything else is a 400 naming the parameter. vLLM's extras (top_k,
-min_p, ignore_eos, min_tokens, stop_token_ids, skip_special_tokens, include_stop_str_in_output) work.
+field names. OpenAI's penalties and logit_bias, structured output (protocol/structured.py) and
+vLLM's extras (top_k, min_p, repetition_penalty, ignore_eos, min_tokens, stop_token_ids,
+skip_special_tokens, include_stop_str_in_output) all reach the engine.
 """
 
 from dataclasses import dataclass, replace
 
 from core import SamplingParams, SamplingParamsError
-from core.sampling_params import MIN_P, MIN_TOKENS, SEED, TEMPERATURE, TOP_P, Bounds
+from core.sampling_params import (
+    FREQUENCY_PENALTY,
+    LOGIT_BIAS,
+    MIN_P,
+    MIN_TOKENS,
+    PRESENCE_PENALTY,
+    REPETITION_PENALTY,
+    SEED,
+    TEMPERATURE,
+    TOP_P,
+    Bounds,
+)
 from openai_serve.errors import bad_request, refused
-from openai_serve.protocol.fields import Fields
+from openai_serve.protocol.fields import Fields, is_number
+from openai_serve.protocol.structured import read_structured_output
 
 N = Bounds(1, 128)  # choices per request, as OpenAI allows
 REQUEST_TOP_K = Bounds(-1)  # vLLM spells "no top-k" -1 (or 0)
@@ -22,6 +34,7 @@ REQUEST_TOP_K = Bounds(-1)  # vLLM spells "no top-k" -1 (or 0)
 class StreamOptions:
     stream: bool = False
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: with include_usage, every chunk has the usage so far
 
 
 @dataclass(frozen=True)
@@ -60,7 +73,7 @@ def read_model(fields: Fields) -> str:
 
 def read_common(fields: Fields, model: str, max_tokens: int | None, logprobs: int | None) -> CommonRequest:
     """The shared fields; `max_tokens` and `logprobs` are the endpoint's, read under its own names."""
-    _reject_unsupported_sampling(fields)
+    _accept_openai_only(fields)
     return CommonRequest(
         model=model,
         n=fields.get_int("n", 1, N),
@@ -89,9 +102,31 @@ def read_sampling(fields: Fields, max_tokens: int | None, logprobs: int | None) 
             logprobs=logprobs,
             skip_special_tokens=fields.get_bool("skip_special_tokens", True),
             include_stop_str_in_output=fields.get_bool("include_stop_str_in_output", False),
+            presence_penalty=fields.get_float("presence_penalty", 0.0, PRESENCE_PENALTY),
+            frequency_penalty=fields.get_float("frequency_penalty", 0.0, FREQUENCY_PENALTY),
+            repetition_penalty=fields.get_float("repetition_penalty", 1.0, REPETITION_PENALTY),
+            logit_bias=_read_logit_bias(fields),
+            structured_output=read_structured_output(fields),
         )
     except SamplingParamsError as exc:
         raise refused(exc) from exc
+
+
+def _read_logit_bias(fields: Fields) -> dict[int, float]:
+    """OpenAI's map of token ids (as JSON object keys, so strings) to a bias in [-100, 100]."""
+    value = fields.raw("logit_bias")
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise bad_request("'logit_bias' must be an object mapping token ids to numbers", "logit_bias")
+    bias = {}
+    for key, number in value.items():
+        if not (isinstance(key, str) and key.isdigit()):
+            raise bad_request(f"'logit_bias' keys must be token ids, got {key!r}", "logit_bias")
+        if not is_number(number) or not LOGIT_BIAS.admits(number):
+            raise bad_request(f"'logit_bias' values must be numbers {LOGIT_BIAS}, got {number!r}", "logit_bias")
+        bias[int(key)] = float(number)
+    return bias
 
 
 def choice_params(params: SamplingParams, choice_index: int) -> SamplingParams:
@@ -107,18 +142,9 @@ def _read_stream(fields: Fields) -> StreamOptions:
     if not stream:
         raise bad_request("The 'stream_options' parameter is only allowed when 'stream' is enabled.", "stream_options")
     include_usage = options.get_bool("include_usage", False)
-    options.unsupported_unless("continuous_usage_stats", lambda v: v is False, "is not supported by this server")
+    continuous = options.get_bool("continuous_usage_stats", False)
     options.check_unknown()
-    return StreamOptions(stream=True, include_usage=include_usage)
-
-
-def _reject_unsupported_sampling(fields: Fields) -> None:
-    not_yet = "is not supported by this server yet (only its default is accepted)"
-    fields.unsupported_unless("presence_penalty", lambda v: v == 0, not_yet)
-    fields.unsupported_unless("frequency_penalty", lambda v: v == 0, not_yet)
-    fields.unsupported_unless("repetition_penalty", lambda v: v == 1, not_yet)
-    fields.unsupported_unless("logit_bias", lambda v: v == {}, not_yet)
-    _accept_openai_only(fields)
+    return StreamOptions(stream=True, include_usage=include_usage, continuous_usage_stats=include_usage and continuous)
 
 
 def _accept_openai_only(fields: Fields) -> None:

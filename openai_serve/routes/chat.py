@@ -2,8 +2,9 @@
 
 Streaming follows OpenAI: every chunk has the response's one `id`; each choice opens with a delta
 `{"role": "assistant", "content": ""}`, then content deltas, then a chunk with an empty delta and
-its `finish_reason`; with `stream_options.include_usage` every chunk has `usage: null` and a last
-chunk with `choices: []` has the usage; then `data: [DONE]`. With a reasoning parser or tools, each
+its `finish_reason`; with `stream_options.include_usage` every chunk has `usage: null` (the usage so
+far with vLLM's `continuous_usage_stats`) and a last chunk with `choices: []` has the usage; then
+`data: [DONE]`. With a reasoning parser or tools, each
 choice's text goes through its parser (parsers/), and deltas carry reasoning and tool calls too.
 """
 
@@ -16,7 +17,7 @@ from starlette.responses import Response
 
 from openai_serve.chat_output import delta_json, finish_reason, message_json
 from openai_serve.errors import unsupported
-from openai_serve.generation import CollectedChoice, Generation, Usage
+from openai_serve.generation import CollectedChoice, Generation, Usage, with_usage_so_far
 from openai_serve.http_io import read_json
 from openai_serve.ignored_fields import name_ignored_fields
 from openai_serve.logprobs import TokenLogprob, chat_logprobs
@@ -53,6 +54,7 @@ class ChatView:
         self._created = int(time.time())
         self._model = body.common.model
         self._include_usage = body.common.stream.include_usage
+        self._continuous_usage = body.common.stream.continuous_usage_stats
         self._wants_logprobs = body.logprobs is not None
         self._texts = state.token_texts
         self._parsing = parsing
@@ -60,7 +62,8 @@ class ChatView:
     async def stream(self, generation: Generation) -> AsyncIterator[Batch]:
         num_choices = len(generation.decoders)
         parsers = [self._parsing.new_parser() for _ in range(num_choices)]
-        yield [self._chunk(index, {"role": "assistant", "content": ""}, None, None) for index in range(num_choices)]
+        opening = [self._chunk(index, {"role": "assistant", "content": ""}, None, None) for index in range(num_choices)]
+        yield with_usage_so_far(opening, generation) if self._continuous_usage else opening
         async for deltas in generation.batches():
             chunks = []
             for delta in deltas:
@@ -76,7 +79,7 @@ class ChatView:
             if self._include_usage and generation.is_finished:
                 chunks.append({**self._head("chat.completion.chunk"), "choices": [],
                                "usage": generation.usage().to_dict()})
-            yield chunks
+            yield with_usage_so_far(chunks, generation) if self._continuous_usage else chunks
 
     @staticmethod
     def _parse(parser: MessageParser, text: str, is_last: bool) -> dict[str, object]:

@@ -2,7 +2,8 @@
 
 Streaming follows OpenAI: every chunk has the response's one `id`; a choice's last chunk carries
 its `finish_reason` (with empty text); with `stream_options.include_usage` every chunk has
-`usage: null` and a last chunk with `choices: []` has the usage; then `data: [DONE]`.
+`usage: null` (the usage so far with vLLM's `continuous_usage_stats`) and a last chunk with
+`choices: []` has the usage; then `data: [DONE]`.
 With `echo`, each choice starts with its prompt's text (its first chunk, when streamed).
 """
 
@@ -14,7 +15,7 @@ from functools import cached_property
 from starlette.requests import Request
 from starlette.responses import Response
 
-from openai_serve.generation import CollectedChoice, Generation, Usage
+from openai_serve.generation import CollectedChoice, Generation, Usage, with_usage_so_far
 from openai_serve.http_io import read_json
 from openai_serve.ignored_fields import name_ignored_fields
 from openai_serve.logprobs import TokenLogprob, completion_logprobs
@@ -51,6 +52,7 @@ class CompletionView:
         self._model = body.common.model
         self._n = body.common.n
         self._include_usage = body.common.stream.include_usage
+        self._continuous_usage = body.common.stream.continuous_usage_stats
         self._wants_logprobs = body.logprobs is not None
         self._state, self._body, self._prompts = state, body, prompts
         self._texts = state.token_texts
@@ -67,8 +69,9 @@ class CompletionView:
 
     async def stream(self, generation: Generation) -> AsyncIterator[Batch]:
         if self._echo_texts:
-            yield [self._chunk([self._choice(index, self._echo_texts[index // self._n], None, None)])
-                   for index in range(len(generation.decoders))]
+            echoes = [self._chunk([self._choice(index, self._echo_texts[index // self._n], None, None)])
+                      for index in range(len(generation.decoders))]
+            yield with_usage_so_far(echoes, generation) if self._continuous_usage else echoes
         async for deltas in generation.batches():
             chunks = []
             for delta in deltas:
@@ -78,7 +81,7 @@ class CompletionView:
                     chunks.append(self._chunk([self._choice(delta.index, "", None, delta.finish_reason)]))
             if self._include_usage and generation.is_finished:
                 chunks.append({**self._chunk([]), "usage": generation.usage().to_dict()})
-            yield chunks
+            yield with_usage_so_far(chunks, generation) if self._continuous_usage else chunks
 
     def response(self, choices: dict[int, CollectedChoice], usage: Usage) -> dict[str, object]:
         items = []

@@ -52,9 +52,13 @@ BAD_BODIES = [
     (COMPLETIONS, C | {"echo": True, "logprobs": 1}, 400, "echo"),
     (COMPLETIONS, C | {"suffix": "end"}, 400, "suffix"),
     (COMPLETIONS, C | {"best_of": 3}, 400, "best_of"),
-    (COMPLETIONS, C | {"presence_penalty": 0.5}, 400, "presence_penalty"),
-    (COMPLETIONS, C | {"frequency_penalty": 1}, 400, "frequency_penalty"),
-    (COMPLETIONS, C | {"logit_bias": {"5": 10}}, 400, "logit_bias"),
+    (COMPLETIONS, C | {"presence_penalty": 2.5}, 400, "presence_penalty"),
+    (COMPLETIONS, C | {"frequency_penalty": "1"}, 400, "frequency_penalty"),
+    (COMPLETIONS, C | {"repetition_penalty": 0}, 400, "repetition_penalty"),
+    (COMPLETIONS, C | {"logit_bias": {"5": 101}}, 400, "logit_bias"),
+    (COMPLETIONS, C | {"logit_bias": {"five": 1}}, 400, "logit_bias"),
+    (COMPLETIONS, C | {"logit_bias": {"100000": 1}}, 400, "logit_bias"),
+    (COMPLETIONS, C | {"structured_outputs": {"regex": "(unclosed"}}, 400, "structured_outputs"),
     (COMPLETIONS, C | {"user": 5}, 400, "user"),
     (CHAT, {"messages": MESSAGES}, 400, "model"),
     (CHAT, {"model": MODEL}, 400, "messages"),
@@ -84,7 +88,9 @@ BAD_BODIES = [
     (CHAT, M | {"store": "yes"}, 400, "store"),
     (CHAT, M | {"metadata": ["x"]}, 400, "metadata"),
     (CHAT, M | {"functions": [{"name": "f"}]}, 400, "functions"),
-    (CHAT, M | {"response_format": {"type": "json_object"}}, 400, "response_format"),
+    (CHAT, M | {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strang"}}}},
+     400, "response_format"),
+    (CHAT, M | {"response_format": {"type": "yaml"}}, 400, "response_format.type"),
     (CHAT, M | {"top_logprobs": 2}, 400, "top_logprobs"),
     (CHAT, M | {"logprobs": True, "top_logprobs": 50}, 400, "top_logprobs"),
     (CHAT, M | {"chat_template": "{{ 'pwned' }}"}, 400, "chat_template"),
@@ -137,7 +143,7 @@ def test_sdk_raises_typed_errors(server: RunningServer) -> None:
         client.completions.create(model="nope", prompt="hi")
     assert not_found.value.code == "model_not_found"
     with pytest.raises(openai.BadRequestError) as bad:
-        client.chat.completions.create(model=MODEL, messages=MESSAGES, presence_penalty=1.0)
+        client.chat.completions.create(model=MODEL, messages=MESSAGES, presence_penalty=3.0)
     assert bad.value.param == "presence_penalty"
 
 
