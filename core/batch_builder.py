@@ -8,11 +8,12 @@ sampled row (after a preemption too), with the tokens that fill the slot.
 from core.penalty_slots import PenaltySlots
 from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
-from gpu.batch import Batch, Penalties, PenaltySlotInit, RowSampling
+from gpu.batch import Batch, Penalties, PenaltySlotInit, PromptLogprobsRow, RowSampling
 
 
 def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_ids: tuple[int, ...],
-                penalty_slots: PenaltySlots | None = None) -> Batch:
+                penalty_slots: PenaltySlots | None = None, scored: list[Sequence] | None = None) -> Batch:
+    """`scored` receives the sequences of the batch's prompt_logprobs rows, in their order."""
     batch = Batch(token_ids=[], positions=[], slot_mapping=[], query_lens=[], context_lens=[], block_tables=[])
     token_ids, positions, slot_mapping = batch.token_ids, batch.positions, batch.slot_mapping
     for s in scheduled:
@@ -32,6 +33,10 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
             batch.fed_back_token_indices.append(len(token_ids))
             batch.fed_back_rows.append(seq.pending_row)
             token_ids.append(0)
+        if seq.prompt_logprobs is not None and seq.needs_prompt_logprobs and \
+                _score_prompt(seq, start, end, len(token_ids) - (end - start), batch):
+            assert scored is not None, "a sequence asks for prompt logprobs in a batch built without `scored`"
+            scored.append(seq)
         batch.query_lens.append(end - start)
         batch.context_lens.append(end)
         batch.block_tables.append(block_ids)
@@ -44,6 +49,19 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
         else:
             batch.sampling.append(None)
     return batch
+
+
+def _score_prompt(seq: Sequence, start: int, end: int, first_token_index: int, batch: Batch) -> bool:
+    """Prompt tokens t in [start + 1, end] whose logprob no launched step computes: the state at t - 1 (flat
+    token first_token_index + t - 1 - start) scores them. False when there are none in this chunk."""
+    first = max(seq.next_prompt_logprob, start + 1)
+    last = min(end, seq.num_prompt_tokens - 1)
+    if first > last:
+        return False
+    batch.prompt_logprobs.append(PromptLogprobsRow(first_token_index + first - 1 - start,
+                                                   seq.token_ids[first : last + 1], seq.params.prompt_logprobs or 0))
+    seq.next_prompt_logprob = last + 1
+    return True
 
 
 def _take_penalty_slot(seq: Sequence, penalty_slots: PenaltySlots | None, batch: Batch) -> None:

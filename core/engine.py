@@ -69,6 +69,7 @@ class _LaunchedStep:
     scheduled: list[ScheduledSequence]
     sampled_seqs: list[Sequence]  # the sequences of the step's sampled rows, in row order
     pending: PendingStep | PendingLogits  # PendingLogits: its sampling waits for token masks
+    scored_seqs: list[Sequence]  # the sequences of the step's prompt_logprobs rows, in order
 
 
 class LLMEngine:
@@ -179,9 +180,10 @@ class LLMEngine:
         return out.scheduled
 
     def _launch(self, scheduled: list[ScheduledSequence]) -> _LaunchedStep:
-        batch = build_batch(scheduled, self.block_size, self.eos_token_ids, self.penalty_slots)
+        scored: list[Sequence] = []
+        batch = build_batch(scheduled, self.block_size, self.eos_token_ids, self.penalty_slots, scored)
         sampled_seqs = [s.seq for s, row in zip(scheduled, batch.sampling, strict=True) if row is not None]
-        return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch))
+        return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch), scored)
 
     def _advance(self, step: _LaunchedStep) -> None:
         """Books what the launched step will have computed, before its results are back."""
@@ -242,6 +244,8 @@ class LLMEngine:
     def _postprocess(self, step: _LaunchedStep) -> list[RequestOutput]:
         """Waits for the step's tokens (the one host sync) and books them."""
         result = step.pending.result()
+        for seq, entries in zip(step.scored_seqs, result.prompt_logprobs, strict=True):
+            seq.prompt_logprobs.extend(entries)  # type: ignore[union-attr]
         outputs = []
         for seq, token_id, logprobs in zip(step.sampled_seqs, result.token_ids, result.logprobs, strict=True):
             if seq.is_finished:
@@ -285,10 +289,12 @@ class LLMEngine:
 
 
 def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs | None]) -> RequestOutput:
+    is_first_token = bool(new_ids) and len(seq.token_ids) == seq.num_prompt_tokens + 1
     return RequestOutput(
         request_id=seq.request_id, new_token_ids=new_ids, new_logprobs=new_logprobs,
         finish_reason=seq.finish_reason, num_prompt_tokens=seq.num_prompt_tokens,
         num_output_tokens=seq.num_output_tokens, num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
+        prompt_logprobs=seq.prompt_logprobs if is_first_token else None,
     )
 
 

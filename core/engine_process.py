@@ -180,4 +180,4 @@ def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event) -> 
 
 def _as_row(o: RequestOutput) -> tuple[Any, ...]:
     return (o.request_id, o.new_token_ids, o.new_logprobs, o.finish_reason, o.num_prompt_tokens,
-            o.num_output_tokens, o.num_cached_prompt_tokens)
+            o.num_output_tokens, o.num_cached_prompt_tokens, o.prompt_logprobs)

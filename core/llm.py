@@ -23,6 +23,8 @@ class GenerationOutput:
     logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     finish_reason: FinishReason | None = None
     text: str = ""
+    # With SamplingParams.prompt_logprobs: one per prompt token, the first None (nothing precedes it).
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
 
 class LLM:
@@ -70,7 +72,7 @@ def _output(tracker: TextTracker, prompt_token_ids: list[int], logprobs: list[To
     return GenerationOutput(
         prompt_token_ids=prompt_token_ids, token_ids=tracker.token_ids,
         logprobs=list(logprobs) if wants_logprobs else [None] * len(tracker.token_ids),
-        finish_reason=tracker.finish_reason, text=tracker.text,
+        finish_reason=tracker.finish_reason, text=tracker.text, prompt_logprobs=tracker.prompt_logprobs,
     )
 
 

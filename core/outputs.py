@@ -24,6 +24,8 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int  # generated so far, including this step's
     num_cached_prompt_tokens: int = 0
+    # With the request's first token when it asked for prompt_logprobs: one per prompt token, the first None.
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def is_finished(self) -> bool:

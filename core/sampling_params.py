@@ -82,6 +82,8 @@ class SamplingParams:
     # (token id, value) pairs added to the logits before anything else; a mapping is accepted too.
     logit_bias: tuple[tuple[int, float], ...] = ()
     structured_output: StructuredOutput | None = None
+    # vLLM's: top alternatives per prompt token, with the prompt token's own logprob; None: none at all.
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop", _as_tuple(self.stop))
@@ -119,8 +121,9 @@ class SamplingParams:
 
 
 _BOUNDS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": MIN_P, "max_tokens": MAX_TOKENS,
-           "min_tokens": MIN_TOKENS, "logprobs": LOGPROBS, "seed": SEED, "presence_penalty": PRESENCE_PENALTY,
-           "frequency_penalty": FREQUENCY_PENALTY, "repetition_penalty": REPETITION_PENALTY}
+           "min_tokens": MIN_TOKENS, "logprobs": LOGPROBS, "prompt_logprobs": LOGPROBS, "seed": SEED,
+           "presence_penalty": PRESENCE_PENALTY, "frequency_penalty": FREQUENCY_PENALTY,
+           "repetition_penalty": REPETITION_PENALTY}
 
 
 def _as_tuple(stop: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:

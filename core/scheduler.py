@@ -100,7 +100,7 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_pending_tokens:
                 break  # preempted while its last token was on the way; admitted once it has arrived
-            hit_ids, hit_keys = self.block_manager.match_prefix(seq)
+            hit_ids, hit_keys = ([], []) if seq.needs_prompt_logprobs else self.block_manager.match_prefix(seq)
             num_new = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget)
             if not self.block_manager.can_allocate(self.block_manager.num_blocks_to_admit(seq, hit_ids, num_new)):
                 break

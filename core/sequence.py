@@ -16,7 +16,7 @@ import numpy as np
 
 from core.outputs import FinishReason
 from core.sampling_params import SamplingParams
-from gpu.batch import LogitBias, RowSampling
+from gpu.batch import LogitBias, RowSampling, TokenLogprobs
 
 if TYPE_CHECKING:
     from xgrammar import GrammarMatcher
@@ -51,6 +51,14 @@ class Sequence:
         self.penalty_slot: int | None = None  # its entry in the runner's penalty table while it runs (penalized only)
         self.logit_bias = _logit_bias(params)
         self.grammar: GrammarMatcher | None = None  # structured output: set once its grammar is compiled
+        # prompt_logprobs: the first prompt token's is None; token t's comes from the state at t - 1.
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = None if params.prompt_logprobs is None else [None]
+        self.next_prompt_logprob = 1  # the first prompt token whose logprob no launched step computes
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        """Prompt tokens are still to be scored: its prompt must be computed, not taken from the prefix cache."""
+        return self.prompt_logprobs is not None and self.next_prompt_logprob < self.num_prompt_tokens
 
     @property
     def num_pending_tokens(self) -> int:

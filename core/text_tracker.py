@@ -55,6 +55,8 @@ class TextTracker:
         self.token_ids: list[int] = []  # generated, up to the one that completed a stop string
         self.finish_reason: FinishReason | None = None
         self.num_cached_prompt_tokens = 0
+        # prompt_logprobs: one per prompt token (the first None), with the request's first output.
+        self.prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -70,6 +72,8 @@ class TextTracker:
         if self.finish_reason is not None:
             return None  # tokens the engine made before the abort for a stop string reached it
         self.num_cached_prompt_tokens = output.num_cached_prompt_tokens
+        if output.prompt_logprobs is not None:
+            self.prompt_logprobs = output.prompt_logprobs
         text = self._add_tokens(output)
         if self.finish_reason is None and output.finish_reason is not None:
             text += self._detokenizer.flush()

@@ -82,6 +82,16 @@ class TokenMask:
     bitmask: np.ndarray  # [len(row_indices), ceil(vocab / 32)] int32: bit t % 32 of word t // 32 allows token t
 
 
+@dataclass(frozen=True)
+class PromptLogprobsRow:
+    """Scores prompt tokens of one row (vLLM's prompt_logprobs): the hidden state at flat token
+    `first_token_index + i` gives the logprob of `target_token_ids[i]`, the prompt token after it."""
+
+    first_token_index: int
+    target_token_ids: list[int]
+    num_top: int
+
+
 @dataclass
 class Batch:
     token_ids: list[int]  # [num_tokens], the new tokens of every row, row after row
@@ -101,6 +111,7 @@ class Batch:
     penalty_slot_inits: list[PenaltySlotInit] = field(default_factory=list)
     # Some sampled row has `has_token_mask`: its sampling waits for the masks (ModelRunner.sample_masked).
     has_token_masks: bool = False
+    prompt_logprobs: list[PromptLogprobsRow] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:
@@ -127,3 +138,5 @@ class StepResult:
 
     token_ids: list[int]
     logprobs: list[TokenLogprobs | None]
+    # One list per entry of the batch's `prompt_logprobs`, one entry per target token.
+    prompt_logprobs: list[list[TokenLogprobs]] = field(default_factory=list)

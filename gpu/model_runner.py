@@ -28,6 +28,7 @@ from gpu.model_info import checkpoint_dtype, load_hf_config
 from gpu.models import model_class
 from gpu.penalties import PenaltyState
 from gpu.pending_step import PendingLogits, PendingStep, SampledRows, feed_back_tokens
+from gpu.prompt_logprobs import PackedPromptLogprobs, prompt_logprobs
 from gpu.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -225,27 +226,31 @@ class ModelRunner:
     def launch(self, batch: Batch) -> PendingStep | PendingLogits:
         """Queues one step on the device and returns without waiting for it. A batch with token masks
         returns its logits awaiting them: pass those to `sample_masked` before the next launch."""
-        logits = self._logits(batch)
+        hidden = self._forward(batch)
+        prompt = None
+        if batch.prompt_logprobs:
+            prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
+        logits = self._logits(batch, hidden)
         if logits is None:
-            return self._launched(None)
+            return self._launched(None, prompt)
         rows = [row for row in batch.sampling if row is not None]
         if batch.has_token_masks:
-            return PendingLogits(logits, rows, batch.penalty_slot_inits)
-        return self._launched(self.sampler.sample(logits, rows, batch.penalty_slot_inits))
+            return PendingLogits(logits, rows, batch.penalty_slot_inits, prompt)
+        return self._launched(self.sampler.sample(logits, rows, batch.penalty_slot_inits), prompt)
 
     @torch.inference_mode()
     def sample_masked(self, pending: PendingLogits, token_mask: TokenMask) -> PendingStep:
         """Queues the sampling of a launched step whose token masks are now filled."""
-        return self._launched(self.sampler.sample(pending.logits, pending.rows, pending.slot_inits, token_mask))
+        sampled = self.sampler.sample(pending.logits, pending.rows, pending.slot_inits, token_mask)
+        return self._launched(sampled, pending.prompt)
 
-    def _launched(self, sampled: SampledRows | None) -> PendingStep:
-        pending = PendingStep(sampled)
+    def _launched(self, sampled: SampledRows | None, prompt: PackedPromptLogprobs | None) -> PendingStep:
+        pending = PendingStep(sampled, prompt)
         self._last_sampled_ids = pending.sampled_token_ids
         return pending
 
-    def _logits(self, batch: Batch) -> torch.Tensor | None:
+    def _logits(self, batch: Batch, hidden: torch.Tensor) -> torch.Tensor | None:
         """[num_sampled_rows, vocab] in the model's dtype (the sampler upcasts where it must); None: no row samples."""
-        hidden = self._forward(batch)
         sampled_rows = [i for i, row in enumerate(batch.sampling) if row is not None]
         if not sampled_rows:
             return None

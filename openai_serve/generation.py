@@ -11,6 +11,7 @@ from typing import Protocol
 
 from core import RequestRejected
 from core.detokenizer import TokenDecoder
+from core.outputs import TokenLogprobs
 from core.request_checks import EngineLimits
 from core.text_tracker import TokenLogprob
 from openai_serve.choice import ChoiceDecoder, ChoiceDelta, ChoiceSpec, merge_deltas
@@ -116,6 +117,7 @@ class CollectedChoice:
     text: str = ""
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    prompt_logprobs: list[TokenLogprobs | None] | None = None  # asked for: one per prompt token, the first None
 
 
 async def collect(generation: Generation) -> dict[int, CollectedChoice]:
@@ -127,6 +129,8 @@ async def collect(generation: Generation) -> dict[int, CollectedChoice]:
             choice.text += delta.text
             choice.logprobs += delta.logprobs
             choice.finish_reason = delta.finish_reason
+    for decoder in generation.decoders:
+        choices[decoder.spec.index].prompt_logprobs = decoder.tracker.prompt_logprobs
     return choices
 
 

@@ -78,6 +78,42 @@ def completion_logprobs(entries: list[TokenLogprob], texts: TokenTexts) -> dict[
     }
 
 
+def prompt_logprobs_json(prompt_token_ids: list[int], entries: list[TokenLogprobs | None],
+                         texts: TokenTexts) -> list[dict[str, dict[str, object]] | None]:
+    """vLLM's `prompt_logprobs`: per prompt token (the first None), its own entry and its top alternatives,
+    keyed by token id: {"logprob", "rank", "decoded_token"}."""
+    result: list[dict[str, dict[str, object]] | None] = [None]
+    for token_id, entry in zip(prompt_token_ids[1:], entries[1:], strict=True):
+        assert entry is not None
+        item = {str(token_id): _vllm_entry(texts, token_id, entry.logprob, entry.rank)}
+        for rank, (top_id, logprob) in enumerate(_top(entry), start=1):
+            item.setdefault(str(top_id), _vllm_entry(texts, top_id, logprob, rank))
+        result.append(item)
+    return result
+
+
+def echo_logprobs(prompt_token_ids: list[int], entries: list[TokenLogprobs | None], prompt_offsets: list[int],
+                  generated: list[TokenLogprob], texts: TokenTexts) -> dict[str, object]:
+    """The legacy shape over the echoed prompt and then the generated tokens, as OpenAI's `echo` with
+    `logprobs`: the prompt's first token has null logprob and null top_logprobs; the generated tokens'
+    text offsets follow the prompt's text (`prompt_offsets[-1]` is its length)."""
+    prompt_entries = entries[1:]
+    prompt_part = completion_logprobs([TokenLogprob(t, e, o) for t, e, o in zip(  # type: ignore[arg-type]
+        prompt_token_ids[1:], prompt_entries, prompt_offsets[1:-1], strict=True)], texts)
+    generated_part = completion_logprobs(
+        [TokenLogprob(e.token_id, e.logprobs, e.text_offset + prompt_offsets[-1]) for e in generated], texts)
+    return {
+        "tokens": [texts.get(prompt_token_ids[0])[0], *prompt_part["tokens"], *generated_part["tokens"]],
+        "token_logprobs": [None, *prompt_part["token_logprobs"], *generated_part["token_logprobs"]],
+        "top_logprobs": [None, *prompt_part["top_logprobs"], *generated_part["top_logprobs"]],
+        "text_offset": [0, *prompt_part["text_offset"], *generated_part["text_offset"]],
+    }
+
+
+def _vllm_entry(texts: TokenTexts, token_id: int, logprob: float, rank: int) -> dict[str, object]:
+    return {"logprob": _floor(logprob), "rank": rank, "decoded_token": texts.get(token_id)[0]}
+
+
 def chat_logprobs(entries: list[TokenLogprob], texts: TokenTexts) -> dict[str, object]:
     content = []
     for entry in entries:

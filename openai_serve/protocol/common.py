@@ -13,6 +13,7 @@ from core import SamplingParams, SamplingParamsError
 from core.sampling_params import (
     FREQUENCY_PENALTY,
     LOGIT_BIAS,
+    LOGPROBS,
     MIN_P,
     MIN_TOKENS,
     PRESENCE_PENALTY,
@@ -22,7 +23,7 @@ from core.sampling_params import (
     TOP_P,
     Bounds,
 )
-from openai_serve.errors import bad_request, refused
+from openai_serve.errors import bad_request, refused, unsupported
 from openai_serve.protocol.fields import Fields, is_number
 from openai_serve.protocol.structured import read_structured_output
 
@@ -74,13 +75,17 @@ def read_model(fields: Fields) -> str:
 def read_common(fields: Fields, model: str, max_tokens: int | None, logprobs: int | None) -> CommonRequest:
     """The shared fields; `max_tokens` and `logprobs` are the endpoint's, read under its own names."""
     _accept_openai_only(fields)
-    return CommonRequest(
+    common = CommonRequest(
         model=model,
         n=fields.get_int("n", 1, N),
         stream=_read_stream(fields),
         user=fields.get_str("user", None),
         sampling=read_sampling(fields, max_tokens, logprobs),
     )
+    if common.stream.stream and common.sampling.prompt_logprobs is not None:
+        # Departure from vLLM, which sends them in the first chunk: here they come in full responses only.
+        raise unsupported("prompt_logprobs", "is not supported with stream (ask without streaming)")
+    return common
 
 
 def read_sampling(fields: Fields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
@@ -107,6 +112,7 @@ def read_sampling(fields: Fields, max_tokens: int | None, logprobs: int | None) 
             repetition_penalty=fields.get_float("repetition_penalty", 1.0, REPETITION_PENALTY),
             logit_bias=_read_logit_bias(fields),
             structured_output=read_structured_output(fields),
+            prompt_logprobs=fields.get_int("prompt_logprobs", None, LOGPROBS),
         )
     except SamplingParamsError as exc:
         raise refused(exc) from exc

@@ -21,6 +21,7 @@ class CompletionRequest(GenerationRequest):
     prompts: tuple[Prompt, ...]
     echo: bool = False
     add_special_tokens: bool = True  # vLLM's extra: tokenize string prompts with BOS etc.
+    prompt_logprobs: int | None = None  # vLLM's `prompt_logprobs` as the client asked (echo may ask for more)
     ignored_fields: tuple[str, ...] = ()  # unknown fields the request sent (see fields.py)
     # The client's names for the prompt and for max_tokens, in errors about them.
     prompt_param: ClassVar[str] = "prompt"
@@ -40,13 +41,19 @@ def parse_completion_request(body: object, unknown: UnknownFields | None = None)
         prompts=parse_prompts(fields.raw("prompt")),
         echo=fields.get_bool("echo", False),
         add_special_tokens=fields.get_bool("add_special_tokens", True),
+        prompt_logprobs=common.sampling.prompt_logprobs,
     )
     fields.unsupported_unless("suffix", lambda v: v == "", "is not supported by this server")
     best_of = fields.get_int("best_of", None)
     if best_of is not None and best_of != common.n:
         raise unsupported("best_of", f"must equal n ({common.n}): picking the best of several is not supported")
+    if common.stream.stream and request.echo and request.logprobs is not None:
+        raise unsupported("echo", "with logprobs needs prompt logprobs, which are not streamed (ask without stream)")
     if request.echo and request.logprobs is not None:
-        raise unsupported("echo", "with logprobs needs prompt logprobs, which this server does not compute")
+        # The legacy API's log-likelihood pattern: the prompt's tokens get logprobs too (the first null).
+        sampling = common.sampling
+        wanted = max(request.logprobs, sampling.prompt_logprobs or 0)
+        request = replace(request, common=replace(common, sampling=replace(sampling, prompt_logprobs=wanted)))
     fields.check_unknown()
     return replace(request, ignored_fields=tuple(unknown.names))
 

@@ -20,7 +20,7 @@ from openai_serve.errors import unsupported
 from openai_serve.generation import CollectedChoice, Generation, Usage, with_usage_so_far
 from openai_serve.http_io import read_json
 from openai_serve.ignored_fields import name_ignored_fields
-from openai_serve.logprobs import TokenLogprob, chat_logprobs
+from openai_serve.logprobs import TokenLogprob, chat_logprobs, prompt_logprobs_json
 from openai_serve.parsers.deltas import fold
 from openai_serve.parsers.message import MessageParser
 from openai_serve.parsers.selection import OutputParsing
@@ -41,15 +41,16 @@ async def create_chat_completion(request: Request) -> Response:
                           "server does not have yet")
     prompt_text = state.chat_template.render(body)
     parsing = OutputParsing(body.tools, state.tool_call_parser, state.reasoning_parser, prompt_text)
-    view = ChatView(state, body, parsing)
-    response = await respond(request, state, body, view, [state.chat_template.tokenize(prompt_text)])
+    prompt = state.chat_template.tokenize(prompt_text)
+    view = ChatView(state, body, parsing, prompt)
+    response = await respond(request, state, body, view, [prompt])
     return name_ignored_fields(response, body.ignored_fields)
 
 
 class ChatView:
     """Builds this response's JSON: chunks while streaming, or the whole response."""
 
-    def __init__(self, state: ServingState, body: ChatRequest, parsing: OutputParsing) -> None:
+    def __init__(self, state: ServingState, body: ChatRequest, parsing: OutputParsing, prompt: list[int]) -> None:
         self.response_id = f"chatcmpl-{uuid.uuid4().hex}"
         self._created = int(time.time())
         self._model = body.common.model
@@ -58,6 +59,7 @@ class ChatView:
         self._wants_logprobs = body.logprobs is not None
         self._texts = state.token_texts
         self._parsing = parsing
+        self._prompt = prompt
 
     async def stream(self, generation: Generation) -> AsyncIterator[Batch]:
         num_choices = len(generation.decoders)
@@ -95,7 +97,10 @@ class ChatView:
             }
             for index, choice in sorted(choices.items())
         ]
-        return {**self._head("chat.completion"), "choices": items, "usage": usage.to_dict()}
+        response = {**self._head("chat.completion"), "choices": items, "usage": usage.to_dict()}
+        if choices and (entries := choices[0].prompt_logprobs) is not None:  # vLLM's, once per response
+            response["prompt_logprobs"] = prompt_logprobs_json(self._prompt, entries, self._texts)
+        return response
 
     def _message(self, choice: CollectedChoice) -> dict[str, object]:
         parser = self._parsing.new_parser()

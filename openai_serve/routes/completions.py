@@ -18,7 +18,7 @@ from starlette.responses import Response
 from openai_serve.generation import CollectedChoice, Generation, Usage, with_usage_so_far
 from openai_serve.http_io import read_json
 from openai_serve.ignored_fields import name_ignored_fields
-from openai_serve.logprobs import TokenLogprob, completion_logprobs
+from openai_serve.logprobs import TokenLogprob, completion_logprobs, echo_logprobs, prompt_logprobs_json
 from openai_serve.protocol.completions import CompletionRequest, Prompt, parse_completion_request
 from openai_serve.protocol.fields import UnknownFields
 from openai_serve.routes.responding import respond
@@ -87,8 +87,21 @@ class CompletionView:
         items = []
         for index, choice in sorted(choices.items()):
             echo = self._echo_texts[index // self._n] if self._echo_texts else ""
-            items.append(self._choice(index, echo + choice.text, choice.logprobs, choice.finish_reason))
+            item = self._choice(index, echo + choice.text, choice.logprobs, choice.finish_reason)
+            prompt = self._prompts[index // self._n]
+            if self._body.echo and self._wants_logprobs and choice.prompt_logprobs is not None:
+                item["logprobs"] = echo_logprobs(prompt, choice.prompt_logprobs, self._prompt_offsets(prompt, echo),
+                                                 choice.logprobs, self._texts)
+            if self._body.prompt_logprobs is not None and choice.prompt_logprobs is not None:
+                item["prompt_logprobs"] = prompt_logprobs_json(prompt, choice.prompt_logprobs, self._texts)
+            items.append(item)
         return {**self._head(), "choices": items, "usage": usage.to_dict()}
+
+    def _prompt_offsets(self, prompt: list[int], echo: str) -> list[int]:
+        """Where each prompt token's text starts in the echoed text, and its length last."""
+        skip = self._body.common.sampling.skip_special_tokens
+        decode = self._state.tokenizer.decode
+        return [len(decode(prompt[:i], skip_special_tokens=skip)) for i in range(len(prompt))] + [len(echo)]
 
     def _head(self) -> dict[str, object]:
         return {"id": self.response_id, "object": "text_completion", "created": self._created,
