@@ -158,3 +158,17 @@ def test_constrained_outputs_are_valid_on_cuda(tiny_qwen3_dir: Path, eager: bool
                                                       "required": ["n"]}))
     out = llm.generate([[1, 2]], SamplingParams(temperature=0.0, max_tokens=32, structured_output=schema))[0]
     assert out.finish_reason is FinishReason.LENGTH or re.fullmatch(r'\{"n": -?\d+\}', out.text)
+
+
+def test_float32_prompt_logprobs_match_transformers(tiny_qwen3_dir: Path) -> None:
+    """Over chunked prefill (16-token budget, 60-token prompt), with graphs for steps with prefill where they run."""
+    llm = LLM(str(tiny_qwen3_dir), dtype="float32", device="cuda", max_model_len=256, block_size=16,
+              kv_cache_blocks=64, max_num_seqs=4, max_num_batched_tokens=16)
+    prompt = list(range(100, 160))
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=2, prompt_logprobs=2))[0]
+    model = AutoModelForCausalLM.from_pretrained(tiny_qwen3_dir, dtype=torch.float32).cuda().eval()
+    with torch.no_grad():
+        expected = model(torch.tensor([prompt], device="cuda")).logits[0].log_softmax(-1).cpu()
+    assert out.prompt_logprobs is not None and out.prompt_logprobs[0] is None
+    ours = [e.logprob for e in out.prompt_logprobs[1:]]
+    assert ours == pytest.approx([expected[t - 1, prompt[t]].item() for t in range(1, len(prompt))], abs=1e-3)
