@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import jsonschema
 import pytest
@@ -24,6 +24,7 @@ from tests.e2e.serving import MODEL, RunningServer, server_config, start_server
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # litellm fetches a price list at import otherwise
 MAX_TOKENS = 64
+PARALLEL_MAX_TOKENS = 256  # several calls in one answer
 # Any JSON object (json_object) may nest and run on with random weights: room to end, and a seed that does.
 JSON_OBJECT_MAX_TOKENS = 200
 QUESTION = "What is the weather in Paris for the next 3 days?"
@@ -40,7 +41,10 @@ class Forecast(BaseModel):
     metric: bool
 
 
-def get_weather(city: City, days: int, metric: bool) -> str:
+Days = Annotated[int, Field(ge=1, le=7)]
+
+
+def get_weather(city: City, days: Days, metric: bool) -> str:
     """Get the weather forecast for a city.
 
     Args:
@@ -54,11 +58,14 @@ def get_weather(city: City, days: int, metric: bool) -> str:
 WEATHER_PARAMETERS = Forecast.model_json_schema()
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather forecast",
                                                  "parameters": WEATHER_PARAMETERS}}
+NOW_PARAMETERS = {"type": "object", "properties": {"utc": {"type": "boolean"}}, "required": ["utc"]}
+NOW_TOOL = {"type": "function", "function": {"name": "now", "description": "The time", "parameters": NOW_PARAMETERS}}
 
 
 @pytest.fixture(scope="module")
 def server(model_dir: Path) -> Iterator[RunningServer]:
-    running = start_server(model_dir, server_config(chat_template=HERMES_TOOLS_TEMPLATE))
+    # Tool schemas in the prompt take hundreds of tokens of the tiny 512-token vocabulary.
+    running = start_server(model_dir, server_config(chat_template=HERMES_TOOLS_TEMPLATE), max_model_len=2048)
     yield running
     running.stop()
 
@@ -80,22 +87,25 @@ def test_forced_calls_always_validate(server: RunningServer, seed: int) -> None:
     """Over many seeds (temperature 1): named and required choices give arguments that validate."""
     client = server.client()
     named = {"type": "function", "function": {"name": "get_weather"}}
-    for tool_choice in (named, "required"):
+    for tool_choice, parallel in ((named, True), ("required", False), ("required", True)):
         out = client.chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": QUESTION}], tools=[WEATHER_TOOL],
-            tool_choice=tool_choice, seed=seed, max_tokens=MAX_TOKENS)
+            model=MODEL, messages=[{"role": "user", "content": QUESTION}], tools=[WEATHER_TOOL, NOW_TOOL],
+            tool_choice=tool_choice, parallel_tool_calls=parallel, seed=seed, max_tokens=PARALLEL_MAX_TOKENS)
         choice = out.choices[0]
         assert choice.finish_reason == "tool_calls", (tool_choice, choice)
-        assert choice.message.content is None and choice.message.tool_calls
-        for call in choice.message.tool_calls:
-            assert call.function.name == "get_weather" and call.id.startswith("call_")
-            assert_valid_weather_args(call.function.arguments)
+        calls = choice.message.tool_calls
+        assert choice.message.content is None and calls and (parallel or len(calls) == 1)
+        for call in calls:
+            assert call.id.startswith("call_") and call.function.name in ("get_weather", "now")
+            schema = WEATHER_PARAMETERS if call.function.name == "get_weather" else NOW_PARAMETERS
+            jsonschema.validate(json.loads(call.function.arguments), schema)
+        assert len({call.id for call in calls}) == len(calls)
 
 
 def test_streamed_tool_call_deltas_reassemble_to_the_call_in_full(server: RunningServer) -> None:
     client = server.client()
-    body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "tools": [WEATHER_TOOL],
-            "tool_choice": "required", "seed": 7, "max_tokens": MAX_TOKENS}
+    body = {"model": MODEL, "messages": [{"role": "user", "content": QUESTION}], "tools": [WEATHER_TOOL, NOW_TOOL],
+            "tool_choice": "required", "seed": 11, "max_tokens": PARALLEL_MAX_TOKENS}
     whole = client.chat.completions.create(**body).choices[0]
     calls: dict[int, dict] = {}
     first_deltas: dict[int, object] = {}
@@ -110,8 +120,9 @@ def test_streamed_tool_call_deltas_reassemble_to_the_call_in_full(server: Runnin
     assert [c.function.name for c in whole.message.tool_calls] == [c["name"] for c in calls.values()]
     assert [c.function.arguments for c in whole.message.tool_calls] == [c["arguments"] for c in calls.values()]
     for delta in first_deltas.values():  # each call opens with its id, type and name
-        assert delta.id and delta.type == "function" and delta.function.name == "get_weather"
-    assert finish_reasons[-1] == "tool_calls"
+        assert delta.id and delta.type == "function" and delta.function.name in ("get_weather", "now")
+    assert finish_reasons[-1] == whole.finish_reason == "tool_calls"
+    assert len(calls) > 1  # this seed makes several calls: their indexes keep them apart
 
 
 def test_sdk_parse_returns_the_parsed_model(server: RunningServer) -> None:
@@ -197,7 +208,7 @@ def test_openai_agents_function_tool(server: RunningServer) -> None:
     calls = []
 
     @function_tool
-    def weather(city: City, days: int, metric: bool) -> str:
+    def weather(city: City, days: Days, metric: bool) -> str:
         """Get the weather forecast for a city."""
         calls.append((city, days, metric))
         return "sunny"
@@ -218,7 +229,7 @@ def test_litellm_tools(server: RunningServer) -> None:
     response = litellm.completion(
         model=f"openai/{MODEL}", api_base=base_url(server), api_key="unused",
         messages=[{"role": "user", "content": QUESTION}], tools=[WEATHER_TOOL], tool_choice="required",
-        max_tokens=MAX_TOKENS, seed=6)
+        parallel_tool_calls=False, max_tokens=PARALLEL_MAX_TOKENS, seed=6)
     calls = response.choices[0].message.tool_calls
     assert calls and calls[0].function.name == "get_weather"
     assert_valid_weather_args(calls[0].function.arguments)
@@ -234,7 +245,7 @@ def test_llama_index_chat_with_tools(server: RunningServer) -> None:
     llm = OpenAILike(model=MODEL, api_base=base_url(server), api_key="unused", is_chat_model=True,
                      is_function_calling_model=True, max_tokens=MAX_TOKENS, max_retries=0,
                      additional_kwargs={"seed": 8})
-    tool = FunctionTool.from_defaults(fn=get_weather)
+    tool = FunctionTool.from_defaults(fn=get_weather, fn_schema=Forecast)  # its own schema loses the bounds
     response = llm.chat_with_tools([tool], user_msg=QUESTION, tool_required=True)
     calls = llm.get_tool_calls_from_response(response, error_on_no_tool_call=True)
     assert calls[0].tool_name == "get_weather"
