@@ -13,7 +13,7 @@ from openai_serve.errors import bad_request, unsupported
 from openai_serve.protocol.common import GenerationRequest, read_common, read_model
 from openai_serve.protocol.fields import Fields, UnknownFields
 from openai_serve.protocol.messages import parse_messages
-from openai_serve.protocol.tools import ToolRequest, read_tools
+from openai_serve.protocol.tools import ToolRequest, read_tools, with_forced_tools
 
 # OpenAI's values (the SDK's ReasoningEffort and verbosity types).
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
@@ -44,14 +44,15 @@ def parse_chat_request(body: object, unknown: UnknownFields | None = None) -> Ch
     if fields.has("chat_template"):
         raise unsupported("chat_template", "is not accepted from clients: the server's template is used "
                           "(variables can be passed in chat_template_kwargs)")
+    tools = read_tools(fields)
     request = ChatRequest(
-        common=common,
+        common=replace(common, sampling=with_forced_tools(common.sampling, tools)),
         messages=parse_messages(fields.raw("messages"), unknown),
         max_tokens_param=max_tokens_param,
         template_kwargs=read_template_kwargs(fields),
         add_generation_prompt=fields.get_bool("add_generation_prompt", True),
         continue_final_message=fields.get_bool("continue_final_message", False),
-        tools=read_tools(fields),
+        tools=tools,
     )
     _check_continuation(request)
     fields.check_unknown()

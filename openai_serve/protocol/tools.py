@@ -11,10 +11,12 @@ schema can say in advance).
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
-from openai_serve.errors import bad_request, unsupported
+from core import SamplingParams, SamplingParamsError
+from core.structured_output import StructuredOutput
+from openai_serve.errors import bad_request, refused, unsupported
 from openai_serve.protocol.fields import Fields
 
 _ANY_OBJECT: dict[str, object] = {"type": "object"}
@@ -81,6 +83,19 @@ def forced_schema(request: ToolRequest) -> str | None:
     if not request.parallel_tool_calls:
         schema["maxItems"] = 1
     return json.dumps(schema)
+
+
+def with_forced_tools(sampling: SamplingParams, request: ToolRequest) -> SamplingParams:
+    """The request's SamplingParams, with the structured output a forced tool_choice needs."""
+    schema = forced_schema(request)
+    if schema is None:
+        return sampling
+    if sampling.structured_output is not None:
+        raise bad_request("'tool_choice' required or named cannot be combined with 'response_format'", "tool_choice")
+    try:
+        return replace(sampling, structured_output=StructuredOutput(json_schema=schema, param="tool_choice"))
+    except SamplingParamsError as exc:
+        raise refused(exc) from exc
 
 
 def _read_tool_list(value: object) -> tuple[Tool, ...]:

@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from openai_serve.chat_output import delta_json, finish_reason, message_json
-from openai_serve.errors import unsupported
 from openai_serve.generation import CollectedChoice, Generation, Usage, with_usage_so_far
 from openai_serve.http_io import read_json
 from openai_serve.ignored_fields import name_ignored_fields
@@ -36,9 +35,6 @@ async def create_chat_completion(request: Request) -> Response:
     body = parse_chat_request(await read_json(request), UnknownFields(state.config.strict_request_fields))
     state.check_model(body.common.model)
     state.ignored_fields.note(body.ignored_fields)
-    if body.tools.is_forced:  # until structured output can enforce the tools' schemas
-        raise unsupported("tool_choice", "'required' and named functions need structured output, which this "
-                          "server does not have yet")
     prompt_text = state.chat_template.render(body)
     parsing = OutputParsing(body.tools, state.tool_call_parser, state.reasoning_parser, prompt_text)
     prompt = state.chat_template.tokenize(prompt_text)

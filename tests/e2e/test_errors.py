@@ -81,11 +81,17 @@ BAD_BODIES = [
     (CHAT, M | {"tools": [{"type": "function", "function": {"name": "f", "parameters": "{}"}}]}, 400,
      "tools[0].function.parameters"),
     (CHAT, M | {"tools": {"type": "function"}}, 400, "tools"),
-    (CHAT, M | {"tool_choice": "required"}, 400, "tool_choice"),
+    (CHAT, M | {"tool_choice": "required"}, 400, "tool_choice"),  # no tools to call
     (CHAT, M | {"tool_choice": "sometimes"}, 400, "tool_choice"),
     (CHAT, M | {"tools": [{"type": "function", "function": {"name": "f"}}],
                 "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice.function.name"),
     (CHAT, M | {"parallel_tool_calls": "no"}, 400, "parallel_tool_calls"),
+    (CHAT, M | {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+                "response_format": {"type": "json_object"}}, 400, "tool_choice"),
+    (CHAT, M | {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"not": {}}}}],
+                "tool_choice": "required"}, 400, "tool_choice"),  # a schema the grammar engine would not enforce
+    (CHAT, M | {"tools": [{"type": "function", "function": {"name": "f"}}], "tool_choice": "required",
+                "ignore_eos": True}, 400, "ignore_eos"),
     (CHAT, M | {"reasoning_effort": "extreme"}, 400, "reasoning_effort"),
     (CHAT, M | {"store": "yes"}, 400, "store"),
     (CHAT, M | {"metadata": ["x"]}, 400, "metadata"),
