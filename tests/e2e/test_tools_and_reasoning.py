@@ -1,8 +1,8 @@
 """Tools and thinking end to end, on a server whose chat template shows tools as Hermes/Qwen do (so
 `--tool-call-parser auto` reads `<tool_call>` JSON) and splits thinking with `--reasoning-parser
 deepseek_r1` (answers start inside a think block). The tiny model is random: it writes no call of
-its own accord, so the parsing itself is covered by tests/unit/test_parsers_*.py and forced calls
-by tests that need structured output."""
+its own accord, so vLLM's `structured_outputs` makes it write one where a test needs it; the
+parsers' cases are in tests/unit/test_parsers_*.py, forced calls in test_client_libraries.py."""
 
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,3 +85,38 @@ def test_tool_choice_none_and_auto_without_a_call_answer_text(server: RunningSer
         out = server.client().chat.completions.create(messages=MESSAGES, tools=[WEATHER], tool_choice=choice,
                                                       **GREEDY)
         assert out.choices[0].message.tool_calls is None and out.choices[0].finish_reason == "length"
+
+
+# vLLM's structured_outputs can make even a random model write a given answer: here, thinking and a
+# call the way Hermes/Qwen write them, so the parsers run on a real answer of the server.
+THOUGHT_AND_CALL = ('Paris, then.</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n'
+                    '</tool_call>')
+
+
+def scripted(answer: str) -> dict:
+    return {"model": MODEL, "messages": MESSAGES, "tools": [WEATHER], "max_tokens": 130, "seed": 0,
+            "structured_outputs": {"choice": [answer]}}
+
+
+def test_a_call_the_model_writes_is_read_into_tool_calls(server: RunningServer) -> None:
+    with server.http() as http:
+        whole = http.post(CHAT, json=scripted(THOUGHT_AND_CALL)).json()["choices"][0]
+        chunks = post_stream(http, CHAT, scripted(THOUGHT_AND_CALL) | {"stream": True}).chunks
+    assert whole["finish_reason"] == "tool_calls"
+    message = whole["message"]
+    assert message["reasoning_content"] == "Paris, then." and message["content"] is None
+    [call] = message["tool_calls"]
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+    deltas = [c["choices"][0] for c in chunks if c["choices"]]
+    streamed = [d["delta"]["tool_calls"][0] for d in deltas if d["delta"].get("tool_calls")]
+    assert streamed[0]["function"]["name"] == "get_weather" and streamed[0]["id"].startswith("call_")
+    assert "".join(d["function"]["arguments"] for d in streamed) == call["function"]["arguments"]
+    assert "".join(d["delta"].get("reasoning_content") or "" for d in deltas) == "Paris, then."
+    assert not any(d["delta"].get("content") for d in deltas) and deltas[-1]["finish_reason"] == "tool_calls"
+
+
+def test_tool_choice_none_leaves_a_written_call_as_text(server: RunningServer) -> None:
+    with server.http() as http:
+        choice = http.post(CHAT, json=scripted(THOUGHT_AND_CALL) | {"tool_choice": "none"}).json()["choices"][0]
+    assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
+    assert choice["message"]["content"].startswith("<tool_call>\n{")
