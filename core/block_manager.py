@@ -92,11 +92,15 @@ class BlockManager:
             seq.block_ids.append(self._take_block())
         self._key_full_blocks(seq, seq.num_computed_tokens + num_new_tokens)
 
-    def free(self, seq: Sequence) -> None:
+    def free(self, seq: Sequence, keep_cached: bool = True) -> None:
+        """Drops the sequence's references; a block nobody else holds stays in the prefix cache if it is
+        keyed and `keep_cached` (False: its contents are not to be trusted)."""
         # Tail blocks first, so they become the least recent and are evicted before shared prefixes.
         for block_id in reversed(seq.block_ids):
             self.ref_counts[block_id] -= 1
             if self.ref_counts[block_id] == 0:
+                if self.block_keys[block_id] is not None and not keep_cached:
+                    self._forget(block_id)
                 if self.block_keys[block_id] is None:
                     self.free_ids.append(block_id)
                 else:
@@ -109,12 +113,16 @@ class BlockManager:
             block_id = self.free_ids.popleft()
         else:
             block_id, _ = self.evictable_ids.popitem(last=False)
-            del self.key_to_block[self.block_keys[block_id]]  # type: ignore[index]
-            self.block_keys[block_id] = None
-            self.block_token_ids[block_id] = None
+            self._forget(block_id)
         assert self.ref_counts[block_id] == 0
         self.ref_counts[block_id] = 1
         return block_id
+
+    def _forget(self, block_id: int) -> None:
+        """Takes a keyed block out of the prefix cache."""
+        del self.key_to_block[self.block_keys[block_id]]  # type: ignore[index]
+        self.block_keys[block_id] = None
+        self.block_token_ids[block_id] = None
 
     def _key_full_blocks(self, seq: Sequence, num_covered_tokens: int) -> None:
         num_full_blocks = min(num_covered_tokens, len(seq.token_ids)) // self.block_size

@@ -13,8 +13,12 @@ while the device runs it, the previous step's tokens are booked (each constraine
 matcher accepts its token) and the rows' token masks are filled; then its sampling is queued.
 
 Requests come checked: the front ends (the offline LLM, the server) check each one with `limits`
-(core/request_checks.py) and keep request ids unique among live requests, so nothing the engine is
-given can fail a step.
+(core/request_checks.py) and keep request ids unique among live requests. The engine does not trust
+them blindly: it checks each request again as it takes it from the inbox, and a request that fails
+the check ends alone with FinishReason.ERROR. A step that raises while it is built or launched
+(a fault that only some request's rows provoke) is run again one row at a time: the rows that still
+raise end their requests with ERROR and the others go on. A fault that is not a request's (every
+row fails, or steps keep failing) is raised: the engine is broken, and its owner restarts it.
 
 Threading: `add_request`, `abort_request` and `stats` are safe from any thread (they enqueue, or
 read counters); everything else, and every touch of the scheduler, the block manager and the
@@ -45,6 +49,10 @@ from gpu.model_runner import ModelRunner
 from gpu.pending_step import PendingLogits, PendingStep
 
 logger = logging.getLogger(__name__)
+
+# Failed steps in a row, none of whose rows could run alone, before the engine gives up (its fault,
+# not a request's).
+_MAX_FAILED_STEPS_IN_A_ROW = 3
 
 
 @dataclass(frozen=True)
@@ -92,6 +100,7 @@ class LLMEngine:
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
         self._in_flight: _LaunchedStep | None = None  # launched, results not yet taken
+        self._num_failed_steps_in_a_row = 0
         self.penalty_slots = PenaltySlots(config.scheduler.max_num_seqs)
         self._grammars: Grammars | None = None  # built at the first structured-output request
         self._compiling: dict[Sequence, concurrent.futures.Future] = {}  # waiting for their grammar, unscheduled
@@ -154,18 +163,30 @@ class LLMEngine:
         if self._grammars is not None:
             self._grammars.close()
 
+    def restarted(self) -> "LLMEngine":
+        """A fresh engine in place of this failed one: new requests, blocks and scheduler on the same model
+        runner (a device fault that broke the runner fails the new engine too)."""
+        self.close()
+        return LLMEngine(self.config, runner=self.runner)
+
     def step(self) -> list[RequestOutput]:
         outputs = self._drain_inbox()
         if self._compiling:
             outputs += self._schedule_compiled()
         scheduled = self._schedule()
-        launched = self._launch(scheduled) if scheduled else None
+        try:
+            launched = self._launch(scheduled) if scheduled else None
+        except Exception:  # noqa: BLE001 - which request provoked it is found by running its rows alone
+            return outputs + self._recover(scheduled)
         if self._in_flight is not None:
             outputs += self._postprocess(self._in_flight)  # the device works on `launched` meanwhile
             self._in_flight = None
         if launched is not None:
             if isinstance(launched.pending, PendingLogits):
-                launched = self._sample_masked(launched)
+                try:
+                    launched = self._sample_masked(launched)
+                except Exception:  # noqa: BLE001 - as a launch that raised
+                    return outputs + self._recover(scheduled)
             self._advance(launched)
             if self.config.scheduler.async_scheduling:
                 self._in_flight = launched
@@ -184,6 +205,43 @@ class LLMEngine:
         batch = build_batch(scheduled, self.block_size, self.eos_token_ids, self.penalty_slots, scored)
         sampled_seqs = [s.seq for s, row in zip(scheduled, batch.sampling, strict=True) if row is not None]
         return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch), scored)
+
+    def _recover(self, scheduled: list[ScheduledSequence]) -> list[RequestOutput]:
+        """After a step failed to launch: books the step still in flight, then runs each scheduled row
+        alone, launched and booked at once. A row that still raises ends its request with ERROR."""
+        logger.exception("a step of %d rows failed; running its rows one at a time", len(scheduled))
+        outputs = self._postprocess(self._in_flight) if self._in_flight is not None else []
+        self._in_flight = None
+        failed, num_run = [], 0
+        for s in scheduled:
+            if s.seq.is_finished:
+                continue  # ended by the token the step in flight gave it
+            try:
+                alone = self._launch([s])
+                if isinstance(alone.pending, PendingLogits):
+                    alone = self._sample_masked(alone)
+            except Exception as exc:  # noqa: BLE001 - this request's rows fail the step: it ends alone
+                logger.error("request %s: its rows fail the step (%s: %s); it is ended", s.seq.request_id,
+                             type(exc).__name__, exc)
+                failed.append(s.seq)
+                continue
+            num_run += 1
+            self._advance(alone)
+            outputs += self._postprocess(alone)
+        self._check_not_broken(num_run, len(failed))
+        for seq in failed:
+            self._finish(seq, FinishReason.ERROR)
+            outputs.append(_output(seq, [], []))
+        return outputs
+
+    def _check_not_broken(self, num_run: int, num_failed: int) -> None:
+        """Raises when the failures are the engine's: every row of a step failed, or no row ran in several
+        steps in a row (a device fault fails whatever is sent to it)."""
+        self._num_failed_steps_in_a_row = 0 if num_run else self._num_failed_steps_in_a_row + 1
+        if num_failed > 1 and not num_run:
+            raise RuntimeError(f"every row of a step of {num_failed} rows failed: the engine is broken")
+        if self._num_failed_steps_in_a_row >= _MAX_FAILED_STEPS_IN_A_ROW:
+            raise RuntimeError(f"{self._num_failed_steps_in_a_row} steps in a row failed: the engine is broken")
 
     def _advance(self, step: _LaunchedStep) -> None:
         """Books what the launched step will have computed, before its results are back."""
@@ -213,6 +271,12 @@ class LLMEngine:
             except queue.Empty:
                 return outputs
             if isinstance(item, Sequence):
+                refusal = self._refusal(item)
+                if refusal is not None:
+                    logger.error("request %s refused by the engine: %s", item.request_id, refusal)
+                    item.status, item.finish_reason = SequenceStatus.FINISHED, FinishReason.ERROR
+                    outputs.append(_output(item, [], []))
+                    continue
                 self._sequences[item.request_id] = item
                 if item.params.structured_output is None:
                     self.scheduler.add(item)
@@ -237,9 +301,14 @@ class LLMEngine:
                 self.scheduler.add(seq)
             else:  # never for a checked request (core/request_checks.py): it fails alone
                 logger.error("request %s: its grammar did not compile: %s", seq.request_id, future.exception())
-                self._finish(seq, FinishReason.ABORT)
+                self._finish(seq, FinishReason.ERROR)
                 outputs.append(_output(seq, [], []))
         return outputs
+    def _refusal(self, seq: Sequence) -> str | None:
+        """Why the engine cannot take this request (its front end should have refused it), or None."""
+        if seq.request_id in self._sequences:
+            return "its id is the id of a live request"
+        return self.limits.refusal(seq.token_ids, seq.params)
 
     def _postprocess(self, step: _LaunchedStep) -> list[RequestOutput]:
         """Waits for the step's tokens (the one host sync) and books them."""
@@ -254,7 +323,7 @@ class LLMEngine:
             finish_reason = self._finish_reason(seq, token_id)
             if seq.grammar is not None and not seq.grammar.accept_token(token_id):
                 logger.error("request %s: token %d is outside its grammar; ended", seq.request_id, token_id)
-                finish_reason = FinishReason.ABORT
+                finish_reason = FinishReason.ERROR
             if finish_reason is not None:
                 self._finish(seq, finish_reason)
             outputs.append(_output(seq, [token_id], [logprobs]))
@@ -276,7 +345,8 @@ class LLMEngine:
         if self._compiling.pop(seq, None) is not None:
             seq.status = SequenceStatus.FINISHED  # never reached the scheduler
         else:
-            self.scheduler.finish(seq)
+            # A failed request's blocks may hold K/V its failed step never wrote: they leave the prefix cache.
+            self.scheduler.finish(seq, keep_cached=reason is not FinishReason.ERROR)
         self._release_penalty_slot(seq)
         seq.finish_reason = reason
         del self._sequences[seq.request_id]

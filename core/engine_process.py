@@ -54,6 +54,7 @@ class EngineProcess:
 
     def __init__(self, config: EngineConfig, start_timeout_s: float = 900.0, log_level: str = "INFO") -> None:
         self.config = config
+        self._start_timeout_s, self._log_level = start_timeout_s, log_level
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state, no threads forked
         requests_out, requests_in = context.Pipe(duplex=False)
         outputs_out, outputs_in = context.Pipe(duplex=False)
@@ -125,6 +126,13 @@ class EngineProcess:
             self._process.join()
         self._requests.close()
         self._outputs.close()
+
+    def restarted(self) -> "EngineProcess":
+        """A new engine process in place of this failed one (which is killed if it still runs)."""
+        if self._process.is_alive():
+            self._process.kill()
+        self.close()
+        return EngineProcess(self.config, self._start_timeout_s, self._log_level)
 
     def _send(self, message: tuple[Any, ...]) -> None:
         try:

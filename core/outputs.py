@@ -10,6 +10,10 @@ class FinishReason(StrEnum):
     STOP = "stop"  # EOS, a stop token id, or (decided outside the engine) a stop string
     LENGTH = "length"  # max_tokens or the model's context length
     ABORT = "abort"  # aborted by the caller: disconnect, shutdown, stop string
+    # The engine could not run it (a request its front end should have refused, or a fault that only its
+    # batch rows raise): it alone ends, and the others go on. Never an OpenAI finish_reason: the server
+    # turns it into an error for its client.
+    ERROR = "error"
 
 
 @dataclass(slots=True)

@@ -1,7 +1,8 @@
-"""Whether a request can ever be served by this engine: its prompt's token ids, its length, and the
+"""Whether a request can ever be served by this engine: its prompt's token ids, its length, the
 context and KV blocks it needs, the token ids its sampling names and a structured output that
-compiles. The one statement of these rules; the front ends (the offline
-`LLM`, the server) check every request with them before it reaches the engine, which trusts them.
+compiles. The one statement of these rules; the front ends (the offline `LLM`, the server) check
+every request with them before it reaches the engine, which checks them again at its door (a request
+that slips through fails alone).
 
 An error names the field as the caller's client knows it (`prompt`, `messages`, `max_tokens`,
 `max_completion_tokens`): the caller says which, so nobody renames an error afterwards.
@@ -46,6 +47,36 @@ class EngineLimits:
         """`params` with max_tokens resolved for a checked prompt of this length; raises RequestRejected
         when prompt and output do not fit the context or the KV cache, or its sampling cannot run."""
         self.check_sampling(params)
+        return self._fit_length(num_prompt_tokens, params, param)
+
+    def check_sampling(self, params: SamplingParams) -> None:
+        """The token ids it names are the model's; a structured output compiles (the reason otherwise,
+        under the request field it came from)."""
+        self.check_sampled_token_ids(params)
+        if params.structured_output is not None:
+            try:
+                grammar.check(params.structured_output)
+            except StructuredOutputError as exc:
+                raise RequestRejected(exc.param, str(exc)) from exc
+
+    def check_sampled_token_ids(self, params: SamplingParams) -> None:
+        """Every token id the sampling names is the model's: the sampler indexes the logits with them."""
+        self.check_token_ids(params.stop_token_ids, "stop_token_ids")
+        self.check_token_ids([token_id for token_id, _ in params.logit_bias], "logit_bias")
+
+    def refusal(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> str | None:
+        """The engine's own check at its door, of a request its front end checked: why it cannot run, or
+        None. All of the above but compiling a structured output (the engine compiles it anyway, and a
+        request whose grammar fails to compile ends alone)."""
+        try:
+            self.check_prompt(prompt_token_ids)
+            self.check_sampled_token_ids(params)
+            self._fit_length(len(prompt_token_ids), params, "max_tokens")
+        except RequestRejected as exc:
+            return str(exc)
+        return None
+
+    def _fit_length(self, num_prompt_tokens: int, params: SamplingParams, param: str) -> SamplingParams:
         max_tokens = self.max_tokens_of(num_prompt_tokens, params)
         if num_prompt_tokens + max_tokens > self.max_model_len:
             raise RequestRejected(param, f"the prompt ({num_prompt_tokens} tokens) + '{param}' ({max_tokens}) "
@@ -55,16 +86,6 @@ class EngineLimits:
             raise RequestRejected(param, f"the request needs {num_blocks} KV-cache blocks, more than the "
                                   f"{self.num_blocks} that exist")
         return params if params.max_tokens == max_tokens else replace(params, max_tokens=max_tokens)
-
-    def check_sampling(self, params: SamplingParams) -> None:
-        """logit_bias names the model's tokens; a structured output compiles (the reason otherwise, under the
-        request field it came from)."""
-        self.check_token_ids([token_id for token_id, _ in params.logit_bias], "logit_bias")
-        if params.structured_output is not None:
-            try:
-                grammar.check(params.structured_output)
-            except StructuredOutputError as exc:
-                raise RequestRejected(exc.param, str(exc)) from exc
 
     def check(self, prompt_token_ids: Sequence[int], params: SamplingParams) -> SamplingParams:
         """Both checks, for a caller whose client names the fields `prompt` and `max_tokens`."""

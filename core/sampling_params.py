@@ -55,6 +55,9 @@ PRESENCE_PENALTY = Bounds(-2.0, 2.0)  # OpenAI's range
 FREQUENCY_PENALTY = Bounds(-2.0, 2.0)
 REPETITION_PENALTY = Bounds(0.0, low_open=True)  # vLLM's: any positive factor
 LOGIT_BIAS = Bounds(-100.0, 100.0)  # OpenAI's range of a bias value
+# A temperature below this samples greedily, as in vLLM (its _SAMPLING_EPS): it is greedy in all but
+# name, and below about 1e-37 logits / temperature overflow float32 and sampling draws from NaNs.
+GREEDY_TEMPERATURE = 1e-5
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,8 @@ class SamplingParams:
         object.__setattr__(self, "stop", _as_tuple(self.stop))
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
+        if 0.0 < self.temperature < GREEDY_TEMPERATURE:
+            object.__setattr__(self, "temperature", 0.0)
         for name, bounds in _BOUNDS.items():
             value = getattr(self, name)
             if value is not None and not bounds.admits(value):

@@ -58,13 +58,14 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def finish(self, seq: Sequence) -> None:
-        """Removes a finished or aborted sequence wherever it is and frees its blocks."""
+    def finish(self, seq: Sequence, keep_cached: bool = True) -> None:
+        """Removes a finished or aborted sequence wherever it is and frees its blocks (`keep_cached`:
+        its full blocks stay in the prefix cache)."""
         if seq.status is SequenceStatus.RUNNING:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
-        self.block_manager.free(seq)
+        self.block_manager.free(seq, keep_cached)
         seq.status = SequenceStatus.FINISHED
 
     def schedule(self) -> SchedulerOutput:
