@@ -17,6 +17,7 @@ from core.serving_engine import ServingEngine
 from core.tokenizer import load_tokenizer
 from openai_serve.chat_template import ChatTemplate
 from openai_serve.engine_bridge import EngineBridge
+from openai_serve.engine_restarts import RestartPolicy
 from openai_serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from openai_serve.logprobs import TokenTexts
 from openai_serve.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
@@ -54,12 +55,13 @@ def build_app(
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        bridge = EngineBridge(engine, config.max_pending_requests)
+        restarts = RestartPolicy(0 if config.exit_on_engine_failure else config.max_engine_restarts)
+        bridge = EngineBridge(engine, config.max_pending_requests, restarts, config.max_unread_steps)
         chat_template = ChatTemplate(tokenizer, config.chat_template)
         tool_call_parser = resolve_tool_call_parser(config.tool_call_parser, chat_template.text)
         reasoning_parser = None if config.reasoning_parser == "none" else config.reasoning_parser
         logger.info("tool-call parser: %s; reasoning parser: %s", tool_call_parser, reasoning_parser)
-        app.state.serving = ServingState(engine, bridge, config, tokenizer, chat_template, TokenTexts(tokenizer),
+        app.state.serving = ServingState(bridge, config, tokenizer, chat_template, TokenTexts(tokenizer),
                                          token_decoder(tokenizer), tool_call_parser, reasoning_parser)
         bridge.start()
         try:

@@ -93,7 +93,10 @@ def main(argv: list[str] | None = None) -> None:
     config = settings.server
     logger.info("serving %s (context %d tokens) as %s on http://%s:%d/v1", engine.config.model.model,
                 engine.max_model_len, ", ".join(config.served_model_names), config.host, config.port)
+    server = ServingServer(build_app(engine, config), config)
     try:
-        ServingServer(build_app(engine, config), config).run()
+        server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled; the shutdown was clean
         pass
+    if server.exit_code:
+        sys.exit(server.exit_code)

@@ -11,47 +11,73 @@ Invariants:
 - `_handles` (loop thread only) maps every engine request id still running to its handle; an id
   leaves it when the engine finishes it or when it is aborted, so late outputs are dropped. It is
   the server's one registry of live requests: a new request never takes a live one's id.
-- Shutdown: every open handle gets a terminal `BridgeClosed` and its sequences are aborted; new
-  submissions get a 503. If the engine fails (an exception in its step, its process gone), the same
-  happens and `is_alive` turns false.
+- Every handle ends with its requests' last outputs or with one terminal APIError on its queue:
+  shutdown (503, and its requests are aborted), an engine failure (503, at once, for every handle;
+  nothing is sent to the dead engine), a request the engine could not run (500, its siblings
+  aborted), or a consumer that left `max_unread_steps` steps of output unread (a client that
+  stopped reading: its requests are aborted, so they hold no KV blocks).
+- A failed engine is replaced by the output thread (engine_restarts.py); meanwhile and after the
+  server gave up, new requests get 503. `state` says which: what /health reports.
 """
 
 import asyncio
 import logging
 import threading
-from collections.abc import Sequence
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from enum import Enum
+from typing import Any
 
-from core import RequestOutput, RequestRejected, SamplingParams
+from core import FinishReason, RequestOutput, RequestRejected, SamplingParams
 from core.serving_engine import ServingEngine
-from openai_serve.errors import refused, service_unavailable
+from openai_serve.engine_restarts import RestartPolicy
+from openai_serve.errors import APIError, bad_request, refused, service_unavailable
 
 logger = logging.getLogger(__name__)
 
 _IDLE_POLL_S = 0.25  # how often an idle output thread checks whether it should exit
 
 
-@dataclass(frozen=True)
-class BridgeClosed:
-    """The terminal event of a request whose engine went away (shutdown or engine failure)."""
+class EngineState(Enum):
+    SERVING = "serving"
+    RESTARTING = "restarting"  # the engine failed; a new one is on its way
+    FAILED = "failed"  # the engine failed and no restart is left (or asked for)
+    SHUTTING_DOWN = "shutting_down"
 
-    message: str
-    code: str
+
+_REFUSALS = {
+    EngineState.RESTARTING: ("The engine failed and is restarting. Retry shortly.", "engine_restarting"),
+    EngineState.FAILED: ("The engine failed and cannot serve requests.", "engine_failed"),
+    EngineState.SHUTTING_DOWN: ("The server is shutting down.", "shutting_down"),
+}
+
+
+def request_failed() -> APIError:
+    return APIError(500, "The engine could not run this request (the server's log has why).",
+                    error_type="server_error", code="request_failed")
+
+
+def unread(max_unread_steps: int) -> APIError:
+    return APIError(408, f"The response was not read: its generation was stopped after {max_unread_steps} steps "
+                    "of output went unread.", code="response_not_read")
 
 
 class RequestHandle:
     """The engine requests behind one HTTP request, and the queue their outputs arrive on."""
 
-    def __init__(self, bridge: "EngineBridge", request_ids: list[str]) -> None:
+    def __init__(self, bridge: "EngineBridge", request_ids: list[str], max_unread: int = 2**62) -> None:
+        """`max_unread`: outputs (about one per request per step) it may leave unread before its requests
+        are stopped."""
         self._bridge = bridge
         self.request_ids = request_ids
-        self.queue: asyncio.Queue[RequestOutput | BridgeClosed] = asyncio.Queue()
-        self._closed: BridgeClosed | None = None  # met while draining, raised on the next call
+        self.queue: asyncio.Queue[RequestOutput | APIError] = asyncio.Queue()
+        self._error: APIError | None = None  # met while draining, raised on the next call
+        self.max_unread = max_unread
 
     async def next_output(self) -> RequestOutput:
-        item = self._closed or await self.queue.get()
-        if isinstance(item, BridgeClosed):
-            raise service_unavailable(item.message, item.code)
+        item = self._error or await self.queue.get()
+        if isinstance(item, APIError):
+            raise item
         return item
 
     async def next_outputs(self) -> list[RequestOutput]:
@@ -61,8 +87,8 @@ class RequestHandle:
         queue = self.queue
         while not queue.empty():
             item = queue.get_nowait()
-            if isinstance(item, BridgeClosed):
-                self._closed = item  # the outputs before it are delivered first
+            if isinstance(item, APIError):
+                self._error = item  # the outputs before it are delivered first
                 break
             outputs.append(item)
         return outputs
@@ -77,14 +103,20 @@ class RequestHandle:
 
 
 class EngineBridge:
-    def __init__(self, engine: ServingEngine, max_pending_requests: int) -> None:
-        self._engine = engine
+    def __init__(self, engine: ServingEngine, max_pending_requests: int, restarts: RestartPolicy | None = None,
+                 max_unread_steps: int = 512) -> None:
+        """`restarts`: when a failed engine is replaced (None: never). `max_unread_steps`: steps of output a
+        request's consumer may leave unread before its requests are stopped."""
+        self.engine = engine  # replaced by a new one when it fails and is restarted
+        self.max_unread_steps = max_unread_steps
         self._max_pending = max_pending_requests
+        self._restarts = restarts or RestartPolicy(max_restarts=0)
         self._handles: dict[str, RequestHandle] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._should_exit = threading.Event()
-        self._closed: BridgeClosed | None = None
+        self.state = EngineState.SERVING
+        self.num_restarts = 0
 
     # Event loop side.
 
@@ -98,11 +130,14 @@ class EngineBridge:
         self._should_exit.set()
         if self._thread is not None:
             await asyncio.to_thread(self._thread.join)
-        await asyncio.to_thread(self._engine.close)
+        await asyncio.to_thread(self.engine.close)
 
-    @property
-    def is_alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and self._closed is None
+    def refusal(self) -> APIError | None:
+        """Why new requests are refused now (a 503 naming the state), or None while the engine serves."""
+        state = self.state
+        if state is EngineState.SERVING and (self._thread is None or not self._thread.is_alive()):
+            state = EngineState.FAILED
+        return None if state is EngineState.SERVING else service_unavailable(*_REFUSALS[state])
 
     @property
     def num_pending_requests(self) -> int:
@@ -112,65 +147,136 @@ class EngineBridge:
         """Adds all of an HTTP request's engine requests (checked: core/request_checks.py), or none (a
         refusal aborts the others)."""
         self._check_open(len(requests))
-        handle = RequestHandle(self, [request_id for request_id, _, _ in requests])
+        handle = RequestHandle(self, [request_id for request_id, _, _ in requests],
+                               self.max_unread_steps * len(requests))
         for request_id, prompt_token_ids, params in requests:
             try:
                 if request_id in self._handles:
                     raise RequestRejected("request_id", f"request id {request_id!r} is already in use")
                 self._handles[request_id] = handle
-                self._engine.add_request(request_id, prompt_token_ids, params)
+                self.engine.add_request(request_id, prompt_token_ids, params)
             except RequestRejected as exc:
                 handle.close()
                 raise refused(exc) from exc
+            except RuntimeError as exc:  # the engine's process is gone; its failure is on its way here
+                handle.close()
+                raise service_unavailable("The engine failed and is restarting. Retry shortly.",
+                                          "engine_restarting") from exc
         return handle
 
     def abort(self, handle: RequestHandle, request_id: str) -> None:
         if self._handles.get(request_id) is handle:
             del self._handles[request_id]
-            self._engine.abort_request(request_id)
+            try:
+                self.engine.abort_request(request_id)
+            except RuntimeError:
+                pass  # the engine's process is gone: nothing runs there any more
 
     def begin_shutdown(self) -> None:
         """New requests get 503 from now on; running ones get a terminal event and are aborted."""
-        self._close_all(BridgeClosed("The server is shutting down.", "shutting_down"))
+        self.state = EngineState.SHUTTING_DOWN
+        self._end_all(lambda: service_unavailable(*_REFUSALS[EngineState.SHUTTING_DOWN]), abort=True)
 
     def _check_open(self, num_new: int) -> None:
-        if self._closed is not None:
-            raise service_unavailable(self._closed.message, self._closed.code)
+        if (refusal := self.refusal()) is not None:
+            raise refusal
+        if num_new > self._max_pending:
+            raise bad_request(f"The request asks for {num_new} generations (prompts x n); this server runs at most "
+                              f"{self._max_pending} at a time (--max-pending-requests).", "n")
         if len(self._handles) + num_new > self._max_pending:
             raise service_unavailable(
                 f"The server is overloaded: {len(self._handles)} requests are in flight (limit "
                 f"{self._max_pending}). Retry shortly.", "overloaded",
             )
 
-    def _close_all(self, event: BridgeClosed) -> None:
-        if self._closed is None:
-            self._closed = event
-        handles = {id(h): h for h in self._handles.values()}.values()
-        for handle in handles:
-            handle.queue.put_nowait(event)
-            handle.close()
+    def _end(self, handle: RequestHandle, error: APIError, abort: bool) -> None:
+        """Ends a handle with a terminal error; its requests are aborted in the engine if `abort`."""
+        for request_id in handle.request_ids:
+            if self._handles.get(request_id) is handle:
+                if abort:
+                    self.abort(handle, request_id)
+                else:
+                    del self._handles[request_id]
+        handle.queue.put_nowait(error)
+
+    def _end_all(self, error: Callable[[], APIError], abort: bool) -> None:
+        for handle in {id(h): h for h in self._handles.values()}.values():
+            self._end(handle, error(), abort)
 
     def _dispatch(self, outputs: list[RequestOutput]) -> None:
         for output in outputs:
             handle = self._handles.get(output.request_id)
             if handle is None:
                 continue  # aborted on this side; the engine's last word on it is not needed
+            if output.finish_reason is FinishReason.ERROR:
+                del self._handles[output.request_id]
+                self._end(handle, request_failed(), abort=True)
+                continue
             handle.queue.put_nowait(output)
             if output.finish_reason is not None:
                 del self._handles[output.request_id]
+            elif handle.queue.qsize() > handle.max_unread:
+                logger.warning("a response left %d steps of output unread: its generation is stopped",
+                               self.max_unread_steps)
+                self._end(handle, unread(self.max_unread_steps), abort=True)
 
     def _engine_failed(self, message: str) -> None:
-        self._close_all(BridgeClosed(f"The engine failed and cannot serve requests: {message}", "engine_failed"))
+        """Every request ends at once; nothing is sent to the dead engine."""
+        restarting = " It is restarting: retry shortly." if self.state is EngineState.RESTARTING else ""
+        error = f"The engine failed: {message}.{restarting}"
+        self._end_all(lambda: service_unavailable(error, "engine_failed"), abort=False)
+
+    def _engine_restarted(self) -> None:
+        if self.state is EngineState.RESTARTING:
+            self.state = EngineState.SERVING
+            self.num_restarts += 1
+
+    def _engine_gave_up(self) -> None:
+        if self.state is EngineState.RESTARTING:
+            self.state = EngineState.FAILED
 
     # The output thread.
 
-    def _run(self) -> None:
+    def _post(self, callback: Callable[..., None], *args: Any) -> None:
         assert self._loop is not None
         try:
-            while not self._should_exit.is_set():
-                outputs = self._engine.next_outputs(_IDLE_POLL_S)
-                if outputs:
-                    self._loop.call_soon_threadsafe(self._dispatch, outputs)
-        except Exception as exc:
-            logger.exception("the engine failed")
-            self._loop.call_soon_threadsafe(self._engine_failed, f"{type(exc).__name__}: {exc}")
+            self._loop.call_soon_threadsafe(callback, *args)
+        except RuntimeError:
+            pass  # the loop is closed: the server is gone
+
+    def _run(self) -> None:
+        engine: ServingEngine | None = self.engine
+        while engine is not None and not self._should_exit.is_set():
+            try:
+                outputs = engine.next_outputs(_IDLE_POLL_S)
+            except Exception as exc:  # noqa: BLE001 - the engine failed: every request ends, a new one starts
+                logger.exception("the engine failed")
+                engine = self._replace(engine, f"{type(exc).__name__}: {exc}")
+                continue
+            if outputs:
+                self._post(self._dispatch, outputs)
+
+    def _replace(self, failed: ServingEngine, message: str) -> ServingEngine | None:
+        """A new engine in place of the failed one, after the policy's back-off; None when none is left."""
+        delay = None if self._should_exit.is_set() else self._restarts.next_delay()
+        if self.state is not EngineState.SHUTTING_DOWN:  # set here, so no request goes to the dead engine
+            self.state = EngineState.FAILED if delay is None else EngineState.RESTARTING
+        self._post(self._engine_failed, message)
+        while delay is not None:
+            logger.warning("restarting the engine in %.0f s (restart %d within %.0f min, at most %d)", delay,
+                           self._restarts.num_recent, self._restarts.window_s / 60, self._restarts.max_restarts)
+            if self._should_exit.wait(delay):
+                return None
+            started = time.monotonic()
+            try:
+                self.engine = failed.restarted()
+            except Exception:  # noqa: BLE001 - a start that fails counts as a restart, and is retried
+                logger.exception("the engine did not start again")
+                delay = self._restarts.next_delay()
+                continue
+            logger.warning("the engine restarted in %.1f s", time.monotonic() - started)
+            self._post(self._engine_restarted)
+            return self.engine
+        logger.error("the engine failed and is not restarted: the server answers 503 until it is restarted")
+        self._post(self._engine_gave_up)
+        return None

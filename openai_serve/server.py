@@ -1,4 +1,5 @@
-"""uvicorn's server, plus one rule: the moment shutdown begins, the engine bridge drains.
+"""uvicorn's server, plus two rules: the moment shutdown begins, the engine bridge drains; and
+with `--exit-on-engine-failure` a failed engine ends the server, with exit status 1.
 
 uvicorn waits for open connections before it runs the lifespan's shutdown, and a stream can run
 for minutes; so on SIGINT/SIGTERM (or `request_shutdown()`) running requests get their terminal
@@ -6,13 +7,17 @@ event at once and new ones a 503, and only then does uvicorn close the listening
 """
 
 import asyncio
+import logging
 import socket
 import sys
 
 import uvicorn
 from starlette.applications import Starlette
 
+from openai_serve.engine_bridge import EngineState
 from openai_serve.server_config import ServerConfig
+
+logger = logging.getLogger(__name__)
 
 # Connections still open this long after shutdown began are closed anyway.
 _GRACEFUL_SHUTDOWN_S = 10
@@ -25,6 +30,8 @@ class ServingServer(uvicorn.Server):
             timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
         ))
         self._app = app
+        self._exit_on_engine_failure = config.exit_on_engine_failure
+        self.exit_code = 0  # for the process, once `serve` returns
         self._switch_interval_s = config.gil_switch_interval_ms / 1e3
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -32,6 +39,16 @@ class ServingServer(uvicorn.Server):
         self._loop = asyncio.get_running_loop()
         sys.setswitchinterval(self._switch_interval_s)  # process-wide: this process is the server
         await super().serve(sockets)
+
+    async def on_tick(self, counter: int) -> bool:
+        """uvicorn's tick (every 0.1 s): also ends the server when its engine failed for good and it was
+        asked to exit then (its requests already had their terminal events)."""
+        state = getattr(self._app.state, "serving", None)
+        if self._exit_on_engine_failure and state is not None and state.bridge.state is EngineState.FAILED:
+            if not self.should_exit:
+                logger.error("the engine failed: exiting (--exit-on-engine-failure)")
+            self.exit_code, self.should_exit = 1, True
+        return await super().on_tick(counter)
 
     def handle_exit(self, sig: int, frame: object) -> None:
         # A signal handler runs between any two bytecodes of the loop's thread, maybe inside the

@@ -41,6 +41,16 @@ class ServerConfig:
     # Engine requests in flight (a request with n choices counts n); past it, new requests get 503.
     max_pending_requests: int = setting(4096, "engine requests in flight (n choices count n) before new "
                                         "requests get 503")
+    # A failed engine (process killed, device fault) is replaced; past this many restarts within 10 minutes
+    # (a crash loop) the server stays up answering 503 until it is restarted.
+    max_engine_restarts: int = setting(5, "restarts of a failed engine within 10 minutes before the server gives "
+                                       "up on it (then every request gets 503); 0: never restart")
+    exit_on_engine_failure: bool = setting(False, "exit with status 1 when the engine fails, instead of restarting "
+                                           "it (for orchestrators that restart the server)")
+    # Backpressure: a response whose client stops reading must not keep its sequences generating.
+    max_unread_steps: int = setting(512, "engine steps of output a response may leave unread (per choice) before "
+                                    "its generation is stopped and its KV blocks freed: a client that stops "
+                                    "reading a stream")
     log_level: str = setting("info", "log level", choices=LOG_LEVELS)
     engine_process: bool = setting(True, "run the engine in its own process, off the HTTP side's interpreter "
                                    "lock (off: a thread of the server's process)")
@@ -72,6 +82,10 @@ class ServerConfig:
             raise ValueError(f"max_request_body_bytes must be >= 1024, got {self.max_request_body_bytes}")
         if not 0.01 <= self.gil_switch_interval_ms <= 1000:
             raise ValueError(f"gil_switch_interval_ms must be in [0.01, 1000], got {self.gil_switch_interval_ms}")
+        if self.max_engine_restarts < 0:
+            raise ValueError(f"max_engine_restarts must be >= 0, got {self.max_engine_restarts}")
+        if self.max_unread_steps < 1:
+            raise ValueError(f"max_unread_steps must be >= 1, got {self.max_unread_steps}")
         if self.max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {self.max_pending_requests}")
         check_choices(self)

@@ -18,7 +18,6 @@ from openai_serve.server_config import ServerConfig
 
 @dataclass(frozen=True)
 class ServingState:
-    engine: ServingEngine
     bridge: EngineBridge
     config: ServerConfig
     tokenizer: PreTrainedTokenizerBase
@@ -29,6 +28,11 @@ class ServingState:
     reasoning_parser: str | None = None  # --reasoning-parser (None: thinking is not split from the answer)
     ignored_fields: IgnoredFieldsLog = field(default_factory=IgnoredFieldsLog)
     created: int = field(default_factory=lambda: int(time.time()))
+
+    @property
+    def engine(self) -> ServingEngine:
+        """The engine now serving (a failed one is replaced by a new one of the same config)."""
+        return self.bridge.engine
 
     @property
     def model_names(self) -> tuple[str, ...]:

@@ -4,7 +4,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from openai_serve import __version__
-from openai_serve.errors import model_not_found, service_unavailable
+from openai_serve.errors import model_not_found
 from openai_serve.routes.responding import json_response
 from openai_serve.state import ServingState, serving_state
 
@@ -28,11 +28,13 @@ async def retrieve_model(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    """200 while the engine runs (its process or thread, and the bridge's output thread); 503 once it
-    failed or shutdown has begun."""
-    if not serving_state(request).bridge.is_alive:
-        raise service_unavailable("The engine is not running.", "engine_not_running")
-    return json_response({"status": "ok"})
+    """200 while the engine serves (its process or thread, and the bridge's output thread); 503 naming the state otherwise: the engine failed and is restarting
+    (`engine_restarting`), failed for good (`engine_failed`), or the server is shutting down."""
+    bridge = serving_state(request).bridge
+    refusal = bridge.refusal()
+    if refusal is not None:
+        raise refusal
+    return json_response({"status": "ok", "engine_restarts": bridge.num_restarts})
 
 
 async def version(request: Request) -> Response:

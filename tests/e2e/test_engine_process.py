@@ -6,6 +6,7 @@ The concurrency and error tests of the in-process server are collected again her
 run against this module's `server`, the process-backed one.
 """
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -73,7 +74,7 @@ def test_metrics_follow_the_engine_in_the_other_process(server: RunningServer) -
     assert metrics["kv_blocks_free"] + metrics["kv_blocks_evictable"] == 512
 
 
-def test_a_dead_engine_process_ends_streams_with_503s(model_dir: Path) -> None:
+def test_a_dead_engine_process_ends_streams_with_503s_and_is_restarted(model_dir: Path) -> None:
     running = start_server(model_dir, engine_process=True)
     try:
         with running.http() as http:
@@ -85,7 +86,14 @@ def test_a_dead_engine_process_ends_streams_with_503s(model_dir: Path) -> None:
                 rest = list(events)
             assert rest[-1] == DONE and '"engine_failed"' in rest[-2]
             error = assert_error_shape(http.post("/v1/completions", json={"model": MODEL, "prompt": "hi"}), 503)
-            assert error["code"] == "engine_failed"
-            assert http.get("/health").status_code == 503
+            assert error["code"] in ("engine_restarting", "engine_failed")
+            deadline = time.monotonic() + 60
+            while (health := http.get("/health")).status_code != 200:
+                assert assert_error_shape(health, 503)["code"] == "engine_restarting"
+                assert time.monotonic() < deadline, "the engine was not restarted"
+                time.sleep(0.1)
+            assert health.json()["engine_restarts"] == 1
+            answer = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
+            assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
     finally:
         running.stop()

@@ -43,6 +43,8 @@ BAD_BODIES = [
     (COMPLETIONS, C | {"stop": [1, 2]}, 400, "stop"),
     (COMPLETIONS, C | {"stop": [""]}, 400, "stop"),
     (COMPLETIONS, C | {"stop_token_ids": [-1]}, 400, "stop_token_ids"),
+    (COMPLETIONS, C | {"stop_token_ids": [100000], "min_tokens": 1, "max_tokens": 2}, 400, "stop_token_ids"),
+    (CHAT, M | {"stop_token_ids": [2**64 - 1]}, 400, "stop_token_ids"),
     (COMPLETIONS, C | {"min_tokens": 20, "max_tokens": 5}, 400, "min_tokens"),
     (COMPLETIONS, C | {"stream": "yes"}, 400, "stream"),
     (COMPLETIONS, C | {"stream_options": {"include_usage": True}}, 400, "stream_options"),

@@ -11,7 +11,8 @@ from typing import TypeVar
 import pytest
 
 from core import FinishReason, RequestOutput, RequestRejected, SamplingParams
-from openai_serve.engine_bridge import EngineBridge
+from openai_serve.engine_bridge import EngineBridge, EngineState
+from openai_serve.engine_restarts import RestartPolicy
 from openai_serve.errors import APIError
 
 T = TypeVar("T")
@@ -36,14 +37,24 @@ class ScriptedEngine:
         self.has_work = threading.Event()
         self.num_steps_with_outputs = 0
         self.closed = False
+        self.is_dead = False  # as an engine process that is gone: sending to it raises
+        self.error_ids: set[str] = set()  # requests it ends with FinishReason.ERROR
+
+    def restarted(self) -> "ScriptedEngine":
+        self.close()
+        return ScriptedEngine(self.length)
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
         if not prompt_token_ids:
             raise RequestRejected("prompt", "empty")
+        if self.is_dead:
+            raise RuntimeError("the engine process is gone")
         self.inbox.put(("add", request_id))
         self.has_work.set()
 
     def abort_request(self, request_id: str) -> None:
+        if self.is_dead:
+            raise RuntimeError("the engine process is gone")
         self.inbox.put(("abort", request_id))
         self.has_work.set()
 
@@ -65,6 +76,7 @@ class ScriptedEngine:
     def step(self) -> list[RequestOutput]:
         time.sleep(STEP_SECONDS)
         if self.fail.is_set():
+            self.is_dead = True
             raise RuntimeError("device lost")
         outputs = self._drain()
         for request_id in list(self.running):
@@ -81,7 +93,9 @@ class ScriptedEngine:
         self.has_work.clear()
         while not self.inbox.empty():
             kind, request_id = self.inbox.get()
-            if kind == "add":
+            if kind == "add" and request_id in self.error_ids:
+                outputs.append(_output(request_id, 0, FinishReason.ERROR))
+            elif kind == "add":
                 self.running[request_id] = 0
             elif self.running.pop(request_id, None) is not None:
                 self.aborted.append(request_id)
@@ -90,19 +104,20 @@ class ScriptedEngine:
 
 
 def _output(request_id: str, num_output: int, finish: FinishReason | None) -> RequestOutput:
-    ids = [num_output] if finish is not FinishReason.ABORT else []
+    ids = [num_output] if finish not in (FinishReason.ABORT, FinishReason.ERROR) else []
     return RequestOutput(request_id, ids, [None] * len(ids), finish, 1, num_output)
 
 
-def run(scenario: Callable[[EngineBridge], Awaitable[T]], engine: ScriptedEngine, max_pending: int = 16) -> T:
+def run(scenario: Callable[[EngineBridge], Awaitable[T]], engine: ScriptedEngine, max_pending: int = 16,
+        max_restarts: int = 0, max_unread_steps: int = 512) -> T:
     async def main() -> T:
-        bridge = EngineBridge(engine, max_pending)  # type: ignore[arg-type]
+        bridge = EngineBridge(engine, max_pending, RestartPolicy(max_restarts), max_unread_steps)  # type: ignore[arg-type]
         bridge.start()
         try:
             return await asyncio.wait_for(scenario(bridge), timeout=10)
         finally:
             await bridge.stop()
-            assert engine.closed, "stopping the bridge closes the engine (an engine process is stopped)"
+            assert bridge.engine.closed, "stopping the bridge closes the engine (an engine process is stopped)"
 
     return asyncio.run(main())
 
@@ -181,7 +196,7 @@ def test_shutdown_gives_running_requests_a_terminal_event_and_aborts_them() -> N
         assert err.value.status_code == 503 and err.value.code == "shutting_down"
         with pytest.raises(APIError):
             bridge.submit([("b", [1], PARAMS)])
-        assert not bridge.is_alive
+        assert bridge.refusal().code == "shutting_down"
         while "a" not in engine.aborted:
             await asyncio.sleep(0.01)
 
@@ -200,7 +215,7 @@ def test_engine_failure_ends_every_request_and_health() -> None:
                 while True:
                     await handle.next_output()
             assert err.value.code == "engine_failed" and "device lost" in err.value.message
-        assert not bridge.is_alive
+        assert bridge.refusal().code == "engine_failed"
         with pytest.raises(APIError) as err:
             bridge.submit([("late", [1], PARAMS)])
         assert err.value.status_code == 503
@@ -221,3 +236,116 @@ def test_late_outputs_of_an_aborted_request_are_dropped() -> None:
         assert all(o.finish_reason is not FinishReason.ABORT for o in seen)
 
     run(scenario, ScriptedEngine(length=5))
+
+
+def test_engine_failure_ends_every_request_at_once_although_nothing_can_be_sent_to_it() -> None:
+    """The dead engine's abort raises (a closed pipe): every handle still gets its terminal event."""
+    engine = ScriptedEngine(length=ENDLESS)
+
+    async def scenario(bridge: EngineBridge) -> None:
+        handles = [bridge.submit([(f"r{i}-0", [1], PARAMS), (f"r{i}-1", [1], PARAMS)]) for i in range(20)]
+        await handles[0].next_output()
+        engine.fail.set()
+        started = time.monotonic()
+        for handle in handles:
+            with pytest.raises(APIError) as err:
+                while True:
+                    await handle.next_output()
+            assert err.value.status_code == 503 and err.value.code == "engine_failed"
+            handle.close()  # what a route does on its way out: nothing to send, nothing raised
+        assert time.monotonic() - started < 1.0 and bridge.num_pending_requests == 0
+
+    run(scenario, engine, max_pending=64)
+
+
+def test_a_failed_engine_is_replaced_and_the_server_serves_again() -> None:
+    engine = ScriptedEngine(length=ENDLESS)
+
+    async def scenario(bridge: EngineBridge) -> None:
+        handle = bridge.submit([("a", [1], PARAMS)])
+        await handle.next_output()
+        engine.fail.set()
+        with pytest.raises(APIError):
+            while True:
+                await handle.next_output()
+        while bridge.state is not EngineState.SERVING:
+            assert bridge.state is EngineState.RESTARTING
+            with pytest.raises(APIError) as err:
+                bridge.submit([("b", [1], PARAMS)])
+            assert err.value.code == "engine_restarting"
+            await asyncio.sleep(0.001)
+        assert bridge.engine is not engine and engine.closed and bridge.num_restarts == 1
+        bridge.engine.length = 2
+        handle = bridge.submit([("a", [1], PARAMS)])
+        assert (await handle.next_output()).new_token_ids == [1]
+        assert (await handle.next_output()).is_finished
+
+    run(scenario, engine, max_restarts=1)
+
+
+def test_past_its_restarts_the_server_gives_up_on_the_engine() -> None:
+    engine = ScriptedEngine(length=ENDLESS)
+
+    async def scenario(bridge: EngineBridge) -> None:
+        for _ in range(2):  # the restart, then a failure of the new engine
+            while bridge.state is not EngineState.SERVING:
+                await asyncio.sleep(0.001)
+            handle = bridge.submit([("a", [1], PARAMS)])
+            await handle.next_output()
+            bridge.engine.fail.set()
+            with pytest.raises(APIError):
+                while True:
+                    await handle.next_output()
+        while bridge.state is EngineState.RESTARTING:
+            await asyncio.sleep(0.001)
+        assert bridge.state is EngineState.FAILED and bridge.refusal().code == "engine_failed"
+
+    run(scenario, engine, max_restarts=1)
+
+
+def test_more_generations_than_can_ever_run_at_once_is_400_not_503() -> None:
+    async def scenario(bridge: EngineBridge) -> None:
+        with pytest.raises(APIError) as err:
+            bridge.submit([(f"c{i}", [1], PARAMS) for i in range(3)])
+        assert err.value.status_code == 400 and err.value.param == "n"
+
+    run(scenario, ScriptedEngine(), max_pending=2)
+
+
+def test_a_request_the_engine_cannot_run_ends_with_500_and_its_siblings_are_aborted() -> None:
+    engine = ScriptedEngine(length=ENDLESS)
+    engine.error_ids.add("x-1")
+
+    async def scenario(bridge: EngineBridge) -> None:
+        handle = bridge.submit([("x-0", [1], PARAMS), ("x-1", [1], PARAMS)])
+        other = bridge.submit([("y", [1], PARAMS)])
+        with pytest.raises(APIError) as err:
+            while True:
+                await handle.next_output()
+        assert err.value.status_code == 500 and err.value.code == "request_failed"
+        while "x-0" not in engine.aborted:
+            await asyncio.sleep(0.01)
+        assert (await other.next_output()).request_id == "y"  # the others go on
+        assert bridge.refusal() is None
+
+    run(scenario, engine)
+
+
+def test_a_consumer_that_stops_reading_has_its_requests_stopped() -> None:
+    engine = ScriptedEngine(length=ENDLESS)
+
+    async def scenario(bridge: EngineBridge) -> None:
+        handle = bridge.submit([("s-0", [1], PARAMS), ("s-1", [1], PARAMS)])
+        reading = bridge.submit([("r", [1], PARAMS)])
+        seen = 0
+        while "s-0" not in engine.aborted or "s-1" not in engine.aborted:
+            seen += len(await reading.next_outputs())  # this one reads on
+        assert seen > 8 and bridge.num_pending_requests == 1
+        outputs = []
+        with pytest.raises(APIError) as err:
+            while True:
+                outputs.append(await handle.next_output())
+        assert err.value.status_code == 408 and err.value.code == "response_not_read"
+        assert 2 * 8 <= len(outputs) <= 2 * 8 + 2  # what it was owed, up to the limit, then the error
+
+    run(scenario, engine, max_unread_steps=8)

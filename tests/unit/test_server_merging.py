@@ -11,8 +11,8 @@ import pytest
 from core import FinishReason, RequestOutput, SamplingParams, TokenLogprobs
 from core.tokenizer import load_tokenizer
 from openai_serve.choice import ChoiceDelta, ChoiceSpec, merge_deltas
-from openai_serve.engine_bridge import BridgeClosed, RequestHandle
-from openai_serve.errors import APIError
+from openai_serve.engine_bridge import RequestHandle
+from openai_serve.errors import APIError, service_unavailable
 from openai_serve.generation import Generation
 from openai_serve.logprobs import TokenLogprob
 from openai_serve.token_decoder import token_decoder
@@ -157,7 +157,7 @@ def test_next_outputs_drains_in_order_and_delivers_what_came_before_a_shutdown()
         second = outputs_for("b", [3], FinishReason.LENGTH, logprobs=False)
         for output in (first[0], second[0], first[1]):
             handle.queue.put_nowait(output)
-        handle.queue.put_nowait(BridgeClosed("The server is shutting down.", "shutting_down"))
+        handle.queue.put_nowait(service_unavailable("The server is shutting down.", "shutting_down"))
         handle.queue.put_nowait(first[1])  # nothing after the terminal event is delivered
         assert await handle.next_outputs() == [first[0], second[0], first[1]]
         with pytest.raises(APIError) as err:
