@@ -4,7 +4,9 @@ Invariants:
 - A delta never ends in half a UTF-8 character: while the decoded tail ends in U+FFFD (the token
   boundary splits a multi-byte character, as with emoji and CJK in byte-level BPE), it is held.
 - A delta never contains text that could be the start of a stop string: the longest suffix that
-  is a proper prefix of some stop string is held until the next tokens decide it.
+  is a proper prefix of some stop string is held until the next tokens decide it. Stop strings are
+  found by one automaton over all of them (core/stop_strings.py): each character of the output is
+  scanned once, however many stop strings there are.
 - Once a stop string is found, `text` is cut right before it (or after it, when asked to include
   it) and every later token is ignored.
 
@@ -16,6 +18,8 @@ output token as it reads in context. Pure: knows nothing about the engine or asy
 
 from collections.abc import Sequence
 from typing import Protocol
+
+from core.stop_strings import StopStringScanner
 
 # How many prompt tokens give the first output token its context (as in vLLM).
 _PROMPT_CONTEXT_TOKENS = 5
@@ -40,7 +44,7 @@ class IncrementalDetokenizer:
     ) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
-        self._stop = tuple(stop)
+        self._stop = StopStringScanner(stop) if stop else None
         self._include_stop = include_stop_str_in_output
         self._ids = self._prompt_context(prompt_token_ids)
         self._prefix_offset = 0
@@ -82,13 +86,11 @@ class IncrementalDetokenizer:
         self._find_stop(search_from)
 
     def _find_stop(self, search_from: int) -> None:
-        best: tuple[int, str] | None = None
-        for stop in self._stop:
-            index = self._text.find(stop, max(0, search_from - len(stop) + 1))
-            if index >= 0 and (best is None or index < best[0]):
-                best = (index, stop)
-        if best is not None:
-            index, stop = best
+        """Looks for a stop string ending in the text from `search_from` on (each character is scanned once)."""
+        found = self._stop.scan(self._text[search_from:]) if self._stop is not None else None
+        if found is not None:
+            start, stop = found
+            index = search_from + start
             self._text = self._text[: index + len(stop) if self._include_stop else index]
             self.stop_string = stop
 
@@ -110,14 +112,9 @@ class IncrementalDetokenizer:
 
     def _held_stop_prefix(self) -> int:
         """Length of the longest unreleased suffix that is a proper prefix of a stop string."""
-        unreleased = len(self._text) - self._num_released
-        longest = 0
-        for stop in self._stop:
-            for size in range(min(len(stop) - 1, unreleased), longest, -1):
-                if self._text.endswith(stop[:size]):
-                    longest = size
-                    break
-        return longest
+        if self._stop is None:
+            return 0
+        return self._stop.held(len(self._text) - self._num_released)
 
     def _decode(self, token_ids: list[int]) -> str:
         return self._tokenizer.decode(token_ids, skip_special_tokens=self._skip_special_tokens)

@@ -28,8 +28,9 @@ async def retrieve_model(request: Request) -> Response:
 
 
 async def health(request: Request) -> Response:
-    """200 while the engine serves (its process or thread, and the bridge's output thread); 503 naming the state otherwise: the engine failed and is restarting
-    (`engine_restarting`), failed for good (`engine_failed`), or the server is shutting down."""
+    """200 while the engine serves (its process or thread, and the bridge's output thread); 503 naming the
+    state otherwise: the engine failed and is restarting (`engine_restarting`), failed for good
+    (`engine_failed`), or the server is shutting down."""
     bridge = serving_state(request).bridge
     refusal = bridge.refusal()
     if refusal is not None:
