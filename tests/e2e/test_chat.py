@@ -207,5 +207,5 @@ def test_models_and_health(server: RunningServer) -> None:
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-4o")
     with server.http() as http:
-        assert http.get("/health").json() == {"status": "ok"}
+        assert http.get("/health").json() == {"status": "ok", "engine_restarts": 0}
         assert http.get("/v1/models").json()["data"][0]["max_model_len"] == 512
