@@ -22,9 +22,11 @@ from openai_serve.errors import APIError, handle_api_error, handle_http_exceptio
 from openai_serve.logprobs import TokenTexts
 from openai_serve.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
 from openai_serve.parsers.selection import resolve_tool_call_parser
+from openai_serve.response_store import ResponseStore
 from openai_serve.routes.chat import create_chat_completion
 from openai_serve.routes.completions import create_completion
 from openai_serve.routes.models import health, list_models, metrics, retrieve_model, version
+from openai_serve.routes.responses import cancel_response, create_response, delete_response, retrieve_response
 from openai_serve.routes.tokenize import detokenize, tokenize
 from openai_serve.server_config import ServerConfig
 from openai_serve.state import ServingState
@@ -35,6 +37,10 @@ logger = logging.getLogger(__name__)
 ROUTES = [
     Route("/v1/completions", create_completion, methods=["POST"]),
     Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
+    Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
+    Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+    Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),
@@ -61,12 +67,14 @@ def build_app(
         tool_call_parser = resolve_tool_call_parser(config.tool_call_parser, chat_template.text)
         reasoning_parser = None if config.reasoning_parser == "none" else config.reasoning_parser
         logger.info("tool-call parser: %s; reasoning parser: %s", tool_call_parser, reasoning_parser)
+        responses = ResponseStore(config.responses_store_max_entries, config.responses_store_max_age_s)
         app.state.serving = ServingState(bridge, config, tokenizer, chat_template, TokenTexts(tokenizer),
-                                         token_decoder(tokenizer), tool_call_parser, reasoning_parser)
+                                         token_decoder(tokenizer), responses, tool_call_parser, reasoning_parser)
         bridge.start()
         try:
             yield
         finally:
+            responses.close()
             await bridge.stop()
 
     return Starlette(

@@ -71,6 +71,12 @@ class ServerConfig:
     reasoning_parser: str = setting("none", "put <think> blocks of answers into reasoning_content: qwen3, "
                                     "deepseek_r1, or none", choices=("none", *REASONING_PARSERS))
 
+    # The Responses API's stored responses (store: true, OpenAI's default), in memory.
+    responses_store_max_entries: int = setting(1024, "stored responses of the Responses API kept for GET "
+                                               "/v1/responses/{id} and previous_response_id, oldest dropped first; "
+                                               "0 stores none")
+    responses_store_max_age_s: float = setting(24 * 3600.0, "how long a stored response is kept, in seconds")
+
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(self.served_model_names):
             raise ValueError("served_model_names must hold at least one non-empty name")
@@ -88,4 +94,8 @@ class ServerConfig:
             raise ValueError(f"max_unread_steps must be >= 1, got {self.max_unread_steps}")
         if self.max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {self.max_pending_requests}")
+        if self.responses_store_max_entries < 0:
+            raise ValueError(f"responses_store_max_entries must be >= 0, got {self.responses_store_max_entries}")
+        if self.responses_store_max_age_s <= 0:
+            raise ValueError(f"responses_store_max_age_s must be > 0, got {self.responses_store_max_age_s}")
         check_choices(self)

@@ -1,4 +1,6 @@
-"""Server-sent events the way OpenAI streams them: `data: <json>` events, then `data: [DONE]`.
+"""Server-sent events the way OpenAI streams them: `data: <json>` events, then `data: [DONE]`, for
+completions and chat; for the Responses API, typed events (`event: <type>` before each `data:`)
+and no `[DONE]` (`TYPED`).
 
 An error after the stream has started (server shutdown, engine failure) is sent as one event in
 OpenAI's error shape, which the official SDK raises as an APIError, followed by `[DONE]`.
@@ -17,6 +19,7 @@ the bridge ends every stream with a terminal event.
 
 import asyncio
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 
 import orjson
 from starlette.responses import Response
@@ -39,16 +42,32 @@ def frame(payload: dict[str, object]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
 
-def frames(batch: Batch) -> bytes:
-    return b"".join([frame(payload) for payload in batch])
+def typed_frame(payload: dict[str, object]) -> bytes:
+    """An event named by its payload's `type`, as the Responses API streams them."""
+    return b"event: " + str(payload["type"]).encode() + b"\ndata: " + orjson.dumps(payload) + b"\n\n"
+
+
+@dataclass(frozen=True)
+class Framing:
+    frame: Callable[[dict[str, object]], bytes]
+    end: bytes  # the last body message
+
+    def frames(self, batch: Batch) -> bytes:
+        frame = self.frame
+        return b"".join([frame(payload) for payload in batch])
+
+
+DATA = Framing(frame, DONE_FRAME)
+TYPED = Framing(typed_frame, b"")  # the stream's last event (response.completed ...) says it ended
 
 
 class EventStreamResponse(Response):
-    """Streams each batch of events as one body message; `[DONE]` goes with the end of the body."""
+    """Streams each batch of events as one body message; the framing's end (`[DONE]`) goes with the end
+    of the body."""
 
     media_type = "text/event-stream"
 
-    def __init__(self, batches: AsyncIterator[Batch], on_close: Callable[[], None]) -> None:
+    def __init__(self, batches: AsyncIterator[Batch], on_close: Callable[[], None], framing: Framing = DATA) -> None:
         """`on_close` runs when the response ends, however it ends (it aborts what is still running)."""
         # As Starlette's StreamingResponse: no `body`, so no Content-Length (the body is chunked).
         self.status_code = 200
@@ -56,6 +75,7 @@ class EventStreamResponse(Response):
         self.init_headers(_HEADERS)
         self._batches = batches
         self._on_close = on_close
+        self._framing = framing
         self._last_write = 0.0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -77,10 +97,10 @@ class EventStreamResponse(Response):
         await send({"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers})
         try:
             async for batch in self._batches:
-                await self._write(send, frames(batch))
-        except APIError as error:
+                await self._write(send, self._framing.frames(batch))
+        except APIError as error:  # an untyped `data:` event in OpenAI's error shape, whatever the framing
             await self._write(send, frame(error.to_dict()))
-        await send({"type": "http.response.body", "body": DONE_FRAME, "more_body": False})
+        await send({"type": "http.response.body", "body": self._framing.end, "more_body": False})
 
     async def _write(self, send: Send, body: bytes) -> None:
         self._last_write = asyncio.get_running_loop().time()
@@ -95,5 +115,7 @@ class EventStreamResponse(Response):
                 await self._write(send, _PING_FRAME)
 
 
-def event_stream(batches: AsyncIterator[Batch], on_close: Callable[[], None]) -> EventStreamResponse:
-    return EventStreamResponse(batches, on_close)
+def event_stream(
+    batches: AsyncIterator[Batch], on_close: Callable[[], None], framing: Framing = DATA
+) -> EventStreamResponse:
+    return EventStreamResponse(batches, on_close, framing)

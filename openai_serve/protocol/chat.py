@@ -18,6 +18,7 @@ from openai_serve.protocol.tools import ToolRequest, read_tools, with_forced_too
 # OpenAI's values (the SDK's ReasoningEffort and verbosity types).
 REASONING_EFFORTS = ("none", "minimal", "low", "medium", "high", "xhigh", "max")
 VERBOSITIES = ("low", "medium", "high")
+TEMPLATE_CHOICES = {"reasoning_effort": REASONING_EFFORTS, "verbosity": VERBOSITIES}
 
 
 @dataclass(frozen=True)
@@ -61,15 +62,24 @@ def parse_chat_request(body: object, unknown: UnknownFields | None = None) -> Ch
 
 def read_template_kwargs(fields: Fields) -> dict[str, object]:
     """chat_template_kwargs, with reasoning_effort and verbosity where the request sets them."""
-    kwargs = fields.get_object("chat_template_kwargs")
-    variables = {} if kwargs is None else kwargs.raw_items()
-    for key, allowed in (("reasoning_effort", REASONING_EFFORTS), ("verbosity", VERBOSITIES)):
-        value = fields.get_str(key, None)
-        if value is not None and value not in allowed:
-            raise bad_request(f"'{key}' must be one of {', '.join(allowed)}, got {value!r}", key)
-        if value is not None:
-            variables.setdefault(key, value)
-    return variables
+    return template_kwargs(fields.get_object("chat_template_kwargs"), reasoning_effort=(fields, "reasoning_effort"),
+                           verbosity=(fields, "verbosity"))
+
+
+def template_kwargs(kwargs: Fields | None, **variables: tuple[Fields | None, str]) -> dict[str, object]:
+    """`chat_template_kwargs`, with OpenAI's template variables (reasoning_effort, verbosity) where the
+    request sets them, each read from (fields, key): where the client's API puts it."""
+    result = {} if kwargs is None else kwargs.raw_items()
+    for variable, (fields, key) in variables.items():
+        value = None if fields is None else fields.get_str(key, None)
+        if value is None:
+            continue
+        allowed = TEMPLATE_CHOICES[variable]
+        if value not in allowed:
+            name = fields.name(key)  # type: ignore[union-attr]
+            raise bad_request(f"'{name}' must be one of {', '.join(allowed)}, got {value!r}", name)
+        result.setdefault(variable, value)
+    return result
 
 
 def _read_max_tokens(fields: Fields) -> tuple[int | None, str]:

@@ -19,7 +19,7 @@ from openai_serve.errors import bad_request, unsupported
 from openai_serve.protocol.fields import Fields, UnknownFields
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-_TEXT_PARTS = ("text", "refusal")  # an assistant's content may hold its refusal as a part
+CHAT_PARTS = {"text": "text", "refusal": "refusal"}  # an assistant's content may hold its refusal as a part
 
 
 def parse_messages(messages: object, unknown: UnknownFields) -> tuple[dict[str, object], ...]:
@@ -65,25 +65,32 @@ def _assistant_parts(fields: Fields, has_content: bool) -> dict[str, object]:
 
 def _parse_content(fields: Fields, may_be_null: bool) -> str:
     content = fields.raw("content")
-    name = fields.name("content")
     if content is None and may_be_null:
         return ""
+    return content_text(content, fields.name("content"), fields.unknown)
+
+
+def content_text(content: object, name: str, unknown: UnknownFields, parts: dict[str, str] = CHAT_PARTS) -> str:
+    """A string, or text parts joined with newlines; `parts`: each part type and the key of its text."""
     if isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise bad_request(f"'{name}' must be a string or an array of content parts", name)
-    return "\n".join(_text_part(Fields(part, f"{name}[{j}].", fields.unknown)) for j, part in enumerate(content))
+    return "\n".join(_text_part(Fields(part, f"{name}[{j}].", unknown), parts) for j, part in enumerate(content))
 
 
-def _text_part(fields: Fields) -> str:
+def _text_part(fields: Fields, parts: dict[str, str]) -> str:
     kind = fields.get_str("type", None)
-    if kind not in _TEXT_PARTS:
+    if kind not in parts:
         name = fields.name("type")
-        raise unsupported(name, f"must be 'text' (got {kind!r}): only text content is supported")
-    text = fields.get_str(kind, None)
+        raise unsupported(name, f"must be '{next(iter(parts))}' (got {kind!r}): only text content is supported")
+    key = parts[kind]
+    text = fields.get_str(key, None)
     if text is None:
-        raise bad_request(f"'{fields.name(kind)}' must be a string", fields.name(kind))
-    fields.accept("cache_control")  # Anthropic's prompt-caching hint, sent by LibreChat and OpenRouter users
+        raise bad_request(f"'{fields.name(key)}' must be a string", fields.name(key))
+    # Anthropic's prompt-caching hint (LibreChat and OpenRouter users send it); what the Responses API
+    # returns with a text and takes back (annotations, logprobs) and its own caching hint.
+    fields.accept("cache_control", "annotations", "logprobs", "prompt_cache_breakpoint")
     fields.check_unknown()
     return text
 
@@ -108,13 +115,17 @@ def _parse_tool_call(fields: Fields) -> dict[str, object]:
     if function_name is None or arguments is None:
         missing = function.name("name" if function_name is None else "arguments")
         raise bad_request(f"'{missing}' must be a string", missing)
-    call: dict[str, object] = {"type": "function", "function": {"name": function_name,
-                                                                "arguments": _as_object(arguments)}}
-    call_id = fields.get_str("id", None)
-    if call_id is not None:
-        call["id"] = call_id
+    call = template_tool_call(function_name, arguments, fields.get_str("id", None))
     fields.accept("index")  # streamed calls carry one; clients that merge deltas send it back
     fields.check_unknown()
+    return call
+
+
+def template_tool_call(name: str, arguments: str, call_id: str | None) -> dict[str, object]:
+    """An assistant's tool call as the chat template gets it."""
+    call: dict[str, object] = {"type": "function", "function": {"name": name, "arguments": _as_object(arguments)}}
+    if call_id is not None:
+        call["id"] = call_id
     return call
 
 

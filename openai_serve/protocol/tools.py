@@ -1,4 +1,6 @@
-"""`tools`, `tool_choice` and `parallel_tool_calls` of a chat request, checked and typed.
+"""`tools`, `tool_choice` and `parallel_tool_calls` of a chat request, checked and typed; and of a
+Responses API request, whose function tools and named choice are flat (`{"type": "function",
+"name": ...}`), read by the same rules into the same values (`read_response_tools`).
 
 Tools reach the chat template as the client sent them (transformers' `apply_chat_template(tools=)`).
 `tool_choice` `required` and a named function are enforced with structured output: the answer must
@@ -11,6 +13,7 @@ schema can say in advance).
 """
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from enum import Enum
 
@@ -57,8 +60,24 @@ class ToolRequest:
 
 
 def read_tools(fields: Fields) -> ToolRequest:
-    tools = _read_tool_list(fields.raw("tools"))
-    choice, named = _read_choice(fields.raw("tool_choice"), tools)
+    return _read_tool_request(fields, _read_tool, _nested_function)
+
+
+def read_response_tools(fields: Fields) -> ToolRequest:
+    """The Responses API's spelling: a function tool and a named choice carry `name` themselves."""
+    return _read_tool_request(fields, _read_response_tool, lambda choice: choice)
+
+
+def _nested_function(choice: Fields) -> Fields:
+    return choice.get_object("function") or Fields({}, choice.name("function") + ".")
+
+
+def _read_tool_request(
+    fields: Fields, read_tool: Callable[[object, str], Tool], function_of: Callable[[Fields], Fields]
+) -> ToolRequest:
+    """`function_of`: where a named tool_choice holds the function's `name`."""
+    tools = _read_tool_list(fields.raw("tools"), read_tool)
+    choice, named = _read_choice(fields.raw("tool_choice"), tools, function_of)
     return ToolRequest(tools, choice, named, fields.get_bool("parallel_tool_calls", True))
 
 
@@ -91,19 +110,20 @@ def with_forced_tools(sampling: SamplingParams, request: ToolRequest) -> Samplin
     if schema is None:
         return sampling
     if sampling.structured_output is not None:
-        raise bad_request("'tool_choice' required or named cannot be combined with 'response_format'", "tool_choice")
+        other = sampling.structured_output.param  # response_format, or the Responses API's text.format
+        raise bad_request(f"'tool_choice' required or named cannot be combined with '{other}'", "tool_choice")
     try:
         return replace(sampling, structured_output=StructuredOutput(json_schema=schema, param="tool_choice"))
     except SamplingParamsError as exc:
         raise refused(exc) from exc
 
 
-def _read_tool_list(value: object) -> tuple[Tool, ...]:
+def _read_tool_list(value: object, read_tool: Callable[[object, str], Tool]) -> tuple[Tool, ...]:
     if value is None:
         return ()
     if not isinstance(value, list):
         raise bad_request("'tools' must be an array of tools", "tools")
-    tools = tuple(_read_tool(tool, f"tools[{i}]") for i, tool in enumerate(value))
+    tools = tuple(read_tool(tool, f"tools[{i}]") for i, tool in enumerate(value))
     names = [tool.name for tool in tools]
     for name in names:
         if names.count(name) > 1:
@@ -112,25 +132,45 @@ def _read_tool_list(value: object) -> tuple[Tool, ...]:
 
 
 def _read_tool(value: object, name: str) -> Tool:
+    fields = _function_tool_fields(value, name)
+    function = fields.get_object("function")
+    if function is None:
+        raise bad_request(f"'{name}.function' is required", f"{name}.function")
+    return Tool(_read_function(function), value)  # type: ignore[arg-type]
+
+
+def _read_response_tool(value: object, name: str) -> Tool:
+    """`{"type": "function", "name", "description", "parameters", "strict"}`, to the template in chat's shape."""
+    fields = _function_tool_fields(value, name)
+    function = {key: item for key, item in value.items() if key != "type"}  # type: ignore[attr-defined]
+    return Tool(_read_function(fields), {"type": "function", "function": function})
+
+
+def _function_tool_fields(value: object, name: str) -> Fields:
     fields = Fields(value, name + ".")
     kind = fields.get_str("type", None)
     if kind != "function":
         raise unsupported(f"{name}.type", f"must be 'function' (got {kind!r}): only function tools are supported")
-    function = fields.get_object("function")
-    if function is None:
-        raise bad_request(f"'{name}.function' is required", f"{name}.function")
+    return fields
+
+
+def _read_function(function: Fields) -> str:
+    """The function's name, once its fields are checked (errors name them where the client wrote them)."""
     function_name = function.get_str("name", None)
     if not function_name:
-        raise bad_request(f"'{name}.function.name' must be a non-empty string", f"{name}.function.name")
+        raise bad_request(f"'{function.name('name')}' must be a non-empty string", function.name("name"))
     function.get_str("description", None)
     function.get_bool("strict", None)
     parameters = function.raw("parameters")
     if parameters is not None and not isinstance(parameters, dict):
-        raise bad_request(f"'{name}.function.parameters' must be a JSON Schema object", f"{name}.function.parameters")
-    return Tool(function_name, value)  # type: ignore[arg-type]
+        name = function.name("parameters")
+        raise bad_request(f"'{name}' must be a JSON Schema object", name)
+    return function_name
 
 
-def _read_choice(value: object, tools: tuple[Tool, ...]) -> tuple[ToolChoice, str | None]:
+def _read_choice(
+    value: object, tools: tuple[Tool, ...], function_of: Callable[[Fields], Fields]
+) -> tuple[ToolChoice, str | None]:
     if value is None:
         return (ToolChoice.AUTO if tools else ToolChoice.NONE), None
     if isinstance(value, str):
@@ -144,10 +184,11 @@ def _read_choice(value: object, tools: tuple[Tool, ...]) -> tuple[ToolChoice, st
     fields = Fields(value, "tool_choice.")
     if fields.get_str("type", None) != "function":
         raise unsupported("tool_choice.type", "must be 'function' (the other kinds of choice are not supported)")
-    function = fields.get_object("function")
-    name = None if function is None else function.get_str("name", None)
+    function = function_of(fields)
+    name = function.get_str("name", None)
+    param = function.name("name")
     if name is None:
-        raise bad_request("'tool_choice.function.name' must name a function", "tool_choice.function.name")
+        raise bad_request(f"'{param}' must name a function", param)
     if name not in {tool.name for tool in tools}:
-        raise bad_request(f"'tool_choice' names {name!r}, which is not one of 'tools'", "tool_choice.function.name")
+        raise bad_request(f"'tool_choice' names {name!r}, which is not one of 'tools'", param)
     return ToolChoice.NAMED, name

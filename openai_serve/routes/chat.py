@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from openai_serve.chat_output import delta_json, finish_reason, message_json
+from openai_serve.chat_prompt import chat_prompt
 from openai_serve.generation import CollectedChoice, Generation, Usage, with_usage_so_far
 from openai_serve.http_io import read_json
 from openai_serve.ignored_fields import name_ignored_fields
@@ -35,11 +36,9 @@ async def create_chat_completion(request: Request) -> Response:
     body = parse_chat_request(await read_json(request), UnknownFields(state.config.strict_request_fields))
     state.check_model(body.common.model)
     state.ignored_fields.note(body.ignored_fields)
-    prompt_text = state.chat_template.render(body)
-    parsing = OutputParsing(body.tools, state.tool_call_parser, state.reasoning_parser, prompt_text)
-    prompt = state.chat_template.tokenize(prompt_text)
-    view = ChatView(state, body, parsing, prompt)
-    response = await respond(request, state, body, view, [prompt])
+    prompt = chat_prompt(state, body)
+    view = ChatView(state, body, prompt.parsing, prompt.token_ids)
+    response = await respond(request, state, body, view, [prompt.token_ids])
     return name_ignored_fields(response, body.ignored_fields)
 
 

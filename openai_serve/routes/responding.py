@@ -1,4 +1,4 @@
-"""What both generation endpoints do once their choices are in the engine: answer in full, or stream."""
+"""What the generation endpoints share: their choices started in the engine, then answered in full or streamed."""
 
 from collections.abc import AsyncIterator
 from typing import Protocol
@@ -34,13 +34,21 @@ async def respond(
     prompts: list[list[int]],
 ) -> Response:
     """Starts every choice of every prompt in the engine, then streams them or answers in full."""
-    specs = choice_specs(view.response_id, prompts, body, state.engine.limits)
-    generation = Generation(specs, state.token_decoder)
-    generation.start(state.bridge)
+    generation = start_generation(state, body, view.response_id, prompts)
     if body.common.stream.stream:
         return event_stream(view.stream(generation), generation.close)
     result = await collect_or_abort(request, generation)
     return client_gone() if result is None else json_response(view.response(*result))
+
+
+def start_generation(
+    state: ServingState, body: GenerationBody, response_id: str, prompts: list[list[int]]
+) -> Generation:
+    """Every choice of every prompt, checked against the engine's limits and submitted (all or none)."""
+    specs = choice_specs(response_id, prompts, body, state.engine.limits)
+    generation = Generation(specs, state.token_decoder)
+    generation.start(state.bridge)
+    return generation
 
 
 def json_response(payload: object, status_code: int = 200) -> Response:

@@ -127,3 +127,15 @@ def test_a_cancelled_response_runs_the_cleanup_and_stays_cancelled() -> None:
         assert closed == ["closed"] and cleaned_up == ["generator"]
 
     asyncio.run(asyncio.wait_for(scenario(), 5))
+
+
+def test_typed_framing_names_each_event_and_sends_no_done() -> None:
+    async def batches() -> AsyncIterator[Batch]:
+        yield [{"type": "response.created", "sequence_number": 0}, {"type": "response.completed"}]
+
+    client, closed = Client(), []
+    response = EventStreamResponse(batches(), lambda: closed.append("closed"), sse.TYPED)
+    asyncio.run(asyncio.wait_for(response({"type": "http", "method": "POST"}, client.receive, client.send), 5))
+    assert client.bodies == [b'event: response.created\ndata: {"type":"response.created","sequence_number":0}\n\n'
+                             b'event: response.completed\ndata: {"type":"response.completed"}\n\n', b""]
+    assert closed == ["closed"]
