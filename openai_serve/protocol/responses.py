@@ -2,11 +2,12 @@
 
 The Responses API is chat by other names: `instructions` and `input` become the conversation
 (response_input.py), `max_output_tokens` is max_tokens, function tools and a named `tool_choice`
-are flat, `text.format` asks for structured output, `reasoning.effort` and `text.verbosity` are
-template variables. Each is read by chat's own rules (sampling, tools, template variables) into a
-`ChatRequest`, so both APIs prompt, sample and parse alike; vLLM's sampling extras (top_k, seed,
-stop, ...) and `chat_template_kwargs` work here too. What is the Responses API's own (store,
-previous_response_id, background, metadata, include) is kept beside it.
+are flat, `text.format` is response_format (structured output, read by the same rules),
+`reasoning.effort` and `text.verbosity` are template variables. Each is read by chat's own rules
+(sampling, tools, template variables) into a `ChatRequest`, so both APIs prompt, sample and parse
+alike; vLLM's sampling extras (top_k, seed, stop, ...) and `chat_template_kwargs` work here too.
+What is the Responses API's own (store, previous_response_id, background, metadata, include) is
+kept beside it.
 
 `store` defaults to true, as in OpenAI (the server keeps a bounded number of responses, for a
 bounded time: response_store.py). OpenAI's fields that mean nothing to one local server (service
@@ -18,12 +19,14 @@ storage, are a 400.
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+from core import SamplingParams, SamplingParamsError
 from core.sampling_params import LOGPROBS, MAX_TOKENS
-from openai_serve.errors import bad_request, unsupported
+from openai_serve.errors import bad_request, refused
 from openai_serve.protocol.chat import ChatRequest, template_kwargs
 from openai_serve.protocol.common import CommonRequest, StreamOptions, read_model, read_sampling
 from openai_serve.protocol.fields import Fields, UnknownFields
 from openai_serve.protocol.response_input import parse_input
+from openai_serve.protocol.structured import read_output_format
 from openai_serve.protocol.tools import read_response_tools, with_forced_tools
 
 OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for the answer's logprobs
@@ -68,9 +71,8 @@ def parse_responses_request(body: object, unknown: UnknownFields | None = None) 
     max_tokens = fields.get_int("max_output_tokens", None, MAX_TOKENS)
     top_logprobs = fields.get_int("top_logprobs", None, LOGPROBS)
     logprobs = (top_logprobs or 0) if OUTPUT_LOGPROBS in _read_include(fields) else None
-    sampling = read_sampling(fields, max_tokens, logprobs)
     text, reasoning = fields.get_object("text"), fields.get_object("reasoning")
-    text_format = _read_text_format(text)
+    sampling, text_format = _with_text_format(read_sampling(fields, max_tokens, logprobs), text)
     tools = read_response_tools(fields)
     sampling = with_forced_tools(sampling, tools)
     instructions = fields.get_str("instructions", None)
@@ -127,20 +129,23 @@ def _read_include(fields: Fields) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _read_text_format(text: Fields | None) -> dict[str, object]:
-    """`text.format` as the response repeats it; structured output is not available yet (a 400)."""
+def _with_text_format(sampling: SamplingParams, text: Fields | None) -> tuple[SamplingParams, dict[str, object]]:
+    """`text.format` as structured output (read as chat's response_format is), and as the response
+    repeats it."""
     spec = None if text is None else text.get_object("format")
     if spec is None:
-        return {"type": "text"}
-    kind = spec.get_str("type", None)
-    if kind == "text":
-        spec.check_unknown()
-        return {"type": "text"}
-    if kind in ("json_object", "json_schema"):
-        raise unsupported("text.format", "with json_object or json_schema needs structured output, which this "
-                          "server does not have yet")
-    param = spec.name("type")
-    raise bad_request(f"'{param}' must be one of text, json_object, json_schema, got {kind!r}", param)
+        return sampling, {"type": "text"}
+    structured = read_output_format(spec, "text.format")
+    echo = text.raw("format")  # type: ignore[union-attr]
+    if structured is None:
+        return sampling, echo  # type: ignore[return-value]
+    if sampling.structured_output is not None:
+        raise bad_request(f"only one structured output may be asked for, got text.format and "
+                          f"{sampling.structured_output.param}", "text.format")
+    try:
+        return replace(sampling, structured_output=structured), echo  # type: ignore[return-value]
+    except SamplingParamsError as exc:
+        raise refused(exc) from exc
 
 
 def _read_summary(reasoning: Fields | None) -> str | None:

@@ -1,6 +1,7 @@
 """The request fields that ask for structured output, read into core's `StructuredOutput`.
 
-- OpenAI's `response_format`: `text` (nothing), `json_object`, or `json_schema` with its `schema`
+- OpenAI's `response_format` (and the Responses API's `text.format`, `read_output_format`): `text`
+  (nothing), `json_object`, or `json_schema` with its `schema`
   (`strict` accepted either way: the schema is always enforced, in xgrammar's strict mode, where
   properties the schema does not list are never generated).
 - vLLM's `structured_outputs`: exactly one of `json` (a schema, as an object or as JSON text),
@@ -11,6 +12,7 @@ At most one of these per request. Whether the constraint compiles is the engine'
 """
 
 import json
+from collections.abc import Callable
 
 from core.structured_output import StructuredOutput, StructuredOutputError
 from openai_serve.errors import bad_request
@@ -29,32 +31,45 @@ def read_structured_output(fields: Fields) -> StructuredOutput | None:
 
 def _response_format(fields: Fields) -> StructuredOutput | None:
     spec = fields.get_object("response_format")
-    if spec is None:
-        return None
+    return None if spec is None else read_output_format(spec, "response_format", _nested_schema)
+
+
+def read_output_format(
+    spec: Fields, param: str, schema_of: Callable[[Fields], Fields] = lambda spec: spec
+) -> StructuredOutput | None:
+    """OpenAI's output format: `text` (None), `json_object` or `json_schema`. `schema_of`: where the
+    schema's fields are (chat's response_format nests them in `json_schema`; the Responses API's
+    `text.format` holds them itself). `param` names the field in the engine's errors."""
     kind = spec.get_str("type", None)
-    param = spec.name("type")
     if kind == "text":
         spec.check_unknown()
         return None
     if kind == "json_object":
         spec.check_unknown()
-        return StructuredOutput(json_object=True, param="response_format")
+        return StructuredOutput(json_object=True, param=param)
     if kind != "json_schema":
-        raise bad_request(f"'{param}' must be one of text, json_object, json_schema, got {kind!r}", param)
-    schema_spec = spec.get_object("json_schema")
-    if schema_spec is None:
-        raise bad_request("'response_format.json_schema' is required with type json_schema",
-                          "response_format.json_schema")
+        name = spec.name("type")
+        raise bad_request(f"'{name}' must be one of text, json_object, json_schema, got {kind!r}", name)
+    schema_spec = schema_of(spec)
     schema_spec.get_str("name", None)
     schema_spec.get_str("description", None)
     schema_spec.get_bool("strict", False)
     schema = schema_spec.raw("schema")
     if not isinstance(schema, dict):
-        raise bad_request("'response_format.json_schema.schema' must be a JSON Schema object",
-                          "response_format.json_schema.schema")
-    schema_spec.check_unknown()
+        name = schema_spec.name("schema")
+        raise bad_request(f"'{name}' must be a JSON Schema object", name)
+    if schema_spec is not spec:
+        schema_spec.check_unknown()
     spec.check_unknown()
-    return StructuredOutput(json_schema=json.dumps(schema), param="response_format")
+    return StructuredOutput(json_schema=json.dumps(schema), param=param)
+
+
+def _nested_schema(spec: Fields) -> Fields:
+    schema_spec = spec.get_object("json_schema")
+    if schema_spec is None:
+        name = spec.name("json_schema")
+        raise bad_request(f"'{name}' is required with type json_schema", name)
+    return schema_spec
 
 
 def _structured_outputs(fields: Fields) -> StructuredOutput | None:

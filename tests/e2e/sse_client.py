@@ -52,3 +52,20 @@ def texts_by_index(chunks: list[dict], key: str = "text") -> dict[int, str]:
             piece = choice["text"] if key == "text" else choice["delta"].get("content") or ""
             out[choice["index"]] = out.get(choice["index"], "") + piece
     return out
+
+
+def iter_typed_events(lines: Iterator[str]) -> Iterator[tuple[str | None, dict]]:
+    """Events with their `event:` name (the Responses API's), each with its data parsed."""
+    name: str | None = None
+    data: list[str] = []
+    for line in lines:
+        if line == "":
+            if data:
+                yield name, orjson.loads("\n".join(data))
+            name, data = None, []
+        elif line.startswith("event:"):
+            name = line[6:].strip()
+        elif line.startswith("data:"):
+            data.append(line[5:].removeprefix(" "))
+    if data:
+        yield name, orjson.loads("\n".join(data))

@@ -1,4 +1,5 @@
-"""Overload and shutdown: 503s in OpenAI's shape, terminal events for running requests, blocks freed."""
+"""Overload and shutdown: 503s in OpenAI's shape, terminal events for running requests (the Responses
+API's too), blocks freed."""
 
 import threading
 import time
@@ -14,6 +15,7 @@ from tests.e2e.serving import MODEL, RunningServer, assert_error_shape, server_c
 from tests.e2e.sse_client import DONE, iter_events
 
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
+LONG_RESPONSE = {"model": MODEL, "input": "Once upon a time", "max_output_tokens": 400, "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -26,16 +28,16 @@ def server(model_dir: Path) -> Iterator[RunningServer]:
 class BackgroundStream:
     """A raw SSE stream read on a thread; `first_event` is set once data arrived."""
 
-    def __init__(self, server: RunningServer, body: dict) -> None:
+    def __init__(self, server: RunningServer, body: dict, path: str = "/v1/completions") -> None:
         self.events: list[str] = []
         self.first_event = threading.Event()
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._read, args=(server, body), daemon=True)
+        self._thread = threading.Thread(target=self._read, args=(server, body, path), daemon=True)
         self._thread.start()
         assert self.first_event.wait(30), "the stream did not start"
 
-    def _read(self, server: RunningServer, body: dict) -> None:
-        with server.http() as http, http.stream("POST", "/v1/completions", json=body | {"stream": True}) as r:
+    def _read(self, server: RunningServer, body: dict, path: str) -> None:
+        with server.http() as http, http.stream("POST", path, json=body | {"stream": True}) as r:
             for event in iter_events(r.iter_lines()):
                 self.events.append(event)
                 self.first_event.set()
@@ -85,7 +87,12 @@ def own_server(model_dir: Path) -> Iterator[RunningServer]:
 def test_shutdown_ends_running_requests_and_refuses_new_ones(own_server: RunningServer) -> None:
     running = own_server
     stream = BackgroundStream(running, LONG)
+    responses_stream = BackgroundStream(running, LONG_RESPONSE, "/v1/responses")
+    sdk_response = {k: v for k, v in LONG_RESPONSE.items() if k != "ignore_eos"}
+    background = running.client().responses.create(background=True, extra_body={"ignore_eos": True}, **sdk_response)
     waiting, answer = in_thread(lambda: httpx.post(running.base_url + "/v1/completions", json=LONG, timeout=30))
+    responses_waiting, response_answer = in_thread(
+        lambda: httpx.post(running.base_url + "/v1/responses", json=LONG_RESPONSE, timeout=30))
     sdk_body = {k: v for k, v in LONG.items() if k != "ignore_eos"}
     sdk_stream = running.client().completions.create(stream=True, extra_body={"ignore_eos": True}, **sdk_body)
     next(iter(sdk_stream))
@@ -97,6 +104,15 @@ def test_shutdown_ends_running_requests_and_refuses_new_ones(own_server: Running
     assert stream.events[-1] == DONE and error["code"] == "shutting_down"
     waiting.join(timeout=30)
     assert assert_error_shape(answer[0], 503)["code"] == "shutting_down"
+    # The Responses API: a stream ends with response.failed (no [DONE] there), an answer in full is a
+    # 503, and a background response is failed.
+    responses_stream.join()
+    failed = loads(responses_stream.events[-1])
+    assert failed["type"] == "response.failed" and failed["response"]["status"] == "failed"
+    assert "shutting down" in failed["response"]["error"]["message"]
+    responses_waiting.join(timeout=30)
+    assert assert_error_shape(response_answer[0], 503)["code"] == "shutting_down"
+    assert running.client().responses.retrieve(background.id).status == "failed"
     with pytest.raises(openai.APIError, match="shutting down"):
         list(sdk_stream)
     with running.http() as http:

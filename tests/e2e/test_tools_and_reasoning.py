@@ -120,3 +120,44 @@ def test_tool_choice_none_leaves_a_written_call_as_text(server: RunningServer) -
         choice = http.post(CHAT, json=scripted(THOUGHT_AND_CALL) | {"tool_choice": "none"}).json()["choices"][0]
     assert choice["finish_reason"] == "stop" and "tool_calls" not in choice["message"]
     assert choice["message"]["content"].startswith("<tool_call>\n{")
+
+
+# --- the Responses API: thinking as reasoning items ---------------------------------------------------
+
+
+def test_responses_put_thinking_into_a_reasoning_item(server: RunningServer) -> None:
+    response = server.client().responses.create(model=MODEL, input=MESSAGES, temperature=0, max_output_tokens=8,
+                                                extra_body={"ignore_eos": True})
+    chat = server.client().chat.completions.create(messages=MESSAGES, **GREEDY).choices[0].message.model_dump()
+    assert [item.type for item in response.output] == ["reasoning"]  # never closed: all reasoning
+    reasoning = response.output[0]
+    assert reasoning.content[0].type == "reasoning_text" and reasoning.content[0].text == chat["reasoning_content"]
+    assert reasoning.summary == [] and reasoning.status == "incomplete" and response.status == "incomplete"
+    assert response.usage.output_tokens_details.reasoning_tokens == response.usage.output_tokens == 8
+
+
+def test_streamed_reasoning_adds_up_to_the_item(server: RunningServer) -> None:
+    with server.client().responses.stream(model=MODEL, input=MESSAGES, temperature=0, max_output_tokens=8,
+                                          extra_body={"ignore_eos": True}) as stream:
+        events = list(stream)
+    kinds = [event.type for event in events]
+    assert kinds[2:4] == ["response.output_item.added", "response.content_part.added"]
+    assert events[2].item.type == "reasoning" and kinds[-1] == "response.incomplete"
+    text = "".join(event.delta for event in events if event.type == "response.reasoning_text.delta")
+    done = next(event for event in events if event.type == "response.reasoning_text.done")
+    assert text and text == done.text == events[-1].response.output[0].content[0].text
+
+
+def test_responses_reasoning_effort_and_reasoning_items_reach_the_template(server: RunningServer) -> None:
+    client = server.client()
+    effort = client.responses.create(model=MODEL, input=MESSAGES, reasoning={"effort": "high"}, max_output_tokens=1)
+    chat = client.chat.completions.create(model=MODEL, messages=MESSAGES, reasoning_effort="high", max_tokens=1)
+    assert effort.usage.input_tokens == chat.usage.prompt_tokens
+    thought = {"type": "reasoning", "id": "rs_1", "summary": [],
+               "content": [{"type": "reasoning_text", "text": "It is about Paris."}]}
+    said = {"role": "assistant", "content": "Sunny."}
+    with_thought = client.responses.create(model=MODEL, input=[*MESSAGES, thought, said], max_output_tokens=1)
+    history = [*MESSAGES, {"role": "assistant", "content": "Sunny.", "reasoning_content": "It is about Paris."}]
+    assert with_thought.usage.input_tokens == client.chat.completions.create(
+        model=MODEL, messages=history, max_tokens=1).usage.prompt_tokens
+    assert "It is about Paris." in rendered(server, messages=history)

@@ -16,6 +16,7 @@ from openai_serve.protocol.tools import ToolChoice
 from tests.chat_templates import HERMES_TOOLS_TEMPLATE
 
 R = {"model": "m", "input": "hi"}
+M = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 FLAT_TOOL = {"type": "function", "name": "get_weather", "description": "Weather", "parameters": CITY}
 CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Weather", "parameters": CITY}}
@@ -76,8 +77,8 @@ def test_a_tool_round_trip_renders_as_the_same_prompt_as_chat(template: ChatTemp
         "input": [{"role": "user", "content": question}, CALL, RESULT]})
     chat = parse_chat_request({"model": "m", "tools": [CHAT_TOOL], "reasoning_effort": "low", "messages": [
         {"role": "system", "content": "Be brief"}, {"role": "user", "content": question},
-        {"role": "assistant", "content": None, "tool_calls": [
-            {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+            "name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "18 C"}]})
     prompt = template.render(responses)
     assert prompt == template.render(chat)
@@ -107,6 +108,20 @@ def test_reasoning_effort_and_verbosity_are_template_variables() -> None:
                                            "text": {"verbosity": "low"}})
     assert request.template_kwargs == {"reasoning_effort": "high", "verbosity": "low"}
     assert request.settings["reasoning"] == {"effort": "high", "summary": "auto"}
+
+
+def test_text_format_is_structured_output_as_response_format_is() -> None:
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}}
+    flat = {"type": "json_schema", "name": "answer", "schema": schema, "strict": True}
+    request = parse_responses_request(R | {"text": {"format": flat}})
+    chat = parse_chat_request(M | {"response_format": {"type": "json_schema", "json_schema": {"name": "answer",
+                                                                                              "schema": schema}}})
+    assert request.common.sampling.structured_output == chat.common.sampling.structured_output
+    assert request.common.sampling.structured_output.param == "text.format"  # type: ignore[union-attr]
+    assert request.settings["text"]["format"] == flat
+    as_object = parse_responses_request(R | {"text": {"format": {"type": "json_object"}}})
+    assert as_object.common.sampling.structured_output.json_object  # type: ignore[union-attr]
+    assert parse_responses_request(R | {"text": {"format": {"type": "text"}}}).common.sampling.structured_output is None
 
 
 def test_logprobs_only_when_included() -> None:
@@ -149,6 +164,8 @@ def test_unknown_fields_are_named_and_kept_out() -> None:
     (R | {"tools": [FLAT_TOOL], "tool_choice": {"type": "allowed_tools", "mode": "auto", "tools": []}},
      "tool_choice.type"),
     (R | {"text": {"format": {"type": "yaml"}}}, "text.format.type"),
+    (R | {"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format.schema"),
+    (R | {"text": {"format": {"type": "json_object"}}, "structured_outputs": {"regex": "a+"}}, "text.format"),
     (R | {"reasoning": {"effort": "extreme"}}, "reasoning.effort"),
     (R | {"reasoning": {"summary": "long"}}, "reasoning.summary"),
     (R | {"text": {"verbosity": "loud"}}, "text.verbosity"),
