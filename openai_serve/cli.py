@@ -27,7 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
     # SUPPRESS: only flags actually given land in the namespace, so they can override --config.
     parser = argparse.ArgumentParser(
         prog="openai-serve", argument_default=argparse.SUPPRESS,
-        description="OpenAI-compatible LLM server: /v1/completions, /v1/chat/completions, /v1/models, "
+        description="OpenAI-compatible LLM server: /v1/completions, /v1/chat/completions, /v1/responses, /v1/models, "
         "streaming over server-sent events.",
     )
     parser.add_argument("model_tag", nargs="?", metavar="MODEL", help="the model to serve, as --model takes it (as "
