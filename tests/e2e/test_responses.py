@@ -1,6 +1,7 @@
 """The Responses API end to end with the official SDK (and raw HTTP where the wire matters): answers
 that equal chat's for the same conversation, the typed event stream and its final response, parse
-with a text_format, previous_response_id, the store, background and cancel, disconnects.
+with a text_format, a function tool round trip, previous_response_id, the store, background and
+cancel, disconnects, and openai-agents' default (Responses) model running an agent with a tool.
 
 The model is the tiny random one: an answer that should end on its own gets `min_tokens` and a
 logit_bias on its end-of-text token (it ends right after that many tokens); a tool call is forced
@@ -8,6 +9,7 @@ logit_bias on its end-of-text token (it ends right after that many tokens); a to
 answer ends within a few tokens.
 """
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
@@ -125,6 +127,44 @@ def test_parse_with_a_text_format(server: RunningServer) -> None:
     assert response.text.format.type == "json_schema" and response.text.format.name == "Forecast"
 
 
+def test_a_function_tool_round_trip(server: RunningServer) -> None:
+    client = server.client()
+    question = [{"role": "user", "content": QUESTION}]
+    first = client.responses.create(model=MODEL, input=question, tools=[WEATHER], tool_choice="required",
+                                    parallel_tool_calls=False, max_output_tokens=FORCED_MAX_TOKENS, temperature=0)
+    calls = [item for item in first.output if item.type == "function_call"]
+    assert first.status == "completed" and len(calls) == 1
+    call = calls[0]
+    assert call.name == "get_weather" and call.call_id.startswith("call_") and call.status == "completed"
+    args = Forecast.model_validate_json(call.arguments)
+    result = {"type": "function_call_output", "call_id": call.call_id, "output": f"{args.city}: sunny"}
+    second = client.responses.create(model=MODEL, input=[*question, *first.output, result], tools=[WEATHER],
+                                     max_output_tokens=8, temperature=0)
+    assert second.output[0].type == "message" and second.output_text
+    # The call and its result went through the chat template as chat's would.
+    history = [*question, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": call.call_id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}]},
+        {"role": "tool", "tool_call_id": call.call_id, "content": result["output"]}]
+    chat = chat_answer(server, history, tools=[CHAT_WEATHER])
+    assert second.usage.input_tokens == chat.usage.prompt_tokens
+    assert second.output_text == chat.choices[0].message.content
+
+
+def test_a_streamed_call_arrives_as_argument_deltas(server: RunningServer) -> None:
+    with server.client().responses.stream(model=MODEL, input=QUESTION, tools=[WEATHER], temperature=0,
+                                          tool_choice={"type": "function", "name": "get_weather"},
+                                          max_output_tokens=FORCED_MAX_TOKENS) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    kinds = [event.type for event in events]
+    assert kinds[2] == "response.output_item.added" and events[2].item.type == "function_call"
+    assert kinds[-3:] == ["response.function_call_arguments.done", "response.output_item.done", "response.completed"]
+    pieces = "".join(event.delta for event in events if event.type == "response.function_call_arguments.delta")
+    call = final.output[0]
+    assert call.type == "function_call" and call.arguments == pieces == events[-3].arguments
+    Forecast.model_validate_json(pieces)
+
+
 def test_previous_response_id_continues_the_conversation(server: RunningServer) -> None:
     client = server.client()
     first = client.responses.create(input="My name is Ada.", instructions="Be brief", **GREEDY)
@@ -220,3 +260,41 @@ def test_bad_requests_are_400s_naming_the_field_and_unknown_fields_are_named(ser
         tolerated = http.post("/v1/responses", json={**GREEDY, "input": "x", "mood": "sunny"})
         assert tolerated.status_code == 200 and tolerated.headers["x-ignored-fields"] == "mood"
     assert server.wait_idle()["kv_blocks_used"] == 0
+
+
+def test_openai_agents_default_model_runs_an_agent_with_a_function_tool(server: RunningServer, ending: dict) -> None:
+    from agents import Agent, ModelSettings, RunConfig, Runner, function_tool, set_tracing_disabled
+    from agents.models.openai_provider import OpenAIProvider
+
+    set_tracing_disabled(True)  # no traces sent anywhere
+    calls: list[tuple[str, bool]] = []
+
+    @function_tool
+    def get_weather(city: City, metric: bool) -> str:
+        """Get the weather forecast for a city."""
+        calls.append((city, metric))
+        return f"{city}: sunny"
+
+    provider = OpenAIProvider(openai_client=server.async_client())  # its models: the Responses API by default
+    # Greedy, and every answer ends by itself (the runner takes an `incomplete` response for a failure):
+    # the end-of-text token wins as soon as it may, which for the forced call is once its JSON is complete
+    # (min_tokens does not go with structured output).
+    end_now = {"logit_bias": ending["logit_bias"]}
+    settings = ModelSettings(tool_choice="required", temperature=0, max_tokens=FORCED_MAX_TOKENS, extra_body=end_now)
+    agent = Agent(name="forecaster", instructions="Answer questions about the weather.", tools=[get_weather],
+                  model=MODEL, model_settings=settings)
+    config = RunConfig(model_provider=provider)
+
+    async def run_twice() -> list[object]:
+        """In full, then streamed (the agent reads the typed event stream itself)."""
+        in_full = await Runner.run(agent, QUESTION, max_turns=3, run_config=config)
+        streamed = Runner.run_streamed(agent, QUESTION, max_turns=3, run_config=config)
+        async for _ in streamed.stream_events():
+            pass
+        return [in_full, streamed]
+
+    for result in asyncio.run(run_twice()):
+        kinds = [item.type for item in result.new_items]  # type: ignore[attr-defined]
+        assert kinds[:2] == ["tool_call_item", "tool_call_output_item"] and kinds[-1] == "message_output_item"
+        assert isinstance(result.final_output, str)  # type: ignore[attr-defined]  # after the tool ran, an answer
+    assert len(calls) == 2 and calls[0] == calls[1] and calls[0][0] in ("Paris", "Rome", "Oslo")

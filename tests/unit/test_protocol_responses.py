@@ -103,6 +103,19 @@ def test_flat_tools_and_a_named_choice_read_as_chat_reads_its_own() -> None:
     assert parse_responses_request(R | {"tools": [FLAT_TOOL]}).tools.choice is ToolChoice.AUTO
 
 
+def test_a_forced_choice_is_structured_output_as_on_chat() -> None:
+    named = {"type": "function", "name": "get_weather"}
+    request = parse_responses_request(R | {"tools": [FLAT_TOOL], "tool_choice": named})
+    chat = parse_chat_request(M | {"tools": [CHAT_TOOL], "tool_choice": {"type": "function",
+                                                                           "function": {"name": "get_weather"}}})
+    forced = request.common.sampling.structured_output
+    assert forced == chat.common.sampling.structured_output and forced.param == "tool_choice"  # type: ignore[union-attr]
+    with pytest.raises(APIError, match="text.format") as err:
+        parse_responses_request(R | {"tools": [FLAT_TOOL], "tool_choice": "required",
+                                     "text": {"format": {"type": "json_object"}}})
+    assert err.value.param == "tool_choice"
+
+
 def test_reasoning_effort_and_verbosity_are_template_variables() -> None:
     request = parse_responses_request(R | {"reasoning": {"effort": "high", "summary": "auto"},
                                            "text": {"verbosity": "low"}})
