@@ -11,7 +11,7 @@ import pytest
 
 from tests.chat_templates import HERMES_TOOLS_TEMPLATE
 from tests.e2e.serving import MODEL, RunningServer, server_config, start_server
-from tests.e2e.sse_client import post_stream
+from tests.e2e.sse_client import iter_typed_events, post_stream
 
 CHAT = "/v1/chat/completions"
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
@@ -161,3 +161,25 @@ def test_responses_reasoning_effort_and_reasoning_items_reach_the_template(serve
     assert with_thought.usage.input_tokens == client.chat.completions.create(
         model=MODEL, messages=history, max_tokens=1).usage.prompt_tokens
     assert "It is about Paris." in rendered(server, messages=history)
+
+
+def test_responses_read_a_written_thought_and_call_into_items(server: RunningServer) -> None:
+    flat_weather = {"type": "function", **WEATHER["function"]}
+    body = {"model": MODEL, "input": MESSAGES, "tools": [flat_weather], "max_output_tokens": 130, "seed": 0,
+            "structured_outputs": {"choice": [THOUGHT_AND_CALL]}}
+    with server.http() as http:
+        whole = http.post("/v1/responses", json=body).json()
+        with http.stream("POST", "/v1/responses", json=body | {"stream": True}) as response:
+            events = [data for _, data in iter_typed_events(response.iter_lines())]
+    assert whole["status"] == "completed"
+    thought, call = whole["output"]
+    assert thought["type"] == "reasoning" and thought["content"] == [{"type": "reasoning_text", "text": "Paris, then."}]
+    assert call["type"] == "function_call" and call["name"] == "get_weather" and call["call_id"].startswith("call_")
+    assert call["arguments"] == '{"city": "Paris"}' and call["status"] == "completed"
+    text = "".join(e["delta"] for e in events if e["type"] == "response.reasoning_text.delta")
+    arguments = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+    assert (text, arguments) == ("Paris, then.", call["arguments"])
+    final = events[-1]["response"]
+    assert events[-1]["type"] == "response.completed"
+    assert [{**item, "id": None, "call_id": None} for item in final["output"]] == [
+        {**item, "id": None, "call_id": None} for item in whole["output"]]
