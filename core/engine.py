@@ -28,12 +28,14 @@ device, happens on the one thread that calls `step`.
 import concurrent.futures
 import logging
 import queue
+import time
 from collections import deque
 from dataclasses import dataclass, replace
 
 from core.batch_builder import build_batch
 from core.block_manager import BlockManager
 from core.config import EngineConfig
+from core.engine_metrics import EngineMetrics, EngineObservations
 from core.grammar import Grammars
 from core.outputs import FinishReason, RequestOutput
 from core.penalty_slots import PenaltySlots
@@ -65,6 +67,14 @@ class EngineStats:
     num_used_blocks: int
     num_preemptions: int
     num_prefix_cache_hit_tokens: int
+    num_prefix_cache_queried_tokens: int
+    num_prompt_tokens: int  # of requests whose prefill finished
+    num_generation_tokens: int
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of KV-cache blocks in use (referenced by a request), from 0 to 1."""
+        return self.num_used_blocks / self.num_total_blocks if self.num_total_blocks else 0.0
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,7 @@ class LLMEngine:
         self.penalty_slots = PenaltySlots(config.scheduler.max_num_seqs)
         self._grammars: Grammars | None = None  # built at the first structured-output request
         self._compiling: dict[Sequence, concurrent.futures.Future] = {}  # waiting for their grammar, unscheduled
+        self.metrics = EngineMetrics()
 
     @property
     def grammars(self) -> Grammars:
@@ -134,9 +145,15 @@ class LLMEngine:
             num_evictable_blocks=len(bm.evictable_ids), num_used_blocks=bm.num_used_blocks,
             num_preemptions=self.scheduler.num_preemptions,
             num_prefix_cache_hit_tokens=self.scheduler.num_prefix_hit_tokens,
+            num_prefix_cache_queried_tokens=self.scheduler.num_prefix_queried_tokens,
+            num_prompt_tokens=self.metrics.num_prompt_tokens, num_generation_tokens=self.metrics.num_generation_tokens,
         )
 
     # The stepping thread only (the engine process's main thread, or the server's bridge thread).
+
+    def take_observations(self) -> EngineObservations | None:
+        """Request-phase timings observed since the last call (core/engine_metrics.py); None if none."""
+        return self.metrics.take_observations()
 
     def has_unfinished_requests(self) -> bool:
         return (self.scheduler.has_unfinished() or self._in_flight is not None or bool(self._taken_from_inbox)
@@ -198,6 +215,10 @@ class LLMEngine:
         out = self.scheduler.schedule()
         for seq in out.preempted:
             self._release_penalty_slot(seq)  # it takes one anew, filled from its tokens, when it samples again
+        if out.admitted:
+            now = time.monotonic()
+            for seq in out.admitted:
+                self.metrics.on_admitted(seq, now)
         return out.scheduled
 
     def _launch(self, scheduled: list[ScheduledSequence]) -> _LaunchedStep:
@@ -315,11 +336,16 @@ class LLMEngine:
         result = step.pending.result()
         for seq, entries in zip(step.scored_seqs, result.prompt_logprobs, strict=True):
             seq.prompt_logprobs.extend(entries)  # type: ignore[union-attr]
+        now = time.monotonic()
         outputs = []
+        first_token_seqs = []
         for seq, token_id, logprobs in zip(step.sampled_seqs, result.token_ids, result.logprobs, strict=True):
             if seq.is_finished:
                 continue  # aborted, or ended by EOS, while this step was in flight: the token is dropped
             seq.resolve_pending_token(token_id)
+            if seq.first_token_time is None:  # the one per-token cost of metrics: a comparison
+                seq.first_token_time = now
+                first_token_seqs.append(seq)
             finish_reason = self._finish_reason(seq, token_id)
             if seq.grammar is not None and not seq.grammar.accept_token(token_id):
                 logger.error("request %s: token %d is outside its grammar; ended", seq.request_id, token_id)
@@ -327,6 +353,7 @@ class LLMEngine:
             if finish_reason is not None:
                 self._finish(seq, finish_reason)
             outputs.append(_output(seq, [token_id], [logprobs]))
+        self.metrics.on_tokens(first_token_seqs, len(outputs), now)
         return outputs
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
@@ -349,6 +376,7 @@ class LLMEngine:
             self.scheduler.finish(seq, keep_cached=reason is not FinishReason.ERROR)
         self._release_penalty_slot(seq)
         seq.finish_reason = reason
+        self.metrics.on_finished(seq)
         del self._sequences[seq.request_id]
 
     def _release_penalty_slot(self, seq: Sequence) -> None:

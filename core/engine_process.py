@@ -8,13 +8,15 @@ process the engine never waits for the server's Python (vLLM runs its engine cor
 Wire: two one-way pipes of pickled tuples (not dataclasses: a step's 256 outputs pickle in ~0.04 ms
 as tuples, ~0.3 ms as dataclasses, and the child pays that on its critical path).
 - server -> engine: ("add", request_id, prompt_token_ids, params) | ("abort", request_id) | ("stop",)
-- engine -> server: ("ready", EngineInfo) | ("failed", message) | ("outputs", [output tuples], stats tuple)
+- engine -> server: ("ready", EngineInfo) | ("failed", message)
+  | ("outputs", [output tuples], stats tuple, observations tuple or None)
 
 In the child a receiver thread feeds the engine's thread-safe inbox while the main thread steps, so
 the server's writes never wait for a step to end. Requests arrive checked, as the engine takes
 them (the server checks them with `limits`, core/request_checks.py, in its own process, and keeps
 their ids unique). Stats ride along with every outputs message (the last ones are current: the
-engine only changes while it steps).
+engine only changes while it steps), and so do the timings the engine observed since its last
+message (core/engine_metrics.py), kept here until taken.
 """
 
 import logging
@@ -27,6 +29,7 @@ from typing import Any
 
 from core.config import EngineConfig
 from core.engine import EngineStats, LLMEngine
+from core.engine_metrics import EngineObservations
 from core.outputs import RequestOutput
 from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
@@ -70,6 +73,7 @@ class EngineProcess:
         self.eos_token_ids = info.eos_token_ids
         self.limits = info.limits
         self._stats = info.stats
+        self._observations = EngineObservations.empty()  # received, not yet taken
 
     def _wait_until_ready(self, timeout_s: float) -> EngineInfo:
         try:
@@ -98,6 +102,13 @@ class EngineProcess:
     def stats(self) -> EngineStats:
         return self._stats
 
+    def take_observations(self) -> EngineObservations | None:
+        """The engine's timings received since the last call (the thread of `next_outputs` only)."""
+        if not self._observations:
+            return None
+        taken, self._observations = self._observations, EngineObservations.empty()
+        return taken
+
     def next_outputs(self, idle_timeout: float) -> list[RequestOutput]:
         """The next step's outputs, or [] when none came within idle_timeout; raises RuntimeError
         when the engine failed or its process is gone."""
@@ -109,8 +120,10 @@ class EngineProcess:
             raise RuntimeError(f"the engine process exited (exit code {self._process.exitcode})") from exc
         if message[0] == "failed":
             raise RuntimeError(message[1])
-        _, rows, stats = message
+        _, rows, stats, observations = message
         self._stats = EngineStats(*stats)
+        if observations is not None:
+            self._observations.extend(EngineObservations(*observations))
         return [RequestOutput(*row) for row in rows]
 
     def close(self) -> None:
@@ -163,7 +176,9 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
         while not stop.is_set():
             step_outputs = engine.next_outputs(_IDLE_POLL_S)
             if step_outputs:
-                outputs.send(("outputs", [_as_row(o) for o in step_outputs], astuple(engine.stats())))
+                observations = engine.take_observations()
+                outputs.send(("outputs", [_as_row(o) for o in step_outputs], astuple(engine.stats()),
+                              None if observations is None else tuple(observations)))
     except Exception as exc:  # noqa: BLE001 - the server turns this into 503s for everything running
         logger.exception("the engine failed")
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))

@@ -36,6 +36,7 @@ class ScheduledSequence(NamedTuple):  # a tuple: built for every row of every st
 class SchedulerOutput:
     scheduled: list[ScheduledSequence] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
+    admitted: list[Sequence] = field(default_factory=list)  # from the waiting queue, this step
 
     @property
     def num_batched_tokens(self) -> int:
@@ -50,6 +51,7 @@ class Scheduler:
         self.running: list[Sequence] = []  # in admission order
         self.num_preemptions = 0
         self.num_prefix_hit_tokens = 0
+        self.num_prefix_queried_tokens = 0  # tokens looked up in the prefix cache, at every admission
         self._num_admissions = 0
 
     def add(self, seq: Sequence) -> None:
@@ -110,11 +112,13 @@ class Scheduler:
             if seq.num_output_tokens == 0:
                 seq.num_cached_prompt_tokens = seq.num_computed_tokens
             self.num_prefix_hit_tokens += seq.num_computed_tokens
+            self.num_prefix_queried_tokens += seq.num_tokens
             self.block_manager.allocate(seq, num_new)
             seq.status = SequenceStatus.RUNNING
             seq.admission_order = self._num_admissions
             self._num_admissions += 1
             self.running.append(seq)
+            out.admitted.append(seq)
             out.scheduled.append(ScheduledSequence.of(seq, num_new))
             budget -= num_new
 

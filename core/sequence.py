@@ -9,6 +9,7 @@ in `num_tokens` (so the next step can be scheduled to compute it, reading it on 
 not yet in `token_ids`. At most one token is pending at a time.
 """
 
+import time
 from enum import Enum, auto
 from typing import TYPE_CHECKING
 
@@ -54,6 +55,10 @@ class Sequence:
         # prompt_logprobs: the first prompt token's is None; token t's comes from the state at t - 1.
         self.prompt_logprobs: list[TokenLogprobs | None] | None = None if params.prompt_logprobs is None else [None]
         self.next_prompt_logprob = 1  # the first prompt token whose logprob no launched step computes
+        # For the engine's metrics (core/engine_metrics.py): time.monotonic() at these events.
+        self.arrival_time = time.monotonic()
+        self.first_scheduled_time: float | None = None
+        self.first_token_time: float | None = None
 
     @property
     def needs_prompt_logprobs(self) -> bool:

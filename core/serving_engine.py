@@ -7,6 +7,7 @@ from typing import Protocol
 
 from core.config import EngineConfig
 from core.engine import EngineStats
+from core.engine_metrics import EngineObservations
 from core.outputs import RequestOutput
 from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
@@ -26,6 +27,10 @@ class ServingEngine(Protocol):
     def stats(self) -> EngineStats: ...
 
     def next_outputs(self, idle_timeout: float) -> list[RequestOutput]: ...
+
+    def take_observations(self) -> EngineObservations | None:
+        """Timings observed since the last call; from the thread that calls next_outputs."""
+        ...
 
     def close(self) -> None: ...
 

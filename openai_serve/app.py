@@ -1,7 +1,9 @@
 """The Starlette application: routes, middleware, error handlers, and the lifespan that runs the
 engine bridge (its output thread, and the engine's process or thread: started before the first
-request, stopped after the last connection closed)."""
+request, stopped after the last connection closed) and the periodic stats line."""
 
+import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -20,8 +22,10 @@ from openai_serve.engine_bridge import EngineBridge
 from openai_serve.engine_restarts import RestartPolicy
 from openai_serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
 from openai_serve.logprobs import TokenTexts
+from openai_serve.metrics import ServerMetrics
 from openai_serve.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
 from openai_serve.parsers.selection import resolve_tool_call_parser
+from openai_serve.request_log import REQUEST_ID_HEADER, RequestLogMiddleware
 from openai_serve.response_store import ResponseStore
 from openai_serve.routes.chat import create_chat_completion
 from openai_serve.routes.completions import create_completion
@@ -30,7 +34,9 @@ from openai_serve.routes.responses import cancel_response, create_response, dele
 from openai_serve.routes.tokenize import detokenize, tokenize
 from openai_serve.server_config import ServerConfig
 from openai_serve.state import ServingState
+from openai_serve.stats_log import log_stats
 from openai_serve.token_decoder import token_decoder
+from openai_serve.web_ui import WEB_UI_ROUTES
 
 logger = logging.getLogger(__name__)
 
@@ -62,33 +68,43 @@ def build_app(
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         restarts = RestartPolicy(0 if config.exit_on_engine_failure else config.max_engine_restarts)
-        bridge = EngineBridge(engine, config.max_pending_requests, restarts, config.max_unread_steps)
+        # The engine is replaced when it fails and restarts: what the metrics read is the bridge's current one.
+        metrics = ServerMetrics(config.served_model_names[0], engine.max_model_len, lambda: bridge.engine.stats(),
+                                lambda: bridge.num_pending_requests)
+        bridge = EngineBridge(engine, config.max_pending_requests, restarts, config.max_unread_steps,
+                              metrics.record_engine)
         chat_template = ChatTemplate(tokenizer, config.chat_template)
         tool_call_parser = resolve_tool_call_parser(config.tool_call_parser, chat_template.text)
         reasoning_parser = None if config.reasoning_parser == "none" else config.reasoning_parser
         logger.info("tool-call parser: %s; reasoning parser: %s", tool_call_parser, reasoning_parser)
         responses = ResponseStore(config.responses_store_max_entries, config.responses_store_max_age_s)
         app.state.serving = ServingState(bridge, config, tokenizer, chat_template, TokenTexts(tokenizer),
-                                         token_decoder(tokenizer), responses, tool_call_parser, reasoning_parser)
+                                         token_decoder(tokenizer), responses, metrics, tool_call_parser,
+                                         reasoning_parser)
         bridge.start()
+        stats_logger = asyncio.create_task(log_stats(lambda: bridge.engine.stats(), config.stats_log_interval_s))
         try:
             yield
         finally:
+            stats_logger.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await stats_logger
             responses.close()
             await bridge.stop()
 
+    routes = ROUTES + WEB_UI_ROUTES if config.web_ui else ROUTES
     return Starlette(
-        routes=ROUTES, middleware=_middleware(config), lifespan=lifespan,
+        routes=routes, middleware=_middleware(config), lifespan=lifespan,
         exception_handlers={APIError: handle_api_error, HTTPException: handle_http_exception,
                             Exception: handle_unexpected},
     )
 
 
 def _middleware(config: ServerConfig) -> list[Middleware]:
-    middleware = []
+    middleware = [Middleware(RequestLogMiddleware)]  # outermost: it sees every answer, 401s and 413s too
     if config.allowed_origins:
         middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
-                                     allow_methods=["*"], allow_headers=["*"]))
+                                     allow_methods=["*"], allow_headers=["*"], expose_headers=[REQUEST_ID_HEADER]))
     if config.api_key is not None:
         middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))
     middleware.append(Middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_body_bytes))

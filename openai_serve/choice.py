@@ -3,6 +3,7 @@ response's choice `index` with OpenAI's finish_reason, and merged per choice whe
 behind. The tracker finishes a choice at a stop string and aborts its sequence in the engine.
 """
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,6 +52,9 @@ class ChoiceDecoder:
     def __init__(self, spec: ChoiceSpec, tokenizer: TokenDecoder, abort: Callable[[str], None]) -> None:
         self.spec = spec
         self.tracker = TextTracker(spec.request_id, tokenizer, spec.prompt_token_ids, spec.params, abort)
+        # time.monotonic() when its first token came and when it finished, for logs and metrics.
+        self.first_token_time: float | None = None
+        self.finish_time: float | None = None
 
     @property
     def is_finished(self) -> bool:
@@ -58,8 +62,12 @@ class ChoiceDecoder:
 
     def absorb(self, output: RequestOutput) -> ChoiceDelta | None:
         """This step's tokens; None while everything new is held back (or after the choice finished)."""
+        if self.first_token_time is None and output.new_token_ids:
+            self.first_token_time = time.monotonic()
         delta = self.tracker.absorb(output)
         if delta is None:
             return None
         reason = delta.finish_reason
+        if reason is not None:
+            self.finish_time = time.monotonic()
         return ChoiceDelta(self.spec.index, delta.text, delta.logprobs, None if reason is None else reason.value)

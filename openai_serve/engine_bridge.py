@@ -5,7 +5,8 @@ its own process (the default, core/engine_process.py), the next step's outputs o
 engine in this process (--no-engine-process), one step, or a sleep on its inbox while idle, so that
 the thread is then the engine's. It hands each step's outputs to the event loop with ONE
 `call_soon_threadsafe` per step (never one per token). On the loop, `_dispatch` puts each output on
-its HTTP request's `asyncio.Queue`.
+its HTTP request's `asyncio.Queue`. The engine's timings of that step go to `on_observations` (the
+metrics) on this output thread, off the event loop.
 
 Invariants:
 - `_handles` (loop thread only) maps every engine request id still running to its handle; an id
@@ -29,6 +30,7 @@ from enum import Enum
 from typing import Any
 
 from core import FinishReason, RequestOutput, RequestRejected, SamplingParams
+from core.engine_metrics import EngineObservations
 from core.serving_engine import ServingEngine
 from openai_serve.engine_restarts import RestartPolicy
 from openai_serve.errors import APIError, bad_request, refused, service_unavailable
@@ -104,10 +106,13 @@ class RequestHandle:
 
 class EngineBridge:
     def __init__(self, engine: ServingEngine, max_pending_requests: int, restarts: RestartPolicy | None = None,
-                 max_unread_steps: int = 512) -> None:
+                 max_unread_steps: int = 512,
+                 on_observations: Callable[[EngineObservations], None] | None = None) -> None:
         """`restarts`: when a failed engine is replaced (None: never). `max_unread_steps`: steps of output a
-        request's consumer may leave unread before its requests are stopped."""
+        request's consumer may leave unread before its requests are stopped. `on_observations`: gets the
+        engine's timings (core/engine_metrics.py) as they come, on the output thread."""
         self.engine = engine  # replaced by a new one when it fails and is restarted
+        self._on_observations = on_observations
         self.max_unread_steps = max_unread_steps
         self._max_pending = max_pending_requests
         self._restarts = restarts or RestartPolicy(max_restarts=0)
@@ -255,6 +260,8 @@ class EngineBridge:
                 continue
             if outputs:
                 self._post(self._dispatch, outputs)
+            if self._on_observations is not None and (observations := engine.take_observations()):
+                self._on_observations(observations)
 
     def _replace(self, failed: ServingEngine, message: str) -> ServingEngine | None:
         """A new engine in place of the failed one, after the policy's back-off; None when none is left."""

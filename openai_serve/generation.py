@@ -5,7 +5,7 @@ A choice that hits a stop string is aborted in the engine at once (by its tracke
 core/text_tracker.py), so its KV blocks are freed in the next step while the other choices go on.
 """
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,10 +44,13 @@ class GenerationBody(Protocol):
 
 
 class Generation:
-    def __init__(self, specs: list[ChoiceSpec], tokenizer: TokenDecoder) -> None:
+    def __init__(self, specs: list[ChoiceSpec], tokenizer: TokenDecoder,
+                 on_end: "Callable[[Generation], None] | None" = None) -> None:
+        """`on_end` runs once when a started generation ends, however it ends (logs, metrics)."""
         self.decoders = [ChoiceDecoder(spec, tokenizer, self._abort) for spec in specs]
         self._by_request_id = {d.spec.request_id: d for d in self.decoders}
         self._handle: RequestHandle | None = None
+        self._on_end = on_end
 
     def start(self, bridge: EngineBridge) -> None:
         """Submits every choice (all or none)."""
@@ -89,6 +92,9 @@ class Generation:
         """Aborts every choice still running in the engine; safe to call more than once."""
         if self._handle is not None:
             self._handle.close()
+            on_end, self._on_end = self._on_end, None
+            if on_end is not None:
+                on_end(self)
 
     def usage(self) -> Usage:
         """Each prompt counts once, however many choices it has (as OpenAI counts n > 1); its cached

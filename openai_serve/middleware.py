@@ -9,8 +9,10 @@ import hmac
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from openai_serve.errors import request_too_large, unauthorized
+from openai_serve.web_ui import is_web_ui_path
 
 # Liveness, version and metrics carry no model output; load balancers probe them without a key (as in vLLM).
+# Nor does the chat page (web_ui.py): a browser loads it without one, and its API calls send the key.
 UNAUTHENTICATED_PATHS = frozenset({"/health", "/version", "/metrics"})
 
 
@@ -20,7 +22,7 @@ class APIKeyMiddleware:
         self._expected = f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] in UNAUTHENTICATED_PATHS or scope["method"] == "OPTIONS":
+        if scope["type"] != "http" or _needs_no_key(scope):
             await self.app(scope, receive, send)
             return
         provided = dict(scope["headers"]).get(b"authorization", b"")
@@ -28,6 +30,11 @@ class APIKeyMiddleware:
             await unauthorized().to_response()(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+
+def _needs_no_key(scope: Scope) -> bool:
+    path = scope["path"]
+    return path in UNAUTHENTICATED_PATHS or is_web_ui_path(path) or scope["method"] == "OPTIONS"
 
 
 class BodySizeLimitMiddleware:

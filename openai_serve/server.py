@@ -27,6 +27,7 @@ class ServingServer(uvicorn.Server):
     def __init__(self, app: Starlette, config: ServerConfig) -> None:
         super().__init__(uvicorn.Config(
             app, host=config.host, port=config.port, log_level=config.log_level, lifespan="on",
+            access_log=False,  # openai_serve/request_log.py logs each request, with more in its line
             timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
         ))
         self._app = app

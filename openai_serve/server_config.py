@@ -51,7 +51,12 @@ class ServerConfig:
     max_unread_steps: int = setting(512, "engine steps of output a response may leave unread (per choice) before "
                                     "its generation is stopped and its KV blocks freed: a client that stops "
                                     "reading a stream")
-    log_level: str = setting("info", "log level", choices=LOG_LEVELS)
+    log_level: str = setting("info", "log level: info logs one line per request and, while busy, a stats line "
+                             "every --stats-log-interval-s; debug adds /health and /metrics requests",
+                             choices=LOG_LEVELS)
+    stats_log_interval_s: float = setting(10.0, "seconds between two stats lines (throughput, running and "
+                                          "waiting requests, KV-cache usage, prefix-cache hits) while busy")
+    web_ui: bool = setting(True, "the chat page at /")
     engine_process: bool = setting(True, "run the engine in its own process, off the HTTP side's interpreter "
                                    "lock (off: a thread of the server's process)")
     # sys.setswitchinterval for the server process: how long a thread that wants Python's interpreter
@@ -92,6 +97,8 @@ class ServerConfig:
             raise ValueError(f"max_engine_restarts must be >= 0, got {self.max_engine_restarts}")
         if self.max_unread_steps < 1:
             raise ValueError(f"max_unread_steps must be >= 1, got {self.max_unread_steps}")
+        if self.stats_log_interval_s <= 0:
+            raise ValueError(f"stats_log_interval_s must be > 0, got {self.stats_log_interval_s}")
         if self.max_pending_requests < 1:
             raise ValueError(f"max_pending_requests must be >= 1, got {self.max_pending_requests}")
         if self.responses_store_max_entries < 0:

@@ -14,6 +14,7 @@ from openai_serve.engine_bridge import EngineBridge
 from openai_serve.errors import model_not_found
 from openai_serve.ignored_fields import IgnoredFieldsLog
 from openai_serve.logprobs import TokenTexts
+from openai_serve.metrics import ServerMetrics
 from openai_serve.response_store import ResponseStore
 from openai_serve.server_config import ServerConfig
 
@@ -27,6 +28,7 @@ class ServingState:
     token_texts: TokenTexts
     token_decoder: TokenDecoder  # the tokenizer's decode, as cheap as it gets (token_decoder.py)
     responses: ResponseStore  # the Responses API's stored responses (mutable, the event loop's only)
+    metrics: ServerMetrics
     tool_call_parser: str | None = None  # --tool-call-parser resolved against the template (None: no parsing)
     reasoning_parser: str | None = None  # --reasoning-parser (None: thinking is not split from the answer)
     ignored_fields: IgnoredFieldsLog = field(default_factory=IgnoredFieldsLog)

@@ -1,10 +1,11 @@
-"""GET /v1/models, /v1/models/{model}, /health, /version and /metrics (engine and KV-cache gauges)."""
+"""GET /v1/models, /v1/models/{model}, /health, /version and /metrics (see openai_serve/metrics.py)."""
 
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse, Response
+from starlette.responses import Response
 
 from openai_serve import __version__
 from openai_serve.errors import model_not_found
+from openai_serve.metrics import CONTENT_TYPE
 from openai_serve.routes.responding import json_response
 from openai_serve.state import ServingState, serving_state
 
@@ -44,19 +45,5 @@ async def version(request: Request) -> Response:
 
 
 async def metrics(request: Request) -> Response:
-    """Prometheus text format. At idle: kv_blocks_used is 0 and free + evictable = total."""
-    state = serving_state(request)
-    stats = state.engine.stats()
-    gauges = {
-        "requests_running": stats.num_running,
-        "requests_waiting": stats.num_waiting,
-        "requests_in_flight": state.bridge.num_pending_requests,
-        "kv_blocks_total": stats.num_total_blocks,
-        "kv_blocks_free": stats.num_free_blocks,
-        "kv_blocks_evictable": stats.num_evictable_blocks,
-        "kv_blocks_used": stats.num_used_blocks,
-        "preemptions_total": stats.num_preemptions,
-        "prefix_cache_hit_tokens_total": stats.num_prefix_cache_hit_tokens,
-    }
-    lines = [f"openai_serve_{name} {value}" for name, value in gauges.items()]
-    return PlainTextResponse("\n".join(lines) + "\n", media_type="text/plain; version=0.0.4")
+    """Prometheus text format. At idle: num_kv_blocks_used is 0 and free + evictable = all blocks."""
+    return Response(serving_state(request).metrics.exposition(), media_type=CONTENT_TYPE)

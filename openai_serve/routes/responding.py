@@ -1,6 +1,7 @@
 """What the generation endpoints share: their choices started in the engine, then answered in full or streamed."""
 
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
 import orjson
@@ -9,6 +10,7 @@ from starlette.responses import Response
 
 from openai_serve.generation import CollectedChoice, Generation, GenerationBody, Usage, choice_specs, collect
 from openai_serve.http_io import ClientDisconnected, until_disconnect
+from openai_serve.request_log import RequestRecord, request_record
 from openai_serve.sse import Batch, event_stream
 from openai_serve.state import ServingState
 
@@ -34,7 +36,7 @@ async def respond(
     prompts: list[list[int]],
 ) -> Response:
     """Starts every choice of every prompt in the engine, then streams them or answers in full."""
-    generation = start_generation(state, body, view.response_id, prompts)
+    generation = start_generation(request, state, body, view.response_id, prompts)
     if body.common.stream.stream:
         return event_stream(view.stream(generation), generation.close)
     result = await collect_or_abort(request, generation)
@@ -42,13 +44,38 @@ async def respond(
 
 
 def start_generation(
-    state: ServingState, body: GenerationBody, response_id: str, prompts: list[list[int]]
+    request: Request, state: ServingState, body: GenerationBody, response_id: str, prompts: list[list[int]]
 ) -> Generation:
-    """Every choice of every prompt, checked against the engine's limits and submitted (all or none)."""
+    """Every choice of every prompt, checked against the engine's limits and submitted (all or none).
+    When it ends, the request's log line and the metrics learn how it went."""
     specs = choice_specs(response_id, prompts, body, state.engine.limits)
-    generation = Generation(specs, state.token_decoder)
+    record = request_record(request) or RequestRecord("", request.method, request.url.path)
+    record.response_id = response_id
+    generation = Generation(specs, state.token_decoder, _report(state, record))
     generation.start(state.bridge)
     return generation
+
+
+def _report(state: ServingState, record: RequestRecord) -> Callable[[Generation], None]:
+    """What a generation tells the request log and the metrics when it ends."""
+
+    def report(generation: Generation) -> None:
+        now = time.monotonic()
+        usage = generation.usage()
+        record.prompt_tokens, record.completion_tokens = usage.prompt_tokens, usage.completion_tokens
+        record.cached_tokens = usage.cached_tokens
+        first_token_times = [d.first_token_time for d in generation.decoders if d.first_token_time is not None]
+        record.first_token_time = min(first_token_times, default=None)
+        for decoder in generation.decoders:
+            reason = decoder.tracker.finish_reason
+            finish_reason = "abort" if reason is None else reason.value  # unfinished: the client left, or shutdown
+            record.finish_reasons.append(finish_reason)
+            ttft = None if decoder.first_token_time is None else decoder.first_token_time - record.start
+            latency = (decoder.finish_time or now) - record.start
+            state.metrics.observe_choice(finish_reason, len(decoder.spec.prompt_token_ids),
+                                         len(decoder.tracker.token_ids), ttft, latency)
+
+    return report
 
 
 def json_response(payload: object, status_code: int = 200) -> Response:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import openai
+from prometheus_client.parser import text_string_to_metric_families
 
 from core import CacheConfig, EngineConfig, LLMEngine, ModelConfig, SchedulerConfig
 from core.engine_process import EngineProcess
@@ -43,17 +44,18 @@ class RunningServer:
         return httpx.Client(base_url=self.base_url, headers=headers, timeout=60, **kwargs)
 
     def metrics(self) -> dict[str, float]:
-        text = httpx.get(self.base_url + "/metrics", timeout=10).text
-        pairs = (line.split() for line in text.splitlines() if line and not line.startswith("#"))
-        return {name.removeprefix("openai_serve_"): float(value) for name, value in pairs}
+        """/metrics read with Prometheus' own parser: {name: value}, the prefix dropped, and labels other
+        than model_name kept in the key: `request_success_total{finished_reason=stop}`."""
+        return parse_metrics(httpx.get(self.base_url + "/metrics", timeout=10).text)
 
     def wait_idle(self, timeout: float = 10.0) -> dict[str, float]:
         """Polls /metrics until nothing runs and no KV block is referenced; returns the last reading."""
         deadline = time.monotonic() + timeout
         while True:
             m = self.metrics()
-            idle = m["requests_running"] == 0 and m["requests_waiting"] == 0 and m["requests_in_flight"] == 0
-            if (idle and m["kv_blocks_used"] == 0) or time.monotonic() > deadline:
+            busy = m["num_requests_running"] or m["num_requests_waiting"] or m["num_requests_in_flight"]
+            idle = not busy
+            if (idle and m["num_kv_blocks_used"] == 0) or time.monotonic() > deadline:
                 return m
             time.sleep(0.05)
 
@@ -61,6 +63,16 @@ class RunningServer:
         self.server.request_shutdown()
         self.thread.join(timeout=30)
         assert not self.thread.is_alive(), "the server did not shut down"
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    values = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "model_name")
+            name = sample.name.removeprefix("openai_serve:")
+            values[f"{name}{{{labels}}}" if labels else name] = sample.value
+    return values
 
 
 DEFAULT_SERVER = ServerConfig(served_model_names=(MODEL, ALIAS), port=0)

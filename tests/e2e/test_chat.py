@@ -158,7 +158,7 @@ def test_stop_string_in_chat_stream(server: RunningServer) -> None:
     pieces = [c.choices[0].delta.content or "" for c in chunks]
     assert "".join(pieces) == text[: text.index(stop)] and all(stop not in p for p in pieces)
     assert chunks[-1].choices[0].finish_reason == "stop"
-    assert server.wait_idle(timeout=2.0)["kv_blocks_used"] == 0
+    assert server.wait_idle(timeout=2.0)["num_kv_blocks_used"] == 0
 
 
 def test_max_completion_tokens_and_async_client(server: RunningServer) -> None:

@@ -152,7 +152,7 @@ def test_stop_string_is_never_sent_and_the_sequence_ends_at_once(server: Running
     assert all(stop not in t for t in texts)
     assert stream.chunks[-1]["choices"][0]["finish_reason"] == "stop"
     # 300 tokens take several seconds here; the abort freed everything long before that.
-    assert metrics["kv_blocks_used"] == 0 and metrics["requests_running"] == 0
+    assert metrics["num_kv_blocks_used"] == 0 and metrics["num_requests_running"] == 0
     assert elapsed < 2.5
 
 

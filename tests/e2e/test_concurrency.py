@@ -32,11 +32,11 @@ def test_36_concurrent_streams_equal_one_at_a_time(server: RunningServer) -> Non
         async with server.async_client(http_client=httpx.AsyncClient(limits=httpx.Limits(max_connections=64))) as c:
             return await asyncio.gather(*(stream_text(c, q) for q in QUESTIONS))
 
-    hits_before = server.metrics()["prefix_cache_hit_tokens_total"]
+    hits_before = server.metrics()["prefix_cache_hits_total"]
     concurrent = asyncio.run(main())
     assert concurrent == [s.choices[0].message.content for s in sequential]
-    assert server.metrics()["prefix_cache_hit_tokens_total"] > hits_before
-    assert server.wait_idle()["kv_blocks_used"] == 0
+    assert server.metrics()["prefix_cache_hits_total"] > hits_before
+    assert server.wait_idle()["num_kv_blocks_used"] == 0
 
 
 async def _leave_mid_stream(http: httpx.AsyncClient, index: int) -> int:
@@ -71,8 +71,8 @@ def test_disconnects_abort_sequences_and_free_every_block(server: RunningServer)
     asyncio.run(main())
     # Unaborted, 32 sequences of 300 tokens would hold their blocks for many seconds more.
     metrics = server.wait_idle(timeout=5.0)
-    assert metrics["kv_blocks_used"] == 0 and metrics["requests_running"] == 0
-    assert metrics["requests_in_flight"] == 0
-    assert metrics["kv_blocks_free"] + metrics["kv_blocks_evictable"] == metrics["kv_blocks_total"]
+    assert metrics["num_kv_blocks_used"] == 0 and metrics["num_requests_running"] == 0
+    assert metrics["num_requests_in_flight"] == 0
+    assert metrics["num_kv_blocks_free"] + metrics["num_kv_blocks_evictable"] == metrics["num_kv_blocks"]
     out = server.client().completions.create(model=MODEL, prompt="Still there?", max_tokens=3)
     assert out.usage.completion_tokens >= 1

@@ -57,7 +57,7 @@ def test_same_greedy_and_seeded_answers_as_the_in_process_engine(
         return out
 
     assert answers(server) == answers(in_process_server)
-    assert server.wait_idle()["kv_blocks_used"] == 0
+    assert server.wait_idle()["num_kv_blocks_used"] == 0
 
 
 def test_metrics_follow_the_engine_in_the_other_process(server: RunningServer) -> None:
@@ -68,10 +68,10 @@ def test_metrics_follow_the_engine_in_the_other_process(server: RunningServer) -
             next(events)
             running = server.metrics()  # the stats the engine process sent with its last step
             list(events)
-    assert running["requests_running"] == 1 and running["kv_blocks_used"] > 0
+    assert running["num_requests_running"] == 1 and running["num_kv_blocks_used"] > 0
     metrics = server.wait_idle()
-    assert metrics["kv_blocks_total"] == 512 and metrics["kv_blocks_used"] == 0
-    assert metrics["kv_blocks_free"] + metrics["kv_blocks_evictable"] == 512
+    assert metrics["num_kv_blocks"] == 512 and metrics["num_kv_blocks_used"] == 0
+    assert metrics["num_kv_blocks_free"] + metrics["num_kv_blocks_evictable"] == 512
 
 
 def test_a_dead_engine_process_ends_streams_with_503s_and_is_restarted(model_dir: Path) -> None:

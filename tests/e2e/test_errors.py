@@ -181,4 +181,4 @@ def test_bad_requests_do_not_disturb_a_running_stream(server: RunningServer) -> 
     thread.join(timeout=60)
     texts = [[c["choices"][0]["text"] for c in chunks] for chunks in (alone, results["chunks"])]
     assert "".join(texts[0]) == "".join(texts[1])
-    assert server.wait_idle()["kv_blocks_used"] == 0
+    assert server.wait_idle()["num_kv_blocks_used"] == 0

@@ -61,7 +61,7 @@ def test_overload_is_503_with_retry_after(server: RunningServer) -> None:
         assert response.headers["retry-after"] == "1"
         for stream in streams:
             stream.close()
-        assert server.wait_idle()["kv_blocks_used"] == 0
+        assert server.wait_idle()["num_kv_blocks_used"] == 0
         assert http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1}).status_code == 200
         # More generations than can ever run at once: no retry would help, so a 400 rather than a 503.
         too_many = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1, "n": 3})
@@ -118,4 +118,4 @@ def test_shutdown_ends_running_requests_and_refuses_new_ones(own_server: Running
     with running.http() as http:
         assert assert_error_shape(http.post("/v1/completions", json=LONG), 503)["code"] == "shutting_down"
         assert http.get("/health").status_code == 503
-    assert running.wait_idle()["kv_blocks_used"] == 0  # the engine thread still freed what was aborted
+    assert running.wait_idle()["num_kv_blocks_used"] == 0  # the engine thread still freed what was aborted

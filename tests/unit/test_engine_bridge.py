@@ -70,6 +70,9 @@ class ScriptedEngine:
             return []
         return self.step()
 
+    def take_observations(self) -> None:
+        return None  # the metrics' timings: not scripted here
+
     def close(self) -> None:
         self.closed = True
 
