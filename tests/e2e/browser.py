@@ -1,33 +1,17 @@
 """Headless Chromium for the chat page's tests: Debian's /usr/bin/chromium driven by Playwright
-(the python package, which downloads no browser of its own here).
-
-Where the browser is missing the tests skip, except in CI (CI set), where .ci/run installs it and
-a missing browser must fail rather than pass unseen.
+(the python package, which downloads no browser of its own here). Missing: skipped, or failed in CI
+(tests/required_tools.py).
 """
 
-import os
-import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import pytest
+from tests.required_tools import missing, require_tool
 
 CHROMIUM = "/usr/bin/chromium"
 # No GPU, no QUIC, and no background connections: this machine reaches no network but the registries.
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def require_tool(path: str, package: str) -> None:
-    """Skips the test when `path` is not installed, or fails it in CI."""
-    if shutil.which(path) is None:
-        _missing(f"{path} is not installed (apt-get install {package})")
-
-
-def _missing(message: str) -> None:
-    if os.environ.get("CI"):
-        pytest.fail(message + ": .ci/run installs it")
-    pytest.skip(message)
 
 
 @contextmanager
@@ -38,7 +22,7 @@ def chromium() -> Iterator[object]:
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
-        _missing("the playwright package is not installed (pip install -e '.[test]')")
+        missing("the playwright package is not installed (pip install -e '.[test]')")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS, headless=True)
         try:
