@@ -6,7 +6,6 @@ stream it was serving, and the next requests still succeed.
 """
 
 import json
-import os
 import re
 import signal
 import subprocess
@@ -53,30 +52,31 @@ def localhost_config(listen_port: int, replicas: dict[str, int]) -> str:
     return text
 
 
-def start_replica(name: str, model_dir: Path) -> Replica:
+def start_replica(name: str, model_dir: Path, log_dir: Path) -> Replica:
     port = free_port()
     # One process each (the engine as a thread): the same HTTP behaviour, and a faster start.
     args = [sys.executable, "-m", "openai_serve", "--model", str(model_dir), "--served-model-name", MODEL,
             "--port", str(port), "--device", "cpu", "--max-model-len", "512", "--kv-cache-blocks", "256",
             "--no-engine-process", "--log-level", "warning"]
-    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               env={**os.environ, "OMP_NUM_THREADS": "1"})
+    with open(log_dir / f"{name}.log", "w") as log:  # a file, not a pipe nobody reads (which could fill up)
+        process = subprocess.Popen(args, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     return Replica(name, process, f"http://127.0.0.1:{port}")
 
 
 @pytest.fixture(scope="module")
 def cluster(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     require_tool(HAPROXY, "haproxy")
-    replicas = {name: start_replica(name, model_dir) for name in ("replica1", "replica2")}  # both start at once
+    work_dir = tmp_path_factory.mktemp("balancer")
+    replicas = {name: start_replica(name, model_dir, work_dir) for name in ("replica1", "replica2")}  # at once
     balancer = None
     try:
         for replica in replicas.values():
             wait_healthy(replica.base_url, replica.process)
         port = free_port()
-        config = tmp_path_factory.mktemp("haproxy") / "haproxy.cfg"
+        config = work_dir / "haproxy.cfg"
         config.write_text(localhost_config(port, {n: int(r.base_url.rsplit(":", 1)[1]) for n, r in replicas.items()}))
-        balancer = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, text=True)
+        with open(work_dir / "haproxy.log", "w") as log:
+            balancer = subprocess.Popen([HAPROXY, "-db", "-f", str(config)], stdout=log, stderr=subprocess.STDOUT)
         wait_healthy(f"http://127.0.0.1:{port}", balancer, timeout=20)
         yield Cluster(replicas, balancer, f"http://127.0.0.1:{port}")
     finally:
