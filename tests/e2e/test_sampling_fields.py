@@ -110,7 +110,7 @@ def test_bad_values_are_400s_naming_the_field(server: RunningServer, body: dict,
         error = assert_error_shape(response, 400)
         assert error["param"] == param, error
         assert http.post("/v1/completions", json={"model": MODEL, "prompt": "ok", "max_tokens": 2}).status_code == 200
-    assert server.wait_idle()["kv_blocks_used"] == 0
+    assert server.wait_idle()["num_kv_blocks_used"] == 0
 
 
 def test_continuous_usage_stats_put_the_usage_so_far_in_every_chunk(server: RunningServer) -> None:
