@@ -222,7 +222,7 @@ def test_cancel_stops_a_background_response_and_frees_its_blocks(server: Running
     cancelled = client.responses.cancel(started.id)
     assert cancelled.status == "cancelled" and client.responses.retrieve(started.id).status == "cancelled"
     assert cancelled.usage is None
-    assert server.wait_idle()["kv_blocks_used"] == 0
+    assert server.wait_idle()["num_kv_blocks_used"] == 0
     assert client.responses.cancel(started.id).status == "cancelled"  # cancelling again changes nothing
 
 
@@ -232,14 +232,14 @@ def test_a_disconnect_mid_stream_frees_the_blocks(server: RunningServer) -> None
         for name, _ in iter_typed_events(response.iter_lines()):
             if name == "response.output_text.delta":
                 break
-    assert server.wait_idle()["kv_blocks_used"] == 0
+    assert server.wait_idle()["num_kv_blocks_used"] == 0
 
 
 def test_a_disconnect_before_an_answer_in_full_frees_the_blocks(server: RunningServer) -> None:
     body = {"model": MODEL, "input": QUESTION, "max_output_tokens": 1500, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout), server.http() as http:
         http.post("/v1/responses", json=body, timeout=0.5)
-    assert server.wait_idle()["kv_blocks_used"] == 0
+    assert server.wait_idle()["num_kv_blocks_used"] == 0
 
 
 def test_logprobs_when_included(server: RunningServer) -> None:
@@ -259,7 +259,7 @@ def test_bad_requests_are_400s_naming_the_field_and_unknown_fields_are_named(ser
         assert assert_error_shape(unknown_model, 404)["code"] == "model_not_found"
         tolerated = http.post("/v1/responses", json={**GREEDY, "input": "x", "mood": "sunny"})
         assert tolerated.status_code == 200 and tolerated.headers["x-ignored-fields"] == "mood"
-    assert server.wait_idle()["kv_blocks_used"] == 0
+    assert server.wait_idle()["num_kv_blocks_used"] == 0
 
 
 def test_openai_agents_default_model_runs_an_agent_with_a_function_tool(server: RunningServer, ending: dict) -> None:
