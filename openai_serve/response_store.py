@@ -25,10 +25,12 @@ class StoredResponse:
 
     @property
     def is_running(self) -> bool:
-        return self.task is not None and not self.task.done()
+        """A background response still being written (its task may outlive its last event by a moment)."""
+        return self.task is not None and not self.task.done() and not self.run.is_finished
 
     def cancel(self) -> None:
-        """A running background response ends `cancelled` (its engine request is aborted)."""
+        """A running background response ends `cancelled` (its engine request is aborted); one that
+        ended stays as it ended."""
         if self.is_running:
             self.task.cancel()  # type: ignore[union-attr]
             self.run.cancel()

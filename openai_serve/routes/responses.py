@@ -11,7 +11,9 @@ ends (with `store`, the default), and from its start when in the background.
 """
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
+from dataclasses import replace
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -22,12 +24,14 @@ from openai_serve.generation import Generation
 from openai_serve.http_io import ClientDisconnected, read_json, until_disconnect
 from openai_serve.ignored_fields import name_ignored_fields
 from openai_serve.protocol.fields import UnknownFields
-from openai_serve.protocol.responses import OUTPUT_LOGPROBS, parse_responses_request
+from openai_serve.protocol.responses import OUTPUT_LOGPROBS, ResponsesRequest, parse_responses_request
 from openai_serve.response_run import ResponseRun, usage_json
 from openai_serve.response_store import StoredResponse
 from openai_serve.routes.responding import client_gone, json_response, start_generation
 from openai_serve.sse import TYPED, Batch, event_stream
 from openai_serve.state import ServingState, serving_state
+
+logger = logging.getLogger(__name__)
 
 
 async def create_response(request: Request) -> Response:
@@ -35,13 +39,7 @@ async def create_response(request: Request) -> Response:
     body = parse_responses_request(await read_json(request), UnknownFields(state.config.strict_request_fields))
     state.check_model(body.common.model)
     state.ignored_fields.note(body.ignored_fields)
-    if body.background and body.common.stream.stream:
-        raise unsupported("background", "with 'stream' is not supported: poll GET /v1/responses/{id} instead")
-    if body.background and not state.responses.is_enabled:
-        raise bad_request("'background' needs the response store, which this server has switched off "
-                          "(--responses-store-max-entries 0)", "background")
-    if body.previous_response_id is not None:
-        body = body.with_history(_previous(state, body.previous_response_id).run.conversation())
+    body = _in_context(state, body)
     prompt = chat_prompt(state, body)
     if body.logprobs is not None and prompt.parsing.new_parser() is not None:
         raise unsupported("include", f"{OUTPUT_LOGPROBS!r} is supported for answers that are all text: not with "
@@ -55,6 +53,20 @@ async def create_response(request: Request) -> Response:
     else:
         response = await _answer_in_full(request, state, run, generation)
     return name_ignored_fields(response, body.ignored_fields)
+
+
+def _in_context(state: ServingState, body: ResponsesRequest) -> ResponsesRequest:
+    """The request as this server runs it: after the conversation it continues, stored if it can be."""
+    if body.background and body.common.stream.stream:
+        raise unsupported("background", "with 'stream' is not supported: poll GET /v1/responses/{id} instead")
+    if not state.responses.is_enabled:  # --responses-store-max-entries 0: nothing is stored
+        if body.background:
+            raise bad_request("'background' needs the response store, which this server has switched off "
+                              "(--responses-store-max-entries 0)", "background")
+        body = replace(body, store=False, settings=body.settings | {"store": False})
+    if body.previous_response_id is not None:
+        body = body.with_history(_previous(state, body.previous_response_id).run.conversation())
+    return body
 
 
 async def retrieve_response(request: Request) -> Response:
@@ -126,6 +138,10 @@ def _run_in_background(state: ServingState, run: ResponseRun, generation: Genera
             await _drain(run.events(generation))
         except APIError as error:
             run.fail(error, usage_json(generation))
+        except Exception:  # a bug: nobody awaits this task, so it is logged here and the response fails
+            logger.exception("background response %s failed", run.response_id)
+            run.fail(APIError(500, "The server had an error while processing your request.",
+                              error_type="server_error"), usage_json(generation))
         finally:
             generation.close()
 
