@@ -2,8 +2,8 @@
 and the same behaviour under concurrency, disconnects and bad input; a dead engine process turns
 into 503s, never a hung request.
 
-The concurrency and error tests of the in-process server are collected again here (imported) and
-run against this module's `server`, the process-backed one.
+The concurrency and error tests of the in-process server, and some of the Responses API's, are
+collected again here (imported) and run against this module's `server`, the process-backed one.
 """
 
 import time
@@ -22,6 +22,12 @@ from tests.e2e.test_errors import (  # noqa: F401 - collected again, with this m
     test_bad_bodies_get_a_4xx_naming_the_parameter,
     test_bad_requests_do_not_disturb_a_running_stream,
     test_sdk_raises_typed_errors,
+)
+from tests.e2e.test_responses import (  # noqa: F401 - collected again, with this module's server
+    ending,
+    test_an_answer_is_chats_for_the_same_conversation,
+    test_previous_response_id_continues_the_conversation,
+    test_the_stream_is_typed_events_in_order_and_its_final_response,
 )
 
 PROMPTS = ["Hello there", "The capital of France is", "1 2 3 4"]
