@@ -316,15 +316,16 @@ class LLMEngine:
         for seq, future in list(self._compiling.items()):
             if not future.done():
                 continue
-            del self._compiling[seq]
             if future.exception() is None:
+                del self._compiling[seq]
                 seq.grammar = self.grammars.matcher(future.result())
                 self.scheduler.add(seq)
             else:  # never for a checked request (core/request_checks.py): it fails alone
                 logger.error("request %s: its grammar did not compile: %s", seq.request_id, future.exception())
-                self._finish(seq, FinishReason.ERROR)
+                self._finish(seq, FinishReason.ERROR)  # takes it out of _compiling
                 outputs.append(_output(seq, [], []))
         return outputs
+
     def _refusal(self, seq: Sequence) -> str | None:
         """Why the engine cannot take this request (its front end should have refused it), or None."""
         if seq.request_id in self._sequences:

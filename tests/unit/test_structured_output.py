@@ -183,3 +183,18 @@ def test_abort_while_the_grammar_compiles(llm: LLM) -> None:
         outputs += engine.step()
     assert [(o.request_id, o.finish_reason) for o in outputs] == [("compiling", FinishReason.ABORT)]
     assert engine.stats().num_used_blocks == 0
+
+
+def test_a_grammar_that_fails_to_compile_in_the_engine_fails_its_request_alone(llm: LLM) -> None:
+    """Front ends check first (core/request_checks.py); a request that skipped the check still cannot
+    take the engine down: it ends with an error and the others go on."""
+    engine = llm.engine
+    bad = StructuredOutput(json_schema='{"type": "strang"}')
+    engine.add_request("bad", [1, 2, 3], SamplingParams(max_tokens=4, structured_output=bad))
+    engine.add_request("good", [1, 2, 3], SamplingParams(max_tokens=4, ignore_eos=True))
+    outputs: dict[str, list] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    assert outputs["bad"][-1].finish_reason is FinishReason.ERROR and not outputs["bad"][-1].new_token_ids
+    assert sum(len(o.new_token_ids) for o in outputs["good"]) == 4
