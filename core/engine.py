@@ -237,6 +237,7 @@ class LLMEngine:
         for s in scheduled:
             if s.seq.is_finished:
                 continue  # ended by the token the step in flight gave it
+            self._forget_unlaunched(s.seq)
             try:
                 alone = self._launch([s])
                 if isinstance(alone.pending, PendingLogits):
@@ -254,6 +255,14 @@ class LLMEngine:
             self._finish(seq, FinishReason.ERROR)
             outputs.append(_output(seq, [], []))
         return outputs
+
+    def _forget_unlaunched(self, seq: Sequence) -> None:
+        """Undoes what building the failed batch booked for a sequence, none of which reached the device: its
+        penalty slot (taken anew, and filled from its tokens, all known now, when its row runs again) and the
+        prompt positions the batch was to score."""
+        self._release_penalty_slot(seq)
+        if seq.prompt_logprobs is not None:
+            seq.next_prompt_logprob = len(seq.prompt_logprobs)
 
     def _check_not_broken(self, num_run: int, num_failed: int) -> None:
         """Raises when the failures are the engine's: every row of a step failed, or no row ran in several

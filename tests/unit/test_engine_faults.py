@@ -155,3 +155,28 @@ def test_tiny_temperatures_sample_greedily() -> None:
     assert SamplingParams(temperature=1e-39).temperature == 0.0
     assert SamplingParams(temperature=1e-6).is_greedy
     assert SamplingParams(temperature=1e-4).temperature == 1e-4
+
+
+def test_a_failed_step_keeps_penalties_and_prompt_logprobs_of_the_requests_beside_it(tiny_qwen3_dir: Path,
+                                                                                     runner: ModelRunner) -> None:
+    """The failed batch took penalty slots and prompt positions to score for its rows; the rows run alone after
+    it fill their slots and score their prompts as if it had never been built."""
+    extra = {"pen": ([5, 6, 7, 5, 6], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True,
+                                                       repetition_penalty=1.8, presence_penalty=1.0)),
+             "scored": ([8, 9, 10, 11, 12, 13], SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2))}
+
+    def run(with_poison: bool) -> dict[str, list]:
+        engine, _ = _engine(tiny_qwen3_dir, runner)
+        for request_id, (prompt, params) in extra.items():
+            engine.add_request(request_id, prompt, params)
+        if with_poison:
+            engine.add_request("poison", [5, POISON], GREEDY)
+        return run_all(engine)
+
+    clean, recovered = run(False), run(True)
+    assert recovered["poison"][-1].finish_reason is FinishReason.ERROR
+    for request_id in extra:
+        assert tokens_of(recovered[request_id]) == tokens_of(clean[request_id])
+    first = next(o for o in recovered["scored"] if o.prompt_logprobs is not None)
+    assert first.prompt_logprobs == next(o for o in clean["scored"] if o.prompt_logprobs is not None).prompt_logprobs
+    assert len(first.prompt_logprobs) == 6
