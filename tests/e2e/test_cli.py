@@ -2,6 +2,7 @@
 while a stream is running (the stream gets its terminal event and the process exits cleanly)."""
 
 import json
+import os
 import signal
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import openai
 
 from tests.e2e.sse_client import DONE, iter_events
 
@@ -70,3 +72,27 @@ def test_cli_serves_and_shuts_down_on_sigint(model_dir: Path) -> None:
             process.wait()
     log = process.stdout.read() if process.stdout else ""
     assert "cli-model" in log
+
+
+def test_the_readmes_first_command_serves_the_default_model_offline(smollm2_dir: Path) -> None:
+    """`openai-serve` with no arguments, as the README starts it, once the default model is in the cache
+    (the smollm2_dir fixture fetched it): no package index is reachable, and it answers correctly."""
+    port = free_port()
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(smollm2_dir / "no-links")}
+    process = subprocess.Popen([sys.executable, "-m", "openai_serve", "--port", str(port)], cwd=ROOT, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_healthy(base_url, process)
+        client = openai.OpenAI(base_url=base_url + "/v1", api_key="unused", max_retries=0)
+        assert [m.id for m in client.models.list()] == ["smollm2-135m-instruct"]
+        question = [{"role": "user", "content": "What is the capital of France?"}]
+        answer = client.chat.completions.create(model="smollm2-135m-instruct", messages=question, temperature=0,
+                                                max_tokens=16)
+        assert "Paris" in (answer.choices[0].message.content or "")
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()

@@ -6,14 +6,14 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from core.detokenizer import IncrementalDetokenizer
-from core.tiny_model import default_model_dir
+from core.tiny_model import tiny_model_dir
 
 REPLACEMENT = "\ufffd"
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(default_model_dir())
+    return AutoTokenizer.from_pretrained(tiny_model_dir())
 
 
 def stream(

@@ -4,13 +4,13 @@ import pytest
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from core.outputs import TokenLogprobs
-from core.tiny_model import default_model_dir
+from core.tiny_model import tiny_model_dir
 from openai_serve.logprobs import TokenLogprob, TokenTexts, chat_logprobs, completion_logprobs
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(default_model_dir())
+    return AutoTokenizer.from_pretrained(tiny_model_dir())
 
 
 def test_bytes_of_tokens_rebuild_any_text(tokenizer: PreTrainedTokenizerBase) -> None:

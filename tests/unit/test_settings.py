@@ -12,7 +12,7 @@ from core.config import CacheConfig, ModelConfig, SchedulerConfig, engine_config
 from openai_serve import __version__
 from openai_serve.cli import build_parser, parse_settings
 from openai_serve.server_config import ServerConfig, parse_origins
-from openai_serve.settings import BUILTIN_MODEL_NAME, SETTINGS, load_config_file, served_model_names
+from openai_serve.settings import DEFAULT_MODEL_NAME, SETTINGS, load_config_file, served_model_names
 
 CONFIGS = sorted((Path(__file__).parents[2] / "configs").glob("*.json"))
 
@@ -49,7 +49,7 @@ def test_api_key_from_environment_only_when_no_flag(monkeypatch: pytest.MonkeyPa
 
 
 def test_served_model_names_follow_vllm() -> None:
-    assert served_model_names(None, None) == (BUILTIN_MODEL_NAME,)
+    assert served_model_names(None, None) == (DEFAULT_MODEL_NAME,)
     assert served_model_names(None, "Qwen/Qwen3-0.6B") == ("Qwen/Qwen3-0.6B",)
     assert served_model_names(("a", "b"), "x") == ("a", "b")
     assert parse_settings(["--served-model-name", "a", "b"]).server.served_model_names == ("a", "b")
@@ -124,3 +124,12 @@ def test_every_config_field_is_a_flag_a_file_key_and_an_llm_keyword_with_its_def
     assert config.scheduler.max_num_batched_tokens == SchedulerConfig().max_num_batched_tokens
     with pytest.raises(TypeError, match="max_num_seq"):
         engine_config("m", max_num_seq=3)
+
+
+def test_the_resolved_model_is_served_under_its_name_unless_named_otherwise() -> None:
+    default = parse_settings([])
+    assert default.server.served_model_names == ("smollm2-135m-instruct",)
+    stand_in = default.with_model(default.engine, "openai-serve-tiny")  # the default could not be had
+    assert stand_in.server.served_model_names == ("openai-serve-tiny",)
+    named = parse_settings(["--served-model-name", "x"])
+    assert named.with_model(named.engine, "openai-serve-tiny").server.served_model_names == ("x",)

@@ -6,12 +6,12 @@ from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from core import FinishReason, RequestOutput, SamplingParams, TokenLogprobs
 from core.text_tracker import TextTracker
-from core.tiny_model import default_model_dir
+from core.tiny_model import tiny_model_dir
 
 
 @pytest.fixture(scope="module")
 def tokenizer() -> PreTrainedTokenizerBase:
-    return AutoTokenizer.from_pretrained(default_model_dir())
+    return AutoTokenizer.from_pretrained(tiny_model_dir())
 
 
 def output(token_id: int, finish: FinishReason | None = None) -> RequestOutput:

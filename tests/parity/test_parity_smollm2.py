@@ -1,0 +1,48 @@
+"""The real default model against transformers: SmolLM2-135M-Instruct as converted from its GGUF,
+float32 on CPU, greedy, eight chat prompts in one batch, then again as prefix-cache hits (counted)."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from core import LLM, CacheConfig, SamplingParams, SchedulerConfig
+
+QUESTIONS = [
+    "What is the capital of France?", "What is 2+3?", "Name three colors.", "Who wrote Romeo and Juliet?",
+    "Write a haiku about the sea.", "What is the boiling point of water?", "Translate 'thank you' into Spanish.",
+    "Give me a synonym for happy.",
+]
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def chat_prompts(smollm2_dir: Path) -> list[list[int]]:
+    tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
+    return [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False) for q in QUESTIONS]
+
+
+@pytest.fixture(scope="module")
+def hf_tokens(smollm2_dir: Path, chat_prompts: list[list[int]]) -> list[list[int]]:
+    model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        outputs = [model.generate(torch.tensor([p]), max_new_tokens=MAX_TOKENS, do_sample=False) for p in chat_prompts]
+    return [out[0, len(p):].tolist() for out, p in zip(outputs, chat_prompts, strict=True)]
+
+
+def test_batch_then_prefix_cache_hits_equal_transformers(smollm2_dir: Path, chat_prompts: list[list[int]],
+                                                         hf_tokens: list[list[int]]) -> None:
+    llm = LLM(str(smollm2_dir), device="cpu", max_model_len=512, cache=CacheConfig(num_blocks=128),
+              scheduler=SchedulerConfig(max_num_seqs=16, max_num_batched_tokens=1024))
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    first = llm.generate(chat_prompts, greedy)
+    assert [o.token_ids for o in first] == hf_tokens
+    hits_before = llm.engine.stats().num_prefix_cache_hit_tokens
+    again = llm.generate(chat_prompts, greedy)
+    # Every prompt's full blocks (the template's system prompt and more) are now cache hits.
+    full_blocks = sum((len(p) - 1) // 16 * 16 for p in chat_prompts)  # a prompt's last token is always computed
+    assert llm.engine.stats().num_prefix_cache_hit_tokens - hits_before >= full_blocks
+    assert [o.token_ids for o in again] == hf_tokens
+    assert "Paris" in first[0].text

