@@ -10,7 +10,7 @@ import pytest
 import tiktoken
 from transformers.convert_slow_tokenizer import bytes_to_unicode
 
-from core import LLM, CacheConfig, SamplingParams
+from core import LLM, SamplingParams
 from core.tiny_model import build_tiny_model
 from core.tokenizer import load_tokenizer
 
@@ -63,7 +63,7 @@ def test_tokenizer_from_a_tiktoken_file_equals_tiktoken(tmp_path: Path, file_nam
 
 def test_a_model_with_a_tiktoken_tokenizer_serves(tmp_path: Path) -> None:
     directory, encoding = write_tiktoken_model(tmp_path, "tiny.tiktoken")
-    llm = LLM(str(directory), device="cpu", cache=CacheConfig(num_blocks=32))
+    llm = LLM(str(directory), device="cpu", kv_cache_blocks=32)
     [out] = llm.generate("The capital of France is", SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True))
     assert out.prompt_token_ids == encoding.encode("The capital of France is")
     assert len(out.token_ids) == 8 and out.text == encoding.decode(out.token_ids)
