@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch
@@ -85,7 +86,8 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        for bucket in reversed(self.buckets):  # largest first: later graphs fit in its pool
+        buckets = tqdm(list(reversed(self.buckets)), desc="CUDA graphs, decode steps", unit="graph", disable=None)
+        for bucket in buckets:  # largest first: later graphs fit in its pool
             args = self._static_args(bucket)
             self.forward(*args)  # warm-up outside the graph: compiles kernels, settles allocations
             graph = torch.cuda.CUDAGraph()

@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from torch import nn
+from tqdm import tqdm
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -37,7 +38,9 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
     is_tied = bool(getattr(model.config, "tie_word_embeddings", False))
     loaded: dict[str, set[str | None]] = {}
-    for name, tensor in iter_checkpoint(model_dir):
+    tensors = tqdm(iter_checkpoint(model_dir), total=_num_tensors(model_dir), desc="loading weights", unit="tensor",
+                   disable=None)  # None: a bar on a terminal only, not in logs
+    for name, tensor in tensors:
         if name.endswith("rotary_emb.inv_freq") or (is_tied and name == "lm_head.weight"):
             continue
         target, shard = _target(name, packed)
@@ -55,6 +58,14 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     missing = [name for name, param in model.named_parameters() if loaded.get(name) != _expected_shards(param)]
     if missing:
         raise ValueError(f"the checkpoint lacks {len(missing)} parameters (or shards of them), e.g. {missing[:3]}")
+
+
+def _num_tensors(model_dir: Path) -> int:
+    total = 0
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            total += len(f.keys())
+    return total
 
 
 def _expected_shards(param: nn.Parameter) -> set[str | None]:

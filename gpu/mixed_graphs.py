@@ -21,6 +21,7 @@ import logging
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch
@@ -129,7 +130,8 @@ class MixedGraphs:
     def capture(self) -> None:
         """Captures every bucket, largest first (later graphs fit in its pool), with empty rows
         (query_start_loc and context lengths all 0): the kernels launch, no program does work."""
-        for bucket in reversed(self.buckets):
+        buckets = tqdm(list(reversed(self.buckets)), desc="CUDA graphs, steps with prefill", unit="graph", disable=None)
+        for bucket in buckets:
             self.inputs.int32.zero_()
             self.inputs.fields(bucket)[2].fill_(-1)  # slots: no K/V written
             args = self._static_args(bucket)

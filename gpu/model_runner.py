@@ -9,10 +9,12 @@ while the device runs, then `sample_masked` queues the sampling.
 """
 
 import logging
+import time
 from pathlib import Path
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from gpu import backend_choice, kv_cache
 from gpu.attention.backend import AttentionBackend, PhasedBackend, backend_named, candidate_names
@@ -57,7 +59,10 @@ class ModelRunner:
         hf_config = load_hf_config(config.model_path)
         self.dtype = resolve_dtype(config.dtype, checkpoint_dtype(hf_config), self.device)
         self.vocab_size = hf_config.vocab_size
+        start = time.perf_counter()
         self.model = self._build_model(hf_config)
+        logger.info("loaded the weights (%.2f GiB, %s) in %.1f s", _num_bytes(self.model) / 2**30,
+                    str(self.dtype).removeprefix("torch."), time.perf_counter() - start)
         self.layers = self.model.attention_layers()
         names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype)
         if flash_attn_reason is not None:
@@ -78,8 +83,10 @@ class ModelRunner:
         logger.info("attention backend: %s (requested %s, device %s)", self.backend.name, config.attention_backend,
                     self.device)
         if self.device.type == "cuda":
+            start = time.perf_counter()
             self._capture_graphs()
-            self._run_first_request_shapes()
+            logger.info("CUDA graph capture took %.1f s", time.perf_counter() - start)
+        self._run_first_request_shapes()
 
     def _set_backend(self, backend: AttentionBackend) -> None:
         for layer in self.layers:
@@ -203,16 +210,24 @@ class ModelRunner:
         """Runs what a server's first requests run, so none of it is built at a request: a prompt's
         prefill, and decode steps of every row count that the skinny GEMM serves (the lm_head after a
         graph runs eagerly on the unpadded rows) and of every graph bucket, greedy and sampled rows.
-        Nothing is written to the cache (slot -1); every row reads block 0."""
+        On CPU nothing is compiled per shape: one short prefill and one decode step pay the first-call
+        costs (thread pool, oneDNN/MKL set-up, the sampler's paths). Nothing is written to the cache
+        (slot -1); every row reads block 0."""
+        start = time.perf_counter()
         c = self.config
-        prompt = min(1024, c.max_num_batched_tokens, c.max_model_len)
-        skinny_rows = range(1, min(SKINNY_MAX_ROWS, c.max_num_seqs) + 1)
-        row_counts = sorted(set(skinny_rows) | set(self.decode.buckets if self.decode else []))
+        if self.device.type == "cuda":
+            prompt = min(1024, c.max_num_batched_tokens, c.max_model_len)
+            skinny_rows = range(1, min(SKINNY_MAX_ROWS, c.max_num_seqs) + 1)
+            row_counts = sorted(set(skinny_rows) | set(self.decode.buckets if self.decode else []))
+        else:
+            prompt, row_counts = min(c.block_size, c.max_num_batched_tokens, c.max_model_len), [min(2, c.max_num_seqs)]
         batches = [_dummy_batch([prompt], c.block_size)] + [_dummy_batch([1] * n, c.block_size) for n in row_counts]
-        for batch in batches:
+        for batch in tqdm(batches, desc="warming up", unit="step", disable=None):
             self.execute(batch)
         self._last_sampled_ids = None
-        torch.cuda.synchronize(self.device)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        logger.info("warmed up the first requests' steps (%d) in %.1f s", len(batches), time.perf_counter() - start)
 
     def execute(self, batch: Batch, token_mask: TokenMask | None = None) -> StepResult:
         """Runs one step and waits for its tokens on the host."""
@@ -289,6 +304,10 @@ class ModelRunner:
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return to_device(array, array.dtype, self.device)
+
+
+def _num_bytes(model: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
 def _dummy_batch(query_lens: list[int], block_size: int) -> Batch:

@@ -74,6 +74,7 @@ def build_app(
         bridge = EngineBridge(engine, config.max_pending_requests, restarts, config.max_unread_steps,
                               metrics.record_engine)
         chat_template = ChatTemplate(tokenizer, config.chat_template)
+        chat_template.warm_up()
         tool_call_parser = resolve_tool_call_parser(config.tool_call_parser, chat_template.text)
         reasoning_parser = None if config.reasoning_parser == "none" else config.reasoning_parser
         logger.info("tool-call parser: %s; reasoning parser: %s", tool_call_parser, reasoning_parser)

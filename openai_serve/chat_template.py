@@ -8,12 +8,15 @@ vLLM does).
 """
 
 import inspect
+import logging
 from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
 from openai_serve.errors import bad_request
 from openai_serve.protocol.chat import ChatRequest
+
+logger = logging.getLogger(__name__)
 
 
 def load_chat_template(value: str | None) -> str | None:
@@ -64,3 +67,14 @@ class ChatTemplate:
 
     def tokenize(self, prompt: str) -> list[int]:
         return self._tokenizer.encode(prompt, add_special_tokens=False)
+
+    def warm_up(self) -> None:
+        """Renders and tokenizes one message now: transformers compiles a template on its first use, which the
+        first request would otherwise wait for."""
+        if not self.is_available:
+            return
+        try:
+            self.tokenize(self._tokenizer.apply_chat_template([{"role": "user", "content": "Hi"}], tokenize=False,
+                                                              chat_template=self._template, add_generation_prompt=True))
+        except Exception:  # noqa: BLE001 - a template that refuses this message is the requests' to report
+            logger.debug("the chat template did not render a warm-up message", exc_info=True)

@@ -56,7 +56,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str, with_tokenizer: boo
     if with_tokenizer:
         gguf_tokenizer(metadata, gguf_path).save_pretrained(out_dir)
     tensors = tqdm(iter_hf_tensors(reader, config, getattr(torch, dtype)), total=len(reader.tensors),
-                   desc=f"converting {gguf_path.name}", unit="tensor")
+                   desc=f"converting {gguf_path.name}", unit="tensor", disable=None)
     _write_shards(tensors, out_dir)
 
 
