@@ -1,6 +1,7 @@
-"""The chat page at `/` in headless Chromium against a real server: the model comes from /v1/models,
-a question gets a streamed answer, and Stop mid-answer aborts the request (the server's running
-requests go to 0 and every KV block is free). --no-web-ui leaves `/` a 404.
+"""The chat page at `/` in headless Chromium against a real server on the real default model
+(SmolLM2-135M-Instruct): the model comes from /v1/models, a question gets a streamed, right answer, and
+Stop mid-answer aborts the request (the server's running requests go to 0 and every KV block is free).
+The key prompt and --no-web-ui need no answer that can be checked, so they use the fast tiny model.
 """
 
 from collections.abc import Iterator
@@ -10,11 +11,11 @@ import httpx
 import pytest
 
 from tests.e2e.browser import chromium, new_page
-from tests.e2e.serving import MODEL, RunningServer, server_config, start_server
+from tests.e2e.serving import RunningServer, server_config, start_server
 
-# Greedy on the tiny model, with no system prompt, this question gets no EOS before MAX_TOKENS (seconds
-# of generation on a CPU): the answer is still running when Stop is pressed.
-QUESTION = "Tell me a long story about paged attention."
+NAME = "smollm2-135m-instruct"
+# A long answer (seconds of generation on a CPU): it is still running when Stop is pressed.
+LONG_QUESTION = "Write a long story about a dragon who learns to paint, with many chapters."
 MAX_TOKENS = 1500
 
 
@@ -25,30 +26,36 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture(scope="module")
-def server(model_dir: Path) -> Iterator[RunningServer]:
-    running = start_server(model_dir, max_model_len=2048)
+def server(smollm2_dir: Path) -> Iterator[RunningServer]:
+    running = start_server(smollm2_dir, server_config(served_model_names=(NAME,)), max_model_len=2048)
     yield running
     running.stop()
 
 
 def test_a_streamed_answer_and_stop_mid_answer(server: RunningServer, browser: object) -> None:
-    before = server.wait_idle()
     page = new_page(browser)
     page.goto(server.base_url + "/")
     page.wait_for_function("document.querySelector('#model').options.length > 0")
-    assert page.locator("#model").input_value() == MODEL
+    assert page.locator("#model").input_value() == NAME
     assert page.locator("#api-key-row").is_hidden()
     page.fill("#system", "")
     page.fill("#temperature", "0")
-    page.fill("#max-tokens", str(MAX_TOKENS))
-    page.fill("#prompt", QUESTION)
+    page.fill("#max-tokens", "24")
+    page.fill("#prompt", "What is the capital of France?")
     page.click("#send")
-    page.wait_for_function("document.querySelector('.message.assistant').textContent.length > 20")
+    page.wait_for_function("document.querySelector('#send').disabled === false")  # the answer ended
+    assert "Paris" in page.locator(".message.assistant").last.inner_text()
+
+    before = server.wait_idle()
+    page.fill("#max-tokens", str(MAX_TOKENS))
+    page.fill("#prompt", LONG_QUESTION)
+    page.click("#send")
+    page.wait_for_function("[...document.querySelectorAll('.message.assistant')].pop().textContent.length > 20")
     assert page.locator("#stop").is_enabled() and page.locator("#send").is_disabled()
     running = server.metrics()
     page.click("#stop")
-    page.wait_for_selector(".message.assistant .note")
-    answer = page.locator(".message.assistant").inner_text()
+    page.wait_for_selector(".message.assistant:last-child .note")
+    answer = page.locator(".message.assistant").last.inner_text()
     speed = page.locator("#speed").inner_text()
     after = server.wait_idle()
     assert running["num_requests_running"] == 1 and running["num_kv_blocks_used"] > 0
