@@ -89,11 +89,15 @@ class ModelConfig:
     tokenizer: str | None = setting(None, "tokenizer directory or Hub id (default: the model's)")
     download_dir: str | None = setting(None, "where fetched and converted models are kept (default: "
                                        "~/.cache/openai-serve)")
+    tensor_parallel_size: int = setting(1, "shard the model over this many GPUs of this host, one worker process "
+                                        "each (with --device cpu: processes, over gloo)")
 
     def __post_init__(self) -> None:
         check_choices(self)
         if self.device not in DEVICES and not self.device.startswith("cuda:"):
             raise ValueError(f"device must be auto, cuda, cuda:N or cpu, got {self.device!r}")
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
 

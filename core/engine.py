@@ -47,8 +47,9 @@ from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
 from gpu.model_info import read_model_info
-from gpu.model_runner import ModelRunner
 from gpu.pending_step import PendingLogits, PendingStep
+from gpu.runner_factory import Runner, make_runner
+from gpu.tensor_parallel_runner import RemoteLogits, RemoteStep
 
 logger = logging.getLogger(__name__)
 
@@ -86,12 +87,13 @@ class _Abort:
 class _LaunchedStep:
     scheduled: list[ScheduledSequence]
     sampled_seqs: list[Sequence]  # the sequences of the step's sampled rows, in row order
-    pending: PendingStep | PendingLogits  # PendingLogits: its sampling waits for token masks
+    # PendingLogits (RemoteLogits under tensor parallelism): its sampling waits for token masks
+    pending: PendingStep | PendingLogits | RemoteStep | RemoteLogits
     scored_seqs: list[Sequence]  # the sequences of the step's prompt_logprobs rows, in order
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig, runner: ModelRunner | None = None) -> None:
+    def __init__(self, config: EngineConfig, runner: Runner | None = None) -> None:
         """`runner`: the model runner to drive (a benchmark's, built with its own kernel choices);
         None builds one from `config` (see runner_config)."""
         self.config = config
@@ -99,7 +101,7 @@ class LLMEngine:
         self.max_model_len = _resolve_max_model_len(config.model.max_model_len, info.max_position_embeddings)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
-        self.runner = runner if runner is not None else ModelRunner(runner_config(config, self.max_model_len))
+        self.runner = runner if runner is not None else make_runner(runner_config(config, self.max_model_len))
         self.block_size = config.cache.block_size
         self.block_manager = BlockManager(
             self.runner.num_kv_blocks, self.block_size, config.cache.enable_prefix_caching
@@ -176,9 +178,11 @@ class LLMEngine:
         return self.step()
 
     def close(self) -> None:
-        """Stops the grammar compiler's thread (the interface of core.engine_process.EngineProcess)."""
+        """Stops the grammar compiler's thread and the runner's tensor-parallel workers, if any (the
+        interface of core.engine_process.EngineProcess)."""
         if self._grammars is not None:
             self._grammars.close()
+        self.runner.close()
 
     def restarted(self) -> "LLMEngine":
         """A fresh engine in place of this failed one: new requests, blocks and scheduler on the same model
@@ -199,7 +203,7 @@ class LLMEngine:
             outputs += self._postprocess(self._in_flight)  # the device works on `launched` meanwhile
             self._in_flight = None
         if launched is not None:
-            if isinstance(launched.pending, PendingLogits):
+            if isinstance(launched.pending, PendingLogits | RemoteLogits):
                 try:
                     launched = self._sample_masked(launched)
                 except Exception:  # noqa: BLE001 - as a launch that raised
@@ -240,7 +244,7 @@ class LLMEngine:
             self._forget_unlaunched(s.seq)
             try:
                 alone = self._launch([s])
-                if isinstance(alone.pending, PendingLogits):
+                if isinstance(alone.pending, PendingLogits | RemoteLogits):
                     alone = self._sample_masked(alone)
             except Exception as exc:  # noqa: BLE001 - this request's rows fail the step: it ends alone
                 logger.error("request %s: its rows fail the step (%s: %s); it is ended", s.seq.request_id,
@@ -286,7 +290,7 @@ class LLMEngine:
     def _sample_masked(self, step: _LaunchedStep) -> _LaunchedStep:
         """Fills the token masks of the step's constrained rows from their matchers, which have taken every
         token up to the previous step's, and queues the step's sampling."""
-        assert isinstance(step.pending, PendingLogits)
+        assert isinstance(step.pending, PendingLogits | RemoteLogits)
         rows = [i for i, seq in enumerate(step.sampled_seqs) if seq.grammar is not None]
         # A sequence that ended meanwhile gets an unmasked row: its token will be dropped.
         matchers = [None if step.sampled_seqs[i].is_finished else step.sampled_seqs[i].grammar for i in rows]
@@ -419,6 +423,7 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
         max_num_seqs=c.scheduler.max_num_seqs, max_num_batched_tokens=c.scheduler.max_num_batched_tokens,
         max_model_len=max_model_len, enforce_eager=c.model.enforce_eager,
         attention_backend=c.model.attention_backend, seed=c.model.seed,
+        tensor_parallel_size=c.model.tensor_parallel_size,
     )
 
 

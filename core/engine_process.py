@@ -182,6 +182,8 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
     except Exception as exc:  # noqa: BLE001 - the server turns this into 503s for everything running
         logger.exception("the engine failed")
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
+    finally:
+        engine.close()  # stops tensor-parallel workers
 
 
 def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event) -> None:

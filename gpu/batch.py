@@ -92,6 +92,18 @@ class PromptLogprobsRow:
     num_top: int
 
 
+@dataclass(frozen=True)
+class PackedBlockTables:
+    """Block tables as one flat array of block ids and each row's length: the form in which they travel
+    to tensor-parallel workers (gpu/batch_wire.py), which write them to the device without a Python loop."""
+
+    lengths: np.ndarray  # [num_rows] int64
+    block_ids: np.ndarray  # [sum(lengths)] int32, row after row
+
+    def __len__(self) -> int:
+        return len(self.lengths)
+
+
 @dataclass
 class Batch:
     token_ids: list[int]  # [num_tokens], the new tokens of every row, row after row
@@ -99,7 +111,7 @@ class Batch:
     slot_mapping: list[int]  # [num_tokens], cache slot = block_id * block_size + offset
     query_lens: list[int]  # [num_rows]
     context_lens: list[int]  # [num_rows], tokens in the cache once this step's K/V are written
-    block_tables: list[list[int]]  # [num_rows][blocks of that row]
+    block_tables: list[list[int]] | PackedBlockTables  # [num_rows][blocks of that row]
     # [num_rows]; None for a prefill chunk that ends before the prompt does (nothing to sample).
     sampling: list[RowSampling | None] = field(default_factory=list)
     # Tokens the host does not know yet: token_ids[fed_back_token_indices[i]] (a placeholder) is the

@@ -44,3 +44,4 @@ class RunnerConfig:
     attention_backend: str  # one of ATTENTION_BACKENDS
     seed: int
     kernels: KernelConfig = DEFAULT_KERNELS
+    tensor_parallel_size: int = 1  # > 1: one worker process per rank (gpu/tensor_parallel_runner.py)

@@ -3,6 +3,10 @@
 Single files and sharded checkpoints (with `model.safetensors.index.json`) both work. Every
 parameter must be loaded exactly from the checkpoint: a missing or unknown tensor is an error,
 never silently left random.
+
+A parameter with a `weight_loader` reads what it needs of a checkpoint tensor itself, through a
+`CheckpointTensor`: a tensor-parallel rank reads only its slice's bytes (safetensors' get_slice),
+never the whole tensor. Other parameters read the whole tensor, which must have their shape.
 """
 
 import json
@@ -13,6 +17,31 @@ import torch
 from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
+
+
+class CheckpointTensor:
+    """One tensor of a safetensors file, read whole or as a range of rows or columns."""
+
+    def __init__(self, name: str, file_slice: object) -> None:
+        self.name = name
+        self._slice = file_slice  # safetensors' PySafeSlice: reads only the bytes it is indexed with
+        self.shape: tuple[int, ...] = tuple(file_slice.get_shape())  # type: ignore[attr-defined]
+
+    def read(self) -> torch.Tensor:
+        return self._slice[:]  # type: ignore[index]
+
+    def read_rows(self, start: int, size: int) -> torch.Tensor:
+        self._check_range(0, start, size)
+        return self._slice[start : start + size]  # type: ignore[index]
+
+    def read_columns(self, start: int, size: int) -> torch.Tensor:
+        self._check_range(1, start, size)
+        return self._slice[:, start : start + size]  # type: ignore[index]
+
+    def _check_range(self, dim: int, start: int, size: int) -> None:
+        if len(self.shape) <= dim or start + size > self.shape[dim]:
+            raise ValueError(f"{self.name}: cannot read [{start}, {start + size}) along dimension {dim} "
+                             f"of a tensor of shape {self.shape}")
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -26,11 +55,11 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
-def iter_checkpoint(model_dir: Path) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_checkpoint(model_dir: Path) -> Iterator[CheckpointTensor]:
     for path in checkpoint_files(model_dir):
         with safe_open(str(path), framework="pt", device="cpu") as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
-                yield name, f.get_tensor(name)
+                yield CheckpointTensor(name, f.get_slice(name))
 
 
 def load_weights(model: nn.Module, model_dir: Path) -> None:
@@ -40,7 +69,8 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     loaded: dict[str, set[str | None]] = {}
     tensors = tqdm(iter_checkpoint(model_dir), total=_num_tensors(model_dir), desc="loading weights", unit="tensor",
                    disable=None)  # None: a bar on a terminal only, not in logs
-    for name, tensor in tensors:
+    for tensor in tensors:
+        name = tensor.name
         if name.endswith("rotary_emb.inv_freq") or (is_tied and name == "lm_head.weight"):
             continue
         target, shard = _target(name, packed)
@@ -48,12 +78,14 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
             raise ValueError(f"checkpoint tensor {name!r} has no place in {type(model).__name__}")
         param = params[target]
         with torch.no_grad():
-            if shard is None:
-                if param.shape != tensor.shape:
-                    raise ValueError(f"{name}: checkpoint shape {tuple(tensor.shape)} != {tuple(param.shape)}")
-                param.data.copy_(tensor)
+            if hasattr(param, "weight_loader"):
+                param.weight_loader(param, tensor, shard)
+            elif shard is not None:
+                raise ValueError(f"{name}: {target} takes no shards")
             else:
-                param.weight_loader(param, tensor, shard)  # type: ignore[attr-defined]
+                if param.shape != tensor.shape:
+                    raise ValueError(f"{name}: checkpoint shape {tensor.shape} != {tuple(param.shape)}")
+                param.data.copy_(tensor.read())
         loaded.setdefault(target, set()).add(shard)
     missing = [name for name, param in model.named_parameters() if loaded.get(name) != _expected_shards(param)]
     if missing:
@@ -70,7 +102,8 @@ def _num_tensors(model_dir: Path) -> int:
 
 def _expected_shards(param: nn.Parameter) -> set[str | None]:
     loader = getattr(param, "weight_loader", None)
-    return set(loader.__self__.shard_offsets) if loader is not None else {None}
+    shards = getattr(getattr(loader, "__self__", None), "shard_offsets", None)
+    return set(shards) if shards else {None}
 
 
 def _target(name: str, packed: dict[str, tuple[str, str]]) -> tuple[str, str | None]:

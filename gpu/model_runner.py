@@ -6,6 +6,11 @@ the copy of the sampled tokens (and logprobs) back to the host.
 A batch with token masks (structured output) is launched in two parts: `launch` queues the forward
 pass and returns the logits still waiting to be sampled; the caller fills the masks on the host
 while the device runs, then `sample_masked` queues the sampling.
+
+Under tensor parallelism one runner runs in each worker process (gpu/tensor_parallel_worker.py), on its
+shard of the model, all of them on the same batches. Rank 0 samples from the gathered logits and
+broadcasts the sampled tokens, so every rank can feed them back into the next step on its device; the
+other ranks take part in every collective (the logits' gathers included) and return no result.
 """
 
 import logging
@@ -19,10 +24,11 @@ from tqdm import tqdm
 from gpu import backend_choice, kv_cache
 from gpu.attention.backend import AttentionBackend, PhasedBackend, backend_named, candidate_names
 from gpu.attention.metadata import AttentionMetadata
-from gpu.batch import Batch, Penalties, RowSampling, StepResult, TokenMask
+from gpu.batch import Batch, PackedBlockTables, Penalties, RowSampling, StepResult, TokenMask
 from gpu.config import RunnerConfig
 from gpu.cuda_graphs import DecodeGraphs
-from gpu.host_to_device import to_device, write_block_tables
+from gpu.distributed import SINGLE, TensorParallel
+from gpu.host_to_device import pack_block_tables, to_device, write_block_tables
 from gpu.layers.linear import SKINNY_MAX_ROWS
 from gpu.loader import load_weights
 from gpu.mixed_graphs import MixedGraphs
@@ -53,8 +59,9 @@ def resolve_dtype(requested: str, checkpoint_dtype: str | None, device: torch.de
 
 
 class ModelRunner:
-    def __init__(self, config: RunnerConfig) -> None:
+    def __init__(self, config: RunnerConfig, tp: TensorParallel = SINGLE) -> None:
         self.config = config
+        self.tp = tp
         self.device = resolve_device(config.device)
         hf_config = load_hf_config(config.model_path)
         self.dtype = resolve_dtype(config.dtype, checkpoint_dtype(hf_config), self.device)
@@ -123,11 +130,23 @@ class ModelRunner:
             return backend_choice.time_forward(lambda: self.model(*inputs), graphed)
 
         backend, self.attention_times = backend_choice.choose_phases(candidates, steps, is_graphed, time_step)
+        backend = self._agreed(backend, candidates)
         for layer in self.layers:
             layer.k_cache[:num_blocks].zero_()
             layer.v_cache[:num_blocks].zero_()
         self._compile_flash_attn(backend)
         return backend
+
+    def _agreed(self, backend: PhasedBackend, candidates: list[AttentionBackend]) -> PhasedBackend:
+        """Rank 0's choice on every tensor-parallel rank: each rank timed the candidates itself, but a step's
+        collectives must have the same shapes everywhere (a step with prefill replays a padded graph with one
+        backend and runs unpadded with another)."""
+        if self.tp.size == 1:
+            return backend
+        names = [c.name for c in candidates]
+        picks = torch.tensor([names.index(backend.decode.name), names.index(backend.prefill.name)], device=self.device)
+        decode, prefill = (candidates[i] for i in self.tp.broadcast_from_first(picks).tolist())
+        return PhasedBackend(decode, prefill)
 
     def _compile_flash_attn(self, backend: PhasedBackend) -> None:
         """Every FA4 kernel variant a step can use, compiled now rather than at a request."""
@@ -158,7 +177,8 @@ class ModelRunner:
     def _build_model(self, hf_config) -> torch.nn.Module:  # noqa: ANN001 - a transformers config
         torch.manual_seed(self.config.seed)
         with torch.device(self.device):
-            model = model_class(hf_config.architectures)(hf_config, self.config.max_model_len, self.config.kernels)
+            model = model_class(hf_config.architectures)(hf_config, self.config.max_model_len, self.config.kernels,
+                                                         self.tp)
         model.to(self.dtype)
         load_weights(model, Path(self.config.model_path))
         model.eval().requires_grad_(False)
@@ -174,6 +194,7 @@ class ModelRunner:
             num_blocks = kv_cache.num_blocks_for_cuda(block_bytes, c.gpu_memory_utilization, self.device)
         else:
             num_blocks = kv_cache.num_blocks_for_cpu(block_bytes, c.block_size, c.max_num_seqs, c.max_model_len)
+        num_blocks = self.tp.min_over_ranks(num_blocks, self.device)  # every rank holds the same blocks
         kv_cache.allocate(self.layers, num_blocks, c.block_size, self.dtype, self.device)
         logger.info(
             "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB (%s)",
@@ -199,10 +220,11 @@ class ModelRunner:
                                 penalties=Penalties(slot=i, presence=0.5, frequency=0.5, repetition=1.2))
                     for i in range(num_rows)]
         logits = self.model.compute_logits(hidden[:num_rows])
-        self.sampler(logits.float(), heaviest)
-        # The plain rows' path too (the fused sampling kernel on CUDA): compiled now, not on the first request.
-        plain = [RowSampling(temperature=0.6 if i % 2 == 0 else 0.0) for i in range(num_rows)]
-        self.sampler(logits, plain)
+        if logits is not None:  # None on tensor-parallel ranks other than 0, which never sample
+            self.sampler(logits.float(), heaviest)
+            # The plain rows' path too (the fused sampling kernel on CUDA): compiled now, not on the first request.
+            plain = [RowSampling(temperature=0.6 if i % 2 == 0 else 0.0) for i in range(num_rows)]
+            self.sampler(logits, plain)
         torch.cuda.synchronize(self.device)
 
     @torch.inference_mode()
@@ -229,6 +251,9 @@ class ModelRunner:
             torch.cuda.synchronize(self.device)
         logger.info("warmed up the first requests' steps (%d) in %.1f s", len(batches), time.perf_counter() - start)
 
+    def close(self) -> None:
+        """Nothing to stop in one process (the surface of gpu.tensor_parallel_runner.TensorParallelRunner)."""
+
     def execute(self, batch: Batch, token_mask: TokenMask | None = None) -> StepResult:
         """Runs one step and waits for its tokens on the host."""
         pending = self.launch(batch)
@@ -240,12 +265,15 @@ class ModelRunner:
     @torch.inference_mode()
     def launch(self, batch: Batch) -> PendingStep | PendingLogits:
         """Queues one step on the device and returns without waiting for it. A batch with token masks
-        returns its logits awaiting them: pass those to `sample_masked` before the next launch."""
+        returns its logits awaiting them: pass those to `sample_masked` before the next launch. On a
+        tensor-parallel rank other than 0 the step has no result (rank 0 returns the tokens)."""
         hidden = self._forward(batch)
         prompt = None
         if batch.prompt_logprobs:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
         logits = self._logits(batch, hidden)
+        if not self.tp.is_first:  # its share of the logits went to rank 0
+            return self._tokens_from_first(sum(row is not None for row in batch.sampling))
         if logits is None:
             return self._launched(None, prompt)
         rows = [row for row in batch.sampling if row is not None]
@@ -260,9 +288,19 @@ class ModelRunner:
         return self._launched(sampled, pending.prompt)
 
     def _launched(self, sampled: SampledRows | None, prompt: PackedPromptLogprobs | None) -> PendingStep:
+        if sampled is not None:
+            self.tp.broadcast_from_first(sampled.token_ids.contiguous())  # the other ranks feed them back too
         pending = PendingStep(sampled, prompt)
         self._last_sampled_ids = pending.sampled_token_ids
         return pending
+
+    def _tokens_from_first(self, num_sampled_rows: int) -> PendingStep:
+        """A rank other than 0: the tokens rank 0 sampled (once it has), for the next step to feed back."""
+        self._last_sampled_ids = None
+        if num_sampled_rows:
+            token_ids = torch.empty(num_sampled_rows, dtype=torch.int64, device=self.device)
+            self._last_sampled_ids = self.tp.broadcast_from_first(token_ids)
+        return PendingStep(None)
 
     def _logits(self, batch: Batch, hidden: torch.Tensor) -> torch.Tensor | None:
         """[num_sampled_rows, vocab] in the model's dtype (the sampler upcasts where it must); None: no row samples."""
@@ -320,8 +358,9 @@ def _dummy_batch(query_lens: list[int], block_size: int) -> Batch:
     )
 
 
-def _padded_block_tables(block_tables: list[list[int]]) -> np.ndarray:
+def _padded_block_tables(block_tables: list[list[int]] | PackedBlockTables) -> np.ndarray:
     """[num_rows, max_blocks] int32, rows padded with block 0 (read by no one: context lengths bound reads)."""
-    table = np.zeros((len(block_tables), max(map(len, block_tables))), dtype=np.int32)
-    write_block_tables(table, block_tables)
+    packed = pack_block_tables(block_tables)
+    table = np.zeros((len(packed), int(packed.lengths.max())), dtype=np.int32)
+    write_block_tables(table, packed)
     return table

@@ -29,8 +29,9 @@ class PackedPromptLogprobs:
 
 
 def prompt_logprobs(hidden: torch.Tensor, rows: list[PromptLogprobsRow],
-                    compute_logits: Callable[[torch.Tensor], torch.Tensor]) -> PackedPromptLogprobs:
-    """hidden: [num_tokens, hidden_size], the step's."""
+                    compute_logits: Callable[[torch.Tensor], torch.Tensor | None]) -> PackedPromptLogprobs | None:
+    """hidden: [num_tokens, hidden_size], the step's. None on a tensor-parallel rank other than 0, whose
+    `compute_logits` sends its share of each slice's logits to rank 0 and returns None."""
     positions = np.concatenate([np.arange(r.first_token_index, r.first_token_index + len(r.target_token_ids))
                                 for r in rows])
     targets = np.concatenate([np.asarray(r.target_token_ids, dtype=np.int64) for r in rows])
@@ -39,9 +40,14 @@ def prompt_logprobs(hidden: torch.Tensor, rows: list[PromptLogprobsRow],
     parts = []
     for start in range(0, len(targets), SLICE):
         index, target = where[0, start : start + SLICE], where[1, start : start + SLICE]
-        logprobs = compute_logits(hidden[index]).float().log_softmax(dim=-1)
+        logits = compute_logits(hidden[index])
+        if logits is None:
+            continue
+        logprobs = logits.float().log_softmax(dim=-1)
         chosen = logprobs.gather(1, target.unsqueeze(1))
         ranks = (logprobs > chosen).sum(dim=-1, keepdim=True) + 1
         top_values, top_ids = logprobs.topk(num_top, dim=-1)
         parts.append(torch.cat([c.double() for c in (target.unsqueeze(1), chosen, ranks, top_ids, top_values)], 1))
+    if not parts:
+        return None
     return PackedPromptLogprobs(torch.cat(parts), [len(r.target_token_ids) for r in rows], [r.num_top for r in rows])

@@ -4,7 +4,9 @@ The layer owns no cache: the runner hands it this layer's (k_cache, v_cache) aft
 On CUDA, when triton is installed, the per-head q/k norms and the rotation are one Triton kernel
 (gpu/kernels/qk_norm_rope.py) reading the fused QKV output; elsewhere, or built with
 `KernelConfig.fused_elementwise` off, the torch layers run (the reference the kernel is tested
-against). Triton is imported on the first CUDA call only.
+against). Triton is imported on the first CUDA call only. Under tensor parallelism a layer holds only its
+rank's query heads and the KV heads they read (`kv_heads_of_rank`): its q/k/v rows, its KV cache and its
+attention; `o_proj` sums the ranks' outputs.
 """
 
 import torch
@@ -14,26 +16,33 @@ from transformers import PretrainedConfig
 from gpu.attention.backend import AttentionBackend
 from gpu.attention.metadata import AttentionMetadata
 from gpu.config import DEFAULT_KERNELS, KernelConfig
+from gpu.distributed import SINGLE, TensorParallel
 from gpu.kernels import HAS_TRITON
-from gpu.layers.linear import Linear, MergedLinear
+from gpu.layers.linear import MergedLinear, RowSlice
 from gpu.layers.norm import RMSNorm
+from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.layers.rotary import RotaryEmbedding
 
 
 class DecoderAttention(nn.Module):
     def __init__(self, config: PretrainedConfig, rotary: RotaryEmbedding, has_qk_norm: bool,
-                 kernels: KernelConfig = DEFAULT_KERNELS) -> None:
+                 kernels: KernelConfig = DEFAULT_KERNELS, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // total_heads
         self.scale = self.head_dim**-0.5
+        # This rank's heads (all of them at tensor-parallel size 1): its KV cache and attention hold only these.
+        first_head, self.num_heads = tp.split(total_heads, "the number of attention heads")
+        first_kv_head, self.num_kv_heads = kv_heads_of_rank(total_kv_heads, tp)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_size, self.kv_size = q_size, kv_size
         has_bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        shards = {"q": q_size, "k": kv_size, "v": kv_size}
-        self.qkv_proj = MergedLinear(config.hidden_size, shards, has_bias, kernels)
-        self.o_proj = Linear(q_size, config.hidden_size, bool(getattr(config, "attention_bias", False)), kernels)
+        q_rows = RowSlice(first_head * self.head_dim, q_size, total_heads * self.head_dim)
+        kv_rows = RowSlice(first_kv_head * self.head_dim, kv_size, total_kv_heads * self.head_dim)
+        self.qkv_proj = MergedLinear(config.hidden_size, {"q": q_rows, "k": kv_rows, "v": kv_rows}, has_bias, kernels)
+        self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size,
+                                        bool(getattr(config, "attention_bias", False)), tp, kernels)
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels) if has_qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels) if has_qk_norm else None
         self.rotary = rotary
@@ -77,3 +86,14 @@ class DecoderAttention(nn.Module):
         eps = self.q_norm.eps if self.q_norm is not None else 0.0
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
         return qk_norm_rope(qkv, positions, self.rotary.cos, self.rotary.sin, heads, norms, eps)
+
+
+def kv_heads_of_rank(num_kv_heads: int, tp: TensorParallel) -> tuple[int, int]:
+    """(first, count) of the KV heads a rank holds: an equal share when there are at least as many KV
+    heads as ranks; else one head, replicated on size / num_kv_heads ranks (the one its query heads read)."""
+    if num_kv_heads >= tp.size:
+        return tp.split(num_kv_heads, "the number of key/value heads")
+    if tp.size % num_kv_heads:
+        raise ValueError(f"the tensor-parallel size ({tp.size}) must be a multiple of the number of key/value "
+                         f"heads ({num_kv_heads}) when it exceeds it")
+    return tp.rank * num_kv_heads // tp.size, 1

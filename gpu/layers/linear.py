@@ -7,8 +7,11 @@ does for so few rows, unless the kernel's table says cuBLAS is as fast for that 
 F.linear. The choice depends on shapes and dtypes only, so it is the same at every replay of a CUDA graph.
 A layer built with `KernelConfig.skinny_gemm` off always runs F.linear (tests and A/B runs compare). Merging
 turns three (or two) matmuls into one; each parameter of a MergedLinear carries a `weight_loader` that copies one
-checkpoint shard into its rows.
+checkpoint shard into its rows. Under tensor parallelism a MergedLinear is column-parallel: each of its shards
+holds a `RowSlice` of its checkpoint tensor (this rank's heads, or its share of the MLP) and reads only those rows.
 """
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -16,6 +19,7 @@ from torch import nn
 
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.kernels import HAS_TRITON
+from gpu.loader import CheckpointTensor
 
 SKINNY_MAX_ROWS = 16  # the decode graphs' buckets 1, 2, 4, 8, 16; more rows are cuBLAS's GEMM
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)
@@ -48,21 +52,38 @@ class Linear(nn.Linear):
         return preferred_config(x.numel() // self.in_features, self.out_features, self.in_features) is not None
 
 
+@dataclass(frozen=True)
+class RowSlice:
+    """Rows [start, start + size) of a checkpoint tensor that has `total` rows."""
+
+    start: int
+    size: int
+    total: int
+
+    @staticmethod
+    def whole(total: int) -> "RowSlice":
+        return RowSlice(0, total, total)
+
+
 class MergedLinear(Linear):
-    def __init__(self, in_features: int, shard_sizes: dict[str, int], bias: bool,
+    def __init__(self, in_features: int, shards: dict[str, int | RowSlice], bias: bool,
                  kernels: KernelConfig = DEFAULT_KERNELS) -> None:
-        super().__init__(in_features, sum(shard_sizes.values()), bias, kernels)
+        """shards: each checkpoint tensor's rows in this layer, in order (a count: all of its rows)."""
+        slices = {name: s if isinstance(s, RowSlice) else RowSlice.whole(s) for name, s in shards.items()}
+        super().__init__(in_features, sum(s.size for s in slices.values()), bias, kernels)
+        self.shard_slices = slices
         self.shard_offsets: dict[str, tuple[int, int]] = {}
         start = 0
-        for name, size in shard_sizes.items():
-            self.shard_offsets[name] = (start, size)
-            start += size
+        for name, rows in slices.items():
+            self.shard_offsets[name] = (start, rows.size)
+            start += rows.size
         self.weight.weight_loader = self._load_shard  # type: ignore[attr-defined]
         if bias:
             self.bias.weight_loader = self._load_shard  # type: ignore[attr-defined]
 
-    def _load_shard(self, param: nn.Parameter, loaded: torch.Tensor, shard: str) -> None:
+    def _load_shard(self, param: nn.Parameter, loaded: CheckpointTensor, shard: str) -> None:
         start, size = self.shard_offsets[shard]
-        if loaded.shape[0] != size:
-            raise ValueError(f"shard {shard!r} has {loaded.shape[0]} rows, expected {size}")
-        param.data[start : start + size].copy_(loaded)
+        rows = self.shard_slices[shard]
+        if loaded.shape[0] != rows.total:
+            raise ValueError(f"shard {shard!r} has {loaded.shape[0]} rows, expected {rows.total}")
+        param.data[start : start + size].copy_(loaded.read_rows(rows.start, rows.size))

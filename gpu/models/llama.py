@@ -6,6 +6,10 @@ elementwise work of a layer (residual add + RMSNorm twice, q/k norm + RoPE, SiLU
 four Triton kernels where triton is installed: per decode step a layer launches about a dozen
 kernels instead of about sixty, which is what a small batch pays for. A model built with
 `KernelConfig.fused_elementwise` off runs the torch reference code instead (tests compare the two).
+
+Tensor parallelism (`tp`, one rank of the group): q/k/v and gate/up are column-parallel (each rank
+holds its heads' and its share of the MLP's rows), o_proj and down_proj row-parallel (one all-reduce
+each), the embedding and LM head split by vocabulary; norms are replicated. Two all-reduces per layer.
 """
 
 import torch
@@ -14,22 +18,26 @@ from transformers import PretrainedConfig
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.config import DEFAULT_KERNELS, KernelConfig
+from gpu.distributed import SINGLE, TensorParallel
 from gpu.layers.activation import SiluAndMul
 from gpu.layers.attention import DecoderAttention
-from gpu.layers.linear import Linear, MergedLinear
+from gpu.layers.linear import MergedLinear, RowSlice
 from gpu.layers.norm import RMSNorm
+from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.layers.rotary import RotaryEmbedding
+from gpu.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
 
 
 class MLP(nn.Module):
-    def __init__(self, config: PretrainedConfig, kernels: KernelConfig) -> None:
+    def __init__(self, config: PretrainedConfig, kernels: KernelConfig, tp: TensorParallel) -> None:
         super().__init__()
         if getattr(config, "hidden_act", "silu") != "silu":
             raise ValueError(f"activation {config.hidden_act!r} is not supported (only silu)")
         has_bias = bool(getattr(config, "mlp_bias", False))
         size = config.intermediate_size
-        self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": size, "up": size}, has_bias, kernels)
-        self.down_proj = Linear(size, config.hidden_size, has_bias, kernels)
+        rows = RowSlice(*tp.split(size, "the MLP's intermediate size"), total=size)
+        self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": rows, "up": rows}, has_bias, kernels)
+        self.down_proj = RowParallelLinear(size, config.hidden_size, has_bias, tp, kernels)
         self.act = SiluAndMul(kernels)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -38,10 +46,10 @@ class MLP(nn.Module):
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: PretrainedConfig, rotary: RotaryEmbedding, has_qk_norm: bool,
-                 kernels: KernelConfig) -> None:
+                 kernels: KernelConfig, tp: TensorParallel) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(config, rotary, has_qk_norm, kernels)
-        self.mlp = MLP(config, kernels)
+        self.self_attn = DecoderAttention(config, rotary, has_qk_norm, kernels, tp)
+        self.mlp = MLP(config, kernels, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
@@ -59,13 +67,14 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(nn.Module):
-    def __init__(self, config: PretrainedConfig, max_position: int, has_qk_norm: bool, kernels: KernelConfig) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int, has_qk_norm: bool, kernels: KernelConfig,
+                 tp: TensorParallel) -> None:
         super().__init__()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         rotary = RotaryEmbedding(config, head_dim, max_position)
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(
-            DecoderLayer(config, rotary, has_qk_norm, kernels) for _ in range(config.num_hidden_layers)
+            DecoderLayer(config, rotary, has_qk_norm, kernels, tp) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
@@ -88,19 +97,21 @@ class LlamaForCausalLM(nn.Module):
         "up_proj": ("gate_up_proj", "up"),
     }
 
-    def __init__(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig = DEFAULT_KERNELS) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig = DEFAULT_KERNELS,
+                 tp: TensorParallel = SINGLE) -> None:
         super().__init__()
         self.config = config
-        self.model = DecoderModel(config, max_position, self.has_qk_norm, kernels)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.model = DecoderModel(config, max_position, self.has_qk_norm, kernels, tp)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         return self.model(input_ids, positions, meta)  # [num_tokens, hidden_size]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden)  # [num_rows, vocab_size]
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """[num_rows, vocab_size] on tensor-parallel rank 0 (the sampling rank); None on the others."""
+        return self.lm_head(hidden)
 
     def attention_layers(self) -> list[DecoderAttention]:
         return [layer.self_attn for layer in self.model.layers]

@@ -2,6 +2,7 @@
 model built through the real checkpoint builder and loaded by the real loader. No mocks anywhere.
 """
 
+import os
 import socket
 import threading
 import time
@@ -21,6 +22,10 @@ from openai_serve.server_config import ServerConfig
 
 MODEL = "tiny"
 ALIAS = "tiny-alias"
+# Where the servers' engines run: the CPU, unless the GPU machine runs these tests against its GPUs
+# (bench/tensor_parallel_gpu.sh: OPENAI_SERVE_E2E_DEVICE=cuda OPENAI_SERVE_E2E_TP=2).
+DEVICE = os.environ.get("OPENAI_SERVE_E2E_DEVICE", "cpu")
+TENSOR_PARALLEL_SIZE = int(os.environ.get("OPENAI_SERVE_E2E_TP", "1"))
 
 
 @dataclass
@@ -80,9 +85,12 @@ DEFAULT_SERVER = ServerConfig(served_model_names=(MODEL, ALIAS), port=0)
 
 def start_server(model_dir: Path, config: ServerConfig = DEFAULT_SERVER, engine_process: bool = False,
                  **engine: object) -> RunningServer:
-    """engine_process: the engine in its own process (core/engine_process.py), as `--engine-process` runs it."""
+    """engine_process: the engine in its own process (core/engine_process.py), as `--engine-process` runs it.
+    `engine` keys: max_model_len, num_blocks, device, tensor_parallel_size."""
     engine_config = EngineConfig(
-        model=ModelConfig(model=str(model_dir), device="cpu", max_model_len=int(engine.get("max_model_len", 512))),
+        model=ModelConfig(model=str(model_dir), device=str(engine.get("device", DEVICE)),
+                          max_model_len=int(engine.get("max_model_len", 512)),
+                          tensor_parallel_size=int(engine.get("tensor_parallel_size", TENSOR_PARALLEL_SIZE))),
         cache=CacheConfig(block_size=16, num_blocks=int(engine.get("num_blocks", 512))),
         scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=1024),
     )
