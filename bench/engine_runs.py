@@ -22,8 +22,8 @@ from core import EngineConfig, LLMEngine, SamplingParams
 from core.engine import runner_config
 from gpu.batch import Batch, StepResult, TokenMask
 from gpu.config import KernelConfig
-from gpu.model_runner import ModelRunner
 from gpu.pending_step import PendingLogits, PendingStep
+from gpu.runner_factory import AwaitingMasks, Runner, make_runner
 
 TEMPERATURE = 0.6
 _request_numbers = count()
@@ -62,7 +62,7 @@ class TimedRunner:
     step N+1, so the rest of a step's wall time (scheduling, building the batch, postprocessing) overlaps the
     device's work."""
 
-    def __init__(self, runner: ModelRunner) -> None:
+    def __init__(self, runner: Runner) -> None:
         self.runner = runner
         self.num_kv_blocks = runner.num_kv_blocks
         self.times = RunnerTimes()
@@ -72,13 +72,16 @@ class TimedRunner:
         self.times = RunnerTimes()
         return self.times
 
+    def close(self) -> None:
+        self.runner.close()
+
     def launch(self, batch: Batch) -> PendingStep | PendingLogits:
         times, start = self.times, time.perf_counter()
         record = StepRecord(batch, start)
         times.steps.append(record)
         try:
             pending = self.runner.launch(batch)
-            return pending if isinstance(pending, PendingLogits) else _TimedPending(pending, times, record)
+            return pending if isinstance(pending, AwaitingMasks) else _TimedPending(pending, times, record)
         finally:
             times.seconds += time.perf_counter() - start
             times.num_calls += 1
@@ -99,7 +102,7 @@ class TimedEngine:
 
 
 def build_timed_engine(config: EngineConfig, kernels: KernelConfig) -> TimedEngine:
-    runner = TimedRunner(ModelRunner(replace(runner_config(config), kernels=kernels)))
+    runner = TimedRunner(make_runner(replace(runner_config(config), kernels=kernels)))
     return TimedEngine(LLMEngine(config, runner), runner)  # type: ignore[arg-type]  # a runner by its interface
 
 

@@ -14,7 +14,7 @@ attention (QK^T and PV), with a causal prefill counting each query against its o
 """
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from bench.workload import Request
@@ -51,6 +51,14 @@ class ModelShape:
     @staticmethod
     def from_dir(model_dir: str | Path, dtype_bytes: int = 2) -> "ModelShape":
         return ModelShape.from_config(json.loads((Path(model_dir) / "config.json").read_text()), dtype_bytes)
+
+    def per_rank(self, tensor_parallel_size: int) -> "ModelShape":
+        """What one tensor-parallel rank holds and moves: its query heads, its KV heads (one at least: fewer KV
+        heads than ranks are replicated), its share of the MLP and of the vocabulary; norms are whole on every
+        rank. The ranks work in parallel, so a step's ideal time is one rank's (communication not counted)."""
+        tp = tensor_parallel_size
+        return replace(self, num_heads=self.num_heads // tp, num_kv_heads=max(1, self.num_kv_heads // tp),
+                       intermediate_size=self.intermediate_size // tp, vocab_size=-(-self.vocab_size // tp))
 
     @property
     def layer_linear_params(self) -> int:

@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kernels", default="default", help="kernel choices for A/B runs: `default`, or gpu.config."
                    "KernelConfig fields joined by + (order_decode_rows=0+skinny_gemm=0); the engine's runner is "
                    "built with them")
+    p.add_argument("--tensor-parallel-size", type=int, default=1,
+                   help="ranks (GPUs); the ideal is then one rank's share of the bytes and FLOPs")
     p.add_argument("--warmup", choices=["full", "short", "none"], default="full",
                    help="full: the whole workload once; short: every request with 16 tokens")
     p.add_argument("--max-seconds", type=float, default=None, help="stop the timed run here and report it partial")
@@ -90,7 +92,7 @@ def build_engine(args: argparse.Namespace, model_dir: str) -> TimedEngine:
         enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
         kv_cache_blocks=args.kv_cache_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        async_scheduling=args.async_scheduling,
+        async_scheduling=args.async_scheduling, tensor_parallel_size=args.tensor_parallel_size,
     )
     return build_timed_engine(config, kernel_variant(args.kernels))
 
@@ -119,7 +121,7 @@ def run_peer(args: argparse.Namespace, model_dir: str) -> dict[str, object]:
 
 def ideal_figures(model_dir: str, args: argparse.Namespace, requests: list[Request], limits: DeviceLimits
                   ) -> dict[str, object]:
-    shape = ModelShape.from_dir(model_dir, DTYPE_BYTES.get(args.dtype, 2))
+    shape = ModelShape.from_dir(model_dir, DTYPE_BYTES.get(args.dtype, 2)).per_rank(args.tensor_parallel_size)
     ideal = ideal_run(shape, requests, limits)
     batch1_context = args.prompt_len + args.batch1_tokens // 2  # the mean context of the batch-1 decode steps
     return {
@@ -154,10 +156,13 @@ def main(argv: list[str] | None = None) -> None:
     timed = build_engine(args, model_dir)
     engine = timed.engine
     result["engine"] = {"num_kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_size,
-                        "attention_backend": timed.runner.runner.backend.name,
+                        "tensor_parallel_size": args.tensor_parallel_size,
+                        # in the workers' processes under tensor parallelism (their log says which)
+                        "attention_backend": getattr(getattr(timed.runner.runner, "backend", None), "name",
+                                                     "in the workers"),
                         "kernels": asdict(timed.runner.runner.config.kernels),
                         # per phase, each candidate's step milliseconds as `auto` measured them at start-up
-                        "attention_times_ms": timed.runner.runner.attention_times}
+                        "attention_times_ms": getattr(timed.runner.runner, "attention_times", None)}
     print(f"attention backend: {result['engine']['attention_backend']} "
           f"(measured: {result['engine']['attention_times_ms']})", flush=True)
     if args.batch1_tokens:  # before any load, to compare with the same figure after the timed run
@@ -175,7 +180,7 @@ def main(argv: list[str] | None = None) -> None:
     result["ours"] = {**asdict(run), "tokens_per_s": round(run.tokens_per_s, 1),
                       "triton_compiles_during_run": compiles.summary()}
     print("triton compiles during the timed run:", compiles.summary(), flush=True)
-    shape = ModelShape.from_dir(model_dir, DTYPE_BYTES.get(args.dtype, 2))
+    shape = ModelShape.from_dir(model_dir, DTYPE_BYTES.get(args.dtype, 2)).per_rank(args.tensor_parallel_size)
     result["ours"]["step_breakdown"] = breakdown(trace, shape, limits)
     for row in result["ours"]["step_breakdown"]:
         print(row, flush=True)

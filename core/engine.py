@@ -47,9 +47,9 @@ from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
 from gpu.model_info import read_model_info
-from gpu.pending_step import PendingLogits, PendingStep
-from gpu.runner_factory import Runner, make_runner
-from gpu.tensor_parallel_runner import RemoteLogits, RemoteStep
+from gpu.pending_step import PendingStep
+from gpu.runner_factory import AwaitingMasks, Runner, make_runner
+from gpu.tensor_parallel_runner import RemoteStep
 
 logger = logging.getLogger(__name__)
 
@@ -87,8 +87,7 @@ class _Abort:
 class _LaunchedStep:
     scheduled: list[ScheduledSequence]
     sampled_seqs: list[Sequence]  # the sequences of the step's sampled rows, in row order
-    # PendingLogits (RemoteLogits under tensor parallelism): its sampling waits for token masks
-    pending: PendingStep | PendingLogits | RemoteStep | RemoteLogits
+    pending: PendingStep | RemoteStep | AwaitingMasks  # AwaitingMasks: its sampling waits for token masks
     scored_seqs: list[Sequence]  # the sequences of the step's prompt_logprobs rows, in order
 
 
@@ -203,7 +202,7 @@ class LLMEngine:
             outputs += self._postprocess(self._in_flight)  # the device works on `launched` meanwhile
             self._in_flight = None
         if launched is not None:
-            if isinstance(launched.pending, PendingLogits | RemoteLogits):
+            if isinstance(launched.pending, AwaitingMasks):
                 try:
                     launched = self._sample_masked(launched)
                 except Exception:  # noqa: BLE001 - as a launch that raised
@@ -244,7 +243,7 @@ class LLMEngine:
             self._forget_unlaunched(s.seq)
             try:
                 alone = self._launch([s])
-                if isinstance(alone.pending, PendingLogits | RemoteLogits):
+                if isinstance(alone.pending, AwaitingMasks):
                     alone = self._sample_masked(alone)
             except Exception as exc:  # noqa: BLE001 - this request's rows fail the step: it ends alone
                 logger.error("request %s: its rows fail the step (%s: %s); it is ended", s.seq.request_id,
@@ -290,7 +289,7 @@ class LLMEngine:
     def _sample_masked(self, step: _LaunchedStep) -> _LaunchedStep:
         """Fills the token masks of the step's constrained rows from their matchers, which have taken every
         token up to the previous step's, and queues the step's sampling."""
-        assert isinstance(step.pending, PendingLogits | RemoteLogits)
+        assert isinstance(step.pending, AwaitingMasks)
         rows = [i for i, seq in enumerate(step.sampled_seqs) if seq.grammar is not None]
         # A sequence that ended meanwhile gets an unmasked row: its token will be dropped.
         matchers = [None if step.sampled_seqs[i].is_finished else step.sampled_seqs[i].grammar for i in rows]

@@ -2,9 +2,12 @@
 
 from gpu.config import RunnerConfig
 from gpu.model_runner import ModelRunner
-from gpu.tensor_parallel_runner import TensorParallelRunner
+from gpu.pending_step import PendingLogits
+from gpu.tensor_parallel_runner import RemoteLogits, TensorParallelRunner
 
 Runner = ModelRunner | TensorParallelRunner
+# What `launch` returns for a batch with token masks: its sampling waits for `sample_masked`.
+AwaitingMasks = PendingLogits | RemoteLogits
 
 
 def make_runner(config: RunnerConfig) -> Runner:

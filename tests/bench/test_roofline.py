@@ -78,3 +78,14 @@ def test_batch1_ideal_at_1k_context_on_an_h100() -> None:
     ms = ideal_decode_step_seconds(shape, 1024, DeviceLimits(3.02e12, 800e12)) * 1e3
     assert math.isclose(ms, (1_192_099_840 + 1025 * 114_688) / 3.02e12 * 1e3)
     assert 0.43 < ms < 0.44
+
+
+def test_one_tensor_parallel_rank_by_hand() -> None:
+    # Of 2 ranks: 1 query head, the one KV head replicated, MLP 8, vocab 16; norms whole.
+    rank = TINY.per_rank(2)
+    # q 8x4 + k 8x4 + v 8x4 + o 4x8 = 128; gate, up, down 3 x 8x8 = 192.
+    assert rank.layer_linear_params == 320
+    assert rank.weight_bytes_per_step == (2 * (320 + 24) + 8 + 16 * 8) * 2 == 1648
+    assert rank.kv_bytes_per_token == TINY.kv_bytes_per_token  # the replicated head is stored on both ranks
+    whole = ModelShape.from_config(QWEN3_0P6B)
+    assert whole.per_rank(2).num_kv_heads == 4 and whole.per_rank(2).kv_bytes_per_token * 2 == whole.kv_bytes_per_token
