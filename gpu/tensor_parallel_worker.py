@@ -93,7 +93,7 @@ def _start_runner(start: WorkerStart) -> ModelRunner:
     if start.device_type == "cuda":
         torch.cuda.set_device(start.rank)  # Triton and NCCL launch on the current device
         device = f"cuda:{start.rank}"
-    else:
+    elif "OMP_NUM_THREADS" not in os.environ:  # else the caller chose (the tests: one)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // start.size))  # the ranks share the cores
     tp = join_group(start.rank, start.size, start.store_port, torch.device(device), start.timeout_s)
     return ModelRunner(replace(start.config, device=device, tensor_parallel_size=start.size), tp)
