@@ -1,10 +1,10 @@
-"""Gathers bench/tensor_parallel_gpu.sh's results into OUT_DIR/summary.json and prints it.
+"""Gathers bench/tensor_parallel_gpu.sh's results (a folder of stage outputs) into one JSON file and prints it.
 
 Test stages are read from their JUnit XML (passed, failed, skipped and each failure's first line);
 benchmark stages from their JSON: throughput and batch-1 time per token at each tensor-parallel size,
 each with its ideal and the share of it, and the TP=2 over TP=1 ratios.
 
-    python -m bench.tensor_parallel_report OUT_DIR
+    python -m bench.tensor_parallel_report STAGE_DIR SUMMARY_JSON
 """
 
 import json
@@ -67,9 +67,8 @@ def report(out: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    out = Path(sys.argv[1])
-    summary = report(out)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    summary = report(Path(sys.argv[1]))
+    Path(sys.argv[2]).write_text(json.dumps(summary, indent=1) + "\n")
     print(json.dumps(summary, indent=1))
 
 
