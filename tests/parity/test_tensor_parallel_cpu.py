@@ -8,6 +8,7 @@ padded). One TP=2 engine per model serves all of its cases (starting worker proc
 each case counts that the engine took the path it is about, as tests/parity/test_parity_cpu.py does.
 """
 
+import re
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import torch
 
 from core import LLM, SamplingParams
+from core.structured_output import StructuredOutput
 from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths, record_schedules
 
 MAX_NEW_TOKENS = 8
@@ -94,3 +96,22 @@ def test_logprobs_over_the_gathered_vocabulary_match(engines: tuple[Path, LLM, L
         for a, b in zip(ours.logprobs, theirs.logprobs, strict=True):
             assert a.top_token_ids == b.top_token_ids
             torch.testing.assert_close(torch.tensor(a.top_logprobs), torch.tensor(b.top_logprobs), rtol=0, atol=1e-4)
+
+
+def test_penalties_bias_prompt_logprobs_and_structured_output_go_through_rank_0(
+    engines: tuple[Path, LLM, LLM],
+) -> None:
+    _, single, sharded = engines
+    prompts = prompts_of_lengths((6, 13, 9))
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=8, presence_penalty=0.8, frequency_penalty=0.5,
+                       repetition_penalty=1.3, logit_bias=((17, 4.0), (30, -100.0))),
+        SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=12, structured_output=StructuredOutput(regex=r"[a-z]{2,5}-\d{3}")),
+    ]
+    ours, theirs = sharded.generate(prompts, params), single.generate(prompts, params)
+    assert [o.token_ids for o in ours] == [o.token_ids for o in theirs]
+    assert re.fullmatch(r"[a-z]{2,5}-\d{3}", ours[2].text), "the masks reached rank 0's sampler"
+    for a, b in zip(ours[1].prompt_logprobs[1:], theirs[1].prompt_logprobs[1:], strict=True):
+        assert a.top_token_ids == b.top_token_ids
+        torch.testing.assert_close(a.logprob, b.logprob, rtol=0, atol=1e-4)
