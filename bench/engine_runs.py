@@ -75,6 +75,9 @@ class TimedRunner:
     def close(self) -> None:
         self.runner.close()
 
+    def restarted(self) -> "TimedRunner":
+        return TimedRunner(self.runner.restarted())
+
     def launch(self, batch: Batch) -> PendingStep | PendingLogits:
         times, start = self.times, time.perf_counter()
         record = StepRecord(batch, start)

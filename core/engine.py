@@ -185,9 +185,10 @@ class LLMEngine:
 
     def restarted(self) -> "LLMEngine":
         """A fresh engine in place of this failed one: new requests, blocks and scheduler on the same model
-        runner (a device fault that broke the runner fails the new engine too)."""
+        runner (a device fault that broke the runner fails the new engine too), or on new tensor-parallel
+        workers (a failed worker took the others with it)."""
         self.close()
-        return LLMEngine(self.config, runner=self.runner)
+        return LLMEngine(self.config, runner=self.runner.restarted())
 
     def step(self) -> list[RequestOutput]:
         outputs = self._drain_inbox()

@@ -254,6 +254,11 @@ class ModelRunner:
     def close(self) -> None:
         """Nothing to stop in one process (the surface of gpu.tensor_parallel_runner.TensorParallelRunner)."""
 
+    def restarted(self) -> "ModelRunner":
+        """The runner a restarted engine drives: this one (its model and cache stay; the engine's bookkeeping
+        is new, and what the cache holds is never read without it)."""
+        return self
+
     def execute(self, batch: Batch, token_mask: TokenMask | None = None) -> StepResult:
         """Runs one step and waits for its tokens on the host."""
         pending = self.launch(batch)

@@ -137,6 +137,11 @@ class TensorParallelRunner:
         """Stops the workers (killing those that do not exit in time)."""
         self._finalizer()
 
+    def restarted(self) -> "TensorParallelRunner":
+        """A runner on new workers, for a restarted engine (these are stopped, or were killed by a failure)."""
+        self.close()
+        return TensorParallelRunner(self.config)
+
     def _wait_until_ready(self) -> tuple[int, bool]:
         """(KV blocks, whether decode steps replay CUDA graphs), the same on every rank."""
         ready = self._receive("ready", [w.rank for w in self._workers], START_TIMEOUT_S)
