@@ -50,7 +50,7 @@ def test_cli_with_two_ranks_streams_the_chat_of_one(model_dir: Path, single_rank
         seeded = {"temperature": 1.0, "seed": 5, "extra_body": {"ignore_eos": True}}
         assert streamed_chat(two_ranks.client(), **seeded)[0] == streamed_chat(single_rank_server.client(),
                                                                                 **seeded)[0]
-        assert two_ranks.wait_idle()["kv_blocks_used"] == 0
+        assert two_ranks.wait_idle()["num_kv_blocks_used"] == 0
     finally:
         process.terminate()
         process.wait(timeout=30)
