@@ -3,7 +3,8 @@
 # Usage, from the repo root on the GPU machine (the server's wheels from ../shared/device/wheels.sh on PYTHONPATH):
 #   NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 \
 #     bash bench/tensor_parallel_gpu.sh OUT_DIR [STAGES]
-# STAGES, comma-separated, in this order by default: parity,bench,e2e,allreduce,wire
+# STAGES, comma-separated, in this order by default: parity,e2e,allreduce,wire,bench (a stage cut short by the
+# budget can be run alone in a second call)
 #   parity     tests/gpu/test_tensor_parallel_gpu.py: float32 TP=2 = transformers (chunked prefill, prefix hits,
 #              preemption); bf16 TP=2 vs TP=1 by the top-5 rule; TP=2 CUDA graphs on = off
 #   bench      a random bf16 Qwen3-14B checkpoint; bench.throughput at TP=2, then TP=1 (nano-vllm workload,
@@ -16,7 +17,7 @@
 # bench/tensor_parallel_report.py), throughput_tp1.json and throughput_tp2.json (for bench/results), log.
 set -uo pipefail
 out=${1:?usage: tensor_parallel_gpu.sh OUT_DIR [STAGES]}
-stages=,${2:-parity,bench,e2e,allreduce,wire},
+stages=,${2:-parity,e2e,allreduce,wire,bench},
 budget=${TP_BUDGET_S:-560}
 model=${TP_BENCH_MODEL:-/tmp/qwen3-14b-bench}
 work=$(mktemp -d /tmp/tp-device-check.XXXX)
@@ -41,13 +42,6 @@ stage() { [[ $stages == *,$1,* ]]; }
 if stage parity; then
   boxed 170 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_tensor_parallel_gpu.py --junitxml "$work/parity.xml"
 fi
-if stage bench; then
-  boxed 150 python3 -c "from bench.bench_model import build_large_bench_model as b; b('$model', 'qwen3-14b')"
-  for tp in 2 1; do
-    boxed 170 python3 -m bench.throughput --model "$model" --tensor-parallel-size $tp --peer none --profile-steps 0 \
-      --warmup short --max-seconds 60 --batch1-tokens 64 --out "$work/throughput_tp$tp.json"
-  done
-fi
 if stage e2e; then
   e2e=(tests/e2e/test_streaming.py tests/e2e/test_chat.py tests/e2e/test_completions.py tests/e2e/test_concurrency.py)
   if ! OPENAI_SERVE_E2E_DEVICE=cuda OPENAI_SERVE_E2E_TP=2 boxed 150 python3 -m pytest -q -p no:cacheprovider \
@@ -61,6 +55,13 @@ if stage allreduce; then
 fi
 if stage wire; then
   boxed 30 python3 -m bench.batch_wire_cost --out "$work/batch_wire_cost.json"
+fi
+if stage bench; then
+  boxed 150 python3 -c "from bench.bench_model import build_large_bench_model as b; b('$model', 'qwen3-14b')"
+  for tp in 2 1; do
+    boxed 170 python3 -m bench.throughput --model "$model" --tensor-parallel-size $tp --peer none --profile-steps 0 \
+      --warmup short --max-seconds 60 --batch1-tokens 64 --out "$work/throughput_tp$tp.json"
+  done
 fi
 echo "done in $SECONDS s" | tee -a "$work/log"
 python3 -m bench.tensor_parallel_report "$work" "$out/summary.json"
