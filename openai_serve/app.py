@@ -18,6 +18,7 @@ from transformers import PreTrainedTokenizerBase
 from core.serving_engine import ServingEngine
 from core.tokenizer import load_tokenizer
 from openai_serve.chat_template import ChatTemplate
+from openai_serve.cpu_work import CpuWork
 from openai_serve.engine_bridge import EngineBridge
 from openai_serve.engine_restarts import RestartPolicy
 from openai_serve.errors import APIError, handle_api_error, handle_http_exception, handle_unexpected
@@ -25,6 +26,7 @@ from openai_serve.logprobs import TokenTexts
 from openai_serve.metrics import ServerMetrics
 from openai_serve.middleware import APIKeyMiddleware, BodySizeLimitMiddleware
 from openai_serve.parsers.selection import resolve_tool_call_parser
+from openai_serve.request_limits import RequestLimits
 from openai_serve.request_log import REQUEST_ID_HEADER, RequestLogMiddleware
 from openai_serve.response_store import ResponseStore
 from openai_serve.routes.chat import create_chat_completion
@@ -79,9 +81,12 @@ def build_app(
         reasoning_parser = None if config.reasoning_parser == "none" else config.reasoning_parser
         logger.info("tool-call parser: %s; reasoning parser: %s", tool_call_parser, reasoning_parser)
         responses = ResponseStore(config.responses_store_max_entries, config.responses_store_max_age_s)
-        app.state.serving = ServingState(bridge, config, tokenizer, chat_template, TokenTexts(tokenizer),
-                                         token_decoder(tokenizer), responses, metrics, tool_call_parser,
-                                         reasoning_parser)
+        cpu_work = CpuWork()
+        app.state.serving = ServingState(
+            bridge, config, tokenizer, chat_template, TokenTexts(tokenizer), token_decoder(tokenizer), responses,
+            metrics, limits=RequestLimits.of(config, engine.max_model_len, tokenizer), cpu_work=cpu_work,
+            tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
+        )
         bridge.start()
         stats_logger = asyncio.create_task(log_stats(lambda: bridge.engine.stats(), config.stats_log_interval_s))
         try:
@@ -92,6 +97,7 @@ def build_app(
                 await stats_logger
             responses.close()
             await bridge.stop()
+            cpu_work.close()
 
     routes = ROUTES + WEB_UI_ROUTES if config.web_ui else ROUTES
     return Starlette(

@@ -1,6 +1,9 @@
 """A chat request made ready for the engine: the chat template's prompt as token ids, and how its
 answers are read (tool-call and reasoning parsers). Chat completions and the Responses API both
 come through here, so a conversation is prompted and parsed the same way whichever API carries it.
+
+A large conversation is rendered and tokenized off the event loop (cpu_work.py), and a rendered
+prompt with more characters than the context can hold as tokens is a 400 before it is tokenized.
 """
 
 from dataclasses import dataclass
@@ -16,7 +19,19 @@ class ChatPrompt:
     parsing: OutputParsing
 
 
-def chat_prompt(state: ServingState, body: ChatRequest) -> ChatPrompt:
+async def chat_prompt(state: ServingState, body: ChatRequest) -> ChatPrompt:
+    text, token_ids = await state.cpu_work.run(chat_work_size(body), lambda: render_and_tokenize(state, body))
+    return ChatPrompt(token_ids, OutputParsing(body.tools, state.tool_call_parser, state.reasoning_parser, text))
+
+
+def render_and_tokenize(state: ServingState, body: ChatRequest) -> tuple[str, list[int]]:
+    """The prompt's text through the chat template, and its tokens (unless it is longer than can fit)."""
     text = state.chat_template.render(body)
-    parsing = OutputParsing(body.tools, state.tool_call_parser, state.reasoning_parser, text)
-    return ChatPrompt(state.chat_template.tokenize(text), parsing)
+    state.limits.check_text(len(text), body.prompt_param)
+    return text, state.chat_template.tokenize(text)
+
+
+def chat_work_size(body: ChatRequest) -> int:
+    """About how much text rendering the messages makes, to decide whether it is worth a thread."""
+    content = sum(len(m["content"]) for m in body.messages if isinstance(m.get("content"), str))
+    return content + 256 * len(body.messages) + 4096 * len(body.tools.tools)

@@ -37,7 +37,14 @@ class ServerConfig:
     # The template text that replaces the model's own (the CLI reads a file or takes the text).
     chat_template: str | None = setting(None, "Jinja chat template (a file, or the template text) replacing "
                                         "the model's")
-    max_request_body_bytes: int = setting(32 * 1024 * 1024, "larger request bodies get 413")
+    # Reading a JSON body holds the event loop (and Python's interpreter lock) for about 6-14 ms of CPU per
+    # MiB (numbers and small objects cost the most; docs/reliability.md), so this bounds that stall too.
+    max_request_body_bytes: int = setting(8 * 1024 * 1024, "larger request bodies get 413")
+    # What one request may ask for (openai_serve/request_limits.py); more is a 400.
+    max_prompts_per_request: int = setting(256, "prompts in one /v1/completions request")
+    max_choices_per_request: int = setting(256, "generations one request asks for: prompts x n")
+    max_stop_strings: int = setting(64, "stop strings in one request")
+    max_stop_string_length: int = setting(256, "characters in one stop string")
     # Engine requests in flight (a request with n choices counts n); past it, new requests get 503.
     max_pending_requests: int = setting(4096, "engine requests in flight (n choices count n) before new "
                                         "requests get 503")
@@ -93,6 +100,10 @@ class ServerConfig:
             raise ValueError(f"max_request_body_bytes must be >= 1024, got {self.max_request_body_bytes}")
         if not 0.01 <= self.gil_switch_interval_ms <= 1000:
             raise ValueError(f"gil_switch_interval_ms must be in [0.01, 1000], got {self.gil_switch_interval_ms}")
+        for name in ("max_prompts_per_request", "max_choices_per_request", "max_stop_strings",
+                     "max_stop_string_length"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_engine_restarts < 0:
             raise ValueError(f"max_engine_restarts must be >= 0, got {self.max_engine_restarts}")
         if self.max_unread_steps < 1:

@@ -10,11 +10,13 @@ from transformers import PreTrainedTokenizerBase
 from core.detokenizer import TokenDecoder
 from core.serving_engine import ServingEngine
 from openai_serve.chat_template import ChatTemplate
+from openai_serve.cpu_work import CpuWork
 from openai_serve.engine_bridge import EngineBridge
 from openai_serve.errors import model_not_found
 from openai_serve.ignored_fields import IgnoredFieldsLog
 from openai_serve.logprobs import TokenTexts
 from openai_serve.metrics import ServerMetrics
+from openai_serve.request_limits import RequestLimits
 from openai_serve.response_store import ResponseStore
 from openai_serve.server_config import ServerConfig
 
@@ -29,6 +31,8 @@ class ServingState:
     token_decoder: TokenDecoder  # the tokenizer's decode, as cheap as it gets (token_decoder.py)
     responses: ResponseStore  # the Responses API's stored responses (mutable, the event loop's only)
     metrics: ServerMetrics
+    limits: RequestLimits  # what one request may ask for, checked before costly work
+    cpu_work: CpuWork  # where tokenizing and rendering large inputs happens, off the event loop
     tool_call_parser: str | None = None  # --tool-call-parser resolved against the template (None: no parsing)
     reasoning_parser: str | None = None  # --reasoning-parser (None: thinking is not split from the answer)
     ignored_fields: IgnoredFieldsLog = field(default_factory=IgnoredFieldsLog)

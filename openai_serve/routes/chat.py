@@ -33,10 +33,13 @@ from openai_serve.state import ServingState, serving_state
 
 async def create_chat_completion(request: Request) -> Response:
     state = serving_state(request)
-    body = parse_chat_request(await read_json(request), UnknownFields(state.config.strict_request_fields))
+    raw = await read_json(request)
+    state.limits.check_messages(raw)
+    body = parse_chat_request(raw, UnknownFields(state.config.strict_request_fields))
     state.check_model(body.common.model)
     state.ignored_fields.note(body.ignored_fields)
-    prompt = chat_prompt(state, body)
+    state.limits.check_generation(1, body.common, body.prompt_param)
+    prompt = await chat_prompt(state, body)
     view = ChatView(state, body, prompt.parsing, prompt.token_ids)
     response = await respond(request, state, body, view, [prompt.token_ids])
     return name_ignored_fields(response, body.ignored_fields)

@@ -31,7 +31,12 @@ async def create_completion(request: Request) -> Response:
     body = parse_completion_request(await read_json(request), UnknownFields(state.config.strict_request_fields))
     state.check_model(body.common.model)
     state.ignored_fields.note(body.ignored_fields)
-    prompts = [_tokenize(state, prompt, body.add_special_tokens) for prompt in body.prompts]
+    state.limits.check_generation(len(body.prompts), body.common, body.prompt_param)
+    texts = [prompt for prompt in body.prompts if isinstance(prompt, str)]
+    for text in texts:
+        state.limits.check_text(len(text), body.prompt_param)
+    prompts = await state.cpu_work.run(sum(map(len, texts)), lambda: [
+        _tokenize(state, prompt, body.add_special_tokens) for prompt in body.prompts])
     view = CompletionView(state, body, prompts)
     response = await respond(request, state, body, view, prompts)
     return name_ignored_fields(response, body.ignored_fields)

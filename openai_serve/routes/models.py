@@ -11,8 +11,10 @@ from openai_serve.state import ServingState, serving_state
 
 
 def _model_card(state: ServingState, name: str) -> dict[str, object]:
+    # `root` is the model every served name stands for, by its first served name: vLLM puts the model's
+    # path there, which tells every client where the server keeps its files.
     return {"id": name, "object": "model", "created": state.created, "owned_by": "openai-serve",
-            "root": state.engine.config.model.model, "max_model_len": state.engine.max_model_len}
+            "root": state.model_names[0], "max_model_len": state.engine.max_model_len}
 
 
 async def list_models(request: Request) -> Response:

@@ -36,11 +36,14 @@ logger = logging.getLogger(__name__)
 
 async def create_response(request: Request) -> Response:
     state = serving_state(request)
-    body = parse_responses_request(await read_json(request), UnknownFields(state.config.strict_request_fields))
+    raw = await read_json(request)
+    state.limits.check_messages(raw, "input")
+    body = parse_responses_request(raw, UnknownFields(state.config.strict_request_fields))
     state.check_model(body.common.model)
+    state.limits.check_generation(1, body.common, body.prompt_param)
     state.ignored_fields.note(body.ignored_fields)
     body = _in_context(state, body)
-    prompt = chat_prompt(state, body)
+    prompt = await chat_prompt(state, body)
     if body.logprobs is not None and prompt.parsing.new_parser() is not None:
         raise unsupported("include", f"{OUTPUT_LOGPROBS!r} is supported for answers that are all text: not with "
                           "tools to parse or a reasoning parser")
