@@ -11,13 +11,13 @@ from contextlib import asynccontextmanager
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
-from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Route
 from transformers import PreTrainedTokenizerBase
 
 from core.serving_engine import ServingEngine
 from core.tokenizer import load_tokenizer
 from openai_serve.chat_template import ChatTemplate
+from openai_serve.cors import OpenAICORSMiddleware
 from openai_serve.cpu_work import CpuWork
 from openai_serve.engine_bridge import EngineBridge
 from openai_serve.engine_restarts import RestartPolicy
@@ -110,7 +110,7 @@ def build_app(
 def _middleware(config: ServerConfig) -> list[Middleware]:
     middleware = [Middleware(RequestLogMiddleware)]  # outermost: it sees every answer, 401s and 413s too
     if config.allowed_origins:
-        middleware.append(Middleware(CORSMiddleware, allow_origins=list(config.allowed_origins),
+        middleware.append(Middleware(OpenAICORSMiddleware, allow_origins=list(config.allowed_origins),
                                      allow_methods=["*"], allow_headers=["*"], expose_headers=[REQUEST_ID_HEADER]))
     if config.api_key is not None:
         middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))

@@ -68,6 +68,10 @@ def unauthorized() -> APIError:
     return APIError(401, message, code="invalid_api_key")
 
 
+def duplicate_header(name: str) -> APIError:
+    return APIError(400, f"The request has more than one {name} header: send one.", code="duplicate_header")
+
+
 def request_too_large(limit: int) -> APIError:
     return APIError(413, f"The request body exceeds the limit of {limit} bytes.", code="request_too_large")
 

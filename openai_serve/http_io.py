@@ -9,7 +9,7 @@ import orjson
 from starlette.requests import Request
 from starlette.types import Receive
 
-from openai_serve.errors import bad_request
+from openai_serve.errors import APIError, bad_request
 
 T = TypeVar("T")
 
@@ -19,7 +19,14 @@ class ClientDisconnected(Exception):
 
 
 async def read_json(request: Request) -> object:
-    body = await request.body()
+    """The body as JSON; a 408 when the client does not send all of it within --request-body-timeout."""
+    timeout_s = request.app.state.serving.config.request_body_timeout  # (state.py imports this module's users)
+    try:
+        async with asyncio.timeout(timeout_s):
+            body = await request.body()
+    except TimeoutError as exc:
+        raise APIError(408, f"The request's body did not arrive within {timeout_s:g} s.",
+                       code="request_timeout") from exc
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:

@@ -8,7 +8,7 @@ import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openai_serve.errors import request_too_large, unauthorized
+from openai_serve.errors import duplicate_header, request_too_large, unauthorized
 from openai_serve.web_ui import is_web_ui_path
 
 # Liveness, version and metrics carry no model output; load balancers probe them without a key (as in vLLM).
@@ -25,8 +25,11 @@ class APIKeyMiddleware:
         if scope["type"] != "http" or _needs_no_key(scope):
             await self.app(scope, receive, send)
             return
-        provided = dict(scope["headers"]).get(b"authorization", b"")
-        if not hmac.compare_digest(provided, self._expected):  # constant time: no key guessing by timing
+        provided = [value for name, value in scope["headers"] if name == b"authorization"]
+        if len(provided) > 1:  # which one counts differs from proxy to proxy: none does
+            await duplicate_header("Authorization").to_response()(scope, receive, send)
+            return
+        if not hmac.compare_digest(provided[0] if provided else b"", self._expected):  # no key guessing by timing
             await unauthorized().to_response()(scope, receive, send)
             return
         await self.app(scope, receive, send)

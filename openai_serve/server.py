@@ -1,5 +1,7 @@
-"""uvicorn's server, plus two rules: the moment shutdown begins, the engine bridge drains; and
-with `--exit-on-engine-failure` a failed engine ends the server, with exit status 1.
+"""uvicorn's server, with its HTTP protocol guarded (http_protocol.py: a connection cap, header
+timeouts, size limits, errors in OpenAI's shape), plus two rules: the moment shutdown begins, the
+engine bridge drains; and with `--exit-on-engine-failure` a failed engine ends the server, with exit
+status 1.
 
 uvicorn waits for open connections before it runs the lifespan's shutdown, and a stream can run
 for minutes; so on SIGINT/SIGTERM (or `request_shutdown()`) running requests get their terminal
@@ -8,6 +10,7 @@ event at once and new ones a 503, and only then does uvicorn close the listening
 
 import asyncio
 import logging
+import resource
 import socket
 import sys
 
@@ -15,20 +18,25 @@ import uvicorn
 from starlette.applications import Starlette
 
 from openai_serve.engine_bridge import EngineState
+from openai_serve.http_protocol import guarded_protocol
 from openai_serve.server_config import ServerConfig
 
 logger = logging.getLogger(__name__)
 
 # Connections still open this long after shutdown began are closed anyway.
 _GRACEFUL_SHUTDOWN_S = 10
+# File descriptors kept beside the connections: the engine's pipes, model files, logs, the listener.
+_RESERVED_FILES = 128
 
 
 class ServingServer(uvicorn.Server):
     def __init__(self, app: Starlette, config: ServerConfig) -> None:
+        max_connections = _fit_open_files_limit(config.max_connections)
         super().__init__(uvicorn.Config(
             app, host=config.host, port=config.port, log_level=config.log_level, lifespan="on",
             access_log=False,  # openai_serve/request_log.py logs each request, with more in its line
-            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S,
+            timeout_graceful_shutdown=_GRACEFUL_SHUTDOWN_S, timeout_keep_alive=config.timeout_keep_alive,
+            http=guarded_protocol(max_connections, config.request_header_timeout),
         ))
         self._app = app
         self._exit_on_engine_failure = config.exit_on_engine_failure
@@ -72,3 +80,18 @@ class ServingServer(uvicorn.Server):
         """Any thread: drain, then exit as a signal would."""
         self.request_drain()
         self.should_exit = True
+
+
+def _fit_open_files_limit(max_connections: int) -> int:
+    """Raises this process's open-files limit so that `max_connections` fit (as far as the hard limit
+    allows); returns the connection cap that fits."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = max_connections + _RESERVED_FILES
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        soft = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    fitting = max_connections if soft == resource.RLIM_INFINITY else min(max_connections, soft - _RESERVED_FILES)
+    if fitting < max_connections:
+        logger.warning("the open-files limit (%d) fits %d connections: --max-connections %d is lowered to it",
+                       soft, fitting, max_connections)
+    return max(1, fitting)

@@ -40,6 +40,13 @@ class ServerConfig:
     # Reading a JSON body holds the event loop (and Python's interpreter lock) for about 6-14 ms of CPU per
     # MiB (numbers and small objects cost the most; docs/reliability.md), so this bounds that stall too.
     max_request_body_bytes: int = setting(8 * 1024 * 1024, "larger request bodies get 413")
+    # Connections (openai_serve/http_protocol.py): past the cap a new one gets 503 and is closed, logged.
+    max_connections: int = setting(2048, "open connections; more are answered 503 and closed at once (the server "
+                                   "raises its open-files limit to fit them where the system allows)")
+    timeout_keep_alive: float = setting(5.0, "seconds an idle keep-alive connection stays open (uvicorn's)")
+    request_header_timeout: float = setting(10.0, "seconds a client has to send a request's line and headers, "
+                                            "from connecting or from starting its next request (else 408)")
+    request_body_timeout: float = setting(60.0, "seconds a client has to send a request's body (else 408)")
     # What one request may ask for (openai_serve/request_limits.py); more is a 400.
     max_prompts_per_request: int = setting(256, "prompts in one /v1/completions request")
     max_choices_per_request: int = setting(256, "generations one request asks for: prompts x n")
@@ -104,6 +111,11 @@ class ServerConfig:
                      "max_stop_string_length"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+        for name in ("timeout_keep_alive", "request_header_timeout", "request_body_timeout"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         if self.max_engine_restarts < 0:
             raise ValueError(f"max_engine_restarts must be >= 0, got {self.max_engine_restarts}")
         if self.max_unread_steps < 1:

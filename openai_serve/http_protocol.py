@@ -1,0 +1,176 @@
+"""uvicorn's HTTP protocol (httptools) with the connection hygiene uvicorn leaves out.
+
+- A connection cap: past `max_connections` open connections a new one is answered 503 and closed
+  at once (so idle clients cannot exhaust the process's file descriptors), logged at most once per
+  10 s with the count refused.
+- A deadline for a request's head (request line and headers): a client that has not sent them all
+  within `header_timeout_s` of connecting, or of starting its next request, gets a 408 and is closed
+  (a slow-header client holds nothing for long). Idle keep-alive connections are uvicorn's
+  `timeout_keep_alive`; a slow body is read_json's deadline (http_io.py).
+- Limits on the URL (8 KiB, 414) and on the headers (64 KiB, 431): httptools has none.
+- uvicorn's own errors (a malformed request, a bad Content-Length) in OpenAI's error shape.
+- HTTP/1.0 clients get a stream as HTTP/1.0 allows it: no chunked framing, the connection closed at
+  its end (uvicorn would send chunks, which an HTTP/1.0 client cannot read).
+
+It reaches into uvicorn's protocol (its `cycle`, `url`, `send_400_response`), whose version is
+pinned by the tests in tests/reliability, which check each behaviour against a real server.
+"""
+
+import logging
+import time
+from typing import Any
+
+import orjson
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
+
+logger = logging.getLogger(__name__)
+
+MAX_URL_BYTES = 8 * 1024
+MAX_HEADER_BYTES = 64 * 1024
+_REFUSAL_LOG_INTERVAL_S = 10.0
+
+
+class _Refused(Exception):
+    """Stops the parser: the request breaks one of the limits above (its response is set)."""
+
+
+def error_response(status: int, message: str, code: str) -> bytes:
+    """A whole HTTP response in OpenAI's error shape, that closes the connection."""
+    body = orjson.dumps({"error": {"message": message, "type": "invalid_request_error", "param": None,
+                                   "code": code}})
+    head = b"content-type: application/json\r\ncontent-length: %d\r\nconnection: close\r\n" % len(body)
+    if status == 503:
+        head += b"retry-after: 1\r\n"
+    return STATUS_LINE[status] + head + b"\r\n" + body
+
+
+class _RefusalLog:
+    """Logs refused connections at most once per interval, with how many since the last line."""
+
+    def __init__(self) -> None:
+        self.num_refused = 0
+        self._last = 0.0
+
+    def refused(self, limit: int) -> None:
+        self.num_refused += 1
+        now = time.monotonic()
+        if now - self._last >= _REFUSAL_LOG_INTERVAL_S:
+            logger.warning("%d connection(s) refused: %d are open, the limit (--max-connections)", self.num_refused,
+                           limit)
+            self._last, self.num_refused = now, 0
+
+
+class GuardedHttpProtocol(HttpToolsProtocol):
+    def __init__(self, *args: Any, max_connections: int, header_timeout_s: float, refusals: _RefusalLog,
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._max_connections = max_connections
+        self._header_timeout_s = header_timeout_s
+        self._refusals = refusals
+        self._head_timer: Any = None
+        self._head_bytes = 0
+        self._refusal: bytes | None = None
+
+    def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self._max_connections:
+            self._refusals.refused(self._max_connections)
+            self._respond_and_close(error_response(503, "The server has too many open connections. Retry shortly.",
+                                                   "too_many_connections"))
+            return
+        self._start_head_timer()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_head_timer()
+        super().connection_lost(exc)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._head_bytes = 0
+        self._start_head_timer()
+
+    def on_url(self, url: bytes) -> None:
+        super().on_url(url)
+        if len(self.url) > MAX_URL_BYTES:
+            self._refuse(414, f"The URL is longer than {MAX_URL_BYTES} bytes.", "uri_too_long")
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        super().on_header(name, value)
+        self._head_bytes += len(name) + len(value)
+        if self._head_bytes > MAX_HEADER_BYTES:
+            self._refuse(431, f"The request's headers are longer than {MAX_HEADER_BYTES} bytes.",
+                         "headers_too_large")
+
+    def on_headers_complete(self) -> None:
+        self._cancel_head_timer()
+        super().on_headers_complete()
+        if self.scope.get("http_version") == "1.0" and self.cycle is not None:
+            _send_close_delimited(self.cycle)
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse, or to one this protocol refused."""
+        self._respond_and_close(self._refusal or error_response(400, f"{msg} The request is not valid HTTP/1.1.",
+                                                                "invalid_http_request"))
+
+    def _refuse(self, status: int, message: str, code: str) -> None:
+        self._refusal = error_response(status, message, code)
+        raise _Refused()  # httptools raises it out of feed_data as a parser error: send_400_response
+
+    def _start_head_timer(self) -> None:
+        if self._head_timer is None:
+            self._head_timer = self.loop.call_later(self._header_timeout_s, self._head_timed_out)
+
+    def _cancel_head_timer(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.transport.is_closing():
+            return
+        if self.cycle is not None and not self.cycle.response_complete:
+            self.transport.close()  # a response is being written: no second one can start
+            return
+        self._respond_and_close(error_response(408, f"The request's headers did not arrive within "
+                                               f"{self._header_timeout_s:g} s.", "request_timeout"))
+
+    def _respond_and_close(self, response: bytes) -> None:
+        self._cancel_head_timer()
+        if not self.transport.is_closing():
+            self.transport.write(response)
+            self.transport.close()
+
+
+def _send_close_delimited(cycle: RequestResponseCycle) -> None:
+    """Makes a response without Content-Length go out unframed, ended by closing the connection (HTTP/1.0)."""
+    send = cycle.send
+    is_unframed = False
+
+    async def close_delimited_send(message: Any) -> None:
+        nonlocal is_unframed
+        if message["type"] == "http.response.start" and not cycle.response_started:
+            headers = list(message.get("headers", []))
+            names = {name.lower() for name, _ in headers}
+            if b"content-length" not in names and b"transfer-encoding" not in names:
+                is_unframed = True
+                cycle.keep_alive = False  # uvicorn says `connection: close`, and closes after the last body
+                cycle.chunked_encoding = False
+                cycle.expected_content_length = 1 << 62  # uvicorn counts it down: never reached
+                message = {**message, "headers": [(n, v) for n, v in headers if n.lower() != b"connection"]}
+        elif is_unframed and message["type"] == "http.response.body" and not message.get("more_body", False):
+            cycle.expected_content_length = len(message.get("body", b""))  # its end is this last body
+        await send(message)
+
+    cycle.send = close_delimited_send  # type: ignore[method-assign]
+
+
+def guarded_protocol(max_connections: int, header_timeout_s: float) -> Any:
+    """The protocol class uvicorn's Config(http=...) takes, with these limits."""
+    refusals = _RefusalLog()
+
+    def create(*args: Any, **kwargs: Any) -> GuardedHttpProtocol:
+        return GuardedHttpProtocol(*args, max_connections=max_connections, header_timeout_s=header_timeout_s,
+                                   refusals=refusals, **kwargs)
+
+    return create
