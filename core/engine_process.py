@@ -187,20 +187,30 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
 
 
 def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event) -> None:
+    """Feeds the engine's inbox. A message it cannot take (it cannot unpickle one, or the engine refuses
+    its shape) ends the engine process rather than this thread alone, which would leave the server's
+    requests waiting for ever: the server sees the process gone, ends them, and starts a new one."""
     while True:
         try:
             message = requests.recv()
         except (EOFError, OSError):
             message = ("stop",)  # the server is gone
+        except Exception:  # noqa: BLE001 - see the docstring
+            logger.exception("a message from the server could not be read: the engine stops")
+            message = ("stop",)
         kind = message[0]
-        if kind == "add":
-            engine.add_request(*message[1:])
-        elif kind == "abort":
-            engine.abort_request(message[1])
-        else:
-            stop.set()
-            engine.abort_request("")  # an unknown id: aborts nothing, wakes an idle engine so it sees `stop`
-            return
+        try:
+            if kind == "add":
+                engine.add_request(*message[1:])
+                continue
+            if kind == "abort":
+                engine.abort_request(message[1])
+                continue
+        except Exception:  # noqa: BLE001 - see the docstring
+            logger.exception("the engine could not take a %r message: it stops", kind)
+        stop.set()
+        engine.abort_request("")  # an unknown id: aborts nothing, wakes an idle engine so it sees `stop`
+        return
 
 
 def _as_row(o: RequestOutput) -> tuple[Any, ...]:

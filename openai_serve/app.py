@@ -101,18 +101,18 @@ def build_app(
 
     routes = ROUTES + WEB_UI_ROUTES if config.web_ui else ROUTES
     return Starlette(
-        routes=routes, middleware=_middleware(config), lifespan=lifespan,
+        routes=routes, middleware=_middleware(config, engine.max_model_len), lifespan=lifespan,
         exception_handlers={APIError: handle_api_error, HTTPException: handle_http_exception,
                             Exception: handle_unexpected},
     )
 
 
-def _middleware(config: ServerConfig) -> list[Middleware]:
+def _middleware(config: ServerConfig, max_model_len: int) -> list[Middleware]:
     middleware = [Middleware(RequestLogMiddleware)]  # outermost: it sees every answer, 401s and 413s too
     if config.allowed_origins:
         middleware.append(Middleware(OpenAICORSMiddleware, allow_origins=list(config.allowed_origins),
                                      allow_methods=["*"], allow_headers=["*"], expose_headers=[REQUEST_ID_HEADER]))
     if config.api_key is not None:
         middleware.append(Middleware(APIKeyMiddleware, api_key=config.api_key))
-    middleware.append(Middleware(BodySizeLimitMiddleware, max_bytes=config.max_request_body_bytes))
+    middleware.append(Middleware(BodySizeLimitMiddleware, max_bytes=config.body_limit(max_model_len)))
     return middleware

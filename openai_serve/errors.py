@@ -26,6 +26,7 @@ class APIError(Exception):
         error_type: str = "invalid_request_error",
         param: str | None = None,
         code: str | None = None,
+        closes_connection: bool = False,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -33,12 +34,15 @@ class APIError(Exception):
         self.error_type = error_type
         self.param = param
         self.code = code
+        self.closes_connection = closes_connection  # the rest of the request is not read: the connection ends
 
     def to_dict(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
 
     def to_response(self) -> Response:
-        headers = {"Retry-After": "1"} if self.status_code == 503 else None
+        headers = {"Retry-After": "1"} if self.status_code == 503 else {}
+        if self.closes_connection:
+            headers["Connection"] = "close"
         return Response(orjson.dumps(self.to_dict()), self.status_code, headers, "application/json")
 
 

@@ -6,7 +6,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 import orjson
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.types import Receive
 
 from openai_serve.errors import APIError, bad_request
@@ -26,7 +26,10 @@ async def read_json(request: Request) -> object:
             body = await request.body()
     except TimeoutError as exc:
         raise APIError(408, f"The request's body did not arrive within {timeout_s:g} s.",
-                       code="request_timeout") from exc
+                       code="request_timeout", closes_connection=True) from exc
+    except ClientDisconnect as exc:  # nobody reads this answer: it only keeps the log clean of tracebacks
+        raise APIError(499, "The client closed the connection before its body arrived.",
+                       code="client_closed_request") from exc
     try:
         return orjson.loads(body)
     except orjson.JSONDecodeError as exc:

@@ -8,6 +8,10 @@
   (a slow-header client holds nothing for long). Idle keep-alive connections are uvicorn's
   `timeout_keep_alive`; a slow body is read_json's deadline (http_io.py).
 - Limits on the URL (8 KiB, 414) and on the headers (64 KiB, 431): httptools has none.
+- A bounded socket send buffer (`SEND_BUFFER_BYTES`): the kernel would otherwise let it grow to
+  tcp_wmem's maximum (4 MiB on Linux) for a client that stops reading; past it, writes wait and the
+  bridge stops the generation of a response left unread (--max-unread-steps, engine_bridge.py).
+  LLM output is slow, so a smaller buffer costs no throughput.
 - uvicorn's own errors (a malformed request, a bad Content-Length) in OpenAI's error shape.
 - HTTP/1.0 clients get a stream as HTTP/1.0 allows it: no chunked framing, the connection closed at
   its end (uvicorn would send chunks, which an HTTP/1.0 client cannot read).
@@ -17,6 +21,7 @@ pinned by the tests in tests/reliability, which check each behaviour against a r
 """
 
 import logging
+import socket
 import time
 from typing import Any
 
@@ -27,6 +32,7 @@ logger = logging.getLogger(__name__)
 
 MAX_URL_BYTES = 8 * 1024
 MAX_HEADER_BYTES = 64 * 1024
+SEND_BUFFER_BYTES = 256 * 1024  # Linux doubles it for its own bookkeeping
 _REFUSAL_LOG_INTERVAL_S = 10.0
 
 
@@ -73,6 +79,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         if len(self.connections) > self._max_connections:
             self._refusals.refused(self._max_connections)
             self._respond_and_close(error_response(503, "The server has too many open connections. Retry shortly.",

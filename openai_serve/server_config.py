@@ -12,6 +12,8 @@ from openai_serve.parsers.reasoning import PARSER_CHOICES as REASONING_PARSERS
 from openai_serve.parsers.tool_parsers import PARSER_CHOICES as TOOL_CALL_PARSERS
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+BODY_BYTES_PER_CONTEXT_TOKEN = 32
+MIN_DEFAULT_BODY_BYTES = 2 * 1024 * 1024
 
 
 def parse_origins(value: str) -> tuple[str, ...]:
@@ -37,9 +39,12 @@ class ServerConfig:
     # The template text that replaces the model's own (the CLI reads a file or takes the text).
     chat_template: str | None = setting(None, "Jinja chat template (a file, or the template text) replacing "
                                         "the model's")
-    # Reading a JSON body holds the event loop (and Python's interpreter lock) for about 6-14 ms of CPU per
-    # MiB (numbers and small objects cost the most; docs/reliability.md), so this bounds that stall too.
-    max_request_body_bytes: int = setting(8 * 1024 * 1024, "larger request bodies get 413")
+    # Reading a JSON body holds the event loop (and Python's interpreter lock) for about 12 ms of CPU per MiB
+    # of small objects (docs/reliability.md), so the limit bounds that stall too: by default, what the
+    # largest prompt that fits the context needs (docs/reliability.md: at most ~12 bytes per token, as escaped
+    # JSON text or as token ids), with room to spare.
+    max_request_body_bytes: int | None = setting(None, "larger request bodies get 413 (default: 32 bytes per token "
+                                                 "of the model's context, at least 2 MiB)")
     # Connections (openai_serve/http_protocol.py): past the cap a new one gets 503 and is closed, logged.
     max_connections: int = setting(2048, "open connections; more are answered 503 and closed at once (the server "
                                    "raises its open-files limit to fit them where the system allows)")
@@ -96,6 +101,12 @@ class ServerConfig:
                                                "0 stores none")
     responses_store_max_age_s: float = setting(24 * 3600.0, "how long a stored response is kept, in seconds")
 
+    def body_limit(self, max_model_len: int) -> int:
+        """--max-request-body-bytes, or its default for a model with this context."""
+        if self.max_request_body_bytes is not None:
+            return self.max_request_body_bytes
+        return max(MIN_DEFAULT_BODY_BYTES, BODY_BYTES_PER_CONTEXT_TOKEN * max_model_len)
+
     def __post_init__(self) -> None:
         if not self.served_model_names or not all(self.served_model_names):
             raise ValueError("served_model_names must hold at least one non-empty name")
@@ -103,7 +114,7 @@ class ServerConfig:
             raise ValueError(f"port must be in [0, 65535], got {self.port}")
         if self.api_key is not None and not self.api_key:
             raise ValueError("api_key must not be empty (leave it unset for no authentication)")
-        if self.max_request_body_bytes < 1024:
+        if self.max_request_body_bytes is not None and self.max_request_body_bytes < 1024:
             raise ValueError(f"max_request_body_bytes must be >= 1024, got {self.max_request_body_bytes}")
         if not 0.01 <= self.gil_switch_interval_ms <= 1000:
             raise ValueError(f"gil_switch_interval_ms must be in [0.01, 1000], got {self.gil_switch_interval_ms}")
