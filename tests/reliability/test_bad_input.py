@@ -185,4 +185,4 @@ def test_the_corpus_is_large_and_the_server_healthy_after_it(server: RunningServ
     with server.http() as http:
         assert http.get("/health").json() == {"status": "ok", "engine_restarts": 0}
         assert http.post(C, json=GOOD_C).json()["usage"]["completion_tokens"] == 2
-    assert server.wait_idle()["kv_blocks_used"] == 0
+    assert server.wait_idle()["num_kv_blocks_used"] == 0

@@ -200,7 +200,7 @@ def test_a_client_that_stops_reading_has_its_generation_stopped(server: RunningS
             assert time.monotonic() < deadline, "the silent client's generation was not stopped"
             time.sleep(0.05)
         metrics = server.wait_idle()
-        assert metrics["requests_running"] == 0 and metrics["kv_blocks_used"] == 0  # while it is still connected
+        assert metrics["num_requests_running"] == 0 and metrics["num_kv_blocks_used"] == 0  # while still connected
         answer = read_all(silent)
     assert b'"response_not_read"' in answer[-600:] and b"data: [DONE]" in answer[-100:]  # (in HTTP chunks)
     with server.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as reading:

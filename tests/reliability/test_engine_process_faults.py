@@ -84,12 +84,12 @@ def test_random_disconnects_leave_no_request_running_and_every_block_free(
     with ThreadPoolExecutor(16) as pool:
         list(pool.map(lambda seed: chaos_client(port, seed), range(NUM_CHAOS_CLIENTS)))
     metrics = server.wait_idle(timeout=30)
-    assert metrics["requests_in_flight"] == 0 and metrics["requests_running"] == 0
-    assert metrics["kv_blocks_used"] == 0
-    assert metrics["kv_blocks_free"] + metrics["kv_blocks_evictable"] == metrics["kv_blocks_total"]
+    assert metrics["num_requests_in_flight"] == 0 and metrics["num_requests_running"] == 0
+    assert metrics["num_kv_blocks_used"] == 0
+    assert metrics["num_kv_blocks_free"] + metrics["num_kv_blocks_evictable"] == metrics["num_kv_blocks"]
     with server.http() as http:
         assert http.get("/health").json() == {"status": "ok", "engine_restarts": 0}
-    figures["disconnect_chaos"] = {"clients": NUM_CHAOS_CLIENTS, "kv_blocks_used_after": metrics["kv_blocks_used"]}
+    figures["disconnect_chaos"] = {"clients": NUM_CHAOS_CLIENTS, "kv_blocks_used_after": metrics["num_kv_blocks_used"]}
 
 
 class Client(threading.Thread):
@@ -127,7 +127,7 @@ def test_a_killed_engine_ends_every_request_within_2_s_and_is_restarted(
     for _ in clients:
         assert started.acquire(timeout=60)
     deadline = time.monotonic() + 30
-    while server.metrics()["requests_in_flight"] < NUM_STREAMS + NUM_IN_FULL:  # the last ones are in the engine
+    while server.metrics()["num_requests_in_flight"] < NUM_STREAMS + NUM_IN_FULL:  # the last ones are in the engine
         assert time.monotonic() < deadline
         time.sleep(0.02)
     server.engine._process.kill()  # type: ignore[attr-defined]  # as the OOM killer, or a lost device, would
@@ -146,7 +146,7 @@ def test_a_killed_engine_ends_every_request_within_2_s_and_is_restarted(
         answer = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 3})
         assert answer.status_code == 200 and answer.json()["usage"]["completion_tokens"] == 3
         assert http.get("/health").json() == {"status": "ok", "engine_restarts": 1}
-    assert server.wait_idle()["kv_blocks_used"] == 0
+    assert server.wait_idle()["num_kv_blocks_used"] == 0
     figures["engine_kill"] = {"requests": len(clients), "worst_terminal_event_s": round(max(delays), 3),
                               "restarted_in_s": round(restarted_in, 1)}
 

@@ -144,5 +144,5 @@ def test_chat_bodies(server: RunningServer, body: dict) -> None:
 def test_no_engine_failure_and_every_block_free(server: RunningServer, figures: dict[str, object]) -> None:
     with server.http() as http:
         assert http.get("/health").json() == {"status": "ok", "engine_restarts": 0}
-    assert server.wait_idle()["kv_blocks_used"] == 0
+    assert server.wait_idle()["num_kv_blocks_used"] == 0
     figures["fuzz"] = {"examples_per_endpoint": FUZZ.max_examples, "statuses": dict(sorted(STATUSES.items()))}
