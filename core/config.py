@@ -84,8 +84,9 @@ class ModelConfig:
     seed: int = setting(0, "seed of unseeded sampling")
     max_model_len: int | None = setting(None, "context length in tokens (default: the model's)")
     enforce_eager: bool = setting(False, "never use CUDA graphs")
-    attention_backend: str = setting("auto", "attention implementation; auto: flash-attn when it imports, "
-                                     "else Triton on CUDA, else torch", choices=ATTENTION_BACKENDS)
+    attention_backend: str = setting("auto", "attention implementation; auto: on CUDA flash-attn or Triton "
+                                     "(measured at start), on a CPU cpu; torch: the plain reference",
+                                     choices=ATTENTION_BACKENDS)
     tokenizer: str | None = setting(None, "tokenizer directory or Hub id (default: the model's)")
     download_dir: str | None = setting(None, "where fetched and converted models are kept (default: "
                                        "~/.cache/openai-serve)")

@@ -3,7 +3,7 @@ the dtypes and attention backends it implements."""
 
 from dataclasses import dataclass
 
-ATTENTION_BACKENDS = ("auto", "torch", "triton", "flash-attn")
+ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flash-attn")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 

@@ -3,8 +3,9 @@
 A step is in one of two phases: decode-only (one query per row) or anything else (prefill chunks,
 prefix-cache hits, decode rows mixed with prefill). `PhasedBackend` routes each phase to its own
 backend; the runner builds it at start-up (gpu/backend_choice.py measures which is faster per
-phase for `auto`). Backends that can run here: `torch` anywhere (the reference), `triton` on
-CUDA, `flash-attn` (FlashAttention-4) on CUDA GPUs of compute capability 9.x-11.x in float16 or
+phase for `auto`). Backends that can run here: `torch` anywhere (the reference), `cpu` (the
+reference's math in fewer operations, gpu/attention/cpu_backend.py) on a CPU, `triton` on CUDA,
+`flash-attn` (FlashAttention-4) on CUDA GPUs of compute capability 9.x-11.x in float16 or
 bfloat16 when `flash_attn.cute` is installed.
 """
 
@@ -16,7 +17,7 @@ import torch
 from gpu.attention import torch_ref
 from gpu.attention.metadata import AttentionMetadata
 
-BACKEND_NAMES = ("torch", "triton", "flash-attn")
+BACKEND_NAMES = ("torch", "cpu", "triton", "flash-attn")
 
 
 class AttentionBackend(Protocol):
@@ -80,6 +81,10 @@ def backend_named(name: str) -> AttentionBackend:
     """Imports lazily: triton and flash_attn are optional."""
     if name == "torch":
         return TorchBackend()
+    if name == "cpu":
+        from gpu.attention.cpu_backend import CpuBackend
+
+        return CpuBackend()
     if name == "triton":
         from gpu.attention.triton_backend import TritonBackend
 
@@ -108,18 +113,20 @@ def flash_attn_unavailable(device: torch.device, dtype: torch.dtype) -> str | No
 def candidate_names(requested: str, device: torch.device, dtype: torch.dtype) -> tuple[list[str], str | None]:
     """The backends to choose between for every phase, and why flash-attn is not among them for `auto`.
 
-    An explicit name is the only candidate (an error when it cannot run here); `auto` is the torch
-    reference on CPU, and on CUDA triton plus flash-attn where it can run.
+    An explicit name is the only candidate (an error when it cannot run here); `auto` is `cpu` on a
+    CPU, and on CUDA triton plus flash-attn where it can run.
     """
     if requested not in ("auto", *BACKEND_NAMES):
         raise ValueError(f"unknown attention backend {requested!r}; choose from auto, {', '.join(BACKEND_NAMES)}")
-    if device.type != "cuda" and requested not in ("auto", "torch"):
+    if device.type != "cuda" and requested not in ("auto", "torch", "cpu"):
         raise ValueError(f"attention backend {requested!r} needs CUDA; this device is {device}")
+    if device.type == "cuda" and requested == "cpu":
+        raise ValueError("attention backend cpu runs on a CPU; this device is cuda")
     reason = flash_attn_unavailable(device, dtype) if device.type == "cuda" else None
     if requested == "flash-attn" and reason is not None:
         raise ValueError(f"attention backend flash-attn cannot run: {reason}")
     if requested != "auto":
         return [requested], None
     if device.type != "cuda":
-        return ["torch"], None
+        return ["cpu"], None
     return (["triton"], reason) if reason is not None else (["triton", "flash-attn"], None)

@@ -43,11 +43,11 @@ def paged_attention(
         blocks = block_tables[row, : (context_len + block_size - 1) // block_size].long()
         keys = k_cache[blocks].flatten(0, 1)[:context_len].float()  # [context_len, num_kv_heads, head_dim]
         values = v_cache[blocks].flatten(0, 1)[:context_len].float()
-        out[start:end] = _attend_row(query[start:end].float(), keys, values, group, scale).to(query.dtype)
+        out[start:end] = attend_row(query[start:end].float(), keys, values, group, scale).to(query.dtype)
     return out
 
 
-def _attend_row(
+def attend_row(
     query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, group: int, scale: float
 ) -> torch.Tensor:
     query_len, context_len = query.shape[0], keys.shape[0]

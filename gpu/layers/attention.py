@@ -66,11 +66,15 @@ class DecoderAttention(nn.Module):
 
     def _torch_qk(self, positions: torch.Tensor, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens = qkv.shape[0]
+        if self.q_norm is None and not qkv.is_cuda:
+            # Query and key heads rotated in one go (on a CPU each operation's dispatch counts); they stay
+            # views of one tensor, which CUDA's attention kernels would have to be checked to take.
+            heads = qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim)
+            rotated = self.rotary.rotate(positions, heads)
+            return rotated[:, : self.num_heads], rotated[:, self.num_heads :]
         q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None and self.k_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+        q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
+        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # type: ignore[misc]
         return self.rotary(positions, q, k)
 
     def _is_fused(self, qkv: torch.Tensor) -> bool:

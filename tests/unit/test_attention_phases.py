@@ -15,11 +15,14 @@ CPU = torch.device("cpu")
 
 
 def test_candidates_on_cpu() -> None:
-    assert candidate_names("auto", CPU, torch.float32) == (["torch"], None)
+    assert candidate_names("auto", CPU, torch.float32) == (["cpu"], None)
     assert candidate_names("torch", CPU, torch.float32) == (["torch"], None)
+    assert candidate_names("cpu", CPU, torch.bfloat16) == (["cpu"], None)
     for name in ("triton", "flash-attn"):
         with pytest.raises(ValueError, match="needs CUDA"):
             candidate_names(name, CPU, torch.float32)
+    with pytest.raises(ValueError, match="runs on a CPU"):
+        candidate_names("cpu", torch.device("cuda"), torch.bfloat16)
     with pytest.raises(ValueError, match="unknown attention backend"):
         candidate_names("xformers", CPU, torch.float32)
 

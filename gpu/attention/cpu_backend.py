@@ -1,0 +1,74 @@
+"""Attention on a CPU: the torch reference's math in fewer operations per layer.
+
+At batch 1 a CPU decode step runs every layer's attention as a few dozen small torch calls, each
+costing microseconds of dispatch, so the reference's general path (boolean masks for the cache
+writes, keys and values repeated for every query head, einsums, a causal mask even for a single
+query) costs more than the arithmetic. Here:
+- the cache write is one `index_copy_` per tensor when the step has no padding slots (-1), else the
+  reference's masked write;
+- a row with one query (a decode) reads its context through its block table, groups the query heads
+  by the KV head they read (no repeat), and takes two batched matmuls and a float32 softmax; a single
+  query sees its whole context, so there is no mask;
+- a row with more queries (a prefill chunk) takes the reference's path: its matmuls dominate.
+The math is the reference's (float32 scores and softmax, the output rounded to the query's dtype), in
+another summation order: results equal it to float32 rounding (tests/unit/test_cpu_attention.py).
+"""
+
+import torch
+
+from gpu.attention import torch_ref
+from gpu.attention.metadata import AttentionMetadata
+
+
+class CpuBackend:
+    name = "cpu"
+    supports_cuda_graphs = False  # per-row host loops
+    supports_mixed_graphs = False
+
+    def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:  # noqa: ANN001
+        if slot_mapping.numel() and int(slot_mapping.min()) < 0:
+            torch_ref.store_kv(key, value, k_cache, v_cache, slot_mapping)
+            return
+        num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+        k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+        v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+    def forward(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:  # noqa: ANN001
+        return paged_attention(query, k_cache, v_cache, meta, scale)
+
+
+def paged_attention(
+    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
+    v_cache: torch.Tensor,
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
+    out = torch.empty_like(query)
+    starts = meta.query_start_loc.tolist()
+    for row, context_len in enumerate(meta.context_lens.tolist()):
+        start, end = starts[row], starts[row + 1]
+        if end == start:
+            continue
+        blocks = meta.block_tables[row, : (context_len + block_size - 1) // block_size]
+        # [context_len, num_kv_heads, head_dim]; index_select: a quarter of advanced indexing's dispatch cost
+        keys = k_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:context_len]
+        values = v_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:context_len]
+        if end - start == 1:
+            out[start] = _attend_one_query(query[start], keys, values, scale)
+        else:
+            out[start:end] = torch_ref.attend_row(query[start:end].float(), keys.float(), values.float(),
+                                                  query.shape[1] // num_kv_heads, scale).to(query.dtype)
+    return out
+
+
+def _attend_one_query(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
+    """query: [num_heads, head_dim]; keys, values: [context_len, num_kv_heads, head_dim]."""
+    num_heads, head_dim = query.shape
+    num_kv_heads = keys.shape[1]
+    grouped = query.float().view(num_kv_heads, num_heads // num_kv_heads, head_dim)  # heads of one KV head together
+    scores = torch.bmm(grouped, keys.float().permute(1, 2, 0)).mul_(scale)  # [num_kv_heads, group, context_len]
+    probs = scores.softmax(dim=-1)
+    out = torch.bmm(probs, values.float().transpose(0, 1))  # [num_kv_heads, group, head_dim]
+    return out.view(num_heads, head_dim).to(query.dtype)
