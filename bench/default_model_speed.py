@@ -1,29 +1,46 @@
-"""Batch-1 decode speed of the default model (SmolLM2-135M-Instruct), ours beside transformers'.
+"""Batch-1 decode speed of the default model (SmolLM2-135M-Instruct), ours beside transformers', interleaved.
 
-One request at a time, greedy, a 32-token prompt, `--tokens` new tokens (EOS ignored): the speed a
-single user sees. Ours is timed from the first new token to the last (decode only) and over the
-whole request; transformers' `generate` over the whole request (it has no per-token hook).
+One request at a time, greedy, a chat prompt ("What is the capital of France?" in the model's chat
+template), `--tokens` new tokens (EOS ignored): the speed a single user sees. Every contender is
+built first, in this one process (so all use the same torch threads); then each repetition runs
+one request of each contender in turn, so a change in the machine's load (a shared box) falls on
+all of them alike. Decode speed is timed from the first new token to the last: ours by the engine
+step that returns each token, transformers' by a logits processor that notes when each token's
+logits are ready. The whole request's speed (prefill included) is reported beside it. The load
+average is read before and after.
 
-    python -m bench.default_model_speed --out bench/results/current/default_model_cpu.json
-    python -m bench.default_model_speed --device cuda --dtype bfloat16 --random-weights /tmp/smollm2-random ...
+    python -m bench.default_model_speed --out bench/results/current/DATE-cpu-default-model-speed.json
+    python -m bench.default_model_speed --ours auto,float32 --peers float32 --tokens 64 --repeats 3
+    python -m bench.default_model_speed --device cuda --ours bfloat16 --peers bfloat16 --random-weights /tmp/smollm2
 
-`--random-weights DIR` builds a random checkpoint of the same shape in DIR (the GPU machine cannot
-fetch the model; speed does not depend on the values).
+A contender of ours is a dtype (`auto` is the engine's default: bfloat16 on a CPU with bfloat16
+instructions), `:unpacked` adds the A/B switch `KernelConfig.cpu_packed_weights=0`. A peer is
+transformers in a dtype. `--random-weights DIR` builds a random checkpoint of the same shape in DIR
+(the GPU machine cannot fetch the model; random weights are on no 4-bit grid, so a CPU would not
+pack them as the real model's).
 """
 
 import argparse
 import json
+import os
+import statistics
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from bench.common import write_result
-from core import CacheConfig, EngineConfig, LLMEngine, ModelConfig, SamplingParams, SchedulerConfig
+from core import LLMEngine, SamplingParams
+from core.config import engine_config
+from core.engine import runner_config
 from core.model_files import resolve_model
+from gpu.config import KernelConfig
+from gpu.model_runner import ModelRunner
 
-PROMPT_IDS = list(range(100, 132))  # 32 tokens: the speed does not depend on which
+QUESTION = "What is the capital of France?"
 # The default model's config.json as our GGUF conversion writes it, for --random-weights where it cannot be fetched.
 SMOLLM2_135M = dict(
     architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=576, intermediate_size=1536,
@@ -33,44 +50,95 @@ SMOLLM2_135M = dict(
 )
 
 
-def ours(model_dir: Path, device: str, dtype: str, num_tokens: int, repeats: int) -> dict[str, float]:
-    engine = LLMEngine(EngineConfig(
-        model=ModelConfig(model=str(model_dir), device=device, dtype=dtype, max_model_len=1024),
-        cache=CacheConfig(num_blocks=128), scheduler=SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=1024)))
-    runs = [_one_request(engine, PROMPT_IDS, num_tokens, f"r{i}") for i in range(repeats + 1)][1:]  # the first warms
-    decode = min(r[0] for r in runs)
-    whole = min(r[1] for r in runs)
-    return {"decode_tok_s": (num_tokens - 1) / decode, "request_tok_s": num_tokens / whole}
+class Contender(Protocol):
+    name: str
+
+    def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
+        """(seconds from the first new token to the last, seconds for the whole request)"""
+        ...
 
 
-def _one_request(engine: LLMEngine, prompt: list[int], num_tokens: int, request_id: str) -> tuple[float, float]:
-    """(seconds from the first new token to the last, seconds for the whole request)"""
-    params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
-    start = time.perf_counter()
-    engine.add_request(request_id, prompt, params)
-    first = None
-    while engine.has_unfinished_requests():
-        if engine.step() and first is None:
-            first = time.perf_counter()
-    end = time.perf_counter()
-    return end - (first or start), end - start
+class Ours:
+    def __init__(self, model_dir: Path, device: str, spec: str) -> None:
+        dtype, _, switch = spec.partition(":")
+        config = engine_config(str(model_dir), device=device, dtype=dtype, max_model_len=2048, kv_cache_blocks=256,
+                               max_num_seqs=8, max_num_batched_tokens=2048)
+        kernels = KernelConfig(cpu_packed_weights=switch != "unpacked")
+        runner = ModelRunner(replace(runner_config(config), kernels=kernels))
+        self.engine = LLMEngine(config, runner)
+        self.name = f"openai-serve {spec} ({str(runner.dtype).removeprefix('torch.')})"
+        self._count = 0
+
+    def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
+        self._count += 1
+        params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
+        start = time.perf_counter()
+        self.engine.add_request(str(self._count), prompt, params)
+        first = None
+        while self.engine.has_unfinished_requests():
+            if self.engine.step() and first is None:
+                first = time.perf_counter()
+        end = time.perf_counter()
+        return end - (first or start), end - start
 
 
-def transformers_speed(model_dir: Path, device: str, dtype: str, num_tokens: int, repeats: int) -> dict[str, float]:
-    from transformers import AutoModelForCausalLM
+class Transformers:
+    def __init__(self, model_dir: Path, device: str, dtype: str) -> None:
+        from transformers import AutoModelForCausalLM
 
-    torch_dtype = torch.float32 if dtype == "auto" and device == "cpu" else getattr(torch, dtype, torch.bfloat16)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch_dtype).to(device).eval()
-    ids = torch.tensor([PROMPT_IDS])
-    times = []
-    for _ in range(repeats + 1):
+        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
+        self.device = torch.device(device)
+        self.name = f"transformers {dtype}"
+
+    def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
+        from transformers import LogitsProcessorList
+
+        stamps: list[float] = []
+
+        def note_time(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            stamps.append(time.perf_counter())
+            return scores
+
         start = time.perf_counter()
         with torch.no_grad():
-            model.generate(ids.to(device), max_new_tokens=num_tokens, min_new_tokens=num_tokens, do_sample=False)
-        if device == "cuda":
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return {"request_tok_s": num_tokens / min(times[1:])}
+            self.model.generate(torch.tensor([prompt], device=self.device), max_new_tokens=num_tokens,
+                                min_new_tokens=num_tokens, do_sample=False,
+                                logits_processor=LogitsProcessorList([note_time]))
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        end = time.perf_counter()
+        return end - stamps[0], end - start
+
+
+def run_interleaved(contenders: list[Contender], prompt: list[int], num_tokens: int,
+                    repeats: int) -> dict[str, dict[str, object]]:
+    """One warm-up request each, then `repeats` rounds of one request each, in turn."""
+    for contender in contenders:
+        contender.request(prompt, 8)
+    runs: dict[str, list[tuple[float, float]]] = {c.name: [] for c in contenders}
+    for _ in range(repeats):
+        for contender in contenders:
+            runs[contender.name].append(contender.request(prompt, num_tokens))
+    return {name: _summary(times, num_tokens) for name, times in runs.items()}
+
+
+def _summary(times: list[tuple[float, float]], num_tokens: int) -> dict[str, object]:
+    decode = [(num_tokens - 1) / d for d, _ in times]
+    whole = [num_tokens / w for _, w in times]
+    return {"decode_tok_s": [round(x, 2) for x in decode], "decode_tok_s_median": round(statistics.median(decode), 2),
+            "decode_tok_s_best": round(max(decode), 2), "request_tok_s_median": round(statistics.median(whole), 2)}
+
+
+def chat_prompt(model_dir: Path) -> list[int]:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.chat_template is None:  # --random-weights: a word tokenizer without a template
+        return tokenizer.encode(QUESTION)
+    return tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
+                                         tokenize=True, return_dict=False)
 
 
 def random_checkpoint(directory: Path) -> Path:
@@ -87,30 +155,45 @@ def random_checkpoint(directory: Path) -> Path:
     return directory
 
 
+def print_table(results: dict[str, dict[str, object]]) -> None:
+    print("| contender | decode tok/s, median | best | each run | whole request tok/s, median |")
+    print("| --- | ---: | ---: | --- | ---: |")
+    for name, r in results.items():
+        runs = ", ".join(str(x) for x in r["decode_tok_s"])  # type: ignore[attr-defined]
+        print(f"| {name} | {r['decode_tok_s_median']} | {r['decode_tok_s_best']} | {runs} "
+              f"| {r['request_tok_s_median']} |")
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", help="a checkpoint (default: the default model, through the same resolution as the CLI)")
     p.add_argument("--random-weights", metavar="DIR", help="build and time a random checkpoint of the default "
                    "model's shape in DIR instead (where the model cannot be fetched)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="auto")
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--peer", choices=["transformers", "none"], default="transformers")
+    p.add_argument("--ours", default="auto,float32,bfloat16:unpacked", help="our contenders, comma-separated")
+    p.add_argument("--peers", default="float32,bfloat16", help="transformers' dtypes, comma-separated ('' for none)")
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", help="write the result here as JSON")
     args = p.parse_args(argv)
     if args.random_weights:
         model_dir = random_checkpoint(Path(args.random_weights))
     else:
-        model_dir = Path(args.model) if args.model else resolve_model(None, args.dtype, args.device).path
+        model_dir = Path(args.model) if args.model else resolve_model(None, "auto", args.device).path
+    contenders: list[Contender] = [Ours(model_dir, args.device, spec) for spec in args.ours.split(",") if spec]
+    contenders += [Transformers(model_dir, args.device, dtype) for dtype in args.peers.split(",") if dtype]
+    prompt = chat_prompt(model_dir)
+    load_before = os.getloadavg()
+    results = run_interleaved(contenders, prompt, args.tokens, args.repeats)
     result: dict[str, object] = {
-        "model": str(model_dir), "random_weights": bool(args.random_weights), "dtype": args.dtype,
-        "tokens": args.tokens, "threads": torch.get_num_threads(),
-        "openai_serve": ours(model_dir, args.device, args.dtype, args.tokens, args.repeats),
+        "model": str(model_dir), "random_weights": bool(args.random_weights), "prompt_tokens": len(prompt),
+        "tokens": args.tokens, "repeats": args.repeats, "threads": torch.get_num_threads(),
+        "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
+                                "after": [round(x, 2) for x in os.getloadavg()]},
+        "results": results,
     }
-    if args.peer == "transformers":
-        result["transformers"] = transformers_speed(model_dir, args.device, args.dtype, args.tokens, args.repeats)
-    print(json.dumps(result, indent=1))
+    print_table(results)
+    print(json.dumps({k: v for k, v in result.items() if k != "results"}))
     if args.out:
         write_result(args.out, result, "bench.default_model_speed", argv)
 

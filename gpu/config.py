@@ -9,7 +9,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Which of our own kernels run on CUDA where torch code (or cuBLAS) could do the same work.
+    """Which of our own kernels and weight layouts run where torch code (or cuBLAS) could do the same work.
 
     The defaults are what the engine runs. The other settings exist so that tests and A/B measurements can
     build a runner with one path off and compare; a runner keeps the choice it was built with.
@@ -21,6 +21,7 @@ class KernelConfig:
     skinny_gemm_pdl: bool = False  # ... launched as programmatic dependent launches (Hopper)
     order_decode_rows: bool = True  # decode attention starts the longest contexts first (decode graphs' inputs)
     prefill_step_graphs: bool = True  # steps with prefill replay CUDA graphs per token bucket (gpu/mixed_graphs.py)
+    cpu_packed_weights: bool = True  # on a CPU in bfloat16: linear weights packed after loading (gpu/cpu_packing.py)
 
 
 DEFAULT_KERNELS = KernelConfig()

@@ -26,6 +26,7 @@ from gpu.attention.backend import AttentionBackend, PhasedBackend, backend_named
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch, PackedBlockTables, Penalties, RowSampling, StepResult, TokenMask
 from gpu.config import RunnerConfig
+from gpu.cpu_packing import can_pack, has_native_bfloat16, pack_linear_layers
 from gpu.cuda_graphs import DecodeGraphs
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.host_to_device import pack_block_tables, to_device, write_block_tables
@@ -54,7 +55,9 @@ def resolve_dtype(requested: str, checkpoint_dtype: str | None, device: torch.de
     if requested != "auto":
         return getattr(torch, requested)
     if device.type == "cpu":
-        return torch.float32  # exact parity and no slow bf16 matmuls on CPU
+        # As vLLM's CPU backend: bfloat16 where the CPU multiplies it natively (half the bytes a decode step reads,
+        # weights packed at load: gpu/cpu_packing.py); else float32, whose bfloat16 matmuls would be emulated.
+        return torch.bfloat16 if has_native_bfloat16() else torch.float32
     return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
 
 
@@ -179,10 +182,15 @@ class ModelRunner:
         with torch.device(self.device):
             model = model_class(hf_config.architectures)(hf_config, self.config.max_model_len, self.config.kernels,
                                                          self.tp)
-        model.to(self.dtype)
+        packs = self.config.kernels.cpu_packed_weights and can_pack(self.dtype, self.device)
+        # Packing finds weights on a 4-bit grid exactly, so it reads a float32 checkpoint's own values.
+        model.to(torch.float32 if packs and checkpoint_dtype(hf_config) == "float32" else self.dtype)
         load_weights(model, Path(self.config.model_path))
         model.eval().requires_grad_(False)
-        return model
+        if packs:
+            kinds = pack_linear_layers(model)
+            logger.info("linear weights packed for the CPU: %s", ", ".join(f"{n} {k}" for k, n in kinds.items()))
+        return model.to(self.dtype)
 
     def _allocate_kv_cache(self) -> int:
         c = self.config

@@ -42,9 +42,9 @@ def with_resolved_model(config: EngineConfig) -> tuple[EngineConfig, ResolvedMod
 
 def resolve_model(model: str | None, dtype: str = "auto", device: str = "auto",
                   cache_dir: Path = DEFAULT_CACHE_DIR, with_tokenizer: bool = True) -> ResolvedModel:
-    """`dtype`, `device`: as ModelConfig takes them; a GGUF is dequantized to the dtype they serve in.
+    """`dtype`, `device`: as ModelConfig takes them; they decide the dtype a GGUF is dequantized to.
     `with_tokenizer`: False when the tokenizer comes from elsewhere (--tokenizer)."""
-    dtype = serving_dtype(dtype, device)
+    dtype = conversion_dtype(dtype, device)
     if model is None:
         return _default_or_tiny(dtype, cache_dir)
     if model == TINY_NAME:
@@ -59,10 +59,14 @@ def resolve_model(model: str | None, dtype: str = "auto", device: str = "auto",
     return ResolvedModel(_hub(model), model)
 
 
-def serving_dtype(dtype: str, device: str) -> str:
-    """The dtype the runner will serve in, by the runner's own rule (GGUF files state no float dtype)."""
+def conversion_dtype(dtype: str, device: str) -> str:
+    """The dtype a GGUF is dequantized to: on a CPU float32, whatever it serves in (the runner finds a quantized
+    GGUF's 4-bit groups in the exact values and keeps them packed: gpu/cpu_packing.py); elsewhere the dtype the
+    runner will serve in, by the runner's own rule (GGUF files state no float dtype)."""
     from gpu.model_runner import resolve_device, resolve_dtype
 
+    if resolve_device(device).type == "cpu":
+        return "float32"
     return str(resolve_dtype(dtype, None, resolve_device(device))).removeprefix("torch.")
 
 

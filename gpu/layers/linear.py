@@ -9,6 +9,8 @@ A layer built with `KernelConfig.skinny_gemm` off always runs F.linear (tests an
 turns three (or two) matmuls into one; each parameter of a MergedLinear carries a `weight_loader` that copies one
 checkpoint shard into its rows. Under tensor parallelism a MergedLinear is column-parallel: each of its shards
 holds a `RowSlice` of its checkpoint tensor (this rank's heads, or its share of the MLP) and reads only those rows.
+On a CPU in bfloat16 the runner packs each layer's weight after loading (gpu/layers/cpu_linear.py): `packed` then
+replaces `weight`.
 """
 
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from torch import nn
 
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.kernels import HAS_TRITON
+from gpu.layers.cpu_linear import PackedWeight, pack_weight
 from gpu.loader import CheckpointTensor
 
 SKINNY_MAX_ROWS = 16  # the decode graphs' buckets 1, 2, 4, 8, 16; more rows are cuBLAS's GEMM
@@ -31,8 +34,17 @@ class Linear(nn.Linear):
     ) -> None:
         super().__init__(in_features, out_features, bias=bias)
         self.kernels = kernels
+        self.packed: PackedWeight | None = None
+
+    def pack_for_cpu(self) -> str:
+        """Replaces the weight by its packed form (the weight's memory is freed); returns the form's kind."""
+        self.packed = pack_weight(self.weight.detach())
+        self.weight = None  # type: ignore[assignment]
+        return self.packed.kind
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.packed is not None:
+            return self.packed(x, self.bias)
         if self._is_skinny(x):
             from gpu.kernels.skinny_gemm import skinny_gemm
 

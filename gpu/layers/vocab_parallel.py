@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu.distributed import TensorParallel
+from gpu.layers.cpu_linear import PackedWeight, pack_weight
 from gpu.loader import CheckpointTensor
 
 
@@ -44,9 +45,19 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel) -> None:
+        super().__init__(vocab_size, hidden_size, tp)
+        self.packed: PackedWeight | None = None  # on a CPU in bfloat16: this share's rows packed (gpu/cpu_packing.py)
+
+    def pack_for_cpu(self) -> str:
+        """Packs this share's rows for the CPU's matmul (the weight stays: a tied embedding looks rows up in it)."""
+        self.packed = pack_weight(self.weight.detach())
+        return self.packed.kind
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]
         """[num_rows, hidden_size] -> rank 0: [num_rows, vocab_size] logits; other ranks: None."""
-        logits = self.tp.gather_last_dim(F.linear(hidden, self.weight))
+        local = F.linear(hidden, self.weight) if self.packed is None else self.packed(hidden, None)
+        logits = self.tp.gather_last_dim(local)
         if logits is None or logits.shape[-1] == self.vocab_size:
             return logits
         return logits[:, : self.vocab_size].contiguous()  # the last rank's padding rows cut off

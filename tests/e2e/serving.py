@@ -86,9 +86,12 @@ DEFAULT_SERVER = ServerConfig(served_model_names=(MODEL, ALIAS), port=0)
 def start_server(model_dir: Path, config: ServerConfig = DEFAULT_SERVER, engine_process: bool = False,
                  **engine: object) -> RunningServer:
     """engine_process: the engine in its own process (core/engine_process.py), as `--engine-process` runs it.
-    `engine` keys: max_model_len, num_blocks, device, tensor_parallel_size."""
+    `engine` keys: max_model_len, num_blocks, device, tensor_parallel_size. On a CPU float32: the tests compare
+    tokens and logprobs across request paths (top_k=1 against greedy, echo against transformers), which bfloat16's
+    rounding and tied logits could decide (tests/unit/test_cpu_linear.py tests bfloat16)."""
+    device = str(engine.get("device", DEVICE))
     engine_config = EngineConfig(
-        model=ModelConfig(model=str(model_dir), device=str(engine.get("device", DEVICE)),
+        model=ModelConfig(model=str(model_dir), device=device, dtype="float32" if device == "cpu" else "auto",
                           max_model_len=int(engine.get("max_model_len", 512)),
                           tensor_parallel_size=int(engine.get("tensor_parallel_size", TENSOR_PARALLEL_SIZE))),
         cache=CacheConfig(block_size=16, num_blocks=int(engine.get("num_blocks", 512))),

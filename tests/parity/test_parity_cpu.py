@@ -41,7 +41,7 @@ def hf_greedy(model_dir: Path, prompt: list[int], max_new_tokens: int = MAX_NEW_
 
 def make_llm(model_dir: Path, num_blocks: int = 256, block_size: int = 16, max_tokens_per_step: int = 512) -> LLM:
     return LLM(
-        str(model_dir),
+        str(model_dir), dtype="float32",
         block_size=block_size, kv_cache_blocks=num_blocks, max_num_seqs=16, max_num_batched_tokens=max_tokens_per_step,
     )
 

@@ -34,7 +34,7 @@ def hf_tokens(smollm2_dir: Path, chat_prompts: list[list[int]]) -> list[list[int
 
 def test_batch_then_prefix_cache_hits_equal_transformers(smollm2_dir: Path, chat_prompts: list[list[int]],
                                                          hf_tokens: list[list[int]]) -> None:
-    llm = LLM(str(smollm2_dir), device="cpu", max_model_len=512, kv_cache_blocks=128, max_num_seqs=16,
+    llm = LLM(str(smollm2_dir), device="cpu", dtype="float32", max_model_len=512, kv_cache_blocks=128, max_num_seqs=16,
               max_num_batched_tokens=1024)
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     first = llm.generate(chat_prompts, greedy)

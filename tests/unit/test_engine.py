@@ -12,8 +12,8 @@ from core.engine import LLMEngine
 
 @pytest.fixture(scope="module")
 def engine(tiny_qwen3_dir: Path) -> LLMEngine:
-    llm = LLM(str(tiny_qwen3_dir), max_model_len=256, block_size=16, kv_cache_blocks=64, max_num_seqs=8,
-              max_num_batched_tokens=64)
+    llm = LLM(str(tiny_qwen3_dir), dtype="float32", max_model_len=256, block_size=16, kv_cache_blocks=64,
+              max_num_seqs=8, max_num_batched_tokens=64)
     return llm.engine
 
 

@@ -97,7 +97,7 @@ def test_transformers_gguf_loader_agrees(gguf_path: Path, converted: Path) -> No
     for name, weight in hf.state_dict().items():
         assert torch.equal(weight, ours[name]), name
     prompts = [[5, 17, 99, 300, 42], [7] * 20, list(range(3, 40))]
-    llm = LLM(str(converted), kv_cache_blocks=64)
+    llm = LLM(str(converted), dtype="float32", kv_cache_blocks=64)
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
     for prompt, output in zip(prompts, outputs, strict=True):
         with torch.no_grad():

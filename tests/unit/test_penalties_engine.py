@@ -47,8 +47,8 @@ def hf_greedy(model_dir: Path, prompt: list[int], params: SamplingParams) -> lis
 
 
 def make_llm(model_dir: Path, num_blocks: int = 128, async_scheduling: bool = True) -> LLM:
-    return LLM(str(model_dir), max_model_len=256, block_size=8, kv_cache_blocks=num_blocks, max_num_seqs=8,
-               max_num_batched_tokens=64, async_scheduling=async_scheduling)
+    return LLM(str(model_dir), dtype="float32", max_model_len=256, block_size=8, kv_cache_blocks=num_blocks,
+               max_num_seqs=8, max_num_batched_tokens=64, async_scheduling=async_scheduling)
 
 
 PROMPTS = [[5, 9, 14, 30, 30, 7], [100, 101, 102, 103, 104, 105, 106, 107, 108, 109, 110], [42] * 9]

@@ -31,8 +31,8 @@ def check(model_dir: Path, prompt: list[int], entries: list, num_top: int) -> No
 
 
 def test_prompt_logprobs_over_chunked_prefill_and_prefix_hits(tiny_qwen3_dir: Path) -> None:
-    llm = LLM(str(tiny_qwen3_dir), max_model_len=256, block_size=8, kv_cache_blocks=64, max_num_seqs=4,
-              max_num_batched_tokens=16)  # a 40-token prompt in three chunks
+    llm = LLM(str(tiny_qwen3_dir), dtype="float32", max_model_len=256, block_size=8, kv_cache_blocks=64,
+              max_num_seqs=4, max_num_batched_tokens=16)  # a 40-token prompt in three chunks
     params = SamplingParams(temperature=0.0, max_tokens=3, prompt_logprobs=3)
     first = llm.generate([PROMPT], params)[0]
     check(tiny_qwen3_dir, PROMPT, first.prompt_logprobs, 3)
@@ -44,8 +44,8 @@ def test_prompt_logprobs_over_chunked_prefill_and_prefix_hits(tiny_qwen3_dir: Pa
 
 
 def test_prompt_logprobs_survive_preemption(tiny_qwen3_dir: Path) -> None:
-    llm = LLM(str(tiny_qwen3_dir), max_model_len=256, block_size=8, kv_cache_blocks=14, max_num_seqs=4,
-              max_num_batched_tokens=16)
+    llm = LLM(str(tiny_qwen3_dir), dtype="float32", max_model_len=256, block_size=8, kv_cache_blocks=14,
+              max_num_seqs=4, max_num_batched_tokens=16)
     prompts = [[7 + i] * 3 + PROMPT[: 20 + 5 * i] for i in range(3)]
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True,
                                                    prompt_logprobs=1))

@@ -1,0 +1,131 @@
+"""Linear weights packed for the CPU (gpu/layers/cpu_linear.py, gpu/cpu_packing.py): which form a weight takes,
+what the packed products equal, and a bfloat16 runner on a checkpoint whose weights came out of a Q4_1 GGUF."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from gguf import GGMLQuantizationType
+from gguf.quants import dequantize, quantize
+from safetensors.torch import load_file, save_file
+
+from core import LLMEngine, SamplingParams
+from core.config import engine_config
+from core.engine import runner_config
+from gpu.config import KernelConfig
+from gpu.cpu_packing import has_native_bfloat16
+from gpu.layers.cpu_linear import GROUP_SIZE, Int4Groups, OneDnnWeight, pack_weight
+from gpu.layers.linear import Linear
+from gpu.model_runner import ModelRunner
+
+pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs torch with oneDNN")
+
+
+def q4_1_round_trip(weight: torch.Tensor) -> torch.Tensor:
+    """The weight as a Q4_1 GGUF holds it, dequantized by the gguf package (as our GGUF conversion does)."""
+    blocks = quantize(weight.float().numpy(), GGMLQuantizationType.Q4_1)
+    return torch.from_numpy(np.ascontiguousarray(dequantize(blocks, GGMLQuantizationType.Q4_1)))
+
+
+def _random(*shape: int, seed: int = 0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _bfloat16_rounded_groups(packed: Int4Groups, out_features: int, in_features: int) -> torch.Tensor:
+    """The weight the kernel multiplies by: (level - 8) * scale + zero with its bfloat16 scale and zero."""
+    identity = torch.eye(in_features, dtype=torch.bfloat16)
+    return packed(identity, None).float().T  # [out, in]; exact: each column is one weight
+
+
+def test_a_q4_1_weight_is_kept_as_its_4_bit_groups() -> None:
+    weight = q4_1_round_trip(_random(96, 128) * 0.05)
+    packed = pack_weight(weight)
+    assert isinstance(packed, Int4Groups)
+    kept = _bfloat16_rounded_groups(packed, 96, 128)
+    # The same weights up to the bfloat16 rounding of each group's scale and zero point (2^-8 relative to them).
+    step = (weight.view(96, 4, GROUP_SIZE).amax(-1) - weight.view(96, 4, GROUP_SIZE).amin(-1)) / 15
+    zero_scale = weight.view(96, 4, GROUP_SIZE).abs().amax(-1) + 8 * step
+    bound = (8 * step + zero_scale) * 2**-8
+    assert ((kept - weight).abs().view(96, 4, GROUP_SIZE) <= bound.unsqueeze(-1)).all()
+    x = _random(3, 128, seed=1).bfloat16()
+    torch.testing.assert_close(packed(x, None).float(), x.float() @ kept.T, rtol=2**-7, atol=1e-2)
+
+
+@pytest.mark.parametrize("case", ["random", "one value off the grid", "16 rows short", "columns not in groups"])
+def test_weights_off_the_grid_or_of_other_shapes_are_bfloat16(case: str) -> None:
+    weight = {"random": _random(96, 128), "16 rows short": q4_1_round_trip(_random(88, 128)),
+              "columns not in groups": q4_1_round_trip(_random(96, 160))[:, :144].contiguous(),
+              "one value off the grid": q4_1_round_trip(_random(96, 128))}[case]
+    if case == "one value off the grid":
+        weight[5, 7] += 0.01 * (weight[5, :32].amax() - weight[5, :32].amin()) / 15
+    packed = pack_weight(weight)
+    assert isinstance(packed, OneDnnWeight)
+    x = _random(5, weight.shape[1], seed=2).bfloat16()
+    bias = _random(weight.shape[0], seed=3).bfloat16()
+    assert torch.equal(packed(x, bias), F.linear(x, weight.bfloat16(), bias))  # F.linear's bits
+
+
+def test_linear_packs_in_place_frees_its_weight_and_adds_its_bias() -> None:
+    layer = Linear(128, 96, bias=True)
+    with torch.no_grad():
+        layer.weight.copy_(q4_1_round_trip(_random(96, 128) * 0.05))
+        layer.bias.copy_(_random(96, seed=4))
+    x = _random(2, 128, seed=5).bfloat16()
+    expected = F.linear(x.float(), layer.weight, layer.bias.bfloat16().float())
+    assert layer.pack_for_cpu() == Int4Groups.kind  # from float32 values, as the runner packs them
+    layer.to(torch.bfloat16)
+    assert layer.weight is None and isinstance(layer.packed, Int4Groups)
+    torch.testing.assert_close(layer(x).float(), expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.fixture(scope="module")
+def q4_1_llama_dir(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with every projection as a Q4_1 GGUF gives it back (embedding and LM head as they are)."""
+    source, target = tiny_model_dirs["llama"], tmp_path_factory.mktemp("q4_1-llama")
+    for path in source.iterdir():
+        if path.suffix != ".safetensors":
+            (target / path.name).write_bytes(path.read_bytes())
+    tensors = load_file(source / "model.safetensors")
+    projections = ("_proj.weight",)
+    converted = {name: q4_1_round_trip(t) if name.endswith(projections) else t for name, t in tensors.items()}
+    save_file(converted, target / "model.safetensors", metadata={"format": "pt"})
+    assert json.loads((target / "config.json").read_text())["hidden_size"] % GROUP_SIZE == 0
+    return target
+
+
+def test_a_bfloat16_runner_keeps_q4_1_projections_as_4_bit_groups(q4_1_llama_dir: Path) -> None:
+    config = runner_config(engine_config(str(q4_1_llama_dir), device="cpu", dtype="bfloat16", kv_cache_blocks=16))
+    model = ModelRunner(config).model
+    linears = [m for m in model.modules() if isinstance(m, Linear)]
+    assert linears and all(isinstance(m.packed, Int4Groups) and m.weight is None for m in linears)
+    assert isinstance(model.lm_head.packed, OneDnnWeight) and model.lm_head.weight is not None  # untied: kept
+    unpacked = ModelRunner(replace(config, kernels=KernelConfig(cpu_packed_weights=False))).model
+    assert all(m.packed is None for m in unpacked.modules() if isinstance(m, Linear))
+
+
+def test_packed_and_unpacked_bfloat16_give_the_same_greedy_tokens(q4_1_llama_dir: Path) -> None:
+    prompts = [[5, 17, 99, 3], list(range(40, 75)), [7]]
+    config = engine_config(str(q4_1_llama_dir), device="cpu", dtype="bfloat16", kv_cache_blocks=32)
+
+    def tokens(packed: bool) -> list[list[int]]:
+        runner = ModelRunner(replace(runner_config(config), kernels=KernelConfig(cpu_packed_weights=packed)))
+        engine = LLMEngine(config, runner)
+        for i, prompt in enumerate(prompts):
+            engine.add_request(str(i), prompt, SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+        out: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                out[o.request_id] += o.new_token_ids
+        return list(out.values())
+
+    assert tokens(packed=True) == tokens(packed=False)
+
+
+def test_auto_dtype_on_a_cpu_is_bfloat16_where_it_has_the_instructions(tiny_model_dirs: dict[str, Path]) -> None:
+    config = runner_config(engine_config(str(tiny_model_dirs["llama"]), device="cpu", kv_cache_blocks=8))
+    expected = torch.bfloat16 if has_native_bfloat16() else torch.float32
+    assert ModelRunner(config).dtype == expected
