@@ -259,7 +259,9 @@ def render_markdown(results: list[Result], history: list[Result], notes: str | N
     lines += ["| " + " | ".join(row) + " |" for row in target_rows(tp, offline_serve, ours_serve)]
     lines.append("")
     if tp is not None:
-        offline_runs = [r for r in history if r.get("kind") == "throughput" and r.get("workload") == "nano-vllm"]
+        # The same model only: other shapes (the tensor-parallel 14B runs) have their own section in the notes.
+        offline_runs = [r for r in history if r.get("kind") == "throughput" and r.get("workload") == "nano-vllm"
+                        and r.get("model") == tp.get("model")]
         peer_run = max((r for r in offline_runs if "tokens_per_s" in (r.get("peer") or {})),
                        key=lambda r: (str(r["date"]), str(r["file"])), default=None)
         lines += throughput_section(tp, peer_run) + history_section(offline_runs)
