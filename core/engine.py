@@ -350,6 +350,7 @@ class LLMEngine:
         result = step.pending.result()
         for seq, entries in zip(step.scored_seqs, result.prompt_logprobs, strict=True):
             seq.prompt_logprobs.extend(entries)  # type: ignore[union-attr]
+        refused = self._book_constrained(step.sampled_seqs, result.token_ids)
         now = time.monotonic()
         outputs = []
         first_token_seqs = []
@@ -361,7 +362,7 @@ class LLMEngine:
                 seq.first_token_time = now
                 first_token_seqs.append(seq)
             finish_reason = self._finish_reason(seq, token_id)
-            if seq.grammar is not None and not seq.grammar.accept_token(token_id):
+            if refused and seq in refused:
                 logger.error("request %s: token %d is outside its grammar; ended", seq.request_id, token_id)
                 finish_reason = FinishReason.ERROR
             if finish_reason is not None:
@@ -369,6 +370,15 @@ class LLMEngine:
             outputs.append(_output(seq, [token_id], [logprobs]))
         self.metrics.on_tokens(first_token_seqs, len(outputs), now)
         return outputs
+
+    def _book_constrained(self, seqs: list[Sequence], token_ids: list[int]) -> set[Sequence]:
+        """Each live constrained sequence's matcher takes its token, in one batched call; returns those whose
+        grammar refused it."""
+        rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.is_finished]
+        if not rows:
+            return set()
+        accepted = Grammars.accept([seqs[i].grammar for i in rows], [token_ids[i] for i in rows])  # type: ignore[misc]
+        return {seqs[i] for i, ok in zip(rows, accepted, strict=True) if not ok}
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params

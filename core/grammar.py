@@ -13,7 +13,13 @@ asks is silently dropped.
   StructuredOutputError with the engine's reason; the front ends run it on every request, so a
   checked constraint always compiles.
 - `Grammars` (engine thread): compiles each constraint once (cached) on a worker thread, off the
-  engine's step, makes a matcher per sequence, and fills a step's masks in one batched call.
+  engine's step, makes a matcher per sequence, and books a step's tokens and fills its masks in one
+  batched call each.
+Masks cover the tokenizer's own vocabulary (and the stop ids), not the model's padded one: ids past
+the tokenizer's are never allowed in a constrained row, and the runner disallows everything past a
+mask's words. xgrammar treats every id between the two as a special token that each fill clears and
+each accepted token is searched for one at a time: SmolLM2's 49,152-token tokenizer on a
+151,936-token model took 135 us a row to fill and 21 us to accept against 7 and 2 us (dev box CPU).
 Compiled JSON follows xgrammar's strict mode (as vLLM does): properties a schema does not list are
 not generated, so every output is also an instance of the schema as written.
 """
@@ -81,6 +87,13 @@ def _json_strings_fixed(grammar: xgr.Grammar) -> xgr.Grammar:
     return grammar if fixed == text else xgr.Grammar.from_ebnf(fixed)
 
 
+def grammar_vocab_size(tokenizer: object, model_vocab_size: int, stop_token_ids: Sequence[int]) -> int:
+    """The ids a mask covers: the tokenizer's (as xgrammar counts them), the stop ids too, at most the model's."""
+    vocab = tokenizer.get_vocab()  # type: ignore[attr-defined]
+    tokenizer_size = max(len(vocab), max(vocab.values(), default=-1) + 1, max(stop_token_ids, default=-1) + 1)
+    return min(tokenizer_size, model_vocab_size)
+
+
 def _check_keywords(constraint: StructuredOutput) -> None:
     try:
         schema = json.loads(constraint.json_schema or "")
@@ -118,12 +131,14 @@ class Grammars:
     """The engine's structured-output state: compiled grammars (cached) and batched mask fills."""
 
     def __init__(self, tokenizer: object, vocab_size: int, stop_token_ids: Sequence[int], max_rows: int) -> None:
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=list(stop_token_ids))
+        mask_vocab_size = grammar_vocab_size(tokenizer, vocab_size, stop_token_ids)
+        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=mask_vocab_size,
+                                                  stop_token_ids=list(stop_token_ids))
         self._compiler = xgr.GrammarCompiler(info, cache_enabled=False)  # cached below, by constraint
         self._compiled: OrderedDict[StructuredOutput, Future[xgr.CompiledGrammar]] = OrderedDict()
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
         self._batch = xgr.BatchGrammarMatcher()
-        self._bitmask = xgr.allocate_token_bitmask(max_rows, vocab_size)  # [max_rows, words] int32, reused
+        self._bitmask = xgr.allocate_token_bitmask(max_rows, mask_vocab_size)  # [max_rows, words] int32, reused
 
     def compile(self, constraint: StructuredOutput) -> Future[xgr.CompiledGrammar]:
         """The compiled grammar, compiled at most once per constraint on the worker thread."""
@@ -143,12 +158,18 @@ class Grammars:
     def matcher(compiled: xgr.CompiledGrammar) -> xgr.GrammarMatcher:
         return xgr.GrammarMatcher(compiled)
 
+    @staticmethod
+    def accept(matchers: list[xgr.GrammarMatcher], token_ids: list[int]) -> list[bool]:
+        """Each matcher takes its token (one call for the step); False where its grammar refuses it."""
+        return [bool(a) for a in xgr.BatchGrammarMatcher.batch_accept_token(matchers, token_ids)]
+
     def fill(self, matchers: Sequence[xgr.GrammarMatcher | None]) -> np.ndarray:
         """[len(matchers), words] int32 masks, one row per matcher; None (a row whose sequence has ended,
-        its token to be dropped) allows everything."""
+        its token to be dropped) allows every token of the mask. A live row's fill writes all its words."""
         bitmask = self._bitmask[: len(matchers)]
         live = [i for i, m in enumerate(matchers) if m is not None]
-        bitmask.fill_(-1)
+        if len(live) < len(matchers):
+            bitmask[[i for i, m in enumerate(matchers) if m is None]] = -1
         if live:
             self._batch.batch_fill_next_token_bitmask([matchers[i] for i in live], self._bitmask, indices=live)
         return bitmask.numpy()

@@ -4,14 +4,22 @@ whose constrained outputs must be valid whenever they end by themselves, over ma
 import json
 import re
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 import xgrammar as xgr
 
 from core import LLM, FinishReason, RequestRejected, SamplingParams, SamplingParamsError
-from core.grammar import Grammars, check
+from core.config import engine_config
+from core.engine import LLMEngine
+from core.grammar import Grammars, check, grammar_vocab_size
 from core.structured_output import StructuredOutput, StructuredOutputError
+from core.tokenizer import load_tokenizer
+from gpu.batch import RowSampling, TokenMask
+from gpu.sampler import Sampler
 
 SCHEMA = {
     "type": "object",
@@ -198,3 +206,66 @@ def test_a_grammar_that_fails_to_compile_in_the_engine_fails_its_request_alone(l
             outputs.setdefault(out.request_id, []).append(out)
     assert outputs["bad"][-1].finish_reason is FinishReason.ERROR and not outputs["bad"][-1].new_token_ids
     assert sum(len(o.new_token_ids) for o in outputs["good"]) == 4
+
+
+def test_masks_cover_the_tokenizers_ids_and_the_stop_ids_not_the_models_padding(llm: LLM) -> None:
+    """xgrammar fills a row and checks a token in time that grows with the ids past the tokenizer's (core/grammar.py):
+    masks stop at the tokenizer's, and the sampler disallows every id past a mask's words."""
+    tokenizer = llm.tokenizer
+    assert len(tokenizer) == 512
+    assert grammar_vocab_size(tokenizer, 151936, (2,)) == 512
+    assert grammar_vocab_size(tokenizer, 151936, (2, 700)) == 701  # a stop id past the tokenizer's stays allowable
+    assert grammar_vocab_size(tokenizer, 300, (2,)) == 300  # never past the model's
+    grammars = Grammars(tokenizer, 1000, (2,), max_rows=2)
+    matcher = Grammars.matcher(grammars.compile(KINDS["regex"][0]).result())
+    bitmask = grammars.fill([matcher, None])
+    assert bitmask.shape == (2, 16)  # 512 ids, not 1000
+    logits = torch.zeros(2, 1000)
+    logits[:, 900] = 100.0  # the model's favourite, past the tokenizer's ids
+    token_ids = Sampler(torch.device("cpu"), seed=0)(logits, [RowSampling(temperature=1.0)] * 2,
+                                                     token_mask=TokenMask([0, 1], bitmask)).token_ids
+    assert all(t < 512 for t in token_ids) and matcher.accept_token(token_ids[0])
+
+
+class WrongTokenRunner:
+    """The real runner, except that the first constrained step's token for row 0 is replaced by EOS, which its
+    grammar (unfinished) refuses."""
+
+    def __init__(self, runner: object, eos_token_id: int) -> None:
+        self._runner = runner
+        self._eos_token_id = eos_token_id
+        self.num_replaced = 0
+
+    def sample_masked(self, pending: object, token_mask: TokenMask) -> object:
+        step = self._runner.sample_masked(pending, token_mask)  # type: ignore[attr-defined]
+        result = step.result()
+        if not self.num_replaced:
+            self.num_replaced += 1
+            result = replace(result, token_ids=[self._eos_token_id, *result.token_ids[1:]])
+        return SimpleNamespace(result=lambda: result, sampled_token_ids=step.sampled_token_ids)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._runner, name)
+
+
+def test_a_token_outside_its_grammar_ends_that_request_alone(tiny_qwen3_dir: Path) -> None:
+    config = engine_config(str(tiny_qwen3_dir), max_model_len=256, block_size=16, kv_cache_blocks=64, max_num_seqs=4)
+    plain = LLMEngine(config)
+    engine = LLMEngine(config, runner=WrongTokenRunner(plain.runner, plain.eos_token_ids[0]))  # type: ignore[arg-type]
+    for i in range(3):
+        engine.add_request(f"r{i}", [5 + i, 6, 7], SamplingParams(temperature=1.0, seed=i, max_tokens=24,
+                                                                    structured_output=KINDS["regex"][0]))
+    outputs: dict[str, list] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    assert engine.runner.num_replaced == 1
+    assert outputs["r0"][-1].finish_reason is FinishReason.ERROR
+    texts = {rid: llm_text(tiny_qwen3_dir, [t for o in outs for t in o.new_token_ids]) for rid, outs in outputs.items()}
+    assert all(outputs[rid][-1].finish_reason is FinishReason.STOP and re.fullmatch(REGEX, texts[rid])
+               for rid in ("r1", "r2")), texts
+    assert engine.stats().num_used_blocks == 0
+
+
+def llm_text(model_dir: Path, token_ids: list[int]) -> str:
+    return load_tokenizer(str(model_dir)).decode(token_ids, skip_special_tokens=True)
