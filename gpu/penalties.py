@@ -53,17 +53,33 @@ class PenaltyState:
         ones = torch.ones(num_output, dtype=torch.int32, device=self.device)
         self.output_counts.index_put_((output_slots, output_ids), ones, accumulate=True)
 
-    def apply(self, logits: torch.Tensor, where: torch.Tensor | None, penalties: Sequence[Penalties]) -> None:
-        """Penalizes logits[where] (float32, in place; `where` None: every row), one entry of `penalties` per row."""
+    def apply(self, logits: torch.Tensor, where: torch.Tensor | None, penalties: Sequence[Penalties],
+              use_kernel: bool = False) -> None:
+        """Penalizes logits[where] (float32, in place; `where` None: every row), one entry of `penalties` per row.
+        `use_kernel`: in one pass of gpu/kernels/penalties.py (CUDA with triton), else with the torch code below,
+        which is the reference: both give the same floats."""
         slots, values = self._row_tensors(penalties)
+        uses_prompt = any(p.uses_prompt for p in penalties)
+        uses_counts = any(p.frequency != 0.0 or p.presence != 0.0 for p in penalties)
+        if use_kernel:
+            from gpu.kernels.penalties import apply_penalties
+
+            rows = torch.arange(len(penalties), device=self.device) if where is None else where
+            apply_penalties(logits, rows, slots, values, self.output_counts, self.prompt_seen, uses_prompt,
+                            uses_counts)
+        else:
+            self._apply_torch(logits, where, slots, values, uses_prompt, uses_counts)
+
+    def _apply_torch(self, logits: torch.Tensor, where: torch.Tensor | None, slots: torch.Tensor,
+                     values: torch.Tensor, uses_prompt: bool, uses_counts: bool) -> None:
         rows = logits if where is None else logits[where]  # [num_penalized, vocab]
         counts = self.output_counts[slots]  # [num_penalized, vocab]
         is_generated = counts > 0
-        if any(p.uses_prompt for p in penalties):
+        if uses_prompt:
             repetition = values[:, 2:3]
             is_seen = is_generated | self.prompt_seen[slots]
             rows = torch.where(is_seen, torch.where(rows < 0, rows * repetition, rows / repetition), rows)
-        if any(p.frequency != 0.0 or p.presence != 0.0 for p in penalties):
+        if uses_counts:
             rows = rows - values[:, 1:2] * counts - values[:, 0:1] * is_generated
         if where is None:
             logits.copy_(rows)

@@ -18,7 +18,10 @@ other tokens on CUDA than on CPU (each reproducible on its own device), as with 
 
 Adjusting (in vLLM's order): logit bias, then penalties (gpu/penalties.py), then banned tokens and
 token masks to -inf. A step with none of these takes the logits as the model made them (no copy);
-otherwise a float32 copy is adjusted, every row's at once. Each row's adjustment depends on that
+otherwise a float32 copy is adjusted, every row's at once. On CUDA with triton (unless built with
+`KernelConfig.fused_logit_adjustments` off) penalties and masks are one Triton pass each
+(gpu/kernels/penalties.py, token_mask.py) that gives the same floats as the torch code, which reads and
+writes the whole logits block a dozen times more. Each row's adjustment depends on that
 row alone, so a seeded row still draws the same tokens alone or in any batch. Logprobs are always
 those of the raw distribution.
 """
@@ -110,14 +113,24 @@ class Sampler:
         penalized = [i for i in adjusted if rows[i].penalties is not None]
         if slot_inits:
             self._penalties().fill(slot_inits)
+        use_kernels = self._uses_adjustment_kernels(logits)
         if penalized:
             self._penalties().apply(logits, self._where(penalized, len(rows)),
-                                    [rows[i].penalties for i in penalized])  # type: ignore[misc]
+                                    [rows[i].penalties for i in penalized], use_kernels)  # type: ignore[misc]
         _ban_tokens(logits, rows, adjusted)
         if token_mask is not None and token_mask.row_indices:
             where = to_device(token_mask.row_indices, np.int64, logits.device)
-            apply_token_bitmask(logits, where, to_device(token_mask.bitmask, np.int32, logits.device))
+            bitmask = to_device(token_mask.bitmask, np.int32, logits.device)
+            if use_kernels:
+                from gpu.kernels.token_mask import apply_token_bitmask as apply_token_bitmask_kernel
+
+                apply_token_bitmask_kernel(logits, where, bitmask)
+            else:
+                apply_token_bitmask(logits, where, bitmask)
         return logits
+
+    def _uses_adjustment_kernels(self, logits: torch.Tensor) -> bool:
+        return self.kernels.fused_logit_adjustments and HAS_TRITON and logits.is_cuda
 
     def _count_penalized(self, token_ids: torch.Tensor, rows: list[RowSampling], adjusted: list[int]) -> None:
         penalized = [i for i in adjusted if rows[i].penalties is not None]

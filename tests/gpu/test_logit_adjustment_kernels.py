@@ -1,0 +1,97 @@
+"""The penalty and token-mask kernels (gpu/kernels/penalties.py, token_mask.py) against the torch code they
+replace on CUDA: the same floats bit for bit, so the sampler draws the same tokens with them on or off."""
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available():
+    pytest.skip("the Triton kernels need CUDA", allow_module_level=True)
+
+from gpu.batch import LogitBias, Penalties, PenaltySlotInit, RowSampling, TokenMask  # noqa: E402
+from gpu.config import KernelConfig  # noqa: E402
+from gpu.kernels.token_mask import apply_token_bitmask as kernel_mask  # noqa: E402
+from gpu.penalties import PenaltyState  # noqa: E402
+from gpu.sampler import Sampler  # noqa: E402
+from gpu.token_mask import apply_token_bitmask as torch_mask  # noqa: E402
+
+CUDA = torch.device("cuda")
+VOCAB = 151936
+NUM_SLOTS = 16
+
+
+def filled_state(seed: int = 0) -> PenaltyState:
+    generator = torch.Generator().manual_seed(seed)
+    state = PenaltyState(NUM_SLOTS, VOCAB, CUDA)
+    state.fill([PenaltySlotInit(slot, torch.randint(0, VOCAB, (100 + slot,), generator=generator).tolist(),
+                                torch.randint(0, 3000, (40 * slot,), generator=generator).tolist())
+                for slot in range(NUM_SLOTS)])
+    return state
+
+
+PENALTY_CASES = {
+    "all": lambda i: Penalties(slot=(5 * i) % NUM_SLOTS, presence=0.1 * i, frequency=0.3, repetition=1.0 + 0.07 * i),
+    "repetition only": lambda i: Penalties(slot=i, repetition=1.3 + 0.1 * i),
+    "counts only": lambda i: Penalties(slot=i, presence=-0.4, frequency=0.25 * i),
+    "some rows plain": lambda i: Penalties(slot=i, presence=0.5 * (i % 2), repetition=1.0 + 0.2 * (i % 3 == 0)),
+}
+
+
+@pytest.mark.parametrize("case", PENALTY_CASES)
+@pytest.mark.parametrize("every_row", [True, False])
+def test_penalty_kernel_gives_the_torch_floats(case: str, every_row: bool) -> None:
+    state = filled_state()
+    penalties = [PENALTY_CASES[case](i) for i in range(10)]
+    num_rows = 10 if every_row else 13
+    where = None if every_row else torch.tensor([0, 1, 2, 4, 5, 7, 8, 9, 11, 12], device=CUDA)
+    logits = torch.randn(num_rows, VOCAB, device=CUDA) * 5
+    by_torch, by_kernel = logits.clone(), logits.clone()
+    state.apply(by_torch, where, penalties, use_kernel=False)
+    state.apply(by_kernel, where, penalties, use_kernel=True)
+    assert torch.equal(by_kernel, by_torch)
+    assert not torch.equal(by_kernel, logits)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("num_words", [(VOCAB + 31) // 32, 1536, 1])  # the model's vocabulary, a tokenizer's, one word
+def test_token_mask_kernel_gives_the_torch_floats(dtype: torch.dtype, num_words: int) -> None:
+    generator = torch.Generator(device=CUDA).manual_seed(num_words)
+    bitmask = torch.randint(-2**31, 2**31 - 1, (5, num_words), dtype=torch.int32, device=CUDA, generator=generator)
+    bitmask[1] = -1  # every token of the mask allowed
+    bitmask[2] = 0  # none
+    logits = (torch.randn(8, VOCAB, device=CUDA, generator=generator) * 3).to(dtype)
+    where = torch.tensor([6, 0, 3, 2, 7], device=CUDA)
+    by_torch, by_kernel = logits.clone(), logits.clone()
+    torch_mask(by_torch, where, bitmask)
+    kernel_mask(by_kernel, where, bitmask)
+    assert torch.equal(by_kernel, by_torch)
+    assert torch.equal(by_kernel[[1, 4, 5]], logits[[1, 4, 5]])  # rows without a mask
+    assert torch.isinf(by_kernel[3]).all()  # mask row 2 allows nothing
+    assert not torch.isinf(by_kernel[0, : 32 * num_words]).any()  # mask row 1 allows every token of its words
+    assert torch.isinf(by_kernel[0, 32 * num_words :]).all()  # and none past them
+
+
+def test_sampler_draws_the_same_tokens_with_the_kernels_on_or_off() -> None:
+    """Every adjustment at once, 64 rows of which some are seeded, greedy, filtered or masked."""
+    num_rows = 64
+    logits = (torch.randn(num_rows, VOCAB, device=CUDA) * 3).to(torch.bfloat16)
+    rows = []
+    for i in range(num_rows):
+        penalties = Penalties(i % NUM_SLOTS, presence=0.5, frequency=0.5, repetition=1.2) if i % 3 else None
+        bias = LogitBias(np.arange(100, 116), np.full(16, -1.0, np.float32)) if i % 4 == 0 else None
+        rows.append(RowSampling(temperature=0.0 if i % 5 == 0 else 0.8, seed=i if i % 2 else None, output_index=3,
+                                top_p=0.9 if i % 7 == 0 else 1.0, penalties=penalties, logit_bias=bias,
+                                banned_token_ids=(2, 3) if i % 6 == 0 else (), has_token_mask=i % 2 == 0))
+    masked = [i for i in range(num_rows) if i % 2 == 0]
+    bitmask = np.random.default_rng(0).integers(-2**31, 2**31 - 1, (len(masked), 1536), dtype=np.int64)
+    mask = TokenMask(masked, bitmask.astype(np.int32))
+
+    def tokens(kernels: KernelConfig) -> list[int]:
+        sampler = Sampler(CUDA, seed=7, kernels=kernels, penalty_state=filled_state())
+        return sampler(logits, rows, token_mask=mask).token_ids
+
+    on, off = tokens(KernelConfig()), tokens(KernelConfig(fused_logit_adjustments=False))
+    assert on == off
+    words = mask.bitmask.view(np.uint32)
+    assert all(t < 32 * 1536 and (int(words[j, t // 32]) >> (t % 32)) & 1 for j, t in enumerate(on[i] for i in masked))
