@@ -12,7 +12,9 @@ Each run draws its own prompts (a prefix cache cannot carry one run's prompts in
 
 Grammars need a real tokenizer: the model directory is the bench model's weights (bench/bench_model.py,
 random Qwen3-0.6B) with the tokenizer of --tokenizer beside them (SmolLM2's 49k byte-level BPE on the GPU
-machine; token ids past its vocabulary are never allowed in a constrained row).
+machine; token ids past its vocabulary are never allowed in a constrained row), and that tokenizer's EOS as
+the model's, as in a real checkpoint (Qwen3's EOS id, 151645, is no token of a 49k vocabulary: a grammar
+compiled to allow it would have to cover 100k ids the tokenizer does not have, which no real model asks).
 
     python -m bench.sampling_cost --tokenizer DIR --out OUT.json
 """
@@ -24,15 +26,21 @@ import shutil
 import sys
 import time
 from collections import Counter
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedTokenizerBase
 
 from bench.bench_model import build_bench_model
-from bench.common import write_result
-from core import LLM, FinishReason, LLMEngine, SamplingParams
+from bench.common import kernel_variant, write_result
+from core import FinishReason, LLMEngine, SamplingParams
+from core.config import engine_config
+from core.engine import runner_config
 from core.structured_output import StructuredOutput
+from core.tokenizer import load_tokenizer
+from gpu.runner_factory import make_runner
 
 SCHEMA = {
     "type": "object",
@@ -73,25 +81,36 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)
     p.add_argument("--kv-cache-blocks", type=int, default=None)
     p.add_argument("--warmup-requests", type=int, default=64)
+    p.add_argument("--kernels", default="default", help="kernel choices for A/B runs: `default`, or gpu.config."
+                   "KernelConfig fields as FIELD=0|1 joined by + (fused_logit_adjustments=0: penalties and "
+                   "masks by the torch code)")
     p.add_argument("--out", default=None)
     return p.parse_args(argv)
 
 
 def model_with_tokenizer(weights_dir: Path, tokenizer_dir: Path, target: Path) -> Path:
-    """The weights' other files linked into `target`, the tokenizer's files copied there."""
+    """The weights linked into `target`, the tokenizer's files copied there, and the weights' config.json
+    written there with the tokenizer's EOS (their generation_config.json, which names the old one, left out)."""
     target.mkdir(parents=True, exist_ok=True)
     for f in weights_dir.iterdir():
-        if f.is_file() and not _is_tokenizer_file(f):
+        if f.is_file() and not is_tokenizer_file(f) and f.name not in ("config.json", "generation_config.json"):
             (target / f.name).unlink(missing_ok=True)
             (target / f.name).symlink_to(f.resolve())
+    (target / "generation_config.json").unlink(missing_ok=True)
     for f in tokenizer_dir.iterdir():
-        if f.is_file() and _is_tokenizer_file(f):
+        if f.is_file() and is_tokenizer_file(f):
             (target / f.name).unlink(missing_ok=True)
             shutil.copy(f, target / f.name)
+    config = json.loads((weights_dir / "config.json").read_text())
+    eos_token_id = load_tokenizer(str(target)).eos_token_id
+    if eos_token_id is not None:
+        config["eos_token_id"] = eos_token_id
+    (target / "config.json").unlink(missing_ok=True)
+    (target / "config.json").write_text(json.dumps(config, indent=2))
     return target
 
 
-def _is_tokenizer_file(f: Path) -> bool:
+def is_tokenizer_file(f: Path) -> bool:
     return f.name.startswith("tokenizer") or f.name in ("special_tokens_map.json", "chat_template.jinja",
                                                          "vocab.json", "merges.txt")
 
@@ -124,11 +143,11 @@ def timed_run(engine: LLMEngine, prompt_ids: list[list[int]], params: list[Sampl
             "_tokens": [tokens[str(i)] for i in range(len(prompt_ids))]}
 
 
-def json_validity(llm: LLM, run: dict[str, Any]) -> dict[str, int]:
+def json_validity(tokenizer: PreTrainedTokenizerBase, run: dict[str, Any]) -> dict[str, int]:
     """How many outputs parse as JSON: those that ended by EOS must all do."""
     counts: Counter[str] = Counter()
     for token_ids in run["_tokens"]:
-        text = llm.tokenizer.decode(token_ids, skip_special_tokens=True)
+        text = tokenizer.decode(token_ids, skip_special_tokens=True)
         try:
             json.loads(text)
             counts["valid"] += 1
@@ -142,10 +161,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     weights = Path(args.model) if args.model else build_bench_model()
     model_dir = model_with_tokenizer(weights, Path(args.tokenizer), Path(args.model_dir))
-    llm = LLM(str(model_dir), dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              kv_cache_blocks=args.kv_cache_blocks, max_num_seqs=args.max_num_seqs,
-              max_num_batched_tokens=args.max_num_batched_tokens)
-    engine, vocab = llm.engine, len(llm.tokenizer)
+    config = engine_config(str(model_dir), dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
+                           kv_cache_blocks=args.kv_cache_blocks, max_num_seqs=args.max_num_seqs,
+                           max_num_batched_tokens=args.max_num_batched_tokens)
+    kernels = kernel_variant(args.kernels)
+    engine = LLMEngine(config, make_runner(replace(runner_config(config), kernels=kernels)))
+    tokenizer = load_tokenizer(str(model_dir))
+    vocab = len(tokenizer)
     n, length = args.num_requests, args.prompt_len
     schema = StructuredOutput(json_schema=json.dumps(SCHEMA))
     json_params = SamplingParams(temperature=TEMPERATURE, max_tokens=args.max_tokens, structured_output=schema)
@@ -155,7 +177,7 @@ def main(argv: list[str] | None = None) -> None:
                                                                         ignore_eos=True, **penalties(vocab))] * warm)
     runs: dict[str, dict[str, Any]] = {}
     runs["json"] = timed_run(engine, prompts(n, length, vocab, 1), [json_params] * n)
-    runs["json"]["validity"] = json_validity(llm, runs["json"])
+    runs["json"]["validity"] = json_validity(tokenizer, runs["json"])
     same_lengths = runs["json"]["lengths"]
     for seed, (name, extra) in enumerate([("none", {}), ("penalties", penalties(vocab))], start=2):
         params = [SamplingParams(temperature=TEMPERATURE, max_tokens=m, ignore_eos=True, **extra)
@@ -166,7 +188,8 @@ def main(argv: list[str] | None = None) -> None:
         run["lengths"] = {"mean": round(sum(run["lengths"]) / n, 1), "min": min(run["lengths"]),
                           "max": max(run["lengths"])}
         run["vs_none"] = round(run["tokens_per_s"] / runs["none"]["tokens_per_s"], 4)
-    result = {"kind": "sampling_cost", "torch": torch.__version__, "schema": SCHEMA, "penalties": penalties(vocab),
+    result = {"kind": "sampling_cost", "torch": torch.__version__, "kernels": asdict(kernels), "schema": SCHEMA,
+              "penalties": penalties(vocab),
               "config": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs}
     for name, run in runs.items():
         print(f"{name:10} {run['tokens_per_s']:10.1f} tok/s  x{run['vs_none']:.3f} of none  "

@@ -19,8 +19,11 @@ def test_sampling_cost_run_on_cpu(tmp_path: Path, tiny_qwen3_dir: Path) -> None:
     sampling_cost.main(["--model", str(tiny_qwen3_dir), "--tokenizer", str(tiny_qwen3_dir),
                         "--model-dir", str(tmp_path / "model"), "--device", "cpu", "--dtype", "float32",
                         "--num-requests", "4", "--prompt-len", "8", "--max-tokens", "24", "--warmup-requests", "1",
-                        "--max-num-seqs", "4", "--kv-cache-blocks", "32", "--max-model-len", "256", "--out", str(out)])
-    runs = json.loads(out.read_text())["runs"]
+                        "--max-num-seqs", "4", "--kv-cache-blocks", "32", "--max-model-len", "256",
+                        "--kernels", "fused_logit_adjustments=0", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert result["kernels"]["fused_logit_adjustments"] is False and result["kernels"]["fused_sampling"] is True
+    runs = result["runs"]
     assert runs["json"]["num_output_tokens"] == runs["none"]["num_output_tokens"] == \
         runs["penalties"]["num_output_tokens"] > 0
     assert runs["none"]["vs_none"] == 1.0 and runs["penalties"]["vs_none"] > 0

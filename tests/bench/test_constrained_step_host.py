@@ -1,0 +1,20 @@
+"""bench/constrained_step_host.py on the tiny tokenizer: both runs go through the engine with the emulated
+device, the constrained run's phases are timed, and its tokens stay inside the grammar (no request fails)."""
+
+import json
+from pathlib import Path
+
+from bench import constrained_step_host
+
+
+def test_constrained_step_host_run(tmp_path: Path, tiny_qwen3_dir: Path) -> None:
+    out = tmp_path / "host.json"
+    constrained_step_host.main(["--tokenizer", str(tiny_qwen3_dir), "--rows", "4", "--prompt-len", "8",
+                                "--max-tokens", "12", "--out", str(out)])
+    result = json.loads(out.read_text())
+    runs = result["runs"]
+    assert result["tokenizer_size"] == 512 and result["model_vocab_size"] == 151936
+    assert runs["json"]["num_output_tokens"] > 0 and runs["none"]["num_output_tokens"] == 4 * 12
+    assert {"grammars.fill", "postprocess", "emulator"} <= set(runs["json"]["ms_per_step"])
+    assert "grammars.fill" not in runs["none"]["ms_per_step"]
+    assert "error" not in runs["json"]["finish_reasons"] and sum(runs["json"]["finish_reasons"].values()) == 4
