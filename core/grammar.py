@@ -16,10 +16,11 @@ asks is silently dropped.
   engine's step, makes a matcher per sequence, and books a step's tokens and fills its masks in one
   batched call each.
 Masks cover the tokenizer's own vocabulary (and the stop ids), not the model's padded one: ids past
-the tokenizer's are never allowed in a constrained row, and the runner disallows everything past a
-mask's words. xgrammar treats every id between the two as a special token that each fill clears and
-each accepted token is searched for one at a time: SmolLM2's 49,152-token tokenizer on a
-151,936-token model took 135 us a row to fill and 21 us to accept against 7 and 2 us (dev box CPU).
+the tokenizer's are never allowed in a constrained row (the runner disallows everything past a
+mask's words; `fill` clears the last word's bits past the mask's ids, which xgrammar may set).
+xgrammar treats every id between the two as a special token that each fill clears and each
+accepted token is searched for one at a time: SmolLM2's 49,152-token tokenizer on a 151,936-token
+model took 135 us a row to fill and 21 us to accept against 7 and 2 us (dev box CPU).
 Compiled JSON follows xgrammar's strict mode (as vLLM does): properties a schema does not list are
 not generated, so every output is also an instance of the schema as written.
 """
@@ -139,6 +140,10 @@ class Grammars:
         self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-compile")
         self._batch = xgr.BatchGrammarMatcher()
         self._bitmask = xgr.allocate_token_bitmask(max_rows, mask_vocab_size)  # [max_rows, words] int32, reused
+        # The last word's bits of ids in the mask's vocabulary (None: all 32, a multiple of 32 ids). xgrammar sets
+        # the others in a row it fills as "every bit, then clear the refused ones": ids it never saw, left open.
+        used = mask_vocab_size % 32
+        self._last_word_bits = (1 << used) - 1 if used else None  # < 2**31: an int32
 
     def compile(self, constraint: StructuredOutput) -> Future[xgr.CompiledGrammar]:
         """The compiled grammar, compiled at most once per constraint on the worker thread."""
@@ -165,13 +170,16 @@ class Grammars:
 
     def fill(self, matchers: Sequence[xgr.GrammarMatcher | None]) -> np.ndarray:
         """[len(matchers), words] int32 masks, one row per matcher; None (a row whose sequence has ended,
-        its token to be dropped) allows every token of the mask. A live row's fill writes all its words."""
+        its token to be dropped) allows every token of the mask. A live row's fill writes all its words. No row
+        allows an id past the mask's vocabulary."""
         bitmask = self._bitmask[: len(matchers)]
         live = [i for i, m in enumerate(matchers) if m is not None]
         if len(live) < len(matchers):
             bitmask[[i for i, m in enumerate(matchers) if m is None]] = -1
         if live:
             self._batch.batch_fill_next_token_bitmask([matchers[i] for i in live], self._bitmask, indices=live)
+        if self._last_word_bits is not None:
+            bitmask[:, -1] &= self._last_word_bits
         return bitmask.numpy()
 
     def close(self) -> None:

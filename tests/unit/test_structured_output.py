@@ -8,6 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 import xgrammar as xgr
@@ -225,6 +226,33 @@ def test_masks_cover_the_tokenizers_ids_and_the_stop_ids_not_the_models_padding(
     token_ids = Sampler(torch.device("cpu"), seed=0)(logits, [RowSampling(temperature=1.0)] * 2,
                                                      token_mask=TokenMask([0, 1], bitmask)).token_ids
     assert all(t < 512 for t in token_ids) and matcher.accept_token(token_ids[0])
+
+
+def allowed_ids(bitmask_row: object) -> set[int]:
+    words = np.asarray(bitmask_row).view(np.uint32)
+    return {t for t in range(32 * len(words)) if (int(words[t // 32]) >> (t % 32)) & 1}
+
+
+def test_no_mask_allows_an_id_past_its_vocabulary_in_its_last_word(llm: LLM) -> None:
+    """xgrammar fills a row whose grammar allows most tokens as 'all bits, then clear the refused' and sets the bits
+    past its vocabulary in the last word too: with a vocabulary that is no multiple of 32 those ids (real logits
+    of the model's padded vocabulary) would be open to sampling."""
+    grammars = Grammars(llm.tokenizer, 1000, (2, 700), max_rows=3)  # 701 ids: bits 701..703 of word 21 are padding
+    open_grammar = StructuredOutput(grammar='root ::= [^"]*')  # most tokens allowed, the stop ids too (any end)
+    matcher = Grammars.matcher(grammars.compile(open_grammar).result())
+    bitmask = grammars.fill([matcher, None, Grammars.matcher(grammars.compile(KINDS["regex"][0]).result())])
+    assert bitmask.shape == (3, 22)
+    for row in bitmask:
+        assert max(allowed_ids(row)) <= 700
+    open_ids = allowed_ids(bitmask[0])
+    assert len(open_ids) > 400 and {2, 700} <= open_ids  # the stop ids: this grammar may end anywhere
+    assert not open_ids & set(range(512, 700))  # ids the tokenizer lacks
+    assert not {2, 700} & allowed_ids(bitmask[2])  # the regex cannot end before its first character
+    logits = torch.zeros(1, 1000)
+    logits[0, 701:704] = 100.0  # the model's favourites, inside the mask's last word
+    token_ids = Sampler(torch.device("cpu"), seed=0)(logits, [RowSampling(temperature=1.0)],
+                                                     token_mask=TokenMask([0], bitmask[:1])).token_ids
+    assert token_ids[0] in open_ids
 
 
 class WrongTokenRunner:
