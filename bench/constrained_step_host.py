@@ -11,11 +11,15 @@ and left out of the engine's. On the GPU machine the engine's host time overlaps
 The model is the Qwen3-0.6B shape's config (no weights: nothing runs) with the tokenizer of --tokenizer
 beside it and that tokenizer's EOS, as bench/sampling_cost.py's; --model-eos-id puts another EOS id in
 the config (Qwen3's, 151645, is what that benchmark used before: an id past a 49k tokenizer's).
+Each run also reports the time spent in Python's garbage collector per generation (a full collection
+scans every object of the start-up heap: transformers, the tokenizer); --freeze-gc moves the heap into
+the collector's permanent generation after the warm-up run (`gc.freeze()`, as vLLM does after start-up).
 
-    python -m bench.constrained_step_host --tokenizer DIR [--rows 256] [--max-tokens 64] [--out OUT.json]
+    python -m bench.constrained_step_host --tokenizer DIR [--rows 256] [--max-tokens 64] [--freeze-gc] [--out OUT.json]
 """
 
 import argparse
+import gc
 import json
 import random
 import shutil
@@ -107,9 +111,30 @@ def _timed(times: dict[str, float], name: str, fn: Callable[..., Any]) -> Callab
     return run
 
 
+class GcTimer:
+    """Seconds and collections of the garbage collector per generation, from gc.callbacks."""
+
+    def __init__(self) -> None:
+        self.seconds = [0.0, 0.0, 0.0]
+        self.collections = [0, 0, 0]
+        self._start = 0.0
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+        else:
+            self.seconds[info["generation"]] += time.perf_counter() - self._start
+            self.collections[info["generation"]] += 1
+
+    def summary(self) -> dict[str, Any]:
+        return {"collections": list(self.collections), "ms": [round(1e3 * t, 1) for t in self.seconds]}
+
+
 def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, times: dict[str, float]
         ) -> dict[str, Any]:
     times.clear()
+    gc_timer = GcTimer()
+    gc.callbacks.append(gc_timer)
     for i, prompt in enumerate(prompts):
         engine.add_request(f"{time.monotonic_ns()}-{i}", prompt, params)
     num_steps = num_tokens = 0
@@ -121,9 +146,10 @@ def run(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams, tim
             reasons.update([out.finish_reason.value] if out.finish_reason is not None else [])
         num_steps += 1
     seconds = time.perf_counter() - start
+    gc.callbacks.remove(gc_timer)
     engine_ms = 1e3 * (seconds - times.get("emulator", 0.0)) / num_steps
     return {"num_steps": num_steps, "num_output_tokens": num_tokens, "finish_reasons": dict(reasons),
-            "engine_ms_per_step": round(engine_ms, 3),
+            "engine_ms_per_step": round(engine_ms, 3), "gc_by_generation": gc_timer.summary(),
             "ms_per_step": {name: round(1e3 * t / num_steps, 3) for name, t in sorted(times.items())}}
 
 
@@ -135,6 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=64)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--freeze-gc", action="store_true", help="gc.freeze() after the warm-up run")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     directory = model_dir(Path(args.tokenizer), Path(tempfile.mkdtemp()) / "model", args.model_eos_id)
@@ -154,11 +181,18 @@ def main(argv: list[str] | None = None) -> None:
     json_params = SamplingParams(temperature=TEMPERATURE, max_tokens=args.max_tokens, structured_output=schema)
     free_params = SamplingParams(temperature=TEMPERATURE, max_tokens=args.max_tokens, ignore_eos=True)
     run(engine, prompts[:8], json_params, times)  # compiles the grammar
-    runs = {"json": run(engine, prompts, json_params, times), "none": run(engine, prompts, free_params, times)}
+    if args.freeze_gc:
+        gc.collect()
+        gc.freeze()
+    try:
+        runs = {"json": run(engine, prompts, json_params, times), "none": run(engine, prompts, free_params, times)}
+    finally:
+        gc.unfreeze()  # a caller's heap (tests) collectable again
     for name, r in runs.items():
         phases = "  ".join(f"{k} {v:.2f}" for k, v in r["ms_per_step"].items())
-        print(f"{name:5} {r['engine_ms_per_step']:7.2f} ms/step engine  ({r['num_steps']} steps; {phases})")
-    result = {"kind": "constrained_step_host", "model_eos_id": engine.eos_token_ids[0],
+        print(f"{name:5} {r['engine_ms_per_step']:7.2f} ms/step engine  ({r['num_steps']} steps; {phases}; "
+              f"gc ms by generation {r['gc_by_generation']['ms']})")
+    result = {"kind": "constrained_step_host", "freeze_gc": args.freeze_gc, "model_eos_id": engine.eos_token_ids[0],
               "tokenizer_size": tokenizer_size, "model_vocab_size": engine.vocab_size,
               "config": {k: v for k, v in vars(args).items() if k != "out"}, "runs": runs}
     if args.out:
