@@ -87,8 +87,3 @@ def join_group(rank: int, size: int, store_port: int, device: torch.device, time
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, store=store, rank=rank, world_size=size, timeout=timeout, **kwargs)
     return TensorParallel(rank, size, dist.group.WORLD)
-
-
-def leave_group() -> None:
-    if dist.is_initialized():
-        dist.destroy_process_group()

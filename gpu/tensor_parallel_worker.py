@@ -30,7 +30,7 @@ import torch
 
 from gpu.batch_wire import decode, decode_mask
 from gpu.config import RunnerConfig
-from gpu.distributed import join_group, leave_group
+from gpu.distributed import join_group
 from gpu.model_runner import ModelRunner
 from gpu.pending_step import PendingLogits, PendingStep
 
@@ -83,9 +83,11 @@ def main(fd: int) -> None:
         logger.exception("the worker failed")
         sender.send(("failed", f"rank {start.rank}: {type(exc).__name__}: {exc}"))
         os._exit(1)  # not a clean exit: peers may be blocked in a collective with us
-    leave_group()
     logging.shutdown()
-    os._exit(0)  # skips the interpreter's teardown of torch (seconds), which holds nothing to save
+    # Skips the interpreter's teardown of torch (seconds), which holds nothing to save, and the process group's:
+    # the process's end frees its communicators, while NCCL's destroy_process_group held both ranks of a
+    # stopped TP=2 engine past the engine's 10 s wait on 2x H200 (they were killed).
+    os._exit(0)
 
 
 def _start_runner(start: WorkerStart) -> ModelRunner:

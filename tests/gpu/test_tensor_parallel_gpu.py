@@ -7,6 +7,7 @@ tests/parity/test_tensor_parallel_cpu.py: Qwen3 (2 KV heads), Llama with 1 KV he
 with 2 KV heads, biases and an odd vocabulary.
 """
 
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -88,3 +89,18 @@ def test_cuda_graphs_on_and_off_give_identical_tokens(model_dirs: dict[str, Path
     assert graphs.engine.runner.has_cuda_graphs and not eager.engine.runner.has_cuda_graphs
     assert [o.token_ids for o in graphs.generate(prompts, params)] == \
         [o.token_ids for o in eager.generate(prompts, params)]
+
+
+def test_a_stopped_engine_s_workers_exit_by_themselves(model_dirs: dict[str, Path],  # noqa: F811
+                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """The workers of a TP=2 engine that replayed CUDA graphs with NCCL inside end when told, well within
+    the engine's wait (a worker that does not is killed, logged as 'did not stop')."""
+    engine = LLM(str(model_dirs["qwen3"]), dtype="bfloat16", device="cuda", tensor_parallel_size=2, block_size=16,
+                 kv_cache_blocks=64, max_num_seqs=4)
+    engine.generate(prompts_of_lengths((5, 9)), SamplingParams(temperature=0.0, max_tokens=4))
+    workers = engine.engine.runner._workers  # noqa: SLF001 - their exit codes are what this test checks
+    started = time.monotonic()
+    engine.engine.close()
+    assert time.monotonic() - started < 5.0
+    assert "did not stop" not in caplog.text
+    assert [worker.process.returncode for worker in workers] == [0, 0]
