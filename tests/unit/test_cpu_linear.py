@@ -18,17 +18,24 @@ from core.config import engine_config
 from core.engine import runner_config
 from gpu.config import KernelConfig
 from gpu.cpu_packing import has_native_bfloat16
-from gpu.layers.cpu_linear import GROUP_SIZE, Int4Groups, OneDnnWeight, pack_weight
+from gpu.layers.cpu_linear import GROUP_SIZE, Int4Groups, Int8Groups, OneDnnWeight, pack_weight
 from gpu.layers.linear import Linear
 from gpu.model_runner import ModelRunner
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="packing needs torch with oneDNN")
 
 
+def round_trip(weight: torch.Tensor, kind: GGMLQuantizationType) -> torch.Tensor:
+    """The weight as a GGUF of that type holds it, dequantized by the gguf package (as our GGUF conversion does)."""
+    return torch.from_numpy(np.ascontiguousarray(dequantize(quantize(weight.float().numpy(), kind), kind)))
+
+
 def q4_1_round_trip(weight: torch.Tensor) -> torch.Tensor:
-    """The weight as a Q4_1 GGUF holds it, dequantized by the gguf package (as our GGUF conversion does)."""
-    blocks = quantize(weight.float().numpy(), GGMLQuantizationType.Q4_1)
-    return torch.from_numpy(np.ascontiguousarray(dequantize(blocks, GGMLQuantizationType.Q4_1)))
+    return round_trip(weight, GGMLQuantizationType.Q4_1)
+
+
+def q8_0_round_trip(weight: torch.Tensor) -> torch.Tensor:
+    return round_trip(weight, GGMLQuantizationType.Q8_0)
 
 
 def _random(*shape: int, seed: int = 0) -> torch.Tensor:
@@ -53,6 +60,19 @@ def test_a_q4_1_weight_is_kept_as_its_4_bit_groups() -> None:
     assert ((kept - weight).abs().view(96, 4, GROUP_SIZE) <= bound.unsqueeze(-1)).all()
     x = _random(3, 128, seed=1).bfloat16()
     torch.testing.assert_close(packed(x, None).float(), x.float() @ kept.T, rtol=2**-7, atol=1e-2)
+
+
+def test_a_q8_0_weight_is_kept_as_two_4_bit_planes() -> None:
+    weight = q8_0_round_trip(_random(96, 128) * 0.05)
+    packed = pack_weight(weight)
+    assert isinstance(packed, Int8Groups)
+    kept = _bfloat16_rounded_groups(packed, 96, 128)
+    # The same weights up to the bfloat16 rounding of each group's scale (2^-8 of the largest magnitude); each
+    # plane's output is rounded to bfloat16 before the float32 sum, hence the bound's factor 2.
+    largest = weight.view(96, 4, GROUP_SIZE).abs().amax(-1, keepdim=True)
+    assert ((kept - weight).abs().view(96, 4, GROUP_SIZE) <= 2 * largest * 2**-8).all()
+    x = _random(3, 128, seed=1).bfloat16()
+    torch.testing.assert_close(packed(x, None).float(), x.float() @ weight.T, rtol=2**-6, atol=2e-2)
 
 
 @pytest.mark.parametrize("case", ["random", "one value off the grid", "16 rows short", "columns not in groups"])
@@ -84,25 +104,25 @@ def test_linear_packs_in_place_frees_its_weight_and_adds_its_bias() -> None:
 
 @pytest.fixture(scope="module")
 def q4_1_llama_dir(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The tiny Llama with every projection as a Q4_1 GGUF gives it back (embedding and LM head as they are)."""
+    """The tiny Llama with its projections as a Q4_1 GGUF gives them back and its LM head as a Q8_0 one does."""
     source, target = tiny_model_dirs["llama"], tmp_path_factory.mktemp("q4_1-llama")
     for path in source.iterdir():
         if path.suffix != ".safetensors":
             (target / path.name).write_bytes(path.read_bytes())
     tensors = load_file(source / "model.safetensors")
-    projections = ("_proj.weight",)
-    converted = {name: q4_1_round_trip(t) if name.endswith(projections) else t for name, t in tensors.items()}
+    converted = {name: q4_1_round_trip(t) if name.endswith("_proj.weight") else t for name, t in tensors.items()}
+    converted["lm_head.weight"] = q8_0_round_trip(tensors["lm_head.weight"])  # as the default model's (Q8_0)
     save_file(converted, target / "model.safetensors", metadata={"format": "pt"})
     assert json.loads((target / "config.json").read_text())["hidden_size"] % GROUP_SIZE == 0
     return target
 
 
-def test_a_bfloat16_runner_keeps_q4_1_projections_as_4_bit_groups(q4_1_llama_dir: Path) -> None:
+def test_a_bfloat16_runner_keeps_a_ggufs_groups(q4_1_llama_dir: Path) -> None:
     config = runner_config(engine_config(str(q4_1_llama_dir), device="cpu", dtype="bfloat16", kv_cache_blocks=16))
     model = ModelRunner(config).model
     linears = [m for m in model.modules() if isinstance(m, Linear)]
     assert linears and all(isinstance(m.packed, Int4Groups) and m.weight is None for m in linears)
-    assert isinstance(model.lm_head.packed, OneDnnWeight) and model.lm_head.weight is not None  # untied: kept
+    assert isinstance(model.lm_head.packed, Int8Groups) and model.lm_head.weight is not None  # kept (ties)
     unpacked = ModelRunner(replace(config, kernels=KernelConfig(cpu_packed_weights=False))).model
     assert all(m.packed is None for m in unpacked.modules() if isinstance(m, Linear))
 
