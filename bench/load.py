@@ -142,6 +142,36 @@ async def run_level(
     return records, time.perf_counter() - start
 
 
+async def run_conversations(
+    session: aiohttp.ClientSession, conversations: list[list[RequestSpec]], concurrency: int,
+    deadline: float | None = None,
+) -> tuple[list[list[RequestRecord]], float]:
+    """Sends each conversation's turns in order, a turn when the previous one has finished (a user reads the
+    reply before writing again), with at most `concurrency` conversations in flight; returns each conversation's
+    records (one per turn sent) and the wall time.
+
+    Past `deadline` no new conversation starts; one started runs to its end, so every conversation sent is whole.
+    A failed turn ends its conversation: the turns after it would extend a history the server never answered.
+    """
+    queue: asyncio.Queue[list[RequestSpec]] = asyncio.Queue()
+    for conversation in conversations:
+        queue.put_nowait(conversation)
+    done: list[list[RequestRecord]] = []
+
+    async def worker() -> None:
+        while not queue.empty() and (deadline is None or time.perf_counter() < deadline):
+            records: list[RequestRecord] = []
+            done.append(records)
+            for spec in queue.get_nowait():
+                records.append(await send(session, spec))
+                if not records[-1].is_ok:
+                    break
+
+    start = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(conversations)))))
+    return done, time.perf_counter() - start
+
+
 def new_session(concurrency: int, read_timeout_s: float) -> aiohttp.ClientSession:
     connector = aiohttp.TCPConnector(limit=concurrency, force_close=False)
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=read_timeout_s)

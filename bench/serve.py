@@ -256,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
         model = args.model or first_model(base_url)
         server["model"] = model
         save = partial(save_result, args, argv, server)
-        with asyncio.Runner(loop_factory=_loop_factory()) as runner:
+        with asyncio.Runner(loop_factory=loop_factory()) as runner:
             levels = runner.run(run_all(args, base_url, model, lambda done: save(done, is_complete=False),
                                         partial(process_cpu_seconds, process.pid if process else None)))
         save(levels, is_complete=True)
@@ -280,7 +280,7 @@ def save_result(args: argparse.Namespace, argv: list[str], server: dict[str, obj
                             "is_complete": is_complete}, "bench.serve", argv)
 
 
-def _loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
+def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
     """uvloop where it is installed (it is on the GPU machine): a lighter client loop."""
     try:
         import uvloop

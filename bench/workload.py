@@ -5,7 +5,8 @@ in [0, 10000), prompt lengths and max_tokens uniform in [100, 1024] inclusive), 
 order as its bench.py (a prompt's length, then its ids; all prompts before all max_tokens) so a
 given seed always gives the same requests. `fixed_workload` is the serving shape: every prompt
 has the same length and asks for the same number of tokens; prompts are distinct random ids, so a
-prefix cache cannot make them cheaper than they are.
+prefix cache cannot make them cheaper than they are. `multi_turn_chats` is the prefix-heavy shape: chats that
+share one long system prompt, each turn's prompt the whole conversation so far.
 """
 
 import random
@@ -34,6 +35,34 @@ def fixed_workload(num_requests: int, prompt_len: int, max_tokens: int, seed: in
     rng = random.Random(seed)
     return [Request([rng.randrange(PROMPT_ID_LIMIT) for _ in range(prompt_len)], max_tokens)
             for _ in range(num_requests)]
+
+
+def multi_turn_chats(num_chats: int, num_turns: int, system_len: int, user_len: int, reply_len: int,
+                     seed: int = 0, system_seed: int = 0) -> list[list[Request]]:
+    """Chats that all start with the same `system_len`-token system prompt (drawn from `system_seed` alone, so
+    chats drawn with other seeds share it too), `num_turns` turns each, in the order a client sends them.
+
+    Turn k's prompt is turn k-1's prompt, then the assistant's reply to it, then the user's next message of
+    `user_len` ids: a prefix cache can serve all of turn k-1's prompt. The reply kept in the history is
+    `reply_len` ids drawn here, standing in for the model's answer (a client keeping what a random-weight model
+    said would need its token ids back), so the generated tokens' own KV is never a hit: what hits is the
+    system prompt and the earlier turns' prompts. Each turn asks for `reply_len` tokens.
+    """
+    system_rng, rng = random.Random(f"system prompt {system_seed}"), random.Random(seed)
+    system = [system_rng.randrange(PROMPT_ID_LIMIT) for _ in range(system_len)]
+
+    def draw(n: int) -> list[int]:
+        return [rng.randrange(PROMPT_ID_LIMIT) for _ in range(n)]
+
+    chats = []
+    for _ in range(num_chats):
+        prompt, turns = system + draw(user_len), []
+        for turn in range(num_turns):
+            if turn:
+                prompt = prompt + draw(reply_len) + draw(user_len)
+            turns.append(Request(prompt, reply_len))
+        chats.append(turns)
+    return chats
 
 
 def total_output_tokens(requests: list[Request]) -> int:

@@ -9,9 +9,12 @@ process's CPU time is measurable at the clock-tick resolution of /proc.
 
 import asyncio
 import json
+import socket
 import sys
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
+from contextlib import contextmanager
 
 import uvicorn
 from starlette.applications import Starlette
@@ -70,6 +73,26 @@ class Stub:
                 yield b"data: [DONE]\n\n"
         finally:
             self.in_flight -= 1
+
+
+@contextmanager
+def running_stub() -> Iterator[tuple[Stub, str]]:
+    """A Stub served by uvicorn in a thread of the test on a free port: (the stub, its base URL)."""
+    app = Stub()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app.app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    try:
+        yield app, f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 if __name__ == "__main__":

@@ -5,19 +5,16 @@ stopped as bench.serve launches a server), and a run against the real server.
 import json
 import socket
 import sys
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
 
 from bench import serve
 from bench.bench_model import build_small_bench_model
 from bench.load import SSEParser
 from tests.bench import stub_server
-from tests.bench.stub_server import FIRST_TOKEN_DELAY_S, TOKEN_DELAY_S, Stub
+from tests.bench.stub_server import FIRST_TOKEN_DELAY_S, TOKEN_DELAY_S, Stub, running_stub
 from tests.e2e.serving import start_server
 
 # SSEParser
@@ -42,25 +39,10 @@ def test_parser_handles_any_split_crlf_comments_and_multiline_data() -> None:
 # Against the scripted stub server (tests/bench/stub_server.py), in a thread
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture(scope="module")
 def stub() -> Iterator[tuple[Stub, str]]:
-    app = Stub()
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app.app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
-    yield app, f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(timeout=10)
+    with running_stub() as running:
+        yield running
 
 
 def _run(url: str, tmp_path: Path, model: str, *extra: str) -> dict[str, object]:

@@ -1,6 +1,6 @@
 """The benchmark workloads: nano-vllm's shape, ranges, seeding, and the serving shape."""
 
-from bench.workload import PROMPT_ID_LIMIT, fixed_workload, nano_vllm_workload, total_output_tokens
+from bench.workload import PROMPT_ID_LIMIT, fixed_workload, multi_turn_chats, nano_vllm_workload, total_output_tokens
 
 
 def test_nano_vllm_workload_has_the_published_shape() -> None:
@@ -36,3 +36,30 @@ def test_fixed_workload_prompts_have_the_length_and_differ() -> None:
     assert len({tuple(r.prompt_token_ids[:16]) for r in requests}) == 8  # no shared prefixes for a cache to reuse
     assert fixed_workload(8, 1024, 128, seed=3) == requests
     assert fixed_workload(8, 1024, 128, seed=4) != requests
+
+
+def test_multi_turn_chats_share_the_system_prompt_and_grow_turn_by_turn() -> None:
+    chats = multi_turn_chats(num_chats=3, num_turns=4, system_len=64, user_len=8, reply_len=5, seed=1)
+    system = chats[0][0].prompt_token_ids[:64]
+    assert len(chats) == 3 and all(len(chat) == 4 for chat in chats)
+    for chat in chats:
+        assert chat[0].prompt_token_ids[:64] == system
+        for turn, (request, after) in enumerate(zip(chat, chat[1:] + [None], strict=True)):
+            # system + one user message, then a reply and a user message per turn before this one
+            assert len(request.prompt_token_ids) == 64 + 8 + turn * (5 + 8) and request.max_tokens == 5
+            assert all(0 <= t < PROMPT_ID_LIMIT for t in request.prompt_token_ids)
+            if after is not None:  # the whole previous prompt is the next one's prefix, the rest is new
+                assert after.prompt_token_ids[:len(request.prompt_token_ids)] == request.prompt_token_ids
+    firsts = [chat[0].prompt_token_ids[64:] for chat in chats]
+    assert len({tuple(f) for f in firsts}) == 3  # chats differ after the system prompt
+    assert chats[0][0].prompt_token_ids[64:] != system[:8]  # the user draw is not the system draw again
+
+
+def test_multi_turn_chats_are_seeded_and_keep_the_system_prompt_across_seeds() -> None:
+    def chats(seed: int, system_seed: int = 0) -> list[list[list[int]]]:
+        drawn = multi_turn_chats(2, 2, system_len=32, user_len=4, reply_len=3, seed=seed, system_seed=system_seed)
+        return [[r.prompt_token_ids for r in chat] for chat in drawn]
+
+    assert chats(0) == chats(0) and chats(0) != chats(1)
+    assert chats(0)[0][0][:32] == chats(1)[0][0][:32]  # another level's chats: the same system prompt
+    assert chats(0, system_seed=1)[0][0][:32] != chats(0)[0][0][:32]
