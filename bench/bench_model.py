@@ -7,7 +7,8 @@ nothing and a server would stream no text for them: a serving benchmark would se
 and would not pay for detokenization as it does with a real model. This tokenizer is a word-level
 one over the whole vocabulary (id i is the word "w<i>"), so every id decodes to text and a prompt's
 text encodes back to the same ids (`--prompt-format text` relies on it). The tensor-parallel benchmark
-uses larger shapes, Qwen3-14B and 32B (their config.json's), built the same way (`build_large_bench_model`).
+uses larger shapes, Qwen3-14B and 32B (their config.json's), and the single-GPU larger-model run Qwen3-8B's,
+built the same way (`build_large_bench_model`).
 """
 
 import json
@@ -27,7 +28,9 @@ QWEN3_14B = dict(
     rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False, eos_token_id=151645,
 )
 QWEN3_32B = dict(QWEN3_14B, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64)
-LARGE_SHAPES = {"qwen3-14b": QWEN3_14B, "qwen3-32b": QWEN3_32B}
+# Qwen/Qwen3-8B's config.json: 8.2B parameters, 16.4 GB in bf16, one H100 holds it with room for the KV cache.
+QWEN3_8B = dict(QWEN3_14B, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36, num_attention_heads=32)
+LARGE_SHAPES = {"qwen3-8b": QWEN3_8B, "qwen3-14b": QWEN3_14B, "qwen3-32b": QWEN3_32B}
 _SHARD_BYTES = 4 << 30
 
 
@@ -80,7 +83,8 @@ def build_small_bench_model(directory: str | Path, vocab_size: int = 10_240) -> 
 
 
 def build_large_bench_model(directory: str | Path, shape: str) -> Path:
-    """A random bf16 checkpoint of a larger shape (`qwen3-14b`, `qwen3-32b`) with the word tokenizer beside it."""
+    """A random bf16 checkpoint of a larger shape (`qwen3-8b`, `qwen3-14b`, `qwen3-32b`) with the word tokenizer
+    beside it."""
     directory = build_random_qwen3(directory, LARGE_SHAPES[shape])
     if not (directory / "tokenizer.json").exists():
         build_word_tokenizer(directory, int(LARGE_SHAPES[shape]["vocab_size"]))  # type: ignore[arg-type]

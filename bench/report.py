@@ -2,8 +2,8 @@
 
 Runs anywhere (no GPU): the figures come from the JSON that the GPU runs wrote. `current/` holds the
 figures shown, the latest result of each kind: offline throughput on the nano-vllm workload, offline
-throughput on the serving shape (the reference for the server's share), and each server's serving
-run; the targets of issue 5 are checked against them, with the margin. `archive/YYYY-MM-DD-what/`
+throughput on the serving shape (the reference for the server's share), each server's serving
+run, the prefix-heavy serving run (bench.prefix_serve) and the offline runs of other model shapes; the targets of issue 5 are checked against them, with the margin. `archive/YYYY-MM-DD-what/`
 holds superseded and A/B results: they appear only in the history of offline runs. `notes.md`,
 written by hand after reading the runs, is copied in as the analysis.
 
@@ -15,12 +15,17 @@ import json
 from pathlib import Path
 from typing import Any
 
+from bench.bench_model import DEFAULT_DIR
+
 Result = dict[str, Any]  # one results JSON, as loaded
 
 TARGETS = {  # issue 5, on an H100
     "share_of_ideal": 0.70, "batch1_tpot_ms": 1.5, "server_share_at_256": 0.85, "ttft_p50_c1_ms": 25.0,
 }
 PLOT_NAME = "benchmarks.png"
+# The offline runs of the main tables: the random Qwen3-0.6B (bench.throughput's name for it when it built it, or
+# the directory run_gpu.sh builds it in). Runs of other checkpoints (the Qwen3-8B shape) have their own table.
+MAIN_MODELS = (None, "random Qwen3-0.6B (bf16)", DEFAULT_DIR)
 
 
 def load_results(results_dir: Path, pattern: str) -> list[Result]:
@@ -202,6 +207,82 @@ def serve_section(runs: list[Result], offline_serve: Result | None) -> list[str]
     return lines
 
 
+def prefix_section(run: Result) -> list[str]:
+    """bench.prefix_serve's run: each prefix-caching variant's levels, and on against off per level."""
+    c = run["config"]
+    lines = ["## Prefix-heavy serving", "", provenance(run),
+             f"Multi-turn chats sharing one {c['system_len']}-token system prompt: {c['turns']} turns each, a "
+             f"{c['user_len']}-token user message per turn, {c['max_tokens']} output tokens per reply (ignore_eos, "
+             f"temperature {c['temperature']}); each turn's prompt is the whole chat so far (the replies kept in "
+             "it are the workload's ids, not the model's), sent as token ids when the previous reply has finished; "
+             "'concurrency' is the chats in flight. Hit rate: the server's prefix-cache hits over queries, in "
+             "tokens (/metrics); 'computed' the prompt tokens the engine ran, of all prompt tokens."
+             + ("" if run.get("is_complete") else " **Partial: the run was cut short.**"), "",
+             "| prefix caching | concurrency | chats | requests | failed | hit rate | prompt tokens computed / all "
+             "| TTFT p50 / p99 ms | TTFT p50 first / later turns ms | output tok/s | TPOT p50 ms | E2E p50 ms |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for variant in run["variants"]:
+        for lv in variant["levels"]:
+            rate = lv.get("prefix_hit_rate")
+            lines.append(
+                f"| {variant['prefix_caching']} | {lv['concurrency']} | {lv['num_chats']} | {lv['num_requests']} | "
+                f"{lv['num_failed']} | {'-' if rate is None else f'{rate:.1%}'} | "
+                f"{fmt(lv.get('computed_prompt_tokens'), 0)} / {fmt(lv.get('prompt_tokens'), 0)} | "
+                f"{fmt(lv['ttft_ms']['p50'])} / {fmt(lv['ttft_ms']['p99'])} | "
+                f"{fmt(lv['ttft_ms_first_turn']['p50'])} / {fmt(lv['ttft_ms_later_turns']['p50'])} | "
+                f"{fmt(lv['output_tokens_per_s'])} | {fmt(lv['tpot_ms']['p50'], 2)} | {fmt(lv['e2e_ms']['p50'], 0)} |")
+    lines.append("")
+    by_variant = {v["prefix_caching"]: {lv["concurrency"]: lv for lv in v["levels"]} for v in run["variants"]}
+    on, off = by_variant.get("on", {}), by_variant.get("off", {})
+    for concurrency in [c for c in on if c in off]:
+        a, b = on[concurrency], off[concurrency]
+        lines.append(f"- Concurrency {concurrency}: prefix caching on gives "
+                     f"{_ratio(a['output_tokens_per_s'], b['output_tokens_per_s'])}x the output tok/s of off, and "
+                     f"TTFT p50 / p99 {_ratio(b['ttft_ms']['p50'], a['ttft_ms']['p50'])}x / "
+                     f"{_ratio(b['ttft_ms']['p99'], a['ttft_ms']['p99'])}x shorter.")
+    errors = sorted({e for v in run["variants"] for lv in v["levels"] for e in lv.get("errors", [])})
+    if errors:
+        lines += ["", "Errors seen: " + "; ".join(f"`{e[:200]}`" for e in errors[:5])]
+    return lines + [""]
+
+
+def _ratio(numerator: float, denominator: float) -> str:
+    return f"{numerator / denominator:.2f}" if denominator else "-"
+
+
+def other_models_section(runs: list[Result]) -> list[str]:
+    """The latest offline run of each checkpoint other than the main tables' (the Qwen3-8B shape): throughput and
+    batch 1, each against its own ideal, and the KV cache the engine sized for it."""
+    lines = ["## Other model shapes, offline", "",
+             "nano-vllm's workload on other random-weight checkpoints (`bash bench/run_gpu.sh qwen3-8b OUT_DIR`), "
+             "each figure against the ideal of that shape on that GPU (weights and K/V bytes at the measured copy "
+             "bandwidth, FLOPs at the measured matmul rate).", "",
+             "| model | device | output tok/s | share of ideal | batch-1 ms/token (ideal) | batch-1 share of ideal | "
+             "weights GB/step | KV cache | CUDA graphs | date, commit |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | --- | --- |"]
+    newest: dict[str, Result] = {}
+    for run in sorted(runs, key=lambda r: (str(r["date"]), str(r["file"]))):
+        newest[str(run.get("model"))] = run
+    for model, run in sorted(newest.items()):
+        ours, ideal, engine = run["ours"], run["ideal"], run.get("engine", {})
+        b1 = run.get("batch1", {})
+        tpot = b1.get("tpot_ms")
+        partial = " (partial)" if ours.get("is_partial") else ""
+        blocks = engine.get("num_kv_blocks")
+        kv = f"{blocks:,} blocks of {engine.get('block_size')} tokens" if blocks else "-"
+        eager = (run.get("config") or {}).get("enforce_eager")
+        lines.append(
+            f"| `{Path(model).name}` | {run['device']} | {fmt(ours['tokens_per_s'])}{partial} | "
+            f"{run['summary']['share_of_ideal']:.1%} | {fmt(tpot, 3)} ({fmt(ideal.get('batch1_tpot_ms'), 3)}) | "
+            f"{_share(ideal['batch1_tpot_ms'] / tpot if tpot else None)} | "
+            f"{fmt(ideal.get('weight_bytes_per_step', 0) / 1e9, 1)} | {kv} | {'off' if eager else 'on'} | "
+            f"{run['date']}, `{run['commit']}` |")
+    lines.append("")
+    for model, run in sorted(newest.items()):
+        lines += [f"`{Path(model).name}`: " + provenance(run)]
+    return lines
+
+
 def target_rows(tp: Result | None, offline_serve: Result | None,
                 serve_runs: list[Result]) -> list[tuple[str, str, str, str, str]]:
     """(target, goal, measured, verdict, measured on) for each of issue 5's targets that has a measurement;
@@ -243,7 +324,8 @@ def verdict(value: float, goal: float, higher_is_better: bool) -> str:
 
 def render_markdown(results: list[Result], history: list[Result], notes: str | None) -> str:
     """`results`: the current figures; `history`: every recorded result, current ones included."""
-    tp = latest(results, kind="throughput", workload="nano-vllm")
+    offline = [r for r in results if r.get("kind") == "throughput" and r.get("workload") == "nano-vllm"]
+    tp = latest([r for r in offline if r.get("model") in MAIN_MODELS])
     offline_serve = latest(results, kind="throughput", workload="serve")
     serve_runs = latest_serve_runs(results)
     ours_serve = [r for r in serve_runs if r["server"]["label"] == "openai-serve"]
@@ -267,6 +349,12 @@ def render_markdown(results: list[Result], history: list[Result], notes: str | N
         lines += throughput_section(tp, peer_run) + history_section(offline_runs)
     if serve_runs:
         lines += serve_section(serve_runs, offline_serve)
+    prefix = latest(results, kind="prefix-serve")
+    if prefix is not None:
+        lines += prefix_section(prefix)
+    others = [r for r in offline if r.get("model") not in MAIN_MODELS]
+    if others:
+        lines += other_models_section(others)
     if tp is not None:
         lines += profile_section(tp)
     if notes:

@@ -28,6 +28,12 @@
 #   sampling-cost offline tok/s with a JSON schema on every request and with penalties on every request, against
 #                 neither, on the same shape (bench.sampling_cost; needs BENCH_TOKENIZER, a BPE tokenizer directory,
 #                 and the xgrammar wheels)
+#   prefix-heavy  multi-turn chats sharing a 2k-token system prompt against openai-serve with prefix caching on, then
+#                 off (--no-enable-prefix-caching), at 1 and 128 chats in flight: hit rate, TTFT, tok/s
+#                 (bench.prefix_serve; ARGS: its flags, e.g. --levels 1,64 --num-chats 8,192)
+#   qwen3-8b      a random bf16 Qwen3-8B checkpoint (built in /tmp/qwen3-8b-bench), nano-vllm's workload and batch 1
+#                 at a 1k context, each against that shape's ideal, KV cache and graphs at that size (ARGS:
+#                 bench.throughput's)
 # Environment: BENCH_MODEL, a checkpoint to use instead of the random Qwen3-0.6B (bench/bench_model.py);
 # BENCH_TOKENIZER, the tokenizer directory of the sampling-cost stage;
 # BENCH_COMMIT, the commit the tree is (the device's copy may have no .git; every result JSON records it);
@@ -37,7 +43,7 @@
 # imports flash_attn.cute from there.
 set -uo pipefail
 stages="tests decode-step offline serve check ab-serve ab-offline host-profile attention sampler skinny-gemm"
-stages="$stages attention-backends ttft-starts sampling-cost"
+stages="$stages attention-backends ttft-starts sampling-cost prefix-heavy qwen3-8b"
 usage="usage: run_gpu.sh ${stages// /|} OUT_DIR [ARGS...]"
 stage=${1:?$usage}
 out=${2:?$usage}
@@ -153,6 +159,15 @@ case "$stage" in
     build_model
     run 500 sampling-cost python3 -m bench.sampling_cost --tokenizer "${BENCH_TOKENIZER:?set BENCH_TOKENIZER}" \
       --out "$out/sampling_cost.json" "$@" ;;
+  prefix-heavy)
+    build_model
+    run 470 prefix-heavy python3 -m bench.prefix_serve --launch --server-args "$server_args" --levels 1,128 \
+      --num-chats 8,384 --max-seconds-per-level 60 --log-dir "$out" --out "$out/prefix_heavy.json" "$@" ;;
+  qwen3-8b)
+    large=/tmp/qwen3-8b-bench
+    run 150 build-qwen3-8b python3 -c "from bench.bench_model import build_large_bench_model as b; b('$large', 'qwen3-8b')"
+    run 320 qwen3-8b python3 -m bench.throughput --model "$large" --peer none --profile-steps 0 --warmup short \
+      --max-seconds 90 --out "$out/throughput_qwen3_8b.json" "$@" ;;
   skinny-gemm)
     run 500 skinny-gemm python3 -m bench.skinny_gemm_bench --out "$out/skinny_gemm.json" "$@" ;;
   attention-backends)

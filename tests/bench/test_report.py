@@ -111,3 +111,46 @@ def test_report_without_serving_results_has_no_plot(tmp_path: Path) -> None:
     page = write_report(results, docs).read_text()
     assert "missed: 0.86x of the goal" in page and "## Online serving" not in page
     assert not (docs / "benchmarks.png").exists()
+
+
+def _prefix_level(concurrency: int, rate: float | None, ttft_p50: float, tokens_per_s: float) -> dict[str, object]:
+    return {**_level(concurrency, tokens_per_s, ttft_p50), "num_chats": 16, "prefix_hit_rate": rate,
+            "computed_prompt_tokens": 9_000, "prompt_tokens": 36_000, "ttft_ms_first_turn": {"p50": 20.0, "p99": 30.0},
+            "ttft_ms_later_turns": {"p50": 8.0, "p99": 12.0}}
+
+
+def test_prefix_heavy_serving_and_other_model_shapes_get_their_own_tables(tmp_path: Path) -> None:
+    results, docs = tmp_path / "results", tmp_path / "docs"
+    main = _throughput("2026-11-21 10:00 UTC", 16_000.0)
+    main["model"] = "/tmp/qwen3-0.6b-bench"
+    _write(results, "current/main.json", main)
+    large = _throughput("2026-11-23 10:00 UTC", 2_500.0)  # newer than the main run: it must not replace it
+    large.update(model="/tmp/qwen3-8b-bench", engine={"num_kv_blocks": 21_000, "block_size": 16},
+                 config={"enforce_eager": False})
+    large["ideal"] = {**large["ideal"], "weight_bytes_per_step": 16_381_000_000, "batch1_tpot_ms": 5.8}  # type: ignore[dict-item]
+    large["batch1"] = {"tpot_ms": 7.25}
+    large["summary"] = {"share_of_ideal": 0.8123}
+    _write(results, "current/large.json", large)
+    config = {"turns": 4, "system_len": 2048, "user_len": 128, "max_tokens": 128, "temperature": 0.6}
+    _write(results, "current/prefix.json", {
+        "device": DEVICE, "date": "2026-11-23 11:00 UTC", "commit": "abc1234",
+        "command": "python -m bench.prefix_serve", "kind": "prefix-serve", "config": config, "is_complete": True,
+        "variants": [{"prefix_caching": "on", "levels": [_prefix_level(1, 0.9412, 10.0, 700.0),
+                                                          _prefix_level(128, 0.9, 50.0, 9_000.0)]},
+                     {"prefix_caching": "off", "levels": [_prefix_level(1, 0.0, 25.0, 600.0),
+                                                           _prefix_level(128, None, 400.0, 6_000.0)]}]})
+
+    page = write_report(results, docs).read_text()
+
+    main_table = page[page.index("## Offline throughput"):page.index("### Every recorded run")]
+    assert "| openai-serve | 256 | 150,245 | 9.39 | 16,000.0 |" in main_table and "2,500.0" not in main_table
+    prefix = page[page.index("## Prefix-heavy serving"):page.index("## Other model shapes")]
+    assert "sharing one 2048-token system prompt: 4 turns each" in prefix and "Partial" not in prefix
+    assert "| on | 1 | 16 | 64 | 0 | 94.1% | 9,000 / 36,000 | 10.0 / 40.0 | 20.0 / 8.0 | 700.0 | 1.00 | 1 |" in prefix
+    assert "| off | 128 | 16 | 64 | 0 | - |" in prefix  # no counters: no hit rate, not a zero
+    assert "- Concurrency 128: prefix caching on gives 1.50x the output tok/s of off, and TTFT p50 / p99 8.00x / " \
+           "1.00x shorter." in prefix
+    other = page[page.index("## Other model shapes"):]
+    assert ("| `qwen3-8b-bench` | NVIDIA H100 80GB HBM3 | 2,500.0 | 81.2% | 7.250 (5.800) | 80% | 16.4 | "
+            "21,000 blocks of 16 tokens | on | 2026-11-23 10:00 UTC, `abc1234` |") in other
+    assert "file `bench/results/current/large.json`" in other
