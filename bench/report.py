@@ -3,9 +3,10 @@
 Runs anywhere (no GPU): the figures come from the JSON that the GPU runs wrote. `current/` holds the
 figures shown, the latest result of each kind: offline throughput on the nano-vllm workload, offline
 throughput on the serving shape (the reference for the server's share), each server's serving
-run, the prefix-heavy serving run (bench.prefix_serve) and the offline runs of other model shapes; the targets of issue 5 are checked against them, with the margin. `archive/YYYY-MM-DD-what/`
-holds superseded and A/B results: they appear only in the history of offline runs. `notes.md`,
-written by hand after reading the runs, is copied in as the analysis.
+run, the prefix-heavy serving run (bench.prefix_serve) and the offline runs of other model shapes; the
+targets of issue 5 are checked against them, with the margin. `archive/YYYY-MM-DD-what/` holds
+superseded and A/B results: they appear only in the history of offline runs. `notes.md`, written by hand
+after reading the runs, is copied in as the analysis.
 
     python -m bench.report [--results bench/results] [--docs docs]
 """
