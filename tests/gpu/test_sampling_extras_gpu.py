@@ -76,8 +76,12 @@ def masked_rows(num_rows: int, allowed: list[list[int]]) -> TokenMask:
 
 def test_fused_path_samples_only_allowed_tokens() -> None:
     allowed = [[5, 31, 32, 151935], [7], list(range(1000, 1100))]
-    logits = (torch.randn(3, VOCAB, device=CUDA) * 3).to(torch.bfloat16)
+    generator = torch.Generator(CUDA).manual_seed(0)
+    logits = (torch.randn(3, VOCAB, device=CUDA, generator=generator) * 3).to(torch.bfloat16)
     logits[:, 0] = 50.0  # the favourite, disallowed everywhere
+    # Row 0's allowed ids (bit 31 of word 0, bit 0 of word 1, the last id) equally likely: with random logits one
+    # of four could take nearly all the probability and the 200 draws see only it (about 5% of seeds).
+    logits[0, allowed[0]] = 1.0
     sampler = Sampler(CUDA, seed=0)
     rows = [RowSampling(temperature=1.0), RowSampling(temperature=0.0), RowSampling(temperature=2.0)]
     seen: list[set[int]] = [set(), set(), set()]
