@@ -76,7 +76,10 @@ def _run(rank: int, args: argparse.Namespace, port: int, out_path: str) -> None:
     if rank == 0:
         Path(out_path).write_text(json.dumps(figures))
     dist.barrier()
-    dist.destroy_process_group()
+    torch.cuda.synchronize()
+    # Not destroy_process_group: after NCCL calls captured in a CUDA graph it held the ranks past the stage's
+    # 60 s on 2x H200 (as it held gpu/tensor_parallel_worker.py's); the process's end frees the communicator.
+    os._exit(0)
 
 
 def main(argv: list[str] | None = None) -> None:
