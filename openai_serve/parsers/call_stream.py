@@ -11,6 +11,7 @@ import json
 
 from openai_serve.parsers.deltas import MessageDelta, ToolCallDelta, new_tool_call_id
 from openai_serve.parsers.json_spans import JsonSpans, Path
+from openai_serve.parsers.stepping import SteppingParser
 
 ARGUMENT_KEYS = ("arguments", "parameters")
 
@@ -66,3 +67,39 @@ class CallStream:
         self._num_sent += len(piece)
         self._is_complete = span.end is not None
         return piece
+
+
+class JsonCall:
+    """A call written as a JSON object of its own (hermes' `<tool_call>` body, each of llama3_json's
+    calls): its spans, fed the model's text, and the deltas they settle."""
+
+    def __init__(self, index: int) -> None:
+        self.spans = JsonSpans()
+        self._stream = CallStream(index, self.spans)
+
+    @property
+    def is_started(self) -> bool:
+        """Its id and name went out: it is a call (before that, its text may turn out to be content)."""
+        return self._stream.is_started
+
+    def feed(self, text: str) -> list[MessageDelta]:
+        self.spans.feed(text)
+        return self._stream.update()
+
+
+class JsonCallsParser(SteppingParser):
+    """A tool-call parser whose calls are JSON objects of their own, read one after another (hermes,
+    llama3_json); each parser's own states say where a call starts and what follows it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._num_calls = 0  # calls read in full
+        self._call = JsonCall(0)  # the call being read (a fresh one from `_start_call`)
+
+    def _start_call(self) -> None:
+        self._call = JsonCall(self._num_calls)
+
+    def _feed_call(self, deltas: list[MessageDelta]) -> JsonSpans:
+        """Hands the pending text to the call being read (what follows its JSON stays in its spans' text)."""
+        deltas.extend(self._call.feed(self._take_pending()))
+        return self._call.spans

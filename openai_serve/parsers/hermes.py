@@ -8,9 +8,8 @@ a JSON object with a name is content, as written.
 
 from enum import Enum
 
-from openai_serve.parsers.call_stream import CallStream
+from openai_serve.parsers.call_stream import JsonCallsParser
 from openai_serve.parsers.deltas import MessageDelta
-from openai_serve.parsers.json_spans import JsonSpans
 from openai_serve.parsers.tags import held_back, split_at_tag
 
 START = "<tool_call>"
@@ -24,31 +23,20 @@ class _State(Enum):
     SKIPPING = "skipping"  # a call that broke off: up to </tool_call> is dropped
 
 
-class HermesToolParser:
+class HermesToolParser(JsonCallsParser):
     def __init__(self) -> None:
+        super().__init__()
         self._state = _State.CONTENT
-        self._pending = ""  # text not handled yet
-        self._num_calls = 0
-        self._spans = JsonSpans()
-        self._call: CallStream | None = None
-
-    def feed(self, text: str) -> list[MessageDelta]:
-        self._pending += text
-        deltas: list[MessageDelta] = []
-        while self._step(deltas):
-            pass
-        return deltas
 
     def finish(self) -> list[MessageDelta]:
-        pending, self._pending = self._pending, ""
+        pending = self._take_pending()
         if self._state is _State.CONTENT and (pending.strip() or not self._num_calls):
             return [MessageDelta(content=pending)] if pending else []
-        if self._state is _State.CALL and not self._call.is_started:  # type: ignore[union-attr]
-            return [MessageDelta(content=START + self._spans.text)]
+        if self._state is _State.CALL and not self._call.is_started:
+            return [MessageDelta(content=START + self._call.spans.text)]
         return []
 
     def _step(self, deltas: list[MessageDelta]) -> bool:
-        """Handles what it can of the pending text; False when it must wait for more."""
         if self._state is _State.CONTENT:
             return self._read_content(deltas)
         if self._state is _State.CALL:
@@ -69,16 +57,12 @@ class HermesToolParser:
 
     def _start_call(self) -> None:
         self._state = _State.CALL
-        self._spans = JsonSpans()
-        self._call = CallStream(self._num_calls, self._spans)
+        super()._start_call()
 
     def _read_call(self, deltas: list[MessageDelta]) -> bool:
-        spans, call = self._spans, self._call
-        spans.feed(self._pending)
-        self._pending = ""
-        deltas.extend(call.update())  # type: ignore[union-attr]
+        spans, call = self._feed_call(deltas), self._call
         if spans.is_invalid:
-            if not call.is_started:  # type: ignore[union-attr]
+            if not call.is_started:
                 deltas.append(MessageDelta(content=START + spans.text))
                 self._state = _State.CONTENT
             else:
@@ -87,7 +71,7 @@ class HermesToolParser:
             return True
         if spans.end is None:
             return False
-        if not call.is_started:  # type: ignore[union-attr]  # a JSON value without a name: not a call
+        if not call.is_started:  # a JSON value without a name: not a call
             deltas.append(MessageDelta(content=START + spans.text))
             self._state = _State.CONTENT
             return True

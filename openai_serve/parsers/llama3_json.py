@@ -8,9 +8,8 @@ the last call is content. A call that is not a JSON object with a name is conten
 
 from enum import Enum
 
-from openai_serve.parsers.call_stream import CallStream
+from openai_serve.parsers.call_stream import JsonCallsParser
 from openai_serve.parsers.deltas import MessageDelta
-from openai_serve.parsers.json_spans import JsonSpans
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -22,26 +21,16 @@ class _State(Enum):
     BETWEEN = "between"  # after a call: `;` and the next, or content
 
 
-class Llama3JsonToolParser:
+class Llama3JsonToolParser(JsonCallsParser):
     def __init__(self) -> None:
+        super().__init__()
         self._state = _State.START
-        self._pending = ""
-        self._num_calls = 0
-        self._spans = JsonSpans()
-        self._call: CallStream | None = None
         self._after_separator = False
 
-    def feed(self, text: str) -> list[MessageDelta]:
-        self._pending += text
-        deltas: list[MessageDelta] = []
-        while self._step(deltas):
-            pass
-        return deltas
-
     def finish(self) -> list[MessageDelta]:
-        pending, self._pending = self._pending, ""
-        if self._state is _State.CALL and not self._call.is_started:  # type: ignore[union-attr]
-            return [MessageDelta(content=self._spans.text)]
+        pending = self._take_pending()
+        if self._state is _State.CALL and not self._call.is_started:
+            return [MessageDelta(content=self._call.spans.text)]
         if self._state in (_State.START, _State.CONTENT) and pending:
             return [MessageDelta(content=pending)]
         return []
@@ -50,10 +39,7 @@ class Llama3JsonToolParser:
         if self._state is _State.START:
             return self._read_start()
         if self._state is _State.CONTENT:
-            if self._pending:
-                deltas.append(MessageDelta(content=self._pending))
-                self._pending = ""
-            return False
+            return self._send_content(deltas)
         if self._state is _State.CALL:
             return self._read_call(deltas)
         return self._read_between()
@@ -75,17 +61,13 @@ class Llama3JsonToolParser:
 
     def _start_call(self) -> None:
         self._state = _State.CALL
-        self._spans = JsonSpans()
-        self._call = CallStream(self._num_calls, self._spans)
+        super()._start_call()
 
     def _read_call(self, deltas: list[MessageDelta]) -> bool:
-        spans, call = self._spans, self._call
-        spans.feed(self._pending)
-        self._pending = ""
-        deltas.extend(call.update())  # type: ignore[union-attr]
+        spans, call = self._feed_call(deltas), self._call
         if not spans.is_done:
             return False
-        if not call.is_started:  # type: ignore[union-attr]  # not a call after all
+        if not call.is_started:  # not a call after all
             self._pending, self._state = spans.text, _State.CONTENT
             return True
         self._num_calls += 1

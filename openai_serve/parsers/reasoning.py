@@ -12,6 +12,7 @@ all reasoning, as in vLLM. Whitespace between `</think>` and the content is drop
 from enum import Enum
 
 from openai_serve.parsers.deltas import MessageDelta
+from openai_serve.parsers.stepping import SteppingParser
 from openai_serve.parsers.tags import split_at_tag
 
 START = "<think>"
@@ -26,26 +27,19 @@ class _State(Enum):
     CONTENT = "content"
 
 
-class ReasoningParser:
+class ReasoningParser(SteppingParser):
     def __init__(self, parser_name: str, prompt: str) -> None:
         if parser_name not in PARSER_CHOICES:
             raise ValueError(f"unknown reasoning parser {parser_name!r}; one of {', '.join(PARSER_CHOICES)}")
+        super().__init__()
         prompt_end = prompt.rstrip()
         self._state = _State.START
         self._starts_in_reasoning = parser_name == "deepseek_r1" or prompt_end.endswith(START)
         if prompt_end.endswith(END):
             self._state = _State.CONTENT
-        self._pending = ""
-
-    def feed(self, text: str) -> list[MessageDelta]:
-        self._pending += text
-        deltas: list[MessageDelta] = []
-        while self._step(deltas):
-            pass
-        return deltas
 
     def finish(self) -> list[MessageDelta]:
-        pending, self._pending = self._pending, ""
+        pending = self._take_pending()
         if not pending or self._state is _State.CONTENT_START:
             return []
         is_reasoning = self._state is _State.REASONING or (self._state is _State.START and self._starts_in_reasoning)
@@ -61,10 +55,7 @@ class ReasoningParser:
             if not self._pending:
                 return False
             self._state = _State.CONTENT
-        if self._pending:
-            deltas.append(MessageDelta(content=self._pending))
-            self._pending = ""
-        return False
+        return self._send_content(deltas)
 
     def _read_start(self) -> bool:
         rest = self._pending.lstrip()

@@ -1,0 +1,34 @@
+"""The loop every tag-reading parser here shares (hermes, llama3_json, reasoning): text waits in
+`_pending` until a step of the parser's state machine can settle it.
+
+`feed` adds the new text and runs steps until one must wait for more; a step takes what it settles
+out of `_pending` (leaving what might still be the start of a tag) and adds its deltas.
+"""
+
+from openai_serve.parsers.deltas import MessageDelta
+
+
+class SteppingParser:
+    def __init__(self) -> None:
+        self._pending = ""  # text not handled yet
+
+    def feed(self, text: str) -> list[MessageDelta]:
+        self._pending += text
+        deltas: list[MessageDelta] = []
+        while self._step(deltas):
+            pass
+        return deltas
+
+    def _step(self, deltas: list[MessageDelta]) -> bool:
+        """Handles what it can of the pending text; False when it must wait for more."""
+        raise NotImplementedError
+
+    def _take_pending(self) -> str:
+        pending, self._pending = self._pending, ""
+        return pending
+
+    def _send_content(self, deltas: list[MessageDelta]) -> bool:
+        """A step in a state where all text is content: what is pending goes out as it is."""
+        if self._pending:
+            deltas.append(MessageDelta(content=self._take_pending()))
+        return False
