@@ -30,6 +30,29 @@ from gpu.pending_step import feed_back_tokens
 logger = logging.getLogger(__name__)
 
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+StaticArgs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata]  # a forward's arguments, static buffers' views
+MemoryPool = tuple[int, int]  # CUDAGraph.pool()'s handle
+
+
+def capture_graphs(forward: ForwardFn, buckets: list[int], static_args: Callable[[int], StaticArgs],
+                   pool: MemoryPool | None, desc: str,
+                   ) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, torch.Tensor], MemoryPool | None]:
+    """One graph of `forward` per bucket on the bucket's static args, largest first so that later graphs fit
+    in its memory, all in one pool (`pool`, or a new one); returns the graphs, their static outputs and the
+    pool. Used for decode steps here and for steps with prefill (mixed_graphs.py)."""
+    graphs: dict[int, torch.cuda.CUDAGraph] = {}
+    outputs: dict[int, torch.Tensor] = {}
+    for bucket in tqdm(list(reversed(buckets)), desc=desc, unit="graph", disable=None):
+        args = static_args(bucket)
+        forward(*args)  # warm-up outside the graph: compiles kernels, settles allocations
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool):
+            outputs[bucket] = forward(*args)
+        if pool is None:
+            pool = graph.pool()
+        graphs[bucket] = graph
+    torch.cuda.synchronize()
+    return graphs, outputs, pool
 
 
 def batch_size_buckets(max_num_seqs: int) -> list[int]:
@@ -67,7 +90,7 @@ class DecodeGraphs:
         self._turn = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
-        self.pool = None
+        self.pool: MemoryPool | None = None
 
     def bucket_for(self, num_rows: int) -> int | None:
         return next((b for b in self.buckets if b >= num_rows), None)
@@ -86,20 +109,11 @@ class DecodeGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        buckets = tqdm(list(reversed(self.buckets)), desc="CUDA graphs, decode steps", unit="graph", disable=None)
-        for bucket in buckets:  # largest first: later graphs fit in its pool
-            args = self._static_args(bucket)
-            self.forward(*args)  # warm-up outside the graph: compiles kernels, settles allocations
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[bucket] = self.forward(*args)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[bucket] = graph
-        torch.cuda.synchronize()
+        self.graphs, self.outputs, self.pool = capture_graphs(self.forward, self.buckets, self._static_args, self.pool,
+                                                              "CUDA graphs, decode steps")
         logger.info("captured CUDA graphs for decode batch sizes %s", self.buckets)
 
-    def _static_args(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def _static_args(self, bucket: int) -> StaticArgs:
         return self.input_ids[:bucket], self.positions[:bucket], self.metadata(bucket)
 
     def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:
@@ -124,8 +138,9 @@ class DecodeGraphs:
         return self.outputs[bucket][:num_rows]
 
 
-class _HostMirror:
-    """Pinned host copies of the static input buffers, and an event for when their copy has run."""
+class PinnedMirror:
+    """Pinned host copies of a graph set's two static input buffers (int64, int32), and an event for when
+    their copy to the device has run (decode graphs here, mixed_graphs.py's)."""
 
     def __init__(self, int64: torch.Tensor, int32: torch.Tensor) -> None:
         self.int64 = torch.zeros(int64.shape, dtype=int64.dtype).pin_memory()
@@ -133,6 +148,8 @@ class _HostMirror:
         self.copied = torch.cuda.Event()
         self.copied.record()
 
+
+class _HostMirror(PinnedMirror):
     def fill(self, batch: Batch, bucket: int, max_num_seqs: int, max_blocks: int, order_rows: bool) -> int:
         """Writes the batch (padded to the bucket) into the mirror; returns how many int32 entries to copy."""
         self.copied.synchronize()  # its previous copy has run (long since, in practice)

@@ -21,11 +21,10 @@ import logging
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch
-from gpu.cuda_graphs import ForwardFn
+from gpu.cuda_graphs import ForwardFn, MemoryPool, PinnedMirror, StaticArgs, capture_graphs
 from gpu.host_to_device import write_block_tables
 from gpu.pending_step import feed_back_tokens
 
@@ -109,11 +108,11 @@ class MixedGraphs:
         self.buckets = token_buckets(max_num_batched_tokens)
         self.max_model_len = max_model_len
         self.inputs = StaticInputs(self.buckets[-1], max_num_seqs, -(-max_model_len // block_size), device)
-        self._mirrors = [_PinnedMirror(self.inputs) for _ in range(2)]
+        self._mirrors = [PinnedMirror(self.inputs.int64, self.inputs.int32) for _ in range(2)]
         self._turn = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, torch.Tensor] = {}
-        self.pool = None
+        self.pool: MemoryPool | None = None
 
     def bucket_for(self, batch: Batch) -> int | None:
         num_tokens = len(batch.token_ids)
@@ -122,7 +121,7 @@ class MixedGraphs:
             return None
         return bucket
 
-    def _static_args(self, bucket: int) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    def _static_args(self, bucket: int) -> StaticArgs:
         fields = self.inputs.fields(bucket)
         return fields[0], fields[1], self.inputs.metadata(bucket, self.max_model_len)
 
@@ -130,20 +129,15 @@ class MixedGraphs:
     def capture(self) -> None:
         """Captures every bucket, largest first (later graphs fit in its pool), with empty rows
         (query_start_loc and context lengths all 0): the kernels launch, no program does work."""
-        buckets = tqdm(list(reversed(self.buckets)), desc="CUDA graphs, steps with prefill", unit="graph", disable=None)
-        for bucket in buckets:
-            self.inputs.int32.zero_()
-            self.inputs.fields(bucket)[2].fill_(-1)  # slots: no K/V written
-            args = self._static_args(bucket)
-            self.forward(*args)  # outside the graph: compiles kernels, settles allocations
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self.pool):
-                self.outputs[bucket] = self.forward(*args)
-            if self.pool is None:
-                self.pool = graph.pool()
-            self.graphs[bucket] = graph
-        torch.cuda.synchronize()
+        self.graphs, self.outputs, self.pool = capture_graphs(self.forward, self.buckets, self._empty_args, self.pool,
+                                                              "CUDA graphs, steps with prefill")
         logger.info("captured CUDA graphs for steps with prefill, token buckets %s", self.buckets)
+
+    def _empty_args(self, bucket: int) -> StaticArgs:
+        """The bucket's static args, holding no row and writing no K/V."""
+        self.inputs.int32.zero_()
+        self.inputs.fields(bucket)[2].fill_(-1)  # slots: no K/V written
+        return self._static_args(bucket)
 
     def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:
         """Fills the static buffers (fed-back tokens read from `last_sampled_ids` on the device), replays the
@@ -166,13 +160,3 @@ class MixedGraphs:
             return self.forward(*self._static_args(bucket))[:num_tokens]
         self.graphs[bucket].replay()
         return self.outputs[bucket][:num_tokens]
-
-
-class _PinnedMirror:
-    """Pinned host copies of the static buffers, and an event for when their copy has run."""
-
-    def __init__(self, inputs: StaticInputs) -> None:
-        self.int64 = torch.zeros(inputs.int64.shape, dtype=torch.int64).pin_memory()
-        self.int32 = torch.zeros(inputs.int32.shape, dtype=torch.int32).pin_memory()
-        self.copied = torch.cuda.Event()
-        self.copied.record()
