@@ -106,7 +106,7 @@ class TimedEngine:
 
 def build_timed_engine(config: EngineConfig, kernels: KernelConfig) -> TimedEngine:
     runner = TimedRunner(make_runner(replace(runner_config(config), kernels=kernels)))
-    return TimedEngine(LLMEngine(config, runner), runner)  # type: ignore[arg-type]  # a runner by its interface
+    return TimedEngine(LLMEngine(config, runner), runner)
 
 
 class _TimedPending(PendingStep):

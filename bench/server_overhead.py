@@ -39,13 +39,14 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Never
 
 from bench.common import write_result
 from bench.load import RequestSpec, new_session, run_level
 from bench.serve import free_port, process_cpu_seconds, stop, wait_for_health
 from bench.stats import summarize
 from core import CacheConfig, EngineConfig, LLMEngine, ModelConfig, SamplingParams, SchedulerConfig
-from gpu.batch import Batch, StepResult
+from gpu.batch import Batch, StepResult, TokenMask
 from gpu.model_info import read_model_info
 
 MODEL = "tiny"
@@ -103,6 +104,16 @@ class EmulatedRunner:
     def execute(self, batch: Batch) -> StepResult:
         return self.launch(batch).result()
 
+    def close(self) -> None:
+        """Nothing to stop."""
+
+    def restarted(self) -> "EmulatedRunner":
+        return self
+
+    def sample_masked(self, pending: Never, token_mask: TokenMask) -> EmulatedStep:
+        """Never called: no emulated step waits for token masks (the workload asks for no structured output)."""
+        raise AssertionError("the emulated runner's steps take no token masks")
+
     def launch(self, batch: Batch) -> EmulatedStep:
         _hold_the_gil(self._host_s)
         now = time.perf_counter()
@@ -138,7 +149,7 @@ def build_engine(args: argparse.Namespace, step_ms: float, max_num_seqs: int) ->
         scheduler=SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=_MAX_NUM_BATCHED_TOKENS, **sync),
     )
     runner = EmulatedRunner(num_blocks, read_model_info(model).vocab_size, step_ms / 1e3, args.host_ms / 1e3)
-    return LLMEngine(config, runner), runner  # type: ignore[arg-type]  # a runner by its interface
+    return LLMEngine(config, runner), runner
 
 
 def prompts(num: int, prompt_len: int, vocab_size: int, seed: int) -> list[list[int]]:

@@ -47,9 +47,7 @@ from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
 from gpu.model_info import read_model_info
-from gpu.pending_step import PendingStep
-from gpu.runner_factory import AwaitingMasks, Runner, make_runner
-from gpu.tensor_parallel_runner import RemoteStep
+from gpu.runner_factory import AwaitingMasks, Runner, StepInFlight, make_runner
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +85,7 @@ class _Abort:
 class _LaunchedStep:
     scheduled: list[ScheduledSequence]
     sampled_seqs: list[Sequence]  # the sequences of the step's sampled rows, in row order
-    pending: PendingStep | RemoteStep | AwaitingMasks  # AwaitingMasks: its sampling waits for token masks
+    pending: StepInFlight | AwaitingMasks  # AwaitingMasks: its sampling waits for token masks
     scored_seqs: list[Sequence]  # the sequences of the step's prompt_logprobs rows, in order
 
 

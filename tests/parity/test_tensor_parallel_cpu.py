@@ -18,6 +18,7 @@ import torch
 
 from core import LLM, SamplingParams
 from core.structured_output import StructuredOutput
+from gpu.runner_factory import Runner
 from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths, record_schedules
 
 MAX_NEW_TOKENS = 8
@@ -67,6 +68,7 @@ def engines(request: pytest.FixtureRequest, model_dirs: dict[str, Path]) -> Iter
 
 def test_a_batch_that_is_chunked_and_preempted(engines: tuple[Path, LLM, LLM]) -> None:
     model_dir, single, sharded = engines
+    assert isinstance(sharded.engine.runner, Runner) and isinstance(single.engine.runner, Runner)
     prompts = prompts_of_lengths((7, 12, 3, 18, 9, 14, 40))
     records = record_schedules(sharded.engine)
     before = sharded.engine.stats().num_preemptions
