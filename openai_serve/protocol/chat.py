@@ -36,7 +36,6 @@ class ChatRequest(GenerationRequest):
 
 def parse_chat_request(body: object, unknown: UnknownFields | None = None) -> ChatRequest:
     """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`)."""
-    unknown = UnknownFields(is_strict=True) if unknown is None else unknown
     fields = Fields(body, unknown=unknown)
     model = read_model(fields)
     max_tokens, max_tokens_param = _read_max_tokens(fields)
@@ -48,7 +47,7 @@ def parse_chat_request(body: object, unknown: UnknownFields | None = None) -> Ch
     tools = read_tools(fields)
     request = ChatRequest(
         common=replace(common, sampling=with_forced_tools(common.sampling, tools)),
-        messages=parse_messages(fields.raw("messages"), unknown),
+        messages=parse_messages(fields.raw("messages"), fields.unknown),
         max_tokens_param=max_tokens_param,
         template_kwargs=read_template_kwargs(fields),
         add_generation_prompt=fields.get_bool("add_generation_prompt", True),
@@ -56,8 +55,7 @@ def parse_chat_request(body: object, unknown: UnknownFields | None = None) -> Ch
         tools=tools,
     )
     _check_continuation(request)
-    fields.check_unknown()
-    return replace(request, ignored_fields=tuple(unknown.names))
+    return replace(request, ignored_fields=fields.ignored_fields())
 
 
 def read_template_kwargs(fields: Fields) -> dict[str, object]:

@@ -30,7 +30,6 @@ class CompletionRequest(GenerationRequest):
 
 def parse_completion_request(body: object, unknown: UnknownFields | None = None) -> CompletionRequest:
     """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`)."""
-    unknown = UnknownFields(is_strict=True) if unknown is None else unknown
     fields = Fields(body, unknown=unknown)
     model = read_model(fields)
     max_tokens = fields.get_int("max_tokens", DEFAULT_MAX_TOKENS, MAX_TOKENS)
@@ -54,8 +53,7 @@ def parse_completion_request(body: object, unknown: UnknownFields | None = None)
         sampling = common.sampling
         wanted = max(request.logprobs, sampling.prompt_logprobs or 0)
         request = replace(request, common=replace(common, sampling=replace(sampling, prompt_logprobs=wanted)))
-    fields.check_unknown()
-    return replace(request, ignored_fields=tuple(unknown.names))
+    return replace(request, ignored_fields=fields.ignored_fields())
 
 
 def parse_prompts(prompt: object) -> tuple[Prompt, ...]:

@@ -140,6 +140,12 @@ class Fields:
             if key not in self._read:
                 self.unknown.found(self.name(key))
 
+    def ignored_fields(self) -> tuple[str, ...]:
+        """After a request body's last read: reports its fields nobody read, and returns the names of all the
+        request's ignored fields (nested objects' ones included: they report to the same `unknown`)."""
+        self.check_unknown()
+        return tuple(self.unknown.names)
+
     def accept(self, *keys: str) -> None:
         """Fields that mean nothing here (OpenAI's `store`, a message's `annotations`): read, so
         they are neither an error nor reported, whatever their value."""

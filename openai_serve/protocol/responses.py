@@ -65,7 +65,6 @@ class ResponsesRequest(ChatRequest):
 
 def parse_responses_request(body: object, unknown: UnknownFields | None = None) -> ResponsesRequest:
     """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`)."""
-    unknown = UnknownFields(is_strict=True) if unknown is None else unknown
     fields = Fields(body, unknown=unknown)
     model = read_model(fields)
     max_tokens = fields.get_int("max_output_tokens", None, MAX_TOKENS)
@@ -76,7 +75,7 @@ def parse_responses_request(body: object, unknown: UnknownFields | None = None) 
     tools = read_response_tools(fields)
     sampling = with_forced_tools(sampling, tools)
     instructions = fields.get_str("instructions", None)
-    input_messages = parse_input(fields.raw("input"), unknown)
+    input_messages = parse_input(fields.raw("input"), fields.unknown)
     request = ResponsesRequest(
         common=CommonRequest(model=model, sampling=sampling, stream=_read_stream(fields),
                              user=fields.get_str("user", None)),
@@ -98,8 +97,7 @@ def parse_responses_request(body: object, unknown: UnknownFields | None = None) 
     for part in (text, reasoning):
         if part is not None:
             part.check_unknown()
-    fields.check_unknown()
-    return replace(request, settings=settings, ignored_fields=tuple(unknown.names))
+    return replace(request, settings=settings, ignored_fields=fields.ignored_fields())
 
 
 def _instructions(instructions: str | None) -> tuple[dict[str, object], ...]:
