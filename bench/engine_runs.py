@@ -23,7 +23,8 @@ from core.engine import runner_config
 from gpu.batch import Batch, StepResult, TokenMask
 from gpu.config import KernelConfig
 from gpu.pending_step import PendingLogits, PendingStep
-from gpu.runner_factory import AwaitingMasks, Runner, make_runner
+from gpu.runner import Runner
+from gpu.runner_factory import AwaitingMasks, make_runner
 
 TEMPERATURE = 0.6
 _request_numbers = count()

@@ -47,7 +47,8 @@ from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
 from gpu.model_info import read_model_info
-from gpu.runner_factory import AwaitingMasks, Runner, StepInFlight, make_runner
+from gpu.runner import Runner, StepInFlight
+from gpu.runner_factory import AwaitingMasks, make_runner
 
 logger = logging.getLogger(__name__)
 

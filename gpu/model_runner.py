@@ -38,6 +38,7 @@ from gpu.models import model_class
 from gpu.penalties import PenaltyState
 from gpu.pending_step import PendingLogits, PendingStep, SampledRows, feed_back_tokens
 from gpu.prompt_logprobs import PackedPromptLogprobs, prompt_logprobs
+from gpu.runner import run_step
 from gpu.sampler import Sampler
 
 logger = logging.getLogger(__name__)
@@ -271,11 +272,7 @@ class ModelRunner:
 
     def execute(self, batch: Batch, token_mask: TokenMask | None = None) -> StepResult:
         """Runs one step and waits for its tokens on the host."""
-        pending = self.launch(batch)
-        if isinstance(pending, PendingLogits):
-            assert token_mask is not None, "the batch has token masks: pass them"
-            pending = self.sample_masked(pending, token_mask)
-        return pending.result()
+        return run_step(self, batch, token_mask)
 
     @torch.inference_mode()
     def launch(self, batch: Batch) -> PendingStep | PendingLogits:

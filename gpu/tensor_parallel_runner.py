@@ -34,6 +34,7 @@ from gpu.batch import Batch, StepResult, TokenMask
 from gpu.batch_wire import encode, encode_mask
 from gpu.config import RunnerConfig
 from gpu.distributed import host_store
+from gpu.runner import run_step
 from gpu.tensor_parallel_worker import WorkerStart
 
 logger = logging.getLogger(__name__)
@@ -120,11 +121,8 @@ class TensorParallelRunner:
         return pending.step
 
     def execute(self, batch: Batch, token_mask: TokenMask | None = None) -> StepResult:
-        pending = self.launch(batch)
-        if isinstance(pending, RemoteLogits):
-            assert token_mask is not None, "the batch has token masks: pass them"
-            pending = self.sample_masked(pending, token_mask)
-        return pending.result()
+        """Runs one step and waits for its tokens on the host."""
+        return run_step(self, batch, token_mask)
 
     def result_of(self, index: int) -> StepResult:
         while index not in self._results:

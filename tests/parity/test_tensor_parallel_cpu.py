@@ -18,7 +18,7 @@ import torch
 
 from core import LLM, SamplingParams
 from core.structured_output import StructuredOutput
-from gpu.runner_factory import Runner
+from gpu.runner import Runner
 from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths, record_schedules
 
 MAX_NEW_TOKENS = 8

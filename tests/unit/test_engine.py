@@ -3,11 +3,13 @@ seeded sampling."""
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
 from core import LLM, FinishReason, RequestRejected, SamplingParams
 from core.engine import LLMEngine
+from gpu.batch import Batch, RowSampling, TokenMask
 
 
 @pytest.fixture(scope="module")
@@ -144,3 +146,16 @@ def test_prompt_strings_are_tokenized_by_llm(tiny_qwen3_dir: Path) -> None:
     (out,) = llm.generate("Hello! How are you today?", SamplingParams(temperature=0.0, max_tokens=8))
     assert out.prompt_token_ids == llm.tokenizer.encode("Hello! How are you today?")
     assert out.text == llm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+
+
+def test_a_step_with_token_masks_runs_to_its_result_with_them(engine: LLMEngine) -> None:
+    """gpu.runner.run_step (ModelRunner.execute): a batch that waits for masks is sampled with them."""
+    vocab = engine.runner.model.lm_head.weight.shape[0]
+    row = RowSampling(temperature=0.0, has_token_mask=True)
+    batch = Batch(token_ids=[5, 6, 7], positions=[0, 1, 2], slot_mapping=[-1] * 3, query_lens=[3], context_lens=[3],
+                  block_tables=[[0]], sampling=[row], has_token_masks=True)
+    bitmask = np.zeros((1, -(-vocab // 32)), dtype=np.int32)
+    bitmask[0, 1] = 1 << 9  # only token 41 allowed
+    assert engine.runner.execute(batch, TokenMask([0], bitmask)).token_ids == [41]
+    with pytest.raises(AssertionError, match="pass them"):
+        engine.runner.execute(batch)
