@@ -72,9 +72,10 @@ class DecoderAttention(nn.Module):
             heads = qkv[:, : self.q_size + self.kv_size].view(num_tokens, -1, self.head_dim)
             rotated = self.rotary.rotate(positions, heads)
             return rotated[:, : self.num_heads], rotated[:, self.num_heads :]
-        q, k = qkv[:, : self.q_size], qkv[:, self.q_size : self.q_size + self.kv_size]
-        q = self.q_norm(q.view(num_tokens, self.num_heads, self.head_dim))
-        k = self.k_norm(k.view(num_tokens, self.num_kv_heads, self.head_dim))  # type: ignore[misc]
+        q = qkv[:, : self.q_size].view(num_tokens, self.num_heads, self.head_dim)
+        k = qkv[:, self.q_size : self.q_size + self.kv_size].view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None and self.k_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         return self.rotary(positions, q, k)
 
     def _is_fused(self, qkv: torch.Tensor) -> bool:
