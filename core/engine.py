@@ -30,6 +30,7 @@ import logging
 import queue
 import time
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from core.batch_builder import build_batch
@@ -133,6 +134,10 @@ class LLMEngine:
         that no live request has."""
         max_tokens = self.limits.max_tokens_of(len(prompt_token_ids), params)
         self._inbox.put(Sequence(request_id, prompt_token_ids, params, max_tokens))
+
+    def add_requests(self, requests: Iterable[tuple[str, list[int], SamplingParams]]) -> None:
+        for request_id, prompt_token_ids, params in requests:
+            self.add_request(request_id, prompt_token_ids, params)
 
     def abort_request(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))

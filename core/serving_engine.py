@@ -3,6 +3,7 @@
 The engine knows token ids only: the server holds the tokenizer, and checks each request with
 `limits` before it adds it (core/request_checks.py)."""
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from core.config import EngineConfig
@@ -21,6 +22,10 @@ class ServingEngine(Protocol):
     limits: EngineLimits
 
     def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
+
+    def add_requests(self, requests: Sequence[tuple[str, list[int], SamplingParams]]) -> None:
+        """Several at once (one HTTP request's choices): for an engine process, one message."""
+        ...
 
     def abort_request(self, request_id: str) -> None: ...
 

@@ -150,23 +150,24 @@ class EngineBridge:
 
     def submit(self, requests: Sequence[tuple[str, list[int], SamplingParams]]) -> RequestHandle:
         """Adds all of an HTTP request's engine requests (checked: core/request_checks.py), or none (a
-        refusal aborts the others)."""
+        refusal aborts the others). They go to the engine together: to an engine process, one message."""
         self._check_open(len(requests))
-        handle = RequestHandle(self, [request_id for request_id, _, _ in requests],
-                               self.max_unread_steps * len(requests))
-        for request_id, prompt_token_ids, params in requests:
-            try:
-                if request_id in self._handles:
-                    raise RequestRejected("request_id", f"request id {request_id!r} is already in use")
-                self._handles[request_id] = handle
-                self.engine.add_request(request_id, prompt_token_ids, params)
-            except RequestRejected as exc:
-                handle.close()
-                raise refused(exc) from exc
-            except RuntimeError as exc:  # the engine's process is gone; its failure is on its way here
-                handle.close()
-                raise service_unavailable("The engine failed and is restarting. Retry shortly.",
-                                          "engine_restarting") from exc
+        request_ids = [request_id for request_id, _, _ in requests]
+        handle = RequestHandle(self, request_ids, self.max_unread_steps * len(requests))
+        in_use = next((request_id for request_id in request_ids if request_id in self._handles), None)
+        if in_use is not None or len(set(request_ids)) < len(request_ids):
+            raise refused(RequestRejected("request_id", f"request id {in_use!r} is already in use"))
+        for request_id in request_ids:
+            self._handles[request_id] = handle
+        try:
+            self.engine.add_requests(requests)
+        except RequestRejected as exc:
+            handle.close()
+            raise refused(exc) from exc
+        except RuntimeError as exc:  # the engine's process is gone; its failure is on its way here
+            handle.close()
+            raise service_unavailable("The engine failed and is restarting. Retry shortly.",
+                                      "engine_restarting") from exc
         return handle
 
     def abort(self, handle: RequestHandle, request_id: str) -> None:

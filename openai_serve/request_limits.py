@@ -7,8 +7,11 @@ Two kinds of limit, each a 400 naming the field (no retry could help, so never a
   `max_prompt_chars` (the context length times the longest token of the vocabulary, in characters,
   times 4 where a normalizer may fold characters together) has more tokens than the context holds,
   as have more chat messages than the context has tokens (each message's role markers are at least
-  one token in every chat template we know). Tokenizing or rendering such a request would only
-  stall a CPU for seconds and grow the server's memory by gigabytes.
+  one token in every chat template we know), or more token ids. Tokenizing or rendering such a
+  request would only stall a CPU for seconds and grow the server's memory by gigabytes.
+
+What can be counted is checked on the body as parsed, before its fields are read one by one
+(`check_body`); the rest once they are (`check_generation`, `check_text`).
 """
 
 from dataclasses import dataclass
@@ -30,7 +33,7 @@ class RequestLimits:
     max_stop_strings: int
     max_stop_string_length: int
     max_prompt_chars: int  # a longer text can never fit the context
-    max_messages: int  # more chat messages can never fit the context
+    max_messages: int  # the context length: more chat messages, or token ids, can never fit
 
     @classmethod
     def of(cls, config: ServerConfig, max_model_len: int, tokenizer: PreTrainedTokenizerBase) -> "RequestLimits":
@@ -61,14 +64,35 @@ class RequestLimits:
             raise bad_request(f"'{param}' is {num_chars} characters long: more tokens than this model's context "
                               f"holds, whatever they are (at most {self.max_prompt_chars} characters can fit)", param)
 
-    def check_messages(self, body: object, key: str = "messages") -> None:
-        """Before the messages (the Responses API's `input`) are read: not more of them, nor more content,
-        than the context can hold."""
-        messages = body.get(key) if isinstance(body, dict) else None
-        if isinstance(messages, str):
-            self.check_text(len(messages), key)
-        if not isinstance(messages, list):
+    def check_body(self, body: object, prompt_key: str) -> None:
+        """Before the body is read: what can be counted without reading its values. Stop strings, prompts
+        (completions' `prompt`) and token ids over their limits, and messages (chat's `messages`, the
+        Responses API's `input`) beyond what the context can hold, are refused before any per-item work."""
+        if not isinstance(body, dict):
             return  # the request's own reading says what is wrong
+        stop = body.get("stop")
+        if isinstance(stop, list) and len(stop) > self.max_stop_strings:
+            raise bad_request(f"'stop' holds {len(stop)} strings; at most {self.max_stop_strings} are allowed "
+                              "(--max-stop-strings)", "stop")
+        prompt = body.get(prompt_key)
+        if isinstance(prompt, str):
+            self.check_text(len(prompt), prompt_key)
+        elif not isinstance(prompt, list) or not prompt:
+            return
+        elif prompt_key == "prompt":
+            self._check_prompt_list(prompt)
+        else:
+            self._check_messages(prompt, prompt_key)
+
+    def _check_prompt_list(self, prompt: list[object]) -> None:
+        if isinstance(prompt[0], int) and len(prompt) >= self.max_messages:
+            raise bad_request(f"'prompt' has {len(prompt)} tokens; this model's context holds at most "
+                              f"{self.max_messages}", "prompt")
+        if not isinstance(prompt[0], int) and len(prompt) > self.max_prompts:
+            raise bad_request(f"'prompt' holds {len(prompt)} prompts; at most {self.max_prompts} are allowed per "
+                              "request (--max-prompts-per-request)", "prompt")
+
+    def _check_messages(self, messages: list[object], key: str) -> None:
         if len(messages) > self.max_messages:
             raise bad_request(f"'{key}' holds {len(messages)} messages; this model's context holds at most "
                               f"{self.max_messages}", key)

@@ -34,7 +34,7 @@ from openai_serve.state import ServingState, serving_state
 async def create_chat_completion(request: Request) -> Response:
     state = serving_state(request)
     raw = await read_json(request)
-    state.limits.check_messages(raw)
+    state.limits.check_body(raw, "messages")
     body = parse_chat_request(raw, UnknownFields(state.config.strict_request_fields))
     state.check_model(body.common.model)
     state.ignored_fields.note(body.ignored_fields)

@@ -28,7 +28,9 @@ from openai_serve.state import ServingState, serving_state
 
 async def create_completion(request: Request) -> Response:
     state = serving_state(request)
-    body = parse_completion_request(await read_json(request), UnknownFields(state.config.strict_request_fields))
+    raw = await read_json(request)
+    state.limits.check_body(raw, "prompt")
+    body = parse_completion_request(raw, UnknownFields(state.config.strict_request_fields))
     state.check_model(body.common.model)
     state.ignored_fields.note(body.ignored_fields)
     state.limits.check_generation(len(body.prompts), body.common, body.prompt_param)

@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 async def create_response(request: Request) -> Response:
     state = serving_state(request)
     raw = await read_json(request)
-    state.limits.check_messages(raw, "input")
+    state.limits.check_body(raw, "input")
     body = parse_responses_request(raw, UnknownFields(state.config.strict_request_fields))
     state.check_model(body.common.model)
     state.limits.check_generation(1, body.common, body.prompt_param)

@@ -52,7 +52,7 @@ def _tokens(state: ServingState, token_ids: list[int], with_strs: bool) -> dict[
 
 async def _tokenize_messages(state: ServingState, body: dict[str, object]) -> Response:
     """The messages as a chat request would render them (vLLM's /tokenize takes the same fields)."""
-    state.limits.check_messages(body)
+    state.limits.check_body(body, "messages")
     unknown = UnknownFields(state.config.strict_request_fields)
     fields = Fields(body, unknown=unknown)
     state.check_model(fields.get_str("model", None))
