@@ -13,7 +13,7 @@ from openai_serve.parsers.tool_parsers import PARSER_CHOICES as TOOL_CALL_PARSER
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 BODY_BYTES_PER_CONTEXT_TOKEN = 32
-MIN_DEFAULT_BODY_BYTES = 2 * 1024 * 1024
+MIN_DEFAULT_BODY_BYTES = 1024 * 1024
 
 
 def parse_origins(value: str) -> tuple[str, ...]:
@@ -44,7 +44,7 @@ class ServerConfig:
     # largest prompt that fits the context needs (docs/reliability.md: at most ~12 bytes per token, as escaped
     # JSON text or as token ids), with room to spare.
     max_request_body_bytes: int | None = setting(None, "larger request bodies get 413 (default: 32 bytes per token "
-                                                 "of the model's context, at least 2 MiB)")
+                                                 "of the model's context, at least 1 MiB)")
     # Connections (openai_serve/http_protocol.py): past the cap a new one gets 503 and is closed, logged.
     max_connections: int = setting(2048, "open connections; more are answered 503 and closed at once (the server "
                                    "raises its open-files limit to fit them where the system allows)")

@@ -36,7 +36,7 @@ class BigCase:
 
 
 def cases() -> list[BigCase]:
-    """The issue's cases, and the largest bodies under the limit (2 MiB for this context) of each kind."""
+    """The issue's cases, and the largest bodies under the limit (1 MiB for this context) of each kind."""
     chat = {"model": "tiny", "max_tokens": 4}
     return [
         BigCase("28.6 MB prompt", "/v1/completions", {"model": "tiny", "prompt": "a" * 28_600_000}, 413),
@@ -45,15 +45,15 @@ def cases() -> list[BigCase]:
                 chat | {"messages": [{"role": "user", "content": "x"}] * 200_000}, 413),
         BigCase("100k stop strings", "/v1/completions",
                 {"model": "tiny", "prompt": "hi", "stop": [f"s{i}" for i in range(100_000)]}, 400),
-        BigCase("2 MB prompt", "/v1/completions", {"model": "tiny", "prompt": WORDS * 27_000}, 400),
-        BigCase("2 MB /tokenize", "/tokenize", {"prompt": WORDS * 27_000}, 400),
-        BigCase("300k token ids", "/v1/completions", {"model": "tiny", "prompt": [7] * 300_000}, 400),
-        BigCase("60k one-character messages", "/v1/chat/completions",
-                chat | {"messages": [{"role": "user", "content": "x"}] * 60_000}, 400),
+        BigCase("1 MB prompt", "/v1/completions", {"model": "tiny", "prompt": WORDS * 13_500}, 400),
+        BigCase("1 MB /tokenize", "/tokenize", {"prompt": WORDS * 13_500}, 400),
+        BigCase("340k token ids", "/v1/completions", {"model": "tiny", "prompt": [7] * 340_000}, 400),
+        BigCase("30k one-character messages", "/v1/chat/completions",
+                chat | {"messages": [{"role": "user", "content": "x"}] * 30_000}, 400),
         BigCase("256 prompts of 80 tokens", "/v1/completions",
                 {"model": "tiny", "prompt": [WORDS * 25] * 256, "max_tokens": 1}, 200),
-        BigCase("80 prompts of 25k characters", "/v1/completions",
-                {"model": "tiny", "prompt": [WORDS * 330] * 80, "max_tokens": 1}, 400),
+        BigCase("40 prompts of 25k characters", "/v1/completions",
+                {"model": "tiny", "prompt": [WORDS * 330] * 40, "max_tokens": 1}, 400),
         BigCase("2000 messages", "/v1/chat/completions",
                 chat | {"messages": [{"role": "user", "content": "hello there"}] * 2000}, 400),
         BigCase("300 tools (which the tiny model's template leaves out)", "/v1/chat/completions", chat | {
