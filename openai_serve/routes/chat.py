@@ -17,6 +17,7 @@ from starlette.responses import Response
 
 from openai_serve.chat_output import delta_json, finish_reason, message_json
 from openai_serve.chat_prompt import chat_prompt
+from openai_serve.cpu_work import items_size
 from openai_serve.generation import CollectedChoice, Generation, Usage, with_usage_so_far
 from openai_serve.http_io import read_json
 from openai_serve.ignored_fields import name_ignored_fields
@@ -35,7 +36,8 @@ async def create_chat_completion(request: Request) -> Response:
     state = serving_state(request)
     raw = await read_json(request)
     state.limits.check_body(raw, "messages")
-    body = parse_chat_request(raw, UnknownFields(state.config.strict_request_fields))
+    unknown = UnknownFields(state.config.strict_request_fields)
+    body = await state.cpu_work.run(items_size(raw, "messages"), lambda: parse_chat_request(raw, unknown))
     state.check_model(body.common.model)
     state.ignored_fields.note(body.ignored_fields)
     state.limits.check_generation(1, body.common, body.prompt_param)

@@ -15,6 +15,7 @@ from functools import cached_property
 from starlette.requests import Request
 from starlette.responses import Response
 
+from openai_serve.cpu_work import items_size
 from openai_serve.generation import CollectedChoice, Generation, Usage, with_usage_so_far
 from openai_serve.http_io import read_json
 from openai_serve.ignored_fields import name_ignored_fields
@@ -30,7 +31,8 @@ async def create_completion(request: Request) -> Response:
     state = serving_state(request)
     raw = await read_json(request)
     state.limits.check_body(raw, "prompt")
-    body = parse_completion_request(raw, UnknownFields(state.config.strict_request_fields))
+    unknown = UnknownFields(state.config.strict_request_fields)
+    body = await state.cpu_work.run(items_size(raw, "prompt"), lambda: parse_completion_request(raw, unknown))
     state.check_model(body.common.model)
     state.ignored_fields.note(body.ignored_fields)
     state.limits.check_generation(len(body.prompts), body.common, body.prompt_param)

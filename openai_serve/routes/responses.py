@@ -19,6 +19,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from openai_serve.chat_prompt import chat_prompt
+from openai_serve.cpu_work import items_size
 from openai_serve.errors import APIError, bad_request, unsupported
 from openai_serve.generation import Generation
 from openai_serve.http_io import ClientDisconnected, read_json, until_disconnect
@@ -38,7 +39,8 @@ async def create_response(request: Request) -> Response:
     state = serving_state(request)
     raw = await read_json(request)
     state.limits.check_body(raw, "input")
-    body = parse_responses_request(raw, UnknownFields(state.config.strict_request_fields))
+    unknown = UnknownFields(state.config.strict_request_fields)
+    body = await state.cpu_work.run(items_size(raw, "input"), lambda: parse_responses_request(raw, unknown))
     state.check_model(body.common.model)
     state.limits.check_generation(1, body.common, body.prompt_param)
     state.ignored_fields.note(body.ignored_fields)
