@@ -154,9 +154,11 @@ class EngineBridge:
         self._check_open(len(requests))
         request_ids = [request_id for request_id, _, _ in requests]
         handle = RequestHandle(self, request_ids, self.max_unread_steps * len(requests))
-        in_use = next((request_id for request_id in request_ids if request_id in self._handles), None)
-        if in_use is not None or len(set(request_ids)) < len(request_ids):
-            raise refused(RequestRejected("request_id", f"request id {in_use!r} is already in use"))
+        seen: set[str] = set()
+        for request_id in request_ids:  # live, or twice in this request
+            if request_id in self._handles or request_id in seen:
+                raise refused(RequestRejected("request_id", f"request id {request_id!r} is already in use"))
+            seen.add(request_id)
         for request_id in request_ids:
             self._handles[request_id] = handle
         try:

@@ -172,6 +172,9 @@ def test_a_live_request_id_is_refused_until_its_request_finished() -> None:
             bridge.submit([("b", [1], PARAMS), ("a", [1], PARAMS)])
         assert err.value.status_code == 400 and err.value.param == "request_id"
         assert bridge.num_pending_requests == 1  # its sibling never reached the engine
+        with pytest.raises(APIError, match="'c' is already in use"):
+            bridge.submit([("c", [1], PARAMS), ("c", [1], PARAMS)])
+        assert bridge.num_pending_requests == 1
         while not (await first.next_output()).is_finished:
             pass
         assert "b" not in engine.running and "b" not in engine.aborted
