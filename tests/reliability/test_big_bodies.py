@@ -1,7 +1,9 @@
-"""Big bodies against a server in its own process (probe_server.py), whose event loop and memory are
-measured from inside: each case's worst event-loop stall while the server answers it, and the growth
-of the server's resident memory over all of them. Before issue 12 the first case held every client
-for over 120 s and left the server 3.8 GiB larger.
+"""Big bodies, and the heaviest legal requests, against a server in its own process (probe_server.py),
+whose event loop and memory are measured from inside: each case's worst event-loop stall while the
+server answers it, and the growth of the server's resident memory over all of them. Before issue 12
+the first case held every client for over 120 s and left the server 3.8 GiB larger; before the
+server froze its start-up heap (server.py) the streamed n=64 case stalled the loop 166-293 ms in
+Python's full garbage collections.
 
 Bounds asserted here leave room for a CI machine busy with other work (this suite's figures, with
 the machine they were taken on, are in docs/reliability.md); what they catch is the seconds of
@@ -22,7 +24,8 @@ import httpx
 import pytest
 
 CONTEXT = 2048
-MAX_STALL_MS = 150.0
+STALL_GOAL_MS = 50.0  # issue 12's goal, recorded beside what was measured
+MAX_STALL_MS = 150.0  # asserted: the goal with room for a busy CI machine
 MAX_RSS_GROWTH_MIB = 300.0
 WORDS = "the quick brown fox jumps over the lazy dog while seven wizards quietly hex "
 
@@ -62,6 +65,9 @@ def cases() -> list[BigCase]:
                                                         "parameters": {"type": "object"}}} for i in range(300)]}, 200),
         BigCase("a prompt of 1900 tokens, answered", "/v1/completions",
                 {"model": "tiny", "prompt": list(range(3, 503)) * 3 + [5] * 400, "max_tokens": 16}, 200),
+        BigCase("64 streamed choices of 128 tokens, 20 logprobs each", "/v1/chat/completions", chat | {
+            "messages": [{"role": "user", "content": "hi"}], "n": 64, "max_tokens": 128, "ignore_eos": True,
+            "stream": True, "logprobs": True, "top_logprobs": 20}, 200),
         BigCase("a 24k-character prompt, tokenized", "/tokenize", {"prompt": WORDS * 320}, 200),
         BigCase("detokenize a context of ids", "/detokenize", {"tokens": list(range(3, 503)) * 4}, 200),
     ]
@@ -127,10 +133,11 @@ def test_big_bodies_neither_stall_the_event_loop_nor_grow_memory(probe_server: h
                               "answered_in_s": round(took, 3), "worst_stall_ms": round(probe["worst_stall_ms"], 1),
                               "worst_health_ms": round(1e3 * max(latencies, default=0), 1)}
     rss_after = http.get("/_probe").json()
-    figures["big_bodies"] = {"cases": results, "rss_before_mib": round(rss_before, 1),
+    stalls = {name: r["worst_stall_ms"] for name, r in results.items()}
+    figures["big_bodies"] = {"cases": results, "worst_stall_ms": max(stalls.values()), "stall_goal_ms": STALL_GOAL_MS,
+                             "rss_before_mib": round(rss_before, 1),
                              "rss_after_mib": round(rss_after["rss_mib"], 1),
                              "peak_rss_mib": round(rss_after["peak_rss_mib"], 1)}
     print(json.dumps(figures["big_bodies"], indent=1))
-    stalls = {name: r["worst_stall_ms"] for name, r in results.items()}
     assert max(stalls.values()) < MAX_STALL_MS, stalls
     assert rss_after["rss_mib"] - rss_before < MAX_RSS_GROWTH_MIB, (rss_before, rss_after)
