@@ -8,6 +8,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import orjson
@@ -187,22 +188,31 @@ def test_connections_past_the_cap_are_refused_at_once_and_logged(
     assert exchange(server, request("GET", "/health")).startswith(b"HTTP/1.1 200")
 
 
-def test_a_client_that_stops_reading_has_its_generation_stopped(server: RunningServer,
-                                                                 caplog: pytest.LogCaptureFixture) -> None:
-    """It holds no KV blocks long after it stopped reading; a client that reads the same gets all of it."""
+def test_a_client_that_stops_reading_has_its_generation_stopped(server: RunningServer, caplog: pytest.LogCaptureFixture,
+                                                                 figures: dict[str, object]) -> None:
+    """It holds no KV blocks long after it stopped reading, while it is still connected; a client that
+    reads the same request at the same time gets all of it."""
     caplog.set_level(logging.WARNING, logger="openai_serve.engine_bridge")
     body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 480, "n": 4,
             "ignore_eos": True, "stream": True, "logprobs": True, "top_logprobs": 20}
-    with connect(server, rcvbuf=4096) as silent:
+
+    def read_stream() -> list[str]:
+        with server.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as reading:
+            return [line for line in reading.iter_lines() if '"finish_reason":"length"' in line]
+
+    with connect(server, rcvbuf=4096) as silent, ThreadPoolExecutor(1) as pool:
         silent.sendall(request("POST", "/v1/chat/completions", body))
-        deadline = time.monotonic() + 30
+        started = time.monotonic()
+        reader = pool.submit(read_stream)  # meanwhile
         while not any("unread" in r.getMessage() for r in caplog.records):
-            assert time.monotonic() < deadline, "the silent client's generation was not stopped"
+            assert time.monotonic() < started + 30, "the silent client's generation was not stopped"
             time.sleep(0.05)
+        stopped_in = time.monotonic() - started
+        assert not reader.done(), "the reading client was done first: this shows nothing about it"
+        assert len(reader.result(timeout=60)) == 4  # served in full beside it
         metrics = server.wait_idle()
         assert metrics["num_requests_running"] == 0 and metrics["num_kv_blocks_used"] == 0  # while still connected
         answer = read_all(silent)
     assert b'"response_not_read"' in answer[-600:] and b"data: [DONE]" in answer[-100:]  # (in HTTP chunks)
-    with server.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as reading:
-        finishes = [line for line in reading.iter_lines() if '"finish_reason":"length"' in line]
-    assert len(finishes) == 4
+    figures["non_reading_client"] = {"max_unread_steps": MAX_UNREAD_STEPS, "stopped_after_s": round(stopped_in, 2),
+                                     "kv_blocks_used_after": metrics["num_kv_blocks_used"]}
