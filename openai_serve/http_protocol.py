@@ -12,7 +12,11 @@
   tcp_wmem's maximum (4 MiB on Linux) for a client that stops reading; past it, writes wait and the
   bridge stops the generation of a response left unread (--max-unread-steps, engine_bridge.py).
   LLM output is slow, so a smaller buffer costs no throughput.
-- uvicorn's own errors (a malformed request, a bad Content-Length) in OpenAI's error shape.
+- uvicorn's own errors (a malformed request, a bad Content-Length) in OpenAI's error shape. The
+  connection is then closed as Apache's "lingering close" does: the write side first, the rest of
+  what the client sends read and dropped for up to `LINGER_S`; closing with unread bytes would
+  make the kernel answer them with a reset, which can reach the client before it read the error
+  (a 100 KB URL's 414 was lost that way now and then).
 - HTTP/1.0 clients get a stream as HTTP/1.0 allows it: no chunked framing, the connection closed at
   its end (uvicorn would send chunks, which an HTTP/1.0 client cannot read).
 
@@ -34,6 +38,7 @@ MAX_URL_BYTES = 8 * 1024
 MAX_HEADER_BYTES = 64 * 1024
 SEND_BUFFER_BYTES = 256 * 1024  # Linux doubles it for its own bookkeeping
 _REFUSAL_LOG_INTERVAL_S = 10.0
+LINGER_S = 2.0  # how long a refused request's connection reads what is still coming before it closes
 
 
 class _Refused(Exception):
@@ -76,6 +81,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_timer: Any = None
         self._head_bytes = 0
         self._refusal: bytes | None = None
+        self._is_lingering = False
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -88,6 +94,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
                                                    "too_many_connections"))
             return
         self._start_head_timer()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._is_lingering:  # (what comes after a refusal is dropped)
+            super().data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_head_timer()
@@ -118,8 +128,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request it cannot parse, or to one this protocol refused."""
-        self._respond_and_close(self._refusal or error_response(400, f"{msg} The request is not valid HTTP/1.1.",
-                                                                "invalid_http_request"))
+        response = self._refusal or error_response(400, f"{msg} The request is not valid HTTP/1.1.",
+                                                   "invalid_http_request")
+        self._cancel_head_timer()
+        if self.transport.is_closing():
+            return
+        self.transport.write(response)
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        self.transport.write_eof()  # the client reads the answer, then its end; the connection closes on its FIN
+        self._is_lingering = True
+        self.loop.call_later(LINGER_S, self.transport.close)
 
     def _refuse(self, status: int, message: str, code: str) -> None:
         self._refusal = error_response(status, message, code)
