@@ -20,6 +20,7 @@ engine only changes while it steps), and so do the timings the engine observed s
 message (core/engine_metrics.py), kept here until taken.
 """
 
+import gc
 import logging
 import multiprocessing
 import signal
@@ -51,6 +52,7 @@ class EngineInfo:
     eos_token_ids: tuple[int, ...]
     limits: EngineLimits
     stats: EngineStats
+    frozen_objects: int  # start-up objects the child's garbage collector skips (gc.freeze)
 
 
 class EngineProcess:
@@ -75,6 +77,7 @@ class EngineProcess:
         self.eos_token_ids = info.eos_token_ids
         self.limits = info.limits
         self._stats = info.stats
+        self.frozen_start_up_objects = info.frozen_objects
         self._observations = EngineObservations.empty()  # received, not yet taken
 
     def _wait_until_ready(self, timeout_s: float) -> EngineInfo:
@@ -174,8 +177,13 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
         logger.exception("the engine failed to start")
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
+    # As in the server's process (openai_serve/server.py): what start-up left alive (torch, transformers, the
+    # model's modules) stays alive, yet every full collection walked it inside an engine step, holding the
+    # interpreter lock (135-223 ms each in a 67-step constrained run on a CPU: bench/results/notes.md).
+    gc.collect()
+    gc.freeze()
     outputs.send(("ready", EngineInfo(engine.max_model_len, engine.vocab_size, engine.eos_token_ids, engine.limits,
-                                      engine.stats())))
+                                      engine.stats(), gc.get_freeze_count())))
     stop = threading.Event()
     threading.Thread(target=_receive, args=(engine, requests, stop), name="engine-inbox", daemon=True).start()
     try:
