@@ -5,8 +5,8 @@
   per call (vLLM's way), the schema allowing only the request's tools and their parameters.
 """
 
-from openai_serve.parsers.call_stream import CallStream
 from openai_serve.parsers.deltas import MessageDelta, ToolCallDelta, new_tool_call_id
+from openai_serve.parsers.json_calls import CallStream
 from openai_serve.parsers.json_spans import JsonSpans
 
 

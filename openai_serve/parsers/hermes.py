@@ -8,8 +8,8 @@ a JSON object with a name is content, as written.
 
 from enum import Enum
 
-from openai_serve.parsers.call_stream import JsonCallsParser
 from openai_serve.parsers.deltas import MessageDelta
+from openai_serve.parsers.json_calls import JsonCallsParser
 from openai_serve.parsers.tags import held_back, split_at_tag
 
 START = "<tool_call>"

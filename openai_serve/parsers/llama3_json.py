@@ -8,8 +8,8 @@ the last call is content. A call that is not a JSON object with a name is conten
 
 from enum import Enum
 
-from openai_serve.parsers.call_stream import JsonCallsParser
 from openai_serve.parsers.deltas import MessageDelta
+from openai_serve.parsers.json_calls import JsonCallsParser
 
 PYTHON_TAG = "<|python_tag|>"
 
