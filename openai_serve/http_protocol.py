@@ -128,18 +128,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def send_400_response(self, msg: str) -> None:
         """uvicorn's answer to a request it cannot parse, or to one this protocol refused."""
-        response = self._refusal or error_response(400, f"{msg} The request is not valid HTTP/1.1.",
-                                                   "invalid_http_request")
-        self._cancel_head_timer()
-        if self.transport.is_closing():
-            return
-        self.transport.write(response)
-        if not self.transport.can_write_eof():
-            self.transport.close()
-            return
-        self.transport.write_eof()  # the client reads the answer, then its end; the connection closes on its FIN
-        self._is_lingering = True
-        self.loop.call_later(LINGER_S, self.transport.close)
+        self._respond_and_close(self._refusal or error_response(400, f"{msg} The request is not valid HTTP/1.1.",
+                                                                "invalid_http_request"), is_lingering=True)
 
     def _refuse(self, status: int, message: str, code: str) -> None:
         self._refusal = error_response(status, message, code)
@@ -164,11 +154,19 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._respond_and_close(error_response(408, f"The request's headers did not arrive within "
                                                f"{self._header_timeout_s:g} s.", "request_timeout"))
 
-    def _respond_and_close(self, response: bytes) -> None:
+    def _respond_and_close(self, response: bytes, is_lingering: bool = False) -> None:
+        """`is_lingering`: a lingering close (the module's docstring), for a refusal whose request may still be
+        arriving."""
         self._cancel_head_timer()
-        if not self.transport.is_closing():
-            self.transport.write(response)
+        if self.transport.is_closing():
+            return
+        self.transport.write(response)
+        if not (is_lingering and self.transport.can_write_eof()):
             self.transport.close()
+            return
+        self.transport.write_eof()  # the client reads the answer, then its end; the connection closes on its FIN
+        self._is_lingering = True
+        self.loop.call_later(LINGER_S, self.transport.close)
 
 
 def _send_close_delimited(cycle: RequestResponseCycle) -> None:
