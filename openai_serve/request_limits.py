@@ -44,16 +44,12 @@ class RequestLimits:
         )
 
     def check_generation(self, num_prompts: int, common: CommonRequest, prompt_param: str) -> None:
-        if num_prompts > self.max_prompts:
-            raise bad_request(f"'{prompt_param}' holds {num_prompts} prompts; at most {self.max_prompts} are "
-                              "allowed per request (--max-prompts-per-request)", prompt_param)
+        self._check_num_prompts(num_prompts, prompt_param)
         if num_prompts * common.n > self.max_choices:
             raise bad_request(f"{num_prompts} prompts x n={common.n} asks for {num_prompts * common.n} generations; "
                               f"at most {self.max_choices} are allowed per request (--max-choices-per-request)", "n")
         stop = common.sampling.stop
-        if len(stop) > self.max_stop_strings:
-            raise bad_request(f"'stop' holds {len(stop)} strings; at most {self.max_stop_strings} are allowed "
-                              "(--max-stop-strings)", "stop")
+        self._check_num_stop_strings(len(stop))
         if stop and max(map(len, stop)) > self.max_stop_string_length:
             raise bad_request(f"a stop string is longer than {self.max_stop_string_length} characters "
                               "(--max-stop-string-length)", "stop")
@@ -71,9 +67,8 @@ class RequestLimits:
         if not isinstance(body, dict):
             return  # the request's own reading says what is wrong
         stop = body.get("stop")
-        if isinstance(stop, list) and len(stop) > self.max_stop_strings:
-            raise bad_request(f"'stop' holds {len(stop)} strings; at most {self.max_stop_strings} are allowed "
-                              "(--max-stop-strings)", "stop")
+        if isinstance(stop, list):
+            self._check_num_stop_strings(len(stop))
         prompt = body.get(prompt_key)
         if isinstance(prompt, str):
             self.check_text(len(prompt), prompt_key)
@@ -88,9 +83,18 @@ class RequestLimits:
         if isinstance(prompt[0], int) and len(prompt) >= self.max_messages:
             raise bad_request(f"'prompt' has {len(prompt)} tokens; this model's context holds at most "
                               f"{self.max_messages}", "prompt")
-        if not isinstance(prompt[0], int) and len(prompt) > self.max_prompts:
-            raise bad_request(f"'prompt' holds {len(prompt)} prompts; at most {self.max_prompts} are allowed per "
-                              "request (--max-prompts-per-request)", "prompt")
+        if not isinstance(prompt[0], int):
+            self._check_num_prompts(len(prompt), "prompt")
+
+    def _check_num_prompts(self, num_prompts: int, param: str) -> None:
+        if num_prompts > self.max_prompts:
+            raise bad_request(f"'{param}' holds {num_prompts} prompts; at most {self.max_prompts} are allowed per "
+                              "request (--max-prompts-per-request)", param)
+
+    def _check_num_stop_strings(self, num_stop_strings: int) -> None:
+        if num_stop_strings > self.max_stop_strings:
+            raise bad_request(f"'stop' holds {num_stop_strings} strings; at most {self.max_stop_strings} are allowed "
+                              "(--max-stop-strings)", "stop")
 
     def _check_messages(self, messages: list[object], key: str) -> None:
         if len(messages) > self.max_messages:
