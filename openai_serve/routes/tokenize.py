@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from core import RequestRejected
 from openai_serve.chat_prompt import chat_work_size, render_and_tokenize
+from openai_serve.cpu_work import items_size
 from openai_serve.errors import bad_request, refused
 from openai_serve.http_io import read_json
 from openai_serve.ignored_fields import name_ignored_fields
@@ -57,8 +58,10 @@ async def _tokenize_messages(state: ServingState, body: dict[str, object]) -> Re
     fields = Fields(body, unknown=unknown)
     state.check_model(fields.get_str("model", None))
     with_strs = fields.get_bool("return_token_strs", False)
+    messages = await state.cpu_work.run(items_size(body, "messages"),
+                                        lambda: parse_messages(fields.raw("messages"), unknown))
     chat = ChatRequest(
-        common=CommonRequest(model=""), messages=parse_messages(fields.raw("messages"), unknown),
+        common=CommonRequest(model=""), messages=messages,
         template_kwargs=read_template_kwargs(fields),
         add_generation_prompt=fields.get_bool("add_generation_prompt", True),
         continue_final_message=fields.get_bool("continue_final_message", False),
