@@ -7,8 +7,8 @@ process the engine never waits for the server's Python (vLLM runs its engine cor
 
 Wire: two one-way pipes of pickled tuples (not dataclasses: a step's 256 outputs pickle in ~0.04 ms
 as tuples, ~0.3 ms as dataclasses, and the child pays that on its critical path).
-- server -> engine: ("add", request_id, prompt_token_ids, params) | ("add_many", [(request_id,
-  prompt_token_ids, params), ...]) | ("abort", request_id) | ("stop",)
+- server -> engine: ("add", [(request_id, prompt_token_ids, params), ...]) (one HTTP request's) |
+  ("abort", request_id) | ("stop",)
 - engine -> server: ("ready", EngineInfo) | ("failed", message)
   | ("outputs", [output tuples], stats tuple, observations tuple or None)
 
@@ -97,13 +97,10 @@ class EngineProcess:
             raise RuntimeError(f"the engine process failed to start: {message[1]}")
         return message[1]
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Sends a checked request (as LLMEngine.add_request takes it)."""
-        self._send(("add", request_id, prompt_token_ids, params))
-
     def add_requests(self, requests: Sequence[tuple[str, list[int], SamplingParams]]) -> None:
-        """Several in one message: one pickling (equal SamplingParams pickle once) and one write."""
-        self._send(("add_many", list(requests)))
+        """Sends checked requests (as LLMEngine.add_request takes each) in one message: one pickling (equal
+        SamplingParams pickle once) and one write."""
+        self._send(("add", list(requests)))
 
     def abort_request(self, request_id: str) -> None:
         self._send(("abort", request_id))
@@ -215,9 +212,6 @@ def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event) -> 
         kind = message[0]
         try:
             if kind == "add":
-                engine.add_request(*message[1:])
-                continue
-            if kind == "add_many":
                 engine.add_requests(message[1])
                 continue
             if kind == "abort":

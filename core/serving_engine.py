@@ -21,10 +21,9 @@ class ServingEngine(Protocol):
     eos_token_ids: tuple[int, ...]
     limits: EngineLimits
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None: ...
-
     def add_requests(self, requests: Sequence[tuple[str, list[int], SamplingParams]]) -> None:
-        """Several at once (one HTTP request's choices): for an engine process, one message."""
+        """Checked requests (core/request_checks.py), all of one HTTP request's choices at once: for an engine
+        process, one message."""
         ...
 
     def abort_request(self, request_id: str) -> None: ...
