@@ -32,7 +32,13 @@ from openai_serve.response_store import ResponseStore
 from openai_serve.routes.chat import create_chat_completion
 from openai_serve.routes.completions import create_completion
 from openai_serve.routes.models import health, list_models, metrics, retrieve_model, version
-from openai_serve.routes.responses import cancel_response, create_response, delete_response, retrieve_response
+from openai_serve.routes.responses import (
+    cancel_response,
+    create_response,
+    delete_response,
+    list_input_items,
+    retrieve_response,
+)
 from openai_serve.routes.tokenize import detokenize, tokenize
 from openai_serve.server_config import ServerConfig
 from openai_serve.state import ServingState
@@ -49,6 +55,7 @@ ROUTES = [
     Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
     Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
     Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
+    Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),

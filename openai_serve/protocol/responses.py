@@ -25,11 +25,16 @@ from openai_serve.errors import bad_request, refused
 from openai_serve.protocol.chat import ChatRequest, template_kwargs
 from openai_serve.protocol.common import CommonRequest, StreamOptions, read_model, read_sampling
 from openai_serve.protocol.fields import Fields, UnknownFields
+from openai_serve.protocol.input_items import stored_input_items
 from openai_serve.protocol.response_input import parse_input
 from openai_serve.protocol.structured import read_output_format
 from openai_serve.protocol.tools import read_response_tools, with_forced_tools
 
 OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for the answer's logprobs
+# Every value OpenAI's `include` takes (the SDK's ResponseIncludable); any other is a 400.
+INCLUDABLE = ("file_search_call.results", "web_search_call.results", "web_search_call.action.sources",
+              "message.input_image.image_url", "computer_call_output.output.image_url",
+              "code_interpreter_call.outputs", "reasoning.encrypted_content", OUTPUT_LOGPROBS)
 SUMMARIES = ("auto", "concise", "detailed")
 TRUNCATIONS = ("auto", "disabled")
 # OpenAI's limits on metadata: they bound what a stored response keeps of it.
@@ -42,6 +47,7 @@ class ResponsesRequest(ChatRequest):
     conversation it continues between them), with the Responses API's own fields."""
 
     input_messages: tuple[dict[str, object], ...] = ()
+    input_items: tuple[dict[str, object], ...] = ()  # `input` as GET .../input_items lists it
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool = True
@@ -69,7 +75,7 @@ def parse_responses_request(body: object, unknown: UnknownFields | None = None) 
     model = read_model(fields)
     max_tokens = fields.get_int("max_output_tokens", None, MAX_TOKENS)
     top_logprobs = fields.get_int("top_logprobs", None, LOGPROBS)
-    logprobs = (top_logprobs or 0) if OUTPUT_LOGPROBS in _read_include(fields) else None
+    logprobs = (top_logprobs or 0) if OUTPUT_LOGPROBS in read_include(fields.raw("include")) else None
     text, reasoning = fields.get_object("text"), fields.get_object("reasoning")
     sampling, text_format = _with_text_format(read_sampling(fields, max_tokens, logprobs), text)
     tools = read_response_tools(fields)
@@ -81,6 +87,7 @@ def parse_responses_request(body: object, unknown: UnknownFields | None = None) 
                              user=fields.get_str("user", None)),
         messages=(*_instructions(instructions), *input_messages),
         input_messages=input_messages,
+        input_items=stored_input_items(fields.raw("input")),
         instructions=instructions,
         template_kwargs=template_kwargs(fields.get_object("chat_template_kwargs"),
                                         reasoning_effort=(reasoning, "effort"), verbosity=(text, "verbosity")),
@@ -115,15 +122,18 @@ def _read_stream(fields: Fields) -> StreamOptions:
     return StreamOptions(stream=stream)
 
 
-def _read_include(fields: Fields) -> tuple[str, ...]:
-    """What the response should also carry. Only the answer's logprobs are something this server
-    makes; the others name outputs of hosted tools (never run here) or OpenAI's encrypted reasoning
-    (reasoning items here carry their text), so they add nothing."""
-    value = fields.raw("include")
+def read_include(value: object) -> tuple[str, ...]:
+    """What a response (or its input items) should also carry. Only the answer's logprobs are
+    something this server makes; the others name outputs of hosted tools (never run here), input
+    images (a 400 here) or OpenAI's encrypted reasoning (reasoning items here carry their text, and
+    input items are listed as sent), so they add nothing."""
     if value is None:
         return ()
     if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
         raise bad_request("'include' must be an array of strings", "include")
+    for item in value:
+        if item not in INCLUDABLE:
+            raise bad_request(f"'include' values must be among {', '.join(INCLUDABLE)}, got {item!r}", "include")
     return tuple(value)
 
 

@@ -1,4 +1,5 @@
-"""The Responses API: POST /v1/responses, and GET, DELETE and POST .../cancel of a stored response.
+"""The Responses API: POST /v1/responses, and GET, DELETE and POST .../cancel of a stored response,
+and GET .../input_items (its input, a page at a time: item_pages.py).
 
 A request runs as the chat request it is (protocol/responses.py) through chat's prompt and parsers
 (chat_prompt.py), on the engine like any other. It is answered in full, streamed as typed events
@@ -24,8 +25,9 @@ from openai_serve.errors import APIError, bad_request, unsupported
 from openai_serve.generation import Generation
 from openai_serve.http_io import ClientDisconnected, read_json, until_disconnect
 from openai_serve.ignored_fields import name_ignored_fields
+from openai_serve.item_pages import PageQuery, page
 from openai_serve.protocol.fields import UnknownFields
-from openai_serve.protocol.responses import OUTPUT_LOGPROBS, ResponsesRequest, parse_responses_request
+from openai_serve.protocol.responses import OUTPUT_LOGPROBS, ResponsesRequest, parse_responses_request, read_include
 from openai_serve.response_run import ResponseRun, usage_json
 from openai_serve.response_store import StoredResponse
 from openai_serve.routes.responding import client_gone, json_response, start_generation
@@ -78,6 +80,13 @@ async def retrieve_response(request: Request) -> Response:
     if request.query_params.get("stream") in ("true", "1"):
         raise unsupported("stream", "is not supported when reading a response back: read it in full")
     return json_response(_stored(request).run.response())
+
+
+async def list_input_items(request: Request) -> Response:
+    """The stored response's own input (not its instructions, nor the conversation it continues)."""
+    query = request.query_params
+    read_include(query.getlist("include") + query.getlist("include[]"))  # the SDK sends `include[]`
+    return json_response(page(_stored(request).run.body.input_items, PageQuery.read(query)))
 
 
 async def delete_response(request: Request) -> Response:

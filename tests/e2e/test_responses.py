@@ -298,3 +298,82 @@ def test_openai_agents_default_model_runs_an_agent_with_a_function_tool(server: 
         assert kinds[:2] == ["tool_call_item", "tool_call_output_item"] and kinds[-1] == "message_output_item"
         assert isinstance(result.final_output, str)  # type: ignore[attr-defined]  # after the tool ran, an answer
     assert len(calls) == 2 and calls[0] == calls[1] and calls[0][0] in ("Paris", "Rome", "Oslo")
+
+
+def test_input_items_of_a_string_input_are_one_user_message(server: RunningServer) -> None:
+    client = server.client()
+    response = client.responses.create(input=QUESTION, instructions="Be brief", **GREEDY)
+    items = client.responses.input_items.list(response.id)
+    assert len(items.data) == 1 and items.has_more is False  # instructions are not input items
+    message = items.data[0]
+    assert message.type == "message" and message.role == "user" and message.id.startswith("msg_")
+    assert [(part.type, part.text) for part in message.content] == [("input_text", QUESTION)]
+    assert client.responses.input_items.list(response.id).data[0].id == message.id  # ids are kept
+
+
+def test_input_items_are_the_items_sent_with_ids_newest_first(server: RunningServer) -> None:
+    call = {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    sent = [{"role": "developer", "content": "Be brief"},
+            {"type": "message", "role": "user", "content": [{"type": "input_text", "text": QUESTION}]},
+            {"type": "message", "role": "assistant", "id": "msg_given", "content": "Let me look."}, call,
+            {"type": "function_call_output", "call_id": "call_1", "output": "Oslo: rain"}]
+    client = server.client()
+    response = client.responses.create(input=sent, instructions="Answer in French", tools=[WEATHER], **GREEDY)
+    items = list(reversed(client.responses.input_items.list(response.id).data))  # newest first by default
+    assert [item.type for item in items] == ["message", "message", "message", "function_call", "function_call_output"]
+    assert [getattr(item, "role", None) for item in items[:3]] == ["developer", "user", "assistant"]
+    assert items[0].content[0].type == "input_text" and items[0].content[0].text == "Be brief"
+    assert items[2].id == "msg_given" and items[2].content[0].type == "output_text"
+    assert items[2].content[0].text == "Let me look." and items[2].content[0].annotations == []
+    assert (items[3].call_id, items[3].name, items[3].arguments) == ("call_1", "get_weather", call["arguments"])
+    assert items[4].call_id == "call_1" and items[4].output == "Oslo: rain"
+    assert len({item.id for item in items}) == 5 and all(item.status == "completed" for item in items)
+
+
+def test_input_items_of_a_continued_response_are_its_own_input(server: RunningServer) -> None:
+    client = server.client()
+    first = client.responses.create(input="My name is Ada.", **GREEDY)
+    second = client.responses.create(input="What is my name?", previous_response_id=first.id, **GREEDY)
+    items = client.responses.input_items.list(second.id).data
+    assert [part.text for item in items for part in item.content] == ["What is my name?"]
+
+
+def test_input_items_page_with_limit_after_before_and_order(server: RunningServer) -> None:
+    client = server.client()
+    texts = [f"Line {i}" for i in range(5)]
+    response = client.responses.create(input=[{"role": "user", "content": text} for text in texts], **GREEDY)
+    first = client.responses.input_items.list(response.id, limit=2, order="asc")
+    assert [item.content[0].text for item in first.data] == texts[:2] and first.has_more
+    # The SDK pages on with `after` (the last id) until has_more is false.
+    assert [item.content[0].text for item in first] == texts
+    newest = client.responses.input_items.list(response.id, limit=3)
+    assert [item.content[0].text for item in newest.data] == texts[:1:-1]
+    ids = [item.id for item in client.responses.input_items.list(response.id, order="asc").data]
+    with server.http() as http:
+        path = f"/v1/responses/{response.id}/input_items"
+        page = http.get(path, params={"order": "asc", "after": ids[1], "limit": 2}).json()
+        assert page["object"] == "list" and [item["id"] for item in page["data"]] == ids[2:4]
+        assert (page["first_id"], page["last_id"], page["has_more"]) == (ids[2], ids[3], True)
+        before = http.get(path, params={"order": "asc", "before": ids[3], "limit": 2}).json()
+        assert [item["id"] for item in before["data"]] == ids[1:3] and before["has_more"]
+        last = http.get(path, params={"after": ids[1]}).json()  # desc: what follows is older
+        assert [item["id"] for item in last["data"]] == [ids[0]] and not last["has_more"]
+        for params, param in [({"limit": 0}, "limit"), ({"limit": 101}, "limit"), ({"limit": "x"}, "limit"),
+                              ({"order": "up"}, "order"), ({"after": "msg_nope"}, "after"),
+                              ({"include[]": "bogus.field"}, "include")]:
+            assert assert_error_shape(http.get(path, params=params), 400)["param"] == param
+    included = client.responses.input_items.list(response.id, include=["message.output_text.logprobs"])
+    assert len(included.data) == 5
+
+
+def test_input_items_of_an_unknown_unstored_or_deleted_response_are_a_404(server: RunningServer) -> None:
+    client = server.client()
+    unstored = client.responses.create(input=QUESTION, store=False, **GREEDY)
+    deleted = client.responses.create(input=QUESTION, **GREEDY)
+    client.responses.delete(deleted.id)
+    with server.http() as http:
+        for response_id in ("resp_nope", unstored.id, deleted.id):
+            error = assert_error_shape(http.get(f"/v1/responses/{response_id}/input_items"), 404)
+            assert error["param"] == "response_id" and error["code"] == "not_found" and response_id in error["message"]
+    with pytest.raises(openai.NotFoundError):
+        client.responses.input_items.list(deleted.id)

@@ -190,6 +190,7 @@ def test_unknown_fields_are_named_and_kept_out() -> None:
     (R | {"conversation": "conv_1"}, "conversation"),
     (R | {"stream_options": {"include_obfuscation": True}}, "stream_options"),
     (R | {"include": "message.output_text.logprobs"}, "include"),
+    (R | {"include": ["message.output_text.logprob"]}, "include"),  # not one of OpenAI's values
 ])
 def test_bad_fields_are_400s_naming_them(body: dict, param: str) -> None:
     assert param_of(body) == param
