@@ -9,12 +9,14 @@ pytest.importorskip("triton")
 if not torch.cuda.is_available():
     pytest.skip("the Triton kernels need CUDA", allow_module_level=True)
 
-from gpu.batch import LogitBias, Penalties, PenaltySlotInit, RowSampling, TokenMask  # noqa: E402
+from gpu.batch import LogitBias, Penalties, RowSampling, TokenMask  # noqa: E402
 from gpu.config import KernelConfig  # noqa: E402
 from gpu.kernels.token_mask import apply_token_bitmask as kernel_mask  # noqa: E402
 from gpu.penalties import PenaltyState  # noqa: E402
 from gpu.sampler import Sampler  # noqa: E402
 from gpu.token_mask import apply_token_bitmask as torch_mask  # noqa: E402
+from tests.unit.penalty_cases import filled_state as shared_filled_state  # noqa: E402
+from tests.unit.penalty_cases import penalty_cases  # noqa: E402
 
 CUDA = torch.device("cuda")
 VOCAB = 151936
@@ -22,20 +24,10 @@ NUM_SLOTS = 16
 
 
 def filled_state(seed: int = 0) -> PenaltyState:
-    generator = torch.Generator().manual_seed(seed)
-    state = PenaltyState(NUM_SLOTS, VOCAB, CUDA)
-    state.fill([PenaltySlotInit(slot, torch.randint(0, VOCAB, (100 + slot,), generator=generator).tolist(),
-                                torch.randint(0, 3000, (40 * slot,), generator=generator).tolist())
-                for slot in range(NUM_SLOTS)])
-    return state
+    return shared_filled_state(NUM_SLOTS, VOCAB, CUDA, 100, 3000, 40, seed)
 
 
-PENALTY_CASES = {
-    "all": lambda i: Penalties(slot=(5 * i) % NUM_SLOTS, presence=0.1 * i, frequency=0.3, repetition=1.0 + 0.07 * i),
-    "repetition only": lambda i: Penalties(slot=i, repetition=1.3 + 0.1 * i),
-    "counts only": lambda i: Penalties(slot=i, presence=-0.4, frequency=0.25 * i),
-    "some rows plain": lambda i: Penalties(slot=i, presence=0.5 * (i % 2), repetition=1.0 + 0.2 * (i % 3 == 0)),
-}
+PENALTY_CASES = penalty_cases(NUM_SLOTS)
 
 
 @pytest.mark.parametrize("case", PENALTY_CASES)

@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LogitsProcessorList
+from transformers import AutoModelForCausalLM
 
 from core import LLM, FinishReason, SamplingParams
 from core.structured_output import StructuredOutput
 from gpu.batch import LogitBias, Penalties, PenaltySlotInit, RowSampling, TokenMask
 from gpu.penalties import PenaltyState
 from gpu.sampler import Sampler
-from tests.unit.test_penalties_engine import CASES, MAX_TOKENS, PROMPTS, OpenAIPenalties
+from tests.unit.test_penalties_engine import CASES, PROMPTS, hf_greedy
 from tests.unit.test_structured_output import CHOICES, REGEX, SCHEMA
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -116,27 +116,13 @@ def test_seeded_row_with_penalties_bias_and_mask_draws_the_same_alone_and_batche
     assert all(draw(n, slot) == alone for n, slot in [(1, 5), (3, 2), (4, 7)])
 
 
-def hf_greedy_cuda(model_dir: Path, prompt: list[int], params: SamplingParams) -> list[int]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).cuda().eval()
-    kwargs: dict[str, object] = {"repetition_penalty": params.repetition_penalty}
-    if params.logit_bias:
-        kwargs["sequence_bias"] = [[[token_id], value] for token_id, value in params.logit_bias]
-    if params.presence_penalty or params.frequency_penalty:
-        kwargs["logits_processor"] = LogitsProcessorList(
-            [OpenAIPenalties(len(prompt), params.presence_penalty, params.frequency_penalty)])
-    with torch.no_grad():
-        out = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=MAX_TOKENS, do_sample=False,
-                             **kwargs)
-    return out[0, len(prompt) :].tolist()
-
-
 def test_float32_penalized_greedy_tokens_match_transformers(tiny_qwen3_dir: Path) -> None:
     llm = LLM(str(tiny_qwen3_dir), dtype="float32", device="cuda", max_model_len=256,
               block_size=16, kv_cache_blocks=64, max_num_seqs=16)
     prompts = [p for p in PROMPTS for _ in CASES]
     params = CASES * len(PROMPTS)
     ours = [o.token_ids for o in llm.generate(prompts, params)]
-    assert ours == [hf_greedy_cuda(tiny_qwen3_dir, p, c) for p, c in zip(prompts, params, strict=True)]
+    assert ours == [hf_greedy(tiny_qwen3_dir, p, c, "cuda") for p, c in zip(prompts, params, strict=True)]
 
 
 @pytest.mark.parametrize("eager", [False, True])

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from gpu.batch import LogitBias, Penalties, PenaltySlotInit, RowSampling, TokenMask
+from gpu.batch import LogitBias, Penalties, RowSampling, TokenMask
 from gpu.config import KernelConfig
 from gpu.penalties import PenaltyState
 from gpu.sampler import Sampler
 from gpu.token_mask import apply_token_bitmask as torch_mask
+from tests.unit.penalty_cases import filled_state as shared_filled_state
+from tests.unit.penalty_cases import penalty_cases
 
 pytest.importorskip("triton")
 
@@ -45,20 +47,10 @@ def kernels(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ModuleType, Modul
 
 
 def filled_state(seed: int = 0) -> PenaltyState:
-    generator = torch.Generator().manual_seed(seed)
-    state = PenaltyState(NUM_SLOTS, VOCAB, CPU)
-    state.fill([PenaltySlotInit(slot, torch.randint(0, VOCAB, (30 + slot,), generator=generator).tolist(),
-                                torch.randint(0, 300, (20 * slot,), generator=generator).tolist())
-                for slot in range(NUM_SLOTS)])
-    return state
+    return shared_filled_state(NUM_SLOTS, VOCAB, CPU, 30, 300, 20, seed)
 
 
-PENALTY_CASES = {
-    "all": lambda i: Penalties(slot=(5 * i) % NUM_SLOTS, presence=0.1 * i, frequency=0.3, repetition=1.0 + 0.07 * i),
-    "repetition only": lambda i: Penalties(slot=i, repetition=1.3 + 0.1 * i),
-    "counts only": lambda i: Penalties(slot=i, presence=-0.4, frequency=0.25 * i),
-    "some rows plain": lambda i: Penalties(slot=i, presence=0.5 * (i % 2), repetition=1.0 + 0.2 * (i % 3 == 0)),
-}
+PENALTY_CASES = penalty_cases(NUM_SLOTS)
 
 
 @pytest.mark.parametrize("case", PENALTY_CASES)

@@ -29,11 +29,12 @@ class OpenAIPenalties(LogitsProcessor):
 
 
 @cache
-def hf_model(model_dir: Path) -> torch.nn.Module:
-    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+def hf_model(model_dir: Path, device: str = "cpu") -> torch.nn.Module:
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
 
 
-def hf_greedy(model_dir: Path, prompt: list[int], params: SamplingParams) -> list[int]:
+def hf_greedy(model_dir: Path, prompt: list[int], params: SamplingParams, device: str = "cpu") -> list[int]:
+    """transformers' greedy tokens with the request's penalties and logit bias (tests/gpu runs it on CUDA)."""
     kwargs: dict[str, object] = {"repetition_penalty": params.repetition_penalty}
     if params.logit_bias:
         kwargs["sequence_bias"] = [[[token_id], value] for token_id, value in params.logit_bias]
@@ -41,8 +42,8 @@ def hf_greedy(model_dir: Path, prompt: list[int], params: SamplingParams) -> lis
         kwargs["logits_processor"] = LogitsProcessorList(
             [OpenAIPenalties(len(prompt), params.presence_penalty, params.frequency_penalty)])
     with torch.no_grad():
-        out = hf_model(model_dir).generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS, do_sample=False,
-                                           **kwargs)
+        out = hf_model(model_dir, device).generate(torch.tensor([prompt], device=device), max_new_tokens=MAX_TOKENS,
+                                                   do_sample=False, **kwargs)
     return out[0, len(prompt) :].tolist()
 
 
