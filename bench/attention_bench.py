@@ -6,7 +6,8 @@ replays; achieved bandwidth (bytes of K/V + block table read, q read, out writte
 the same GPU's device-to-device copy bandwidth (bytes read + written), measured here. Peers: the
 torch reference (gpu/attention/torch_ref.py) and torch SDPA over contiguous (unpaged) KV. A small
 sweep of launch configurations and split counts says whether the defaults are the best ones.
-Then the prefill kernel on 4 rows x 1024 fresh tokens, against SDPA (causal, contiguous).
+Then the prefill kernel on PREFILL_CASES (fresh prompts and a chunk after a cached prefix) as CUDA-graph replays,
+with a sweep of its launch configurations, against SDPA (causal, contiguous) on the fresh ones.
 Inputs are random; several input sets rotate where one set would fit in L2.
 
     python -m bench.attention_bench --out result.json
@@ -35,8 +36,13 @@ DECODE_SHAPES = [(1, 1024), (16, 1024), (64, 4096), (256, 1024)]
 DECODE_TILE_SWEEP = [(64, 4, 2), (32, 4, 3), (64, 4, 3), (128, 4, 2), (64, 8, 2), (32, 4, 2), (128, 8, 3)]
 SPLIT_SWEEP = [1, 2, 4, 8, 16, 32]
 PREFILL_SWEEP = [  # (block_m, block_n, num_warps, num_stages)
-    (64, 64, 4, 2), (64, 64, 4, 3), (64, 128, 4, 2), (128, 64, 8, 2), (128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 3),
+    (64, 64, 4, 2), (64, 64, 4, 3), (64, 64, 4, 4), (64, 128, 4, 2), (64, 128, 8, 3), (64, 32, 4, 3),
+    (128, 64, 8, 2), (128, 64, 8, 3), (128, 64, 8, 4), (128, 128, 8, 2), (128, 128, 8, 3), (128, 32, 8, 3),
+    (128, 64, 4, 3), (256, 64, 8, 2), (256, 32, 8, 3),
 ]
+# (rows, new tokens per row, cached prefix per row): fresh prompts of the serving and offline shapes, one long
+# prompt, and a chunk after a cached prefix (a chunked prefill's second piece).
+PREFILL_CASES = [(4, 1024, 0), (8, 1024, 0), (1, 8192, 0), (1, 512, 3072)]
 CALLS_PER_GRAPH = 20
 SCALE = HEAD_DIM**-0.5
 
@@ -138,21 +144,23 @@ def time_sdpa_decode(batch: int, context: int) -> float | None:
         return None
 
 
-def prefill_case(num_rows: int, query_len: int) -> dict:
+def prefill_case(num_rows: int, query_len: int, prefix_len: int = 0) -> dict:
     num_tokens = num_rows * query_len
-    blocks_per_row = query_len // BLOCK_SIZE
+    context_len = prefix_len + query_len
+    blocks_per_row = -(-context_len // BLOCK_SIZE)
     shape = (num_rows * blocks_per_row, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     k_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
     v_cache = torch.randn(shape, dtype=DTYPE, device="cuda")
     tables = torch.randperm(shape[0], device="cuda").view(num_rows, blocks_per_row).to(torch.int32)
     q = torch.randn(num_tokens, NUM_HEADS, HEAD_DIM, dtype=DTYPE, device="cuda")
     starts = torch.arange(0, num_tokens + 1, query_len, dtype=torch.int32, device="cuda")
-    lens = torch.full((num_rows,), query_len, dtype=torch.int32, device="cuda")
+    lens = torch.full((num_rows,), context_len, dtype=torch.int32, device="cuda")
     ref = reference(q, k_cache, v_cache, starts, lens, tables, SCALE)
     out = prefill_attention(q, k_cache, v_cache, starts, lens, tables, SCALE)
     rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
     assert rel < 1e-2, f"prefill kernel disagrees with the reference: relative error {rel:.3e}"
-    flops = num_rows * 4 * NUM_HEADS * HEAD_DIM * query_len * (query_len + 1) / 2  # causal QK^T and PV
+    pairs = query_len * prefix_len + query_len * (query_len + 1) / 2  # (query, key) pairs, causal
+    flops = num_rows * 4 * NUM_HEADS * HEAD_DIM * pairs  # QK^T and PV
 
     def timed(ms: float) -> dict:
         return {"us": round(ms * 1e3, 2), "TFLOPs": round(flops / (ms * 1e-3) / 1e12, 1)}
@@ -163,24 +171,30 @@ def prefill_case(num_rows: int, query_len: int) -> dict:
     sweep = []
     for block_m, block_n, warps, stages in PREFILL_SWEEP:
         config = PrefillConfig(block_m, block_n, warps, stages)
-        row = timed(median_ms(lambda config=config: run(config)))
+        try:
+            row = timed(graph_ms(lambda config=config: run(config), CALLS_PER_GRAPH))
+        except Exception as error:  # e.g. out of shared memory for the largest tiles: recorded, not fatal
+            print(f"prefill {config}: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
+            continue
         sweep.append({"config": str(config), **row})
-    q4 = q.view(num_rows, query_len, NUM_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
-    k4 = torch.randn(num_rows, NUM_KV_HEADS, query_len, HEAD_DIM, dtype=DTYPE, device="cuda")
-    v4 = torch.randn_like(k4)
-    sdpa = torch.nn.functional.scaled_dot_product_attention
-    return {
-        "rows": num_rows, "query_len": query_len, "rel_err_vs_ref": rel, "flops": flops,
-        "default": timed(median_ms(run)),
-        "sdpa_contiguous": timed(median_ms(lambda: sdpa(q4, k4, v4, is_causal=True, enable_gqa=True))),
-        "sweep": sweep,
+    result: dict = {
+        "rows": num_rows, "query_len": query_len, "prefix_len": prefix_len, "rel_err_vs_ref": rel, "flops": flops,
+        "default": timed(graph_ms(run, CALLS_PER_GRAPH)), "sweep": sweep,
     }
+    if prefix_len == 0:  # SDPA's causal mask has no offset for a cached prefix
+        q4 = q.view(num_rows, query_len, NUM_HEADS, HEAD_DIM).transpose(1, 2).contiguous()
+        k4 = torch.randn(num_rows, NUM_KV_HEADS, query_len, HEAD_DIM, dtype=DTYPE, device="cuda")
+        v4 = torch.randn_like(k4)
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        result["sdpa_contiguous"] = timed(median_ms(lambda: sdpa(q4, k4, v4, is_causal=True, enable_gqa=True)))
+    return result
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m bench.attention_bench", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=None, help="where to write the JSON results")
+    parser.add_argument("--prefill-only", action="store_true", help="only the prefill cases and their sweep")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     copy_bps = measure_copy_bytes_per_s(torch.device("cuda"), 2 << 30)
@@ -189,8 +203,8 @@ def main(argv: list[str] | None = None) -> None:
         "heads": {"num_heads": NUM_HEADS, "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM,
                   "block_size": BLOCK_SIZE, "dtype": str(DTYPE)},
         "copy_GBps": round(copy_bps / 1e9, 1),
-        "decode": [decode_case(batch, context, copy_bps) for batch, context in DECODE_SHAPES],
-        "prefill": prefill_case(4, 1024),
+        "decode": [] if args.prefill_only else [decode_case(b, c, copy_bps) for b, c in DECODE_SHAPES],
+        "prefill_cases": [prefill_case(*case) for case in PREFILL_CASES],
     }
     print_table(results)
     if args.out:
@@ -208,9 +222,11 @@ def print_table(results: dict) -> None:
         best_tile = max(r["tile_sweep"], key=lambda s: s["GBps"])
         best_split = max(r["split_sweep"], key=lambda s: s["GBps"])
         print(f"      best tile {best_tile}\n      best split {best_split}")
-    p = results["prefill"]
-    print(f"prefill {p['rows']}x{p['query_len']}: {p['default']} sdpa {p['sdpa_contiguous']}")
-    print("      best", max(p["sweep"], key=lambda s: s["TFLOPs"]))
+    for p in results["prefill_cases"]:
+        print(f"prefill {p['rows']}x{p['query_len']} after {p['prefix_len']}: {p['default']} "
+              f"sdpa {p.get('sdpa_contiguous')}")
+        for s in sorted(p["sweep"], key=lambda s: -s["TFLOPs"])[:4]:
+            print("      ", s)
 
 
 if __name__ == "__main__":

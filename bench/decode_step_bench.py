@@ -11,7 +11,9 @@ waited for, so the host's preparation overlaps the device's work (the interval b
 `--variants` compares kernel choices, one runner built per variant: each is `default` or fields of
 gpu.config.KernelConfig joined by `+`, e.g. `fused_elementwise=0` (the torch layer code),
 `skinny_gemm=0` (cuBLAS for every GEMM), `skinny_gemm_pdl=1`, `order_decode_rows=0`.
-`--profile` adds torch.profiler's kernels per step, device busy time and top kernels.
+`--profile` adds torch.profiler's kernels per step, device busy time and top kernels. `--prefill-rows R:L` adds, to
+every batch, R fresh prompts of L tokens each after its decode rows (a step carrying prefill, as when requests arrive
+behind full decode batches: e.g. 8:1024 with 191 decode rows is the serving shape's typical prefill step).
 
     python -m bench.decode_step_bench --variants default fused_elementwise=0 --profile --out result.json
 """
@@ -36,15 +38,20 @@ from gpu.model_runner import ModelRunner
 BLOCK = 16
 
 
-def decode_batch(batch_size: int, context: int) -> Batch:
-    blocks_per_seq = -(-context // BLOCK)
-    tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(batch_size)]
-    position = context - 1
+def decode_batch(batch_size: int, context: int, prefill_rows: int = 0, prefill_len: int = 0) -> Batch:
+    """batch_size decode rows at `context` tokens, then prefill_rows fresh prompts of prefill_len tokens."""
+    blocks_per_seq = -(-max(context, prefill_len) // BLOCK)
+    num_rows = batch_size + prefill_rows
+    tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(num_rows)]
+    query_lens = [1] * batch_size + [prefill_len] * prefill_rows
+    context_lens = [context] * batch_size + [prefill_len] * prefill_rows
+    positions = [p for q, c in zip(query_lens, context_lens, strict=True) for p in range(c - q, c)]
+    row_of_token = [r for r, q in enumerate(query_lens) for _ in range(q)]
     return Batch(
-        token_ids=[17] * batch_size, positions=[position] * batch_size,
-        slot_mapping=[t[position // BLOCK] * BLOCK + position % BLOCK for t in tables],
-        query_lens=[1] * batch_size, context_lens=[context] * batch_size, block_tables=tables,
-        sampling=[RowSampling(temperature=0.0)] * batch_size,
+        token_ids=[17] * len(positions), positions=positions,
+        slot_mapping=[tables[r][p // BLOCK] * BLOCK + p % BLOCK for r, p in zip(row_of_token, positions, strict=True)],
+        query_lens=query_lens, context_lens=context_lens, block_tables=tables,
+        sampling=[RowSampling(temperature=0.0)] * num_rows,
     )
 
 
@@ -86,20 +93,24 @@ def profile_steps(runner: ModelRunner, batch: Batch, steps: int = 5) -> dict[str
 
 def measure(args: argparse.Namespace, variant: str, is_eager: bool) -> list[dict[str, object]]:
     batches = [int(b) for b in args.batches.split(",")]
+    prefill_rows, prefill_len = (int(n) for n in args.prefill_rows.split(":"))
+    max_rows, blocks_per_row = max(batches) + prefill_rows, -(-max(args.context, prefill_len) // BLOCK)
     config = replace(runner_config(engine_config(
         str(build_bench_model(args.model_dir)), dtype="bfloat16", device="cuda", block_size=BLOCK,
-        kv_cache_blocks=max(batches) * -(-args.context // BLOCK) + 16, max_num_seqs=max(batches),
-        max_num_batched_tokens=8192, max_model_len=4096, enforce_eager=is_eager, attention_backend=args.backend,
+        kv_cache_blocks=max_rows * blocks_per_row + 16, max_num_seqs=max_rows,
+        max_num_batched_tokens=max(8192, max(batches) + prefill_rows * prefill_len), max_model_len=4096,
+        enforce_eager=is_eager, attention_backend=args.backend,
     )), kernels=kernel_variant(variant))
     runner = ModelRunner(config)
     rows = []
     for batch_size in batches:
-        batch = decode_batch(batch_size, args.context)
+        batch = decode_batch(batch_size, args.context, prefill_rows, prefill_len)
         ms = time_steps(runner, batch, args.steps)
-        pipelined_ms = time_pipelined_steps(runner, batch, args.steps)
+        pipelined_ms = time_pipelined_steps(runner, batch, args.steps) if not prefill_rows else ms
         row: dict[str, object] = {
             "variant": variant, "batch": batch_size, "context": args.context, "cuda_graphs": not is_eager,
-            "backend": runner.backend.name, "step_ms": round(ms, 3), "pipelined_step_ms": round(pipelined_ms, 3),
+            "backend": runner.backend.name, "prefill_rows": args.prefill_rows,
+            "step_ms": round(ms, 3), "pipelined_step_ms": round(pipelined_ms, 3),
             "tokens_per_s": round(batch_size / ms * 1e3),
             "pipelined_tokens_per_s": round(batch_size / pipelined_ms * 1e3)}
         if args.profile:
@@ -122,6 +133,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--backend", default="auto")
     p.add_argument("--variants", nargs="+", default=["default"], help="kernel choices to compare (see above)")
     p.add_argument("--modes", default="graphs,eager", help="graphs, eager or both (comma-separated)")
+    p.add_argument("--prefill-rows", default="0:0", help="R:L, R fresh prompts of L tokens added to every batch")
     p.add_argument("--profile", action="store_true", help="kernels per step and the top kernels, per row")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
