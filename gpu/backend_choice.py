@@ -5,8 +5,9 @@ backend.py), timed the way that phase will run: a step that will replay a CUDA g
 the device alone (a sleep kernel first, so the host has queued the whole forward before the device
 reaches it, as a replay is queued), an eager step from the host's call to the device's end (its
 launch cost is part of it). Phase "decode": one row, and max_num_seqs rows, at ~1k tokens of
-context; phase "prefill": a fresh prompt chunk beside decode rows. The sum of a phase's step times
-decides; ties go to the first candidate (triton). Contexts read distinct, randomly filled cache
+context; phase "prefill": a fresh prompt chunk beside decode rows, and fresh prompts alone (as a burst
+of arrivals or a single user's request runs: there the prefill kernel is all of the attention). The sum
+of a phase's step times decides; ties go to the first candidate (triton). Contexts read distinct, randomly filled cache
 blocks (never zeros), and write nothing (slot -1).
 """
 
@@ -26,6 +27,7 @@ PHASES = ("decode", "prefill")
 TARGET_CONTEXT = 1024
 PREFILL_CHUNK = 2048
 PREFILL_DECODE_ROWS = 64
+FRESH_PROMPTS, FRESH_PROMPT_LEN = 4, 1024
 # ~50 ms at the H100's clock: longer than the host takes to queue one forward.
 SLEEP_CYCLES = 100_000_000
 
@@ -48,10 +50,14 @@ def synthetic_steps(shape: StepShape) -> dict[str, list[Batch]]:
     chunk = max(1, min(PREFILL_CHUNK, shape.max_num_batched_tokens, shape.max_model_len, capacity // 2))
     decode_rows = max(0, min(PREFILL_DECODE_ROWS, rows - 1, shape.max_num_batched_tokens - chunk))
     mixed_context = max(1, min(context, (capacity - chunk) // max(decode_rows, 1) - bs))
+    fresh_rows = max(1, min(FRESH_PROMPTS, rows))
+    fresh_len = max(1, min(FRESH_PROMPT_LEN, shape.max_num_batched_tokens // fresh_rows, shape.max_model_len,
+                           capacity // fresh_rows - bs))
     vocab = shape.vocab_size
     return {
         "decode": [_step([], 1, context, bs, vocab), _step([], rows, context, bs, vocab)],
-        "prefill": [_step([chunk], decode_rows, mixed_context, bs, vocab)],
+        "prefill": [_step([chunk], decode_rows, mixed_context, bs, vocab),
+                    _step([fresh_len] * fresh_rows, 0, context, bs, vocab)],
     }
 
 

@@ -7,8 +7,13 @@ through its cp.async path):
 - decode-only batches as [rows, 1, heads, dim] queries without causal masking (one query sees
   the whole context). Its grid depends only on shapes, so it can be captured in a CUDA graph.
 - any other batch as varlen queries (`cu_seqlens_q` = query_start_loc) with causal masking
-  aligned bottom-right: a row's queries are its last tokens, as in our reference. Its grid
-  depends on the step's longest query, a host integer: these steps run eagerly.
+  aligned bottom-right: a row's queries are its last tokens, as in our reference. On Hopper its
+  grid (FA4's SingleTileVarlenScheduler) is sized from the query tensor's token count and the
+  number of rows, never from the lengths, which it reads on the device: a step padded to a token
+  bucket and a row capacity (gpu/mixed_graphs.py, whose padding rows have no queries and no
+  context) replays one captured graph. The longest query, a host integer, only picks a kernel
+  variant (one query tile or more); the graphs pass their bucket, an upper bound. On other GPUs
+  FA4 may size that grid from the longest query, so there such steps run eagerly.
 New K/V are written by our Triton `store_kv` kernel.
 
 We call FA4's `_flash_attn_fwd` (the function behind its public `flash_attn_varlen_func`) rather
@@ -42,7 +47,10 @@ _ROWS_PAST_ANY_TILE = 256
 class FlashAttnBackend:
     name = "flash-attn"
     supports_cuda_graphs = True  # decode-only steps
-    supports_mixed_graphs = False  # the varlen grid is sized from the step's longest query
+
+    def __init__(self) -> None:
+        # Steps with prefill in CUDA graphs: only where the varlen grid is known not to depend on the lengths.
+        self.supports_mixed_graphs = torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
     def store_kv(
         self,

@@ -83,10 +83,11 @@ def test_synthetic_steps_fit_the_cache_and_limits(num_blocks: int, max_num_seqs:
     assert backend_choice.blocks_used(steps) <= num_blocks
     for batch in steps["decode"]:
         assert batch.is_decode_only and batch.num_rows <= max_num_seqs
-    prefill = steps["prefill"][0]
-    assert not prefill.is_decode_only and len(prefill.token_ids) <= budget and prefill.num_rows <= max_num_seqs
+    for prefill in steps["prefill"]:
+        assert not prefill.is_decode_only and len(prefill.token_ids) <= budget and prefill.num_rows <= max_num_seqs
+    assert min(steps["prefill"][1].query_lens) > 1  # fresh prompts alone: no decode rows
     assert steps["decode"][1].num_rows == max_num_seqs
-    for batch in (*steps["decode"], prefill):
+    for batch in (*steps["decode"], *steps["prefill"]):
         assert len(batch.positions) == sum(batch.query_lens)
         assert 0 <= min(batch.token_ids) and max(batch.token_ids) < 300  # the tests' tiny models have small vocabs
         assert all(len(t) * 16 >= c for t, c in zip(batch.block_tables, batch.context_lens, strict=True))
