@@ -82,9 +82,11 @@ def test_cuda_graphs_on_and_off_give_identical_tokens(tiny_model_dirs: dict[str,
     assert [o.token_ids for o in graphs] == [o.token_ids for o in eager]
 
 
-def test_steps_with_prefill_replay_graphs(tiny_model_dirs: dict[str, Path]) -> None:
-    """Triton: every token bucket is captured, and a generation with chunked prefill replays them."""
-    llm = make_llm(tiny_model_dirs["qwen3"], "bfloat16", "triton", eager=False, budget=64)
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("triton", "flash-attn")])
+def test_steps_with_prefill_replay_graphs(tiny_model_dirs: dict[str, Path], backend: str) -> None:
+    """Triton, and flash-attn on Hopper: every token bucket is captured, and a generation with chunked prefill
+    replays them (test_cuda_graphs_on_and_off_give_identical_tokens checks the tokens)."""
+    llm = make_llm(tiny_model_dirs["qwen3"], "bfloat16", backend, eager=False, budget=64)
     mixed = llm.engine.runner.mixed
     assert mixed is not None and sorted(mixed.graphs) == mixed.buckets == [16, 32, 64]
     replayed: list[int] = []
