@@ -22,6 +22,7 @@ class KernelConfig:
     skinny_gemm_pdl: bool = False  # ... launched as programmatic dependent launches (Hopper)
     order_decode_rows: bool = True  # decode attention starts the longest contexts first (decode graphs' inputs)
     prefill_step_graphs: bool = True  # steps with prefill replay CUDA graphs per token bucket (gpu/mixed_graphs.py)
+    sampling_in_graphs: bool = True  # decode graphs compute the logits and draw plain rows' tokens (gpu/cuda_graphs.py)
     cpu_packed_weights: bool = True  # on a CPU in bfloat16: linear weights packed after loading (gpu/cpu_packing.py)
 
 

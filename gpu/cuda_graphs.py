@@ -1,15 +1,22 @@
 """CUDA graphs for decode-only steps: one graph per padded batch-size bucket, sharing one memory pool.
 
 Each graph reads static input buffers that are filled in place before replay (no allocation per
-step) and writes a static hidden-state buffer. With graphs off (`--enforce-eager`) decode steps
-still run on these padded static buffers, eagerly: the kernels then see exactly the shapes they
-see under a graph, so graphs on and off compute the same numbers. Padded rows write no K/V (slot -1) and attend to one
+step) and writes a static hidden-state buffer. With a sampling head (a single-GPU runner on CUDA with the
+fused sampling kernel) a graph also computes the logits of every row and samples them with the fused
+kernel (gpu/kernels/sampling.py) from static per-row Philox keys and temperatures, so a plain decode step
+(no penalties, bias, bans or token masks) is one replay from its inputs to its token ids: no launches
+from the host between the forward pass and the tokens. A step that needs the eager sampler still replays
+the same graph and samples the graph's logits (the in-graph draw is then unused).
+With graphs off (`--enforce-eager`) decode steps still run on these padded static buffers, eagerly:
+the kernels then see exactly the shapes they see under a graph, so graphs on and off compute the same
+numbers. Padded rows write no K/V (slot -1) and attend to one
 token of a valid block, so they cost little and never fault; their outputs are ignored. The
 attention metadata a graph was captured with is static too: `max_context_len` is `max_model_len`,
 so a kernel that sizes its launch from it launches the same grid at every replay.
 
-The static buffers are views of two device tensors (int64: token ids, positions, slots and the
-fed-back token indices; int32: context lengths, the rows' launch order and block tables), filled from
+The static buffers are views of two device tensors (int64: token ids, positions, slots, the
+fed-back token indices and the rows' Philox keys; int32: context lengths, the rows' launch order, the
+temperatures' float32 bits and block tables), filled from
 pinned host mirrors with two copies a step, instead of a copy and a device-side scatter per input.
 The launch order (rows by descending context, sorted on the host) lets the decode attention kernel
 start the longest rows first, so the step does not end on a few long rows started last.
@@ -17,6 +24,8 @@ start the longest rows first, so the step does not end on a few long rows starte
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import torch
@@ -32,16 +41,32 @@ logger = logging.getLogger(__name__)
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 StaticArgs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata]  # a forward's arguments, static buffers' views
 MemoryPool = tuple[int, int]  # CUDAGraph.pool()'s handle
+LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (hidden [rows, hidden], out [rows, vocab]) -> out
+Output = TypeVar("Output")
 
 
-def capture_graphs(forward: ForwardFn, buckets: list[int], static_args: Callable[[int], StaticArgs],
+@dataclass(frozen=True)
+class DecodeOutputs:
+    """A decode step's results on the device, the bucket's static buffers cut to the batch's rows."""
+
+    hidden: torch.Tensor  # [rows, hidden_size]
+    logits: torch.Tensor | None = None  # [rows, vocab]: with a sampling head
+    token_ids: torch.Tensor | None = None  # [rows] int64, the fused kernel's draw from the static keys
+
+    def rows(self, num_rows: int) -> "DecodeOutputs":
+        def cut(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[:num_rows]
+        return DecodeOutputs(self.hidden[:num_rows], cut(self.logits), cut(self.token_ids))
+
+
+def capture_graphs(forward: Callable[..., Output], buckets: list[int], static_args: Callable[[int], StaticArgs],
                    pool: MemoryPool | None, desc: str,
-                   ) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, torch.Tensor], MemoryPool | None]:
+                   ) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, Output], MemoryPool | None]:
     """One graph of `forward` per bucket on the bucket's static args, largest first so that later graphs fit
     in its memory, all in one pool (`pool`, or a new one); returns the graphs, their static outputs and the
     pool. Used for decode steps here and for steps with prefill (mixed_graphs.py)."""
     graphs: dict[int, torch.cuda.CUDAGraph] = {}
-    outputs: dict[int, torch.Tensor] = {}
+    outputs: dict[int, Output] = {}
     for bucket in tqdm(list(reversed(buckets)), desc=desc, unit="graph", disable=None):
         args = static_args(bucket)
         forward(*args)  # warm-up outside the graph: compiles kernels, settles allocations
@@ -65,21 +90,28 @@ def batch_size_buckets(max_num_seqs: int) -> list[int]:
 class DecodeGraphs:
     def __init__(
         self, forward: ForwardFn, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device,
-        order_rows: bool = True,
+        order_rows: bool = True, logits_fn: LogitsFn | None = None, logits: torch.Tensor | None = None,
     ) -> None:
         self.forward = forward
+        # The sampling head: each graph writes its rows' logits into `logits` ([max_num_seqs, vocab], one buffer
+        # for every graph, allocated by the caller before the KV cache is sized) and draws from them.
+        self.logits_fn = logits_fn
+        self.logits = logits
+        assert (logits_fn is None) == (logits is None), "a sampling head needs its logits buffer"
         self.buckets = batch_size_buckets(max_num_seqs)
         self.max_model_len = max_model_len
         self.max_blocks = max_blocks = -(-max_model_len // block_size)
         self.max_num_seqs = n = max_num_seqs
-        # Rows: token ids, positions, cache slots, fed-back token indices, fed-back source rows.
-        self._int64 = torch.zeros(5, n, dtype=torch.int64, device=device)
-        # Context lengths, row order, block tables.
-        self._int32 = torch.zeros(2 * n + n * max_blocks, dtype=torch.int32, device=device)
+        # Rows: token ids, positions, cache slots, fed-back token indices, fed-back source rows, Philox keys.
+        self._int64 = torch.zeros(6, n, dtype=torch.int64, device=device)
+        # Context lengths, row order, temperatures (float32 bits), block tables.
+        self._int32 = torch.zeros(3 * n + n * max_blocks, dtype=torch.int32, device=device)
         self.input_ids, self.positions, self.slot_mapping = self._int64[0], self._int64[1], self._int64[2]
+        self.philox_keys = self._int64[5]
         self.context_lens = self._int32[:n]
         self.row_order = self._int32[n : 2 * n]
-        self.block_tables = self._int32[2 * n :].view(n, max_blocks)
+        self.temperatures = self._int32[2 * n : 3 * n].view(torch.float32)  # 0 on greedy (and padding) rows
+        self.block_tables = self._int32[3 * n :].view(n, max_blocks)
         self.order_rows = order_rows  # False launches rows as batched (KernelConfig.order_decode_rows)
         self.slot_mapping.fill_(-1)
         self.context_lens.fill_(1)
@@ -89,7 +121,7 @@ class DecodeGraphs:
         self._mirrors = [_HostMirror(self._int64, self._int32) for _ in range(2)]
         self._turn = 0
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        self.outputs: dict[int, DecodeOutputs] = {}
         self.pool: MemoryPool | None = None
 
     def bucket_for(self, num_rows: int) -> int | None:
@@ -107,25 +139,45 @@ class DecodeGraphs:
             row_order=self.row_order[:bucket],
         )
 
+    @property
+    def samples(self) -> bool:
+        """Whether each step also computes the logits and samples them (a sampling head)."""
+        return self.logits_fn is not None
+
     @torch.inference_mode()
     def capture(self) -> None:
-        self.graphs, self.outputs, self.pool = capture_graphs(self.forward, self.buckets, self._static_args, self.pool,
+        self.graphs, self.outputs, self.pool = capture_graphs(self._step, self.buckets, self._static_args, self.pool,
                                                               "CUDA graphs, decode steps")
-        logger.info("captured CUDA graphs for decode batch sizes %s", self.buckets)
+        logger.info("captured CUDA graphs for decode batch sizes %s%s", self.buckets,
+                    ", sampling inside" if self.samples else "")
 
     def _static_args(self, bucket: int) -> StaticArgs:
         return self.input_ids[:bucket], self.positions[:bucket], self.metadata(bucket)
 
-    def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:
+    def _step(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> DecodeOutputs:
+        """What a graph holds: the forward pass, and with a sampling head the logits and the draw."""
+        hidden = self.forward(input_ids, positions, meta)
+        if self.logits_fn is None:
+            return DecodeOutputs(hidden)
+        from gpu.kernels.sampling import sample_tokens
+
+        assert self.logits is not None
+        rows = hidden.shape[0]
+        logits = self.logits_fn(hidden, self.logits[:rows])
+        return DecodeOutputs(hidden, logits, sample_tokens(logits, self.philox_keys[:rows], self.temperatures[:rows]))
+
+    def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None,
+            draw: tuple[np.ndarray, np.ndarray] | None = None) -> DecodeOutputs:
         """Fills the static buffers from a decode-only batch (fed-back tokens read from `last_sampled_ids`
-        on the device), replays the bucket's graph (or runs eagerly on the buffers when none was
-        captured); returns [num_rows, hidden_size]."""
+        on the device, and with a sampling head `draw`: each row's Philox key and temperature, or None when
+        the step's draw is not used), replays the bucket's graph (or runs eagerly on the buffers when none
+        was captured); returns the outputs of the batch's rows."""
         num_rows = batch.num_rows
         bucket = self.bucket_for(num_rows)
         assert bucket is not None and batch.is_decode_only
         mirror = self._mirrors[self._turn]
         self._turn ^= 1
-        num_int32 = mirror.fill(batch, bucket, self.max_num_seqs, self.max_blocks, self.order_rows)
+        num_int32 = mirror.fill(batch, bucket, self.max_num_seqs, self.max_blocks, self.order_rows, draw)
         self._int64.copy_(mirror.int64, non_blocking=True)
         self._int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)
         mirror.copied.record()
@@ -133,9 +185,9 @@ class DecodeGraphs:
             feed_back_tokens(self.input_ids, self._int64[3, :num_fed_back], self._int64[4, :num_fed_back],
                              last_sampled_ids)
         if bucket not in self.graphs:
-            return self.forward(*self._static_args(bucket))[:num_rows]
+            return self._step(*self._static_args(bucket)).rows(num_rows)
         self.graphs[bucket].replay()
-        return self.outputs[bucket][:num_rows]
+        return self.outputs[bucket].rows(num_rows)
 
 
 class PinnedMirror:
@@ -150,7 +202,8 @@ class PinnedMirror:
 
 
 class _HostMirror(PinnedMirror):
-    def fill(self, batch: Batch, bucket: int, max_num_seqs: int, max_blocks: int, order_rows: bool) -> int:
+    def fill(self, batch: Batch, bucket: int, max_num_seqs: int, max_blocks: int, order_rows: bool,
+             draw: tuple[np.ndarray, np.ndarray] | None = None) -> int:
         """Writes the batch (padded to the bucket) into the mirror; returns how many int32 entries to copy."""
         self.copied.synchronize()  # its previous copy has run (long since, in practice)
         rows = batch.num_rows
@@ -169,6 +222,12 @@ class _HostMirror(PinnedMirror):
             int32[n : n + bucket] = np.argsort(-int32[:bucket], kind="stable")
         else:
             int32[n : n + bucket] = np.arange(bucket)
+        if draw is not None:  # padded rows: key 0, temperature 0 (greedy); their tokens are ignored
+            keys, temperatures = draw
+            int64[5, :rows] = keys
+            int64[5, rows:bucket] = 0
+            int32[2 * n : 2 * n + rows] = temperatures.view(np.int32)
+            int32[2 * n + rows : 2 * n + bucket] = 0  # the bits of 0.0
         # Entries past a row's blocks keep older (valid) block ids.
-        write_block_tables(int32[2 * n : 2 * n + bucket * max_blocks].reshape(bucket, max_blocks), batch.block_tables)
-        return 2 * n + bucket * max_blocks
+        write_block_tables(int32[3 * n : 3 * n + bucket * max_blocks].reshape(bucket, max_blocks), batch.block_tables)
+        return 3 * n + bucket * max_blocks

@@ -30,6 +30,7 @@ from gpu.cpu_packing import can_pack, has_native_bfloat16, pack_linear_layers
 from gpu.cuda_graphs import DecodeGraphs
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.host_to_device import pack_block_tables, to_device, write_block_tables
+from gpu.kernels import HAS_TRITON
 from gpu.layers.linear import SKINNY_MAX_ROWS
 from gpu.loader import load_weights
 from gpu.mixed_graphs import MixedGraphs
@@ -39,7 +40,7 @@ from gpu.penalties import PenaltyState
 from gpu.pending_step import PendingLogits, PendingStep, SampledRows, feed_back_tokens
 from gpu.prompt_logprobs import PackedPromptLogprobs, prompt_logprobs
 from gpu.runner import run_step
-from gpu.sampler import Sampler
+from gpu.sampler import FUSED_DTYPES, Sampler
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,9 @@ class ModelRunner:
         # Before the KV cache is sized, so its memory is counted: [max_num_seqs, vocab] int32 + bool.
         self.penalty_state = PenaltyState(config.max_num_seqs, self.vocab_size, self.device)
         self.sampler = Sampler(self.device, config.seed, config.kernels, self.penalty_state)
+        # The decode graphs' logits when they sample (_sampling_head), counted before the KV cache is sized too.
+        self._graph_logits = (torch.empty(config.max_num_seqs, self.vocab_size, dtype=self.dtype, device=self.device)
+                              if self._samples_in_graphs() else None)
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
         self.mixed: MixedGraphs | None = None
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
@@ -163,7 +167,9 @@ class ModelRunner:
         """Graphs for decode-only steps and, when the backend allows, for steps with prefill (one pool)."""
         c = self.config
         self.decode = DecodeGraphs(self.model, c.max_num_seqs, c.max_model_len, c.block_size, self.device,
-                                   c.kernels.order_decode_rows)
+                                   c.kernels.order_decode_rows,
+                                   self.model.compute_logits_into if self._graph_logits is not None else None,
+                                   self._graph_logits)
         if self.backend.supports_mixed_graphs and c.kernels.prefill_step_graphs:
             self.mixed = MixedGraphs(self.model, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len,
                                      c.block_size, self.device)
@@ -177,6 +183,13 @@ class ModelRunner:
             self.decode.capture()
         else:
             logger.info("CUDA graphs for decode steps off (%s)", self.backend.name)
+
+    def _samples_in_graphs(self) -> bool:
+        """Whether the decode graphs compute the logits and draw the tokens too: on CUDA, one GPU (under tensor
+        parallelism the logits are gathered to rank 0 only), the fused sampling kernel (KernelConfig switches)."""
+        k = self.config.kernels
+        return (self.device.type == "cuda" and self.tp.size == 1 and k.sampling_in_graphs and k.fused_sampling
+                and HAS_TRITON and self.dtype in FUSED_DTYPES)
 
     def _build_model(self, hf_config) -> torch.nn.Module:  # noqa: ANN001 - a transformers config
         torch.manual_seed(self.config.seed)
@@ -241,8 +254,9 @@ class ModelRunner:
     @torch.inference_mode()
     def _run_first_request_shapes(self) -> None:
         """Runs what a server's first requests run, so none of it is built at a request: a prompt's
-        prefill, and decode steps of every row count that the skinny GEMM serves (the lm_head after a
-        graph runs eagerly on the unpadded rows) and of every graph bucket, greedy and sampled rows.
+        prefill, and decode steps of every row count that the skinny GEMM serves (without a sampling head in the
+        decode graphs the lm_head after a graph runs eagerly on the unpadded rows) and of every graph bucket,
+        greedy and sampled rows.
         On CPU nothing is compiled per shape: one short prefill and one decode step pay the first-call
         costs (thread pool, oneDNN/MKL set-up, the sampler's paths). Nothing is written to the cache
         (slot -1); every row reads block 0."""
@@ -279,16 +293,29 @@ class ModelRunner:
         """Queues one step on the device and returns without waiting for it. A batch with token masks
         returns its logits awaiting them: pass those to `sample_masked` before the next launch. On a
         tensor-parallel rank other than 0 the step has no result (rank 0 returns the tokens)."""
-        hidden = self._forward(batch)
+        rows = [row for row in batch.sampling if row is not None]
+        logits = None
+        if self._replays_decode_graph(batch):
+            assert self.decode is not None
+            draw = self._graph_draw(batch, rows)
+            out = self.decode.run(batch, self._last_sampled_ids, draw)
+            if draw is not None:  # the graph drew the tokens: no launch from here to the copy to the host
+                assert out.logits is not None and out.token_ids is not None
+                return self._launched(self.sampler.finish_graph_draw(out.logits, out.token_ids, rows), None)
+            hidden = out.hidden
+            if len(rows) == batch.num_rows:
+                logits = out.logits  # computed by the graph (None without a sampling head)
+        else:
+            hidden = self._forward(batch)
         prompt = None
         if batch.prompt_logprobs:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
-        logits = self._logits(batch, hidden)
+        if logits is None:
+            logits = self._logits(batch, hidden)
         if not self.tp.is_first:  # its share of the logits went to rank 0
-            return self._tokens_from_first(sum(row is not None for row in batch.sampling))
+            return self._tokens_from_first(len(rows))
         if logits is None:
             return self._launched(None, prompt)
-        rows = [row for row in batch.sampling if row is not None]
         if batch.has_token_masks:
             return PendingLogits(logits, rows, batch.penalty_slot_inits, prompt)
         return self._launched(self.sampler.sample(logits, rows, batch.penalty_slot_inits), prompt)
@@ -326,11 +353,22 @@ class ModelRunner:
             last_hidden = hidden[to_device(last_token_index, np.int64, self.device)]
         return self.model.compute_logits(last_hidden)
 
+    def _replays_decode_graph(self, batch: Batch) -> bool:
+        """A decode step that one of the decode graphs' buckets holds (replayed, or eager on their buffers)."""
+        return self.decode is not None and batch.is_decode_only and self.decode.bucket_for(batch.num_rows) is not None
+
+    def _graph_draw(self, batch: Batch, rows: list[RowSampling]) -> tuple[np.ndarray, np.ndarray] | None:
+        """The in-graph draw's inputs when the decode graphs sample and every row's sampling is plain."""
+        if self.decode is None or not self.decode.samples or len(rows) != batch.num_rows or batch.has_token_masks:
+            return None
+        return self.sampler.graph_draw(rows, self.vocab_size)
+
     @torch.inference_mode()
     def _forward(self, batch: Batch) -> torch.Tensor:
         """[num_tokens, hidden_size]"""
-        if self.decode is not None and batch.is_decode_only and self.decode.bucket_for(batch.num_rows) is not None:
-            return self.decode.run(batch, self._last_sampled_ids)
+        if self._replays_decode_graph(batch):
+            assert self.decode is not None
+            return self.decode.run(batch, self._last_sampled_ids).hidden
         if self.mixed is not None and not batch.is_decode_only and self.mixed.bucket_for(batch) is not None:
             return self.mixed.run(batch, self._last_sampled_ids)
         input_ids, positions, meta = self._prepare(batch)

@@ -167,13 +167,38 @@ class Sampler:
     def _philox_keys(self, rows: list[RowSampling]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's 64-bit Philox key and its temperature (0 on greedy rows), in one copy to the device."""
         num_rows = len(rows)
-        keys = self.key_rng.integers(0, 2**63 - 1, size=num_rows, dtype=np.int64)
+        keys, temperatures = self._keys_and_temperatures(rows)
+        packed = to_device(np.concatenate([keys.view(np.uint8), temperatures.view(np.uint8)]), np.uint8, self.device)
+        return packed[: 8 * num_rows].view(torch.int64), packed[8 * num_rows :].view(torch.float32)
+
+    def _keys_and_temperatures(self, rows: list[RowSampling]) -> tuple[np.ndarray, np.ndarray]:
+        keys = self.key_rng.integers(0, 2**63 - 1, size=len(rows), dtype=np.int64)
         for i, row in enumerate(rows):
             if row.seed is not None:
                 keys[i] = _row_seed(row.seed, row.output_index)
-        temperatures = np.array([r.temperature for r in rows], dtype=np.float32)  # 0 is greedy
-        packed = to_device(np.concatenate([keys.view(np.uint8), temperatures.view(np.uint8)]), np.uint8, self.device)
-        return packed[: 8 * num_rows].view(torch.int64), packed[8 * num_rows :].view(torch.float32)
+        return keys, np.array([r.temperature for r in rows], dtype=np.float32)  # 0 is greedy
+
+    def graph_draw(self, rows: list[RowSampling], vocab_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+        """The Philox keys and temperatures for a decode graph's in-graph draw (gpu/cuda_graphs.py), or None
+        when a row adjusts its logits (bias, penalties, bans: the eager `sample` path). The keys are drawn as
+        `sample` draws them for the same rows: none for an all-greedy step (its argmax needs none), one per row
+        otherwise, so a step draws the same tokens with its sampling inside a graph or not."""
+        if any(r.adjusts_logits for r in rows):
+            return None
+        if all(r.is_greedy for r in rows):
+            return np.zeros(len(rows), dtype=np.int64), np.zeros(len(rows), dtype=np.float32)
+        if len(_filtered_rows(rows, vocab_size)) == len(rows):  # `sample` draws these rows with torch alone
+            return np.zeros(len(rows), dtype=np.int64), np.array([r.temperature for r in rows], dtype=np.float32)
+        return self._keys_and_temperatures(rows)
+
+    def finish_graph_draw(self, logits: torch.Tensor, token_ids: torch.Tensor, rows: list[RowSampling]) -> SampledRows:
+        """A step whose rows a decode graph drew (with `graph_draw`'s inputs): the rows with top-k, top-p or
+        min-p drawn again by the torch path, as `sample` does, and the logprobs asked for."""
+        filtered = _filtered_rows(rows, logits.shape[-1])
+        if filtered:
+            where = to_device(filtered, np.int64, logits.device)
+            token_ids[where] = self._torch_token_ids(logits[where].float(), [rows[i] for i in filtered])
+        return _with_logprobs(logits, token_ids, rows)
 
     def _torch_token_ids(self, logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
         """logits: float32, banned tokens already at -inf."""

@@ -61,3 +61,9 @@ class ParallelLMHead(VocabParallelEmbedding):
         if logits is None or logits.shape[-1] == self.vocab_size:
             return logits
         return logits[:, : self.vocab_size].contiguous()  # the last rank's padding rows cut off
+
+    def forward_into(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """The logits written into `out` [num_rows, vocab_size] (a buffer the caller reuses, e.g. one for every
+        decode graph); one GPU, unpacked weight only."""
+        assert self.tp.size == 1 and self.packed is None, "forward_into is the single-GPU, unpacked head's"
+        return torch.mm(hidden, self.weight.t(), out=out)

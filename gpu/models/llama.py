@@ -113,5 +113,9 @@ class LlamaForCausalLM(nn.Module):
         """[num_rows, vocab_size] on tensor-parallel rank 0 (the sampling rank); None on the others."""
         return self.lm_head(hidden)
 
+    def compute_logits_into(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """compute_logits written into `out` [num_rows, vocab_size] (single GPU)."""
+        return self.lm_head.forward_into(hidden, out)
+
     def attention_layers(self) -> list[DecoderAttention]:
         return [layer.self_attn for layer in self.model.layers]
