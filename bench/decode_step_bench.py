@@ -66,20 +66,27 @@ def time_steps(runner: ModelRunner, batch: Batch, steps: int) -> float:
     return statistics.median(samples) * 1e3
 
 
-def time_pipelined_steps(runner: ModelRunner, batch: Batch, steps: int) -> float:
-    """Median interval between consecutive steps' tokens reaching the host, with one step always queued ahead."""
+def time_pipelined_steps(runner: ModelRunner, batch: Batch, steps: int) -> tuple[float, float, float]:
+    """Median interval between consecutive steps' tokens reaching the host, with one step always queued ahead;
+    and the medians of the host's time in `launch` (queuing a step) and waiting in `result` per step. A host that
+    never waits is the bottleneck: the interval is then its own time per step, not the device's."""
     fed_back = replace(batch, token_ids=[0] * batch.num_rows, fed_back_token_indices=list(range(batch.num_rows)),
                        fed_back_rows=list(range(batch.num_rows)))
     in_flight = runner.launch(batch)
-    arrivals = []
+    arrivals, launches, waits = [], [], []
     for _ in range(steps + 5):
+        start = time.perf_counter()
         queued = runner.launch(fed_back)  # reads in_flight's tokens on the device
+        launched = time.perf_counter()
         in_flight.result()
         arrivals.append(time.perf_counter())
+        launches.append(launched - start)
+        waits.append(arrivals[-1] - launched)
         in_flight = queued
     in_flight.result()
     intervals = [b - a for a, b in zip(arrivals[5:], arrivals[6:], strict=False)]
-    return statistics.median(intervals) * 1e3
+    return (statistics.median(intervals) * 1e3, statistics.median(launches[5:]) * 1e3,
+            statistics.median(waits[5:]) * 1e3)
 
 
 def profile_steps(runner: ModelRunner, batch: Batch, steps: int = 5) -> dict[str, object]:
@@ -106,11 +113,13 @@ def measure(args: argparse.Namespace, variant: str, is_eager: bool) -> list[dict
     for batch_size in batches:
         batch = decode_batch(batch_size, args.context, prefill_rows, prefill_len)
         ms = time_steps(runner, batch, args.steps)
-        pipelined_ms = time_pipelined_steps(runner, batch, args.steps) if not prefill_rows else ms
+        pipelined_ms, launch_ms, wait_ms = time_pipelined_steps(runner, batch, args.steps) if not prefill_rows \
+            else (ms, 0.0, 0.0)
         row: dict[str, object] = {
             "variant": variant, "batch": batch_size, "context": args.context, "cuda_graphs": not is_eager,
             "backend": runner.backend.name, "prefill_rows": args.prefill_rows,
             "step_ms": round(ms, 3), "pipelined_step_ms": round(pipelined_ms, 3),
+            "pipelined_host_launch_ms": round(launch_ms, 3), "pipelined_host_wait_ms": round(wait_ms, 3),
             "tokens_per_s": round(batch_size / ms * 1e3),
             "pipelined_tokens_per_s": round(batch_size / pipelined_ms * 1e3)}
         if args.profile:
@@ -140,11 +149,12 @@ def main(argv: list[str] | None = None) -> None:
     modes = args.modes.split(",")
     rows = [row for variant in args.variants for mode in modes
             for row in measure(args, variant, is_eager=mode == "eager")]
-    print("| variant | batch | graphs | step ms | pipelined ms | kernels/step |\n| --- | --- | --- | --- | --- | --- |")
+    print("| variant | batch | graphs | step ms | pipelined ms | host launch / wait ms | kernels/step |\n"
+          "| --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         kernels = r["profile"]["kernels_per_step"] if "profile" in r else "-"  # type: ignore[index]
         print(f"| {r['variant']} | {r['batch']} | {r['cuda_graphs']} | {r['step_ms']} | {r['pipelined_step_ms']} "
-              f"| {kernels} |")
+              f"| {r['pipelined_host_launch_ms']} / {r['pipelined_host_wait_ms']} | {kernels} |")
     if args.out:
         write_result(args.out, {"kind": "decode-step", "torch": torch.__version__, "rows": rows},
                      "bench.decode_step_bench", argv)
