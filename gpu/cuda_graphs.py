@@ -25,7 +25,7 @@ start the longest rows first, so the step does not end on a few long rows starte
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import torch
@@ -35,6 +35,9 @@ from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch
 from gpu.host_to_device import write_block_tables
 from gpu.pending_step import feed_back_tokens
+
+if TYPE_CHECKING:
+    from gpu.sampler import GraphDraw
 
 logger = logging.getLogger(__name__)
 
@@ -167,7 +170,7 @@ class DecodeGraphs:
         return DecodeOutputs(hidden, logits, sample_tokens(logits, self.philox_keys[:rows], self.temperatures[:rows]))
 
     def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None,
-            draw: tuple[np.ndarray, np.ndarray] | None = None) -> DecodeOutputs:
+            draw: "GraphDraw | None" = None) -> DecodeOutputs:
         """Fills the static buffers from a decode-only batch (fed-back tokens read from `last_sampled_ids`
         on the device, and with a sampling head `draw`: each row's Philox key and temperature, or None when
         the step's draw is not used), replays the bucket's graph (or runs eagerly on the buffers when none
@@ -203,7 +206,7 @@ class PinnedMirror:
 
 class _HostMirror(PinnedMirror):
     def fill(self, batch: Batch, bucket: int, max_num_seqs: int, max_blocks: int, order_rows: bool,
-             draw: tuple[np.ndarray, np.ndarray] | None = None) -> int:
+             draw: "GraphDraw | None" = None) -> int:
         """Writes the batch (padded to the bucket) into the mirror; returns how many int32 entries to copy."""
         self.copied.synchronize()  # its previous copy has run (long since, in practice)
         rows = batch.num_rows
@@ -223,7 +226,7 @@ class _HostMirror(PinnedMirror):
         else:
             int32[n : n + bucket] = np.arange(bucket)
         if draw is not None:  # padded rows: key 0, temperature 0 (greedy); their tokens are ignored
-            keys, temperatures = draw
+            keys, temperatures = draw.keys, draw.temperatures
             int64[5, :rows] = keys
             int64[5, rows:bucket] = 0
             int32[2 * n : 2 * n + rows] = temperatures.view(np.int32)

@@ -40,7 +40,7 @@ from gpu.penalties import PenaltyState
 from gpu.pending_step import PendingLogits, PendingStep, SampledRows, feed_back_tokens
 from gpu.prompt_logprobs import PackedPromptLogprobs, prompt_logprobs
 from gpu.runner import run_step
-from gpu.sampler import FUSED_DTYPES, Sampler
+from gpu.sampler import FUSED_DTYPES, GraphDraw, Sampler
 
 logger = logging.getLogger(__name__)
 
@@ -301,7 +301,7 @@ class ModelRunner:
             out = self.decode.run(batch, self._last_sampled_ids, draw)
             if draw is not None:  # the graph drew the tokens: no launch from here to the copy to the host
                 assert out.logits is not None and out.token_ids is not None
-                return self._launched(self.sampler.finish_graph_draw(out.logits, out.token_ids, rows), None)
+                return self._launched(self.sampler.finish_graph_draw(out.logits, out.token_ids, rows, draw), None)
             hidden = out.hidden
             if len(rows) == batch.num_rows:
                 logits = out.logits  # computed by the graph (None without a sampling head)
@@ -357,7 +357,7 @@ class ModelRunner:
         """A decode step that one of the decode graphs' buckets holds (replayed, or eager on their buffers)."""
         return self.decode is not None and batch.is_decode_only and self.decode.bucket_for(batch.num_rows) is not None
 
-    def _graph_draw(self, batch: Batch, rows: list[RowSampling]) -> tuple[np.ndarray, np.ndarray] | None:
+    def _graph_draw(self, batch: Batch, rows: list[RowSampling]) -> GraphDraw | None:
         """The in-graph draw's inputs when the decode graphs sample and every row's sampling is plain."""
         if self.decode is None or not self.decode.samples or len(rows) != batch.num_rows or batch.has_token_masks:
             return None

@@ -67,6 +67,15 @@ def build_sampling_tensors(rows: list[RowSampling], vocab_size: int, device: tor
     )
 
 
+@dataclass(frozen=True)
+class GraphDraw:
+    """A decode step's inputs to the in-graph draw, and the rows the torch path draws again after it."""
+
+    keys: np.ndarray  # [num_rows] int64 Philox keys
+    temperatures: np.ndarray  # [num_rows] float32, 0 on greedy rows
+    filtered: list[int]  # rows with top-k, top-p or min-p
+
+
 class Sampler:
     def __init__(self, device: torch.device, seed: int, kernels: KernelConfig = DEFAULT_KERNELS,
                  penalty_state: PenaltyState | None = None) -> None:
@@ -178,26 +187,33 @@ class Sampler:
                 keys[i] = _row_seed(row.seed, row.output_index)
         return keys, np.array([r.temperature for r in rows], dtype=np.float32)  # 0 is greedy
 
-    def graph_draw(self, rows: list[RowSampling], vocab_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    def graph_draw(self, rows: list[RowSampling], vocab_size: int) -> "GraphDraw | None":
         """The Philox keys and temperatures for a decode graph's in-graph draw (gpu/cuda_graphs.py), or None
         when a row adjusts its logits (bias, penalties, bans: the eager `sample` path). The keys are drawn as
-        `sample` draws them for the same rows: none for an all-greedy step (its argmax needs none), one per row
-        otherwise, so a step draws the same tokens with its sampling inside a graph or not."""
-        if any(r.adjusts_logits for r in rows):
-            return None
-        if all(r.is_greedy for r in rows):
-            return np.zeros(len(rows), dtype=np.int64), np.zeros(len(rows), dtype=np.float32)
-        if len(_filtered_rows(rows, vocab_size)) == len(rows):  # `sample` draws these rows with torch alone
-            return np.zeros(len(rows), dtype=np.int64), np.array([r.temperature for r in rows], dtype=np.float32)
-        return self._keys_and_temperatures(rows)
+        `sample` draws them for the same rows: none for an all-greedy step (its argmax needs none) or one whose
+        every row is filtered (the torch path alone), one per row otherwise, so a step draws the same tokens
+        with its sampling inside a graph or not. One pass over the rows: this runs every decode step."""
+        filtered: list[int] = []
+        is_all_greedy = True
+        for i, r in enumerate(rows):
+            if r.adjusts_logits:
+                return None
+            if r.temperature != 0.0:
+                is_all_greedy = False
+                if r.top_p < 1.0 or r.min_p > 0.0 or (r.top_k is not None and r.top_k < vocab_size):
+                    filtered.append(i)
+        if is_all_greedy or len(filtered) == len(rows):
+            temperatures = np.array([r.temperature for r in rows], dtype=np.float32)
+            return GraphDraw(np.zeros(len(rows), dtype=np.int64), temperatures, filtered)
+        return GraphDraw(*self._keys_and_temperatures(rows), filtered)
 
-    def finish_graph_draw(self, logits: torch.Tensor, token_ids: torch.Tensor, rows: list[RowSampling]) -> SampledRows:
-        """A step whose rows a decode graph drew (with `graph_draw`'s inputs): the rows with top-k, top-p or
-        min-p drawn again by the torch path, as `sample` does, and the logprobs asked for."""
-        filtered = _filtered_rows(rows, logits.shape[-1])
-        if filtered:
-            where = to_device(filtered, np.int64, logits.device)
-            token_ids[where] = self._torch_token_ids(logits[where].float(), [rows[i] for i in filtered])
+    def finish_graph_draw(self, logits: torch.Tensor, token_ids: torch.Tensor, rows: list[RowSampling],
+                          draw: "GraphDraw") -> SampledRows:
+        """A step whose rows a decode graph drew (with `draw`'s inputs): the rows with top-k, top-p or min-p
+        drawn again by the torch path, as `sample` does, and the logprobs asked for."""
+        if draw.filtered:
+            where = to_device(draw.filtered, np.int64, logits.device)
+            token_ids[where] = self._torch_token_ids(logits[where].float(), [rows[i] for i in draw.filtered])
         return _with_logprobs(logits, token_ids, rows)
 
     def _torch_token_ids(self, logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
