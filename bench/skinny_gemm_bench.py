@@ -1,13 +1,16 @@
 """The skinny GEMM (gpu/kernels/skinny_gemm.py) against cuBLAS (F.linear) at the decode shapes of Qwen3-0.6B.
 
-Per shape and rows M in {1, 2, 4, 8, 16}: microseconds per call and the weight bytes read per second as a share
-of the device-to-device copy bandwidth measured in the same run. Each figure is the median replay of a CUDA graph
-of many calls that rotate over copies of the weight totalling 256 MB (five times the 50 MB L2), so the weights
-come from HBM as they do in a decode step; x stays in L2, as activations do. bf16.
+Per shape and rows M from 1 to 256: microseconds per call, the bytes moved (weights, x and y) per second as TB/s
+and as a share of the device-to-device copy bandwidth measured in the same run, and TFLOP/s. Each figure is the
+median replay of a CUDA graph of many calls that rotate over copies of the weight totalling 256 MB (five times the
+50 MB L2), so the weights come from HBM as they do in a decode step; x stays in L2, as activations do. bf16.
 
-    python -m bench.skinny_gemm_bench --out result.json          # cuBLAS vs the table's configs
+    python -m bench.skinny_gemm_bench --out result.json          # cuBLAS vs the table's configs (this GPU's)
     python -m bench.skinny_gemm_bench --sweep --out sweep.json   # every candidate config; the fastest per shape
+    python -m bench.skinny_gemm_bench --sweep --rows 32 64 --shapes qkv down   # part of the sweep
 
+The sweep prints, and writes under `table`, each (row bucket, N, K)'s fastest config, or None where cuBLAS was
+not beaten by 3%: the lines of gpu/kernels/skinny_gemm_configs.py's table for this GPU.
 Whole decode steps with the kernel off and on: `python -m bench.decode_step_bench --variants default skinny_gemm=0`.
 """
 
@@ -27,14 +30,16 @@ import torch.nn.functional as F
 
 from bench.common import write_result
 from bench.device_limits import measure_copy_bytes_per_s
-from gpu.kernels.skinny_gemm import SkinnyConfig, config_for, preferred_config, row_bucket, skinny_gemm
+from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, config_for, preferred_config, row_bucket, skinny_gemm
 
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
           "lm_head": (151936, 1024)}  # name -> (N, K)
 PER_LAYER = ("qkv", "o_proj", "gate_up", "down")
-SWEEP_SHAPES = {name: SHAPES[name] for name in PER_LAYER}  # lm_head: cuBLAS already reads it at ~94% of copy
 NUM_LAYERS = 28
-ROWS = (1, 2, 4, 8, 16)
+SWEEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # one per row bucket: its widest row count
+COMPARE_ROWS = (1, 2, 4, 8, 16, 17, 32, 48, 64, 100, 128, 192, 256)  # bucket edges and decode graph buckets
+NUM_SMS = 132  # H100 SXM; H200: the same
+MIN_GAIN = 0.97  # the kernel enters a table where it takes at most this share of cuBLAS's time
 ROTATION_BYTES = 256 << 20
 DTYPE = torch.bfloat16
 DEVICE = torch.device("cuda")
@@ -82,35 +87,65 @@ def with_config(config: SkinnyConfig | None, use_pdl: bool = False) -> GemmFn:
     return lambda x, w: skinny_gemm(x, w, None, config, use_pdl)
 
 
-def candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
-    """The sweep's space: fma tiles for up to 8 rows, dot tiles for all; split-K only where N is narrow."""
-    splits = (1, 2, 4) if n <= 8192 else (1,)
+def few_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
+    """Up to 16 rows: fma tiles for up to 8 rows (wide K tiles and split-K: more bytes in flight for one row), dot
+    tiles (pointer loads or TMA) for all; split-K only where N is narrow."""
+    splits = (1, 2, 4, 8) if n <= 8192 else (1,)
     out = []
     if bucket <= 8:
-        tiles = [(4, 512, 4), (4, 1024, 4), (8, 256, 4), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 4),
-                 (16, 512, 8), (32, 256, 4), (32, 512, 8)]
-        for (bn, bk, warps), split, stages in itertools.product(tiles, splits, (1, 3)):
+        tiles = [(4, 512, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8),
+                 (32, 256, 4)]
+        for (bn, bk, warps), split in itertools.product(tiles, splits):
             if bk * split <= k and bn * bucket <= 128:
-                out.append(SkinnyConfig(bn, bk, split, False, warps, stages))
-    tiles = [(16, 128, 4), (16, 256, 4), (32, 128, 4), (32, 256, 4), (64, 128, 4), (64, 256, 4), (128, 128, 8),
-             (32, 512, 4)]
-    for (bn, bk, warps), split, stages in itertools.product(tiles, splits, (2, 3, 4)):
-        if bk * split <= k:
-            out.append(SkinnyConfig(bn, bk, split, True, warps, stages))
+                out.append(SkinnyConfig(bn, bk, split, False, warps, 1))
+    tiles = [(32, 128, 4), (32, 256, 4), (64, 128, 4), (64, 256, 4), (128, 128, 8), (32, 512, 4)]
+    for (bn, bk, warps), split, stages, tma in itertools.product(tiles, splits, (3, 4), (False, True)):
+        if bk * split <= k and (not tma or (bk <= 256 and split <= 4)):
+            out.append(SkinnyConfig(bn, bk, split, True, warps, stages, use_tma=tma))
     return out
 
 
-def sweep_jobs() -> list[tuple[str, int, SkinnyConfig]]:
-    return [(name, m, c) for name, (n, k) in SWEEP_SHAPES.items() for m in ROWS
-            for c in candidates(row_bucket(m), n, k)]
+def many_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
+    """17..256 rows: tensor-core tiles over rows and columns, by pointer loads or TMA; split-K (up to 4) only while
+    the tiles leave SMs idle, at most 8 waves of programs; shared memory for the pipeline's stages within 200 KB."""
+    tiles = [(64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 4, 4), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3),
+             (64, 256, 4, 3), (64, 256, 4, 4)]  # (block_n, block_k, warps, stages)
+    out = []
+    for block_m in (16, 32, 64, 128):
+        if block_m > bucket:
+            continue
+        for (bn, bk, warps, stages), split, tma in itertools.product(tiles, (1, 2, 4), (False, True)):
+            num_tiles = math.ceil(bucket / block_m) * math.ceil(n / bn)
+            if (bk * split > k or (split > 1 and num_tiles >= NUM_SMS) or num_tiles * split > 8 * NUM_SMS
+                    or stages * (bn + block_m) * bk * 2 > 200 << 10):
+                continue
+            out.append(SkinnyConfig(bn, bk, split, True, warps, stages, block_m, tma))
+    return out
 
 
-def _compile_worker(args: tuple[int, int, bool]) -> int:
-    """Runs this worker's share of the sweep's configs once, so that Triton's disk cache holds them."""
-    index, count, use_pdl = args
-    jobs = [j for j in sweep_jobs() if hash((j[1], j[2])) % count == index]
-    inputs = {name: (torch.randn(16, k, dtype=DTYPE, device=DEVICE), torch.randn(n, k, dtype=DTYPE, device=DEVICE))
-              for name, (n, k) in SHAPES.items()}
+def candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
+    if bucket > FEW_ROWS:
+        return many_row_candidates(bucket, n, k)
+    if n > 8192:  # the lm_head: dot tiles, no split
+        return [SkinnyConfig(bn, bk, 1, True, warps, stages) for (bn, bk, warps), stages in itertools.product(
+            [(64, 128, 4), (128, 128, 8), (32, 512, 4), (64, 256, 4)], (2, 3, 4))]
+    return few_row_candidates(bucket, n, k)
+
+
+def sweep_jobs(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[tuple[str, int, SkinnyConfig]]:
+    return [(name, m, c) for name, (n, k) in shapes.items() for m in rows for c in candidates(row_bucket(m), n, k)]
+
+
+def compile_key(m: int, k: int, config: SkinnyConfig) -> tuple:
+    """What Triton compiles a variant for (M and N are no specialization keys; K's divisibility is the same here)."""
+    return config, 0 if config.use_dot else row_bucket(m), k % (config.block_k * config.split_k) == 0
+
+
+def _compile_worker(args: tuple[list[tuple[str, int, SkinnyConfig]], bool]) -> int:
+    """Runs this worker's share of the sweep's variants once, so that Triton's disk cache holds them."""
+    jobs, use_pdl = args
+    inputs = {name: (torch.randn(256, SHAPES[name][1], dtype=DTYPE, device=DEVICE),
+                     torch.randn(*SHAPES[name], dtype=DTYPE, device=DEVICE)) for name in {j[0] for j in jobs}}
     for name, m, config in jobs:
         x, w = inputs[name]
         try:
@@ -121,78 +156,134 @@ def _compile_worker(args: tuple[int, int, bool]) -> int:
     return len(jobs)
 
 
-def precompile(num_workers: int, use_pdl: bool) -> None:
+def precompile(jobs: list[tuple[str, int, SkinnyConfig]], num_workers: int, use_pdl: bool) -> None:
+    """Each distinct variant compiled once, spread over `num_workers` processes."""
     start = time.perf_counter()
+    distinct = list({compile_key(m, SHAPES[name][1], c): (name, m, c) for name, m, c in jobs}.values())
+    shares = [(distinct[i::num_workers], use_pdl) for i in range(num_workers)]
     with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
-        done = sum(pool.map(_compile_worker, [(i, num_workers, use_pdl) for i in range(num_workers)]))
-    print(f"compiled {done} sweep calls in {time.perf_counter() - start:.0f} s", flush=True)
+        done = sum(pool.map(_compile_worker, shares))
+    print(f"compiled {done} variants for {len(jobs)} sweep calls in {time.perf_counter() - start:.0f} s", flush=True)
 
 
-def sweep(budget_s: float, out: Path | None, use_pdl: bool) -> list[dict]:
+def moved(m: int, n: int, k: int, us: float) -> dict[str, float]:
+    """TB/s of the bytes one call must move (W, x, y in bf16) and TFLOP/s, at `us` per call."""
+    seconds = us * 1e-6
+    return {"tb_per_s": round((n * k + m * k + m * n) * 2 / seconds / 1e12, 3),
+            "tflop_per_s": round(2 * m * n * k / seconds / 1e12, 1)}
+
+
+def sweep_row(name: str, m: int, weights: list[torch.Tensor], use_pdl: bool) -> dict:
+    """cuBLAS and every candidate at one shape and row count; a config off by more than 1% relative is dropped."""
+    n, k = SHAPES[name]
+    x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
+    ref = x.float() @ weights[0].float().T
+    cublas_us = graph_us_per_call(cublas, x, weights)
+    row = {"shape": name, "n": n, "k": k, "m": m, "cublas_us": round(cublas_us, 2), **moved(m, n, k, cublas_us),
+           "configs": []}
+    for config in candidates(row_bucket(m), n, k):
+        fn = with_config(config, use_pdl)
+        try:
+            err = relative_error(fn, x, weights[0], ref)
+            us = graph_us_per_call(fn, x, weights) if err < 1e-2 else float("inf")
+        except Exception as error:  # noqa: BLE001 - a config that fails is reported, not fatal
+            err, us = float("nan"), float("inf")
+            print(f"{name} M={m} {config}: {type(error).__name__}: {str(error)[:300]}", flush=True)
+        row["configs"].append({**config.__dict__, "us": round(us, 2), "rel_err": err})
+    best = min(row["configs"], key=lambda c: c["us"])
+    row["best"] = {**best, **moved(m, n, k, best["us"])}
+    row["is_kernel_faster"] = best["us"] <= MIN_GAIN * cublas_us
+    print(f"{name:8s} M={m:3d} cublas {cublas_us:7.2f} us ({row['tb_per_s']:.2f} TB/s {row['tflop_per_s']:5.1f} TF)"
+          f"  best {best['us']:7.2f} us ({row['best']['tb_per_s']:.2f} TB/s {row['best']['tflop_per_s']:5.1f} TF)"
+          f"  {config_literal(SkinnyConfig(**{f: best[f] for f in SkinnyConfig.__dataclass_fields__}))}", flush=True)
+    return row
+
+
+def sweep(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], budget_s: float, out: Path | None,
+          use_pdl: bool) -> list[dict]:
     """Every candidate per shape and M; the rows so far are written to `out` after each (a killed run keeps them)."""
-    start, rows = time.perf_counter(), []
-    for name, (n, k) in SWEEP_SHAPES.items():
-        weights = weight_copies(n, k)
-        for m in ROWS:
+    start, done = time.perf_counter(), []
+    for name in shapes:
+        weights = weight_copies(*SHAPES[name])
+        for m in rows:
+            if not candidates(row_bucket(m), *SHAPES[name]):
+                continue
             if time.perf_counter() - start > budget_s:
                 print(f"budget spent: stopped before {name} M={m}", flush=True)
-                return rows
-            x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
-            ref = x.float() @ weights[0].float().T
-            row = {"shape": name, "n": n, "k": k, "m": m, "cublas_us": graph_us_per_call(cublas, x, weights),
-                   "configs": []}
-            for config in candidates(row_bucket(m), n, k):
-                fn = with_config(config, use_pdl)
-                try:
-                    err = relative_error(fn, x, weights[0], ref)
-                    us = graph_us_per_call(fn, x, weights) if err < 1e-2 else float("inf")
-                except Exception as error:  # noqa: BLE001 - a config that fails is reported, not fatal
-                    err, us = float("nan"), float("inf")
-                    print(f"{name} M={m} {config}: {type(error).__name__}: {str(error)[:300]}", flush=True)
-                row["configs"].append({**config.__dict__, "us": round(us, 2), "rel_err": err})
-            best = min(row["configs"], key=lambda c: c["us"])
-            print(f"{name:8s} M={m:2d} cublas {row['cublas_us']:8.2f} us  best {best['us']:8.2f} us  {best}",
-                  flush=True)
-            rows.append(row)
+                return done
+            done.append(sweep_row(name, m, weights, use_pdl))
             if out is not None:
-                out.write_text(json.dumps(rows))
+                out.write_text(json.dumps(done))
         del weights
         torch.cuda.empty_cache()
-    return rows
+    return done
 
 
-def compare(copy_bytes_per_s: float) -> list[dict]:
-    rows = []
-    for name, (n, k) in SHAPES.items():
+def config_literal(config: SkinnyConfig | None) -> str:
+    """The config as the table's helpers write it (gpu/kernels/skinny_gemm_configs.py)."""
+    if config is None:
+        return "None"
+    if not config.use_dot:
+        return f"_fma({config.block_n}, {config.block_k}, {config.split_k}, num_warps={config.num_warps})"
+    return (f"_dot({config.block_n}, {config.block_k}, {config.split_k}, num_warps={config.num_warps}, "
+            f"num_stages={config.num_stages}, block_m={config.block_m}{', use_tma=True' if config.use_tma else ''})")
+
+
+def table_lines(rows: list[dict]) -> list[str]:
+    """`(bucket, N, K): config,` per swept row: the fastest config, or None where cuBLAS was not beaten by 3%."""
+    lines = []
+    for row in rows:
+        best = SkinnyConfig(**{f: row["best"][f] for f in SkinnyConfig.__dataclass_fields__})
+        config = best if row["is_kernel_faster"] else None
+        lines.append(f"({row_bucket(row['m'])}, {row['n']}, {row['k']}): {config_literal(config)},")
+    return lines
+
+
+def compare(copy_bytes_per_s: float, shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[dict]:
+    """cuBLAS against the kernel with this GPU's table config (and with PDL up to 16 rows) at each shape and M."""
+    out = []
+    for name, (n, k) in shapes.items():
         weights = weight_copies(n, k)
-        for m in ROWS:
+        for m in rows:
             x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
-            row = {"shape": name, "n": n, "k": k, "m": m, "config": config_for(m, n, k).__dict__,
-                   "is_routed": preferred_config(m, n, k) is not None,
+            row = {"shape": name, "n": n, "k": k, "m": m, "config": config_for(m, n, k, DEVICE).__dict__,
+                   "is_routed": preferred_config(m, n, k, DEVICE) is not None,
                    "rel_err": relative_error(with_config(None), x, weights[0])}
-            for label, fn in (("cublas", cublas), ("skinny", with_config(None)),
-                              ("skinny_pdl", with_config(None, use_pdl=True))):
+            fns = [("cublas", cublas), ("skinny", with_config(None))]
+            if m <= FEW_ROWS:
+                fns.append(("skinny_pdl", with_config(None, use_pdl=True)))
+            for label, fn in fns:
                 us = graph_us_per_call(fn, x, weights)
                 row[f"{label}_us"] = round(us, 2)
                 row[f"{label}_bw_share"] = round(n * k * 2 / (us * 1e-6) / copy_bytes_per_s, 3)
-            print(f"{name:8s} M={m:2d}  cuBLAS {row['cublas_us']:7.2f} us ({row['cublas_bw_share']:.0%})  "
-                  f"skinny {row['skinny_us']:7.2f} us ({row['skinny_bw_share']:.0%})  "
-                  f"skinny+PDL {row['skinny_pdl_us']:7.2f} us ({row['skinny_pdl_bw_share']:.0%})  "
+                row[label] = moved(m, n, k, us)
+            print(f"{name:8s} M={m:3d}  cuBLAS {row['cublas_us']:7.2f} us ({row['cublas']['tb_per_s']:.2f} TB/s "
+                  f"{row['cublas']['tflop_per_s']:5.1f} TF)  skinny {row['skinny_us']:7.2f} us "
+                  f"({row['skinny']['tb_per_s']:.2f} TB/s {row['skinny']['tflop_per_s']:5.1f} TF)  "
                   f"err {row['rel_err']:.1e}  {'routed' if row['is_routed'] else 'cuBLAS kept'}", flush=True)
-            rows.append(row)
+            out.append(row)
         del weights
         torch.cuda.empty_cache()
-    return rows
+    return out
+
+
+def _step_us(row: dict, label: str) -> float:
+    """One shape's microseconds in a decode step on a path ("routed": as gpu/layers/linear.py routes it)."""
+    if label == "routed":
+        label = "skinny" if row["is_routed"] else "cublas"
+    return row[f"{label}_us"] * (NUM_LAYERS if row["shape"] in PER_LAYER else 1)
 
 
 def per_step_totals(rows: list[dict]) -> dict[int, dict[str, float]]:
-    """GEMM microseconds of one decode step (28 layers + lm_head), summed from the per-shape medians."""
+    """GEMM microseconds of one decode step (28 layers + lm_head) per path, summed from the per-shape medians:
+    all cuBLAS, all the kernel, and as routed (gpu/layers/linear.py's rule, the LM head's too)."""
     totals = {}
-    for m in ROWS:
-        by_shape = {r["shape"]: r for r in rows if r["m"] == m}
-        totals[m] = {label: round(sum(by_shape[s][f"{label}_us"] * (NUM_LAYERS if s in PER_LAYER else 1)
-                                      for s in SHAPES), 1) for label in ("cublas", "skinny", "skinny_pdl")}
-        print(f"decode step GEMMs at M={m:2d} (us): {totals[m]}")
+    for m in sorted({r["m"] for r in rows}):
+        step = [r for r in rows if r["m"] == m]
+        if {r["shape"] for r in step} != set(SHAPES):
+            continue
+        totals[m] = {label: round(sum(_step_us(r, label) for r in step), 1) for label in ("cublas", "skinny", "routed")}
+        print(f"decode step GEMMs at M={m:3d} (us): {totals[m]}")
     return totals
 
 
@@ -200,20 +291,28 @@ def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m bench.skinny_gemm_bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", action="store_true", help="time every candidate config instead of the table")
-    parser.add_argument("--workers", type=int, default=14, help="processes that compile the sweep's kernels")
-    parser.add_argument("--budget-s", type=float, default=150.0, help="the sweep stops starting shapes after this")
+    parser.add_argument("--rows", type=int, nargs="+", default=None,
+                        help=f"row counts (default: {SWEEP_ROWS} with --sweep, else {COMPARE_ROWS})")
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--workers", type=int, default=15, help="processes that compile the sweep's kernels")
+    parser.add_argument("--budget-s", type=float, default=200.0, help="the sweep stops starting shapes after this")
     parser.add_argument("--pdl", action="store_true", help="sweep with programmatic dependent launch")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
+    shapes = {name: SHAPES[name] for name in args.shapes}
+    rows = tuple(args.rows or (SWEEP_ROWS if args.sweep else COMPARE_ROWS))
     copy_bytes_per_s = measure_copy_bytes_per_s(DEVICE, 2 << 30)
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_bytes_per_s / 1e12:.2f} TB/s", flush=True)
-    result: dict[str, object] = {"kind": "skinny-gemm", "torch": torch.__version__,
-                                 "copy_tb_per_s": round(copy_bytes_per_s / 1e12, 3)}
+    result: dict[str, object] = {"kind": "skinny-gemm-sweep" if args.sweep else "skinny-gemm",
+                                 "torch": torch.__version__, "copy_tb_per_s": round(copy_bytes_per_s / 1e12, 3)}
     if args.sweep:
-        precompile(args.workers, args.pdl)
-        result["rows"] = sweep(args.budget_s, Path(args.out + ".partial") if args.out else None, args.pdl)
+        precompile(sweep_jobs(shapes, rows), args.workers, args.pdl)
+        result["rows"] = sweep(shapes, rows, args.budget_s, Path(args.out + ".partial") if args.out else None,
+                               args.pdl)
+        result["table"] = table_lines(result["rows"])  # type: ignore[arg-type]
+        print("\n".join(result["table"]), flush=True)  # type: ignore[arg-type]
     else:
-        result["rows"] = compare(copy_bytes_per_s)
+        result["rows"] = compare(copy_bytes_per_s, shapes, rows)
         result["decode_step_gemm_us"] = per_step_totals(result["rows"])  # type: ignore[arg-type]
     if args.out:
         write_result(args.out, result, "bench.skinny_gemm_bench", argv)

@@ -18,7 +18,8 @@ class KernelConfig:
     fused_elementwise: bool = True  # residual add + RMSNorm, q/k norm + RoPE, SiLU-and-mul as Triton kernels
     fused_sampling: bool = True  # rows without top-k/top-p/min-p sampled by the Triton kernel
     fused_logit_adjustments: bool = True  # penalties and token masks applied by Triton kernels, one pass each
-    skinny_gemm: bool = True  # linear layers on few rows through the skinny GEMM kernel where its table says so
+    skinny_gemm: bool = True  # linear layers on 1..16 rows through the skinny GEMM kernel where its table says so
+    skinny_gemm_many_rows: bool = True  # ... and on 17..256 rows (tiles over rows too), where the GPU's table says so
     skinny_gemm_pdl: bool = False  # ... launched as programmatic dependent launches (Hopper)
     order_decode_rows: bool = True  # decode attention starts the longest contexts first (decode graphs' inputs)
     prefill_step_graphs: bool = True  # steps with prefill replay CUDA graphs per token bucket (gpu/mixed_graphs.py)

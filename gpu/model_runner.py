@@ -31,7 +31,7 @@ from gpu.cuda_graphs import DecodeGraphs
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.host_to_device import pack_block_tables, to_device, write_block_tables
 from gpu.kernels import HAS_TRITON
-from gpu.layers.linear import SKINNY_MAX_ROWS
+from gpu.layers.linear import FEW_ROWS, warm_up_skinny_gemm
 from gpu.loader import load_weights
 from gpu.mixed_graphs import MixedGraphs
 from gpu.model_info import checkpoint_dtype, load_hf_config
@@ -254,9 +254,10 @@ class ModelRunner:
     @torch.inference_mode()
     def _run_first_request_shapes(self) -> None:
         """Runs what a server's first requests run, so none of it is built at a request: a prompt's
-        prefill, and decode steps of every row count that the skinny GEMM serves (without a sampling head in the
-        decode graphs the lm_head after a graph runs eagerly on the unpadded rows) and of every graph bucket,
-        greedy and sampled rows.
+        prefill, and decode steps of every row count up to 16 (without a sampling head in the decode graphs the
+        lm_head after a graph runs eagerly on the unpadded rows) and of every graph bucket, greedy and sampled rows;
+        and every linear layer and the lm_head once per row bucket of the skinny GEMM (its configs for 17..256 rows
+        meet prefills of any length too).
         On CPU nothing is compiled per shape: one short prefill and one decode step pay the first-call
         costs (thread pool, oneDNN/MKL set-up, the sampler's paths). Nothing is written to the cache
         (slot -1); every row reads block 0."""
@@ -264,7 +265,8 @@ class ModelRunner:
         c = self.config
         if self.device.type == "cuda":
             prompt = min(1024, c.max_num_batched_tokens, c.max_model_len)
-            skinny_rows = range(1, min(SKINNY_MAX_ROWS, c.max_num_seqs) + 1)
+            skinny_rows = range(1, min(FEW_ROWS, c.max_num_seqs) + 1)
+            warm_up_skinny_gemm(self.model, c.max_num_batched_tokens)
             row_counts = sorted(set(skinny_rows) | set(self.decode.buckets if self.decode else []))
         else:
             prompt, row_counts = min(c.block_size, c.max_num_batched_tokens, c.max_model_len), [min(2, c.max_num_seqs)]

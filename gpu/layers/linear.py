@@ -1,11 +1,14 @@
-"""Linear layers: `Linear` routes decode-sized inputs to the skinny GEMM kernel; `MergedLinear` stacks
+"""Linear layers: `Linear` routes inputs of up to 256 rows to the skinny GEMM kernel; `MergedLinear` stacks
 several checkpoint tensors (q/k/v, gate/up) into one weight.
 
-`Linear` sends an input of at most SKINNY_MAX_ROWS rows, bf16/fp16, on CUDA (where triton is installed) to
+`Linear` sends an input of at most MAX_ROWS rows, bf16/fp16, on CUDA (where triton is installed) to
 gpu/kernels/skinny_gemm.py, which streams the weight at a higher share of the memory bandwidth than cuBLAS
-does for so few rows, unless the kernel's table says cuBLAS is as fast for that shape; anything else goes to
-F.linear. The choice depends on shapes and dtypes only, so it is the same at every replay of a CUDA graph.
-A layer built with `KernelConfig.skinny_gemm` off always runs F.linear (tests and A/B runs compare). Merging
+does for so few rows (and, for 17..256 rows, tiles them better than cuBLAS's heuristics on the H100), unless the
+table of the GPU it runs on says cuBLAS is as fast for that shape; anything else goes to F.linear. The choice
+depends on shapes, dtypes and the GPU only, so it is the same at every replay of a CUDA graph. A layer built
+with `KernelConfig.skinny_gemm` off runs F.linear for 1..16 rows, with `skinny_gemm_many_rows` off for 17..256
+(tests and A/B runs compare). The LM head (gpu/layers/vocab_parallel.py) routes through the same `linear`.
+`warm_up_skinny_gemm` compiles every row bucket's config before a request. Merging
 turns three (or two) matmuls into one; each parameter of a MergedLinear carries a `weight_loader` that copies one
 checkpoint shard into its rows. Under tensor parallelism a MergedLinear is column-parallel: each of its shards
 holds a `RowSlice` of its checkpoint tensor (this rank's heads, or its share of the MLP) and reads only those rows.
@@ -21,10 +24,10 @@ from torch import nn
 
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.kernels import HAS_TRITON
+from gpu.kernels.skinny_gemm_configs import FEW_ROWS, MAX_ROWS, row_bucket
 from gpu.layers.cpu_linear import PackedWeight, pack_weight
 from gpu.loader import CheckpointTensor
 
-SKINNY_MAX_ROWS = 16  # the decode graphs' buckets 1, 2, 4, 8, 16; more rows are cuBLAS's GEMM
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)
 
 
@@ -45,23 +48,56 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return self.packed(x, self.bias)
-        if self._is_skinny(x):
-            from gpu.kernels.skinny_gemm import skinny_gemm
-
-            rows = x.reshape(-1, self.in_features)
-            y = skinny_gemm(rows, self.weight, self.bias, use_pdl=self.kernels.skinny_gemm_pdl)
-            return y.view(*x.shape[:-1], self.out_features)
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.kernels)
 
     def _is_skinny(self, x: torch.Tensor) -> bool:
-        if not (self.kernels.skinny_gemm and HAS_TRITON and x.is_cuda and x.dtype in SKINNY_DTYPES
-                and x.dtype == self.weight.dtype and 0 < x.numel() <= SKINNY_MAX_ROWS * self.in_features
-                and x.stride(-1) == 1 and self.weight.stride(-1) == 1
-                and not (torch.is_grad_enabled() and self.weight.requires_grad)):
-            return False
-        from gpu.kernels.skinny_gemm import preferred_config
+        return is_skinny(x, self.weight, self.kernels)
 
-        return preferred_config(x.numel() // self.in_features, self.out_features, self.in_features) is not None
+
+def is_skinny(x: torch.Tensor, weight: torch.Tensor, kernels: KernelConfig) -> bool:
+    """Whether x @ weight.T runs on the skinny GEMM kernel: the rule of this module's docstring."""
+    num_rows = x.numel() // weight.shape[1]
+    is_on = kernels.skinny_gemm if num_rows <= FEW_ROWS else kernels.skinny_gemm_many_rows
+    if not (is_on and HAS_TRITON and x.is_cuda and x.dtype in SKINNY_DTYPES and x.dtype == weight.dtype
+            and 0 < num_rows <= MAX_ROWS and x.stride(-1) == 1 and weight.stride(-1) == 1
+            and not (torch.is_grad_enabled() and weight.requires_grad)):
+        return False
+    from gpu.kernels.skinny_gemm import preferred_config
+
+    return preferred_config(num_rows, weight.shape[0], weight.shape[1], x.device) is not None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: KernelConfig,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x @ weight.T (+ bias) over x's last dimension: the skinny GEMM kernel where `is_skinny`, else cuBLAS; with
+    `out` (2-d x only) the product is written into it, a buffer the caller reuses (the decode graphs' logits)."""
+    if not is_skinny(x, weight, kernels):
+        if out is None:
+            return F.linear(x, weight, bias)
+        return torch.mm(x, weight.t(), out=out) if bias is None else torch.addmm(bias, x, weight.t(), out=out)
+    from gpu.kernels.skinny_gemm import skinny_gemm
+
+    y = skinny_gemm(x.reshape(-1, weight.shape[1]), weight, bias, use_pdl=kernels.skinny_gemm_pdl, out=out)
+    return y.view(*x.shape[:-1], weight.shape[0])
+
+
+def warm_up_skinny_gemm(model: nn.Module, max_rows: int) -> int:
+    """Runs the weight of every CUDA layer of `model` that routes through `linear` (a Linear, the LM head: those
+    with a `kernels` setting) once per row bucket (1, 2, 4, ..., 256) up to `max_rows` (the most rows a step can
+    have), so each bucket's kernel config is compiled before the first request, whichever step shape (a decode
+    graph's capture, an eager prefill, the LM head on a step's rows) meets it first. No bias, no all-reduce: only
+    what selects a compiled kernel matters. Returns the number of calls made."""
+    buckets = sorted({row_bucket(rows) for rows in range(1, min(max_rows, MAX_ROWS) + 1)})
+    calls = 0
+    for layer in model.modules():
+        weight, kernels = getattr(layer, "weight", None), getattr(layer, "kernels", None)
+        if isinstance(kernels, KernelConfig) and isinstance(weight, torch.Tensor) and weight.dim() == 2 \
+                and weight.is_cuda:  # (a norm's weight is 1-d)
+            for rows in buckets:
+                linear(torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device), weight, None,
+                       kernels)
+                calls += 1
+    return calls
 
 
 @dataclass(frozen=True)

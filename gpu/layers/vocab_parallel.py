@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import TensorParallel
 from gpu.layers.cpu_linear import PackedWeight, pack_weight
+from gpu.layers.linear import linear
 from gpu.loader import CheckpointTensor
 
 
@@ -45,8 +47,10 @@ class VocabParallelEmbedding(nn.Module):
 
 
 class ParallelLMHead(VocabParallelEmbedding):
-    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel,
+                 kernels: KernelConfig = DEFAULT_KERNELS) -> None:
         super().__init__(vocab_size, hidden_size, tp)
+        self.kernels = kernels  # few rows: the skinny GEMM where its table says (gpu/layers/linear.py's rule)
         self.packed: PackedWeight | None = None  # on a CPU in bfloat16: this share's rows packed (gpu/cpu_packing.py)
 
     def pack_for_cpu(self) -> str:
@@ -56,7 +60,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]
         """[num_rows, hidden_size] -> rank 0: [num_rows, vocab_size] logits; other ranks: None."""
-        local = F.linear(hidden, self.weight) if self.packed is None else self.packed(hidden, None)
+        local = linear(hidden, self.weight, None, self.kernels) if self.packed is None else self.packed(hidden, None)
         logits = self.tp.gather_last_dim(local)
         if logits is None or logits.shape[-1] == self.vocab_size:
             return logits
@@ -66,4 +70,4 @@ class ParallelLMHead(VocabParallelEmbedding):
         """The logits written into `out` [num_rows, vocab_size] (a buffer the caller reuses, e.g. one for every
         decode graph); one GPU, unpacked weight only."""
         assert self.tp.size == 1 and self.packed is None, "forward_into is the single-GPU, unpacked head's"
-        return torch.mm(hidden, self.weight.t(), out=out)
+        return linear(hidden, self.weight, None, self.kernels, out=out)

@@ -102,7 +102,7 @@ class LlamaForCausalLM(nn.Module):
         super().__init__()
         self.config = config
         self.model = DecoderModel(config, max_position, self.has_qk_norm, kernels, tp)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, kernels)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head.weight = self.model.embed_tokens.weight
 

@@ -1,9 +1,10 @@
 """The skinny GEMM kernel (gpu/kernels/skinny_gemm.py) against a float32 matmul of the same bf16/fp16 inputs;
 the routing of gpu/layers/linear.py; whole models with the kernel on and off.
 
-Skips cleanly without triton or CUDA. Rows 1..16 at every Qwen3-0.6B decode shape, odd shapes that are no
-multiple of any block, with and without a bias (Qwen2's qkv), every inner-product path (fma, dot, split-K), with
-and without programmatic dependent launch, and inside a CUDA graph where x is written by the kernel before.
+Skips cleanly without triton or CUDA. Rows 1..16 at every Qwen3-0.6B decode shape, and 17..256 at the row
+buckets' edges, odd shapes that are no multiple of any block, with and without a bias (Qwen2's qkv), every
+inner-product path (fma, dot, split-K, tiles of rows), with and without programmatic dependent launch, and inside a
+CUDA graph where x is written by the kernel before. The table configs are this GPU's.
 Outputs are drawn from NaN-poisoned memory: an element the kernel never writes fails. Tolerance: one bf16
 rounding of the output (relative 2^-8) on top of float32 sums in another order.
 """
@@ -24,19 +25,32 @@ from core.engine import runner_config  # noqa: E402
 from core.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
 from gpu.attention.metadata import AttentionMetadata  # noqa: E402
 from gpu.config import KernelConfig  # noqa: E402
-from gpu.kernels.skinny_gemm import MAX_ROWS, SkinnyConfig, skinny_gemm  # noqa: E402
-from gpu.layers.linear import Linear  # noqa: E402
+from gpu.distributed import SINGLE  # noqa: E402
+from gpu.kernels.skinny_gemm import FEW_ROWS, MAX_ROWS, SkinnyConfig, preferred_config, skinny_gemm  # noqa: E402
+from gpu.layers.linear import Linear, is_skinny, warm_up_skinny_gemm  # noqa: E402
+from gpu.layers.vocab_parallel import ParallelLMHead  # noqa: E402
 from gpu.model_runner import ModelRunner  # noqa: E402
 
 DEVICE = torch.device("cuda")
 MODEL_SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024)]  # (N, K)
-ODD_SHAPES = [(1000, 1000), (37, 77), (4099, 1030), (130, 3080), (5, 8)]
+ODD_SHAPES = [(1000, 1000), (37, 77), (4099, 1030), (130, 3080), (5, 8)]  # TMA: K = 77, 1030 take pointers
 PATHS = {
     "fma": SkinnyConfig(block_n=8, block_k=256),
     "fma-split": SkinnyConfig(block_n=4, block_k=256, split_k=3, num_stages=1),
     "dot": SkinnyConfig(block_n=32, block_k=128, use_dot=True),
     "dot-split": SkinnyConfig(block_n=16, block_k=64, split_k=4, use_dot=True, num_stages=4),
+    "dot-tma-split": SkinnyConfig(block_n=64, block_k=128, split_k=4, use_dot=True, num_stages=4, use_tma=True),
 }
+MANY_ROW_PATHS = {  # tiles of rows: 17..256
+    "rows32": SkinnyConfig(block_n=64, block_k=64, use_dot=True, num_stages=4, block_m=32),
+    "rows64-split": SkinnyConfig(block_n=64, block_k=128, split_k=4, use_dot=True, num_stages=3, block_m=64),
+    "rows128-w8": SkinnyConfig(block_n=128, block_k=64, use_dot=True, num_warps=8, num_stages=4, block_m=128),
+    "rows64-split3": SkinnyConfig(block_n=128, block_k=64, split_k=3, use_dot=True, num_warps=8, block_m=64),
+    "rows32-tma": SkinnyConfig(block_n=64, block_k=128, use_dot=True, num_stages=4, block_m=32, use_tma=True),
+    "rows128-tma-split": SkinnyConfig(block_n=128, block_k=64, split_k=2, use_dot=True, num_warps=8, block_m=128,
+                                      use_tma=True),
+}
+MANY_ROWS = (17, 31, 32, 33, 100, 128, 129, 256)  # the buckets' edges and a decode graph bucket between
 TOLERANCE = {torch.bfloat16: 8e-3, torch.float16: 2e-3}  # relative to the output's scale
 
 
@@ -67,10 +81,28 @@ def assert_close(out: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> No
 @pytest.mark.parametrize("shape", MODEL_SHAPES + ODD_SHAPES, ids=str)
 def test_table_configs_match_float32_for_every_row_count(shape: tuple[int, int], has_bias: bool) -> None:
     n, k = shape
-    for m in range(1, MAX_ROWS + 1):
+    for m in list(range(1, FEW_ROWS + 1)) + list(MANY_ROWS):
         x, w, bias = make_inputs(m, n, k, torch.bfloat16, has_bias, seed=m)
         poison_allocator(4 * m * n)
         assert_close(skinny_gemm(x, w, bias), reference(x, w, bias), torch.bfloat16)
+
+
+@pytest.mark.parametrize("has_bias", [False, True])
+@pytest.mark.parametrize("path", MANY_ROW_PATHS)
+@pytest.mark.parametrize("shape", ODD_SHAPES + MODEL_SHAPES[:4], ids=str)
+def test_tiles_of_rows_match_float32(shape: tuple[int, int], path: str, has_bias: bool) -> None:
+    n, k = shape
+    for m in MANY_ROWS:
+        x, w, bias = make_inputs(m, n, k, torch.bfloat16, has_bias, seed=m)
+        poison_allocator(8 * m * n)
+        assert_close(skinny_gemm(x, w, bias, MANY_ROW_PATHS[path]), reference(x, w, bias), torch.bfloat16)
+
+
+def test_tiles_of_rows_in_float16_and_split_k_deterministic() -> None:
+    config = MANY_ROW_PATHS["rows64-split3"]
+    x, w, bias = make_inputs(100, 4099, 1030, torch.float16, has_bias=True)
+    assert_close(skinny_gemm(x, w, bias, config), reference(x, w, bias), torch.float16)
+    assert torch.equal(skinny_gemm(x, w, bias, config), skinny_gemm(x, w, bias, config))
 
 
 @pytest.mark.parametrize("use_pdl", [True, False])
@@ -92,11 +124,17 @@ def test_float16(path: str) -> None:
         assert_close(skinny_gemm(x, w, bias, PATHS[path]), reference(x, w, bias), torch.float16)
 
 
-def test_rows_with_a_stride_and_fp16_bias() -> None:
-    x, w, bias = make_inputs(6, 4096, 1024, torch.float16, has_bias=True)
-    wide = torch.randn(6, 1536, device=DEVICE, dtype=torch.float16)
-    wide[:, 256:1280] = x
-    assert_close(skinny_gemm(wide[:, 256:1280], w, bias), reference(x, w, bias), torch.float16)
+@pytest.mark.parametrize("path", [None, "rows32-tma"])
+def test_rows_with_a_stride_and_fp16_bias(path: str | None) -> None:
+    """A view into wider rows; at an offset of 3 elements TMA cannot read it and the pointer path runs."""
+    m = 6 if path is None else 40
+    config = None if path is None else MANY_ROW_PATHS[path]
+    x, w, bias = make_inputs(m, 4096, 1024, torch.float16, has_bias=True)
+    wide = torch.randn(m, 1536, device=DEVICE, dtype=torch.float16)
+    for start in (256, 3):
+        wide[:, start : start + 1024] = x
+        assert_close(skinny_gemm(wide[:, start : start + 1024], w, bias, config), reference(x, w, bias),
+                     torch.float16)
 
 
 def test_split_k_is_deterministic() -> None:
@@ -106,16 +144,17 @@ def test_split_k_is_deterministic() -> None:
 
 
 @pytest.mark.parametrize("use_pdl", [True, False])
-@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("path", list(PATHS) + ["rows64-split", "rows32-tma"])
 def test_inside_a_cuda_graph(path: str, use_pdl: bool) -> None:
     """Captured once, replayed on new values written into the same input buffers. Inside the graph x is written
     by the kernel just before (and the next product reads this one's output): a dependent launch must wait."""
-    x, w, bias = make_inputs(5, 1030, 2060, torch.bfloat16, has_bias=True)
-    w2 = make_inputs(5, 2060, 1030, torch.bfloat16, has_bias=False, seed=9)[1]
+    config, m = (PATHS[path], 5) if path in PATHS else (MANY_ROW_PATHS[path], 100)
+    x, w, bias = make_inputs(m, 1032, 2064, torch.bfloat16, has_bias=True)  # K aligned for TMA
+    w2 = make_inputs(m, 2064, 1032, torch.bfloat16, has_bias=False, seed=9)[1]
 
     def chain() -> tuple[torch.Tensor, torch.Tensor]:
-        first = skinny_gemm(x * 2, w, bias, PATHS[path], use_pdl)
-        return first, skinny_gemm(first, w2, None, PATHS[path], use_pdl)
+        first = skinny_gemm(x * 2, w, bias, config, use_pdl)
+        return first, skinny_gemm(first, w2, None, config, use_pdl)
 
     chain()  # compile outside the capture
     torch.cuda.synchronize()
@@ -123,7 +162,7 @@ def test_inside_a_cuda_graph(path: str, use_pdl: bool) -> None:
     with torch.cuda.graph(graph):
         first, second = chain()
     for seed in (1, 2):
-        new_x, new_w, new_bias = make_inputs(5, 1030, 2060, torch.bfloat16, has_bias=True, seed=seed)
+        new_x, new_w, new_bias = make_inputs(m, 1032, 2064, torch.bfloat16, has_bias=True, seed=seed)
         x.copy_(new_x)
         w.copy_(new_w)
         bias.copy_(new_bias)
@@ -132,11 +171,12 @@ def test_inside_a_cuda_graph(path: str, use_pdl: bool) -> None:
         assert_close(second, reference(first, w2, None), torch.bfloat16)
 
 
-@pytest.mark.parametrize("bad", ["rows", "dtype", "stride", "bias"])
+@pytest.mark.parametrize("bad", ["rows", "fma-rows", "dtype", "stride", "bias"])
 def test_rejects_what_it_cannot_do(bad: str) -> None:
     x, w, bias = make_inputs(4, 64, 32, torch.bfloat16, has_bias=True)
     args = {
         "rows": (torch.zeros(MAX_ROWS + 1, 32, device=DEVICE, dtype=torch.bfloat16), w, bias),
+        "fma-rows": (torch.zeros(FEW_ROWS + 1, 32, device=DEVICE, dtype=torch.bfloat16), w, bias, PATHS["fma"]),
         "dtype": (x.float(), w.float(), None),
         "stride": (x, torch.zeros(32, 64, device=DEVICE, dtype=torch.bfloat16).t(), None),  # [64, 32], K-major
         "bias": (x, w, bias[:32]),
@@ -146,27 +186,74 @@ def test_rejects_what_it_cannot_do(bad: str) -> None:
 
 
 def test_linear_routes_few_rows_and_falls_back() -> None:
-    layer = Linear(3072, 1024, bias=True).to(DEVICE).requires_grad_(False)  # down_proj: routed at every row count
+    layer = Linear(3000, 1000, bias=True).to(DEVICE).requires_grad_(False)  # in no table: the rule routes 1..16 rows
     cases = [(1, torch.bfloat16, True), (16, torch.float16, True), (17, torch.bfloat16, False),
-             (4, torch.float32, False)]
-    for rows, dtype, is_skinny in cases:
+             (MAX_ROWS + 1, torch.bfloat16, False), (4, torch.float32, False)]
+    for rows, dtype, is_routed in cases:
         layer.to(dtype)
-        x = torch.randn(rows, 3072, device=DEVICE, dtype=dtype)
-        assert layer._is_skinny(x) == is_skinny
+        x = torch.randn(rows, 3000, device=DEVICE, dtype=dtype)
+        assert layer._is_skinny(x) == is_routed
         torch.testing.assert_close(layer(x).float(), reference(x, layer.weight, layer.bias), rtol=2e-2, atol=2e-2)
     layer.to(torch.bfloat16)
-    x = torch.randn(2, 3, 3072, device=DEVICE, dtype=torch.bfloat16)  # 6 rows in a 3-d input
-    assert layer._is_skinny(x) and layer(x).shape == (2, 3, 1024)
-    cublas_only = Linear(3072, 1024, True, KernelConfig(skinny_gemm=False)).to(DEVICE, torch.bfloat16)
+    x = torch.randn(2, 3, 3000, device=DEVICE, dtype=torch.bfloat16)  # 6 rows in a 3-d input
+    assert layer._is_skinny(x) and layer(x).shape == (2, 3, 1000)
+    cublas_only = Linear(3000, 1000, True, KernelConfig(skinny_gemm=False)).to(DEVICE, torch.bfloat16)
     cublas_only.requires_grad_(False)
     assert not cublas_only._is_skinny(x)
 
 
+def test_linear_routes_many_rows_where_this_gpus_table_says() -> None:
+    """17..256 rows: routed where this GPU's table holds a config for the shape, never for a shape no table holds
+    (the rule keeps cuBLAS there), nor with `skinny_gemm_many_rows` off; the outputs agree either way."""
+    odd = Linear(1000, 1000, bias=False).to(DEVICE, torch.bfloat16).requires_grad_(False)
+    assert not odd._is_skinny(torch.randn(17, 1000, device=DEVICE, dtype=torch.bfloat16))
+    num_routed = 0
+    for n, k in MODEL_SHAPES[:4]:
+        on = Linear(k, n, bias=False).to(DEVICE, torch.bfloat16).requires_grad_(False)
+        off = Linear(k, n, False, KernelConfig(skinny_gemm_many_rows=False)).to(DEVICE, torch.bfloat16)
+        off.requires_grad_(False).weight.copy_(on.weight)
+        for m in (17, 100, 256):
+            x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+            assert on._is_skinny(x) == (preferred_config(m, n, k, DEVICE) is not None)
+            assert not off._is_skinny(x)
+            torch.testing.assert_close(on(x), off(x), rtol=2e-2, atol=2e-2)
+            num_routed += on._is_skinny(x)
+    print(f"{torch.cuda.get_device_name()}: {num_routed} of 12 (shape, rows) routed")
+
+
 def test_linear_keeps_cublas_where_the_table_says_it_is_as_fast() -> None:
-    gate_up = Linear(1024, 6144, bias=False).to(DEVICE, torch.bfloat16).requires_grad_(False)
-    assert not gate_up._is_skinny(torch.randn(1, 1024, device=DEVICE, dtype=torch.bfloat16))
+    for n, k in MODEL_SHAPES[:4]:
+        layer = Linear(k, n, bias=False).to(DEVICE, torch.bfloat16).requires_grad_(False)
+        for m in range(1, FEW_ROWS + 1):
+            x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
+            assert layer._is_skinny(x) == (preferred_config(m, n, k, DEVICE) is not None)
     odd = Linear(1000, 1000, bias=False).to(DEVICE, torch.bfloat16).requires_grad_(False)  # no entry: the rule
     assert odd._is_skinny(torch.randn(1, 1000, device=DEVICE, dtype=torch.bfloat16))
+
+
+def test_lm_head_routes_like_a_linear_layer() -> None:
+    head = ParallelLMHead(151936, 1024, SINGLE).to(DEVICE, torch.bfloat16).requires_grad_(False)
+    cublas_only = ParallelLMHead(151936, 1024, SINGLE, KernelConfig(skinny_gemm=False)).to(DEVICE, torch.bfloat16)
+    cublas_only.requires_grad_(False).weight.copy_(head.weight)
+    for m in (1, 5, 16):
+        hidden = torch.randn(m, 1024, device=DEVICE, dtype=torch.bfloat16)
+        assert is_skinny(hidden, head.weight, head.kernels) == (preferred_config(m, 151936, 1024, DEVICE) is not None)
+        assert not is_skinny(hidden, cublas_only.weight, cublas_only.kernels)
+        torch.testing.assert_close(head(hidden).float(), reference(hidden, head.weight, None), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(head(hidden), cublas_only(hidden), rtol=2e-2, atol=2e-2)
+        for layer in (head, cublas_only):  # the decode graphs' logits: written into their buffer
+            buffer = torch.full((20, 151936), float("nan"), device=DEVICE, dtype=torch.bfloat16)
+            assert layer.forward_into(hidden, buffer[:m]).data_ptr() == buffer.data_ptr()
+            torch.testing.assert_close(buffer[:m], head(hidden), rtol=2e-2, atol=2e-2)
+            assert buffer[m:].isnan().all()
+
+
+def test_warm_up_runs_every_row_bucket_of_every_layer() -> None:
+    model = torch.nn.Sequential(Linear(3072, 1024, bias=False), Linear(1024, 4096, bias=True),
+                                ParallelLMHead(1000, 1024, SINGLE), torch.nn.Embedding(10, 1024))
+    model.to(DEVICE, torch.bfloat16).requires_grad_(False)
+    assert warm_up_skinny_gemm(model, max_rows=100) == 3 * 8  # buckets 1, 2, 4, ..., 128
+    assert warm_up_skinny_gemm(model, max_rows=8192) == 3 * 9
 
 
 # Whole models: the skinny kernel on and off, same weights, same attention backend.

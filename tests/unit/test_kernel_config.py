@@ -16,6 +16,7 @@ def test_every_layer_and_the_sampler_get_the_runners_kernel_choice(tiny_qwen3_di
     runner = ModelRunner(replace(config, kernels=kernels))
     chosen = [module for module in runner.model.modules() if hasattr(module, "kernels")]
     assert {type(module).__name__ for module in chosen} == {
-        "DecoderAttention", "MergedLinear", "RowParallelLinear", "RMSNorm", "SiluAndMul"}  # o/down: row-parallel
+        "DecoderAttention", "MergedLinear", "RowParallelLinear", "RMSNorm", "SiluAndMul",  # o/down: row-parallel
+        "ParallelLMHead"}
     assert all(module.kernels is kernels for module in chosen)
     assert runner.sampler.kernels is kernels
