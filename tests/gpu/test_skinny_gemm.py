@@ -87,13 +87,12 @@ def test_table_configs_match_float32_for_every_row_count(shape: tuple[int, int],
         assert_close(skinny_gemm(x, w, bias), reference(x, w, bias), torch.bfloat16)
 
 
-@pytest.mark.parametrize("has_bias", [False, True])
 @pytest.mark.parametrize("path", MANY_ROW_PATHS)
 @pytest.mark.parametrize("shape", ODD_SHAPES + MODEL_SHAPES[:4], ids=str)
-def test_tiles_of_rows_match_float32(shape: tuple[int, int], path: str, has_bias: bool) -> None:
+def test_tiles_of_rows_match_float32(shape: tuple[int, int], path: str) -> None:
     n, k = shape
-    for m in MANY_ROWS:
-        x, w, bias = make_inputs(m, n, k, torch.bfloat16, has_bias, seed=m)
+    for m in MANY_ROWS:  # a bias at the odd row counts
+        x, w, bias = make_inputs(m, n, k, torch.bfloat16, has_bias=m % 2 == 1, seed=m)
         poison_allocator(8 * m * n)
         assert_close(skinny_gemm(x, w, bias, MANY_ROW_PATHS[path]), reference(x, w, bias), torch.bfloat16)
 
