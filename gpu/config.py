@@ -16,6 +16,7 @@ class KernelConfig:
     """
 
     fused_elementwise: bool = True  # residual add + RMSNorm, q/k norm + RoPE, SiLU-and-mul as Triton kernels
+    fused_kv_store: bool = True  # ... and the q/k norm + RoPE kernel writes K and V to the cache (no store_kv launch)
     fused_sampling: bool = True  # rows without top-k/top-p/min-p sampled by the Triton kernel
     fused_logit_adjustments: bool = True  # penalties and token masks applied by Triton kernels, one pass each
     skinny_gemm: bool = True  # linear layers on 1..16 rows through the skinny GEMM kernel where its table says so

@@ -31,6 +31,12 @@ NO_SPLIT_PROGRAMS_PER_SM = 2
 SPLIT_PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 64
+# Software-pipelining stages of the split kernel. A split launch (few rows) walks one or a few tiles per
+# program, where deeper pipelining only delays the first tile: one stage measured 0.3-1.4 us per call
+# faster than three at 1, 4 and 16 rows of 1k-4k tokens in a 4096-token table (H100,
+# bench/results/current/2026-11-22-h100-9e5eb4d-attention-side.json); unsplit launches keep three.
+UNSPLIT_NUM_STAGES = 3
+SPLIT_NUM_STAGES = 1
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ class DecodeConfig:
 
     block_n: int = 64  # KV tokens per tile
     num_warps: int = 4
-    num_stages: int = 3
+    num_stages: int | None = None  # None: SPLIT_NUM_STAGES for a split launch, UNSPLIT_NUM_STAGES otherwise
     num_splits: int | None = None  # None: choose_num_splits(); a power of two otherwise
 
 
@@ -208,8 +214,11 @@ def decode_attention(
         partial_lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=query.device)
     else:
         partial_out = partial_lse = out  # unused by the kernel's single-split path
+    num_stages = config.num_stages or (SPLIT_NUM_STAGES if num_splits > 1 else UNSPLIT_NUM_STAGES)
+    # One row needs no launch order, and reading it would put a load before every other load of the kernel.
+    has_row_order = row_order is not None and num_rows > 1
     _decode_split_kernel[(num_rows, num_kv_heads, num_splits)](
-        query, k_cache, v_cache, block_tables, context_lens, context_lens if row_order is None else row_order,
+        query, k_cache, v_cache, block_tables, context_lens, row_order if has_row_order else context_lens,
         out, partial_out, partial_lse,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
@@ -217,7 +226,7 @@ def decode_attention(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        HAS_ROW_ORDER=row_order is not None, num_warps=config.num_warps, num_stages=config.num_stages,
+        HAS_ROW_ORDER=has_row_order, num_warps=config.num_warps, num_stages=num_stages,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_rows, num_heads)](

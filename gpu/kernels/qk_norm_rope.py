@@ -35,6 +35,9 @@ def _qk_norm_rope_kernel(
     k_weight_ptr,
     q_out_ptr,
     k_out_ptr,
+    k_cache_ptr,  # STORE_KV: [num_slots, NUM_KV_HEADS, HEAD_DIM] views of the caches; else unused
+    v_cache_ptr,
+    slot_mapping_ptr,  # STORE_KV: [num_tokens] int64, -1 for a padding token; else unused
     qkv_stride,
     eps,
     NUM_HEADS: tl.constexpr,
@@ -42,24 +45,31 @@ def _qk_norm_rope_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    STORE_KV: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     half: tl.constexpr = HEAD_DIM // 2
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
     dims = tl.arange(0, half)[None, :]  # [1, half]
     is_query = heads < NUM_HEADS
-    is_valid = heads < NUM_HEADS + NUM_KV_HEADS
+    is_qk = heads < NUM_HEADS + NUM_KV_HEADS
+    if STORE_KV:  # the value heads too, after the keys in qkv's row: copied to the cache as they are
+        is_valid = heads < NUM_HEADS + 2 * NUM_KV_HEADS
+        slot = tl.load(slot_mapping_ptr + token)
+    else:
+        is_valid = is_qk
     dtype = q_out_ptr.dtype.element_ty
     row = qkv_ptr + token * qkv_stride + heads * HEAD_DIM + dims
     x1 = tl.load(row, mask=is_valid, other=0.0).to(tl.float32)
     x2 = tl.load(row + half, mask=is_valid, other=0.0).to(tl.float32)
+    out1, out2 = x1, x2
     if HAS_NORM:
         variance = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1))[:, None] / HEAD_DIM
         rstd = tl.math.rsqrt(variance + eps)
         w1 = tl.where(is_query, tl.load(q_weight_ptr + dims), tl.load(k_weight_ptr + dims)).to(tl.float32)
         w2 = tl.where(is_query, tl.load(q_weight_ptr + half + dims), tl.load(k_weight_ptr + half + dims)).to(tl.float32)
-        x1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-        x2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        out1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        out2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     position = tl.load(positions_ptr + token)
     table = position * HEAD_DIM + dims
     cos1 = tl.load(cos_ptr + table).to(dtype).to(tl.float32)
@@ -67,15 +77,27 @@ def _qk_norm_rope_kernel(
     sin1 = tl.load(sin_ptr + table).to(dtype).to(tl.float32)
     sin2 = tl.load(sin_ptr + table + half).to(dtype).to(tl.float32)
     # Each product and the sum rounded, as the torch path's q * cos + rotate_half(q) * sin is.
-    out1 = (x1 * cos1).to(dtype).to(tl.float32) + (-(x2 * sin1)).to(dtype).to(tl.float32)
-    out2 = (x2 * cos2).to(dtype).to(tl.float32) + (x1 * sin2).to(dtype).to(tl.float32)
+    rot1 = (out1 * cos1).to(dtype).to(tl.float32) + (-(out2 * sin1)).to(dtype).to(tl.float32)
+    rot2 = (out2 * cos2).to(dtype).to(tl.float32) + (out1 * sin2).to(dtype).to(tl.float32)
     q_row = q_out_ptr + token * (NUM_HEADS * HEAD_DIM) + heads * HEAD_DIM + dims
-    k_row = k_out_ptr + token * (NUM_KV_HEADS * HEAD_DIM) + (heads - NUM_HEADS) * HEAD_DIM + dims
-    is_key = is_valid & ~is_query
-    tl.store(q_row, out1.to(dtype), mask=is_query)
-    tl.store(q_row + half, out2.to(dtype), mask=is_query)
-    tl.store(k_row, out1.to(dtype), mask=is_key)
-    tl.store(k_row + half, out2.to(dtype), mask=is_key)
+    tl.store(q_row, rot1.to(dtype), mask=is_query)
+    tl.store(q_row + half, rot2.to(dtype), mask=is_query)
+    is_key = is_qk & ~is_query
+    if STORE_KV:
+        # Keys rotated, values as read; a padding token (slot -1) writes nothing.
+        kv_head = tl.where(is_key, heads - NUM_HEADS, heads - NUM_HEADS - NUM_KV_HEADS)
+        cache_offsets = slot * (NUM_KV_HEADS * HEAD_DIM) + kv_head * HEAD_DIM + dims
+        is_written = slot + 0 * heads >= 0  # [BLOCK_H, 1]: Triton's interpreter fails on a scalar mask term here
+        is_key_written = is_key & is_written
+        is_value_written = is_valid & ~is_qk & is_written
+        tl.store(k_cache_ptr + cache_offsets, rot1.to(dtype), mask=is_key_written)
+        tl.store(k_cache_ptr + cache_offsets + half, rot2.to(dtype), mask=is_key_written)
+        tl.store(v_cache_ptr + cache_offsets, x1.to(dtype), mask=is_value_written)
+        tl.store(v_cache_ptr + cache_offsets + half, x2.to(dtype), mask=is_value_written)
+    else:
+        k_row = k_out_ptr + token * (NUM_KV_HEADS * HEAD_DIM) + (heads - NUM_HEADS) * HEAD_DIM + dims
+        tl.store(k_row, rot1.to(dtype), mask=is_key)
+        tl.store(k_row + half, rot2.to(dtype), mask=is_key)
 
 
 def qk_norm_rope(
@@ -91,27 +113,84 @@ def qk_norm_rope(
     normalized per head when norm weights are given, then rotated by each token's position."""
     num_heads, num_kv_heads, head_dim = heads
     _check(qkv, positions, cos, sin, heads, norm_weights)
+    q = torch.empty((qkv.shape[0], num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty((qkv.shape[0], num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    _launch(qkv, positions, (cos, sin), heads, norm_weights, eps, (q, k), None)
+    return q, k
+
+
+def qk_norm_rope_store_kv(
+    qkv: torch.Tensor,  # [num_tokens, >= (num_heads + 2 * num_kv_heads) * head_dim], queries, keys, values
+    positions: torch.Tensor,  # [num_tokens] int64
+    rotary: tuple[torch.Tensor, torch.Tensor],  # (cos, sin), each [max_position, head_dim]
+    heads: tuple[int, int, int],  # (num_heads, num_kv_heads, head_dim)
+    norm_weights: tuple[torch.Tensor, torch.Tensor] | None,
+    eps: float,
+    kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # k_cache, v_cache [blocks, block_size, kv_heads,
+    # head_dim], slot_mapping [num_tokens] int64 (-1: not written)
+) -> torch.Tensor:
+    """As qk_norm_rope, but the rotated keys and the values go straight to their cache slots (as store_kv
+    would write them, gpu/kernels/store_kv.py) instead of a returned k: one kernel instead of two.
+    Returns q [num_tokens, num_heads, head_dim]."""
+    num_heads, num_kv_heads, head_dim = heads
+    cos, sin = rotary
+    _check(qkv, positions, cos, sin, heads, norm_weights)
+    _check_kv_cache(qkv, heads, kv_cache)
+    q = torch.empty((qkv.shape[0], num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
+    _launch(qkv, positions, rotary, heads, norm_weights, eps, (q, q), kv_cache)
+    return q
+
+
+def _launch(
+    qkv: torch.Tensor,
+    positions: torch.Tensor,
+    rotary: tuple[torch.Tensor, torch.Tensor],
+    heads: tuple[int, int, int],
+    norm_weights: tuple[torch.Tensor, torch.Tensor] | None,
+    eps: float,
+    outputs: tuple[torch.Tensor, torch.Tensor],  # q, k (k unused when kv_cache is given)
+    kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+) -> None:
+    num_heads, num_kv_heads, head_dim = heads
     num_tokens = qkv.shape[0]
-    q = torch.empty((num_tokens, num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    k = torch.empty((num_tokens, num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     if num_tokens == 0:
-        return q, k
-    total_heads = num_heads + num_kv_heads
+        return
+    total_heads = num_heads + (2 if kv_cache is not None else 1) * num_kv_heads
     # About 1024 elements per program: whole heads, enough work per program for a prefill's many
     # tokens, and a few programs per token so a batch-1 decode still spreads over several SMs.
     block_h = min(triton.next_power_of_2(total_heads), max(1024 // head_dim, 1))
     q_weight, k_weight = norm_weights if norm_weights is not None else (qkv, qkv)  # unused without a norm
+    k_cache, v_cache, slot_mapping = kv_cache if kv_cache is not None else (qkv, qkv, positions)  # else unused
     _qk_norm_rope_kernel[(num_tokens, triton.cdiv(total_heads, block_h))](
-        qkv, positions, cos, sin, q_weight, k_weight, q, k, qkv.stride(0), eps,
+        qkv, positions, *rotary, q_weight, k_weight, *outputs, k_cache, v_cache, slot_mapping, qkv.stride(0), eps,
         NUM_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK_H=block_h,
         HAS_NORM=norm_weights is not None,
+        STORE_KV=kv_cache is not None,
         num_warps=4 if block_h * head_dim >= 1024 else 2,
         enable_fp_fusion=False,  # no mul+add into one FMA: torch rounds the product first
     )
-    return q, k
+
+
+def _check_kv_cache(
+    qkv: torch.Tensor, heads: tuple[int, int, int], kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+) -> None:
+    num_heads, num_kv_heads, head_dim = heads
+    k_cache, v_cache, slot_mapping = kv_cache
+    if qkv.shape[1] < (num_heads + 2 * num_kv_heads) * head_dim:
+        raise ValueError(f"qkv must hold the values too: >= {(num_heads + 2 * num_kv_heads) * head_dim} columns, "
+                         f"got {qkv.shape[1]}")
+    if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
+        raise ValueError(f"caches must be alike [blocks, block_size, {num_kv_heads}, {head_dim}], got "
+                         f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    if k_cache.dtype != qkv.dtype or v_cache.dtype != qkv.dtype or not (k_cache.is_contiguous()
+                                                                          and v_cache.is_contiguous()):
+        raise ValueError(f"caches must be contiguous {qkv.dtype}, got {k_cache.dtype}, {v_cache.dtype}")
+    if slot_mapping.shape != (qkv.shape[0],) or slot_mapping.dtype != torch.int64:
+        raise ValueError(f"slot_mapping must be int64 [{qkv.shape[0]}], got {slot_mapping.dtype} "
+                         f"{tuple(slot_mapping.shape)}")
 
 
 def _check(

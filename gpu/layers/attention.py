@@ -4,9 +4,11 @@ The layer owns no cache: the runner hands it this layer's (k_cache, v_cache) aft
 On CUDA, when triton is installed, the per-head q/k norms and the rotation are one Triton kernel
 (gpu/kernels/qk_norm_rope.py) reading the fused QKV output; elsewhere, or built with
 `KernelConfig.fused_elementwise` off, the torch layers run (the reference the kernel is tested
-against). Triton is imported on the first CUDA call only. Under tensor parallelism a layer holds only its
-rank's query heads and the KV heads they read (`kv_heads_of_rank`): its q/k/v rows, its KV cache and its
-attention; `o_proj` sums the ranks' outputs.
+against). With `KernelConfig.fused_kv_store` too, that kernel also writes the step's keys and values to
+the cache (one launch instead of two); otherwise the backend's store_kv does. Triton is imported on the
+first CUDA call only. Under tensor parallelism a layer holds only its rank's query heads and the KV
+heads they read (`kv_heads_of_rank`): its q/k/v rows, its KV cache and its attention; `o_proj` sums
+the ranks' outputs.
 """
 
 import torch
@@ -54,13 +56,13 @@ class DecoderAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = hidden.shape[0]
         qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
-        v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self._is_fused(qkv):
-            q, k = self._fused_qk(positions, qkv)
-        else:
-            q, k = self._torch_qk(positions, qkv)
         assert self.backend is not None, "the runner sets the backend before the first forward"
-        self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
+        if self._is_fused(qkv) and self.kernels.fused_kv_store and self.k_cache.dtype == qkv.dtype:
+            q = self._fused_q_storing_kv(positions, qkv, meta.slot_mapping)
+        else:
+            q, k = self._fused_qk(positions, qkv) if self._is_fused(qkv) else self._torch_qk(positions, qkv)
+            v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+            self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = self.backend.forward(q, self.k_cache, self.v_cache, meta, self.scale)
         return self.o_proj(out.reshape(num_tokens, -1))
 
@@ -85,12 +87,24 @@ class DecoderAttention(nn.Module):
     def _fused_qk(self, positions: torch.Tensor, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         from gpu.kernels.qk_norm_rope import qk_norm_rope
 
-        norms = None
-        if self.q_norm is not None and self.k_norm is not None:
-            norms = (self.q_norm.weight, self.k_norm.weight)
-        eps = self.q_norm.eps if self.q_norm is not None else 0.0
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
-        return qk_norm_rope(qkv, positions, self.rotary.cos, self.rotary.sin, heads, norms, eps)
+        return qk_norm_rope(qkv, positions, self.rotary.cos, self.rotary.sin, heads, *self._qk_norms())
+
+    def _fused_q_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
+                            ) -> torch.Tensor:
+        """q from the kernel, which writes this step's K and V to the cache itself: every backend reads the one
+        cache layout (gpu/attention/metadata.py) that backend.store_kv would write."""
+        from gpu.kernels.qk_norm_rope import qk_norm_rope_store_kv
+
+        heads = (self.num_heads, self.num_kv_heads, self.head_dim)
+        return qk_norm_rope_store_kv(qkv, positions, (self.rotary.cos, self.rotary.sin), heads, *self._qk_norms(),
+                                     (self.k_cache, self.v_cache, slot_mapping))
+
+    def _qk_norms(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float]:
+        """(q_norm and k_norm weights, or None without them; their eps)."""
+        if self.q_norm is None or self.k_norm is None:
+            return None, 0.0
+        return (self.q_norm.weight, self.k_norm.weight), self.q_norm.eps
 
 
 def kv_heads_of_rank(num_kv_heads: int, tp: TensorParallel) -> tuple[int, int]:

@@ -23,9 +23,10 @@ from transformers import LlamaConfig  # noqa: E402
 from core.config import engine_config  # noqa: E402
 from core.engine import runner_config  # noqa: E402
 from core.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
+from gpu.attention import torch_ref  # noqa: E402
 from gpu.attention.metadata import AttentionMetadata  # noqa: E402
 from gpu.config import KernelConfig  # noqa: E402
-from gpu.kernels.qk_norm_rope import qk_norm_rope  # noqa: E402
+from gpu.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_store_kv  # noqa: E402
 from gpu.kernels.rms_norm import rms_norm  # noqa: E402
 from gpu.kernels.silu_and_mul import silu_and_mul  # noqa: E402
 from gpu.layers.activation import SiluAndMul  # noqa: E402
@@ -169,6 +170,35 @@ def test_qk_norm_rope_float32_tables_and_strided_qkv() -> None:
     assert torch.equal(q, ref_q) and torch.equal(k, ref_k)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+@pytest.mark.parametrize("heads", HEAD_SHAPES, ids=str)
+@pytest.mark.parametrize("has_norm", [True, False])
+@pytest.mark.parametrize("num_tokens", [1, 257])
+def test_qk_norm_rope_store_kv_equals_qk_norm_rope_then_store_kv(
+    dtype: torch.dtype, heads: tuple[int, int, int], has_norm: bool, num_tokens: int
+) -> None:
+    """The same q, and the caches written as store_kv writes qk_norm_rope's k and the values (padding tokens,
+    slot -1, write nothing): bit for bit."""
+    num_heads, num_kv_heads, head_dim = heads
+    rotary = RotaryEmbedding(LlamaConfig(head_dim=head_dim), head_dim, MAX_POSITION).to(DEVICE, dtype)
+    weights = (random_weight(head_dim, dtype), random_weight(head_dim, dtype)) if has_norm else None
+    qkv = (2 * torch.randn(num_tokens, (num_heads + 2 * num_kv_heads) * head_dim, device=DEVICE)).to(dtype)
+    positions = random_positions(num_tokens)
+    block_size, num_blocks = 16, -(-num_tokens // 16) + 2
+    slot_mapping = torch.randperm(num_blocks * block_size, device=DEVICE)[:num_tokens]
+    slot_mapping[torch.rand(num_tokens, device=DEVICE) < 0.2] = -1
+    k_cache, v_cache = torch.randn(2, num_blocks, block_size, num_kv_heads, head_dim, device=DEVICE).to(dtype)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    q, k = qk_norm_rope(qkv, positions, rotary.cos, rotary.sin, heads, weights, 1e-6)
+    values = qkv[:, (num_heads + num_kv_heads) * head_dim :].view(num_tokens, num_kv_heads, head_dim)
+    torch_ref.store_kv(k, values, expected_k, expected_v, slot_mapping)
+    poison_allocator(num_tokens * num_heads * head_dim, dtype)
+    fused_q = qk_norm_rope_store_kv(qkv, positions, (rotary.cos, rotary.sin), heads, weights, 1e-6,
+                                    (k_cache, v_cache, slot_mapping))
+    assert torch.equal(fused_q, q)
+    assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
+
+
 def test_kernels_replay_in_a_cuda_graph() -> None:
     """Captured once; inputs change in place between replays, outputs follow."""
     dtype, heads, hidden = torch.bfloat16, (16, 8, 128), 1024
@@ -238,10 +268,10 @@ def prefill_then_decode_logits(runner: ModelRunner, prompt_len: int) -> torch.Te
     return torch.cat([prefill, decode])
 
 
-def model_logits(model_dir: Path, dtype: str, is_fused: bool) -> torch.Tensor:
+def model_logits(model_dir: Path, dtype: str, is_fused: bool, kernels: KernelConfig | None = None) -> torch.Tensor:
     config = replace(runner_config(engine_config(
         str(model_dir), dtype=dtype, device="cuda", kv_cache_blocks=64, max_num_seqs=4, max_model_len=512,
-        enforce_eager=True, attention_backend="triton")), kernels=KernelConfig(fused_elementwise=is_fused))
+        enforce_eager=True, attention_backend="triton")), kernels=kernels or KernelConfig(fused_elementwise=is_fused))
     runner = ModelRunner(config)
     with torch.inference_mode():
         return prefill_then_decode_logits(runner, prompt_len=300)
@@ -275,3 +305,13 @@ def test_model_logits_fused_bf16_is_as_accurate_as_torch_path(model_dirs: dict[s
     assert fused_rel <= 1.25 * torch_rel + 1e-3
     assert fused_top1 >= torch_top1 - 0.02
     assert between_rel < 5e-2
+
+
+@pytest.mark.parametrize("model", ["qwen3", "llama"])
+def test_model_logits_with_kv_written_by_the_rope_kernel_equal_store_kv(model_dirs: dict[str, Path], model: str
+                                                                       ) -> None:
+    """The cache holds the same bits either way, so the logits are the same bits."""
+    by_rope_kernel = model_logits(model_dirs[model], "bfloat16", True, KernelConfig(fused_kv_store=True))
+    by_store_kv = model_logits(model_dirs[model], "bfloat16", True, KernelConfig(fused_kv_store=False))
+    assert torch.equal(by_rope_kernel, by_store_kv)
+

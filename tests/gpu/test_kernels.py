@@ -59,13 +59,15 @@ def reference_attention(*args: torch.Tensor | float) -> torch.Tensor:
 
 
 def make_batch(
-    query_lens: list[int], context_lens: list[int], shape: Shape, dtype: torch.dtype = torch.bfloat16
+    query_lens: list[int], context_lens: list[int], shape: Shape, dtype: torch.dtype = torch.bfloat16,
+    min_width: int = 0,
 ) -> PagedBatch:
-    """Random caches; each row's blocks drawn without replacement from a shuffled pool."""
+    """Random caches; each row's blocks drawn without replacement from a shuffled pool; tables at least
+    min_width blocks wide."""
     blocks_per_row = [-(-n // shape.block_size) for n in context_lens]
     num_blocks = sum(blocks_per_row) + 7  # spare blocks nobody owns
     pool = torch.randperm(num_blocks).tolist()
-    width = max(blocks_per_row, default=0) + 3  # wider than needed, as a graph's static table is
+    width = max(max(blocks_per_row, default=0) + 3, min_width)  # wider than needed, as a graph's static table is
     tables, used = [], 0
     for n in blocks_per_row:
         tables.append(pool[used : used + n] + [0] * (width - n))
@@ -196,6 +198,66 @@ def test_decode_replays_in_a_cuda_graph_with_new_lengths() -> None:
             static_q, first.k_cache, first.v_cache, first.query_start_loc, static_lens, static_tables, 0.09
         )
         assert_matches(static_out, ref, f"decode graph replay {step}")
+
+
+# Few rows in a table as wide as a decode graph's (max_model_len 8192): the split count, from static shapes, is
+# the largest, and most splits have no tile (their programs exit); 0 is a padding row, 1-17 lie around a tile.
+FEW_ROW_LENS = [[1024], [4096], [17], [1], [0, 1, 15, 16, 17, 1024, 4096], [8192, 64, 65, 0]]
+
+
+@pytest.mark.parametrize("lens", FEW_ROW_LENS, ids=str)
+def test_decode_few_rows_in_a_graph_wide_table(lens: list[int]) -> None:
+    shape = Shape(16, 128, 2, 8)
+    b = make_batch([1] * len(lens), [max(n, 1) for n in lens], shape, min_width=8192 // 16)
+    b.context_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+    out = torch.full_like(b.query, float("nan"))
+    row_order = torch.argsort(b.context_lens, descending=True).to(torch.int32)  # as a decode graph launches them
+    decode_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.context_lens, 0.09, out=out,
+                     row_order=row_order)
+    assert_decode_matches(out, b, 0.09, f"decode few rows {lens}")
+
+
+def assert_decode_matches(out: torch.Tensor, b: PagedBatch, scale: float, label: str) -> None:
+    """Rows with context 0 all zeros, the others the reference's."""
+    is_empty = b.context_lens == 0
+    assert torch.equal(out[is_empty], torch.zeros_like(out[is_empty])), f"{label}: an empty row is not zeros"
+    if is_empty.all():
+        return
+    lens = b.context_lens.clamp_min(1)  # the reference's softmax over nothing would be NaN
+    ref = reference_attention(b.query, b.k_cache, b.v_cache, b.query_start_loc, lens, b.block_tables, scale)
+    assert_matches(out[~is_empty], ref[~is_empty], label)
+
+
+def test_decode_few_rows_replay_in_a_graph_deterministically() -> None:
+    """A few rows in a graph-wide table, captured once with the engine's launch order and replayed with new
+    lengths (padding rows of context 0 among them); a replay of the same inputs gives the same bits."""
+    shape, batch = Shape(16, 128, 2, 8), 4
+    b = make_batch([1] * batch, [4096] * batch, shape, min_width=8192 // 16)
+    row_order = torch.arange(batch, dtype=torch.int32, device=DEVICE)
+
+    def run() -> torch.Tensor:
+        return decode_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.context_lens, 0.09,
+                                row_order=row_order)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # compile outside the capture
+        run()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = run()
+    for lens in ([1024, 0, 17, 4096], [15, 4096, 1, 0], [1024, 1024, 1024, 1024], [0, 0, 0, 0]):
+        b.context_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        row_order.copy_(torch.argsort(b.context_lens, descending=True).to(torch.int32))
+        b.query.copy_(torch.randn_like(b.query.float()).to(b.query.dtype))
+        static_out.fill_(float("nan"))
+        graph.replay()
+        first = static_out.clone()
+        for _ in range(3):
+            graph.replay()
+            assert torch.equal(static_out, first), f"replays of {lens} differ"
+        assert_decode_matches(first, b, 0.09, f"decode few rows graph replay {lens}")
 
 
 # Rows of (query_len, context_len): fresh prefills, prefix-cache hits, chunks, decode rows mixed in.
