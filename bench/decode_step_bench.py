@@ -10,7 +10,7 @@ waited for, so the host's preparation overlaps the device's work (the interval b
 
 `--variants` compares kernel choices, one runner built per variant: each is `default` or fields of
 gpu.config.KernelConfig joined by `+`, e.g. `fused_elementwise=0` (the torch layer code),
-`skinny_gemm=0` (cuBLAS for every GEMM), `skinny_gemm_pdl=1`, `order_decode_rows=0`.
+`skinny_gemm=0` (cuBLAS for every GEMM), `pdl_launches=1`, `order_decode_rows=0`.
 `--profile` adds torch.profiler's kernels per step, device busy time and top kernels. `--prefill-rows R:L` adds, to
 every batch, R fresh prompts of L tokens each after its decode rows (a step carrying prefill, as when requests arrive
 behind full decode batches: e.g. 8:1024 with 191 decode rows is the serving shape's typical prefill step).

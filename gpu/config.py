@@ -21,7 +21,9 @@ class KernelConfig:
     fused_logit_adjustments: bool = True  # penalties and token masks applied by Triton kernels, one pass each
     skinny_gemm: bool = True  # linear layers on 1..16 rows through the skinny GEMM kernel where its table says so
     skinny_gemm_many_rows: bool = True  # ... and on 17..256 rows (tiles over rows too), where the GPU's table says so
-    skinny_gemm_pdl: bool = False  # ... launched as programmatic dependent launches (Hopper)
+    # Our Triton kernels launched as programmatic dependent launches (Hopper: gpu/kernels/pdl.py), so in a step's graph
+    # each kernel's launch overlaps the end of the one before.
+    pdl_launches: bool = False
     order_decode_rows: bool = True  # decode attention starts the longest contexts first (decode graphs' inputs)
     prefill_step_graphs: bool = True  # steps with prefill replay CUDA graphs per token bucket (gpu/mixed_graphs.py)
     sampling_in_graphs: bool = True  # decode graphs compute the logits and draw plain rows' tokens (gpu/cuda_graphs.py)

@@ -94,12 +94,14 @@ class DecodeGraphs:
     def __init__(
         self, forward: ForwardFn, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device,
         order_rows: bool = True, logits_fn: LogitsFn | None = None, logits: torch.Tensor | None = None,
+        use_pdl: bool = False,
     ) -> None:
         self.forward = forward
         # The sampling head: each graph writes its rows' logits into `logits` ([max_num_seqs, vocab], one buffer
         # for every graph, allocated by the caller before the KV cache is sized) and draws from them.
         self.logits_fn = logits_fn
         self.logits = logits
+        self.use_pdl = use_pdl  # the in-graph draw's kernels as programmatic dependent launches
         assert (logits_fn is None) == (logits is None), "a sampling head needs its logits buffer"
         self.buckets = batch_size_buckets(max_num_seqs)
         self.max_model_len = max_model_len
@@ -167,7 +169,8 @@ class DecodeGraphs:
         assert self.logits is not None
         rows = hidden.shape[0]
         logits = self.logits_fn(hidden, self.logits[:rows])
-        return DecodeOutputs(hidden, logits, sample_tokens(logits, self.philox_keys[:rows], self.temperatures[:rows]))
+        token_ids = sample_tokens(logits, self.philox_keys[:rows], self.temperatures[:rows], self.use_pdl)
+        return DecodeOutputs(hidden, logits, token_ids)
 
     def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None,
             draw: "GraphDraw | None" = None) -> DecodeOutputs:

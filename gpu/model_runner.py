@@ -169,7 +169,7 @@ class ModelRunner:
         self.decode = DecodeGraphs(self.model, c.max_num_seqs, c.max_model_len, c.block_size, self.device,
                                    c.kernels.order_decode_rows,
                                    self.model.compute_logits_into if self._graph_logits is not None else None,
-                                   self._graph_logits)
+                                   self._graph_logits, c.kernels.pdl_launches)
         if self.backend.supports_mixed_graphs and c.kernels.prefill_step_graphs:
             self.mixed = MixedGraphs(self.model, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len,
                                      c.block_size, self.device)

@@ -166,7 +166,7 @@ class Sampler:
         filtered = _filtered_rows(rows, logits.shape[-1])
         if len(filtered) == len(rows):
             return self._torch_token_ids(logits.float(), rows)
-        token_ids = sample_tokens(logits, *self._philox_keys(rows))
+        token_ids = sample_tokens(logits, *self._philox_keys(rows), use_pdl=self.kernels.pdl_launches)
         if filtered:
             # Only these rows pay for the sort and softmax; their draw is the torch path's, as alone.
             where = to_device(filtered, np.int64, logits.device)

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.kernels.pdl import pdl_start, uses_pdl
+
 MAX_HIDDEN = 32768
 
 
@@ -30,7 +32,9 @@ def _rms_norm_kernel(
     HIDDEN: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < HIDDEN
@@ -54,6 +58,7 @@ def rms_norm(
     weight: torch.Tensor,  # [hidden]
     eps: float,
     residual: torch.Tensor | None = None,  # [num_tokens, hidden]
+    use_pdl: bool = False,  # a programmatic dependent launch where the GPU has it (gpu/kernels/pdl.py)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (norm(x + residual), x + residual); without a residual, (norm(x), x)."""
     _check(x, weight, residual)
@@ -63,12 +68,15 @@ def rms_norm(
     if num_tokens == 0:
         return out, summed
     block = triton.next_power_of_2(hidden)
+    pdl = uses_pdl(use_pdl, x)
     _rms_norm_kernel[(num_tokens,)](
         x, residual if residual is not None else x, weight, out, summed,
         x.stride(0), residual.stride(0) if residual is not None else 0, eps,
         HIDDEN=hidden,
         BLOCK=block,
         HAS_RESIDUAL=residual is not None,
+        USE_PDL=pdl,
+        launch_pdl=pdl,
         # About 8 elements (16 bytes of bf16) per thread and load, up to 16 warps.
         num_warps=min(max(block // 256, 1), 16),
         enable_fp_fusion=False,  # no mul+add into one FMA: torch rounds the product first

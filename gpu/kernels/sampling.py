@@ -29,6 +29,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from gpu.kernels.pdl import pdl_start, uses_pdl
+
 # A tile is 4 blocks of SUB tokens: one Philox call gives 4 uniforms per lane (randint4x), one per
 # block. SUB fixes which uniform each token gets, so it is part of the seeded streams' definition.
 SUB = 1024
@@ -100,7 +102,9 @@ def _sample_split_kernel(
     num_splits,
     VOCAB: tl.constexpr,
     SUB_: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     split = tl.program_id(1)
     tile_begin = split * tiles_per_split
@@ -120,7 +124,8 @@ def _sample_split_kernel(
 
 @triton.jit(do_not_specialize=["num_splits"])
 def _pick_split_kernel(partial_scores_ptr, partial_ids_ptr, out_ptr, num_splits,
-                       VOCAB: tl.constexpr, SPLITS_P2: tl.constexpr):
+                       VOCAB: tl.constexpr, SPLITS_P2: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     splits = tl.arange(0, SPLITS_P2)
     scores = tl.load(partial_scores_ptr + row * num_splits + splits, mask=splits < num_splits, other=float("-inf"))
@@ -134,6 +139,7 @@ def sample_tokens(
     logits: torch.Tensor,  # [num_rows, vocab] bf16/fp16/fp32
     seeds: torch.Tensor,  # [num_rows] int64, the Philox key of each row (unused on greedy rows)
     temperatures: torch.Tensor,  # [num_rows] float32, 0 on greedy rows
+    use_pdl: bool = False,  # programmatic dependent launches where the GPU has them (gpu/kernels/pdl.py)
 ) -> torch.Tensor:
     """[num_rows] int64 token ids; no host sync, graph-capturable (the grid depends on shapes only)."""
     _check(logits, seeds, temperatures)
@@ -146,13 +152,14 @@ def sample_tokens(
     num_splits = triton.cdiv(num_tiles, tiles_per_split)  # no empty split
     partial_scores = torch.empty((num_rows, num_splits), dtype=torch.float32, device=logits.device)
     partial_ids = torch.empty((num_rows, num_splits), dtype=torch.int32, device=logits.device)
+    pdl = uses_pdl(use_pdl, logits)
     _sample_split_kernel[(num_rows, num_splits)](
         logits, seeds, temperatures, partial_scores, partial_ids, logits.stride(0), tiles_per_split, num_splits,
-        VOCAB=vocab, SUB_=SUB, num_warps=NUM_WARPS,
+        VOCAB=vocab, SUB_=SUB, USE_PDL=pdl, num_warps=NUM_WARPS, launch_pdl=pdl,
     )
     _pick_split_kernel[(num_rows,)](
         partial_scores, partial_ids, out, num_splits, VOCAB=vocab, SPLITS_P2=triton.next_power_of_2(num_splits),
-        num_warps=1,
+        USE_PDL=pdl, num_warps=1, launch_pdl=pdl,
     )
     return out
 

@@ -10,6 +10,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.kernels.pdl import pdl_start, uses_pdl
+
 
 @triton.jit
 def _silu_and_mul_kernel(
@@ -18,7 +20,9 @@ def _silu_and_mul_kernel(
     x_stride,
     INTERMEDIATE: tl.constexpr,
     BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTERMEDIATE
@@ -29,8 +33,9 @@ def _silu_and_mul_kernel(
     tl.store(out_ptr + token * INTERMEDIATE + cols, (silu * up).to(dtype), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * intermediate] -> [num_tokens, intermediate]
-    """silu(x[:, :I]) * x[:, I:] with I = x.shape[1] // 2."""
+def silu_and_mul(x: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:  # [T, 2 * I] -> [T, I]
+    """silu(x[:, :I]) * x[:, I:] with I = x.shape[1] // 2; `use_pdl`: a programmatic dependent launch where the
+    GPU has it (gpu/kernels/pdl.py)."""
     if x.dim() != 2 or x.shape[1] % 2 or x.stride(1) != 1:
         raise ValueError(f"x must be 2-d [num_tokens, 2 * intermediate] with unit column stride, got "
                          f"{tuple(x.shape)} strides {x.stride()}")
@@ -39,10 +44,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:  # [num_tokens, 2 * intermedi
     if num_tokens == 0 or intermediate == 0:
         return out
     block = min(triton.next_power_of_2(intermediate), 1024)
+    pdl = uses_pdl(use_pdl, x)
     _silu_and_mul_kernel[(num_tokens, triton.cdiv(intermediate, block))](
         x, out, x.stride(0),
         INTERMEDIATE=intermediate,
         BLOCK=block,
+        USE_PDL=pdl,
+        launch_pdl=pdl,
         num_warps=4 if block >= 512 else 1,
         enable_fp_fusion=False,  # no mul+add into one FMA: torch rounds the product first
     )

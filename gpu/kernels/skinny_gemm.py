@@ -23,13 +23,12 @@ along K, same dtype. Optional programmatic dependent launch (`use_pdl`, Hopper):
 before waiting on the kernel that writes x.
 """
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.skinny_gemm_configs import (
     FEW_ROWS,
     MAX_ROWS,
@@ -142,10 +141,12 @@ def _skinny_gemm_tma_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """The dot path with tiles of x and W brought by the tensor memory accelerator (Hopper): the copy engine
     fills shared memory (rows past M, columns past N and K past its end read as zeros) and the loop only waits and
     multiplies, which frees the warps' issue slots that pointer loads spend on many rows."""
+    pdl_start(USE_PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
@@ -171,8 +172,7 @@ def _split_k_reduce_kernel(
     USE_PDL: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    if USE_PDL:
-        tl.extra.cuda.gdc_wait()
+    pdl_start(USE_PDL)
     row = tl.program_id(1)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < N
@@ -216,12 +216,6 @@ def _is_tma_aligned(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0
 
 
-@functools.cache
-def supports_pdl(device_index: int) -> bool:
-    """Programmatic dependent launch (griddepcontrol) needs Hopper or newer."""
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
-
-
 def skinny_gemm(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -233,16 +227,14 @@ def skinny_gemm(
     """x @ weight.T (+ bias) for 1..MAX_ROWS rows of x; `config` overrides the table (tests, the sweep); `out`, an
     [M, N] tensor of x's dtype with unit stride along N, receives y (a buffer the caller reuses) and is returned.
 
-    With `use_pdl` on a Hopper GPU the kernel is launched as a programmatic dependent launch: it starts while
-    the kernel before it finishes, reads its first weight tile, and only then waits for x. Off by default: it
-    saves ~0.7 us per call between kernels that trigger their dependents early (back-to-back products), but made
-    the Qwen3-0.6B decode step slower, whose other kernels do not."""
+    With `use_pdl` on a Hopper GPU the kernels are launched as programmatic dependent launches (gpu/kernels/pdl.py);
+    the fma path reads its first weight tile before it waits for x (weights never depend on the kernel before)."""
     _check(x, weight, bias)
     (m, k), n = x.shape, weight.shape[0]
     c = config or config_for(m, n, k, x.device)
     if not c.use_dot and (m > FEW_ROWS or c.use_tma):
         raise ValueError(f"the fma path takes 1..{FEW_ROWS} rows and no TMA, got {m} rows and {c}")
-    pdl = use_pdl and supports_pdl(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    pdl = uses_pdl(use_pdl, x)
     if out is not None and (out.shape != (m, n) or out.dtype != x.dtype or out.stride(1) != 1):
         raise ValueError(f"out must be [{m}, {n}] {x.dtype} with unit stride along N, got {tuple(out.shape)} "
                          f"{out.dtype} strides {out.stride()}")
@@ -259,7 +251,7 @@ def skinny_gemm(
             TensorDescriptor.from_tensor(weight, [c.block_n, c.block_k]), bias_arg, part,
             m, n, k, k_per_split, part.stride(0) if is_partial else 0, part.stride(-2),
             HAS_BIAS=bias is not None, IS_PARTIAL=is_partial, BLOCK_M=block_m, BLOCK_N=c.block_n,
-            BLOCK_K=c.block_k, num_warps=c.num_warps, num_stages=c.num_stages,
+            BLOCK_K=c.block_k, USE_PDL=pdl, num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,
         )
     else:
         _skinny_gemm_kernel[grid](

@@ -22,6 +22,6 @@ class SiluAndMul(nn.Module):
         if self.kernels.fused_elementwise and HAS_TRITON and x.is_cuda and x.dim() == 2 and x.stride(1) == 1:
             from gpu.kernels.silu_and_mul import silu_and_mul
 
-            return silu_and_mul(x)
+            return silu_and_mul(x, use_pdl=self.kernels.pdl_launches)
         gate, up = x.chunk(2, dim=-1)
         return F.silu(gate) * up

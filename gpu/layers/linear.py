@@ -77,7 +77,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ker
         return torch.mm(x, weight.t(), out=out) if bias is None else torch.addmm(bias, x, weight.t(), out=out)
     from gpu.kernels.skinny_gemm import skinny_gemm
 
-    y = skinny_gemm(x.reshape(-1, weight.shape[1]), weight, bias, use_pdl=kernels.skinny_gemm_pdl, out=out)
+    y = skinny_gemm(x.reshape(-1, weight.shape[1]), weight, bias, use_pdl=kernels.pdl_launches, out=out)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 

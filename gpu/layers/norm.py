@@ -46,4 +46,4 @@ class RMSNorm(nn.Module):
     def _fused(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         from gpu.kernels.rms_norm import rms_norm
 
-        return rms_norm(x, self.weight, self.eps, residual)
+        return rms_norm(x, self.weight, self.eps, residual, use_pdl=self.kernels.pdl_launches)
