@@ -79,7 +79,7 @@ class ModelRunner:
         names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype)
         if flash_attn_reason is not None:
             logger.info("attention backend flash-attn not a candidate: %s", flash_attn_reason)
-        candidates = [backend_named(name) for name in names]
+        candidates = [backend_named(name, config.kernels.pdl_launches) for name in names]
         self._set_backend(PhasedBackend(candidates[0], candidates[0]))  # for the warm-up pass
         # Before the KV cache is sized, so its memory is counted: [max_num_seqs, vocab] int32 + bool.
         self.penalty_state = PenaltyState(config.max_num_seqs, self.vocab_size, self.device)

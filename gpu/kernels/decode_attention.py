@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.kernels.pdl import pdl_start, uses_pdl
+
 # Measured on H100 (bench/results/attention-*-h100.json): with at least 2 (row, kv_head) programs
 # per multiprocessor, one split is best (splitting (64, 4k) costs 2%, (256, 1k) 2-12%); below
 # that, splitting up to about 4 programs per multiprocessor pays ((16, 1k): 4 splits beat 2 by 4%,
@@ -78,7 +80,9 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HAS_ROW_ORDER: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     if HAS_ROW_ORDER:
         row = tl.load(row_order_ptr + tl.program_id(0)).to(tl.int64)
     else:
@@ -148,7 +152,9 @@ def _decode_reduce_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
@@ -195,6 +201,7 @@ def decode_attention(
     out: torch.Tensor | None = None,  # [num_rows, num_heads, head_dim]; allocated when None
     config: DecodeConfig | None = None,
     row_order: torch.Tensor | None = None,  # [num_rows] int32, a permutation: launch order of the rows
+    use_pdl: bool = False,  # programmatic dependent launches where the GPU has them (gpu/kernels/pdl.py)
 ) -> torch.Tensor:
     """Attention of each row's single query over its whole context; no host sync, graph-capturable."""
     _check(query, k_cache, v_cache, block_tables, context_lens)
@@ -217,6 +224,7 @@ def decode_attention(
     num_stages = config.num_stages or (SPLIT_NUM_STAGES if num_splits > 1 else UNSPLIT_NUM_STAGES)
     # One row needs no launch order, and reading it would put a load before every other load of the kernel.
     has_row_order = row_order is not None and num_rows > 1
+    pdl = uses_pdl(use_pdl, query)
     _decode_split_kernel[(num_rows, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, context_lens, row_order if has_row_order else context_lens,
         out, partial_out, partial_lse,
@@ -226,12 +234,12 @@ def decode_attention(
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        HAS_ROW_ORDER=has_row_order, num_warps=config.num_warps, num_stages=num_stages,
+        HAS_ROW_ORDER=has_row_order, USE_PDL=pdl, num_warps=config.num_warps, num_stages=num_stages, launch_pdl=pdl,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_rows, num_heads)](
             partial_out, partial_lse, out, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, num_warps=4,
+            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, USE_PDL=pdl, num_warps=4, launch_pdl=pdl,
         )
     return out
 

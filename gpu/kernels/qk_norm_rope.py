@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.kernels.pdl import pdl_start, uses_pdl
+
 
 @triton.jit
 def _qk_norm_rope_kernel(
@@ -46,7 +48,9 @@ def _qk_norm_rope_kernel(
     BLOCK_H: tl.constexpr,
     HAS_NORM: tl.constexpr,
     STORE_KV: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     half: tl.constexpr = HEAD_DIM // 2
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]  # [BLOCK_H, 1]
@@ -108,6 +112,7 @@ def qk_norm_rope(
     heads: tuple[int, int, int],  # (num_heads, num_kv_heads, head_dim)
     norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None,  # (q_norm, k_norm), each [head_dim]
     eps: float = 1e-6,
+    use_pdl: bool = False,  # a programmatic dependent launch where the GPU has it (gpu/kernels/pdl.py)
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns q [num_tokens, num_heads, head_dim] and k [num_tokens, num_kv_heads, head_dim],
     normalized per head when norm weights are given, then rotated by each token's position."""
@@ -115,7 +120,7 @@ def qk_norm_rope(
     _check(qkv, positions, cos, sin, heads, norm_weights)
     q = torch.empty((qkv.shape[0], num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     k = torch.empty((qkv.shape[0], num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    _launch(qkv, positions, (cos, sin), heads, norm_weights, eps, (q, k), None)
+    _launch(qkv, positions, (cos, sin), heads, norm_weights, eps, (q, k), None, use_pdl)
     return q, k
 
 
@@ -128,6 +133,7 @@ def qk_norm_rope_store_kv(
     eps: float,
     kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # k_cache, v_cache [blocks, block_size, kv_heads,
     # head_dim], slot_mapping [num_tokens] int64 (-1: not written)
+    use_pdl: bool = False,
 ) -> torch.Tensor:
     """As qk_norm_rope, but the rotated keys and the values go straight to their cache slots (as store_kv
     would write them, gpu/kernels/store_kv.py) instead of a returned k: one kernel instead of two.
@@ -137,7 +143,7 @@ def qk_norm_rope_store_kv(
     _check(qkv, positions, cos, sin, heads, norm_weights)
     _check_kv_cache(qkv, heads, kv_cache)
     q = torch.empty((qkv.shape[0], num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    _launch(qkv, positions, rotary, heads, norm_weights, eps, (q, q), kv_cache)
+    _launch(qkv, positions, rotary, heads, norm_weights, eps, (q, q), kv_cache, use_pdl)
     return q
 
 
@@ -150,6 +156,7 @@ def _launch(
     eps: float,
     outputs: tuple[torch.Tensor, torch.Tensor],  # q, k (k unused when kv_cache is given)
     kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    use_pdl: bool,
 ) -> None:
     num_heads, num_kv_heads, head_dim = heads
     num_tokens = qkv.shape[0]
@@ -169,6 +176,8 @@ def _launch(
         BLOCK_H=block_h,
         HAS_NORM=norm_weights is not None,
         STORE_KV=kv_cache is not None,
+        USE_PDL=uses_pdl(use_pdl, qkv),
+        launch_pdl=uses_pdl(use_pdl, qkv),
         num_warps=4 if block_h * head_dim >= 1024 else 2,
         enable_fp_fusion=False,  # no mul+add into one FMA: torch rounds the product first
     )

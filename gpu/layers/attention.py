@@ -88,7 +88,8 @@ class DecoderAttention(nn.Module):
         from gpu.kernels.qk_norm_rope import qk_norm_rope
 
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
-        return qk_norm_rope(qkv, positions, self.rotary.cos, self.rotary.sin, heads, *self._qk_norms())
+        return qk_norm_rope(qkv, positions, self.rotary.cos, self.rotary.sin, heads, *self._qk_norms(),
+                            use_pdl=self.kernels.pdl_launches)
 
     def _fused_q_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
                             ) -> torch.Tensor:
@@ -98,7 +99,7 @@ class DecoderAttention(nn.Module):
 
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
         return qk_norm_rope_store_kv(qkv, positions, (self.rotary.cos, self.rotary.sin), heads, *self._qk_norms(),
-                                     (self.k_cache, self.v_cache, slot_mapping))
+                                     (self.k_cache, self.v_cache, slot_mapping), use_pdl=self.kernels.pdl_launches)
 
     def _qk_norms(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float]:
         """(q_norm and k_norm weights, or None without them; their eps)."""
