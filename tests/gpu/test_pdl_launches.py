@@ -6,12 +6,17 @@ step. A kernel that read its predecessor's output before `griddepcontrol.wait` w
 Skips where the GPU has no PDL (before Hopper).
 """
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import torch
 
+from core.config import engine_config
+from core.engine import runner_config
 from gpu.batch import Batch, RowSampling
+from gpu.config import KernelConfig
+from gpu.model_runner import ModelRunner
 from tests.gpu.test_sampling_in_graphs import decode_step
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] < 9,
@@ -28,13 +33,6 @@ def prefill(num_tokens: int) -> Batch:
 
 
 def test_tokens_with_and_without_pdl_are_equal(tiny_model_dirs: dict[str, Path]) -> None:
-    from dataclasses import replace
-
-    from core.config import engine_config
-    from core.engine import runner_config
-    from gpu.config import KernelConfig
-    from gpu.model_runner import ModelRunner
-
     def runner(pdl: bool) -> ModelRunner:
         config = replace(runner_config(engine_config(
             str(tiny_model_dirs["qwen3"]), dtype="bfloat16", device="cuda", block_size=16, kv_cache_blocks=72,
