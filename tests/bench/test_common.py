@@ -19,7 +19,7 @@ def test_a_result_carries_device_date_commit_and_command(tmp_path: Path, monkeyp
 
 def test_kernel_variants() -> None:
     assert kernel_variant("default") == KernelConfig()
-    assert kernel_variant("skinny_gemm=0+pdl_launches=1") == KernelConfig(skinny_gemm=False, pdl_launches=True)
+    assert kernel_variant("skinny_gemm=0+pdl_launches=0") == KernelConfig(skinny_gemm=False, pdl_launches=False)
     for bad in ("fused=0", "skinny_gemm", "skinny_gemm=yes", ""):
         with pytest.raises(ValueError, match=r"FIELD=0\|1"):
             kernel_variant(bad)
