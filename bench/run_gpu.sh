@@ -41,6 +41,8 @@
 # a call that carries one half stages it in /tmp/fa, and the call that brings the second installs both into
 # /tmp/fasite (two consecutive calls to the same warm machine: one call carries at most 64 MiB); every stage then
 # imports flash_attn.cute from there.
+# The device tool brings back at most 8 files a call: a stage that writes more leaves them in one OUT_DIR/results.tgz
+# (with device.txt and log beside it, unpacked), which `tar xzf results.tgz` unpacks here.
 set -uo pipefail
 stages="tests decode-step offline serve check ab-serve ab-offline host-profile attention sampler skinny-gemm"
 stages="$stages attention-backends ttft-starts sampling-cost prefix-heavy qwen3-8b"
@@ -182,3 +184,12 @@ case "$stage" in
     offline_serve_shape
     openai_serve c256 256 768 "$*" ;;
 esac
+status=$?
+
+# More files than the device returns in one call: all of them in one archive, device.txt and the log beside it.
+if [ "$(find "$out" -maxdepth 1 -type f | wc -l)" -gt 8 ]; then
+  archive=$(mktemp --suffix=.tgz)
+  tar czf "$archive" -C "$out" . && find "$out" -mindepth 1 -maxdepth 1 ! -name device.txt ! -name log -exec rm -rf {} + \
+    && mv "$archive" "$out/results.tgz"
+fi
+exit $status
