@@ -84,7 +84,7 @@ class ModelRunner:
         # Before the KV cache is sized, so its memory is counted: [max_num_seqs, vocab] int32 + bool.
         self.penalty_state = PenaltyState(config.max_num_seqs, self.vocab_size, self.device)
         self.sampler = Sampler(self.device, config.seed, config.kernels, self.penalty_state)
-        # The decode graphs' logits when they sample (_sampling_head), counted before the KV cache is sized too.
+        # The decode graphs' logits when they sample (_samples_in_graphs), counted before the KV cache is sized too.
         self._graph_logits = (torch.empty(config.max_num_seqs, self.vocab_size, dtype=self.dtype, device=self.device)
                               if self._samples_in_graphs() else None)
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
@@ -367,10 +367,7 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward(self, batch: Batch) -> torch.Tensor:
-        """[num_tokens, hidden_size]"""
-        if self._replays_decode_graph(batch):
-            assert self.decode is not None
-            return self.decode.run(batch, self._last_sampled_ids).hidden
+        """[num_tokens, hidden_size] of a step the decode graphs do not hold (`launch` replays those itself)."""
         if self.mixed is not None and not batch.is_decode_only and self.mixed.bucket_for(batch) is not None:
             return self.mixed.run(batch, self._last_sampled_ids)
         input_ids, positions, meta = self._prepare(batch)

@@ -167,11 +167,16 @@ class Sampler:
         if len(filtered) == len(rows):
             return self._torch_token_ids(logits.float(), rows)
         token_ids = sample_tokens(logits, *self._philox_keys(rows), use_pdl=self.kernels.pdl_launches)
+        self._redraw_filtered(logits, token_ids, rows, filtered)
+        return token_ids
+
+    def _redraw_filtered(self, logits: torch.Tensor, token_ids: torch.Tensor, rows: list[RowSampling],
+                         filtered: list[int]) -> None:
+        """The rows with top-k, top-p or min-p drawn by the torch path into `token_ids`, in place: only these rows
+        pay for the sort and softmax, and their draw is the torch path's, as alone."""
         if filtered:
-            # Only these rows pay for the sort and softmax; their draw is the torch path's, as alone.
             where = to_device(filtered, np.int64, logits.device)
             token_ids[where] = self._torch_token_ids(logits[where].float(), [rows[i] for i in filtered])
-        return token_ids
 
     def _philox_keys(self, rows: list[RowSampling]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's 64-bit Philox key and its temperature (0 on greedy rows), in one copy to the device."""
@@ -200,7 +205,7 @@ class Sampler:
                 return None
             if r.temperature != 0.0:
                 is_all_greedy = False
-                if r.top_p < 1.0 or r.min_p > 0.0 or (r.top_k is not None and r.top_k < vocab_size):
+                if _uses_filters(r, vocab_size):
                     filtered.append(i)
         if is_all_greedy or len(filtered) == len(rows):
             temperatures = np.array([r.temperature for r in rows], dtype=np.float32)
@@ -211,9 +216,7 @@ class Sampler:
                           draw: "GraphDraw") -> SampledRows:
         """A step whose rows a decode graph drew (with `draw`'s inputs): the rows with top-k, top-p or min-p
         drawn again by the torch path, as `sample` does, and the logprobs asked for."""
-        if draw.filtered:
-            where = to_device(draw.filtered, np.int64, logits.device)
-            token_ids[where] = self._torch_token_ids(logits[where].float(), [rows[i] for i in draw.filtered])
+        self._redraw_filtered(logits, token_ids, rows, draw.filtered)
         return _with_logprobs(logits, token_ids, rows)
 
     def _torch_token_ids(self, logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
@@ -236,8 +239,12 @@ class Sampler:
 
 def _filtered_rows(rows: list[RowSampling], vocab_size: int) -> list[int]:
     """Indices of the random rows with top-k, top-p or min-p (one tight pass: this runs every step)."""
-    return [i for i, r in enumerate(rows) if r.temperature != 0.0 and (
-        r.top_p < 1.0 or r.min_p > 0.0 or (r.top_k is not None and r.top_k < vocab_size))]
+    return [i for i, r in enumerate(rows) if r.temperature != 0.0 and _uses_filters(r, vocab_size)]
+
+
+def _uses_filters(row: RowSampling, vocab_size: int) -> bool:
+    """top-k, top-p or min-p: the torch path draws the row (on a greedy row they change nothing)."""
+    return row.top_p < 1.0 or row.min_p > 0.0 or (row.top_k is not None and row.top_k < vocab_size)
 
 
 def _ban_tokens(logits: torch.Tensor, rows: list[RowSampling], adjusted: list[int]) -> None:
