@@ -3,7 +3,7 @@
 # a slow engine yields partial figures, not a killed call). From the repo root on the GPU machine:
 #   bash bench/run_gpu.sh STAGE OUT_DIR [ARGS...]
 # Stages (ARGS go to the stage's Python entry where it says so):
-#   tests         tests/gpu: kernels, fused kernels, skinny GEMM, sampling kernel, GPU parity
+#   tests         tests/gpu: kernels, fused kernels, skinny GEMM, sampling kernel, GPU parity (ARGS: pytest's, e.g. -k)
 #   decode-step   one decode step at batch 1 and 256, graphs on and off (ARGS: bench.decode_step_bench's,
 #                 e.g. --variants default fused_elementwise=0 --profile)
 #   offline       nano-vllm's workload: ours with the per-step breakdown and compile count, transformers on the
@@ -114,7 +114,7 @@ transformers_serve() {
 
 case "$stage" in
   tests)
-    run 500 tests python3 -m pytest -p no:cacheprovider -q tests/gpu ;;
+    run 500 tests python3 -m pytest -p no:cacheprovider -rfEs tests/gpu "$@" ;;  # pyproject adds -q; ARGS: pytest's
   decode-step)
     run 500 decode-step python3 -m bench.decode_step_bench --model-dir "$model" --out "$out/decode_step.json" "$@" ;;
   offline)
