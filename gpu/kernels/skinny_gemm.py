@@ -16,12 +16,22 @@ tensor memory accelerator brings (Hopper; zeros past the edges), where x and W a
 SPLIT_K > 1 each program writes float32 partial sums to a workspace [SPLIT_K, M, N] and a second kernel adds them
 in a fixed order (no atomics: deterministic).
 
+A prologue may make x on the fly, so the elementwise kernel before the product need not run (at a few rows each
+launch costs more than its bytes): `skinny_gemm_rms_norm` multiplies norm(x + residual), the residual add and
+RMSNorm of gpu/kernels/rms_norm.py rounded at the same points (each program first sums the squares of its rows
+over all of K, from L2; the program at column block 0 and K slice 0 also writes x + residual, the next block's
+residual stream), and `skinny_gemm_silu_and_mul` multiplies silu(gate) * up of a merged gate/up projection, as
+gpu/kernels/silu_and_mul.py rounds it. With a prologue the TMA kernel brings only W's tiles; x's are computed.
+
 Launch parameters come from gpu/kernels/skinny_gemm_configs.py: a table per GPU keyed by (row bucket, N, K), and
 rules for other shapes. Nothing depends on the data, and M is no specialization key, so a call is CUDA-graph
 capturable and compiles once per row bucket's config. Invariants the wrapper checks: 2-d x and W with unit stride
 along K, same dtype. Optional programmatic dependent launch (`use_pdl`, Hopper): the first weight tile is read
 before waiting on the kernel that writes x.
 """
+
+import functools
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -35,12 +45,15 @@ from gpu.kernels.skinny_gemm_configs import (
     SkinnyConfig,
     Table,
     device_table,
+    prologue_buckets_for,
     row_bucket,
 )
 from gpu.kernels.skinny_gemm_configs import config_for as table_config_for
 from gpu.kernels.skinny_gemm_configs import preferred_config as table_preferred_config
+from gpu.kernels.skinny_gemm_configs import prologue_config as rule_prologue_config
 
-__all__ = ["FEW_ROWS", "MAX_ROWS", "SkinnyConfig", "config_for", "preferred_config", "row_bucket", "skinny_gemm"]
+__all__ = ["FEW_ROWS", "MAX_ROWS", "SkinnyConfig", "config_for", "preferred_config", "prologue_config", "row_bucket",
+           "skinny_gemm", "skinny_gemm_rms_norm", "skinny_gemm_silu_and_mul"]
 
 
 @triton.jit
@@ -50,11 +63,94 @@ def _add(a, b):
     return a + b
 
 
+NO_PROLOGUE = tl.constexpr(0)
+RMS_NORM = tl.constexpr(1)  # x := norm(x + residual) * norm_weight
+SILU_AND_MUL = tl.constexpr(2)  # x := silu(x[:, :K]) * x[:, K:]
+
+
+@triton.jit
+def _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL: tl.constexpr):
+    """x + residual over [rows, ks], rounded to the model dtype as gpu/kernels/rms_norm.py rounds it."""
+    x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=k_mask[None, :], other=0.0)
+    if HAS_RESIDUAL:
+        residual = tl.load(res_ptr + rows[:, None] * stride_rm + ks[None, :], mask=k_mask[None, :], other=0.0)
+        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x_ptr.dtype.element_ty)
+    return x
+
+
+@triton.jit
+def _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
+                   HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """1 / sqrt(mean((x + residual)^2) + eps) per row over the whole of K; where `writes_sum` (one program of the
+    grid) also stores x + residual, the residual stream the next block reads."""
+    sum_sq = tl.full((BLOCK_M,), 0.0, tl.float32)
+    for k in range(0, K, BLOCK_K):
+        ks = k + tl.arange(0, BLOCK_K)
+        k_mask = ks < K
+        s = _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL)
+        if HAS_RESIDUAL:
+            if writes_sum:
+                tl.store(sum_ptr + offs_m[:, None] * K + ks[None, :], s,
+                         mask=(offs_m[:, None] < M) & k_mask[None, :])
+        s = s.to(tl.float32)
+        sum_sq += tl.reduce(s * s, 1, _add)
+    return tl.math.rsqrt(sum_sq / K + eps)
+
+
+@triton.jit
+def _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, k_mask, K, stride_xm, stride_rm, rstd,
+                   PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """The x tile [rows, ks] a prologue makes, in the model dtype."""
+    dtype = x_ptr.dtype.element_ty
+    if PROLOGUE == RMS_NORM:
+        s = _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL).to(tl.float32)
+        normed = (s * rstd[:, None]).to(dtype).to(tl.float32)
+        weight = tl.load(norm_w_ptr + ks, mask=k_mask, other=0.0).to(tl.float32)
+        x = (weight[None, :] * normed).to(dtype)
+    else:
+        tile = x_ptr + rows[:, None] * stride_xm + ks[None, :]
+        gate = tl.load(tile, mask=k_mask[None, :], other=0.0).to(tl.float32)
+        up = tl.load(tile + K, mask=k_mask[None, :], other=0.0).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        x = (silu * up).to(dtype)
+    return x
+
+
+@triton.jit
+def _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
+                   PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The RMS prologue's per-row factor (ones for the others, which read none)."""
+    if PROLOGUE == RMS_NORM:
+        rstd = _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
+                              HAS_RESIDUAL, BLOCK_M, BLOCK_K)
+    else:
+        rstd = tl.full((BLOCK_M,), 1.0, tl.float32)
+    return rstd
+
+
+@triton.jit
+def _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, ks, k_end, K, stride_xm, stride_rm, rstd,
+            EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+    """The x tile [rows, ks] of the pointer kernel: loaded, or made by the prologue."""
+    if PROLOGUE == NO_PROLOGUE:
+        if EVEN_K:
+            x = tl.load(x_ptrs)
+        else:
+            x = tl.load(x_ptrs, mask=(ks < k_end)[None, :], other=0.0)
+    else:
+        x = _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, ks < k_end, K, stride_xm, stride_rm, rstd,
+                           PROLOGUE, HAS_RESIDUAL)
+    return x
+
+
 @triton.jit(do_not_specialize=["M", "N"])
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr,
+    res_ptr, norm_w_ptr, sum_ptr, stride_rm, eps,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_os, stride_om,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     IS_PARTIAL: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -80,15 +176,16 @@ def _skinny_gemm_kernel(
         if USE_PDL:  # the weights' stream is Triton's software pipeline; PDL only hides the launch
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+        rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
+                              (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
         acc = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
             if EVEN_K:
                 w = tl.load(w_ptrs)
-                x = tl.load(x_ptrs)
             else:
-                k_mask = (k + offs_k) < k_end
-                w = tl.load(w_ptrs, mask=k_mask[None, :], other=0.0)
-                x = tl.load(x_ptrs, mask=k_mask[None, :], other=0.0)
+                w = tl.load(w_ptrs, mask=((k + offs_k) < k_end)[None, :], other=0.0)
+            x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows_x, k + offs_k, k_end, K, stride_xm, stride_rm,
+                        rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
             acc = tl.dot(w, tl.trans(x), acc)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
@@ -103,12 +200,12 @@ def _skinny_gemm_kernel(
         if USE_PDL:
             tl.extra.cuda.gdc_wait()
             tl.extra.cuda.gdc_launch_dependents()
+        rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
+                              (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
-            if EVEN_K:
-                x = tl.load(x_ptrs)
-            else:
-                x = tl.load(x_ptrs, mask=(k + offs_k)[None, :] < k_end, other=0.0)
+            x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows_x, k + offs_k, k_end, K, stride_xm, stride_rm,
+                        rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
             w_ptrs += BLOCK_K
             w_next = tl.load(w_ptrs, mask=(k + BLOCK_K + offs_k)[None, :] < k_end, other=0.0)
             acc += tl.reduce(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], 2, _add)
@@ -134,8 +231,11 @@ def _store_tile(acc, bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, 
 @triton.jit(do_not_specialize=["M", "N"])
 def _skinny_gemm_tma_kernel(
     x_desc, w_desc, bias_ptr, out_ptr,
+    x_ptr, res_ptr, norm_w_ptr, sum_ptr, stride_xm, stride_rm, eps,
     M, N, K, k_per_split,
     stride_os, stride_om,
+    PROLOGUE: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     IS_PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -145,19 +245,28 @@ def _skinny_gemm_tma_kernel(
 ):
     """The dot path with tiles of x and W brought by the tensor memory accelerator (Hopper): the copy engine
     fills shared memory (rows past M, columns past N and K past its end read as zeros) and the loop only waits and
-    multiplies, which frees the warps' issue slots that pointer loads spend on many rows."""
+    multiplies, which frees the warps' issue slots that pointer loads spend on many rows. With a prologue only W's
+    tiles come that way; x's are made from pointer loads (x_desc is then unused)."""
     pdl_start(USE_PDL)
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
     pid_k = tl.program_id(2)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    rows_x = tl.minimum(offs_m, M - 1)
+    rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
+                          (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
     acc = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         w = w_desc.load([pid_n * BLOCK_N, k])  # [BLOCK_N, BLOCK_K]
-        x = x_desc.load([pid_m * BLOCK_M, k])  # [BLOCK_M, BLOCK_K]
+        if PROLOGUE == NO_PROLOGUE:
+            x = x_desc.load([pid_m * BLOCK_M, k])  # [BLOCK_M, BLOCK_K]
+        else:
+            ks = k + tl.arange(0, BLOCK_K)
+            x = _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows_x, ks, ks < K, K, stride_xm, stride_rm, rstd,
+                               PROLOGUE, HAS_RESIDUAL)
         acc = tl.dot(w, tl.trans(x), acc)
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     _store_tile(tl.trans(acc), bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS,
                 IS_PARTIAL)
@@ -193,14 +302,40 @@ def preferred_config(num_rows: int, n: int, k: int, device: torch.device) -> Ski
     return table_preferred_config(num_rows, n, k, _table(device))
 
 
+@functools.cache
+def _prologue_buckets(device_index: int) -> dict[str, tuple[int, ...]]:
+    return prologue_buckets_for(torch.cuda.get_device_name(device_index))
+
+
+def prologue_config(num_rows: int, k: int, kind: str, device: torch.device) -> SkinnyConfig | None:
+    """The config of a product over K with a `kind` ("norm" or "silu") prologue on this GPU, or None where the
+    elementwise kernel and the product apart are as fast (gpu/kernels/skinny_gemm_configs.py's PROLOGUE_BUCKETS)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return rule_prologue_config(num_rows, k, kind, _prologue_buckets(index))
+
+
 def config_for(num_rows: int, n: int, k: int, device: torch.device) -> SkinnyConfig:
     """The config skinny_gemm runs with when given none: the device's table entry, else the rule's."""
     return table_config_for(num_rows, n, k, _table(device))
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
-    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != weight.shape[1]:
-        raise ValueError(f"x [M, K] and weight [N, K] expected, got {tuple(x.shape)} and {tuple(weight.shape)}")
+@dataclass(frozen=True)
+class _Prologue:
+    """How the kernel makes x's tiles: NO_PROLOGUE (loads x [M, K]), RMS_NORM (norm(x + residual) * norm_weight,
+    writing x + residual into `summed`), SILU_AND_MUL (silu(x[:, :K]) * x[:, K:] of x [M, 2K])."""
+
+    kind: int = NO_PROLOGUE.value
+    residual: torch.Tensor | None = None
+    norm_weight: torch.Tensor | None = None
+    eps: float = 0.0
+    summed: torch.Tensor | None = None
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, x_columns: int) -> None:
+    """x_columns: the columns x must have, K (2K for the SiLU prologue's gate and up halves)."""
+    if x.dim() != 2 or weight.dim() != 2 or x.shape[1] != x_columns:
+        raise ValueError(f"x [M, {x_columns}] and weight [N, {weight.shape[-1]}] expected, got {tuple(x.shape)} and "
+                         f"{tuple(weight.shape)}")
     if x.stride(1) != 1 or weight.stride(1) != 1:
         raise ValueError(f"x and weight need unit stride along K, got {x.stride()} and {weight.stride()}")
     if x.dtype != weight.dtype or x.dtype not in (torch.bfloat16, torch.float16):
@@ -229,8 +364,52 @@ def skinny_gemm(
 
     With `use_pdl` on a Hopper GPU the kernels are launched as programmatic dependent launches (gpu/kernels/pdl.py);
     the fma path reads its first weight tile before it waits for x (weights never depend on the kernel before)."""
-    _check(x, weight, bias)
-    (m, k), n = x.shape, weight.shape[0]
+    _check(x, weight, bias, weight.shape[1])
+    return _launch(x, weight, bias, config, use_pdl, out, _Prologue())
+
+
+def skinny_gemm_rms_norm(
+    x: torch.Tensor,  # [M, K]
+    residual: torch.Tensor | None,  # [M, K] or None
+    norm_weight: torch.Tensor,  # [K]
+    eps: float,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    config: SkinnyConfig | None = None,
+    use_pdl: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual) @ weight.T (+ bias), x + residual) with gpu/kernels/rms_norm.py's norm: one launch (two
+    with split-K) for the norm's kernel and the product's. Without a residual, (norm(x) @ weight.T, x)."""
+    _check(x, weight, bias, weight.shape[1])
+    m, k = x.shape
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1):
+        raise ValueError(f"residual must match x ({x.dtype} {tuple(x.shape)}, unit stride along K), got "
+                         f"{residual.dtype} {tuple(residual.shape)} strides {residual.stride()}")
+    if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype or not norm_weight.is_contiguous():
+        raise ValueError(f"norm_weight must be contiguous [{k}] {x.dtype}, got {norm_weight.dtype} "
+                         f"{tuple(norm_weight.shape)}")
+    summed = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else x
+    y = _launch(x, weight, bias, config, use_pdl, None, _Prologue(RMS_NORM.value, residual, norm_weight, eps, summed))
+    return y, summed
+
+
+def skinny_gemm_silu_and_mul(
+    gate_up: torch.Tensor,  # [M, 2K]: gate, then up
+    weight: torch.Tensor,  # [N, K]
+    bias: torch.Tensor | None = None,
+    config: SkinnyConfig | None = None,
+    use_pdl: bool = False,
+) -> torch.Tensor:
+    """(silu(gate) * up) @ weight.T (+ bias) with gpu/kernels/silu_and_mul.py's rounding, in one launch (two with
+    split-K) for that kernel's and the product's."""
+    _check(gate_up, weight, bias, 2 * weight.shape[1])
+    return _launch(gate_up, weight, bias, config, use_pdl, None, _Prologue(SILU_AND_MUL.value))
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, config: SkinnyConfig | None,
+            use_pdl: bool, out: torch.Tensor | None, prologue: _Prologue) -> torch.Tensor:
+    """The kernels of one product, x (or what the prologue makes of it) @ weight.T, for checked arguments."""
+    m, (n, k) = x.shape[0], weight.shape
     c = config or config_for(m, n, k, x.device)
     if not c.use_dot and (m > FEW_ROWS or c.use_tma):
         raise ValueError(f"the fma path takes 1..{FEW_ROWS} rows and no TMA, got {m} rows and {c}")
@@ -244,20 +423,28 @@ def skinny_gemm(
     is_partial = c.split_k > 1
     part = torch.empty((c.split_k, m, n), dtype=torch.float32, device=x.device) if is_partial else y
     bias_arg = bias if bias is not None else weight
+    has_prologue = prologue.kind != NO_PROLOGUE.value
+    residual = prologue.residual if prologue.residual is not None else x
+    prologue_args = (residual, prologue.norm_weight if prologue.norm_weight is not None else weight,
+                     prologue.summed if prologue.summed is not None else x)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, c.block_n), c.split_k)
-    if c.use_tma and _is_tma_aligned(x) and _is_tma_aligned(weight):
+    if c.use_tma and (has_prologue or _is_tma_aligned(x)) and _is_tma_aligned(weight):
+        w_desc = TensorDescriptor.from_tensor(weight, [c.block_n, c.block_k])
         _skinny_gemm_tma_kernel[grid](
-            TensorDescriptor.from_tensor(x, [block_m, c.block_k]),
-            TensorDescriptor.from_tensor(weight, [c.block_n, c.block_k]), bias_arg, part,
+            w_desc if has_prologue else TensorDescriptor.from_tensor(x, [block_m, c.block_k]), w_desc, bias_arg,
+            part, x, *prologue_args, x.stride(0), residual.stride(0), prologue.eps,
             m, n, k, k_per_split, part.stride(0) if is_partial else 0, part.stride(-2),
+            PROLOGUE=prologue.kind, HAS_RESIDUAL=prologue.residual is not None,
             HAS_BIAS=bias is not None, IS_PARTIAL=is_partial, BLOCK_M=block_m, BLOCK_N=c.block_n,
             BLOCK_K=c.block_k, USE_PDL=pdl, num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,
         )
     else:
         _skinny_gemm_kernel[grid](
             x, weight, bias_arg, part,
+            *prologue_args, residual.stride(0), prologue.eps,
             m, n, k, k_per_split,
             x.stride(0), weight.stride(0), part.stride(0) if is_partial else 0, part.stride(-2),
+            PROLOGUE=prologue.kind, HAS_RESIDUAL=prologue.residual is not None,
             HAS_BIAS=bias is not None, IS_PARTIAL=is_partial, EVEN_K=k % (c.block_k * c.split_k) == 0,
             USE_DOT=c.use_dot, USE_PDL=pdl, BLOCK_M=block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
             num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,

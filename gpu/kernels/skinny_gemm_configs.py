@@ -100,6 +100,17 @@ H100_TABLE: Table = {
 
 TABLES: dict[str, Table] = {"H100": H100_TABLE, "H200": H200_TABLE}
 
+# Prologues (the kernel computes its input: "norm" = residual add + RMSNorm, "silu" = SiLU-and-mul), per GPU: the row
+# buckets where fusing measured faster, and the fma config it runs with there. H100, 2026-11-23. Per pair of calls
+# (bench/results/current/2026-11-23-h100-5f3b9fd-gemm-prologues.json, us, PDL on): only the fma path wins, where each
+# program reads whole rows of x anyway: at 1 row q/k/v 5.1 against 5.8, gate/up 6.8 against 6.9 (norm), down 4.5
+# against 5.4 (SiLU); at 2 rows down 5.9 against 6.4; the dot paths lose at every row count (7.5-9.1 against 5.7-7.7:
+# every program makes x's [16-row, K-tile] tiles by pointer loads, padded rows included). Per decode step
+# (...-28a9924-decode-step-prologues.json, pipelined ms at a 1k context): 1 row 0.991 without prologues, 0.976 with
+# SiLU's, 0.965 with both; 2 rows 1.114 without, 1.123 with SiLU's, so the SiLU prologue runs at 1 row only.
+# GPUs without an entry (the H200: not measured) run no prologue.
+PROLOGUE_BUCKETS: dict[str, dict[str, tuple[int, ...]]] = {"H100": {"norm": (1,), "silu": (1,)}}
+
 
 def table_for(device_name: str) -> Table:
     """The table measured on this GPU: the H100's for a name with "H100" in it, else the H200's."""
@@ -112,6 +123,18 @@ def device_table(device_index: int) -> Table:
     import torch
 
     return table_for(torch.cuda.get_device_name(device_index))
+
+
+def prologue_buckets_for(device_name: str) -> dict[str, tuple[int, ...]]:
+    """The row buckets per prologue kind where this GPU runs prologues (none for an unmeasured GPU)."""
+    return next((buckets for name, buckets in PROLOGUE_BUCKETS.items() if name in device_name), {})
+
+
+def prologue_config(num_rows: int, k: int, kind: str, buckets: dict[str, tuple[int, ...]]) -> SkinnyConfig | None:
+    """The fma config a product with a `kind` prologue runs with at these rows, or None: no prologue there."""
+    if row_bucket(num_rows) not in buckets.get(kind, ()):
+        return None
+    return _fma(block_k=min(1024, max(16, row_bucket(k))))
 
 
 def default_config(bucket: int, n: int, k: int) -> SkinnyConfig:

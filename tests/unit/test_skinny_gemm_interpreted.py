@@ -18,6 +18,8 @@ from gpu.kernels.skinny_gemm_configs import (
     SkinnyConfig,
     config_for,
     preferred_config,
+    prologue_buckets_for,
+    prologue_config,
     row_bucket,
     table_for,
 )
@@ -117,3 +119,77 @@ def test_many_rows_only_where_a_table_says() -> None:
         assert preferred_config(bucket, n, k, H100_TABLE) == config
         if config is not None and bucket > FEW_ROWS:
             assert config.use_dot and config.block_m <= bucket and config.block_k * config.split_k <= k
+
+
+def torch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """gpu/layers/norm.py's reference: (norm(x + residual), x + residual), rounded where the kernels round."""
+    summed = x + residual if residual is not None else x
+    s = summed.float()
+    return weight * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype), summed
+
+
+# (config, dtype, (M, N, K)): K no multiple of the blocks, split-K programs each norming. float16: the interpreter
+# rounds float32 to bfloat16 otherwise than CUDA does (tests/gpu/test_skinny_gemm.py checks bf16 to the bit).
+PROLOGUE_PATHS = {
+    "fma": (SkinnyConfig(8, 32, num_stages=1), torch.float16, (3, 21, 100)),
+    "fma-split": (SkinnyConfig(4, 16, split_k=3, num_stages=1), torch.float16, (5, 10, 70)),
+    "dot": (SkinnyConfig(16, 32, use_dot=True, num_stages=2), torch.float16, (9, 40, 96)),
+    "dot-rows": (SkinnyConfig(16, 32, split_k=2, use_dot=True, num_stages=2, block_m=32), torch.float16, (40, 33, 64)),
+    "tma-split": (SkinnyConfig(16, 32, split_k=2, use_dot=True, num_stages=2, use_tma=True), torch.float16,
+                  (6, 40, 64)),
+}
+
+
+@pytest.mark.parametrize("has_residual", [True, False])
+@pytest.mark.parametrize("path", PROLOGUE_PATHS)
+def test_rms_norm_prologue_gives_the_norm_then_the_product(kernel: ModuleType, path: str, has_residual: bool) -> None:
+    """norm(x + residual) @ W^T against the torch norm, then the same config's product; x + residual exactly the
+    torch sum. The product of equal tiles in the same order: equal but for a last-bit flip in the norm."""
+    config, dtype, (m, n, k) = PROLOGUE_PATHS[path]
+    generator = torch.Generator().manual_seed(m + n + k)
+    x, residual = (torch.randn(m, k, generator=generator).to(dtype) for _ in range(2))
+    norm_weight = (1 + torch.randn(k, generator=generator) / 4).to(dtype)
+    w = (torch.randn(n, k, generator=generator) * k**-0.5).to(dtype)
+    bias = torch.randn(n, generator=generator).to(dtype)
+    y, summed = kernel.skinny_gemm_rms_norm(x, residual if has_residual else None, norm_weight, 1e-6, w, bias, config)
+    normed, ref_summed = torch_norm(x, residual if has_residual else None, norm_weight, 1e-6)
+    assert torch.equal(summed, ref_summed)
+    ref = kernel.skinny_gemm(normed, w, bias, config)
+    assert y.dtype == dtype and y.shape == (m, n)
+    torch.testing.assert_close(y, ref, rtol=1e-3, atol=1e-3 * (ref.abs().max().item() + 1))
+
+
+@pytest.mark.parametrize("path", PROLOGUE_PATHS)
+def test_silu_and_mul_prologue_gives_the_activation_then_the_product(kernel: ModuleType, path: str) -> None:
+    config, dtype, (m, n, k) = PROLOGUE_PATHS[path]
+    generator = torch.Generator().manual_seed(m * n + k)
+    wide = torch.randn(m, 2 * k + 6, generator=generator).to(dtype)  # a row stride of its own
+    gate_up = wide[:, 3 : 3 + 2 * k]
+    w = (torch.randn(n, k, generator=generator) * k**-0.5).to(dtype)
+    y = kernel.skinny_gemm_silu_and_mul(gate_up, w, None, config)
+    gate, up = gate_up.chunk(2, dim=-1)
+    ref = kernel.skinny_gemm(torch.nn.functional.silu(gate) * up, w, None, config)
+    torch.testing.assert_close(y, ref, rtol=1e-3, atol=1e-3 * (ref.abs().max().item() + 1))
+
+
+def test_prologues_check_their_inputs(kernel: ModuleType) -> None:
+    x, w = torch.zeros(2, 16, dtype=torch.float16), torch.zeros(8, 16, dtype=torch.float16)
+    with pytest.raises(ValueError, match="residual"):
+        kernel.skinny_gemm_rms_norm(x, torch.zeros(2, 8, dtype=torch.float16), torch.ones(16).half(), 1e-6, w)
+    with pytest.raises(ValueError, match="norm_weight"):
+        kernel.skinny_gemm_rms_norm(x, None, torch.ones(8).half(), 1e-6, w)
+    with pytest.raises(ValueError, match=r"x \[M, 32\]"):
+        kernel.skinny_gemm_silu_and_mul(x, w)
+
+
+def test_prologues_run_where_a_gpu_measured_them_faster() -> None:
+    """On the H100 the norm and SiLU prologues at 1 row, on the fma path; none on a GPU whose prologues were never
+    measured."""
+    h100 = prologue_buckets_for("NVIDIA H100 80GB HBM3")
+    assert prologue_buckets_for("NVIDIA H200") == {}
+    assert [rows for rows in (1, 2, 3, 16) if prologue_config(rows, 1024, "norm", h100)] == [1]
+    assert [rows for rows in (1, 2, 3, 16) if prologue_config(rows, 3072, "silu", h100)] == [1]
+    config = prologue_config(1, 3072, "silu", h100)
+    assert config is not None and not config.use_dot and config.block_k == 1024
+    assert prologue_config(1, 1024, "norm", {}) is None
