@@ -21,6 +21,11 @@ class KernelConfig:
     fused_logit_adjustments: bool = True  # penalties and token masks applied by Triton kernels, one pass each
     skinny_gemm: bool = True  # linear layers on 1..16 rows through the skinny GEMM kernel where its table says so
     skinny_gemm_many_rows: bool = True  # ... and on 17..256 rows (tiles over rows too), where the GPU's table says so
+    # Where the GPU's prologue rule says so (1 row on the H100: 0.991 -> 0.965 ms a decode step at a 1k context), the
+    # skinny GEMM computes its own input (gpu/layers/linear.py): the residual add + RMSNorm before q/k/v and gate/up
+    # (norm_prologues), SiLU-and-mul before down (silu_prologues); one launch less for each.
+    norm_prologues: bool = True
+    silu_prologues: bool = True
     # Our Triton kernels launched as programmatic dependent launches (Hopper: gpu/kernels/pdl.py), so in a step's graph
     # each kernel's launch overlaps the end of the one before (H100, one row at 1k: 1.189 -> 0.996 ms a decode step).
     pdl_launches: bool = True

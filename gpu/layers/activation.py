@@ -18,8 +18,12 @@ class SiluAndMul(nn.Module):
         super().__init__()
         self.kernels = kernels
 
+    def is_fused(self, x: torch.Tensor) -> bool:
+        """Whether this runs as gpu/kernels/silu_and_mul.py's kernel (a GEMM prologue computes that one)."""
+        return self.kernels.fused_elementwise and HAS_TRITON and x.is_cuda and x.dim() == 2 and x.stride(1) == 1
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.kernels.fused_elementwise and HAS_TRITON and x.is_cuda and x.dim() == 2 and x.stride(1) == 1:
+        if self.is_fused(x):
             from gpu.kernels.silu_and_mul import silu_and_mul
 
             return silu_and_mul(x, use_pdl=self.kernels.pdl_launches)

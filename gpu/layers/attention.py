@@ -21,7 +21,7 @@ from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.kernels import HAS_TRITON
 from gpu.layers.linear import MergedLinear, RowSlice
-from gpu.layers.norm import RMSNorm
+from gpu.layers.norm import NormInput, RMSNorm
 from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.layers.rotary import RotaryEmbedding
 
@@ -53,9 +53,11 @@ class DecoderAttention(nn.Module):
         self.v_cache = torch.empty(0)
         self.kernels = kernels
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        num_tokens = hidden.shape[0]
-        qkv = self.qkv_proj(hidden)  # [num_tokens, q_size + 2 * kv_size]
+    def forward(self, positions: torch.Tensor, hidden: NormInput, meta: AttentionMetadata
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(attention over norm(x + residual), x + residual)."""
+        qkv, residual = self.qkv_proj.forward_normed(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        num_tokens = qkv.shape[0]
         assert self.backend is not None, "the runner sets the backend before the first forward"
         if self._is_fused(qkv) and self.kernels.fused_kv_store and self.k_cache.dtype == qkv.dtype:
             q = self._fused_q_storing_kv(positions, qkv, meta.slot_mapping)
@@ -64,7 +66,7 @@ class DecoderAttention(nn.Module):
             v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
             self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = self.backend.forward(q, self.k_cache, self.v_cache, meta, self.scale)
-        return self.o_proj(out.reshape(num_tokens, -1))
+        return self.o_proj(out.reshape(num_tokens, -1)), residual
 
     def _torch_qk(self, positions: torch.Tensor, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens = qkv.shape[0]

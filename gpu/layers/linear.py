@@ -8,6 +8,11 @@ table of the GPU it runs on says cuBLAS is as fast for that shape; anything else
 depends on shapes, dtypes and the GPU only, so it is the same at every replay of a CUDA graph. A layer built
 with `KernelConfig.skinny_gemm` off runs F.linear for 1..16 rows, with `skinny_gemm_many_rows` off for 17..256
 (tests and A/B runs compare). The LM head (gpu/layers/vocab_parallel.py) routes through the same `linear`.
+At the row counts where the GPU's prologue rule says so (gpu/kernels/skinny_gemm_configs.py: 1 row on the H100,
+decode steps at batch 1, where a launch costs more than the bytes it moves), a product also computes its own input
+(KernelConfig.norm_prologues, silu_prologues): `forward_normed` takes a block's input before its residual add +
+RMSNorm, `forward_silu_and_mul` the gate/up projection before its activation, and where the elementwise step would
+have run as its Triton kernel, the skinny kernel's prologue does it. Elsewhere the step runs on its own first.
 `warm_up_skinny_gemm` compiles every row bucket's config before a request. Merging
 turns three (or two) matmuls into one; each parameter of a MergedLinear carries a `weight_loader` that copies one
 checkpoint shard into its rows. Under tensor parallelism a MergedLinear is column-parallel: each of its shards
@@ -24,8 +29,10 @@ from torch import nn
 
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.kernels import HAS_TRITON
-from gpu.kernels.skinny_gemm_configs import FEW_ROWS, MAX_ROWS, row_bucket
+from gpu.kernels.skinny_gemm_configs import FEW_ROWS, MAX_ROWS, SkinnyConfig, row_bucket
+from gpu.layers.activation import SiluAndMul
 from gpu.layers.cpu_linear import PackedWeight, pack_weight
+from gpu.layers.norm import NormInput
 from gpu.loader import CheckpointTensor
 
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)
@@ -46,25 +53,70 @@ class Linear(nn.Linear):
         return self.packed.kind
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self._reduce(self._product(x))
+
+    def forward_normed(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """(self(norm(x + residual)), x + residual): in one kernel where `_prologue_config` gives a config."""
+        x = inp.x
+        config = self._prologue_config(x, "norm") if x.dim() == 2 and inp.norm.is_fused(x) else None
+        if config is not None:
+            from gpu.kernels.skinny_gemm import skinny_gemm_rms_norm
+
+            y, summed = skinny_gemm_rms_norm(x, inp.residual, inp.norm.weight, inp.norm.eps, self.weight, self.bias,
+                                             config, use_pdl=self.kernels.pdl_launches)
+            return self._reduce(y), summed
+        normed, summed = inp.compute()
+        return self._reduce(self._product(normed)), summed
+
+    def forward_silu_and_mul(self, gate_up: torch.Tensor, act: SiluAndMul) -> torch.Tensor:
+        """self(act(gate_up)): in one kernel where `_prologue_config` gives a config."""
+        config = self._prologue_config(gate_up[:, : self.in_features], "silu") if act.is_fused(gate_up) else None
+        if config is not None:
+            from gpu.kernels.skinny_gemm import skinny_gemm_silu_and_mul
+
+            return self._reduce(skinny_gemm_silu_and_mul(gate_up, self.weight, self.bias, config,
+                                                         use_pdl=self.kernels.pdl_launches))
+        return self._reduce(self._product(act(gate_up)))
+
+    def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return self.packed(x, self.bias)
         return linear(x, self.weight, self.bias, self.kernels)
 
+    def _reduce(self, y: torch.Tensor) -> torch.Tensor:
+        """This layer's output from its product (a row-parallel layer sums the ranks' products here)."""
+        return y
+
     def _is_skinny(self, x: torch.Tensor) -> bool:
         return is_skinny(x, self.weight, self.kernels)
+
+    def _prologue_config(self, x: torch.Tensor, kind: str) -> SkinnyConfig | None:
+        """The skinny kernel's config for a product over x [M, in_features] that computes its input (a `kind`
+        prologue), or None: the elementwise step runs on its own."""
+        enabled = self.kernels.norm_prologues if kind == "norm" else self.kernels.silu_prologues
+        if enabled and self.packed is None and runs_on_skinny_kernel(x, self.weight, self.kernels):
+            from gpu.kernels.skinny_gemm import prologue_config
+
+            return prologue_config(x.shape[0], self.in_features, kind, x.device)
+        return None
+
+
+def runs_on_skinny_kernel(x: torch.Tensor, weight: torch.Tensor, kernels: KernelConfig) -> bool:
+    """Whether the skinny GEMM kernel can take x @ weight.T and is switched on for its rows (the table aside)."""
+    num_rows = x.numel() // weight.shape[1]
+    is_on = kernels.skinny_gemm if num_rows <= FEW_ROWS else kernels.skinny_gemm_many_rows
+    return (is_on and HAS_TRITON and x.is_cuda and x.dtype in SKINNY_DTYPES and x.dtype == weight.dtype
+            and 0 < num_rows <= MAX_ROWS and x.stride(-1) == 1 and weight.stride(-1) == 1
+            and not (torch.is_grad_enabled() and weight.requires_grad))
 
 
 def is_skinny(x: torch.Tensor, weight: torch.Tensor, kernels: KernelConfig) -> bool:
     """Whether x @ weight.T runs on the skinny GEMM kernel: the rule of this module's docstring."""
-    num_rows = x.numel() // weight.shape[1]
-    is_on = kernels.skinny_gemm if num_rows <= FEW_ROWS else kernels.skinny_gemm_many_rows
-    if not (is_on and HAS_TRITON and x.is_cuda and x.dtype in SKINNY_DTYPES and x.dtype == weight.dtype
-            and 0 < num_rows <= MAX_ROWS and x.stride(-1) == 1 and weight.stride(-1) == 1
-            and not (torch.is_grad_enabled() and weight.requires_grad)):
+    if not runs_on_skinny_kernel(x, weight, kernels):
         return False
     from gpu.kernels.skinny_gemm import preferred_config
 
-    return preferred_config(num_rows, weight.shape[0], weight.shape[1], x.device) is not None
+    return preferred_config(x.numel() // weight.shape[1], weight.shape[0], weight.shape[1], x.device) is not None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: KernelConfig,

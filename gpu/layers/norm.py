@@ -6,6 +6,8 @@ reference the kernel is tested against, and it rounds at the same points. The ke
 first CUDA call, so CPU runs never import triton.
 """
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 
@@ -21,7 +23,7 @@ class RMSNorm(nn.Module):
         self.kernels = kernels
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and self._is_fused(x):
+        if x.dim() == 2 and self.is_fused(x):
             return self._fused(x, None)[0]
         # Computed in float32 like transformers, so float32 parity is exact and bf16 stays stable.
         dtype = x.dtype
@@ -33,13 +35,14 @@ class RMSNorm(nn.Module):
         self, x: torch.Tensor, residual: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Returns (norm(x + residual), x + residual): the residual stream for the next block."""
-        if x.dim() == 2 and self._is_fused(x):
+        if x.dim() == 2 and self.is_fused(x):
             return self._fused(x, residual)
         if residual is not None:
             x = x + residual
         return self(x), x
 
-    def _is_fused(self, x: torch.Tensor) -> bool:
+    def is_fused(self, x: torch.Tensor) -> bool:
+        """Whether this norm of x runs as gpu/kernels/rms_norm.py's kernel (a GEMM prologue computes that one)."""
         return (self.kernels.fused_elementwise and HAS_TRITON and x.is_cuda and x.stride(-1) == 1
                 and x.dtype == self.weight.dtype)
 
@@ -47,3 +50,17 @@ class RMSNorm(nn.Module):
         from gpu.kernels.rms_norm import rms_norm
 
         return rms_norm(x, self.weight, self.eps, residual, use_pdl=self.kernels.pdl_launches)
+
+
+@dataclass(frozen=True)
+class NormInput:
+    """A block's input not normed yet: norm(x + residual), or norm(x) without a residual. A linear layer that
+    reads it may compute the norm inside its product (gpu/layers/linear.py); `compute` runs it on its own."""
+
+    norm: RMSNorm
+    x: torch.Tensor
+    residual: torch.Tensor | None
+
+    def compute(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual), x + residual): the block's input and the residual stream after it."""
+        return self.norm.forward_with_residual(self.x, self.residual)

@@ -28,8 +28,8 @@ class RowParallelLinear(Linear):
         if bias:
             self.bias.weight_loader = self._load_bias  # type: ignore[attr-defined]
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(super().forward(x))
+    def _reduce(self, y: torch.Tensor) -> torch.Tensor:
+        return self.tp.all_reduce(y)
 
     def _load_weight(self, param: nn.Parameter, loaded: CheckpointTensor, shard: str | None) -> None:
         if loaded.shape != (self.out_features, self.full_in_features):

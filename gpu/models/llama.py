@@ -22,7 +22,7 @@ from gpu.distributed import SINGLE, TensorParallel
 from gpu.layers.activation import SiluAndMul
 from gpu.layers.attention import DecoderAttention
 from gpu.layers.linear import MergedLinear, RowSlice
-from gpu.layers.norm import RMSNorm
+from gpu.layers.norm import NormInput, RMSNorm
 from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.layers.rotary import RotaryEmbedding
 from gpu.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
@@ -40,8 +40,10 @@ class MLP(nn.Module):
         self.down_proj = RowParallelLinear(size, config.hidden_size, has_bias, tp, kernels)
         self.act = SiluAndMul(kernels)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+    def forward(self, x: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the MLP of norm(x + residual), x + residual)."""
+        gate_up, residual = self.gate_up_proj.forward_normed(x)
+        return self.down_proj.forward_silu_and_mul(gate_up, self.act), residual
 
 
 class DecoderLayer(nn.Module):
@@ -60,10 +62,9 @@ class DecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         meta: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        hidden, residual = self.input_layernorm.forward_with_residual(hidden, residual)
-        hidden = self.self_attn(positions, hidden, meta)
-        hidden, residual = self.post_attention_layernorm.forward_with_residual(hidden, residual)
-        return self.mlp(hidden), residual
+        # Each norm goes into the block after it, whose first product may compute it (gpu/layers/linear.py).
+        hidden, residual = self.self_attn(positions, NormInput(self.input_layernorm, hidden, residual), meta)
+        return self.mlp(NormInput(self.post_attention_layernorm, hidden, residual))
 
 
 class DecoderModel(nn.Module):

@@ -26,8 +26,21 @@ from core.tiny_model import TinyModelSpec, build_tiny_model  # noqa: E402
 from gpu.attention.metadata import AttentionMetadata  # noqa: E402
 from gpu.config import KernelConfig  # noqa: E402
 from gpu.distributed import SINGLE  # noqa: E402
-from gpu.kernels.skinny_gemm import FEW_ROWS, MAX_ROWS, SkinnyConfig, preferred_config, skinny_gemm  # noqa: E402
+from gpu.kernels.rms_norm import rms_norm  # noqa: E402
+from gpu.kernels.silu_and_mul import silu_and_mul  # noqa: E402
+from gpu.kernels.skinny_gemm import (  # noqa: E402
+    FEW_ROWS,
+    MAX_ROWS,
+    SkinnyConfig,
+    preferred_config,
+    prologue_config,
+    skinny_gemm,
+    skinny_gemm_rms_norm,
+    skinny_gemm_silu_and_mul,
+)
+from gpu.layers.activation import SiluAndMul  # noqa: E402
 from gpu.layers.linear import Linear, is_skinny, warm_up_skinny_gemm  # noqa: E402
+from gpu.layers.norm import NormInput, RMSNorm  # noqa: E402
 from gpu.layers.vocab_parallel import ParallelLMHead  # noqa: E402
 from gpu.model_runner import ModelRunner  # noqa: E402
 
@@ -247,6 +260,115 @@ def test_lm_head_routes_like_a_linear_layer() -> None:
             assert buffer[m:].isnan().all()
 
 
+# Prologues: the residual add + RMSNorm, or SiLU-and-mul, computed by the product's kernel.
+
+PROLOGUE_SHAPES = [(4096, 1024), (6144, 1024), (1024, 3072), (1000, 1000), (37, 1030)]  # (N, K); K = 1030: no TMA
+
+
+def assert_mostly_equal(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """Equal tiles multiplied in the same order: equal outputs, but where a last-bit flip of the prologue's float32
+    sums (their order differs from the elementwise kernel's) changes one rounding (1.4% of outputs seen)."""
+    assert_close(out, ref.float(), out.dtype)
+    assert (out == ref).float().mean().item() >= 0.95
+
+
+@pytest.mark.parametrize("use_pdl", [True, False])
+@pytest.mark.parametrize("path", ["table"] + list(PATHS))
+def test_rms_norm_prologue_equals_the_norm_kernel_then_the_product(path: str, use_pdl: bool) -> None:
+    config = None if path == "table" else PATHS[path]
+    for n, k in PROLOGUE_SHAPES:
+        for m in (1, 3, 8, 16):
+            x, w, bias = make_inputs(m, n, k, torch.bfloat16, has_bias=m % 2 == 1, seed=m)
+            residual, norm_weight = torch.randn_like(x), (1 + torch.randn(k, device=DEVICE) / 4).to(torch.bfloat16)
+            for res in (residual, None):
+                normed, ref_summed = rms_norm(x, norm_weight, 1e-6, res)
+                poison_allocator(8 * m * max(n, k))
+                y, summed = skinny_gemm_rms_norm(x, res, norm_weight, 1e-6, w, bias, config, use_pdl)
+                assert torch.equal(summed, ref_summed)
+                assert_mostly_equal(y, skinny_gemm(normed, w, bias, config))
+
+
+@pytest.mark.parametrize("use_pdl", [True, False])
+@pytest.mark.parametrize("path", ["table"] + list(PATHS))
+def test_silu_and_mul_prologue_equals_the_activation_kernel_then_the_product(path: str, use_pdl: bool) -> None:
+    config = None if path == "table" else PATHS[path]
+    for n, k in PROLOGUE_SHAPES:
+        for m in (1, 5, 16):
+            gate_up = torch.randn(m, 2 * k + 8, device=DEVICE, dtype=torch.bfloat16)[:, 8:]  # a row stride of its own
+            w, bias = make_inputs(m, n, k, torch.bfloat16, has_bias=m == 5, seed=m)[1:]
+            poison_allocator(8 * m * n)
+            y = skinny_gemm_silu_and_mul(gate_up, w, bias, config, use_pdl)
+            assert_mostly_equal(y, skinny_gemm(silu_and_mul(gate_up), w, bias, config))
+
+
+def test_prologues_inside_a_cuda_graph() -> None:
+    """A decode layer's chain at 4 rows, captured once with PDL: norm + q/k/v, then SiLU-and-mul + down on the
+    product before, replayed on new inputs; each product waits for the kernel that writes its input."""
+    m = 4
+    x, w_qkv, _ = make_inputs(m, 4096, 1024, torch.bfloat16, has_bias=False)
+    residual, norm_weight = torch.randn_like(x), torch.rand(1024, device=DEVICE, dtype=torch.bfloat16) + 0.5
+    w_down = make_inputs(m, 1024, 2048, torch.bfloat16, has_bias=False, seed=3)[1]
+
+    def chain() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        qkv, summed = skinny_gemm_rms_norm(x * 2, residual, norm_weight, 1e-6, w_qkv, use_pdl=True)
+        return qkv, summed, skinny_gemm_silu_and_mul(qkv, w_down, use_pdl=True)
+
+    chain()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        qkv, summed, down = chain()
+    for seed in (1, 2):
+        new_x, new_res = (make_inputs(m, 1, 1024, torch.bfloat16, False, seed=seed + i)[0] for i in (0, 10))
+        x.copy_(new_x)
+        residual.copy_(new_res)
+        graph.replay()
+        normed, ref_summed = rms_norm(new_x * 2, norm_weight, 1e-6, new_res)
+        assert torch.equal(summed, ref_summed)
+        assert_mostly_equal(qkv, skinny_gemm(normed, w_qkv))
+        assert_mostly_equal(down, skinny_gemm(silu_and_mul(qkv), w_down))
+
+
+def test_linear_fuses_a_prologue_where_this_gpus_rule_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    """forward_normed / forward_silu_and_mul: one fused call at the rows where this GPU's prologue rule gives a config
+    (1 row on the H100), the elementwise kernel then the product elsewhere and with the prologues
+    switched off; the same outputs and residual stream either way."""
+    import gpu.kernels.skinny_gemm as kernel_module
+
+    calls: list[str] = []
+    for name in ("skinny_gemm_rms_norm", "skinny_gemm_silu_and_mul"):
+        real = getattr(kernel_module, name)
+        monkeypatch.setattr(kernel_module, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or
+                            _real(*a, **k))
+    norm, act = RMSNorm(1024, 1e-6).to(DEVICE, torch.bfloat16).requires_grad_(False), SiluAndMul()
+
+    def pair(k: int, n: int) -> tuple[Linear, Linear]:
+        on = Linear(k, n, bias=True).to(DEVICE, torch.bfloat16).requires_grad_(False)
+        off = Linear(k, n, True, KernelConfig(norm_prologues=False, silu_prologues=False)).to(DEVICE, torch.bfloat16)
+        off.requires_grad_(False).load_state_dict(on.state_dict())
+        return on, off
+
+    (up_on, up_off), (down_on, down_off) = pair(1024, 4096), pair(3072, 1024)
+    num_fused = 0
+    for rows in (1, 2, 3, 16, 17):
+        x, residual = (torch.randn(rows, 1024, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
+        gate_up = torch.randn(rows, 6144, device=DEVICE, dtype=torch.bfloat16)
+        calls.clear()
+        y, summed = up_on.forward_normed(NormInput(norm, x, residual))
+        out = down_on.forward_silu_and_mul(gate_up, act)
+        expected = [name for name, kind, k in (("skinny_gemm_rms_norm", "norm", 1024),
+                                               ("skinny_gemm_silu_and_mul", "silu", 3072))
+                    if prologue_config(rows, k, kind, DEVICE) is not None]
+        assert calls == expected
+        num_fused += len(calls)
+        y_off, summed_off = up_off.forward_normed(NormInput(norm, x, residual))
+        assert torch.equal(summed, summed_off)
+        torch.testing.assert_close(y, y_off, rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(out, down_off.forward_silu_and_mul(gate_up, act), rtol=2e-2, atol=2e-2)
+        assert calls == expected  # the layers built with prologues off never fuse
+    print(f"{torch.cuda.get_device_name()}: {num_fused} of 10 products with a prologue")
+
+
 def test_warm_up_runs_every_row_bucket_of_every_layer() -> None:
     model = torch.nn.Sequential(Linear(3072, 1024, bias=False), Linear(1024, 4096, bias=True),
                                 ParallelLMHead(1000, 1024, SINGLE), torch.nn.Embedding(10, 1024))
@@ -268,11 +390,13 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: build_tiny_model(root / name, spec) for name, spec in specs.items()}
 
 
-def prompt_then_decode_logits(model_dir: Path, dtype: str, is_skinny: bool, prompt_len: int = 12) -> torch.Tensor:
+def prompt_then_decode_logits(model_dir: Path, dtype: str, is_skinny: bool, prompt_len: int = 12,
+                              gemm_prologues: bool = True) -> torch.Tensor:
     """Logits of a short prompt (one prefill of <= 16 tokens: skinny) and of one decode step; [prompt_len + 1, V]."""
     config = replace(runner_config(engine_config(
         str(model_dir), dtype=dtype, device="cuda", kv_cache_blocks=16, max_num_seqs=4, max_model_len=256,
-        enforce_eager=True, attention_backend="triton")), kernels=KernelConfig(skinny_gemm=is_skinny))
+        enforce_eager=True, attention_backend="triton")),
+        kernels=KernelConfig(skinny_gemm=is_skinny, norm_prologues=gemm_prologues, silu_prologues=gemm_prologues))
     runner = ModelRunner(config)
     model = runner.model
     tables = torch.arange(2, dtype=torch.int32, device=DEVICE)[None]
@@ -307,3 +431,13 @@ def test_model_logits_skinny_bf16_is_as_accurate_as_cublas(model_dirs: dict[str,
           f"cuBLAS rel_err={rel(cublas):.2e} top1={top1(cublas):.0%}")
     assert rel(skinny) <= 1.25 * rel(cublas) + 1e-3
     assert top1(skinny) >= top1(cublas) - 0.1
+
+
+@pytest.mark.parametrize("model", ["qwen3", "qwen2"])
+def test_model_logits_with_gemm_prologues_equal_those_without(model_dirs: dict[str, Path], model: str) -> None:
+    """The prompt (12 tokens) and the decode step run their norms and activations inside the products, or not."""
+    fused, separate = (prompt_then_decode_logits(model_dirs[model], "bfloat16", True, gemm_prologues=p)
+                       for p in (True, False))
+    rel = ((fused - separate).norm() / separate.norm()).item()
+    print(f"model {model}: gemm prologues on vs off rel_err={rel:.2e}")
+    assert rel < 1e-2 and torch.equal(fused.argmax(-1), separate.argmax(-1))
