@@ -7,9 +7,11 @@ engine is built with (`LLMEngine(config, runner)`): a TimedRunner around the rea
 the kernel choices the run asks for.
 """
 
+import contextlib
 import gc
 import statistics
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from itertools import count
 
@@ -20,6 +22,7 @@ from bench.step_trace import StepRecord
 from bench.workload import Request, fixed_workload
 from core import EngineConfig, LLMEngine, SamplingParams
 from core.engine import runner_config
+from core.startup_gc import freeze_startup_objects
 from gpu.batch import Batch, StepResult, TokenMask
 from gpu.config import KernelConfig
 from gpu.pending_step import PendingLogits, PendingStep
@@ -103,6 +106,17 @@ class TimedRunner:
 class TimedEngine:
     engine: LLMEngine
     runner: TimedRunner  # the engine's
+
+
+@contextlib.contextmanager
+def startup_objects_frozen() -> Iterator[int]:
+    """While inside, what is alive now is out of the garbage collector's sight, as in a served engine once it has
+    started (core/startup_gc.py); yields how many objects that is. At exit the heap is collectable again (a test
+    process's)."""
+    try:
+        yield freeze_startup_objects()
+    finally:
+        gc.unfreeze()
 
 
 def build_timed_engine(config: EngineConfig, kernels: KernelConfig) -> TimedEngine:

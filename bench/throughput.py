@@ -32,7 +32,14 @@ import torch
 from bench.bench_model import build_bench_model
 from bench.common import kernel_variant, write_result
 from bench.device_limits import measure_limits
-from bench.engine_runs import TimedEngine, build_timed_engine, profile_steps, run_workload, time_batch1
+from bench.engine_runs import (
+    TimedEngine,
+    build_timed_engine,
+    profile_steps,
+    run_workload,
+    startup_objects_frozen,
+    time_batch1,
+)
 from bench.roofline import DTYPE_BYTES, DeviceLimits, ModelShape, ideal_decode_step_seconds, ideal_run
 from bench.step_trace import StepRecord, breakdown
 from bench.triton_compiles import TritonCompiles
@@ -153,46 +160,50 @@ def main(argv: list[str] | None = None) -> None:
     if args.peer == "hf":
         result["peer"] = run_peer(args, model_dir)
         print("peer:", json.dumps(result["peer"]), flush=True)
-    timed = build_engine(args, model_dir)
-    engine = timed.engine
-    result["engine"] = {"num_kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_size,
-                        "tensor_parallel_size": args.tensor_parallel_size,
-                        # in the workers' processes under tensor parallelism (their log says which)
-                        "attention_backend": getattr(getattr(timed.runner.runner, "backend", None), "name",
-                                                     "in the workers"),
-                        "kernels": asdict(timed.runner.runner.config.kernels),
-                        # per phase, each candidate's step milliseconds as `auto` measured them at start-up
-                        "attention_times_ms": getattr(timed.runner.runner, "attention_times", None)}
-    print(f"attention backend: {result['engine']['attention_backend']} "
-          f"(measured: {result['engine']['attention_times_ms']})", flush=True)
-    if args.batch1_tokens:  # before any load, to compare with the same figure after the timed run
-        result["batch1_fresh"] = guarded(
-            lambda: asdict(time_batch1(timed, args.prompt_len, args.batch1_tokens, 3, args.seed + 5)))
-        print("batch-1 on the fresh engine:", result["batch1_fresh"], flush=True)
-    if args.warmup != "none":
-        warm = workload(args, args.seed + 1)
-        if args.warmup == "short":
-            warm = [Request(r.prompt_token_ids, 16) for r in warm]
-        print(f"warm-up: {run_workload(timed, warm, args.max_seconds).tokens_per_s:.1f} tok/s", flush=True)
-    trace: list[StepRecord] = []
-    with TritonCompiles() as compiles:
-        run = run_workload(timed, requests, args.max_seconds, trace)
-    result["ours"] = {**asdict(run), "tokens_per_s": round(run.tokens_per_s, 1),
-                      "triton_compiles_during_run": compiles.summary()}
-    print("triton compiles during the timed run:", compiles.summary(), flush=True)
-    shape = ModelShape.from_dir(model_dir, DTYPE_BYTES.get(args.dtype, 2)).per_rank(args.tensor_parallel_size)
-    result["ours"]["step_breakdown"] = breakdown(trace, shape, limits)
-    for row in result["ours"]["step_breakdown"]:
-        print(row, flush=True)
-    print(f"ours: {run.tokens_per_s:.1f} tok/s ({run.num_output_tokens} tokens in {run.seconds:.2f} s, "
-          f"{run.num_steps} steps, {run.runner_seconds:.2f} s in the runner, {run.wait_seconds:.2f} s waiting)",
-          flush=True)
-    if args.batch1_tokens:
-        result["batch1"] = guarded(
-            lambda: asdict(time_batch1(timed, args.prompt_len, args.batch1_tokens, 3, args.seed + 2)))
-        print("batch-1:", result["batch1"], flush=True)
-    if args.profile_steps:
-        result["profile"] = guarded(lambda: profile(engine, args))
+    # The engine's start-up objects frozen as a served engine's are (core/startup_gc.py): unfrozen, a full
+    # collection (~250 ms on the H100 machine) landed inside a batch-1 sample.
+    with startup_objects_frozen() as frozen:
+        timed = build_engine(args, model_dir)
+        engine = timed.engine
+        result["engine"] = {"num_kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_size,
+                            "frozen_objects": frozen,
+                            "tensor_parallel_size": args.tensor_parallel_size,
+                            # in the workers' processes under tensor parallelism (their log says which)
+                            "attention_backend": getattr(getattr(timed.runner.runner, "backend", None), "name",
+                                                         "in the workers"),
+                            "kernels": asdict(timed.runner.runner.config.kernels),
+                            # per phase, each candidate's step milliseconds as `auto` measured them at start-up
+                            "attention_times_ms": getattr(timed.runner.runner, "attention_times", None)}
+        print(f"attention backend: {result['engine']['attention_backend']} "
+              f"(measured: {result['engine']['attention_times_ms']})", flush=True)
+        if args.batch1_tokens:  # before any load, to compare with the same figure after the timed run
+            result["batch1_fresh"] = guarded(
+                lambda: asdict(time_batch1(timed, args.prompt_len, args.batch1_tokens, 3, args.seed + 5)))
+            print("batch-1 on the fresh engine:", result["batch1_fresh"], flush=True)
+        if args.warmup != "none":
+            warm = workload(args, args.seed + 1)
+            if args.warmup == "short":
+                warm = [Request(r.prompt_token_ids, 16) for r in warm]
+            print(f"warm-up: {run_workload(timed, warm, args.max_seconds).tokens_per_s:.1f} tok/s", flush=True)
+        trace: list[StepRecord] = []
+        with TritonCompiles() as compiles:
+            run = run_workload(timed, requests, args.max_seconds, trace)
+        result["ours"] = {**asdict(run), "tokens_per_s": round(run.tokens_per_s, 1),
+                          "triton_compiles_during_run": compiles.summary()}
+        print("triton compiles during the timed run:", compiles.summary(), flush=True)
+        shape = ModelShape.from_dir(model_dir, DTYPE_BYTES.get(args.dtype, 2)).per_rank(args.tensor_parallel_size)
+        result["ours"]["step_breakdown"] = breakdown(trace, shape, limits)
+        for row in result["ours"]["step_breakdown"]:
+            print(row, flush=True)
+        print(f"ours: {run.tokens_per_s:.1f} tok/s ({run.num_output_tokens} tokens in {run.seconds:.2f} s, "
+              f"{run.num_steps} steps, {run.runner_seconds:.2f} s in the runner, {run.wait_seconds:.2f} s waiting)",
+              flush=True)
+        if args.batch1_tokens:
+            result["batch1"] = guarded(
+                lambda: asdict(time_batch1(timed, args.prompt_len, args.batch1_tokens, 3, args.seed + 2)))
+            print("batch-1:", result["batch1"], flush=True)
+        if args.profile_steps:
+            result["profile"] = guarded(lambda: profile(engine, args))
     summarize(result)
     if args.out:
         write_result(args.out, result, "bench.throughput", argv)

@@ -20,7 +20,6 @@ engine only changes while it steps), and so do the timings the engine observed s
 message (core/engine_metrics.py), kept here until taken.
 """
 
-import gc
 import logging
 import multiprocessing
 import signal
@@ -36,6 +35,7 @@ from core.engine_metrics import EngineObservations
 from core.outputs import RequestOutput
 from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
+from core.startup_gc import freeze_startup_objects
 
 logger = logging.getLogger(__name__)
 
@@ -174,13 +174,11 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
         logger.exception("the engine failed to start")
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    # As in the server's process (openai_serve/server.py): what start-up left alive (torch, transformers, the
-    # model's modules) stays alive, yet every full collection walked it inside an engine step, holding the
-    # interpreter lock (135-223 ms each in a 67-step constrained run on a CPU: bench/results/notes.md).
-    gc.collect()
-    gc.freeze()
+    # As in the server's process (openai_serve/server.py): full collections walked start-up's objects inside an
+    # engine step (135-223 ms each in a 67-step constrained run on a CPU).
+    frozen = freeze_startup_objects()
     outputs.send(("ready", EngineInfo(engine.max_model_len, engine.vocab_size, engine.eos_token_ids, engine.limits,
-                                      engine.stats(), gc.get_freeze_count())))
+                                      engine.stats(), frozen)))
     stop = threading.Event()
     threading.Thread(target=_receive, args=(engine, requests, stop), name="engine-inbox", daemon=True).start()
     try:

@@ -9,7 +9,6 @@ event at once and new ones a 503, and only then does uvicorn close the listening
 """
 
 import asyncio
-import gc
 import logging
 import resource
 import socket
@@ -18,6 +17,7 @@ import sys
 import uvicorn
 from starlette.applications import Starlette
 
+from core.startup_gc import freeze_startup_objects
 from openai_serve.engine_bridge import EngineState
 from openai_serve.http_protocol import guarded_protocol
 from openai_serve.server_config import ServerConfig
@@ -52,12 +52,10 @@ class ServingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        # What is alive once the app has started (torch, transformers, the tokenizer: ~450k objects) stays
-        # alive, yet each of Python's full garbage collections walked all of it, holding the interpreter
-        # lock: 150-330 ms on a 2-core machine, during which the event loop stood still (a streamed n=64
-        # request with logprobs set one off every few seconds). Frozen, the collector skips it.
-        gc.collect()
-        gc.freeze()
+        # What is alive once the app has started (~450k objects) stays alive; each full collection walked it,
+        # holding the interpreter lock: 150-330 ms on a 2-core machine, during which the event loop stood still
+        # (a streamed n=64 request with logprobs set one off every few seconds).
+        freeze_startup_objects()
 
     async def on_tick(self, counter: int) -> bool:
         """uvicorn's tick (every 0.1 s): also ends the server when its engine failed for good and it was
