@@ -172,12 +172,19 @@ def _skinny_gemm_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     w_ptrs = w_ptr + rows_w[:, None] * stride_wn + (k_start + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
     x_ptrs = x_ptr + rows_x[:, None] * stride_xm + (k_start + offs_k)[None, :]  # [BLOCK_M, BLOCK_K]
+    if not USE_DOT:
+        # One weight tile ahead in registers. The first is asked for before waiting on the kernel that
+        # writes x (programmatic dependent launch): weights never depend on it.
+        if EVEN_K:
+            w = tl.load(w_ptrs)
+        else:
+            w = tl.load(w_ptrs, mask=(k_start + offs_k)[None, :] < k_end, other=0.0)
+    if USE_PDL:  # (the dot path's weight stream is Triton's software pipeline: there PDL only hides the launch)
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
+                          (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
     if USE_DOT:
-        if USE_PDL:  # the weights' stream is Triton's software pipeline; PDL only hides the launch
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
-                              (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
         acc = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
             if EVEN_K:
@@ -191,17 +198,6 @@ def _skinny_gemm_kernel(
             x_ptrs += BLOCK_K
         acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     else:
-        # One weight tile ahead in registers. The first is asked for before waiting on the kernel that
-        # writes x (programmatic dependent launch): weights never depend on it.
-        if EVEN_K:
-            w = tl.load(w_ptrs)
-        else:
-            w = tl.load(w_ptrs, mask=(k_start + offs_k)[None, :] < k_end, other=0.0)
-        if USE_PDL:
-            tl.extra.cuda.gdc_wait()
-            tl.extra.cuda.gdc_launch_dependents()
-        rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
-                              (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
             x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows_x, k + offs_k, k_end, K, stride_xm, stride_rm,
