@@ -391,12 +391,12 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def prompt_then_decode_logits(model_dir: Path, dtype: str, is_skinny: bool, prompt_len: int = 12,
-                              gemm_prologues: bool = True) -> torch.Tensor:
+                              prologues: bool = True) -> torch.Tensor:
     """Logits of a short prompt (one prefill of <= 16 tokens: skinny) and of one decode step; [prompt_len + 1, V]."""
     config = replace(runner_config(engine_config(
         str(model_dir), dtype=dtype, device="cuda", kv_cache_blocks=16, max_num_seqs=4, max_model_len=256,
         enforce_eager=True, attention_backend="triton")),
-        kernels=KernelConfig(skinny_gemm=is_skinny, norm_prologues=gemm_prologues, silu_prologues=gemm_prologues))
+        kernels=KernelConfig(skinny_gemm=is_skinny, norm_prologues=prologues, silu_prologues=prologues))
     runner = ModelRunner(config)
     model = runner.model
     tables = torch.arange(2, dtype=torch.int32, device=DEVICE)[None]
@@ -435,8 +435,9 @@ def test_model_logits_skinny_bf16_is_as_accurate_as_cublas(model_dirs: dict[str,
 
 @pytest.mark.parametrize("model", ["qwen3", "qwen2"])
 def test_model_logits_with_gemm_prologues_equal_those_without(model_dirs: dict[str, Path], model: str) -> None:
-    """The prompt (12 tokens) and the decode step run their norms and activations inside the products, or not."""
-    fused, separate = (prompt_then_decode_logits(model_dirs[model], "bfloat16", True, gemm_prologues=p)
+    """The decode step (1 row: where the H100's prologue rule fuses) runs its norms and activations inside the
+    products, or not; the 12-token prompt runs them apart either way."""
+    fused, separate = (prompt_then_decode_logits(model_dirs[model], "bfloat16", True, prologues=p)
                        for p in (True, False))
     rel = ((fused - separate).norm() / separate.norm()).item()
     print(f"model {model}: gemm prologues on vs off rel_err={rel:.2e}")
