@@ -58,6 +58,8 @@ class RunnerTimes:
     wait_seconds: float = 0.0  # inside PendingStep.result(): the host blocked on the device
     num_calls: int = 0
     steps: list[StepRecord] = field(default_factory=list)  # every launched step, in order
+    # CUDA events around every step's launch (StepRecord.device_events), read only after the run
+    device_timeline: bool = False
 
 
 class TimedRunner:
@@ -71,9 +73,10 @@ class TimedRunner:
         self.num_kv_blocks = runner.num_kv_blocks
         self.times = RunnerTimes()
 
-    def measure(self) -> RunnerTimes:
-        """Starts a new tally and returns it."""
-        self.times = RunnerTimes()
+    def measure(self, device_timeline: bool = False) -> RunnerTimes:
+        """Starts a new tally and returns it; with `device_timeline` (on CUDA) each step is bracketed by CUDA events
+        on the device's queue, so the run's device time splits into the steps' own and the device's idle time."""
+        self.times = RunnerTimes(device_timeline=device_timeline and torch.cuda.is_available())
         return self.times
 
     def close(self) -> None:
@@ -87,7 +90,11 @@ class TimedRunner:
         record = StepRecord(batch, start)
         times.steps.append(record)
         try:
+            if times.device_timeline:
+                record.device_events = (_recorded_event(), _recorded_event())
             pending = self.runner.launch(batch)
+            if times.device_timeline:
+                record.device_events[1].record()
             return pending if isinstance(pending, AwaitingMasks) else _TimedPending(pending, times, record)
         finally:
             times.seconds += time.perf_counter() - start
@@ -95,9 +102,12 @@ class TimedRunner:
 
     def sample_masked(self, pending: PendingLogits, token_mask: TokenMask) -> PendingStep:
         """The sampling of a step with token masks (structured output), timed with its launch."""
-        start = time.perf_counter()
+        start, record = time.perf_counter(), self.times.steps[-1]
         try:
-            return _TimedPending(self.runner.sample_masked(pending, token_mask), self.times, self.times.steps[-1])
+            sampled = self.runner.sample_masked(pending, token_mask)
+            if record.device_events is not None:  # the step ends with its sampling
+                record.device_events[1].record()
+            return _TimedPending(sampled, self.times, record)
         finally:
             self.times.seconds += time.perf_counter() - start
 
@@ -122,6 +132,12 @@ def startup_objects_frozen() -> Iterator[int]:
 def build_timed_engine(config: EngineConfig, kernels: KernelConfig) -> TimedEngine:
     runner = TimedRunner(make_runner(replace(runner_config(config), kernels=kernels)))
     return TimedEngine(LLMEngine(config, runner), runner)
+
+
+def _recorded_event() -> torch.cuda.Event:
+    event = torch.cuda.Event(enable_timing=True)
+    event.record()
+    return event
 
 
 class _TimedPending(PendingStep):
@@ -160,7 +176,7 @@ def run_workload(timed: TimedEngine, requests: list[Request], max_seconds: float
                  trace: list[StepRecord] | None = None) -> EngineRun:
     """Generates the whole workload; past max_seconds the rest is aborted and the run marked partial.
     `trace`, when given, receives a record of every step the run launched (bench/step_trace.py)."""
-    engine, times = timed.engine, timed.runner.measure()
+    engine, times = timed.engine, timed.runner.measure(device_timeline=trace is not None)
     before = engine.stats()
     start = time.perf_counter()
     ids = add_requests(engine, requests)
