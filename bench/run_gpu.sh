@@ -14,6 +14,9 @@
 #                 the quick look after a change
 #   ab-serve      openai-serve at concurrency 256 once per server-flag variant (ARGS, one quoted word each, e.g.
 #                 --no-engine-process --engine-process), interleaved, twice each, beside the offline engine
+#   serve-share   the offline engine on the serving shape, then openai-serve at concurrency 256, in turn, ROUNDS times
+#                 (ARGS: ROUNDS, default 2): the server's share of the offline engine per round, each pair on one
+#                 machine minutes apart (the share moved 96.96-103.3% between single runs)
 #   ab-offline    the offline run on nano-vllm's workload (no peer) once per kernel variant (ARGS, e.g. default
 #                 order_decode_rows=0: bench.throughput --kernels), each engine built with that KernelConfig
 #   host-profile  cProfile of the engine's host time over the serving shape and over nano-vllm's workload
@@ -45,7 +48,7 @@
 # (with device.txt and log beside it, unpacked), which `tar xzf results.tgz` unpacks here.
 set -uo pipefail
 stages="tests decode-step offline serve check ab-serve ab-offline host-profile attention sampler skinny-gemm"
-stages="$stages attention-backends ttft-starts sampling-cost prefix-heavy qwen3-8b"
+stages="$stages attention-backends ttft-starts sampling-cost prefix-heavy qwen3-8b serve-share"
 usage="usage: run_gpu.sh ${stages// /|} OUT_DIR [ARGS...]"
 stage=${1:?$usage}
 out=${2:?$usage}
@@ -87,9 +90,9 @@ build_model() {
   python3 -c "from bench.bench_model import build_bench_model; build_bench_model('$model')" > /dev/null 2>&1
 }
 
-offline_serve_shape() {  # the reference for the server's share: the engine alone on bench.serve's shape
-  run 150 offline-serve-shape python3 -m bench.throughput --model "$model" --workload serve --peer none \
-    --batch1-tokens 0 --profile-steps 0 --max-seconds 90 --out "$out/throughput_serve.json"
+offline_serve_shape() {  # [SUFFIX]: the reference for the server's share: the engine alone on bench.serve's shape
+  run 150 "offline-serve-shape${1:-}" python3 -m bench.throughput --model "$model" --workload serve --peer none \
+    --batch1-tokens 0 --profile-steps 0 --max-seconds 90 --out "$out/throughput_serve${1:-}.json"
 }
 
 server_args="--model $model --dtype bfloat16 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192"
@@ -139,6 +142,12 @@ case "$stage" in
         variant=$((variant + 1))
         openai_serve "variant${variant}_round$round" 256 768 "$flags"
       done
+    done ;;
+  serve-share)
+    build_model
+    for round in $(seq 1 "${1:-2}"); do
+      offline_serve_shape "_r$round"
+      openai_serve "c256_r$round" 256 768
     done ;;
   ab-offline)
     build_model

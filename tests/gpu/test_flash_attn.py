@@ -28,6 +28,7 @@ from tests.gpu.test_kernels import (  # skips this module too without CUDA or tr
 pytest.importorskip("flash_attn.cute")
 
 from gpu.attention.flash_backend import FlashAttnBackend  # noqa: E402
+from tests.gpu.graph_capture import captured  # noqa: E402
 
 BACKEND = FlashAttnBackend()
 
@@ -82,11 +83,7 @@ def test_decode_replays_in_a_cuda_graph_with_new_lengths() -> None:
     static_q, static_lens, static_tables = first.query.clone(), first.context_lens.clone(), first.block_tables.clone()
     meta = metadata(first, [1] * batch, [4096] * batch)
     meta.context_lens, meta.block_tables = static_lens, static_tables
-    BACKEND.forward(static_q, first.k_cache, first.v_cache, meta, 0.09)  # compiles outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = BACKEND.forward(static_q, first.k_cache, first.v_cache, meta, 0.09)
+    graph, static_out = captured(lambda: BACKEND.forward(static_q, first.k_cache, first.v_cache, meta, 0.09))
     rng = random.Random(7)
     for step in range(3):
         lens = random_context_lens(rng, batch, 4096 if step else 300)
@@ -145,11 +142,7 @@ def test_steps_with_prefill_replay_in_a_padded_cuda_graph(bucket: int, capacity:
         return len(rows)
 
     write_step()
-    BACKEND.forward(query, k_cache, v_cache, meta, 0.09)  # compiles outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = BACKEND.forward(query, k_cache, v_cache, meta, 0.09)
+    graph, static_out = captured(lambda: BACKEND.forward(query, k_cache, v_cache, meta, 0.09))
     for step in range(3):
         num_rows = write_step()
         num_tokens = int(starts[num_rows].item())

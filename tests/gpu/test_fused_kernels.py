@@ -33,6 +33,7 @@ from gpu.layers.activation import SiluAndMul  # noqa: E402
 from gpu.layers.norm import RMSNorm  # noqa: E402
 from gpu.layers.rotary import RotaryEmbedding  # noqa: E402
 from gpu.model_runner import ModelRunner  # noqa: E402
+from tests.gpu.graph_capture import captured  # noqa: E402
 
 DEVICE = torch.device("cuda")
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -213,14 +214,7 @@ def test_kernels_replay_in_a_cuda_graph() -> None:
         q, k = qk_norm_rope(qkv, positions, rotary.cos, rotary.sin, heads, (weight[:128], weight[128:256]))
         return normed, summed, q, k, silu_and_mul(qkv)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile outside the capture
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        outputs = step()
+    graph, outputs = captured(step)
     for _ in range(3):
         for tensor in (x, residual, qkv):
             tensor.copy_(torch.randn_like(tensor, dtype=torch.float32).to(dtype))

@@ -24,6 +24,7 @@ from gpu.attention.triton_backend import TritonBackend  # noqa: E402
 from gpu.kernels.decode_attention import DecodeConfig, decode_attention  # noqa: E402
 from gpu.kernels.prefill_attention import prefill_attention  # noqa: E402
 from gpu.kernels.store_kv import store_kv  # noqa: E402
+from tests.gpu.graph_capture import captured  # noqa: E402
 
 DEVICE = torch.device("cuda")
 
@@ -178,14 +179,8 @@ def test_decode_replays_in_a_cuda_graph_with_new_lengths() -> None:
     shape, batch = Shape(16, 128, 2, 8), 32
     first = make_batch([1] * batch, [4096] * batch, shape)  # a pool large enough for every replay
     static_q, static_lens, static_tables = first.query.clone(), first.context_lens.clone(), first.block_tables.clone()
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile outside the capture
-        decode_attention(static_q, first.k_cache, first.v_cache, static_tables, static_lens, 0.09)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = decode_attention(static_q, first.k_cache, first.v_cache, static_tables, static_lens, 0.09)
+    graph, static_out = captured(
+        lambda: decode_attention(static_q, first.k_cache, first.v_cache, static_tables, static_lens, 0.09))
     rng = random.Random(7)
     for step in range(3):
         lens = random_context_lens(rng, batch, 4096 if step else 300)
@@ -239,14 +234,7 @@ def test_decode_few_rows_replay_in_a_graph_deterministically() -> None:
         return decode_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.context_lens, 0.09,
                                 row_order=row_order)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # compile outside the capture
-        run()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = run()
+    graph, static_out = captured(run)
     for lens in ([1024, 0, 17, 4096], [15, 4096, 1, 0], [1024, 1024, 1024, 1024], [0, 0, 0, 0]):
         b.context_lens.copy_(torch.tensor(lens, dtype=torch.int32))
         row_order.copy_(torch.argsort(b.context_lens, descending=True).to(torch.int32))

@@ -43,6 +43,7 @@ from gpu.layers.linear import Linear, is_skinny, warm_up_skinny_gemm  # noqa: E4
 from gpu.layers.norm import NormInput, RMSNorm  # noqa: E402
 from gpu.layers.vocab_parallel import ParallelLMHead  # noqa: E402
 from gpu.model_runner import ModelRunner  # noqa: E402
+from tests.gpu.graph_capture import captured  # noqa: E402
 
 DEVICE = torch.device("cuda")
 MODEL_SHAPES = [(4096, 1024), (1024, 2048), (6144, 1024), (1024, 3072), (151936, 1024)]  # (N, K)
@@ -168,11 +169,7 @@ def test_inside_a_cuda_graph(path: str, use_pdl: bool) -> None:
         first = skinny_gemm(x * 2, w, bias, config, use_pdl)
         return first, skinny_gemm(first, w2, None, config, use_pdl)
 
-    chain()  # compile outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        first, second = chain()
+    graph, (first, second) = captured(chain)
     for seed in (1, 2):
         new_x, new_w, new_bias = make_inputs(m, 1032, 2064, torch.bfloat16, has_bias=True, seed=seed)
         x.copy_(new_x)
@@ -313,11 +310,7 @@ def test_prologues_inside_a_cuda_graph() -> None:
         qkv, summed = skinny_gemm_rms_norm(x * 2, residual, norm_weight, 1e-6, w_qkv, use_pdl=True)
         return qkv, summed, skinny_gemm_silu_and_mul(qkv, w_down, use_pdl=True)
 
-    chain()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        qkv, summed, down = chain()
+    graph, (qkv, summed, down) = captured(chain)
     for seed in (1, 2):
         new_x, new_res = (make_inputs(m, 1, 1024, torch.bfloat16, False, seed=seed + i)[0] for i in (0, 10))
         x.copy_(new_x)
