@@ -5,10 +5,16 @@ backend.py), timed the way that phase will run: a step that will replay a CUDA g
 the device alone (a sleep kernel first, so the host has queued the whole forward before the device
 reaches it, as a replay is queued), an eager step from the host's call to the device's end (its
 launch cost is part of it). Phase "decode": one row, and max_num_seqs rows, at ~1k tokens of
-context; phase "prefill": a fresh prompt chunk beside decode rows, and fresh prompts alone (as a burst
-of arrivals or a single user's request runs: there the prefill kernel is all of the attention). The sum
-of a phase's step times decides; ties go to the first candidate (triton). Contexts read distinct, randomly filled cache
-blocks (never zeros), and write nothing (slot -1).
+context; phase "prefill": a loaded server's step, fresh prompts filling the token budget beside decode
+rows for three quarters of max_num_seqs (most of a busy server's time with prefill goes to such steps:
+40% of all its time at concurrency 256 on the serving shape), and fresh prompts alone (as a burst of
+arrivals or a single user's request runs: there the prefill kernel is all of the attention). The loaded
+step used to carry only 64 decode rows beside one 2048-token chunk; there FA4 measured faster, and `auto`
+chose it, yet beside ~190 decode rows its step is slower (28.47 against 28.07 ms), and on one H100 the
+server at 256 streams ran 1.3-4% slower with FA4's steps with prefill than with Triton's
+(bench/results/archive/2026-11-23-fa4-serve-ab/). The sum of a phase's step times decides; ties go to
+the first candidate (triton). Contexts read distinct, randomly filled cache blocks (never zeros), and
+write nothing (slot -1).
 """
 
 import logging
@@ -25,8 +31,7 @@ logger = logging.getLogger(__name__)
 
 PHASES = ("decode", "prefill")
 TARGET_CONTEXT = 1024
-PREFILL_CHUNK = 2048
-PREFILL_DECODE_ROWS = 64
+LOADED_DECODE_SHARE = 0.75  # of max_num_seqs: the decode rows beside the prompts of a loaded server's step
 FRESH_PROMPTS, FRESH_PROMPT_LEN = 4, 1024
 # ~50 ms at the H100's clock: longer than the host takes to queue one forward.
 SLEEP_CYCLES = 100_000_000
@@ -46,17 +51,23 @@ def synthetic_steps(shape: StepShape) -> dict[str, list[Batch]]:
     """The steps each phase is timed on, sized to fit the cache and the scheduler's limits."""
     rows, bs = shape.max_num_seqs, shape.block_size
     capacity = shape.num_kv_blocks * bs
+    budget = shape.max_num_batched_tokens
     context = max(1, min(TARGET_CONTEXT, shape.max_model_len - 1, capacity // rows - bs))
-    chunk = max(1, min(PREFILL_CHUNK, shape.max_num_batched_tokens, shape.max_model_len, capacity // 2))
-    decode_rows = max(0, min(PREFILL_DECODE_ROWS, rows - 1, shape.max_num_batched_tokens - chunk))
-    mixed_context = max(1, min(context, (capacity - chunk) // max(decode_rows, 1) - bs))
+    # The loaded step: decode rows, then prompts of up to FRESH_PROMPT_LEN in the rest of the budget (half the cache
+    # at most), each of the decode rows on the cache that is left.
+    decode_rows = max(0, min(int(rows * LOADED_DECODE_SHARE), rows - 1, budget - 1))
+    prompt_tokens = max(1, min(budget - decode_rows, capacity // 2))
+    loaded_len = max(1, min(FRESH_PROMPT_LEN, prompt_tokens, shape.max_model_len))
+    loaded_rows = max(1, min(prompt_tokens // loaded_len, rows - decode_rows))
+    loaded_blocks = loaded_rows * -(-loaded_len // bs)
+    mixed_context = max(1, min(context, (capacity - loaded_blocks * bs) // max(decode_rows, 1) - bs))
     fresh_rows = max(1, min(FRESH_PROMPTS, rows))
     fresh_len = max(1, min(FRESH_PROMPT_LEN, shape.max_num_batched_tokens // fresh_rows, shape.max_model_len,
                            capacity // fresh_rows - bs))
     vocab = shape.vocab_size
     return {
         "decode": [_step([], 1, context, bs, vocab), _step([], rows, context, bs, vocab)],
-        "prefill": [_step([chunk], decode_rows, mixed_context, bs, vocab),
+        "prefill": [_step([loaded_len] * loaded_rows, decode_rows, mixed_context, bs, vocab),
                     _step([fresh_len] * fresh_rows, 0, context, bs, vocab)],
     }
 

@@ -93,6 +93,15 @@ def test_synthetic_steps_fit_the_cache_and_limits(num_blocks: int, max_num_seqs:
         assert all(len(t) * 16 >= c for t, c in zip(batch.block_tables, batch.context_lens, strict=True))
 
 
+def test_the_loaded_prefill_step_is_a_busy_servers() -> None:
+    """Most of a busy server's prefill time goes to steps of prompts beside many decode rows (where FA4's steps
+    measured slower than Triton's, though faster beside 64 rows): the phase is timed on one of those."""
+    steps = backend_choice.synthetic_steps(backend_choice.StepShape(256, 8192, 4096, 16, 40_000, vocab_size=300))
+    loaded = steps["prefill"][0]
+    assert sum(q == 1 for q in loaded.query_lens) == 192 and min(loaded.context_lens) >= 1024
+    assert sorted(q for q in loaded.query_lens if q > 1) == [1024] * 7  # the rest of the 8192-token budget
+
+
 def test_token_buckets() -> None:
     assert token_buckets(8192)[:8] == [16, 32, 64, 128, 256, 512, 768, 1024]
     assert token_buckets(8192)[-3:] == [7168, 7680, 8192]
