@@ -3,7 +3,8 @@
 # a slow engine yields partial figures, not a killed call). From the repo root on the GPU machine:
 #   bash bench/run_gpu.sh STAGE OUT_DIR [ARGS...]
 # Stages (ARGS go to the stage's Python entry where it says so):
-#   tests         tests/gpu: kernels, fused kernels, skinny GEMM, sampling kernel, GPU parity (ARGS: pytest's, e.g. -k)
+#   tests         tests/gpu: kernels, fused kernels, skinny GEMM, sampling kernel, GPU parity (ARGS: pytest's, e.g. -k);
+#                 with FA4 installed it outgrows its 500 s: run it as two calls, -k 'not skinny' then -k skinny
 #   decode-step   one decode step at batch 1 and 256, graphs on and off (ARGS: bench.decode_step_bench's,
 #                 e.g. --variants default fused_elementwise=0 --profile)
 #   offline       nano-vllm's workload: ours with the per-step breakdown and compile count, transformers on the

@@ -9,11 +9,11 @@ context; phase "prefill": a loaded server's step, fresh prompts filling the toke
 rows for three quarters of max_num_seqs (such steps take 40% of a busy server's time at concurrency 256
 on the serving shape; the step used to be one 2048-token chunk beside 64 decode rows), and fresh prompts
 alone (as a burst of arrivals or a single user's request runs: there the prefill kernel is all of the
-attention). An open question: on one H100 with FA4 installed this still picks FA4 for the prefill phase
-(33.13 against 32.10 ms summed), and the steps agree (CUDA-graph replays: 7 prompts of 1024 beside 192
-decode rows 26.5-26.9 ms with FA4 against 26.5 with Triton, the prompts alone 16.4-16.8 against 17.6),
-yet the server at 256 streams ran 1.3-4% slower with FA4's steps with prefill than with Triton's, in
-two rounds on one machine, FA4's run first in each (bench/results/archive/2026-11-23-fa4-serve-ab/).
+attention). An open question: on one H100 with FA4 installed this still picks FA4 for the prefill
+phase (FA4 32.10 against Triton 33.13 ms summed), and the steps agree (CUDA-graph replays: 7 prompts of
+1024 beside 192 decode rows 26.5-26.9 ms with FA4 against 26.5 with Triton, the prompts alone 16.4-16.8
+against 17.6), yet the server at 256 streams ran 1.3-4% slower with FA4's steps with prefill than with
+Triton's, in two rounds on one machine, FA4's run first in each (bench/results/archive/2026-11-23-fa4-serve-ab/).
 The sum of a phase's step times decides; ties go to
 the first candidate (triton). Contexts read distinct, randomly filled cache blocks (never zeros), and
 write nothing (slot -1).
