@@ -20,6 +20,7 @@ behind full decode batches: e.g. 8:1024 with 191 decode rows is the serving shap
 
 import argparse
 import gc
+import random
 import statistics
 import sys
 import time
@@ -38,11 +39,16 @@ from gpu.model_runner import ModelRunner
 BLOCK = 16
 
 
-def decode_batch(batch_size: int, context: int, prefill_rows: int = 0, prefill_len: int = 0) -> Batch:
-    """batch_size decode rows at `context` tokens, then prefill_rows fresh prompts of prefill_len tokens."""
+def decode_batch(batch_size: int, context: int, prefill_rows: int = 0, prefill_len: int = 0,
+                 scattered: bool = False) -> Batch:
+    """batch_size decode rows at `context` tokens, then prefill_rows fresh prompts of prefill_len tokens; each row on
+    consecutive cache blocks, or with `scattered` on blocks in a random order (as a server's cache is after churn)."""
     blocks_per_seq = -(-max(context, prefill_len) // BLOCK)
     num_rows = batch_size + prefill_rows
-    tables = [list(range(i * blocks_per_seq, (i + 1) * blocks_per_seq)) for i in range(num_rows)]
+    block_ids = list(range(num_rows * blocks_per_seq))
+    if scattered:
+        random.Random(0).shuffle(block_ids)
+    tables = [block_ids[i * blocks_per_seq : (i + 1) * blocks_per_seq] for i in range(num_rows)]
     query_lens = [1] * batch_size + [prefill_len] * prefill_rows
     context_lens = [context] * batch_size + [prefill_len] * prefill_rows
     positions = [p for q, c in zip(query_lens, context_lens, strict=True) for p in range(c - q, c)]
@@ -111,13 +117,14 @@ def measure(args: argparse.Namespace, variant: str, is_eager: bool) -> list[dict
     runner = ModelRunner(config)
     rows = []
     for batch_size in batches:
-        batch = decode_batch(batch_size, args.context, prefill_rows, prefill_len)
+        batch = decode_batch(batch_size, args.context, prefill_rows, prefill_len, args.scattered_blocks)
         ms = time_steps(runner, batch, args.steps)
         pipelined_ms, launch_ms, wait_ms = time_pipelined_steps(runner, batch, args.steps) if not prefill_rows \
             else (ms, 0.0, 0.0)
         row: dict[str, object] = {
             "variant": variant, "batch": batch_size, "context": args.context, "cuda_graphs": not is_eager,
             "backend": runner.backend.name, "prefill_rows": args.prefill_rows,
+            "scattered_blocks": args.scattered_blocks,
             "step_ms": round(ms, 3), "pipelined_step_ms": round(pipelined_ms, 3),
             "pipelined_host_launch_ms": round(launch_ms, 3), "pipelined_host_wait_ms": round(wait_ms, 3),
             "tokens_per_s": round(batch_size / ms * 1e3),
@@ -143,6 +150,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", nargs="+", default=["default"], help="kernel choices to compare (see above)")
     p.add_argument("--modes", default="graphs,eager", help="graphs, eager or both (comma-separated)")
     p.add_argument("--prefill-rows", default="0:0", help="R:L, R fresh prompts of L tokens added to every batch")
+    p.add_argument("--scattered-blocks", action="store_true", help="rows on cache blocks in a random order")
     p.add_argument("--profile", action="store_true", help="kernels per step and the top kernels, per row")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
