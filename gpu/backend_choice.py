@@ -9,17 +9,18 @@ context; phase "prefill": a loaded server's step, fresh prompts filling the toke
 rows for three quarters of max_num_seqs (such steps take 40% of a busy server's time at concurrency 256
 on the serving shape; the step used to be one 2048-token chunk beside 64 decode rows), and fresh prompts
 alone (as a burst of arrivals or a single user's request runs: there the prefill kernel is all of the
-attention). An open question: on one H100 with FA4 installed this still picks FA4 for the prefill
-phase (FA4 32.10 against Triton 33.13 ms summed), and the steps agree (CUDA-graph replays: 7 prompts of
-1024 beside 192 decode rows 26.5-26.9 ms with FA4 against 26.5 with Triton, the prompts alone 16.4-16.8
-against 17.6), yet the server at 256 streams ran 1.3-4% slower with FA4's steps with prefill than with
-Triton's, in two rounds on one machine, FA4's run first in each (bench/results/archive/2026-11-23-fa4-serve-ab/).
+attention). Rows sit on cache blocks in a random order, as a served cache's do: on one H100 with FA4
+installed, the loaded step took 26.45 ms with FA4 on consecutive blocks but 27.57 on scattered ones
+(Triton 26.40 and 26.34), and timed on consecutive blocks `auto` picked FA4 for steps with prefill,
+whose server then ran 1.3-4% slower at 256 streams than with Triton's, in four rounds on two machines,
+in both orders (bench/results/archive/2026-11-23-fa4-serve-ab/).
 The sum of a phase's step times decides; ties go to
-the first candidate (triton). Contexts read distinct, randomly filled cache blocks (never zeros), and
-write nothing (slot -1).
+the first candidate (triton). Contexts read distinct, randomly filled cache blocks (never zeros), and write
+nothing (slot -1).
 """
 
 import logging
+import random
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,13 +76,17 @@ def synthetic_steps(shape: StepShape) -> dict[str, list[Batch]]:
 
 
 def _step(prefill_lens: list[int], num_decode_rows: int, context: int, block_size: int, vocab_size: int) -> Batch:
-    """Fresh prefill rows, then decode rows with `context` tokens each; every row on its own blocks."""
+    """Fresh prefill rows, then decode rows with `context` tokens each; every row on its own blocks, in a random order
+    (a served cache's rows are scattered over it: on consecutive blocks FA4's step with prefill measured 4% faster
+    than on scattered ones, Triton's the same)."""
     query_lens = prefill_lens + [1] * num_decode_rows
     context_lens = prefill_lens + [context] * num_decode_rows
+    blocks_per_row = [-(-n // block_size) for n in context_lens]
+    block_ids = list(range(sum(blocks_per_row)))
+    random.Random(0).shuffle(block_ids)
     tables, next_block = [], 0
-    for n in context_lens:
-        num_blocks = -(-n // block_size)
-        tables.append(list(range(next_block, next_block + num_blocks)))
+    for num_blocks in blocks_per_row:
+        tables.append(block_ids[next_block : next_block + num_blocks])
         next_block += num_blocks
     positions = [p for q, c in zip(query_lens, context_lens, strict=True) for p in range(c - q, c)]
     num_tokens = len(positions)
