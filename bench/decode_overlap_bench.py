@@ -14,6 +14,9 @@ pass (no logits, no sampling) over the same rows
 and the largest difference between the whole batch's hidden states and the halves' (a check that the
 halves computed the same rows). Device milliseconds per replay, the median of several rounds.
 
+On an H100 the overlap never won (0.89-0.98x of the whole batch; bench/results/notes.md, issue 14's
+fourth session), so nothing was built on it.
+
     python -m bench.decode_overlap_bench --batches 128,256 --contexts 512,1024 --out result.json
 """
 
