@@ -128,8 +128,14 @@ class SchedulerConfig:
     # vLLM's async scheduling: the host's bookkeeping overlaps the device's work.
     async_scheduling: bool = setting(True, "queue each step on the device before collecting the previous "
                                      "one's tokens (off: every step waits for its own)")
+    decode_hold_ms: float = setting(0.0, "while prompts wait, steps prefill them and leave the decoding sequences "
+                                    "out for up to this long: the last first token of a burst comes sooner, and "
+                                    "running streams pause for up to this long (0: every step decodes every "
+                                    "running sequence, as vLLM)")
 
     def __post_init__(self) -> None:
+        if self.decode_hold_ms < 0:
+            raise ValueError(f"decode_hold_ms must be >= 0, got {self.decode_hold_ms}")
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.max_num_batched_tokens < self.max_num_seqs:

@@ -7,8 +7,20 @@ from core.scheduler import Scheduler, SchedulerOutput
 from core.sequence import Sequence
 
 
-def make_scheduler(num_blocks: int, block_size: int, max_num_seqs: int, max_tokens_per_step: int) -> Scheduler:
-    return Scheduler(SchedulerConfig(max_num_seqs, max_tokens_per_step), BlockManager(num_blocks, block_size))
+class StepClock:
+    """A scheduler's clock that moves only when a test says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make_scheduler(num_blocks: int, block_size: int, max_num_seqs: int, max_tokens_per_step: int,
+                   decode_hold_ms: float = 0.0, clock: StepClock | None = None) -> Scheduler:
+    config = SchedulerConfig(max_num_seqs, max_tokens_per_step, decode_hold_ms=decode_hold_ms)
+    return Scheduler(config, BlockManager(num_blocks, block_size), clock or StepClock())
 
 
 def make_seq(request_id: str, num_prompt_tokens: int, max_tokens: int = 8, first_token: int = 0) -> Sequence:

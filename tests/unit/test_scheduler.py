@@ -1,7 +1,7 @@
 """Scheduler: token budget, decode-first order, chunked prefill, prefix hits, preemption, limits."""
 
 from core.sequence import SequenceStatus
-from tests.unit.scheduling_helpers import complete_step, make_scheduler, make_seq, scheduled_tokens
+from tests.unit.scheduling_helpers import StepClock, complete_step, make_scheduler, make_seq, scheduled_tokens
 
 
 def test_waiting_sequences_are_admitted_within_the_token_budget() -> None:
@@ -132,3 +132,59 @@ def test_finish_frees_blocks_from_any_state() -> None:
     sched.finish(b)  # waiting
     assert not sched.has_unfinished()
     assert sched.block_manager.num_used_blocks == 0
+
+
+def test_a_decode_hold_spends_steps_on_prompts_until_it_runs_out() -> None:
+    clock = StepClock()
+    sched = make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_tokens_per_step=8,
+                           decode_hold_ms=30, clock=clock)
+    sched.add(make_seq("a", 3))
+    complete_step(sched, sched.schedule())  # a prefilled, sampled its first token: it decodes now
+    sched.add(make_seq("long", 30, first_token=100))
+    steps = []
+    for _ in range(5):
+        out = sched.schedule()
+        steps.append(scheduled_tokens(out))
+        complete_step(sched, out)
+        clock.now += 0.012
+    # held at 0, 12 and 24 ms; at 36 ms the hold has run out: one step for everyone (the last of the prompt)
+    assert steps == [{"long": 8}, {"long": 8}, {"long": 8}, {"a": 1, "long": 6}, {"a": 1, "long": 1}]
+
+
+def test_a_decode_hold_ends_with_the_prompts() -> None:
+    sched = make_scheduler(num_blocks=64, block_size=4, max_num_seqs=8, max_tokens_per_step=8, decode_hold_ms=1000)
+    sched.add(make_seq("a", 3))
+    complete_step(sched, sched.schedule())
+    sched.add(make_seq("b", 5, first_token=100))
+    out = sched.schedule()
+    assert scheduled_tokens(out) == {"b": 5}  # the clock never moves: only prompts can end the hold
+    complete_step(sched, out)
+    out = sched.schedule()
+    assert scheduled_tokens(out) == {"a": 1, "b": 1}
+
+
+def test_a_decode_hold_never_leaves_a_step_empty() -> None:
+    # c waits for a free slot (max_num_seqs 2): holding a and b would schedule nothing, so they decode
+    sched = make_scheduler(num_blocks=64, block_size=4, max_num_seqs=2, max_tokens_per_step=8, decode_hold_ms=1000)
+    sched.add(make_seq("a", 3))
+    sched.add(make_seq("b", 3, first_token=100))
+    complete_step(sched, sched.schedule())
+    sched.add(make_seq("c", 3, first_token=200))
+    out = sched.schedule()
+    assert scheduled_tokens(out) == {"a": 1, "b": 1}
+    assert [s.request_id for s in sched.waiting] == ["c"]
+
+
+def test_a_prompt_preempted_during_a_decode_hold_leaves_the_step_to_the_decodes() -> None:
+    # 9 blocks of 2: a's 13-token prompt and b's first 3 tokens fill them all
+    sched = make_scheduler(num_blocks=9, block_size=2, max_num_seqs=2, max_tokens_per_step=8, decode_hold_ms=3)
+    a, b = make_seq("a", 13, max_tokens=2), make_seq("b", 5, max_tokens=1, first_token=100)
+    sched.add(a)
+    sched.add(b)
+    complete_step(sched, sched.schedule())  # a: 8 tokens
+    out = sched.schedule()
+    assert scheduled_tokens(out) == {"a": 5, "b": 3}  # a samples its first token: it decodes now
+    complete_step(sched, out)
+    out = sched.schedule()  # b needs a block that a holds: held alone, b is preempted; a decodes
+    assert scheduled_tokens(out) == {"a": 1}
+    assert out.preempted == [b] and list(sched.waiting) == [b]

@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from core.scheduler import Scheduler
 from core.sequence import Sequence, SequenceStatus
-from tests.unit.scheduling_helpers import complete_step, make_scheduler, make_seq
+from tests.unit.scheduling_helpers import StepClock, complete_step, make_scheduler, make_seq
 
 actions = st.lists(
     st.one_of(
@@ -41,12 +41,15 @@ def check_invariants(sched: Scheduler, live: list[Sequence]) -> None:
 
 
 @settings(max_examples=150, deadline=None)
-@given(actions, st.integers(4, 24), st.sampled_from([2, 4]), st.integers(1, 4), st.booleans())
+@given(actions, st.integers(4, 24), st.sampled_from([2, 4]), st.integers(1, 4), st.booleans(),
+       st.sampled_from([0, 3]))
 def test_invariants_hold_over_random_histories(
-    history: list[tuple], num_blocks: int, block_size: int, max_num_seqs: int, same_prefix: bool
+    history: list[tuple], num_blocks: int, block_size: int, max_num_seqs: int, same_prefix: bool,
+    decode_hold_ms: int,
 ) -> None:
     budget = max_num_seqs * 4
-    sched = make_scheduler(num_blocks, block_size, max_num_seqs, budget)
+    clock = StepClock()  # a step takes 1 ms: a hold of 3 ms runs out after 3 held steps
+    sched = make_scheduler(num_blocks, block_size, max_num_seqs, budget, decode_hold_ms, clock)
     sched.block_manager.enable_prefix_caching = True
     live: list[Sequence] = []
     for index, action in enumerate(history):
@@ -61,12 +64,14 @@ def test_invariants_hold_over_random_histories(
             seq = live.pop(action[1] % len(live))
             sched.finish(seq)
         elif action[0] == "step":
+            clock.now += 0.001
             out = sched.schedule()
             assert out.num_batched_tokens <= budget
             for finished in complete_step(sched, out, next_token=action[1]):
                 live.remove(finished)
         check_invariants(sched, live)
     while live:  # everything left runs to completion: no livelock, no lost sequence
+        clock.now += 0.001
         out = sched.schedule()
         assert out.scheduled, "live sequences but nothing scheduled"
         for finished in complete_step(sched, out):
