@@ -13,13 +13,15 @@ import torch
 from core import LLM, FinishReason, SamplingParams
 from core.engine import LLMEngine
 from core.outputs import RequestOutput
+from core.scheduler import SchedulerOutput
 from gpu.batch import Batch
 from gpu.pending_step import PendingStep
 
 
-def make_engine(model_dir: Path, async_scheduling: bool, num_blocks: int = 64) -> LLMEngine:
+def make_engine(model_dir: Path, async_scheduling: bool, num_blocks: int = 64,
+                decode_hold_ms: float = 0.0) -> LLMEngine:
     llm = LLM(str(model_dir), max_model_len=128, block_size=8, kv_cache_blocks=num_blocks, max_num_seqs=8,
-              max_num_batched_tokens=32, async_scheduling=async_scheduling)
+              max_num_batched_tokens=32, async_scheduling=async_scheduling, decode_hold_ms=decode_hold_ms)
     return llm.engine
 
 
@@ -103,6 +105,33 @@ def test_async_and_sync_scheduling_give_the_same_outputs(tiny_qwen3_dir: Path, n
     if num_blocks == 16:
         assert async_engine.stats().num_preemptions > 0
     assert async_engine.stats().num_prefix_cache_hit_tokens > 0
+
+
+class HoldCounter:
+    """Counts the steps that left out a sequence ready to decode."""
+
+    def __init__(self, engine: LLMEngine) -> None:
+        self.num_held_steps = 0
+        self._scheduler = engine.scheduler
+        self._schedule = engine.scheduler.schedule
+        engine.scheduler.schedule = self._record  # type: ignore[method-assign]
+
+    def _record(self) -> SchedulerOutput:
+        decoding = {id(s) for s in self._scheduler.running if not s.is_last_token_pending
+                    and s.num_uncomputed_tokens == 1 and s.num_output_tokens > 0}
+        out = self._schedule()
+        self.num_held_steps += bool(decoding - {id(s.seq) for s in out.scheduled})
+        return out
+
+
+@pytest.mark.parametrize("num_blocks", [64, 16])
+def test_a_decode_hold_gives_the_same_outputs(tiny_qwen3_dir: Path, num_blocks: int) -> None:
+    expected = summary(run(make_engine(tiny_qwen3_dir, async_scheduling=False, num_blocks=num_blocks),
+                           mixed_requests()))
+    engine = make_engine(tiny_qwen3_dir, async_scheduling=True, num_blocks=num_blocks, decode_hold_ms=60_000)
+    counter = HoldCounter(engine)
+    assert summary(run(engine, mixed_requests())) == expected
+    assert counter.num_held_steps > 10  # 22 here; 1 with no hold (a step that preempted a decoding row)
 
 
 def test_abort_while_a_token_is_in_flight(tiny_qwen3_dir: Path) -> None:
