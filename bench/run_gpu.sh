@@ -15,6 +15,8 @@
 #                 the quick look after a change
 #   ab-serve      openai-serve at concurrency 256 once per server-flag variant (ARGS, one quoted word each, e.g.
 #                 --no-engine-process --engine-process), interleaved, twice each, beside the offline engine
+#   serve-variants  openai-serve at concurrency 256 once per server-flag variant (ARGS as ab-serve's), in turn,
+#                 no offline run: a quick look at what flags change at that load
 #   serve-share   the offline engine on the serving shape, then openai-serve at concurrency 256, in turn, ROUNDS times
 #                 (ARGS: ROUNDS, default 2): the server's share of the offline engine per round, each pair on one
 #                 machine minutes apart (the share moved 96.96-103.3% between single runs)
@@ -49,7 +51,7 @@
 # (with device.txt and log beside it, unpacked), which `tar xzf results.tgz` unpacks here.
 set -uo pipefail
 stages="tests decode-step offline serve check ab-serve ab-offline host-profile attention sampler skinny-gemm"
-stages="$stages attention-backends ttft-starts sampling-cost prefix-heavy qwen3-8b serve-share"
+stages="$stages attention-backends ttft-starts sampling-cost prefix-heavy qwen3-8b serve-share serve-variants"
 usage="usage: run_gpu.sh ${stages// /|} OUT_DIR [ARGS...]"
 stage=${1:?$usage}
 out=${2:?$usage}
@@ -143,6 +145,13 @@ case "$stage" in
         variant=$((variant + 1))
         openai_serve "variant${variant}_round$round" 256 768 "$flags"
       done
+    done ;;
+  serve-variants)
+    build_model
+    variant=0
+    for flags in "$@"; do
+      variant=$((variant + 1))
+      openai_serve "variant$variant" 256 768 "$flags"
     done ;;
   serve-share)
     build_model

@@ -128,14 +128,16 @@ def choose_phases(
     time_step: TimeStep,
 ) -> tuple[PhasedBackend, dict[str, dict[str, float]]]:
     """Times every candidate on every phase's steps; returns the choice and the summed milliseconds."""
-    times: dict[str, dict[str, float]] = {phase: {} for phase in PHASES}
+    step_times: dict[str, dict[str, list[float]]] = {phase: {} for phase in PHASES}
     for phase in PHASES:
         for backend in candidates:
             graphed = is_graphed(backend, phase)
-            times[phase][backend.name] = sum(time_step(backend, batch, graphed) for batch in steps[phase])
+            step_times[phase][backend.name] = [time_step(backend, batch, graphed) for batch in steps[phase]]
+    times = {phase: {name: sum(ms) for name, ms in by_backend.items()} for phase, by_backend in step_times.items()}
     by_name = {backend.name: backend for backend in candidates}
     pick = {phase: min(times[phase], key=times[phase].__getitem__) for phase in PHASES}
     for phase in PHASES:
-        measured = ", ".join(f"{name} {ms:.3f} ms" for name, ms in times[phase].items())
-        logger.info("attention backend for %s steps: %s (measured: %s)", phase, pick[phase], measured)
+        measured = ", ".join(f"{name} {sum(ms):.3f} ms ({' + '.join(f'{t:.3f}' for t in ms)})"
+                             for name, ms in step_times[phase].items())
+        logger.info("attention backend for %s steps: %s (measured, per step: %s)", phase, pick[phase], measured)
     return PhasedBackend(by_name[pick["decode"]], by_name[pick["prefill"]]), times
