@@ -14,6 +14,7 @@ All chunks that arrive in one network read get the same timestamp: that is when 
 
 import asyncio
 import json
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -121,25 +122,43 @@ def _choice_text(choice: dict[str, object]) -> str:
 
 
 async def run_level(
-    session: aiohttp.ClientSession, specs: list[RequestSpec], concurrency: int, deadline: float | None = None
+    session: aiohttp.ClientSession, specs: list[RequestSpec], concurrency: int, deadline: float | None = None,
+    arrivals: list[float] | None = None,
 ) -> tuple[list[RequestRecord], float]:
     """Sends every spec with at most `concurrency` in flight; returns the records and the wall time.
 
-    Past `deadline` (a perf_counter time) no new request starts; those in flight finish. Requests
-    never started are not records: the level is reported as having fewer requests, not failures.
+    `arrivals`: each spec's arrival, in seconds after the level starts (poisson_arrivals); a spec is
+    sent at its arrival or when a request in flight ends, whichever is later. None: each as soon as
+    one in flight ends (a closed loop). Past `deadline` (a perf_counter time) no new request starts;
+    those in flight finish. Requests never started are not records: the level is reported as having
+    fewer requests, not failures.
     """
-    queue: asyncio.Queue[RequestSpec] = asyncio.Queue()
-    for spec in specs:
-        queue.put_nowait(spec)
+    queue: asyncio.Queue[tuple[RequestSpec, float]] = asyncio.Queue()
+    for spec, arrival in zip(specs, arrivals or [0.0] * len(specs), strict=True):
+        queue.put_nowait((spec, arrival))
     records: list[RequestRecord] = []
 
     async def worker() -> None:
         while not queue.empty() and (deadline is None or time.perf_counter() < deadline):
-            records.append(await send(session, queue.get_nowait()))
+            spec, arrival = queue.get_nowait()
+            if (wait := start + arrival - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)
+            records.append(await send(session, spec))
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(min(concurrency, len(specs)))))
     return records, time.perf_counter() - start
+
+
+def poisson_arrivals(num_requests: int, rate_per_s: float, seed: int) -> list[float]:
+    """Arrival times of a Poisson process at `rate_per_s` (exponential gaps, the first one included), as
+    vLLM's serving benchmark draws them; seeded, so a repeated run sends the same schedule."""
+    generator = random.Random(seed)
+    arrivals, now = [], 0.0
+    for _ in range(num_requests):
+        now += generator.expovariate(rate_per_s)
+        arrivals.append(now)
+    return arrivals
 
 
 async def run_conversations(

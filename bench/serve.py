@@ -6,7 +6,7 @@ Talks to any OpenAI-compatible server (`--base-url`), or starts one itself: `--l
 
 Every request sends a prompt of `--prompt-len` random token ids (distinct prompts, so no prefix
 cache helps; as text with `--prompt-format text`, decoded with `--tokenizer`) and asks for
-`--max-tokens` tokens with ignore_eos. Per level: TTFT, TPOT and ITL p50/p99, E2E p50, request/s,
+`--max-tokens` tokens with ignore_eos. Per level: TTFT, TPOT and ITL p50/p99 (ITL's max too), E2E p50, request/s,
 output tok/s and failed requests (bench/stats.py defines them). The client's own CPU share is
 recorded per level: near 1.0 the client, not the server, would be the bottleneck.
 
@@ -31,7 +31,7 @@ from functools import partial
 from pathlib import Path
 
 from bench.common import write_result
-from bench.load import RequestSpec, new_session, run_level
+from bench.load import RequestSpec, new_session, poisson_arrivals, run_level
 from bench.stats import LevelSummary, summarize
 from bench.workload import fixed_workload
 
@@ -51,6 +51,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-requests", default=None,
                    help="requests per level: one number, or one per level, comma-separated "
                    "(default: max(32, 4 x concurrency))")
+    p.add_argument("--request-rate", default=None,
+                   help="requests per second arriving as a Poisson process (as vLLM's serving benchmark), each level "
+                   "still capped at its concurrency: one number, or one per level, comma-separated (default: a "
+                   "closed loop, a new request as soon as one ends)")
     p.add_argument("--max-seconds-per-level", type=float, default=None,
                    help="no new request starts after this long in a level (those in flight finish)")
     p.add_argument("--warmup-requests", type=int, default=8)
@@ -71,12 +75,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def requests_per_level(levels: list[int], spec: str | None) -> list[int]:
     if spec is None:
         return [max(32, 4 * c) for c in levels]
-    counts = [int(x) for x in spec.split(",")]
-    if len(counts) == 1:
-        return counts * len(levels)
-    if len(counts) != len(levels):
-        raise ValueError(f"--num-requests has {len(counts)} numbers for {len(levels)} levels")
-    return counts
+    return [int(x) for x in per_level(levels, spec, "--num-requests")]
+
+
+def rates_per_level(levels: list[int], spec: str | None) -> list[float | None]:
+    """Each level's --request-rate; None: a closed loop."""
+    if spec is None:
+        return [None] * len(levels)
+    return [float(x) for x in per_level(levels, spec, "--request-rate")]
+
+
+def per_level(levels: list[int], spec: str, flag: str) -> list[str]:
+    """One value for every level, or one per level, comma-separated."""
+    values = spec.split(",")
+    if len(values) == 1:
+        return values * len(levels)
+    if len(values) != len(levels):
+        raise ValueError(f"{flag} has {len(values)} numbers for {len(levels)} levels")
+    return values
 
 
 class RequestFactory:
@@ -119,6 +135,7 @@ async def run_all(
     `server_cpu` gives the server process's CPU seconds so far (all its threads), None when unknown.
     """
     levels = [int(x) for x in args.levels.split(",")]
+    rates = rates_per_level(levels, args.request_rate)
     factory = RequestFactory(args, base_url, model)
     results = []
     async with new_session(max(levels), args.read_timeout) as session:
@@ -128,19 +145,21 @@ async def run_all(
         for index, (concurrency, num) in enumerate(zip(levels, requests_per_level(levels, args.num_requests),
                                                          strict=True)):
             specs = factory.specs(num, args.seed + 1000 * index + concurrency)  # a level repeated gets new prompts
+            rate = rates[index]
+            arrivals = None if rate is None else poisson_arrivals(num, rate, args.seed + index)
             deadline = None if args.max_seconds_per_level is None else time.perf_counter() + args.max_seconds_per_level
             cpu_start, server_cpu_start = time.process_time(), server_cpu()
-            records, duration = await run_level(session, specs, concurrency, deadline)
+            records, duration = await run_level(session, specs, concurrency, deadline, arrivals)
             summary = summarize(concurrency, records, duration)
             server_cpu_end = server_cpu()
-            level = {**asdict(summary), "num_requests_planned": num,
+            level = {**asdict(summary), "num_requests_planned": num, "request_rate": rate,
                      "client_cpu_share": round((time.process_time() - cpu_start) / duration, 3),
                      "server_cpu_share": None if server_cpu_start is None or server_cpu_end is None
                      else round((server_cpu_end - server_cpu_start) / duration, 3),
                      "errors": sorted({r.error for r in records if r.error})[:5],
                      # The level's first request: with no warm-up requests, the server's first.
                      "first_ttft_ms": round(records[0].ttft * 1e3, 2) if records and records[0].is_ok else None}
-            print(format_level(summary), flush=True)
+            print(format_level(summary) + ("" if rate is None else f"  (Poisson arrivals at {rate:g}/s)"), flush=True)
             results.append(level)
             on_level(results)
     return results
@@ -149,8 +168,8 @@ async def run_all(
 def format_level(s: LevelSummary) -> str:
     return (f"c={s.concurrency:<4} n={s.num_requests:<5} failed={s.num_failed:<3} {s.output_tokens_per_s:>9.1f} tok/s "
             f"{s.request_per_s:>7.2f} req/s  TTFT p50/p99 {s.ttft_ms['p50']:.1f}/{s.ttft_ms['p99']:.1f} ms  "
-            f"TPOT {s.tpot_ms['p50']:.2f}/{s.tpot_ms['p99']:.2f} ms  ITL {s.itl_ms['p50']:.2f}/{s.itl_ms['p99']:.2f} "
-            f"ms  E2E p50 {s.e2e_ms['p50']:.0f} ms")
+            f"TPOT {s.tpot_ms['p50']:.2f}/{s.tpot_ms['p99']:.2f} ms  ITL p50/p99/max {s.itl_ms['p50']:.2f}/"
+            f"{s.itl_ms['p99']:.2f}/{s.itl_ms['max']:.0f} ms  E2E p50 {s.e2e_ms['p50']:.0f} ms")
 
 
 # The server under test.
