@@ -118,32 +118,26 @@ def time_forward(forward: Callable[[], object], is_graphed: bool, repeats: int =
     return statistics.median(times)
 
 
-TimeStep = Callable[[PhasedBackend, Batch, bool], float]
-Pair = Callable[[AttentionBackend, AttentionBackend], PhasedBackend]  # (decode, prefill) as the runner builds them
+TimeStep = Callable[[AttentionBackend, Batch, bool], float]
 
 
 def choose_phases(
     candidates: list[AttentionBackend],
     steps: dict[str, list[Batch]],
-    is_graphed: Callable[[PhasedBackend, str], bool],
+    is_graphed: Callable[[AttentionBackend, str], bool],
     time_step: TimeStep,
-    pair: Pair,
 ) -> tuple[PhasedBackend, dict[str, dict[str, float]]]:
-    """Times every candidate on every phase's steps; returns the choice and the summed milliseconds. The decode
-    phase is chosen first: the prefill phase's candidates run beside that choice, which takes a mixed step's decode
-    rows when the pair splits mixed steps."""
+    """Times every candidate on every phase's steps; returns the choice and the summed milliseconds."""
     step_times: dict[str, dict[str, list[float]]] = {phase: {} for phase in PHASES}
-    by_name = {backend.name: backend for backend in candidates}
-    pick: dict[str, str] = {}
     for phase in PHASES:
         for backend in candidates:
-            phased = pair(backend, backend) if phase == "decode" else pair(by_name[pick["decode"]], backend)
-            graphed = is_graphed(phased, phase)
-            step_times[phase][backend.name] = [time_step(phased, batch, graphed) for batch in steps[phase]]
-        sums = {name: sum(ms) for name, ms in step_times[phase].items()}
-        pick[phase] = min(sums, key=sums.__getitem__)
+            graphed = is_graphed(backend, phase)
+            step_times[phase][backend.name] = [time_step(backend, batch, graphed) for batch in steps[phase]]
+    times = {phase: {name: sum(ms) for name, ms in by_backend.items()} for phase, by_backend in step_times.items()}
+    by_name = {backend.name: backend for backend in candidates}
+    pick = {phase: min(times[phase], key=times[phase].__getitem__) for phase in PHASES}
+    for phase in PHASES:
         measured = ", ".join(f"{name} {sum(ms):.3f} ms ({' + '.join(f'{t:.3f}' for t in ms)})"
                              for name, ms in step_times[phase].items())
         logger.info("attention backend for %s steps: %s (measured, per step: %s)", phase, pick[phase], measured)
-    times = {phase: {name: sum(ms) for name, ms in by_backend.items()} for phase, by_backend in step_times.items()}
-    return pair(by_name[pick["decode"]], by_name[pick["prefill"]]), times
+    return PhasedBackend(by_name[pick["decode"]], by_name[pick["prefill"]]), times

@@ -31,9 +31,6 @@ class KernelConfig:
     pdl_launches: bool = True
     order_decode_rows: bool = True  # decode attention starts the longest contexts first (decode graphs' inputs)
     prefill_step_graphs: bool = True  # steps with prefill replay CUDA graphs per token bucket (gpu/mixed_graphs.py)
-    # A mixed step's decode rows through the decode kernel, its prompts through the prefill kernel
-    # (gpu/attention/backend.py: PhasedBackend's split).
-    split_mixed_attention: bool = True
     sampling_in_graphs: bool = True  # decode graphs compute the logits and draw plain rows' tokens (gpu/cuda_graphs.py)
     cpu_packed_weights: bool = True  # on a CPU in bfloat16: linear weights packed after loading (gpu/cpu_packing.py)
 

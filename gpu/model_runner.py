@@ -80,7 +80,7 @@ class ModelRunner:
         if flash_attn_reason is not None:
             logger.info("attention backend flash-attn not a candidate: %s", flash_attn_reason)
         candidates = [backend_named(name, config.kernels.pdl_launches) for name in names]
-        self._set_backend(self._pair(candidates[0], candidates[0]))  # for the warm-up pass
+        self._set_backend(PhasedBackend(candidates[0], candidates[0]))  # for the warm-up pass
         # Before the KV cache is sized, so its memory is counted: [max_num_seqs, vocab] int32 + bool.
         self.penalty_state = PenaltyState(config.max_num_seqs, self.vocab_size, self.device)
         self.sampler = Sampler(self.device, config.seed, config.kernels, self.penalty_state)
@@ -117,12 +117,9 @@ class ModelRunner:
             if backend_choice.blocks_used(steps) <= self.num_kv_blocks:
                 return self._measure_phases(candidates, steps)
             logger.info("attention: the KV cache is too small to time the candidates; using %s", candidates[0].name)
-        backend = self._pair(candidates[0], candidates[0])
+        backend = PhasedBackend(candidates[0], candidates[0])
         self._compile_flash_attn(backend)
         return backend
-
-    def _pair(self, decode: AttentionBackend, prefill: AttentionBackend) -> PhasedBackend:
-        return PhasedBackend(decode, prefill, self.config.kernels.split_mixed_attention)
 
     @torch.inference_mode()
     def _measure_phases(self, candidates: list[AttentionBackend], steps: dict[str, list[Batch]]) -> PhasedBackend:
@@ -131,17 +128,16 @@ class ModelRunner:
             layer.k_cache[:num_blocks].normal_()
             layer.v_cache[:num_blocks].normal_()
 
-        def is_graphed(backend: PhasedBackend, phase: str) -> bool:
+        def is_graphed(backend: AttentionBackend, phase: str) -> bool:
             graph_safe = backend.supports_cuda_graphs if phase == "decode" else backend.supports_mixed_graphs
             return graph_safe and not self.config.enforce_eager
 
-        def time_step(backend: PhasedBackend, batch: Batch, graphed: bool) -> float:
-            self._set_backend(backend)
+        def time_step(backend: AttentionBackend, batch: Batch, graphed: bool) -> float:
+            self._set_backend(PhasedBackend(backend, backend))
             inputs = self._prepare(batch)
             return backend_choice.time_forward(lambda: self.model(*inputs), graphed)
 
-        backend, self.attention_times = backend_choice.choose_phases(candidates, steps, is_graphed, time_step,
-                                                                     self._pair)
+        backend, self.attention_times = backend_choice.choose_phases(candidates, steps, is_graphed, time_step)
         backend = self._agreed(backend, candidates)
         for layer in self.layers:
             layer.k_cache[:num_blocks].zero_()
@@ -158,7 +154,7 @@ class ModelRunner:
         names = [c.name for c in candidates]
         picks = torch.tensor([names.index(backend.decode.name), names.index(backend.prefill.name)], device=self.device)
         decode, prefill = (candidates[i] for i in self.tp.broadcast_from_first(picks).tolist())
-        return self._pair(decode, prefill)
+        return PhasedBackend(decode, prefill)
 
     def _compile_flash_attn(self, backend: PhasedBackend) -> None:
         """Every FA4 kernel variant a step can use, compiled now rather than at a request."""

@@ -3,11 +3,7 @@
 A step is in one of two phases: decode-only (one query per row) or anything else (prefill chunks,
 prefix-cache hits, decode rows mixed with prefill). `PhasedBackend` routes each phase to its own
 backend; the runner builds it at start-up (gpu/backend_choice.py measures which is faster per
-phase for `auto`). With `split_mixed`, where the decode backend attends single-query rows of a mixed
-step (`attend_single_queries`) and the prefill backend can leave them out (`attend_prompts`), a mixed
-step's decode rows go to the decode kernel and only its prompts to the prefill kernel: a decode row
-costs a prefill kernel a whole query tile (Triton) or a tile with no split of its keys (FA4 on Hopper).
-Backends that can run here: `torch` anywhere (the reference), `cpu` (the
+phase for `auto`). Backends that can run here: `torch` anywhere (the reference), `cpu` (the
 reference's math in fewer operations, gpu/attention/cpu_backend.py) on a CPU, `triton` on CUDA,
 `flash-attn` (FlashAttention-4) on CUDA GPUs of compute capability 9.x-11.x in float16 or
 bfloat16 when `flash_attn.cute` is installed.
@@ -64,30 +60,21 @@ class TorchBackend:
 
 
 class PhasedBackend:
-    """Decode-only steps to one backend, every other step to another (possibly the same); with `split_mixed`
-    (where both sides can) a mixed step's single-query rows to the decode backend."""
+    """Decode-only steps to one backend, every other step to another (possibly the same)."""
 
-    def __init__(self, decode: AttentionBackend, prefill: AttentionBackend, split_mixed: bool = False) -> None:
+    def __init__(self, decode: AttentionBackend, prefill: AttentionBackend) -> None:
         self.decode, self.prefill = decode, prefill
         self.name = decode.name if decode.name == prefill.name else f"decode={decode.name}, prefill={prefill.name}"
-        self.splits_mixed = split_mixed and hasattr(decode, "attend_single_queries") and hasattr(
-            prefill, "attend_prompts")
         self.supports_cuda_graphs = decode.supports_cuda_graphs
-        self.supports_mixed_graphs = prefill.supports_mixed_graphs and (
-            not self.splits_mixed or decode.supports_mixed_graphs)
+        self.supports_mixed_graphs = prefill.supports_mixed_graphs
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:  # noqa: ANN001
         # Every backend writes the one cache layout (metadata.py), so either may write it.
         self.prefill.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
     def forward(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:  # noqa: ANN001
-        if meta.is_decode_only:
-            return self.decode.forward(query, k_cache, v_cache, meta, scale)
-        if not self.splits_mixed:
-            return self.prefill.forward(query, k_cache, v_cache, meta, scale)
-        out = self.prefill.attend_prompts(query, k_cache, v_cache, meta, scale)  # type: ignore[attr-defined]
-        self.decode.attend_single_queries(query, k_cache, v_cache, meta, scale, out)  # type: ignore[attr-defined]
-        return out
+        backend = self.decode if meta.is_decode_only else self.prefill
+        return backend.forward(query, k_cache, v_cache, meta, scale)
 
 
 def backend_named(name: str, use_pdl: bool = False) -> AttentionBackend:

@@ -95,21 +95,6 @@ class FlashAttnBackend:
         )
         return out
 
-    def attend_prompts(
-        self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
-    ) -> torch.Tensor:
-        """A mixed step's rows of more than one query: the others get no queries (`seqused_q` 0, their tokens
-        unwritten), so FA4 spends no tile on a decode row."""
-        out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
-        query_lens = meta.query_start_loc.diff()
-        _flash_attn_fwd(
-            query, k_cache, v_cache, cu_seqlens_q=meta.query_start_loc,
-            seqused_q=query_lens.masked_fill_(query_lens == 1, 0), max_seqlen_q=meta.max_query_len,
-            seqused_k=meta.context_lens, page_table=meta.block_tables, softmax_scale=scale, causal=True,
-            num_splits=1, out=out,
-        )
-        return out
-
     def compile_variants(
         self, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, max_num_seqs: int
     ) -> None:
@@ -123,8 +108,6 @@ class FlashAttnBackend:
         for query_lens in batches:
             query, meta = _small_batch(query_lens, num_heads, k_cache)
             self.forward(query, k_cache, v_cache, meta, scale)
-            if not meta.is_decode_only:
-                self.attend_prompts(query, k_cache, v_cache, meta, scale)  # seqused_q: variants of their own
 
 
 def _small_batch(

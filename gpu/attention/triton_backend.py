@@ -2,9 +2,7 @@
 
 Routing: a decode-only batch (one query per row) goes to the split-KV decode kernel; any other
 batch (prefill chunks, prefix-cache hits, mixed prefill + decode rows) to the varlen prefill kernel,
-which treats decode rows as rows of query length 1, or, split (`attend_prompts` then
-`attend_single_queries`, gpu/attention/backend.py), its prompts to the prefill kernel and its decode
-rows to the decode kernel. Both paths read only static facts on the host
+which treats decode rows as rows of query length 1. Both paths read only static facts on the host
 (tensor shapes, the is_decode_only flag), never lengths, and allocate their scratch with
 torch.empty, so both are safe to capture in a CUDA graph (the graph's pool owns the scratch): the
 prefill kernel's grid is an upper bound from the token and row counts, and rows with no queries
@@ -22,7 +20,7 @@ except ImportError as error:
     ) from error
 
 from gpu.attention.metadata import AttentionMetadata
-from gpu.kernels.decode_attention import decode_attention, single_query_rows_attention
+from gpu.kernels.decode_attention import decode_attention
 from gpu.kernels.prefill_attention import prefill_attention
 from gpu.kernels.store_kv import store_kv
 
@@ -60,22 +58,4 @@ class TritonBackend:
             )
         return prefill_attention(
             query, k_cache, v_cache, meta.query_start_loc, meta.context_lens, meta.block_tables, scale
-        )
-
-    def attend_prompts(
-        self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata, scale: float
-    ) -> torch.Tensor:
-        """A mixed step's rows of more than one query; the single-query rows' tokens are left unwritten."""
-        return prefill_attention(
-            query, k_cache, v_cache, meta.query_start_loc, meta.context_lens, meta.block_tables, scale,
-            skip_single_query_rows=True,
-        )
-
-    def attend_single_queries(
-        self, query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, meta: AttentionMetadata,
-        scale: float, out: torch.Tensor,
-    ) -> None:
-        """A mixed step's single-query rows (its decode rows), into their tokens of `out`."""
-        single_query_rows_attention(
-            query, k_cache, v_cache, meta.query_start_loc, meta.block_tables, meta.context_lens, scale, out
         )

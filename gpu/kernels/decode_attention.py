@@ -12,12 +12,6 @@ width, the GPU's multiprocessor count), never from context lengths; each row cut
 into at most that many segments on the GPU, and a program whose segment is empty writes an empty
 partial (lse = -inf, zeros). A row with context_len 0 (a padding row of a captured batch) gets an
 all-zero output. Every output element is written.
-
-Single-query rows of a mixed step (`query_start_loc` given): row r's query is token
-query_start_loc[r], and its output goes to that token; a row with any other number of queries (a
-prompt chunk, a padding row) is skipped, its tokens left to the prefill path. A decode row of a
-mixed step then reads its context split-KV like any decode row, instead of taking a prefill tile
-of BLOCK_Q queries for its one.
 """
 
 import functools
@@ -65,7 +59,6 @@ def _decode_split_kernel(
     block_tables_ptr,
     context_lens_ptr,
     row_order_ptr,  # [num_rows] int32: which row each program-row runs (longest contexts first); or unused
-    query_start_loc_ptr,  # [num_rows + 1] int32: single-query rows of a mixed step; or unused
     out_ptr,
     partial_out_ptr,  # [num_rows, num_heads, NUM_SPLITS, HEAD_DIM] float32
     partial_lse_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32, log2 domain
@@ -87,7 +80,6 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HAS_ROW_ORDER: tl.constexpr,
-    HAS_QUERY_START: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_start(USE_PDL)
@@ -95,9 +87,6 @@ def _decode_split_kernel(
         row = tl.load(row_order_ptr + tl.program_id(0)).to(tl.int64)
     else:
         row = tl.program_id(0).to(tl.int64)
-    token = _query_token(query_start_loc_ptr, row, HAS_QUERY_START)
-    if token < 0:
-        return  # not a single-query row: the prefill path's
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + row)
@@ -111,7 +100,7 @@ def _decode_split_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     heads = kv_head * GROUP + offs_h
     hd_mask = (offs_h < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    q = tl.load(q_ptr + token * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :], mask=hd_mask, other=0.0)
+    q = tl.load(q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :], mask=hd_mask, other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -143,7 +132,7 @@ def _decode_split_kernel(
     has_keys = l_i > 0.0
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if NUM_SPLITS == 1:
-        out_offsets = token * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :]
+        out_offsets = row * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :]
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
     else:
         num_heads = tl.num_programs(1) * GROUP
@@ -154,35 +143,19 @@ def _decode_split_kernel(
 
 
 @triton.jit
-def _query_token(query_start_loc_ptr, row, HAS_QUERY_START: tl.constexpr):
-    """The token of row's query: the row itself in a decode-only step; in a mixed step its query's token if it
-    has exactly one query, else -1."""
-    if HAS_QUERY_START:
-        start = tl.load(query_start_loc_ptr + row).to(tl.int64)
-        num_queries = tl.load(query_start_loc_ptr + row + 1) - start
-        return tl.where(num_queries == 1, start, -1)
-    return row
-
-
-@triton.jit
 def _decode_reduce_kernel(
     partial_out_ptr,
     partial_lse_ptr,
-    query_start_loc_ptr,
     out_ptr,
     out_stride_t,
     out_stride_h,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
-    HAS_QUERY_START: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
-    token = _query_token(query_start_loc_ptr, row, HAS_QUERY_START)
-    if token < 0:
-        return
     head = tl.program_id(1)
     num_heads = tl.num_programs(1)
     offs_s = tl.arange(0, NUM_SPLITS)
@@ -197,8 +170,7 @@ def _decode_reduce_kernel(
     parts = tl.load(partial_out_ptr + part_offsets, mask=d_mask[None, :], other=0.0)  # [NUM_SPLITS, BLOCK_D]
     total = tl.sum(weights, 0)
     out = tl.sum(weights[:, None] * parts, 0) / tl.where(total > 0.0, total, 1.0)
-    tl.store(out_ptr + token * out_stride_t + head * out_stride_h + offs_d, out.to(out_ptr.dtype.element_ty),
-             mask=d_mask)
+    tl.store(out_ptr + row * out_stride_t + head * out_stride_h + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
 
 @functools.cache
@@ -233,41 +205,10 @@ def decode_attention(
 ) -> torch.Tensor:
     """Attention of each row's single query over its whole context; no host sync, graph-capturable."""
     _check(query, k_cache, v_cache, block_tables, context_lens)
-    out = torch.empty_like(query) if out is None else out
-    return _launch(query, k_cache, v_cache, block_tables, context_lens, scale, out, config, row_order, None, use_pdl)
-
-
-def single_query_rows_attention(
-    query: torch.Tensor,  # [num_tokens, num_heads, head_dim]: a mixed step's queries
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    query_start_loc: torch.Tensor,  # [num_rows + 1] int32
-    block_tables: torch.Tensor,  # [num_rows, max_blocks_per_row] int32
-    context_lens: torch.Tensor,  # [num_rows] int32
-    scale: float,
-    out: torch.Tensor,  # [num_tokens, num_heads, head_dim]: the single-query rows' tokens are written
-    config: DecodeConfig | None = None,
-) -> torch.Tensor:
-    """Decode attention for the rows of a mixed step that have exactly one query (decode rows); the other
-    rows' tokens of `out` are left as they are. No host sync, graph-capturable."""
-    _check(query, k_cache, v_cache, block_tables, context_lens, num_rows=context_lens.shape[0])
-    if query_start_loc.shape != (context_lens.shape[0] + 1,) or query_start_loc.dtype != torch.int32:
-        raise ValueError(f"need an int32 query_start_loc of [{context_lens.shape[0] + 1}]")
-    if out.shape != query.shape:
-        raise ValueError(f"out {tuple(out.shape)} must have the query's shape {tuple(query.shape)}")
-    return _launch(query, k_cache, v_cache, block_tables, context_lens, scale, out, config, None, query_start_loc,
-                   False)
-
-
-def _launch(
-    query: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor,
-    context_lens: torch.Tensor, scale: float, out: torch.Tensor, config: DecodeConfig | None,
-    row_order: torch.Tensor | None, query_start_loc: torch.Tensor | None, use_pdl: bool,
-) -> torch.Tensor:
     config = config or DecodeConfig()
-    num_rows = context_lens.shape[0]
-    _, num_heads, head_dim = query.shape
+    num_rows, num_heads, head_dim = query.shape
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+    out = torch.empty_like(query) if out is None else out
     if num_rows == 0:
         return out
     num_splits = config.num_splits or choose_num_splits(
@@ -284,24 +225,21 @@ def _launch(
     # One row needs no launch order, and reading it would put a load before every other load of the kernel.
     has_row_order = row_order is not None and num_rows > 1
     pdl = uses_pdl(use_pdl, query)
-    has_query_start = query_start_loc is not None
     _decode_split_kernel[(num_rows, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, context_lens, row_order if has_row_order else context_lens,
-        query_start_loc if has_query_start else context_lens, out, partial_out, partial_lse,
+        out, partial_out, partial_lse,
         scale * math.log2(math.e),
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        HAS_ROW_ORDER=has_row_order, HAS_QUERY_START=has_query_start, USE_PDL=pdl, num_warps=config.num_warps,
-        num_stages=num_stages, launch_pdl=pdl,
+        HAS_ROW_ORDER=has_row_order, USE_PDL=pdl, num_warps=config.num_warps, num_stages=num_stages, launch_pdl=pdl,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_rows, num_heads)](
-            partial_out, partial_lse, query_start_loc if has_query_start else context_lens, out, out.stride(0),
-            out.stride(1), HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits,
-            HAS_QUERY_START=has_query_start, USE_PDL=pdl, num_warps=4, launch_pdl=pdl,
+            partial_out, partial_lse, out, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, USE_PDL=pdl, num_warps=4, launch_pdl=pdl,
         )
     return out
 
@@ -312,15 +250,13 @@ def _check(
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
     context_lens: torch.Tensor,
-    num_rows: int | None = None,  # None: one row per query token (a decode-only step)
 ) -> None:
     if query.dim() != 3 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
         shapes = f"query {tuple(query.shape)}, caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)}"
         raise ValueError(f"bad shapes: {shapes}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("the KV caches must be contiguous (k and v share strides)")
-    num_heads, head_dim = query.shape[1], query.shape[2]
-    num_rows = query.shape[0] if num_rows is None else num_rows
+    num_rows, num_heads, head_dim = query.shape
     if k_cache.shape[3] != head_dim or num_heads % k_cache.shape[2] != 0:
         raise ValueError(f"query heads {num_heads}x{head_dim} do not fit cache heads {tuple(k_cache.shape[2:])}")
     if query.stride(2) != 1 or query.dtype != k_cache.dtype:

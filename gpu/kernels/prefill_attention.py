@@ -10,10 +10,7 @@ through the block table serves the whole group. Row r owns tiles [r + start_r //
 that numbering needs no host-side lengths (grid = num_tokens // BLOCK_Q + num_rows, an upper
 bound), and a program finds its row by binary search over query_start_loc; surplus programs exit.
 KV tiles wholly below the tile's first query position run without the causal mask.
-Every query token of every row is written; tokens past query_start_loc[-1] are not. With
-`skip_single_query_rows` a row of one query (a decode row) is not computed and its token not written:
-the decode kernel attends those rows of a mixed step (decode_attention.single_query_rows_attention),
-where a prefill tile would spend BLOCK_Q queries' work on one.
+Every query token of every row is written; tokens past query_start_loc[-1] are not.
 """
 
 import math
@@ -110,7 +107,6 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
-    SKIP_SINGLE_QUERY_ROWS: tl.constexpr,
 ):
     # Launching the tiles with the most keys first was tried and measured no faster (0.3%, H200).
     q_tile = tl.program_id(0)
@@ -121,9 +117,6 @@ def _prefill_kernel(
     local_tile = q_tile - (q_start // BLOCK_Q + row)
     if local_tile * BLOCK_Q >= query_len:
         return  # a surplus program of the upper-bound grid
-    if SKIP_SINGLE_QUERY_ROWS:
-        if query_len == 1:
-            return  # a decode row: the decode kernel's
     context_len = tl.load(context_lens_ptr + row)
     prefix_len = context_len - query_len
 
@@ -172,7 +165,6 @@ def prefill_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; allocated when None
     config: PrefillConfig | None = None,
-    skip_single_query_rows: bool = False,  # rows of one query left unwritten (see the module's docstring)
 ) -> torch.Tensor:
     """Causal attention of every row's queries over its paged context; no host sync."""
     _check(query, k_cache, v_cache, query_start_loc, context_lens, block_tables)
@@ -193,7 +185,7 @@ def prefill_attention(
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=config.block_n,
-        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32", SKIP_SINGLE_QUERY_ROWS=skip_single_query_rows,
+        DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out

@@ -6,14 +6,13 @@ chunks, prefix hits and decode rows), through the backend's `forward` as the mod
 Skips without CUDA or without flash_attn.cute.
 """
 
+import itertools
 import random
 
 import pytest
 import torch
 
-from gpu.attention.backend import PhasedBackend
 from gpu.attention.metadata import AttentionMetadata
-from gpu.attention.triton_backend import TritonBackend
 from tests.gpu.test_kernels import (  # skips this module too without CUDA or triton
     DECODE_CASES,
     DEVICE,
@@ -21,7 +20,6 @@ from tests.gpu.test_kernels import (  # skips this module too without CUDA or tr
     PagedBatch,
     Shape,
     assert_matches,
-    check_padded_step_graph,
     make_batch,
     random_context_lens,
     reference_attention,
@@ -100,26 +98,60 @@ def test_decode_replays_in_a_cuda_graph_with_new_lengths() -> None:
         assert_matches(static_out, ref, f"fa4 decode graph replay {step}")
 
 
-@pytest.mark.parametrize("split", [False, True], ids=["fa4", "fa4+triton-decode-rows"])
 @pytest.mark.parametrize(("bucket", "capacity"), [(64, 64), (512, 64), (2048, 300)])
-def test_steps_with_prefill_replay_in_a_padded_cuda_graph(bucket: int, capacity: int, split: bool) -> None:
-    """FA4's grid does not depend on the lengths (max_seqlen_q the bucket), alone and with a mixed step's decode
-    rows on the Triton decode kernel. The capacities cover both sides of FA4's batch-lookup threshold
-    (BIN_BATCH_SEARCH_THRESH rows)."""
-    backend = PhasedBackend(TritonBackend(), BACKEND, split_mixed=True) if split else BACKEND
-    check_padded_step_graph(backend, bucket, capacity, f"fa4 split={split}")
+def test_steps_with_prefill_replay_in_a_padded_cuda_graph(bucket: int, capacity: int) -> None:
+    """As gpu/mixed_graphs.py runs them: captured once for a token bucket and a row capacity (max_seqlen_q the
+    bucket), then replayed for different mixes of fresh prompts, prefix hits and decode rows written in place,
+    with padding rows that have no queries and no context. Checks FA4's grid does not depend on the lengths.
+    The capacities cover both sides of FA4's batch-lookup threshold (BIN_BATCH_SEARCH_THRESH rows)."""
+    shape = Shape(16, 128, 2, 8)
+    num_heads, width, num_blocks = shape.num_kv_heads * shape.group, 4096 // 16 + 1, 2048
+    cache = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
+    k_cache = torch.randn(cache, device=DEVICE).to(torch.bfloat16)
+    v_cache = torch.randn(cache, device=DEVICE).to(torch.bfloat16)
+    query = torch.zeros(bucket, num_heads, shape.head_dim, device=DEVICE, dtype=torch.bfloat16)
+    starts = torch.zeros(capacity + 1, dtype=torch.int32, device=DEVICE)
+    lens = torch.zeros(capacity, dtype=torch.int32, device=DEVICE)
+    tables = torch.zeros(capacity, width, dtype=torch.int32, device=DEVICE)
+    meta = AttentionMetadata(
+        slot_mapping=torch.full((bucket,), -1, dtype=torch.int64, device=DEVICE), query_start_loc=starts,
+        context_lens=lens, block_tables=tables, max_query_len=bucket, max_context_len=4096, is_decode_only=False,
+    )
+    rng = random.Random(bucket)
 
+    def write_step() -> int:
+        """A random step of at most `bucket` tokens and `capacity` rows into the static inputs; its row count."""
+        rows: list[tuple[int, int]] = []
+        tokens = 0
+        while len(rows) < capacity and tokens < bucket:
+            kind = rng.choice(["fresh", "hit", "decode", "decode"])
+            new = 1 if kind == "decode" else rng.randint(1, min(bucket - tokens, 700))
+            prefix = 0 if kind == "fresh" else rng.randint(1, 4096 - new)
+            rows.append((new, prefix + new))
+            tokens += new
+        query_lens = [q for q, _ in rows] + [0] * (capacity - len(rows))
+        context_lens = [c for _, c in rows] + [0] * (capacity - len(rows))
+        table_rows = []  # random blocks, shared between rows as prefix-cache hits share them
+        for n in context_lens:
+            need = -(-n // shape.block_size)
+            table_rows.append([rng.randrange(num_blocks) for _ in range(need)] + [0] * (width - need))
+        starts.copy_(torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32))
+        lens.copy_(torch.tensor(context_lens, dtype=torch.int32))
+        tables.copy_(torch.tensor(table_rows, dtype=torch.int32))
+        query.copy_(torch.randn(query.shape, device=DEVICE).to(query.dtype))
+        return len(rows)
 
-@pytest.mark.parametrize(("shape", "rows"), [c for c in PREFILL_CASES if len(c[1]) > 20], ids=lambda x: str(x)[:60])
-def test_a_split_mixed_step_matches_reference(shape: Shape, rows: list[tuple[int, int]]) -> None:
-    """Prompts on FA4 (decode rows given no queries), decode rows on the Triton decode kernel."""
-    query_lens, context_lens = [q for q, _ in rows], [c for _, c in rows]
-    b = make_batch(query_lens, context_lens, shape)
-    scale = shape.head_dim**-0.5
-    backend = PhasedBackend(TritonBackend(), BACKEND, split_mixed=True)
-    assert backend.splits_mixed
-    out = backend.forward(b.query, b.k_cache, b.v_cache, metadata(b, query_lens, context_lens), scale)
-    assert_matches(out, b.reference(scale), f"fa4+triton split {shape} rows={len(rows)}")
+    write_step()
+    graph, static_out = captured(lambda: BACKEND.forward(query, k_cache, v_cache, meta, 0.09))
+    for step in range(3):
+        num_rows = write_step()
+        num_tokens = int(starts[num_rows].item())
+        static_out.fill_(float("nan"))
+        graph.replay()
+        ref = reference_attention(
+            query[:num_tokens], k_cache, v_cache, starts[: num_rows + 1], lens[:num_rows], tables[:num_rows], 0.09
+        )
+        assert_matches(static_out[:num_tokens], ref, f"fa4 padded step graph bucket={bucket} replay {step}")
 
 
 def test_compile_variants_runs_every_variant() -> None:

@@ -19,7 +19,6 @@ if not torch.cuda.is_available():
     pytest.skip("the Triton kernels need CUDA", allow_module_level=True)
 
 from gpu.attention import torch_ref  # noqa: E402
-from gpu.attention.backend import AttentionBackend, PhasedBackend  # noqa: E402
 from gpu.attention.metadata import AttentionMetadata  # noqa: E402
 from gpu.attention.triton_backend import TritonBackend  # noqa: E402
 from gpu.kernels.decode_attention import DecodeConfig, decode_attention  # noqa: E402
@@ -315,85 +314,6 @@ def test_store_kv_matches_reference(num_tokens: int, num_kv_heads: int, head_dim
     torch_ref.store_kv(key, value, k_ref, v_ref, slots)
     store_kv(key, value, k_cache, v_cache, slots)
     assert torch.equal(k_cache, k_ref) and torch.equal(v_cache, v_ref)
-
-
-def check_padded_step_graph(backend: AttentionBackend, bucket: int, capacity: int, label: str) -> None:
-    """A step with prefill as gpu/mixed_graphs.py runs it: captured once for a token bucket and a row capacity
-    (max_seqlen_q the bucket), then replayed for different mixes of fresh prompts, prefix hits and decode rows
-    written in place, with padding rows that have no queries and no context."""
-    shape = Shape(16, 128, 2, 8)
-    num_heads, width, num_blocks = shape.num_kv_heads * shape.group, 4096 // 16 + 1, 2048
-    cache = (num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim)
-    k_cache = torch.randn(cache, device=DEVICE).to(torch.bfloat16)
-    v_cache = torch.randn(cache, device=DEVICE).to(torch.bfloat16)
-    query = torch.zeros(bucket, num_heads, shape.head_dim, device=DEVICE, dtype=torch.bfloat16)
-    starts = torch.zeros(capacity + 1, dtype=torch.int32, device=DEVICE)
-    lens = torch.zeros(capacity, dtype=torch.int32, device=DEVICE)
-    tables = torch.zeros(capacity, width, dtype=torch.int32, device=DEVICE)
-    meta = AttentionMetadata(
-        slot_mapping=torch.full((bucket,), -1, dtype=torch.int64, device=DEVICE), query_start_loc=starts,
-        context_lens=lens, block_tables=tables, max_query_len=bucket, max_context_len=4096, is_decode_only=False,
-    )
-    rng = random.Random(bucket)
-
-    def write_step() -> int:
-        """A random step of at most `bucket` tokens and `capacity` rows into the static inputs; its row count."""
-        rows: list[tuple[int, int]] = []
-        tokens = 0
-        while len(rows) < capacity and tokens < bucket:
-            kind = rng.choice(["fresh", "hit", "decode", "decode"])
-            new = 1 if kind == "decode" else rng.randint(1, min(bucket - tokens, 700))
-            prefix = 0 if kind == "fresh" else rng.randint(1, 4096 - new)
-            rows.append((new, prefix + new))
-            tokens += new
-        query_lens = [q for q, _ in rows] + [0] * (capacity - len(rows))
-        context_lens = [c for _, c in rows] + [0] * (capacity - len(rows))
-        table_rows = []  # random blocks, shared between rows as prefix-cache hits share them
-        for n in context_lens:
-            need = -(-n // shape.block_size)
-            table_rows.append([rng.randrange(num_blocks) for _ in range(need)] + [0] * (width - need))
-        starts.copy_(torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32))
-        lens.copy_(torch.tensor(context_lens, dtype=torch.int32))
-        tables.copy_(torch.tensor(table_rows, dtype=torch.int32))
-        query.copy_(torch.randn(query.shape, device=DEVICE).to(query.dtype))
-        return len(rows)
-
-    write_step()
-    graph, static_out = captured(lambda: backend.forward(query, k_cache, v_cache, meta, 0.09))
-    for step in range(3):
-        num_rows = write_step()
-        num_tokens = int(starts[num_rows].item())
-        static_out.fill_(float("nan"))
-        graph.replay()
-        ref = reference_attention(
-            query[:num_tokens], k_cache, v_cache, starts[: num_rows + 1], lens[:num_rows], tables[:num_rows], 0.09
-        )
-        assert_matches(static_out[:num_tokens], ref, f"{label} padded step graph bucket={bucket} replay {step}")
-
-
-@pytest.mark.parametrize("split", [False, True])
-@pytest.mark.parametrize(("bucket", "capacity"), [(64, 64), (512, 64), (2048, 300)])
-def test_steps_with_prefill_replay_in_a_padded_cuda_graph(bucket: int, capacity: int, split: bool) -> None:
-    """The prefill kernel's upper-bound grid, alone and with a mixed step's decode rows on the decode kernel."""
-    backend = PhasedBackend(TritonBackend(), TritonBackend(), split_mixed=split)
-    assert backend.splits_mixed == split
-    check_padded_step_graph(backend, bucket, capacity, f"triton split={split}")
-
-
-@pytest.mark.parametrize(("shape", "rows"), [c for c in PREFILL_CASES if len(c[1]) > 20], ids=lambda x: str(x)[:60])
-def test_a_split_mixed_step_matches_reference(shape: Shape, rows: list[tuple[int, int]]) -> None:
-    """Prompts on the prefill kernel (decode rows skipped), decode rows on the decode kernel."""
-    query_lens, context_lens = [q for q, _ in rows], [c for _, c in rows]
-    b = make_batch(query_lens, context_lens, shape)
-    meta = AttentionMetadata(
-        slot_mapping=torch.full((b.query.shape[0],), -1, dtype=torch.int64, device=DEVICE),
-        query_start_loc=b.query_start_loc, context_lens=b.context_lens, block_tables=b.block_tables,
-        max_query_len=max(query_lens), max_context_len=max(context_lens), is_decode_only=False,
-    )
-    scale = shape.head_dim**-0.5
-    out = PhasedBackend(TritonBackend(), TritonBackend(), split_mixed=True).forward(
-        b.query, b.k_cache, b.v_cache, meta, scale)
-    assert_matches(out, b.reference(scale), f"triton split {shape} rows={len(rows)}")
 
 
 @pytest.mark.parametrize("is_decode_only", [True, False])

@@ -1,5 +1,4 @@
-"""The decode attention kernel (gpu/kernels/decode_attention.py), the prefill kernel's split of a mixed step with
-it (gpu/kernels/prefill_attention.py), and the q/k norm + RoPE kernel that writes K/V
+"""The decode attention kernel (gpu/kernels/decode_attention.py) and the q/k norm + RoPE kernel that writes K/V
 to the cache (gpu/kernels/qk_norm_rope.py) run by Triton's interpreter on the CPU, in float32, against the torch
 reference (gpu/attention/torch_ref.py, gpu/layers/): their indexing and masks (rows shorter than a tile, empty
 rows, segments without a tile, padding tokens). tests/gpu/test_kernels.py and test_fused_kernels.py check the
@@ -19,7 +18,6 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("run with TRITON_INTERPRET=1 from the start", allow_module_level=True)
 
 from gpu.kernels import decode_attention as decode_module  # noqa: E402
-from gpu.kernels import prefill_attention as prefill_module  # noqa: E402
 
 BLOCK_SIZE, HEAD_DIM, GROUP, NUM_KV_HEADS = 16, 32, 2, 2
 
@@ -87,59 +85,6 @@ def test_default_splits_for_one_row_of_a_wide_table() -> None:
     assert decode_module.choose_num_splits(1, NUM_KV_HEADS, wide.shape[1] * BLOCK_SIZE, 132) > 300 // 64
     out = decode_module.decode_attention(query, k_cache, v_cache, wide, lens, 0.2)
     torch.testing.assert_close(out, reference(query, k_cache, v_cache, tables, lens, 0.2), atol=1e-5, rtol=1e-5)
-
-
-# A mixed step: (query_len, context_len) per row. Decode rows (one query) before, between and after prompt chunks,
-# a one-token prompt (one query too: the decode kernel's), a padding row (no query, no context).
-MIXED_ROWS = [(1, 40), (7, 7), (1, 161), (1, 1), (20, 35), (1, 17), (0, 0)]
-
-
-def mixed_inputs(seed: int) -> tuple[torch.Tensor, ...]:
-    """(query, k_cache, v_cache, query_start_loc, block_tables, context_lens) of MIXED_ROWS."""
-    query_lens = [q for q, _ in MIXED_ROWS]
-    _, k_cache, v_cache, tables, lens = paged_inputs([c for _, c in MIXED_ROWS], seed)
-    generator = torch.Generator().manual_seed(seed + 100)
-    query = torch.randn(sum(query_lens), NUM_KV_HEADS * GROUP, HEAD_DIM, generator=generator)
-    starts = torch.tensor([0, *query_lens]).cumsum(0).to(torch.int32)
-    return query, k_cache, v_cache, starts, tables, lens
-
-
-def single_query_tokens(starts: torch.Tensor) -> torch.Tensor:
-    """[num_tokens] bool: the tokens of rows with exactly one query."""
-    lens = starts.diff()
-    return torch.zeros(int(starts[-1]), dtype=torch.bool).index_fill_(0, starts[:-1][lens == 1].long(), True)
-
-
-@pytest.mark.parametrize("num_splits", [1, 4])
-def test_single_query_rows_of_a_mixed_step(num_splits: int) -> None:
-    """The decode kernel writes the one-query rows' tokens, as the reference computes them, and no other token."""
-    query, k_cache, v_cache, starts, tables, lens = mixed_inputs(seed=num_splits)
-    out = torch.full_like(query, float("nan"))
-    config = decode_module.DecodeConfig(block_n=16, num_splits=num_splits)
-    decode_module.single_query_rows_attention(query, k_cache, v_cache, starts, tables, lens, 0.2, out, config)
-    expected = torch_ref.paged_attention(query, k_cache, v_cache, starts, lens, tables, 0.2)
-    single = single_query_tokens(starts)
-    assert int(single.sum()) == 4
-    torch.testing.assert_close(out[single], expected[single], atol=1e-5, rtol=1e-5)
-    assert out[~single].isnan().all()
-
-
-def test_prefill_kernel_leaves_single_query_rows_to_the_decode_kernel() -> None:
-    """With skip_single_query_rows the prefill kernel writes only the prompts' tokens; the decode kernel's rows
-    then complete the step's output, equal to one prefill launch over every row."""
-    query, k_cache, v_cache, starts, tables, lens = mixed_inputs(seed=7)
-    config = prefill_module.PrefillConfig(block_m=16, block_n=16)
-    out = torch.full_like(query, float("nan"))
-    prefill_module.prefill_attention(query, k_cache, v_cache, starts, lens, tables, 0.2, out, config,
-                                     skip_single_query_rows=True)
-    single = single_query_tokens(starts)
-    assert out[single].isnan().all() and not out[~single].isnan().any()
-    decode_module.single_query_rows_attention(query, k_cache, v_cache, starts, tables, lens, 0.2, out,
-                                              decode_module.DecodeConfig(block_n=16))
-    whole = prefill_module.prefill_attention(query, k_cache, v_cache, starts, lens, tables, 0.2, config=config)
-    torch.testing.assert_close(out, whole, atol=1e-5, rtol=1e-5)
-    expected = torch_ref.paged_attention(query, k_cache, v_cache, starts, lens, tables, 0.2)
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
 # (num_heads, num_kv_heads, head_dim): GQA with the values in a program of their own, MQA, heads split unevenly.

@@ -58,62 +58,22 @@ def test_phased_backend_routes_by_phase() -> None:
     assert PhasedBackend(decode, decode).name == "a"
 
 
-class _Splitter(_Recorder):
-    """A backend that can take either side of a split mixed step."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name)
-        self.split_calls: list[str] = []
-
-    def attend_prompts(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:  # noqa: ANN001
-        self.split_calls.append("prompts")
-        return query.clone()
-
-    def attend_single_queries(self, query, k_cache, v_cache, meta, scale, out) -> None:  # noqa: ANN001
-        self.split_calls.append("single queries")
-
-
-def test_a_split_mixed_step_runs_prompts_then_decode_rows() -> None:
-    decode, prefill = _Splitter("a"), _Splitter("b")
-    phased = PhasedBackend(decode, prefill, split_mixed=True)
-    assert phased.splits_mixed
-    q = torch.zeros(1, 1, 1)
-    phased.forward(q, q, q, _meta(False), 1.0)
-    assert (prefill.split_calls, decode.split_calls) == (["prompts"], ["single queries"])
-    assert decode.calls == prefill.calls == 0
-    phased.forward(q, q, q, _meta(True), 1.0)
-    assert decode.calls == 1 and decode.split_calls == ["single queries"]  # decode-only steps as before
-
-
-def test_no_split_without_both_sides_or_when_off() -> None:
-    assert not PhasedBackend(_Splitter("a"), _Recorder("b"), split_mixed=True).splits_mixed  # no attend_prompts
-    assert not PhasedBackend(_Recorder("a"), _Splitter("b"), split_mixed=True).splits_mixed  # no single queries
-    assert not PhasedBackend(_Splitter("a"), _Splitter("b")).splits_mixed
-    unsplit = PhasedBackend(_Recorder("a"), prefill := _Recorder("b"), split_mixed=True)
-    q = torch.zeros(1, 1, 1)
-    unsplit.forward(q, q, q, _meta(False), 1.0)
-    assert prefill.calls == 1
-
-
 def test_choose_phases_picks_the_faster_per_phase_and_sums_steps() -> None:
     fast_decode, fast_prefill = _Recorder("triton"), _Recorder("flash-attn")
     steps = {"decode": ["d1", "d2"], "prefill": ["p"]}
     cost = {("triton", "d1"): 1.0, ("triton", "d2"): 5.0, ("flash-attn", "d1"): 3.0, ("flash-attn", "d2"): 3.5,
             ("triton", "p"): 2.0, ("flash-attn", "p"): 1.5}
-    seen = []
+    seen_graphed = []
 
-    def time_step(backend: PhasedBackend, batch, graphed: bool) -> float:  # noqa: ANN001
-        seen.append((backend.decode.name, backend.prefill.name, batch, graphed))
-        return cost[(backend.prefill.name, batch)]
+    def time_step(backend, batch, graphed: bool) -> float:  # noqa: ANN001
+        seen_graphed.append((backend.name, batch, graphed))
+        return cost[(backend.name, batch)]
 
     chosen, times = backend_choice.choose_phases(
-        [fast_decode, fast_prefill], steps, lambda backend, phase: phase == "decode", time_step,
-        lambda decode, prefill: PhasedBackend(decode, prefill, split_mixed=True))
+        [fast_decode, fast_prefill], steps, lambda backend, phase: phase == "decode", time_step)
     assert times == {"decode": {"triton": 6.0, "flash-attn": 6.5}, "prefill": {"triton": 2.0, "flash-attn": 1.5}}
     assert chosen.decode is fast_decode and chosen.prefill is fast_prefill
-    assert ("triton", "triton", "d2", True) in seen and ("flash-attn", "flash-attn", "d1", True) in seen
-    # the prefill phase beside the decode phase's choice: with a split, it takes the mixed steps' decode rows
-    assert [s for s in seen if s[2] == "p"] == [("triton", "triton", "p", False), ("triton", "flash-attn", "p", False)]
+    assert ("flash-attn", "p", False) in seen_graphed and ("triton", "d2", True) in seen_graphed
 
 
 @pytest.mark.parametrize(("num_blocks", "max_num_seqs", "budget"), [(40_000, 256, 8192), (24, 16, 32), (512, 16, 512)])
