@@ -4,10 +4,7 @@ Each candidate runs the whole model's forward on synthetic steps of each phase (
 backend.py), timed the way that phase will run: a step that will replay a CUDA graph is timed on
 the device alone (a sleep kernel first, so the host has queued the whole forward before the device
 reaches it, as a replay is queued), an eager step from the host's call to the device's end (its
-launch cost is part of it); a step with prefill on the padded inputs it will run on (the runner's
-gpu/mixed_graphs.py buffers: timed on its own rows, FA4's loaded step measured a tie with Triton's,
-23.80 against 23.83 ms, where the graph replays a server runs took 27.48 against 26.26).
-Phase "decode": one row, and max_num_seqs rows, at ~1k tokens of
+launch cost is part of it). Phase "decode": one row, and max_num_seqs rows, at ~1k tokens of
 context; phase "prefill": a loaded server's step, fresh prompts filling the token budget beside decode
 rows for three quarters of max_num_seqs (such steps take 40% of a busy server's time at concurrency 256
 on the serving shape; the step used to be one 2048-token chunk beside 64 decode rows), and fresh prompts

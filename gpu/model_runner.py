@@ -132,18 +132,8 @@ class ModelRunner:
             graph_safe = backend.supports_cuda_graphs if phase == "decode" else backend.supports_mixed_graphs
             return graph_safe and not self.config.enforce_eager
 
-        c = self.config
-        # A step with prefill runs padded to a token bucket and a row capacity (gpu/mixed_graphs.py) wherever the
-        # backend allows it, graphs or not: timed so too, as the padding costs backends differently (FA4's grid
-        # follows both).
-        padded = MixedGraphs(self.model, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len, c.block_size,
-                             self.device) if c.kernels.prefill_step_graphs else None
-
         def time_step(backend: AttentionBackend, batch: Batch, graphed: bool) -> float:
             self._set_backend(PhasedBackend(backend, backend))
-            if (padded is not None and backend.supports_mixed_graphs and not batch.is_decode_only
-                    and padded.bucket_for(batch) is not None):
-                return backend_choice.time_forward(lambda: padded.run(batch, None), graphed)
             inputs = self._prepare(batch)
             return backend_choice.time_forward(lambda: self.model(*inputs), graphed)
 
