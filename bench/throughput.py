@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--no-async-scheduling", dest="async_scheduling", action="store_false",
                    help="every step waits for its own tokens (the engine's default queues the next step first)")
+    p.add_argument("--decode-hold-ms", type=float, default=0.0,
+                   help="the engine's decode hold (core/scheduler.py): prompts first, decoding rows held this long")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--kernels", default="default", help="kernel choices for A/B runs: `default`, or gpu.config."
                    "KernelConfig fields joined by + (order_decode_rows=0+skinny_gemm=0); the engine's runner is "
@@ -100,6 +102,7 @@ def build_engine(args: argparse.Namespace, model_dir: str) -> TimedEngine:
         kv_cache_blocks=args.kv_cache_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         async_scheduling=args.async_scheduling, tensor_parallel_size=args.tensor_parallel_size,
+        decode_hold_ms=args.decode_hold_ms,
     )
     return build_timed_engine(config, kernel_variant(args.kernels))
 
