@@ -105,6 +105,15 @@ openai_serve() {  # NAME LEVELS REQUESTS [SERVER FLAGS]
     --out "$out/serve_$1.json"
 }
 
+serve_each_variant() {  # SUFFIX FLAGS...: openai-serve at concurrency 256 once per server-flag variant, in turn
+  local suffix=$1 variant=0 flags
+  shift
+  for flags in "$@"; do
+    variant=$((variant + 1))
+    openai_serve "variant$variant$suffix" 256 768 "$flags"
+  done
+}
+
 transformers_serve() {
   # Text prompts (its /v1/completions takes no token ids), no ignore_eos field (it rejects unknown fields):
   # EOS is turned off through its generation_config instead.
@@ -140,19 +149,11 @@ case "$stage" in
     build_model
     offline_serve_shape
     for round in 1 2; do
-      variant=0
-      for flags in "$@"; do
-        variant=$((variant + 1))
-        openai_serve "variant${variant}_round$round" 256 768 "$flags"
-      done
+      serve_each_variant "_round$round" "$@"
     done ;;
   serve-variants)
     build_model
-    variant=0
-    for flags in "$@"; do
-      variant=$((variant + 1))
-      openai_serve "variant$variant" 256 768 "$flags"
-    done ;;
+    serve_each_variant "" "$@" ;;
   serve-share)
     build_model
     for round in $(seq 1 "${1:-2}"); do

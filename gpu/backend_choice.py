@@ -13,10 +13,9 @@ attention). Rows sit on cache blocks in a random order, as a served cache's do: 
 installed, the loaded step took 26.45 ms with FA4 on consecutive blocks but 27.57 on scattered ones
 (Triton 26.40 and 26.34), and timed on consecutive blocks `auto` picked FA4 for steps with prefill,
 whose server then ran 1.3-4% slower at 256 streams than with Triton's, in four rounds on two machines,
-in both orders (bench/results/archive/2026-11-23-fa4-serve-ab/).
-The sum of a phase's step times decides; ties go to
-the first candidate (triton). Contexts read distinct, randomly filled cache blocks (never zeros), and write
-nothing (slot -1).
+in both orders (bench/results/archive/2026-11-23-fa4-serve-ab/). The sum of a phase's step times decides;
+ties go to the first candidate (triton). Contexts read distinct, randomly filled cache blocks (never zeros),
+and write nothing (slot -1).
 """
 
 import logging
