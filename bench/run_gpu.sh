@@ -17,6 +17,8 @@
 #                 --no-engine-process --engine-process), interleaved, twice each, beside the offline engine
 #   serve-variants  openai-serve at concurrency 256 once per server-flag variant (ARGS as ab-serve's), in turn,
 #                 no offline run: a quick look at what flags change at that load
+#   burst         where a burst of prompts' time to first token goes: the offline engine on the serving shape and
+#                 openai-serve at concurrency 256, both holding decodes 1000 ms (every request's timings: records_*.json)
 #   serve-share   the offline engine on the serving shape, then openai-serve at concurrency 256, in turn, ROUNDS times
 #                 (ARGS: ROUNDS, default 2): the server's share of the offline engine per round, each pair on one
 #                 machine minutes apart (the share moved 96.96-103.3% between single runs)
@@ -51,7 +53,7 @@
 # (with device.txt and log beside it, unpacked), which `tar xzf results.tgz` unpacks here.
 set -uo pipefail
 stages="tests decode-step offline serve check ab-serve ab-offline host-profile attention sampler skinny-gemm"
-stages="$stages attention-backends ttft-starts sampling-cost prefix-heavy qwen3-8b serve-share serve-variants"
+stages="$stages attention-backends ttft-starts sampling-cost prefix-heavy qwen3-8b serve-share serve-variants burst"
 usage="usage: run_gpu.sh ${stages// /|} OUT_DIR [ARGS...]"
 stage=${1:?$usage}
 out=${2:?$usage}
@@ -93,16 +95,17 @@ build_model() {
   python3 -c "from bench.bench_model import build_bench_model; build_bench_model('$model')" > /dev/null 2>&1
 }
 
-offline_serve_shape() {  # [SUFFIX]: the reference for the server's share: the engine alone on bench.serve's shape
+offline_serve_shape() {  # [SUFFIX [FLAGS]]: the reference for the server's share: the engine alone on bench.serve's shape
+  # shellcheck disable=SC2086  # FLAGS: bench.throughput's, word-split on purpose
   run 150 "offline-serve-shape${1:-}" python3 -m bench.throughput --model "$model" --workload serve --peer none \
-    --batch1-tokens 0 --profile-steps 0 --max-seconds 90 --out "$out/throughput_serve${1:-}.json"
+    --batch1-tokens 0 --profile-steps 0 --max-seconds 90 --out "$out/throughput_serve${1:-}.json" ${2:-}
 }
 
 server_args="--model $model --dtype bfloat16 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192"
 openai_serve() {  # NAME LEVELS REQUESTS [SERVER FLAGS]
   run 200 "$1" python3 -m bench.serve --launch --label "openai-serve${4:+ $4}" --server-args "$server_args ${4:-}" \
     --levels "$2" --num-requests "$3" --max-seconds-per-level 60 --server-log "$out/server_$1.log" \
-    --out "$out/serve_$1.json"
+    --records-out "$out/records_$1.json" --out "$out/serve_$1.json"
 }
 
 serve_each_variant() {  # SUFFIX FLAGS...: openai-serve at concurrency 256 once per server-flag variant, in turn
@@ -154,6 +157,10 @@ case "$stage" in
   serve-variants)
     build_model
     serve_each_variant "" "$@" ;;
+  burst)
+    build_model
+    offline_serve_shape _hold "--decode-hold-ms 1000"
+    openai_serve c256_hold 256 768 "--decode-hold-ms 1000" ;;
   serve-share)
     build_model
     for round in $(seq 1 "${1:-2}"); do

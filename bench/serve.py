@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench.common import write_result
 from bench.load import RequestSpec, new_session, poisson_arrivals, run_level
-from bench.stats import LevelSummary, summarize
+from bench.stats import LevelSummary, RequestRecord, summarize
 from bench.workload import fixed_workload
 
 
@@ -69,6 +69,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--read-timeout", type=float, default=600.0)
     p.add_argument("--out", default=None, help="write the result JSON here")
+    p.add_argument("--records-out", default=None,
+                   help="write every request's timings here (JSON): per level, [start, TTFT, E2E] in seconds, start "
+                   "from the level's start, in the order requests were sent (null where it failed)")
     return p.parse_args(argv)
 
 
@@ -137,7 +140,7 @@ async def run_all(
     levels = [int(x) for x in args.levels.split(",")]
     rates = rates_per_level(levels, args.request_rate)
     factory = RequestFactory(args, base_url, model)
-    results = []
+    results, timings = [], []
     async with new_session(max(levels), args.read_timeout) as session:
         if args.warmup_requests:
             warm, _ = await run_level(session, factory.specs(args.warmup_requests, args.seed + 10**6), 8)
@@ -149,6 +152,7 @@ async def run_all(
             arrivals = None if rate is None else poisson_arrivals(num, rate, args.seed + index)
             deadline = None if args.max_seconds_per_level is None else time.perf_counter() + args.max_seconds_per_level
             cpu_start, server_cpu_start = time.process_time(), server_cpu()
+            level_start = time.perf_counter()
             records, duration = await run_level(session, specs, concurrency, deadline, arrivals)
             summary = summarize(concurrency, records, duration)
             server_cpu_end = server_cpu()
@@ -161,8 +165,21 @@ async def run_all(
                      "first_ttft_ms": round(records[0].ttft * 1e3, 2) if records and records[0].is_ok else None}
             print(format_level(summary) + ("" if rate is None else f"  (Poisson arrivals at {rate:g}/s)"), flush=True)
             results.append(level)
+            timings.append({"concurrency": concurrency, "requests": request_timings(records, level_start)})
             on_level(results)
+    if args.records_out:
+        Path(args.records_out).write_bytes(json.dumps({"levels": timings}).encode())
     return results
+
+
+def request_timings(records: list[RequestRecord], level_start: float) -> list[list[float | None]]:
+    """[start, TTFT, E2E] per request in seconds (start from the level's start), by start; None where it failed."""
+    rows = []
+    for r in sorted(records, key=lambda r: r.start):
+        ok = r.is_ok
+        ttft, e2e = (round(r.ttft, 6), round(r.e2e, 6)) if ok else (None, None)
+        rows.append([round(r.start - level_start, 6), ttft, e2e])
+    return rows
 
 
 def format_level(s: LevelSummary) -> str:
