@@ -1,0 +1,155 @@
+"""What fusion could take off a prompts-only step (8 prompts of 1024 tokens, Qwen3-0.6B), kernel by kernel.
+
+- gate/up + SiLU-and-mul: cuBLAS's product then our SiLU kernel (what the engine runs) against quack's gated GEMM
+  (`quack.gemm_interface.gemm_act`, activation "swiglu", the [gate; up] weight as it is stored), its default config
+  and its autotuned one; with how many outputs differ from the pair's and by how much.
+- the plain products of the step (q/k/v, o, down): cuBLAS against quack's `gemm`, for reference.
+- causal prefill attention: FA4 over our paged cache (16-token pages laid on scattered blocks, as a served cache
+  is) against FA4 over the step's own keys and values (varlen, `cu_seqlens_k`), contiguous and as views of the
+  q/k/v projection's output.
+
+Each figure is triton's do_bench median (L2 flushed between calls) and the median replay of a CUDA graph of 10
+calls, in ms per call. Needs the FA4 wheels (flash-attn-4, quack-kernels; ../shared/device/fa4_wheels.sh). bf16.
+
+    python -m bench.prefill_fusion_bench --out result.json
+"""
+
+import argparse
+import sys
+from collections.abc import Callable
+
+import torch
+
+from bench.common import write_result
+from bench.cuda_timing import graph_ms, median_ms
+
+DEVICE, DTYPE = torch.device("cuda"), torch.bfloat16
+HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 1024, 3072, 16, 8, 128  # Qwen3-0.6B
+BLOCK = 16
+
+
+def timed(fn: Callable[[], object]) -> dict[str, object]:
+    """The two timings, or the error that stopped them (a variant that fails leaves the others measured)."""
+    try:
+        return {"median_ms": round(median_ms(fn), 4), "graph_ms": round(graph_ms(fn, 10), 4)}
+    except Exception as exc:  # noqa: BLE001 - reported in the results
+        return {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
+
+
+def gated_rows(rows: int) -> list[dict[str, object]]:
+    from quack.gemm_interface import gemm_act
+
+    from gpu.kernels.silu_and_mul import silu_and_mul
+
+    x = torch.randn(rows, HIDDEN, device=DEVICE, dtype=DTYPE)
+    w = torch.randn(2 * INTERMEDIATE, HIDDEN, device=DEVICE, dtype=DTYPE) / HIDDEN**0.5  # [gate; up], as stored
+    post = torch.empty(rows, INTERMEDIATE, device=DEVICE, dtype=DTYPE)
+
+    def pair() -> torch.Tensor:
+        return silu_and_mul(x @ w.t())
+
+    def fused(tuned: bool) -> Callable[[], object]:
+        return lambda: gemm_act(x, w.t(), activation="swiglu", postact_out=post, store_preact=False,
+                                concat_layout=("B",), tuned=tuned)
+
+    reference = pair()
+    out = []
+    for name, fn in (("cublas+silu_kernel", pair), ("quack_gated_default", fused(False)),
+                     ("quack_gated_tuned", fused(True))):
+        row: dict[str, object] = {"op": "gate_up+silu", "rows": rows, "variant": name, **timed(fn)}
+        if name != "cublas+silu_kernel" and "error" not in row:
+            fn()
+            diff = (post.float() - reference.float()).abs()
+            row["share_not_bit_equal"] = round(float((post != reference).float().mean()), 5)
+            row["max_abs_diff"] = float(diff.max())
+            row["max_abs_ref"] = float(reference.float().abs().max())
+        out.append(row)
+        print(row, flush=True)
+    return out
+
+
+def plain_rows(rows: int) -> list[dict[str, object]]:
+    from quack.gemm_interface import gemm
+
+    out = []
+    for name, n, k in (("qkv", (HEADS + 2 * KV_HEADS) * HEAD_DIM, HIDDEN), ("o", HIDDEN, HEADS * HEAD_DIM),
+                       ("down", HIDDEN, INTERMEDIATE)):
+        x = torch.randn(rows, k, device=DEVICE, dtype=DTYPE)
+        w = torch.randn(n, k, device=DEVICE, dtype=DTYPE) / k**0.5
+        y = torch.empty(rows, n, device=DEVICE, dtype=DTYPE)
+        for variant, fn in (("cublas", lambda x=x, w=w, y=y: torch.mm(x, w.t(), out=y)),
+                            ("quack_tuned", lambda x=x, w=w, y=y: gemm(x, w.t(), out=y, tuned=True))):
+            row = {"op": name, "rows": rows, "variant": variant, **timed(fn)}
+            out.append(row)
+            print(row, flush=True)
+    return out
+
+
+def attention_rows(num_prompts: int, prompt_len: int) -> list[dict[str, object]]:
+    from flash_attn.cute.interface import _flash_attn_fwd
+
+    tokens = num_prompts * prompt_len
+    scale = HEAD_DIM**-0.5
+    q_size, kv_size = HEADS * HEAD_DIM, KV_HEADS * HEAD_DIM
+    qkv = torch.randn(tokens, q_size + 2 * kv_size, device=DEVICE, dtype=DTYPE)
+    q = qkv[:, :q_size].contiguous().view(tokens, HEADS, HEAD_DIM)
+    k_view = qkv[:, q_size : q_size + kv_size].view(tokens, KV_HEADS, HEAD_DIM)
+    v_view = qkv[:, q_size + kv_size :].view(tokens, KV_HEADS, HEAD_DIM)
+    k, v = k_view.contiguous(), v_view.contiguous()
+    starts = torch.arange(0, tokens + 1, prompt_len, device=DEVICE, dtype=torch.int32)
+    lens = torch.full((num_prompts,), prompt_len, device=DEVICE, dtype=torch.int32)
+    # The cache: every prompt's blocks scattered over a cache of twice the blocks needed.
+    blocks_per_prompt = prompt_len // BLOCK
+    num_blocks = 2 * num_prompts * blocks_per_prompt
+    table = torch.randperm(num_blocks, device=DEVICE)[: num_prompts * blocks_per_prompt].to(torch.int32)
+    table = table.view(num_prompts, blocks_per_prompt)
+    k_cache = torch.zeros(num_blocks, BLOCK, KV_HEADS, HEAD_DIM, device=DEVICE, dtype=DTYPE)
+    v_cache = torch.zeros_like(k_cache)
+    k_cache[table.flatten().long()] = k.view(-1, BLOCK, KV_HEADS, HEAD_DIM)
+    v_cache[table.flatten().long()] = v.view(-1, BLOCK, KV_HEADS, HEAD_DIM)
+    out_buf = torch.empty_like(q)
+
+    def paged() -> None:
+        _flash_attn_fwd(q, k_cache, v_cache, cu_seqlens_q=starts, max_seqlen_q=prompt_len, seqused_k=lens,
+                        page_table=table, softmax_scale=scale, causal=True, num_splits=1, out=out_buf)
+
+    def own(kk: torch.Tensor, vv: torch.Tensor) -> Callable[[], None]:
+        return lambda: _flash_attn_fwd(q, kk, vv, cu_seqlens_q=starts, cu_seqlens_k=starts, max_seqlen_q=prompt_len,
+                                       max_seqlen_k=prompt_len, softmax_scale=scale, causal=True, num_splits=1,
+                                       out=out_buf)
+
+    paged()
+    reference = out_buf.clone()
+    rows = []
+    for name, fn in (("fa4_paged_scattered", paged), ("fa4_own_kv_contiguous", own(k, v)),
+                     ("fa4_own_kv_qkv_views", own(k_view, v_view))):
+        row: dict[str, object] = {"op": "prefill_attention", "prompts": f"{num_prompts}x{prompt_len}", "variant": name,
+                                  **timed(fn)}
+        if "error" in row:
+            rows.append(row)
+            continue
+        fn()
+        row["max_abs_diff_to_paged"] = float((out_buf.float() - reference.float()).abs().max())
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.prefill_fusion_bench", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default="2048,8192", help="token counts of the products, comma-separated")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    torch.manual_seed(0)
+    results: list[dict[str, object]] = []
+    results += attention_rows(8, 1024)
+    for rows in (int(r) for r in args.rows.split(",")):
+        results += gated_rows(rows)
+        results += plain_rows(rows)
+    if args.out:
+        write_result(args.out, {"kind": "prefill-fusion", "rows": results}, "bench.prefill_fusion_bench",
+                     sys.argv[1:] if argv is None else argv)
+
+
+if __name__ == "__main__":
+    main()
