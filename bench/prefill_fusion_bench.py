@@ -4,6 +4,7 @@
   (`quack.gemm_interface.gemm_act`, activation "swiglu", the [gate; up] weight as it is stored), its default config
   and its autotuned one; with how many outputs differ from the pair's and by how much.
 - the plain products of the step (q/k/v, o, down): cuBLAS against quack's `gemm`, for reference.
+- the gated product's first call per row count (whether quack compiles per row count).
 - causal prefill attention: FA4 over our paged cache (16-token pages laid on scattered blocks, as a served cache
   is) against FA4 over the step's own keys and values (varlen, `cu_seqlens_k`), contiguous and as views of the
   q/k/v projection's output.
@@ -63,6 +64,27 @@ def gated_rows(rows: int) -> list[dict[str, object]]:
             row["share_not_bit_equal"] = round(float((post != reference).float().mean()), 5)
             row["max_abs_diff"] = float(diff.max())
             row["max_abs_ref"] = float(reference.float().abs().max())
+        out.append(row)
+        print(row, flush=True)
+    return out
+
+
+def first_call_rows(rows_list: list[int]) -> list[dict[str, object]]:
+    """Seconds of the gated product's first call per row count, in a fresh process before any other call: whether
+    quack compiles once per shape class or once per row count."""
+    import time
+
+    from gpu.kernels.gated_gemm import silu_and_mul_product
+
+    w = torch.randn(2 * INTERMEDIATE, HIDDEN, device=DEVICE, dtype=DTYPE)
+    out = []
+    for rows in rows_list:
+        x = torch.randn(rows, HIDDEN, device=DEVICE, dtype=DTYPE)
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        silu_and_mul_product(x, w)
+        torch.cuda.synchronize()
+        row = {"op": "gated_first_call", "rows": rows, "seconds": round(time.perf_counter() - start, 3)}
         out.append(row)
         print(row, flush=True)
     return out
@@ -141,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    results: list[dict[str, object]] = []
+    results: list[dict[str, object]] = first_call_rows([1024, 1280, 3001, 1024, 8192])
     results += attention_rows(8, 1024)
     for rows in (int(r) for r in args.rows.split(",")):
         results += gated_rows(rows)

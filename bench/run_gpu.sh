@@ -73,7 +73,10 @@ if [ -n "${FA4_WHEELS:-}" ]; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 if [ -d $fa4_site ]; then  # --target skips the .pth file that puts cutlass on the path
-  export PYTHONPATH=$PYTHONPATH:$fa4_site:$fa4_site/nvidia_cutlass_dsl/dsl_packages
+  # Imported through a path with a site-packages directory in it: quack takes only installed code as fixed when it
+  # fingerprints its epilogues, and refuses to compile otherwise (gpu/kernels/gated_gemm.py).
+  mkdir -p /tmp/fa4link && ln -sfn $fa4_site /tmp/fa4link/site-packages
+  export PYTHONPATH=$PYTHONPATH:/tmp/fa4link/site-packages:/tmp/fa4link/site-packages/nvidia_cutlass_dsl/dsl_packages
 fi
 model=${BENCH_MODEL:-/tmp/qwen3-0.6b-bench}
 log="$out/log"

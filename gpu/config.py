@@ -16,6 +16,9 @@ class KernelConfig:
     """
 
     fused_elementwise: bool = True  # residual add + RMSNorm, q/k norm + RoPE, SiLU-and-mul as Triton kernels
+    # SiLU-and-mul in the gate/up product's epilogue for products of many rows (prompt steps), where quack's gated
+    # GEMM runs (gpu/kernels/gated_gemm.py: Hopper, bf16/fp16, the `flash` extra installed).
+    gated_gemm: bool = True
     fused_kv_store: bool = True  # ... and the q/k norm + RoPE kernel writes K and V to the cache (no store_kv launch)
     fused_sampling: bool = True  # rows without top-k/top-p/min-p sampled by the Triton kernel
     fused_logit_adjustments: bool = True  # penalties and token masks applied by Triton kernels, one pass each

@@ -15,6 +15,7 @@ other ranks take part in every collective (the logits' gathers included) and ret
 
 import logging
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +31,7 @@ from gpu.cpu_packing import can_pack, has_native_bfloat16, pack_linear_layers
 from gpu.cuda_graphs import DecodeGraphs
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.host_to_device import pack_block_tables, to_device, write_block_tables
-from gpu.kernels import HAS_TRITON
+from gpu.kernels import HAS_TRITON, gated_gemm
 from gpu.layers.linear import FEW_ROWS, warm_up_skinny_gemm
 from gpu.loader import load_weights
 from gpu.mixed_graphs import MixedGraphs
@@ -65,11 +66,11 @@ def resolve_dtype(requested: str, checkpoint_dtype: str | None, device: torch.de
 
 class ModelRunner:
     def __init__(self, config: RunnerConfig, tp: TensorParallel = SINGLE) -> None:
-        self.config = config
         self.tp = tp
         self.device = resolve_device(config.device)
         hf_config = load_hf_config(config.model_path)
         self.dtype = resolve_dtype(config.dtype, checkpoint_dtype(hf_config), self.device)
+        self.config = config = self._runnable_kernels(config)
         self.vocab_size = hf_config.vocab_size
         start = time.perf_counter()
         self.model = self._build_model(hf_config)
@@ -102,6 +103,18 @@ class ModelRunner:
             self._capture_graphs()
             logger.info("CUDA graph capture took %.1f s", time.perf_counter() - start)
         self._run_first_request_shapes()
+
+    def _runnable_kernels(self, config: RunnerConfig) -> RunnerConfig:
+        """The config with the kernel choices that cannot run here switched off (logged)."""
+        if not config.kernels.gated_gemm or self.device.type != "cuda":
+            return config
+        reason = gated_gemm.unavailable_reason(self.device, self.dtype)
+        if reason is None:
+            logger.info("gate/up products of %d+ rows compute SiLU-and-mul in their epilogue (quack's gated GEMM)",
+                        gated_gemm.MIN_ROWS)
+            return config
+        logger.info("gated GEMM off: %s", reason)
+        return replace(config, kernels=replace(config.kernels, gated_gemm=False))
 
     def _set_backend(self, backend: AttentionBackend) -> None:
         for layer in self.layers:

@@ -13,6 +13,8 @@ decode steps at batch 1, where a launch costs more than the bytes it moves), a p
 (KernelConfig.norm_prologues, silu_prologues): `forward_normed` takes a block's input before its residual add +
 RMSNorm, `forward_silu_and_mul` the gate/up projection before its activation, and where the elementwise step would
 have run as its Triton kernel, the skinny kernel's prologue does it. Elsewhere the step runs on its own first.
+A [gate; up] layer over many rows (prompt steps) on a GPU where quack's gated GEMM runs computes SiLU-and-mul in its
+product's epilogue instead (`forward_normed_silu_and_mul`, gpu/kernels/gated_gemm.py).
 `warm_up_skinny_gemm` compiles every row bucket's config before a request. Merging
 turns three (or two) matmuls into one; each parameter of a MergedLinear carries a `weight_loader` that copies one
 checkpoint shard into its rows. Under tensor parallelism a MergedLinear is column-parallel: each of its shards
@@ -28,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from gpu.config import DEFAULT_KERNELS, KernelConfig
-from gpu.kernels import HAS_TRITON
+from gpu.kernels import HAS_TRITON, gated_gemm
 from gpu.kernels.skinny_gemm_configs import FEW_ROWS, MAX_ROWS, SkinnyConfig, row_bucket
 from gpu.layers.activation import SiluAndMul
 from gpu.layers.cpu_linear import PackedWeight, pack_weight
@@ -77,6 +79,23 @@ class Linear(nn.Linear):
             return self._reduce(skinny_gemm_silu_and_mul(gate_up, self.weight, self.bias, config,
                                                          use_pdl=self.kernels.pdl_launches))
         return self._reduce(self._product(act(gate_up)))
+
+    def forward_normed_silu_and_mul(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
+        """(silu_and_mul(self(norm(x + residual))), x + residual) for a [gate; up] layer, the activation in the
+        product's epilogue: where `fuses_silu_and_mul(inp.x)` says so."""
+        from gpu.kernels.gated_gemm import silu_and_mul_product
+
+        normed, summed = inp.compute()
+        return self._reduce(silu_and_mul_product(normed, self.weight)), summed
+
+    def fuses_silu_and_mul(self, x: torch.Tensor) -> bool:
+        """Whether this [gate; up] layer computes SiLU-and-mul in its product's epilogue for input x [M, K]: many rows
+        (gpu/kernels/gated_gemm.py's MIN_ROWS), bf16/fp16 on a GPU where the runner found quack's gated GEMM
+        working, no bias."""
+        return (self.kernels.gated_gemm and self.packed is None and self.bias is None and x.dim() == 2
+                and x.shape[0] >= gated_gemm.MIN_ROWS and x.dtype in gated_gemm.DTYPES and x.dtype == self.weight.dtype
+                and x.stride(-1) == 1 and self.weight.is_contiguous() and gated_gemm.is_ready(x.device, x.dtype)
+                and not (torch.is_grad_enabled() and self.weight.requires_grad))
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:

@@ -42,6 +42,9 @@ class MLP(nn.Module):
 
     def forward(self, x: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         """(the MLP of norm(x + residual), x + residual)."""
+        if self.gate_up_proj.fuses_silu_and_mul(x.x):
+            activated, residual = self.gate_up_proj.forward_normed_silu_and_mul(x)
+            return self.down_proj(activated), residual
         gate_up, residual = self.gate_up_proj.forward_normed(x)
         return self.down_proj.forward_silu_and_mul(gate_up, self.act), residual
 

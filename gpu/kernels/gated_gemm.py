@@ -1,0 +1,83 @@
+"""The gate/up projection with SiLU-and-mul in its epilogue: quack's gated GEMM (`quack.gemm_interface.gemm_act`,
+activation "swiglu"; CuTe DSL, from quack-kernels, which the `flash` extra installs with flash-attn-4), on Hopper,
+for products of at least MIN_ROWS rows (prompt steps).
+
+Why: unfused, a prompt step's gate/up product writes [tokens, 2 x intermediate] and the SiLU kernel reads it back
+to write half of it; fused, the pair's activation leaves the chip once, at half the width. H100, Qwen3-0.6B's shape
+(K 1024, intermediate 3072), one layer (bench/prefill_fusion_bench.py, do_bench / graph replay): 8192 rows
+0.146 / 0.161 ms against 0.204 / 0.210 for cuBLAS then our SiLU kernel; 2048 rows 0.039 / 0.037 against 0.054 /
+0.052. A plain product through the same library is level with cuBLAS, so the gain is the fusion's. Below MIN_ROWS
+the skinny GEMM (up to 256 rows) or cuBLAS, then the SiLU kernel, run as before.
+
+Rounding: the epilogue computes silu(gate) * up in float32 from the accumulators and rounds once, where the unfused
+pair rounds gate, up, silu(gate) and the product to the dtype each: in that benchmark 42% of the outputs differ from
+the pair's, by at most 2 units in the last place of bfloat16. The bf16 parity tests against transformers bound what
+that does to greedy tokens (tests/gpu/test_gated_gemm.py), as they do for the two attention backends.
+
+The weight is used as stored (the [gate; up] rows of MergedLinear), read through quack's `concat_layout`. No
+autotuning: quack's default config for the shape (its autotuned one was not faster in both measures). quack
+compiles a kernel the first time it meets a shape and keeps it on disk (QUACK_CACHE_ENABLED); the runner warms every
+prefill graph's token bucket up before a request. quack fingerprints the functions an epilogue uses and takes
+those installed under a `site-packages` directory as fixed: installed elsewhere (pip --target into another
+directory) it refuses to compile, which `unavailable_reason` reports.
+"""
+
+import importlib.util
+
+import torch
+
+MIN_ROWS = 1024
+DTYPES = (torch.bfloat16, torch.float16)
+
+# Per (device, dtype): why the gated GEMM cannot run there, None where it can.
+_probed: dict[tuple[torch.device, torch.dtype], str | None] = {}
+
+
+def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why the gated GEMM cannot run here, or None when it can: checked once per device and dtype by running one
+    product of MIN_ROWS rows (which also compiles the kernel)."""
+    if device.type != "cuda":
+        return f"it needs CUDA (device {device})"
+    if dtype not in DTYPES:
+        return f"it takes float16 or bfloat16 (dtype {dtype})"
+    major, minor = torch.cuda.get_device_capability(device)
+    if major != 9:  # quack has Blackwell kernels too; only Hopper has been measured
+        return f"it runs on Hopper (compute capability 9.x) only here (this GPU: {major}.{minor})"
+    if importlib.util.find_spec("quack") is None:
+        return "quack is not installed (pip install 'openai-serve[flash]')"
+    key = _key(device, dtype)
+    if key not in _probed:
+        _probed[key] = _probe(device, dtype)
+    return _probed[key]
+
+
+def is_ready(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether `unavailable_reason` ran for this device and dtype and found nothing against it. Layers ask this,
+    never probe themselves (a probe launches kernels, which a CUDA graph being captured must not record)."""
+    return device.type == "cuda" and _probed.get(_key(device, dtype), "not probed") is None
+
+
+def _key(device: torch.device, dtype: torch.dtype) -> tuple[torch.device, torch.dtype]:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return torch.device("cuda", index), dtype
+
+
+def _probe(device: torch.device, dtype: torch.dtype) -> str | None:
+    x = torch.zeros(MIN_ROWS, 128, dtype=dtype, device=device)
+    weight = torch.zeros(256, 128, dtype=dtype, device=device)
+    try:
+        silu_and_mul_product(x, weight)
+        torch.cuda.synchronize(device)
+    except Exception as exc:  # noqa: BLE001 - any failure means: run the unfused pair
+        return f"quack's gated GEMM failed on a test product ({type(exc).__name__}: {str(exc)[:200]})"
+    return None
+
+
+def silu_and_mul_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """silu(x @ gate.T) * (x @ up.T) for weight = [gate; up] ([2 * I, K], contiguous) and x [M, K]: [M, I]."""
+    from quack.gemm_interface import gemm_act
+
+    assert x.dim() == 2 and weight.dim() == 2 and x.shape[1] == weight.shape[1] and weight.shape[0] % 2 == 0
+    _, activated = gemm_act(x, weight.t(), activation="swiglu", store_preact=False, concat_layout=("B",),
+                            tuned=False)
+    return activated
