@@ -6,8 +6,10 @@ Why: unfused, a prompt step's gate/up product writes [tokens, 2 x intermediate] 
 to write half of it; fused, the pair's activation leaves the chip once, at half the width. H100, Qwen3-0.6B's shape
 (K 1024, intermediate 3072), one layer (bench/prefill_fusion_bench.py, do_bench / graph replay): 8192 rows
 0.146 / 0.161 ms against 0.204 / 0.210 for cuBLAS then our SiLU kernel; 2048 rows 0.039 / 0.037 against 0.054 /
-0.052. A plain product through the same library is level with cuBLAS, so the gain is the fusion's. Below MIN_ROWS
-the skinny GEMM (up to 256 rows) or cuBLAS, then the SiLU kernel, run as before.
+0.052; 1024 rows 0.046 / 0.019 against 0.030 / 0.026; 512 rows 0.028 / 0.012 against 0.042 / 0.015 (at these sizes
+do_bench's medians are noise, the graph replays are the figure). A plain product through the same library is level
+with cuBLAS, so the gain is the fusion's. Below MIN_ROWS the skinny GEMM (up to 256 rows) or cuBLAS, then the SiLU
+kernel, run as before (257-511 rows were not measured).
 
 Rounding: the epilogue computes silu(gate) * up in float32 from the accumulators and rounds once, where the unfused
 pair rounds gate, up, silu(gate) and the product to the dtype each: in that benchmark 42% of the outputs differ from
@@ -16,17 +18,18 @@ that does to greedy tokens (tests/gpu/test_gated_gemm.py), as they do for the tw
 
 The weight is used as stored (the [gate; up] rows of MergedLinear), read through quack's `concat_layout`. No
 autotuning: quack's default config for the shape (its autotuned one was not faster in both measures). quack
-compiles a kernel the first time it meets a shape and keeps it on disk (QUACK_CACHE_ENABLED); the runner warms every
-prefill graph's token bucket up before a request. quack fingerprints the functions an epilogue uses and takes
-those installed under a `site-packages` directory as fixed: installed elsewhere (pip --target into another
-directory) it refuses to compile, which `unavailable_reason` reports.
+compiles a kernel the first time it meets a shape class (17 s on the H100; a new row count of the same class then
+takes ~1 ms) and keeps it on disk (QUACK_CACHE_ENABLED); the runner's probe and warm-up meet it before a request.
+quack fingerprints the functions an epilogue uses and takes those installed under a `site-packages` directory as
+fixed: installed elsewhere (pip --target into another directory) it refuses to compile, which `unavailable_reason`
+reports.
 """
 
 import importlib.util
 
 import torch
 
-MIN_ROWS = 1024
+MIN_ROWS = 512
 DTYPES = (torch.bfloat16, torch.float16)
 
 # Per (device, dtype): why the gated GEMM cannot run there, None where it can.
