@@ -213,10 +213,13 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def profile(engine: LLMEngine, args: argparse.Namespace) -> dict[str, object]:
-    """A few decode steps of the full workload (past its prefills, short of its shortest request's end), and a few
-    of one request alone."""
+    """A few steps with prefill at the start of the workload (past its first, partly filled ones; with the serving
+    shape and a decode hold, prompts-only steps of 8 x 1024 tokens), a few decode steps of the full workload (past its
+    prefills, short of its shortest request's end), and a few of one request alone."""
     full = workload(args, args.seed + 3)
     return {
+        "first_steps_with_prefill": profile_steps(engine, workload(args, args.seed + 5), skip_steps=3,
+                                                  num_steps=args.profile_steps),
         "full_batch_decode": profile_steps(engine, full, skip_steps=min(40, min(r.max_tokens for r in full) // 2),
                                            num_steps=args.profile_steps),
         "batch1_decode": profile_steps(engine, fixed_workload(1, args.prompt_len, 128, seed=args.seed + 4),
