@@ -6,8 +6,8 @@
 - the plain products of the step (q/k/v, o, down): cuBLAS against quack's `gemm`, for reference.
 - the gated product's first call per row count (whether quack compiles per row count).
 - causal prefill attention: FA4 over our paged cache (16-token pages laid on scattered blocks, as a served cache
-  is) against FA4 over the step's own keys and values (varlen, `cu_seqlens_k`), contiguous and as views of the
-  q/k/v projection's output.
+  is), also with the inputs padded as a prefill graph pads them (256 rows, 8 of them real), against FA4 over the
+  step's own keys and values (varlen, `cu_seqlens_k`), contiguous and as views of the q/k/v projection's output.
 
 Each figure is triton's do_bench median (L2 flushed between calls) and the median replay of a CUDA graph of 10
 calls, in ms per call. Needs the FA4 wheels (flash-attn-4, quack-kernels; ../shared/device/fa4_wheels.sh). bf16.
@@ -27,6 +27,7 @@ from bench.cuda_timing import graph_ms, median_ms
 DEVICE, DTYPE = torch.device("cuda"), torch.bfloat16
 HIDDEN, INTERMEDIATE, HEADS, KV_HEADS, HEAD_DIM = 1024, 3072, 16, 8, 128  # Qwen3-0.6B
 BLOCK = 16
+PADDED_ROWS, MAX_MODEL_LEN = 256, 4096  # the serving benchmark's max_num_seqs and max_model_len
 
 
 def timed(fn: Callable[[], object]) -> dict[str, object]:
@@ -130,10 +131,20 @@ def attention_rows(num_prompts: int, prompt_len: int) -> list[dict[str, object]]
     k_cache[table.flatten().long()] = k.view(-1, BLOCK, KV_HEADS, HEAD_DIM)
     v_cache[table.flatten().long()] = v.view(-1, BLOCK, KV_HEADS, HEAD_DIM)
     out_buf = torch.empty_like(q)
+    # As a prefill graph's padded inputs hold them (gpu/mixed_graphs.py): PADDED_ROWS rows of which the first
+    # num_prompts are real, the others without queries or context; block tables as wide as max_model_len; the
+    # longest query passed as the bucket.
+    padded_starts = torch.full((PADDED_ROWS + 1,), tokens, device=DEVICE, dtype=torch.int32)
+    padded_starts[: num_prompts + 1] = starts
+    padded_lens = torch.zeros(PADDED_ROWS, device=DEVICE, dtype=torch.int32)
+    padded_lens[:num_prompts] = lens
+    padded_table = torch.zeros(PADDED_ROWS, MAX_MODEL_LEN // BLOCK, device=DEVICE, dtype=torch.int32)
+    padded_table[:num_prompts, :blocks_per_prompt] = table
 
-    def paged() -> None:
-        _flash_attn_fwd(q, k_cache, v_cache, cu_seqlens_q=starts, max_seqlen_q=prompt_len, seqused_k=lens,
-                        page_table=table, softmax_scale=scale, causal=True, num_splits=1, out=out_buf)
+    def paged(rows_starts: torch.Tensor = starts, rows_lens: torch.Tensor = lens, rows_table: torch.Tensor = table,
+              longest: int = prompt_len) -> None:
+        _flash_attn_fwd(q, k_cache, v_cache, cu_seqlens_q=rows_starts, max_seqlen_q=longest, seqused_k=rows_lens,
+                        page_table=rows_table, softmax_scale=scale, causal=True, num_splits=1, out=out_buf)
 
     def own(kk: torch.Tensor, vv: torch.Tensor) -> Callable[[], None]:
         return lambda: _flash_attn_fwd(q, kk, vv, cu_seqlens_q=starts, cu_seqlens_k=starts, max_seqlen_q=prompt_len,
@@ -143,8 +154,11 @@ def attention_rows(num_prompts: int, prompt_len: int) -> list[dict[str, object]]
     paged()
     reference = out_buf.clone()
     rows = []
-    for name, fn in (("fa4_paged_scattered", paged), ("fa4_own_kv_contiguous", own(k, v)),
-                     ("fa4_own_kv_qkv_views", own(k_view, v_view))):
+    for name, fn in (("fa4_paged_scattered", paged),
+                     ("fa4_paged_scattered_longest_as_bucket", lambda: paged(longest=tokens)),
+                     (f"fa4_paged_scattered_padded_to_{PADDED_ROWS}_rows",
+                      lambda: paged(padded_starts, padded_lens, padded_table, tokens)),
+                     ("fa4_own_kv_contiguous", own(k, v)), ("fa4_own_kv_qkv_views", own(k_view, v_view))):
         row: dict[str, object] = {"op": "prefill_attention", "prompts": f"{num_prompts}x{prompt_len}", "variant": name,
                                   **timed(fn)}
         if "error" in row:
@@ -160,12 +174,14 @@ def attention_rows(num_prompts: int, prompt_len: int) -> list[dict[str, object]]
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.prefill_fusion_bench", description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", default="2048,8192", help="token counts of the products, comma-separated")
+    p.add_argument("--no-first-calls", dest="first_calls", action="store_false",
+                   help="skip the gated product's first-call times")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     torch.manual_seed(0)
-    results: list[dict[str, object]] = first_call_rows([1024, 1280, 3001, 1024, 8192])
+    results: list[dict[str, object]] = first_call_rows([1024, 1280, 3001, 1024, 8192]) if args.first_calls else []
     results += attention_rows(8, 1024)
-    for rows in (int(r) for r in args.rows.split(",")):
+    for rows in (int(r) for r in args.rows.split(",") if r):
         results += gated_rows(rows)
         results += plain_rows(rows)
     if args.out:
