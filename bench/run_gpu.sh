@@ -18,7 +18,8 @@
 #   serve-variants  openai-serve at concurrency 256 once per server-flag variant (ARGS as ab-serve's), in turn,
 #                 no offline run: a quick look at what flags change at that load
 #   burst         where a burst of prompts' time to first token goes: the offline engine on the serving shape and
-#                 openai-serve at concurrency 256, both holding decodes 1000 ms (every request's timings: records_*.json)
+#                 openai-serve at concurrency 256, both holding decodes 1000 ms, then openai-serve at its defaults
+#                 (every request's timings: records_*.json)
 #   serve-share   the offline engine on the serving shape, then openai-serve at concurrency 256, in turn, ROUNDS times
 #                 (ARGS: ROUNDS, default 2): the server's share of the offline engine per round, each pair on one
 #                 machine minutes apart (the share moved 96.96-103.3% between single runs)
@@ -163,7 +164,8 @@ case "$stage" in
   burst)
     build_model
     offline_serve_shape _hold "--decode-hold-ms 1000"
-    openai_serve c256_hold 256 768 "--decode-hold-ms 1000" ;;
+    openai_serve c256_hold 256 768 "--decode-hold-ms 1000"
+    openai_serve c256 256 768 ;;
   serve-share)
     build_model
     for round in $(seq 1 "${1:-2}"); do

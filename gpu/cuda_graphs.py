@@ -46,6 +46,7 @@ StaticArgs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata]  # a forward's
 MemoryPool = tuple[int, int]  # CUDAGraph.pool()'s handle
 LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (hidden [rows, hidden], out [rows, vocab]) -> out
 Output = TypeVar("Output")
+Key = TypeVar("Key", int, tuple[int, int])  # a graph's bucket: rows (decode), (tokens, row capacity) (prefill)
 
 
 @dataclass(frozen=True)
@@ -62,14 +63,14 @@ class DecodeOutputs:
         return DecodeOutputs(self.hidden[:num_rows], cut(self.logits), cut(self.token_ids))
 
 
-def capture_graphs(forward: Callable[..., Output], buckets: list[int], static_args: Callable[[int], StaticArgs],
+def capture_graphs(forward: Callable[..., Output], buckets: list[Key], static_args: Callable[[Key], StaticArgs],
                    pool: MemoryPool | None, desc: str,
-                   ) -> tuple[dict[int, torch.cuda.CUDAGraph], dict[int, Output], MemoryPool | None]:
-    """One graph of `forward` per bucket on the bucket's static args, largest first so that later graphs fit
-    in its memory, all in one pool (`pool`, or a new one); returns the graphs, their static outputs and the
-    pool. Used for decode steps here and for steps with prefill (mixed_graphs.py)."""
-    graphs: dict[int, torch.cuda.CUDAGraph] = {}
-    outputs: dict[int, Output] = {}
+                   ) -> tuple[dict[Key, torch.cuda.CUDAGraph], dict[Key, Output], MemoryPool | None]:
+    """One graph of `forward` per bucket (`buckets` ascending) on the bucket's static args, largest first so that
+    later graphs fit in its memory, all in one pool (`pool`, or a new one); returns the graphs, their static outputs
+    and the pool. Used for decode steps here and for steps with prefill (mixed_graphs.py)."""
+    graphs: dict[Key, torch.cuda.CUDAGraph] = {}
+    outputs: dict[Key, Output] = {}
     for bucket in tqdm(list(reversed(buckets)), desc=desc, unit="graph", disable=None):
         args = static_args(bucket)
         forward(*args)  # warm-up outside the graph: compiles kernels, settles allocations

@@ -1,12 +1,18 @@
-"""CUDA graphs for the steps that carry prefill: one graph per padded token bucket.
+"""CUDA graphs for the steps that carry prefill: one graph per padded token bucket and row capacity.
 
 Such a step (prefill chunks, prefix-cache hits, decode rows beside them) is padded to the smallest
-token bucket that holds it, and its rows to the bucket's row capacity (min(max_num_seqs, bucket):
-a step never has more rows than tokens). Padding tokens write no K/V (slot -1) and sit at
-position 0; padding rows have no queries (query_start_loc repeats the token count) and context 0,
-so the attention kernel's programs for them exit at once and every launch grid depends only on
-the bucket. Their outputs are ignored. Only a backend whose non-decode path is safe to capture
-this way (`supports_mixed_graphs`: the Triton one) gets these graphs.
+token bucket that holds it, and its rows to the smallest of the bucket's row capacities that holds
+them: min(max_num_seqs, bucket) (a step never has more rows than tokens), and FEW_ROWS for steps of
+prompts alone (a burst of requests, a decode hold), where padding to hundreds of rows cost FA4's
+prefill kernel 43% (below). Padding tokens write no K/V (slot -1) and sit at position 0; padding
+rows have no queries (query_start_loc repeats the token count) and context 0, so the attention
+kernel's programs for them exit at once and every launch grid depends only on the bucket and the
+capacity. Their outputs are ignored. Only a backend whose non-decode path is safe to capture this
+way (`supports_mixed_graphs`: Triton, FA4 on Hopper) gets these graphs.
+
+Why a second capacity: those programs still launch. FA4 over 8 prompts of 1024 tokens, one layer on
+the H100 (bench/prefill_fusion_bench.py): 0.102 ms with 8 rows, 0.145 ms padded to 256 rows
+(the serving benchmark's max_num_seqs); 28 layers make that 1.2 ms of a 17 ms step.
 
 Why: run eagerly, such a step is launched op by op from Python, ~10 ms of host time for the 0.6B
 model's 28 layers, more than its device time (bench/results/notes.md); a replay is one launch.
@@ -29,6 +35,8 @@ from gpu.host_to_device import write_block_tables
 from gpu.pending_step import feed_back_tokens
 
 logger = logging.getLogger(__name__)
+
+FEW_ROWS = 32  # the small row capacity of every bucket larger than it
 
 
 def token_buckets(max_num_batched_tokens: int) -> list[int]:
@@ -53,15 +61,17 @@ class StaticInputs:
         self.int64 = torch.zeros(5 * max_tokens, dtype=torch.int64, device=device)
         self.int32 = torch.zeros(int32_size(max_rows, max_blocks), dtype=torch.int32, device=device)
 
-    def rows_for(self, bucket: int) -> int:
-        return min(self.max_rows, bucket)
+    def row_capacities(self, bucket: int) -> list[int]:
+        """The bucket's row capacities, ascending: FEW_ROWS and the most rows a step of `bucket` tokens can have."""
+        full = min(self.max_rows, bucket)
+        return sorted({min(FEW_ROWS, full), full})
 
     def fields(self, bucket: int) -> torch.Tensor:
         """[5, bucket]: token ids, positions, slots, fed-back token indices, fed-back source rows."""
         return self.int64[: 5 * bucket].view(5, bucket)
 
-    def metadata(self, bucket: int, max_model_len: int) -> AttentionMetadata:
-        rows = self.rows_for(bucket)
+    def metadata(self, bucket: int, rows: int, max_model_len: int) -> AttentionMetadata:
+        """The attention inputs of `bucket` tokens and a capacity of `rows` rows."""
         return AttentionMetadata(
             slot_mapping=self.fields(bucket)[2],
             query_start_loc=self.int32[: rows + 1],
@@ -110,45 +120,52 @@ class MixedGraphs:
         self.inputs = StaticInputs(self.buckets[-1], max_num_seqs, -(-max_model_len // block_size), device)
         self._mirrors = [PinnedMirror(self.inputs.int64, self.inputs.int32) for _ in range(2)]
         self._turn = 0
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.outputs: dict[int, torch.Tensor] = {}
+        # (token bucket, row capacity), ascending: every graph captured
+        self.keys = [(bucket, rows) for bucket in self.buckets for rows in self.inputs.row_capacities(bucket)]
+        self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self.outputs: dict[tuple[int, int], torch.Tensor] = {}
         self.pool: MemoryPool | None = None
 
-    def bucket_for(self, batch: Batch) -> int | None:
+    def bucket_for(self, batch: Batch) -> tuple[int, int] | None:
+        """(token bucket, row capacity) of the smallest graph that holds the batch, None if none does."""
         num_tokens = len(batch.token_ids)
         bucket = next((b for b in self.buckets if b >= num_tokens), None)
-        if bucket is None or batch.num_rows > self.inputs.rows_for(bucket):
+        if bucket is None:
             return None
-        return bucket
+        rows = next((r for r in self.inputs.row_capacities(bucket) if r >= batch.num_rows), None)
+        return None if rows is None else (bucket, rows)
 
-    def _static_args(self, bucket: int) -> StaticArgs:
+    def _static_args(self, key: tuple[int, int]) -> StaticArgs:
+        bucket, rows = key
         fields = self.inputs.fields(bucket)
-        return fields[0], fields[1], self.inputs.metadata(bucket, self.max_model_len)
+        return fields[0], fields[1], self.inputs.metadata(bucket, rows, self.max_model_len)
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Captures every bucket, largest first (later graphs fit in its pool), with empty rows
+        """Captures every bucket and row capacity, largest first (later graphs fit in its pool), with empty rows
         (query_start_loc and context lengths all 0): the kernels launch, no program does work."""
-        self.graphs, self.outputs, self.pool = capture_graphs(self.forward, self.buckets, self._empty_args, self.pool,
+        self.graphs, self.outputs, self.pool = capture_graphs(self.forward, self.keys, self._empty_args, self.pool,
                                                               "CUDA graphs, steps with prefill")
-        logger.info("captured CUDA graphs for steps with prefill, token buckets %s", self.buckets)
+        logger.info("captured CUDA graphs for steps with prefill, token buckets %s (row capacities %d and the "
+                    "bucket's most)", self.buckets, FEW_ROWS)
 
-    def _empty_args(self, bucket: int) -> StaticArgs:
-        """The bucket's static args, holding no row and writing no K/V."""
+    def _empty_args(self, key: tuple[int, int]) -> StaticArgs:
+        """The graph's static args, holding no row and writing no K/V."""
         self.inputs.int32.zero_()
-        self.inputs.fields(bucket)[2].fill_(-1)  # slots: no K/V written
-        return self._static_args(bucket)
+        self.inputs.fields(key[0])[2].fill_(-1)  # slots: no K/V written
+        return self._static_args(key)
 
     def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:
         """Fills the static buffers (fed-back tokens read from `last_sampled_ids` on the device), replays the
         bucket's graph (or runs eagerly on the buffers when none was captured); returns [num_tokens, hidden]."""
-        bucket = self.bucket_for(batch)
-        assert bucket is not None and self.inputs.rows_for(bucket) >= batch.num_rows
+        key = self.bucket_for(batch)
+        assert key is not None
+        bucket, rows = key
         mirror = self._mirrors[self._turn]
         self._turn ^= 1
         mirror.copied.synchronize()  # its previous copy has run (long since, in practice)
-        num_int64, num_int32 = fill_host_inputs(mirror.int64.numpy(), mirror.int32.numpy(), batch, bucket,
-                                                self.inputs.rows_for(bucket), self.inputs.max_blocks)
+        num_int64, num_int32 = fill_host_inputs(mirror.int64.numpy(), mirror.int32.numpy(), batch, bucket, rows,
+                                                self.inputs.max_blocks)
         self.inputs.int64[:num_int64].copy_(mirror.int64[:num_int64], non_blocking=True)
         self.inputs.int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)
         mirror.copied.record()
@@ -156,7 +173,7 @@ class MixedGraphs:
             fields = self.inputs.fields(bucket)
             feed_back_tokens(fields[0], fields[3, :num_fed_back], fields[4, :num_fed_back], last_sampled_ids)
         num_tokens = len(batch.token_ids)
-        if bucket not in self.graphs:
-            return self.forward(*self._static_args(bucket))[:num_tokens]
-        self.graphs[bucket].replay()
-        return self.outputs[bucket][:num_tokens]
+        if key not in self.graphs:
+            return self.forward(*self._static_args(key))[:num_tokens]
+        self.graphs[key].replay()
+        return self.outputs[key][:num_tokens]

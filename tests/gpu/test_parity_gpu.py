@@ -88,7 +88,8 @@ def test_steps_with_prefill_replay_graphs(tiny_model_dirs: dict[str, Path], back
     replays them (test_cuda_graphs_on_and_off_give_identical_tokens checks the tokens)."""
     llm = make_llm(tiny_model_dirs["qwen3"], "bfloat16", backend, eager=False, budget=64)
     mixed = llm.engine.runner.mixed
-    assert mixed is not None and sorted(mixed.graphs) == mixed.buckets == [16, 32, 64]
+    # max_num_seqs 16: one row capacity per bucket, 16 (no step has more rows).
+    assert mixed is not None and sorted(mixed.graphs) == mixed.keys == [(16, 16), (32, 16), (64, 16)]
     replayed: list[int] = []
 
     def counting(bucket: int, graph: torch.cuda.CUDAGraph) -> object:
@@ -97,10 +98,36 @@ def test_steps_with_prefill_replay_graphs(tiny_model_dirs: dict[str, Path], back
             torch.cuda.CUDAGraph.replay(graph)
         return replay
 
-    for bucket, graph in mixed.graphs.items():
+    for (bucket, _), graph in mixed.graphs.items():
         graph.replay = counting(bucket, graph)
     llm.generate(prompts_of_lengths(LENGTHS), SamplingParams(temperature=0.0, max_tokens=4))
     assert 64 in replayed and len(replayed) >= 3
+
+
+@pytest.mark.parametrize("backend", [b for b in BACKENDS if b in ("triton", "flash-attn")])
+def test_steps_of_few_rows_replay_the_few_rows_graphs(tiny_model_dirs: dict[str, Path], backend: str) -> None:
+    """More sequences than FEW_ROWS: each bucket has two row capacities; steps of few prompts replay the small one,
+    steps of many rows the large one, and both give the tokens the eager path gives."""
+    from gpu.mixed_graphs import FEW_ROWS
+
+    def run(eager: bool) -> tuple[list[list[int]], list[tuple[int, int]]]:
+        llm = LLM(str(tiny_model_dirs["qwen3"]), dtype="bfloat16", device="cuda", attention_backend=backend,
+                  enforce_eager=eager, block_size=16, kv_cache_blocks=512, max_num_seqs=64, max_num_batched_tokens=256)
+        replayed: list[tuple[int, int]] = []
+        mixed = llm.engine.runner.mixed
+        if not eager:
+            assert mixed is not None and (256, FEW_ROWS) in mixed.graphs and (256, 64) in mixed.graphs
+            for key, graph in mixed.graphs.items():
+                graph.replay = lambda key=key, graph=graph: (replayed.append(key), torch.cuda.CUDAGraph.replay(graph))
+        # Few long prompts first (steps of few rows), then many short ones beside running rows (steps of many rows).
+        few = llm.generate(prompts_of_lengths((200, 150, 90)), SamplingParams(temperature=0.0, max_tokens=6))
+        many = llm.generate(prompts_of_lengths((3,) * 50 + (100,)), SamplingParams(temperature=0.0, max_tokens=6))
+        return [o.token_ids for o in few + many], replayed
+
+    graphed, replayed = run(eager=False)
+    eager, _ = run(eager=True)
+    assert graphed == eager
+    assert any(rows == FEW_ROWS for _, rows in replayed) and any(rows == 64 for _, rows in replayed)
 
 
 def test_float32_auto_never_picks_flash_attn(tiny_model_dirs: dict[str, Path]) -> None:

@@ -9,7 +9,7 @@ from gpu import backend_choice
 from gpu.attention.backend import PhasedBackend, TorchBackend, candidate_names, flash_attn_unavailable
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch
-from gpu.mixed_graphs import fill_host_inputs, int32_size, token_buckets
+from gpu.mixed_graphs import FEW_ROWS, StaticInputs, fill_host_inputs, int32_size, token_buckets
 
 CPU = torch.device("cpu")
 
@@ -117,6 +117,20 @@ def test_token_buckets() -> None:
     assert token_buckets(8192)[-3:] == [7168, 7680, 8192]
     assert token_buckets(100) == [16, 32, 64, 100]
     assert token_buckets(8000)[-1] == 8000
+
+
+def test_each_bucket_has_a_few_rows_capacity_beside_its_most_rows() -> None:
+    """Steps of prompts alone replay a graph padded to FEW_ROWS rows, not to max_num_seqs (FA4's padded rows cost)."""
+    inputs = StaticInputs(max_tokens=8192, max_rows=256, max_blocks=4, device=torch.device("cpu"))
+    assert FEW_ROWS == 32
+    assert inputs.row_capacities(16) == [16]  # never more rows than tokens
+    assert inputs.row_capacities(32) == [32]
+    assert inputs.row_capacities(64) == [32, 64]
+    assert inputs.row_capacities(8192) == [32, 256]
+    meta = inputs.metadata(8192, 32, max_model_len=64)
+    assert meta.query_start_loc.shape == (33,) and meta.context_lens.shape == (32,)
+    assert meta.block_tables.shape == (32, 4) and meta.max_query_len == 8192
+    assert StaticInputs(8192, 16, 4, torch.device("cpu")).row_capacities(8192) == [16]
 
 
 def test_fill_host_inputs_pads_tokens_and_rows() -> None:
