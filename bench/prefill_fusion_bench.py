@@ -1,6 +1,7 @@
 """What fusion could take off a prompts-only step (8 prompts of 1024 tokens, Qwen3-0.6B), kernel by kernel.
 
-- gate/up + SiLU-and-mul: cuBLAS's product then our SiLU kernel (what the engine runs) against quack's gated GEMM
+- gate/up + SiLU-and-mul: the engine's product (gpu/layers/linear.py's routing: the skinny GEMM up to 256 rows where
+  its table says so, else cuBLAS) then our SiLU kernel, against quack's gated GEMM
   (`quack.gemm_interface.gemm_act`, activation "swiglu", the [gate; up] weight as it is stored), its default config
   and its autotuned one; with how many outputs differ from the pair's and by how much.
 - the plain products of the step (q/k/v, o, down): cuBLAS against quack's `gemm`, for reference.
@@ -41,14 +42,17 @@ def timed(fn: Callable[[], object]) -> dict[str, object]:
 def gated_rows(rows: int) -> list[dict[str, object]]:
     from quack.gemm_interface import gemm_act
 
+    from gpu.config import DEFAULT_KERNELS
     from gpu.kernels.silu_and_mul import silu_and_mul
+    from gpu.layers.linear import linear
 
     x = torch.randn(rows, HIDDEN, device=DEVICE, dtype=DTYPE)
     w = torch.randn(2 * INTERMEDIATE, HIDDEN, device=DEVICE, dtype=DTYPE) / HIDDEN**0.5  # [gate; up], as stored
     post = torch.empty(rows, INTERMEDIATE, device=DEVICE, dtype=DTYPE)
+    product = torch.empty(rows, 2 * INTERMEDIATE, device=DEVICE, dtype=DTYPE)
 
-    def pair() -> torch.Tensor:
-        return silu_and_mul(x @ w.t())
+    def pair() -> torch.Tensor:  # the engine's unfused path: its linear routing (skinny GEMM or cuBLAS), then SiLU
+        return silu_and_mul(linear(x, w, None, DEFAULT_KERNELS, out=product), use_pdl=True)
 
     def fused(tuned: bool) -> Callable[[], object]:
         return lambda: gemm_act(x, w.t(), activation="swiglu", postact_out=post, store_preact=False,
@@ -56,10 +60,10 @@ def gated_rows(rows: int) -> list[dict[str, object]]:
 
     reference = pair()
     out = []
-    for name, fn in (("cublas+silu_kernel", pair), ("quack_gated_default", fused(False)),
+    for name, fn in (("engine_linear+silu_kernel", pair), ("quack_gated_default", fused(False)),
                      ("quack_gated_tuned", fused(True))):
         row: dict[str, object] = {"op": "gate_up+silu", "rows": rows, "variant": name, **timed(fn)}
-        if name != "cublas+silu_kernel" and "error" not in row:
+        if name != "engine_linear+silu_kernel" and "error" not in row:
             fn()
             diff = (post.float() - reference.float()).abs()
             row["share_not_bit_equal"] = round(float((post != reference).float().mean()), 5)

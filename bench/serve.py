@@ -168,7 +168,7 @@ async def run_all(
             timings.append({"concurrency": concurrency, "requests": request_timings(records, level_start)})
             on_level(results)
     if args.records_out:
-        Path(args.records_out).write_bytes(json.dumps({"levels": timings}).encode())
+        write_result(args.records_out, {"kind": "serve-records", "levels": timings}, "bench.serve", sys.argv[1:])
     return results
 
 
