@@ -149,7 +149,8 @@ def profile_section(tp: Result) -> list[str]:
     lines = ["## Profile", "", "torch.profiler over a few engine steps after the timed run (same process); "
              "'device busy' adds up the kernels' own times, so step time minus device busy is time the GPU waited "
              "on the host.", ""]
-    for name, title in (("full_batch_decode", "Full batch, decode"), ("batch1_decode", "Batch 1, decode")):
+    for name, title in (("first_steps_with_prefill", "Steps with prefill, at the workload's start"),
+                        ("full_batch_decode", "Full batch, decode"), ("batch1_decode", "Batch 1, decode")):
         if name not in profile:
             continue
         p = profile[name]
