@@ -19,9 +19,6 @@ class KernelConfig:
     # SiLU-and-mul in the gate/up product's epilogue for products of many rows (prompt steps), where quack's gated
     # GEMM runs (gpu/kernels/gated_gemm.py: Hopper, bf16/fp16, the `flash` extra installed).
     gated_gemm: bool = True
-    # The residual add in the o/down products' epilogue (cuBLAS's addmm) for products past the skinny GEMM's rows, in
-    # bf16/fp16 on one GPU: the norm after it then reads one tensor and writes one instead of two and two.
-    residual_epilogue: bool = True
     fused_kv_store: bool = True  # ... and the q/k norm + RoPE kernel writes K and V to the cache (no store_kv launch)
     fused_sampling: bool = True  # rows without top-k/top-p/min-p sampled by the Triton kernel
     fused_logit_adjustments: bool = True  # penalties and token masks applied by Triton kernels, one pass each

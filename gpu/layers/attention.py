@@ -55,8 +55,7 @@ class DecoderAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: NormInput, meta: AttentionMetadata
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(attention over norm(x + residual), x + residual), or (that sum, None) when o_proj adds the residual itself
-        (gpu/layers/linear.py): either way the next norm's input is the first plus the second."""
+        """(attention over norm(x + residual), x + residual)."""
         qkv, residual = self.qkv_proj.forward_normed(hidden)  # [num_tokens, q_size + 2 * kv_size]
         num_tokens = qkv.shape[0]
         assert self.backend is not None, "the runner sets the backend before the first forward"
@@ -66,10 +65,8 @@ class DecoderAttention(nn.Module):
             q, k = self._fused_qk(positions, qkv) if self._is_fused(qkv) else self._torch_qk(positions, qkv)
             v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
             self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        out = self.backend.forward(q, self.k_cache, self.v_cache, meta, self.scale).reshape(num_tokens, -1)
-        if self.o_proj.adds_residual(out, residual):
-            return self.o_proj.forward_adding(out, residual), None
-        return self.o_proj(out), residual
+        out = self.backend.forward(q, self.k_cache, self.v_cache, meta, self.scale)
+        return self.o_proj(out.reshape(num_tokens, -1)), residual
 
     def _torch_qk(self, positions: torch.Tensor, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens = qkv.shape[0]

@@ -14,8 +14,7 @@ decode steps at batch 1, where a launch costs more than the bytes it moves), a p
 RMSNorm, `forward_silu_and_mul` the gate/up projection before its activation, and where the elementwise step would
 have run as its Triton kernel, the skinny kernel's prologue does it. Elsewhere the step runs on its own first.
 A [gate; up] layer over many rows (prompt steps) on a GPU where quack's gated GEMM runs computes SiLU-and-mul in its
-product's epilogue instead (`forward_normed_silu_and_mul`, gpu/kernels/gated_gemm.py); o/down over more than 256 rows
-add the residual in theirs (`forward_adding`), so the next norm has no add to do.
+product's epilogue instead (`forward_normed_silu_and_mul`, gpu/kernels/gated_gemm.py).
 `warm_up_skinny_gemm` compiles every row bucket's config before a request. Merging
 turns three (or two) matmuls into one; each parameter of a MergedLinear carries a `weight_loader` that copies one
 checkpoint shard into its rows. Under tensor parallelism a MergedLinear is column-parallel: each of its shards
@@ -97,24 +96,6 @@ class Linear(nn.Linear):
                 and x.shape[0] >= gated_gemm.MIN_ROWS and x.dtype in gated_gemm.DTYPES and x.dtype == self.weight.dtype
                 and x.stride(-1) == 1 and self.weight.is_contiguous() and gated_gemm.is_ready(x.device, x.dtype)
                 and not (torch.is_grad_enabled() and self.weight.requires_grad))
-
-    def adds_residual(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
-        """Whether this product adds the residual in its epilogue (`forward_adding`): rows past the skinny GEMM's,
-        which cuBLAS takes, in bf16/fp16 (float32 keeps transformers' separate add, so its tokens stay exact), no
-        bias, and no other rank's output to sum first."""
-        return (self.kernels.residual_epilogue and residual is not None and self.packed is None and self.bias is None
-                and not self.sums_ranks and x.dim() == 2 and x.shape[0] > MAX_ROWS and x.is_cuda
-                and x.dtype in SKINNY_DTYPES and x.dtype == self.weight.dtype == residual.dtype
-                and residual.shape == (x.shape[0], self.out_features))
-
-    def forward_adding(self, x: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """self(x) + residual in one cuBLAS call (its epilogue reads the residual): where `adds_residual` says so."""
-        return torch.addmm(residual, x, self.weight.t())
-
-    @property
-    def sums_ranks(self) -> bool:
-        """Whether this layer's output is a sum over tensor-parallel ranks (RowParallelLinear on several GPUs)."""
-        return False
 
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:

@@ -31,10 +31,6 @@ class RowParallelLinear(Linear):
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(y)
 
-    @property
-    def sums_ranks(self) -> bool:
-        return self.tp.size > 1
-
     def _load_weight(self, param: nn.Parameter, loaded: CheckpointTensor, shard: str | None) -> None:
         if loaded.shape != (self.out_features, self.full_in_features):
             raise ValueError(f"{loaded.name}: checkpoint shape {loaded.shape} != "

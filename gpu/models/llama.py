@@ -41,17 +41,12 @@ class MLP(nn.Module):
         self.act = SiluAndMul(kernels)
 
     def forward(self, x: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the MLP of norm(x + residual), x + residual), or (their sum, None) when down_proj adds the residual."""
+        """(the MLP of norm(x + residual), x + residual)."""
         if self.gate_up_proj.fuses_silu_and_mul(x.x):
             activated, residual = self.gate_up_proj.forward_normed_silu_and_mul(x)
-        else:
-            gate_up, residual = self.gate_up_proj.forward_normed(x)
-            if not self.down_proj.adds_residual(gate_up, residual):
-                return self.down_proj.forward_silu_and_mul(gate_up, self.act), residual
-            activated = self.act(gate_up)
-        if self.down_proj.adds_residual(activated, residual):
-            return self.down_proj.forward_adding(activated, residual), None
-        return self.down_proj(activated), residual
+            return self.down_proj(activated), residual
+        gate_up, residual = self.gate_up_proj.forward_normed(x)
+        return self.down_proj.forward_silu_and_mul(gate_up, self.act), residual
 
 
 class DecoderLayer(nn.Module):
