@@ -130,10 +130,12 @@ class RequestFactory:
 
 
 async def run_all(
-    args: argparse.Namespace, base_url: str, model: str, on_level: Callable[[list[dict[str, object]]], None],
+    args: argparse.Namespace, base_url: str, model: str,
+    on_level: Callable[[list[dict[str, object]], list[dict[str, object]]], None],
     server_cpu: Callable[[], float | None],
 ) -> list[dict[str, object]]:
-    """Runs every level in order; `on_level` gets the levels done so far after each one.
+    """Runs every level in order; `on_level` gets the levels done so far after each one, and their requests' timings
+    (`request_timings`).
 
     `server_cpu` gives the server process's CPU seconds so far (all its threads), None when unknown.
     """
@@ -166,9 +168,7 @@ async def run_all(
             print(format_level(summary) + ("" if rate is None else f"  (Poisson arrivals at {rate:g}/s)"), flush=True)
             results.append(level)
             timings.append({"concurrency": concurrency, "requests": request_timings(records, level_start)})
-            on_level(results)
-    if args.records_out:
-        write_result(args.records_out, {"kind": "serve-records", "levels": timings}, "bench.serve", sys.argv[1:])
+            on_level(results, timings)
     return results
 
 
@@ -292,8 +292,14 @@ def main(argv: list[str] | None = None) -> None:
         model = args.model or first_model(base_url)
         server["model"] = model
         save = partial(save_result, args, argv, server)
+
+        def on_level(done: list[dict[str, object]], timings: list[dict[str, object]]) -> None:
+            save(done, is_complete=False)
+            if args.records_out:
+                write_result(args.records_out, {"kind": "serve-records", "levels": timings}, "bench.serve", argv)
+
         with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            levels = runner.run(run_all(args, base_url, model, lambda done: save(done, is_complete=False),
+            levels = runner.run(run_all(args, base_url, model, on_level,
                                         partial(process_cpu_seconds, process.pid if process else None)))
         save(levels, is_complete=True)
     finally:
