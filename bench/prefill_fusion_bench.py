@@ -18,6 +18,7 @@ calls, in ms per call. Needs the FA4 wheels (flash-attn-4, quack-kernels; ../sha
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 
 import torch
@@ -77,8 +78,6 @@ def gated_rows(rows: int) -> list[dict[str, object]]:
 def first_call_rows(rows_list: list[int]) -> list[dict[str, object]]:
     """Seconds of the gated product's first call per row count, in a fresh process before any other call: whether
     quack compiles once per shape class or once per row count."""
-    import time
-
     from gpu.kernels.gated_gemm import silu_and_mul_product
 
     w = torch.randn(2 * INTERMEDIATE, HIDDEN, device=DEVICE, dtype=DTYPE)
