@@ -6,6 +6,10 @@
   and its autotuned one; with how many outputs differ from the pair's and by how much.
 - the plain products of the step (q/k/v, o, down): cuBLAS against quack's `gemm`, for reference.
 - the gated product's first call per row count (whether quack compiles per row count).
+- the residual add + RMSNorm between the products, deferred into them (quack's `gemm_rms`: the o and down products
+  add the residual in their epilogue, write it and its normed-weight product x * w, and reduce each row's sum of
+  squares; the next product scales its rows by rstd in its epilogue, `norm_act_mod`), against the engine's chain
+  (its norm kernel between cuBLAS / the gated GEMM); four layers of distinct weights per call, attention left out.
 - causal prefill attention: FA4 over our paged cache (16-token pages laid on scattered blocks, as a served cache
   is), also with the inputs padded as a prefill graph pads them (256 rows, 8 of them real), against FA4 over the
   step's own keys and values (varlen, `cu_seqlens_k`), contiguous and as views of the q/k/v projection's output.
@@ -111,6 +115,92 @@ def plain_rows(rows: int) -> list[dict[str, object]]:
     return out
 
 
+def norm_chain_rows(rows: int, layers: int = 4) -> list[dict[str, object]]:
+    """One layer's products and norms (q/k/v, o, gate/up + SiLU, down; attention's output a fixed tensor): the
+    engine's chain against the norm deferred into quack's epilogues. ms per layer, and how far the deferred chain's
+    residual stream and q/k/v product land from the engine's after `layers` layers."""
+    from quack.epilogue.library import norm_act_mod
+    from quack.gemm_interface import gemm_norm_act, gemm_rms
+
+    from gpu.config import DEFAULT_KERNELS
+    from gpu.kernels.gated_gemm import silu_and_mul_product
+    from gpu.kernels.rms_norm import rms_norm
+    from gpu.layers.linear import linear
+
+    eps = 1e-6
+    q_out = (HEADS + 2 * KV_HEADS) * HEAD_DIM
+
+    def weight(n: int, k: int) -> torch.Tensor:
+        return torch.randn(n, k, device=DEVICE, dtype=DTYPE) / k**0.5
+
+    def norm_weight() -> torch.Tensor:
+        return (1 + 0.1 * torch.randn(HIDDEN, device=DEVICE)).to(DTYPE)
+
+    ws = [{"qkv": weight(q_out, HIDDEN), "o": weight(HIDDEN, HEADS * HEAD_DIM),
+           "gate_up": weight(2 * INTERMEDIATE, HIDDEN), "down": weight(HIDDEN, INTERMEDIATE),
+           "w_in": norm_weight(), "w_post": norm_weight()} for _ in range(layers)]
+    attn = [torch.randn(rows, HEADS * HEAD_DIM, device=DEVICE, dtype=DTYPE) for _ in range(layers)]
+    x0 = torch.randn(rows, HIDDEN, device=DEVICE, dtype=DTYPE)
+    res0 = torch.randn(rows, HIDDEN, device=DEVICE, dtype=DTYPE)
+    gated_norm = norm_act_mod("swiglu", gated=True, has_c=False, has_rowvec=False, has_colvec=True)
+    act_buf = torch.empty(rows, INTERMEDIATE, device=DEVICE, dtype=DTYPE)
+    qkv_buf = torch.empty(rows, q_out, device=DEVICE, dtype=DTYPE)
+    scaled = [torch.empty(rows, HIDDEN, device=DEVICE, dtype=DTYPE) for _ in range(2)]
+    stream = [torch.empty(rows, HIDDEN, device=DEVICE, dtype=DTYPE) for _ in range(2)]
+    outputs: dict[str, torch.Tensor] = {}
+
+    def engine() -> None:
+        x, res = x0, res0
+        for w, a in zip(ws, attn, strict=True):
+            normed, res = rms_norm(x, w["w_in"], eps, res, use_pdl=True)
+            outputs["qkv"] = linear(normed, w["qkv"], None, DEFAULT_KERNELS, out=qkv_buf)
+            o = linear(a, w["o"], None, DEFAULT_KERNELS)
+            normed, res = rms_norm(o, w["w_post"], eps, res, use_pdl=True)
+            x = linear(silu_and_mul_product(normed, w["gate_up"]), w["down"], None, DEFAULT_KERNELS)
+        outputs["stream"] = x + res
+
+    def deferred(tuned: bool) -> Callable[[], None]:
+        def run() -> None:
+            # The first layer's input as the previous layer's down product would leave it: x0 + res0, its
+            # normed-weight product and rstd (one rms_norm here, outside what a layer costs in the model).
+            res = x0 + res0
+            xw = res * ws[0]["w_in"]
+            rstd = torch.rsqrt(res.float().square().mean(-1) + eps)
+            for i, (w, a) in enumerate(zip(ws, attn, strict=True)):
+                gemm_norm_act(xw, w["qkv"].t(), rstd=rstd, postact_out=qkv_buf, tuned=tuned)
+                outputs["qkv_deferred"] = qkv_buf
+                xw, rstd = gemm_rms(a, w["o"].t(), C=res, norm_weight=w["w_post"], out=scaled[0],
+                                    premult_out=stream[0], eps=eps, tuned=tuned)
+                res = stream[0]
+                gated_norm(xw, w["gate_up"].t(), None, out={"mAuxOut": act_buf}, store_d=False, tuned=tuned,
+                           dynamic_scheduler=False, concat_layout=("B",), mColVecBroadcast=rstd)
+                nxt = ws[i + 1]["w_in"] if i + 1 < layers else ws[0]["w_in"]
+                xw, rstd = gemm_rms(act_buf, w["down"].t(), C=res, norm_weight=nxt, out=scaled[1],
+                                    premult_out=stream[1], eps=eps, tuned=tuned)
+                res = stream[1]
+            outputs["stream_deferred"] = res
+        return run
+
+    out = []
+    for name, fn in (("engine_chain", engine), ("deferred_norm_default", deferred(False)),
+                     ("deferred_norm_tuned", deferred(True))):
+        row: dict[str, object] = {"op": "layer_products_and_norms", "rows": rows, "variant": name}
+        try:
+            fn()
+            row["ms_per_layer_graph"] = round(graph_ms(fn, 1) / layers, 4)
+            row["ms_per_layer_median"] = round(median_ms(fn) / layers, 4)
+        except Exception as exc:  # noqa: BLE001 - reported in the results
+            row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        if name != "engine_chain" and "error" not in row:
+            for key in ("qkv", "stream"):
+                ref, got = outputs[key].float(), outputs[f"{key}_deferred"].float()
+                row[f"{key}_max_rel_diff"] = float((got - ref).abs().max() / ref.abs().max())
+                row[f"{key}_mean_abs_diff_over_mean_abs"] = float((got - ref).abs().mean() / ref.abs().mean())
+        out.append(row)
+        print(row, flush=True)
+    return out
+
+
 def attention_rows(num_prompts: int, prompt_len: int) -> list[dict[str, object]]:
     from flash_attn.cute.interface import _flash_attn_fwd
 
@@ -179,14 +269,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--rows", default="2048,8192", help="token counts of the products, comma-separated")
     p.add_argument("--no-first-calls", dest="first_calls", action="store_false",
                    help="skip the gated product's first-call times")
+    p.add_argument("--sections", default="attention,gated,plain,norm_chain",
+                   help="what to measure, comma-separated, of: attention, gated, plain, norm_chain")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
+    sections = set(args.sections.split(","))
     torch.manual_seed(0)
     results: list[dict[str, object]] = first_call_rows([1024, 1280, 3001, 1024, 8192]) if args.first_calls else []
-    results += attention_rows(8, 1024)
+    if "attention" in sections:
+        results += attention_rows(8, 1024)
     for rows in (int(r) for r in args.rows.split(",") if r):
-        results += gated_rows(rows)
-        results += plain_rows(rows)
+        for name, section in (("gated", gated_rows), ("plain", plain_rows), ("norm_chain", norm_chain_rows)):
+            if name in sections:
+                results += section(rows)
     if args.out:
         write_result(args.out, {"kind": "prefill-fusion", "rows": results}, "bench.prefill_fusion_bench",
                      sys.argv[1:] if argv is None else argv)
