@@ -145,6 +145,7 @@ def norm_chain_rows(rows: int, layers: int = 4) -> list[dict[str, object]]:
     gated_norm = norm_act_mod("swiglu", gated=True, has_c=False, has_rowvec=False, has_colvec=True)
     act_buf = torch.empty(rows, INTERMEDIATE, device=DEVICE, dtype=DTYPE)
     qkv_buf = torch.empty(rows, q_out, device=DEVICE, dtype=DTYPE)
+    qkv_deferred_buf = torch.empty_like(qkv_buf)  # its own: the two chains' last q/k/v products are compared
     scaled = [torch.empty(rows, HIDDEN, device=DEVICE, dtype=DTYPE) for _ in range(2)]
     stream = [torch.empty(rows, HIDDEN, device=DEVICE, dtype=DTYPE) for _ in range(2)]
     outputs: dict[str, torch.Tensor] = {}
@@ -167,8 +168,8 @@ def norm_chain_rows(rows: int, layers: int = 4) -> list[dict[str, object]]:
             xw = res * ws[0]["w_in"]
             rstd = torch.rsqrt(res.float().square().mean(-1) + eps)
             for i, (w, a) in enumerate(zip(ws, attn, strict=True)):
-                gemm_norm_act(xw, w["qkv"].t(), rstd=rstd, postact_out=qkv_buf, tuned=tuned)
-                outputs["qkv_deferred"] = qkv_buf
+                gemm_norm_act(xw, w["qkv"].t(), rstd=rstd, postact_out=qkv_deferred_buf, tuned=tuned)
+                outputs["qkv_deferred"] = qkv_deferred_buf
                 xw, rstd = gemm_rms(a, w["o"].t(), C=res, norm_weight=w["w_post"], out=scaled[0],
                                     premult_out=stream[0], eps=eps, tuned=tuned)
                 res = stream[0]
