@@ -209,7 +209,9 @@ case "$stage" in
   ttft-starts)
     build_model
     for start in 1 2 3 4 5; do
-      run 90 "ttft-start$start" python3 -m bench.serve --launch --label openai-serve \
+      # 240 s: on a fresh machine the first start compiles every kernel (Triton, quack, FA4); at 34a395b it was
+      # still capturing decode graphs when a 90 s box cut it off, where starts with the caches full took 54-63 s.
+      run 240 "ttft-start$start" python3 -m bench.serve --launch --label openai-serve \
         --server-args "$server_args $*" --levels 1 --num-requests 16 --warmup-requests 0 \
         --server-log "$out/server_ttft$start.log" --out "$out/serve_ttft$start.json"
     done
