@@ -115,7 +115,7 @@ def plain_rows(rows: int) -> list[dict[str, object]]:
     return out
 
 
-def norm_chain_rows(rows: int, layers: int = 4) -> list[dict[str, object]]:
+def norm_chain_rows(rows: int, autotuned: bool = True, layers: int = 4) -> list[dict[str, object]]:
     """One layer's products and norms (q/k/v, o, gate/up + SiLU, down; attention's output a fixed tensor): the
     engine's chain against the norm deferred into quack's epilogues. ms per layer, and how far the deferred chain's
     residual stream and q/k/v product land from the engine's after `layers` layers."""
@@ -149,8 +149,13 @@ def norm_chain_rows(rows: int, layers: int = 4) -> list[dict[str, object]]:
     scaled = [torch.empty(rows, HIDDEN, device=DEVICE, dtype=DTYPE) for _ in range(2)]
     stream = [torch.empty(rows, HIDDEN, device=DEVICE, dtype=DTYPE) for _ in range(2)]
     outputs: dict[str, torch.Tensor] = {}
+    # The deferred chain's first input as the layer before's down product would leave it: the stream x0 + res0,
+    # its product with the first norm's weight, and its rstd; made here, outside the calls timed.
+    first_stream = x0 + res0
+    first_scaled = first_stream * ws[0]["w_in"]
+    first_rstd = torch.rsqrt(first_stream.float().square().mean(-1) + eps)
 
-    def engine() -> None:
+    def engine() -> None:  # the layers only: the stream (x + res) is summed for the comparison after the timing
         x, res = x0, res0
         for w, a in zip(ws, attn, strict=True):
             normed, res = rms_norm(x, w["w_in"], eps, res, use_pdl=True)
@@ -158,15 +163,11 @@ def norm_chain_rows(rows: int, layers: int = 4) -> list[dict[str, object]]:
             o = linear(a, w["o"], None, DEFAULT_KERNELS)
             normed, res = rms_norm(o, w["w_post"], eps, res, use_pdl=True)
             x = linear(silu_and_mul_product(normed, w["gate_up"]), w["down"], None, DEFAULT_KERNELS)
-        outputs["stream"] = x + res
+        outputs["x"], outputs["res"] = x, res
 
     def deferred(tuned: bool) -> Callable[[], None]:
         def run() -> None:
-            # The first layer's input as the previous layer's down product would leave it: x0 + res0, its
-            # normed-weight product and rstd (one rms_norm here, outside what a layer costs in the model).
-            res = x0 + res0
-            xw = res * ws[0]["w_in"]
-            rstd = torch.rsqrt(res.float().square().mean(-1) + eps)
+            xw, rstd, res = first_scaled, first_rstd, first_stream
             for i, (w, a) in enumerate(zip(ws, attn, strict=True)):
                 gemm_norm_act(xw, w["qkv"].t(), rstd=rstd, postact_out=qkv_deferred_buf, tuned=tuned)
                 outputs["qkv_deferred"] = qkv_deferred_buf
@@ -183,13 +184,17 @@ def norm_chain_rows(rows: int, layers: int = 4) -> list[dict[str, object]]:
         return run
 
     out = []
-    for name, fn in (("engine_chain", engine), ("deferred_norm_default", deferred(False)),
-                     ("deferred_norm_tuned", deferred(True))):
+    variants = [("engine_chain", engine), ("deferred_norm_default", deferred(False))]
+    if autotuned:
+        variants.append(("deferred_norm_tuned", deferred(True)))
+    for name, fn in variants:
         row: dict[str, object] = {"op": "layer_products_and_norms", "rows": rows, "variant": name}
         try:
             fn()
             row["ms_per_layer_graph"] = round(graph_ms(fn, 1) / layers, 4)
             row["ms_per_layer_median"] = round(median_ms(fn) / layers, 4)
+            fn()  # the outputs compared: from an eager call
+            outputs.setdefault("stream", outputs["x"] + outputs["res"])
         except Exception as exc:  # noqa: BLE001 - reported in the results
             row["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
         if name != "engine_chain" and "error" not in row:
@@ -272,6 +277,8 @@ def main(argv: list[str] | None = None) -> None:
                    help="skip the gated product's first-call times")
     p.add_argument("--sections", default="attention,gated,plain,norm_chain",
                    help="what to measure, comma-separated, of: attention, gated, plain, norm_chain")
+    p.add_argument("--no-autotuned-chain", dest="autotuned_chain", action="store_false",
+                   help="norm_chain without its autotuned variant (quack's tuning takes minutes at 8192 rows)")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     sections = set(args.sections.split(","))
@@ -280,9 +287,12 @@ def main(argv: list[str] | None = None) -> None:
     if "attention" in sections:
         results += attention_rows(8, 1024)
     for rows in (int(r) for r in args.rows.split(",") if r):
-        for name, section in (("gated", gated_rows), ("plain", plain_rows), ("norm_chain", norm_chain_rows)):
-            if name in sections:
-                results += section(rows)
+        if "gated" in sections:
+            results += gated_rows(rows)
+        if "plain" in sections:
+            results += plain_rows(rows)
+        if "norm_chain" in sections:
+            results += norm_chain_rows(rows, args.autotuned_chain)
     if args.out:
         write_result(args.out, {"kind": "prefill-fusion", "rows": results}, "bench.prefill_fusion_bench",
                      sys.argv[1:] if argv is None else argv)
