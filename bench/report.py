@@ -4,9 +4,10 @@ Runs anywhere (no GPU): the figures come from the JSON that the GPU runs wrote. 
 figures shown, the latest result of each kind: offline throughput on the nano-vllm workload, offline
 throughput on the serving shape (the reference for the server's share), each server's serving
 run, the prefix-heavy serving run (bench.prefix_serve) and the offline runs of other model shapes; the
-targets of issue 5 are checked against them, with the margin. `archive/YYYY-MM-DD-what/` holds
-superseded and A/B results: they appear only in the history of offline runs. `notes.md`, written by hand
-after reading the runs, is copied in as the analysis.
+targets of issues 5 and 14 are checked against them, with the margin (bench/targets.py). `archive/YYYY-MM-DD-what/`
+holds superseded and A/B results: they appear only in the history of offline runs. `peers/` holds other engines'
+figures recorded elsewhere (vLLM's, as ranges), shown beside ours in each workload's table and in the plot.
+`notes.md`, written by hand after reading the runs, is copied in as the analysis.
 
     python -m bench.report [--results bench/results] [--docs docs]
 """
@@ -17,12 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_model import DEFAULT_DIR
+from bench.targets import ISSUE_5, ISSUE_14, SERVER, measure, sweep, target_rows
 
 Result = dict[str, Any]  # one results JSON, as loaded
 
-TARGETS = {  # issue 5, on an H100
-    "share_of_ideal": 0.70, "batch1_tpot_ms": 1.5, "server_share_at_256": 0.85, "ttft_p50_c1_ms": 25.0,
-}
 PLOT_NAME = "benchmarks.png"
 # The offline runs of the main tables: the random Qwen3-0.6B (bench.throughput's name for it when it built it, or
 # the directory run_gpu.sh builds it in). Runs of other checkpoints (the Qwen3-8B shape) have their own table.
@@ -51,9 +50,66 @@ def latest_serve_runs(results: list[Result]) -> list[Result]:
     concurrency 1, a run at 256), then the latest run of each peer."""
     serve = sorted((r for r in results if r.get("kind") == "serve"), key=lambda r: (str(r["date"]), str(r["file"])),
                    reverse=True)
-    ours = [r for r in serve if r["server"]["label"] == "openai-serve"]
-    labels = sorted({str(r["server"]["label"]) for r in serve} - {"openai-serve"})
+    ours = [r for r in serve if r["server"]["label"] == SERVER]
+    labels = sorted({str(r["server"]["label"]) for r in serve} - {SERVER})
     return ours + [next(r for r in serve if r["server"]["label"] == label) for label in labels]
+
+
+def offline_serve_references(results: list[Result]) -> list[Result]:
+    """The offline engine's current runs on the serving shape at its defaults (no decode hold): the references of
+    the server's share."""
+    return [r for r in results if r.get("kind") == "throughput" and r.get("workload") == "serve"
+            and not (r.get("config") or {}).get("decode_hold_ms")]
+
+
+def peer_provenance(peer: Result) -> str:
+    return f"{peer['engine']} ({peer['settings']}), {peer['device']}, {peer['date']}: {peer['source']}"
+
+
+def _span(values: list[float], digits: int) -> str:
+    """A peer's range (low, high); whole numbers without decimals (the figures are recorded as measured)."""
+    low, high = (fmt(v, 0 if float(v).is_integer() else digits) for v in values)
+    return low if low == high else f"{low}-{high}"
+
+
+def peer_offline_lines(peers: list[Result], tp: Result) -> tuple[list[str], list[str]]:
+    """The peers' rows of the offline table, and a line per peer on how this run compares."""
+    rows, lines = [], []
+    for peer in peers:
+        if "offline_tokens_per_s" not in peer:
+            continue
+        low, high = peer["offline_tokens_per_s"]
+        ours = tp["ours"]["tokens_per_s"]
+        rows.append(f"| {peer['engine']} (peer figures of {peer['date']}) | {tp['ours']['num_requests']} | - | "
+                    f"- | {_span(peer['offline_tokens_per_s'], 0)} | - | - |")
+        lines.append(f"openai-serve in this run: {ours / high:.2f}-{ours / low:.2f}x {peer['engine']}'s figures. "
+                     f"Peer figures: {peer_provenance(peer)}")
+    return rows, lines
+
+
+def peer_batch1_lines(peers: list[Result], tpot_ms: float) -> list[str]:
+    lines = []
+    for peer in peers:
+        if "batch1_tpot_ms" in peer:
+            low, high = peer["batch1_tpot_ms"]
+            lines.append(f"{peer['engine']} (peer figures of {peer['date']}): {_span([low, high], 2)} ms per output "
+                         f"token; this run's is {low / tpot_ms:.2f}-{high / tpot_ms:.2f}x shorter.")
+    return lines
+
+
+def peer_serve_lines(peers: list[Result]) -> list[str]:
+    lines = []
+    for peer in peers:
+        if not peer.get("serve"):
+            continue
+        lines += [f"### {peer['engine']} (peer figures)", "", peer_provenance(peer), "",
+                  "| concurrency | output tok/s | TTFT p50 ms | TTFT p99 ms |", "| ---: | ---: | ---: | ---: |"]
+        for level in peer["serve"]:
+            cells = [_span(level[key], 1) if key in level else "-"
+                     for key in ("output_tokens_per_s", "ttft_p50_ms", "ttft_p99_ms")]
+            lines.append(f"| {level['concurrency']} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def provenance(result: Result) -> str:
@@ -65,8 +121,9 @@ def fmt(value: object, digits: int = 1) -> str:
     return f"{value:,.{digits}f}" if isinstance(value, int | float) else "-"
 
 
-def throughput_section(tp: Result, peer_run: Result | None) -> list[str]:
-    """The latest run's table; the peer comes from `peer_run` (the latest run that has one) when it differs."""
+def throughput_section(tp: Result, peer_run: Result | None, peers: list[Result]) -> list[str]:
+    """The latest run's table; transformers comes from `peer_run` (the latest run that has one) when it differs,
+    the other engines from their recorded figures (`peers`)."""
     s, ideal, ours, limits = tp["summary"], tp["ideal"], tp["ours"], tp["limits"]
     lines = ["## Offline throughput", "", provenance(tp),
              "| engine | requests | output tokens | seconds | output tok/s | share of ideal | vs transformers |",
@@ -85,9 +142,11 @@ def throughput_section(tp: Result, peer_run: Result | None) -> list[str]:
                      f"{peer['tokens_per_s'] / ideal['tokens_per_s']:.1%} | 1.00x |")
     elif peer:
         lines.append(f"| transformers | - | - | - | - | - | did not run: {next(iter(peer.values()))} |")
+    peer_rows, peer_lines = peer_offline_lines(peers, tp)
+    lines += peer_rows
     lines.append(f"| ideal (physical limit) | {ours['num_requests']} | - | {fmt(ideal['seconds'], 2)} | "
                  f"{fmt(ideal['tokens_per_s'])} | 100% | - |")
-    lines += ["", f"Ideal: {ideal['num_steps']} steps moving {ideal['tera_bytes']} TB "
+    lines += ["", *peer_lines, "", f"Ideal: {ideal['num_steps']} steps moving {ideal['tera_bytes']} TB "
               f"({ideal['kv_share_of_bytes']:.0%} of it K/V) at the measured copy bandwidth of "
               f"{limits['copy_tb_per_s']} TB/s, and "
               f"{ideal['tera_flops']} TFLOP at the measured matmul rate of {limits['matmul_tflop_per_s']} TFLOP/s "
@@ -106,7 +165,7 @@ def throughput_section(tp: Result, peer_run: Result | None) -> list[str]:
             lines.append(f"The same on the fresh engine (same process, before the warm-up and timed runs): "
                          f"**{fresh['tpot_ms']:.3f} ms** per output token, TTFT {fresh['ttft_ms']:.1f} ms"
                          + _runner_split(fresh))
-        lines.append("")
+        lines += ["", *peer_batch1_lines(peers, b1["tpot_ms"]), ""]
     return lines
 
 
@@ -167,7 +226,7 @@ def profile_section(tp: Result) -> list[str]:
     return lines
 
 
-def serve_section(runs: list[Result], offline_serve: Result | None) -> list[str]:
+def serve_section(runs: list[Result], offline_serve: Result | None, peers: list[Result]) -> list[str]:
     lines = ["## Online serving", ""]
     if offline_serve is not None:
         lines += [f"Offline engine on the same shape (reference for the server's share): "
@@ -205,7 +264,7 @@ def serve_section(runs: list[Result], offline_serve: Result | None) -> list[str]
               "The load generator stays far from a full core, so it is not what limits a level. A server near 100% "
               "at every level, c=1 included, keeps one core busy on average: that includes a thread spinning while "
               "it waits for the GPU, so it does not by itself say how much of that core is useful work.", "",
-              f"![serving by concurrency]({PLOT_NAME})", ""]
+              *peer_serve_lines(peers), f"![serving by concurrency]({PLOT_NAME})", ""]
     return lines
 
 
@@ -285,72 +344,46 @@ def other_models_section(runs: list[Result]) -> list[str]:
     return lines
 
 
-def target_rows(tp: Result | None, offline_serve: Result | None,
-                serve_runs: list[Result]) -> list[tuple[str, str, str, str, str]]:
-    """(target, goal, measured, verdict, measured on) for each of issue 5's targets that has a measurement;
-    `serve_runs`: the current openai-serve runs, newest first (the worst TTFT of those at concurrency 1 counts)."""
-    rows = []
-    if tp is not None:
-        share = tp["summary"]["share_of_ideal"]
-        rows.append(("offline throughput, share of ideal", f">= {TARGETS['share_of_ideal']:.0%}", f"{share:.1%}",
-                     verdict(share, TARGETS["share_of_ideal"], higher_is_better=True), tp["device"]))
-        if "tpot_ms" in tp.get("batch1", {}):
-            tpot = tp["batch1"]["tpot_ms"]
-            rows.append(("batch-1 time per output token", f"<= {TARGETS['batch1_tpot_ms']} ms", f"{tpot:.3f} ms",
-                         verdict(tpot, TARGETS["batch1_tpot_ms"], higher_is_better=False), tp["device"]))
-    by_run = [{lv["concurrency"]: lv for lv in _sweep(run["levels"])} for run in serve_runs]
-    at_256 = next((levels[256] for levels in by_run if 256 in levels), None)
-    if at_256 is not None and offline_serve is not None:
-        share = at_256["output_tokens_per_s"] / offline_serve["ours"]["tokens_per_s"]
-        rows.append(("server tok/s at concurrency 256 / offline engine", f">= {TARGETS['server_share_at_256']:.0%}",
-                     f"{share:.1%}", verdict(share, TARGETS["server_share_at_256"], higher_is_better=True),
-                     serve_runs[0]["device"]))
-    ttfts = [levels[1]["ttft_ms"]["p50"] for levels in by_run if 1 in levels]
-    if ttfts:
-        ttft, runs = max(ttfts), f" (worst of {len(ttfts)} runs)" if len(ttfts) > 1 else ""
-        rows.append(("TTFT p50 at concurrency 1", f"<= {TARGETS['ttft_p50_c1_ms']:.0f} ms", f"{ttft:.1f} ms{runs}",
-                     verdict(ttft, TARGETS["ttft_p50_c1_ms"], higher_is_better=False), serve_runs[0]["device"]))
-    if serve_runs:
-        failed = sum(lv["num_failed"] for run in serve_runs for lv in run["levels"])  # the diagnostic levels too
-        rows.append(("failed requests", "0", str(failed), "met" if failed == 0 else f"missed by {failed}",
-                     serve_runs[0]["device"]))
-    return rows
-
-
-def verdict(value: float, goal: float, higher_is_better: bool) -> str:
-    is_met = value >= goal if higher_is_better else value <= goal
-    if is_met:
-        return "met"
-    return f"missed: {value / goal:.2f}x of the goal" if higher_is_better else f"missed: {value / goal:.2f}x the goal"
-
-
-def render_markdown(results: list[Result], history: list[Result], notes: str | None) -> str:
-    """`results`: the current figures; `history`: every recorded result, current ones included."""
+def render_markdown(results: list[Result], history: list[Result], notes: str | None,
+                    peers: list[Result] | None = None) -> str:
+    """`results`: the current figures; `history`: every recorded result, current ones included; `peers`: other
+    engines' recorded figures (`peers/*.json`)."""
+    peers = peers or []
     offline = [r for r in results if r.get("kind") == "throughput" and r.get("workload") == "nano-vllm"]
     tp = latest([r for r in offline if r.get("model") in MAIN_MODELS])
-    offline_serve = latest(results, kind="throughput", workload="serve")
+    offline_serve_runs = offline_serve_references(results)
+    offline_serve = latest(offline_serve_runs)
     serve_runs = latest_serve_runs(results)
-    ours_serve = [r for r in serve_runs if r["server"]["label"] == "openai-serve"]
+    ours_serve = [r for r in serve_runs if r["server"]["label"] == SERVER]
+    figures = measure(tp, offline_serve_runs, serve_runs)
+    failed = sum(lv["num_failed"] for run in ours_serve for lv in run["levels"])  # the diagnostic levels too
     lines = ["# Benchmarks", "",
              "Generated by `python -m bench.report` from `bench/results/current/*.json` (the history of offline "
-             "runs from every result under `bench/results/`); do not edit by hand. "
+             "runs from every result under `bench/results/`, the peers' figures from `bench/results/peers/`); do "
+             "not edit by hand. "
              "How to reproduce: the command under each table, on a GPU machine, or all of them with "
              "`bash bench/run_gpu.sh offline|serve OUT_DIR`. Model: the Qwen3-0.6B architecture "
              "with random bf16 weights (no weights can be downloaded on the GPU machine) and a word-level tokenizer "
-             "over its whole vocabulary (`bench/bench_model.py`), so every sampled token streams as text.", "",
-             "## Targets (issue 5, on an H100)", "",
-             "| target | goal | measured | verdict | measured on |", "| --- | --- | --- | --- | --- |"]
-    lines += ["| " + " | ".join(row) + " |" for row in target_rows(tp, offline_serve, ours_serve)]
-    lines.append("")
+             "over its whole vocabulary (`bench/bench_model.py`), so every sampled token streams as text.", ""]
+    for title, targets in (("issue 14", ISSUE_14), ("issue 5", ISSUE_5)):
+        lines += [f"## Targets ({title}, on an H100)", "",
+                  "| target | goal | measured | verdict | measured on |", "| --- | --- | --- | --- | --- |"]
+        lines += ["| " + " | ".join(row) + " |" for row in target_rows(targets, figures)]
+        if targets is ISSUE_5 and ours_serve:
+            lines.append(f"| failed requests | 0 | {failed} | {'met' if failed == 0 else f'missed by {failed}'} | "
+                         f"{ours_serve[0]['device']} |")
+        lines.append("")
+    lines += ["A figure measured by several current runs is judged by its worst; why a target is missed is in the "
+              "analysis below (bench/results/notes.md).", ""]
     if tp is not None:
         # The same model only: other shapes (the tensor-parallel 14B runs) have their own section in the notes.
         offline_runs = [r for r in history if r.get("kind") == "throughput" and r.get("workload") == "nano-vllm"
                         and r.get("model") == tp.get("model")]
         peer_run = max((r for r in offline_runs if "tokens_per_s" in (r.get("peer") or {})),
                        key=lambda r: (str(r["date"]), str(r["file"])), default=None)
-        lines += throughput_section(tp, peer_run) + history_section(offline_runs)
+        lines += throughput_section(tp, peer_run, peers) + history_section(offline_runs)
     if serve_runs:
-        lines += serve_section(serve_runs, offline_serve)
+        lines += serve_section(serve_runs, offline_serve, peers)
     prefix = latest(results, kind="prefix-serve")
     if prefix is not None:
         lines += prefix_section(prefix)
@@ -364,7 +397,7 @@ def render_markdown(results: list[Result], history: list[Result], notes: str | N
     return "\n".join(lines)
 
 
-def render_plot(serve_runs: list[Result], offline_serve: Result | None, path: Path) -> None:
+def render_plot(serve_runs: list[Result], offline_serve: Result | None, peers: list[Result], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -374,18 +407,28 @@ def render_plot(serve_runs: list[Result], offline_serve: Result | None, path: Pa
     labels = list(dict.fromkeys(str(run["server"]["label"]) for run in serve_runs))
     for index, label in enumerate(labels):  # one color per server, p99 dashed; several runs merge into one series
         color = f"C{index}"
-        levels = sorted((lv for run in serve_runs if run["server"]["label"] == label for lv in _sweep(run["levels"])),
+        levels = sorted((lv for run in serve_runs if run["server"]["label"] == label for lv in sweep(run["levels"])),
                         key=lambda lv: lv["concurrency"])
         x = [lv["concurrency"] for lv in levels]
         axes[0].plot(x, [lv["output_tokens_per_s"] for lv in levels], "o-", color=color, label=label)
         for ax, key in ((axes[1], "ttft_ms"), (axes[2], "tpot_ms")):
             ax.plot(x, [lv[key]["p50"] for lv in levels], "o-", color=color, label=f"{label} p50")
             ax.plot(x, [lv[key]["p99"] for lv in levels], "s--", color=color, alpha=0.6, label=f"{label} p99")
+    for index, peer in enumerate((p for p in peers if p.get("serve")), start=len(labels)):
+        # A peer's figures are ranges over its runs: one bar per concurrency, p50 left of the tick and p99 right.
+        for ax, key, shift, alpha in ((axes[0], "output_tokens_per_s", 1.0, 0.6), (axes[1], "ttft_p50_ms", 0.9, 0.6),
+                                      (axes[1], "ttft_p99_ms", 1.1, 0.3)):
+            spans = [(lv["concurrency"] * shift, *lv[key]) for lv in peer["serve"] if key in lv]
+            if spans:
+                x, low, high = zip(*spans, strict=True)
+                name = "tok/s" if key == "output_tokens_per_s" else key.removeprefix("ttft_").removesuffix("_ms")
+                ax.vlines(x, low, high, color=f"C{index}", linewidth=6, alpha=alpha,
+                          label=f"{peer['engine']} {name}, range ({peer['date']})")
     if offline_serve is not None:
         axes[0].axhline(offline_serve["ours"]["tokens_per_s"], color="gray", linestyle=":",
                         label="offline engine, same shape")
     titles = ("output tok/s by concurrency", "TTFT (ms)", "TPOT (ms)")
-    ticks = sorted({lv["concurrency"] for run in serve_runs for lv in _sweep(run["levels"])})
+    ticks = sorted({lv["concurrency"] for run in serve_runs for lv in sweep(run["levels"])})
     for ax, title in zip(axes, titles, strict=True):
         ax.set_xscale("log", base=2)
         ax.set_xticks(ticks, [str(t) for t in ticks])
@@ -402,27 +445,17 @@ def render_plot(serve_runs: list[Result], offline_serve: Result | None, path: Pa
     plt.close(fig)
 
 
-def _sweep(levels: list[Result]) -> list[Result]:
-    """The levels up to where concurrency stops rising; a level repeated after them (say c=1 again, after the
-    c=256 load) is a diagnostic, shown in the table but not plotted."""
-    sweep = levels[:1]
-    for level in levels[1:]:
-        if level["concurrency"] <= sweep[-1]["concurrency"]:
-            break
-        sweep.append(level)
-    return sweep
-
-
 def write_report(results_dir: Path, docs_dir: Path) -> Path:
     results = load_results(results_dir, "current/*.json")
     notes_path = results_dir / "notes.md"
     notes = notes_path.read_text() if notes_path.exists() else None
     docs_dir.mkdir(parents=True, exist_ok=True)
     page = docs_dir / "benchmarks.md"
-    page.write_text(render_markdown(results, load_results(results_dir, "**/*.json"), notes))
+    peers = load_results(results_dir, "peers/*.json")
+    page.write_text(render_markdown(results, load_results(results_dir, "**/*.json"), notes, peers))
     serve_runs = latest_serve_runs(results)
     if serve_runs:
-        render_plot(serve_runs, latest(results, kind="throughput", workload="serve"), docs_dir / PLOT_NAME)
+        render_plot(serve_runs, latest(offline_serve_references(results)), peers, docs_dir / PLOT_NAME)
     return page
 
 
