@@ -15,12 +15,18 @@ figures recorded elsewhere (vLLM's, as ranges), shown beside ours in each worklo
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 from bench.bench_model import DEFAULT_DIR
-from bench.targets import ISSUE_5, ISSUE_14, SERVER, measure, sweep, target_rows
-
-Result = dict[str, Any]  # one results JSON, as loaded
+from bench.targets import (
+    ISSUE_5,
+    ISSUE_14,
+    SERVER,
+    Result,
+    measure,
+    offline_serve_references,
+    sweep,
+    target_rows,
+)
 
 PLOT_NAME = "benchmarks.png"
 # The offline runs of the main tables: the random Qwen3-0.6B (bench.throughput's name for it when it built it, or
@@ -53,13 +59,6 @@ def latest_serve_runs(results: list[Result]) -> list[Result]:
     ours = [r for r in serve if r["server"]["label"] == SERVER]
     labels = sorted({str(r["server"]["label"]) for r in serve} - {SERVER})
     return ours + [next(r for r in serve if r["server"]["label"] == label) for label in labels]
-
-
-def offline_serve_references(results: list[Result]) -> list[Result]:
-    """The offline engine's current runs on the serving shape at its defaults (no decode hold): the references of
-    the server's share."""
-    return [r for r in results if r.get("kind") == "throughput" and r.get("workload") == "serve"
-            and not (r.get("config") or {}).get("decode_hold_ms")]
 
 
 def peer_provenance(peer: Result) -> str:

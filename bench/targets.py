@@ -7,6 +7,7 @@ on the serving shape just before it (the same machine in run_gpu.sh's stages). A
 flags (`openai-serve --decode-hold-ms 1000`) is a variant: only the target that names it reads it.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,9 +54,16 @@ class Measured:
     runs: list[Result]  # where it comes from
 
 
-def measure(tp: Result | None, offline_serve_runs: list[Result], serve_runs: list[Result]) -> dict[str, Measured]:
-    """Every figure the targets read, from the current offline run (`tp`), the offline runs on the serving shape and
-    the server runs (all labels)."""
+def offline_serve_references(results: list[Result]) -> list[Result]:
+    """The offline engine's runs on the serving shape at its defaults (no decode hold): the references of the
+    server's share."""
+    return [r for r in results if r.get("kind") == "throughput" and r.get("workload") == "serve"
+            and not (r.get("config") or {}).get("decode_hold_ms")]
+
+
+def measure(tp: Result | None, references: list[Result], serve_runs: list[Result]) -> dict[str, Measured]:
+    """Every figure the targets read, from the current offline run (`tp`), the offline runs on the serving shape
+    (`offline_serve_references`) and the server runs (all labels)."""
     figures: dict[str, Measured] = {}
     if tp is not None:
         share = tp["summary"]["share_of_ideal"]
@@ -65,7 +73,6 @@ def measure(tp: Result | None, offline_serve_runs: list[Result], serve_runs: lis
             figures["batch1_tpot_ms"] = Measured(tpot, f"{tpot:.3f} ms", [tp])
     plain = [run for run in serve_runs if run["server"]["label"] == SERVER]
     held = [run for run in serve_runs if str(run["server"]["label"]).startswith(HELD)]
-    references = [r for r in offline_serve_runs if not (r.get("config") or {}).get("decode_hold_ms")]
     shares = [(run, level["output_tokens_per_s"] / reference["ours"]["tokens_per_s"])
               for run, level in _levels_at(plain, 256) if (reference := _reference(run, references)) is not None]
     if shares:
@@ -80,7 +87,7 @@ def measure(tp: Result | None, offline_serve_runs: list[Result], serve_runs: lis
         ttft = _worst([lv["ttft_ms"]["p50"] for _, lv in at_1], [r for r, _ in at_1], max, "{:.1f} ms")
         firsts = [lv["first_ttft_ms"] for _, lv in at_1 if lv.get("first_ttft_ms") is not None]
         if firsts:
-            ttft = Measured(ttft.worst, f"{ttft.shown}; each start's first request {_range(firsts, '{:.1f} ms')}",
+            ttft = Measured(ttft.worst, f"{ttft.shown}; the first request of each run {_range(firsts, '{:.1f} ms')}",
                             ttft.runs)
         figures["ttft_p50_c1_ms"] = ttft
     return figures
@@ -114,7 +121,7 @@ def _reference(run: Result, offline_runs: list[Result]) -> Result | None:
     return max(before, key=lambda r: (str(r["date"]), str(r["file"]))) if before else None
 
 
-def _worst(values: list[float], runs: list[Result], worst: Any, form: str) -> Measured:
+def _worst(values: list[float], runs: list[Result], worst: Callable[[list[float]], float], form: str) -> Measured:
     if len(values) == 1:
         return Measured(values[0], form.format(values[0]), runs)
     return Measured(worst(values), f"{_range(values, form)} ({len(values)} runs)", runs)
