@@ -2,8 +2,7 @@
 the one way a benchmark names a kernel choice.
 
 A result is one JSON object; `write_result` adds this provenance so no figure travels without it.
-On the lent GPU machine the working tree is a copy that may carry no `.git`: the commit can then be
-given in the environment (BENCH_COMMIT) by whoever starts the run, and says so.
+Where the working tree is a copy without `.git`, whoever starts the run names its commit in BENCH_COMMIT.
 """
 
 import json
@@ -63,7 +62,7 @@ def write_result(path: str | Path, result: dict[str, object], module: str, argv:
 
 
 def kernel_variant(spec: str) -> KernelConfig:
-    """`default`, or settings `FIELD=0|1` of gpu.config.KernelConfig joined by `+` (`skinny_gemm=0+...`): the
+    """`default`, or settings `FIELD=0|1` of gpu.config.KernelConfig joined by `+` (`FIELD=0+OTHER=1`): the
     runner a benchmark builds for an A/B run, never a switch flipped on a live one."""
     if spec == "default":
         return KernelConfig()

@@ -1,53 +1,45 @@
-"""Batch-1 decode speed of the default model (SmolLM2-135M-Instruct), ours beside transformers', interleaved.
+"""Batch-1 decode speed of the default model (SmolLM2-135M-Instruct): ours beside transformers and llama.cpp.
 
-One request at a time, greedy, a chat prompt ("What is the capital of France?" in the model's chat
-template), `--tokens` new tokens (EOS ignored): the speed a single user sees. Every contender is
-built first, in this one process (so all use the same torch threads); then each repetition runs
-one request of each contender in turn, so a change in the machine's load (a shared box) falls on
-all of them alike. Decode speed is timed from the first new token to the last: ours by the engine
-step that returns each token, transformers' by a logits processor that notes when each token's
-logits are ready. The whole request's speed (prefill included) is reported beside it. The load
-average is read before and after.
+One request at a time, greedy, a chat prompt ("What is the capital of France?" in the model's chat template),
+`--tokens` new tokens (EOS ignored): the speed a single user sees. Every contender is built first, in this one process
+(so all use the same threads); then each repetition runs one request of each contender in turn, so a change in the
+machine's load falls on all of them alike. Decode speed is timed from the first new token to the last: ours by the
+engine step that returns each token, transformers' by a logits processor that notes when each token's logits are
+ready, llama.cpp's by its stream. The whole request's speed (prefill included) is reported beside it, and the load
+average before and after.
 
-    python -m bench.default_model_speed --out bench/results/current/DATE-cpu-default-model-speed.json
+    python -m bench.default_model_speed --out result.json
     python -m bench.default_model_speed --ours auto,float32 --peers float32 --tokens 64 --repeats 3
     python -m bench.default_model_speed --device cuda --ours bfloat16 --peers bfloat16 --random-weights /tmp/smollm2
 
-A contender of ours is a dtype (`auto` is the engine's default: bfloat16 on a CPU with bfloat16
-instructions), `:unpacked` adds the A/B switch `KernelConfig.cpu_packed_weights=0`. A peer is
-transformers in a dtype. `--random-weights DIR` builds a random checkpoint of the same shape in DIR
-(the GPU machine cannot fetch the model; random weights are on no 4-bit grid, so a CPU would not
-pack them as the real model's).
+A contender of ours is a dtype (`auto` is the engine's default: bfloat16 on a CPU with bfloat16 instructions); a peer
+is transformers in a dtype. llama.cpp runs the default model's GGUF file as it ships, where llama-cpp-python is
+installed (`--llama-cpp` off turns it off). `--random-weights DIR` builds a random checkpoint of the same shape in DIR,
+where the model cannot be fetched (random weights lie on no 4-bit grid, so a CPU would not pack them as the real
+model's).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
+from bench.bench_model import SHAPES, build_random_checkpoint
 from bench.common import write_result
 from core import LLMEngine, SamplingParams
 from core.config import engine_config
-from core.engine import runner_config
 from core.model_files import resolve_model
-from gpu.config import KernelConfig
-from gpu.model_runner import ModelRunner
+from core.model_files.cache import DEFAULT_CACHE_DIR
+from core.model_files.default_model import default_gguf
 
 QUESTION = "What is the capital of France?"
-# The default model's config.json as our GGUF conversion writes it, for --random-weights where it cannot be fetched.
-SMOLLM2_135M = dict(
-    architectures=["LlamaForCausalLM"], model_type="llama", hidden_size=576, intermediate_size=1536,
-    num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5,
-    max_position_embeddings=8192, rope_theta=100000.0, vocab_size=49152, tie_word_embeddings=True, bos_token_id=1,
-    eos_token_id=2,
-)
 
 
 class Contender(Protocol):
@@ -59,14 +51,11 @@ class Contender(Protocol):
 
 
 class Ours:
-    def __init__(self, model_dir: Path, device: str, spec: str) -> None:
-        dtype, _, switch = spec.partition(":")
+    def __init__(self, model_dir: Path, device: str, dtype: str) -> None:
         config = engine_config(str(model_dir), device=device, dtype=dtype, max_model_len=2048, kv_cache_blocks=256,
                                max_num_seqs=8, max_num_batched_tokens=2048)
-        kernels = KernelConfig(cpu_packed_weights=switch != "unpacked")
-        runner = ModelRunner(replace(runner_config(config), kernels=kernels))
-        self.engine = LLMEngine(config, runner)
-        self.name = f"openai-serve {spec} ({str(runner.dtype).removeprefix('torch.')})"
+        self.engine = LLMEngine(config)
+        self.name = f"openai-serve {dtype} ({str(self.engine.runner.dtype).removeprefix('torch.')})"
         self._count = 0
 
     def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
@@ -112,6 +101,32 @@ class Transformers:
         return end - stamps[0], end - start
 
 
+class LlamaCpp:
+    """llama.cpp (llama-cpp-python) on a GGUF file, greedy, its EOS banned so that it makes every token asked for."""
+
+    def __init__(self, gguf: Path) -> None:
+        from llama_cpp import Llama
+
+        self.model = Llama(model_path=str(gguf), n_ctx=2048, n_threads=torch.get_num_threads(), verbose=False)
+        self.name = f"llama.cpp ({gguf.name})"
+
+    def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
+        self.model.reset()  # no prefix carried over from the previous request
+        start, first = time.perf_counter(), None
+        for _ in self.model.create_completion(prompt, max_tokens=num_tokens, temperature=0.0, stream=True,
+                                              logit_bias={self.model.token_eos(): float("-inf")}):
+            first = first or time.perf_counter()
+        end = time.perf_counter()
+        return end - (first or start), end - start
+
+
+def llama_cpp(args: argparse.Namespace) -> list[Contender]:
+    """llama.cpp on the default model's GGUF file, on a CPU, where llama-cpp-python is installed."""
+    if args.llama_cpp == "off" or args.model or args.random_weights or args.device != "cpu":
+        return []
+    return [LlamaCpp(default_gguf(DEFAULT_CACHE_DIR))] if importlib.util.find_spec("llama_cpp") else []
+
+
 def run_interleaved(contenders: list[Contender], prompt: list[int], num_tokens: int,
                     repeats: int) -> dict[str, dict[str, object]]:
     """One warm-up request each, then `repeats` rounds of one request each, in turn."""
@@ -141,20 +156,6 @@ def chat_prompt(model_dir: Path) -> list[int]:
                                          tokenize=True, return_dict=False)
 
 
-def random_checkpoint(directory: Path) -> Path:
-    """SmolLM2-135M's shape with random weights (transformers' initialisation) and a word tokenizer over its
-    vocabulary (bench/bench_model.py), built once in `directory`."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    from bench.bench_model import build_word_tokenizer
-
-    if not (directory / "config.json").exists():
-        torch.manual_seed(0)
-        LlamaForCausalLM(LlamaConfig(**SMOLLM2_135M)).save_pretrained(directory)
-        build_word_tokenizer(directory, SMOLLM2_135M["vocab_size"])  # type: ignore[arg-type]
-    return directory
-
-
 def print_table(results: dict[str, dict[str, object]]) -> None:
     print("| contender | decode tok/s, median | best | each run | whole request tok/s, median |")
     print("| --- | ---: | ---: | --- | ---: |")
@@ -170,24 +171,27 @@ def main(argv: list[str]) -> None:
     p.add_argument("--random-weights", metavar="DIR", help="build and time a random checkpoint of the default "
                    "model's shape in DIR instead (where the model cannot be fetched)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--ours", default="auto,float32,bfloat16:unpacked", help="our contenders, comma-separated")
+    p.add_argument("--ours", default="auto,float32", help="our dtypes, comma-separated")
     p.add_argument("--peers", default="float32,bfloat16", help="transformers' dtypes, comma-separated ('' for none)")
+    p.add_argument("--llama-cpp", choices=["on", "off"], default="on", help="llama.cpp where it is installed")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", help="write the result here as JSON")
     args = p.parse_args(argv)
     if args.random_weights:
-        model_dir = random_checkpoint(Path(args.random_weights))
+        model_dir = build_random_checkpoint(args.random_weights, SHAPES["smollm2-135m"], torch.float32)
     else:
         model_dir = Path(args.model) if args.model else resolve_model(None, "auto", args.device).path
     contenders: list[Contender] = [Ours(model_dir, args.device, spec) for spec in args.ours.split(",") if spec]
     contenders += [Transformers(model_dir, args.device, dtype) for dtype in args.peers.split(",") if dtype]
+    contenders += llama_cpp(args)
     prompt = chat_prompt(model_dir)
     load_before = os.getloadavg()
     results = run_interleaved(contenders, prompt, args.tokens, args.repeats)
     result: dict[str, object] = {
-        "model": str(model_dir), "random_weights": bool(args.random_weights), "prompt_tokens": len(prompt),
-        "tokens": args.tokens, "repeats": args.repeats, "threads": torch.get_num_threads(),
+        "kind": "default-model-speed", "model": str(model_dir), "random_weights": bool(args.random_weights),
+        "prompt_tokens": len(prompt), "tokens": args.tokens, "repeats": args.repeats,
+        "threads": torch.get_num_threads(),
         "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
                                 "after": [round(x, 2) for x in os.getloadavg()]},
         "results": results,

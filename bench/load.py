@@ -27,7 +27,7 @@ try:
     import orjson
 
     _loads: Callable[[str | bytes], object] = orjson.loads
-except ImportError:  # the GPU machine has no orjson unless it is carried as a wheel
+except ImportError:  # orjson is optional for the load generator
     _loads = json.loads
 
 DONE = "[DONE]"

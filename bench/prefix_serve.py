@@ -19,15 +19,11 @@ turns, later turns), TPOT, output tok/s and failed requests (bench/stats.py defi
 import argparse
 import asyncio
 import json
-import os
-import shlex
-import signal
 import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
@@ -178,45 +174,22 @@ def format_level(lv: dict[str, object]) -> str:
             f"prompt tokens computed {lv['computed_prompt_tokens']} of {lv['prompt_tokens']}")
 
 
-# Launching
-
-
-@contextmanager
-def launched(args: argparse.Namespace, variant: str
-             ) -> Iterator[tuple[str, subprocess.Popen[bytes], dict[str, object]]]:
-    """openai-serve with prefix caching `on` (the flags as given) or `off`; stopped on the way out."""
-    flags = args.server_args + (f" {CACHING_OFF_FLAG}" if variant == "off" else "")
-    port = serve.free_port()
-    command = serve.launch_command(argparse.Namespace(launch_cmd=None, server_args=flags), port)
-    log_path = Path(args.log_dir) / f"server_{variant}.log" if args.log_dir else None
-    with open(log_path or os.devnull, "wb") as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            base_url = f"http://127.0.0.1:{port}"
-            startup_s = serve.wait_for_health(base_url, process, args.health_timeout)
-            yield base_url, process, {"command": " ".join(shlex.quote(c) for c in command),
-                                      "startup_s": round(startup_s, 1)}
-        finally:
-            serve.stop(process)
-
-
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a `timeout` stops the servers too
     variants: list[dict[str, object]] = []
-    try:
-        if args.base_url:
-            run_one(args, argv, variants, "as running", args.base_url.rstrip("/"), None, {})
-        else:
-            for variant in args.variants.split(","):
-                if variant not in ("on", "off"):
-                    raise SystemExit(f"--variants: 'on' or 'off', not {variant!r}")
-                with launched(args, variant) as (base_url, process, server):
-                    run_one(args, argv, variants, variant, base_url, process, server)
-        save_result(args, argv, variants, is_complete=True)
-    finally:
-        signal.signal(signal.SIGTERM, previous_handler)
+    if args.base_url:
+        run_one(args, argv, variants, "as running", args.base_url.rstrip("/"), None, {})
+    for variant in [] if args.base_url else args.variants.split(","):
+        if variant not in ("on", "off"):
+            raise SystemExit(f"--variants: 'on' or 'off', not {variant!r}")
+        flags = args.server_args + (f" {CACHING_OFF_FLAG}" if variant == "off" else "")
+        port = serve.free_port()
+        command = serve.launch_command(argparse.Namespace(launch_cmd=None, server_args=flags), port)
+        log = str(Path(args.log_dir) / f"server_{variant}.log") if args.log_dir else None
+        with serve.launched(command, port, log, args.health_timeout) as (base_url, process, server):
+            run_one(args, argv, variants, variant, base_url, process, server)
+    save_result(args, argv, variants, is_complete=True)
 
 
 def run_one(args: argparse.Namespace, argv: list[str], variants: list[dict[str, object]], prefix_caching: str,

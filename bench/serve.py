@@ -25,14 +25,15 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
 from bench.common import write_result
 from bench.load import RequestSpec, new_session, poisson_arrivals, run_level
-from bench.stats import LevelSummary, RequestRecord, summarize
+from bench.stats import LevelSummary, summarize
 from bench.workload import fixed_workload
 
 
@@ -69,9 +70,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--read-timeout", type=float, default=600.0)
     p.add_argument("--out", default=None, help="write the result JSON here")
-    p.add_argument("--records-out", default=None,
-                   help="write every request's timings here (JSON): per level, [start, TTFT, E2E] in seconds, start "
-                   "from the level's start, in the order requests were sent (null where it failed)")
     return p.parse_args(argv)
 
 
@@ -131,18 +129,16 @@ class RequestFactory:
 
 async def run_all(
     args: argparse.Namespace, base_url: str, model: str,
-    on_level: Callable[[list[dict[str, object]], list[dict[str, object]]], None],
-    server_cpu: Callable[[], float | None],
+    on_level: Callable[[list[dict[str, object]]], None], server_cpu: Callable[[], float | None],
 ) -> list[dict[str, object]]:
-    """Runs every level in order; `on_level` gets the levels done so far after each one, and their requests' timings
-    (`request_timings`).
+    """Runs every level in order; `on_level` gets the levels done so far after each one.
 
     `server_cpu` gives the server process's CPU seconds so far (all its threads), None when unknown.
     """
     levels = [int(x) for x in args.levels.split(",")]
     rates = rates_per_level(levels, args.request_rate)
     factory = RequestFactory(args, base_url, model)
-    results, timings = [], []
+    results = []
     async with new_session(max(levels), args.read_timeout) as session:
         if args.warmup_requests:
             warm, _ = await run_level(session, factory.specs(args.warmup_requests, args.seed + 10**6), 8)
@@ -154,7 +150,6 @@ async def run_all(
             arrivals = None if rate is None else poisson_arrivals(num, rate, args.seed + index)
             deadline = None if args.max_seconds_per_level is None else time.perf_counter() + args.max_seconds_per_level
             cpu_start, server_cpu_start = time.process_time(), server_cpu()
-            level_start = time.perf_counter()
             records, duration = await run_level(session, specs, concurrency, deadline, arrivals)
             summary = summarize(concurrency, records, duration)
             server_cpu_end = server_cpu()
@@ -167,19 +162,8 @@ async def run_all(
                      "first_ttft_ms": round(records[0].ttft * 1e3, 2) if records and records[0].is_ok else None}
             print(format_level(summary) + ("" if rate is None else f"  (Poisson arrivals at {rate:g}/s)"), flush=True)
             results.append(level)
-            timings.append({"concurrency": concurrency, "requests": request_timings(records, level_start)})
-            on_level(results, timings)
+            on_level(results)
     return results
-
-
-def request_timings(records: list[RequestRecord], level_start: float) -> list[list[float | None]]:
-    """[start, TTFT, E2E] per request in seconds (start from the level's start), by start; None where it failed."""
-    rows = []
-    for r in sorted(records, key=lambda r: r.start):
-        ok = r.is_ok
-        ttft, e2e = (round(r.ttft, 6), round(r.e2e, 6)) if ok else (None, None)
-        rows.append([round(r.start - level_start, 6), ttft, e2e])
-    return rows
 
 
 def format_level(s: LevelSummary) -> str:
@@ -271,43 +255,47 @@ def label_of(args: argparse.Namespace) -> str:
     return "openai-serve" if args.launch else (args.launch_cmd or args.base_url).split()[0]
 
 
+@contextmanager
+def launched(command: list[str], port: int, log_path: str | None, health_timeout_s: float
+             ) -> Iterator[tuple[str, subprocess.Popen[bytes], dict[str, object]]]:
+    """A server started with `command` on `port`, ready when GET /health answers 200: (its base URL, its process, how
+    it was started). Stopped on the way out; SIGTERM (a `timeout` around the run) unwinds through here."""
+    previous_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    with open(log_path or os.devnull, "wb") as log:
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            base_url = f"http://127.0.0.1:{port}"
+            startup_s = wait_for_health(base_url, process, health_timeout_s)
+            yield base_url, process, {"command": " ".join(shlex.quote(c) for c in command),
+                                      "startup_s": round(startup_s, 1)}
+        finally:
+            stop(process)
+            signal.signal(signal.SIGTERM, previous_handler)  # as it was, for callers that run main() in-process
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    # SIGTERM (a `timeout` around this run) unwinds through `finally`, so a launched server is stopped too.
-    previous_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    process, log = None, None
-    server: dict[str, object] = {"label": label_of(args)}
     if args.base_url:
-        base_url = args.base_url.rstrip("/")
-    else:
-        port = free_port()
-        base_url = f"http://127.0.0.1:{port}"
-        command = launch_command(args, port)
-        server["command"] = " ".join(shlex.quote(c) for c in command)
-        log = open(args.server_log or os.devnull, "wb")  # closed when the server stops, below
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-    try:
-        server["startup_s"] = round(wait_for_health(base_url, process, args.health_timeout), 1)
-        model = args.model or first_model(base_url)
-        server["model"] = model
-        save = partial(save_result, args, argv, server)
+        run(args, argv, args.base_url.rstrip("/"), None, {"label": label_of(args)})
+        return
+    port = free_port()
+    with launched(launch_command(args, port), port, args.server_log, args.health_timeout) as (url, process, info):
+        run(args, argv, url, process, {"label": label_of(args), **info})
 
-        def on_level(done: list[dict[str, object]], timings: list[dict[str, object]]) -> None:
-            save(done, is_complete=False)
-            if args.records_out:
-                write_result(args.records_out, {"kind": "serve-records", "levels": timings}, "bench.serve", argv)
 
-        with asyncio.Runner(loop_factory=loop_factory()) as runner:
-            levels = runner.run(run_all(args, base_url, model, on_level,
-                                        partial(process_cpu_seconds, process.pid if process else None)))
-        save(levels, is_complete=True)
-    finally:
-        if process is not None:
-            stop(process)
-        if log is not None:
-            log.close()
-        signal.signal(signal.SIGTERM, previous_handler)  # as it was, for callers that run main() in-process
+def run(args: argparse.Namespace, argv: list[str], base_url: str, process: subprocess.Popen[bytes] | None,
+        server: dict[str, object]) -> None:
+    """Every level against one server; the result file is rewritten after each level, so a run cut short keeps
+    the levels it finished."""
+    if process is None:
+        server["startup_s"] = round(wait_for_health(base_url, None, args.health_timeout), 1)
+    server["model"] = model = args.model or first_model(base_url)
+    save = partial(save_result, args, argv, server)
+    with asyncio.Runner(loop_factory=loop_factory()) as runner:
+        levels = runner.run(run_all(args, base_url, model, partial(save, is_complete=False),
+                                    partial(process_cpu_seconds, process.pid if process else None)))
+    save(levels, is_complete=True)
 
 
 def save_result(args: argparse.Namespace, argv: list[str], server: dict[str, object],
@@ -323,7 +311,7 @@ def save_result(args: argparse.Namespace, argv: list[str], server: dict[str, obj
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where it is installed (it is on the GPU machine): a lighter client loop."""
+    """uvloop where it is installed: a lighter client loop."""
     try:
         import uvloop
 

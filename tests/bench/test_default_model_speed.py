@@ -1,9 +1,16 @@
 """bench.default_model_speed: contenders take turns (a load change falls on all alike), a warm-up request each
-first, and the summary's speeds follow from the times by hand; our contender runs a real engine."""
+first, and the summary's speeds follow from the times by hand; our contender runs a real engine; llama.cpp's
+(against a stand-in for llama-cpp-python) streams a greedy request of exactly the tokens asked for."""
 
+import sys
+import time
+import types
+from collections.abc import Iterator
 from pathlib import Path
 
-from bench.default_model_speed import Ours, run_interleaved
+import pytest
+
+from bench.default_model_speed import LlamaCpp, Ours, run_interleaved
 
 
 class _Clock:
@@ -33,3 +40,31 @@ def test_ours_times_a_real_request(tiny_model_dirs: dict[str, Path]) -> None:
     assert 0 < decode_s < whole_s
     assert not ours.engine.has_unfinished_requests()
     assert ours.name == "openai-serve float32 (float32)"
+
+
+def test_llama_cpp_streams_a_fresh_greedy_request_with_its_eos_banned(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[list[int], dict[str, object]]] = []
+
+    class FakeLlama:  # llama-cpp-python's Llama, as far as the contender uses it
+        def __init__(self, model_path: str, **settings: object) -> None:
+            self.num_resets = 0
+
+        def reset(self) -> None:
+            self.num_resets += 1
+
+        def token_eos(self) -> int:
+            return 2
+
+        def create_completion(self, prompt: list[int], **settings: object) -> Iterator[dict[str, object]]:
+            calls.append((prompt, settings))
+            for _ in range(int(settings["max_tokens"])):  # type: ignore[call-overload]
+                time.sleep(0.002)
+                yield {"choices": [{"text": "x"}]}
+
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
+    contender = LlamaCpp(Path("model.Q4_1.gguf"))
+    decode_s, whole_s = contender.request([5, 6, 7], 6)
+    assert 5 * 0.002 <= decode_s < whole_s  # from the first streamed token to the last: 5 gaps
+    assert calls == [([5, 6, 7], {"max_tokens": 6, "temperature": 0.0, "stream": True,
+                                  "logit_bias": {2: float("-inf")}})]
+    assert contender.model.num_resets == 1 and contender.name == "llama.cpp (model.Q4_1.gguf)"

@@ -69,30 +69,6 @@ def test_metrics_of_a_good_stream(stub: tuple[Stub, str], tmp_path: Path) -> Non
     assert one["server_cpu_share"] is None  # not launched here: its CPU time is unknown
 
 
-def test_records_out_holds_each_requests_start_ttft_and_e2e(stub: tuple[Stub, str], tmp_path: Path) -> None:
-    _, url = stub
-    records = tmp_path / "records.json"
-    result = _run(url, tmp_path, "good", "--levels", "1,2", "--num-requests", "3,4", "--records-out", str(records))
-    one, two = json.loads(records.read_text())["levels"]
-    assert (one["concurrency"], len(one["requests"]), two["concurrency"], len(two["requests"])) == (1, 3, 2, 4)
-    starts = [start for start, _, _ in one["requests"]]
-    assert starts == sorted(starts) and starts[0] >= 0
-    # At concurrency 1 a request starts once the one before it has ended.
-    for (start, _, e2e), (next_start, _, _) in itertools.pairwise(one["requests"]):
-        assert next_start >= start + e2e
-    for _, ttft, e2e in one["requests"] + two["requests"]:
-        assert FIRST_TOKEN_DELAY_S <= ttft < e2e
-    assert max(ttft for _, ttft, _ in one["requests"]) * 1e3 >= result["levels"][0]["ttft_ms"]["p99"] - 1e-6
-
-
-def test_records_out_marks_a_failed_request(stub: tuple[Stub, str], tmp_path: Path) -> None:
-    _, url = stub
-    records = tmp_path / "records.json"
-    _run(url, tmp_path, "http-error", "--levels", "1", "--num-requests", "2", "--records-out", str(records))
-    (level,) = json.loads(records.read_text())["levels"]
-    assert [ttft for _, ttft, _ in level["requests"]] == [None, None]
-
-
 def test_poisson_arrivals_are_seeded_and_average_the_rate() -> None:
     arrivals = poisson_arrivals(20_000, rate_per_s=50.0, seed=3)
     assert arrivals == poisson_arrivals(20_000, rate_per_s=50.0, seed=3)

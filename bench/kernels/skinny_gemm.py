@@ -1,0 +1,321 @@
+"""The skinny GEMM (gpu/kernels/skinny_gemm.py) against cuBLAS (F.linear) at the decode shapes of Qwen3-0.6B.
+
+Per shape and rows M from 1 to 256: microseconds per call, the bytes moved (weights, x and y) per second as TB/s
+and as a share of the device-to-device copy bandwidth measured in the same run, and TFLOP/s. Each figure is the
+median replay of a CUDA graph of many calls that rotate over copies of the weight totalling 256 MB (five times the
+50 MB L2), so the weights come from HBM as they do in a decode step; x stays in L2, as activations do. bf16.
+
+    python -m bench.kernels.skinny_gemm --out result.json          # cuBLAS vs the table's configs (this GPU's)
+    python -m bench.kernels.skinny_gemm --sweep --out sweep.json   # every candidate config; the fastest per shape
+    python -m bench.kernels.skinny_gemm --sweep --rows 32 64 --shapes qkv down   # part of the sweep
+
+The sweep prints, and writes under `table`, each (row bucket, N, K)'s fastest config, or None where cuBLAS was
+not beaten by 3%: the lines of gpu/kernels/skinny_gemm_configs.py's table for this GPU.
+"""
+
+import argparse
+import itertools
+import json
+import math
+import multiprocessing
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from bench.common import write_result
+from bench.roofline import measure_limits
+from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, config_for, preferred_config, row_bucket, skinny_gemm
+
+SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
+          "lm_head": (151936, 1024)}  # name -> (N, K)
+PER_LAYER = ("qkv", "o_proj", "gate_up", "down")
+NUM_LAYERS = 28
+SWEEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # one per row bucket: its widest row count
+COMPARE_ROWS = (1, 2, 4, 8, 16, 17, 32, 48, 64, 100, 128, 192, 256)  # bucket edges and decode graph buckets
+NUM_SMS = 132  # H100 SXM; H200: the same
+MIN_GAIN = 0.97  # the kernel enters a table where it takes at most this share of cuBLAS's time
+ROTATION_BYTES = 256 << 20
+DTYPE = torch.bfloat16
+DEVICE = torch.device("cuda")
+
+GemmFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def weight_copies(n: int, k: int) -> list[torch.Tensor]:
+    count = max(2, math.ceil(ROTATION_BYTES / (n * k * 2)))
+    return [torch.randn(n, k, dtype=DTYPE, device=DEVICE) * k**-0.5 for _ in range(count)]
+
+
+def graph_us_per_call(fn: GemmFn, x: torch.Tensor, weights: list[torch.Tensor], replays: int = 7) -> float:
+    calls = weights * max(1, math.ceil(32 / len(weights)))
+    for w in weights:
+        fn(x, w)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for w in calls:
+            fn(x, w)
+    graph.replay()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / len(calls))
+    del graph
+    return statistics.median(samples)
+
+
+def relative_error(fn: GemmFn, x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor | None = None) -> float:
+    ref = x.float() @ w.float().T if ref is None else ref
+    return ((fn(x, w).float() - ref).norm() / ref.norm()).item()
+
+
+def cublas(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    return F.linear(x, w)
+
+
+def with_config(config: SkinnyConfig | None, use_pdl: bool = False) -> GemmFn:
+    return lambda x, w: skinny_gemm(x, w, None, config, use_pdl)
+
+
+def few_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
+    """Up to 16 rows: fma tiles for up to 8 rows (wide K tiles and split-K: more bytes in flight for one row), dot
+    tiles (pointer loads or TMA) for all; split-K only where N is narrow."""
+    splits = (1, 2, 4, 8) if n <= 8192 else (1,)
+    out = []
+    if bucket <= 8:
+        tiles = [(4, 512, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8),
+                 (32, 256, 4)]
+        for (bn, bk, warps), split in itertools.product(tiles, splits):
+            if bk * split <= k and bn * bucket <= 128:
+                out.append(SkinnyConfig(bn, bk, split, False, warps, 1))
+    tiles = [(32, 128, 4), (32, 256, 4), (64, 128, 4), (64, 256, 4), (128, 128, 8), (32, 512, 4)]
+    for (bn, bk, warps), split, stages, tma in itertools.product(tiles, splits, (3, 4), (False, True)):
+        if bk * split <= k and (not tma or (bk <= 256 and split <= 4)):
+            out.append(SkinnyConfig(bn, bk, split, True, warps, stages, use_tma=tma))
+    return out
+
+
+def many_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
+    """17..256 rows: tensor-core tiles over rows and columns, by pointer loads or TMA; split-K (up to 4) only while
+    the tiles leave SMs idle, at most 8 waves of programs; shared memory for the pipeline's stages within 200 KB."""
+    tiles = [(64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 4, 4), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3),
+             (64, 256, 4, 3), (64, 256, 4, 4)]  # (block_n, block_k, warps, stages)
+    out = []
+    for block_m in (16, 32, 64, 128):
+        if block_m > bucket:
+            continue
+        for (bn, bk, warps, stages), split, tma in itertools.product(tiles, (1, 2, 4), (False, True)):
+            num_tiles = math.ceil(bucket / block_m) * math.ceil(n / bn)
+            if (bk * split > k or (split > 1 and num_tiles >= NUM_SMS) or num_tiles * split > 8 * NUM_SMS
+                    or stages * (bn + block_m) * bk * 2 > 200 << 10):
+                continue
+            out.append(SkinnyConfig(bn, bk, split, True, warps, stages, block_m, tma))
+    return out
+
+
+def candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
+    if bucket > FEW_ROWS:
+        return many_row_candidates(bucket, n, k)
+    if n > 8192:  # the lm_head: dot tiles, no split
+        return [SkinnyConfig(bn, bk, 1, True, warps, stages) for (bn, bk, warps), stages in itertools.product(
+            [(64, 128, 4), (128, 128, 8), (32, 512, 4), (64, 256, 4)], (2, 3, 4))]
+    return few_row_candidates(bucket, n, k)
+
+
+def sweep_jobs(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[tuple[str, int, SkinnyConfig]]:
+    return [(name, m, c) for name, (n, k) in shapes.items() for m in rows for c in candidates(row_bucket(m), n, k)]
+
+
+def compile_key(m: int, k: int, config: SkinnyConfig) -> tuple:
+    """What Triton compiles a variant for (M and N are no specialization keys; K's divisibility is the same here)."""
+    return config, 0 if config.use_dot else row_bucket(m), k % (config.block_k * config.split_k) == 0
+
+
+def _compile_worker(args: tuple[list[tuple[str, int, SkinnyConfig]], bool]) -> int:
+    """Runs this worker's share of the sweep's variants once, so that Triton's disk cache holds them."""
+    jobs, use_pdl = args
+    inputs = {name: (torch.randn(256, SHAPES[name][1], dtype=DTYPE, device=DEVICE),
+                     torch.randn(*SHAPES[name], dtype=DTYPE, device=DEVICE)) for name in {j[0] for j in jobs}}
+    for name, m, config in jobs:
+        x, w = inputs[name]
+        try:
+            skinny_gemm(x[:m], w, None, config, use_pdl)
+        except Exception as error:  # noqa: BLE001 - the sweep reports it; a worker must go on
+            print(f"{config} M={m}: {type(error).__name__}: {str(error)[:300]}", flush=True)
+    torch.cuda.synchronize()
+    return len(jobs)
+
+
+def precompile(jobs: list[tuple[str, int, SkinnyConfig]], num_workers: int, use_pdl: bool) -> None:
+    """Each distinct variant compiled once, spread over `num_workers` processes."""
+    start = time.perf_counter()
+    distinct = list({compile_key(m, SHAPES[name][1], c): (name, m, c) for name, m, c in jobs}.values())
+    shares = [(distinct[i::num_workers], use_pdl) for i in range(num_workers)]
+    with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
+        done = sum(pool.map(_compile_worker, shares))
+    print(f"compiled {done} variants for {len(jobs)} sweep calls in {time.perf_counter() - start:.0f} s", flush=True)
+
+
+def moved(m: int, n: int, k: int, us: float) -> dict[str, float]:
+    """TB/s of the bytes one call must move (W, x, y in bf16) and TFLOP/s, at `us` per call."""
+    seconds = us * 1e-6
+    return {"tb_per_s": round((n * k + m * k + m * n) * 2 / seconds / 1e12, 3),
+            "tflop_per_s": round(2 * m * n * k / seconds / 1e12, 1)}
+
+
+def sweep_row(name: str, m: int, weights: list[torch.Tensor], use_pdl: bool) -> dict:
+    """cuBLAS and every candidate at one shape and row count; a config off by more than 1% relative is dropped."""
+    n, k = SHAPES[name]
+    x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
+    ref = x.float() @ weights[0].float().T
+    cublas_us = graph_us_per_call(cublas, x, weights)
+    row = {"shape": name, "n": n, "k": k, "m": m, "cublas_us": round(cublas_us, 2), **moved(m, n, k, cublas_us),
+           "configs": []}
+    for config in candidates(row_bucket(m), n, k):
+        fn = with_config(config, use_pdl)
+        try:
+            err = relative_error(fn, x, weights[0], ref)
+            us = graph_us_per_call(fn, x, weights) if err < 1e-2 else float("inf")
+        except Exception as error:  # noqa: BLE001 - a config that fails is reported, not fatal
+            err, us = float("nan"), float("inf")
+            print(f"{name} M={m} {config}: {type(error).__name__}: {str(error)[:300]}", flush=True)
+        row["configs"].append({**config.__dict__, "us": round(us, 2), "rel_err": err})
+    best = min(row["configs"], key=lambda c: c["us"])
+    row["best"] = {**best, **moved(m, n, k, best["us"])}
+    row["is_kernel_faster"] = best["us"] <= MIN_GAIN * cublas_us
+    print(f"{name:8s} M={m:3d} cublas {cublas_us:7.2f} us ({row['tb_per_s']:.2f} TB/s {row['tflop_per_s']:5.1f} TF)"
+          f"  best {best['us']:7.2f} us ({row['best']['tb_per_s']:.2f} TB/s {row['best']['tflop_per_s']:5.1f} TF)"
+          f"  {config_literal(SkinnyConfig(**{f: best[f] for f in SkinnyConfig.__dataclass_fields__}))}", flush=True)
+    return row
+
+
+def sweep(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], budget_s: float, out: Path | None,
+          use_pdl: bool) -> list[dict]:
+    """Every candidate per shape and M; the rows so far are written to `out` after each (a killed run keeps them)."""
+    start, done = time.perf_counter(), []
+    for name in shapes:
+        weights = weight_copies(*SHAPES[name])
+        for m in rows:
+            if not candidates(row_bucket(m), *SHAPES[name]):
+                continue
+            if time.perf_counter() - start > budget_s:
+                print(f"budget spent: stopped before {name} M={m}", flush=True)
+                return done
+            done.append(sweep_row(name, m, weights, use_pdl))
+            if out is not None:
+                out.write_text(json.dumps(done))
+        del weights
+        torch.cuda.empty_cache()
+    return done
+
+
+def config_literal(config: SkinnyConfig | None) -> str:
+    """The config as the table's helpers write it (gpu/kernels/skinny_gemm_configs.py)."""
+    if config is None:
+        return "None"
+    if not config.use_dot:
+        return f"_fma({config.block_n}, {config.block_k}, {config.split_k}, num_warps={config.num_warps})"
+    return (f"_dot({config.block_n}, {config.block_k}, {config.split_k}, num_warps={config.num_warps}, "
+            f"num_stages={config.num_stages}, block_m={config.block_m}{', use_tma=True' if config.use_tma else ''})")
+
+
+def table_lines(rows: list[dict]) -> list[str]:
+    """`(bucket, N, K): config,` per swept row: the fastest config, or None where cuBLAS was not beaten by 3%."""
+    lines = []
+    for row in rows:
+        best = SkinnyConfig(**{f: row["best"][f] for f in SkinnyConfig.__dataclass_fields__})
+        config = best if row["is_kernel_faster"] else None
+        lines.append(f"({row_bucket(row['m'])}, {row['n']}, {row['k']}): {config_literal(config)},")
+    return lines
+
+
+def compare(copy_bytes_per_s: float, shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[dict]:
+    """cuBLAS against the kernel with this GPU's table config (and with PDL up to 16 rows) at each shape and M."""
+    out = []
+    for name, (n, k) in shapes.items():
+        weights = weight_copies(n, k)
+        for m in rows:
+            x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
+            row = {"shape": name, "n": n, "k": k, "m": m, "config": config_for(m, n, k, DEVICE).__dict__,
+                   "is_routed": preferred_config(m, n, k, DEVICE) is not None,
+                   "rel_err": relative_error(with_config(None), x, weights[0])}
+            fns = [("cublas", cublas), ("skinny", with_config(None))]
+            if m <= FEW_ROWS:
+                fns.append(("skinny_pdl", with_config(None, use_pdl=True)))
+            for label, fn in fns:
+                us = graph_us_per_call(fn, x, weights)
+                row[f"{label}_us"] = round(us, 2)
+                row[f"{label}_bw_share"] = round(n * k * 2 / (us * 1e-6) / copy_bytes_per_s, 3)
+                row[label] = moved(m, n, k, us)
+            print(f"{name:8s} M={m:3d}  cuBLAS {row['cublas_us']:7.2f} us ({row['cublas']['tb_per_s']:.2f} TB/s "
+                  f"{row['cublas']['tflop_per_s']:5.1f} TF)  skinny {row['skinny_us']:7.2f} us "
+                  f"({row['skinny']['tb_per_s']:.2f} TB/s {row['skinny']['tflop_per_s']:5.1f} TF)  "
+                  f"err {row['rel_err']:.1e}  {'routed' if row['is_routed'] else 'cuBLAS kept'}", flush=True)
+            out.append(row)
+        del weights
+        torch.cuda.empty_cache()
+    return out
+
+
+def _step_us(row: dict, label: str) -> float:
+    """One shape's microseconds in a decode step on a path ("routed": as gpu/layers/linear.py routes it)."""
+    if label == "routed":
+        label = "skinny" if row["is_routed"] else "cublas"
+    return row[f"{label}_us"] * (NUM_LAYERS if row["shape"] in PER_LAYER else 1)
+
+
+def per_step_totals(rows: list[dict]) -> dict[int, dict[str, float]]:
+    """GEMM microseconds of one decode step (28 layers + lm_head) per path, summed from the per-shape medians:
+    all cuBLAS, all the kernel, and as routed (gpu/layers/linear.py's rule, the LM head's too)."""
+    totals = {}
+    for m in sorted({r["m"] for r in rows}):
+        step = [r for r in rows if r["m"] == m]
+        if {r["shape"] for r in step} != set(SHAPES):
+            continue
+        totals[m] = {label: round(sum(_step_us(r, label) for r in step), 1) for label in ("cublas", "skinny", "routed")}
+        print(f"decode step GEMMs at M={m:3d} (us): {totals[m]}")
+    return totals
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    parser = argparse.ArgumentParser(prog="python -m bench.kernels.skinny_gemm", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sweep", action="store_true", help="time every candidate config instead of the table")
+    parser.add_argument("--rows", type=int, nargs="+", default=None,
+                        help=f"row counts (default: {SWEEP_ROWS} with --sweep, else {COMPARE_ROWS})")
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--workers", type=int, default=15, help="processes that compile the sweep's kernels")
+    parser.add_argument("--budget-s", type=float, default=200.0, help="the sweep stops starting shapes after this")
+    parser.add_argument("--pdl", action="store_true", help="sweep with programmatic dependent launch")
+    parser.add_argument("--out", default=None)
+    args = parser.parse_args(argv)
+    shapes = {name: SHAPES[name] for name in args.shapes}
+    rows = tuple(args.rows or (SWEEP_ROWS if args.sweep else COMPARE_ROWS))
+    copy_bytes_per_s = measure_limits(DEVICE, DTYPE).copy_bytes_per_s
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_bytes_per_s / 1e12:.2f} TB/s", flush=True)
+    result: dict[str, object] = {"kind": "skinny-gemm-sweep" if args.sweep else "skinny-gemm",
+                                 "torch": torch.__version__, "copy_tb_per_s": round(copy_bytes_per_s / 1e12, 3)}
+    if args.sweep:
+        precompile(sweep_jobs(shapes, rows), args.workers, args.pdl)
+        result["rows"] = sweep(shapes, rows, args.budget_s, Path(args.out + ".partial") if args.out else None,
+                               args.pdl)
+        result["table"] = table_lines(result["rows"])  # type: ignore[arg-type]
+        print("\n".join(result["table"]), flush=True)  # type: ignore[arg-type]
+    else:
+        result["rows"] = compare(copy_bytes_per_s, shapes, rows)
+        result["decode_step_gemm_us"] = per_step_totals(result["rows"])  # type: ignore[arg-type]
+    if args.out:
+        write_result(args.out, result, "bench.kernels.skinny_gemm", argv)
+
+
+if __name__ == "__main__":
+    main()
