@@ -5,8 +5,8 @@ step's host work (scheduling, batch building, launching) then waits, up to the s
 whenever the loop is busy streaming, and under load the device idles between steps. In its own
 process the engine never waits for the server's Python (vLLM runs its engine core the same way).
 
-Wire: two one-way pipes of pickled tuples (not dataclasses: a step's 256 outputs pickle in ~0.04 ms
-as tuples, ~0.3 ms as dataclasses, and the child pays that on its critical path).
+Wire: two one-way pipes of pickled tuples (not dataclasses: tuples pickle several times faster, and the
+child pays that on its critical path).
 - server -> engine: ("add", [(request_id, prompt_token_ids, params), ...]) (one HTTP request's) |
   ("abort", request_id) | ("stop",)
 - engine -> server: ("ready", EngineInfo) | ("failed", message)
@@ -174,8 +174,8 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
         logger.exception("the engine failed to start")
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
         return
-    # As in the server's process (openai_serve/server.py): full collections walked start-up's objects inside an
-    # engine step (135-223 ms each in a 67-step constrained run on a CPU).
+    # As in the server's process (openai_serve/server.py): a full collection walking start-up's objects would
+    # otherwise land inside an engine step.
     frozen = freeze_startup_objects()
     outputs.send(("ready", EngineInfo(engine.max_model_len, engine.vocab_size, engine.eos_token_ids, engine.limits,
                                       engine.stats(), frozen)))

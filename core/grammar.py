@@ -1,10 +1,9 @@
 """Structured output through xgrammar: checking a constraint, compiling it against the model's
 vocabulary, and each sequence's matcher and token masks.
 
-Why xgrammar rather than llguidance (bench/grammar_mask_cost.py, notes in bench/results/README.md):
-filling the token masks of 256 rows of one JSON schema took xgrammar a median 1.2-1.8 ms per step
-on the development machine's CPU against llguidance's 10-20 ms (SmolLM2's 49k vocabulary), and the
-engine fills them every step while the device runs. Both took every schema feature we tried except
+Why xgrammar rather than llguidance: it fills a full batch's token masks several times faster
+(docs/performance.md), and the engine fills them every step while the device runs. Both took every
+schema feature we tried except
 that llguidance refuses `not`, `if`/`then`/`else` and `uniqueItems` outright, while xgrammar
 accepts them and does not enforce them: `check` refuses those keywords here, so nothing a schema
 asks is silently dropped.
@@ -19,8 +18,8 @@ Masks cover the tokenizer's own vocabulary (and the stop ids), not the model's p
 the tokenizer's are never allowed in a constrained row (the runner disallows everything past a
 mask's words; `fill` clears the last word's bits past the mask's ids, which xgrammar may set).
 xgrammar treats every id between the two as a special token that each fill clears and each
-accepted token is searched for one at a time: SmolLM2's 49,152-token tokenizer on a 151,936-token
-model took 135 us a row to fill and 21 us to accept against 7 and 2 us (dev box CPU).
+accepted token is searched for one at a time, which made a row's fill and accept an order of
+magnitude slower.
 Compiled JSON follows xgrammar's strict mode (as vLLM does): properties a schema does not list are
 not generated, so every output is also an instance of the schema as written.
 """

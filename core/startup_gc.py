@@ -1,8 +1,8 @@
 """Once an engine is built, what start-up left alive goes out of the garbage collector's sight.
 
 Start-up leaves hundreds of thousands of long-lived objects (torch, triton, transformers, the tokenizer, the
-model's modules). Each of Python's full collections walks all of them while holding the interpreter lock: 135-330
-ms a time (bench/results/notes.md), which lands between two tokens of every running request. Frozen, they are
+model's modules). Each of Python's full collections walks all of them while holding the interpreter lock, a pause
+of a tenth of a second or more that lands between two tokens of every running request. Frozen, they are
 never walked again (vLLM freezes after start-up too); garbage made later is collected as before.
 """
 

@@ -20,14 +20,14 @@ INLINE_CHARS = 8192  # below this, tokenizing takes well under a millisecond: no
 
 
 # Reading a message object (a dict whose fields are each checked in Python) costs about 64 times what a
-# token id or a string does (~3.5 us against ~40 ns on a 2-core CI machine).
+# token id or a string does (microseconds against tens of nanoseconds).
 _OBJECT_ITEM_COST = 64
 
 
 def items_size(body: object, key: str) -> int:
     """About what reading the list in a body's `key` (messages, prompts, token ids) costs, in the units of
-    `CpuWork.run`'s size: INLINE_CHARS of them, about half a millisecond (128 messages, or 8k token ids);
-    32k messages take ~110 ms to read. Counts were checked before (request_limits.py: at most a context's
+    `CpuWork.run`'s size: INLINE_CHARS of them, about half a millisecond (128 messages, or 8k token ids).
+    Counts were checked before (request_limits.py: at most a context's
     worth of messages or ids, and --max-prompts-per-request prompts), so this look at the items is bounded."""
     items = body.get(key) if isinstance(body, dict) else None
     if not isinstance(items, list) or not items:

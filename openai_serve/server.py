@@ -52,9 +52,8 @@ class ServingServer(uvicorn.Server):
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        # What is alive once the app has started (~450k objects) stays alive; each full collection walked it,
-        # holding the interpreter lock: 150-330 ms on a 2-core machine, during which the event loop stood still
-        # (a streamed n=64 request with logprobs set one off every few seconds).
+        # What is alive once the app has started (hundreds of thousands of objects) stays alive; each full
+        # collection would walk it holding the interpreter lock, and the event loop would stand still meanwhile.
         freeze_startup_objects()
 
     async def on_tick(self, counter: int) -> bool:

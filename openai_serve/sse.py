@@ -9,8 +9,8 @@ This is the hot path of a streaming server (one event per request per engine ste
 framed here as bytes with orjson, and everything a view yields at once (a batch: the chunks of one
 wake-up) goes out as ONE body message, so one socket write. sse-starlette did this job before, and is
 not a dependency: even fed one pre-framed batch per wake-up, its per-send work (an anyio cancel scope
-and a lock per send, a task group per response) cost the event loop a third more CPU per streamed
-token and the server 21-26% of its throughput at 256 streams (bench/results/notes.md, "SSE framing").
+and a lock per send, a task group per response) cost the event loop more CPU per streamed token and
+the server a fifth of its throughput under streaming load (docs/performance.md).
 What it did that matters is kept: a disconnect ends the
 stream at once (its cleanup aborts the engine requests), a comment line keeps idle connections open
 through proxies, and `on_close` runs however the response ends. Server shutdown needs nothing here:

@@ -1,7 +1,7 @@
 """The decode that the incremental detokenizer calls twice per streamed token, on the event loop.
 
 transformers' `tokenizer.decode` spends most of its time around the Rust decode (converting
-arguments, dispatching, keyword handling): on this server's hot path that was about 60% of the
+arguments, dispatching, keyword handling): on this server's hot path that was most of the
 detokenizer's cost. For a tokenizer backed by the `tokenizers` library whose `decode` does nothing
 after the Rust decode, calling the Rust tokenizer directly gives the same text; anything else keeps
 transformers' decode.

@@ -22,8 +22,8 @@ from openai_serve.server_config import ServerConfig
 
 MODEL = "tiny"
 ALIAS = "tiny-alias"
-# Where the servers' engines run: the CPU, unless the GPU machine runs these tests against its GPUs
-# (bench/tensor_parallel_gpu.sh: OPENAI_SERVE_E2E_DEVICE=cuda OPENAI_SERVE_E2E_TP=2).
+# Where the servers' engines run: the CPU, unless a GPU machine runs these tests against its GPUs
+# (OPENAI_SERVE_E2E_DEVICE=cuda OPENAI_SERVE_E2E_TP=2 python -m pytest tests/e2e).
 DEVICE = os.environ.get("OPENAI_SERVE_E2E_DEVICE", "cpu")
 TENSOR_PARALLEL_SIZE = int(os.environ.get("OPENAI_SERVE_E2E_TP", "1"))
 
