@@ -3,13 +3,14 @@
 #   bash bench/run_gpu.sh STAGE OUT_DIR [ARGS...]
 # Stages:
 #   offline      nano-vllm's workload and batch 1, each against the ideal (ARGS: bench.throughput's, e.g.
-#                --shape qwen3-8b, or --tensor-parallel-size 2)
+#                --tensor-parallel-size 2 or --warmup short)
 #   serve        the offline engine on the serving shape (the reference for the server's share), then openai-serve
 #                over HTTP at concurrency 1, 16, 64 and 256 (ARGS: server flags, e.g. --decode-hold-ms 1000)
 #   chat         multi-turn chats sharing a 2k-token system prompt, prefix caching on, then off (bench.prefix_serve)
 #   skinny-gemm  the skinny GEMM against cuBLAS (ARGS: bench.kernels.skinny_gemm's; --sweep remakes its table)
 #   tests        tests/gpu (ARGS: pytest's)
-# MODEL: a checkpoint directory to measure instead of random Qwen3-0.6B weights (built once under /tmp/bench-models).
+# MODEL: a checkpoint directory to measure; else random weights of SHAPE (a name of bench/bench_model.py's SHAPES or a
+# config.json of any family; default qwen3-0.6b), built once under /tmp/bench-models.
 # Every result records its device, date, commit and command; BENCH_COMMIT names the commit where the tree has no .git.
 set -euo pipefail
 stage=${1:?usage: run_gpu.sh offline|serve|chat|skinny-gemm|tests OUT_DIR [ARGS...]}
@@ -17,8 +18,9 @@ out=${2:?usage: run_gpu.sh STAGE OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-model=${MODEL:-/tmp/bench-models/qwen3-0.6b}
-[ -n "${MODEL:-}" ] || python3 -m bench.bench_model qwen3-0.6b "$model" > /dev/null
+shape=${SHAPE:-qwen3-0.6b}
+model=${MODEL:-/tmp/bench-models/$(basename "${shape%/config.json}")}
+[ -n "${MODEL:-}" ] || python3 -m bench.bench_model "$shape" "$model" > /dev/null
 server_args="--model $model --dtype bfloat16 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192"
 
 case "$stage" in
