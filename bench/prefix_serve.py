@@ -180,16 +180,22 @@ def main(argv: list[str] | None = None) -> None:
     variants: list[dict[str, object]] = []
     if args.base_url:
         run_one(args, argv, variants, "as running", args.base_url.rstrip("/"), None, {})
-    for variant in [] if args.base_url else args.variants.split(","):
-        if variant not in ("on", "off"):
-            raise SystemExit(f"--variants: 'on' or 'off', not {variant!r}")
-        flags = args.server_args + (f" {CACHING_OFF_FLAG}" if variant == "off" else "")
-        port = serve.free_port()
-        command = serve.launch_command(argparse.Namespace(launch_cmd=None, server_args=flags), port)
-        log = str(Path(args.log_dir) / f"server_{variant}.log") if args.log_dir else None
-        with serve.launched(command, port, log, args.health_timeout) as (base_url, process, server):
-            run_one(args, argv, variants, variant, base_url, process, server)
+    else:
+        for variant in args.variants.split(","):
+            run_launched(args, argv, variants, variant)
     save_result(args, argv, variants, is_complete=True)
+
+
+def run_launched(args: argparse.Namespace, argv: list[str], variants: list[dict[str, object]], variant: str) -> None:
+    """openai-serve with prefix caching `on` (the flags as given) or `off`, started for this variant's levels."""
+    if variant not in ("on", "off"):
+        raise SystemExit(f"--variants: 'on' or 'off', not {variant!r}")
+    flags = args.server_args + (f" {CACHING_OFF_FLAG}" if variant == "off" else "")
+    port = serve.free_port()
+    command = serve.launch_command(argparse.Namespace(launch_cmd=None, server_args=flags), port)
+    log = str(Path(args.log_dir) / f"server_{variant}.log") if args.log_dir else None
+    with serve.launched(command, port, log, args.health_timeout) as (base_url, process, server):
+        run_one(args, argv, variants, variant, base_url, process, server)
 
 
 def run_one(args: argparse.Namespace, argv: list[str], variants: list[dict[str, object]], prefix_caching: str,
