@@ -94,15 +94,13 @@ def batch_size_buckets(max_num_seqs: int) -> list[int]:
 class DecodeGraphs:
     def __init__(
         self, forward: ForwardFn, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device,
-        order_rows: bool = True, logits_fn: LogitsFn | None = None, logits: torch.Tensor | None = None,
-        use_pdl: bool = False,
+        logits_fn: LogitsFn | None = None, logits: torch.Tensor | None = None,
     ) -> None:
         self.forward = forward
         # The sampling head: each graph writes its rows' logits into `logits` ([max_num_seqs, vocab], one buffer
         # for every graph, allocated by the caller before the KV cache is sized) and draws from them.
         self.logits_fn = logits_fn
         self.logits = logits
-        self.use_pdl = use_pdl  # the in-graph draw's kernels as programmatic dependent launches
         assert (logits_fn is None) == (logits is None), "a sampling head needs its logits buffer"
         self.buckets = batch_size_buckets(max_num_seqs)
         self.max_model_len = max_model_len
@@ -118,7 +116,6 @@ class DecodeGraphs:
         self.row_order = self._int32[n : 2 * n]
         self.temperatures = self._int32[2 * n : 3 * n].view(torch.float32)  # 0 on greedy (and padding) rows
         self.block_tables = self._int32[3 * n :].view(n, max_blocks)
-        self.order_rows = order_rows  # False launches rows as batched (KernelConfig.order_decode_rows)
         self.slot_mapping.fill_(-1)
         self.context_lens.fill_(1)
         self.row_order.copy_(torch.arange(n, dtype=torch.int32, device=device))
@@ -170,7 +167,7 @@ class DecodeGraphs:
         assert self.logits is not None
         rows = hidden.shape[0]
         logits = self.logits_fn(hidden, self.logits[:rows])
-        token_ids = sample_tokens(logits, self.philox_keys[:rows], self.temperatures[:rows], self.use_pdl)
+        token_ids = sample_tokens(logits, self.philox_keys[:rows], self.temperatures[:rows], use_pdl=True)
         return DecodeOutputs(hidden, logits, token_ids)
 
     def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None,
@@ -184,7 +181,7 @@ class DecodeGraphs:
         assert bucket is not None and batch.is_decode_only
         mirror = self._mirrors[self._turn]
         self._turn ^= 1
-        num_int32 = mirror.fill(batch, bucket, self.max_num_seqs, self.max_blocks, self.order_rows, draw)
+        num_int32 = mirror.fill(batch, bucket, self.max_num_seqs, self.max_blocks, draw)
         self._int64.copy_(mirror.int64, non_blocking=True)
         self._int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)
         mirror.copied.record()
@@ -209,7 +206,7 @@ class PinnedMirror:
 
 
 class _HostMirror(PinnedMirror):
-    def fill(self, batch: Batch, bucket: int, max_num_seqs: int, max_blocks: int, order_rows: bool,
+    def fill(self, batch: Batch, bucket: int, max_num_seqs: int, max_blocks: int,
              draw: "GraphDraw | None" = None) -> int:
         """Writes the batch (padded to the bucket) into the mirror; returns how many int32 entries to copy."""
         self.copied.synchronize()  # its previous copy has run (long since, in practice)
@@ -225,10 +222,7 @@ class _HostMirror(PinnedMirror):
         n = max_num_seqs
         int32[:rows] = batch.context_lens
         int32[rows:bucket] = 1  # padded rows attend to one token
-        if order_rows:  # longest context first; padded rows (1 token) last
-            int32[n : n + bucket] = np.argsort(-int32[:bucket], kind="stable")
-        else:
-            int32[n : n + bucket] = np.arange(bucket)
+        int32[n : n + bucket] = np.argsort(-int32[:bucket], kind="stable")  # longest context first, padding last
         if draw is not None:  # padded rows: key 0, temperature 0 (greedy); their tokens are ignored
             keys, temperatures = draw.keys, draw.temperatures
             int64[5, :rows] = keys

@@ -15,7 +15,6 @@ other ranks take part in every collective (the logits' gathers included) and ret
 
 import logging
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,8 @@ from gpu.cuda_graphs import DecodeGraphs
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.host_to_device import pack_block_tables, to_device, write_block_tables
 from gpu.kernels import HAS_TRITON, gated_gemm
-from gpu.layers.linear import FEW_ROWS, warm_up_skinny_gemm
+from gpu.kernels.skinny_gemm_configs import FEW_ROWS
+from gpu.layers.linear import warm_up_skinny_gemm
 from gpu.loader import load_weights
 from gpu.mixed_graphs import MixedGraphs
 from gpu.model_info import checkpoint_dtype, load_hf_config
@@ -70,7 +70,8 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         hf_config = load_hf_config(config.model_path)
         self.dtype = resolve_dtype(config.dtype, checkpoint_dtype(hf_config), self.device)
-        self.config = config = self._runnable_kernels(config)
+        self.config = config
+        self._probe_gated_gemm()
         self.vocab_size = hf_config.vocab_size
         start = time.perf_counter()
         self.model = self._build_model(hf_config)
@@ -80,7 +81,7 @@ class ModelRunner:
         names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype)
         if flash_attn_reason is not None:
             logger.info("attention backend flash-attn not a candidate: %s", flash_attn_reason)
-        candidates = [backend_named(name, config.kernels.pdl_launches) for name in names]
+        candidates = [backend_named(name) for name in names]
         self._set_backend(PhasedBackend(candidates[0], candidates[0]))  # for the warm-up pass
         # Before the KV cache is sized, so its memory is counted: [max_num_seqs, vocab] int32 + bool.
         self.penalty_state = PenaltyState(config.max_num_seqs, self.vocab_size, self.device)
@@ -104,17 +105,17 @@ class ModelRunner:
             logger.info("CUDA graph capture took %.1f s", time.perf_counter() - start)
         self._run_first_request_shapes()
 
-    def _runnable_kernels(self, config: RunnerConfig) -> RunnerConfig:
-        """The config with the kernel choices that cannot run here switched off (logged)."""
-        if not config.kernels.gated_gemm or self.device.type != "cuda":
-            return config
+    def _probe_gated_gemm(self) -> None:
+        """Runs quack's gated GEMM once here (layers take it only where this probe found it working) and logs why
+        not where it cannot run."""
+        if not self.config.kernels.fused_kernels or self.device.type != "cuda":
+            return
         reason = gated_gemm.unavailable_reason(self.device, self.dtype)
         if reason is None:
             logger.info("gate/up products of %d+ rows compute SiLU-and-mul in their epilogue (quack's gated GEMM)",
                         gated_gemm.MIN_ROWS)
-            return config
-        logger.info("gated GEMM off: %s", reason)
-        return replace(config, kernels=replace(config.kernels, gated_gemm=False))
+        else:
+            logger.info("gated GEMM off: %s", reason)
 
     def _set_backend(self, backend: AttentionBackend) -> None:
         for layer in self.layers:
@@ -180,10 +181,9 @@ class ModelRunner:
         """Graphs for decode-only steps and, when the backend allows, for steps with prefill (one pool)."""
         c = self.config
         self.decode = DecodeGraphs(self.model, c.max_num_seqs, c.max_model_len, c.block_size, self.device,
-                                   c.kernels.order_decode_rows,
                                    self.model.compute_logits_into if self._graph_logits is not None else None,
-                                   self._graph_logits, c.kernels.pdl_launches)
-        if self.backend.supports_mixed_graphs and c.kernels.prefill_step_graphs:
+                                   self._graph_logits)
+        if self.backend.supports_mixed_graphs:
             self.mixed = MixedGraphs(self.model, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len,
                                      c.block_size, self.device)
         if c.enforce_eager:
@@ -199,9 +199,8 @@ class ModelRunner:
 
     def _samples_in_graphs(self) -> bool:
         """Whether the decode graphs compute the logits and draw the tokens too: on CUDA, one GPU (under tensor
-        parallelism the logits are gathered to rank 0 only), the fused sampling kernel (KernelConfig switches)."""
-        k = self.config.kernels
-        return (self.device.type == "cuda" and self.tp.size == 1 and k.sampling_in_graphs and k.fused_sampling
+        parallelism the logits are gathered to rank 0 only), with the fused sampling kernel."""
+        return (self.device.type == "cuda" and self.tp.size == 1 and self.config.kernels.fused_kernels
                 and HAS_TRITON and self.dtype in FUSED_DTYPES)
 
     def _build_model(self, hf_config) -> torch.nn.Module:  # noqa: ANN001 - a transformers config

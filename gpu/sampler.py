@@ -12,14 +12,14 @@ Two implementations of the same draw:
   A seeded row's key is `_row_seed(seed, output_index)`; unseeded rows get fresh keys each step
   from one numpy generator seeded with the sampler's seed (host-side, so no sync and no generator
   object per row). Rows that use a filter take the torch path below, only those rows.
-- Elsewhere (CPU, no triton, or built with `KernelConfig.fused_sampling` off) the torch code below does it all.
+- Elsewhere (CPU, no triton, or built with `KernelConfig.fused_kernels` off) the torch code below does it all.
 The two draw from the same distribution with different random streams: a seeded request gets
 other tokens on CUDA than on CPU (each reproducible on its own device), as with vLLM.
 
 Adjusting (in vLLM's order): logit bias, then penalties (gpu/penalties.py), then banned tokens and
 token masks to -inf. A step with none of these takes the logits as the model made them (no copy);
 otherwise a float32 copy is adjusted, every row's at once. On CUDA with triton (unless built with
-`KernelConfig.fused_logit_adjustments` off) penalties and masks are one Triton pass each
+`KernelConfig.fused_kernels` off) penalties and masks are one Triton pass each
 (gpu/kernels/penalties.py, token_mask.py) that gives the same floats as the torch code, which reads and
 writes the whole logits block a dozen times more. Each row's adjustment depends on that
 row alone, so a seeded row still draws the same tokens alone or in any batch. Logprobs are always
@@ -139,7 +139,7 @@ class Sampler:
         return logits
 
     def _uses_adjustment_kernels(self, logits: torch.Tensor) -> bool:
-        return self.kernels.fused_logit_adjustments and HAS_TRITON and logits.is_cuda
+        return self.kernels.fused_kernels and HAS_TRITON and logits.is_cuda
 
     def _count_penalized(self, token_ids: torch.Tensor, rows: list[RowSampling], adjusted: list[int]) -> None:
         penalized = [i for i in adjusted if rows[i].penalties is not None]
@@ -157,7 +157,7 @@ class Sampler:
         return self.penalty_state
 
     def _is_fused(self, logits: torch.Tensor) -> bool:
-        return (self.kernels.fused_sampling and HAS_TRITON and logits.is_cuda and logits.dtype in FUSED_DTYPES
+        return (self.kernels.fused_kernels and HAS_TRITON and logits.is_cuda and logits.dtype in FUSED_DTYPES
                 and logits.stride(-1) == 1)
 
     def _fused_token_ids(self, logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
@@ -166,7 +166,7 @@ class Sampler:
         filtered = _filtered_rows(rows, logits.shape[-1])
         if len(filtered) == len(rows):
             return self._torch_token_ids(logits.float(), rows)
-        token_ids = sample_tokens(logits, *self._philox_keys(rows), use_pdl=self.kernels.pdl_launches)
+        token_ids = sample_tokens(logits, *self._philox_keys(rows), use_pdl=True)
         self._redraw_filtered(logits, token_ids, rows, filtered)
         return token_ids
 

@@ -77,7 +77,7 @@ class PhasedBackend:
         return backend.forward(query, k_cache, v_cache, meta, scale)
 
 
-def backend_named(name: str, use_pdl: bool = False) -> AttentionBackend:
+def backend_named(name: str) -> AttentionBackend:
     """Imports lazily: triton and flash_attn are optional."""
     if name == "torch":
         return TorchBackend()
@@ -88,7 +88,7 @@ def backend_named(name: str, use_pdl: bool = False) -> AttentionBackend:
     if name == "triton":
         from gpu.attention.triton_backend import TritonBackend
 
-        return TritonBackend(use_pdl)
+        return TritonBackend()
     if name == "flash-attn":
         from gpu.attention.flash_backend import FlashAttnBackend
 

@@ -30,9 +30,6 @@ class TritonBackend:
     supports_cuda_graphs = True
     supports_mixed_graphs = True
 
-    def __init__(self, use_pdl: bool = False) -> None:
-        self.use_pdl = use_pdl  # the decode kernels as programmatic dependent launches (KernelConfig.pdl_launches)
-
     def store_kv(
         self,
         key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
@@ -54,7 +51,7 @@ class TritonBackend:
         if meta.is_decode_only:
             return decode_attention(
                 query, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, row_order=meta.row_order,
-                use_pdl=self.use_pdl,
+                use_pdl=True,
             )
         return prefill_attention(
             query, k_cache, v_cache, meta.query_start_loc, meta.context_lens, meta.block_tables, scale

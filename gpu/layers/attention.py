@@ -1,12 +1,11 @@
 """The attention layer of a decoder block: project, rotate, write K/V to the cache, attend.
 
 The layer owns no cache: the runner hands it this layer's (k_cache, v_cache) after allocating them.
-On CUDA, when triton is installed, the per-head q/k norms and the rotation are one Triton kernel
-(gpu/kernels/qk_norm_rope.py) reading the fused QKV output; elsewhere, or built with
-`KernelConfig.fused_elementwise` off, the torch layers run (the reference the kernel is tested
-against). With `KernelConfig.fused_kv_store` too, that kernel also writes the step's keys and values to
-the cache (one launch instead of two); otherwise the backend's store_kv does. Triton is imported on the
-first CUDA call only. Under tensor parallelism a layer holds only its rank's query heads and the KV
+On CUDA, when triton is installed, one Triton kernel (gpu/kernels/qk_norm_rope.py) reads the fused QKV
+output, applies the per-head q/k norms and the rotation, and writes the step's keys and values to the
+cache; elsewhere, or built with `KernelConfig.fused_kernels` off, the torch layers run (the reference the
+kernel is tested against) and the backend's store_kv writes the cache. Triton is imported on the first
+CUDA call only. Under tensor parallelism a layer holds only its rank's query heads and the KV
 heads they read (`kv_heads_of_rank`): its q/k/v rows, its KV cache and its attention; `o_proj` sums
 the ranks' outputs.
 """
@@ -59,10 +58,10 @@ class DecoderAttention(nn.Module):
         qkv, residual = self.qkv_proj.forward_normed(hidden)  # [num_tokens, q_size + 2 * kv_size]
         num_tokens = qkv.shape[0]
         assert self.backend is not None, "the runner sets the backend before the first forward"
-        if self._is_fused(qkv) and self.kernels.fused_kv_store and self.k_cache.dtype == qkv.dtype:
+        if self._is_fused(qkv):
             q = self._fused_q_storing_kv(positions, qkv, meta.slot_mapping)
         else:
-            q, k = self._fused_qk(positions, qkv) if self._is_fused(qkv) else self._torch_qk(positions, qkv)
+            q, k = self._torch_qk(positions, qkv)
             v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
             self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
         out = self.backend.forward(q, self.k_cache, self.v_cache, meta, self.scale)
@@ -84,14 +83,7 @@ class DecoderAttention(nn.Module):
 
     def _is_fused(self, qkv: torch.Tensor) -> bool:
         is_pow2 = (self.head_dim & (self.head_dim - 1)) == 0  # the kernel's head halves are power-of-two ranges
-        return self.kernels.fused_elementwise and HAS_TRITON and qkv.is_cuda and is_pow2 and qkv.stride(1) == 1
-
-    def _fused_qk(self, positions: torch.Tensor, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        from gpu.kernels.qk_norm_rope import qk_norm_rope
-
-        heads = (self.num_heads, self.num_kv_heads, self.head_dim)
-        return qk_norm_rope(qkv, positions, self.rotary.cos, self.rotary.sin, heads, *self._qk_norms(),
-                            use_pdl=self.kernels.pdl_launches)
+        return self.kernels.fused_kernels and HAS_TRITON and qkv.is_cuda and is_pow2 and qkv.stride(1) == 1
 
     def _fused_q_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
                             ) -> torch.Tensor:
@@ -101,7 +93,7 @@ class DecoderAttention(nn.Module):
 
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
         return qk_norm_rope_store_kv(qkv, positions, (self.rotary.cos, self.rotary.sin), heads, *self._qk_norms(),
-                                     (self.k_cache, self.v_cache, slot_mapping), use_pdl=self.kernels.pdl_launches)
+                                     (self.k_cache, self.v_cache, slot_mapping), use_pdl=True)
 
     def _qk_norms(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float]:
         """(q_norm and k_norm weights, or None without them; their eps)."""

@@ -1,26 +1,21 @@
-"""Linear layers: `Linear` routes inputs of up to 256 rows to the skinny GEMM kernel; `MergedLinear` stacks
-several checkpoint tensors (q/k/v, gate/up) into one weight.
+"""Linear layers: `Linear`, whose product takes one of four routes, and `MergedLinear`, which stacks several
+checkpoint tensors (q/k/v, gate/up) into one weight.
 
-`Linear` sends an input of at most MAX_ROWS rows, bf16/fp16, on CUDA (where triton is installed) to
-gpu/kernels/skinny_gemm.py, which streams the weight at a higher share of the memory bandwidth than cuBLAS
-does for so few rows (and, for 17..256 rows, tiles them better than cuBLAS's heuristics on the H100), unless the
-table of the GPU it runs on says cuBLAS is as fast for that shape; anything else goes to F.linear. The choice
-depends on shapes, dtypes and the GPU only, so it is the same at every replay of a CUDA graph. A layer built
-with `KernelConfig.skinny_gemm` off runs F.linear for 1..16 rows, with `skinny_gemm_many_rows` off for 17..256
-(tests and A/B runs compare). The LM head (gpu/layers/vocab_parallel.py) routes through the same `linear`.
-At the row counts where the GPU's prologue rule says so (gpu/kernels/skinny_gemm_configs.py: 1 row on the H100,
-decode steps at batch 1, where a launch costs more than the bytes it moves), a product also computes its own input
-(KernelConfig.norm_prologues, silu_prologues): `forward_normed` takes a block's input before its residual add +
-RMSNorm, `forward_silu_and_mul` the gate/up projection before its activation, and where the elementwise step would
-have run as its Triton kernel, the skinny kernel's prologue does it. Elsewhere the step runs on its own first.
-A [gate; up] layer over many rows (prompt steps) on a GPU where quack's gated GEMM runs computes SiLU-and-mul in its
-product's epilogue instead (`forward_normed_silu_and_mul`, gpu/kernels/gated_gemm.py).
-`warm_up_skinny_gemm` compiles every row bucket's config before a request. Merging
-turns three (or two) matmuls into one; each parameter of a MergedLinear carries a `weight_loader` that copies one
-checkpoint shard into its rows. Under tensor parallelism a MergedLinear is column-parallel: each of its shards
+A `Linear`'s product x @ W.T runs on, in this order:
+1. its packed weight, on a CPU in bfloat16 (the runner packs after loading: gpu/layers/cpu_linear.py);
+2. quack's gated GEMM, for a [gate; up] layer over MIN_ROWS+ rows where the runner's probe found it working:
+   SiLU-and-mul in the product's epilogue, so the activation pair leaves the chip once (gpu/kernels/gated_gemm.py);
+3. the skinny GEMM kernel, for 1..MAX_ROWS rows in bf16/fp16 on CUDA, where the GPU's table says it beats cuBLAS
+   (gpu/kernels/skinny_gemm_configs.py); where the GPU's prologue rule says so, that kernel also computes its own
+   input (the residual add + RMSNorm before q/k/v and gate/up, SiLU-and-mul before down): one launch less each;
+4. cuBLAS (F.linear) otherwise, and everywhere when built with `KernelConfig.fused_kernels` off (the reference).
+The choice depends on shapes, dtypes and the GPU only, so it is the same at every replay of a CUDA graph. The LM
+head (gpu/layers/vocab_parallel.py) routes through the same `linear`. `warm_up_skinny_gemm` compiles every row
+bucket's config before a request.
+
+Merging turns three (or two) matmuls into one; each parameter of a MergedLinear carries a `weight_loader` that copies
+one checkpoint shard into its rows. Under tensor parallelism a MergedLinear is column-parallel: each of its shards
 holds a `RowSlice` of its checkpoint tensor (this rank's heads, or its share of the MLP) and reads only those rows.
-On a CPU in bfloat16 the runner packs each layer's weight after loading (gpu/layers/cpu_linear.py): `packed` then
-replaces `weight`.
 """
 
 from dataclasses import dataclass
@@ -31,7 +26,7 @@ from torch import nn
 
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.kernels import HAS_TRITON, gated_gemm
-from gpu.kernels.skinny_gemm_configs import FEW_ROWS, MAX_ROWS, SkinnyConfig, row_bucket
+from gpu.kernels.skinny_gemm_configs import MAX_ROWS, SkinnyConfig, row_bucket
 from gpu.layers.activation import SiluAndMul
 from gpu.layers.cpu_linear import PackedWeight, pack_weight
 from gpu.layers.norm import NormInput
@@ -65,7 +60,7 @@ class Linear(nn.Linear):
             from gpu.kernels.skinny_gemm import skinny_gemm_rms_norm
 
             y, summed = skinny_gemm_rms_norm(x, inp.residual, inp.norm.weight, inp.norm.eps, self.weight, self.bias,
-                                             config, use_pdl=self.kernels.pdl_launches)
+                                             config, use_pdl=True)
             return self._reduce(y), summed
         normed, summed = inp.compute()
         return self._reduce(self._product(normed)), summed
@@ -76,8 +71,7 @@ class Linear(nn.Linear):
         if config is not None:
             from gpu.kernels.skinny_gemm import skinny_gemm_silu_and_mul
 
-            return self._reduce(skinny_gemm_silu_and_mul(gate_up, self.weight, self.bias, config,
-                                                         use_pdl=self.kernels.pdl_launches))
+            return self._reduce(skinny_gemm_silu_and_mul(gate_up, self.weight, self.bias, config, use_pdl=True))
         return self._reduce(self._product(act(gate_up)))
 
     def forward_normed_silu_and_mul(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
@@ -92,7 +86,7 @@ class Linear(nn.Linear):
         """Whether this [gate; up] layer computes SiLU-and-mul in its product's epilogue for input x [M, K]: many rows
         (gpu/kernels/gated_gemm.py's MIN_ROWS), bf16/fp16 on a GPU where the runner found quack's gated GEMM
         working, no bias."""
-        return (self.kernels.gated_gemm and self.packed is None and self.bias is None and x.dim() == 2
+        return (self.kernels.fused_kernels and self.packed is None and self.bias is None and x.dim() == 2
                 and x.shape[0] >= gated_gemm.MIN_ROWS and x.dtype in gated_gemm.DTYPES and x.dtype == self.weight.dtype
                 and x.stride(-1) == 1 and self.weight.is_contiguous() and gated_gemm.is_ready(x.device, x.dtype)
                 and not (torch.is_grad_enabled() and self.weight.requires_grad))
@@ -112,8 +106,7 @@ class Linear(nn.Linear):
     def _prologue_config(self, x: torch.Tensor, kind: str) -> SkinnyConfig | None:
         """The skinny kernel's config for a product over x [M, in_features] that computes its input (a `kind`
         prologue), or None: the elementwise step runs on its own."""
-        enabled = self.kernels.norm_prologues if kind == "norm" else self.kernels.silu_prologues
-        if enabled and self.packed is None and runs_on_skinny_kernel(x, self.weight, self.kernels):
+        if self.packed is None and runs_on_skinny_kernel(x, self.weight, self.kernels):
             from gpu.kernels.skinny_gemm import prologue_config
 
             return prologue_config(x.shape[0], self.in_features, kind, x.device)
@@ -121,16 +114,15 @@ class Linear(nn.Linear):
 
 
 def runs_on_skinny_kernel(x: torch.Tensor, weight: torch.Tensor, kernels: KernelConfig) -> bool:
-    """Whether the skinny GEMM kernel can take x @ weight.T and is switched on for its rows (the table aside)."""
+    """Whether the skinny GEMM kernel can take x @ weight.T (the GPU's table aside)."""
     num_rows = x.numel() // weight.shape[1]
-    is_on = kernels.skinny_gemm if num_rows <= FEW_ROWS else kernels.skinny_gemm_many_rows
-    return (is_on and HAS_TRITON and x.is_cuda and x.dtype in SKINNY_DTYPES and x.dtype == weight.dtype
+    return (kernels.fused_kernels and HAS_TRITON and x.is_cuda and x.dtype in SKINNY_DTYPES and x.dtype == weight.dtype
             and 0 < num_rows <= MAX_ROWS and x.stride(-1) == 1 and weight.stride(-1) == 1
             and not (torch.is_grad_enabled() and weight.requires_grad))
 
 
 def is_skinny(x: torch.Tensor, weight: torch.Tensor, kernels: KernelConfig) -> bool:
-    """Whether x @ weight.T runs on the skinny GEMM kernel: the rule of this module's docstring."""
+    """Whether x @ weight.T runs on the skinny GEMM kernel: route 3 of this module's docstring."""
     if not runs_on_skinny_kernel(x, weight, kernels):
         return False
     from gpu.kernels.skinny_gemm import preferred_config
@@ -148,7 +140,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ker
         return torch.mm(x, weight.t(), out=out) if bias is None else torch.addmm(bias, x, weight.t(), out=out)
     from gpu.kernels.skinny_gemm import skinny_gemm
 
-    y = skinny_gemm(x.reshape(-1, weight.shape[1]), weight, bias, use_pdl=kernels.pdl_launches, out=out)
+    y = skinny_gemm(x.reshape(-1, weight.shape[1]), weight, bias, use_pdl=True, out=out)
     return y.view(*x.shape[:-1], weight.shape[0])
 
 

@@ -1,7 +1,7 @@
 """RMSNorm, optionally fused with the residual add that precedes it.
 
 On CUDA, when triton is installed, both go through one Triton kernel (gpu/kernels/rms_norm.py);
-elsewhere, or built with `KernelConfig.fused_elementwise` off, the torch code below runs: it is the
+elsewhere, or built with `KernelConfig.fused_kernels` off, the torch code below runs: it is the
 reference the kernel is tested against, and it rounds at the same points. The kernel module is imported on the
 first CUDA call, so CPU runs never import triton.
 """
@@ -43,13 +43,13 @@ class RMSNorm(nn.Module):
 
     def is_fused(self, x: torch.Tensor) -> bool:
         """Whether this norm of x runs as gpu/kernels/rms_norm.py's kernel (a GEMM prologue computes that one)."""
-        return (self.kernels.fused_elementwise and HAS_TRITON and x.is_cuda and x.stride(-1) == 1
+        return (self.kernels.fused_kernels and HAS_TRITON and x.is_cuda and x.stride(-1) == 1
                 and x.dtype == self.weight.dtype)
 
     def _fused(self, x: torch.Tensor, residual: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
         from gpu.kernels.rms_norm import rms_norm
 
-        return rms_norm(x, self.weight, self.eps, residual, use_pdl=self.kernels.pdl_launches)
+        return rms_norm(x, self.weight, self.eps, residual, use_pdl=True)
 
 
 @dataclass(frozen=True)

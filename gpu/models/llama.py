@@ -5,7 +5,7 @@ Parameter names follow the Hugging Face checkpoints, except the merged projectio
 elementwise work of a layer (residual add + RMSNorm twice, q/k norm + RoPE, SiLU-and-mul) runs as
 four Triton kernels where triton is installed: per decode step a layer launches about a dozen
 kernels instead of about sixty, which is what a small batch pays for. A model built with
-`KernelConfig.fused_elementwise` off runs the torch reference code instead (tests compare the two).
+`KernelConfig.fused_kernels` off runs the torch reference code instead (tests compare the two).
 
 Tensor parallelism (`tp`, one rank of the group): q/k/v and gate/up are column-parallel (each rank
 holds its heads' and its share of the MLP's rows), o_proj and down_proj row-parallel (one all-reduce

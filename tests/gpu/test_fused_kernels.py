@@ -41,7 +41,7 @@ DTYPES = [torch.bfloat16, torch.float16, torch.float32]
 TOLERANCES = {torch.float32: 1e-5, torch.bfloat16: 6.3e-2, torch.float16: 8e-3}
 # Share of elements allowed to differ at all in bf16/fp16 (rounding-boundary cases only).
 MAX_DIFFERING = 0.02
-TORCH_LAYERS = KernelConfig(fused_elementwise=False)  # the layers' torch code, the kernels' reference, on CUDA
+TORCH_LAYERS = KernelConfig(fused_kernels=False)  # the layers' torch code, the kernels' reference, on CUDA
 
 
 def poison_allocator(like_numel: int, dtype: torch.dtype) -> None:
@@ -262,10 +262,10 @@ def prefill_then_decode_logits(runner: ModelRunner, prompt_len: int) -> torch.Te
     return torch.cat([prefill, decode])
 
 
-def model_logits(model_dir: Path, dtype: str, is_fused: bool, kernels: KernelConfig | None = None) -> torch.Tensor:
+def model_logits(model_dir: Path, dtype: str, is_fused: bool) -> torch.Tensor:
     config = replace(runner_config(engine_config(
         str(model_dir), dtype=dtype, device="cuda", kv_cache_blocks=64, max_num_seqs=4, max_model_len=512,
-        enforce_eager=True, attention_backend="triton")), kernels=kernels or KernelConfig(fused_elementwise=is_fused))
+        enforce_eager=True, attention_backend="triton")), kernels=KernelConfig(fused_kernels=is_fused))
     runner = ModelRunner(config)
     with torch.inference_mode():
         return prefill_then_decode_logits(runner, prompt_len=300)
@@ -299,13 +299,4 @@ def test_model_logits_fused_bf16_is_as_accurate_as_torch_path(model_dirs: dict[s
     assert fused_rel <= 1.25 * torch_rel + 1e-3
     assert fused_top1 >= torch_top1 - 0.02
     assert between_rel < 5e-2
-
-
-@pytest.mark.parametrize("model", ["qwen3", "llama"])
-def test_model_logits_with_kv_written_by_the_rope_kernel_equal_store_kv(model_dirs: dict[str, Path], model: str
-                                                                       ) -> None:
-    """The cache holds the same bits either way, so the logits are the same bits."""
-    by_rope_kernel = model_logits(model_dirs[model], "bfloat16", True, KernelConfig(fused_kv_store=True))
-    by_store_kv = model_logits(model_dirs[model], "bfloat16", True, KernelConfig(fused_kv_store=False))
-    assert torch.equal(by_rope_kernel, by_store_kv)
 

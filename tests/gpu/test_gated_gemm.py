@@ -70,7 +70,7 @@ def test_only_products_of_many_rows_without_bias_take_it() -> None:
     assert layer.fuses_silu_and_mul(torch.zeros(rows, 256, device=DEVICE, dtype=torch.bfloat16))
     assert not layer.fuses_silu_and_mul(torch.zeros(rows - 1, 256, device=DEVICE, dtype=torch.bfloat16))
     assert not layer.fuses_silu_and_mul(torch.zeros(rows, 256, device=DEVICE, dtype=torch.float32))
-    assert not gate_up_layer(256, 512, KernelConfig(gated_gemm=False)).fuses_silu_and_mul(
+    assert not gate_up_layer(256, 512, KernelConfig(fused_kernels=False)).fuses_silu_and_mul(
         torch.zeros(rows, 256, device=DEVICE, dtype=torch.bfloat16))
     assert not gate_up_layer(256, 512, KernelConfig(), bias=True).fuses_silu_and_mul(
         torch.zeros(rows, 256, device=DEVICE, dtype=torch.bfloat16))
@@ -114,13 +114,12 @@ def test_the_epilogue_runs_in_the_prefill_graphs_as_eagerly(tiny_model_dirs: dic
     assert runs[False] == runs[True]
 
 
-def test_switched_off_the_runner_builds_the_unfused_pair(tiny_model_dirs: dict[str, Path]) -> None:
+def test_the_reference_runner_builds_the_unfused_pair(tiny_model_dirs: dict[str, Path]) -> None:
     config = replace(runner_config(engine_config(
         str(tiny_model_dirs["qwen3"]), dtype="bfloat16", device="cuda", block_size=16, kv_cache_blocks=256,
         max_num_seqs=4, max_num_batched_tokens=2048, attention_backend="triton", enforce_eager=True,
-    )), kernels=KernelConfig(gated_gemm=False))
+    )), kernels=KernelConfig(fused_kernels=False))
     runner = ModelRunner(config)
-    assert not runner.config.kernels.gated_gemm
     gate_up = runner.model.model.layers[0].mlp.gate_up_proj
     assert not gate_up.fuses_silu_and_mul(torch.zeros(gated_gemm.MIN_ROWS, gate_up.in_features, device=DEVICE,
                                                       dtype=torch.bfloat16))
@@ -129,5 +128,8 @@ def test_switched_off_the_runner_builds_the_unfused_pair(tiny_model_dirs: dict[s
 def llm(model_dir: Path, eager: bool = False) -> LLM:
     built = LLM(str(model_dir), dtype="bfloat16", device="cuda", attention_backend="triton", enforce_eager=eager,
                 block_size=16, kv_cache_blocks=1024, max_num_seqs=16, max_num_batched_tokens=4096)
-    assert built.engine.runner.config.kernels.gated_gemm, "the runner found the gated GEMM working"
+    assert gated_gemm.is_ready(DEVICE, torch.bfloat16), "the runner found the gated GEMM working"
+    gate_up = built.engine.runner.model.model.layers[0].mlp.gate_up_proj
+    assert gate_up.fuses_silu_and_mul(torch.zeros(gated_gemm.MIN_ROWS, gate_up.in_features, device=DEVICE,
+                                                  dtype=torch.bfloat16))
     return built

@@ -1,5 +1,5 @@
 """The penalty and token-mask kernels (gpu/kernels/penalties.py, token_mask.py) against the torch code they
-replace on CUDA: the same floats bit for bit, so the sampler draws the same tokens with them on or off."""
+replace on CUDA: the same floats bit for bit, so the sampler draws from the same logits with them or without."""
 
 import numpy as np
 import pytest
@@ -64,8 +64,9 @@ def test_token_mask_kernel_gives_the_torch_floats(dtype: torch.dtype, num_words:
     assert torch.isinf(by_kernel[0, 32 * num_words :]).all()  # and none past them
 
 
-def test_sampler_draws_the_same_tokens_with_the_kernels_on_or_off() -> None:
-    """Every adjustment at once, 64 rows of which some are seeded, greedy, filtered or masked."""
+def test_sampler_adjusts_to_the_same_floats_with_the_kernels_or_the_torch_code() -> None:
+    """Every adjustment at once, 64 rows of which some are seeded, greedy, filtered or masked: the same adjusted
+    logits bit for bit (so the same draw from them), and the drawn tokens inside their masks."""
     num_rows = 64
     logits = (torch.randn(num_rows, VOCAB, device=CUDA) * 3).to(torch.bfloat16)
     rows = []
@@ -79,11 +80,14 @@ def test_sampler_draws_the_same_tokens_with_the_kernels_on_or_off() -> None:
     bitmask = np.random.default_rng(0).integers(-2**31, 2**31 - 1, (len(masked), 1536), dtype=np.int64)
     mask = TokenMask(masked, bitmask.astype(np.int32))
 
-    def tokens(kernels: KernelConfig) -> list[int]:
+    def adjusted(kernels: KernelConfig) -> torch.Tensor:
         sampler = Sampler(CUDA, seed=7, kernels=kernels, penalty_state=filled_state())
-        return sampler(logits, rows, token_mask=mask).token_ids
+        return sampler._adjusted_logits(logits, rows, [i for i, r in enumerate(rows) if r.adjusts_logits], None, mask)
 
-    on, off = tokens(KernelConfig()), tokens(KernelConfig(fused_logit_adjustments=False))
-    assert on == off
+    by_kernels = adjusted(KernelConfig())
+    assert torch.equal(by_kernels, adjusted(KernelConfig(fused_kernels=False)))
+    assert not torch.equal(by_kernels, logits.float())
+    tokens = Sampler(CUDA, seed=7, penalty_state=filled_state())(logits, rows, token_mask=mask).token_ids
     words = mask.bitmask.view(np.uint32)
-    assert all(t < 32 * 1536 and (int(words[j, t // 32]) >> (t % 32)) & 1 for j, t in enumerate(on[i] for i in masked))
+    assert all(t < 32 * 1536 and (int(words[j, t // 32]) >> (t % 32)) & 1
+               for j, t in enumerate(tokens[i] for i in masked))

@@ -1,12 +1,11 @@
-"""Programmatic dependent launches (KernelConfig.pdl_launches, gpu/kernels/pdl.py) change no number.
+"""Programmatic dependent launches (gpu/kernels/pdl.py) change no number.
 
-Two runners on one tiny bf16 Qwen3 checkpoint, PDL on and off, CUDA graphs on, fed the same decode steps (1, 3
-and 16 rows, greedy and seeded random rows, logprobs) and one prefill: their tokens and logprobs are equal step by
-step. A kernel that read its predecessor's output before `griddepcontrol.wait` would race and differ here.
-Skips where the GPU has no PDL (before Hopper).
+Two runners on one tiny bf16 Qwen3 checkpoint, CUDA graphs on, fed the same decode steps (1, 3 and 16 rows, greedy
+and seeded random rows, logprobs) and one prefill: one on this GPU, whose kernels launch with PDL, one built and run
+as on a GPU without it. Their tokens and logprobs are equal step by step. A kernel that read its predecessor's output
+before `griddepcontrol.wait` would race and differ here. Skips where the GPU has no PDL (before Hopper).
 """
 
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,8 +13,8 @@ import torch
 
 from core.config import engine_config
 from core.engine import runner_config
-from gpu.batch import Batch, RowSampling
-from gpu.config import KernelConfig
+from gpu.batch import Batch, RowSampling, StepResult
+from gpu.kernels import pdl
 from gpu.model_runner import ModelRunner
 from tests.gpu.test_sampling_in_graphs import decode_step
 
@@ -32,20 +31,28 @@ def prefill(num_tokens: int) -> Batch:
     )
 
 
-def test_tokens_with_and_without_pdl_are_equal(tiny_model_dirs: dict[str, Path]) -> None:
-    def runner(pdl: bool) -> ModelRunner:
-        config = replace(runner_config(engine_config(
-            str(tiny_model_dirs["qwen3"]), dtype="bfloat16", device="cuda", block_size=16, kv_cache_blocks=72,
-            max_num_seqs=16, max_num_batched_tokens=256, max_model_len=64, attention_backend="triton", seed=3,
-        )), kernels=KernelConfig(pdl_launches=pdl))
-        return ModelRunner(config)
+def test_tokens_with_and_without_pdl_are_equal(tiny_model_dirs: dict[str, Path],
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    config = runner_config(engine_config(
+        str(tiny_model_dirs["qwen3"]), dtype="bfloat16", device="cuda", block_size=16, kv_cache_blocks=72,
+        max_num_seqs=16, max_num_batched_tokens=256, max_model_len=64, attention_backend="triton", seed=3,
+    ))
 
-    on, off = runner(True), runner(False)
-    assert on.execute(prefill(40)).token_ids == off.execute(prefill(40)).token_ids
-    for step in range(5):
-        for rows in ([RowSampling(temperature=0.0)],
-                     [RowSampling(temperature=0.9, seed=7, output_index=step), RowSampling(temperature=0.0),
-                      RowSampling(temperature=0.0, num_top_logprobs=2)],
-                     [RowSampling(temperature=0.6, seed=i, output_index=step) for i in range(16)]):
-            a, b = on.execute(decode_step(rows, step)), off.execute(decode_step(rows, step))
-            assert a.token_ids == b.token_ids and a.logprobs == b.logprobs, f"step {step}, {len(rows)} rows"
+    def run() -> list[StepResult]:
+        runner = ModelRunner(config)
+        results = [runner.execute(prefill(40))]
+        for step in range(5):
+            for rows in ([RowSampling(temperature=0.0)],
+                         [RowSampling(temperature=0.9, seed=7, output_index=step), RowSampling(temperature=0.0),
+                          RowSampling(temperature=0.0, num_top_logprobs=2)],
+                         [RowSampling(temperature=0.6, seed=i, output_index=step) for i in range(16)]):
+                results.append(runner.execute(decode_step(rows, step)))
+        return results
+
+    with_pdl = run()
+    with monkeypatch.context() as patch:  # as on a GPU without PDL: every kernel, captured or eager, launched plainly
+        patch.setattr(pdl, "_supports_pdl", lambda device_index: False)
+        without = run()
+    assert len(with_pdl) == len(without) == 16
+    for i, (a, b) in enumerate(zip(with_pdl, without, strict=True)):
+        assert a.token_ids == b.token_ids and a.logprobs == b.logprobs, f"step {i}"

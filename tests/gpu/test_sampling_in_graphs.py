@@ -1,17 +1,15 @@
 """Sampling inside the decode graphs (gpu/cuda_graphs.py's sampling head) draws what the eager sampler draws.
 
-Three runners on one tiny bf16 Qwen3 checkpoint, fed the same decode steps: the decode graphs with the logits
-and the fused kernel's draw inside, the same with graphs off (the head run eagerly on the padded buffers), and
-the head switched off (`KernelConfig(sampling_in_graphs=False)`: logits and sampling launched after the replay,
-as before, on the batch's rows rather than the padded bucket's, where cuBLAS may pick another kernel for the LM
-head: so that runner is compared on batches that fill their bucket). Their tokens and logprobs must be equal
-step by step: greedy rows, seeded and unseeded random rows
-(the engine's seed fixes the unseeded keys), top-p/top-k rows (drawn again by the torch path), logprobs, a
-logit-bias row (the eager path, from the graph's logits) and batch sizes that pad their bucket. The in-graph
-runner must not call the eager sampler on the plain steps.
+Two runners on one tiny bf16 Qwen3 checkpoint, fed the same decode steps: the decode graphs with the logits and the
+fused kernel's draw inside, and the same with graphs off (the head run eagerly on the padded buffers). Their tokens
+and logprobs must be equal step by step: greedy rows, seeded and unseeded random rows (the engine's seed fixes the
+unseeded keys), top-p/top-k rows (drawn again by the torch path), logprobs, a logit-bias row (the eager path, from
+the graph's logits) and batch sizes that pad their bucket. The in-graph runner must not call the eager sampler on
+the plain steps. And on the same logits, the head's draw (`graph_draw`, the kernel, `finish_graph_draw`) gives what
+the eager sampler's `sample` gives, from a sampler seeded alike, so a row draws the same tokens whichever its step
+takes.
 """
 
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -21,8 +19,9 @@ import torch
 from core.config import engine_config
 from core.engine import runner_config
 from gpu.batch import Batch, LogitBias, RowSampling
-from gpu.config import KernelConfig
 from gpu.model_runner import ModelRunner
+from gpu.pending_step import PendingStep
+from gpu.sampler import Sampler
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 pytest.importorskip("triton")
@@ -31,13 +30,12 @@ BLOCK = 16
 BLOCKS_PER_ROW = 4
 
 
-def make_runner(model_dir: Path, in_graphs: bool, eager: bool) -> ModelRunner:
-    config = replace(runner_config(engine_config(
+def make_runner(model_dir: Path, eager: bool) -> ModelRunner:
+    return ModelRunner(runner_config(engine_config(
         str(model_dir), dtype="bfloat16", device="cuda", block_size=BLOCK, kv_cache_blocks=16 * BLOCKS_PER_ROW + 8,
         max_num_seqs=16, max_num_batched_tokens=256, max_model_len=BLOCK * BLOCKS_PER_ROW, enforce_eager=eager,
         attention_backend="triton", seed=11,
-    )), kernels=KernelConfig(sampling_in_graphs=in_graphs))
-    return ModelRunner(config)
+    )))
 
 
 def decode_step(rows: list[RowSampling], step: int) -> Batch:
@@ -71,10 +69,9 @@ def biased_step() -> list[RowSampling]:
 
 def test_in_graph_draws_equal_the_eager_sampler(tiny_model_dirs: dict[str, Path]) -> None:
     model_dir = tiny_model_dirs["qwen3"]
-    in_graph = make_runner(model_dir, in_graphs=True, eager=False)
+    in_graph = make_runner(model_dir, eager=False)
     assert in_graph.decode is not None and in_graph.decode.samples and in_graph.decode.graphs
-    runners = {"in graph": in_graph, "head eager": make_runner(model_dir, in_graphs=True, eager=True),
-               "after the graph": make_runner(model_dir, in_graphs=False, eager=False)}
+    runners = {"in graph": in_graph, "head eager": make_runner(model_dir, eager=True)}
     eager_calls: list[int] = []
     sample = in_graph.sampler.sample
 
@@ -86,13 +83,32 @@ def test_in_graph_draws_equal_the_eager_sampler(tiny_model_dirs: dict[str, Path]
     for step in range(6):
         for rows in plain_steps(step):
             results = {name: r.execute(decode_step(rows, step)) for name, r in runners.items()}
-            fills_bucket = len(rows) in in_graph.decode.buckets
             for name, result in results.items():
-                if name == "after the graph" and not fills_bucket:
-                    continue
                 assert result.token_ids == results["in graph"].token_ids, f"step {step}, {len(rows)} rows: {name}"
                 assert result.logprobs == results["in graph"].logprobs, f"step {step}, {len(rows)} rows: {name}"
     assert not eager_calls, "plain steps went through the eager sampler"
     results = {name: r.execute(decode_step(biased_step(), 6)) for name, r in runners.items()}
     assert len({tuple(r.token_ids) for r in results.values()}) == 1
     assert eager_calls == [1]  # the biased step: the eager path, from the graph's logits
+
+
+def test_the_heads_draw_equals_the_eager_samplers() -> None:
+    """On the same logits, step after step: a sampler drawing as a decode graph's head does and one sampling
+    eagerly, seeded alike, give the same tokens and logprobs (the keys drawn alike, the filtered rows redrawn)."""
+    from gpu.kernels.sampling import sample_tokens
+
+    device, vocab = torch.device("cuda"), 1000
+    as_head, eager = Sampler(device, seed=11), Sampler(device, seed=11)
+    generator = torch.Generator(device=device).manual_seed(0)
+    for step in range(3):
+        for rows in plain_steps(step):
+            logits = (torch.randn(len(rows), vocab, device=device, generator=generator) * 3).to(torch.bfloat16)
+            draw = as_head.graph_draw(rows, vocab)
+            assert draw is not None
+            keys = torch.from_numpy(draw.keys).to(device)
+            temperatures = torch.from_numpy(draw.temperatures).to(device)
+            drawn = sample_tokens(logits, keys, temperatures, use_pdl=True)
+            by_head = PendingStep(as_head.finish_graph_draw(logits, drawn, rows, draw)).result()
+            by_eager = PendingStep(eager.sample(logits, rows)).result()
+            assert by_head.token_ids == by_eager.token_ids, f"step {step}, {len(rows)} rows"
+            assert by_head.logprobs == by_eager.logprobs, f"step {step}, {len(rows)} rows"

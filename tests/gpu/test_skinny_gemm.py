@@ -206,20 +206,20 @@ def test_linear_routes_few_rows_and_falls_back() -> None:
     layer.to(torch.bfloat16)
     x = torch.randn(2, 3, 3000, device=DEVICE, dtype=torch.bfloat16)  # 6 rows in a 3-d input
     assert layer._is_skinny(x) and layer(x).shape == (2, 3, 1000)
-    cublas_only = Linear(3000, 1000, True, KernelConfig(skinny_gemm=False)).to(DEVICE, torch.bfloat16)
+    cublas_only = Linear(3000, 1000, True, KernelConfig(fused_kernels=False)).to(DEVICE, torch.bfloat16)
     cublas_only.requires_grad_(False)
     assert not cublas_only._is_skinny(x)
 
 
 def test_linear_routes_many_rows_where_this_gpus_table_says() -> None:
     """17..256 rows: routed where this GPU's table holds a config for the shape, never for a shape no table holds
-    (the rule keeps cuBLAS there), nor with `skinny_gemm_many_rows` off; the outputs agree either way."""
+    (the rule keeps cuBLAS there), nor with `fused_kernels` off; the outputs agree either way."""
     odd = Linear(1000, 1000, bias=False).to(DEVICE, torch.bfloat16).requires_grad_(False)
     assert not odd._is_skinny(torch.randn(17, 1000, device=DEVICE, dtype=torch.bfloat16))
     num_routed = 0
     for n, k in MODEL_SHAPES[:4]:
         on = Linear(k, n, bias=False).to(DEVICE, torch.bfloat16).requires_grad_(False)
-        off = Linear(k, n, False, KernelConfig(skinny_gemm_many_rows=False)).to(DEVICE, torch.bfloat16)
+        off = Linear(k, n, False, KernelConfig(fused_kernels=False)).to(DEVICE, torch.bfloat16)
         off.requires_grad_(False).weight.copy_(on.weight)
         for m in (17, 100, 256):
             x = torch.randn(m, k, device=DEVICE, dtype=torch.bfloat16)
@@ -242,7 +242,7 @@ def test_linear_keeps_cublas_where_the_table_says_it_is_as_fast() -> None:
 
 def test_lm_head_routes_like_a_linear_layer() -> None:
     head = ParallelLMHead(151936, 1024, SINGLE).to(DEVICE, torch.bfloat16).requires_grad_(False)
-    cublas_only = ParallelLMHead(151936, 1024, SINGLE, KernelConfig(skinny_gemm=False)).to(DEVICE, torch.bfloat16)
+    cublas_only = ParallelLMHead(151936, 1024, SINGLE, KernelConfig(fused_kernels=False)).to(DEVICE, torch.bfloat16)
     cublas_only.requires_grad_(False).weight.copy_(head.weight)
     for m in (1, 5, 16):
         hidden = torch.randn(m, 1024, device=DEVICE, dtype=torch.bfloat16)
@@ -336,9 +336,9 @@ def test_prologues_inside_a_cuda_graph() -> None:
 
 
 def test_linear_fuses_a_prologue_where_this_gpus_rule_says(monkeypatch: pytest.MonkeyPatch) -> None:
-    """forward_normed / forward_silu_and_mul: one fused call at the rows where this GPU's prologue rule gives a config
-    (1 row on the H100), the elementwise kernel then the product elsewhere and with the prologues
-    switched off; the same outputs and residual stream either way."""
+    """forward_normed / forward_silu_and_mul: one fused call at the rows where this GPU's prologue rule gives a config,
+    the elementwise kernel then the product elsewhere; the same outputs and residual stream as the elementwise
+    kernel then the layer's product."""
     import gpu.kernels.skinny_gemm as kernel_module
 
     calls: list[str] = []
@@ -348,30 +348,25 @@ def test_linear_fuses_a_prologue_where_this_gpus_rule_says(monkeypatch: pytest.M
                             _real(*a, **k))
     norm, act = RMSNorm(1024, 1e-6).to(DEVICE, torch.bfloat16).requires_grad_(False), SiluAndMul()
 
-    def pair(k: int, n: int) -> tuple[Linear, Linear]:
-        on = Linear(k, n, bias=True).to(DEVICE, torch.bfloat16).requires_grad_(False)
-        off = Linear(k, n, True, KernelConfig(norm_prologues=False, silu_prologues=False)).to(DEVICE, torch.bfloat16)
-        off.requires_grad_(False).load_state_dict(on.state_dict())
-        return on, off
-
-    (up_on, up_off), (down_on, down_off) = pair(1024, 4096), pair(3072, 1024)
+    up, down = (Linear(k, n, bias=True).to(DEVICE, torch.bfloat16).requires_grad_(False)
+                for k, n in ((1024, 4096), (3072, 1024)))
     num_fused = 0
     for rows in (1, 2, 3, 16, 17):
         x, residual = (torch.randn(rows, 1024, device=DEVICE, dtype=torch.bfloat16) for _ in range(2))
         gate_up = torch.randn(rows, 6144, device=DEVICE, dtype=torch.bfloat16)
         calls.clear()
-        y, summed = up_on.forward_normed(NormInput(norm, x, residual))
-        out = down_on.forward_silu_and_mul(gate_up, act)
+        y, summed = up.forward_normed(NormInput(norm, x, residual))
+        out = down.forward_silu_and_mul(gate_up, act)
         expected = [name for name, kind, k in (("skinny_gemm_rms_norm", "norm", 1024),
                                                ("skinny_gemm_silu_and_mul", "silu", 3072))
                     if prologue_config(rows, k, kind, DEVICE) is not None]
         assert calls == expected
         num_fused += len(calls)
-        y_off, summed_off = up_off.forward_normed(NormInput(norm, x, residual))
-        assert torch.equal(summed, summed_off)
-        torch.testing.assert_close(y, y_off, rtol=2e-2, atol=2e-2)
-        torch.testing.assert_close(out, down_off.forward_silu_and_mul(gate_up, act), rtol=2e-2, atol=2e-2)
-        assert calls == expected  # the layers built with prologues off never fuse
+        normed, summed_apart = NormInput(norm, x, residual).compute()  # the norm kernel, then the product
+        assert torch.equal(summed, summed_apart)
+        torch.testing.assert_close(y, up(normed), rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(out, down(act(gate_up)), rtol=2e-2, atol=2e-2)
+        assert calls == expected  # plain products never take a prologue
     print(f"{torch.cuda.get_device_name()}: {num_fused} of 10 products with a prologue")
 
 
@@ -383,7 +378,8 @@ def test_warm_up_runs_every_row_bucket_of_every_layer() -> None:
     assert warm_up_skinny_gemm(model, max_rows=8192) == 3 * 9
 
 
-# Whole models: the skinny kernel on and off, same weights, same attention backend.
+# Whole models: the kernels (skinny products, with their prologues at one row) against the reference, same weights,
+# same attention backend.
 
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
@@ -396,13 +392,11 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     return {name: build_tiny_model(root / name, spec) for name, spec in specs.items()}
 
 
-def prompt_then_decode_logits(model_dir: Path, dtype: str, is_skinny: bool, prompt_len: int = 12,
-                              prologues: bool = True) -> torch.Tensor:
+def prompt_then_decode_logits(model_dir: Path, dtype: str, is_fused: bool, prompt_len: int = 12) -> torch.Tensor:
     """Logits of a short prompt (one prefill of <= 16 tokens: skinny) and of one decode step; [prompt_len + 1, V]."""
     config = replace(runner_config(engine_config(
         str(model_dir), dtype=dtype, device="cuda", kv_cache_blocks=16, max_num_seqs=4, max_model_len=256,
-        enforce_eager=True, attention_backend="triton")),
-        kernels=KernelConfig(skinny_gemm=is_skinny, norm_prologues=prologues, silu_prologues=prologues))
+        enforce_eager=True, attention_backend="triton")), kernels=KernelConfig(fused_kernels=is_fused))
     runner = ModelRunner(config)
     model = runner.model
     tables = torch.arange(2, dtype=torch.int32, device=DEVICE)[None]
@@ -424,8 +418,8 @@ def prompt_then_decode_logits(model_dir: Path, dtype: str, is_skinny: bool, prom
 
 @pytest.mark.parametrize("model", ["qwen3", "qwen2"])
 def test_model_logits_skinny_bf16_is_as_accurate_as_cublas(model_dirs: dict[str, Path], model: str) -> None:
-    exact = prompt_then_decode_logits(model_dirs[model], "float32", is_skinny=False)
-    skinny, cublas = (prompt_then_decode_logits(model_dirs[model], "bfloat16", s) for s in (True, False))
+    exact = prompt_then_decode_logits(model_dirs[model], "float32", is_fused=False)
+    skinny, cublas = (prompt_then_decode_logits(model_dirs[model], "bfloat16", fused) for fused in (True, False))
 
     def rel(out: torch.Tensor) -> float:
         return ((out - exact).norm() / exact.norm()).item()
@@ -438,13 +432,3 @@ def test_model_logits_skinny_bf16_is_as_accurate_as_cublas(model_dirs: dict[str,
     assert rel(skinny) <= 1.25 * rel(cublas) + 1e-3
     assert top1(skinny) >= top1(cublas) - 0.1
 
-
-@pytest.mark.parametrize("model", ["qwen3", "qwen2"])
-def test_model_logits_with_gemm_prologues_equal_those_without(model_dirs: dict[str, Path], model: str) -> None:
-    """The decode step (1 row: where the H100's prologue rule fuses) runs its norms and activations inside the
-    products, or not; the 12-token prompt runs them apart either way."""
-    fused, separate = (prompt_then_decode_logits(model_dirs[model], "bfloat16", True, prologues=p)
-                       for p in (True, False))
-    rel = ((fused - separate).norm() / separate.norm()).item()
-    print(f"model {model}: gemm prologues on vs off rel_err={rel:.2e}")
-    assert rel < 1e-2 and torch.equal(fused.argmax(-1), separate.argmax(-1))

@@ -3,7 +3,6 @@ is tests/gpu/test_gated_gemm.py's."""
 
 import torch
 
-from gpu.config import KernelConfig
 from gpu.kernels import gated_gemm
 from gpu.layers.linear import MergedLinear
 
@@ -15,5 +14,5 @@ def test_off_a_gpu_it_is_unavailable() -> None:
 
 
 def test_a_cpu_layer_never_takes_it() -> None:
-    layer = MergedLinear(64, {"gate": 128, "up": 128}, False, KernelConfig(gated_gemm=True)).to(torch.bfloat16)
+    layer = MergedLinear(64, {"gate": 128, "up": 128}, False).to(torch.bfloat16)
     assert not layer.fuses_silu_and_mul(torch.zeros(gated_gemm.MIN_ROWS, 64, dtype=torch.bfloat16))

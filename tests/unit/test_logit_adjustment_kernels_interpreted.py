@@ -96,7 +96,7 @@ def test_sampler_draws_the_same_tokens_with_the_kernels_on_or_off(kernels: tuple
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Every adjustment at once through the sampler, the kernels taken as on CUDA."""
     monkeypatch.setattr(Sampler, "_uses_adjustment_kernels",
-                        lambda self, logits: self.kernels.fused_logit_adjustments)
+                        lambda self, logits: self.kernels.fused_kernels)
     num_rows = 24
     logits = torch.randn(num_rows, VOCAB, generator=torch.Generator().manual_seed(2)) * 3
     rows = []
@@ -118,7 +118,7 @@ def test_sampler_draws_the_same_tokens_with_the_kernels_on_or_off(kernels: tuple
         return adjusted, sampler(logits, rows, token_mask=mask).token_ids
 
     (on_logits, on), (off_logits, off) = (adjusted_and_tokens(KernelConfig()),
-                                          adjusted_and_tokens(KernelConfig(fused_logit_adjustments=False)))
+                                          adjusted_and_tokens(KernelConfig(fused_kernels=False)))
     assert torch.equal(on_logits, off_logits)
     assert on == off
     words = mask.bitmask.view(np.uint32)
