@@ -6,16 +6,13 @@ the device alone (a sleep kernel first, so the host has queued the whole forward
 reaches it, as a replay is queued), an eager step from the host's call to the device's end (its
 launch cost is part of it). Phase "decode": one row, and max_num_seqs rows, at ~1k tokens of
 context; phase "prefill": a loaded server's step, fresh prompts filling the token budget beside decode
-rows for three quarters of max_num_seqs (such steps take 40% of a busy server's time at concurrency 256
-on the serving shape; the step used to be one 2048-token chunk beside 64 decode rows), and fresh prompts
-alone (as a burst of arrivals or a single user's request runs: there the prefill kernel is all of the
-attention). Rows sit on cache blocks in a random order, as a served cache's do: on one H100 with FA4
-installed, the loaded step took 26.45 ms with FA4 on consecutive blocks but 27.57 on scattered ones
-(Triton 26.40 and 26.34), and timed on consecutive blocks `auto` picked FA4 for steps with prefill,
-whose server then ran 1.3-4% slower at 256 streams than with Triton's, in four rounds on two machines,
-in both orders (bench/results/archive/2026-11-23-fa4-serve-ab/). The sum of a phase's step times decides;
-ties go to the first candidate (triton). Contexts read distinct, randomly filled cache blocks (never zeros),
-and write nothing (slot -1).
+rows for three quarters of max_num_seqs (the steps that take much of a busy server's time), and fresh
+prompts alone (as a burst of arrivals or a single user's request runs: there the prefill kernel is all
+of the attention). Rows sit on cache blocks in a random order, as a served cache's do: a backend can be
+faster on consecutive blocks than on scattered ones, and timed on consecutive blocks the choice would
+not be the one that serves faster. The sum of a phase's step times decides; ties go to the first
+candidate (triton). Contexts read distinct, randomly filled cache blocks (never zeros), and write
+nothing (slot -1).
 """
 
 import logging
@@ -35,7 +32,7 @@ PHASES = ("decode", "prefill")
 TARGET_CONTEXT = 1024
 LOADED_DECODE_SHARE = 0.75  # of max_num_seqs: the decode rows beside the prompts of a loaded server's step
 FRESH_PROMPTS, FRESH_PROMPT_LEN = 4, 1024
-# ~50 ms at the H100's clock: longer than the host takes to queue one forward.
+# Tens of milliseconds at a data-center GPU's clock: longer than the host takes to queue one forward.
 SLEEP_CYCLES = 100_000_000
 
 
@@ -76,8 +73,7 @@ def synthetic_steps(shape: StepShape) -> dict[str, list[Batch]]:
 
 def _step(prefill_lens: list[int], num_decode_rows: int, context: int, block_size: int, vocab_size: int) -> Batch:
     """Fresh prefill rows, then decode rows with `context` tokens each; every row on its own blocks, in a random order
-    (a served cache's rows are scattered over it: on consecutive blocks FA4's step with prefill measured 4% faster
-    than on scattered ones, Triton's the same)."""
+    (a served cache's rows are scattered over it)."""
     query_lens = prefill_lens + [1] * num_decode_rows
     context_lens = prefill_lens + [context] * num_decode_rows
     blocks_per_row = [-(-n // block_size) for n in context_lens]

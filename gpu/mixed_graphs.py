@@ -3,19 +3,17 @@
 Such a step (prefill chunks, prefix-cache hits, decode rows beside them) is padded to the smallest
 token bucket that holds it, and its rows to the smallest of the bucket's row capacities that holds
 them: min(max_num_seqs, bucket) (a step never has more rows than tokens), and FEW_ROWS for steps of
-prompts alone (a burst of requests, a decode hold), where padding to hundreds of rows cost FA4's
-prefill kernel 43% (below). Padding tokens write no K/V (slot -1) and sit at position 0; padding
+prompts alone (a burst of requests, a decode hold). Padding tokens write no K/V (slot -1) and sit at position 0; padding
 rows have no queries (query_start_loc repeats the token count) and context 0, so the attention
 kernel's programs for them exit at once and every launch grid depends only on the bucket and the
 capacity. Their outputs are ignored. Only a backend whose non-decode path is safe to capture this
 way (`supports_mixed_graphs`: Triton, FA4 on Hopper) gets these graphs.
 
-Why a second capacity: those programs still launch. FA4 over 8 prompts of 1024 tokens, one layer on
-the H100 (bench/prefill_fusion_bench.py): 0.102 ms with 8 rows, 0.145 ms padded to 256 rows
-(the serving benchmark's max_num_seqs); 28 layers make that 1.2 ms of a 17 ms step.
+Why a second capacity: the padding rows' programs still launch, and a few prompts padded to hundreds of
+rows cost FA4's prefill kernel a good share of its time.
 
-Why: run eagerly, such a step is launched op by op from Python, ~10 ms of host time for the 0.6B
-model's 28 layers, more than its device time (bench/results/notes.md); a replay is one launch.
+Why graphs: run eagerly, such a step is launched op by op from Python, and for a small model the host's
+launches take longer than the device's work; a replay is one launch.
 With graphs off (`--enforce-eager`) the same padded buffers run eagerly, so graphs on and off
 compute the same numbers, as for decode (gpu/cuda_graphs.py, whose memory pool these graphs share).
 

@@ -85,8 +85,8 @@ def main(fd: int) -> None:
         os._exit(1)  # not a clean exit: peers may be blocked in a collective with us
     logging.shutdown()
     # Skips the interpreter's teardown of torch (seconds), which holds nothing to save, and the process group's:
-    # the process's end frees its communicators, while NCCL's destroy_process_group held both ranks of a
-    # stopped TP=2 engine past the engine's 10 s wait on 2x H200 (they were killed).
+    # the process's end frees its communicators, while NCCL's destroy_process_group can block a stopped engine's
+    # ranks past the engine's wait for them.
     os._exit(0)
 
 

@@ -24,26 +24,23 @@ import triton.language as tl
 
 from gpu.kernels.pdl import pdl_start, uses_pdl
 
-# Measured on H100 (bench/results/attention-*-h100.json): with at least 2 (row, kv_head) programs
-# per multiprocessor, one split is best (splitting (64, 4k) costs 2%, (256, 1k) 2-12%); below
-# that, splitting up to about 4 programs per multiprocessor pays ((16, 1k): 4 splits beat 2 by 4%,
-# (1, 1k): 16 splits run 4x faster than 1). A segment keeps at least MIN_SPLIT_TOKENS tokens to
-# amortize its query load and its partial-result write.
+# With at least NO_SPLIT_PROGRAMS_PER_SM (row, kv_head) programs per multiprocessor one split is best (more
+# programs already fill the GPU); below that, splitting up to about SPLIT_PROGRAMS_PER_SM programs per multiprocessor
+# keeps the GPU busy on few rows. A segment keeps at least MIN_SPLIT_TOKENS tokens to amortize its query load and its
+# partial-result write.
 NO_SPLIT_PROGRAMS_PER_SM = 2
 SPLIT_PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 64
 # Software-pipelining stages of the split kernel. A split launch (few rows) walks one or a few tiles per
-# program, where deeper pipelining only delays the first tile: one stage measured 0.3-1.4 us per call
-# faster than three at 1, 4 and 16 rows of 1k-4k tokens in a 4096-token table (H100,
-# bench/results/current/2026-11-22-h100-9e5eb4d-attention-side.json); unsplit launches keep three.
+# program, where deeper pipelining only delays the first tile; unsplit launches walk many and keep three.
 UNSPLIT_NUM_STAGES = 3
 SPLIT_NUM_STAGES = 1
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch parameters; the defaults are what the H100 benchmark picked (bench/results/)."""
+    """Launch parameters; the defaults are the attention benchmark's picks (python -m bench.attention_bench)."""
 
     block_n: int = 64  # KV tokens per tile
     num_warps: int = 4

@@ -3,27 +3,21 @@ activation "swiglu"; CuTe DSL, from quack-kernels, which the `flash` extra insta
 for products of at least MIN_ROWS rows (prompt steps).
 
 Why: unfused, a prompt step's gate/up product writes [tokens, 2 x intermediate] and the SiLU kernel reads it back
-to write half of it; fused, the pair's activation leaves the chip once, at half the width. H100, Qwen3-0.6B's shape
-(K 1024, intermediate 3072), one layer (bench/prefill_fusion_bench.py, do_bench / graph replay): 8192 rows
-0.146 / 0.161 ms against 0.204 / 0.210 for cuBLAS then our SiLU kernel; 2048 rows 0.039 / 0.037 against 0.054 /
-0.052; 1024 rows 0.046 / 0.019 against 0.030 / 0.026; 512 rows 0.028 / 0.012 against 0.042 / 0.015 (at these sizes
-do_bench's medians are noise, the graph replays are the figure). A plain product through the same library is level
-with cuBLAS, so the gain is the fusion's. Below MIN_ROWS the skinny GEMM (up to 256 rows) or cuBLAS, then the SiLU
-kernel, run as before: at 384 rows the default config is level with them (0.0132 against 0.0135 ms replayed), at
-64-256 rows slower (0.0109-0.0111 against 0.0077-0.0107).
+to write half of it; fused, the pair's activation leaves the chip once, at half the width. A plain product through
+the same library is level with cuBLAS, so the gain is the fusion's. Below MIN_ROWS the skinny GEMM (up to 256 rows)
+or cuBLAS, then the SiLU kernel, are as fast or faster, and run instead.
 
 Rounding: the epilogue computes silu(gate) * up in float32 from the accumulators and rounds once, where the unfused
-pair rounds gate, up, silu(gate) and the product to the dtype each: in that benchmark 42% of the outputs differ from
-the pair's, by at most 2 units in the last place of bfloat16. The bf16 parity tests against transformers bound what
-that does to greedy tokens (tests/gpu/test_gated_gemm.py), as they do for the two attention backends.
+pair rounds gate, up, silu(gate) and the product to the dtype each, so many outputs differ from the pair's by a unit
+or two in the last place. The bf16 parity tests against transformers bound what that does to greedy tokens
+(tests/gpu/test_gated_gemm.py), as they do for the two attention backends.
 
 The weight is used as stored (the [gate; up] rows of MergedLinear), read through quack's `concat_layout`. No
-autotuning: quack's default config for the shape (its autotuned one was not faster in both measures). quack
-compiles a kernel the first time it meets a shape class (17 s on the H100; a new row count of the same class then
-takes ~1 ms) and keeps it on disk (QUACK_CACHE_ENABLED); the runner's probe and warm-up meet it before a request.
-quack fingerprints the functions an epilogue uses and takes those installed under a `site-packages` directory as
-fixed: installed elsewhere (pip --target into another directory) it refuses to compile, which `unavailable_reason`
-reports.
+autotuning: quack's default config for the shape (its autotuned one was not faster). quack compiles a kernel the
+first time it meets a shape class (seconds; a new row count of the same class then takes about a millisecond) and
+keeps it on disk (QUACK_CACHE_ENABLED); the runner's probe and warm-up meet it before a request. quack fingerprints
+the functions an epilogue uses and takes those installed under a `site-packages` directory as fixed: installed
+elsewhere (pip --target into another directory) it refuses to compile, which `unavailable_reason` reports.
 """
 
 import importlib.util

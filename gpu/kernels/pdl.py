@@ -1,8 +1,7 @@
 """Programmatic dependent launch (PDL, Hopper and newer) for the kernels of a decode step.
 
-A step at a few rows is a chain of ~300 short kernels in one CUDA graph, and each boundary costs the
-next kernel's launch and ramp while the device idles (~0.4 us a boundary on an H100: the step's
-kernels sum to 1.157 ms of its 1.275 ms at one row, bench/results/notes.md). Launched as a programmatic
+A step at a few rows is a chain of hundreds of short kernels in one CUDA graph, and each boundary costs
+the next kernel's launch and ramp while the device idles. Launched as a programmatic
 dependent launch, a kernel may start as soon as every program of the one before has executed
 `griddepcontrol.launch_dependents`; it then executes `griddepcontrol.wait`, which returns once that
 kernel has completed and its memory writes are visible. Every kernel here calls `pdl_start` first, so it

@@ -8,10 +8,9 @@ out1 = x1*cos1 - x2*sin1, out2 = x2*cos2 + x1*sin2) and writes q and k as new co
 The math is float32, rounded to the model dtype at the points where the torch path (gpu/layers/
 norm.py, gpu/layers/rotary.py) rounds: after the norm's scaling, after the weight, cos/sin as
 model-dtype values, after each product and after the sum. So float32 matches to rounding and
-bf16/fp16 almost always to the bit. The launch passes enable_fp_fusion=False: with fusion on (H200,
-triton 3.6) about a fifth of bf16 and fp16 outputs differed from the torch path by one unit in the
-last place, as when a product and the sum are contracted into one FMA and the product's rounding
-is skipped.
+bf16/fp16 almost always to the bit. The launch passes enable_fp_fusion=False: with fusion a product
+and the sum are contracted into one FMA that skips the product's rounding, and bf16/fp16 outputs then
+differ from the torch path by one unit in the last place.
 Invariants the wrapper checks: qkv is 2-d with unit stride along its columns and at least
 (num_heads + num_kv_heads) * head_dim of them; head_dim is a power of two; positions are int64
 [num_tokens]; cos and sin are contiguous [max_position, head_dim] in float32 or the model dtype

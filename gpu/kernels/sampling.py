@@ -36,8 +36,8 @@ from gpu.kernels.pdl import pdl_start, uses_pdl
 SUB = 1024
 TILE = 4 * SUB
 NUM_WARPS = 4
-# Programs per multiprocessor the splits aim for: 8 beat 4 by 3-10% at 16-256 rows on an H200
-# (bench/sampler_bench.py); the kernel is bound by Philox arithmetic, not by the logits' bytes.
+# Programs per multiprocessor the splits aim for: the kernel is bound by Philox arithmetic, not by the logits'
+# bytes, so more programs in flight than a memory-bound kernel needs.
 PROGRAMS_PER_SM = 8
 MAX_SPLITS = 64
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)

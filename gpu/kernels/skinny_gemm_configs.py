@@ -6,10 +6,10 @@ fall in, so a handful of configs serves every row count and all of them compile 
 fastest config per key in `python -m bench.skinny_gemm_bench --sweep` on that GPU (bf16, CUDA graphs, weights from
 HBM), or None where cuBLAS measured as fast (gpu/layers/linear.py then keeps F.linear).
 
-The one rule for which table: the device's name contains "H100" -> the H100 table, anything else -> the H200 table
-(where the first tables were measured). A shape a table lacks: up to 16 rows the rule of `default_config`, which the
-tables bear out on both GPUs; more rows stay with cuBLAS (`preferred_config` returns None), since a real GEMM is
-only worth taking from cuBLAS where it was measured to win. This module needs no triton (gpu/layers/linear.py
+The one rule for which table: the device's name contains "H100" -> the H100 table, anything else -> the H200 table.
+A shape a table lacks: up to 16 rows the rule of `default_config`, which the tables bear out on both GPUs; more rows
+stay with cuBLAS (`preferred_config` returns None), since a real GEMM is only worth taking from cuBLAS where it was
+measured to win. This module needs no triton (gpu/layers/linear.py
 reads its row limits at import).
 """
 
@@ -50,7 +50,7 @@ def _dot(block_n: int, block_k: int, split_k: int = 1, num_warps: int = 4, num_s
 
 
 # H200, up to 16 rows. The Qwen3-0.6B shapes: qkv (4096, 1024), o_proj (1024, 2048), gate_up (6144, 1024),
-# down (1024, 3072), lm_head (151936, 1024; cuBLAS already reads it at ~94% of the copy rate, as does this kernel).
+# down (1024, 3072), lm_head (151936, 1024).
 H200_TABLE: Table = {
     (1, 4096, 1024): None, (1, 1024, 2048): _fma(), (1, 6144, 1024): None, (1, 1024, 3072): _fma(),
     (2, 4096, 1024): None, (2, 1024, 2048): _fma(), (2, 6144, 1024): None, (2, 1024, 3072): _fma(),
@@ -64,15 +64,9 @@ H200_TABLE: Table = {
     (16, 151936, 1024): _dot(32, 512, num_stages=2),
 }
 
-# H100 80GB HBM3, 2026-11-22 (bench/results/current/2026-11-22-h100-13a7132-skinny-gemm-sweep.json). cuBLAS takes
-# ~5.4-7.1 us per call up to 16 rows and ~5.8-8.8 us at 32-256 rows (a fixed ~2.5 us per kernel over the bytes).
-# The kernel wins: with FMAs at 1-2 rows of o_proj and down (o_proj 4.2 us against 5.8 at one row); with TMA tiles
-# of [64 columns x 256 of K] and 16-32 rows at 1-16 rows of qkv and gate_up (5-8%) and at 4-256 rows of o_proj and
-# down (3-12%: cuBLAS's tiles leave its 1024 columns to few SMs); at the lm_head (103 us against 112 at one row,
-# 3.0 TB/s). cuBLAS stays for qkv and gate_up from 32 rows (16 for gate_up): there its GEMM tiles win, by up to 2x
-# at 256 rows; and at 4 rows of down and 256 of o_proj, where the sweep's 3% gain turned into a 2-3% loss when
-# the table was timed again (bench/results/current/2026-11-22-h100-02666f9-skinny-gemm.json): an entry stays
-# where both runs measured the kernel faster.
+# H100 80GB HBM3, 1..256 rows, the same shapes: an entry holds a config where two sweeps both measured the kernel
+# faster than cuBLAS. The kernel wins on the narrow products (o_proj, down: cuBLAS's tiles leave their 1024 columns to
+# few multiprocessors) and the LM head; cuBLAS's GEMM tiles keep qkv and gate_up from 16-32 rows.
 _TMA = {"num_warps": 4, "num_stages": 4, "use_tma": True}
 H100_TABLE: Table = {
     (1, 4096, 1024): _dot(64, 256, **_TMA), (2, 4096, 1024): _dot(64, 256, **_TMA),
@@ -101,14 +95,9 @@ H100_TABLE: Table = {
 TABLES: dict[str, Table] = {"H100": H100_TABLE, "H200": H200_TABLE}
 
 # Prologues (the kernel computes its input: "norm" = residual add + RMSNorm, "silu" = SiLU-and-mul), per GPU: the row
-# buckets where fusing measured faster, and the fma config it runs with there. H100, 2026-11-23. Per pair of calls
-# (bench/results/current/2026-11-23-h100-5f3b9fd-gemm-prologues.json, us, PDL on): only the fma path wins, where each
-# program reads whole rows of x anyway: at 1 row q/k/v 5.1 against 5.8, gate/up 6.8 against 6.9 (norm), down 4.5
-# against 5.4 (SiLU); at 2 rows down 5.9 against 6.4; the dot paths lose at every row count (7.5-9.1 against 5.7-7.7:
-# every program makes x's [16-row, K-tile] tiles by pointer loads, padded rows included). Per decode step
-# (...-28a9924-decode-step-prologues.json, pipelined ms at a 1k context): 1 row 0.991 without prologues, 0.976 with
-# SiLU's, 0.965 with both; 2 rows 1.114 without, 1.123 with SiLU's, so the SiLU prologue runs at 1 row only.
-# GPUs without an entry (the H200: not measured) run no prologue.
+# buckets where a decode step measured faster with them, each run with the fma config (whose programs read whole rows
+# of x anyway; the dot paths would make x's padded tiles by pointer loads in every program). GPUs without an entry run
+# no prologue.
 PROLOGUE_BUCKETS: dict[str, dict[str, tuple[int, ...]]] = {"H100": {"norm": (1,), "silu": (1,)}}
 
 
