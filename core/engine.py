@@ -38,6 +38,7 @@ from core.block_manager import BlockManager
 from core.config import EngineConfig
 from core.engine_metrics import EngineMetrics, EngineObservations
 from core.grammar import Grammars
+from core.model_files.cache import cache_dir_for
 from core.outputs import FinishReason, RequestOutput
 from core.penalty_slots import PenaltySlots
 from core.request_checks import EngineLimits
@@ -437,7 +438,7 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
         max_num_seqs=c.scheduler.max_num_seqs, max_num_batched_tokens=c.scheduler.max_num_batched_tokens,
         max_model_len=max_model_len, enforce_eager=c.model.enforce_eager,
         attention_backend=c.model.attention_backend, seed=c.model.seed,
-        tensor_parallel_size=c.model.tensor_parallel_size,
+        tensor_parallel_size=c.model.tensor_parallel_size, cache_dir=str(cache_dir_for(c.model.download_dir)),
     )
 
 

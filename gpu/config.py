@@ -43,3 +43,4 @@ class RunnerConfig:
     seed: int
     kernels: KernelConfig = DEFAULT_KERNELS
     tensor_parallel_size: int = 1  # > 1: one worker process per rank (gpu/tensor_parallel_runner.py)
+    cache_dir: str | None = None  # where a start's measured choices are remembered (gpu/remembered_backends.py)

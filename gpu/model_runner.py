@@ -20,8 +20,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from tqdm import tqdm
+from transformers import PretrainedConfig
 
-from gpu import backend_choice, kv_cache
+from gpu import backend_choice, kv_cache, remembered_backends
 from gpu.attention.backend import AttentionBackend, PhasedBackend, backend_named, candidate_names
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch, PackedBlockTables, Penalties, RowSampling, StepResult, TokenMask
@@ -81,8 +82,8 @@ class ModelRunner:
         names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype)
         if flash_attn_reason is not None:
             logger.info("attention backend flash-attn not a candidate: %s", flash_attn_reason)
-        candidates = [backend_named(name) for name in names]
-        self._set_backend(PhasedBackend(candidates[0], candidates[0]))  # for the warm-up pass
+        first = backend_named(names[0])
+        self._set_backend(PhasedBackend(first, first))  # for the warm-up pass
         # Before the KV cache is sized, so its memory is counted: [max_num_seqs, vocab] int32 + bool.
         self.penalty_state = PenaltyState(config.max_num_seqs, self.vocab_size, self.device)
         self.sampler = Sampler(self.device, config.seed, config.kernels, self.penalty_state)
@@ -92,13 +93,13 @@ class ModelRunner:
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
         self.mixed: MixedGraphs | None = None
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
-        # Per phase, each candidate's summed step milliseconds when `auto` measured them (None otherwise).
+        # Per phase, each candidate's summed step milliseconds when `auto` measured them, now or at an earlier start.
         self.attention_times: dict[str, dict[str, float]] | None = None
         self.num_kv_blocks = self._allocate_kv_cache()
-        self.backend = self._choose_backend(candidates)
+        self.backend, why = self._choose_backend(names, first, hf_config)
         self._set_backend(self.backend)
-        logger.info("attention backend: %s (requested %s, device %s)", self.backend.name, config.attention_backend,
-                    self.device)
+        logger.info("attention backend: %s (requested %s, device %s: %s)", self.backend.name, config.attention_backend,
+                    self.device, why)
         if self.device.type == "cuda":
             start = time.perf_counter()
             self._capture_graphs()
@@ -121,19 +122,57 @@ class ModelRunner:
         for layer in self.layers:
             layer.backend = backend
 
-    def _choose_backend(self, candidates: list[AttentionBackend]) -> PhasedBackend:
-        """The only candidate for both phases, or per phase the one measured faster here (gpu/backend_choice.py)."""
-        if len(candidates) > 1:
+    def _choose_backend(self, names: list[str], first: AttentionBackend,
+                        hf_config: PretrainedConfig) -> tuple[PhasedBackend, str]:
+        """The only candidate for both phases, or per phase the one measured faster here (gpu/backend_choice.py) at
+        this start or an earlier one (gpu/remembered_backends.py); and why, for the log."""
+        backend, why = PhasedBackend(first, first), "the only candidate"
+        if len(names) > 1:
             c = self.config
             steps = backend_choice.synthetic_steps(backend_choice.StepShape(
                 c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.block_size, self.num_kv_blocks,
                 self.vocab_size))
             if backend_choice.blocks_used(steps) <= self.num_kv_blocks:
-                return self._measure_phases(candidates, steps)
-            logger.info("attention: the KV cache is too small to time the candidates; using %s", candidates[0].name)
-        backend = PhasedBackend(candidates[0], candidates[0])
+                backend, why = self._remembered_or_measured(names, first, steps, hf_config)
+            else:
+                why = "the KV cache is too small to time the candidates"
         self._compile_flash_attn(backend)
-        return backend
+        return backend, why
+
+    def _remembered_or_measured(self, names: list[str], first: AttentionBackend, steps: dict[str, list[Batch]],
+                                hf_config: PretrainedConfig) -> tuple[PhasedBackend, str]:
+        """The choice an earlier start remembered for this setting (rank 0's, under tensor parallelism: every rank
+        measures or none does, as the forward passes hold collectives), else the one measured now, remembered."""
+        directory = Path(self.config.cache_dir) if self.config.cache_dir is not None else None
+        key = remembered_backends.choice_key(self._choice_setting(names, steps, hf_config))
+        recalled = remembered_backends.recall(directory, key, names) if directory and self.tp.is_first else None
+        pair = self._first_rank_pair((recalled.decode, recalled.prefill) if recalled else None, names)
+        if pair is not None:
+            by_name = {first.name: first} | {name: backend_named(name) for name in set(pair) - {first.name}}
+            if recalled is None:
+                return PhasedBackend(by_name[pair[0]], by_name[pair[1]]), "rank 0's remembered choice"
+            self.attention_times = recalled.times_ms
+            why = f"read from {recalled.path}, measured on {recalled.measured_on}"
+            return PhasedBackend(by_name[pair[0]], by_name[pair[1]]), why
+        backend = self._measure_phases([first, *(backend_named(name) for name in names[1:])], steps)
+        if directory is None or not self.tp.is_first or self.attention_times is None:
+            return backend, "measured now"
+        saved = remembered_backends.remember(directory, key, backend.decode.name, backend.prefill.name,
+                                             self.attention_times)
+        return backend, "measured now" + (f", remembered in {saved.path}" if saved is not None else "")
+
+    def _choice_setting(self, names: list[str], steps: dict[str, list[Batch]],
+                        hf_config: PretrainedConfig) -> dict[str, object]:
+        """What the attention choice was measured for, beside the packages and our code (remembered_backends.py)."""
+        c = self.config
+        return {
+            "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            "model": remembered_backends.model_shape(hf_config), "dtype": str(self.dtype).removeprefix("torch."),
+            "block_size": c.block_size, "max_num_seqs": c.max_num_seqs, "max_model_len": c.max_model_len,
+            "max_num_batched_tokens": c.max_num_batched_tokens, "enforce_eager": c.enforce_eager,
+            "tensor_parallel_size": self.tp.size, "candidates": names,
+            "steps": remembered_backends.steps_digest(steps),
+        }
 
     @torch.inference_mode()
     def _measure_phases(self, candidates: list[AttentionBackend], steps: dict[str, list[Batch]]) -> PhasedBackend:
@@ -152,23 +191,23 @@ class ModelRunner:
             return backend_choice.time_forward(lambda: self.model(*inputs), graphed)
 
         backend, self.attention_times = backend_choice.choose_phases(candidates, steps, is_graphed, time_step)
-        backend = self._agreed(backend, candidates)
         for layer in self.layers:
             layer.k_cache[:num_blocks].zero_()
             layer.v_cache[:num_blocks].zero_()
-        self._compile_flash_attn(backend)
-        return backend
+        # Rank 0's choice on every rank: each timed the candidates itself, but a step's collectives must have the same
+        # shapes everywhere (a step with prefill replays a padded graph with one backend, runs unpadded with another).
+        by_name = {c.name: c for c in candidates}
+        shared = self._first_rank_pair((backend.decode.name, backend.prefill.name), list(by_name))
+        assert shared is not None  # rank 0 measured too
+        return PhasedBackend(by_name[shared[0]], by_name[shared[1]])
 
-    def _agreed(self, backend: PhasedBackend, candidates: list[AttentionBackend]) -> PhasedBackend:
-        """Rank 0's choice on every tensor-parallel rank: each rank timed the candidates itself, but a step's
-        collectives must have the same shapes everywhere (a step with prefill replays a padded graph with one
-        backend and runs unpadded with another)."""
+    def _first_rank_pair(self, pair: tuple[str, str] | None, names: list[str]) -> tuple[str, str] | None:
+        """Tensor-parallel rank 0's (decode, prefill) backend names on every rank (None where rank 0 has none)."""
         if self.tp.size == 1:
-            return backend
-        names = [c.name for c in candidates]
-        picks = torch.tensor([names.index(backend.decode.name), names.index(backend.prefill.name)], device=self.device)
-        decode, prefill = (candidates[i] for i in self.tp.broadcast_from_first(picks).tolist())
-        return PhasedBackend(decode, prefill)
+            return pair
+        picks = torch.tensor([names.index(name) for name in pair] if pair else [-1, -1], device=self.device)
+        decode, prefill = self.tp.broadcast_from_first(picks).tolist()
+        return None if decode < 0 else (names[decode], names[prefill])
 
     def _compile_flash_attn(self, backend: PhasedBackend) -> None:
         """Every FA4 kernel variant a step can use, compiled now rather than at a request."""

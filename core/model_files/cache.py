@@ -1,5 +1,7 @@
 """The cache directory and how things get into it: built aside, then renamed into place.
 
+It holds fetched and converted models, and what a GPU's start measured once (gpu/remembered_backends.py).
+
 A directory in the cache is complete or absent: it is written under a temporary name and renamed
 when done, so an interrupted download or conversion never leaves a half-written model that a later
 start would load. Two processes building the same entry at once both finish; the first rename wins.
@@ -13,6 +15,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 DEFAULT_CACHE_DIR = Path.home() / ".cache" / "openai-serve"
+
+
+def cache_dir_for(download_dir: str | None) -> Path:
+    """The cache directory: --download-dir when given, else DEFAULT_CACHE_DIR."""
+    return Path(download_dir).expanduser() if download_dir else DEFAULT_CACHE_DIR
 
 
 @contextmanager

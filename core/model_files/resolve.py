@@ -14,7 +14,7 @@ from pathlib import Path
 
 from core.config import EngineConfig
 from core.model_files import default_model
-from core.model_files.cache import DEFAULT_CACHE_DIR
+from core.model_files.cache import DEFAULT_CACHE_DIR, cache_dir_for
 from core.model_files.errors import ModelNotFound, ModelUnavailable
 from core.model_files.gguf_checkpoint import gguf_checkpoint
 
@@ -35,8 +35,8 @@ def with_resolved_model(config: EngineConfig) -> tuple[EngineConfig, ResolvedMod
     """`config` with its model resolved to a checkpoint directory ('' names the default model), and what it
     resolved to."""
     m = config.model
-    cache_dir = Path(m.download_dir).expanduser() if m.download_dir else DEFAULT_CACHE_DIR
-    resolved = resolve_model(m.model or None, m.dtype, m.device, cache_dir, with_tokenizer=m.tokenizer is None)
+    resolved = resolve_model(m.model or None, m.dtype, m.device, cache_dir_for(m.download_dir),
+                             with_tokenizer=m.tokenizer is None)
     return replace(config, model=replace(m, model=str(resolved.path))), resolved
 
 
