@@ -14,12 +14,18 @@ COPY pyproject.toml README.md ./
 COPY core core
 COPY gpu gpu
 COPY openai_serve openai_serve
-RUN pip install --no-cache-dir ".[gpu]"
+# gpu: triton for our kernels; flash: FlashAttention-4 and quack's gated GEMM (CuTe DSL kernels compiled at run
+# time on Hopper and newer): what the GPU benchmarks run with. On a CPU they are installed and never imported.
+RUN pip install --no-cache-dir ".[gpu,flash]"
 COPY configs configs
 
-# The model cache (the default model's files, Hub downloads, converted checkpoints): a volume in
-# docker-compose.yml, so a replica fetches a model once, not at every start.
+# The model cache (the default model's files, Hub downloads, converted checkpoints, and the attention
+# backend a GPU's first start measured): a volume in docker-compose.yml, so a replica fetches a model
+# and measures once, not at every start.
 ENV HF_HOME=/root/.cache/huggingface
+# Triton's compiled kernels on that volume too (keyed by their source, triton's version and the GPU), so a
+# recreated container loads them instead of compiling again.
+ENV TRITON_CACHE_DIR=/root/.cache/triton
 VOLUME /root/.cache
 EXPOSE 8000
 HEALTHCHECK --interval=10s --timeout=3s --start-period=10m --retries=3 \
