@@ -149,13 +149,13 @@ class ModelRunner:
         pair = self._first_rank_pair((recalled.decode, recalled.prefill) if recalled else None, names)
         if pair is not None:
             by_name = {first.name: first} | {name: backend_named(name) for name in set(pair) - {first.name}}
+            backend = PhasedBackend(by_name[pair[0]], by_name[pair[1]])
             if recalled is None:
-                return PhasedBackend(by_name[pair[0]], by_name[pair[1]]), "rank 0's remembered choice"
+                return backend, "rank 0's remembered choice"
             self.attention_times = recalled.times_ms
-            why = f"read from {recalled.path}, measured on {recalled.measured_on}"
-            return PhasedBackend(by_name[pair[0]], by_name[pair[1]]), why
-        backend = self._measure_phases([first, *(backend_named(name) for name in names[1:])], steps)
-        if directory is None or not self.tp.is_first or self.attention_times is None:
+            return backend, f"read from {recalled.path}, measured on {recalled.measured_on}"
+        backend, self.attention_times = self._measure_phases([first, *map(backend_named, names[1:])], steps)
+        if directory is None or not self.tp.is_first:
             return backend, "measured now"
         saved = remembered_backends.remember(directory, key, backend.decode.name, backend.prefill.name,
                                              self.attention_times)
@@ -175,7 +175,9 @@ class ModelRunner:
         }
 
     @torch.inference_mode()
-    def _measure_phases(self, candidates: list[AttentionBackend], steps: dict[str, list[Batch]]) -> PhasedBackend:
+    def _measure_phases(self, candidates: list[AttentionBackend], steps: dict[str, list[Batch]]
+                        ) -> tuple[PhasedBackend, dict[str, dict[str, float]]]:
+        """Per phase the candidate measured faster (rank 0's under tensor parallelism), and each one's milliseconds."""
         num_blocks = backend_choice.blocks_used(steps)
         for layer in self.layers:  # random contexts: timing on zeros can flatter a kernel
             layer.k_cache[:num_blocks].normal_()
@@ -190,7 +192,7 @@ class ModelRunner:
             inputs = self._prepare(batch)
             return backend_choice.time_forward(lambda: self.model(*inputs), graphed)
 
-        backend, self.attention_times = backend_choice.choose_phases(candidates, steps, is_graphed, time_step)
+        backend, times = backend_choice.choose_phases(candidates, steps, is_graphed, time_step)
         for layer in self.layers:
             layer.k_cache[:num_blocks].zero_()
             layer.v_cache[:num_blocks].zero_()
@@ -199,7 +201,7 @@ class ModelRunner:
         by_name = {c.name: c for c in candidates}
         shared = self._first_rank_pair((backend.decode.name, backend.prefill.name), list(by_name))
         assert shared is not None  # rank 0 measured too
-        return PhasedBackend(by_name[shared[0]], by_name[shared[1]])
+        return PhasedBackend(by_name[shared[0]], by_name[shared[1]]), times
 
     def _first_rank_pair(self, pair: tuple[str, str] | None, names: list[str]) -> tuple[str, str] | None:
         """Tensor-parallel rank 0's (decode, prefill) backend names on every rank (None where rank 0 has none)."""
