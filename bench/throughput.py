@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--decode-hold-ms", type=float, default=0.0, help="the engine's decode hold (core/scheduler.py)")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--kernels", default="default", help="`default`, or gpu.config.KernelConfig fields joined by + "
-                   "(skinny_gemm=0+...): the runner is built with them, for an A/B run")
+                   "(fused_kernels=0): the runner is built with them, for an A/B run")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="ranks (GPUs); the ideal is then one rank's share of the bytes and FLOPs")
     p.add_argument("--warmup", choices=["full", "short", "none"], default="full",
