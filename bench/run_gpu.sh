@@ -7,13 +7,15 @@
 #   serve        the offline engine on the serving shape (the reference for the server's share), then openai-serve
 #                over HTTP at concurrency 1, 16, 64 and 256 (ARGS: server flags, e.g. --decode-hold-ms 1000)
 #   chat         multi-turn chats sharing a 2k-token system prompt, prefix caching on, then off (bench.prefix_serve)
+#   startup      openai-serve started twice in a row on one fresh cache directory: seconds to /health and the attention
+#                backends each start chose and why (the first measures, the second reads the choice; ARGS: server flags)
 #   skinny-gemm  the skinny GEMM against cuBLAS (ARGS: bench.kernels.skinny_gemm's; --sweep remakes its table)
 #   tests        tests/gpu (ARGS: pytest's)
 # MODEL: a checkpoint directory to measure; else random weights of SHAPE (a name of bench/bench_model.py's SHAPES or a
 # config.json of any family; default qwen3-0.6b), built once under /tmp/bench-models.
 # Every result records its device, date, commit and command; BENCH_COMMIT names the commit where the tree has no .git.
 set -euo pipefail
-stage=${1:?usage: run_gpu.sh offline|serve|chat|skinny-gemm|tests OUT_DIR [ARGS...]}
+stage=${1:?usage: run_gpu.sh offline|serve|chat|startup|skinny-gemm|tests OUT_DIR [ARGS...]}
 out=${2:?usage: run_gpu.sh STAGE OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -33,6 +35,8 @@ case "$stage" in
   chat)
     python3 -m bench.prefix_serve --launch --server-args "$server_args $*" --levels 1,128 --num-chats 8,384 \
       --max-seconds-per-level 60 --log-dir "$out" --out "$out/chat.json" ;;
+  startup)
+    python3 -m bench.startup_time --server-args "$server_args $*" --log-dir "$out" --out "$out/startup.json" ;;
   skinny-gemm)
     python3 -m bench.kernels.skinny_gemm --out "$out/skinny_gemm.json" "$@" ;;
   tests)
