@@ -1,5 +1,5 @@
-"""What an engine drives (`Runner`): ModelRunner, TensorParallelRunner, or a benchmark's runner (bench/: one
-that times the real one, one that emulates a device), each passed in by this interface.
+"""What an engine drives (`Runner`): ModelRunner, TensorParallelRunner, or a test's stand-in (one that fails on
+purpose, say), each passed in by this interface.
 
 A runner launches a step and returns at once (`StepInFlight`); a batch with token masks returns what waits
 for them instead, which `sample_masked` turns into a step in flight once the masks are filled.

@@ -40,7 +40,7 @@ SPLIT_NUM_STAGES = 1
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Launch parameters; the defaults are the attention benchmark's picks (python -m bench.attention_bench)."""
+    """Launch parameters; the defaults are the fastest measured over the decode and prefill shapes we serve."""
 
     block_n: int = 64  # KV tokens per tile
     num_warps: int = 4

@@ -3,7 +3,7 @@
 A config is chosen by (row bucket, N, K) from the table of the GPU it runs on: rows are padded up to a power of two
 (1, 2, 4, 8, 16, then 32, 64, 128, 256), the sizes the decode graphs' batches and the mixed graphs' token buckets
 fall in, so a handful of configs serves every row count and all of them compile at warm-up. Each table is the
-fastest config per key in `python -m bench.skinny_gemm_bench --sweep` on that GPU (bf16, CUDA graphs, weights from
+fastest config per key in `python -m bench.kernels.skinny_gemm --sweep` on that GPU (bf16, CUDA graphs, weights from
 HBM), or None where cuBLAS measured as fast (gpu/layers/linear.py then keeps F.linear).
 
 The one rule for which table: the device's name contains "H100" -> the H100 table, anything else -> the H200 table.
