@@ -66,9 +66,11 @@ def _grammar(constraint: StructuredOutput) -> xgr.Grammar:
             return xgr.Grammar.from_regex(constraint.regex)
         if constraint.choice is not None:
             return xgr.Grammar.from_ebnf("root ::= " + " | ".join(json.dumps(c) for c in constraint.choice))
+        if constraint.structural_tag is not None:
+            return xgr.Grammar.from_structural_tag(constraint.structural_tag)
         assert constraint.grammar is not None
         return xgr.Grammar.from_ebnf(constraint.grammar)
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError) as exc:  # xgrammar's errors, and its invalid structural tags
         raise StructuredOutputError(constraint.param, _reason(exc)) from exc
 
 

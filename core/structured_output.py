@@ -25,6 +25,9 @@ class StructuredOutput:
     regex: str | None = None
     choice: tuple[str, ...] | None = None  # exactly one of these strings
     grammar: str | None = None  # EBNF (GBNF), as the grammar engine takes it
+    # xgrammar's structural tag, as JSON text: free text until a trigger, then what the trigger opens (tool calls
+    # in `auto` mode, built by the server's tool-call format)
+    structural_tag: str | None = None
     # The request field the constraint came from, for errors (not part of the constraint: not compared).
     param: str = field(default="response_format", compare=False)
 

@@ -8,6 +8,9 @@ Invariants:
   at once, so its KV blocks are freed in the next step.
 - Text that is held back (half a UTF-8 character, or what may be the start of a stop string) keeps
   its tokens' logprobs waiting with it, so the deltas concatenate to exactly the whole text.
+- The token that ended a request by EOS or a stop token id adds no text (as in vLLM), unless
+  `include_stop_str_in_output`: with `skip_special_tokens` off (which tool-call parsers of formats
+  written in special tokens turn off), `<|im_end|>` or `<|call|>` would otherwise end the answer's text.
 """
 
 from collections.abc import Callable, Sequence
@@ -51,6 +54,7 @@ class TextTracker:
             include_stop_str_in_output=params.include_stop_str_in_output,
         )
         self._abort = abort
+        self._include_stop_token = params.include_stop_str_in_output
         self._pending_logprobs: list[TokenLogprob] = []
         self.token_ids: list[int] = []  # generated, up to the one that completed a stop string
         self.finish_reason: FinishReason | None = None
@@ -86,9 +90,11 @@ class TextTracker:
     def _add_tokens(self, output: RequestOutput) -> str:
         pieces = []
         detokenizer = self._detokenizer
-        for token_id, logprobs in zip(output.new_token_ids, output.new_logprobs, strict=True):
+        stop_index = self._stop_token_index(output)
+        for index, (token_id, logprobs) in enumerate(zip(output.new_token_ids, output.new_logprobs, strict=True)):
             offset = len(detokenizer.text)
-            pieces.append(detokenizer.add_tokens([token_id]))
+            if index != stop_index:
+                pieces.append(detokenizer.add_tokens([token_id]))
             self.token_ids.append(token_id)
             if logprobs is not None:
                 self._pending_logprobs.append(TokenLogprob(token_id, logprobs, offset))
@@ -97,3 +103,10 @@ class TextTracker:
                 self._abort(self.request_id)
                 break
         return "".join(pieces)
+
+    def _stop_token_index(self, output: RequestOutput) -> int | None:
+        """Where the token that ended the request (EOS or a stop token id) is among the new ones: its text is
+        left out. An engine STOP is always such a token (stop strings are found here, not there)."""
+        if output.finish_reason is not FinishReason.STOP or self._include_stop_token or not output.new_token_ids:
+            return None
+        return len(output.new_token_ids) - 1

@@ -6,11 +6,14 @@ until text follows it, so a stream and a response in full agree). A `<tool_call>
 a JSON object with a name is content, as written.
 """
 
+import json
 from enum import Enum
 
+from openai_serve.parsers.call_grammar import Format, json_arguments, tag, triggered
 from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.json_calls import JsonCallsParser
 from openai_serve.parsers.tags import held_back, split_at_tag
+from openai_serve.protocol.tools import Tool
 
 START = "<tool_call>"
 END = "</tool_call>"
@@ -97,3 +100,10 @@ class HermesToolParser(JsonCallsParser):
             return False
         self._pending, self._state = rest, _State.CONTENT  # no closing tag: lenient
         return True
+
+
+def call_grammar(tools: tuple[Tool, ...], parallel: bool) -> Format:
+    """After `<tool_call>`, one of the tools' names and its arguments, in the layout the templates teach."""
+    tags = [tag(f'{START}\n{{"name": {json.dumps(tool.name)}, "arguments": ', json_arguments(tool), f"}}\n{END}")
+            for tool in tools]
+    return triggered([START], tags, parallel)

@@ -8,6 +8,7 @@ that ends without arguments gets `{}`.
 """
 
 import json
+from collections.abc import Callable
 
 from openai_serve.parsers.deltas import MessageDelta, ToolCallDelta, new_tool_call_id
 from openai_serve.parsers.json_spans import JsonSpans, Path
@@ -17,8 +18,11 @@ ARGUMENT_KEYS = ("arguments", "parameters")
 
 
 class CallStream:
-    def __init__(self, index: int, spans: JsonSpans, path: Path = ()) -> None:
+    def __init__(
+        self, index: int, spans: JsonSpans, path: Path = (), new_id: Callable[[], str] = new_tool_call_id
+    ) -> None:
         self.index = index
+        self._new_id = new_id
         self._spans = spans
         self._path = path  # where the call object lies in `spans`
         self.is_started = False  # its id and name went out
@@ -35,7 +39,7 @@ class CallStream:
             if name is None:
                 return []
             self.is_started = True
-            deltas.append(ToolCallDelta(self.index, new_tool_call_id(), name))
+            deltas.append(ToolCallDelta(self.index, self._new_id(), name))
         piece = self._arguments_piece()
         if piece:
             deltas.append(ToolCallDelta(self.index, arguments=piece))

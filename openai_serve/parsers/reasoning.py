@@ -1,12 +1,16 @@
-"""`--reasoning-parser`: the model's thinking, written in `<think>...</think>`, goes to the message's
-`reasoning_content` (and `reasoning`, vLLM's newer name), the rest to its content.
+"""`--reasoning-parser`: the model's thinking, written in `<think>...</think>` (`[THINK]...[/THINK]` for
+Mistral's), goes to the message's `reasoning_content` (and `reasoning`, vLLM's newer name), the rest to
+its content. Named as vLLM names them: `qwen3` (Qwen3, Qwen3.5), `deepseek_r1`, `deepseek_v3` (V3.1
+with thinking on), `glm45`, `kimi_k2`, `mistral` (Magistral); gpt-oss's channels are `harmony`'s
+(harmony.py), which `openai_gptoss` names too.
 
 Where an answer starts is read from the prompt the chat template made: a prompt that ends inside an
-open `<think>` (DeepSeek-R1's and newer Qwen templates open it) starts in reasoning; one that ends
-with a closed, empty block (Qwen3 with `enable_thinking: false`) is all content. Otherwise `qwen3`
-looks at how the answer starts (`<think>` or not), and `deepseek_r1` starts in reasoning (its
-models often leave the opening tag out). Thinking that never closes (the answer hit max_tokens) is
-all reasoning, as in vLLM. Whitespace between `</think>` and the content is dropped.
+open `<think>` (DeepSeek-R1's, GLM-4.7's and newer Qwen templates open it) starts in reasoning; one that
+ends with a closed, empty block (Qwen3 with `enable_thinking: false`, DeepSeek V3.1 without thinking)
+is all content. Otherwise the answer's start tells (`<think>` or not), except that `deepseek_r1`
+starts in reasoning (its models often leave the opening tag out). Thinking that never closes (the
+answer hit max_tokens) is all reasoning, as in vLLM. Whitespace between the end tag and the content is
+dropped.
 """
 
 from enum import Enum
@@ -17,7 +21,13 @@ from openai_serve.parsers.tags import split_at_tag
 
 START = "<think>"
 END = "</think>"
-PARSER_CHOICES = ("qwen3", "deepseek_r1")
+# Each parser's tags; gpt-oss's analysis channel is read by the harmony parser, under both of its names.
+TAGS = {name: (START, END) for name in ("qwen3", "deepseek_r1", "deepseek_v3", "glm45", "kimi_k2")}
+TAGS["mistral"] = ("[THINK]", "[/THINK]")
+HARMONY_NAMES = ("harmony", "openai_gptoss")
+PARSER_CHOICES = (*TAGS, *HARMONY_NAMES)
+# Those whose tags are special tokens, which the text of an answer leaves out unless told to keep them.
+NEEDS_SPECIAL_TOKENS = frozenset({"mistral", "glm45", "kimi_k2"})
 
 
 class _State(Enum):
@@ -29,13 +39,14 @@ class _State(Enum):
 
 class ReasoningParser(SteppingParser):
     def __init__(self, parser_name: str, prompt: str) -> None:
-        if parser_name not in PARSER_CHOICES:
-            raise ValueError(f"unknown reasoning parser {parser_name!r}; one of {', '.join(PARSER_CHOICES)}")
+        if parser_name not in TAGS:
+            raise ValueError(f"unknown reasoning parser {parser_name!r}; one of {', '.join(TAGS)}")
         super().__init__()
+        self._start, self._end = TAGS[parser_name]
         prompt_end = prompt.rstrip()
         self._state = _State.START
-        self._starts_in_reasoning = parser_name == "deepseek_r1" or prompt_end.endswith(START)
-        if prompt_end.endswith(END):
+        self._starts_in_reasoning = parser_name == "deepseek_r1" or prompt_end.endswith(self._start)
+        if prompt_end.endswith(self._end):
             self._state = _State.CONTENT
 
     def finish(self) -> list[MessageDelta]:
@@ -59,16 +70,16 @@ class ReasoningParser(SteppingParser):
 
     def _read_start(self) -> bool:
         rest = self._pending.lstrip()
-        if rest.startswith(START):
-            self._pending, self._state = rest[len(START):], _State.REASONING
+        if rest.startswith(self._start):
+            self._pending, self._state = rest[len(self._start):], _State.REASONING
             return True
-        if not rest or START.startswith(rest):
+        if not rest or self._start.startswith(rest):
             return False
         self._state = _State.REASONING if self._starts_in_reasoning else _State.CONTENT
         return True
 
     def _read_reasoning(self, deltas: list[MessageDelta]) -> bool:
-        before, tag, after = split_at_tag(self._pending, END)
+        before, tag, after = split_at_tag(self._pending, self._end)
         if before:
             deltas.append(MessageDelta(reasoning=before))
         self._pending = after

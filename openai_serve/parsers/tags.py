@@ -18,3 +18,13 @@ def split_at_tag(text: str, tag: str) -> tuple[str, str | None, str]:
         return text[:index], tag, text[index + len(tag):]
     keep = held_back(text, tag)
     return text[:len(text) - keep], None, text[len(text) - keep:]
+
+
+def split_at_any(text: str, tags: tuple[str, ...]) -> tuple[str, str | None, str]:
+    """`split_at_tag` for whichever of `tags` comes first (at one place, the longest)."""
+    found = [(index, -len(tag), tag) for tag in tags if (index := text.find(tag)) >= 0]
+    if found:
+        index, _, tag = min(found)
+        return text[:index], tag, text[index + len(tag):]
+    keep = max(held_back(text, tag) for tag in tags)
+    return text[:len(text) - keep], None, text[len(text) - keep:]

@@ -92,16 +92,22 @@ def forced_schema(request: ToolRequest) -> str | None:
         return json.dumps(tool.parameters)
     if request.choice is not ToolChoice.REQUIRED:
         return None
+    return json.dumps(forced_schema_of_calls(request.tools, request.parallel_tool_calls, "parameters"))
+
+
+def forced_schema_of_calls(tools: tuple[Tool, ...], parallel: bool, arguments_key: str) -> dict[str, object]:
+    """An array of calls `[{"name": ..., arguments_key: {...}}, ...]` of these tools (one at most unless
+    `parallel`): vLLM's shape of a `required` answer, and Mistral's older shape of its calls."""
     calls = [
         {"type": "object", "properties": {"name": {"type": "string", "enum": [tool.name]},
-                                          "parameters": tool.parameters},
-         "required": ["name", "parameters"], "additionalProperties": False}
-        for tool in request.tools
+                                          arguments_key: tool.parameters},
+         "required": ["name", arguments_key], "additionalProperties": False}
+        for tool in tools
     ]
     schema: dict[str, object] = {"type": "array", "minItems": 1, "items": {"anyOf": calls}}
-    if not request.parallel_tool_calls:
+    if not parallel:
         schema["maxItems"] = 1
-    return json.dumps(schema)
+    return schema
 
 
 def with_forced_tools(sampling: SamplingParams, request: ToolRequest) -> SamplingParams:

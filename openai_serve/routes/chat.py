@@ -43,7 +43,7 @@ async def create_chat_completion(request: Request) -> Response:
     state.limits.check_generation(1, body.common, body.prompt_param)
     prompt = await chat_prompt(state, body)
     view = ChatView(state, body, prompt.parsing, prompt.token_ids)
-    response = await respond(request, state, body, view, [prompt.token_ids])
+    response = await respond(request, state, prompt.request, view, [prompt.token_ids])
     return name_ignored_fields(response, body.ignored_fields)
 
 

@@ -52,7 +52,7 @@ async def create_response(request: Request) -> Response:
         raise unsupported("include", f"{OUTPUT_LOGPROBS!r} is supported for answers that are all text: not with "
                           "tools to parse or a reasoning parser")
     run = ResponseRun(body, prompt.parsing, state.token_texts)
-    generation = start_generation(request, state, body, run.response_id, [prompt.token_ids])
+    generation = start_generation(request, state, prompt.request, run.response_id, [prompt.token_ids])
     if body.background:
         response = _run_in_background(state, run, generation)
     elif body.common.stream.stream:
