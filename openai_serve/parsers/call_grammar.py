@@ -29,9 +29,9 @@ def triggered(triggers: list[str], tags: list[Format], parallel: bool) -> Format
     return {"type": "triggered_tags", "triggers": triggers, "tags": tags, "stop_after_first": not parallel}
 
 
-def calls_in_a_row(tags: list[Format], parallel: bool) -> Format:
+def calls_in_a_row(tags: list[Format], parallel: bool, separator: str = "") -> Format:
     """One call, or (parallel) several one after another."""
-    return {"type": "tags_with_separator", "tags": tags, "separator": "", "at_least_one": True,
+    return {"type": "tags_with_separator", "tags": tags, "separator": separator, "at_least_one": True,
             "stop_after_first": not parallel}
 
 

@@ -36,7 +36,7 @@ def new_parser(tools: tuple[Tool, ...]) -> MarkedCallsParser:
 def v3_call_grammar(tools: tuple[Tool, ...], parallel: bool) -> Format:
     calls = [tag(f"{CALL_BEGIN}function{SEPARATOR}{tool.name}\n```json\n", json_arguments(tool), f"\n```{CALL_END}")
              for tool in tools]
-    return _section(calls, parallel)
+    return _section(calls, parallel, separator="\n")  # V3's templates put a newline between calls
 
 
 def v31_call_grammar(tools: tuple[Tool, ...], parallel: bool) -> Format:
@@ -44,5 +44,6 @@ def v31_call_grammar(tools: tuple[Tool, ...], parallel: bool) -> Format:
     return _section(calls, parallel)
 
 
-def _section(calls: list[Format], parallel: bool) -> Format:
-    return triggered([SECTION_BEGIN], [tag(SECTION_BEGIN, calls_in_a_row(calls, parallel), SECTION_END)], parallel)
+def _section(calls: list[Format], parallel: bool, separator: str = "") -> Format:
+    section = tag(SECTION_BEGIN, calls_in_a_row(calls, parallel, separator), SECTION_END)
+    return triggered([SECTION_BEGIN], [section], parallel)
