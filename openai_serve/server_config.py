@@ -90,10 +90,14 @@ class ServerConfig:
                                           "each name once and name them in the X-Ignored-Fields header, as vLLM "
                                           "ignores them)")
     tool_call_parser: str = setting("auto", "how tool calls are read from answers: hermes (<tool_call> JSON: Qwen, "
-                                    "Hermes), llama3_json, none, or auto: chosen from the chat template",
-                                    choices=TOOL_CALL_PARSERS)
-    reasoning_parser: str = setting("none", "put <think> blocks of answers into reasoning_content: qwen3, "
-                                    "deepseek_r1, or none", choices=("none", *REASONING_PARSERS))
+                                    "Hermes), llama3_json, qwen3_coder (Qwen3-Coder, Qwen3.5), harmony (gpt-oss), "
+                                    "mistral, glm45, deepseek_v3, deepseek_v31, kimi_k2, none, or auto: chosen "
+                                    "from the chat template; under tool_choice auto a grammar holds each call the "
+                                    "model opens to the tools' schemas", choices=TOOL_CALL_PARSERS)
+    reasoning_parser: str = setting("none", "put the thinking of answers into reasoning_content: qwen3, "
+                                    "deepseek_r1, deepseek_v3, glm45, kimi_k2 (<think>), mistral ([THINK]), "
+                                    "harmony or openai_gptoss (gpt-oss's analysis channel), or none",
+                                    choices=("none", *REASONING_PARSERS))
 
     # The Responses API's stored responses (store: true, OpenAI's default), in memory.
     responses_store_max_entries: int = setting(1024, "stored responses of the Responses API kept for GET "

@@ -39,3 +39,18 @@ def test_the_engines_finish_flushes_held_text(tokenizer: PreTrainedTokenizerBase
     last = texts[-1]
     assert last is not None and last.finish_reason is FinishReason.LENGTH
     assert "".join(d.text for d in texts if d is not None) == "ab🚀" and not aborted
+
+
+@pytest.mark.parametrize("include_stop_str_in_output", [False, True])
+def test_the_token_that_stops_a_request_adds_no_text(
+    tokenizer: PreTrainedTokenizerBase, include_stop_str_in_output: bool
+) -> None:
+    """With special tokens kept (as tool-call parsers of formats written in them keep them), the stop token's
+    text is not part of the answer, as in vLLM; unless asked for, as stop strings are."""
+    ids = tokenizer.encode("one two<|im_end|>", add_special_tokens=False)
+    params = SamplingParams(skip_special_tokens=False, include_stop_str_in_output=include_stop_str_in_output)
+    tracker = TextTracker("r", tokenizer, [], params, lambda request_id: None)
+    deltas = [tracker.absorb(output(t, FinishReason.STOP if i == len(ids) - 1 else None)) for i, t in enumerate(ids)]
+    text = "".join(d.text for d in deltas if d is not None)
+    assert text == ("one two<|im_end|>" if include_stop_str_in_output else "one two")
+    assert tracker.token_ids == ids and deltas[-1] is not None and deltas[-1].finish_reason is FinishReason.STOP
