@@ -9,7 +9,7 @@ chat template teaches: V3's templates write the code fence).
 import regex
 
 from openai_serve.parsers.call_grammar import Format, calls_in_a_row, json_arguments, tag, triggered
-from openai_serve.parsers.marked_calls import MarkedCallsParser, MarkedSyntax
+from openai_serve.parsers.marked_calls import sectioned_syntax
 from openai_serve.protocol.tools import Tool
 
 SECTION_BEGIN = "<｜tool▁calls▁begin｜>"
@@ -18,19 +18,12 @@ CALL_BEGIN = "<｜tool▁call▁begin｜>"
 CALL_END = "<｜tool▁call▁end｜>"
 SEPARATOR = "<｜tool▁sep｜>"
 
-SYNTAX = MarkedSyntax(
-    head=regex.compile(regex.escape(CALL_BEGIN) + r"(?:function" + regex.escape(SEPARATOR)
-                       + r"(?P<name>[^\n<]+)\n```json\n|(?!function" + regex.escape(SEPARATOR) + r")(?P<name>[^\n<]+?)"
-                       + regex.escape(SEPARATOR) + ")"),
-    tail=regex.compile(r"\s*(?:```\s*)?" + regex.escape(CALL_END)),
-    call_begin=CALL_BEGIN,
-    closing=CALL_END,
-    section=(SECTION_BEGIN, SECTION_END),
+SYNTAX = sectioned_syntax(
+    (SECTION_BEGIN, SECTION_END), (CALL_BEGIN, CALL_END),
+    head=r"(?:function" + regex.escape(SEPARATOR) + r"(?P<name>[^\n<]+)\n```json\n|(?!function"
+    + regex.escape(SEPARATOR) + r")(?P<name>[^\n<]+?)" + regex.escape(SEPARATOR) + ")",
+    tail=r"\s*(?:```\s*)?",  # V3's code fence
 )
-
-
-def new_parser(tools: tuple[Tool, ...]) -> MarkedCallsParser:
-    return MarkedCallsParser(SYNTAX)
 
 
 def v3_call_grammar(tools: tuple[Tool, ...], parallel: bool) -> Format:

@@ -12,7 +12,7 @@ from enum import Enum
 from openai_serve.parsers.call_grammar import Format, json_arguments, tag, triggered
 from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.json_calls import JsonCallsParser
-from openai_serve.parsers.tags import held_back, split_at_tag
+from openai_serve.parsers.tags import held_back
 from openai_serve.protocol.tools import Tool
 
 START = "<tool_call>"
@@ -47,14 +47,10 @@ class HermesToolParser(JsonCallsParser):
         return self._read_closing()
 
     def _read_content(self, deltas: list[MessageDelta]) -> bool:
-        before, tag, after = split_at_tag(self._pending, START)
-        text = before.rstrip()  # whitespace waits: dropped if a call follows it, sent if text does
-        if text:
-            deltas.append(MessageDelta(content=text))
-        if tag is None:
-            self._pending = before[len(text):] + after
+        found = self._send_content_before((START,), deltas)
+        if found is None:
             return False
-        self._pending = after
+        self._pending = found[2]
         self._start_call()
         return True
 

@@ -8,7 +8,7 @@ the calls of the conversation). The call's name is NAME; its id is one of ours, 
 import regex
 
 from openai_serve.parsers.call_grammar import Format, calls_in_a_row, json_arguments, tag, triggered
-from openai_serve.parsers.marked_calls import MarkedCallsParser, MarkedSyntax
+from openai_serve.parsers.marked_calls import sectioned_syntax
 from openai_serve.protocol.tools import Tool
 
 SECTION_BEGIN = "<|tool_calls_section_begin|>"
@@ -17,18 +17,8 @@ CALL_BEGIN = "<|tool_call_begin|>"
 ARGUMENTS_BEGIN = "<|tool_call_argument_begin|>"
 CALL_END = "<|tool_call_end|>"
 
-SYNTAX = MarkedSyntax(
-    head=regex.compile(regex.escape(CALL_BEGIN) + r"\s*(?:functions\.)?(?P<name>[^<:\s]+)(?::\d+)?\s*"
-                       + regex.escape(ARGUMENTS_BEGIN)),
-    tail=regex.compile(r"\s*" + regex.escape(CALL_END)),
-    call_begin=CALL_BEGIN,
-    closing=CALL_END,
-    section=(SECTION_BEGIN, SECTION_END),
-)
-
-
-def new_parser(tools: tuple[Tool, ...]) -> MarkedCallsParser:
-    return MarkedCallsParser(SYNTAX)
+SYNTAX = sectioned_syntax((SECTION_BEGIN, SECTION_END), (CALL_BEGIN, CALL_END),
+                          head=r"\s*(?:functions\.)?(?P<name>[^<:\s]+)(?::\d+)?\s*" + regex.escape(ARGUMENTS_BEGIN))
 
 
 def call_grammar(tools: tuple[Tool, ...], parallel: bool) -> Format:

@@ -22,7 +22,7 @@ from openai_serve.parsers.deltas import MessageDelta, ToolCallDelta, new_tool_ca
 from openai_serve.parsers.json_spans import JsonSpans
 from openai_serve.parsers.partial_match import MAX_HEAD_CHARS, Found, find
 from openai_serve.parsers.stepping import SteppingParser
-from openai_serve.parsers.tags import held_back, split_at_any
+from openai_serve.parsers.tags import held_back
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,14 @@ class MarkedSyntax:
     closing: str | None  # what a call whose arguments broke off is dropped up to (None: nothing is dropped)
     section: tuple[str, str] | None = None  # the tags around a message's calls, where the family has them
     new_id: Callable[[], str] = new_tool_call_id
+
+
+def sectioned_syntax(section: tuple[str, str], call: tuple[str, str], head: str, tail: str = r"\s*") -> MarkedSyntax:
+    """Calls written `call[0] HEAD {...} TAIL call[1]`, one after another inside `section[0] ... section[1]`;
+    `head` is a pattern with the name in group "name", `tail` one of what may stand before the call's end."""
+    begin, end = call
+    return MarkedSyntax(head=regex.compile(regex.escape(begin) + head), tail=regex.compile(tail + regex.escape(end)),
+                        call_begin=begin, closing=end, section=section)
 
 
 class _State(Enum):
@@ -96,14 +104,10 @@ class MarkedCallsParser(SteppingParser):
     def _read_content(self, deltas: list[MessageDelta]) -> bool:
         section = self._syntax.section
         begin = section[0] if section else self._syntax.call_begin
-        before, tag, after = split_at_any(self._pending, (begin,))
-        text = before.rstrip()  # whitespace waits: dropped if a call follows it, sent if text does
-        if text:
-            deltas.append(MessageDelta(content=text))
-        if tag is None:
-            self._pending = before[len(text):] + after
+        found = self._send_content_before((begin,), deltas)
+        if found is None:
             return False
-        self._space = before[len(text):]
+        self._space, tag, after = found
         if section:
             self._pending, self._state, self._section_start = after, _State.SECTION, self._num_calls
         else:

@@ -6,6 +6,7 @@ out of `_pending` (leaving what might still be the start of a tag) and adds its 
 """
 
 from openai_serve.parsers.deltas import MessageDelta
+from openai_serve.parsers.tags import split_at_any
 
 
 class SteppingParser:
@@ -32,3 +33,16 @@ class SteppingParser:
         if self._pending:
             deltas.append(MessageDelta(content=self._take_pending()))
         return False
+
+    def _send_content_before(self, tags: tuple[str, ...], deltas: list[MessageDelta]) -> tuple[str, str, str] | None:
+        """Content up to the first of `tags` goes out, but for its trailing whitespace (dropped if a call follows
+        it, sent if text does) and what may be the start of a tag, which wait. Once a tag is in: (that
+        whitespace, the tag, what follows it); the caller takes `_pending` on from there."""
+        before, tag, after = split_at_any(self._pending, tags)
+        text = before.rstrip()
+        if text:
+            deltas.append(MessageDelta(content=text))
+        if tag is None:
+            self._pending = before[len(text):] + after
+            return None
+        return before[len(text):], tag, after

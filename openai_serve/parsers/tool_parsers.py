@@ -19,6 +19,7 @@ from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.hermes import HermesToolParser
 from openai_serve.parsers.hermes import call_grammar as hermes_call_grammar
 from openai_serve.parsers.llama3_json import PYTHON_TAG, Llama3JsonToolParser
+from openai_serve.parsers.marked_calls import MarkedCallsParser, MarkedSyntax
 from openai_serve.protocol.tools import Tool
 
 
@@ -44,6 +45,10 @@ class ToolCallFormat:
     needs_special_tokens: bool = False
 
 
+def _marked(syntax: MarkedSyntax) -> Callable[[tuple[Tool, ...]], ToolCallParser]:
+    return lambda tools: MarkedCallsParser(syntax)
+
+
 FORMATS: dict[str, ToolCallFormat] = {
     "hermes": ToolCallFormat(lambda tools: HermesToolParser(), hermes_call_grammar),
     "llama3_json": ToolCallFormat(lambda tools: Llama3JsonToolParser()),
@@ -51,9 +56,10 @@ FORMATS: dict[str, ToolCallFormat] = {
     "harmony": ToolCallFormat(harmony.new_parser, harmony.call_grammar, needs_special_tokens=True),
     "mistral": ToolCallFormat(mistral.new_parser, mistral.call_grammar, needs_special_tokens=True),
     "glm45": ToolCallFormat(glm45.new_parser, glm45.call_grammar, needs_special_tokens=True),
-    "deepseek_v3": ToolCallFormat(deepseek_v3.new_parser, deepseek_v3.v3_call_grammar, needs_special_tokens=True),
-    "deepseek_v31": ToolCallFormat(deepseek_v3.new_parser, deepseek_v3.v31_call_grammar, needs_special_tokens=True),
-    "kimi_k2": ToolCallFormat(kimi_k2.new_parser, kimi_k2.call_grammar, needs_special_tokens=True),
+    "deepseek_v3": ToolCallFormat(_marked(deepseek_v3.SYNTAX), deepseek_v3.v3_call_grammar, needs_special_tokens=True),
+    "deepseek_v31": ToolCallFormat(_marked(deepseek_v3.SYNTAX), deepseek_v3.v31_call_grammar,
+                                   needs_special_tokens=True),
+    "kimi_k2": ToolCallFormat(_marked(kimi_k2.SYNTAX), kimi_k2.call_grammar, needs_special_tokens=True),
 }
 PARSER_CHOICES = ("auto", "none", *FORMATS)
 

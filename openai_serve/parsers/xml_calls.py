@@ -19,7 +19,7 @@ import regex
 from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.partial_match import MAX_HEAD_CHARS, Found, find
 from openai_serve.parsers.stepping import SteppingParser
-from openai_serve.parsers.tags import held_back, split_at_any
+from openai_serve.parsers.tags import held_back
 from openai_serve.parsers.typed_values import ArgumentsWriter, parameter_schemas
 from openai_serve.protocol.tools import Tool
 
@@ -71,14 +71,10 @@ class XmlCallsParser(SteppingParser):
         return self._skip()
 
     def _read_content(self, deltas: list[MessageDelta]) -> bool:
-        before, tag, after = split_at_any(self._pending, self._syntax.begins)
-        text = before.rstrip()  # whitespace waits: dropped if a call follows it, sent if text does
-        if text:
-            deltas.append(MessageDelta(content=text))
-        if tag is None:
-            self._pending = before[len(text):] + after
+        found = self._send_content_before(self._syntax.begins, deltas)
+        if found is None:
             return False
-        self._space = before[len(text):]  # content again if what the tag opens is not a call
+        self._space, tag, after = found  # the whitespace is content again if what the tag opens is not a call
         self._pending, self._position, self._state = tag + after, 0, _State.CALL
         return True
 

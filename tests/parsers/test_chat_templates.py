@@ -6,6 +6,7 @@ teaches)."""
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -19,22 +20,11 @@ from openai_serve.protocol.chat import parse_chat_request
 from tests.parsers.cases import TOOLS
 
 TEMPLATES = Path(__file__).parent.parent / "data" / "chat_templates"
-# (template file, the parser `auto` picks, whether the template shows the tools' definitions itself)
-FAMILY_TEMPLATES = [
-    ("Qwen3-Coder.jinja", "qwen3_coder", True),
-    ("Qwen3.5-4B.jinja", "qwen3_coder", True),
-    ("Qwen-Qwen3-0.6B.jinja", "hermes", True),
-    ("openai-gpt-oss-120b.jinja", "harmony", True),
-    ("mistralai-Ministral-3-14B-Reasoning-2512.jinja", "mistral", True),
-    ("Mistral-Small-3.2-24B-Instruct-2506.jinja", "mistral", True),
-    ("mistralai-Mistral-Nemo-Instruct-2407.jinja", "mistral", True),
-    ("GLM-4.6.jinja", "glm45", True),
-    ("GLM-4.7-Flash.jinja", "glm45", True),
-    # DeepSeek's templates leave the tools' definitions to the system prompt; they render calls and results.
-    ("deepseek-ai-DeepSeek-V3.1.jinja", "deepseek_v31", False),
-    ("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja", "deepseek_v3", False),
-    ("moonshotai-Kimi-K2.jinja", "kimi_k2", True),
-]
+# The README's table: each template file and the parser `auto` picks from it.
+_README_ROW = re.compile(r"^\| `([^`]+\.jinja)` \|[^|]+\| `(\w+)` \|$", re.MULTILINE)
+FAMILY_TEMPLATES = _README_ROW.findall((TEMPLATES / "README.md").read_text())
+# DeepSeek's templates leave the tools' definitions to the system prompt; they render calls and results.
+WITHOUT_TOOL_DEFINITIONS = {"deepseek-ai-DeepSeek-V3.1.jinja", "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"}
 CALL_ID = "abcDEF123"  # 9 letters and digits: Mistral's templates take no other ids
 QUESTION = {"role": "user", "content": "What is the weather in Paris?"}
 CALL = {"role": "assistant", "content": None, "tool_calls": [
@@ -54,25 +44,30 @@ def render(tokenizer: PreTrainedTokenizerBase, template: str, messages: list[dic
     return ChatTemplate(tokenizer, template).render(parse_chat_request(body))
 
 
-@pytest.mark.parametrize(("file", "parser_name", "shows_tools"), FAMILY_TEMPLATES)
-def test_auto_picks_the_familys_parser(file: str, parser_name: str, shows_tools: bool) -> None:
+def test_the_readme_lists_every_template() -> None:
+    assert sorted(file for file, _ in FAMILY_TEMPLATES) == sorted(path.name for path in TEMPLATES.glob("*.jinja"))
+    assert len(FAMILY_TEMPLATES) == 12
+
+
+@pytest.mark.parametrize(("file", "parser_name"), FAMILY_TEMPLATES)
+def test_auto_picks_the_familys_parser(file: str, parser_name: str) -> None:
     assert parser_name_for_template((TEMPLATES / file).read_text()) == parser_name
 
 
-@pytest.mark.parametrize(("file", "parser_name", "shows_tools"), FAMILY_TEMPLATES)
+@pytest.mark.parametrize(("file", "parser_name"), FAMILY_TEMPLATES)
 def test_the_template_renders_the_tools_and_a_tool_result(
-    tokenizer: PreTrainedTokenizerBase, file: str, parser_name: str, shows_tools: bool
+    tokenizer: PreTrainedTokenizerBase, file: str, parser_name: str
 ) -> None:
     prompt = render(tokenizer, (TEMPLATES / file).read_text(), [QUESTION, CALL, RESULT])
     assert "What is the weather in Paris?" in prompt and "18 C, sunny" in prompt
     assert "get_weather" in prompt
-    if shows_tools:
+    if file not in WITHOUT_TOOL_DEFINITIONS:
         assert "get_time" in prompt and "The time in a time zone" in prompt  # a tool not called: its definition
 
 
-@pytest.mark.parametrize(("file", "parser_name", "shows_tools"), FAMILY_TEMPLATES)
+@pytest.mark.parametrize(("file", "parser_name"), FAMILY_TEMPLATES)
 def test_the_call_the_template_writes_is_the_call_its_parser_reads(
-    tokenizer: PreTrainedTokenizerBase, file: str, parser_name: str, shows_tools: bool
+    tokenizer: PreTrainedTokenizerBase, file: str, parser_name: str
 ) -> None:
     template = (TEMPLATES / file).read_text()
     history = render(tokenizer, template, [QUESTION, CALL], add_generation_prompt=False)
