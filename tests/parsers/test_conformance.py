@@ -119,3 +119,26 @@ def test_the_stream_adds_up_to_the_answer_in_full(family: Family, case: Case) ->
         assert [(c["name"], c["arguments"]) for c in got["calls"]] == \
             [(c["function"]["name"], c["function"]["arguments"]) for c in message.get("tool_calls", [])], way
         assert streamed_calls == has_tool_calls, way
+
+
+def test_gpt_oss_answers_are_split_into_channels_without_tools_too() -> None:
+    """Channels are gpt-oss's format, not an option: with no tools (or tool_choice none) analysis is still
+    reasoning and final still content, and a call (none was offered) is content."""
+    text = ("<|channel|>analysis<|message|>Think.<|end|><|start|>assistant<|channel|>final<|message|>Hi."
+            "<|end|><|start|>assistant<|channel|>commentary to=functions.f <|constrain|>json<|message|>{}")
+    for request in ({}, {"tools": TOOLS, "tool_choice": "none"}):
+        no_tools = OutputParsing(read_tools(Fields(request)), "harmony", None, "")
+        parser = no_tools.new_parser()
+        assert parser is not None and no_tools.has_reasoning
+        message = fold(parser.feed(text) + parser.finish())
+        assert (message.reasoning, message.content, message.tool_calls) == ("Think.", "Hi.{}", [])
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, id=f.tool_call_parser) for f in FAMILIES])
+def test_without_parallel_calls_only_the_first_call_is_kept(family: Family) -> None:
+    case = next(case for case in family.cases if case.name == "parallel calls")
+    tools = read_tools(Fields({"tools": TOOLS, "parallel_tool_calls": False}))
+    parser = OutputParsing(tools, family.tool_call_parser, family.reasoning_parser, case.prompt).new_parser()
+    assert parser is not None
+    message = fold(parser.feed(case.text) + parser.finish())
+    assert [(call.name, json.loads(call.arguments)) for call in message.tool_calls] == case.calls[:1]
