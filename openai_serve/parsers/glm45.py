@@ -18,6 +18,8 @@ SYNTAX = XmlSyntax(
     head=regex.compile(r"<tool_call>(?P<name>[^\n<]+?)(?=\s*(?:<arg_key>|</tool_call>))"),
     parameter=regex.compile(r"\s*<arg_key>(?P<key>.*?)</arg_key>\s*<arg_value>(?P<value>.*?)</arg_value>",
                             regex.DOTALL),
+    parameter_opening="<arg_key>",
+    value_end="</arg_value>",
     end=regex.compile(r"\s*</tool_call>"),
     closing="</tool_call>",
 )

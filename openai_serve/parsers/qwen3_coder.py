@@ -18,6 +18,8 @@ SYNTAX = XmlSyntax(
     begins=(TRIGGER, "<function="),
     head=regex.compile(r"(?:<tool_call>\s*)?<function=(?P<name>[^>\n<]+)>(?=\s*(?:<parameter=|</function>))"),
     parameter=regex.compile(r"\s*<parameter=(?P<key>[^>\n<]+)>(?P<value>.*?)</parameter>", regex.DOTALL),
+    parameter_opening="<parameter=",
+    value_end="</parameter>",
     end=regex.compile(r"\s*</function>"),
     closing="</function>",
     trailer="</tool_call>",

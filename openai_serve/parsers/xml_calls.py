@@ -29,6 +29,8 @@ class XmlSyntax:
     begins: tuple[str, ...]  # what opens a call in content (the start of the call's text)
     head: regex.Pattern[str]  # from the call's start to its first parameter: the name in group "name"
     parameter: regex.Pattern[str]  # one parameter: groups "key" and "value"
+    parameter_opening: str  # how a parameter starts
+    value_end: str  # the tag that ends a parameter's value (its text is searched for it, not matched, until then)
     end: regex.Pattern[str]  # the call's end
     closing: str  # the tag a call that broke off is dropped up to (its trailer, if any, is read after it)
     trailer: str | None = None  # an optional closing tag after the end (`</tool_call>` after `</function>`)
@@ -52,6 +54,7 @@ class XmlCallsParser(SteppingParser):
         self._call: ArgumentsWriter | None = None
         self._position = 0  # how far the call's text (in `_pending`) is read
         self._space = ""  # the whitespace before the call's tag
+        self._searched = 0  # how far the pending text is known not to hold the end of a value
 
     def finish(self) -> list[MessageDelta]:
         pending, call = self._take_pending(), self._call
@@ -96,6 +99,8 @@ class XmlCallsParser(SteppingParser):
     def _read_call(self, deltas: list[MessageDelta]) -> bool:
         call, syntax = self._call, self._syntax
         assert call is not None
+        if self._is_in_a_value():
+            return False
         parameter = find(self._pending, self._position, syntax.parameter)
         if isinstance(parameter, regex.Match):
             deltas.append(call.add(parameter["key"].strip(), self._value(parameter["value"])))
@@ -110,6 +115,17 @@ class XmlCallsParser(SteppingParser):
             return False  # a tag still arriving, or a parameter whose closing tag has not
         deltas.append(call.close())  # broke off: what it had is its arguments
         self._end_call(self._pending[self._position:], _State.SKIPPING)
+        return True
+
+    def _is_in_a_value(self) -> bool:
+        """A parameter has opened and its value's end is not in yet: matching it would read the whole value
+        again at every piece, so the new text is only searched for the end tag."""
+        opening, end = self._syntax.parameter_opening, self._syntax.value_end
+        if not self._pending[self._position:self._position + MAX_HEAD_CHARS].lstrip().startswith(opening):
+            return False
+        if self._pending.find(end, max(self._searched, self._position)) >= 0:
+            return False
+        self._searched = max(self._position, len(self._pending) - len(end) + 1)
         return True
 
     def _value(self, text: str) -> str:
