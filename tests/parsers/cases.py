@@ -62,8 +62,8 @@ QWEN3_CODER = Family("qwen3_coder", "qwen3", [
     Case("reasoning then call", "<think>\nThe user wants the weather; 2 < 3.\n</think>\n\n"
          + _qwen3_coder_call("get_weather", city="東京", detail='{"wind": true}'),
          reasoning="\nThe user wants the weather; 2 < 3.\n", calls=[TOKYO_WIND]),
-    Case("open think in the prompt", "Weather first.\n</think>\n\n" + _qwen3_coder_call("get_time", zone="UTC"),
-         reasoning="Weather first.\n", calls=[UTC], prompt="<|im_start|>assistant\n<think>\n"),
+    Case("open think in the prompt", "Weather first.</think>" + _qwen3_coder_call("get_time", zone="UTC"),
+         reasoning="Weather first.", calls=[UTC], prompt="<|im_start|>assistant\n<think>\n"),
     Case("malformed call", "Let me try <tool_call>\nget_weather(city='Paris')\n</tool_call> done",
          content="Let me try <tool_call>\nget_weather(city='Paris')\n</tool_call> done"),
 ], wrong_type=("<parameter=days>\n3\n", "<parameter=days>\nthree\n"))
