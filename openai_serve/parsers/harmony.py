@@ -111,8 +111,9 @@ class HarmonyParser(SteppingParser):
         arguments = self._arguments
         arguments.feed(self._take_pending())
         span = arguments.spans.get(())
-        if span is not None:
-            end = len(arguments.text) if arguments.end is None else arguments.end
+        if span is not None:  # JSON that breaks off: the arguments are what was read of it
+            end = arguments.position if arguments.is_invalid else len(arguments.text) if arguments.end is None \
+                else arguments.end
             piece = arguments.text[span.start + self._num_sent:end]
             self._num_sent += len(piece)
             if piece:

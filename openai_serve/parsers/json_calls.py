@@ -60,7 +60,7 @@ class CallStream:
                 return ""
             self._is_complete = True
             return "{}"
-        end = len(spans.text) if span.end is None else span.end
+        end = span.end if span.end is not None else spans.position if spans.is_invalid else len(spans.text)
         if spans.text[span.start] == '"':  # arguments as a JSON string
             if span.end is None:
                 return ""

@@ -62,6 +62,11 @@ class JsonSpans:
     _scalar: tuple[int, Path] | None = None  # (start, path) of the number or literal being read
 
     @property
+    def position(self) -> int:
+        """How far the text is read: once it is invalid, where it broke."""
+        return self._pos
+
+    @property
     def is_done(self) -> bool:
         return self.end is not None or self.is_invalid
 

@@ -71,7 +71,7 @@ class Llama3JsonToolParser(JsonCallsParser):
             self._pending, self._state = spans.text, _State.CONTENT
             return True
         self._num_calls += 1
-        self._pending = "" if spans.is_invalid else spans.text[spans.end:]
+        self._pending = spans.text[spans.position:] if spans.is_invalid else spans.text[spans.end:]  # where it broke
         self._state, self._after_separator = _State.BETWEEN, False
         return True
 

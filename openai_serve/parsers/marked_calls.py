@@ -166,13 +166,13 @@ class MarkedCallsParser(SteppingParser):
 
     def _send_arguments(self, deltas: list[MessageDelta]) -> bool:
         spans = self._spans
-        end = len(spans.text) if spans.end is None else spans.end
         start = spans.spans[()].start
+        end = spans.position if spans.is_invalid else len(spans.text) if spans.end is None else spans.end
         piece = spans.text[start + self._num_sent:end]
         self._num_sent = max(self._num_sent, end - start)
         if piece:
             deltas.append(MessageDelta(tool_call=ToolCallDelta(self._num_calls, arguments=piece)))
-        if spans.is_invalid:
+        if spans.is_invalid:  # broke off: what went out is its arguments, the rest is dropped up to the call's end
             self._end_call(spans.text[end:], _State.SKIPPING)
             return True
         if spans.end is None:

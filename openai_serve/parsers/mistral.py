@@ -74,7 +74,7 @@ class MistralToolParser(MarkedCallsParser):
             deltas.append(MessageDelta(content=TRIGGER))
             self._read_on(array.text)
         else:
-            self._read_on("" if array.is_invalid else array.text[array.end:])  # type: ignore[index]
+            self._read_on(array.text[array.position if array.is_invalid else array.end:])  # type: ignore[misc]
         return True
 
 

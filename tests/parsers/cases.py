@@ -40,6 +40,8 @@ class Family:
     cases: list[Case]
     # (what, instead) in the one-call case's text: the same call with an argument its schema refuses
     wrong_type: tuple[str, str] = ("", "")
+    # (what, instead) in the one-call case's text: a call that breaks off after it has begun
+    broken: tuple[str, str] = ('"days": 3', '"days": 3 oops')
 
 
 PARIS = ("get_weather", {"city": "Paris"})
@@ -66,7 +68,8 @@ QWEN3_CODER = Family("qwen3_coder", "qwen3", [
          reasoning="Weather first.", calls=[UTC], prompt="<|im_start|>assistant\n<think>\n"),
     Case("malformed call", "Let me try <tool_call>\nget_weather(city='Paris')\n</tool_call> done",
          content="Let me try <tool_call>\nget_weather(city='Paris')\n</tool_call> done"),
-], wrong_type=("<parameter=days>\n3\n", "<parameter=days>\nthree\n"))
+], wrong_type=("<parameter=days>\n3\n", "<parameter=days>\nthree\n"),
+   broken=("<parameter=days>", "oops <parameter=days>"))
 
 
 def _hermes_call(name: str, arguments: str) -> str:
@@ -105,7 +108,8 @@ GLM45 = Family("glm45", "glm45", [
          reasoning="Time.", calls=[UTC], prompt="<|assistant|><think>"),
     Case("malformed call", 'Sure <tool_call>\n{"name": "get_weather"}\n</tool_call>',
          content='Sure <tool_call>\n{"name": "get_weather"}\n</tool_call>'),
-], wrong_type=("<arg_value>3</arg_value>", "<arg_value>three</arg_value>"))
+], wrong_type=("<arg_value>3</arg_value>", "<arg_value>three</arg_value>"),
+   broken=("<arg_key>days", "oops<arg_key>days"))
 
 DS_CALLS, DS_CALLS_END = "<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>"
 

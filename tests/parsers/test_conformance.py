@@ -8,6 +8,7 @@ import codecs
 import json
 import random
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -142,3 +143,20 @@ def test_without_parallel_calls_only_the_first_call_is_kept(family: Family) -> N
     assert parser is not None
     message = fold(parser.feed(case.text) + parser.finish())
     assert [(call.name, json.loads(call.arguments)) for call in message.tool_calls] == case.calls[:1]
+
+
+@pytest.mark.parametrize("family", [pytest.param(f, id=f.tool_call_parser) for f in FAMILIES])
+def test_a_call_that_breaks_off_reads_the_same_streamed(family: Family) -> None:
+    """Without a grammar a model may break a call it began: it is still the call it began (with what was
+    read of its arguments), and however the text is cut, the same."""
+    one_call = next(case for case in family.cases if case.name == "one call")
+    what, instead = family.broken
+    assert what in one_call.text
+    case = replace(one_call, text=one_call.text.replace(what, instead) + " Then text.")
+    message, _ = in_full(family, case)
+    assert [call["function"]["name"] for call in message["tool_calls"]] == ["get_weather"]  # type: ignore[union-attr]
+    for way, pieces in chunkings(case.text).items():
+        got = client_message(streamed(family, case, pieces)[0])
+        assert got["content"] == (message["content"] or ""), way
+        assert [(c["name"], c["arguments"]) for c in got["calls"]] == \
+            [(c["function"]["name"], c["function"]["arguments"]) for c in message["tool_calls"]], way  # type: ignore[union-attr]
