@@ -1,5 +1,5 @@
-"""The loop every tag-reading parser here shares (hermes, llama3_json, reasoning): text waits in
-`_pending` until a step of the parser's state machine can settle it.
+"""The loop every tag-reading parser here shares (reasoning, and the tool-call parsers of every format):
+text waits in `_pending` until a step of the parser's state machine can settle it.
 
 `feed` adds the new text and runs steps until one must wait for more; a step takes what it settles
 out of `_pending` (leaving what might still be the start of a tag) and adds its deltas.
