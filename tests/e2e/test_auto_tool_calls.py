@@ -1,6 +1,7 @@
 """`tool_choice: auto` on the real default model, SmolLM2-135M-Instruct, sampled over many seeds: with
 the lazy grammar, every call the model opens is one of the tools, with arguments that parse and
-validate against its schema, and the stream adds up to the same calls as the answer in full.
+validate against its schema, and the stream adds up to the same calls as the answer in full; without
+it, the same seeds leave broken calls behind as content.
 
 SmolLM2's own template shows no tools, so the server runs a Hermes-style one (`--tool-call-parser auto`
 then picks `hermes`). A model this small seldom opens a call by itself: the conversation shows it one
@@ -58,12 +59,23 @@ def test_every_call_the_model_opens_parses_and_validates(smollm2_with_tools: Run
             jsonschema.validate(json.loads(arguments), SCHEMAS[name])
             validated += 1
         assert (choice.finish_reason == "tool_calls") == (bool(calls) and choice.finish_reason != "length")
+        if choice.finish_reason != "length":  # every call the model opened was read as one
+            assert "<tool_call>" not in (choice.message.content or "")
     assert validated >= NUM_SEEDS // 6, f"only {validated} complete calls in {NUM_SEEDS} answers: the test shows little"
 
     streamed = stream_by_choice(smollm2_with_tools)
     for choice in response.choices:  # the same seeds, streamed: the same calls, piece for piece
         calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
         assert streamed[choice.index] == (choice.message.content or "", calls, choice.finish_reason)
+
+
+def test_without_the_grammar_the_same_model_breaks_calls(smollm2_with_tools: RunningServer) -> None:
+    """The contrast that shows the grammar at work: `min_tokens` turns it off (no grammar may end an answer
+    early), and the same seeds then leave calls the model opened but did not finish as content."""
+    response = smollm2_with_tools.client().chat.completions.create(  # type: ignore[call-overload]
+        **REQUEST, extra_body={"min_tokens": 1})
+    broken = [c for c in response.choices if c.finish_reason != "length" and "<tool_call>" in (c.message.content or "")]
+    assert broken
 
 
 def stream_by_choice(server: RunningServer) -> dict[int, tuple[str, list[tuple[str, str]], str | None]]:
