@@ -26,7 +26,9 @@ def new_call_id() -> str:
 
 
 SYNTAX = MarkedSyntax(
-    head=regex.compile(regex.escape(TRIGGER) + r"\s*(?P<name>[^\[\]{}\s]+)\s*(?:\[CALL_ID\](?P<id>[^\[\]]*))?\[ARGS\]"),
+    # The model's own [CALL_ID] is the call's id where it has the shape the templates take back.
+    head=regex.compile(regex.escape(TRIGGER) + r"\s*(?P<name>[^\[\]{}\s]+)\s*"
+                       r"(?:\[CALL_ID\](?:(?P<id>[A-Za-z0-9]{9})|[^\[\]]*))?\[ARGS\]"),
     tail=regex.compile(""),
     call_begin=TRIGGER,
     closing=None,
@@ -43,7 +45,7 @@ class MistralToolParser(MarkedCallsParser):
     def finish(self) -> list[MessageDelta]:
         if self._array is not None and not any(call.is_started for call in self._array_calls):
             self._pending = ""
-            return [MessageDelta(content=TRIGGER + self._array.text)]  # never became a call
+            return [MessageDelta(content=self._opening() + TRIGGER + self._array.text)]  # never became a call
         return [] if self._array is not None else super().finish()
 
     def _read_head(self, deltas: list[MessageDelta]) -> bool:
@@ -71,7 +73,7 @@ class MistralToolParser(MarkedCallsParser):
         self._num_calls += started
         self._array, self._array_calls = None, []
         if not started:  # not calls after all: the tag is content, the rest is read again
-            deltas.append(MessageDelta(content=TRIGGER))
+            deltas.append(MessageDelta(content=self._opening() + TRIGGER))
             self._read_on(array.text)
         else:
             self._read_on(array.text[array.position if array.is_invalid else array.end:])  # type: ignore[misc]
