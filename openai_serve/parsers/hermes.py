@@ -30,13 +30,13 @@ class HermesToolParser(JsonCallsParser):
     def __init__(self) -> None:
         super().__init__()
         self._state = _State.CONTENT
-
+        self._space = ""  # the whitespace before the call's tag
     def finish(self) -> list[MessageDelta]:
         pending = self._take_pending()
         if self._state is _State.CONTENT and (pending.strip() or not self._num_calls):
             return [MessageDelta(content=pending)] if pending else []
         if self._state is _State.CALL and not self._call.is_started:
-            return [MessageDelta(content=START + self._call.spans.text)]
+            return [MessageDelta(content=self._space + START + self._call.spans.text)]
         return []
 
     def _step(self, deltas: list[MessageDelta]) -> bool:
@@ -50,7 +50,7 @@ class HermesToolParser(JsonCallsParser):
         found = self._send_content_before((START,), deltas)
         if found is None:
             return False
-        self._pending = found[2]
+        self._space, _, self._pending = found  # the whitespace is content again if what follows is not a call
         self._start_call()
         return True
 
@@ -62,21 +62,24 @@ class HermesToolParser(JsonCallsParser):
         spans, call = self._feed_call(deltas), self._call
         if spans.is_invalid:
             if not call.is_started:
-                deltas.append(MessageDelta(content=START + spans.text))
-                self._state = _State.CONTENT
-            else:
-                self._state = _State.SKIPPING
-                self._pending = spans.text
+                return self._not_a_call(deltas, spans.position)
+            self._state = _State.SKIPPING
+            self._pending = spans.text
             return True
         if spans.end is None:
             return False
         if not call.is_started:  # a JSON value without a name: not a call
-            deltas.append(MessageDelta(content=START + spans.text))
-            self._state = _State.CONTENT
-            return True
+            return self._not_a_call(deltas, spans.end)
         self._num_calls += 1
         self._pending = spans.text[spans.end:]
         self._state = _State.CLOSING
+        return True
+
+    def _not_a_call(self, deltas: list[MessageDelta], end: int) -> bool:
+        """The tag and the text read as JSON up to `end` are content; what follows is read again."""
+        text = self._call.spans.text
+        deltas.append(MessageDelta(content=self._space + START + text[:end]))
+        self._pending, self._state = text[end:], _State.CONTENT
         return True
 
     def _read_closing(self) -> bool:

@@ -49,7 +49,10 @@ class CallStream:
         raw = self._spans.complete((*self._path, "name"))
         if raw is None:
             return None
-        name = json.loads(raw)
+        try:
+            name = json.loads(raw)
+        except json.JSONDecodeError:  # what the spans let through but JSON does not (a raw newline in it): no name
+            return None
         return name if isinstance(name, str) else raw
 
     def _arguments_piece(self) -> str:
@@ -65,7 +68,10 @@ class CallStream:
             if span.end is None:
                 return ""
             self._is_complete = True
-            decoded = json.loads(spans.text[span.start:end])
+            try:
+                decoded = json.loads(spans.text[span.start:end])
+            except json.JSONDecodeError:  # not a JSON string after all: the arguments as the model wrote them
+                return spans.text[span.start:end]
             return decoded if isinstance(decoded, str) else ""
         piece = spans.text[span.start + self._num_sent:end]
         self._num_sent += len(piece)

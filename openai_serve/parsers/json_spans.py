@@ -146,7 +146,11 @@ class JsonSpans:
         self._string = None
         if is_key:
             container = self._stack[-1]
-            container.key = json.loads(self.text[start:self._pos])
+            try:
+                container.key = json.loads(self.text[start:self._pos])
+            except json.JSONDecodeError:  # a raw control character or a bad escape in it: not JSON
+                self.is_invalid = True
+                return False
             container.expect = _Expect.COLON
         else:
             self._value_ended(self._path_of_value())

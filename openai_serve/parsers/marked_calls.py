@@ -123,8 +123,7 @@ class MarkedCallsParser(SteppingParser):
             self._pending, self._state = rest, _State.HEAD
             return True
         if end.startswith(rest) or self._syntax.call_begin.startswith(rest):
-            self._pending = rest
-            return False
+            return False  # its whitespace is kept: content, should the section hold no call
         if self._num_calls == self._section_start:  # a section with no call in it: its tag is content
             deltas.append(MessageDelta(content=self._opening()))
             rest = self._pending
