@@ -26,7 +26,12 @@ class ChatPrompt(Generic[Request]):
 
 
 async def chat_prompt(state: ServingState, body: Request) -> ChatPrompt[Request]:
-    text, token_ids = await state.cpu_work.run(chat_work_size(body), lambda: render_and_tokenize(state, body))
+    return await state.cpu_work.run(chat_work_size(body), lambda: _prepare(state, body))
+
+
+def _prepare(state: ServingState, body: Request) -> ChatPrompt[Request]:
+    """Rendering, tokenizing and building the tools' grammar: the work a large request sends to a thread."""
+    text, token_ids = render_and_tokenize(state, body)
     parsing = OutputParsing(body.tools, state.tool_call_parser, state.reasoning_parser, text)
     sampling = parsing.sampling(body.common.sampling)
     if sampling is not body.common.sampling:
