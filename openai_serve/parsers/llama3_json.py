@@ -6,10 +6,13 @@ tag it is calls, otherwise all of it is content (as vLLM's streaming parser deci
 the last call is content. A call that is not a JSON object with a name is content, as written.
 """
 
+import json
 from enum import Enum
 
+from openai_serve.parsers.call_grammar import Format, json_arguments
 from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.json_calls import JsonCallsParser
+from openai_serve.protocol.tools import Tool
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -88,3 +91,15 @@ class Llama3JsonToolParser(JsonCallsParser):
         else:
             self._pending, self._state = rest, _State.CONTENT
         return True
+
+
+def call_grammar(tools: tuple[Tool, ...], parallel: bool) -> Format:
+    """Calls only where this parser reads them, at the answer's start (after the tag, if any): either calls
+    of the tools, `;`-separated, or prose in which no call starts (`{"name"` does not occur in it)."""
+    calls = [{"type": "tag", "begin": f'{{"name": {json.dumps(tool.name)}, "parameters": ',
+              "content": json_arguments(tool), "end": "}"} for tool in tools]
+    in_a_row = {"type": "tags_with_separator", "tags": calls, "separator": "; ", "at_least_one": True,
+                "stop_after_first": not parallel}
+    opening = {"type": "regex", "pattern": r"\s*(<\|python_tag\|>)?"}
+    return {"type": "or", "elements": [{"type": "sequence", "elements": [opening, in_a_row]},
+                                       {"type": "any_text", "excludes": ['{"name"']}]}

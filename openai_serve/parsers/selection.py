@@ -75,7 +75,7 @@ class OutputParsing:
         if self._needs_special_tokens() and params.skip_special_tokens:
             params = replace(params, skip_special_tokens=False)
         call_format = FORMATS[self.tool_call_parser] if self.parses_calls else None  # type: ignore[index]
-        if call_format is None or call_format.call_grammar is None:
+        if call_format is None:
             return params
         if params.structured_output is not None or params.min_tokens or params.ignore_eos:
             return params

@@ -19,6 +19,7 @@ from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.hermes import HermesToolParser
 from openai_serve.parsers.hermes import call_grammar as hermes_call_grammar
 from openai_serve.parsers.llama3_json import PYTHON_TAG, Llama3JsonToolParser
+from openai_serve.parsers.llama3_json import call_grammar as llama3_call_grammar
 from openai_serve.parsers.marked_calls import MarkedCallsParser, MarkedSyntax
 from openai_serve.protocol.tools import Tool
 
@@ -36,11 +37,10 @@ class ToolCallParser(Protocol):
 @dataclass(frozen=True)
 class ToolCallFormat:
     """How one family writes tool calls: the parser that reads them and, for `auto` tool choice, the lazy
-    grammar (call_grammar.py) that holds each call to the tools' schemas once the model opens it (None:
-    the format has no trigger to wait for)."""
+    grammar (call_grammar.py) that holds each call to the tools' schemas once the model opens it."""
 
     new_parser: Callable[[tuple[Tool, ...]], ToolCallParser]
-    call_grammar: Callable[[tuple[Tool, ...], bool], Format] | None = None  # (tools, parallel) -> grammar
+    call_grammar: Callable[[tuple[Tool, ...], bool], Format]  # (tools, parallel) -> grammar
     # Its tags are special tokens, which the text of an answer leaves out unless told to keep them.
     needs_special_tokens: bool = False
 
@@ -51,7 +51,7 @@ def _marked(syntax: MarkedSyntax) -> Callable[[tuple[Tool, ...]], ToolCallParser
 
 FORMATS: dict[str, ToolCallFormat] = {
     "hermes": ToolCallFormat(lambda tools: HermesToolParser(), hermes_call_grammar),
-    "llama3_json": ToolCallFormat(lambda tools: Llama3JsonToolParser()),
+    "llama3_json": ToolCallFormat(lambda tools: Llama3JsonToolParser(), llama3_call_grammar),
     "qwen3_coder": ToolCallFormat(qwen3_coder.new_parser, qwen3_coder.call_grammar),
     "harmony": ToolCallFormat(harmony.new_parser, harmony.call_grammar, needs_special_tokens=True),
     "mistral": ToolCallFormat(mistral.new_parser, mistral.call_grammar, needs_special_tokens=True),

@@ -36,7 +36,7 @@ class Case:
 @dataclass(frozen=True)
 class Family:
     tool_call_parser: str
-    reasoning_parser: str
+    reasoning_parser: str | None
     cases: list[Case]
     # (what, instead) in the one-call case's text: the same call with an argument its schema refuses
     wrong_type: tuple[str, str] = ("", "")
@@ -206,4 +206,13 @@ HARMONY = Family("harmony", "harmony", [
     Case("malformed", "<|channel|>final Hello, world<|end|>", content="<|channel|>final Hello, world<|end|>"),
 ], wrong_type=('"days": 3', '"days": "3"'))
 
-FAMILIES = [QWEN3_CODER, HERMES, GLM45, DEEPSEEK_V31, DEEPSEEK_V3, KIMI_K2, MISTRAL, HARMONY]
+LLAMA3_JSON = Family("llama3_json", None, [
+    Case("text", TEXT, content=TEXT),
+    Case("one call", '{"name": "get_weather", "parameters": {"city": "São Paulo", "days": 3}}', calls=[SAO_PAULO]),
+    Case("parallel calls", '{"name": "get_weather", "parameters": {"city": "Paris"}}; '
+         '{"name": "get_time", "parameters": {"zone": "UTC"}}', calls=[PARIS, UTC]),
+    Case("after the python tag", '<|python_tag|>{"name": "get_time", "parameters": {"zone": "UTC"}}', calls=[UTC]),
+    Case("malformed call", '{"name": get_weather, city: Paris}', content='{"name": get_weather, city: Paris}'),
+], wrong_type=('"days": 3', '"days": "3"'))
+
+FAMILIES = [QWEN3_CODER, HERMES, LLAMA3_JSON, GLM45, DEEPSEEK_V31, DEEPSEEK_V3, KIMI_K2, MISTRAL, HARMONY]

@@ -15,6 +15,7 @@ TAGS = {
     "qwen3_coder": ["<tool_call>", "</tool_call>", "<function=", "</function>", "<parameter=", "</parameter>",
                     "<function=get_weather>", "<parameter=city>"],
     "hermes": ["<tool_call>", "</tool_call>", '{"name": "get_weather", "arguments": ', '"arguments"'],
+    "llama3_json": ["<|python_tag|>", '{"name": "get_weather", "parameters": ', '"parameters"', ";", "; "],
     "glm45": ["<tool_call>", "</tool_call>", "<arg_key>", "</arg_key>", "<arg_value>", "</arg_value>",
               "<tool_call>get_weather", "<arg_key>city</arg_key>"],
     "deepseek_v31": ["<｜tool▁calls▁begin｜>", "<｜tool▁calls▁end｜>", "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>",

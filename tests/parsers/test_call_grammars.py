@@ -62,7 +62,6 @@ def test_the_grammar_stays_off_where_the_request_shapes_its_output_otherwise() -
     assert auto.sampling(SamplingParams(min_tokens=3)).structured_output is None
     assert auto.sampling(SamplingParams(ignore_eos=True)).structured_output is None
     assert parsing("hermes", tool_choice="none").sampling(SamplingParams()).structured_output is None
-    assert parsing("llama3_json").sampling(SamplingParams()).structured_output is None  # no trigger to wait for
     assert parsing(None).sampling(SamplingParams()) == SamplingParams()
 
 
