@@ -1,7 +1,8 @@
 """The lazy grammars of `auto` tool choice: free text until the model opens a tool call with its
 family's trigger, then a call that the tools' schemas hold (xgrammar's structural tags, built by each
-format's module). A call cannot fail to parse or name a tool the request lacks, and its arguments
-validate; text before, between and after calls is the model's own.
+format's module; llama3_json, whose calls are a whole answer, holds an answer that starts as calls to
+them). A call cannot fail to parse or name a tool the request lacks, and its arguments validate; text
+before, between and after calls is the model's own.
 
 JSON inside a call may hold at most `MAX_WHITESPACE` whitespace characters in a row: small models
 otherwise pad between tokens until max_tokens, and a cut-off call is lost.
