@@ -67,6 +67,11 @@ class TextTracker:
         return self.finish_reason is not None
 
     @property
+    def stop_string(self) -> str | None:
+        """The stop string that ended the request (None: it ended otherwise, or goes on)."""
+        return self._detokenizer.stop_string
+
+    @property
     def text(self) -> str:
         """The text so far, including what is still held back; all of it once finished."""
         return self._detokenizer.text

@@ -29,6 +29,7 @@ from openai_serve.parsers.selection import resolve_tool_call_parser
 from openai_serve.request_limits import RequestLimits
 from openai_serve.request_log import REQUEST_ID_HEADER, RequestLogMiddleware
 from openai_serve.response_store import ResponseStore
+from openai_serve.routes.anthropic import count_tokens, create_message
 from openai_serve.routes.chat import create_chat_completion
 from openai_serve.routes.completions import create_completion
 from openai_serve.routes.models import health, list_models, metrics, retrieve_model, version
@@ -52,6 +53,8 @@ ROUTES = [
     Route("/v1/completions", create_completion, methods=["POST"]),
     Route("/v1/chat/completions", create_chat_completion, methods=["POST"]),
     Route("/v1/responses", create_response, methods=["POST"]),
+    Route("/v1/messages", create_message, methods=["POST"]),
+    Route("/v1/messages/count_tokens", count_tokens, methods=["POST"]),
     Route("/v1/responses/{response_id}", retrieve_response, methods=["GET"]),
     Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
     Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),

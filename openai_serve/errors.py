@@ -1,8 +1,11 @@
-"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, code a string or null.
+"""Errors in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`, code a string or null;
+on Anthropic's Messages API (`/v1/messages...`) in its shape: `{"type": "error", "error": {"type",
+"message"}}`, the type named by the status as Anthropic names it, and an overloaded server (503
+elsewhere) answers 529, `overloaded_error`, as Anthropic's does.
 
 Every failure a client can cause is an `APIError` raised where it is found and turned into a JSON
-response by one handler; anything else that escapes is logged and answered as a 500 in the same
-shape (a bug, never a crash of the server).
+response by one handler (`error_response`, which picks the shape by the path); anything else that
+escapes is logged and answered as a 500 in the same shape (a bug, never a crash of the server).
 """
 
 import logging
@@ -15,6 +18,13 @@ from starlette.responses import Response
 from core import RequestRejected, SamplingParamsError
 
 logger = logging.getLogger(__name__)
+
+ANTHROPIC_PATH = "/v1/messages"
+# Anthropic's error types by HTTP status; any other 4xx is an invalid request, any other 5xx an API error.
+_ANTHROPIC_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                    404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error",
+                    503: "overloaded_error"}
+_ANTHROPIC_OVERLOADED_STATUS = 529
 
 
 class APIError(Exception):
@@ -39,11 +49,30 @@ class APIError(Exception):
     def to_dict(self) -> dict[str, object]:
         return {"error": {"message": self.message, "type": self.error_type, "param": self.param, "code": self.code}}
 
-    def to_response(self) -> Response:
+    def to_anthropic_dict(self) -> dict[str, object]:
+        default = "invalid_request_error" if self.status_code < 500 else "api_error"
+        return {"type": "error", "error": {"type": _ANTHROPIC_TYPES.get(self.status_code, default),
+                                           "message": self.message}}
+
+    def to_response(self, is_anthropic: bool = False) -> Response:
+        """As a JSON response, in Anthropic's shape and status where `is_anthropic`, else OpenAI's."""
         headers = {"Retry-After": "1"} if self.status_code == 503 else {}
         if self.closes_connection:
             headers["Connection"] = "close"
-        return Response(orjson.dumps(self.to_dict()), self.status_code, headers, "application/json")
+        if not is_anthropic:
+            return Response(orjson.dumps(self.to_dict()), self.status_code, headers, "application/json")
+        status = _ANTHROPIC_OVERLOADED_STATUS if self.status_code == 503 else self.status_code
+        return Response(orjson.dumps(self.to_anthropic_dict()), status, headers, "application/json")
+
+
+def is_anthropic_path(path: str) -> bool:
+    """Whether a path is Anthropic's Messages API (its errors are in its shape)."""
+    return path == ANTHROPIC_PATH or path.startswith(ANTHROPIC_PATH + "/")
+
+
+def error_response(error: APIError, path: str) -> Response:
+    """`error` as the response to a request for `path`, in the shape of the API it belongs to."""
+    return error.to_response(is_anthropic_path(path))
 
 
 def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
@@ -68,7 +97,7 @@ def service_unavailable(message: str, code: str) -> APIError:
 
 
 def unauthorized() -> APIError:
-    message = "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>'."
+    message = "Incorrect or missing API key. Send it as 'Authorization: Bearer <key>' or 'x-api-key: <key>'."
     return APIError(401, message, code="invalid_api_key")
 
 
@@ -82,7 +111,7 @@ def request_too_large(limit: int) -> APIError:
 
 async def handle_api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
-    return exc.to_response()
+    return error_response(exc, request.url.path)
 
 
 async def handle_http_exception(request: Request, exc: Exception) -> Response:
@@ -90,10 +119,10 @@ async def handle_http_exception(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
     codes = {404: "not_found", 405: "method_not_allowed"}
     message = f"{request.method} {request.url.path}: {exc.detail}"
-    return APIError(exc.status_code, message, code=codes.get(exc.status_code)).to_response()
+    return error_response(APIError(exc.status_code, message, code=codes.get(exc.status_code)), request.url.path)
 
 
 async def handle_unexpected(request: Request, exc: Exception) -> Response:
     logger.exception("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
     error = APIError(500, "The server had an error while processing your request.", error_type="server_error")
-    return error.to_response()
+    return error_response(error, request.url.path)

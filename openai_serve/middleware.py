@@ -2,13 +2,17 @@
 
 Order in the app (outermost first): CORS, auth, body limit. CORS answers preflight requests
 before auth sees them, since browsers send no Authorization header on a preflight.
+
+The key is accepted as OpenAI's clients send it (`Authorization: Bearer <key>`) and as Anthropic's
+do (`x-api-key: <key>`), on every route: a request is let in when either header holds it. Errors
+are in the shape of the API the path belongs to (errors.py).
 """
 
 import hmac
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from openai_serve.errors import duplicate_header, request_too_large, unauthorized
+from openai_serve.errors import APIError, duplicate_header, error_response, request_too_large, unauthorized
 from openai_serve.web_ui import is_web_ui_path
 
 # Liveness, version and metrics carry no model output; load balancers probe them without a key (as in vLLM).
@@ -19,20 +23,28 @@ UNAUTHENTICATED_PATHS = frozenset({"/health", "/version", "/metrics"})
 class APIKeyMiddleware:
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
-        self._expected = f"Bearer {api_key}".encode()
+        # Each header that may carry the key, and its value when it does.
+        self._expected = {b"authorization": f"Bearer {api_key}".encode(), b"x-api-key": api_key.encode()}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or _needs_no_key(scope):
             await self.app(scope, receive, send)
             return
-        provided = [value for name, value in scope["headers"] if name == b"authorization"]
-        if len(provided) > 1:  # which one counts differs from proxy to proxy: none does
-            await duplicate_header("Authorization").to_response()(scope, receive, send)
-            return
-        if not hmac.compare_digest(provided[0] if provided else b"", self._expected):  # no key guessing by timing
-            await unauthorized().to_response()(scope, receive, send)
+        error = self._refusal(scope["headers"])
+        if error is not None:
+            await error_response(error, scope["path"])(scope, receive, send)
             return
         await self.app(scope, receive, send)
+
+    def _refusal(self, headers: list[tuple[bytes, bytes]]) -> APIError | None:
+        is_authorized = False
+        for header, expected in self._expected.items():
+            provided = [value for name, value in headers if name == header]
+            if len(provided) > 1:  # which one counts differs from proxy to proxy: none does
+                return duplicate_header(header.decode().title())
+            # Every header is compared in full, whether or not one already matched: no key guessing by timing.
+            is_authorized |= bool(provided) and hmac.compare_digest(provided[0], expected)
+        return None if is_authorized else unauthorized()
 
 
 def _needs_no_key(scope: Scope) -> bool:
@@ -53,7 +65,7 @@ class BodySizeLimitMiddleware:
             return
         declared = dict(scope["headers"]).get(b"content-length", b"")
         if declared.isdigit() and int(declared) > self._max_bytes:
-            await request_too_large(self._max_bytes).to_response()(scope, receive, send)
+            await error_response(request_too_large(self._max_bytes), scope["path"])(scope, receive, send)
             return
         await self.app(scope, self._limited(receive), send)
 

@@ -1,6 +1,7 @@
 """Server-sent events the way OpenAI streams them: `data: <json>` events, then `data: [DONE]`, for
 completions and chat; for the Responses API, typed events (`event: <type>` before each `data:`)
-and no `[DONE]` (`TYPED`).
+and no `[DONE]` (`TYPED`); for Anthropic's Messages API typed events too, whose keep-alive is its
+`ping` event rather than a comment (`ANTHROPIC`: its SDK skips events without a name).
 
 An error after the stream has started (server shutdown, engine failure) is sent as one event in
 OpenAI's error shape, which the official SDK raises as an APIError, followed by `[DONE]`.
@@ -51,6 +52,7 @@ def typed_frame(payload: dict[str, object]) -> bytes:
 class Framing:
     frame: Callable[[dict[str, object]], bytes]
     end: bytes  # the last body message
+    ping: bytes = _PING_FRAME  # what keeps an idle stream open
 
     def frames(self, batch: Batch) -> bytes:
         frame = self.frame
@@ -59,6 +61,7 @@ class Framing:
 
 DATA = Framing(frame, DONE_FRAME)
 TYPED = Framing(typed_frame, b"")  # the stream's last event (response.completed ...) says it ended
+ANTHROPIC = Framing(typed_frame, b"", typed_frame({"type": "ping"}))  # message_stop (or error) ends it
 
 
 class EventStreamResponse(Response):
@@ -112,7 +115,7 @@ class EventStreamResponse(Response):
         while True:
             await asyncio.sleep(max(0.0, self._last_write + PING_INTERVAL_S - loop.time()))
             if loop.time() - self._last_write >= PING_INTERVAL_S:
-                await self._write(send, _PING_FRAME)
+                await self._write(send, self._framing.ping)
 
 
 def event_stream(

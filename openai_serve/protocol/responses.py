@@ -19,15 +19,15 @@ storage, are a 400.
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from core import SamplingParams, SamplingParamsError
+from core import SamplingParams
 from core.sampling_params import LOGPROBS, MAX_TOKENS
-from openai_serve.errors import bad_request, refused
+from openai_serve.errors import bad_request
 from openai_serve.protocol.chat import ChatRequest, template_kwargs
 from openai_serve.protocol.common import CommonRequest, StreamOptions, read_model, read_sampling
 from openai_serve.protocol.fields import Fields, UnknownFields
 from openai_serve.protocol.input_items import stored_input_items
 from openai_serve.protocol.response_input import parse_input
-from openai_serve.protocol.structured import read_output_format
+from openai_serve.protocol.structured import read_output_format, with_structured_output
 from openai_serve.protocol.tools import read_response_tools, with_forced_tools
 
 OUTPUT_LOGPROBS = "message.output_text.logprobs"  # the `include` value that asks for the answer's logprobs
@@ -147,13 +147,7 @@ def _with_text_format(sampling: SamplingParams, text: Fields | None) -> tuple[Sa
     echo = text.raw("format")  # type: ignore[union-attr]
     if structured is None:
         return sampling, echo  # type: ignore[return-value]
-    if sampling.structured_output is not None:
-        raise bad_request(f"only one structured output may be asked for, got text.format and "
-                          f"{sampling.structured_output.param}", "text.format")
-    try:
-        return replace(sampling, structured_output=structured), echo  # type: ignore[return-value]
-    except SamplingParamsError as exc:
-        raise refused(exc) from exc
+    return with_structured_output(sampling, structured), echo  # type: ignore[return-value]
 
 
 def _read_summary(reasoning: Fields | None) -> str | None:

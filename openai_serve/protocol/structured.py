@@ -13,9 +13,11 @@ At most one of these per request. Whether the constraint compiles is the engine'
 
 import json
 from collections.abc import Callable
+from dataclasses import replace
 
+from core import SamplingParams, SamplingParamsError
 from core.structured_output import StructuredOutput, StructuredOutputError
-from openai_serve.errors import bad_request
+from openai_serve.errors import bad_request, refused
 from openai_serve.protocol.fields import Fields
 
 _GUIDED = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice", "guided_grammar": "grammar"}
@@ -27,6 +29,17 @@ def read_structured_output(fields: Fields) -> StructuredOutput | None:
         raise bad_request(f"only one structured output may be asked for, got {', '.join(c.param for c in found)}",
                           found[1].param)
     return found[0] if found else None
+
+
+def with_structured_output(sampling: SamplingParams, structured: StructuredOutput) -> SamplingParams:
+    """`sampling` constrained by an API's own output format field (`structured.param`): at most one per request."""
+    if sampling.structured_output is not None:
+        raise bad_request(f"only one structured output may be asked for, got {structured.param} and "
+                          f"{sampling.structured_output.param}", structured.param)
+    try:
+        return replace(sampling, structured_output=structured)
+    except SamplingParamsError as exc:
+        raise refused(exc) from exc
 
 
 def _response_format(fields: Fields) -> StructuredOutput | None:

@@ -76,7 +76,7 @@ def _read_tool_request(
     fields: Fields, read_tool: Callable[[object, str], Tool], function_of: Callable[[Fields], Fields]
 ) -> ToolRequest:
     """`function_of`: where a named tool_choice holds the function's `name`."""
-    tools = _read_tool_list(fields.raw("tools"), read_tool)
+    tools = read_tool_list(fields.raw("tools"), read_tool)
     choice, named = _read_choice(fields.raw("tool_choice"), tools, function_of)
     return ToolRequest(tools, choice, named, fields.get_bool("parallel_tool_calls", True))
 
@@ -124,7 +124,8 @@ def with_forced_tools(sampling: SamplingParams, request: ToolRequest) -> Samplin
         raise refused(exc) from exc
 
 
-def _read_tool_list(value: object, read_tool: Callable[[object, str], Tool]) -> tuple[Tool, ...]:
+def read_tool_list(value: object, read_tool: Callable[[object, str], Tool]) -> tuple[Tool, ...]:
+    """`tools`, each read by `read_tool(value, name)`, their names unique."""
     if value is None:
         return ()
     if not isinstance(value, list):

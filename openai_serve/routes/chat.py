@@ -17,29 +17,21 @@ from starlette.responses import Response
 
 from openai_serve.chat_output import delta_json, finish_reason, message_json
 from openai_serve.chat_prompt import chat_prompt
-from openai_serve.cpu_work import items_size
 from openai_serve.generation import CollectedChoice, Generation, Usage, with_usage_so_far
-from openai_serve.http_io import read_json
 from openai_serve.ignored_fields import name_ignored_fields
 from openai_serve.logprobs import TokenLogprob, chat_logprobs, prompt_logprobs_json
 from openai_serve.parsers.deltas import fold
 from openai_serve.parsers.message import MessageParser
 from openai_serve.parsers.selection import OutputParsing
 from openai_serve.protocol.chat import ChatRequest, parse_chat_request
-from openai_serve.protocol.fields import UnknownFields
-from openai_serve.routes.responding import respond
+from openai_serve.routes.responding import read_body, respond
 from openai_serve.sse import Batch
 from openai_serve.state import ServingState, serving_state
 
 
 async def create_chat_completion(request: Request) -> Response:
     state = serving_state(request)
-    raw = await read_json(request)
-    state.limits.check_body(raw, "messages")
-    unknown = UnknownFields(state.config.strict_request_fields)
-    body = await state.cpu_work.run(items_size(raw, "messages"), lambda: parse_chat_request(raw, unknown))
-    state.check_model(body.common.model)
-    state.ignored_fields.note(body.ignored_fields)
+    body = await read_body(request, "messages", parse_chat_request)
     state.limits.check_generation(1, body.common, body.prompt_param)
     prompt = await chat_prompt(state, body)
     view = ChatView(state, body, prompt.parsing, prompt.token_ids)

@@ -15,26 +15,18 @@ from functools import cached_property
 from starlette.requests import Request
 from starlette.responses import Response
 
-from openai_serve.cpu_work import items_size
 from openai_serve.generation import CollectedChoice, Generation, Usage, with_usage_so_far
-from openai_serve.http_io import read_json
 from openai_serve.ignored_fields import name_ignored_fields
 from openai_serve.logprobs import TokenLogprob, completion_logprobs, echo_logprobs, prompt_logprobs_json
 from openai_serve.protocol.completions import CompletionRequest, Prompt, parse_completion_request
-from openai_serve.protocol.fields import UnknownFields
-from openai_serve.routes.responding import respond
+from openai_serve.routes.responding import read_body, respond
 from openai_serve.sse import Batch
 from openai_serve.state import ServingState, serving_state
 
 
 async def create_completion(request: Request) -> Response:
     state = serving_state(request)
-    raw = await read_json(request)
-    state.limits.check_body(raw, "prompt")
-    unknown = UnknownFields(state.config.strict_request_fields)
-    body = await state.cpu_work.run(items_size(raw, "prompt"), lambda: parse_completion_request(raw, unknown))
-    state.check_model(body.common.model)
-    state.ignored_fields.note(body.ignored_fields)
+    body = await read_body(request, "prompt", parse_completion_request)
     state.limits.check_generation(len(body.prompts), body.common, body.prompt_param)
     texts = [prompt for prompt in body.prompts if isinstance(prompt, str)]
     for text in texts:

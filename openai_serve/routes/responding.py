@@ -2,20 +2,44 @@
 
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from openai_serve.cpu_work import items_size
 from openai_serve.generation import CollectedChoice, Generation, GenerationBody, Usage, choice_specs, collect
-from openai_serve.http_io import ClientDisconnected, until_disconnect
+from openai_serve.http_io import ClientDisconnected, read_json, until_disconnect
+from openai_serve.protocol.common import CommonRequest
+from openai_serve.protocol.fields import UnknownFields
 from openai_serve.request_log import RequestRecord, request_record
 from openai_serve.sse import Batch, event_stream
-from openai_serve.state import ServingState
+from openai_serve.state import ServingState, serving_state
 
 # nginx's "client closed request": never seen by the client, but it shows in access logs.
 _CLIENT_CLOSED_REQUEST = 499
+
+
+class ParsedBody(Protocol):
+    common: CommonRequest
+    ignored_fields: tuple[str, ...]  # unknown fields the request sent
+
+
+Body = TypeVar("Body", bound=ParsedBody)
+
+
+async def read_body(request: Request, prompt_key: str, parse: Callable[[object, UnknownFields], Body]) -> Body:
+    """The request's JSON body read by `parse` (off the event loop when large), after the limits that can be
+    checked before reading it; its model checked, and its unknown fields logged."""
+    state = serving_state(request)
+    raw = await read_json(request)
+    state.limits.check_body(raw, prompt_key)
+    unknown = UnknownFields(state.config.strict_request_fields)
+    body = await state.cpu_work.run(items_size(raw, prompt_key), lambda: parse(raw, unknown))
+    state.check_model(body.common.model)
+    state.ignored_fields.note(body.ignored_fields)
+    return body
 
 
 class ResponseView(Protocol):
@@ -91,6 +115,22 @@ async def collect_or_abort(request: Request, generation: Generation) -> tuple[di
     finally:
         generation.close()
     return choices, generation.usage()
+
+
+async def run_or_abort(request: Request, generation: Generation, events: AsyncIterator[Batch]) -> bool:
+    """Runs a response's `events` to their end; False if the client left first (its sequences are aborted then)."""
+    try:
+        await until_disconnect(request, drain(events))
+    except ClientDisconnected:
+        return False
+    finally:
+        generation.close()
+    return True
+
+
+async def drain(events: AsyncIterator[Batch]) -> None:
+    async for _ in events:
+        pass
 
 
 def client_gone() -> Response:

@@ -20,17 +20,14 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from openai_serve.chat_prompt import chat_prompt
-from openai_serve.cpu_work import items_size
 from openai_serve.errors import APIError, bad_request, unsupported
 from openai_serve.generation import Generation
-from openai_serve.http_io import ClientDisconnected, read_json, until_disconnect
 from openai_serve.ignored_fields import name_ignored_fields
 from openai_serve.item_pages import PageQuery, page
-from openai_serve.protocol.fields import UnknownFields
 from openai_serve.protocol.responses import OUTPUT_LOGPROBS, ResponsesRequest, parse_responses_request, read_include
 from openai_serve.response_run import ResponseRun, usage_json
 from openai_serve.response_store import StoredResponse
-from openai_serve.routes.responding import client_gone, json_response, start_generation
+from openai_serve.routes.responding import client_gone, drain, json_response, read_body, run_or_abort, start_generation
 from openai_serve.sse import TYPED, Batch, event_stream
 from openai_serve.state import ServingState, serving_state
 
@@ -39,13 +36,8 @@ logger = logging.getLogger(__name__)
 
 async def create_response(request: Request) -> Response:
     state = serving_state(request)
-    raw = await read_json(request)
-    state.limits.check_body(raw, "input")
-    unknown = UnknownFields(state.config.strict_request_fields)
-    body = await state.cpu_work.run(items_size(raw, "input"), lambda: parse_responses_request(raw, unknown))
-    state.check_model(body.common.model)
+    body = await read_body(request, "input", parse_responses_request)
     state.limits.check_generation(1, body.common, body.prompt_param)
-    state.ignored_fields.note(body.ignored_fields)
     body = _in_context(state, body)
     prompt = await chat_prompt(state, body)
     if body.logprobs is not None and prompt.parsing.new_parser() is not None:
@@ -136,12 +128,8 @@ async def _stream(state: ServingState, run: ResponseRun, generation: Generation)
 
 
 async def _answer_in_full(request: Request, state: ServingState, run: ResponseRun, generation: Generation) -> Response:
-    try:
-        await until_disconnect(request, _drain(run.events(generation)))
-    except ClientDisconnected:
+    if not await run_or_abort(request, generation, run.events(generation)):
         return client_gone()
-    finally:
-        generation.close()
     _store(state, run)
     return json_response(run.response())
 
@@ -149,7 +137,7 @@ async def _answer_in_full(request: Request, state: ServingState, run: ResponseRu
 def _run_in_background(state: ServingState, run: ResponseRun, generation: Generation) -> Response:
     async def run_to_the_end() -> None:
         try:
-            await _drain(run.events(generation))
+            await drain(run.events(generation))
         except APIError as error:
             run.fail(error, usage_json(generation))
         except Exception:  # a bug: nobody awaits this task, so it is logged here and the response fails
@@ -161,11 +149,6 @@ def _run_in_background(state: ServingState, run: ResponseRun, generation: Genera
 
     state.responses.put(run, asyncio.ensure_future(run_to_the_end()))
     return json_response(run.response())
-
-
-async def _drain(events: AsyncIterator[Batch]) -> None:
-    async for _ in events:
-        pass
 
 
 def _store(state: ServingState, run: ResponseRun) -> None:
