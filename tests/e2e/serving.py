@@ -44,6 +44,12 @@ class RunningServer:
         return openai.AsyncOpenAI(base_url=self.base_url + "/v1", api_key=self.api_key or "unused", max_retries=0,
                                   **kwargs)
 
+    def anthropic(self, **kwargs: object) -> "anthropic.Anthropic":  # noqa: F821 - imported where it is used
+        """The official Anthropic SDK against this server's Messages API."""
+        import anthropic  # here only: the GPU machine, which runs these tests with its own wheels, has no anthropic
+
+        return anthropic.Anthropic(base_url=self.base_url, api_key=self.api_key or "unused", max_retries=0, **kwargs)
+
     def http(self, **kwargs: object) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
         return httpx.Client(base_url=self.base_url, headers=headers, timeout=60, **kwargs)
@@ -127,3 +133,13 @@ def assert_error_shape(response: httpx.Response, status: int) -> dict:
     assert isinstance(error["message"], str) and error["message"]
     assert isinstance(error["type"], str) and (error["code"] is None or isinstance(error["code"], str))
     return error
+
+
+def assert_anthropic_error(response: httpx.Response, status: int) -> dict:
+    """An error in Anthropic's shape: `{"type": "error", "error": {"type", "message"}}`; returns the inner error."""
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"].startswith("application/json")
+    body = response.json()
+    assert set(body) == {"type", "error"} and body["type"] == "error"
+    assert set(body["error"]) == {"type", "message"} and body["error"]["message"]
+    return body["error"]

@@ -9,7 +9,14 @@ import openai
 import pytest
 
 from openai_serve import __version__
-from tests.e2e.serving import MODEL, RunningServer, assert_error_shape, server_config, start_server
+from tests.e2e.serving import (
+    MODEL,
+    RunningServer,
+    assert_anthropic_error,
+    assert_error_shape,
+    server_config,
+    start_server,
+)
 
 KEY = "sk-test-0123456789"
 ORIGIN = "http://chat-ui.example"
@@ -31,6 +38,31 @@ def server(model_dir: Path) -> Iterator[RunningServer]:
 def test_missing_or_wrong_key_is_401(server: RunningServer, headers: dict, method: str, path: str) -> None:
     response = httpx.request(method, server.base_url + path, headers=headers, json={"model": MODEL, "prompt": "x"})
     assert assert_error_shape(response, 401)["code"] == "invalid_api_key"
+
+
+@pytest.mark.parametrize("headers", [{}, {"x-api-key": "wrong"}, {"x-api-key": f"Bearer {KEY}"},
+                                     {"x-api-key": KEY + "x"}, {"Authorization": "Bearer wrong", "x-api-key": "nope"}])
+def test_the_messages_api_refuses_a_missing_or_wrong_key_in_anthropics_shape(server: RunningServer,
+                                                                              headers: dict) -> None:
+    body = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "x"}]}
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):
+        response = httpx.post(server.base_url + path, headers=headers, json=body)
+        assert assert_anthropic_error(response, 401)["type"] == "authentication_error"
+
+
+def test_the_key_works_as_x_api_key_everywhere_and_for_the_anthropic_sdk(server: RunningServer) -> None:
+    import anthropic
+
+    hello = [{"role": "user", "content": "Hi"}]
+    assert server.anthropic().messages.create(model=MODEL, max_tokens=2, messages=hello).usage.output_tokens == 2
+    for headers in ({"x-api-key": KEY}, {"x-api-key": KEY, "Authorization": "Bearer someone-elses"}):
+        assert httpx.get(server.base_url + "/v1/models", headers=headers).status_code == 200
+    both = {"x-api-key": KEY, "X-Api-Key": KEY}
+    assert_error_shape(httpx.get(server.base_url + "/v1/models", headers=list(both.items())), 400)
+    wrong = anthropic.Anthropic(base_url=server.base_url, api_key="nope", max_retries=0)
+    with pytest.raises(anthropic.AuthenticationError) as refused:
+        wrong.messages.create(model=MODEL, max_tokens=2, messages=hello)
+    assert refused.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
 
 
 def test_right_key_works_for_sdk_and_health_needs_none(server: RunningServer) -> None:
@@ -68,6 +100,8 @@ def test_oversized_body_is_413_declared_or_streamed(server: RunningServer) -> No
     big = {"model": MODEL, "prompt": "x" * (LIMIT + 10)}
     with server.http() as http:
         assert assert_error_shape(http.post("/v1/completions", json=big), 413)["code"] == "request_too_large"
+        big_message = {"model": MODEL, "max_tokens": 1, "messages": [{"role": "user", "content": "x" * LIMIT}]}
+        assert assert_anthropic_error(http.post("/v1/messages", json=big_message), 413)["type"] == "request_too_large"
 
         def chunks() -> Iterator[bytes]:  # no Content-Length: the limit is enforced while reading
             yield b'{"model": "tiny", "prompt": "'

@@ -1,5 +1,5 @@
-"""Overload and shutdown: 503s in OpenAI's shape, terminal events for running requests (the Responses
-API's too), blocks freed."""
+"""Overload and shutdown: 503s in OpenAI's shape (529s in Anthropic's on its Messages API), terminal
+events for running requests (the Responses API's and the Messages API's too), blocks freed."""
 
 import threading
 import time
@@ -11,11 +11,20 @@ import openai
 import pytest
 from orjson import loads
 
-from tests.e2e.serving import MODEL, RunningServer, assert_error_shape, server_config, start_server
+from tests.e2e.serving import (
+    MODEL,
+    RunningServer,
+    assert_anthropic_error,
+    assert_error_shape,
+    server_config,
+    start_server,
+)
 from tests.e2e.sse_client import DONE, iter_events
 
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}
 LONG_RESPONSE = {"model": MODEL, "input": "Once upon a time", "max_output_tokens": 400, "ignore_eos": True}
+LONG_MESSAGE = {"model": MODEL, "messages": [{"role": "user", "content": "Once upon a time"}], "max_tokens": 400,
+                "ignore_eos": True}
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +68,9 @@ def test_overload_is_503_with_retry_after(server: RunningServer) -> None:
         response = http.post("/v1/completions", json={"model": MODEL, "prompt": "hi", "max_tokens": 1})
         assert assert_error_shape(response, 503)["code"] == "overloaded"
         assert response.headers["retry-after"] == "1"
+        message = http.post("/v1/messages", json=LONG_MESSAGE | {"max_tokens": 1})
+        assert assert_anthropic_error(message, 529)["type"] == "overloaded_error"
+        assert message.headers["retry-after"] == "1"
         for stream in streams:
             stream.close()
         assert server.wait_idle()["num_kv_blocks_used"] == 0
@@ -88,11 +100,14 @@ def test_shutdown_ends_running_requests_and_refuses_new_ones(own_server: Running
     running = own_server
     stream = BackgroundStream(running, LONG)
     responses_stream = BackgroundStream(running, LONG_RESPONSE, "/v1/responses")
+    messages_stream = BackgroundStream(running, LONG_MESSAGE, "/v1/messages")
     sdk_response = {k: v for k, v in LONG_RESPONSE.items() if k != "ignore_eos"}
     background = running.client().responses.create(background=True, extra_body={"ignore_eos": True}, **sdk_response)
     waiting, answer = in_thread(lambda: httpx.post(running.base_url + "/v1/completions", json=LONG, timeout=30))
     responses_waiting, response_answer = in_thread(
         lambda: httpx.post(running.base_url + "/v1/responses", json=LONG_RESPONSE, timeout=30))
+    messages_waiting, message_answer = in_thread(
+        lambda: httpx.post(running.base_url + "/v1/messages", json=LONG_MESSAGE, timeout=30))
     sdk_body = {k: v for k, v in LONG.items() if k != "ignore_eos"}
     sdk_stream = running.client().completions.create(stream=True, extra_body={"ignore_eos": True}, **sdk_body)
     next(iter(sdk_stream))
@@ -113,6 +128,11 @@ def test_shutdown_ends_running_requests_and_refuses_new_ones(own_server: Running
     responses_waiting.join(timeout=30)
     assert assert_error_shape(response_answer[0], 503)["code"] == "shutting_down"
     assert running.client().responses.retrieve(background.id).status == "failed"
+    # Anthropic's Messages API: a stream ends with its `error` event, an answer in full is a 529.
+    messages_stream.join()
+    assert loads(messages_stream.events[-1])["error"]["type"] == "overloaded_error"
+    messages_waiting.join(timeout=30)
+    assert assert_anthropic_error(message_answer[0], 529)["type"] == "overloaded_error"
     with pytest.raises(openai.APIError, match="shutting down"):
         list(sdk_stream)
     with running.http() as http:
