@@ -1,10 +1,11 @@
 """One answer of Anthropic's Messages API while it is made: its content blocks (anthropic_blocks.py),
 stop reason and usage, the stream of events that builds it, and the message in full.
 
-The stream, in Anthropic's order: `message_start` (the message with no content yet) and a `ping`
-once the engine's first output is in (so `usage` counts the prompt's cache hits), the blocks'
-events, then `message_delta` (`stop_reason`, `stop_sequence`, the final usage) and `message_stop`.
-A message in full is the one those events build.
+The stream, in Anthropic's order: `message_start` (the message with no content yet) and a `ping` at
+once, the blocks' events, then `message_delta` (`stop_reason`, `stop_sequence`, the final usage) and
+`message_stop`. A message in full is the one those events build. message_start's usage is what is
+known before the engine starts: the whole prompt as `input_tokens`; message_delta's, which clients
+take over it (its counts are cumulative), splits off the prefix cache's hits.
 
 `stop_reason`: `end_turn`, `stop_sequence` (with the `stop_sequence` that matched), `tool_use` (an
 answer that ended by itself in calls), `max_tokens`, or `model_context_window_exceeded` where the
@@ -49,13 +50,10 @@ class MessageRun:
         """Every event of the message, one batch per wake-up, `message_stop` last. An engine that goes
         away raises (APIError) out of here."""
         parser = self._parsing.new_parser()
-        is_started = False
+        self._usage = usage_json(generation)
+        yield [{"type": "message_start", "message": self.message()}, {"type": "ping"}]
         async for deltas in generation.batches():
             events: list[Event] = []
-            if not is_started:
-                is_started = True
-                self._usage = usage_json(generation)
-                events += [{"type": "message_start", "message": self.message()}, {"type": "ping"}]
             for delta in deltas:  # one choice: one delta per wake-up
                 events += self._absorb(parser, delta, generation)
             yield events

@@ -45,6 +45,7 @@ def test_the_stream_is_anthropics_event_sequence(server: RunningServer) -> None:
     start = data[0]["message"]
     assert start["id"].startswith("msg_") and start["type"] == "message" and start["role"] == "assistant"
     assert start["content"] == [] and start["stop_reason"] is None and start["model"] == MODEL
+    assert start["usage"]["output_tokens"] == 0 and start["usage"]["cache_read_input_tokens"] == 0
     assert data[2] == {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}}
     deltas = [d for d in data if d["type"] == "content_block_delta"]
     assert all(d["index"] == 0 and d["delta"]["type"] == "text_delta" for d in deltas)
@@ -56,6 +57,7 @@ def test_the_stream_is_anthropics_event_sequence(server: RunningServer) -> None:
                                    "output_tokens"}
     prompt = final["usage"]["input_tokens"] + final["usage"]["cache_read_input_tokens"]
     assert prompt == in_full["usage"]["input_tokens"] + in_full["usage"]["cache_read_input_tokens"]
+    assert start["usage"]["input_tokens"] == prompt  # before the engine starts, the whole prompt
     assert "".join(d["delta"]["text"] for d in deltas) == in_full["content"][0]["text"]
     assert set(in_full) == {"id", "type", "role", "model", "content", "stop_reason", "stop_sequence", "usage"}
 
