@@ -16,11 +16,11 @@ sum is the prompt); `cache_creation_input_tokens` is 0, as caching here is autom
 
 from collections.abc import AsyncIterator
 
+from openai_serve.answer_items import delta_parts
 from openai_serve.anthropic_blocks import ContentBlocks
 from openai_serve.choice import ChoiceDelta
 from openai_serve.errors import APIError
 from openai_serve.generation import Generation
-from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.message import MessageParser
 from openai_serve.parsers.selection import OutputParsing
 from openai_serve.protocol.anthropic_request import MessagesRequest
@@ -43,7 +43,7 @@ class MessageRun:
     def message(self) -> dict[str, object]:
         """The message as things stand: with its content, stop reason and usage once it ended."""
         return {"id": self.message_id, "type": "message", "role": "assistant", "model": self.body.common.model,
-                "content": list(self.blocks.blocks), "stop_reason": self._stop_reason,
+                "content": list(self.blocks.items), "stop_reason": self._stop_reason,
                 "stop_sequence": self._stop_sequence, "usage": self._usage}
 
     async def events(self, generation: Generation) -> AsyncIterator[Batch]:
@@ -59,13 +59,8 @@ class MessageRun:
             yield events
 
     def _absorb(self, parser: MessageParser | None, delta: ChoiceDelta, generation: Generation) -> list[Event]:
-        is_last = delta.finish_reason is not None
-        if parser is None:
-            parts = [MessageDelta(content=delta.text)] if delta.text else []
-        else:
-            parts = (parser.feed(delta.text) if delta.text else []) + (parser.finish() if is_last else [])
-        events = self.blocks.add(parts)
-        if is_last:
+        events = self.blocks.add(delta_parts(delta, parser))
+        if delta.finish_reason is not None:
             events += self._end(delta.finish_reason, generation)
         return events
 

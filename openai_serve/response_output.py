@@ -3,8 +3,8 @@
 
 Items come in the order the model wrote them: a `reasoning` item (with --reasoning-parser; its
 text in `content`, as vLLM gives it, and an empty `summary`), a `message` with one `output_text`
-part, then a `function_call` item per call. A part of another kind closes the open item and opens
-the next, so an item is added, grows by deltas, then is done:
+part, then a `function_call` item per call (the sequence of answer_items.py), so an item is added,
+grows by deltas, then is done:
 
   reasoning: output_item.added, content_part.added, reasoning_text.delta..., reasoning_text.done,
              content_part.done, output_item.done
@@ -19,54 +19,28 @@ ends is `incomplete` if the answer was cut off.
 """
 
 import uuid
-from dataclasses import dataclass, field
 
-from openai_serve.parsers.deltas import MessageDelta, ToolCallDelta
+from openai_serve.answer_items import CALL, CONTENT, REASONING, AnswerItems, Event, OpenItem
+from openai_serve.parsers.deltas import ToolCallDelta
 
-Event = dict[str, object]
+_TYPES = {REASONING: "reasoning", CONTENT: "message", CALL: "function_call"}
+_TEXT_KIND = {REASONING: "reasoning_text", CONTENT: "output_text"}
 
 
 def new_item_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-@dataclass
-class _OpenItem:
-    kind: str  # "reasoning", "message" or "function_call"
-    item: dict[str, object]  # as output_item.added showed it
-    output_index: int
-    pieces: list[str] = field(default_factory=list)  # its text (or arguments) so far
-    logprobs: list[dict[str, object]] = field(default_factory=list)
-    call_index: int | None = None
-
-
-class OutputItems:
-    def __init__(self) -> None:
-        self.items: list[dict[str, object]] = []  # the finished items, in order
-        self._open: _OpenItem | None = None
-
+class OutputItems(AnswerItems):
     @property
     def has_answer(self) -> bool:
         """Whether anything other than reasoning has been written."""
-        kinds = [item["type"] for item in self.items] + ([self._open.kind] if self._open else [])
+        kinds = [item["type"] for item in self.items] + ([_TYPES[self._open.kind]] if self._open else [])
         return any(kind != "reasoning" for kind in kinds)
-
-    def add(self, parts: list[MessageDelta], logprobs: list[dict[str, object]] | None = None) -> list[Event]:
-        """The events for one wake-up's parts; `logprobs` go with its text (plain answers only)."""
-        events: list[Event] = []
-        for part in parts:
-            if part.reasoning:
-                events += self._grow("reasoning", part.reasoning)
-            if part.content:
-                events += self._grow("message", part.content, logprobs)
-                logprobs = None
-            if part.tool_call is not None:
-                events += self._call(part.tool_call)
-        return events
 
     def finish(self, is_cut_off: bool) -> list[Event]:
         """Closes the open item; an answer with no item at all gets an empty message."""
-        events = self._open_item("message") if self._open is None and not self.items else []
+        events = self._start(CONTENT) if self._open is None and not self.items else []
         return [*events, *self._close("incomplete" if is_cut_off else "completed")]
 
     def abandon(self) -> list[Event]:
@@ -77,45 +51,30 @@ class OutputItems:
         """Every item as it is now, the open one as far as it goes (for a response that failed)."""
         if self._open is None:
             return list(self.items)
-        return [*self.items, self._full_item(self._open, "incomplete")]
+        return [*self.items, _full_item(self._open, "incomplete")]
 
-    def _grow(self, kind: str, text: str, logprobs: list[dict[str, object]] | None = None) -> list[Event]:
-        events = [] if self._open is not None and self._open.kind == kind else [*self._close(), *self._open_item(kind)]
-        item = self._open
-        assert item is not None
-        item.pieces.append(text)
-        event: Event = {"type": f"response.{_TEXT_KIND[kind]}.delta", **_where(item), "content_index": 0,
+    def _grown(self, item: OpenItem, text: str, logprobs: list[dict[str, object]]) -> list[Event]:
+        if item.kind == CALL:
+            return [{"type": "response.function_call_arguments.delta", **_where(item), "delta": text}]
+        event: Event = {"type": f"response.{_TEXT_KIND[item.kind]}.delta", **_where(item), "content_index": 0,
                         "delta": text}
-        if kind == "message":
-            event["logprobs"] = logprobs or []
-            item.logprobs += logprobs or []
-        return [*events, event]
+        if item.kind == CONTENT:
+            event["logprobs"] = logprobs
+        return [event]
 
-    def _call(self, call: ToolCallDelta) -> list[Event]:
-        events = []
-        if call.name is not None:  # a call's first delta
-            events += self._close()
-            events += self._open_item("function_call", call)
-        item = self._open
-        if item is None or item.call_index != call.index or not call.arguments:
-            return events  # arguments of a call already closed cannot be: parsers finish calls in order
-        item.pieces.append(call.arguments)
-        return [*events, {"type": "response.function_call_arguments.delta", **_where(item), "delta": call.arguments}]
-
-    def _open_item(self, kind: str, call: ToolCallDelta | None = None) -> list[Event]:
+    def _start(self, kind: str, call: ToolCallDelta | None = None) -> list[Event]:
         output_index = len(self.items)
-        if kind == "function_call":
-            assert call is not None
-            item: dict[str, object] = {"id": new_item_id("fc"), "type": kind, "status": "in_progress",
+        if call is not None:
+            item: dict[str, object] = {"id": new_item_id("fc"), "type": "function_call", "status": "in_progress",
                                        "call_id": call.id, "name": call.name, "arguments": ""}
-        elif kind == "message":
-            item = {"id": new_item_id("msg"), "type": kind, "status": "in_progress", "role": "assistant",
+        elif kind == CONTENT:
+            item = {"id": new_item_id("msg"), "type": "message", "status": "in_progress", "role": "assistant",
                     "content": []}
         else:
-            item = {"id": new_item_id("rs"), "type": kind, "status": "in_progress", "summary": []}
-        self._open = _OpenItem(kind, item, output_index, call_index=None if call is None else call.index)
+            item = {"id": new_item_id("rs"), "type": "reasoning", "status": "in_progress", "summary": []}
+        self._open = OpenItem(kind, output_index, item, call_index=None if call is None else call.index)
         events: list[Event] = [{"type": "response.output_item.added", "output_index": output_index, "item": item}]
-        if kind != "function_call":
+        if call is None:
             events.append({"type": "response.content_part.added", **_where(self._open), "content_index": 0,
                            "part": _part(kind, "", [])})
         return events
@@ -124,40 +83,36 @@ class OutputItems:
         item, self._open = self._open, None
         if item is None:
             return []
-        full = self._full_item(item, status)
+        full = _full_item(item, status)
         self.items.append(full)
-        text = "".join(item.pieces)
-        if item.kind == "function_call":
-            events: list[Event] = [{"type": "response.function_call_arguments.done", **_where(item), "arguments": text}]
+        if item.kind == CALL:
+            events: list[Event] = [{"type": "response.function_call_arguments.done", **_where(item),
+                                    "arguments": item.text}]
         else:
             done: Event = {"type": f"response.{_TEXT_KIND[item.kind]}.done", **_where(item), "content_index": 0,
-                           "text": text}
-            if item.kind == "message":
+                           "text": item.text}
+            if item.kind == CONTENT:
                 done["logprobs"] = item.logprobs
             part = {"type": "response.content_part.done", **_where(item), "content_index": 0,
-                    "part": _part(item.kind, text, item.logprobs)}
+                    "part": _part(item.kind, item.text, item.logprobs)}
             events = [done, part]
-        return [*events, {"type": "response.output_item.done", "output_index": item.output_index, "item": full}]
-
-    @staticmethod
-    def _full_item(item: _OpenItem, status: str) -> dict[str, object]:
-        text = "".join(item.pieces)
-        full = {**item.item, "status": status}
-        if item.kind == "function_call":
-            full["arguments"] = text
-        else:
-            full["content"] = [_part(item.kind, text, item.logprobs)]
-        return full
+        return [*events, {"type": "response.output_item.done", "output_index": item.index, "item": full}]
 
 
-_TEXT_KIND = {"reasoning": "reasoning_text", "message": "output_text"}
+def _full_item(item: OpenItem, status: str) -> dict[str, object]:
+    full = {**item.start, "status": status}
+    if item.kind == CALL:
+        full["arguments"] = item.text
+    else:
+        full["content"] = [_part(item.kind, item.text, item.logprobs)]
+    return full
 
 
-def _where(item: _OpenItem) -> dict[str, object]:
-    return {"item_id": item.item["id"], "output_index": item.output_index}
+def _where(item: OpenItem) -> dict[str, object]:
+    return {"item_id": item.start["id"], "output_index": item.index}
 
 
 def _part(kind: str, text: str, logprobs: list[dict[str, object]]) -> dict[str, object]:
-    if kind == "reasoning":
+    if kind == REASONING:
         return {"type": "reasoning_text", "text": text}
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}

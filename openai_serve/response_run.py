@@ -11,11 +11,11 @@ are the tokens generated before anything but reasoning was written, counted per 
 import time
 from collections.abc import AsyncIterator
 
+from openai_serve.answer_items import delta_parts
 from openai_serve.choice import ChoiceDelta
 from openai_serve.errors import APIError
 from openai_serve.generation import Generation
 from openai_serve.logprobs import TokenTexts, chat_logprobs
-from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.message import MessageParser
 from openai_serve.parsers.selection import OutputParsing
 from openai_serve.protocol.fields import UnknownFields
@@ -89,16 +89,11 @@ class ResponseRun:
         self._completed_at = int(time.time())
 
     def _absorb(self, parser: MessageParser | None, delta: ChoiceDelta, generation: Generation) -> list[Event]:
-        is_last = delta.finish_reason is not None
-        if parser is None:
-            parts = [MessageDelta(content=delta.text)] if delta.text else []
-        else:
-            parts = (parser.feed(delta.text) if delta.text else []) + (parser.finish() if is_last else [])
         logprobs = None if self._texts is None else chat_logprobs(delta.logprobs, self._texts)["content"]
-        events = self.items.add(parts, logprobs)  # type: ignore[arg-type]
+        events = self.items.add(delta_parts(delta, parser), logprobs)  # type: ignore[arg-type]
         if self._parsing.has_reasoning and not self.items.has_answer:
             self._num_reasoning_tokens = len(generation.decoders[0].tracker.token_ids)
-        if is_last:
+        if delta.finish_reason is not None:
             events += self._end(delta.finish_reason == "length", generation)
         return events
 

@@ -2,6 +2,7 @@
 on two CPU cores; see serving.py for what a server is.
 """
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,3 +22,11 @@ def server(model_dir: Path) -> Iterator[RunningServer]:
     running = start_server(model_dir)
     yield running
     running.stop()
+
+
+@pytest.fixture(scope="session")
+def ending(model_dir: Path) -> dict[str, object]:
+    """Sampling fields (extra_body) that make the tiny model's answer end by itself (finish `stop`): 4
+    tokens, then its end-of-text token."""
+    eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
+    return {"min_tokens": 4, "logit_bias": {str(eos): 100}}

@@ -39,13 +39,6 @@ def server(model_dir: Path) -> Iterator[RunningServer]:
     running.stop()
 
 
-@pytest.fixture(scope="module")
-def ending(model_dir: Path) -> dict[str, object]:
-    """extra_body that ends an answer by itself: 4 tokens, then its end-of-text token."""
-    eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
-    return {"min_tokens": 4, "logit_bias": {str(eos): 100}}
-
-
 def user(text: str = QUESTION) -> dict[str, object]:
     return {"role": "user", "content": text}
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.e2e.serving import MODEL, RunningServer, assert_anthropic_error, assert_error_shape, start_server
+from tests.e2e.anthropic_api import assert_anthropic_error
+from tests.e2e.serving import MODEL, RunningServer, assert_error_shape, start_server
 from tests.e2e.sse_client import iter_typed_events
 
 BODY = {"model": MODEL, "max_tokens": 6, "temperature": 0, "messages": [{"role": "user", "content": "Hello there"}]}

@@ -9,14 +9,8 @@ import openai
 import pytest
 
 from openai_serve import __version__
-from tests.e2e.serving import (
-    MODEL,
-    RunningServer,
-    assert_anthropic_error,
-    assert_error_shape,
-    server_config,
-    start_server,
-)
+from tests.e2e.anthropic_api import assert_anthropic_error
+from tests.e2e.serving import MODEL, RunningServer, assert_error_shape, server_config, start_server
 
 KEY = "sk-test-0123456789"
 ORIGIN = "http://chat-ui.example"

@@ -11,14 +11,8 @@ import openai
 import pytest
 from orjson import loads
 
-from tests.e2e.serving import (
-    MODEL,
-    RunningServer,
-    assert_anthropic_error,
-    assert_error_shape,
-    server_config,
-    start_server,
-)
+from tests.e2e.anthropic_api import assert_anthropic_error
+from tests.e2e.serving import MODEL, RunningServer, assert_error_shape, server_config, start_server
 from tests.e2e.sse_client import DONE, iter_events
 
 LONG = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True}

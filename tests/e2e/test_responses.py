@@ -10,7 +10,6 @@ answer ends within a few tokens.
 """
 
 import asyncio
-import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -49,13 +48,6 @@ def server(model_dir: Path) -> Iterator[RunningServer]:
     running = start_server(model_dir, server_config(chat_template=HERMES_TOOLS_TEMPLATE), max_model_len=2048)
     yield running
     running.stop()
-
-
-@pytest.fixture(scope="module")
-def ending(model_dir: Path) -> dict[str, object]:
-    """extra_body that ends an answer by itself (finish `stop`): 4 tokens, then its end-of-text token."""
-    eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
-    return {"min_tokens": 4, "logit_bias": {str(eos): 100}}
 
 
 def chat_answer(server: RunningServer, messages: list[dict], max_tokens: int = 8, **body: object):  # noqa: ANN201

@@ -41,7 +41,7 @@ def test_each_block_starts_grows_and_stops_in_the_order_written() -> None:
         ("content_block_delta", 2, "input_json_delta"), ("content_block_stop", 2, ""),
         ("content_block_start", 3, "tool_use"), ("content_block_delta", 3, "input_json_delta"),
         ("content_block_stop", 3, "")]
-    thinking, text, weather, time = blocks.blocks
+    thinking, text, weather, time = blocks.items
     signature = thinking_signature("Let me think.")
     assert thinking == {"type": "thinking", "thinking": "Let me think.", "signature": signature}
     assert text == {"type": "text", "text": "Checking."}
@@ -61,25 +61,25 @@ def test_the_sdk_accumulates_the_events_into_the_message_in_full() -> None:
         snapshot = accumulate_event(event=orjson.loads(orjson.dumps(event)), current_snapshot=snapshot,
                                     json_bufs=json_bufs)
     assert snapshot is not None
-    assert [block.to_dict(exclude_none=True) for block in snapshot.content] == blocks.blocks
+    assert [block.to_dict(exclude_none=True) for block in snapshot.content] == blocks.items
 
 
 def test_omitted_thinking_sends_its_signature_but_not_its_text() -> None:
     blocks, events = build(THINKING_TEXT_AND_CALLS[:2], shows_thinking=False)
     assert not any(e.get("delta", {}).get("type") == "thinking_delta" for e in events)
-    assert blocks.blocks[0] == {"type": "thinking", "thinking": "", "signature": thinking_signature("Let me think.")}
+    assert blocks.items[0] == {"type": "thinking", "thinking": "", "signature": thinking_signature("Let me think.")}
 
 
 def test_a_call_cut_off_has_no_input_in_full_but_its_pieces_streamed() -> None:
     cut = [[MessageDelta(tool_call=ToolCallDelta(0, "call_a", "get_weather", '{"city": "Pa'))]]
     blocks, events = build(cut)
-    assert blocks.blocks[0]["input"] == {}
+    assert blocks.items[0]["input"] == {}
     assert events[1]["delta"] == {"type": "input_json_delta", "partial_json": '{"city": "Pa'}
 
 
 def test_nothing_written_is_no_block() -> None:
     blocks, events = build([[]])
-    assert blocks.blocks == [] and events == [] and not blocks.has_tool_use
+    assert blocks.items == [] and events == [] and not blocks.has_tool_use
 
 
 @pytest.mark.parametrize(("status", "anthropic_status", "kind"), [
