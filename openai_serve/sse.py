@@ -1,10 +1,11 @@
 """Server-sent events the way OpenAI streams them: `data: <json>` events, then `data: [DONE]`, for
 completions and chat; for the Responses API, typed events (`event: <type>` before each `data:`)
-and no `[DONE]` (`TYPED`); for Anthropic's Messages API typed events too, whose keep-alive is its
-`ping` event rather than a comment (`ANTHROPIC`: its SDK skips events without a name).
+and no `[DONE]` (`TYPED`); for Anthropic's Messages API typed events too, kept alive by its own
+`ping` event (`ANTHROPIC`).
 
 An error after the stream has started (server shutdown, engine failure) is sent as one event in
-OpenAI's error shape, which the official SDK raises as an APIError, followed by `[DONE]`.
+OpenAI's error shape, which the official SDK raises as an APIError, followed by `[DONE]` (the
+Messages API's stream sends Anthropic's `error` event itself: routes/anthropic.py).
 
 This is the hot path of a streaming server (one event per request per engine step), so events are
 framed here as bytes with orjson, and everything a view yields at once (a batch: the chunks of one

@@ -48,10 +48,13 @@ class MessagesRequest(ChatRequest):
     prompt_param: ClassVar[str] = "messages"
 
     def within_context(self, num_prompt_tokens: int, max_model_len: int) -> "MessagesRequest":
-        """This request with max_tokens cut to what the context leaves after its prompt (a prompt that
-        leaves nothing is the engine limits' 400)."""
+        """This request with max_tokens cut to what the context leaves after its prompt. A prompt that
+        leaves nothing is a 400 in Anthropic's words, which Claude Code reads to compact its conversation."""
         room = max_model_len - num_prompt_tokens
-        if not 0 < room < self.requested_max_tokens:
+        if room <= 0:
+            raise bad_request(f"prompt is too long: {num_prompt_tokens} tokens > {max_model_len - 1} maximum (this "
+                              f"model's context holds {max_model_len} tokens, the answer included)", "messages")
+        if room >= self.requested_max_tokens:
             return self
         sampling = replace(self.common.sampling, max_tokens=room)
         return replace(self, common=replace(self.common, sampling=sampling))

@@ -14,6 +14,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+import anthropic
 import jsonschema
 import pytest
 
@@ -145,6 +146,8 @@ def test_an_answer_that_reaches_the_end_of_the_context_says_so(server: RunningSe
     assert message.stop_reason == "model_context_window_exceeded" and message.usage.output_tokens == room
     short = client.messages.create(model=MODEL, max_tokens=2, messages=[user(long)], extra_body=GREEDY)
     assert short.stop_reason == "max_tokens"
+    with pytest.raises(anthropic.BadRequestError, match="prompt is too long: [0-9]+ tokens > 2047 maximum"):
+        client.messages.create(model=MODEL, max_tokens=2, messages=[user(long + "words " * 8)])
 
 
 def test_thinking_comes_as_thinking_blocks(server: RunningServer) -> None:

@@ -149,7 +149,9 @@ def test_max_tokens_is_cut_to_what_the_context_leaves() -> None:
     assert request.within_context(100, 2048).max_tokens == 1948
     assert request.within_context(100, 2048).requested_max_tokens == 32000
     assert request.within_context(100, 64000).max_tokens == 32000
-    assert request.within_context(2048, 2048).max_tokens == 32000  # no room at all: the engine limits' 400
+    with pytest.raises(APIError, match=r"^prompt is too long: 2048 tokens > 2047 maximum") as too_long:
+        request.within_context(2048, 2048)  # Anthropic's words, which Claude Code reads to compact
+    assert too_long.value.param == "messages"
 
 
 def test_what_claude_code_sends_is_read_with_nothing_left_over() -> None:
