@@ -166,6 +166,34 @@ def test_thinking_comes_as_thinking_blocks(server: RunningServer) -> None:
     assert deltas[-1] == "signature_delta" and set(deltas[:-1]) == {"thinking_delta"}
 
 
+@pytest.mark.parametrize(("answer", "kinds"), [
+    ('<think>\nLet me look.\n</think>\n\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome", '
+     '"metric": true}}\n</tool_call>', ["thinking", "tool_use"]),
+    ('<think>\nEasy.\n</think>\n\nIt is sunny.', ["thinking", "text"]),
+    ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "metric": false}}\n'
+     '</tool_call>', ["text", "tool_use"]),
+], ids=["thinking-then-call", "thinking-then-text", "text-then-call"])
+def test_what_the_model_writes_in_auto_is_parsed_into_blocks(server: RunningServer, answer: str, kinds: list) -> None:
+    """The server's parsers (hermes, picked by `auto` from the template; qwen3 reasoning) read the answer, as on
+    chat; the answer is made what a model of that family would write (vLLM's `structured_outputs` choice)."""
+    body = {"model": MODEL, "max_tokens": 256, "tools": [WEATHER], "messages": [user()],
+            "extra_body": GREEDY | {"structured_outputs": {"choice": [answer]}}}
+    client = server.anthropic()
+    with client.messages.stream(**body) as stream:  # type: ignore[arg-type]
+        final = stream.get_final_message()
+    in_full = client.messages.create(**body)  # type: ignore[arg-type]
+    assert [block.type for block in in_full.content] == kinds
+    assert [block.to_dict() for block in final.content if block.type != "tool_use"] == [
+        block.to_dict() for block in in_full.content if block.type != "tool_use"]
+    uses = [(block.name, block.input) for message in (final, in_full) for block in message.content
+            if block.type == "tool_use"]
+    if "tool_use" in kinds:
+        assert in_full.stop_reason == final.stop_reason == "tool_use" and uses[0] == uses[1]
+        assert uses[0][0] == "get_weather" and uses[0][1]["city"] in answer
+    else:
+        assert in_full.stop_reason == "end_turn" and in_full.content[-1].text == "It is sunny."
+
+
 def test_messages_count_in_metrics_like_chats(server: RunningServer) -> None:
     before = server.wait_idle()
     message = server.anthropic().messages.create(model=MODEL, max_tokens=5, messages=[user("Metrics")],

@@ -54,6 +54,19 @@ def test_a_streamed_chat_is_one_line_with_its_figures(server: RunningServer, cap
     assert int(match[1]) > 0 and float(match[3]) <= float(match[4])
 
 
+def test_a_message_of_anthropics_api_is_logged_as_chats_are(server: RunningServer,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="openai_serve.requests")
+    body = {"model": MODEL, "max_tokens": 4, "messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+    with server.http() as http:
+        message = http.post("/v1/messages", json=body, headers={"X-Request-Id": "a-message"}).json()
+        bad = http.post("/v1/messages", json=body | {"max_tokens": 0}, headers={"X-Request-Id": "bad-message"})
+    line = wait_for_line(caplog, "a-message")
+    assert line.startswith(f"a-message POST /v1/messages 200 id={message['id']} prompt_tokens=")
+    assert " completion_tokens=4 " in line and line.endswith("finish_reason=length")
+    assert f"error={json.dumps(bad.json()['error']['message'])}" in wait_for_line(caplog, "bad-message")
+
+
 def test_a_request_without_an_id_gets_one(server: RunningServer, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="openai_serve.requests")
     with server.http() as http:
