@@ -64,19 +64,17 @@ class MessageRun:
             events += self._end(delta.finish_reason, generation)
         return events
 
-    def _end(self, finish_reason: str | None, generation: Generation) -> list[Event]:
+    def _end(self, finish_reason: str, generation: Generation) -> list[Event]:
         events = self.blocks.finish()
-        self._stop_reason = self._read_stop_reason(finish_reason, generation)
+        self._stop_sequence = generation.decoders[0].tracker.stop_string
+        self._stop_reason = self._stop_reason_of(finish_reason, generation.usage().completion_tokens)
         self._usage = usage_json(generation)
         delta = {"stop_reason": self._stop_reason, "stop_sequence": self._stop_sequence}
         return [*events, {"type": "message_delta", "delta": delta, "usage": self._usage}, {"type": "message_stop"}]
 
-    def _read_stop_reason(self, finish_reason: str | None, generation: Generation) -> str:
-        if finish_reason == "length":
-            num_tokens = generation.usage().completion_tokens
-            is_context_end = num_tokens < self.body.requested_max_tokens
-            return "model_context_window_exceeded" if is_context_end else "max_tokens"
-        self._stop_sequence = generation.decoders[0].tracker.stop_string
+    def _stop_reason_of(self, finish_reason: str, num_tokens: int) -> str:
+        if finish_reason == "length":  # max_tokens, cut to what the context left when it was asked for more
+            return "model_context_window_exceeded" if num_tokens < self.body.requested_max_tokens else "max_tokens"
         if self._stop_sequence is not None:
             return "stop_sequence"
         return "tool_use" if self.blocks.has_tool_use else "end_turn"

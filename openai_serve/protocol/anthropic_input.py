@@ -28,6 +28,7 @@ BILLING_HEADER = "x-anthropic-billing-header:"
 _BLOCKS = {"user": ("text", "tool_result"), "assistant": ("text", "thinking", "redacted_thinking", "tool_use"),
            "system": ("text",)}
 _TEXT_PARTS = {"text": "text"}
+_MEDIA = ("image", "document")
 
 Message = dict[str, object]
 
@@ -85,8 +86,9 @@ class _Turn:
         kind = block.get_str("type", None)
         allowed = _BLOCKS[self._role]
         if kind not in allowed:
-            raise unsupported(block.name("type"), f"must be one of {', '.join(allowed)} in a {self._role} message "
-                              f"(got {kind!r}): only text, tools and thinking are supported, not images or documents")
+            why = ": images and documents are not supported (the model reads text)" if kind in _MEDIA else ""
+            raise unsupported(block.name("type"), f"must be one of {', '.join(allowed)} in a {self._role} message, "
+                              f"got {kind!r}{why}")
         if kind == "text":
             self._texts.append(_text(block))
         elif kind == "tool_result":

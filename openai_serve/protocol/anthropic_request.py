@@ -24,9 +24,9 @@ template decides which earlier thinking it renders); other edits, `container` an
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from core import SamplingParams
+from core import SamplingParams, SamplingParamsError
 from core.sampling_params import MAX_TOKENS, Bounds
-from openai_serve.errors import bad_request, unsupported
+from openai_serve.errors import bad_request, refused, unsupported
 from openai_serve.protocol.anthropic_input import read_conversation
 from openai_serve.protocol.anthropic_tools import read_anthropic_tools
 from openai_serve.protocol.chat import ChatRequest, template_kwargs
@@ -56,7 +56,10 @@ class MessagesRequest(ChatRequest):
                               f"model's context holds {max_model_len} tokens, the answer included)", "messages")
         if room >= self.requested_max_tokens:
             return self
-        sampling = replace(self.common.sampling, max_tokens=room)
+        try:
+            sampling = replace(self.common.sampling, max_tokens=room)
+        except SamplingParamsError as exc:  # a min_tokens the context cannot hold
+            raise refused(exc) from exc
         return replace(self, common=replace(self.common, sampling=sampling))
 
 

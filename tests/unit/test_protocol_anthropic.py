@@ -152,6 +152,9 @@ def test_max_tokens_is_cut_to_what_the_context_leaves() -> None:
     with pytest.raises(APIError, match=r"^prompt is too long: 2048 tokens > 2047 maximum") as too_long:
         request.within_context(2048, 2048)  # Anthropic's words, which Claude Code reads to compact
     assert too_long.value.param == "messages"
+    with pytest.raises(APIError) as no_room:
+        parse_messages_request(A | {"min_tokens": 8}).within_context(2044, 2048)
+    assert no_room.value.status_code == 400 and no_room.value.param == "min_tokens"
 
 
 def test_what_claude_code_sends_is_read_with_nothing_left_over() -> None:
