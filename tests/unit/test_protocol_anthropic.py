@@ -1,6 +1,7 @@
 """POST /v1/messages bodies without a server: what they become (the chat request they run as, rendered
 as chat renders the same conversation), and 400s that name the field."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -9,12 +10,14 @@ from transformers import AutoTokenizer
 from core.tiny_model import build_tiny_model
 from openai_serve.chat_template import ChatTemplate
 from openai_serve.errors import APIError
+from openai_serve.protocol.anthropic_input import BILLING_HEADER
 from openai_serve.protocol.anthropic_request import parse_count_tokens_request, parse_messages_request
 from openai_serve.protocol.chat import parse_chat_request
 from openai_serve.protocol.fields import UnknownFields
 from openai_serve.protocol.tools import ToolChoice
 from tests.chat_templates import HERMES_TOOLS_TEMPLATE
 
+RECORDED = Path(__file__).parents[1] / "data" / "claude_code" / "messages_request.json"
 A = {"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
 TOOL = {"name": "get_weather", "description": "Weather", "input_schema": CITY}
@@ -157,12 +160,16 @@ def test_max_tokens_is_cut_to_what_the_context_leaves() -> None:
     assert no_room.value.status_code == 400 and no_room.value.param == "min_tokens"
 
 
-def test_what_claude_code_sends_is_read_with_nothing_left_over() -> None:
-    body = A | {"metadata": {"user_id": '{"device_id": "d"}'}, "thinking": {"type": "adaptive"},
-                "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]},
-                "output_config": {"effort": "high"}, "tools": [], "stream": True, "service_tier": "auto",
-                "cache_control": {"type": "ephemeral"}}
-    assert parse_messages_request(body, UnknownFields(is_strict=True)).ignored_fields == ()
+def test_what_claude_code_sent_is_read_with_nothing_left_over() -> None:
+    """Its recorded request (tests/e2e/test_claude_code.py says how it was made), read as strictly as
+    --strict-request-fields reads: every field is known, and its billing block is dropped."""
+    body = json.loads(RECORDED.read_text())["body"]
+    request = parse_messages_request(body, UnknownFields(is_strict=True))
+    assert [message["role"] for message in request.messages] == ["system", "user", "system"]
+    assert not any(BILLING_HEADER in str(message["content"]) for message in request.messages)
+    assert [tool.name for tool in request.tools.tools] == ["Agent", "Read"] and request.tools.choice is ToolChoice.AUTO
+    assert request.template_kwargs == {"reasoning_effort": "high"} and request.common.stream.stream
+    assert request.requested_max_tokens == 64 and request.ignored_fields == ()
 
 
 def test_unknown_fields_are_named_or_refused_when_strict() -> None:
