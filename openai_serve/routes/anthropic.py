@@ -39,7 +39,7 @@ async def create_message(request: Request) -> Response:
     body = await read_body(request, "messages", parse_messages_request)
     state.limits.check_generation(1, body.common, body.prompt_param)
     prompt = await chat_prompt(state, body)
-    body = body.within_context(len(prompt.token_ids), state.engine.max_model_len)
+    body = prompt.request.within_context(len(prompt.token_ids), state.engine.max_model_len)
     run = MessageRun(body, prompt.parsing)
     generation = start_generation(request, state, body, run.message_id, [prompt.token_ids])
     if body.common.stream.stream:
