@@ -50,7 +50,7 @@ MIN_P = Bounds(0.0, 1.0)
 MAX_TOKENS = Bounds(1)
 MIN_TOKENS = Bounds(0)
 LOGPROBS = Bounds(0, MAX_LOGPROBS)
-SEED = Bounds(-(2**63), 2**64 - 1)  # anything a 64-bit generator seed can hold
+SEED = Bounds(-(2**63), 2**63 - 1)  # a signed 64-bit integer, as vLLM accepts (torch's long)
 PRESENCE_PENALTY = Bounds(-2.0, 2.0)  # OpenAI's range
 FREQUENCY_PENALTY = Bounds(-2.0, 2.0)
 REPETITION_PENALTY = Bounds(0.0, low_open=True)  # vLLM's: any positive factor
@@ -129,6 +129,12 @@ _BOUNDS = {"temperature": TEMPERATURE, "top_p": TOP_P, "top_k": TOP_K, "min_p": 
            "min_tokens": MIN_TOKENS, "logprobs": LOGPROBS, "prompt_logprobs": LOGPROBS, "seed": SEED,
            "presence_penalty": PRESENCE_PENALTY, "frequency_penalty": FREQUENCY_PENALTY,
            "repetition_penalty": REPETITION_PENALTY}
+
+
+def offset_seed(seed: int, offset: int) -> int:
+    """`seed + offset` wrapped into SEED's range as signed 64-bit arithmetic wraps: a seed derived from any
+    accepted one (choice i of a request samples with its seed + i) is an accepted one too."""
+    return (seed + offset + 2**63) % 2**64 - 2**63
 
 
 def _as_tuple(stop: str | tuple[str, ...] | list[str] | None) -> tuple[str, ...]:

@@ -22,6 +22,7 @@ from core.sampling_params import (
     TEMPERATURE,
     TOP_P,
     Bounds,
+    offset_seed,
 )
 from openai_serve.errors import bad_request, refused, unsupported
 from openai_serve.protocol.fields import Fields, is_number
@@ -136,8 +137,11 @@ def _read_logit_bias(fields: Fields) -> dict[int, float]:
 
 
 def choice_params(params: SamplingParams, choice_index: int) -> SamplingParams:
-    """Choice i of a seeded request samples with seed + i, as in vLLM, so that its choices differ."""
-    return params if params.seed is None or choice_index == 0 else replace(params, seed=params.seed + choice_index)
+    """Choice i of a seeded request samples with seed + i (wrapped into the seed's range), as in vLLM, so that its
+    choices differ."""
+    if params.seed is None or choice_index == 0:
+        return params
+    return replace(params, seed=offset_seed(params.seed, choice_index))
 
 
 def _read_stream(fields: Fields) -> StreamOptions:

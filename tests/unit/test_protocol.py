@@ -58,6 +58,17 @@ def test_top_k_spellings_of_no_limit_and_seed_per_choice() -> None:
     assert parse_completion_request(C | {"top_k": 5}).common.sampling.top_k == 5
 
 
+
+@pytest.mark.parametrize("parse", [parse_completion_request, parse_chat_request])
+def test_seeds_are_signed_64_bit_and_a_choices_seed_wraps_into_that_range(parse: Callable[[object], object]) -> None:
+    body = C if parse is parse_completion_request else M
+    largest = parse(body | {"seed": 2**63 - 1, "n": 3}).common.sampling  # type: ignore[attr-defined]
+    assert [choice_params(largest, i).seed for i in range(3)] == [2**63 - 1, -(2**63), -(2**63) + 1]
+    smallest = parse(body | {"seed": -(2**63), "n": 2}).common.sampling  # type: ignore[attr-defined]
+    assert [choice_params(smallest, i).seed for i in range(2)] == [-(2**63), -(2**63) + 1]
+    for seed in (2**63, 2**64 - 1, -(2**63) - 1):
+        assert param_of(parse, body | {"seed": seed, "n": 2}) == "seed"
+
 def test_sampling_params_errors_become_400s_naming_the_field() -> None:
     assert param_of(parse_completion_request, C | {"top_p": 1.5}) == "top_p"
 
