@@ -11,10 +11,12 @@ Nothing writes into a config after start-up; values found at run time (the conte
 model allows, the number of KV blocks that fit) live on the engine.
 """
 
+import json
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, get_type_hints
 
+from core.sampling_defaults import check_override
 from gpu.config import ATTENTION_BACKENDS, DTYPES
 
 DEVICES = ("auto", "cuda", "cpu")  # and cuda:N
@@ -71,6 +73,16 @@ def check_choices(config: object) -> None:
             raise ValueError(f"{s.name} must be one of {', '.join(s.choices)}, got {value!r}")
 
 
+def _json_object(text: str) -> dict[str, object]:
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"override_generation_config must be a JSON object, got {text!r}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ValueError(f"override_generation_config must be a JSON object, got {text!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     # What the engine loads is a checkpoint directory: the CLI and LLM resolve what the user named
@@ -93,6 +105,14 @@ class ModelConfig:
                                        "first start measured, are kept (default: ~/.cache/openai-serve)")
     tensor_parallel_size: int = setting(1, "shard the model over this many GPUs of this host, one worker process "
                                         "each (with --device cpu: processes, over gloo)")
+    # vLLM's names and values (core/sampling_defaults.py reads them).
+    generation_config: str = setting("auto", "default sampling of requests that leave a field out (temperature, "
+                                     "top_p, top_k, min_p, repetition_penalty, max_tokens): auto: the model's "
+                                     "generation_config.json; vllm: the server's own (temperature 1, no filters); or "
+                                     "a folder holding a generation_config.json")
+    override_generation_config: dict[str, object] | None = setting(
+        None, "JSON object of generation-config values set over --generation-config's, e.g. "
+        "'{\"temperature\": 0.5, \"max_new_tokens\": 256}'", parse=_json_object)
 
     def __post_init__(self) -> None:
         check_choices(self)
@@ -102,6 +122,8 @@ class ModelConfig:
             raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.override_generation_config is not None:
+            check_override(self.override_generation_config)
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 from transformers import PreTrainedTokenizerBase
 
+from core.sampling_defaults import SamplingDefaults, load_sampling_defaults
 from core.serving_engine import ServingEngine
 from core.tokenizer import load_tokenizer
 from openai_serve.chat_template import ChatTemplate
@@ -70,12 +71,18 @@ ROUTES = [
 
 
 def build_app(
-    engine: ServingEngine, config: ServerConfig, tokenizer: PreTrainedTokenizerBase | None = None
+    engine: ServingEngine, config: ServerConfig, tokenizer: PreTrainedTokenizerBase | None = None,
+    sampling_defaults: SamplingDefaults | None = None,
 ) -> Starlette:
     """An app serving `engine`, which runs while the app's lifespan does (and is closed after it).
-    `tokenizer`: the model's (None: loaded from the engine's model config); the engine knows token ids only."""
+    `tokenizer`: the model's (None: loaded from the engine's model config); the engine knows token ids only.
+    `sampling_defaults`: what requests' sampling fields default to (None: as the engine's model config says)."""
+    model = engine.config.model
     if tokenizer is None:
-        tokenizer = load_tokenizer(engine.config.model.tokenizer or engine.config.model.model)
+        tokenizer = load_tokenizer(model.tokenizer or model.model)
+    if sampling_defaults is None:
+        sampling_defaults = load_sampling_defaults(model.model, model.generation_config,
+                                                   model.override_generation_config)
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -95,7 +102,7 @@ def build_app(
         app.state.serving = ServingState(
             bridge, config, tokenizer, chat_template, TokenTexts(tokenizer), token_decoder(tokenizer), responses,
             metrics, limits=RequestLimits.of(config, engine.max_model_len, tokenizer), cpu_work=cpu_work,
-            tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser,
+            tool_call_parser=tool_call_parser, reasoning_parser=reasoning_parser, sampling_defaults=sampling_defaults,
         )
         bridge.start()
         stats_logger = asyncio.create_task(log_stats(lambda: bridge.engine.stats(), config.stats_log_interval_s))

@@ -14,6 +14,7 @@ import sys
 from core import LLMEngine
 from core.engine_process import EngineProcess
 from core.model_files import with_resolved_model
+from core.sampling_defaults import load_sampling_defaults
 from core.serving_engine import ServingEngine
 from openai_serve import __version__
 from openai_serve.app import build_app
@@ -71,13 +72,15 @@ def main(argv: list[str] | None = None) -> None:
     try:
         engine_config, model = with_resolved_model(settings.engine)
         settings = settings.with_model(engine_config, model.name)
+        m = engine_config.model
+        sampling_defaults = load_sampling_defaults(m.model, m.generation_config, m.override_generation_config)
         engine = start_engine(settings)
     except (ValueError, OSError, RuntimeError) as exc:
         sys.exit(f"openai-serve: {exc}")
     config = settings.server
     logger.info("serving %s (context %d tokens) as %s on http://%s:%d/v1", engine.config.model.model,
                 engine.max_model_len, ", ".join(config.served_model_names), config.host, config.port)
-    server = ServingServer(build_app(engine, config), config)
+    server = ServingServer(build_app(engine, config, sampling_defaults=sampling_defaults), config)
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled; the shutdown was clean

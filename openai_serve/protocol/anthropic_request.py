@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from core import SamplingParams, SamplingParamsError
+from core.sampling_defaults import SERVER_DEFAULTS, SamplingDefaults
 from core.sampling_params import MAX_TOKENS, Bounds
 from openai_serve.errors import bad_request, refused, unsupported
 from openai_serve.protocol.anthropic_input import read_conversation
@@ -63,8 +64,10 @@ class MessagesRequest(ChatRequest):
         return replace(self, common=replace(self.common, sampling=sampling))
 
 
-def parse_messages_request(body: object, unknown: UnknownFields | None = None) -> MessagesRequest:
-    """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`)."""
+def parse_messages_request(body: object, unknown: UnknownFields | None = None,
+                           defaults: SamplingDefaults = SERVER_DEFAULTS) -> MessagesRequest:
+    """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`); `defaults`: what
+    the sampling fields the request leaves out take."""
     fields = Fields(body, unknown=unknown)
     model = read_model(fields)
     max_tokens = fields.get_int("max_tokens", None, MAX_TOKENS)
@@ -73,7 +76,7 @@ def parse_messages_request(body: object, unknown: UnknownFields | None = None) -
     fields.get_float("temperature", None, TEMPERATURE)
     output_config = fields.get_object("output_config")
     prompt = _Prompt.read(fields, output_config, max_tokens)
-    sampling = _with_output_format(_read_sampling(fields, max_tokens), output_config)
+    sampling = _with_output_format(_read_sampling(fields, max_tokens, defaults), output_config)
     stream = StreamOptions(stream=fields.get_bool("stream", False))
     request = MessagesRequest(
         common=CommonRequest(model=model, sampling=with_forced_tools(sampling, prompt.tools), stream=stream),
@@ -149,9 +152,9 @@ def _read_thinking(thinking: Fields | None, max_tokens: int | None) -> tuple[boo
     return {"enabled": True, "disabled": False}.get(kind), display != "omitted"
 
 
-def _read_sampling(fields: Fields, max_tokens: int) -> SamplingParams:
+def _read_sampling(fields: Fields, max_tokens: int, defaults: SamplingDefaults) -> SamplingParams:
     """Chat's sampling fields, Anthropic's `stop_sequences` among the stop strings."""
-    sampling = read_sampling(fields, max_tokens, None)
+    sampling = read_sampling(fields, max_tokens, None, defaults)
     if sampling.prompt_logprobs is not None:
         raise unsupported("prompt_logprobs", "is not supported on /v1/messages: its answer has no place for them")
     value = fields.raw("stop_sequences")

@@ -8,6 +8,7 @@ variables of those names, for templates that use them; `chat_template_kwargs` se
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
+from core.sampling_defaults import SERVER_DEFAULTS, SamplingDefaults
 from core.sampling_params import LOGPROBS, MAX_TOKENS
 from openai_serve.errors import bad_request, unsupported
 from openai_serve.protocol.common import GenerationRequest, read_common, read_model
@@ -34,12 +35,14 @@ class ChatRequest(GenerationRequest):
     prompt_param: ClassVar[str] = "messages"
 
 
-def parse_chat_request(body: object, unknown: UnknownFields | None = None) -> ChatRequest:
-    """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`)."""
+def parse_chat_request(body: object, unknown: UnknownFields | None = None,
+                       defaults: SamplingDefaults = SERVER_DEFAULTS) -> ChatRequest:
+    """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`); `defaults`: what
+    the sampling fields the request leaves out take."""
     fields = Fields(body, unknown=unknown)
     model = read_model(fields)
     max_tokens, max_tokens_param = _read_max_tokens(fields)
-    common = read_common(fields, model, max_tokens, _read_logprobs(fields))
+    common = read_common(fields, model, max_tokens, _read_logprobs(fields), defaults)
     _reject_unsupported(fields)
     if fields.has("chat_template"):
         raise unsupported("chat_template", "is not accepted from clients: the server's template is used "

@@ -2,14 +2,18 @@
 
 `read_sampling` is the one place where request fields become `SamplingParams` (vLLM's
 `to_sampling_params()`); ranges are core's (core/sampling_params.py), checked under the client's
-field names. OpenAI's penalties and logit_bias, structured output (protocol/structured.py) and
-vLLM's extras (top_k, min_p, repetition_penalty, ignore_eos, min_tokens, stop_token_ids,
-skip_special_tokens, include_stop_str_in_output) all reach the engine.
+field names. A sampling field the request leaves out takes the served model's default
+(core/sampling_defaults.py: its generation_config.json, as vLLM's `--generation-config auto`), and
+max_tokens left out (None) gets its default once the prompt's length is known (generation.py).
+OpenAI's penalties and logit_bias, structured output (protocol/structured.py) and vLLM's extras
+(top_k, min_p, repetition_penalty, ignore_eos, min_tokens, stop_token_ids, skip_special_tokens,
+include_stop_str_in_output) all reach the engine.
 """
 
 from dataclasses import dataclass, replace
 
 from core import SamplingParams, SamplingParamsError
+from core.sampling_defaults import SamplingDefaults
 from core.sampling_params import (
     FREQUENCY_PENALTY,
     LOGIT_BIAS,
@@ -73,7 +77,8 @@ def read_model(fields: Fields) -> str:
     return model
 
 
-def read_common(fields: Fields, model: str, max_tokens: int | None, logprobs: int | None) -> CommonRequest:
+def read_common(fields: Fields, model: str, max_tokens: int | None, logprobs: int | None,
+                defaults: SamplingDefaults) -> CommonRequest:
     """The shared fields; `max_tokens` and `logprobs` are the endpoint's, read under its own names."""
     _accept_openai_only(fields)
     common = CommonRequest(
@@ -81,7 +86,7 @@ def read_common(fields: Fields, model: str, max_tokens: int | None, logprobs: in
         n=fields.get_int("n", 1, N),
         stream=_read_stream(fields),
         user=fields.get_str("user", None),
-        sampling=read_sampling(fields, max_tokens, logprobs),
+        sampling=read_sampling(fields, max_tokens, logprobs, defaults),
     )
     if common.stream.stream and common.sampling.prompt_logprobs is not None:
         # Departure from vLLM, which sends them in the first chunk: here they come in full responses only.
@@ -89,16 +94,18 @@ def read_common(fields: Fields, model: str, max_tokens: int | None, logprobs: in
     return common
 
 
-def read_sampling(fields: Fields, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
-    """The request's SamplingParams. A rule between fields (min_tokens <= max_tokens, non-empty stop
-    strings) is SamplingParams' own, and names its field, which is the client's name for it."""
+def read_sampling(fields: Fields, max_tokens: int | None, logprobs: int | None,
+                  defaults: SamplingDefaults) -> SamplingParams:
+    """The request's SamplingParams, `defaults` for the sampling fields it leaves out. A rule between fields
+    (min_tokens <= max_tokens, non-empty stop strings) is SamplingParams' own, and names its field, which is the
+    client's name for it."""
     top_k = fields.get_int("top_k", None, REQUEST_TOP_K)
     try:
         return SamplingParams(
-            temperature=fields.get_float("temperature", 1.0, TEMPERATURE),
-            top_p=fields.get_float("top_p", 1.0, TOP_P),
-            top_k=None if top_k is None or top_k <= 0 else top_k,
-            min_p=fields.get_float("min_p", 0.0, MIN_P),
+            temperature=fields.get_float("temperature", defaults.temperature, TEMPERATURE),
+            top_p=fields.get_float("top_p", defaults.top_p, TOP_P),
+            top_k=defaults.top_k if top_k is None else top_k if top_k > 0 else None,
+            min_p=fields.get_float("min_p", defaults.min_p, MIN_P),
             seed=fields.get_int("seed", None, SEED),
             max_tokens=max_tokens,
             min_tokens=fields.get_int("min_tokens", 0, MIN_TOKENS),
@@ -110,7 +117,8 @@ def read_sampling(fields: Fields, max_tokens: int | None, logprobs: int | None) 
             include_stop_str_in_output=fields.get_bool("include_stop_str_in_output", False),
             presence_penalty=fields.get_float("presence_penalty", 0.0, PRESENCE_PENALTY),
             frequency_penalty=fields.get_float("frequency_penalty", 0.0, FREQUENCY_PENALTY),
-            repetition_penalty=fields.get_float("repetition_penalty", 1.0, REPETITION_PENALTY),
+            repetition_penalty=fields.get_float("repetition_penalty", defaults.repetition_penalty,
+                                                REPETITION_PENALTY),
             logit_bias=_read_logit_bias(fields),
             structured_output=read_structured_output(fields),
             prompt_logprobs=fields.get_int("prompt_logprobs", None, LOGPROBS),

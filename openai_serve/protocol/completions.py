@@ -7,13 +7,14 @@ ids; each prompt gets `n` choices, numbered prompt by prompt (prompt i, choice j
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
+from core.sampling_defaults import SERVER_DEFAULTS, SamplingDefaults
 from core.sampling_params import LOGPROBS, MAX_TOKENS
 from openai_serve.errors import bad_request, unsupported
 from openai_serve.protocol.common import GenerationRequest, read_common, read_model
 from openai_serve.protocol.fields import Fields, UnknownFields, are_ints
 
 Prompt = str | tuple[int, ...]
-DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for the legacy completions endpoint, where the model states none
 
 
 @dataclass(frozen=True)
@@ -28,13 +29,16 @@ class CompletionRequest(GenerationRequest):
     max_tokens_param: ClassVar[str] = "max_tokens"
 
 
-def parse_completion_request(body: object, unknown: UnknownFields | None = None) -> CompletionRequest:
-    """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`)."""
+def parse_completion_request(body: object, unknown: UnknownFields | None = None,
+                             defaults: SamplingDefaults = SERVER_DEFAULTS) -> CompletionRequest:
+    """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`); `defaults`: what
+    the sampling fields the request leaves out take."""
     fields = Fields(body, unknown=unknown)
     model = read_model(fields)
-    max_tokens = fields.get_int("max_tokens", DEFAULT_MAX_TOKENS, MAX_TOKENS)
+    endpoint_default = DEFAULT_MAX_TOKENS if defaults.max_tokens is None else None  # None: the model's
+    max_tokens = fields.get_int("max_tokens", endpoint_default, MAX_TOKENS)
     logprobs = fields.get_int("logprobs", None, LOGPROBS)
-    common = read_common(fields, model, max_tokens, logprobs)
+    common = read_common(fields, model, max_tokens, logprobs, defaults)
     request = CompletionRequest(
         common=common,
         prompts=parse_prompts(fields.raw("prompt")),

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from core import SamplingParams
+from core.sampling_defaults import SERVER_DEFAULTS, SamplingDefaults
 from core.sampling_params import LOGPROBS, MAX_TOKENS
 from openai_serve.errors import bad_request
 from openai_serve.protocol.chat import ChatRequest, template_kwargs
@@ -69,15 +70,17 @@ class ResponsesRequest(ChatRequest):
         return replace(self, messages=(*_instructions(self.instructions), *history, *self.input_messages))
 
 
-def parse_responses_request(body: object, unknown: UnknownFields | None = None) -> ResponsesRequest:
-    """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`)."""
+def parse_responses_request(body: object, unknown: UnknownFields | None = None,
+                            defaults: SamplingDefaults = SERVER_DEFAULTS) -> ResponsesRequest:
+    """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`); `defaults`: what
+    the sampling fields the request leaves out take."""
     fields = Fields(body, unknown=unknown)
     model = read_model(fields)
     max_tokens = fields.get_int("max_output_tokens", None, MAX_TOKENS)
     top_logprobs = fields.get_int("top_logprobs", None, LOGPROBS)
     logprobs = (top_logprobs or 0) if OUTPUT_LOGPROBS in read_include(fields.raw("include")) else None
     text, reasoning = fields.get_object("text"), fields.get_object("reasoning")
-    sampling, text_format = _with_text_format(read_sampling(fields, max_tokens, logprobs), text)
+    sampling, text_format = _with_text_format(read_sampling(fields, max_tokens, logprobs, defaults), text)
     tools = read_response_tools(fields)
     sampling = with_forced_tools(sampling, tools)
     instructions = fields.get_str("instructions", None)

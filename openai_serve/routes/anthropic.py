@@ -53,7 +53,7 @@ async def create_message(request: Request) -> Response:
 
 async def count_tokens(request: Request) -> Response:
     state = serving_state(request)
-    body = await read_body(request, "messages", parse_count_tokens_request)
+    body = await read_body(request, "messages", lambda raw, unknown, _: parse_count_tokens_request(raw, unknown))
     token_ids = await state.cpu_work.run(chat_work_size(body), lambda: render_and_tokenize(state, body)[1])
     return name_ignored_fields(json_response({"input_tokens": len(token_ids)}), body.ignored_fields)
 

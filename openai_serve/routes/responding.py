@@ -8,6 +8,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
+from core.sampling_defaults import SamplingDefaults
 from openai_serve.cpu_work import items_size
 from openai_serve.generation import CollectedChoice, Generation, GenerationBody, Usage, choice_specs, collect
 from openai_serve.http_io import ClientDisconnected, read_json, until_disconnect
@@ -29,14 +30,16 @@ class ParsedBody(Protocol):
 Body = TypeVar("Body", bound=ParsedBody)
 
 
-async def read_body(request: Request, prompt_key: str, parse: Callable[[object, UnknownFields], Body]) -> Body:
-    """The request's JSON body read by `parse` (off the event loop when large), after the limits that can be
-    checked before reading it; its model checked, and its unknown fields logged."""
+async def read_body(request: Request, prompt_key: str,
+                    parse: Callable[[object, UnknownFields, SamplingDefaults], Body]) -> Body:
+    """The request's JSON body read by `parse` (off the event loop when large), with the model's sampling defaults
+    for the fields it leaves out, after the limits that can be checked before reading it; its model checked, and
+    its unknown fields logged."""
     state = serving_state(request)
     raw = await read_json(request)
     state.limits.check_body(raw, prompt_key)
     unknown = UnknownFields(state.config.strict_request_fields)
-    body = await state.cpu_work.run(items_size(raw, prompt_key), lambda: parse(raw, unknown))
+    body = await state.cpu_work.run(items_size(raw, prompt_key), lambda: parse(raw, unknown, state.sampling_defaults))
     state.check_model(body.common.model)
     state.ignored_fields.note(body.ignored_fields)
     return body
@@ -72,7 +75,7 @@ def start_generation(
 ) -> Generation:
     """Every choice of every prompt, checked against the engine's limits and submitted (all or none).
     When it ends, the request's log line and the metrics learn how it went."""
-    specs = choice_specs(response_id, prompts, body, state.engine.limits)
+    specs = choice_specs(response_id, prompts, body, state.engine.limits, state.sampling_defaults)
     record = request_record(request) or RequestRecord("", request.method, request.url.path)
     record.response_id = response_id
     generation = Generation(specs, state.token_decoder, _report(state, record))
