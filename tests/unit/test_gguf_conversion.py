@@ -138,3 +138,17 @@ def test_a_damaged_gguf_is_a_clear_error(gguf_path: Path, tmp_path: Path, damage
 def test_a_path_that_does_not_exist_says_so(missing: str, tmp_path: Path) -> None:
     with pytest.raises(ModelNotFound, match="no such file or directory"):
         resolve_model(missing, "float32", "cpu", tmp_path)
+
+
+def test_sampling_values_go_into_a_new_copy_and_into_one_converted_before(gguf_path: Path, tmp_path: Path) -> None:
+    recommended = {"temperature": 0.2, "top_p": 0.9}
+    fresh = gguf_checkpoint(gguf_path, tmp_path / "new", "float32", sampling=recommended)
+    written = json.loads((fresh / "generation_config.json").read_text())
+    assert (written["temperature"], written["top_p"], written["do_sample"]) == (0.2, 0.9, True)
+    older = gguf_checkpoint(gguf_path, tmp_path / "old", "float32")  # as a version that wrote no sampling values
+    before = json.loads((older / "generation_config.json").read_text())
+    assert "temperature" not in before
+    assert gguf_checkpoint(gguf_path, tmp_path / "old", "float32", sampling=recommended) == older
+    after = json.loads((older / "generation_config.json").read_text())
+    assert after == before | recommended | {"do_sample": True}  # eos and bos ids kept
+    assert sorted(p.name for p in older.iterdir()) == sorted(p.name for p in fresh.iterdir())  # no scratch file

