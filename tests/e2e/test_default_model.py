@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from core.model_files.default_model import RECOMMENDED_SAMPLING
 from tests.e2e.serving import RunningServer, server_config, start_server
 
 NAME = "smollm2-135m-instruct"
@@ -46,3 +47,20 @@ def test_the_ggufs_chat_template_is_applied(smollm2: RunningServer) -> None:
     assert text.startswith("<|im_start|>system\nYou are a helpful AI assistant named SmolLM")  # the GGUF's template
     plain = ask(smollm2, "What is your name?")
     assert ask(smollm2, "What is your name?", system="You are a pirate named Captain Hook.") != plain
+
+
+
+def test_a_request_without_sampling_fields_samples_at_the_cards_values(smollm2: RunningServer) -> None:
+    """No temperature or top_p sent: the card's 0.2 and 0.9 (RECOMMENDED_SAMPLING), which the converted
+    checkpoint's generation_config.json states: the same seeds draw the same answers as with them sent, and other
+    answers than at the server's own temperature 1."""
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+
+    def answers(**fields: float) -> list[str]:
+        return [smollm2.client().chat.completions.create(model=NAME, messages=question, seed=seed, max_tokens=12,
+                                                         **fields).choices[0].message.content or ""
+                for seed in range(5)]
+
+    at_defaults = answers()
+    assert at_defaults == answers(**RECOMMENDED_SAMPLING)
+    assert at_defaults != answers(temperature=1.0, top_p=1.0)
