@@ -3,7 +3,9 @@
 Start-up leaves hundreds of thousands of long-lived objects (torch, triton, transformers, the tokenizer, the
 model's modules). Each of Python's full collections walks all of them while holding the interpreter lock, a pause
 of a tenth of a second or more that lands between two tokens of every running request. Frozen, they are
-never walked again (vLLM freezes after start-up too); garbage made later is collected as before.
+never walked again (vLLM freezes after start-up too); garbage made later is collected as before. At shutdown
+they are unfrozen: the interpreter's exit then frees them, where extension modules check that it did (triton's
+nanobind bindings print a leak report of every object of theirs still alive).
 """
 
 import gc
@@ -14,3 +16,8 @@ def freeze_startup_objects() -> int:
     gc.collect()
     gc.freeze()
     return gc.get_freeze_count()
+
+
+def unfreeze_startup_objects() -> None:
+    """At shutdown: the frozen objects go back in the collector's sight."""
+    gc.unfreeze()
