@@ -16,7 +16,9 @@
   connection is then closed as Apache's "lingering close" does: the write side first, the rest of
   what the client sends read and dropped for up to `LINGER_S`; closing with unread bytes would
   make the kernel answer them with a reset, which can reach the client before it read the error
-  (a 100 KB URL's 414 was lost that way now and then).
+  (a 100 KB URL's 414 was lost that way now and then). The requests before the broken bytes on the
+  same connection (pipelined ones, or one whose body ran past its Content-Length) are answered
+  first, as nginx does: the refusal follows their answers, never cuts into one.
 - HTTP/1.0 clients get a stream as HTTP/1.0 allows it: no chunked framing, the connection closed at
   its end (uvicorn would send chunks, which an HTTP/1.0 client cannot read).
 
@@ -82,6 +84,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._refusal: bytes | None = None
         self._is_lingering = False
+        self._refusal_after_answers: bytes | None = None
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -127,9 +130,28 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             _send_close_delimited(self.cycle)
 
     def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to a request it cannot parse, or to one this protocol refused."""
-        self._respond_and_close(self._refusal or error_response(400, f"{msg} The request is not valid HTTP/1.1.",
-                                                                "invalid_http_request"), is_lingering=True)
+        """uvicorn's answer to a request it cannot parse, or to one this protocol refused: at once, or once the
+        requests parsed before it are answered."""
+        refusal = self._refusal or error_response(400, f"{msg} The request is not valid HTTP/1.1.",
+                                                  "invalid_http_request")
+        self._is_lingering = True  # nothing after the broken bytes is parsed
+        cycle = self.cycle
+        if cycle is None or cycle.response_complete:
+            self._respond_and_close(refusal, is_lingering=True)
+        elif cycle.more_body or cycle.response_started:  # the broken bytes are its body, or cut into its answer
+            cycle.disconnected = True  # its app sees a client gone, and what it still sends is dropped
+            cycle.message_event.set()
+            if cycle.response_started:
+                self.transport.close()
+            else:
+                self._respond_and_close(refusal, is_lingering=True)
+        else:
+            self._refusal_after_answers = refusal
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._refusal_after_answers is not None and self.cycle is not None and self.cycle.response_complete:
+            self._respond_and_close(self._refusal_after_answers, is_lingering=True)
 
     def _refuse(self, status: int, message: str, code: str) -> None:
         self._refusal = error_response(status, message, code)

@@ -43,7 +43,7 @@ SAMPLING = {  # a field of both generation endpoints, and values it must refuse
     "top_k": [-5, 1.5, "x", [3]],
     "min_p": [-0.1, 2, "x"],
     "n": [0, -1, 129, 1.5, True, "2"],
-    "seed": [2**70, -(2**70), "x", 1.5],
+    "seed": [2**63, -(2**63) - 1, 2**64 - 1, 2**70, -(2**70), "x", 1.5],  # vLLM's range: a signed 64-bit integer
     "min_tokens": [-1, "x", 2.5],
     "presence_penalty": [3, -3, "x"],
     "frequency_penalty": [2.5, "x"],
@@ -119,6 +119,8 @@ def corpus() -> list[Case]:
                   Case(path, good | {"model": "gpt-4o"}, 404, "model"),
                   Case(path, good | {"model": 5}, 400, "model")]
     cases.append(Case(C, GOOD_C | {"prompt": ["a", "b", "c"], "n": 100}, 400, "n"))  # 300 generations
+    # Answered 500 once: choice 1's seed + 1 was out of range.
+    cases += [Case(path, good | {"seed": 2**64 - 1, "n": 2}, 400, "seed") for path, good in ((C, GOOD_C), (M, GOOD_M))]
     # Each killed the engine before issue 12: the sampler indexed the logits with them.
     cases += [Case(path, good | {"stop_token_ids": [ids], "min_tokens": 1}, 400, "stop_token_ids")
               for path, good in ((C, GOOD_C), (M, GOOD_M)) for ids in (VOCAB, 100_000, 2**63 - 1)]
@@ -178,6 +180,21 @@ def test_bad_input_is_a_4xx_in_openais_shape(server: RunningServer, case: Case, 
     if case.param is not None:  # the field, or a part of it (`messages[0].role`, `response_format.type`)
         assert error["param"] == case.param or error["param"].startswith((f"{case.param}.", f"{case.param}[")), error
     held["held"] += 1
+
+
+@pytest.mark.parametrize(("path", "good"), [(C, GOOD_C), (M, GOOD_M)])
+def test_the_largest_seed_with_n_2_wraps_its_second_choices_seed(server: RunningServer, path: str, good: dict) -> None:
+    """Choice 1 samples with seed + 1, wrapped as signed 64-bit arithmetic wraps: what seed -2**63 draws."""
+    sampled = good | {"temperature": 1.0, "max_tokens": 8, "ignore_eos": True}
+    with server.http() as http:
+        both = http.post(path, json=sampled | {"seed": 2**63 - 1, "n": 2})
+        wrapped = http.post(path, json=sampled | {"seed": -(2**63)})
+    assert both.status_code == 200 and wrapped.status_code == 200, both.text + wrapped.text
+    assert choice_text(both.json()["choices"][1]) == choice_text(wrapped.json()["choices"][0])
+
+
+def choice_text(choice: dict) -> str:
+    return choice["text"] if "text" in choice else choice["message"]["content"]
 
 
 def test_the_corpus_is_large_and_the_server_healthy_after_it(server: RunningServer) -> None:

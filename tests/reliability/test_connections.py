@@ -84,6 +84,44 @@ def test_uvicorns_own_errors_are_in_openais_shape(server: RunningServer, raw: by
     assert openai_error(exchange(server, raw), status)["code"] == code
 
 
+def answers(raw: bytes) -> list[tuple[int, dict]]:
+    """Each response on a connection, in order: (status, JSON body), framed by their Content-Length."""
+    found = []
+    while raw:
+        head, _, rest = raw.partition(b"\r\n\r\n")
+        length = int(next(line.split(b":")[1] for line in head.lower().split(b"\r\n")
+                          if line.startswith(b"content-length:")))
+        found.append((int(head.split(b" ")[1]), orjson.loads(rest[:length])))
+        raw = rest[length:]
+    return found
+
+
+@pytest.mark.parametrize(("declared", "first"), [(12, (400, "invalid_json")), (None, (200, None))])
+def test_a_body_longer_than_its_content_length_is_answered_then_refused_without_a_traceback(
+    server: RunningServer, caplog: pytest.LogCaptureFixture, declared: int | None, first: tuple[int, str | None],
+) -> None:
+    """The bytes past the Content-Length are the next request, which is not HTTP: the request the Content-Length
+    framed is answered first (a 400 for JSON cut short, or its completion), then the rest gets a 400, and the
+    log has one line about it, no traceback."""
+    body = orjson.dumps({"model": MODEL, "prompt": "Hello", "max_tokens": 2})
+    framed = request("POST", "/v1/completions", headers="").replace(b"Connection: close\r\n", b"")
+    raw = framed.replace(b"Content-Length: 0", b"Content-Length: %d" % (declared or len(body))) + body
+    raw += b"" if declared else b', "stream": true}'
+    uvicorn_log = logging.getLogger("uvicorn")
+    uvicorn_log.addHandler(caplog.handler)  # uvicorn's loggers do not propagate to pytest's
+    try:
+        with caplog.at_level(logging.INFO):
+            got = answers(exchange(server, raw))
+            time.sleep(0.2)  # the first request's own log line
+    finally:
+        uvicorn_log.removeHandler(caplog.handler)
+    assert [status for status, _ in got] == [first[0], 400]
+    assert got[0][1].get("error", {}).get("code") == first[1] and got[1][1]["error"]["code"] == "invalid_http_request"
+    assert not any(r.exc_info for r in caplog.records) and "Traceback" not in caplog.text, caplog.text
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert warnings == ["Invalid HTTP request received."]
+
+
 def test_a_duplicated_authorization_header_is_refused(server: RunningServer) -> None:
     raw = request("GET", "/v1/models", headers="Authorization: Bearer someone-else\r\n")
     assert openai_error(exchange(server, raw), 400)["code"] == "duplicate_header"

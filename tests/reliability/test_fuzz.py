@@ -34,7 +34,7 @@ SAMPLING = {
     "top_p": field(st.floats(0.01, 1), st.sampled_from([0, 1.5])), "top_k": field(st.integers(-1, 600), st.just(-2)),
     "min_p": field(st.floats(0, 1), st.sampled_from([-0.1, 1.1])),
     "n": field(st.integers(1, 3), st.sampled_from([0, -1, 129])),
-    "seed": field(st.integers(-(2**63), 2**63), st.sampled_from([2**64, -(2**64)])),
+    "seed": field(st.integers(-(2**63), 2**63 - 1), st.sampled_from([2**63, 2**64 - 1, -(2**63) - 1])),
     "stop": field(st.lists(st.text(min_size=1, max_size=4), max_size=3) | st.text(min_size=1, max_size=3),
                   st.sampled_from(["", [""], ["x"] * 65, ["y" * 257]])),
     "stop_token_ids": field(st.lists(TOKEN_ID, max_size=3), st.lists(TOKEN_ID | BAD_TOKEN_ID, min_size=1, max_size=3)
