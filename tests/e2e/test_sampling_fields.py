@@ -59,15 +59,21 @@ def test_json_object_and_vllm_structured_outputs(server: RunningServer) -> None:
         assert isinstance(json.loads(text), dict)
 
 
-def test_streamed_structured_output_is_valid_too(server: RunningServer) -> None:
+# Person's JSON in json.dumps's layout (core/grammar.py) is at most about 100 bytes (a name of 8 characters,
+# each at most a 6-byte escape), and a token is at least one byte: the grammar always ends it within this many.
+PERSON_MAX_TOKENS = 256
+
+
+@pytest.mark.parametrize("seed", [5, 6, 7])
+def test_streamed_structured_output_is_valid_too(server: RunningServer, seed: int) -> None:
     stream = server.client().chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=64, seed=5, stream=True,
-        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": Person.model_json_schema(),
-                                                                "strict": True}})
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=PERSON_MAX_TOKENS, seed=seed,
+        stream=True, response_format={"type": "json_schema", "json_schema": {
+            "name": "p", "schema": Person.model_json_schema(), "strict": True}})
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
-    if chunks[-1].choices[0].finish_reason == "stop":
-        Person.model_validate_json(text)
+    assert chunks[-1].choices[0].finish_reason == "stop", text
+    assert isinstance(Person.model_validate_json(text), Person)
 
 
 def test_penalties_and_logit_bias_are_applied(server: RunningServer) -> None:

@@ -27,6 +27,10 @@ from tests.gpu.test_kernels import (  # skips this module too without CUDA or tr
 
 pytest.importorskip("flash_attn.cute")
 
+from flash_attn.cute import interface as fa4  # noqa: E402
+from flash_attn.cute.cache_utils import get_jit_cache  # noqa: E402
+from flash_attn.cute.interface import BIN_BATCH_SEARCH_THRESH  # noqa: E402
+
 from gpu.attention.flash_backend import FlashAttnBackend  # noqa: E402
 from tests.gpu.graph_capture import captured  # noqa: E402
 
@@ -154,7 +158,76 @@ def test_steps_with_prefill_replay_in_a_padded_cuda_graph(bucket: int, capacity:
         assert_matches(static_out[:num_tokens], ref, f"fa4 padded step graph bucket={bucket} replay {step}")
 
 
-def test_compile_variants_runs_every_variant() -> None:
+# FA4's compile caches that our steps reach: its forward, and the helpers of its batch-lookup aid (more rows than
+# BIN_BATCH_SEARCH_THRESH).
+FA4_COMPILED = {"fwd": fa4._flash_attn_fwd, "tile_cumsum": fa4._compute_tile_cumsum,
+                "blocks_to_batch": fa4._compute_blocks_to_batch}
+# A step of each kind the scheduler makes: (query lengths, context lengths).
+STEPS = {
+    "decode": ([1] * 5, [1000, 17, 1, 300, 64]),
+    "mixed, longest query within one tile": ([1, 3, 1, 17], [500, 40, 2, 17]),
+    "prefill past one tile": ([300, 1], [700, 50]),
+    "more rows than the lookup threshold": ([1] * 270 + [40], [30] * 270 + [100]),
+}
+
+
+@pytest.fixture
+def fresh_compile_caches(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Empty in-memory compile caches, as a new server process starts with (still backed by FA4's disk cache)."""
+    for name, function in FA4_COMPILED.items():
+        monkeypatch.setattr(function, "compile_cache", get_jit_cache(name))
+
+
+def compiled() -> dict[str, set[object]]:
+    return {name: set(function.compile_cache.cache) for name, function in FA4_COMPILED.items()}
+
+
+def step_on(k_cache: torch.Tensor, v_cache: torch.Tensor, query_lens: list[int], context_lens: list[int],
+            rng: random.Random) -> PagedBatch:
+    """A step over the given caches (as a server's steps share the layer's cache): random blocks per row."""
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    width = max(-(-n // block_size) for n in context_lens) + 1
+    tables = [[rng.randrange(num_blocks) for _ in range(width)] for _ in context_lens]
+    num_heads = num_kv_heads * 2  # the group of the test's shape
+    return PagedBatch(
+        query=torch.randn(sum(query_lens), num_heads, head_dim, device=DEVICE).to(k_cache.dtype),
+        k_cache=k_cache, v_cache=v_cache,
+        query_start_loc=torch.tensor([0, *itertools.accumulate(query_lens)], dtype=torch.int32, device=DEVICE),
+        context_lens=torch.tensor(context_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=torch.tensor(tables, dtype=torch.int32, device=DEVICE),
+    )
+
+
+def start_like_a_server(max_num_seqs: int) -> tuple[torch.Tensor, torch.Tensor, dict[str, set[object]]]:
+    """A layer's cache, with compile_variants run on it as the model runner runs it at start; what is compiled."""
     shape = Shape(16, 128, 2, 8)
-    b = make_batch([1], [16], shape)
-    BACKEND.compile_variants(16, b.k_cache, b.v_cache, 0.1, max_num_seqs=300)
+    cache_shape = (512, shape.block_size, shape.num_kv_heads, shape.head_dim)
+    k_cache = torch.randn(cache_shape, device=DEVICE).to(torch.bfloat16)
+    v_cache = torch.randn(cache_shape, device=DEVICE).to(torch.bfloat16)
+    BACKEND.compile_variants(shape.num_kv_heads * shape.group, k_cache, v_cache, 0.1, max_num_seqs=max_num_seqs)
+    return k_cache, v_cache, compiled()
+
+
+@pytest.mark.usefixtures("fresh_compile_caches")
+def test_compile_variants_runs_every_variant() -> None:
+    """After compile_variants, a step of every kind our scheduler makes finds its kernels compiled: none compiles
+    another (seconds of a running server's time), and each computes what the reference does."""
+    k_cache, v_cache, at_start = start_like_a_server(max_num_seqs=300)
+    assert at_start["fwd"]
+    rng = random.Random(0)
+    for label, (query_lens, context_lens) in STEPS.items():
+        b = step_on(k_cache, v_cache, query_lens, context_lens, rng)
+        out = attend(b, metadata(b, query_lens, context_lens), 0.1)
+        assert_matches(out, b.reference(0.1), f"fa4 after compile_variants: {label}")
+        assert compiled() == at_start, f"a step ({label}) compiled a variant compile_variants did not"
+
+
+@pytest.mark.usefixtures("fresh_compile_caches")
+def test_a_variant_compile_variants_skips_is_compiled_by_the_step_that_needs_it() -> None:
+    """The check above can see a missed variant: with at most BIN_BATCH_SEARCH_THRESH rows a step, compile_variants
+    leaves the lookup aid's variant out, and a step with more rows compiles it."""
+    k_cache, v_cache, at_start = start_like_a_server(max_num_seqs=BIN_BATCH_SEARCH_THRESH)
+    query_lens, context_lens = STEPS["more rows than the lookup threshold"]
+    b = step_on(k_cache, v_cache, query_lens, context_lens, random.Random(1))
+    attend(b, metadata(b, query_lens, context_lens), 0.1)
+    assert compiled()["fwd"] > at_start["fwd"]
