@@ -11,7 +11,7 @@ import json
 import logging
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import replace
 from pathlib import Path
 
 from core.sampling_params import SamplingParams, SamplingParamsError
@@ -27,57 +27,47 @@ CONFIG_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k"
 _INTEGERS = ("top_k", "max_tokens")
 
 
-@dataclass(frozen=True)
-class SamplingDefaults:
-    """Each field's ranges are SamplingParams' own (a value outside them is a ValueError on creation)."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    max_tokens: int | None = None  # None: the endpoint's own default (the rest of the context, or 16)
-
-    def __post_init__(self) -> None:
-        SamplingParams(**asdict(self))
-
-    def fill_max_tokens(self, params: SamplingParams, room: int) -> SamplingParams:
-        """`params` of a request that left max_tokens out (None) with this default, at most the `room` its prompt
-        leaves in the context: as in vLLM, a default never makes a request fail. A request's own value stays."""
-        if params.max_tokens is not None or self.max_tokens is None:
-            return params
-        return replace(params, max_tokens=min(self.max_tokens, room))
-
-    def changes(self) -> dict[str, object]:
-        """The values that differ from the server's neutral ones."""
-        return {f.name: getattr(self, f.name) for f in fields(self)
-                if getattr(self, f.name) != getattr(SERVER_DEFAULTS, f.name)}
+# The server's neutral values (`--generation-config vllm`): SamplingParams' own, max_tokens None (the endpoint's
+# default: the rest of the context, or 16 for legacy completions). Defaults are SamplingParams whose fields named
+# in CONFIG_NAMES are what a request that leaves them out gets; SamplingParams checks their ranges.
+SERVER_DEFAULTS = SamplingParams(max_tokens=None)
 
 
-SERVER_DEFAULTS = SamplingDefaults()  # the server's neutral values (`--generation-config vllm`)
+def fill_max_tokens(params: SamplingParams, defaults: SamplingParams, room: int) -> SamplingParams:
+    """`params` of a request that left max_tokens out (None) with the default one, at most the `room` its prompt
+    leaves in the context: as in vLLM, a default never makes a request fail. A request's own value stays."""
+    if params.max_tokens is not None or defaults.max_tokens is None:
+        return params
+    return replace(params, max_tokens=min(defaults.max_tokens, room))
+
+
+def changes(defaults: SamplingParams) -> dict[str, object]:
+    """The defaults that differ from the server's neutral ones."""
+    return {name: getattr(defaults, name) for name in CONFIG_NAMES.values()
+            if getattr(defaults, name) != getattr(SERVER_DEFAULTS, name)}
 
 
 def load_sampling_defaults(model_dir: str, source: str = FROM_MODEL,
-                           override: Mapping[str, object] | None = None) -> SamplingDefaults:
+                           override: Mapping[str, object] | None = None) -> SamplingParams:
     """The defaults `source` (auto, vllm or a folder) names for the checkpoint in `model_dir`, `override` set over
     them; logged. ValueError for a file or a value that cannot be used, naming it."""
     path = None if source == NEUTRAL else Path(model_dir if source == FROM_MODEL else source) / GENERATION_CONFIG_FILE
     values = {} if path is None else _read_file(path, must_exist=source != FROM_MODEL)
     file_defaults = sampling_defaults_from(values, f"{path} (--generation-config vllm ignores it)")
     defaults = sampling_defaults_from({**values, **(override or {})}, "override_generation_config")
-    changes = ", ".join(f"{name}={value}" for name, value in defaults.changes().items())
-    if changes:
-        origins = [f"the generation config {path}"] if file_defaults.changes() else []
+    changed = ", ".join(f"{name}={value}" for name, value in changes(defaults).items())
+    if changed:
+        origins = [f"the generation config {path}"] if changes(file_defaults) else []
         origins += ["--override-generation-config"] if override else []
         logger.info("Default sampling parameters have been overridden by %s: %s. A request's own fields win; "
-                    "--generation-config vllm uses the server's defaults.", " and ".join(origins), changes)
+                    "--generation-config vllm uses the server's defaults.", " and ".join(origins), changed)
     else:
         logger.info("default sampling parameters: the server's own (temperature 1.0, no top_p, top_k or min_p "
                     "filter, no repetition penalty)")
     return defaults
 
 
-def sampling_defaults_from(values: Mapping[str, object], source: str) -> SamplingDefaults:
+def sampling_defaults_from(values: Mapping[str, object], source: str) -> SamplingParams:
     """Defaults from a generation config's values (other keys are ignored: a file holds token ids and more);
     errors name the config's key. HF's top_k 0 (vLLM's -1 too) means no top-k."""
     known = {CONFIG_NAMES[key]: _number(key, value, source) for key, value in values.items()
@@ -85,7 +75,7 @@ def sampling_defaults_from(values: Mapping[str, object], source: str) -> Samplin
     if known.get("top_k", 1) <= 0:
         known["top_k"] = None
     try:
-        return SamplingDefaults(**known)  # type: ignore[arg-type]
+        return replace(SERVER_DEFAULTS, **known)  # type: ignore[arg-type]
     except SamplingParamsError as exc:
         key = next(k for k, name in CONFIG_NAMES.items() if name == exc.param)
         raise ValueError(f"{source}: '{key}' {str(exc).removeprefix(exc.param).strip()}") from exc

@@ -14,7 +14,8 @@ from starlette.middleware import Middleware
 from starlette.routing import Route
 from transformers import PreTrainedTokenizerBase
 
-from core.sampling_defaults import SamplingDefaults, load_sampling_defaults
+from core.sampling_defaults import load_sampling_defaults
+from core.sampling_params import SamplingParams
 from core.serving_engine import ServingEngine
 from core.tokenizer import load_tokenizer
 from openai_serve.chat_template import ChatTemplate
@@ -72,7 +73,7 @@ ROUTES = [
 
 def build_app(
     engine: ServingEngine, config: ServerConfig, tokenizer: PreTrainedTokenizerBase | None = None,
-    sampling_defaults: SamplingDefaults | None = None,
+    sampling_defaults: SamplingParams | None = None,
 ) -> Starlette:
     """An app serving `engine`, which runs while the app's lifespan does (and is closed after it).
     `tokenizer`: the model's (None: loaded from the engine's model config); the engine knows token ids only.

@@ -13,7 +13,8 @@ from core import RequestRejected
 from core.detokenizer import TokenDecoder
 from core.outputs import TokenLogprobs
 from core.request_checks import EngineLimits
-from core.sampling_defaults import SamplingDefaults
+from core.sampling_defaults import fill_max_tokens
+from core.sampling_params import SamplingParams
 from core.text_tracker import TokenLogprob
 from openai_serve.choice import ChoiceDecoder, ChoiceDelta, ChoiceSpec, merge_deltas
 from openai_serve.engine_bridge import EngineBridge, RequestHandle
@@ -142,7 +143,7 @@ async def collect(generation: Generation) -> dict[int, CollectedChoice]:
 
 
 def choice_specs(
-    response_id: str, prompts: list[list[int]], body: GenerationBody, limits: EngineLimits, defaults: SamplingDefaults
+    response_id: str, prompts: list[list[int]], body: GenerationBody, limits: EngineLimits, defaults: SamplingParams
 ) -> list[ChoiceSpec]:
     """n choices per prompt; choice j of prompt i is index i * n + j and engine request `{id}-{index}`.
     Each prompt is checked against the engine's limits once, errors naming the client's fields; a prompt
@@ -152,7 +153,7 @@ def choice_specs(
     for prompt_index, prompt in enumerate(prompts):
         try:
             limits.check_prompt(prompt, body.prompt_param)
-            sampling = defaults.fill_max_tokens(body.common.sampling, limits.max_model_len - len(prompt))
+            sampling = fill_max_tokens(body.common.sampling, defaults, limits.max_model_len - len(prompt))
             params = limits.fit(len(prompt), sampling, body.max_tokens_param)
         except RequestRejected as exc:
             raise refused(exc) from exc

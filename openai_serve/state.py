@@ -8,7 +8,8 @@ from starlette.requests import Request
 from transformers import PreTrainedTokenizerBase
 
 from core.detokenizer import TokenDecoder
-from core.sampling_defaults import SERVER_DEFAULTS, SamplingDefaults
+from core.sampling_defaults import SERVER_DEFAULTS
+from core.sampling_params import SamplingParams
 from core.serving_engine import ServingEngine
 from openai_serve.chat_template import ChatTemplate
 from openai_serve.cpu_work import CpuWork
@@ -37,7 +38,7 @@ class ServingState:
     tool_call_parser: str | None = None  # --tool-call-parser resolved against the template (None: no parsing)
     reasoning_parser: str | None = None  # --reasoning-parser (None: thinking is not split from the answer)
     # What the sampling fields a request leaves out take (--generation-config: the model's, by default).
-    sampling_defaults: SamplingDefaults = SERVER_DEFAULTS
+    sampling_defaults: SamplingParams = SERVER_DEFAULTS
     ignored_fields: IgnoredFieldsLog = field(default_factory=IgnoredFieldsLog)
     created: int = field(default_factory=lambda: int(time.time()))
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from typing import ClassVar
 
 from core import SamplingParams, SamplingParamsError
-from core.sampling_defaults import SERVER_DEFAULTS, SamplingDefaults
+from core.sampling_defaults import SERVER_DEFAULTS
 from core.sampling_params import MAX_TOKENS, Bounds
 from openai_serve.errors import bad_request, refused, unsupported
 from openai_serve.protocol.anthropic_input import read_conversation
@@ -65,7 +65,7 @@ class MessagesRequest(ChatRequest):
 
 
 def parse_messages_request(body: object, unknown: UnknownFields | None = None,
-                           defaults: SamplingDefaults = SERVER_DEFAULTS) -> MessagesRequest:
+                           defaults: SamplingParams = SERVER_DEFAULTS) -> MessagesRequest:
     """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`); `defaults`: what
     the sampling fields the request leaves out take."""
     fields = Fields(body, unknown=unknown)
@@ -152,7 +152,7 @@ def _read_thinking(thinking: Fields | None, max_tokens: int | None) -> tuple[boo
     return {"enabled": True, "disabled": False}.get(kind), display != "omitted"
 
 
-def _read_sampling(fields: Fields, max_tokens: int, defaults: SamplingDefaults) -> SamplingParams:
+def _read_sampling(fields: Fields, max_tokens: int, defaults: SamplingParams) -> SamplingParams:
     """Chat's sampling fields, Anthropic's `stop_sequences` among the stop strings."""
     sampling = read_sampling(fields, max_tokens, None, defaults)
     if sampling.prompt_logprobs is not None:

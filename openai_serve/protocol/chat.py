@@ -8,8 +8,8 @@ variables of those names, for templates that use them; `chat_template_kwargs` se
 from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
-from core.sampling_defaults import SERVER_DEFAULTS, SamplingDefaults
-from core.sampling_params import LOGPROBS, MAX_TOKENS
+from core.sampling_defaults import SERVER_DEFAULTS
+from core.sampling_params import LOGPROBS, MAX_TOKENS, SamplingParams
 from openai_serve.errors import bad_request, unsupported
 from openai_serve.protocol.common import GenerationRequest, read_common, read_model
 from openai_serve.protocol.fields import Fields, UnknownFields
@@ -36,7 +36,7 @@ class ChatRequest(GenerationRequest):
 
 
 def parse_chat_request(body: object, unknown: UnknownFields | None = None,
-                       defaults: SamplingDefaults = SERVER_DEFAULTS) -> ChatRequest:
+                       defaults: SamplingParams = SERVER_DEFAULTS) -> ChatRequest:
     """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`); `defaults`: what
     the sampling fields the request leaves out take."""
     fields = Fields(body, unknown=unknown)

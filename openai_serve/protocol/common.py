@@ -13,7 +13,6 @@ include_stop_str_in_output) all reach the engine.
 from dataclasses import dataclass, replace
 
 from core import SamplingParams, SamplingParamsError
-from core.sampling_defaults import SamplingDefaults
 from core.sampling_params import (
     FREQUENCY_PENALTY,
     LOGIT_BIAS,
@@ -78,7 +77,7 @@ def read_model(fields: Fields) -> str:
 
 
 def read_common(fields: Fields, model: str, max_tokens: int | None, logprobs: int | None,
-                defaults: SamplingDefaults) -> CommonRequest:
+                defaults: SamplingParams) -> CommonRequest:
     """The shared fields; `max_tokens` and `logprobs` are the endpoint's, read under its own names."""
     _accept_openai_only(fields)
     common = CommonRequest(
@@ -95,7 +94,7 @@ def read_common(fields: Fields, model: str, max_tokens: int | None, logprobs: in
 
 
 def read_sampling(fields: Fields, max_tokens: int | None, logprobs: int | None,
-                  defaults: SamplingDefaults) -> SamplingParams:
+                  defaults: SamplingParams) -> SamplingParams:
     """The request's SamplingParams, `defaults` for the sampling fields it leaves out. A rule between fields
     (min_tokens <= max_tokens, non-empty stop strings) is SamplingParams' own, and names its field, which is the
     client's name for it."""

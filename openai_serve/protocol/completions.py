@@ -7,8 +7,8 @@ ids; each prompt gets `n` choices, numbered prompt by prompt (prompt i, choice j
 from dataclasses import dataclass, replace
 from typing import ClassVar
 
-from core.sampling_defaults import SERVER_DEFAULTS, SamplingDefaults
-from core.sampling_params import LOGPROBS, MAX_TOKENS
+from core.sampling_defaults import SERVER_DEFAULTS
+from core.sampling_params import LOGPROBS, MAX_TOKENS, SamplingParams
 from openai_serve.errors import bad_request, unsupported
 from openai_serve.protocol.common import GenerationRequest, read_common, read_model
 from openai_serve.protocol.fields import Fields, UnknownFields, are_ints
@@ -30,7 +30,7 @@ class CompletionRequest(GenerationRequest):
 
 
 def parse_completion_request(body: object, unknown: UnknownFields | None = None,
-                             defaults: SamplingDefaults = SERVER_DEFAULTS) -> CompletionRequest:
+                             defaults: SamplingParams = SERVER_DEFAULTS) -> CompletionRequest:
     """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`); `defaults`: what
     the sampling fields the request leaves out take."""
     fields = Fields(body, unknown=unknown)

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 from core import SamplingParams
-from core.sampling_defaults import SERVER_DEFAULTS, SamplingDefaults
+from core.sampling_defaults import SERVER_DEFAULTS
 from core.sampling_params import LOGPROBS, MAX_TOKENS
 from openai_serve.errors import bad_request
 from openai_serve.protocol.chat import ChatRequest, template_kwargs
@@ -71,7 +71,7 @@ class ResponsesRequest(ChatRequest):
 
 
 def parse_responses_request(body: object, unknown: UnknownFields | None = None,
-                            defaults: SamplingDefaults = SERVER_DEFAULTS) -> ResponsesRequest:
+                            defaults: SamplingParams = SERVER_DEFAULTS) -> ResponsesRequest:
     """`unknown`: where fields nobody reads go (None: each is a 400, as `--strict-request-fields`); `defaults`: what
     the sampling fields the request leaves out take."""
     fields = Fields(body, unknown=unknown)

@@ -8,7 +8,7 @@ import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
-from core.sampling_defaults import SamplingDefaults
+from core.sampling_params import SamplingParams
 from openai_serve.cpu_work import items_size
 from openai_serve.generation import CollectedChoice, Generation, GenerationBody, Usage, choice_specs, collect
 from openai_serve.http_io import ClientDisconnected, read_json, until_disconnect
@@ -31,7 +31,7 @@ Body = TypeVar("Body", bound=ParsedBody)
 
 
 async def read_body(request: Request, prompt_key: str,
-                    parse: Callable[[object, UnknownFields, SamplingDefaults], Body]) -> Body:
+                    parse: Callable[[object, UnknownFields, SamplingParams], Body]) -> Body:
     """The request's JSON body read by `parse` (off the event loop when large), with the model's sampling defaults
     for the fields it leaves out, after the limits that can be checked before reading it; its model checked, and
     its unknown fields logged."""

@@ -3,12 +3,14 @@
 
 import json
 import logging
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from core import ModelConfig
-from core.sampling_defaults import SERVER_DEFAULTS, SamplingDefaults, load_sampling_defaults
+from core.sampling_defaults import SERVER_DEFAULTS, fill_max_tokens, load_sampling_defaults
+from core.sampling_params import SamplingParams
 from openai_serve.cli import parse_settings
 from openai_serve.errors import APIError
 from openai_serve.protocol.chat import parse_chat_request
@@ -17,7 +19,13 @@ from openai_serve.protocol.responses import parse_responses_request
 
 QWEN3_LIKE = {"bos_token_id": 1, "eos_token_id": [2, 3], "do_sample": True, "temperature": 0.6, "top_k": 20,
               "top_p": 0.95, "max_new_tokens": 300, "transformers_version": "4.51.0"}
-MODEL_DEFAULTS = SamplingDefaults(temperature=0.6, top_p=0.95, top_k=20, max_tokens=300)
+
+
+def defaults(**values: object) -> SamplingParams:
+    return replace(SERVER_DEFAULTS, **values)
+
+
+MODEL_DEFAULTS = defaults(temperature=0.6, top_p=0.95, top_k=20, max_tokens=300)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -46,10 +54,10 @@ def test_vllm_ignores_the_file_a_folder_replaces_it_and_overrides_go_over_either
     model = checkpoint(tmp_path / "model", QWEN3_LIKE)
     other = checkpoint(tmp_path / "other", {"temperature": 0.3, "min_p": 0.05, "repetition_penalty": 1.1})
     assert load_sampling_defaults(str(model), "vllm") == SERVER_DEFAULTS
-    assert load_sampling_defaults(str(model), str(other)) == SamplingDefaults(temperature=0.3, min_p=0.05,
+    assert load_sampling_defaults(str(model), str(other)) == defaults(temperature=0.3, min_p=0.05,
                                                                               repetition_penalty=1.1)
-    assert load_sampling_defaults(str(model), "vllm", {"temperature": 0.5}) == SamplingDefaults(temperature=0.5)
-    assert load_sampling_defaults(str(model), "auto", {"top_k": 0, "max_new_tokens": 8}) == SamplingDefaults(
+    assert load_sampling_defaults(str(model), "vllm", {"temperature": 0.5}) == defaults(temperature=0.5)
+    assert load_sampling_defaults(str(model), "auto", {"top_k": 0, "max_new_tokens": 8}) == defaults(
         temperature=0.6, top_p=0.95, max_tokens=8)  # HF's top_k 0: no top-k
 
 
@@ -115,11 +123,11 @@ def test_every_route_takes_them() -> None:
 
 def test_the_default_max_tokens_fits_what_the_prompt_leaves() -> None:
     absent = parse_chat_request(CHAT, defaults=MODEL_DEFAULTS).common.sampling
-    assert MODEL_DEFAULTS.fill_max_tokens(absent, room=1000).max_tokens == 300
-    assert MODEL_DEFAULTS.fill_max_tokens(absent, room=120).max_tokens == 120  # never a reason to refuse
+    assert fill_max_tokens(absent, MODEL_DEFAULTS, room=1000).max_tokens == 300
+    assert fill_max_tokens(absent, MODEL_DEFAULTS, room=120).max_tokens == 120  # never a reason to refuse
     sent = parse_chat_request(CHAT | {"max_tokens": 500}, defaults=MODEL_DEFAULTS).common.sampling
-    assert MODEL_DEFAULTS.fill_max_tokens(sent, room=120).max_tokens == 500  # the request's own: checked as sent
-    assert SERVER_DEFAULTS.fill_max_tokens(absent, room=120).max_tokens is None  # the rest of the context
+    assert fill_max_tokens(sent, MODEL_DEFAULTS, room=120).max_tokens == 500  # the request's own: checked as sent
+    assert fill_max_tokens(absent, SERVER_DEFAULTS, room=120).max_tokens is None  # the rest of the context
 
 
 def test_a_request_value_is_checked_as_before_whatever_the_defaults() -> None:
