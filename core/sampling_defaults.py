@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 FROM_MODEL = "auto"
 NEUTRAL = "vllm"  # vLLM's name for the server's own defaults
 GENERATION_CONFIG_FILE = "generation_config.json"
-# A generation config's names of the values read here -> SamplingDefaults' names for them.
+# A generation config's names of the values read here -> SamplingParams' names for them.
 CONFIG_NAMES = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                 "repetition_penalty": "repetition_penalty", "max_new_tokens": "max_tokens"}
 _INTEGERS = ("top_k", "max_tokens")
