@@ -64,12 +64,11 @@ def test_json_object_and_vllm_structured_outputs(server: RunningServer) -> None:
 PERSON_MAX_TOKENS = 256
 
 
-@pytest.mark.parametrize("seed", [5, 6, 7])
-def test_streamed_structured_output_is_valid_too(server: RunningServer, seed: int) -> None:
+def test_streamed_structured_output_is_valid_too(server: RunningServer) -> None:
     stream = server.client().chat.completions.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=PERSON_MAX_TOKENS, seed=seed,
-        stream=True, response_format={"type": "json_schema", "json_schema": {
-            "name": "p", "schema": Person.model_json_schema(), "strict": True}})
+        model=MODEL, messages=[{"role": "user", "content": "Hi"}], max_tokens=PERSON_MAX_TOKENS, seed=5, stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "p", "schema": Person.model_json_schema(),
+                                                                "strict": True}})
     chunks = list(stream)
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert chunks[-1].choices[0].finish_reason == "stop", text
