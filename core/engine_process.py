@@ -35,7 +35,7 @@ from core.engine_metrics import EngineObservations
 from core.outputs import RequestOutput
 from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
-from core.startup_gc import freeze_startup_objects, unfreeze_startup_objects
+from core.startup_gc import freeze_startup_objects
 
 logger = logging.getLogger(__name__)
 
@@ -193,7 +193,6 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
         outputs.send(("failed", f"{type(exc).__name__}: {exc}"))
     finally:
         engine.close()  # stops tensor-parallel workers
-        unfreeze_startup_objects()
 
 
 def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event) -> None:

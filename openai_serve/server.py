@@ -17,7 +17,7 @@ import sys
 import uvicorn
 from starlette.applications import Starlette
 
-from core.startup_gc import freeze_startup_objects, unfreeze_startup_objects
+from core.startup_gc import freeze_startup_objects
 from openai_serve.engine_bridge import EngineState
 from openai_serve.http_protocol import guarded_protocol
 from openai_serve.server_config import ServerConfig
@@ -48,10 +48,7 @@ class ServingServer(uvicorn.Server):
     async def serve(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         sys.setswitchinterval(self._switch_interval_s)  # process-wide: this process is the server
-        try:
-            await super().serve(sockets)
-        finally:
-            unfreeze_startup_objects()  # what `startup` froze
+        await super().serve(sockets)
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)

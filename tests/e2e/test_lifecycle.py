@@ -1,7 +1,6 @@
 """Overload and shutdown: 503s in OpenAI's shape (529s in Anthropic's on its Messages API), terminal
 events for running requests (the Responses API's and the Messages API's too), blocks freed."""
 
-import gc
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -134,16 +133,3 @@ def test_shutdown_ends_running_requests_and_refuses_new_ones(own_server: Running
         assert assert_error_shape(http.post("/v1/completions", json=LONG), 503)["code"] == "shutting_down"
         assert http.get("/health").status_code == 503
     assert running.wait_idle()["num_kv_blocks_used"] == 0  # the engine thread still freed what was aborted
-
-
-def test_a_stopped_server_unfreezes_what_it_froze(model_dir: Path) -> None:
-    """Else start-up's objects would outlive the interpreter's exit, and triton's bindings would print their leak
-    report after pytest's summary (core/startup_gc.py)."""
-    running = start_server(model_dir)
-    deadline = time.monotonic() + 10
-    while not gc.get_freeze_count():  # frozen at the end of start-up, just after `started`
-        assert time.monotonic() < deadline, "nothing was frozen"
-        time.sleep(0.01)
-    running.stop()
-    assert gc.get_freeze_count() == 0
-
