@@ -45,7 +45,15 @@ def response(server: RunningServer, fields: dict[str, object]) -> Answer:
     return out.output_text, out.usage.output_tokens
 
 
-@pytest.mark.parametrize("ask", [completion, chat, response])
+def message(server: RunningServer, fields: dict[str, object]) -> Answer:
+    """Anthropic's Messages API, whose max_tokens is required: sent as the model's default here, unless given."""
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6} | IGNORE_EOS | fields
+    with server.http() as http:
+        out = http.post("/v1/messages", json=body).json()
+    return "".join(block["text"] for block in out["content"] if block["type"] == "text"), out["usage"]["output_tokens"]
+
+
+@pytest.mark.parametrize("ask", [completion, chat, response, message])
 def test_fields_left_out_take_the_models_defaults(server: RunningServer, ask: Callable[..., Answer]) -> None:
     greedy = ask(server, {"temperature": 0})
     assert greedy[1] == MODEL_DEFAULTS["max_new_tokens"]
@@ -53,7 +61,7 @@ def test_fields_left_out_take_the_models_defaults(server: RunningServer, ask: Ca
 
 
 @pytest.mark.parametrize(("ask", "max_tokens_field"), [(completion, "max_tokens"), (chat, "max_completion_tokens"),
-                                                       (response, "max_output_tokens")])
+                                                       (response, "max_output_tokens"), (message, "max_tokens")])
 def test_fields_sent_win(server: RunningServer, ask: Callable[..., Answer], max_tokens_field: str) -> None:
     greedy_text, _ = ask(server, {"temperature": 0})
     answers = [ask(server, {"seed": seed, "top_k": -1, max_tokens_field: 9}) for seed in SEEDS]  # -1: no top-k
