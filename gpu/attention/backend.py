@@ -16,6 +16,7 @@ import torch
 
 from gpu.attention import torch_ref
 from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.variant import PLAIN, AttentionVariant
 
 BACKEND_NAMES = ("torch", "cpu", "triton", "flash-attn")
 
@@ -44,6 +45,7 @@ class AttentionBackend(Protocol):
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        variant: AttentionVariant = PLAIN,  # the layer's window, sinks, soft-cap (gpu/attention/variant.py)
     ) -> torch.Tensor: ...
 
 
@@ -55,8 +57,8 @@ class TorchBackend:
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:  # noqa: ANN001
         torch_ref.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
-    def forward(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:  # noqa: ANN001
-        return torch_ref.attention_forward(query, k_cache, v_cache, meta, scale)
+    def forward(self, query, k_cache, v_cache, meta, scale, variant=PLAIN) -> torch.Tensor:  # noqa: ANN001
+        return torch_ref.attention_forward(query, k_cache, v_cache, meta, scale, variant)
 
 
 class PhasedBackend:
@@ -72,9 +74,9 @@ class PhasedBackend:
         # Every backend writes the one cache layout (metadata.py), so either may write it.
         self.prefill.store_kv(key, value, k_cache, v_cache, slot_mapping)
 
-    def forward(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:  # noqa: ANN001
+    def forward(self, query, k_cache, v_cache, meta, scale, variant=PLAIN) -> torch.Tensor:  # noqa: ANN001
         backend = self.decode if meta.is_decode_only else self.prefill
-        return backend.forward(query, k_cache, v_cache, meta, scale)
+        return backend.forward(query, k_cache, v_cache, meta, scale, variant)
 
 
 def backend_named(name: str) -> AttentionBackend:

@@ -6,9 +6,9 @@ writes, keys and values repeated for every query head, einsums, a causal mask ev
 query) costs more than the arithmetic. Here:
 - the cache write is one `index_copy_` per tensor when the step has no padding slots (-1), else the
   reference's masked write;
-- a row with one query (a decode) reads its context through its block table, groups the query heads
-  by the KV head they read (no repeat), and takes two batched matmuls and a float32 softmax; a single
-  query sees its whole context, so there is no mask;
+- a row with one query (a decode) reads its context (the window's, for a windowed layer) through its block
+  table, groups the query heads by the KV head they read (no repeat), and takes two batched matmuls and a
+  float32 softmax; a single query sees every key it reads, so there is no mask;
 - a row with more queries (a prefill chunk) takes the reference's path: its matmuls dominate.
 The math is the reference's (float32 scores and softmax, the output rounded to the query's dtype), in
 another summation order: results equal it to float32 rounding (tests/unit/test_cpu_attention.py).
@@ -18,6 +18,7 @@ import torch
 
 from gpu.attention import torch_ref
 from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.variant import PLAIN, AttentionVariant
 
 
 class CpuBackend:
@@ -33,8 +34,8 @@ class CpuBackend:
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
-    def forward(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:  # noqa: ANN001
-        return paged_attention(query, k_cache, v_cache, meta, scale)
+    def forward(self, query, k_cache, v_cache, meta, scale, variant=PLAIN) -> torch.Tensor:  # noqa: ANN001
+        return paged_attention(query, k_cache, v_cache, meta, scale, variant)
 
 
 def paged_attention(
@@ -43,6 +44,7 @@ def paged_attention(
     v_cache: torch.Tensor,
     meta: AttentionMetadata,
     scale: float,
+    variant: AttentionVariant = PLAIN,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
     block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
     out = torch.empty_like(query)
@@ -51,24 +53,36 @@ def paged_attention(
         start, end = starts[row], starts[row + 1]
         if end == start:
             continue
-        blocks = meta.block_tables[row, : (context_len + block_size - 1) // block_size]
-        # [context_len, num_kv_heads, head_dim]; index_select: a quarter of advanced indexing's dispatch cost
-        keys = k_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:context_len]
-        values = v_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[:context_len]
+        first_visible = variant.first_visible(context_len - (end - start))
+        first_block = first_visible // block_size
+        blocks = meta.block_tables[row, first_block : (context_len + block_size - 1) // block_size]
+        # [keys read, num_kv_heads, head_dim]; index_select: a quarter of advanced indexing's dispatch cost
+        key_start = first_block * block_size
+        keys = k_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[: context_len - key_start]
+        values = v_cache.index_select(0, blocks).view(-1, num_kv_heads, head_dim)[: context_len - key_start]
         if end - start == 1:
-            out[start] = _attend_one_query(query[start], keys, values, scale)
+            seen = first_visible - key_start  # a decode sees every key from its window's start
+            out[start] = _attend_one_query(query[start], keys[seen:], values[seen:], scale, variant)
         else:
             out[start:end] = torch_ref.attend_row(query[start:end].float(), keys.float(), values.float(),
-                                                  query.shape[1] // num_kv_heads, scale).to(query.dtype)
+                                                  query.shape[1] // num_kv_heads, scale, variant,
+                                                  key_start).to(query.dtype)
     return out
 
 
-def _attend_one_query(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float) -> torch.Tensor:
-    """query: [num_heads, head_dim]; keys, values: [context_len, num_kv_heads, head_dim]."""
+def _attend_one_query(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float,
+                      variant: AttentionVariant) -> torch.Tensor:
+    """query: [num_heads, head_dim]; keys, values: [num_keys, num_kv_heads, head_dim], every one of them seen."""
     num_heads, head_dim = query.shape
     num_kv_heads = keys.shape[1]
     grouped = query.float().view(num_kv_heads, num_heads // num_kv_heads, head_dim)  # heads of one KV head together
-    scores = torch.bmm(grouped, keys.float().permute(1, 2, 0)).mul_(scale)  # [num_kv_heads, group, context_len]
-    probs = scores.softmax(dim=-1)
+    scores = torch.bmm(grouped, keys.float().permute(1, 2, 0)).mul_(scale)  # [num_kv_heads, group, num_keys]
+    if variant.softcap is not None:
+        scores = torch.tanh(scores / variant.softcap) * variant.softcap
+    if variant.sinks is None:
+        probs = scores.softmax(dim=-1)
+    else:  # the sink joins the denominator only
+        sinks = variant.sinks.float().view(num_kv_heads, -1, 1)
+        probs = torch.cat((scores, sinks), dim=-1).softmax(dim=-1)[..., :-1]
     out = torch.bmm(probs, values.float().transpose(0, 1))  # [num_kv_heads, group, head_dim]
     return out.view(num_heads, head_dim).to(query.dtype)
