@@ -43,9 +43,22 @@ Emoji travel well: 🙂 🚀 🎉 👍 ❤️ 🌍 — and accents too: café, n
 """
 
 
+# Tiny architectures: name -> (transformers model_type of the config, its causal-LM class).
+ARCHITECTURES = {
+    "qwen3": ("qwen3", "Qwen3ForCausalLM"),
+    "llama": ("llama", "LlamaForCausalLM"),
+    "qwen2": ("qwen2", "Qwen2ForCausalLM"),
+    "mistral": ("mistral", "MistralForCausalLM"),
+    "phi3": ("phi3", "Phi3ForCausalLM"),
+    "gemma3": ("gemma3_text", "Gemma3ForCausalLM"),
+    "gemma3_vision": ("gemma3", "Gemma3ForConditionalGeneration"),  # a tiny vision tower beside the text model
+    "gemma4": ("gemma4_text", "Gemma4ForCausalLM"),
+}
+
+
 @dataclass(frozen=True)
 class TinyModelSpec:
-    architecture: str = "qwen3"  # qwen3 | llama | qwen2
+    architecture: str = "qwen3"  # a key of ARCHITECTURES
     hidden_size: int = 64
     num_layers: int = 2
     num_heads: int = 4
@@ -59,6 +72,11 @@ class TinyModelSpec:
     initializer_range: float = 0.2
     seed: int = 0
     dtype: str = "float32"
+    # The family's own config fields (sliding_window, layer_types, partial_rotary_factor, ...), as (name, value).
+    overrides: tuple[tuple[str, object], ...] = ()
+    # Norm weights (and Gemma 4's layer scalars) moved off their initial ones or zeros, so a family's norm
+    # convention shows in the output.
+    perturbs_norms: bool = False
 
 
 def build_tiny_model(directory: str | Path, spec: TinyModelSpec = TinyModelSpec()) -> Path:
@@ -69,6 +87,8 @@ def build_tiny_model(directory: str | Path, spec: TinyModelSpec = TinyModelSpec(
     tokenizer.save_pretrained(directory)
     torch.manual_seed(spec.seed)
     model = _model_class(spec.architecture)(_model_config(spec, tokenizer))
+    if spec.perturbs_norms:
+        _perturb_norms(model)
     model.to(getattr(torch, spec.dtype)).save_pretrained(directory, safe_serialization=True)
     (directory / "tiny_model_spec.json").write_text(json.dumps(spec.__dict__, indent=1))
     return directory
@@ -104,8 +124,9 @@ def _build_tokenizer(vocab_size: int):  # noqa: ANN202 - a transformers tokenize
 def _model_config(spec: TinyModelSpec, tokenizer):  # noqa: ANN001, ANN202
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(
-        spec.architecture,
+    if spec.architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown tiny architecture {spec.architecture!r}; one of {sorted(ARCHITECTURES)}")
+    fields = dict(
         vocab_size=spec.vocab_size,
         hidden_size=spec.hidden_size,
         num_hidden_layers=spec.num_layers,
@@ -120,13 +141,45 @@ def _model_config(spec: TinyModelSpec, tokenizer):  # noqa: ANN001, ANN202
         pad_token_id=tokenizer.convert_tokens_to_ids("<|endoftext|>"),
         bos_token_id=None,
         rms_norm_eps=1e-6,
+        **dict(spec.overrides),
     )
+    model_type = ARCHITECTURES[spec.architecture][0]
+    if spec.architecture == "gemma3_vision":
+        return _gemma3_vision_config(fields)
+    return AutoConfig.for_model(model_type, **fields)
+
+
+def _gemma3_vision_config(text_fields: dict):  # noqa: ANN202
+    """Gemma 3's image-text config: the text model as asked, a tiny vision tower whose tokens lie in the vocabulary."""
+    from transformers import Gemma3Config, Gemma3TextConfig, SiglipVisionConfig
+
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=32, patch_size=8)
+    vocab = text_fields["vocab_size"]
+    text = Gemma3TextConfig(**text_fields)
+    return Gemma3Config(text_config=text.to_dict(), vision_config=vision.to_dict(), mm_tokens_per_image=4,
+                        boi_token_index=vocab - 3, eoi_token_index=vocab - 2, image_token_index=vocab - 1,
+                        initializer_range=text_fields["initializer_range"],
+                        tie_word_embeddings=text_fields["tie_word_embeddings"])
+
+
+def _perturb_norms(model) -> None:  # noqa: ANN001
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") or name.endswith("layer_scalar"):
+                param.add_(torch.rand(param.shape) * 0.5 - 0.25)
+
+
+def has_architecture(architecture: str) -> bool:
+    """Whether the installed transformers has the architecture's model class."""
+    import transformers
+
+    return hasattr(transformers, ARCHITECTURES[architecture][1])
 
 
 def _model_class(architecture: str):  # noqa: ANN202
-    from transformers import LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM
+    import transformers
 
-    classes = {"qwen3": Qwen3ForCausalLM, "llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM}
-    if architecture not in classes:
-        raise ValueError(f"unknown tiny architecture {architecture!r}; one of {sorted(classes)}")
-    return classes[architecture]
+    if architecture not in ARCHITECTURES:
+        raise ValueError(f"unknown tiny architecture {architecture!r}; one of {sorted(ARCHITECTURES)}")
+    return getattr(transformers, ARCHITECTURES[architecture][1])

@@ -1,6 +1,7 @@
 """Sizing and allocating the paged KV cache: one key and one value tensor per layer.
 
-Each tensor is [num_blocks, block_size, num_kv_heads, head_dim]. Sizing: an explicit block count
+Each tensor is [num_blocks, block_size, num_kv_heads, head_dim], with each layer's own head count and size; a
+layer that reads another layer's cache (Gemma 4's shared KV) gets none. Sizing: an explicit block count
 wins; on CUDA, what `gpu_memory_utilization` leaves after the weights and the peak activation
 memory of a warm-up pass; on CPU, enough for `max_num_seqs` full contexts, capped by a byte budget.
 """
@@ -18,7 +19,7 @@ CPU_KV_CACHE_BYTES = 4 * 1024**3
 
 def bytes_per_block(layers: list[DecoderAttention], block_size: int, dtype: torch.dtype) -> int:
     element_size = torch.empty(0, dtype=dtype).element_size()
-    per_token = sum(2 * layer.num_kv_heads * layer.head_dim for layer in layers)
+    per_token = sum(2 * layer.num_kv_heads * layer.head_dim for layer in layers if layer.owns_kv_cache)
     return per_token * block_size * element_size
 
 
@@ -45,6 +46,8 @@ def allocate(
     layers: list[DecoderAttention], num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
 ) -> None:
     for layer in layers:
+        if not layer.owns_kv_cache:
+            continue
         shape = (num_blocks, block_size, layer.num_kv_heads, layer.head_dim)
         layer.k_cache = torch.zeros(shape, dtype=dtype, device=device)
         layer.v_cache = torch.zeros(shape, dtype=dtype, device=device)

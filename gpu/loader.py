@@ -7,9 +7,16 @@ never silently left random.
 A parameter with a `weight_loader` reads what it needs of a checkpoint tensor itself, through a
 `CheckpointTensor`: a tensor-parallel rank reads only its slice's bytes (safetensors' get_slice),
 never the whole tensor. Other parameters read the whole tensor, which must have their shape.
+A merged parameter (q/k/v, gate/up) takes its checkpoint tensors one shard at a time (`packed_modules`), or
+all at once from one fused tensor (Phi-3's `qkv_proj`, `gate_up_proj`).
+
+A model may rename checkpoint tensors (`checkpoint_name`: a multimodal checkpoint's language model under its
+own prefix) and leave some out (its vision tower): the loader logs how many it left, and still requires every
+parameter of the model.
 """
 
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +25,7 @@ from safetensors import safe_open
 from torch import nn
 from tqdm import tqdm
 
+logger = logging.getLogger(__name__)
 
 class CheckpointTensor:
     """One tensor of a safetensors file, read whole or as a range of rows or columns."""
@@ -66,11 +74,16 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
     packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
     is_tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    rename = getattr(model, "checkpoint_name", None)
     loaded: dict[str, set[str | None]] = {}
+    left_out: list[str] = []
     tensors = tqdm(iter_checkpoint(model_dir), total=_num_tensors(model_dir), desc="loading weights", unit="tensor",
                    disable=None)  # None: a bar on a terminal only, not in logs
     for tensor in tensors:
-        name = tensor.name
+        name = rename(tensor.name) if rename is not None else tensor.name
+        if name is None:
+            left_out.append(tensor.name)
+            continue
         if name.endswith("rotary_emb.inv_freq") or (is_tied and name == "lm_head.weight"):
             continue
         target, shard = _target(name, packed)
@@ -86,7 +99,10 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
                 if param.shape != tensor.shape:
                     raise ValueError(f"{name}: checkpoint shape {tensor.shape} != {tuple(param.shape)}")
                 param.data.copy_(tensor.read())
-        loaded.setdefault(target, set()).add(shard)
+        loaded.setdefault(target, set()).update(_expected_shards(param) if shard is None else {shard})
+    if left_out:
+        logger.info("left out %d checkpoint tensors the served model does not use (e.g. %s)", len(left_out),
+                    left_out[0])
     missing = [name for name, param in model.named_parameters() if loaded.get(name) != _expected_shards(param)]
     if missing:
         raise ValueError(f"the checkpoint lacks {len(missing)} parameters (or shards of them), e.g. {missing[:3]}")

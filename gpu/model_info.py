@@ -15,7 +15,16 @@ class ModelInfo:
 
 
 def load_hf_config(model_path: str | Path) -> PretrainedConfig:
-    return AutoConfig.from_pretrained(str(model_path))
+    """The config of the model we serve: a multimodal checkpoint's (Gemma 3 and 4 image-text) is its language
+    model's `text_config`, under the checkpoint's own architectures, dtype and embedding tie."""
+    config = AutoConfig.from_pretrained(str(model_path))
+    text = config.get_text_config(decoder=True)
+    if text is not config:
+        text.architectures = config.architectures
+        for name in ("dtype", "tie_word_embeddings"):
+            if getattr(config, name, None) is not None:
+                setattr(text, name, getattr(config, name))
+    return text
 
 
 def checkpoint_dtype(config: PretrainedConfig) -> str | None:

@@ -212,11 +212,19 @@ class ModelRunner:
         return None if decode < 0 else (names[decode], names[prefill])
 
     def _compile_flash_attn(self, backend: PhasedBackend) -> None:
-        """Every FA4 kernel variant a step can use, compiled now rather than at a request."""
+        """Every FA4 kernel variant a step can use, compiled now rather than at a request: one layer of each kind
+        (heads, head size, window, sinks, soft-cap) the model has."""
+        kinds = {}
+        for layer in self.layers:
+            if layer.owns_kv_cache:
+                variant = layer.variant
+                kind = (layer.num_heads, layer.head_dim, variant.sliding_window, variant.sinks is None, variant.softcap)
+                kinds.setdefault(kind, layer)
         for phase_backend in {id(b): b for b in (backend.decode, backend.prefill)}.values():
             if compile_variants := getattr(phase_backend, "compile_variants", None):
-                layer = self.layers[0]
-                compile_variants(layer.num_heads, layer.k_cache, layer.v_cache, layer.scale, self.config.max_num_seqs)
+                for layer in kinds.values():
+                    compile_variants(layer.num_heads, layer.k_cache, layer.v_cache, layer.scale,
+                                     self.config.max_num_seqs, layer.variant)
 
     def _capture_graphs(self) -> None:
         """Graphs for decode-only steps and, when the backend allows, for steps with prefill (one pool)."""

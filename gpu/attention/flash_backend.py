@@ -14,7 +14,10 @@ through its cp.async path):
   context) replays one captured graph. The longest query, a host integer, only picks a kernel
   variant (one query tile or more); the graphs pass their bucket, an upper bound. On other GPUs
   FA4 may size that grid from the longest query, so there such steps run eagerly.
-New K/V are written by our Triton `store_kv` kernel.
+New K/V are written by our Triton `store_kv` kernel. A layer's variant (gpu/attention/variant.py) maps onto FA4's
+own arguments: a sliding window W is `window_size_left` = W - 1 with nothing to the right (FA4 then skips the KV
+blocks wholly outside it), sinks are its `learnable_sink` (natural-log logits, unscaled, as ours), a soft-cap its
+`softcap`. These change the compiled variant, not the grid, so graphs hold them as they hold plain layers.
 
 We call FA4's `_flash_attn_fwd` (the function behind its public `flash_attn_varlen_func`) rather
 than the public wrapper: it takes an output buffer, and skips the autograd Function around it,
@@ -37,6 +40,7 @@ os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_ENABLED", "1")
 from flash_attn.cute.interface import BIN_BATCH_SEARCH_THRESH, _flash_attn_fwd  # noqa: E402
 
 from gpu.attention.metadata import AttentionMetadata  # noqa: E402
+from gpu.attention.variant import PLAIN, AttentionVariant  # noqa: E402
 from gpu.kernels.store_kv import store_kv  # noqa: E402
 
 # With pack_gqa FA4 packs (queries x group) into tiles of 128 or 192 rows; a step whose longest
@@ -69,9 +73,10 @@ class FlashAttnBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        variant: AttentionVariant = PLAIN,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)  # contiguous, as FA4 writes it
-        return self.attend(query, k_cache, v_cache, meta, scale, out)
+        return self.attend(query, k_cache, v_cache, meta, scale, out, variant)
 
     def attend(
         self,
@@ -81,33 +86,46 @@ class FlashAttnBackend:
         meta: AttentionMetadata,
         scale: float,
         out: torch.Tensor,  # [num_tokens, num_heads, head_dim], written in full
+        variant: AttentionVariant = PLAIN,
     ) -> torch.Tensor:
+        extras = _variant_arguments(variant)
         if meta.is_decode_only:
             _flash_attn_fwd(
                 query.unsqueeze(1), k_cache, v_cache, seqused_k=meta.context_lens, page_table=meta.block_tables,
-                softmax_scale=scale, causal=False, num_splits=1, out=out.unsqueeze(1),
+                softmax_scale=scale, causal=False, num_splits=1, out=out.unsqueeze(1), **extras,
             )
             return out
         _flash_attn_fwd(
             query, k_cache, v_cache, cu_seqlens_q=meta.query_start_loc, max_seqlen_q=meta.max_query_len,
             seqused_k=meta.context_lens, page_table=meta.block_tables, softmax_scale=scale, causal=True,
-            num_splits=1, out=out,
+            num_splits=1, out=out, **extras,
         )
         return out
 
     def compile_variants(
-        self, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, max_num_seqs: int
+        self, num_heads: int, k_cache: torch.Tensor, v_cache: torch.Tensor, scale: float, max_num_seqs: int,
+        variant: AttentionVariant = PLAIN,
     ) -> None:
         """Runs each kernel variant our steps can use once on a small batch (block 0 of the cache):
         decode, and varlen with a longest query inside one tile and past it (and more rows than
-        FA4's lookup threshold when the scheduler allows that many)."""
+        FA4's lookup threshold when the scheduler allows that many), for layers of this shape and variant."""
         group = num_heads // k_cache.shape[2]
         batches = [[1, 1], [1, 2], [1, _ROWS_PAST_ANY_TILE // group + 1]]
         if max_num_seqs > BIN_BATCH_SEARCH_THRESH:
             batches.append([1] * BIN_BATCH_SEARCH_THRESH + [2])
         for query_lens in batches:
             query, meta = _small_batch(query_lens, num_heads, k_cache)
-            self.forward(query, k_cache, v_cache, meta, scale)
+            self.forward(query, k_cache, v_cache, meta, scale, variant)
+
+
+def _variant_arguments(variant: AttentionVariant) -> dict[str, object]:
+    """FA4's arguments for a layer's window, sinks and soft-cap (none for plain attention)."""
+    if variant.is_plain:
+        return {}
+    window = variant.sliding_window
+    return {"window_size_left": None if window is None else window - 1,
+            "window_size_right": None if window is None else 0,
+            "learnable_sink": variant.sinks, "softcap": variant.softcap}
 
 
 def _small_batch(

@@ -20,6 +20,7 @@ except ImportError as error:
     ) from error
 
 from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.variant import PLAIN, AttentionVariant
 from gpu.kernels.decode_attention import decode_attention
 from gpu.kernels.prefill_attention import prefill_attention
 from gpu.kernels.store_kv import store_kv
@@ -47,12 +48,14 @@ class TritonBackend:
         v_cache: torch.Tensor,
         meta: AttentionMetadata,
         scale: float,
+        variant: AttentionVariant = PLAIN,
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         if meta.is_decode_only:
             return decode_attention(
                 query, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, row_order=meta.row_order,
-                use_pdl=True,
+                use_pdl=True, variant=variant,
             )
         return prefill_attention(
-            query, k_cache, v_cache, meta.query_start_loc, meta.context_lens, meta.block_tables, scale
+            query, k_cache, v_cache, meta.query_start_loc, meta.context_lens, meta.block_tables, scale,
+            variant=variant,
         )

@@ -12,6 +12,11 @@ width, the GPU's multiprocessor count), never from context lengths; each row cut
 into at most that many segments on the GPU, and a program whose segment is empty writes an empty
 partial (lse = -inf, zeros). A row with context_len 0 (a padding row of a captured batch) gets an
 all-zero output. Every output element is written.
+
+A layer's variant (gpu/attention/variant.py): with a sliding window W a row's segments cut only the tiles from
+the one holding its first visible key (context_len - W), and the keys before it are masked out of that tile (not
+loaded, nor their block-table entries read); sinks join the denominator where the softmax is finished (the
+single-split program, or the merge); a soft-cap bends the scores before the softmax.
 """
 
 import functools
@@ -22,6 +27,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.attention.variant import PLAIN, AttentionVariant
+from gpu.kernels.attention_variant import LOG2_E, log2_scores, softcap_factors, with_sinks
 from gpu.kernels.pdl import pdl_start, uses_pdl
 
 # With at least NO_SPLIT_PROGRAMS_PER_SM (row, kv_head) programs per multiprocessor one split is best (more
@@ -56,10 +63,14 @@ def _decode_split_kernel(
     block_tables_ptr,
     context_lens_ptr,
     row_order_ptr,  # [num_rows] int32: which row each program-row runs (longest contexts first); or unused
+    sinks_ptr,  # HAS_SINKS: [num_heads], any float dtype; else unused
     out_ptr,
     partial_out_ptr,  # [num_rows, num_heads, NUM_SPLITS, HEAD_DIM] float32
     partial_lse_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32, log2 domain
     scale_log2,
+    softcap_in,
+    softcap_out,
+    window,  # HAS_WINDOW: the sliding window W; else unused
     q_stride_t,
     q_stride_h,
     out_stride_t,
@@ -77,6 +88,9 @@ def _decode_split_kernel(
     NUM_SPLITS: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     HAS_ROW_ORDER: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_start(USE_PDL)
@@ -87,9 +101,14 @@ def _decode_split_kernel(
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + row)
+    if HAS_WINDOW:
+        first_key = tl.maximum(context_len - window, 0)
+    else:
+        first_key = context_len * 0
+    first_tile = first_key // BLOCK_N
     num_tiles = tl.cdiv(context_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles, NUM_SPLITS)
-    tile_begin = split * tiles_per_split
+    tiles_per_split = tl.cdiv(num_tiles - first_tile, NUM_SPLITS)
+    tile_begin = first_tile + split * tiles_per_split
     tile_end = tl.minimum(tile_begin + tiles_per_split, num_tiles)
 
     offs_h = tl.arange(0, BLOCK_H)
@@ -106,6 +125,8 @@ def _decode_split_kernel(
     for tile in range(tile_begin, tile_end):
         positions = tile * BLOCK_N + offs_n
         is_valid = positions < context_len
+        if HAS_WINDOW:
+            is_valid &= positions >= first_key
         pages = tl.load(table_row + positions // BLOCK_SIZE, mask=is_valid, other=0)
         token_offsets = pages.to(tl.int64) * cache_stride_b + (positions % BLOCK_SIZE) * cache_stride_s
         kv_offsets = (token_offsets + kv_head * cache_stride_h)[:, None] + offs_d[None, :]
@@ -115,7 +136,8 @@ def _decode_split_kernel(
         else:
             kv_mask = is_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
         k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_H, BLOCK_N]
+        dot = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        scores = log2_scores(dot, scale_log2, softcap_in, softcap_out, HAS_SOFTCAP)  # [BLOCK_H, BLOCK_N]
         scores = tl.where(is_valid[None, :], scores, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(scores, 1))
         alpha = tl.exp2(m_i - m_new)
@@ -127,6 +149,9 @@ def _decode_split_kernel(
 
     # l_i == 0 only for an empty segment or context: its output is zeros, its weight zero.
     has_keys = l_i > 0.0
+    if NUM_SPLITS == 1 and HAS_SINKS:  # the whole softmax is here: finish it with the sinks
+        sinks_log2 = tl.load(sinks_ptr + heads, mask=offs_h < GROUP, other=0.0).to(tl.float32) * LOG2_E
+        acc, l_i = with_sinks(acc, m_i, l_i, sinks_log2)
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if NUM_SPLITS == 1:
         out_offsets = row * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :]
@@ -143,12 +168,14 @@ def _decode_split_kernel(
 def _decode_reduce_kernel(
     partial_out_ptr,
     partial_lse_ptr,
+    sinks_ptr,  # HAS_SINKS: [num_heads]; else unused
     out_ptr,
     out_stride_t,
     out_stride_h,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_start(USE_PDL)
@@ -160,12 +187,17 @@ def _decode_reduce_kernel(
     partial_rows = (row * num_heads + head) * NUM_SPLITS + offs_s
     lse = tl.load(partial_lse_ptr + partial_rows)
     lse_max = tl.max(lse, 0)
+    if HAS_SINKS:  # the sink weighs in the denominator only
+        sink_log2 = tl.load(sinks_ptr + head).to(tl.float32) * LOG2_E
+        lse_max = tl.maximum(lse_max, sink_log2)
     # Empty segments (lse = -inf) weigh nothing; if all are empty the output is zeros.
     weights = tl.where(lse > float("-inf"), tl.exp2(lse - lse_max), 0.0)
     d_mask = offs_d < HEAD_DIM
     part_offsets = partial_rows[:, None] * HEAD_DIM + offs_d[None, :]
     parts = tl.load(partial_out_ptr + part_offsets, mask=d_mask[None, :], other=0.0)  # [NUM_SPLITS, BLOCK_D]
     total = tl.sum(weights, 0)
+    if HAS_SINKS:
+        total += tl.exp2(sink_log2 - lse_max)
     out = tl.sum(weights[:, None] * parts, 0) / tl.where(total > 0.0, total, 1.0)
     tl.store(out_ptr + row * out_stride_t + head * out_stride_h + offs_d, out.to(out_ptr.dtype.element_ty), mask=d_mask)
 
@@ -199,8 +231,9 @@ def decode_attention(
     config: DecodeConfig | None = None,
     row_order: torch.Tensor | None = None,  # [num_rows] int32, a permutation: launch order of the rows
     use_pdl: bool = False,  # programmatic dependent launches where the GPU has them (gpu/kernels/pdl.py)
+    variant: AttentionVariant = PLAIN,  # the layer's window, sinks, soft-cap
 ) -> torch.Tensor:
-    """Attention of each row's single query over its whole context; no host sync, graph-capturable."""
+    """Attention of each row's single query over its context (its window's part); no host sync, graph-capturable."""
     _check(query, k_cache, v_cache, block_tables, context_lens)
     config = config or DecodeConfig()
     num_rows, num_heads, head_dim = query.shape
@@ -208,9 +241,10 @@ def decode_attention(
     out = torch.empty_like(query) if out is None else out
     if num_rows == 0:
         return out
-    num_splits = config.num_splits or choose_num_splits(
-        num_rows, num_kv_heads, block_tables.shape[1] * block_size, _num_sms(query.device)
-    )
+    max_keys = block_tables.shape[1] * block_size
+    if variant.sliding_window is not None:  # a window's keys span at most one tile more than the window
+        max_keys = min(max_keys, variant.sliding_window + config.block_n)
+    num_splits = config.num_splits or choose_num_splits(num_rows, num_kv_heads, max_keys, _num_sms(query.device))
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     if num_splits > 1:
@@ -222,21 +256,25 @@ def decode_attention(
     # One row needs no launch order, and reading it would put a load before every other load of the kernel.
     has_row_order = row_order is not None and num_rows > 1
     pdl = uses_pdl(use_pdl, query)
+    sinks = variant.sinks if variant.sinks is not None else context_lens
     _decode_split_kernel[(num_rows, num_kv_heads, num_splits)](
-        query, k_cache, v_cache, block_tables, context_lens, row_order if has_row_order else context_lens,
+        query, k_cache, v_cache, block_tables, context_lens, row_order if has_row_order else context_lens, sinks,
         out, partial_out, partial_lse,
-        scale * math.log2(math.e),
+        scale * math.log2(math.e), *softcap_factors(scale, variant.softcap), variant.sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
         BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        HAS_ROW_ORDER=has_row_order, USE_PDL=pdl, num_warps=config.num_warps, num_stages=num_stages, launch_pdl=pdl,
+        HAS_ROW_ORDER=has_row_order, HAS_WINDOW=variant.sliding_window is not None,
+        HAS_SINKS=variant.sinks is not None, HAS_SOFTCAP=variant.softcap is not None,
+        USE_PDL=pdl, num_warps=config.num_warps, num_stages=num_stages, launch_pdl=pdl,
     )
     if num_splits > 1:
         _decode_reduce_kernel[(num_rows, num_heads)](
-            partial_out, partial_lse, out, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, USE_PDL=pdl, num_warps=4, launch_pdl=pdl,
+            partial_out, partial_lse, sinks, out, out.stride(0), out.stride(1),
+            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, HAS_SINKS=variant.sinks is not None,
+            USE_PDL=pdl, num_warps=4, launch_pdl=pdl,
         )
     return out
 

@@ -11,6 +11,11 @@ that numbering needs no host-side lengths (grid = num_tokens // BLOCK_Q + num_ro
 bound), and a program finds its row by binary search over query_start_loc; surplus programs exit.
 KV tiles wholly below the tile's first query position run without the causal mask.
 Every query token of every row is written; tokens past query_start_loc[-1] are not.
+
+A layer's variant (gpu/attention/variant.py): with a sliding window W a tile starts at the KV tile holding the
+first key its earliest query sees (first position - W + 1), loads no key before that (nor its block-table
+entry), and masks the window's lower edge in the tiles that some of its queries see only in part; sinks join
+each query's denominator at the end; a soft-cap bends the scores before the mask.
 """
 
 import math
@@ -19,6 +24,9 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+
+from gpu.attention.variant import PLAIN, AttentionVariant
+from gpu.kernels.attention_variant import LOG2_E, log2_scores, softcap_factors, with_sinks
 
 
 @dataclass(frozen=True)
@@ -47,15 +55,19 @@ def _find_row(query_start_loc_ptr, q_tile, num_rows, BLOCK_Q: tl.constexpr):
 
 @triton.jit
 def _attend_tile(
-    q, m_i, l_i, acc, tile, q_positions, kv_len,
-    k_cache_ptr, v_cache_ptr, table_row, kv_head, cache_stride_b, cache_stride_s, cache_stride_h, scale_log2,
+    q, m_i, l_i, acc, tile, q_positions, kv_len, lowest_key, window,
+    k_cache_ptr, v_cache_ptr, table_row, kv_head, cache_stride_b, cache_stride_s, cache_stride_h,
+    scale_log2, softcap_in, softcap_out,
     HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_MASKED: tl.constexpr, DOT_PRECISION: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
 ):
-    """One online-softmax step over KV tokens [tile * BLOCK_N, (tile + 1) * BLOCK_N)."""
+    """One online-softmax step over KV tokens [tile * BLOCK_N, (tile + 1) * BLOCK_N), those before `lowest_key`
+    (HAS_WINDOW) neither loaded nor seen."""
     offs_d = tl.arange(0, BLOCK_D)
     positions = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     is_valid = positions < kv_len
+    if HAS_WINDOW:
+        is_valid &= positions >= lowest_key
     pages = tl.load(table_row + positions // BLOCK_SIZE, mask=is_valid, other=0)
     token_offsets = pages.to(tl.int64) * cache_stride_b + (positions % BLOCK_SIZE) * cache_stride_s
     kv_offsets = (token_offsets + kv_head * cache_stride_h)[:, None] + offs_d[None, :]
@@ -64,12 +76,19 @@ def _attend_tile(
     else:
         kv_mask = is_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
     k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * scale_log2  # [BLOCK_M, BLOCK_N]
+    dot = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    scores = log2_scores(dot, scale_log2, softcap_in, softcap_out, HAS_SOFTCAP)  # [BLOCK_M, BLOCK_N]
     if IS_MASKED:
         is_visible = (positions[None, :] <= q_positions[:, None]) & is_valid[None, :]
+        if HAS_WINDOW:
+            is_visible &= positions[None, :] > q_positions[:, None] - window
         scores = tl.where(is_visible, scores, float("-inf"))
-    # Every matrix row sees key 0 in the first tile, so m_new is finite from then on.
     m_new = tl.maximum(m_i, tl.max(scores, 1))
+    if HAS_WINDOW:
+        # A matrix row may see no key of its first tiles (its window starts later): exponents against 0 then,
+        # so that row's terms stay zeros instead of -inf - -inf.
+        m_new = tl.where(m_new == float("-inf"), 0.0, m_new)
+    # Without a window every matrix row sees key 0 in the first tile, so m_new is finite from then on.
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(scores - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
@@ -89,7 +108,11 @@ def _prefill_kernel(
     query_start_loc_ptr,
     context_lens_ptr,
     block_tables_ptr,
+    sinks_ptr,  # HAS_SINKS: [num_heads], any float dtype; else unused
     scale_log2,
+    softcap_in,
+    softcap_out,
+    window,  # HAS_WINDOW: the sliding window W; else unused
     num_rows,
     q_stride_t,
     q_stride_h,
@@ -107,6 +130,9 @@ def _prefill_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_N: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
 ):
     q_tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -136,19 +162,39 @@ def _prefill_kernel(
     table_row = block_tables_ptr + row.to(tl.int64) * table_stride_r
     first_position = prefix_len + local_tile * BLOCK_Q
     kv_len = prefix_len + tl.minimum((local_tile + 1) * BLOCK_Q, query_len)  # keys any query here sees
-    num_unmasked_tiles = (first_position + 1) // BLOCK_N
-    for tile in range(0, num_unmasked_tiles):
+    num_tiles = tl.cdiv(kv_len, BLOCK_N)
+    if HAS_WINDOW:
+        lowest_key = tl.maximum(first_position - window + 1, 0)  # the earliest query's first key
+        first_tile = lowest_key // BLOCK_N
+        # From the tile holding the last query's first key on, no query's window cuts a tile.
+        first_whole_tile = tl.minimum(tl.cdiv(tl.maximum(kv_len - window, 0), BLOCK_N), num_tiles)
+    else:
+        lowest_key = first_position * 0
+        first_tile = lowest_key
+        first_whole_tile = lowest_key
+    # Tiles [first_whole_tile, unmasked_end) need no mask: every query sees all of them.
+    unmasked_end = tl.maximum((first_position + 1) // BLOCK_N, first_whole_tile)
+    for tile in range(first_tile, first_whole_tile):
         m_i, l_i, acc = _attend_tile(
-            q, m_i, l_i, acc, tile, q_positions, kv_len, k_cache_ptr, v_cache_ptr, table_row, kv_head,
-            cache_stride_b, cache_stride_s, cache_stride_h, scale_log2,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, False, DOT_PRECISION,
+            q, m_i, l_i, acc, tile, q_positions, kv_len, lowest_key, window, k_cache_ptr, v_cache_ptr, table_row,
+            kv_head, cache_stride_b, cache_stride_s, cache_stride_h, scale_log2, softcap_in, softcap_out,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, True, DOT_PRECISION, HAS_WINDOW, HAS_SOFTCAP,
         )
-    for tile in range(num_unmasked_tiles, tl.cdiv(kv_len, BLOCK_N)):
+    for tile in range(first_whole_tile, unmasked_end):
         m_i, l_i, acc = _attend_tile(
-            q, m_i, l_i, acc, tile, q_positions, kv_len, k_cache_ptr, v_cache_ptr, table_row, kv_head,
-            cache_stride_b, cache_stride_s, cache_stride_h, scale_log2,
-            HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, True, DOT_PRECISION,
+            q, m_i, l_i, acc, tile, q_positions, kv_len, lowest_key, window, k_cache_ptr, v_cache_ptr, table_row,
+            kv_head, cache_stride_b, cache_stride_s, cache_stride_h, scale_log2, softcap_in, softcap_out,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, False, DOT_PRECISION, HAS_WINDOW, HAS_SOFTCAP,
         )
+    for tile in range(unmasked_end, num_tiles):
+        m_i, l_i, acc = _attend_tile(
+            q, m_i, l_i, acc, tile, q_positions, kv_len, lowest_key, window, k_cache_ptr, v_cache_ptr, table_row,
+            kv_head, cache_stride_b, cache_stride_s, cache_stride_h, scale_log2, softcap_in, softcap_out,
+            HEAD_DIM, BLOCK_SIZE, BLOCK_D, BLOCK_N, True, DOT_PRECISION, HAS_WINDOW, HAS_SOFTCAP,
+        )
+    if HAS_SINKS:
+        sinks_log2 = tl.load(sinks_ptr + heads).to(tl.float32) * LOG2_E
+        acc, l_i = with_sinks(acc, m_i, l_i, sinks_log2)
     out = acc / l_i[:, None]
     out_offsets = tokens[:, None] * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :]
     tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=md_mask)
@@ -164,8 +210,9 @@ def prefill_attention(
     scale: float,
     out: torch.Tensor | None = None,  # [num_tokens, num_heads, head_dim]; allocated when None
     config: PrefillConfig | None = None,
+    variant: AttentionVariant = PLAIN,  # the layer's window, sinks, soft-cap
 ) -> torch.Tensor:
-    """Causal attention of every row's queries over its paged context; no host sync."""
+    """Causal attention of every row's queries over its paged context (within the window); no host sync."""
     _check(query, k_cache, v_cache, query_start_loc, context_lens, block_tables)
     config = config or PrefillConfig()
     num_tokens, num_heads, head_dim = query.shape
@@ -179,13 +226,15 @@ def prefill_attention(
     block_q = block_m // group
     _prefill_kernel[(num_tokens // block_q + num_rows, num_kv_heads)](
         query, k_cache, v_cache, out, query_start_loc, context_lens, block_tables,
-        scale * math.log2(math.e), num_rows,
+        variant.sinks if variant.sinks is not None else context_lens,
+        scale * math.log2(math.e), *softcap_factors(scale, variant.softcap), variant.sliding_window or 0, num_rows,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_M=block_m, BLOCK_Q=block_q,
         BLOCK_D=triton.next_power_of_2(head_dim), BLOCK_N=config.block_n,
         DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        HAS_WINDOW=variant.sliding_window is not None, HAS_SINKS=variant.sinks is not None,
+        HAS_SOFTCAP=variant.softcap is not None, num_warps=config.num_warps, num_stages=config.num_stages,
     )
     return out
 

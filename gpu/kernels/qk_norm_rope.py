@@ -11,6 +11,8 @@ model-dtype values, after each product and after the sum. So float32 matches to 
 bf16/fp16 almost always to the bit. The launch passes enable_fp_fusion=False: with fusion a product
 and the sum are contracted into one FMA that skips the product's rounding, and bf16/fp16 outputs then
 differ from the torch path by one unit in the last place.
+With Gemma's norm convention (`norm_convention` = (weight offset, True): gpu/layers/norm.py) the normalized
+value is scaled by offset + weight in float32 and rounded once, as that torch path does.
 Invariants the wrapper checks: qkv is 2-d with unit stride along its columns and at least
 (num_heads + num_kv_heads) * head_dim of them; head_dim is a power of two; positions are int64
 [num_tokens]; cos and sin are contiguous [max_position, head_dim] in float32 or the model dtype
@@ -46,6 +48,8 @@ def _qk_norm_rope_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_H: tl.constexpr,
     HAS_NORM: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
+    SCALES_IN_FLOAT32: tl.constexpr,
     STORE_KV: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -71,8 +75,12 @@ def _qk_norm_rope_kernel(
         rstd = tl.math.rsqrt(variance + eps)
         w1 = tl.where(is_query, tl.load(q_weight_ptr + dims), tl.load(k_weight_ptr + dims)).to(tl.float32)
         w2 = tl.where(is_query, tl.load(q_weight_ptr + half + dims), tl.load(k_weight_ptr + half + dims)).to(tl.float32)
-        out1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
-        out2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+        if SCALES_IN_FLOAT32:
+            out1 = ((x1 * rstd) * (WEIGHT_OFFSET + w1)).to(dtype).to(tl.float32)
+            out2 = ((x2 * rstd) * (WEIGHT_OFFSET + w2)).to(dtype).to(tl.float32)
+        else:
+            out1 = (w1 * (x1 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
+            out2 = (w2 * (x2 * rstd).to(dtype).to(tl.float32)).to(dtype).to(tl.float32)
     position = tl.load(positions_ptr + token)
     table = position * HEAD_DIM + dims
     cos1 = tl.load(cos_ptr + table).to(dtype).to(tl.float32)
@@ -112,6 +120,7 @@ def qk_norm_rope(
     norm_weights: tuple[torch.Tensor, torch.Tensor] | None = None,  # (q_norm, k_norm), each [head_dim]
     eps: float = 1e-6,
     use_pdl: bool = False,  # a programmatic dependent launch where the GPU has it (gpu/kernels/pdl.py)
+    norm_convention: tuple[float, bool] = (0.0, False),  # (weight offset, scales in float32): Llama's by default
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns q [num_tokens, num_heads, head_dim] and k [num_tokens, num_kv_heads, head_dim],
     normalized per head when norm weights are given, then rotated by each token's position."""
@@ -119,7 +128,7 @@ def qk_norm_rope(
     _check(qkv, positions, cos, sin, heads, norm_weights)
     q = torch.empty((qkv.shape[0], num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
     k = torch.empty((qkv.shape[0], num_kv_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    _launch(qkv, positions, (cos, sin), heads, norm_weights, eps, (q, k), None, use_pdl)
+    _launch(qkv, positions, (cos, sin), heads, (norm_weights, eps, norm_convention), (q, k), None, use_pdl)
     return q, k
 
 
@@ -133,6 +142,7 @@ def qk_norm_rope_store_kv(
     kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor],  # k_cache, v_cache [blocks, block_size, kv_heads,
     # head_dim], slot_mapping [num_tokens] int64 (-1: not written)
     use_pdl: bool = False,
+    norm_convention: tuple[float, bool] = (0.0, False),
 ) -> torch.Tensor:
     """As qk_norm_rope, but the rotated keys and the values go straight to their cache slots (as store_kv
     would write them, gpu/kernels/store_kv.py) instead of a returned k: one kernel instead of two.
@@ -142,7 +152,7 @@ def qk_norm_rope_store_kv(
     _check(qkv, positions, cos, sin, heads, norm_weights)
     _check_kv_cache(qkv, heads, kv_cache)
     q = torch.empty((qkv.shape[0], num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    _launch(qkv, positions, rotary, heads, norm_weights, eps, (q, q), kv_cache, use_pdl)
+    _launch(qkv, positions, rotary, heads, (norm_weights, eps, norm_convention), (q, q), kv_cache, use_pdl)
     return q
 
 
@@ -151,13 +161,13 @@ def _launch(
     positions: torch.Tensor,
     rotary: tuple[torch.Tensor, torch.Tensor],
     heads: tuple[int, int, int],
-    norm_weights: tuple[torch.Tensor, torch.Tensor] | None,
-    eps: float,
+    norms: tuple[tuple[torch.Tensor, torch.Tensor] | None, float, tuple[float, bool]],  # weights, eps, convention
     outputs: tuple[torch.Tensor, torch.Tensor],  # q, k (k unused when kv_cache is given)
     kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
     use_pdl: bool,
 ) -> None:
     num_heads, num_kv_heads, head_dim = heads
+    norm_weights, eps, (weight_offset, scales_in_float32) = norms
     num_tokens = qkv.shape[0]
     if num_tokens == 0:
         return
@@ -174,6 +184,8 @@ def _launch(
         HEAD_DIM=head_dim,
         BLOCK_H=block_h,
         HAS_NORM=norm_weights is not None,
+        WEIGHT_OFFSET=weight_offset,
+        SCALES_IN_FLOAT32=scales_in_float32,
         STORE_KV=kv_cache is not None,
         USE_PDL=uses_pdl(use_pdl, qkv),
         launch_pdl=uses_pdl(use_pdl, qkv),

@@ -1,9 +1,10 @@
 """Triton kernel: residual add fused with RMSNorm, one program per token row.
 
 Computes s = x + residual (rounded to the model dtype, as the torch path's `x + residual` is), then
-norm(s) = weight * (s * rsqrt(mean(s^2) + eps)).to(dtype) in float32, rounded at the same points as
-gpu/layers/norm.py (the reference), so float32 matches it to rounding and bf16/fp16 almost always
-to the bit. Without a residual the sum is x itself and only the norm is written.
+norm(s) = weight * (s * rsqrt(mean(s^2) + eps)).to(dtype) in float32 (Llama's convention), or
+((s * rsqrt(mean(s^2) + eps)) * (offset + weight)).to(dtype) (Gemma's: gpu/layers/norm.py's NormConvention),
+rounded at the same points as gpu/layers/norm.py (the reference), so float32 matches it to rounding and
+bf16/fp16 almost always to the bit. Without a residual the sum is x itself and only the norm is written.
 Invariants the wrapper checks: x (and residual) are 2-d [num_tokens, hidden] with unit stride
 along hidden (any row stride), alike in shape and dtype; weight is [hidden] in x's dtype; a whole
 row fits one program (hidden <= 32768). Outputs are new contiguous tensors; shapes depend only on
@@ -32,6 +33,8 @@ def _rms_norm_kernel(
     HIDDEN: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr,
+    SCALES_IN_FLOAT32: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     pdl_start(USE_PDL)
@@ -48,9 +51,13 @@ def _rms_norm_kernel(
         tl.store(sum_ptr + row * HIDDEN + cols, x, mask=mask)
         x = x.to(tl.float32)
     variance = tl.sum(x * x, axis=0) / HIDDEN
-    normed = (x * tl.math.rsqrt(variance + eps)).to(dtype).to(tl.float32)
+    normed = x * tl.math.rsqrt(variance + eps)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * HIDDEN + cols, (weight * normed).to(dtype), mask=mask)
+    if SCALES_IN_FLOAT32:
+        out = normed * (WEIGHT_OFFSET + weight)
+    else:
+        out = weight * normed.to(dtype).to(tl.float32)
+    tl.store(out_ptr + row * HIDDEN + cols, out.to(dtype), mask=mask)
 
 
 def rms_norm(
@@ -59,6 +66,8 @@ def rms_norm(
     eps: float,
     residual: torch.Tensor | None = None,  # [num_tokens, hidden]
     use_pdl: bool = False,  # a programmatic dependent launch where the GPU has it (gpu/kernels/pdl.py)
+    weight_offset: float = 0.0,  # Gemma's convention (gpu/layers/norm.py): scale by offset + weight ...
+    scales_in_float32: bool = False,  # ... in float32, rounded once
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (norm(x + residual), x + residual); without a residual, (norm(x), x)."""
     _check(x, weight, residual)
@@ -75,6 +84,8 @@ def rms_norm(
         HIDDEN=hidden,
         BLOCK=block,
         HAS_RESIDUAL=residual is not None,
+        WEIGHT_OFFSET=weight_offset,
+        SCALES_IN_FLOAT32=scales_in_float32,
         USE_PDL=pdl,
         launch_pdl=pdl,
         # About 8 elements (16 bytes of bf16) per thread and load, up to 16 warps.

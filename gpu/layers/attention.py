@@ -1,71 +1,134 @@
-"""The attention layer of a decoder block: project, rotate, write K/V to the cache, attend.
+"""The attention layer of a decoder block: project, normalize, rotate, write K/V to the cache, attend.
+
+A layer is built from its `AttentionSpec`, which a family derives from its config for each layer (gpu/models/):
+its heads, scale, biases, per-head norms, and its variant of attention (sliding window, sinks, soft-cap:
+gpu/attention/variant.py), which every backend runs. Two Gemma 4 forms: a layer whose values are its keys before
+their norm (`values_are_keys`, no v projection), and a layer that computes no K/V and reads the cache of an
+earlier layer of its type (`read_kv_of`, called by the family): such a layer owns no cache.
 
 The layer owns no cache: the runner hands it this layer's (k_cache, v_cache) after allocating them.
 On CUDA, when triton is installed, one Triton kernel (gpu/kernels/qk_norm_rope.py) reads the fused QKV
 output, applies the per-head q/k norms and the rotation, and writes the step's keys and values to the
-cache; elsewhere, or built with `KernelConfig.fused_kernels` off, the torch layers run (the reference the
-kernel is tested against) and the backend's store_kv writes the cache. Triton is imported on the first
-CUDA call only. Under tensor parallelism a layer holds only its rank's query heads and the KV
-heads they read (`kv_heads_of_rank`): its q/k/v rows, its KV cache and its attention; `o_proj` sums
-the ranks' outputs.
+cache, for a whole rotation over a power-of-two head; elsewhere (a partial rotation, a value norm, values that are
+keys), or built with `KernelConfig.fused_kernels` off, the torch layers run (the reference the kernel is tested
+against) and the backend's store_kv writes the cache. Triton is imported on the first CUDA call only. Under tensor
+parallelism a layer holds only its rank's query heads (and their sinks) and the KV heads they read
+(`kv_heads_of_rank`): its q/k/v rows, its KV cache and its attention; `o_proj` sums the ranks' outputs.
 """
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import PretrainedConfig
 
 from gpu.attention.backend import AttentionBackend
 from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.variant import PLAIN, AttentionVariant
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.kernels import HAS_TRITON
 from gpu.layers.linear import MergedLinear, RowSlice
-from gpu.layers.norm import NormInput, RMSNorm
+from gpu.layers.norm import NormConvention, NormInput, RMSNorm
 from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.layers.rotary import RotaryEmbedding
+from gpu.loader import CheckpointTensor
+
+
+@dataclass(frozen=True)
+class AttentionSpec:
+    """One layer's attention as its family and config define it (head counts over all ranks)."""
+
+    hidden_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    scale: float
+    norm_eps: float = 1e-6
+    qkv_bias: bool = False
+    o_bias: bool = False
+    qk_norm: NormConvention | None = None  # per-head RMSNorm of queries and keys (Qwen3, Gemma), by this convention
+    has_value_norm: bool = False  # Gemma 4: values RMS-normed too, without a weight
+    values_are_keys: bool = False  # Gemma 4's full layers with attention_k_eq_v: v is k before its norm
+    computes_kv: bool = True  # False: a layer that reads an earlier layer's cache (Gemma 4's shared KV)
+    sliding_window: int | None = None
+    softcap: float | None = None
+    has_sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
 
 
 class DecoderAttention(nn.Module):
-    def __init__(self, config: PretrainedConfig, rotary: RotaryEmbedding, has_qk_norm: bool,
-                 kernels: KernelConfig = DEFAULT_KERNELS, tp: TensorParallel = SINGLE) -> None:
+    def __init__(self, spec: AttentionSpec, rotary: RotaryEmbedding, kernels: KernelConfig = DEFAULT_KERNELS,
+                 tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        total_heads = config.num_attention_heads
-        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // total_heads
-        self.scale = self.head_dim**-0.5
+        self.spec = spec
+        self.head_dim = spec.head_dim
+        self.scale = spec.scale
         # This rank's heads (all of them at tensor-parallel size 1): its KV cache and attention hold only these.
-        first_head, self.num_heads = tp.split(total_heads, "the number of attention heads")
-        first_kv_head, self.num_kv_heads = kv_heads_of_rank(total_kv_heads, tp)
+        first_head, self.num_heads = tp.split(spec.num_heads, "the number of attention heads")
+        first_kv_head, self.num_kv_heads = kv_heads_of_rank(spec.num_kv_heads, tp)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_size, self.kv_size = q_size, kv_size
-        has_bias = bool(getattr(config, "attention_bias", False)) or config.model_type == "qwen2"
-        q_rows = RowSlice(first_head * self.head_dim, q_size, total_heads * self.head_dim)
-        kv_rows = RowSlice(first_kv_head * self.head_dim, kv_size, total_kv_heads * self.head_dim)
-        self.qkv_proj = MergedLinear(config.hidden_size, {"q": q_rows, "k": kv_rows, "v": kv_rows}, has_bias, kernels)
-        self.o_proj = RowParallelLinear(total_heads * self.head_dim, config.hidden_size,
-                                        bool(getattr(config, "attention_bias", False)), tp, kernels)
-        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels) if has_qk_norm else None
-        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps, kernels) if has_qk_norm else None
+        q_rows = RowSlice(first_head * self.head_dim, q_size, spec.num_heads * self.head_dim)
+        kv_rows = RowSlice(first_kv_head * self.head_dim, kv_size, spec.num_kv_heads * self.head_dim)
+        shards = {"q": q_rows, "k": kv_rows, "v": kv_rows}
+        if not spec.computes_kv or spec.values_are_keys:
+            shards = {"q": q_rows} if not spec.computes_kv else {"q": q_rows, "k": kv_rows}
+        self.qkv_proj = MergedLinear(spec.hidden_size, shards, spec.qkv_bias, kernels)
+        self.o_proj = RowParallelLinear(spec.num_heads * self.head_dim, spec.hidden_size, spec.o_bias, tp, kernels)
+        norm = spec.qk_norm
+        self.q_norm = RMSNorm(self.head_dim, spec.norm_eps, kernels, norm) if norm is not None else None
+        self.k_norm = RMSNorm(self.head_dim, spec.norm_eps, kernels, norm) if norm and spec.computes_kv else None
+        self.v_norm = (RMSNorm(self.head_dim, spec.norm_eps, kernels, norm or NormConvention(), has_weight=False)
+                       if spec.has_value_norm and spec.computes_kv else None)
+        self.sinks = self._sinks_parameter(first_head) if spec.has_sinks else None
+        self.variant = (AttentionVariant(spec.sliding_window, self.sinks, spec.softcap)
+                        if spec.sliding_window is not None or spec.has_sinks or spec.softcap is not None else PLAIN)
         self.rotary = rotary
         self.backend: AttentionBackend | None = None
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
+        self._kv_source: tuple[DecoderAttention, ...] = ()  # a tuple: the source is not a submodule of this layer
         self.kernels = kernels
+
+    @property
+    def owns_kv_cache(self) -> bool:
+        return self.spec.computes_kv
+
+    def read_kv_of(self, source: "DecoderAttention") -> None:
+        """Attend over `source`'s cache (a layer whose spec computes no K/V)."""
+        if self.spec.computes_kv or not source.owns_kv_cache:
+            raise ValueError("only a layer that computes no K/V reads another's cache, which must own one")
+        self._kv_source = (source,)
 
     def forward(self, positions: torch.Tensor, hidden: NormInput, meta: AttentionMetadata
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention over norm(x + residual), x + residual)."""
-        qkv, residual = self.qkv_proj.forward_normed(hidden)  # [num_tokens, q_size + 2 * kv_size]
+        qkv, residual = self.qkv_proj.forward_normed(hidden)  # [num_tokens, q_size (+ kv_size (+ kv_size))]
         num_tokens = qkv.shape[0]
         assert self.backend is not None, "the runner sets the backend before the first forward"
-        if self._is_fused(qkv):
-            q = self._fused_q_storing_kv(positions, qkv, meta.slot_mapping)
-        else:
-            q, k = self._torch_qk(positions, qkv)
-            v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
-            self.backend.store_kv(k, v, self.k_cache, self.v_cache, meta.slot_mapping)
-        out = self.backend.forward(q, self.k_cache, self.v_cache, meta, self.scale)
+        q = self._query_storing_kv(positions, qkv, meta.slot_mapping)
+        source = self._kv_source[0] if self._kv_source else self
+        out = self.backend.forward(q, source.k_cache, source.v_cache, meta, self.scale, self.variant)
         return self.o_proj(out.reshape(num_tokens, -1)), residual
+
+    def _query_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
+                          ) -> torch.Tensor:
+        """The rotated queries; this step's keys and values written to the cache (a layer that computes them)."""
+        assert self.backend is not None
+        num_tokens = qkv.shape[0]
+        if not self.spec.computes_kv:
+            q = qkv.view(num_tokens, self.num_heads, self.head_dim)
+            return self.rotary.rotate(positions, self.q_norm(q) if self.q_norm is not None else q)
+        if self._is_fused(qkv):
+            return self._fused_q_storing_kv(positions, qkv, slot_mapping)
+        q, k = self._torch_qk(positions, qkv)
+        if self.spec.values_are_keys:
+            v = qkv[:, self.q_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        else:
+            v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        self.backend.store_kv(k, v, self.k_cache, self.v_cache, slot_mapping)
+        return q
 
     def _torch_qk(self, positions: torch.Tensor, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         num_tokens = qkv.shape[0]
@@ -83,7 +146,9 @@ class DecoderAttention(nn.Module):
 
     def _is_fused(self, qkv: torch.Tensor) -> bool:
         is_pow2 = (self.head_dim & (self.head_dim - 1)) == 0  # the kernel's head halves are power-of-two ranges
-        return self.kernels.fused_kernels and HAS_TRITON and qkv.is_cuda and is_pow2 and qkv.stride(1) == 1
+        is_plain_kv = not (self.spec.values_are_keys or self.spec.has_value_norm)  # the kernel copies the values
+        return (self.kernels.fused_kernels and HAS_TRITON and qkv.is_cuda and is_pow2 and qkv.stride(1) == 1
+                and self.rotary.rotary_dim == self.head_dim and is_plain_kv)
 
     def _fused_q_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
                             ) -> torch.Tensor:
@@ -92,14 +157,30 @@ class DecoderAttention(nn.Module):
         from gpu.kernels.qk_norm_rope import qk_norm_rope_store_kv
 
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
-        return qk_norm_rope_store_kv(qkv, positions, (self.rotary.cos, self.rotary.sin), heads, *self._qk_norms(),
-                                     (self.k_cache, self.v_cache, slot_mapping), use_pdl=True)
+        weights, eps, convention = self._qk_norms()
+        return qk_norm_rope_store_kv(qkv, positions, (self.rotary.cos, self.rotary.sin), heads, weights, eps,
+                                     (self.k_cache, self.v_cache, slot_mapping), use_pdl=True,
+                                     norm_convention=convention)
 
-    def _qk_norms(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float]:
-        """(q_norm and k_norm weights, or None without them; their eps)."""
+    def _qk_norms(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float, tuple[float, bool]]:
+        """(q_norm and k_norm weights, or None without them; their eps; their convention for the kernel)."""
         if self.q_norm is None or self.k_norm is None:
-            return None, 0.0
-        return (self.q_norm.weight, self.k_norm.weight), self.q_norm.eps
+            return None, 0.0, (0.0, False)
+        convention = self.q_norm.convention
+        return (self.q_norm.weight, self.k_norm.weight), self.q_norm.eps, (convention.weight_offset,
+                                                                            convention.scales_in_float32)
+
+    def _sinks_parameter(self, first_head: int) -> nn.Parameter:
+        """This rank's heads' sink logits; the checkpoint's `sinks` holds every head's."""
+        sinks = nn.Parameter(torch.zeros(self.num_heads))
+
+        def load(param: nn.Parameter, loaded: CheckpointTensor, shard: str | None) -> None:
+            if loaded.shape != (self.spec.num_heads,):
+                raise ValueError(f"{loaded.name}: checkpoint shape {loaded.shape} != {(self.spec.num_heads,)}")
+            param.data.copy_(loaded.read_rows(first_head, self.num_heads))
+
+        sinks.weight_loader = load  # type: ignore[attr-defined]
+        return sinks
 
 
 def kv_heads_of_rank(num_kv_heads: int, tp: TensorParallel) -> tuple[int, int]:

@@ -7,7 +7,8 @@ A `Linear`'s product x @ W.T runs on, in this order:
    SiLU-and-mul in the product's epilogue, so the activation pair leaves the chip once (gpu/kernels/gated_gemm.py);
 3. the skinny GEMM kernel, for 1..MAX_ROWS rows in bf16/fp16 on CUDA, where the GPU's table says it beats cuBLAS
    (gpu/kernels/skinny_gemm_configs.py); where the GPU's prologue rule says so, that kernel also computes its own
-   input (the residual add + RMSNorm before q/k/v and gate/up, SiLU-and-mul before down): one launch less each;
+   input (the residual add + RMSNorm before q/k/v and gate/up, SiLU-and-mul before down): one launch less each
+   (Llama's norm convention and SiLU only: Gemma's norms and GELU run on their own first);
 4. cuBLAS (F.linear) otherwise, and everywhere when built with `KernelConfig.fused_kernels` off (the reference).
 The choice depends on shapes, dtypes and the GPU only, so it is the same at every replay of a CUDA graph. The LM
 head (gpu/layers/vocab_parallel.py) routes through the same `linear`. `warm_up_skinny_gemm` compiles every row
@@ -27,7 +28,7 @@ from torch import nn
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.kernels import HAS_TRITON, gated_gemm
 from gpu.kernels.skinny_gemm_configs import MAX_ROWS, SkinnyConfig, row_bucket
-from gpu.layers.activation import SiluAndMul
+from gpu.layers.activation import GatedActivation, SiluAndMul
 from gpu.layers.cpu_linear import PackedWeight, pack_weight
 from gpu.layers.norm import NormInput
 from gpu.loader import CheckpointTensor
@@ -55,7 +56,8 @@ class Linear(nn.Linear):
     def forward_normed(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         """(self(norm(x + residual)), x + residual): in one kernel where `_prologue_config` gives a config."""
         x = inp.x
-        config = self._prologue_config(x, "norm") if x.dim() == 2 and inp.norm.is_fused(x) else None
+        is_fusable = x.dim() == 2 and inp.norm.is_fused(x) and inp.norm.is_llama_style  # the prologue's convention
+        config = self._prologue_config(x, "norm") if is_fusable else None
         if config is not None:
             from gpu.kernels.skinny_gemm import skinny_gemm_rms_norm
 
@@ -65,9 +67,10 @@ class Linear(nn.Linear):
         normed, summed = inp.compute()
         return self._reduce(self._product(normed)), summed
 
-    def forward_silu_and_mul(self, gate_up: torch.Tensor, act: SiluAndMul) -> torch.Tensor:
+    def forward_activated(self, gate_up: torch.Tensor, act: "GatedActivation") -> torch.Tensor:
         """self(act(gate_up)): in one kernel where `_prologue_config` gives a config."""
-        config = self._prologue_config(gate_up[:, : self.in_features], "silu") if act.is_fused(gate_up) else None
+        is_fusable = isinstance(act, SiluAndMul) and act.is_fused(gate_up)  # the prologue computes SiLU only
+        config = self._prologue_config(gate_up[:, : self.in_features], "silu") if is_fusable else None
         if config is not None:
             from gpu.kernels.skinny_gemm import skinny_gemm_silu_and_mul
 
@@ -192,9 +195,25 @@ class MergedLinear(Linear):
         if bias:
             self.bias.weight_loader = self._load_shard  # type: ignore[attr-defined]
 
-    def _load_shard(self, param: nn.Parameter, loaded: CheckpointTensor, shard: str) -> None:
+    def _load_shard(self, param: nn.Parameter, loaded: CheckpointTensor, shard: str | None) -> None:
+        """One shard's checkpoint tensor; or, with no shard named, one tensor holding every shard's rows in order
+        (a fused checkpoint tensor, e.g. Phi-3's qkv_proj), each shard's rows read from its part of it."""
+        if shard is None:
+            self._load_fused(param, loaded)
+            return
         start, size = self.shard_offsets[shard]
         rows = self.shard_slices[shard]
         if loaded.shape[0] != rows.total:
             raise ValueError(f"shard {shard!r} has {loaded.shape[0]} rows, expected {rows.total}")
         param.data[start : start + size].copy_(loaded.read_rows(rows.start, rows.size))
+
+    def _load_fused(self, param: nn.Parameter, loaded: CheckpointTensor) -> None:
+        total = sum(rows.total for rows in self.shard_slices.values())
+        if loaded.shape[0] != total:
+            parts = ", ".join(self.shard_slices)
+            raise ValueError(f"{loaded.name} has {loaded.shape[0]} rows, expected {total} ({parts})")
+        part_start = 0
+        for name, rows in self.shard_slices.items():
+            start, size = self.shard_offsets[name]
+            param.data[start : start + size].copy_(loaded.read_rows(part_start + rows.start, rows.size))
+            part_start += rows.total

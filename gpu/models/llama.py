@@ -1,4 +1,7 @@
-"""Llama-family decoder (Llama 2/3, Qwen2 with its q/k/v bias, Qwen3 through `has_qk_norm`).
+"""Llama-family decoder: Llama 2/3, Qwen2 (q/k/v bias), Qwen3 (per-head q/k norms), Mistral (with or without
+`sliding_window`) and Phi-3 (fused `qkv_proj` / `gate_up_proj` checkpoint tensors, partial rotary and longrope),
+each from its own config: what differs is read from the config (gpu/layers/rotary.py, `attention_spec`) or from
+the checkpoint's names (gpu/loader.py), so a family here is a line of gpu/models/__init__.py.
 
 Parameter names follow the Hugging Face checkpoints, except the merged projections
 (`qkv_proj`, `gate_up_proj`), which `packed_modules` maps back to checkpoint names. On CUDA the
@@ -12,49 +15,83 @@ holds its heads' and its share of the MLP's rows), o_proj and down_proj row-para
 each), the embedding and LM head split by vocabulary; norms are replicated. Two all-reduces per layer.
 """
 
+from dataclasses import dataclass
+
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
 from gpu.attention.metadata import AttentionMetadata
-from gpu.config import DEFAULT_KERNELS, KernelConfig
-from gpu.distributed import SINGLE, TensorParallel
-from gpu.layers.activation import SiluAndMul
-from gpu.layers.attention import DecoderAttention
+from gpu.config import KernelConfig
+from gpu.distributed import TensorParallel
+from gpu.layers.activation import SiluAndMul, gated_activation
+from gpu.layers.attention import AttentionSpec, DecoderAttention
 from gpu.layers.linear import MergedLinear, RowSlice
-from gpu.layers.norm import NormInput, RMSNorm
+from gpu.layers.norm import LLAMA_NORM, NormInput, RMSNorm
 from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.layers.rotary import RotaryEmbedding
-from gpu.layers.vocab_parallel import ParallelLMHead, VocabParallelEmbedding
+from gpu.layers.vocab_parallel import VocabParallelEmbedding
+from gpu.models.causal_lm import CausalLM
+
+
+@dataclass(frozen=True)
+class MLPSpec:
+    hidden_size: int
+    intermediate_size: int
+    activation: str = "silu"  # a config's hidden_act / hidden_activation (gpu/layers/activation.py)
+    has_bias: bool = False
 
 
 class MLP(nn.Module):
-    def __init__(self, config: PretrainedConfig, kernels: KernelConfig, tp: TensorParallel) -> None:
+    def __init__(self, spec: MLPSpec, kernels: KernelConfig, tp: TensorParallel) -> None:
         super().__init__()
-        if getattr(config, "hidden_act", "silu") != "silu":
-            raise ValueError(f"activation {config.hidden_act!r} is not supported (only silu)")
-        has_bias = bool(getattr(config, "mlp_bias", False))
-        size = config.intermediate_size
+        size = spec.intermediate_size
         rows = RowSlice(*tp.split(size, "the MLP's intermediate size"), total=size)
-        self.gate_up_proj = MergedLinear(config.hidden_size, {"gate": rows, "up": rows}, has_bias, kernels)
-        self.down_proj = RowParallelLinear(size, config.hidden_size, has_bias, tp, kernels)
-        self.act = SiluAndMul(kernels)
+        self.gate_up_proj = MergedLinear(spec.hidden_size, {"gate": rows, "up": rows}, spec.has_bias, kernels)
+        self.down_proj = RowParallelLinear(size, spec.hidden_size, spec.has_bias, tp, kernels)
+        self.act = gated_activation(spec.activation, kernels)
 
     def forward(self, x: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         """(the MLP of norm(x + residual), x + residual)."""
-        if self.gate_up_proj.fuses_silu_and_mul(x.x):
+        if isinstance(self.act, SiluAndMul) and self.gate_up_proj.fuses_silu_and_mul(x.x):
             activated, residual = self.gate_up_proj.forward_normed_silu_and_mul(x)
             return self.down_proj(activated), residual
         gate_up, residual = self.gate_up_proj.forward_normed(x)
-        return self.down_proj.forward_silu_and_mul(gate_up, self.act), residual
+        return self.down_proj.forward_activated(gate_up, self.act), residual
+
+
+def sliding_window_of(config: PretrainedConfig, layer_index: int) -> int | None:
+    """A layer's sliding window, as transformers gives it: with `layer_types`, the window of the layers typed
+    `sliding_attention` (Qwen2/Qwen3's `use_sliding_window`, Gemma); without, every layer's (Mistral, Phi-3)."""
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if window is None or layer_types is None:
+        return window
+    return window if layer_types[layer_index] == "sliding_attention" else None
+
+
+def attention_spec(config: PretrainedConfig, layer_index: int, has_qk_norm: bool) -> AttentionSpec:
+    """A Llama-family layer's attention: q/k/v bias where `attention_bias` says (Qwen2 always), o bias likewise."""
+    num_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+    attention_bias = bool(getattr(config, "attention_bias", False))
+    return AttentionSpec(
+        hidden_size=config.hidden_size, num_heads=num_heads,
+        num_kv_heads=getattr(config, "num_key_value_heads", None) or num_heads, head_dim=head_dim,
+        scale=head_dim**-0.5, norm_eps=config.rms_norm_eps, qkv_bias=attention_bias or config.model_type == "qwen2",
+        o_bias=attention_bias, qk_norm=LLAMA_NORM if has_qk_norm else None,
+        sliding_window=sliding_window_of(config, layer_index),
+    )
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, rotary: RotaryEmbedding, has_qk_norm: bool,
-                 kernels: KernelConfig, tp: TensorParallel) -> None:
+    def __init__(self, config: PretrainedConfig, spec: AttentionSpec, rotary: RotaryEmbedding, kernels: KernelConfig,
+                 tp: TensorParallel) -> None:
         super().__init__()
-        self.self_attn = DecoderAttention(config, rotary, has_qk_norm, kernels, tp)
-        self.mlp = MLP(config, kernels, tp)
+        self.self_attn = DecoderAttention(spec, rotary, kernels, tp)
+        mlp = MLPSpec(config.hidden_size, config.intermediate_size, getattr(config, "hidden_act", "silu"),
+                      bool(getattr(config, "mlp_bias", False)))
+        self.mlp = MLP(mlp, kernels, tp)
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
@@ -74,12 +111,10 @@ class DecoderModel(nn.Module):
     def __init__(self, config: PretrainedConfig, max_position: int, has_qk_norm: bool, kernels: KernelConfig,
                  tp: TensorParallel) -> None:
         super().__init__()
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        rotary = RotaryEmbedding(config, head_dim, max_position)
+        specs = [attention_spec(config, i, has_qk_norm) for i in range(config.num_hidden_layers)]
+        rotary = RotaryEmbedding(config, specs[0].head_dim, max_position)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.layers = nn.ModuleList(
-            DecoderLayer(config, rotary, has_qk_norm, kernels, tp) for _ in range(config.num_hidden_layers)
-        )
+        self.layers = nn.ModuleList(DecoderLayer(config, spec, rotary, kernels, tp) for spec in specs)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -91,35 +126,15 @@ class DecoderModel(nn.Module):
         return hidden
 
 
-class LlamaForCausalLM(nn.Module):
+class LlamaForCausalLM(CausalLM):
     has_qk_norm = False
-    packed_modules = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", "gate"),
-        "up_proj": ("gate_up_proj", "up"),
-    }
 
-    def __init__(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig = DEFAULT_KERNELS,
-                 tp: TensorParallel = SINGLE) -> None:
-        super().__init__()
-        self.config = config
-        self.model = DecoderModel(config, max_position, self.has_qk_norm, kernels, tp)
-        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, tp, kernels)
-        if getattr(config, "tie_word_embeddings", False):
-            self.lm_head.weight = self.model.embed_tokens.weight
+    def build_decoder(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig,
+                      tp: TensorParallel) -> nn.Module:
+        return DecoderModel(config, max_position, self.has_qk_norm, kernels, tp)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        return self.model(input_ids, positions, meta)  # [num_tokens, hidden_size]
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
-        """[num_rows, vocab_size] on tensor-parallel rank 0 (the sampling rank); None on the others."""
-        return self.lm_head(hidden)
+class Qwen3ForCausalLM(LlamaForCausalLM):
+    """Qwen3: the Llama decoder with an RMSNorm on each head's query and key before RoPE."""
 
-    def compute_logits_into(self, hidden: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """compute_logits written into `out` [num_rows, vocab_size] (single GPU)."""
-        return self.lm_head.forward_into(hidden, out)
-
-    def attention_layers(self) -> list[DecoderAttention]:
-        return [layer.self_attn for layer in self.model.layers]
+    has_qk_norm = True

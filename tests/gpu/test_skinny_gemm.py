@@ -336,7 +336,7 @@ def test_prologues_inside_a_cuda_graph() -> None:
 
 
 def test_linear_fuses_a_prologue_where_this_gpus_rule_says(monkeypatch: pytest.MonkeyPatch) -> None:
-    """forward_normed / forward_silu_and_mul: one fused call at the rows where this GPU's prologue rule gives a config,
+    """forward_normed / forward_activated: one fused call at the rows where this GPU's prologue rule gives a config,
     the elementwise kernel then the product elsewhere; the same outputs and residual stream as the elementwise
     kernel then the layer's product."""
     import gpu.kernels.skinny_gemm as kernel_module
@@ -356,7 +356,7 @@ def test_linear_fuses_a_prologue_where_this_gpus_rule_says(monkeypatch: pytest.M
         gate_up = torch.randn(rows, 6144, device=DEVICE, dtype=torch.bfloat16)
         calls.clear()
         y, summed = up.forward_normed(NormInput(norm, x, residual))
-        out = down.forward_silu_and_mul(gate_up, act)
+        out = down.forward_activated(gate_up, act)
         expected = [name for name, kind, k in (("skinny_gemm_rms_norm", "norm", 1024),
                                                ("skinny_gemm_silu_and_mul", "silu", 3072))
                     if prologue_config(rows, k, kind, DEVICE) is not None]

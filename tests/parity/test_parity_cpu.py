@@ -1,7 +1,11 @@
 """The oracle: with the same weights, our greedy tokens equal transformers' greedy tokens (float32, CPU).
 
-Each case also checks that the engine really took the path it is about (prefix hits, preemption,
-chunked prefill, requests joining a running batch), so a case cannot pass by not exercising it.
+Every family runs every case (tests/tiny_specs.py): Llama, Qwen2, Qwen3, Mistral with and without a sliding
+window, Phi-3 (fused projections, partial rotary, longrope, a window), Gemma 3 (text, and the language model of an
+image-text checkpoint: windows, soft-caps) and Gemma 4 (per-layer inputs, shared KV, values as keys). Prompts run
+past the windows (16-24 tokens) and past a KV block. Each case also checks that the engine really took the path
+it is about (prefix hits, preemption, chunked prefill, requests joining a running batch), so a case cannot pass
+by not exercising it; `test_windows_change_the_tokens` checks that the windows are exercised too.
 """
 
 from functools import cache
@@ -14,11 +18,14 @@ from transformers import AutoModelForCausalLM
 from core import LLM, SamplingParams
 from core.engine import LLMEngine
 from core.scheduler import SchedulerOutput
+from gpu.attention.variant import PLAIN
+from tests.tiny_specs import FAMILY_SPECS
 
 MAX_NEW_TOKENS = 12
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
 PROMPT_LENGTHS = (1, 5, 17, 33, 64, 9)
-MODELS = ("qwen3", "llama", "qwen2")
+MODELS = ("qwen3", "llama", "qwen2", *FAMILY_SPECS)
+WINDOWED = [name for name, spec in FAMILY_SPECS.items() if dict(spec.overrides).get("sliding_window")]
 
 
 def prompts_of_lengths(lengths: tuple[int, ...], vocab: int = 500, shared_prefix: int = 0) -> list[list[int]]:
@@ -60,6 +67,12 @@ def record_schedules(engine: LLMEngine) -> list[SchedulerOutput]:
     return records
 
 
+def model_dir_of(tiny_model_dirs: dict[str, Path], model: str) -> Path:
+    if model not in tiny_model_dirs:
+        pytest.skip(f"this transformers has no {model} model class")
+    return tiny_model_dirs[model]
+
+
 def assert_matches_hf(model_dir: Path, prompts: list[list[int]], outputs: list) -> None:
     for prompt, output in zip(prompts, outputs, strict=True):
         assert output.token_ids == hf_greedy(model_dir, prompt), f"prompt of {len(prompt)} tokens"
@@ -68,45 +81,45 @@ def assert_matches_hf(model_dir: Path, prompts: list[list[int]], outputs: list) 
 @pytest.mark.parametrize("model", MODELS)
 def test_batch_of_different_lengths(tiny_model_dirs: dict[str, Path], model: str) -> None:
     prompts = prompts_of_lengths(PROMPT_LENGTHS)
-    outputs = make_llm(tiny_model_dirs[model]).generate(prompts, GREEDY)
-    assert_matches_hf(tiny_model_dirs[model], prompts, outputs)
+    outputs = make_llm(model_dir_of(tiny_model_dirs, model)).generate(prompts, GREEDY)
+    assert_matches_hf(model_dir_of(tiny_model_dirs, model), prompts, outputs)
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_shared_prefixes_hit_the_prefix_cache(tiny_model_dirs: dict[str, Path], model: str) -> None:
-    llm = make_llm(tiny_model_dirs[model])
+    llm = make_llm(model_dir_of(tiny_model_dirs, model))
     prompts = prompts_of_lengths((3, 11, 20, 1), shared_prefix=48)
     first = llm.generate(prompts[:1], GREEDY)
     rest = llm.generate(prompts[1:], GREEDY)
     assert llm.engine.stats().num_prefix_cache_hit_tokens >= 3 * 48
-    assert_matches_hf(tiny_model_dirs[model], prompts, first + rest)
+    assert_matches_hf(model_dir_of(tiny_model_dirs, model), prompts, first + rest)
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_small_kv_cache_preempts_and_recomputes(tiny_model_dirs: dict[str, Path], model: str) -> None:
     # 12 blocks of 4 tokens for 6 sequences of up to ~30 tokens each: they cannot all stay resident.
-    llm = make_llm(tiny_model_dirs[model], num_blocks=12, block_size=4)
+    llm = make_llm(model_dir_of(tiny_model_dirs, model), num_blocks=12, block_size=4)
     prompts = prompts_of_lengths((7, 12, 3, 18, 9, 14))
     outputs = llm.generate(prompts, GREEDY)
     assert llm.engine.stats().num_preemptions > 0
-    assert_matches_hf(tiny_model_dirs[model], prompts, outputs)
+    assert_matches_hf(model_dir_of(tiny_model_dirs, model), prompts, outputs)
     assert llm.engine.stats().num_used_blocks == 0
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_small_token_budget_chunks_prompts(tiny_model_dirs: dict[str, Path], model: str) -> None:
-    llm = make_llm(tiny_model_dirs[model], max_tokens_per_step=16)
+    llm = make_llm(model_dir_of(tiny_model_dirs, model), max_tokens_per_step=16)
     records = record_schedules(llm.engine)
     prompts = prompts_of_lengths((50, 7, 40, 23))
     outputs = llm.generate(prompts, GREEDY)
     chunks = [s for out in records for s in out.scheduled if s.end < s.seq.num_prompt_tokens]
     assert len(chunks) >= 4, "long prompts were prefilled in several steps"
-    assert_matches_hf(tiny_model_dirs[model], prompts, outputs)
+    assert_matches_hf(model_dir_of(tiny_model_dirs, model), prompts, outputs)
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_requests_added_while_others_run(tiny_model_dirs: dict[str, Path], model: str) -> None:
-    engine = make_llm(tiny_model_dirs[model], max_tokens_per_step=24).engine
+    engine = make_llm(model_dir_of(tiny_model_dirs, model), max_tokens_per_step=24).engine
     records = record_schedules(engine)
     prompts = prompts_of_lengths((30, 4, 19, 41, 2))
     tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
@@ -122,7 +135,20 @@ def test_requests_added_while_others_run(tiny_model_dirs: dict[str, Path], model
     assert any(len({s.seq.request_id for s in out.scheduled}) >= 2 and any(s.start > 0 for s in out.scheduled)
                for out in records), "a new request joined a batch that was already decoding"
     for index, prompt in enumerate(prompts):
-        assert tokens[str(index)] == hf_greedy(tiny_model_dirs[model], prompt)
+        assert tokens[str(index)] == hf_greedy(model_dir_of(tiny_model_dirs, model), prompt)
+
+
+@pytest.mark.parametrize("model", WINDOWED)
+def test_windows_change_the_tokens(tiny_model_dirs: dict[str, Path], model: str) -> None:
+    """The same model with its windows taken off gives other tokens for prompts longer than the window: the cases
+    above exercise the windowed attention (and would catch a window not applied)."""
+    model_dir = model_dir_of(tiny_model_dirs, model)
+    llm = make_llm(model_dir)
+    for layer in llm.engine.runner.model.attention_layers():
+        layer.variant = PLAIN
+    prompts = prompts_of_lengths((33, 64, 50))
+    unwindowed = [o.token_ids for o in llm.generate(prompts, GREEDY)]
+    assert unwindowed != [hf_greedy(model_dir, p) for p in prompts]
 
 
 def test_eos_stops_generation_like_transformers(tiny_qwen3_dir: Path) -> None:

@@ -8,6 +8,7 @@ import torch
 from gpu import backend_choice
 from gpu.attention.backend import PhasedBackend, TorchBackend, candidate_names, flash_attn_unavailable
 from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.variant import PLAIN
 from gpu.batch import Batch
 from gpu.mixed_graphs import FEW_ROWS, StaticInputs, fill_host_inputs, int32_size, token_buckets
 
@@ -36,7 +37,7 @@ class _Recorder(TorchBackend):
     def __init__(self, name: str) -> None:
         self.name, self.calls = name, 0
 
-    def forward(self, query, k_cache, v_cache, meta, scale) -> torch.Tensor:  # noqa: ANN001
+    def forward(self, query, k_cache, v_cache, meta, scale, variant=PLAIN) -> torch.Tensor:  # noqa: ANN001
         self.calls += 1
         return query
 
