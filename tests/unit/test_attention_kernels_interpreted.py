@@ -1,7 +1,8 @@
 """The attention-side Triton kernels (and the elementwise ones in the newer families' forms) under Triton's
 interpreter on the CPU: the cases of tests/unit/attention_kernels_interpreted_cases.py,
-attention_variant_kernels_interpreted_cases.py and family_kernels_interpreted_cases.py, run by pytest in a process that has TRITON_INTERPRET=1 from its start (Triton's own helpers such as tl.sum or tl.cdiv
-stay compiled-only when triton was imported first, as it is in this process)."""
+attention_variant_kernels_interpreted_cases.py and family_kernels_interpreted_cases.py, run by pytest in a process
+that has TRITON_INTERPRET=1 from its start (Triton's own helpers such as tl.sum or tl.cdiv stay compiled-only when
+triton was imported first, as it is in this process)."""
 
 import os
 import subprocess
