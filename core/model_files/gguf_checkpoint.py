@@ -78,7 +78,8 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: str, with_tokenizer: boo
     (out_dir / GENERATION_CONFIG_FILE).write_text(json.dumps(generation, indent=1))
     if with_tokenizer:
         gguf_tokenizer(metadata, gguf_path).save_pretrained(out_dir)
-    tensors = tqdm(iter_hf_tensors(reader, config, getattr(torch, dtype)), total=len(reader.tensors),
+    arch = str(metadata["general.architecture"])
+    tensors = tqdm(iter_hf_tensors(reader, config, arch, getattr(torch, dtype)), total=len(reader.tensors),
                    desc=f"converting {gguf_path.name}", unit="tensor", disable=None)
     _write_shards(tensors, out_dir)
 

@@ -3,6 +3,11 @@
 llama.cpp names hyperparameters `<arch>.<key>` (`llama.block_count`); they map one to one onto
 transformers' config fields. Whatever the engine could not reproduce (a RoPE scaling stored only as
 a tensor of frequencies, an architecture we have no model for) is refused here, by name.
+
+Gemma 3 files carry fewer fields than its transformers config has: what they lack takes transformers' defaults
+(the layer pattern of five sliding layers to one full one, the local RoPE base), as transformers' own GGUF loader
+builds it, except the attention scale, which llama.cpp derives (1/sqrt(head_dim), and 1/sqrt(hidden / heads) for
+the 62-layer 27B model) and which we write as `query_pre_attn_scalar` the same way.
 """
 
 from core.model_files.errors import ModelUnavailable
@@ -12,6 +17,7 @@ ARCHITECTURES = {
     "llama": ("LlamaForCausalLM", "llama"),
     "qwen2": ("Qwen2ForCausalLM", "qwen2"),
     "qwen3": ("Qwen3ForCausalLM", "qwen3"),
+    "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
 }
 
 # `<arch>.<key>` -> config field; each of these must be present.
@@ -23,6 +29,7 @@ _REQUIRED = {
     "attention.layer_norm_rms_epsilon": "rms_norm_eps",
     "context_length": "max_position_embeddings",
 }
+GEMMA3_27B_LAYERS = 62
 
 
 def hf_config(metadata: dict[str, object], tensor_names: set[str], vocab_size: int, dtype: str) -> dict[str, object]:
@@ -44,12 +51,26 @@ def hf_config(metadata: dict[str, object], tensor_names: set[str], vocab_size: i
     config["rope_scaling"] = _rope_scaling(metadata, arch)
     config["vocab_size"] = vocab_size
     config["tie_word_embeddings"] = "output.weight" not in tensor_names
-    config["hidden_act"] = "silu"
     config["attention_bias"] = "blk.0.attn_q.bias" in tensor_names
     config["bos_token_id"] = metadata.get("tokenizer.ggml.bos_token_id")
     config["eos_token_id"] = metadata.get("tokenizer.ggml.eos_token_id")
     config["dtype"] = dtype
+    config.update(_gemma3_fields(metadata, config) if arch == "gemma3" else {"hidden_act": "silu"})
     return config
+
+
+def _gemma3_fields(metadata: dict[str, object], config: dict[str, object]) -> dict[str, object]:
+    layers, heads = int(config["num_hidden_layers"]), int(config["num_attention_heads"])  # type: ignore[call-overload]
+    head_dim, hidden = int(config["head_dim"]), int(config["hidden_size"])  # type: ignore[call-overload]
+    fields: dict[str, object] = {
+        "hidden_activation": "gelu_pytorch_tanh",
+        "query_pre_attn_scalar": hidden // heads if layers == GEMMA3_27B_LAYERS else head_dim,
+        "sliding_window": metadata.get("gemma3.attention.sliding_window"),
+        "pad_token_id": metadata.get("tokenizer.ggml.padding_token_id"),
+    }
+    if "gemma3.final_logit_softcapping" in metadata:
+        fields["final_logit_softcapping"] = float(metadata["gemma3.final_logit_softcapping"])  # type: ignore[arg-type]
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def _rope_scaling(metadata: dict[str, object], arch: str) -> dict[str, object] | None:

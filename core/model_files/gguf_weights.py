@@ -1,10 +1,15 @@
 """A GGUF's tensors as a Hugging Face checkpoint's: renamed, dequantized, and un-permuted.
 
-Dequantization is the `gguf` package's own (`gguf.quants.dequantize`, every type llama.cpp writes).
+Dequantization is the `gguf` package's own (`gguf.quants.dequantize`, every type llama.cpp writes:
+Q4_0, Q4_1, Q5_0, Q8_0, the K-quants Q4_K, Q5_K, Q6_K ...).
 llama.cpp's converter reorders the rows of a Llama model's Q and K projections so that its RoPE
 rotates adjacent pairs; transformers (and our models) rotate halves, so for the `llama`
-architecture those rows are put back, exactly inverting llama.cpp's `permute`. Qwen2/Qwen3 files
-are written unpermuted (their RoPE already rotates halves in llama.cpp).
+architecture those rows are put back, exactly inverting llama.cpp's `permute`. Qwen2/Qwen3 and Gemma 3
+files are written unpermuted (their RoPE already rotates halves in llama.cpp).
+
+Gemma 3: llama.cpp's converter stores every norm weight w as 1 + w (its RMSNorm multiplies by the stored weight;
+transformers' adds 1 to w), so 1 is subtracted again here, in float32 as transformers' GGUF loader subtracts it;
+and its block norms have names of their own (`post_attention_norm`, `ffn_norm` before the MLP, `post_ffw_norm`).
 """
 
 from collections.abc import Iterator
@@ -25,11 +30,17 @@ _IN_BLOCK = {
 }
 
 
-def hf_name(gguf_name: str) -> str:
+_GEMMA3_IN_BLOCK = {**_IN_BLOCK, "post_attention_norm": "post_attention_layernorm",
+                    "ffn_norm": "pre_feedforward_layernorm", "post_ffw_norm": "post_feedforward_layernorm"}
+_NORM_SHIFTS = {"gemma3": 1.0}  # what llama.cpp adds to a family's norm weights
+
+
+def hf_name(gguf_name: str, arch: str = "llama") -> str:
     """`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`."""
     parts = gguf_name.split(".")
-    if parts[0] == "blk" and len(parts) == 4 and parts[2] in _IN_BLOCK:
-        return f"model.layers.{parts[1]}.{_IN_BLOCK[parts[2]]}.{parts[3]}"
+    in_block = _GEMMA3_IN_BLOCK if arch == "gemma3" else _IN_BLOCK
+    if parts[0] == "blk" and len(parts) == 4 and parts[2] in in_block:
+        return f"model.layers.{parts[1]}.{in_block[parts[2]]}.{parts[3]}"
     if len(parts) == 2 and parts[0] in _TOP_LEVEL:
         return f"{_TOP_LEVEL[parts[0]]}.{parts[1]}"
     raise ModelUnavailable(f"GGUF tensor {gguf_name!r} has no place in the models we serve")
@@ -50,18 +61,21 @@ def dequantized(tensor: ReaderTensor) -> np.ndarray:
         raise ModelUnavailable(f"GGUF tensor {tensor.name}: type {kind} cannot be dequantized") from exc
 
 
-def iter_hf_tensors(reader: GGUFReader, config: dict[str, object],
+def iter_hf_tensors(reader: GGUFReader, config: dict[str, object], arch: str,
                     dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
     """(transformers name, tensor in `dtype`) for each tensor of the file, in file order."""
     permute_heads: dict[str, int] = {}
-    if config["model_type"] == "llama":
+    if arch == "llama":
         heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
         permute_heads = {"attn_q": int(heads), "attn_k": int(kv_heads)}  # type: ignore[call-overload]
+    norm_shift = _NORM_SHIFTS.get(arch, 0.0)
     for tensor in reader.tensors:
         weight = dequantized(tensor)
         kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else None
         if kind in permute_heads:
             weight = unpermute_rows(weight, permute_heads[kind])
+        if norm_shift and tensor.name.endswith("norm.weight"):
+            weight = weight.astype(np.float32) - np.float32(norm_shift)
         if not weight.flags.writeable:  # an unquantized tensor is a view of the read-only mapped file
             weight = weight.copy()
-        yield hf_name(tensor.name), torch.from_numpy(np.ascontiguousarray(weight)).to(dtype)
+        yield hf_name(tensor.name, arch), torch.from_numpy(np.ascontiguousarray(weight)).to(dtype)

@@ -2,7 +2,8 @@
 
 1. nothing: the default model (SmolLM2-135M-Instruct); when it cannot be had, the built-in tiny
    random model, with a warning that its output is gibberish;
-2. a built-in name: `smollm2-135m-instruct`, or `tiny` (the tiny random model, for tests);
+2. a built-in name: `smollm2-135m-instruct` or `gemma-3-270m` (real models from the package index), or `tiny`
+   (the tiny random model, for tests);
 3. an existing path: a checkpoint directory, a .gguf file, or a directory holding one .gguf;
 4. something path-like that does not exist: an error saying so;
 5. anything else: a Hugging Face Hub id, downloaded with huggingface_hub where the network allows.
@@ -16,13 +17,17 @@ from core.config import EngineConfig
 from core.model_files import default_model
 from core.model_files.cache import DEFAULT_CACHE_DIR, cache_dir_for
 from core.model_files.errors import ModelNotFound, ModelUnavailable
+from core.model_files.gemma3_270m import GEMMA3_270M
 from core.model_files.gguf_checkpoint import gguf_checkpoint
+from core.model_files.wheel_gguf import PinnedGGUF, fetch_gguf
 
 logger = logging.getLogger(__name__)
 
 TINY_NAME = "tiny"
 TINY_SERVED_NAME = "openai-serve-tiny"  # the name of the tiny model when it stands in for the default
 HUB_PATTERNS = ["*.json", "*.safetensors", "*.model", "*.tiktoken", "*.txt", "*.jinja"]
+# Built-in names of the real models on the package index.
+BUILTIN_GGUFS = {pinned.name: pinned for pinned in (default_model.SMOLLM2, GEMMA3_270M)}
 
 
 @dataclass(frozen=True)
@@ -49,8 +54,8 @@ def resolve_model(model: str | None, dtype: str = "auto", device: str = "auto",
         return _default_or_tiny(dtype, cache_dir)
     if model == TINY_NAME:
         return ResolvedModel(_tiny(cache_dir), TINY_NAME)
-    if model == default_model.NAME:
-        return ResolvedModel(_default(dtype, cache_dir), model)
+    if model in BUILTIN_GGUFS:
+        return ResolvedModel(_builtin(BUILTIN_GGUFS[model], dtype, cache_dir), model)
     path = Path(model).expanduser()
     if path.exists():
         return ResolvedModel(_local(path, dtype, cache_dir, with_tokenizer), model)
@@ -72,7 +77,7 @@ def conversion_dtype(dtype: str, device: str) -> str:
 
 def _default_or_tiny(dtype: str, cache_dir: Path) -> ResolvedModel:
     try:
-        return ResolvedModel(_default(dtype, cache_dir), default_model.NAME)
+        return ResolvedModel(_builtin(default_model.SMOLLM2, dtype, cache_dir), default_model.NAME)
     except ModelUnavailable as exc:
         logger.error("%s", exc)
     logger.warning("serving the built-in tiny random model instead, as %r: its output is GIBBERISH. It is there so "
@@ -80,10 +85,9 @@ def _default_or_tiny(dtype: str, cache_dir: Path) -> ResolvedModel:
     return ResolvedModel(_tiny(cache_dir), TINY_SERVED_NAME)
 
 
-def _default(dtype: str, cache_dir: Path) -> Path:
-    gguf_path = default_model.default_gguf(cache_dir)
-    return gguf_checkpoint(gguf_path, cache_dir, dtype, sha256=default_model.GGUF_SHA256,
-                           sampling=default_model.RECOMMENDED_SAMPLING)
+def _builtin(pinned: PinnedGGUF, dtype: str, cache_dir: Path) -> Path:
+    return gguf_checkpoint(fetch_gguf(pinned, cache_dir), cache_dir, dtype, sha256=pinned.sha256,
+                           sampling=pinned.sampling)
 
 
 def _tiny(cache_dir: Path) -> Path:

@@ -1,0 +1,112 @@
+"""The real Gemma 3 270M against transformers, both from the same GGUF file (transformers' `gguf_file=` loader is the
+oracle for the conversion: names, Gemma's norm shift, the K-quant dequantization, the config it derives), float32
+on CPU, greedy: a short code prompt, and prompts past the 512-token sliding window, in one step, chunked, and as
+prefix-cache hits; the tokenizer converted from the file's SentencePiece vocabulary against transformers'."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from core import LLM, SamplingParams
+from core.model_files import resolve_model
+from gpu.attention.variant import PLAIN
+from gpu.batch import Batch
+
+MAX_TOKENS = 12
+WINDOW = 512
+TEXTS = ["def fibonacci(n):", "The capital of France is", "café 你好 🙂 <start_of_turn>user\nHi<end_of_turn>\n"]
+
+
+@pytest.fixture(scope="module")
+def gemma3_dir(gemma3_270m_gguf_path: Path) -> Path:
+    """The file converted as `openai-serve gemma-3-270m-q4_k_m.gguf` converts it (once, into the cache)."""
+    return resolve_model(str(gemma3_270m_gguf_path), "float32", "cpu").path
+
+
+@pytest.fixture(scope="module")
+def hf_model(gemma3_270m_gguf_path: Path) -> torch.nn.Module:
+    path = gemma3_270m_gguf_path
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def llm(gemma3_dir: Path) -> LLM:
+    return LLM(str(gemma3_dir), device="cpu", dtype="float32", max_model_len=2048, kv_cache_blocks=256,
+               max_num_seqs=8, max_num_batched_tokens=2048)
+
+
+@pytest.fixture(scope="module")
+def long_prompts(llm: LLM) -> list[list[int]]:
+    """Three prompts of about 600-900 tokens (past the window), the last two sharing their first 560 tokens."""
+    lines = [f"Entry {i}: the {['red', 'green', 'blue'][i % 3]} box holds {i * 7 % 23} stones." for i in range(90)]
+    tokens = llm.tokenizer.encode("\n".join(lines))
+    prompts = [tokens[:610], tokens[:700], tokens[:560] + tokens[-300:]]
+    assert all(len(p) > WINDOW + 16 for p in prompts)
+    return prompts
+
+
+def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int = MAX_TOKENS) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, len(prompt):].tolist()
+
+
+def test_the_tokenizer_equals_transformers(llm: LLM, gemma3_270m_gguf_path: Path) -> None:
+    path = gemma3_270m_gguf_path
+    theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    for text in TEXTS:
+        assert llm.tokenizer.encode(text) == theirs.encode(text), text
+    assert llm.tokenizer.encode("Hi")[0] == 2  # the file says to add BOS
+
+
+def test_fibonacci_continues_as_transformers_does(llm: LLM, hf_model: torch.nn.Module) -> None:
+    prompt = llm.tokenizer.encode("def fibonacci(n):")
+    out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=20))[0]
+    assert out.token_ids == hf_greedy(hf_model, prompt, 20)
+    assert out.text.startswith("\n    if n == 0:\n        return 0\n    elif n == 1")
+
+
+def test_prompts_past_the_window_equal_transformers(llm: LLM, hf_model: torch.nn.Module,
+                                                    long_prompts: list[list[int]]) -> None:
+    expected = [hf_greedy(hf_model, p) for p in long_prompts]
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    assert [o.token_ids for o in llm.generate(long_prompts, greedy)] == expected
+    hits_before = llm.engine.stats().num_prefix_cache_hit_tokens
+    assert [o.token_ids for o in llm.generate(long_prompts[::-1], greedy)] == expected[::-1]
+    assert llm.engine.stats().num_prefix_cache_hit_tokens - hits_before >= 3 * WINDOW
+
+
+def test_chunked_prompts_past_the_window_equal_transformers(gemma3_dir: Path, hf_model: torch.nn.Module,
+                                                            long_prompts: list[list[int]]) -> None:
+    chunked = LLM(str(gemma3_dir), device="cpu", dtype="float32", max_model_len=2048, kv_cache_blocks=256,
+                  max_num_seqs=8, max_num_batched_tokens=200)
+    greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
+    assert [o.token_ids for o in chunked.generate(long_prompts[:2], greedy)] == [hf_greedy(hf_model, p)
+                                                                                 for p in long_prompts[:2]]
+
+
+def test_logits_past_the_window_are_transformers_and_need_the_window(llm: LLM, hf_model: torch.nn.Module,
+                                                                      long_prompts: list[list[int]]) -> None:
+    """The last position's logits equal transformers' to float32 rounding; with the windows taken off they do not
+    (the window is what the long prompts test)."""
+    prompt = long_prompts[1]
+    with torch.no_grad():
+        theirs = hf_model(torch.tensor([prompt])).logits[0, -1]
+    runner = llm.engine.runner
+    num_blocks = -(-len(prompt) // 16)
+    batch = Batch(token_ids=prompt, positions=list(range(len(prompt))), slot_mapping=list(range(len(prompt))),
+                  query_lens=[len(prompt)], context_lens=[len(prompt)], block_tables=[list(range(num_blocks))],
+                  sampling=[None])
+    ours = runner.model.compute_logits(runner._forward(batch)[-1:])[0]
+    torch.testing.assert_close(ours, theirs, rtol=1e-3, atol=1e-3)
+    windows = [layer.variant for layer in runner.layers]
+    try:
+        for layer in runner.layers:
+            layer.variant = PLAIN
+        unwindowed = runner.model.compute_logits(runner._forward(batch)[-1:])[0]
+    finally:
+        for layer, variant in zip(runner.layers, windows, strict=True):
+            layer.variant = variant
+    assert (unwindowed - theirs).abs().max() > 0.1
