@@ -2,7 +2,9 @@
 
 From a tiny transformers Llama checkpoint: llama.cpp's tensor names, its row permutation of Q and K,
 its metadata keys, the tokenizer as tokens + merges + token types, and the chosen tensors quantized
-with `gguf.quants.quantize` (Q8_0, Q4_1 ...). Nothing here is read back by our own code.
+with `gguf.quants.quantize` (Q8_0, Q4_1 ...). From a tiny Gemma 3 checkpoint likewise, with Gemma's block norm
+names and llama.cpp's +1 on every norm weight (its `norm_shift`), Q and K unpermuted. Nothing here is read back by
+our own code.
 """
 
 import json
@@ -18,6 +20,9 @@ _BLOCK = {
     "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
 }
+_GEMMA3_BLOCK = {**_BLOCK, "post_attention_layernorm": "post_attention_norm", "pre_feedforward_layernorm": "ffn_norm",
+                 "post_feedforward_layernorm": "post_ffw_norm", "self_attn.q_norm": "attn_q_norm",
+                 "self_attn.k_norm": "attn_k_norm"}
 _TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 # What the tests quantize: both kinds llama.cpp uses for SmolLM2's file, on permuted and plain tensors.
@@ -26,11 +31,11 @@ QUANTIZED = {"token_embd": GGMLQuantizationType.Q8_0, "attn_q": GGMLQuantization
              "ffn_down": GGMLQuantizationType.Q4_1, "output": GGMLQuantizationType.F16}
 
 
-def gguf_name(hf_name: str) -> str:
+def gguf_name(hf_name: str, arch: str = "llama") -> str:
     stem, suffix = hf_name.rsplit(".", 1)
     if stem.startswith("model.layers."):
         _, _, layer, module = stem.split(".", 3)
-        return f"blk.{layer}.{_BLOCK[module]}.{suffix}"
+        return f"blk.{layer}.{(_GEMMA3_BLOCK if arch == 'gemma3' else _BLOCK)[module]}.{suffix}"
     return f"{_TOP[stem]}.{suffix}"
 
 
@@ -40,17 +45,20 @@ def permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
-def write_llama_gguf(model_dir: Path, path: Path, quantized: dict[str, GGMLQuantizationType] = QUANTIZED) -> Path:
+def write_llama_gguf(model_dir: Path, path: Path, quantized: dict[str, GGMLQuantizationType] = QUANTIZED,
+                     arch: str = "llama") -> Path:
     config = json.loads((model_dir / "config.json").read_text())
-    writer = gguf.GGUFWriter(str(path), "llama")
-    _write_hyperparameters(writer, config)
+    writer = gguf.GGUFWriter(str(path), arch)
+    _write_hyperparameters(writer, config, arch)
     _write_tokenizer(writer, model_dir)
     for hf_name, weight in load_file(str(model_dir / "model.safetensors")).items():
-        name = gguf_name(hf_name)
+        name = gguf_name(hf_name, arch)
         kind = name.split(".")[2] if name.startswith("blk.") else name.split(".")[0]
-        if kind == "attn_q":
+        if arch == "gemma3" and hf_name.endswith("norm.weight"):
+            weight = weight + np.float32(1.0)  # llama.cpp's norm_shift for Gemma 3
+        elif arch == "llama" and kind == "attn_q":
             weight = permute(weight, config["num_attention_heads"])
-        elif kind == "attn_k":
+        elif arch == "llama" and kind == "attn_k":
             weight = permute(weight, config["num_key_value_heads"])
         quant = quantized.get(kind, GGMLQuantizationType.F32)
         data = gguf.quants.quantize(weight.astype(np.float32), quant)
@@ -65,8 +73,8 @@ def write_llama_gguf(model_dir: Path, path: Path, quantized: dict[str, GGMLQuant
 _PLAIN = (GGMLQuantizationType.F32, GGMLQuantizationType.F16)
 
 
-def _write_hyperparameters(writer: gguf.GGUFWriter, config: dict) -> None:
-    writer.add_name("tiny test llama")
+def _write_hyperparameters(writer: gguf.GGUFWriter, config: dict, arch: str) -> None:
+    writer.add_name(f"tiny test {arch}")
     writer.add_context_length(config["max_position_embeddings"])
     writer.add_embedding_length(config["hidden_size"])
     writer.add_block_count(config["num_hidden_layers"])
@@ -75,7 +83,13 @@ def _write_hyperparameters(writer: gguf.GGUFWriter, config: dict) -> None:
     writer.add_head_count_kv(config["num_key_value_heads"])
     writer.add_rope_dimension_count(config["head_dim"])
     writer.add_layer_norm_rms_eps(config["rms_norm_eps"])
-    writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
+    if arch == "gemma3":
+        writer.add_key_length(config["head_dim"])
+        writer.add_value_length(config["head_dim"])
+        writer.add_sliding_window(config["sliding_window"])
+        writer.add_rope_freq_base(config["rope_parameters"]["full_attention"]["rope_theta"])
+    else:
+        writer.add_rope_freq_base(config["rope_parameters"]["rope_theta"])
 
 
 def _write_tokenizer(writer: gguf.GGUFWriter, model_dir: Path) -> None:
