@@ -50,7 +50,10 @@ class ChatTemplate:
 
     def render(self, request: ChatRequest) -> str:
         if not self.is_available:
-            raise bad_request("this model has no chat template; start the server with --chat-template", "messages")
+            # As vLLM: no default template is made up for a model without one (a base model, as a rule).
+            raise bad_request("this model has no chat template (a base model?), so chat messages cannot be turned into "
+                              "a prompt: send the text to /v1/completions, or start the server with --chat-template",
+                              "messages")
         for key in request.template_kwargs:
             if key in self._reserved:
                 name = f"chat_template_kwargs.{key}"

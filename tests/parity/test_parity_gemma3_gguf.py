@@ -13,6 +13,7 @@ from core import LLM, SamplingParams
 from core.model_files import resolve_model
 from gpu.attention.variant import PLAIN
 from gpu.batch import Batch
+from gpu.model_info import read_model_info
 
 MAX_TOKENS = 12
 WINDOW = 512
@@ -53,12 +54,15 @@ def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int = M
     return out[0, len(prompt):].tolist()
 
 
-def test_the_tokenizer_equals_transformers(llm: LLM, gemma3_270m_gguf_path: Path) -> None:
+def test_the_tokenizer_and_the_end_of_turn_equal_transformers(llm: LLM, gemma3_dir: Path,
+                                                               gemma3_270m_gguf_path: Path) -> None:
     path = gemma3_270m_gguf_path
     theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     for text in TEXTS:
         assert llm.tokenizer.encode(text) == theirs.encode(text), text
     assert llm.tokenizer.encode("Hi")[0] == 2  # the file says to add BOS
+    eos, end_of_turn = theirs.convert_tokens_to_ids(["<eos>", "<end_of_turn>"])
+    assert read_model_info(gemma3_dir).eos_token_ids == (eos, end_of_turn)  # generation stops at either
 
 
 def test_fibonacci_continues_as_transformers_does(llm: LLM, hf_model: torch.nn.Module) -> None:
