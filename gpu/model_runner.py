@@ -79,7 +79,8 @@ class ModelRunner:
         logger.info("loaded the weights (%.2f GiB, %s) in %.1f s", _num_bytes(self.model) / 2**30,
                     str(self.dtype).removeprefix("torch."), time.perf_counter() - start)
         self.layers = self.model.attention_layers()
-        names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype)
+        head_dims = tuple(layer.head_dim for layer in self.layers)
+        names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype, head_dims)
         if flash_attn_reason is not None:
             logger.info("attention backend flash-attn not a candidate: %s", flash_attn_reason)
         first = backend_named(names[0])

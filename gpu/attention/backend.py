@@ -98,12 +98,19 @@ def backend_named(name: str) -> AttentionBackend:
     raise ValueError(f"unknown attention backend {name!r}; choose from {BACKEND_NAMES}")
 
 
-def flash_attn_unavailable(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why the flash-attn backend cannot run here, or None when it can."""
+# FA4's head sizes on Hopper (its interface asserts them; Blackwell takes fewer, which it reports at the first call).
+FLASH_ATTN_MAX_HEAD_DIM = 256
+
+
+def flash_attn_unavailable(device: torch.device, dtype: torch.dtype, head_dims: tuple[int, ...] = ()) -> str | None:
+    """Why the flash-attn backend cannot run here for layers of these head sizes, or None when it can."""
     if device.type != "cuda":
         return f"it needs CUDA (device {device})"
     if dtype not in (torch.float16, torch.bfloat16):
         return f"its kernels take float16 or bfloat16 (dtype {dtype})"
+    if any(d > FLASH_ATTN_MAX_HEAD_DIM or d % 8 for d in head_dims):
+        return f"its kernels take head sizes of up to {FLASH_ATTN_MAX_HEAD_DIM}, multiples of 8 (this model's: " \
+               f"{sorted(set(head_dims))})"
     major, minor = torch.cuda.get_device_capability(device)
     if major not in (9, 10, 11):  # FA4 reads a paged cache on Hopper and Blackwell only
         return f"its paged kernels need compute capability 9.x-11.x (this GPU: {major}.{minor})"
@@ -112,7 +119,8 @@ def flash_attn_unavailable(device: torch.device, dtype: torch.dtype) -> str | No
     return None
 
 
-def candidate_names(requested: str, device: torch.device, dtype: torch.dtype) -> tuple[list[str], str | None]:
+def candidate_names(requested: str, device: torch.device, dtype: torch.dtype,
+                    head_dims: tuple[int, ...] = ()) -> tuple[list[str], str | None]:
     """The backends to choose between for every phase, and why flash-attn is not among them for `auto`.
 
     An explicit name is the only candidate (an error when it cannot run here); `auto` is `cpu` on a
@@ -124,7 +132,7 @@ def candidate_names(requested: str, device: torch.device, dtype: torch.dtype) ->
         raise ValueError(f"attention backend {requested!r} needs CUDA; this device is {device}")
     if device.type == "cuda" and requested == "cpu":
         raise ValueError("attention backend cpu runs on a CPU; this device is cuda")
-    reason = flash_attn_unavailable(device, dtype) if device.type == "cuda" else None
+    reason = flash_attn_unavailable(device, dtype, head_dims) if device.type == "cuda" else None
     if requested == "flash-attn" and reason is not None:
         raise ValueError(f"attention backend flash-attn cannot run: {reason}")
     if requested != "auto":

@@ -3,9 +3,10 @@ soft-cap on the scores. Every backend takes it beside the step's metadata; a lay
 attention.py). Plain attention is `PLAIN`.
 
 - sliding_window W: a query at position p sees the keys at positions (p - W, p], as transformers masks it
-  (`kv_idx > q_idx - sliding_window`). A backend reads no KV block that lies wholly before a row's window,
-  so the entries of a row's block table there may name any block (blocks a windowed layer no longer needs
-  can be freed and reused).
+  (`kv_idx > q_idx - sliding_window`). The torch, cpu and Triton backends read no KV block that lies wholly before
+  a row's window, not even its block-table entry; FA4 skips the KV tiles wholly before it, and may read the blocks
+  of the tile holding its start, whose values the mask discards. So the entries of a row's table before its window
+  may name any block that exists (blocks a windowed layer no longer needs can be freed and reused).
 - sinks: one logit per query head (gpt-oss), in the units of the scaled scores, that joins every softmax's
   denominator and no numerator: out = sum_j exp(s_j) v_j / (exp(sink) + sum_j exp(s_j)).
 - softcap c (Gemma 2): scores become c * tanh(scores / c) after scaling, before the mask.

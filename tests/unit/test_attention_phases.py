@@ -28,9 +28,10 @@ def test_candidates_on_cpu() -> None:
         candidate_names("xformers", CPU, torch.float32)
 
 
-def test_flash_attn_refuses_cpu_and_float32() -> None:
+def test_flash_attn_refuses_cpu_float32_and_heads_past_256() -> None:
     assert "CUDA" in flash_attn_unavailable(CPU, torch.bfloat16)
     assert "float16 or bfloat16" in flash_attn_unavailable(torch.device("cuda"), torch.float32)
+    assert "[256, 512]" in flash_attn_unavailable(torch.device("cuda"), torch.bfloat16, (256, 512, 256))
 
 
 class _Recorder(TorchBackend):
