@@ -1,0 +1,123 @@
+"""The fused elementwise kernels in the newer families' forms against the torch layers they replace, on CUDA:
+RMSNorm by Gemma 3's and Gemma 4's conventions, Gemma's q/k norm + RoPE (with and without writing K/V to the
+cache), GELU-tanh-and-mul; and whole Gemma models (norms, activation, windows) with the fused path on and off
+(tests/gpu/test_fused_kernels.py's rules: float32 to rounding, bf16 no further from float32 than the torch path).
+"""
+
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available():
+    pytest.skip("the Triton kernels need CUDA", allow_module_level=True)
+
+from transformers import Gemma3TextConfig  # noqa: E402
+
+from core.tiny_model import TinyModelSpec, build_tiny_model, has_architecture  # noqa: E402
+from gpu.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_store_kv  # noqa: E402
+from gpu.kernels.rms_norm import rms_norm  # noqa: E402
+from gpu.kernels.silu_and_mul import gated_activation  # noqa: E402
+from gpu.layers.activation import GeluTanhAndMul  # noqa: E402
+from gpu.layers.norm import GEMMA3_NORM, GEMMA4_NORM, RMSNorm  # noqa: E402
+from gpu.layers.rotary import RotaryEmbedding  # noqa: E402
+from tests.gpu.test_fused_kernels import (  # noqa: E402
+    DEVICE,
+    DTYPES,
+    MAX_POSITION,
+    TORCH_LAYERS,
+    assert_close_to_reference,
+    compare,
+    model_logits,
+    poison_allocator,
+    random_positions,
+    reference_qk,
+)
+
+CONVENTIONS = {"gemma3": GEMMA3_NORM, "gemma4": GEMMA4_NORM}
+
+
+def norm_of(name: str, size: int, dtype: torch.dtype) -> RMSNorm:
+    norm = RMSNorm(size, 1e-6, TORCH_LAYERS, CONVENTIONS[name]).to(DEVICE, dtype)
+    norm.weight.data = (0.3 * torch.randn(size, device=DEVICE)).to(dtype)  # Gemma 3: scale 1 + w
+    return norm
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", list(CONVENTIONS))
+@pytest.mark.parametrize("hidden", [640, 2560])
+@pytest.mark.parametrize("has_residual", [True, False])
+def test_rms_norm_by_convention(dtype: torch.dtype, name: str, hidden: int, has_residual: bool) -> None:
+    norm = norm_of(name, hidden, dtype)
+    x = (3 * torch.randn(300, hidden, device=DEVICE)).to(dtype)
+    residual = torch.randn(300, hidden, device=DEVICE).to(dtype) if has_residual else None
+    ref_normed, ref_sum = norm.forward_with_residual(x, residual)
+    poison_allocator(300 * hidden, dtype)
+    convention = norm.convention
+    normed, summed = rms_norm(x, norm.weight, norm.eps, residual, weight_offset=convention.weight_offset,
+                              scales_in_float32=convention.scales_in_float32)
+    assert_close_to_reference(normed, ref_normed, f"rms_norm {name} {dtype} hidden={hidden}")
+    assert torch.equal(summed, ref_sum)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("num_tokens", [1, 257])
+def test_qk_norm_rope_by_gemma_convention(dtype: torch.dtype, num_tokens: int) -> None:
+    heads = (4, 1, 256)  # Gemma 3 270M
+    config = Gemma3TextConfig(head_dim=256)
+    rotary = RotaryEmbedding(config, 256, MAX_POSITION, "sliding_attention").to(DEVICE, dtype)
+    norms = (norm_of("gemma3", 256, dtype), norm_of("gemma3", 256, dtype))
+    qkv = (2 * torch.randn(num_tokens, 6 * 256, device=DEVICE)).to(dtype)
+    positions = random_positions(num_tokens)
+    ref_q, ref_k = reference_qk(qkv, positions, rotary, heads, norms)
+    weights = (norms[0].weight, norms[1].weight)
+    poison_allocator(num_tokens * 4 * 256, dtype)
+    q, k = qk_norm_rope(qkv, positions, rotary.cos, rotary.sin, heads, weights, 1e-6, norm_convention=(1.0, True))
+    assert_close_to_reference(q, ref_q, f"qk_norm_rope gemma3 {dtype} q")
+    assert_close_to_reference(k, ref_k, f"qk_norm_rope gemma3 {dtype} k")
+    k_cache, v_cache = torch.zeros(2, -(-num_tokens // 16), 16, 1, 256, device=DEVICE, dtype=dtype)
+    slots = torch.arange(num_tokens, device=DEVICE)
+    fused_q = qk_norm_rope_store_kv(qkv, positions, (rotary.cos, rotary.sin), heads, weights, 1e-6,
+                                    (k_cache, v_cache, slots), norm_convention=(1.0, True))
+    assert torch.equal(fused_q, q) and torch.equal(k_cache.view(-1, 1, 256)[:num_tokens], k)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("intermediate", [2048, 96])
+@pytest.mark.parametrize("num_tokens", [1, 333])
+def test_gelu_tanh_and_mul(dtype: torch.dtype, intermediate: int, num_tokens: int) -> None:
+    x = (2 * torch.randn(num_tokens, 2 * intermediate, device=DEVICE)).to(dtype)
+    poison_allocator(num_tokens * intermediate, dtype)
+    out = gated_activation(x, "gelu_tanh")
+    assert_close_to_reference(out, GeluTanhAndMul(TORCH_LAYERS)(x), f"gelu_tanh_and_mul {dtype} I={intermediate}")
+
+
+@pytest.fixture(scope="module")
+def gemma_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("gemma-models")
+    specs = {
+        "gemma3": TinyModelSpec(architecture="gemma3", num_layers=3, hidden_size=256, num_heads=4, num_kv_heads=1,
+                                head_dim=256, intermediate_size=512, perturbs_norms=True,
+                                overrides=(("sliding_window", 128), ("query_pre_attn_scalar", 256))),
+        "gemma4": TinyModelSpec(architecture="gemma4", num_layers=4, perturbs_norms=True, overrides=(
+            ("sliding_window", 128), ("layer_types", ["sliding_attention", "full_attention"] * 2),
+            ("global_head_dim", 32), ("num_kv_shared_layers", 2), ("hidden_size_per_layer_input", 8))),
+    }
+    return {name: build_tiny_model(root / name, spec) for name, spec in specs.items()
+            if has_architecture(spec.architecture)}
+
+
+@pytest.mark.parametrize("model", ["gemma3", "gemma4"])
+def test_gemma_logits_fused_vs_torch_path(gemma_dirs: dict[str, Path], model: str) -> None:
+    if model not in gemma_dirs:
+        pytest.skip(f"this transformers has no {model} model class")
+    fused, reference = (model_logits(gemma_dirs[model], "float32", is_fused) for is_fused in (True, False))
+    rel, same_top1 = compare(fused, reference)
+    assert rel < 1e-5 and same_top1 == 1.0, f"float32 rel_err={rel:.2e}"
+    fused16, reference16 = (model_logits(gemma_dirs[model], "bfloat16", is_fused) for is_fused in (True, False))
+    (fused_rel, fused_top1), (torch_rel, torch_top1) = compare(fused16, fused), compare(reference16, fused)
+    print(f"model {model} bf16 vs float32: fused rel_err={fused_rel:.2e} top1={fused_top1:.2%}, torch path "
+          f"rel_err={torch_rel:.2e} top1={torch_top1:.2%}")
+    assert fused_rel <= 1.25 * torch_rel + 1e-3
+    assert fused_top1 >= torch_top1 - 0.02
