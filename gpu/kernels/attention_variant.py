@@ -7,7 +7,7 @@ import triton.language as tl
 
 from gpu.kernels.triton_math import tanh
 
-LOG2_E = 1.4426950408889634
+LOG2_E = tl.constexpr(1.4426950408889634)  # a constexpr: kernels read no other globals
 
 
 @triton.jit
@@ -15,8 +15,10 @@ def log2_scores(dot, scale_log2, softcap_in, softcap_out, HAS_SOFTCAP: tl.conste
     """q.k scaled into the base-2 softmax domain; with a soft-cap c, c * tanh(q.k * scale / c) there
     (softcap_in = scale / c, softcap_out = c * log2(e))."""
     if HAS_SOFTCAP:
-        return tanh(dot * softcap_in) * softcap_out
-    return dot * scale_log2
+        scores = tanh(dot * softcap_in) * softcap_out
+    else:
+        scores = dot * scale_log2
+    return scores
 
 
 @triton.jit
@@ -30,5 +32,5 @@ def with_sinks(acc, m_i, l_i, sinks_log2):
 
 def softcap_factors(scale: float, softcap: float | None) -> tuple[float, float]:
     """(softcap_in, softcap_out) for log2_scores; unused (1, 1) without a soft-cap."""
-    return (1.0, 1.0) if softcap is None else (scale / softcap, softcap * LOG2_E)
+    return (1.0, 1.0) if softcap is None else (scale / softcap, softcap * LOG2_E.value)
 
