@@ -12,6 +12,7 @@ from pathlib import Path
 
 import gguf
 import numpy as np
+import torch
 from gguf import GGMLQuantizationType
 from safetensors.numpy import load_file
 
@@ -109,3 +110,24 @@ def _write_tokenizer(writer: gguf.GGUFWriter, model_dir: Path) -> None:
     writer.add_add_bos_token(False)
     template = model_dir / "chat_template.jinja"
     writer.add_chat_template(template.read_text() if template.exists() else tokenizer_config["chat_template"])
+
+
+def assert_transformers_gguf_loader_agrees(gguf_path: Path, converted: Path, prompts: list[list[int]]) -> None:
+    """transformers' own GGUF loader (the oracle) reads the tensors we converted, and its greedy tokens are ours."""
+    from safetensors.torch import load_file as load_torch
+    from transformers import AutoModelForCausalLM
+
+    from core import LLM, SamplingParams
+
+    hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32).eval()
+    ours = load_torch(str(next(converted.glob("*.safetensors"))))
+    is_tied = "lm_head.weight" not in ours
+    for name, weight in hf.state_dict().items():
+        if not (is_tied and name == "lm_head.weight"):
+            assert torch.equal(weight, ours[name]), name
+    llm = LLM(str(converted), dtype="float32", kv_cache_blocks=64)
+    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
+    for prompt, output in zip(prompts, outputs, strict=True):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, min_new_tokens=10)
+        assert output.token_ids == expected[0, len(prompt):].tolist()

@@ -17,6 +17,22 @@ from gpu.layers.attention import DecoderAttention
 from gpu.layers.vocab_parallel import ParallelLMHead
 
 
+class DecoderStack(nn.Module):
+    """A family's decoder: `embed_tokens`, `layers` and the final `norm`. Each layer takes (positions, hidden,
+    residual, meta) and returns (hidden, residual), the residual stream kept apart for the next norm to add."""
+
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        hidden = self.embed(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, meta)
+        hidden, _ = self.norm.forward_with_residual(hidden, residual)
+        return hidden
+
+
 class CausalLM(nn.Module):
     # Checkpoint names of the tensors our merged layers stack: part -> (merged layer, shard).
     packed_modules = {

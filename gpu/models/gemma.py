@@ -33,7 +33,7 @@ from gpu.layers.attention import AttentionSpec, DecoderAttention
 from gpu.layers.norm import GEMMA3_NORM, NormConvention, NormInput, RMSNorm
 from gpu.layers.rotary import RotaryEmbedding
 from gpu.layers.vocab_parallel import VocabParallelEmbedding
-from gpu.models.causal_lm import CausalLM
+from gpu.models.causal_lm import CausalLM, DecoderStack
 from gpu.models.llama import MLP, MLPSpec, sliding_window_of
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,7 @@ class GemmaDecoderLayer(nn.Module):
         return self.post_feedforward_layernorm(mlp_out), residual
 
 
-class GemmaModel(nn.Module):
+class GemmaModel(DecoderStack):
     """Scaled embedding, Gemma blocks (their RoPE tables one per layer type), the final norm."""
 
     def __init__(self, config: PretrainedConfig, specs: list[GemmaBlockSpec], max_position: int,
@@ -102,13 +102,8 @@ class GemmaModel(nn.Module):
                     tp: TensorParallel) -> nn.Module:
         return GemmaDecoderLayer(spec, rotary, kernels, tp)
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids) * self.embed_scale
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, meta)
-        hidden, _ = self.norm.forward_with_residual(hidden, residual)
-        return hidden
+    def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed_tokens(input_ids) * self.embed_scale
 
 
 class Gemma3ForCausalLM(CausalLM):

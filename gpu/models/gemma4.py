@@ -102,7 +102,7 @@ class Gemma4Model(GemmaModel):
             self.layers[i].self_attn.read_kv_of(self.layers[source].self_attn)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids) * self.embed_scale
+        hidden = self.embed(input_ids)
         per_layer = self._per_layer_inputs(input_ids, hidden) if self.per_layer_size else None
         residual = None
         for i, layer in enumerate(self.layers):

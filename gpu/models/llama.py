@@ -31,7 +31,7 @@ from gpu.layers.norm import LLAMA_NORM, NormInput, RMSNorm
 from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.layers.rotary import RotaryEmbedding
 from gpu.layers.vocab_parallel import VocabParallelEmbedding
-from gpu.models.causal_lm import CausalLM
+from gpu.models.causal_lm import CausalLM, DecoderStack
 
 
 @dataclass(frozen=True)
@@ -107,7 +107,7 @@ class DecoderLayer(nn.Module):
         return self.mlp(NormInput(self.post_attention_layernorm, hidden, residual))
 
 
-class DecoderModel(nn.Module):
+class DecoderModel(DecoderStack):
     def __init__(self, config: PretrainedConfig, max_position: int, has_qk_norm: bool, kernels: KernelConfig,
                  tp: TensorParallel) -> None:
         super().__init__()
@@ -116,14 +116,6 @@ class DecoderModel(nn.Module):
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(config, spec, rotary, kernels, tp) for spec in specs)
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
-        residual = None
-        for layer in self.layers:
-            hidden, residual = layer(positions, hidden, residual, meta)
-        hidden, _ = self.norm.forward_with_residual(hidden, residual)
-        return hidden
 
 
 class LlamaForCausalLM(CausalLM):

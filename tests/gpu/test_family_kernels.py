@@ -22,18 +22,8 @@ from gpu.kernels.silu_and_mul import gated_activation  # noqa: E402
 from gpu.layers.activation import GeluTanhAndMul  # noqa: E402
 from gpu.layers.norm import GEMMA3_NORM, GEMMA4_NORM, RMSNorm  # noqa: E402
 from gpu.layers.rotary import RotaryEmbedding  # noqa: E402
-from tests.gpu.test_fused_kernels import (  # noqa: E402
-    DEVICE,
-    DTYPES,
-    MAX_POSITION,
-    TORCH_LAYERS,
-    assert_close_to_reference,
-    compare,
-    model_logits,
-    poison_allocator,
-    random_positions,
-    reference_qk,
-)
+from tests.gpu import test_fused_kernels as fused  # noqa: E402
+from tests.gpu.test_fused_kernels import DEVICE, DTYPES, TORCH_LAYERS, assert_close_to_reference  # noqa: E402
 
 CONVENTIONS = {"gemma3": GEMMA3_NORM, "gemma4": GEMMA4_NORM}
 
@@ -53,7 +43,7 @@ def test_rms_norm_by_convention(dtype: torch.dtype, name: str, hidden: int, has_
     x = (3 * torch.randn(300, hidden, device=DEVICE)).to(dtype)
     residual = torch.randn(300, hidden, device=DEVICE).to(dtype) if has_residual else None
     ref_normed, ref_sum = norm.forward_with_residual(x, residual)
-    poison_allocator(300 * hidden, dtype)
+    fused.poison_allocator(300 * hidden, dtype)
     convention = norm.convention
     normed, summed = rms_norm(x, norm.weight, norm.eps, residual, weight_offset=convention.weight_offset,
                               scales_in_float32=convention.scales_in_float32)
@@ -66,13 +56,13 @@ def test_rms_norm_by_convention(dtype: torch.dtype, name: str, hidden: int, has_
 def test_qk_norm_rope_by_gemma_convention(dtype: torch.dtype, num_tokens: int) -> None:
     heads = (4, 1, 256)  # Gemma 3 270M
     config = Gemma3TextConfig(head_dim=256)
-    rotary = RotaryEmbedding(config, 256, MAX_POSITION, "sliding_attention").to(DEVICE, dtype)
+    rotary = RotaryEmbedding(config, 256, fused.MAX_POSITION, "sliding_attention").to(DEVICE, dtype)
     norms = (norm_of("gemma3", 256, dtype), norm_of("gemma3", 256, dtype))
     qkv = (2 * torch.randn(num_tokens, 6 * 256, device=DEVICE)).to(dtype)
-    positions = random_positions(num_tokens)
-    ref_q, ref_k = reference_qk(qkv, positions, rotary, heads, norms)
+    positions = fused.random_positions(num_tokens)
+    ref_q, ref_k = fused.reference_qk(qkv, positions, rotary, heads, norms)
     weights = (norms[0].weight, norms[1].weight)
-    poison_allocator(num_tokens * 4 * 256, dtype)
+    fused.poison_allocator(num_tokens * 4 * 256, dtype)
     q, k = qk_norm_rope(qkv, positions, rotary.cos, rotary.sin, heads, weights, 1e-6, norm_convention=(1.0, True))
     assert_close_to_reference(q, ref_q, f"qk_norm_rope gemma3 {dtype} q")
     assert_close_to_reference(k, ref_k, f"qk_norm_rope gemma3 {dtype} k")
@@ -88,7 +78,7 @@ def test_qk_norm_rope_by_gemma_convention(dtype: torch.dtype, num_tokens: int) -
 @pytest.mark.parametrize("num_tokens", [1, 333])
 def test_gelu_tanh_and_mul(dtype: torch.dtype, intermediate: int, num_tokens: int) -> None:
     x = (2 * torch.randn(num_tokens, 2 * intermediate, device=DEVICE)).to(dtype)
-    poison_allocator(num_tokens * intermediate, dtype)
+    fused.poison_allocator(num_tokens * intermediate, dtype)
     out = gated_activation(x, "gelu_tanh")
     assert_close_to_reference(out, GeluTanhAndMul(TORCH_LAYERS)(x), f"gelu_tanh_and_mul {dtype} I={intermediate}")
 
@@ -112,11 +102,11 @@ def gemma_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 def test_gemma_logits_fused_vs_torch_path(gemma_dirs: dict[str, Path], model: str) -> None:
     if model not in gemma_dirs:
         pytest.skip(f"this transformers has no {model} model class")
-    fused, reference = (model_logits(gemma_dirs[model], "float32", is_fused) for is_fused in (True, False))
-    rel, same_top1 = compare(fused, reference)
+    exact, reference = (fused.model_logits(gemma_dirs[model], "float32", is_fused) for is_fused in (True, False))
+    rel, same_top1 = fused.compare(exact, reference)
     assert rel < 1e-5 and same_top1 == 1.0, f"float32 rel_err={rel:.2e}"
-    fused16, reference16 = (model_logits(gemma_dirs[model], "bfloat16", is_fused) for is_fused in (True, False))
-    (fused_rel, fused_top1), (torch_rel, torch_top1) = compare(fused16, fused), compare(reference16, fused)
+    bf16, bf16_reference = (fused.model_logits(gemma_dirs[model], "bfloat16", is_fused) for is_fused in (True, False))
+    (fused_rel, fused_top1), (torch_rel, torch_top1) = fused.compare(bf16, exact), fused.compare(bf16_reference, exact)
     print(f"model {model} bf16 vs float32: fused rel_err={fused_rel:.2e} top1={fused_top1:.2%}, torch path "
           f"rel_err={torch_rel:.2e} top1={torch_top1:.2%}")
     assert fused_rel <= 1.25 * torch_rel + 1e-3

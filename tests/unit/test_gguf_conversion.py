@@ -14,10 +14,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from core import LLM, SamplingParams
 from core.model_files import ModelNotFound, ModelUnavailable, resolve_model
 from core.model_files.gguf_checkpoint import gguf_checkpoint
-from tests.gguf_files import gguf_name, write_llama_gguf
+from tests.gguf_files import assert_transformers_gguf_loader_agrees, gguf_name, write_llama_gguf
 
 TEXTS = ["Hello! How are you today?", "The capital of France is Paris.", "1 2 3 100 3.14159", "café 你好 🙂",
          "<|im_start|>user\nHi<|im_end|>\n"]
@@ -90,19 +89,7 @@ def test_config_and_tokenizer_come_from_the_metadata(llama_dir: Path, converted:
 
 
 def test_transformers_gguf_loader_agrees(gguf_path: Path, converted: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32).eval()
-    ours = load_file(str(next(converted.glob("*.safetensors"))))
-    for name, weight in hf.state_dict().items():
-        assert torch.equal(weight, ours[name]), name
-    prompts = [[5, 17, 99, 300, 42], [7] * 20, list(range(3, 40))]
-    llm = LLM(str(converted), dtype="float32", kv_cache_blocks=64)
-    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
-    for prompt, output in zip(prompts, outputs, strict=True):
-        with torch.no_grad():
-            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, min_new_tokens=10)
-        assert output.token_ids == expected[0, len(prompt):].tolist()
+    assert_transformers_gguf_loader_agrees(gguf_path, converted, [[5, 17, 99, 300, 42], [7] * 20, list(range(3, 40))])
 
 
 def test_converted_once_then_loaded_from_the_cache(gguf_path: Path, tmp_path: Path) -> None:

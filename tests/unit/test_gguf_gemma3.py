@@ -13,10 +13,9 @@ import torch
 from gguf import GGMLQuantizationType
 from safetensors.torch import load_file
 
-from core import LLM, SamplingParams
 from core.model_files.gguf_checkpoint import gguf_checkpoint
 from core.tiny_model import TinyModelSpec, build_tiny_model
-from tests.gguf_files import gguf_name, write_llama_gguf
+from tests.gguf_files import assert_transformers_gguf_loader_agrees, gguf_name, write_llama_gguf
 
 # Six layers: the pattern a Gemma 3 GGUF implies (its metadata holds no layer types) has five sliding and one full.
 SPEC = TinyModelSpec(architecture="gemma3", num_layers=6, num_heads=2, num_kv_heads=1, head_dim=256, seed=9,
@@ -26,21 +25,15 @@ QUANTIZED = {"token_embd": GGMLQuantizationType.Q8_0, "attn_q": GGMLQuantization
 
 
 @pytest.fixture(scope="module")
-def gemma3_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_model(tmp_path_factory.mktemp("gemma3"), SPEC)
+def files(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, Path]:
+    """(the tiny checkpoint, the GGUF written from it, that GGUF converted back)."""
+    gemma3_dir = build_tiny_model(tmp_path_factory.mktemp("gemma3"), SPEC)
+    gguf_path = write_llama_gguf(gemma3_dir, tmp_path_factory.mktemp("gguf") / "tiny-gemma3.gguf", QUANTIZED, "gemma3")
+    return gemma3_dir, gguf_path, gguf_checkpoint(gguf_path, tmp_path_factory.mktemp("cache"), "float32")
 
 
-@pytest.fixture(scope="module")
-def gguf_path(gemma3_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return write_llama_gguf(gemma3_dir, tmp_path_factory.mktemp("gguf") / "tiny-gemma3.gguf", QUANTIZED, "gemma3")
-
-
-@pytest.fixture(scope="module")
-def converted(gguf_path: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return gguf_checkpoint(gguf_path, tmp_path_factory.mktemp("cache"), "float32")
-
-
-def test_tensors_are_the_files_with_the_norm_shift_undone(gemma3_dir: Path, gguf_path: Path, converted: Path) -> None:
+def test_tensors_are_the_files_with_the_norm_shift_undone(files: tuple[Path, Path, Path]) -> None:
+    gemma3_dir, gguf_path, converted = files
     ours = load_file(str(next(converted.glob("*.safetensors"))))
     original = load_file(str(gemma3_dir / "model.safetensors"))
     file_tensors = {t.name: t for t in gguf.GGUFReader(gguf_path).tensors}
@@ -55,7 +48,8 @@ def test_tensors_are_the_files_with_the_norm_shift_undone(gemma3_dir: Path, gguf
     assert {t.tensor_type.name for t in file_tensors.values()} == {"Q8_0", "Q5_0", "F32"}
 
 
-def test_config_comes_from_the_metadata(gemma3_dir: Path, converted: Path) -> None:
+def test_config_comes_from_the_metadata(files: tuple[Path, Path, Path]) -> None:
+    gemma3_dir, _, converted = files
     config, original = (json.loads((d / "config.json").read_text()) for d in (converted, gemma3_dir))
     assert config["architectures"] == ["Gemma3ForCausalLM"] and config["model_type"] == "gemma3_text"
     for key in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
@@ -63,18 +57,7 @@ def test_config_comes_from_the_metadata(gemma3_dir: Path, converted: Path) -> No
         assert config[key] == original[key], key
 
 
-def test_transformers_gguf_loader_agrees(gguf_path: Path, converted: Path) -> None:
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32).eval()
-    ours = load_file(str(next(converted.glob("*.safetensors"))))
-    for name, weight in hf.state_dict().items():
-        if name != "lm_head.weight":  # tied to the embedding
-            assert torch.equal(weight, ours[name]), name
-    prompts = [[5, 17, 99, 300, 42], [7, 9] * 20, list(range(3, 70))]  # past the 16-token window
-    llm = LLM(str(converted), dtype="float32", kv_cache_blocks=64)
-    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
-    for prompt, output in zip(prompts, outputs, strict=True):
-        with torch.no_grad():
-            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=10, do_sample=False, min_new_tokens=10)
-        assert output.token_ids == expected[0, len(prompt):].tolist()
+def test_transformers_gguf_loader_agrees(files: tuple[Path, Path, Path]) -> None:
+    _, gguf_path, converted = files
+    assert_transformers_gguf_loader_agrees(gguf_path, converted, [[5, 17, 99, 300, 42], [7, 9] * 20,
+                                                                  list(range(3, 70))])  # past the 16-token window
