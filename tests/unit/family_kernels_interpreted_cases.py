@@ -20,7 +20,7 @@ from gpu.kernels.qk_norm_rope import qk_norm_rope  # noqa: E402
 from gpu.kernels.rms_norm import rms_norm  # noqa: E402
 from gpu.kernels.silu_and_mul import gated_activation  # noqa: E402
 
-TORCH_LAYERS = KernelConfig(fused_elementwise=False)
+TORCH_LAYERS = KernelConfig(fused_kernels=False)
 CONVENTIONS = {"llama": LLAMA_NORM, "gemma3": GEMMA3_NORM, "gemma4": GEMMA4_NORM}
 
 
