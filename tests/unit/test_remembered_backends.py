@@ -103,7 +103,8 @@ def fake_timing(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         calls.append(is_graphed)
         return FAKE_MS[(len(calls) - 1) % len(FAKE_MS)]
 
-    monkeypatch.setattr(gpu.model_runner, "candidate_names", lambda requested, device, dtype: (["cpu", "torch"], None))
+    monkeypatch.setattr(gpu.model_runner, "candidate_names",
+                        lambda requested, device, dtype, head_dims: (["cpu", "torch"], None))
     monkeypatch.setattr(backend_choice, "time_forward", time_forward)
     return calls
 
