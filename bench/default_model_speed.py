@@ -216,7 +216,8 @@ def main(argv: list[str]) -> None:
     load_before = os.getloadavg()
     results = run_interleaved(contenders, prompt, args.tokens, args.repeats)
     result: dict[str, object] = {
-        "kind": "default-model-speed", "model": str(model_dir), "random_weights": bool(args.random_weights),
+        "kind": "default-model-speed", "model": str(model_dir), "model_name": args.model or SMOLLM2.name,
+        "random_weights": bool(args.random_weights),
         "prompt_tokens": len(prompt), "tokens": args.tokens, "repeats": args.repeats,
         "threads": torch.get_num_threads(), **({"cpu": cpu_description()} if args.device == "cpu" else {}),
         "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
