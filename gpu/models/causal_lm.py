@@ -35,13 +35,8 @@ class DecoderStack(nn.Module):
 
 class CausalLM(nn.Module):
     # Checkpoint names of the tensors our merged layers stack: part -> (merged layer, shard).
-    packed_modules = {
-        "q_proj": ("qkv_proj", "q"),
-        "k_proj": ("qkv_proj", "k"),
-        "v_proj": ("qkv_proj", "v"),
-        "gate_proj": ("gate_up_proj", "gate"),
-        "up_proj": ("gate_up_proj", "up"),
-    }
+    packed_modules = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+                      "gate_proj": ("gate_up_proj", "gate"), "up_proj": ("gate_up_proj", "up")}
     soft_caps_logits = True  # by the config's final_logit_softcapping, where it sets one
 
     def __init__(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig = DEFAULT_KERNELS,
