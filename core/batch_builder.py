@@ -2,17 +2,20 @@
 
 This is the only place that turns sequences into positions, cache slots and sampling rows, so it
 is testable without a device. A penalized sequence takes its penalty slot here, at its first
-sampled row (after a preemption too), with the tokens that fill the slot.
+sampled row (after a preemption too), with the tokens that fill the slot. A pooling sequence gets a
+pooling row instead of a sampling row; one whose prompt runs in several chunks takes a pooling slot
+at its first chunk, where the runner keeps what the chunks pooled so far.
 """
 
 from core.penalty_slots import PenaltySlots
 from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
-from gpu.batch import Batch, Penalties, PenaltySlotInit, PromptLogprobsRow, RowSampling
+from gpu.batch import Batch, Penalties, PenaltySlotInit, PoolingRow, PromptLogprobsRow, RowSampling
 
 
 def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_ids: tuple[int, ...],
-                penalty_slots: PenaltySlots | None = None, scored: list[Sequence] | None = None) -> Batch:
+                penalty_slots: PenaltySlots | None = None, scored: list[Sequence] | None = None,
+                pooling_slots: PenaltySlots | None = None) -> Batch:
     """`scored` receives the sequences of the batch's prompt_logprobs rows, in their order."""
     batch = Batch(token_ids=[], positions=[], slot_mapping=[], query_lens=[], context_lens=[], block_tables=[])
     token_ids, positions, slot_mapping = batch.token_ids, batch.positions, batch.slot_mapping
@@ -40,7 +43,10 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
         batch.query_lens.append(end - start)
         batch.context_lens.append(end)
         batch.block_tables.append(block_ids)
-        if end == seq.num_tokens:
+        if seq.pooling is not None:
+            batch.pooling.append(_pooling_row(seq, start, end, len(batch.sampling), pooling_slots))
+            batch.sampling.append(None)
+        elif end == seq.num_tokens:
             if seq.has_penalties and seq.penalty_slot is None:
                 _take_penalty_slot(seq, penalty_slots, batch)
             row = row_sampling(seq, eos_token_ids)
@@ -48,7 +54,23 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
             batch.sampling.append(row)
         else:
             batch.sampling.append(None)
+    if any(s.seq.pooling is not None and s.seq.pooling.token_type_ids is not None for s in scheduled):
+        batch.token_type_ids = [t for s in scheduled for t in _token_types(s)]
     return batch
+
+
+def _pooling_row(seq: Sequence, start: int, end: int, row: int, pooling_slots: PenaltySlots | None) -> PoolingRow:
+    """A chunked prompt keeps a pooling slot from its first chunk to its finish (or preemption)."""
+    starts, ends = start == 0, end == seq.num_prompt_tokens
+    if not (starts and ends) and seq.pooling_slot is None:
+        assert pooling_slots is not None, "a chunked pooling sequence in a batch built without pooling slots"
+        seq.pooling_slot = pooling_slots.allocate()
+    return PoolingRow(row, seq.num_prompt_tokens, starts, ends, seq.pooling_slot)
+
+
+def _token_types(s: ScheduledSequence) -> list[int]:
+    types = s.seq.pooling.token_type_ids if s.seq.pooling is not None else None
+    return list(types[s.start : s.end]) if types is not None else [0] * s.num_new_tokens
 
 
 def _score_prompt(seq: Sequence, start: int, end: int, first_token_index: int, batch: Batch) -> bool:

@@ -20,6 +20,7 @@ from core.sampling_defaults import check_override
 from gpu.config import ATTENTION_BACKENDS, DTYPES
 
 DEVICES = ("auto", "cuda", "cpu")  # and cuda:N
+TASKS = ("auto", "generate", "embed", "score")  # what a model serves (core/pooling_model.py)
 
 
 def setting(
@@ -113,6 +114,11 @@ class ModelConfig:
     override_generation_config: dict[str, object] | None = setting(
         None, "JSON object of generation-config values set over --generation-config's, e.g. "
         "'{\"temperature\": 0.5, \"max_new_tokens\": 256}'", parse=_json_object)
+    task: str = setting("auto", "what the model serves: generate (chat and completions), embed (/v1/embeddings, and "
+                        "/v1/score and /v1/rerank by cosine similarity) or score (/v1/score and /v1/rerank: a "
+                        "cross-encoder, or a decoder's yes/no answer as Qwen3-Reranker); auto: what the checkpoint "
+                        "says (sentence-transformers files, a *ForSequenceClassification, a bare encoder)",
+                        choices=TASKS)
 
     def __post_init__(self) -> None:
         check_choices(self)

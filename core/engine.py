@@ -20,6 +20,10 @@ the check ends alone with FinishReason.ERROR. A step that raises while it is bui
 raise end their requests with ERROR and the others go on. A fault that is not a request's (every
 row fails, or steps keep failing) is raised: the engine is broken, and its owner restarts it.
 
+Pooling models (embeddings, scores: core/pooling_model.py) run the same loop: their requests are
+prefill-only sequences, finished by the step that computes their last prompt token, whose output is
+the pooled state the runner returns instead of a sampled token.
+
 Threading: `add_request`, `abort_request` and `stats` are safe from any thread (they enqueue, or
 read counters); everything else, and every touch of the scheduler, the block manager and the
 device, happens on the one thread that calls `step`.
@@ -33,14 +37,18 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from core.batch_builder import build_batch
 from core.block_manager import BlockManager
 from core.config import EngineConfig
 from core.engine_metrics import EngineMetrics, EngineObservations
 from core.grammar import Grammars
 from core.model_files.cache import cache_dir_for
-from core.outputs import FinishReason, RequestOutput
+from core.outputs import FinishReason, RequestOutput, RequestRejected
 from core.penalty_slots import PenaltySlots
+from core.pooling_model import PoolingModel, read_pooling_model
+from core.pooling_params import PoolingParams
 from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
@@ -53,6 +61,8 @@ from gpu.runner import Runner, StepInFlight
 from gpu.runner_factory import AwaitingMasks, make_runner
 
 logger = logging.getLogger(__name__)
+
+_NOTHING_SAMPLED = SamplingParams(max_tokens=None)  # a pooling sequence's: it never samples
 
 # Failed steps in a row, none of whose rows could run alone, before the engine gives up (its fault,
 # not a request's).
@@ -90,6 +100,7 @@ class _LaunchedStep:
     sampled_seqs: list[Sequence]  # the sequences of the step's sampled rows, in row order
     pending: StepInFlight | AwaitingMasks  # AwaitingMasks: its sampling waits for token masks
     scored_seqs: list[Sequence]  # the sequences of the step's prompt_logprobs rows, in order
+    pooled_seqs: list[Sequence]  # the pooling sequences whose prompt the step ends, in row order
 
 
 class LLMEngine:
@@ -98,13 +109,20 @@ class LLMEngine:
         None builds one from `config` (see runner_config)."""
         self.config = config
         info = read_model_info(config.model.model)
-        self.max_model_len = _resolve_max_model_len(config.model.max_model_len, info.max_position_embeddings)
+        self.pooling: PoolingModel | None = read_pooling_model(config.model.model, config.model.task)
+        limit = info.max_position_embeddings if self.pooling is None else self.pooling.max_model_len
+        self.max_model_len = _resolve_max_model_len(config.model.max_model_len, limit)
+        if self.pooling is not None and self.pooling.is_encoder:
+            _check_whole_prompts_fit(self.max_model_len, config.scheduler.max_num_batched_tokens)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
-        self.runner = runner if runner is not None else make_runner(runner_config(config, self.max_model_len))
+        self.runner = runner if runner is not None else make_runner(
+            runner_config(config, self.max_model_len), None if self.pooling is None else self.pooling.pooler)
         self.block_size = config.cache.block_size
+        # An encoder's blocks hold nothing to reuse.
         self.block_manager = BlockManager(
-            self.runner.num_kv_blocks, self.block_size, config.cache.enable_prefix_caching
+            self.runner.num_kv_blocks, self.block_size,
+            config.cache.enable_prefix_caching and not (self.pooling is not None and self.pooling.is_encoder),
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         self.limits = EngineLimits(self.vocab_size, self.max_model_len, self.block_size, self.block_manager.num_blocks)
@@ -114,6 +132,7 @@ class LLMEngine:
         self._in_flight: _LaunchedStep | None = None  # launched, results not yet taken
         self._num_failed_steps_in_a_row = 0
         self.penalty_slots = PenaltySlots(config.scheduler.max_num_seqs)
+        self.pooling_slots = PenaltySlots(config.scheduler.max_num_seqs)  # the same kind of pool, for pooling state
         self._grammars: Grammars | None = None  # built at the first structured-output request
         self._compiling: dict[Sequence, concurrent.futures.Future] = {}  # waiting for their grammar, unscheduled
         self.metrics = EngineMetrics()
@@ -130,13 +149,25 @@ class LLMEngine:
 
     # Any thread.
 
-    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams) -> None:
+    def add_request(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams | PoolingParams
+                    ) -> None:
         """Enqueues a request its caller checked with `limits` (see the module's docstring), under an id
-        that no live request has."""
+        that no live request has. PoolingParams: a pooling model's prompt (embeddings, scores)."""
+        if isinstance(params, PoolingParams):
+            self._inbox.put(self._pooling_sequence(request_id, prompt_token_ids, params))
+            return
         max_tokens = self.limits.max_tokens_of(len(prompt_token_ids), params)
         self._inbox.put(Sequence(request_id, prompt_token_ids, params, max_tokens))
 
-    def add_requests(self, requests: Iterable[tuple[str, list[int], SamplingParams]]) -> None:
+    def _pooling_sequence(self, request_id: str, prompt_token_ids: list[int], params: PoolingParams) -> Sequence:
+        seq = Sequence(request_id, prompt_token_ids, _NOTHING_SAMPLED, max_tokens=0)
+        seq.pooling = params
+        if self.pooling is not None:
+            seq.pools_every_token = self.pooling.pooler.needs_every_token
+            seq.must_run_whole = self.pooling.is_encoder
+        return seq
+
+    def add_requests(self, requests: Iterable[tuple[str, list[int], SamplingParams | PoolingParams]]) -> None:
         for request_id, prompt_token_ids, params in requests:
             self.add_request(request_id, prompt_token_ids, params)
 
@@ -224,6 +255,7 @@ class LLMEngine:
         out = self.scheduler.schedule()
         for seq in out.preempted:
             self._release_penalty_slot(seq)  # it takes one anew, filled from its tokens, when it samples again
+            self._release_pooling_slot(seq)  # its pooling starts again from its first token
         if out.admitted:
             now = time.monotonic()
             for seq in out.admitted:
@@ -232,9 +264,11 @@ class LLMEngine:
 
     def _launch(self, scheduled: list[ScheduledSequence]) -> _LaunchedStep:
         scored: list[Sequence] = []
-        batch = build_batch(scheduled, self.block_size, self.eos_token_ids, self.penalty_slots, scored)
+        batch = build_batch(scheduled, self.block_size, self.eos_token_ids, self.penalty_slots, scored,
+                            self.pooling_slots)
         sampled_seqs = [s.seq for s, row in zip(scheduled, batch.sampling, strict=True) if row is not None]
-        return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch), scored)
+        pooled_seqs = [scheduled[row.row].seq for row in batch.pooling if row.ends_prompt]
+        return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch), scored, pooled_seqs)
 
     def _recover(self, scheduled: list[ScheduledSequence]) -> list[RequestOutput]:
         """After a step failed to launch: books the step still in flight, then runs each scheduled row
@@ -348,6 +382,14 @@ class LLMEngine:
         """Why the engine cannot take this request (its front end should have refused it), or None."""
         if seq.request_id in self._sequences:
             return "its id is the id of a live request"
+        if (seq.pooling is None) != (self.pooling is None):
+            return "a pooling request to a generating model, or the other way round"
+        if seq.pooling is not None:
+            try:
+                self.limits.check_pooled_prompt(seq.token_ids)
+            except RequestRejected as exc:
+                return str(exc)
+            return None
         return self.limits.refusal(seq.token_ids, seq.params)
 
     def _postprocess(self, step: _LaunchedStep) -> list[RequestOutput]:
@@ -374,6 +416,23 @@ class LLMEngine:
                 self._finish(seq, finish_reason)
             outputs.append(_output(seq, [token_id], [logprobs]))
         self.metrics.on_tokens(first_token_seqs, len(outputs), now)
+        if step.pooled_seqs:
+            outputs += self._book_pooled(step.pooled_seqs, result.pooled, now)
+        return outputs
+
+    def _book_pooled(self, seqs: list[Sequence], pooled: list[np.ndarray], now: float) -> list[RequestOutput]:
+        """Pooling sequences end with their pooled output (counted as their first token is, in the metrics)."""
+        outputs, finished = [], []
+        for seq, vector in zip(seqs, pooled, strict=True):
+            if seq.is_finished:
+                continue  # aborted while the step was in flight
+            seq.first_token_time = now
+            self._finish(seq, FinishReason.STOP)
+            output = _output(seq, [], [])
+            output.pooled = vector
+            outputs.append(output)
+            finished.append(seq)
+        self.metrics.on_pooled(finished, now)
         return outputs
 
     def _book_constrained(self, seqs: list[Sequence], token_ids: list[int]) -> set[Sequence]:
@@ -404,6 +463,7 @@ class LLMEngine:
             # A failed request's blocks may hold K/V its failed step never wrote: they leave the prefix cache.
             self.scheduler.finish(seq, keep_cached=reason is not FinishReason.ERROR)
         self._release_penalty_slot(seq)
+        self._release_pooling_slot(seq)
         seq.finish_reason = reason
         self.metrics.on_finished(seq)
         del self._sequences[seq.request_id]
@@ -413,6 +473,12 @@ class LLMEngine:
             self.penalty_slots.release(seq.penalty_slot)
             seq.penalty_slot = None
             seq.steady_sampling = None  # it named the slot
+
+
+    def _release_pooling_slot(self, seq: Sequence) -> None:
+        if seq.pooling_slot is not None:
+            self.pooling_slots.release(seq.pooling_slot)
+            seq.pooling_slot = None
 
 
 def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs | None]) -> RequestOutput:
@@ -440,6 +506,13 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
         attention_backend=c.model.attention_backend, seed=c.model.seed,
         tensor_parallel_size=c.model.tensor_parallel_size, cache_dir=str(cache_dir_for(c.model.download_dir)),
     )
+
+
+def _check_whole_prompts_fit(max_model_len: int, max_num_batched_tokens: int) -> None:
+    """An encoder's prompt runs whole in one step: the longest must fit a step's token budget."""
+    if max_num_batched_tokens < max_model_len:
+        raise ValueError(f"an encoder runs each prompt in one step: max_num_batched_tokens ({max_num_batched_tokens}) "
+                         f"must be >= max_model_len ({max_model_len})")
 
 
 def _resolve_max_model_len(requested: int | None, model_limit: int) -> int:

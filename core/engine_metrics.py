@@ -69,6 +69,13 @@ class EngineMetrics:
         self.num_generation_tokens += num_tokens
         self._last_tokens_time = now
 
+    def on_pooled(self, seqs: list[Sequence], now: float) -> None:
+        """Pooling requests got their output: their prompt counts, their prefill ends (nothing is generated)."""
+        for seq in seqs:
+            self.num_prompt_tokens += seq.num_prompt_tokens
+            if seq.first_scheduled_time is not None:
+                self._observations.prefill_times.append(now - seq.first_scheduled_time)
+
     def on_finished(self, seq: Sequence) -> None:
         now = time.monotonic()
         if seq.first_scheduled_time is not None:

@@ -33,6 +33,8 @@ from core.config import EngineConfig
 from core.engine import EngineStats, LLMEngine
 from core.engine_metrics import EngineObservations
 from core.outputs import RequestOutput
+from core.pooling_model import PoolingModel
+from core.pooling_params import PoolingParams
 from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
 from core.startup_gc import freeze_startup_objects
@@ -51,6 +53,7 @@ class EngineInfo:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     limits: EngineLimits
+    pooling: PoolingModel | None  # what it pools, when it is a pooling model
     stats: EngineStats
     frozen_objects: int  # start-up objects the child's garbage collector skips (gc.freeze)
 
@@ -76,6 +79,7 @@ class EngineProcess:
         self.max_model_len, self.vocab_size = info.max_model_len, info.vocab_size
         self.eos_token_ids = info.eos_token_ids
         self.limits = info.limits
+        self.pooling = info.pooling
         self._stats = info.stats
         self.frozen_start_up_objects = info.frozen_objects
         self._observations = EngineObservations.empty()  # received, not yet taken
@@ -97,7 +101,7 @@ class EngineProcess:
             raise RuntimeError(f"the engine process failed to start: {message[1]}")
         return message[1]
 
-    def add_requests(self, requests: Sequence[tuple[str, list[int], SamplingParams]]) -> None:
+    def add_requests(self, requests: Sequence[tuple[str, list[int], SamplingParams | PoolingParams]]) -> None:
         """Sends checked requests (as LLMEngine.add_request takes each) in one message: one pickling (equal
         SamplingParams pickle once) and one write."""
         self._send(("add", list(requests)))
@@ -178,7 +182,7 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
     # otherwise land inside an engine step.
     frozen = freeze_startup_objects()
     outputs.send(("ready", EngineInfo(engine.max_model_len, engine.vocab_size, engine.eos_token_ids, engine.limits,
-                                      engine.stats(), frozen)))
+                                      engine.pooling, engine.stats(), frozen)))
     stop = threading.Event()
     threading.Thread(target=_receive, args=(engine, requests, stop), name="engine-inbox", daemon=True).start()
     try:
@@ -224,4 +228,4 @@ def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event) -> 
 
 def _as_row(o: RequestOutput) -> tuple[Any, ...]:
     return (o.request_id, o.new_token_ids, o.new_logprobs, o.finish_reason, o.num_prompt_tokens,
-            o.num_output_tokens, o.num_cached_prompt_tokens, o.prompt_logprobs)
+            o.num_output_tokens, o.num_cached_prompt_tokens, o.prompt_logprobs, o.pooled)

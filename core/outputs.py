@@ -3,6 +3,8 @@
 from dataclasses import dataclass
 from enum import StrEnum
 
+import numpy as np
+
 from gpu.batch import TokenLogprobs
 
 
@@ -30,6 +32,8 @@ class RequestOutput:
     num_cached_prompt_tokens: int = 0
     # With the request's first token when it asked for prompt_logprobs: one per prompt token, the first None.
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # A pooling request's one output (float32, gpu/pooling.py), with its finish.
+    pooled: np.ndarray | None = None
 
     @property
     def is_finished(self) -> bool:

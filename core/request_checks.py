@@ -39,6 +39,19 @@ class EngineLimits:
             raise RequestRejected(param, f"'{param}' has {num_prompt} tokens; this model's context length is "
                                   f"{self.max_model_len}, which leaves no room to generate")
 
+    def check_pooled_prompt(self, prompt_token_ids: Sequence[int], param: str = "input") -> None:
+        """A prompt to pool (an embedding, a score): not empty, known tokens only, within the context and the
+        KV cache (its last token may end the context: nothing is generated after it)."""
+        num_prompt = len(prompt_token_ids)
+        if num_prompt == 0:
+            raise RequestRejected(param, f"'{param}' must not be empty")
+        self.check_token_ids(prompt_token_ids, param)
+        if num_prompt > self.max_model_len:
+            raise RequestRejected(param, f"'{param}' has {num_prompt} tokens; this model takes at most "
+                                  f"{self.max_model_len}")
+        if -(-num_prompt // self.block_size) > self.num_blocks:
+            raise RequestRejected(param, f"'{param}' needs more KV-cache blocks than the {self.num_blocks} that exist")
+
     def max_tokens_of(self, num_prompt_tokens: int, params: SamplingParams) -> int:
         """max_tokens, where None means as many as the context leaves."""
         return params.max_tokens if params.max_tokens is not None else self.max_model_len - num_prompt_tokens

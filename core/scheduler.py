@@ -84,7 +84,8 @@ class Scheduler:
 
     def schedule(self) -> SchedulerOutput:
         out = SchedulerOutput()
-        ready = [s for s in self.running if not s.is_last_token_pending]
+        # Not ready: a sequence whose last token is on its way, or a pooled one whose last chunk was launched.
+        ready = [s for s in self.running if not s.is_last_token_pending and s.num_tokens > s.num_computed_tokens]
         if self._may_hold_decodes(ready):
             self._schedule_into(out, [s for s in ready if not _is_decoding(s)])
             if out.scheduled:  # prompts filled the step: the decoding rows wait
@@ -133,8 +134,11 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_pending_tokens:
                 break  # preempted while its last token was on the way; admitted once it has arrived
-            hit_ids, hit_keys = ([], []) if seq.needs_prompt_logprobs else self.block_manager.match_prefix(seq)
+            hit_ids, hit_keys = (([], []) if seq.needs_prompt_logprobs or seq.pools_every_token
+                                 else self.block_manager.match_prefix(seq))
             num_new = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget)
+            if seq.must_run_whole and num_new < seq.num_tokens:
+                break  # an encoder's prompt waits for a step with room for all of it
             if not self.block_manager.can_allocate(self.block_manager.num_blocks_to_admit(seq, hit_ids, num_new)):
                 break
             self.waiting.popleft()

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.outputs import FinishReason
+from core.pooling_params import PoolingParams
 from core.sampling_params import SamplingParams
 from gpu.batch import LogitBias, RowSampling, TokenLogprobs
 
@@ -59,6 +60,11 @@ class Sequence:
         self.arrival_time = time.monotonic()
         self.first_scheduled_time: float | None = None
         self.first_token_time: float | None = None
+        # A pooling request (embeddings, scores): prefill only, finished by its last prompt token's step.
+        self.pooling: PoolingParams | None = None
+        self.pooling_slot: int | None = None  # its entry in the runner's pooling state while chunked
+        self.pools_every_token = False  # mean or CLS pooling: no prompt token may come from the prefix cache
+        self.must_run_whole = False  # an encoder's prompt: one step, never chunked
 
     @property
     def needs_prompt_logprobs(self) -> bool:

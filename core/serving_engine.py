@@ -10,6 +10,8 @@ from core.config import EngineConfig
 from core.engine import EngineStats
 from core.engine_metrics import EngineObservations
 from core.outputs import RequestOutput
+from core.pooling_model import PoolingModel
+from core.pooling_params import PoolingParams
 from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
 
@@ -20,8 +22,9 @@ class ServingEngine(Protocol):
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     limits: EngineLimits
+    pooling: PoolingModel | None  # None: it generates
 
-    def add_requests(self, requests: Sequence[tuple[str, list[int], SamplingParams]]) -> None:
+    def add_requests(self, requests: Sequence[tuple[str, list[int], SamplingParams | PoolingParams]]) -> None:
         """Checked requests (core/request_checks.py), all of one HTTP request's choices at once: for an engine
         process, one message."""
         ...

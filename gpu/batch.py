@@ -93,6 +93,18 @@ class PromptLogprobsRow:
 
 
 @dataclass(frozen=True)
+class PoolingRow:
+    """A row whose prompt is pooled (gpu/pooling.py) instead of sampled. A prompt computed in chunks
+    carries its pooling state between steps in the runner's pooling slot `slot` (core assigns it)."""
+
+    row: int  # among the batch's rows
+    num_prompt_tokens: int
+    starts_prompt: bool  # this chunk holds the prompt's first token
+    ends_prompt: bool  # this chunk holds its last: the row's pooled output is returned
+    slot: int | None = None  # None: the whole prompt is in this step
+
+
+@dataclass(frozen=True)
 class PackedBlockTables:
     """Block tables as one flat array of block ids and each row's length: the form in which they travel
     to tensor-parallel workers (gpu/batch_wire.py), which write them to the device without a Python loop."""
@@ -124,6 +136,9 @@ class Batch:
     # Some sampled row has `has_token_mask`: its sampling waits for the masks (ModelRunner.sample_masked).
     has_token_masks: bool = False
     prompt_logprobs: list[PromptLogprobsRow] = field(default_factory=list)
+    pooling: list[PoolingRow] = field(default_factory=list)
+    # [num_tokens] segment ids of an encoder's token pairs (BERT's token_type_ids); None: all 0.
+    token_type_ids: list[int] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -152,3 +167,5 @@ class StepResult:
     logprobs: list[TokenLogprobs | None]
     # One list per entry of the batch's `prompt_logprobs`, one entry per target token.
     prompt_logprobs: list[list[TokenLogprobs]] = field(default_factory=list)
+    # One float32 vector per pooling row that ends its prompt, in row order (gpu/pooling.py says what it holds).
+    pooled: list[np.ndarray] = field(default_factory=list)

@@ -253,20 +253,8 @@ class ModelRunner:
         return (self.device.type == "cuda" and self.tp.size == 1 and self.config.kernels.fused_kernels
                 and HAS_TRITON and self.dtype in FUSED_DTYPES)
 
-    def _build_model(self, hf_config) -> torch.nn.Module:  # noqa: ANN001 - a transformers config
-        torch.manual_seed(self.config.seed)
-        with torch.device(self.device):
-            model = model_class(hf_config.architectures)(hf_config, self.config.max_model_len, self.config.kernels,
-                                                         self.tp)
-        packs = self.config.kernels.cpu_packed_weights and can_pack(self.dtype, self.device)
-        # Packing finds weights on a 4-bit grid exactly, so it reads a float32 checkpoint's own values.
-        model.to(torch.float32 if packs and checkpoint_dtype(hf_config) == "float32" else self.dtype)
-        load_weights(model, Path(self.config.model_path))
-        model.eval().requires_grad_(False)
-        if packs:
-            kinds = pack_linear_layers(model)
-            logger.info("linear weights packed for the CPU: %s", ", ".join(f"{n} {k}" for k, n in kinds.items()))
-        return model.to(self.dtype)
+    def _build_model(self, hf_config: PretrainedConfig) -> torch.nn.Module:
+        return build_model(self.config, hf_config, self.device, self.dtype, self.tp)
 
     def _allocate_kv_cache(self) -> int:
         c = self.config
@@ -436,23 +424,46 @@ class ModelRunner:
         return self.model(input_ids, positions, meta)
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        meta = AttentionMetadata(
-            slot_mapping=self._to_device(np.asarray(batch.slot_mapping, dtype=np.int64)),
-            query_start_loc=self._to_device(np.cumsum([0, *batch.query_lens], dtype=np.int32)),
-            context_lens=self._to_device(np.asarray(batch.context_lens, dtype=np.int32)),
-            block_tables=self._to_device(_padded_block_tables(batch.block_tables)),
-            max_query_len=max(batch.query_lens),
-            max_context_len=max(batch.context_lens),
-            is_decode_only=batch.is_decode_only,
-        )
-        input_ids = self._to_device(np.asarray(batch.token_ids, dtype=np.int64))
+        input_ids, positions, meta = step_inputs(batch, self.device)
         if batch.fed_back_token_indices:
             where = self._to_device(np.array([batch.fed_back_token_indices, batch.fed_back_rows], dtype=np.int64))
             feed_back_tokens(input_ids, where[0], where[1], self._last_sampled_ids)
-        return input_ids, self._to_device(np.asarray(batch.positions, dtype=np.int64)), meta
+        return input_ids, positions, meta
 
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return to_device(array, array.dtype, self.device)
+
+
+def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch.device, dtype: torch.dtype,
+                tp: TensorParallel = SINGLE) -> torch.nn.Module:
+    """The checkpoint's model on `device` in `dtype`, its weights loaded (on a CPU in bfloat16, packed)."""
+    torch.manual_seed(config.seed)
+    with torch.device(device):
+        model = model_class(hf_config.architectures)(hf_config, config.max_model_len, config.kernels, tp)
+    packs = config.kernels.cpu_packed_weights and can_pack(dtype, device)
+    # Packing finds weights on a 4-bit grid exactly, so it reads a float32 checkpoint's own values.
+    model.to(torch.float32 if packs and checkpoint_dtype(hf_config) == "float32" else dtype)
+    load_weights(model, Path(config.model_path))
+    model.eval().requires_grad_(False)
+    if packs:
+        kinds = pack_linear_layers(model)
+        logger.info("linear weights packed for the CPU: %s", ", ".join(f"{n} {k}" for k, n in kinds.items()))
+    return model.to(dtype)
+
+
+def step_inputs(batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """A step's token ids, positions and attention metadata on the device (fed-back tokens still placeholders)."""
+    meta = AttentionMetadata(
+        slot_mapping=to_device(np.asarray(batch.slot_mapping, dtype=np.int64), np.int64, device),
+        query_start_loc=to_device(np.cumsum([0, *batch.query_lens], dtype=np.int32), np.int32, device),
+        context_lens=to_device(np.asarray(batch.context_lens, dtype=np.int32), np.int32, device),
+        block_tables=to_device(_padded_block_tables(batch.block_tables), np.int32, device),
+        max_query_len=max(batch.query_lens),
+        max_context_len=max(batch.context_lens),
+        is_decode_only=batch.is_decode_only,
+    )
+    input_ids = to_device(np.asarray(batch.token_ids, dtype=np.int64), np.int64, device)
+    return input_ids, to_device(np.asarray(batch.positions, dtype=np.int64), np.int64, device), meta
 
 
 def _num_bytes(model: torch.nn.Module) -> int:

@@ -1,10 +1,15 @@
 """Model families by the `architectures` name in a checkpoint's config.json. A family that is a variant of another
 is a line here, its differences read from its config (gpu/models/llama.py)."""
 
+from torch import nn
+
+from gpu.models.bare_decoder import BareLlamaModel, BareQwen3Model
+from gpu.models.bert import BertForSequenceClassification, BertModel, RobertaForSequenceClassification
 from gpu.models.causal_lm import CausalLM
 from gpu.models.gemma import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from gpu.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 from gpu.models.llama import LlamaForCausalLM, Qwen3ForCausalLM
+from gpu.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -18,9 +23,25 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,  # its language model
 }
 
+# Models that pool only (embeddings, scores): bare decoders as sentence-transformers saves them, and encoders.
+POOLING_MODEL_CLASSES: dict[str, type[nn.Module]] = {
+    "LlamaModel": BareLlamaModel,
+    "Qwen2Model": BareLlamaModel,
+    "Qwen3Model": BareQwen3Model,
+    "BertModel": BertModel,
+    "RobertaModel": BertModel,  # BERT with positions numbered after the padding id, which the config implies
+    "XLMRobertaModel": BertModel,
+    "ModernBertModel": ModernBertModel,
+    "BertForSequenceClassification": BertForSequenceClassification,
+    "RobertaForSequenceClassification": RobertaForSequenceClassification,
+    "XLMRobertaForSequenceClassification": RobertaForSequenceClassification,
+    "ModernBertForSequenceClassification": ModernBertForSequenceClassification,
+}
 
-def model_class(architectures: list[str] | None) -> type[CausalLM]:
+
+def model_class(architectures: list[str] | None) -> type[nn.Module]:
+    classes = MODEL_CLASSES | POOLING_MODEL_CLASSES
     for name in architectures or []:
-        if name in MODEL_CLASSES:
-            return MODEL_CLASSES[name]
-    raise ValueError(f"unsupported architecture {architectures}; supported: {sorted(MODEL_CLASSES)}")
+        if name in classes:
+            return classes[name]
+    raise ValueError(f"unsupported architecture {architectures}; supported: {sorted(classes)}")
