@@ -34,6 +34,7 @@ from openai_serve.response_store import ResponseStore
 from openai_serve.routes.anthropic import count_tokens, create_message
 from openai_serve.routes.chat import create_chat_completion
 from openai_serve.routes.completions import create_completion
+from openai_serve.routes.embeddings import create_embedding
 from openai_serve.routes.models import health, list_models, metrics, retrieve_model, version
 from openai_serve.routes.responses import (
     cancel_response,
@@ -42,6 +43,7 @@ from openai_serve.routes.responses import (
     list_input_items,
     retrieve_response,
 )
+from openai_serve.routes.scores import create_rerank, create_score
 from openai_serve.routes.tokenize import detokenize, tokenize
 from openai_serve.server_config import ServerConfig
 from openai_serve.state import ServingState
@@ -61,6 +63,9 @@ ROUTES = [
     Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
     Route("/v1/responses/{response_id}/cancel", cancel_response, methods=["POST"]),
     Route("/v1/responses/{response_id}/input_items", list_input_items, methods=["GET"]),
+    Route("/v1/embeddings", create_embedding, methods=["POST"]),
+    Route("/v1/score", create_score, methods=["POST"]),
+    *(Route(path, create_rerank, methods=["POST"]) for path in ("/v1/rerank", "/rerank", "/v2/rerank")),
     Route("/v1/models", list_models, methods=["GET"]),
     Route("/v1/models/{model:path}", retrieve_model, methods=["GET"]),
     Route("/health", health, methods=["GET"]),

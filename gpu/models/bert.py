@@ -4,7 +4,8 @@ For pooling only (embeddings and cross-encoder scores): a prompt runs whole in o
 KV cache (gpu/layers/encoder_attention.py). Parameter names are the checkpoints' own: a bare encoder
 (`BertModel`, what sentence-transformers saves) at the top level, a classifier's under `bert.` or
 `roberta.`; tensors a checkpoint holds that the forward pass does not read are left out by
-`checkpoint_name` (the loader's hook). RoBERTa's positions start after its padding id (fairseq's convention).
+`checkpoint_name` (the loader's hook). RoBERTa's positions start after its padding id (fairseq's
+convention).
 
 Heads (`classify`): BERT's pooler (dense + tanh of the [CLS] state) then a linear classifier;
 RoBERTa's classification head (dense, tanh, out_proj) on the <s> state. The pooling method of a

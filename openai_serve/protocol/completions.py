@@ -60,15 +60,16 @@ def parse_completion_request(body: object, unknown: UnknownFields | None = None,
     return replace(request, ignored_fields=fields.ignored_fields())
 
 
-def parse_prompts(prompt: object) -> tuple[Prompt, ...]:
+def parse_prompts(prompt: object, param: str = "prompt") -> tuple[Prompt, ...]:
     """The prompts' shapes; what their tokens must be (not empty, known ids) the route checks once
-    they are tokens, with the engine's limits (core/request_checks.py)."""
+    they are tokens, with the engine's limits (core/request_checks.py). `param`: the field's name
+    (the embeddings endpoint's is `input`)."""
     if prompt is None:
-        raise bad_request("you must provide a prompt parameter", "prompt")
+        raise bad_request(f"you must provide a {param} parameter", param)
     if isinstance(prompt, str):
         return (prompt,)
     if not isinstance(prompt, list) or not prompt:
-        raise bad_request("'prompt' must be a non-empty string or a non-empty array", "prompt")
+        raise bad_request(f"'{param}' must be a non-empty string or a non-empty array", param)
     if all(isinstance(p, str) for p in prompt):
         return tuple(prompt)
     if are_ints(prompt):
@@ -76,6 +77,6 @@ def parse_prompts(prompt: object) -> tuple[Prompt, ...]:
     if all(isinstance(p, list) and are_ints(p) for p in prompt):
         return tuple(tuple(p) for p in prompt)
     raise bad_request(
-        "'prompt' must be a string, an array of strings, an array of token ids or an array of arrays of "
-        "token ids", "prompt",
+        f"'{param}' must be a string, an array of strings, an array of token ids or an array of arrays of "
+        "token ids", param,
     )

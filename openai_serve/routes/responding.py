@@ -10,6 +10,7 @@ from starlette.responses import Response
 
 from core.sampling_params import SamplingParams
 from openai_serve.cpu_work import items_size
+from openai_serve.errors import bad_request
 from openai_serve.generation import CollectedChoice, Generation, GenerationBody, Usage, choice_specs, collect
 from openai_serve.http_io import ClientDisconnected, read_json, until_disconnect
 from openai_serve.protocol.common import CommonRequest
@@ -75,6 +76,11 @@ def start_generation(
 ) -> Generation:
     """Every choice of every prompt, checked against the engine's limits and submitted (all or none).
     When it ends, the request's log line and the metrics learn how it went."""
+    if (pooling := state.engine.pooling) is not None:
+        what = "an embedding model" if pooling.embeds else "a reranker"
+        raise bad_request(f"The model `{state.model_names[0]}` is {what}: it does not generate text. Use "
+                          f"{'/v1/embeddings' if pooling.embeds else '/v1/score or /v1/rerank'}.", "model",
+                          code="model_not_supported")
     specs = choice_specs(response_id, prompts, body, state.engine.limits, state.sampling_defaults)
     record = request_record(request) or RequestRecord("", request.method, request.url.path)
     record.response_id = response_id
