@@ -6,10 +6,14 @@ and stop strings come from the same tracker the server uses (core/text_tracker.p
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from core.config import engine_config
 from core.engine import LLMEngine
 from core.model_files import with_resolved_model
 from core.outputs import FinishReason, TokenLogprobs
+from core.pooling_output import embedding
+from core.pooling_params import PoolingParams
 from core.sampling_params import SamplingParams
 from core.text_tracker import TextTracker
 from core.tokenizer import load_tokenizer
@@ -63,6 +67,25 @@ class LLM:
                     logprobs[out.request_id] += [entry.logprobs for entry in delta.logprobs]
         return [_output(tracker, ids, logprobs[tracker.request_id], p.logprobs is not None)
                 for tracker, ids, p in zip(trackers.values(), token_lists, checked, strict=True)]
+
+
+    def embed(self, prompts: Prompt | list[Prompt], dimensions: int | None = None) -> list[np.ndarray]:
+        """An embedding model's vectors (vLLM's LLM.embed): text prompts get the model's default
+        sentence-transformers prompt in front; each vector is shortened and normalized as
+        core/pooling_output.py says."""
+        pooling = self.engine.pooling
+        if pooling is None or not pooling.embeds:
+            raise ValueError("this model does not make embeddings (serve it with task='embed')")
+        prefix = pooling.prompt_texts.get(pooling.default_prompt_name or "", "")
+        token_lists = [self.tokenizer.encode(prefix + p) if isinstance(p, str) else list(p)
+                       for p in _as_prompt_list(prompts)]
+        for index, token_ids in enumerate(token_lists):
+            self.engine.limits.check_pooled_prompt(token_ids, "prompt")
+            self.engine.add_request(str(index), token_ids, PoolingParams())
+        pooled: dict[str, np.ndarray] = {}
+        while self.engine.has_unfinished_requests():
+            pooled.update((out.request_id, out.pooled) for out in self.engine.step() if out.pooled is not None)
+        return [embedding(pooled[str(i)], pooling, dimensions) for i in range(len(token_lists))]
 
 
 def _output(tracker: TextTracker, prompt_token_ids: list[int], logprobs: list[TokenLogprobs],

@@ -114,6 +114,10 @@ def _auto_task(architecture: str, has_st: bool, is_classifier: bool, st_config: 
 
 def _st_pooling(directory: Path) -> tuple[PoolingMethod, bool]:
     """(pooling method, normalized) from sentence-transformers' modules; an unsupported module is an error."""
+    if "message" in (_json(directory / "sentence_bert_config.json").get("modality_config") or {}):
+        # sentence-transformers 6 then renders text inputs through the chat template as user messages.
+        raise ValueError("sentence-transformers' message format (texts rendered through the chat template) is not "
+                         "supported")
     method, normalize = None, False
     for module in json.loads((directory / "modules.json").read_text()):
         kind = module["type"].rsplit(".", 1)[-1]
