@@ -147,26 +147,30 @@ class BertPooler(nn.Module):
 
 
 class BertForSequenceClassification(nn.Module):
-    """A cross-encoder: [CLS] state -> pooler (dense, tanh) -> classifier (one logit per label)."""
+    """A cross-encoder: [CLS] state -> pooler (dense, tanh) -> classifier (one logit per label). The encoder sits
+    under the checkpoint's own prefix (`bert.`, `roberta.`)."""
 
     is_encoder = True
-
-    def checkpoint_name(self, name: str) -> str | None:
-        return _unless_unused(name, _BUFFERS)
+    encoder_name = "bert"
 
     def __init__(self, config: PretrainedConfig, max_position: int = 0, *_: object) -> None:
         super().__init__()
         self.config = config
-        self.bert = BertModel(config, with_pooler=True)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        setattr(self, self.encoder_name, BertModel(config, with_pooler=self.encoder_name == "bert"))
+        self.classifier = self._head(config)
+
+    def _head(self, config: PretrainedConfig) -> nn.Module:
+        return nn.Linear(config.hidden_size, config.num_labels)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
                 token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.bert(input_ids, positions, meta, token_type_ids)
+        return getattr(self, self.encoder_name)(input_ids, positions, meta, token_type_ids)
 
     def classify(self, first_token: torch.Tensor) -> torch.Tensor:
-        assert self.bert.pooler is not None
         return self.classifier(self.bert.pooler(first_token))
+
+    def checkpoint_name(self, name: str) -> str | None:
+        return _unless_unused(name, _BUFFERS)
 
 
 class RobertaClassificationHead(nn.Module):
@@ -179,23 +183,13 @@ class RobertaClassificationHead(nn.Module):
         return self.out_proj(torch.tanh(self.dense(first_token)))
 
 
-class RobertaForSequenceClassification(nn.Module):
-    """A RoBERTa / XLM-RoBERTa cross-encoder (bge-reranker): <s> state -> dense, tanh -> out_proj."""
+class RobertaForSequenceClassification(BertForSequenceClassification):
+    """A RoBERTa / XLM-RoBERTa cross-encoder (bge-reranker): <s> state -> dense, tanh -> out_proj (no pooler)."""
 
-    is_encoder = True
+    encoder_name = "roberta"
 
-    def checkpoint_name(self, name: str) -> str | None:
-        return _unless_unused(name, _BUFFERS)
-
-    def __init__(self, config: PretrainedConfig, max_position: int = 0, *_: object) -> None:
-        super().__init__()
-        self.config = config
-        self.roberta = BertModel(config)
-        self.classifier = RobertaClassificationHead(config)
-
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata,
-                token_type_ids: torch.Tensor | None = None) -> torch.Tensor:
-        return self.roberta(input_ids, positions, meta, token_type_ids)
+    def _head(self, config: PretrainedConfig) -> nn.Module:
+        return RobertaClassificationHead(config)
 
     def classify(self, first_token: torch.Tensor) -> torch.Tensor:
         return self.classifier(first_token)

@@ -10,6 +10,8 @@ tokens (Jina's `total_tokens` among them), `meta` is Cohere's.
 
 import time
 import uuid
+from collections.abc import Callable
+from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -25,13 +27,22 @@ from openai_serve.routes.responding import client_gone, json_response
 from openai_serve.scoring import plan_scores
 from openai_serve.state import ServingState, serving_state
 
+T = TypeVar("T")
 
-async def create_score(request: Request) -> Response:
+
+async def _read(request: Request, parse: Callable[[object, UnknownFields], T], list_key: str
+                ) -> tuple[ServingState, T]:
+    """The request's body parsed (its longest list, `list_key`, read off the event loop when large)."""
     state = serving_state(request)
     raw = await read_json(request)
     unknown = UnknownFields(state.config.strict_request_fields)
-    body = await state.cpu_work.run(items_size(raw, "text_2"), lambda: parse_score_request(raw, unknown))
-    state.ignored_fields.note(body.ignored_fields)
+    body = await state.cpu_work.run(items_size(raw, list_key), lambda: parse(raw, unknown))
+    state.ignored_fields.note(body.ignored_fields)  # type: ignore[attr-defined]
+    return state, body
+
+
+async def create_score(request: Request) -> Response:
+    state, body = await _read(request, parse_score_request, "text_2")
     response_id = f"score-{uuid.uuid4().hex}"
     scored = await _scores(request, state, body.model, list(body.pairs), body.truncate_prompt_tokens, response_id)
     if scored is None:
@@ -45,11 +56,7 @@ async def create_score(request: Request) -> Response:
 
 
 async def create_rerank(request: Request) -> Response:
-    state = serving_state(request)
-    raw = await read_json(request)
-    unknown = UnknownFields(state.config.strict_request_fields)
-    body = await state.cpu_work.run(items_size(raw, "documents"), lambda: parse_rerank_request(raw, unknown))
-    state.ignored_fields.note(body.ignored_fields)
+    state, body = await _read(request, parse_rerank_request, "documents")
     response_id = f"rerank-{uuid.uuid4().hex}"
     pairs = [(body.query, document) for document in body.documents]
     scored = await _scores(request, state, body.model, pairs, body.truncate_prompt_tokens, response_id)
