@@ -248,3 +248,15 @@ def test_generation_model_refuses_embeddings(tmp_path_factory: pytest.TempPathFa
     for response in (embeddings, rerank):
         error = assert_error_shape(response, 400)
         assert "generates text" in error["message"] and error["param"] == "model"
+
+
+def test_embeddings_through_the_engine_process(models: dict[str, Path], embed_server: RunningServer) -> None:
+    """The engine in its own process (the default): the pooling model's description and the pooled outputs
+    cross its pipe."""
+    running = start_server(models["embed"], max_model_len=128, engine_process=True)
+    try:
+        got = running.client().embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+    finally:
+        running.stop()
+    expected = embed_server.client().embeddings.create(model=MODEL, input=TEXTS, encoding_format="float")
+    assert [d.embedding for d in got.data] == [d.embedding for d in expected.data]
