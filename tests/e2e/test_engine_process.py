@@ -25,7 +25,6 @@ from tests.e2e.test_errors import (  # noqa: F401 - collected again, with this m
     test_sdk_raises_typed_errors,
 )
 from tests.e2e.test_responses import (  # noqa: F401 - collected again, with this module's server
-    ending,
     test_an_answer_is_chats_for_the_same_conversation,
     test_previous_response_id_continues_the_conversation,
     test_the_stream_is_typed_events_in_order_and_its_final_response,
