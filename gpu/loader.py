@@ -11,13 +11,17 @@ A merged parameter (q/k/v, gate/up) takes its checkpoint tensors one shard at a 
 all at once from one fused tensor (Phi-3's `qkv_proj`, `gate_up_proj`).
 
 A model may rename checkpoint tensors (`checkpoint_name`: a multimodal checkpoint's language model under its
-own prefix) and leave some out (its vision tower): the loader logs how many it left, and still requires every
-parameter of the model.
+own prefix, Mixtral's `block_sparse_moe`) and leave some out (a vision tower, GLM's multi-token-prediction layers):
+the loader logs how many it left, and still requires every parameter of the model. A mixture of experts' per-expert
+tensors (`...experts.<e>.<name>.weight`, by the model's `expert_parts`) go into its stacked expert parameters as
+`ExpertShard`s (gpu/layers/moe.py).
 """
 
 import json
 import logging
-from collections.abc import Iterator
+import re
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,6 +30,14 @@ from torch import nn
 from tqdm import tqdm
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExpertShard:
+    """One expert's checkpoint tensor in a stacked parameter: `part` (gate, up, down) of expert `expert`."""
+
+    part: str
+    expert: int
 
 class CheckpointTensor:
     """One tensor of a safetensors file, read whole or as a range of rows or columns."""
@@ -43,8 +55,13 @@ class CheckpointTensor:
         return self._slice[start : start + size]  # type: ignore[index]
 
     def read_columns(self, start: int, size: int) -> torch.Tensor:
-        self._check_range(1, start, size)
-        return self._slice[:, start : start + size]  # type: ignore[index]
+        return self.read_slice(1, start, size)
+
+    def read_slice(self, dim: int, start: int, size: int) -> torch.Tensor:
+        """Indices [start, start + size) along `dim`, all of the others."""
+        self._check_range(dim, start, size)
+        index = (slice(None),) * dim + (slice(start, start + size),)
+        return self._slice[index]  # type: ignore[index]
 
     def _check_range(self, dim: int, start: int, size: int) -> None:
         if len(self.shape) <= dim or start + size > self.shape[dim]:
@@ -72,10 +89,9 @@ def iter_checkpoint(model_dir: Path) -> Iterator[CheckpointTensor]:
 
 def load_weights(model: nn.Module, model_dir: Path) -> None:
     params = dict(model.named_parameters(remove_duplicate=False))
-    packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
     is_tied = bool(getattr(model.config, "tie_word_embeddings", False))
     rename = getattr(model, "checkpoint_name", None)
-    loaded: dict[str, set[str | None]] = {}
+    loaded: dict[str, set[Hashable | None]] = {}
     left_out: list[str] = []
     tensors = tqdm(iter_checkpoint(model_dir), total=_num_tensors(model_dir), desc="loading weights", unit="tensor",
                    disable=None)  # None: a bar on a terminal only, not in logs
@@ -86,7 +102,7 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
             continue
         if name.endswith("rotary_emb.inv_freq") or (is_tied and name == "lm_head.weight"):
             continue
-        target, shard = _target(name, packed)
+        target, shard = _target(name, model)
         if target not in params:
             raise ValueError(f"checkpoint tensor {name!r} has no place in {type(model).__name__}")
         param = params[target]
@@ -116,14 +132,36 @@ def _num_tensors(model_dir: Path) -> int:
     return total
 
 
-def _expected_shards(param: nn.Parameter) -> set[str | None]:
-    loader = getattr(param, "weight_loader", None)
-    shards = getattr(getattr(loader, "__self__", None), "shard_offsets", None)
+def _expected_shards(param: nn.Parameter) -> set[Hashable | None]:
+    owner = getattr(getattr(param, "weight_loader", None), "__self__", None)
+    if hasattr(owner, "expected_shards"):
+        return owner.expected_shards(param)
+    shards = getattr(owner, "shard_offsets", None)
     return set(shards) if shards else {None}
 
 
-def _target(name: str, packed: dict[str, tuple[str, str]]) -> tuple[str, str | None]:
+def _target(name: str, model: nn.Module) -> tuple[str, Hashable | None]:
+    """The parameter a checkpoint tensor goes to, and the shard of it the tensor is."""
+    target = expert_target(name, getattr(model, "expert_parts", {}))
+    if target is not None:
+        return target
+    packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
     for checkpoint_part, (merged_part, shard) in packed.items():
         if f".{checkpoint_part}." in name:
             return name.replace(f".{checkpoint_part}.", f".{merged_part}."), shard
     return name, None
+
+
+EXPERT_TENSOR = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<name>\w+)\.weight$")
+# The stacked parameters of gpu/layers/moe.py's Experts each part goes into.
+EXPERT_PARAMS = {"gate": "gate_up_proj", "up": "gate_up_proj", "down": "down_proj"}
+
+
+def expert_target(name: str, parts: dict[str, str]) -> tuple[str, ExpertShard] | None:
+    """(parameter, shard) of a per-expert checkpoint tensor, e.g. `...mlp.experts.3.gate_proj.weight` with parts
+    {"gate_proj": "gate", ...} -> (`...mlp.experts.gate_up_proj`, ExpertShard("gate", 3)); None for another."""
+    match = EXPERT_TENSOR.match(name)
+    if match is None or match["name"] not in parts:
+        return None
+    part = parts[match["name"]]
+    return f"{match['prefix']}.{EXPERT_PARAMS[part]}", ExpertShard(part, int(match["expert"]))

@@ -4,7 +4,8 @@ Attention's output projection and the MLP's down projection take the per-rank ha
 column-parallel layers before them (a MergedLinear holding this rank's rows) produced, so no
 communication happens between the two; one all-reduce after this layer restores the full output on
 every rank. The bias is added once: rank 0 holds the checkpoint's bias, every other rank zeros.
-At tensor-parallel size 1 this is a plain `Linear` that reads the whole checkpoint tensor.
+At tensor-parallel size 1 this is a plain `Linear` that reads the whole checkpoint tensor. Built with
+`reduces_output` off, the layer returns this rank's partial sum and the caller reduces it (once, with others).
 """
 
 import torch
@@ -18,10 +19,11 @@ from gpu.loader import CheckpointTensor
 
 class RowParallelLinear(Linear):
     def __init__(self, in_features: int, out_features: int, bias: bool, tp: TensorParallel,
-                 kernels: KernelConfig = DEFAULT_KERNELS) -> None:
+                 kernels: KernelConfig = DEFAULT_KERNELS, reduces_output: bool = True) -> None:
         input_start, local_in = tp.split(in_features, f"the input features of a projection to {out_features}")
         super().__init__(local_in, out_features, bias, kernels)
         self.tp = tp
+        self.reduces_output = reduces_output
         self.input_start = input_start
         self.full_in_features = in_features
         self.weight.weight_loader = self._load_weight  # type: ignore[attr-defined]
@@ -29,7 +31,7 @@ class RowParallelLinear(Linear):
             self.bias.weight_loader = self._load_bias  # type: ignore[attr-defined]
 
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
-        return self.tp.all_reduce(y)
+        return self.tp.all_reduce(y) if self.reduces_output else y
 
     def _load_weight(self, param: nn.Parameter, loaded: CheckpointTensor, shard: str | None) -> None:
         if loaded.shape != (self.out_features, self.full_in_features):

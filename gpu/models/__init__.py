@@ -9,7 +9,9 @@ from gpu.models.causal_lm import CausalLM
 from gpu.models.gemma import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from gpu.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 from gpu.models.llama import LlamaForCausalLM, Qwen3ForCausalLM
+from gpu.models.mixtral import MixtralForCausalLM
 from gpu.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
+from gpu.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -21,6 +23,8 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Gemma3ForConditionalGeneration": Gemma3ForConditionalGeneration,  # its language model
     "Gemma4ForCausalLM": Gemma4ForCausalLM,
     "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,  # its language model
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
 }
 
 # Models that pool only (embeddings, scores): bare decoders as sentence-transformers saves them, and encoders.

@@ -30,11 +30,12 @@ from gpu.attention.metadata import AttentionMetadata
 from gpu.config import KernelConfig
 from gpu.distributed import TensorParallel
 from gpu.layers.attention import AttentionSpec, DecoderAttention
+from gpu.layers.mlp import MLP, MLPSpec
 from gpu.layers.norm import GEMMA3_NORM, NormConvention, NormInput, RMSNorm
 from gpu.layers.rotary import RotaryEmbedding
 from gpu.layers.vocab_parallel import VocabParallelEmbedding
 from gpu.models.causal_lm import CausalLM, DecoderStack
-from gpu.models.llama import MLP, MLPSpec, sliding_window_of
+from gpu.models.llama import sliding_window_of
 
 logger = logging.getLogger(__name__)
 

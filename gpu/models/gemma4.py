@@ -24,12 +24,13 @@ from gpu.config import KernelConfig
 from gpu.distributed import TensorParallel
 from gpu.layers.attention import AttentionSpec
 from gpu.layers.linear import Linear
+from gpu.layers.mlp import MLPSpec
 from gpu.layers.norm import GEMMA4_NORM, RMSNorm
 from gpu.layers.rotary import RotaryEmbedding
 from gpu.layers.vocab_parallel import VocabParallelEmbedding
 from gpu.models.causal_lm import CausalLM
 from gpu.models.gemma import GemmaBlockSpec, GemmaDecoderLayer, GemmaModel, language_model_name
-from gpu.models.llama import MLPSpec, sliding_window_of
+from gpu.models.llama import sliding_window_of
 
 
 def gemma4_block_spec(config: PretrainedConfig, layer_index: int) -> GemmaBlockSpec:

@@ -15,7 +15,7 @@ holds its heads' and its share of the MLP's rows), o_proj and down_proj row-para
 each), the embedding and LM head split by vocabulary; norms are replicated. Two all-reduces per layer.
 """
 
-from dataclasses import dataclass
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -24,40 +24,24 @@ from transformers import PretrainedConfig
 from gpu.attention.metadata import AttentionMetadata
 from gpu.config import KernelConfig
 from gpu.distributed import TensorParallel
-from gpu.layers.activation import SiluAndMul, gated_activation
 from gpu.layers.attention import AttentionSpec, DecoderAttention
-from gpu.layers.linear import MergedLinear, RowSlice
+from gpu.layers.mlp import MLP, MLPSpec
 from gpu.layers.norm import LLAMA_NORM, NormInput, RMSNorm
-from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.layers.rotary import RotaryEmbedding
 from gpu.layers.vocab_parallel import VocabParallelEmbedding
 from gpu.models.causal_lm import CausalLM, DecoderStack
 
-
-@dataclass(frozen=True)
-class MLPSpec:
-    hidden_size: int
-    intermediate_size: int
-    activation: str = "silu"  # a config's hidden_act / hidden_activation (gpu/layers/activation.py)
-    has_bias: bool = False
+MlpBuilder = Callable[[PretrainedConfig, int, KernelConfig, TensorParallel], nn.Module]
 
 
-class MLP(nn.Module):
-    def __init__(self, spec: MLPSpec, kernels: KernelConfig, tp: TensorParallel) -> None:
-        super().__init__()
-        size = spec.intermediate_size
-        rows = RowSlice(*tp.split(size, "the MLP's intermediate size"), total=size)
-        self.gate_up_proj = MergedLinear(spec.hidden_size, {"gate": rows, "up": rows}, spec.has_bias, kernels)
-        self.down_proj = RowParallelLinear(size, spec.hidden_size, spec.has_bias, tp, kernels)
-        self.act = gated_activation(spec.activation, kernels)
+def dense_mlp(config: PretrainedConfig, layer_index: int, kernels: KernelConfig, tp: TensorParallel) -> nn.Module:
+    return MLP(mlp_spec(config), kernels, tp)
 
-    def forward(self, x: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
-        """(the MLP of norm(x + residual), x + residual)."""
-        if isinstance(self.act, SiluAndMul) and self.gate_up_proj.fuses_silu_and_mul(x.x):
-            activated, residual = self.gate_up_proj.forward_normed_silu_and_mul(x)
-            return self.down_proj(activated), residual
-        gate_up, residual = self.gate_up_proj.forward_normed(x)
-        return self.down_proj.forward_activated(gate_up, self.act), residual
+
+def mlp_spec(config: PretrainedConfig, intermediate_size: int | None = None) -> MLPSpec:
+    """A Llama-family MLP of the config's `intermediate_size` (unless given: an MoE's shared experts)."""
+    return MLPSpec(config.hidden_size, intermediate_size or config.intermediate_size,
+                   getattr(config, "hidden_act", "silu"), bool(getattr(config, "mlp_bias", False)))
 
 
 def sliding_window_of(config: PretrainedConfig, layer_index: int) -> int | None:
@@ -86,12 +70,11 @@ def attention_spec(config: PretrainedConfig, layer_index: int, has_qk_norm: bool
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: PretrainedConfig, spec: AttentionSpec, rotary: RotaryEmbedding, kernels: KernelConfig,
-                 tp: TensorParallel) -> None:
+                 tp: TensorParallel, mlp: nn.Module) -> None:
+        """mlp: the block after attention, forward(NormInput) -> (output, residual): dense or sparse (MoE)."""
         super().__init__()
         self.self_attn = DecoderAttention(spec, rotary, kernels, tp)
-        mlp = MLPSpec(config.hidden_size, config.intermediate_size, getattr(config, "hidden_act", "silu"),
-                      bool(getattr(config, "mlp_bias", False)))
-        self.mlp = MLP(mlp, kernels, tp)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
@@ -109,21 +92,26 @@ class DecoderLayer(nn.Module):
 
 class DecoderModel(DecoderStack):
     def __init__(self, config: PretrainedConfig, max_position: int, has_qk_norm: bool, kernels: KernelConfig,
-                 tp: TensorParallel) -> None:
+                 tp: TensorParallel, build_mlp: MlpBuilder = dense_mlp) -> None:
         super().__init__()
         specs = [attention_spec(config, i, has_qk_norm) for i in range(config.num_hidden_layers)]
         rotary = RotaryEmbedding(config, specs[0].head_dim, max_position)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(config, spec, rotary, kernels, tp) for spec in specs)
+        self.layers = nn.ModuleList(DecoderLayer(config, spec, rotary, kernels, tp, build_mlp(config, i, kernels, tp))
+                                    for i, spec in enumerate(specs))
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
 
 
 class LlamaForCausalLM(CausalLM):
+    """A family is this class with other settings: `has_qk_norm`, `build_mlp` (each layer's MLP block, dense or
+    sparse), and the checkpoint's naming (gpu/loader.py: `packed_modules`, `expert_parts`, `checkpoint_name`)."""
+
     has_qk_norm = False
+    build_mlp: MlpBuilder = staticmethod(dense_mlp)
 
     def build_decoder(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig,
                       tp: TensorParallel) -> nn.Module:
-        return DecoderModel(config, max_position, self.has_qk_norm, kernels, tp)
+        return DecoderModel(config, max_position, self.has_qk_norm, kernels, tp, self.build_mlp)
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):

@@ -1,0 +1,301 @@
+"""A sparse mixture-of-experts block: a router picks `top_k` experts per token, the experts' gated MLPs run on
+their tokens, and their outputs, weighted by the router, are summed; shared experts (where the family has them)
+run on every token and are added.
+
+Routing, per family (`Routing`): softmax over the experts then the top k (Qwen3-MoE, Mixtral), renormalized or
+not; sigmoid scores with a correction bias that only chooses, group-limited (the best `top_k_groups` of
+`num_groups` groups by the sum of each group's two best scores, then the top k among them), renormalized and
+scaled by `scaling_factor` (GLM-4-MoE, DeepSeek-V3); or the top k logits then a softmax over those k (gpt-oss).
+
+Experts (`Experts`): every expert's weights stacked, `gate_up_proj` [num_experts, 2 * intermediate, hidden]
+(gate rows, then up rows) and `down_proj` [num_experts, hidden, intermediate], read from per-expert checkpoint
+tensors (`ExpertShard`s) or from a checkpoint's own stacked tensors (gpt-oss: [num_experts, hidden, 2 *
+intermediate] with gate and up interleaved column by column, de-interleaved here). The activation is SiLU-and-mul,
+or gpt-oss's clamped SwiGLU. How the experts run is their `method`'s: unquantized weights run the fused Triton
+kernels on CUDA (gpu/kernels/fused_moe.py: tokens sorted by expert once per step, grouped GEMMs with the activation
+and the routing weights fused) and the torch reference elsewhere, which loops over the experts a step hits as
+transformers does, so float32 parity is exact. A quantized format would bring its own method (its stored
+parameters, their loading and its kernel) per expert weight; nothing else here knows the format.
+
+Tensor parallelism: the experts' (and shared experts') intermediate size is split over the ranks, like the dense
+MLP's: each rank holds its rows of gate/up and its columns of down for every expert, and the block's output is
+one all-reduce of the routed and shared partial sums. The router is replicated (every rank routes alike).
+"""
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+
+from gpu.config import DEFAULT_KERNELS, KernelConfig
+from gpu.distributed import SINGLE, TensorParallel
+from gpu.kernels import HAS_TRITON
+from gpu.layers.linear import linear
+from gpu.layers.mlp import MLP, MLPSpec
+from gpu.layers.norm import NormInput
+from gpu.loader import CheckpointTensor, ExpertShard
+
+SCORINGS = ("softmax", "sigmoid", "top_k_softmax")
+ACTIVATIONS = ("silu", "clamped_swiglu")
+
+
+@dataclass(frozen=True)
+class Routing:
+    """How a family's router turns logits into each token's experts and their weights."""
+
+    num_experts: int
+    top_k: int
+    scoring: str = "softmax"  # one of SCORINGS; top_k_softmax: a softmax over the top k logits (gpt-oss)
+    renormalize: bool = True  # the top k weights divided by their sum (softmax and sigmoid scorings)
+    num_groups: int = 1  # experts in this many groups, of which the best top_k_groups are eligible
+    top_k_groups: int = 1
+    scaling_factor: float = 1.0  # applied to the final weights
+    has_correction_bias: bool = False  # added to the scores to choose, not to weigh (sigmoid scoring)
+    has_bias: bool = False  # the router's linear layer has a bias (gpt-oss)
+    float32_logits: bool = False  # the router's weight and logits in float32 (GLM-4-MoE)
+
+    def __post_init__(self) -> None:
+        if self.scoring not in SCORINGS:
+            raise ValueError(f"router scoring {self.scoring!r} is not supported (supported: {SCORINGS})")
+        if not 0 < self.top_k <= self.num_experts:
+            raise ValueError(f"num_experts_per_tok ({self.top_k}) must be in 1..{self.num_experts}")
+        if self.num_experts % self.num_groups or not 0 < self.top_k_groups <= self.num_groups:
+            raise ValueError(f"{self.num_experts} experts cannot be routed in {self.num_groups} groups, "
+                             f"{self.top_k_groups} of them chosen")
+        if self.num_groups > 1 and self.top_k > self.top_k_groups * (self.num_experts // self.num_groups):
+            raise ValueError(f"top {self.top_k} experts cannot come from {self.top_k_groups} groups of "
+                             f"{self.num_experts // self.num_groups}")
+
+
+@dataclass(frozen=True)
+class MoeSpec:
+    """A family's sparse MLP block, read from its config (gpu/models/)."""
+
+    routing: Routing
+    intermediate_size: int  # of one expert
+    activation: str = "silu"  # one of ACTIVATIONS
+    swiglu_alpha: float = 1.702  # clamped_swiglu: gate * sigmoid(alpha * gate) * (up + 1), both clamped at limit
+    swiglu_limit: float = 7.0
+    has_expert_bias: bool = False  # biases on each expert's gate/up and down projections (gpt-oss)
+    shared_intermediate_size: int = 0  # 0: no shared experts
+    is_stacked_in_checkpoint: bool = False  # gpt-oss's [num_experts, hidden, 2 * intermediate] interleaved
+
+    def __post_init__(self) -> None:
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"expert activation {self.activation!r} is not supported (supported: {ACTIVATIONS})")
+
+
+@dataclass(frozen=True)
+class RoutedTokens:
+    """Each token's experts and their weights."""
+
+    weights: torch.Tensor  # [num_tokens, top_k] float32
+    expert_ids: torch.Tensor  # [num_tokens, top_k] int64 (torch) or int32 (the Triton routing kernel)
+
+
+def route_reference(logits: torch.Tensor, routing: Routing, correction_bias: torch.Tensor | None) -> RoutedTokens:
+    """The top-k experts of each row of `logits` [num_tokens, num_experts], computed as transformers does."""
+    if routing.scoring == "top_k_softmax":
+        top, ids = torch.topk(logits, routing.top_k, dim=-1)
+        return RoutedTokens(torch.softmax(top.float(), dim=-1), ids)
+    if routing.scoring == "softmax":
+        scores = torch.softmax(logits, dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(scores, routing.top_k, dim=-1)
+    else:
+        scores = logits.float().sigmoid()
+        choice = scores if correction_bias is None else scores + correction_bias
+        ids = torch.topk(_in_top_groups(choice, routing), routing.top_k, dim=-1, sorted=False)[1]
+        weights = scores.gather(1, ids)
+    if routing.renormalize:
+        # (transformers adds 1e-20 to the sigmoid scores' sum only: a softmax's top k never sum to zero)
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + (1e-20 if routing.scoring == "sigmoid" else 0.0))
+    return RoutedTokens(weights * routing.scaling_factor if routing.scaling_factor != 1.0 else weights, ids)
+
+
+def _in_top_groups(choice: torch.Tensor, routing: Routing) -> torch.Tensor:
+    """`choice` with the experts outside each row's best `top_k_groups` groups set to -inf."""
+    if routing.num_groups == 1:
+        return choice
+    grouped = choice.view(choice.shape[0], routing.num_groups, -1)
+    group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1)  # [num_tokens, num_groups]: each group's best two
+    best_groups = torch.topk(group_scores, routing.top_k_groups, dim=-1, sorted=False)[1]
+    group_mask = torch.zeros_like(group_scores).scatter_(1, best_groups, 1.0).bool()
+    return grouped.masked_fill(~group_mask.unsqueeze(-1), float("-inf")).view_as(choice)
+
+
+class Router(nn.Module):
+    """The linear layer from hidden states to expert logits, and the family's choice of experts."""
+
+    def __init__(self, hidden_size: int, routing: Routing, kernels: KernelConfig = DEFAULT_KERNELS) -> None:
+        super().__init__()
+        self.routing = routing
+        self.kernels = kernels
+        dtype = torch.float32 if routing.float32_logits else None
+        self.weight = nn.Parameter(torch.empty(routing.num_experts, hidden_size, dtype=dtype))
+        self.bias = nn.Parameter(torch.empty(routing.num_experts, dtype=dtype)) if routing.has_bias else None
+        self.e_score_correction_bias = (nn.Parameter(torch.empty(routing.num_experts, dtype=torch.float32))
+                                        if routing.has_correction_bias else None)
+
+    def forward(self, x: torch.Tensor) -> RoutedTokens:
+        """Each token's experts, from x [num_tokens, hidden_size] normed."""
+        if self.routing.float32_logits:
+            logits = F.linear(x.float(), self.weight, self.bias)
+        else:
+            logits = linear(x, self.weight, self.bias, self.kernels)  # [num_tokens, num_experts]
+        if self.kernels.fused_moe and HAS_TRITON and logits.is_cuda:
+            from gpu.kernels.moe_route import route
+
+            return RoutedTokens(*route(logits, self.routing, self.e_score_correction_bias))
+        return route_reference(logits, self.routing, self.e_score_correction_bias)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
+        """A model-wide cast (`model.to(torch.bfloat16)`) leaves a float32 router in float32; moves still apply.
+        The correction bias always stays float32: its values differ by less than bfloat16 can tell apart."""
+        def keep_float32(t: torch.Tensor) -> torch.Tensor:
+            moved = fn(t)
+            keeps = self.routing.float32_logits or t is self.e_score_correction_bias
+            return t.to(moved.device) if keeps and moved.dtype != t.dtype else moved
+
+        return super()._apply(keep_float32, recurse)
+
+
+class ExpertsMethod(Protocol):
+    """How stacked experts run: unquantized here; a quantized format brings its own per expert weight."""
+
+    def __call__(self, experts: "Experts", x: torch.Tensor, routed: RoutedTokens) -> torch.Tensor: ...
+
+
+class Experts(nn.Module):
+    """Every expert's gated MLP, stacked; this rank's share of each expert's intermediate rows."""
+
+    def __init__(self, hidden_size: int, spec: MoeSpec, tp: TensorParallel = SINGLE,
+                 kernels: KernelConfig = DEFAULT_KERNELS) -> None:
+        super().__init__()
+        num_experts, size = spec.routing.num_experts, spec.intermediate_size
+        self.spec, self.tp, self.kernels = spec, tp, kernels
+        self.start, self.size = tp.split(size, "the experts' intermediate size")
+        self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * self.size, hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, self.size))
+        self.gate_up_proj_bias = nn.Parameter(torch.empty(num_experts, 2 * self.size)) if spec.has_expert_bias else None
+        self.down_proj_bias = nn.Parameter(torch.empty(num_experts, hidden_size)) if spec.has_expert_bias else None
+        for param in self.parameters():
+            param.weight_loader = self._load  # type: ignore[attr-defined]
+        self.method: ExpertsMethod = run_unquantized
+
+    def forward(self, x: torch.Tensor, routed: RoutedTokens) -> torch.Tensor:
+        """This rank's part of sum_k weight_k * expert_k(x) [num_tokens, hidden_size] (the caller reduces)."""
+        return self.method(self, x, routed)
+
+    def expected_shards(self, param: nn.Parameter) -> set[ExpertShard | None]:
+        """The checkpoint shards `param` is loaded from: per-expert tensors, or one stacked tensor."""
+        if self.spec.is_stacked_in_checkpoint:
+            return {None}
+        parts = ("down",) if param is self.down_proj else ("gate", "up")
+        return {ExpertShard(part, e) for part in parts for e in range(self.spec.routing.num_experts)}
+
+    def _load(self, param: nn.Parameter, loaded: CheckpointTensor, shard: ExpertShard | None) -> None:
+        if shard is None:
+            param.data.copy_(self._stacked(param, loaded))
+            return
+        num_rows = self.spec.intermediate_size
+        if shard.part == "down":  # [hidden, intermediate]: this rank's columns
+            _check_shape(loaded, (param.shape[1], num_rows))
+            param.data[shard.expert].copy_(loaded.read_slice(1, self.start, self.size))
+            return
+        _check_shape(loaded, (num_rows, param.shape[2]))  # gate or up [intermediate, hidden]: this rank's rows
+        offset = 0 if shard.part == "gate" else self.size
+        param.data[shard.expert, offset : offset + self.size].copy_(loaded.read_slice(0, self.start, self.size))
+
+    def _stacked(self, param: nn.Parameter, loaded: CheckpointTensor) -> torch.Tensor:
+        """This rank's share of a stacked checkpoint tensor (gpt-oss), in the parameter's layout."""
+        start, size = self.start, self.size
+        if param is self.down_proj:  # [E, intermediate, hidden]
+            return loaded.read_slice(1, start, size).transpose(1, 2)
+        if param is self.down_proj_bias:  # [E, hidden]: added once, on rank 0
+            return loaded.read() if self.tp.is_first else torch.zeros(param.shape)
+        # Gate and up interleaved along the last dimension: this rank's pairs of columns.
+        columns = loaded.read_slice(len(loaded.shape) - 1, 2 * start, 2 * size)
+        gate_up = torch.cat((columns[..., 0::2], columns[..., 1::2]), dim=-1)
+        return gate_up.transpose(1, 2) if param is self.gate_up_proj else gate_up  # weight [E, hidden, 2I]; bias
+
+
+def _check_shape(loaded: CheckpointTensor, expected: tuple[int, ...]) -> None:
+    if loaded.shape != expected:
+        raise ValueError(f"{loaded.name}: checkpoint shape {loaded.shape} != {expected}")
+
+
+def run_unquantized(experts: Experts, x: torch.Tensor, routed: RoutedTokens) -> torch.Tensor:
+    """The fused Triton kernels on CUDA, the torch reference elsewhere (or with `KernelConfig.fused_moe` off)."""
+    if experts.kernels.fused_moe and HAS_TRITON and x.is_cuda:
+        from gpu.kernels.fused_moe import fused_experts
+
+        return fused_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
+                             activation(experts.spec), experts.gate_up_proj_bias, experts.down_proj_bias)
+    return experts_reference(x, experts, routed)
+
+
+@dataclass(frozen=True)
+class Activation:
+    """The experts' activation over [gate; up] (gpu/kernels/fused_moe.py takes the same)."""
+
+    kind: str  # one of ACTIVATIONS
+    alpha: float = 0.0
+    limit: float = 0.0
+
+
+def activation(spec: MoeSpec) -> Activation:
+    if spec.activation == "silu":
+        return Activation("silu")
+    return Activation(spec.activation, spec.swiglu_alpha, spec.swiglu_limit)
+
+
+def activate(gate_up: torch.Tensor, act: Activation) -> torch.Tensor:
+    """[num_rows, 2 * I] -> [num_rows, I], rounded where transformers rounds."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    if act.kind == "silu":
+        return F.silu(gate) * up
+    gate = gate.clamp(max=act.limit)
+    up = up.clamp(min=-act.limit, max=act.limit)
+    return (up + 1) * (gate * torch.sigmoid(gate * act.alpha))
+
+
+def experts_reference(x: torch.Tensor, experts: Experts, routed: RoutedTokens) -> torch.Tensor:
+    """The experts one by one over their tokens, in expert order, summed as transformers sums them. Reads which
+    experts a step hits on the host: not for CUDA graphs."""
+    out = torch.zeros_like(x)
+    act = activation(experts.spec)
+    num_experts = experts.gate_up_proj.shape[0]
+    expert_mask = F.one_hot(routed.expert_ids.long(), num_experts).permute(2, 1, 0)  # [experts, top_k, tokens]
+    for expert in expert_mask.sum(dim=(1, 2)).nonzero().flatten().tolist():
+        slot, token = torch.where(expert_mask[expert])
+        b13 = None if experts.gate_up_proj_bias is None else experts.gate_up_proj_bias[expert]
+        b2 = None if experts.down_proj_bias is None else experts.down_proj_bias[expert]
+        hidden = activate(F.linear(x[token], experts.gate_up_proj[expert], b13), act)
+        hidden = F.linear(hidden, experts.down_proj[expert], b2)
+        out.index_add_(0, token, (hidden * routed.weights[token, slot, None]).to(out.dtype))
+    return out
+
+
+class SparseMoe(nn.Module):
+    """The block in a decoder layer's MLP place: forward(NormInput) -> (output, residual), as the dense MLP."""
+
+    def __init__(self, config: PretrainedConfig, spec: MoeSpec, kernels: KernelConfig = DEFAULT_KERNELS,
+                 tp: TensorParallel = SINGLE) -> None:
+        super().__init__()
+        self.tp = tp
+        self.gate = Router(config.hidden_size, spec.routing, kernels)
+        self.experts = Experts(config.hidden_size, spec, tp, kernels)
+        shared = MLPSpec(config.hidden_size, spec.shared_intermediate_size, getattr(config, "hidden_act", "silu"))
+        self.shared_experts = (MLP(shared, kernels, tp, reduces_output=False)
+                               if spec.shared_intermediate_size else None)
+
+    def forward(self, x: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
+        normed, residual = x.compute()
+        out = self.experts(normed, self.gate(normed))
+        if self.shared_experts is not None:
+            out = out + self.shared_experts.project(normed)
+        return self.tp.all_reduce(out), residual
+

@@ -1,0 +1,44 @@
+"""Tiny random checkpoints of the MoE families, built with transformers' own classes (float32), with the tests'
+tiny tokenizer copied beside them. Routers and experts are drawn at the tiny models' spread (0.2), and every
+bias and correction bias transformers would start at zero is drawn too, so that each one changes the output."""
+
+import shutil
+from pathlib import Path
+
+import torch
+
+COMMON = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              max_position_embeddings=2048, initializer_range=0.2, rms_norm_eps=1e-6, tie_word_embeddings=False)
+
+MOE_CONFIGS: dict[str, tuple[str, dict]] = {
+    # A dense layer between sparse ones (mlp_only_layers), 8 experts, top 2 renormalized.
+    "qwen3_moe": ("Qwen3Moe", dict(COMMON, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32,
+                                   num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, mlp_only_layers=[1],
+                                   decoder_sparse_step=1)),
+    # Top 3 of 8, not renormalized, sparse on every second layer.
+    "qwen3_moe_unnormalized": ("Qwen3Moe", dict(COMMON, num_hidden_layers=2, intermediate_size=96,
+                                                moe_intermediate_size=32, num_experts=8, num_experts_per_tok=3,
+                                                norm_topk_prob=False, decoder_sparse_step=2)),
+    "mixtral": ("Mixtral", dict(COMMON, num_hidden_layers=2, intermediate_size=48, num_local_experts=4,
+                                num_experts_per_tok=2)),
+}
+
+
+def build_moe_model(directory: Path, name: str, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Writes the checkpoint `name` of MOE_CONFIGS into `directory` and returns it."""
+    import transformers
+
+    prefix, values = MOE_CONFIGS[name]
+    config_class = getattr(transformers, f"{prefix}Config")
+    model_class = getattr(transformers, f"{prefix}ForCausalLM")
+    eos = transformers.AutoTokenizer.from_pretrained(tokenizer_dir).convert_tokens_to_ids("<|im_end|>")
+    torch.manual_seed(seed)
+    model = model_class(config_class(**values, eos_token_id=eos))
+    with torch.no_grad():
+        for param_name, param in model.named_parameters():
+            if param_name.endswith(("bias", "e_score_correction_bias")):
+                param.normal_(0.0, 0.2)  # transformers starts these at zero, which would test nothing
+    model.save_pretrained(directory)
+    for path in tokenizer_dir.glob("tokenizer*"):
+        shutil.copy(path, directory / path.name)
+    return directory
