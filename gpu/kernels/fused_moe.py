@@ -1,0 +1,188 @@
+"""Triton kernels: the experts of an MoE block as two grouped GEMMs over a step's (token, slot) pairs sorted by expert.
+
+out[t] = sum_k weights[t, k] * down_e(act(gate_up_e(x[t]))) with e = expert_ids[t, k]; `act` is SiLU-and-mul
+(silu(gate) * up) or gpt-oss's clamped SwiGLU ((clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g) with
+g = min(gate, limit)); optional biases on each expert's gate/up and down products (added before the activation
+and before the routing weight).
+
+1. gpu/kernels/moe_align.py sorts the pairs by expert, each expert's run padded to a tile of `block_m` rows.
+2. Gate/up: each program takes one tile of rows (one expert) and `block_n` activated columns: it multiplies the
+   rows of x those pairs read by the expert's gate rows and by its up rows (two accumulators over the same x
+   tile), applies the activation in float32 and writes the intermediate [pairs, intermediate] in the model dtype.
+3. Down: the same tiles of pairs times the expert's down weight; each row scaled by its routing weight in float32
+   and written to [pairs, hidden]; then the k rows of each token are summed (torch).
+Sums in float32 (exact float32 products where the weights are float32: no TF32), one rounding per stored value.
+Padded rows (the sentinel pair) are never stored. Weights are [experts, rows, K] with unit stride along K, the
+layout of gpu/layers/moe.py's Experts. Launch parameters: gpu/kernels/fused_moe_configs.py. Every size comes from
+the step's shape, so a call is CUDA-graph capturable.
+"""
+
+import functools
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from gpu.kernels.fused_moe_configs import GemmTiles, MoeConfig, config_for
+from gpu.kernels.moe_align import AlignedPairs, align
+
+if TYPE_CHECKING:
+    from gpu.layers.moe import Activation
+
+ACTIVATIONS = {"silu": 0, "clamped_swiglu": 1}
+SILU = tl.constexpr(0)
+
+
+@triton.jit
+def _activate(gate, up, ACTIVATION: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr):
+    if ACTIVATION == SILU:
+        return gate / (1.0 + tl.exp(-gate)) * up
+    gate = tl.minimum(gate, LIMIT)
+    up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
+    return (up + 1.0) * (gate / (1.0 + tl.exp(-ALPHA * gate)))
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, b_ptr, bias_ptr, c_ptr, weights_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr,
+    num_pairs, max_padded, N, K, stride_am, stride_be, stride_bn, stride_bias_e, stride_cm,
+    PAIRS_PER_ROW: tl.constexpr,  # pairs that read one row of A: top_k for x, 1 for the intermediate
+    GATED: tl.constexpr,  # B holds N gate rows then N up rows; the activation of both is stored
+    ACTIVATION: tl.constexpr,
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    MUL_WEIGHT: tl.constexpr,
+    IEEE: tl.constexpr,  # float32 operands: exact products, no TF32
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(max_padded, BLOCK_M)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # Row tiles in groups of GROUP_M share each column tile in launch order (weights reused from L2).
+    group = pid // (GROUP_M * num_pid_n)
+    first_m = group * GROUP_M
+    group_m = tl.minimum(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % (GROUP_M * num_pid_n)) % group_m
+    pid_n = (pid % (GROUP_M * num_pid_n)) // group_m
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    pairs = tl.load(sorted_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+    is_pair = pairs < num_pairs
+    expert = tl.load(block_experts_ptr + pid_m).to(tl.int64)
+    columns = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    b_columns = columns % N  # columns past N re-read valid ones (never stored): no mask on the weight stream
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + (pairs // PAIRS_PER_ROW).to(tl.int64)[:, None] * stride_am + ks[None, :]
+    b_ptrs = b_ptr + expert * stride_be + b_columns.to(tl.int64)[None, :] * stride_bn + ks[:, None]
+    up_offset = N * stride_bn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=is_pair[:, None], other=0.0)
+            b = tl.load(b_ptrs)
+        else:
+            k_left = K - k * BLOCK_K
+            a = tl.load(a_ptrs, mask=is_pair[:, None] & (ks[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=ks[:, None] < k_left, other=0.0)
+        acc = _dot(a, b, acc, IEEE)
+        if GATED:
+            if EVEN_K:
+                b_up = tl.load(b_ptrs + up_offset)
+            else:
+                b_up = tl.load(b_ptrs + up_offset, mask=ks[:, None] < K - k * BLOCK_K, other=0.0)
+            acc_up = _dot(a, b_up, acc_up, IEEE)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    if HAS_BIAS:
+        bias_ptrs = bias_ptr + expert * stride_bias_e + b_columns
+        acc += tl.load(bias_ptrs).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(bias_ptrs + N).to(tl.float32)[None, :]
+    if GATED:
+        acc = _activate(acc, acc_up, ACTIVATION, ALPHA, LIMIT)
+    if MUL_WEIGHT:
+        acc = acc * tl.load(weights_ptr + pairs, mask=is_pair, other=0.0)[:, None]
+    c_ptrs = c_ptr + pairs.to(tl.int64)[:, None] * stride_cm + columns[None, :]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=is_pair[:, None] & (columns[None, :] < N))
+
+
+@triton.jit
+def _dot(a, b, acc, IEEE: tl.constexpr):
+    if IEEE:
+        return tl.dot(a, b, acc, input_precision="ieee")
+    return tl.dot(a, b, acc)
+
+
+@functools.cache
+def _device_name(index: int) -> str:
+    return torch.cuda.get_device_name(index)
+
+
+def device_name(x: torch.Tensor) -> str:
+    """The GPU's name (its tile table's key); empty off CUDA (Triton's interpreter)."""
+    if not x.is_cuda:
+        return ""
+    return _device_name(x.device.index if x.device.index is not None else torch.cuda.current_device())
+
+
+def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+                  expert_ids: torch.Tensor, act: "Activation", gate_up_bias: torch.Tensor | None = None,
+                  down_bias: torch.Tensor | None = None, config: MoeConfig | None = None) -> torch.Tensor:
+    """sum_k weights[:, k] * expert_{ids[:, k]}(x) [num_tokens, hidden] for x [num_tokens, hidden], gate_up
+    [experts, 2 * I, hidden], down [experts, hidden, I], weights [num_tokens, k] float32, expert_ids [num_tokens,
+    k]; `act`: gpu/layers/moe.py's Activation; biases [experts, 2 * I] and [experts, hidden]. `config`: the tiles
+    (default: gpu/kernels/fused_moe_configs.py's for this shape)."""
+    num_tokens, hidden = x.shape
+    num_experts, two_i, _ = gate_up.shape
+    top_k = expert_ids.shape[1]
+    _check(x, gate_up, down, weights, expert_ids)
+    if num_tokens == 0:
+        return torch.zeros_like(x)
+    intermediate = two_i // 2
+    if config is None:
+        config = config_for(num_tokens, num_experts, top_k, intermediate, hidden, device_name(x))
+    aligned = align(expert_ids, num_experts, config.block_m)
+    activated = torch.empty(num_tokens * top_k, intermediate, dtype=x.dtype, device=x.device)
+    _launch(x, gate_up, gate_up_bias, activated, None, aligned, config, act, top_k)
+    out = torch.empty(num_tokens * top_k, hidden, dtype=x.dtype, device=x.device)
+    _launch(activated, down, down_bias, out, weights, aligned, config, act, 1)
+    return out.view(num_tokens, top_k, hidden).sum(dim=1)
+
+
+def _launch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, c: torch.Tensor, weights: torch.Tensor | None,
+            aligned: AlignedPairs, config: MoeConfig, act: "Activation", pairs_per_row: int) -> None:
+    is_gated = weights is None
+    tiles: GemmTiles = config.gate_up if is_gated else config.down
+    n, k = c.shape[1], a.shape[1]
+    max_padded = aligned.sorted_pairs.numel()
+    grid = (triton.cdiv(max_padded, config.block_m) * triton.cdiv(n, tiles.block_n),)
+    _moe_gemm_kernel[grid](
+        a, b, bias if bias is not None else b, c, weights if weights is not None else c, aligned.sorted_pairs,
+        aligned.block_experts, aligned.num_padded, c.shape[0], max_padded, n, k, a.stride(0), b.stride(0),
+        b.stride(1), bias.stride(0) if bias is not None else 0, c.stride(0),
+        PAIRS_PER_ROW=pairs_per_row, GATED=is_gated, ACTIVATION=ACTIVATIONS[act.kind], ALPHA=float(act.alpha),
+        LIMIT=float(act.limit), HAS_BIAS=bias is not None, MUL_WEIGHT=not is_gated, IEEE=a.dtype == torch.float32,
+        EVEN_K=k % tiles.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+        GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+    )
+
+
+def _check(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+           expert_ids: torch.Tensor) -> None:
+    num_tokens, hidden = x.shape
+    num_experts, two_i, _ = gate_up.shape
+    if (gate_up.shape[2] != hidden or two_i % 2 or down.shape != (num_experts, hidden, two_i // 2)
+            or weights.shape != expert_ids.shape or expert_ids.shape[0] != num_tokens):
+        raise ValueError(f"shapes do not fit: x {tuple(x.shape)}, gate_up {tuple(gate_up.shape)}, down "
+                         f"{tuple(down.shape)}, weights {tuple(weights.shape)}, expert_ids {tuple(expert_ids.shape)}")
+    if x.stride(1) != 1 or gate_up.stride(2) != 1 or down.stride(2) != 1 or not weights.is_contiguous() \
+            or weights.dtype != torch.float32 or x.dtype != gate_up.dtype or x.dtype != down.dtype:
+        raise ValueError("x and the experts' weights need unit stride along K and one dtype; weights contiguous "
+                         "float32")

@@ -1,0 +1,64 @@
+"""Launch parameters of the fused MoE GEMMs (gpu/kernels/fused_moe.py), per row-count bucket.
+
+A step's tokens are padded up to a power-of-two bucket and one config serves the bucket (per expert shape), so
+decode graphs and the mixed graphs' token buckets compile a handful of configs. The tile of rows (`block_m`) is also
+the alignment of each expert's run of pairs (gpu/kernels/moe_align.py), so the gate/up and down GEMMs of a step
+share it; their column and K tiles are their own.
+
+The rule (`default_config`): while a step has few pairs per expert, tiles of 16 rows (each expert's weight is
+streamed once for its few rows: the GEMMs are bandwidth-bound, and wider column tiles let fewer programs cover
+it); with more pairs per expert, taller row tiles, so each weight tile is reused over more rows. A GPU's measured
+table (`python -m bench.kernels.fused_moe_bench --sweep`), keyed by (bucket, experts, intermediate size per rank,
+hidden size), overrides the rule where it has the key; none is measured yet. This module needs no triton.
+"""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    block_n: int
+    block_k: int
+    group_m: int = 1  # row tiles that share a column tile's weight in launch order (L2 reuse)
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    block_m: int
+    gate_up: GemmTiles  # block_n counts activated columns: the gate's and the up's tiles each have block_n
+    down: GemmTiles
+
+
+Table = dict[tuple[int, int, int, int], MoeConfig]  # (row bucket, experts, intermediate, hidden) -> config
+
+
+def row_bucket(num_tokens: int) -> int:
+    return 1 << max(0, num_tokens - 1).bit_length()
+
+
+def default_config(bucket: int, num_experts: int, top_k: int) -> MoeConfig:
+    """The rule of this module's docstring, over pairs per expert at the bucket's size."""
+    pairs_per_expert = bucket * top_k / num_experts
+    if pairs_per_expert <= 4:
+        return MoeConfig(16, GemmTiles(32, 128, num_stages=4), GemmTiles(64, 128, num_stages=4))
+    if pairs_per_expert <= 16:
+        return MoeConfig(16, GemmTiles(64, 64, num_stages=4), GemmTiles(128, 64, num_stages=4))
+    if pairs_per_expert <= 64:
+        return MoeConfig(32, GemmTiles(64, 64, group_m=4), GemmTiles(128, 64, group_m=4))
+    if pairs_per_expert <= 256:
+        return MoeConfig(64, GemmTiles(64, 64, group_m=8, num_warps=8), GemmTiles(128, 64, group_m=8, num_warps=8))
+    return MoeConfig(128, GemmTiles(64, 64, group_m=8, num_warps=8), GemmTiles(128, 64, group_m=8, num_warps=8))
+
+
+TABLES: dict[str, Table] = {}  # device name -> measured table (empty until a sweep has been run there)
+
+
+def config_for(num_tokens: int, num_experts: int, top_k: int, intermediate: int, hidden: int,
+               device_name: str = "") -> MoeConfig:
+    """The config of a step of `num_tokens` through experts [num_experts, 2 * intermediate, hidden] on the named GPU:
+    its table's, else the rule's."""
+    bucket = row_bucket(num_tokens)
+    table = next((t for name, t in TABLES.items() if name in device_name), {})
+    return table.get((bucket, num_experts, intermediate, hidden)) or default_config(bucket, num_experts, top_k)

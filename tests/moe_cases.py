@@ -1,0 +1,70 @@
+"""Inputs and torch references shared by the MoE kernels' tests (interpreted on the CPU and on CUDA)."""
+
+import torch
+
+from gpu.layers.moe import Activation, Experts, MoeSpec, RoutedTokens, Routing, activation, experts_reference
+
+ACTIVATIONS = {"silu": Activation("silu"), "clamped_swiglu": Activation("clamped_swiglu", 1.702, 7.0)}
+
+
+def random_experts(num_experts: int, hidden: int, intermediate: int, act: str = "silu", has_bias: bool = False,
+                   device: str = "cpu", seed: int = 0) -> Experts:
+    """float32 stacked experts with random weights scaled so that products stay near 1."""
+    spec = MoeSpec(Routing(num_experts, 1), intermediate, ACTIVATIONS[act].kind, ACTIVATIONS[act].alpha or 1.702,
+                   ACTIVATIONS[act].limit or 7.0, has_expert_bias=has_bias)
+    experts = Experts(hidden, spec).to(device)
+    generator = torch.Generator(device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in experts.named_parameters():
+            scale = 0.5 if "bias" in name else 2 * param.shape[-1] ** -0.5
+            param.copy_(torch.randn(param.shape, generator=generator, device=device) * scale)
+    return experts
+
+
+def cast(experts: Experts, dtype: torch.dtype) -> Experts:
+    """A copy of `experts` with every weight rounded to `dtype`."""
+    copy = Experts(experts.gate_up_proj.shape[2], experts.spec).to(experts.gate_up_proj.device)
+    with torch.no_grad():
+        for mine, theirs in zip(copy.parameters(), experts.parameters(), strict=True):
+            mine.copy_(theirs)
+    return copy.to(dtype)
+
+
+def random_routing(num_tokens: int, num_experts: int, top_k: int, device: str = "cpu", seed: int = 0,
+                   skewed: bool = False) -> RoutedTokens:
+    """Distinct experts per token with positive float32 weights; `skewed`: most tokens on the same few experts."""
+    generator = torch.Generator(device).manual_seed(seed)
+    scores = torch.rand(num_tokens, num_experts, generator=generator, device=device)
+    if skewed:
+        scores[:, : max(top_k, 2)] += 1.0
+    ids = scores.topk(top_k, dim=-1).indices.to(torch.int32)
+    return RoutedTokens(torch.rand(num_tokens, top_k, generator=generator, device=device) + 0.1, ids)
+
+
+def kernel_and_reference(experts: Experts, x: torch.Tensor, routed: RoutedTokens) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the fused kernels' output for x in x's dtype, the torch reference's in float32 on the same rounded weights
+    and inputs)."""
+    from gpu.kernels.fused_moe import fused_experts
+
+    torch.set_grad_enabled(False)
+    ours = cast(experts, x.dtype)
+    out = fused_experts(x, ours.gate_up_proj, ours.down_proj, routed.weights, routed.expert_ids,
+                        activation(ours.spec), ours.gate_up_proj_bias, ours.down_proj_bias)
+    reference = experts_reference(x.float(), cast(ours, torch.float32),
+                                  RoutedTokens(routed.weights, routed.expert_ids.long()))
+    return out, reference
+
+
+def aligned_reference(expert_ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[list[list[int]], list[int]]:
+    """(each padded tile's pairs, with the sentinel (the number of pairs) as padding; each tile's expert), as a
+    stable sort by expert gives them."""
+    flat = expert_ids.flatten().tolist()
+    tiles: list[list[int]] = []
+    tile_experts: list[int] = []
+    for expert in range(num_experts):
+        pairs = [p for p, e in enumerate(flat) if e == expert]
+        for start in range(0, len(pairs), block_m):
+            tile = pairs[start : start + block_m]
+            tiles.append(tile + [len(flat)] * (block_m - len(tile)))
+            tile_experts.append(expert)
+    return tiles, tile_experts
