@@ -9,12 +9,13 @@ scaled by `scaling_factor` (GLM-4-MoE, DeepSeek-V3); or the top k logits then a 
 
 Experts (`Experts`): every expert's weights stacked, `gate_up_proj` [num_experts, 2 * intermediate, hidden]
 (gate rows, then up rows) and `down_proj` [num_experts, hidden, intermediate], read from per-expert checkpoint
-tensors (`ExpertShard`s) or from a checkpoint's own stacked tensors (gpt-oss: [num_experts, hidden, 2 *
-intermediate] with gate and up interleaved column by column, de-interleaved here). The activation is SiLU-and-mul,
-or gpt-oss's clamped SwiGLU. How the experts run is their `method`'s: unquantized weights run the fused Triton
-kernels on CUDA (gpu/kernels/fused_moe.py: tokens sorted by expert once per step, grouped GEMMs with the activation
-and the routing weights fused) and the torch reference elsewhere, which loops over the experts a step hits as
-transformers does, so float32 parity is exact. A quantized format would bring its own method (its stored
+tensors (`ExpertShard`s), from tensors already stacked in that layout (transformers' own, which newer checkpoints
+ship), or from gpt-oss's stacked layout ([num_experts, hidden, 2 * intermediate] with gate and up interleaved
+column by column, down [num_experts, intermediate, hidden]; de-interleaved and transposed here). The activation is
+SiLU-and-mul, or gpt-oss's clamped SwiGLU. How the experts run is their `method`'s: unquantized weights run the
+fused Triton kernels on CUDA (gpu/kernels/fused_moe.py: tokens sorted by expert once per step, grouped GEMMs with the
+activation and the routing weights fused) and the torch reference elsewhere, which loops over the experts a step
+hits as transformers does, so float32 parity is exact. A quantized format would bring its own method (its stored
 parameters, their loading and its kernel) per expert weight; nothing else here knows the format.
 
 Tensor parallelism: the experts' (and shared experts') intermediate size is split over the ranks, like the dense
@@ -81,7 +82,7 @@ class MoeSpec:
     swiglu_limit: float = 7.0
     has_expert_bias: bool = False  # biases on each expert's gate/up and down projections (gpt-oss)
     shared_intermediate_size: int = 0  # 0: no shared experts
-    is_stacked_in_checkpoint: bool = False  # gpt-oss's [num_experts, hidden, 2 * intermediate] interleaved
+    is_gpt_oss_layout: bool = False  # the checkpoint stacks the experts as gpt-oss does
 
     def __post_init__(self) -> None:
         if self.activation not in ACTIVATIONS:
@@ -184,21 +185,30 @@ class Experts(nn.Module):
         for param in self.parameters():
             param.weight_loader = self._load  # type: ignore[attr-defined]
         self.method: ExpertsMethod = run_unquantized
+        self._loaded_stacked: set[str] = set()  # parameters read from one stacked checkpoint tensor
 
     def forward(self, x: torch.Tensor, routed: RoutedTokens) -> torch.Tensor:
         """This rank's part of sum_k weight_k * expert_k(x) [num_tokens, hidden_size] (the caller reduces)."""
         return self.method(self, x, routed)
 
     def expected_shards(self, param: nn.Parameter) -> set[ExpertShard | None]:
-        """The checkpoint shards `param` is loaded from: per-expert tensors, or one stacked tensor."""
-        if self.spec.is_stacked_in_checkpoint:
+        """The checkpoint shards `param` is loaded from: one stacked tensor, or a tensor per expert."""
+        if self.spec.is_gpt_oss_layout or self._name(param) in self._loaded_stacked:
             return {None}
         parts = ("down",) if param is self.down_proj else ("gate", "up")
         return {ExpertShard(part, e) for part in parts for e in range(self.spec.routing.num_experts)}
 
+    def _name(self, param: nn.Parameter) -> str:
+        return next(name for name, p in self.named_parameters() if p is param)
+
     def _load(self, param: nn.Parameter, loaded: CheckpointTensor, shard: ExpertShard | None) -> None:
         if shard is None:
-            param.data.copy_(self._stacked(param, loaded))
+            read = self._gpt_oss_stacked if self.spec.is_gpt_oss_layout else self._stacked
+            stacked = read(param, loaded)
+            if stacked.shape != param.shape:
+                raise ValueError(f"{loaded.name}: checkpoint shape {loaded.shape} does not fit {tuple(param.shape)}")
+            param.data.copy_(stacked)
+            self._loaded_stacked.add(self._name(param))
             return
         num_rows = self.spec.intermediate_size
         if shard.part == "down":  # [hidden, intermediate]: this rank's columns
@@ -210,7 +220,15 @@ class Experts(nn.Module):
         param.data[shard.expert, offset : offset + self.size].copy_(loaded.read_slice(0, self.start, self.size))
 
     def _stacked(self, param: nn.Parameter, loaded: CheckpointTensor) -> torch.Tensor:
-        """This rank's share of a stacked checkpoint tensor (gpt-oss), in the parameter's layout."""
+        """This rank's share of a tensor stacked in the parameter's own layout (transformers')."""
+        if param is self.down_proj:  # [E, hidden, intermediate]: this rank's columns
+            return loaded.read_slice(2, self.start, self.size)
+        total = self.spec.intermediate_size  # gate_up [E, 2 * intermediate, hidden]: this rank's gate and up rows
+        gate = loaded.read_slice(1, self.start, self.size)
+        return torch.cat((gate, loaded.read_slice(1, total + self.start, self.size)), dim=1)
+
+    def _gpt_oss_stacked(self, param: nn.Parameter, loaded: CheckpointTensor) -> torch.Tensor:
+        """This rank's share of a tensor stacked as gpt-oss stacks it, in the parameter's layout."""
         start, size = self.start, self.size
         if param is self.down_proj:  # [E, intermediate, hidden]
             return loaded.read_slice(1, start, size).transpose(1, 2)

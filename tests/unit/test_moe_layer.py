@@ -108,8 +108,11 @@ def ranks(size: int) -> list[TensorParallel]:
     return [TensorParallel(rank, size, group=object()) for rank in range(size)]  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("is_stacked", [False, True])
 @pytest.mark.parametrize("tp_size", [1, 2])
-def test_per_expert_tensors_give_transformers_experts(tmp_path: Path, tp_size: int) -> None:
+def test_per_expert_or_stacked_tensors_give_transformers_experts(tmp_path: Path, tp_size: int,
+                                                                 is_stacked: bool) -> None:
+    """Per-expert tensors (Hub checkpoints), or transformers' own stacked layout (newer checkpoints ship it)."""
     config = transformers.Qwen3MoeConfig(hidden_size=HIDDEN, num_experts=6, moe_intermediate_size=24)
     torch.manual_seed(1)
     hf = transformers.models.qwen3_moe.modeling_qwen3_moe.Qwen3MoeExperts(config)
@@ -117,7 +120,7 @@ def test_per_expert_tensors_give_transformers_experts(tmp_path: Path, tp_size: i
         hf.gate_up_proj.normal_()
         hf.down_proj.normal_()
     size = config.moe_intermediate_size
-    tensors = checkpoint(tmp_path / "experts.safetensors", {
+    tensors = checkpoint(tmp_path / "experts.safetensors", dict(hf.named_parameters()) if is_stacked else {
         **{f"{e}.gate_proj.weight": hf.gate_up_proj[e, :size] for e in range(6)},
         **{f"{e}.up_proj.weight": hf.gate_up_proj[e, size:] for e in range(6)},
         **{f"{e}.down_proj.weight": hf.down_proj[e] for e in range(6)},
@@ -145,7 +148,7 @@ def test_stacked_interleaved_tensors_give_gpt_oss_experts(tmp_path: Path, tp_siz
     tensors = checkpoint(tmp_path / "experts.safetensors", dict(hf.named_parameters()))
     x, routed = torch.randn(NUM_TOKENS, HIDDEN), random_routing(4, 2)
     spec = MoeSpec(Routing(4, 2, "top_k_softmax", has_bias=True), 20, "clamped_swiglu", config.swiglu_alpha,
-                   config.swiglu_limit, has_expert_bias=True, is_stacked_in_checkpoint=True)
+                   config.swiglu_limit, has_expert_bias=True, is_gpt_oss_layout=True)
     total = torch.zeros(NUM_TOKENS, HIDDEN)
     for tp in ranks(tp_size):
         experts = Experts(HIDDEN, spec, tp)
