@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_TILE = 32768  # CHUNK * padded experts: the one-hot tile a program holds
+MAX_TILE = 16384  # CHUNK * padded experts: the one-hot tile a program holds (and scans)
 
 
 @dataclass(frozen=True)

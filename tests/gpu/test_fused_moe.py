@@ -1,0 +1,156 @@
+"""The MoE kernels (gpu/kernels/moe_route.py, moe_align.py, fused_moe.py) on CUDA against the torch references of
+gpu/layers/moe.py: over row counts 1..512 (and prompt-sized steps), several expert counts and top-k, both
+activations, with and without biases, bf16 and float32, and inside a CUDA graph replayed on new routings.
+
+Tolerance (bf16): the kernels store the activated intermediate and the output in bf16 once each, the reference
+sums in float32 on the same rounded weights and inputs: a few bf16 roundings of the output's scale. float32: the
+kernels' products are exact (no TF32), so only the order of the sums differs.
+"""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+if not torch.cuda.is_available():
+    pytest.skip("the Triton kernels need CUDA", allow_module_level=True)
+
+from gpu.kernels.fused_moe import fused_experts  # noqa: E402
+from gpu.kernels.fused_moe_configs import config_for, row_bucket  # noqa: E402
+from gpu.kernels.moe_align import align  # noqa: E402
+from gpu.kernels.moe_route import route  # noqa: E402
+from gpu.layers.moe import RoutedTokens, Routing, activation, route_reference  # noqa: E402
+from tests.gpu.graph_capture import captured  # noqa: E402
+from tests.moe_cases import (  # noqa: E402
+    aligned_reference,
+    cast,
+    kernel_and_reference,
+    random_experts,
+    random_routing,
+)
+
+ROW_COUNTS = (1, 2, 3, 5, 8, 13, 16, 17, 31, 32, 64, 100, 128, 200, 256, 333, 512)
+# (experts, top_k, hidden, intermediate, activation, biases): Qwen3-30B-A3B's layer, Mixtral-like, gpt-oss-20b's
+# (clamped SwiGLU and biases), and odd sizes that are no multiple of any tile.
+SHAPES = {
+    "qwen3-30b-a3b": (128, 8, 2048, 768, "silu", False),
+    "mixtral-like": (8, 2, 1024, 1536, "silu", False),
+    "gpt-oss-20b": (32, 4, 2880, 2880, "clamped_swiglu", True),
+    "odd": (60, 3, 200, 72, "silu", False),
+}
+
+
+def assert_close(out: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == dtype and not out.isnan().any()
+    tolerance = 3e-2 if dtype == torch.bfloat16 else 1e-4
+    scale = reference.abs().max().item() + 1e-3
+    torch.testing.assert_close(out.float(), reference, rtol=tolerance, atol=tolerance * scale)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fused_experts_match_the_reference_over_row_counts(shape: str) -> None:
+    num_experts, top_k, hidden, intermediate, act, has_bias = SHAPES[shape]
+    experts = random_experts(num_experts, hidden, intermediate, act, has_bias, device="cuda")
+    for num_tokens in ROW_COUNTS:
+        x = torch.randn(num_tokens, hidden, device="cuda", generator=torch.Generator("cuda").manual_seed(num_tokens))
+        routed = random_routing(num_tokens, num_experts, top_k, "cuda", seed=num_tokens, skewed=num_tokens % 2 == 1)
+        out, reference = kernel_and_reference(experts, x.bfloat16(), routed)
+        assert_close(out, reference, torch.bfloat16)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 7, 64, 300, 2048, 8192])
+def test_float32_products_are_exact(num_tokens: int) -> None:
+    experts = random_experts(16, 256, 128, "silu", device="cuda")
+    x = torch.randn(num_tokens, 256, device="cuda")
+    out, reference = kernel_and_reference(experts, x, random_routing(num_tokens, 16, 4, "cuda"))
+    assert_close(out, reference, torch.float32)
+
+
+def test_prompt_sized_steps_take_taller_tiles_and_stay_right() -> None:
+    num_experts, top_k, hidden, intermediate, act, has_bias = SHAPES["qwen3-30b-a3b"]
+    assert config_for(8192, num_experts, top_k, intermediate, hidden).block_m > config_for(1, 128, 8, 768, 2048).block_m
+    experts = random_experts(num_experts, hidden, intermediate, act, has_bias, device="cuda")
+    for num_tokens in (1024, 3000, 8192):
+        x = torch.randn(num_tokens, hidden, device="cuda")
+        out, reference = kernel_and_reference(experts, x.bfloat16(), random_routing(num_tokens, num_experts, top_k,
+                                                                                    "cuda", seed=num_tokens))
+        assert_close(out, reference, torch.bfloat16)
+
+
+@pytest.mark.parametrize(("num_tokens", "num_experts", "top_k", "block_m"),
+                         [(1, 128, 8, 16), (37, 128, 8, 16), (512, 128, 8, 32), (8192, 128, 8, 128), (4096, 256, 8, 64),
+                          (100, 60, 3, 16), (2000, 8, 2, 64)])
+def test_align_on_cuda_matches_a_stable_sort(num_tokens: int, num_experts: int, top_k: int, block_m: int) -> None:
+    ids = random_routing(num_tokens, num_experts, top_k, "cuda", seed=num_tokens, skewed=True).expert_ids
+    aligned = align(ids, num_experts, block_m)
+    tiles, tile_experts = aligned_reference(ids.cpu(), num_experts, block_m)
+    num_padded = int(aligned.num_padded)
+    assert num_padded == len(tiles) * block_m
+    assert aligned.sorted_pairs[:num_padded].view(-1, block_m).tolist() == tiles
+    assert aligned.block_experts[: len(tiles)].tolist() == tile_experts
+    assert (aligned.sorted_pairs[num_padded:] == ids.numel()).all()
+
+
+ROUTINGS = {
+    "qwen3-moe": Routing(128, 8),
+    "qwen3-moe-unnormalized": Routing(128, 8, renormalize=False),
+    "mixtral": Routing(8, 2),
+    "glm-4.5": Routing(160, 8, "sigmoid", True, 1, 1, 2.5, has_correction_bias=True, float32_logits=True),
+    "deepseek-v3-groups": Routing(256, 8, "sigmoid", True, 8, 4, 2.5, has_correction_bias=True, float32_logits=True),
+    "gpt-oss": Routing(32, 4, "top_k_softmax", has_bias=True),
+}
+
+
+@pytest.mark.parametrize("name", ROUTINGS)
+def test_route_on_cuda_matches_the_reference(name: str) -> None:
+    routing = ROUTINGS[name]
+    generator = torch.Generator("cuda").manual_seed(7)
+    bias = torch.randn(routing.num_experts, device="cuda", generator=generator) if routing.has_correction_bias else None
+    for num_tokens in ROW_COUNTS:
+        # Distinct logits, exact in bf16: no ties, whose order torch.topk leaves open.
+        ranks = torch.rand(num_tokens, routing.num_experts, device="cuda", generator=generator).argsort(dim=-1)
+        logits = (ranks.float() - routing.num_experts / 2) / 16
+        if not routing.float32_logits:
+            logits = logits.bfloat16()
+        weights, ids = route(logits, routing, bias)
+        expected = route_reference(logits, routing, bias)
+        order, expected_order = ids.long().argsort(dim=-1), expected.expert_ids.argsort(dim=-1)
+        assert torch.equal(ids.long().gather(1, order), expected.expert_ids.gather(1, expected_order)), num_tokens
+        torch.testing.assert_close(weights.gather(1, order), expected.weights.gather(1, expected_order))
+
+
+@pytest.mark.parametrize("num_tokens", [1, 8, 64, 256])
+def test_routing_and_experts_in_a_cuda_graph_follow_new_inputs(num_tokens: int) -> None:
+    num_experts, top_k, hidden, intermediate, act, _ = SHAPES["qwen3-30b-a3b"]
+    experts = cast(random_experts(num_experts, hidden, intermediate, act, device="cuda"), torch.bfloat16)
+    routing = ROUTINGS["qwen3-moe"]
+    x = torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device="cuda")
+    logits = torch.empty(num_tokens, num_experts, dtype=torch.bfloat16, device="cuda")
+
+    def step() -> torch.Tensor:
+        weights, ids = route(logits, routing, None)
+        return fused_experts(x, experts.gate_up_proj, experts.down_proj, weights, ids, activation(experts.spec))
+
+    x.normal_()
+    logits.normal_()
+    graph, out = captured(step)
+    for seed in range(3):  # new tokens and new routings each replay, as decode steps bring
+        generator = torch.Generator("cuda").manual_seed(seed)
+        x.copy_(torch.randn(x.shape, device="cuda", generator=generator))
+        logits.copy_(torch.randn(logits.shape, device="cuda", generator=generator) * 3)
+        graph.replay()
+        assert torch.equal(out, step())
+
+
+def test_row_buckets_are_powers_of_two() -> None:
+    assert [row_bucket(n) for n in (1, 2, 3, 16, 17, 512, 513)] == [1, 2, 4, 16, 32, 512, 1024]
+
+
+def test_no_token_steps_and_top_1() -> None:
+    experts = cast(random_experts(8, 64, 32, device="cuda"), torch.bfloat16)
+    empty = torch.empty(0, 64, dtype=torch.bfloat16, device="cuda")
+    routed = RoutedTokens(torch.empty(0, 2, device="cuda"), torch.empty(0, 2, dtype=torch.int32, device="cuda"))
+    assert fused_experts(empty, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
+                         activation(experts.spec)).shape == (0, 64)
+    x = torch.randn(9, 64, device="cuda").bfloat16()
+    out, reference = kernel_and_reference(random_experts(8, 64, 32, device="cuda"), x, random_routing(9, 8, 1, "cuda"))
+    assert_close(out, reference, torch.bfloat16)

@@ -1,0 +1,134 @@
+"""Parity of the MoE families on the GPU (the fused MoE kernels), as tests/gpu/test_parity_gpu.py checks the dense ones.
+
+float32: our greedy tokens equal transformers' through chunked prefill, prefix hits and preemption, CUDA graphs on
+(the kernels' float32 products are exact), and with the torch reference path (eager). bf16: where tokens differ
+from transformers', each side's is in the other's top-5, rarely; graphs on and off give identical tokens; the
+model's logits through the fused kernels are no further from float32's than through the torch reference.
+Two GPUs: TP=2 against TP=1 by the bf16 rule, and float32 TP=2 equal to transformers.
+"""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from core import LLM, SamplingParams
+from core.config import engine_config
+from core.engine import LLMEngine, runner_config
+from gpu.config import KernelConfig
+from gpu.model_runner import ModelRunner
+from tests.gpu.test_fused_kernels import compare, prefill_then_decode_logits
+from tests.gpu.test_parity_gpu import LENGTHS, MAX_NEW, assert_bf16_divergences_rare_near_ties, hf_greedy_and_logits
+from tests.gpu.test_tensor_parallel_gpu import assert_diverge_rarely_near_ties
+from tests.moe_models import MOE_CONFIGS, build_moe_model
+from tests.parity.test_parity_cpu import prompts_of_lengths
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+MODELS = tuple(MOE_CONFIGS)
+
+
+@pytest.fixture(scope="module")
+def moe_dirs(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("moe-models")
+    return {name: build_moe_model(root / name, name, tiny_model_dirs["qwen3"]) for name in MODELS}
+
+
+def make_llm(model_dir: Path, dtype: str, eager: bool = False, budget: int = 512, blocks: int = 512,
+             tp: int = 1) -> LLM:
+    return LLM(str(model_dir), dtype=dtype, device="cuda", attention_backend="triton", enforce_eager=eager,
+               block_size=16, kv_cache_blocks=blocks, max_num_seqs=16, max_num_batched_tokens=budget,
+               tensor_parallel_size=tp)
+
+
+def generated(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    for request_id, prompt in zip(tokens, prompts, strict=True):
+        engine.add_request(request_id, prompt, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+    return list(tokens.values())
+
+
+def assert_float32_tokens_match(engine: LLMEngine, model_dir: Path) -> None:
+    prompts = prompts_of_lengths(LENGTHS, shared_prefix=20)
+    outputs = generated(engine, prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output == hf_greedy_and_logits(model_dir, torch.float32, prompt)[0]
+    stats = engine.stats()
+    assert stats.num_prefix_cache_hit_tokens > 0 and stats.num_preemptions > 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_float32_tokens_match_transformers(moe_dirs: dict[str, Path], model: str) -> None:
+    # Small token budget and cache: chunked prefill, prefix hits and preemption, with graphs (decode and mixed).
+    llm = make_llm(moe_dirs[model], "float32", budget=32, blocks=24)
+    assert llm.engine.runner.decode is not None and llm.engine.runner.decode.graphs
+    assert_float32_tokens_match(llm.engine, moe_dirs[model])
+
+
+def test_float32_torch_reference_path_matches_transformers(moe_dirs: dict[str, Path]) -> None:
+    config = engine_config(str(moe_dirs["qwen3_moe"]), dtype="float32", device="cuda", attention_backend="triton",
+                           enforce_eager=True, block_size=16, kv_cache_blocks=24, max_num_seqs=16,
+                           max_num_batched_tokens=32)
+    runner = ModelRunner(replace(runner_config(config), kernels=KernelConfig(fused_moe=False)))
+    assert_float32_tokens_match(LLMEngine(config, runner=runner), moe_dirs["qwen3_moe"])
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_bf16_divergences_are_rare_near_ties(moe_dirs: dict[str, Path], model: str) -> None:
+    prompts = prompts_of_lengths(LENGTHS)
+    outputs = make_llm(moe_dirs[model], "bfloat16").generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
+    assert_bf16_divergences_rare_near_ties(moe_dirs[model], prompts, outputs)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_cuda_graphs_on_and_off_give_identical_tokens(moe_dirs: dict[str, Path], model: str) -> None:
+    prompts = prompts_of_lengths(LENGTHS * 3)  # 24 sequences: several graph buckets, padded rows
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, ignore_eos=True)
+    eager = make_llm(moe_dirs[model], "bfloat16", eager=True, budget=64).generate(prompts, params)
+    graphs = make_llm(moe_dirs[model], "bfloat16", eager=False, budget=64).generate(prompts, params)
+    assert [o.token_ids for o in graphs] == [o.token_ids for o in eager]
+
+
+def moe_logits(model_dir: Path, dtype: str, kernels: KernelConfig) -> torch.Tensor:
+    config = replace(runner_config(engine_config(
+        str(model_dir), dtype=dtype, device="cuda", kv_cache_blocks=64, max_num_seqs=4, max_model_len=512,
+        enforce_eager=True, attention_backend="triton")), kernels=kernels)
+    with torch.inference_mode():
+        return prefill_then_decode_logits(ModelRunner(config), prompt_len=300)
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_fused_moe_bf16_is_as_accurate_as_the_torch_path(moe_dirs: dict[str, Path], model: str) -> None:
+    exact = moe_logits(moe_dirs[model], "float32", KernelConfig(fused_moe=False))
+    fused = moe_logits(moe_dirs[model], "bfloat16", KernelConfig())
+    reference = moe_logits(moe_dirs[model], "bfloat16", KernelConfig(fused_moe=False))
+    (fused_rel, fused_top1), (torch_rel, torch_top1) = compare(fused, exact), compare(reference, exact)
+    print(f"{model} bf16 vs float32: fused rel_err={fused_rel:.2e} top1={fused_top1:.2%}, torch path "
+          f"rel_err={torch_rel:.2e} top1={torch_top1:.2%}")
+    assert fused_rel <= 1.25 * torch_rel + 1e-3
+    assert fused_top1 >= torch_top1 - 0.02
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("model", ["qwen3_moe", "mixtral"])
+def test_two_ranks_split_the_experts(moe_dirs: dict[str, Path], model: str) -> None:
+    sharded = make_llm(moe_dirs[model], "float32", budget=32, blocks=24, tp=2)
+    try:
+        assert sharded.engine.runner.has_cuda_graphs
+        assert_float32_tokens_match(sharded.engine, moe_dirs[model])
+    finally:
+        sharded.engine.close()
+    prompts = prompts_of_lengths(LENGTHS)
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5)
+    sharded = make_llm(moe_dirs[model], "bfloat16", tp=2)
+    try:
+        two = sharded.generate(prompts, params)
+    finally:
+        sharded.engine.close()
+    one = make_llm(moe_dirs[model], "bfloat16").generate(prompts, params)
+    assert_diverge_rarely_near_ties(two, one)

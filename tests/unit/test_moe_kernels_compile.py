@@ -1,0 +1,108 @@
+"""The MoE kernels compiled for Hopper (sm_90) on the CPU, by Triton's own compiler and ptxas (no GPU needed): every
+config the tile rule gives, at the real shapes of the MoE families, fits in an H100's shared memory and runs without
+spilling registers, and the GEMMs' loads are pipelined (more than one stage of shared memory). Arguments are
+specialized as a launch on a GPU would specialize them (pointers 16-byte aligned; sizes and strides that are
+multiples of 16 marked so), which is what lets the compiler pipeline the loads."""
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+triton = pytest.importorskip("triton")
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from gpu.kernels import fused_moe, moe_align, moe_route  # noqa: E402
+from gpu.kernels.fused_moe_configs import default_config  # noqa: E402
+
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+if not CUOBJDUMP.exists():
+    pytest.skip("triton without its NVIDIA backend's tools", allow_module_level=True)
+
+HOPPER = GPUTarget("cuda", 90, 32)
+MAX_SHARED = 227 * 1024  # an H100's shared memory per block
+MULTIPLES_OF_16 = {"K", "N", "stride_am", "stride_be", "stride_bn", "stride_bias_e", "stride_cm", "logits_stride"}
+# (experts, top_k, hidden, intermediate per rank, clamped SwiGLU with biases)
+SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768, False), "gpt-oss-20b": (32, 4, 2880, 2880, True),
+          "mixtral-8x7b": (8, 2, 4096, 14336, False), "glm-4.5-air": (128, 8, 4096, 1408, False)}
+
+
+def compiled(fn: object, signature: dict[str, str], constants: dict[str, object], num_warps: int,
+             num_stages: int = 3) -> tuple[int, int, int]:
+    """(registers, spilled bytes, shared bytes) of `fn` compiled for sm_90."""
+    names = list(signature)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+             if signature[name].startswith("*") or name in MULTIPLES_OF_16}
+    source = ASTSource(fn=fn, signature=signature | {k: "constexpr" for k in constants}, constexprs=constants,
+                       attrs=attrs)
+    kernel = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+    cubin = Path(f"/tmp/moe-compile-{kernel.metadata.hash}.cubin")
+    cubin.write_bytes(kernel.asm["cubin"])
+    usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
+                           check=True).stdout
+    cubin.unlink()
+    registers, stack = (int(x) for x in re.search(r"REG:(\d+).*?STACK:(\d+)", usage, re.S).groups())
+    return registers, stack, kernel.metadata.shared
+
+
+GEMM_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "c_ptr": "*bf16", "weights_ptr": "*fp32",
+                  "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32",
+                  "max_padded": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_be": "i32",
+                  "stride_bn": "i32", "stride_bias_e": "i32", "stride_cm": "i32"}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_every_bucket_config_fits_and_pipelines(shape: str) -> None:
+    num_experts, top_k, hidden, intermediate, is_gpt_oss = SHAPES[shape]
+    configs = {default_config(1 << b, num_experts, top_k) for b in range(14)}  # 1 .. 8192 tokens
+    for config in configs:
+        for is_gated, tiles, k in ((True, config.gate_up, hidden), (False, config.down, intermediate)):
+            constants = dict(PAIRS_PER_ROW=top_k if is_gated else 1, GATED=is_gated, ACTIVATION=int(is_gpt_oss),
+                             ALPHA=1.702, LIMIT=7.0, HAS_BIAS=is_gpt_oss, MUL_WEIGHT=not is_gated, IEEE=False,
+                             EVEN_K=k % tiles.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=tiles.block_n,
+                             BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m)
+            _, spilled, shared = compiled(fused_moe._moe_gemm_kernel, GEMM_SIGNATURE, constants, tiles.num_warps,
+                                          tiles.num_stages)
+            one_stage = 2 * tiles.block_k * (config.block_m + tiles.block_n * (2 if is_gated else 1))
+            assert spilled == 0 and shared <= MAX_SHARED, (config, is_gated, spilled, shared)
+            assert shared >= 2 * one_stage, f"loads not pipelined: {config} gated={is_gated} shared {shared}"
+
+
+def test_float32_gemm_fits() -> None:
+    signature = GEMM_SIGNATURE | {name: "*fp32" for name in ("a_ptr", "b_ptr", "bias_ptr", "c_ptr")}
+    constants = dict(PAIRS_PER_ROW=2, GATED=True, ACTIVATION=0, ALPHA=0.0, LIMIT=0.0, HAS_BIAS=False,
+                     MUL_WEIGHT=False, IEEE=True, EVEN_K=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUP_M=1)
+    _, spilled, shared = compiled(fused_moe._moe_gemm_kernel, signature, constants, 4, 4)
+    assert spilled == 0 and shared <= MAX_SHARED
+
+
+@pytest.mark.parametrize(("num_pairs", "num_experts"), [(8, 128), (4096, 128), (65536, 128), (65536, 256), (96, 32)])
+def test_align_kernels_fit(num_pairs: int, num_experts: int) -> None:
+    chunk = moe_align.chunk_size(num_pairs, num_experts)
+    block_e = triton.next_power_of_2(num_experts)
+    num_warps = 4 if chunk * block_e <= 4096 else 8
+    common = {"ids_ptr": "*i32", "hist_ptr": "*i32", "sorted_ptr": "*i32"}
+    place = common | {"block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32", "max_padded": "i32",
+                      "num_chunks": "i32"}
+    results = [compiled(moe_align._place_kernel, place, dict(NUM_EXPERTS=num_experts, BLOCK_M=16, CHUNK=chunk,
+                                                             BLOCK_E=block_e, ROWS=16, FILL=1024,
+                                                             IS_SINGLE=num_pairs <= chunk), num_warps)]
+    if num_pairs > chunk:
+        results.append(compiled(moe_align._count_kernel, common | {"num_pairs": "i32", "max_padded": "i32"},
+                                dict(NUM_EXPERTS=num_experts, CHUNK=chunk, BLOCK_E=block_e, FILL=1024), num_warps))
+    assert all(spilled == 0 and shared <= MAX_SHARED for _, spilled, shared in results), results
+
+
+@pytest.mark.parametrize(("group_size", "num_groups", "top_k_groups", "top_k", "scoring"),
+                         [(128, 1, 1, 8, 0), (32, 8, 4, 8, 1), (32, 1, 1, 4, 2), (160, 1, 1, 8, 1)])
+def test_route_kernel_fits(group_size: int, num_groups: int, top_k_groups: int, top_k: int, scoring: int) -> None:
+    signature = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32",
+                 "logits_stride": "i32"}
+    constants = dict(GROUP_SIZE=group_size, NUM_GROUPS=num_groups, TOP_K_GROUPS=top_k_groups, TOP_K=top_k,
+                     SCORING=scoring, RENORMALIZE=True, EPSILON=0.0, HAS_BIAS=scoring == 1, SCALE=1.0,
+                     BLOCK_G=triton.next_power_of_2(num_groups), BLOCK_E=triton.next_power_of_2(group_size),
+                     BLOCK_K=triton.next_power_of_2(top_k))
+    _, spilled, shared = compiled(moe_route._route_kernel, signature, constants, 4)
+    assert spilled == 0 and shared <= MAX_SHARED
