@@ -17,7 +17,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, get_type_hints
 
 from core.sampling_defaults import check_override
-from gpu.config import ATTENTION_BACKENDS, DTYPES
+from gpu.config import ATTENTION_BACKENDS, DTYPES, LOAD_FORMATS
 
 DEVICES = ("auto", "cuda", "cpu")  # and cuda:N
 TASKS = ("auto", "generate", "embed", "score")  # what a model serves (core/pooling_model.py)
@@ -119,6 +119,9 @@ class ModelConfig:
                         "cross-encoder, or a decoder's yes/no answer as Qwen3-Reranker); auto: what the checkpoint "
                         "says (sentence-transformers files, a *ForSequenceClassification, a bare encoder)",
                         choices=TASKS)
+    load_format: str = setting("auto", "auto: the checkpoint's weights; dummy: random weights at the model's shape "
+                               "from its config.json alone (no weight files needed), for benchmarks",
+                               choices=LOAD_FORMATS)
 
     def __post_init__(self) -> None:
         check_choices(self)

@@ -505,6 +505,7 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
         max_model_len=max_model_len, enforce_eager=c.model.enforce_eager,
         attention_backend=c.model.attention_backend, seed=c.model.seed,
         tensor_parallel_size=c.model.tensor_parallel_size, cache_dir=str(cache_dir_for(c.model.download_dir)),
+        load_format=c.model.load_format,
     )
 
 

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 ATTENTION_BACKENDS = ("auto", "torch", "cpu", "triton", "flash-attn")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+LOAD_FORMATS = ("auto", "dummy")  # auto: the checkpoint's safetensors; dummy: random weights (gpu/dummy_weights.py)
 
 
 @dataclass(frozen=True)
@@ -44,3 +45,4 @@ class RunnerConfig:
     kernels: KernelConfig = DEFAULT_KERNELS
     tensor_parallel_size: int = 1  # > 1: one worker process per rank (gpu/tensor_parallel_runner.py)
     cache_dir: str | None = None  # where a start's measured choices are remembered (gpu/remembered_backends.py)
+    load_format: str = "auto"  # one of LOAD_FORMATS

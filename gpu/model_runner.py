@@ -13,8 +13,10 @@ broadcasts the sampled tokens, so every rank can feed them back into the next st
 other ranks take part in every collective (the logits' gathers included) and return no result.
 """
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +32,7 @@ from gpu.config import RunnerConfig
 from gpu.cpu_packing import can_pack, has_native_bfloat16, pack_linear_layers
 from gpu.cuda_graphs import DecodeGraphs
 from gpu.distributed import SINGLE, TensorParallel
+from gpu.dummy_weights import DEFAULT_STD, init_dummy_weights
 from gpu.host_to_device import pack_block_tables, to_device, write_block_tables
 from gpu.kernels import HAS_TRITON, gated_gemm
 from gpu.kernels.skinny_gemm_configs import FEW_ROWS
@@ -438,12 +441,16 @@ def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch
                 tp: TensorParallel = SINGLE) -> torch.nn.Module:
     """The checkpoint's model on `device` in `dtype`, its weights loaded (on a CPU in bfloat16, packed)."""
     torch.manual_seed(config.seed)
-    with torch.device(device):
-        model = model_class(hf_config.architectures)(hf_config, config.max_model_len, config.kernels, tp)
     packs = config.kernels.cpu_packed_weights and can_pack(dtype, device)
-    # Packing finds weights on a 4-bit grid exactly, so it reads a float32 checkpoint's own values.
-    model.to(torch.float32 if packs and checkpoint_dtype(hf_config) == "float32" else dtype)
-    load_weights(model, Path(config.model_path))
+    # Packing finds weights on a 4-bit grid exactly, so it reads a float32 checkpoint's own values. Built in the dtype
+    # it loads in: a large model never exists in float32 first.
+    load_dtype = torch.float32 if packs and checkpoint_dtype(hf_config) == "float32" else dtype
+    with torch.device(device), _default_dtype(load_dtype):
+        model = model_class(hf_config.architectures)(hf_config, config.max_model_len, config.kernels, tp)
+    if config.load_format == "dummy":
+        init_dummy_weights(model, getattr(hf_config, "initializer_range", DEFAULT_STD), config.seed)
+    else:
+        load_weights(model, Path(config.model_path))
     model.eval().requires_grad_(False)
     if packs:
         kinds = pack_linear_layers(model)
@@ -464,6 +471,16 @@ def step_inputs(batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch
     )
     input_ids = to_device(np.asarray(batch.token_ids, dtype=np.int64), np.int64, device)
     return input_ids, to_device(np.asarray(batch.positions, dtype=np.int64), np.int64, device), meta
+
+
+@contextlib.contextmanager
+def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        yield
+    finally:
+        torch.set_default_dtype(previous)
 
 
 def _num_bytes(model: torch.nn.Module) -> int:
