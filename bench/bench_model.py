@@ -4,12 +4,15 @@ Speed does not depend on the weights' values, so a benchmark can run on random w
 where real ones cannot be downloaded. A shape is a config.json (any family: `model_type` picks transformers' class)
 or one of SHAPES. The tensors' names and shapes come from transformers' model on the meta device; each is drawn
 (norms are ones, the rest N(0, 0.02) as transformers initializes them) and written straight to safetensors shards, so
-a 14B checkpoint takes the time of writing it. The tokenizer is word-level over the whole vocabulary (id i is the
-word "w<i>"): every id a random model samples decodes to text, so a server streams a chunk per token and pays for
-detokenizing it, and a prompt's text encodes back to the same ids.
+a 14B checkpoint takes the time of writing it. For larger ones (Qwen3-30B-A3B is 61 GB in bf16) `build_config_only`
+writes config.json and the tokenizer alone, and the engine draws the weights on the device (`--load-format dummy`,
+gpu/dummy_weights.py). The tokenizer is word-level over the whole vocabulary (id i is the word "w<i>"): every id a
+random model samples decodes to text, so a server streams a chunk per token and pays for detokenizing it, and a
+prompt's text encodes back to the same ids.
 
-    python -m bench.bench_model qwen3-8b /tmp/qwen3-8b            # a named shape
-    python -m bench.bench_model path/to/config.json /tmp/model    # any family's config
+    python -m bench.bench_model qwen3-8b /tmp/qwen3-8b                          # a named shape
+    python -m bench.bench_model path/to/config.json /tmp/model                  # any family's config
+    python -m bench.bench_model qwen3-30b-a3b /tmp/qwen3-30b-a3b --config-only  # for --load-format dummy
 """
 
 import json
@@ -36,11 +39,31 @@ SHAPES = {
         model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
         num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=8192, rope_theta=100000.0,
         vocab_size=49152, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
+    # Qwen/Qwen3-30B-A3B's config.json: 48 layers of 128 experts (8 a token, 768 wide), 30.5B parameters, 3.3B active
+    "qwen3-30b-a3b": dict(
+        model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
+        num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
+        max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        eos_token_id=151645),
+    # openai/gpt-oss-20b's config.json (its experts in bf16 here, not MXFP4): 24 layers of 32 experts (4 a token),
+    # sliding-window (128) and full attention alternating, attention sinks, YaRN
+    "gpt-oss-20b": dict(
+        model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
+        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
+        sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 12, attention_bias=True,
+        swiglu_limit=7.0, max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
+                             original_max_position_embeddings=4096, truncate=False),
+        eos_token_id=200002, pad_token_id=199999),
     # for CPU runs of the benchmark scripts: its vocabulary covers the workloads' prompt ids, [0, 10000)
     "tiny": dict(QWEN3_0P6B, vocab_size=10_240, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
                  eos_token_id=10_239),
 }
+# the same, sparse: 8 experts of 64, 2 a token (CPU runs of the MoE benchmarks)
+SHAPES["tiny-moe"] = dict(SHAPES["tiny"], model_type="qwen3_moe", moe_intermediate_size=64, num_experts=8,
+                          num_experts_per_tok=2, norm_topk_prob=True)
 DEFAULT_SHAPE = "qwen3-0.6b"
 _SHARD_BYTES = 4 << 30
 
@@ -55,17 +78,12 @@ def build_random_checkpoint(directory: str | Path, config: dict[str, object], dt
     """Writes a checkpoint of `config` with random weights and the word tokenizer into `directory`; reused when there.
     Drawn on the GPU where there is one."""
     from safetensors.torch import save_file
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     directory = Path(directory)
     if (directory / "config.json").exists():
         return directory
+    model_config, model = _meta_model(config, dtype)
     directory.mkdir(parents=True, exist_ok=True)
-    settings = {k: v for k, v in config.items() if k != "model_type"}
-    model_config = AutoConfig.for_model(str(config["model_type"]), **settings, dtype=str(dtype).removeprefix("torch."))
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(model_config)
-    model_config.architectures = [type(model).__name__]
     device = "cuda" if torch.cuda.is_available() else "cpu"
     generator = torch.Generator(device=device).manual_seed(seed)
     weight_map: dict[str, str] = {}
@@ -90,6 +108,27 @@ def build_random_checkpoint(directory: str | Path, config: dict[str, object], dt
     return build_word_tokenizer(directory, int(config["vocab_size"]))  # type: ignore[call-overload]
 
 
+def build_config_only(directory: str | Path, config: dict[str, object], dtype: torch.dtype = torch.bfloat16) -> Path:
+    """Writes config.json and the word tokenizer into `directory`, no weights: a model for `--load-format dummy`."""
+    directory = Path(directory)
+    if not (directory / "config.json").exists():
+        model_config, _ = _meta_model(config, dtype)
+        model_config.save_pretrained(directory)
+    return build_word_tokenizer(directory, int(config["vocab_size"]))  # type: ignore[call-overload]
+
+
+def _meta_model(config: dict[str, object], dtype: torch.dtype) -> tuple[object, torch.nn.Module]:
+    """transformers' config of `config` (its architectures named) and its model on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    settings = {k: v for k, v in config.items() if k != "model_type"}
+    model_config = AutoConfig.for_model(str(config["model_type"]), **settings, dtype=str(dtype).removeprefix("torch."))
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(model_config)
+    model_config.architectures = [type(model).__name__]
+    return model_config, model
+
+
 def build_word_tokenizer(directory: str | Path, vocab_size: int) -> Path:
     """Writes tokenizer.json and tokenizer_config.json: word "w<i>" is id i, words split on spaces."""
     from tokenizers import Tokenizer, models, pre_tokenizers
@@ -108,4 +147,5 @@ def build_small_bench_model(directory: str | Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(build_random_checkpoint(sys.argv[2], shape_config(sys.argv[1])))
+    build = build_config_only if "--config-only" in sys.argv[3:] else build_random_checkpoint
+    print(build(sys.argv[2], shape_config(sys.argv[1])))

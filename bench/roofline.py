@@ -50,11 +50,13 @@ class ModelShape:
 
     @staticmethod
     def from_dir(model_dir: str | Path, dtype_bytes: int = 2) -> "ModelShape":
-        """From a checkpoint directory: the weights' bytes from its safetensors headers, the rest from config.json."""
+        """From a checkpoint directory: the weights' bytes from its safetensors headers (a directory without weights,
+        for `--load-format dummy`: from transformers' model of its config), the rest from config.json."""
         directory = Path(model_dir)
         config = json.loads((directory / "config.json").read_text())
         config = config.get("text_config", config)
         tensors = {name: meta for path in sorted(directory.glob("*.safetensors")) for name, meta in _header(path)}
+        tensors = tensors or _tensors_of_config(directory)
         heads = int(config["num_attention_heads"])
         layer_types = config.get("layer_types") or ["full_attention"] * int(config["num_hidden_layers"])
         num_experts = int(config.get("num_experts") or config.get("num_local_experts") or config.get("n_routed_experts")
@@ -116,6 +118,15 @@ def _header(path: Path) -> list[tuple[str, dict[str, object]]]:
         (size,) = struct.unpack("<Q", f.read(8))
         header = json.loads(f.read(size))
     return [(name, meta) for name, meta in header.items() if name != "__metadata__"]
+
+
+def _tensors_of_config(directory: Path) -> dict[str, dict[str, object]]:
+    """The tensors a checkpoint of this config.json would hold (transformers' names and shapes), as floating ones."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory))
+    return {name: {"shape": list(p.shape), "dtype": "BF16"} for name, p in model.named_parameters()}
 
 
 def _with_weights(shape: ModelShape, tensors: dict[str, dict[str, object]], is_untied: bool) -> ModelShape:

@@ -10,26 +10,32 @@
 #   startup      openai-serve started twice in a row on one fresh cache directory: seconds to /health and the attention
 #                backends each start chose and why (the first measures, the second reads the choice; ARGS: server flags)
 #   skinny-gemm  the skinny GEMM against cuBLAS (ARGS: bench.kernels.skinny_gemm's; --sweep remakes its table)
+#   fused-moe    the fused MoE kernels against their ideal per row count (ARGS: bench.kernels.fused_moe's; --sweep)
 #   tests        tests/gpu (ARGS: pytest's)
 # MODEL: a checkpoint directory to measure; else random weights of SHAPE (a name of bench/bench_model.py's SHAPES or a
-# config.json of any family; default qwen3-0.6b), built once under /tmp/bench-models.
+# config.json of any family; default qwen3-0.6b), built once under /tmp/bench-models. LOAD_FORMAT=dummy: only the
+# shape's config.json and tokenizer are written, and the engine draws the weights on the device (--load-format dummy).
 # Every result records its device, date, commit and command; BENCH_COMMIT names the commit where the tree has no .git.
 set -euo pipefail
-stage=${1:?usage: run_gpu.sh offline|serve|chat|startup|skinny-gemm|tests OUT_DIR [ARGS...]}
+stage=${1:?usage: run_gpu.sh offline|serve|chat|startup|skinny-gemm|fused-moe|tests OUT_DIR [ARGS...]}
 out=${2:?usage: run_gpu.sh STAGE OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 shape=${SHAPE:-qwen3-0.6b}
-model=${MODEL:-/tmp/bench-models/$(basename "${shape%/config.json}")}
-[ -n "${MODEL:-}" ] || python3 -m bench.bench_model "$shape" "$model" > /dev/null
+load_format=${LOAD_FORMAT:-auto}
+config_only=$([ "$load_format" = dummy ] && echo --config-only || true)
+model=${MODEL:-/tmp/bench-models/$(basename "${shape%/config.json}")${config_only:+-config}}
+[ -n "${MODEL:-}" ] || python3 -m bench.bench_model "$shape" "$model" $config_only > /dev/null
 server_args="--model $model --dtype bfloat16 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192"
+server_args="$server_args --load-format $load_format"
 
 case "$stage" in
   offline)
-    python3 -m bench.throughput --model "$model" --out "$out/throughput.json" "$@" ;;
+    python3 -m bench.throughput --model "$model" --load-format "$load_format" --out "$out/throughput.json" "$@" ;;
   serve)
-    python3 -m bench.throughput --model "$model" --workload serve --batch1-tokens 0 --out "$out/throughput_serve.json"
+    python3 -m bench.throughput --model "$model" --load-format "$load_format" --workload serve --batch1-tokens 0 \
+      --out "$out/throughput_serve.json"
     python3 -m bench.serve --launch --label "openai-serve${*:+ $*}" --server-args "$server_args $*" --levels 1,16,64,256 --num-requests 32,128,256,768 \
       --max-seconds-per-level 60 --server-log "$out/server.log" --out "$out/serve.json" ;;
   chat)
@@ -39,6 +45,8 @@ case "$stage" in
     python3 -m bench.startup_time --server-args "$server_args $*" --log-dir "$out" --out "$out/startup.json" ;;
   skinny-gemm)
     python3 -m bench.kernels.skinny_gemm --out "$out/skinny_gemm.json" "$@" ;;
+  fused-moe)
+    python3 -m bench.kernels.fused_moe --out "$out/fused_moe.json" "$@" ;;
   tests)
     python3 -m pytest -p no:cacheprovider -rfEs tests/gpu "$@" ;;
   *)

@@ -15,11 +15,14 @@ prompt tokens FLOPs at the matmul rate measured in the same run) and against sen
 and checkpoint (its batches of `--st-batch-size`, when it is installed).
 
 The model: any checkpoint directory (`--model`), or random weights of `--shape` (a name of bench/bench_model.py's
-SHAPES or a config.json of any family), built once under /tmp/bench-models.
+SHAPES or a config.json of any family), built once under /tmp/bench-models; with `--load-format dummy` only the
+shape's config.json and tokenizer are written and the engine draws the weights on the device (for shapes whose
+checkpoint would take longer to write than to measure, as Qwen3-30B-A3B's 61 GB).
 
     python -m bench.throughput --out result.json
     python -m bench.throughput --shape qwen3-8b --warmup short --out result.json
     python -m bench.throughput --model /models/Qwen3-30B-A3B --tensor-parallel-size 2 --out result.json
+    python -m bench.throughput --shape qwen3-30b-a3b --load-format dummy --out result.json
     python -m bench.throughput --workload embed --prompt-len 512 --serve-requests 2048 --out result.json
 """
 
@@ -35,7 +38,7 @@ from typing import Any
 
 import torch
 
-from bench.bench_model import DEFAULT_SHAPE, build_random_checkpoint, shape_config
+from bench.bench_model import DEFAULT_SHAPE, build_config_only, build_random_checkpoint, shape_config
 from bench.common import kernel_variant, write_result
 from bench.engine_runs import build_engine, run_workload, startup_objects_frozen, time_batch1
 from bench.roofline import DTYPE_BYTES, DeviceLimits, ModelShape, ideal_decode_step_seconds, ideal_run, measure_limits
@@ -48,6 +51,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.throughput", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default=None, help="a checkpoint directory (default: random weights of --shape)")
     p.add_argument("--shape", default=DEFAULT_SHAPE, help="a named shape or a config.json, for random weights")
+    p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
+                   help="dummy: random weights drawn by the engine on the device, no checkpoint written or read")
     p.add_argument("--workload", choices=["nano-vllm", "serve", "embed"], default="nano-vllm")
     p.add_argument("--st-batch-size", type=int, default=64, help="sentence-transformers' batch (embed workload)")
     p.add_argument("--num-requests", type=int, default=256, help="nano-vllm workload size")
@@ -87,6 +92,8 @@ def model_dir(args: argparse.Namespace) -> str:
     if args.model:
         return str(args.model)
     name = Path(args.shape).parent.name if args.shape.endswith(".json") else args.shape
+    if args.load_format == "dummy":
+        return str(build_config_only(Path("/tmp/bench-models") / f"{name}-config", shape_config(args.shape)))
     return str(build_random_checkpoint(Path("/tmp/bench-models") / name, shape_config(args.shape)))
 
 
@@ -97,6 +104,7 @@ def new_engine(args: argparse.Namespace, model: str) -> LLMEngine:
         kv_cache_blocks=args.kv_cache_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         tensor_parallel_size=args.tensor_parallel_size, decode_hold_ms=args.decode_hold_ms,
+        load_format=args.load_format,
     )
     return build_engine(config, kernel_variant(args.kernels))
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bench import throughput
 from bench.bench_model import build_small_bench_model
+from bench.roofline import ModelShape
 from bench.workload import fixed_workload, total_output_tokens
 from gpu.config import KernelConfig
 
@@ -32,3 +33,20 @@ def test_throughput_run_on_cpu(tmp_path: Path) -> None:
     assert result["engine"]["kernels"][switch] is False  # the engine's runner was built with the variant asked for
     # Measured with start-up's objects frozen, as in a served engine; the test process's heap collectable after.
     assert result["engine"]["frozen_objects"] > 10_000 and not gc.get_freeze_count()
+
+
+def test_an_moe_shape_from_its_config_alone(tmp_path: Path) -> None:
+    """--load-format dummy: config.json and the tokenizer written, the weights drawn by the engine; the ideal counts
+    the routed experts a step reaches (all of them at a batch's many rows, k / E of them at batch 1)."""
+    out = tmp_path / "moe.json"
+    throughput.main(["--shape", "tiny-moe", "--load-format", "dummy", "--device", "cpu", "--dtype", "float32",
+                     "--workload", "serve", "--serve-requests", "4", "--prompt-len", "16", "--max-tokens", "4",
+                     "--kv-cache-blocks", "64", "--warmup", "none", "--batch1-tokens", "3", "--out", str(out)])
+    result = json.loads(out.read_text())
+    model = Path(result["model"])
+    assert not list(model.glob("*.safetensors")) and (model / "tokenizer.json").exists()
+    assert result["ours"]["num_output_tokens"] == 16 and result["config"]["load_format"] == "dummy"
+    shape = ModelShape.from_dir(model, 4)
+    assert shape.num_experts == 8 and shape.expert_bytes == 2 * 8 * 3 * 64 * 64 * 4  # two layers, float32
+    assert shape.weight_bytes(1) == shape.dense_bytes + shape.expert_bytes * 2 / 8
+    assert result["summary"]["batch1_share_of_ideal"] > 0

@@ -1,0 +1,158 @@
+"""The fused MoE kernels (routing, sorting and the two grouped GEMMs: gpu/kernels/moe_route.py, moe_align.py,
+fused_moe.py) against their ideal, per row count, at the expert shapes of the MoE benchmarks.
+
+Per shape and rows M (decode sizes 1..512, prompt sizes up to 8192): microseconds per MoE block from its router
+logits to its output, and its ideal: the bytes the block must move (the routed experts M rows are expected to reach,
+1 - (1 - k/E)^M of them, at bf16; x and the output) over the copy bandwidth measured in the same run, or its FLOPs
+over the measured matmul rate where that is longer; share = ideal / measured. Each figure is the median replay of a
+CUDA graph of calls that each route their own random logits (k distinct experts a row, uniform), so the experts a
+call reaches come from HBM, as in a step, not from the L2 the previous call filled. bf16.
+
+    python -m bench.kernels.fused_moe --out result.json                  # the rule's (or the table's) configs
+    python -m bench.kernels.fused_moe --sweep --rows 1 8 64 --out s.json  # candidate configs; the fastest per bucket
+
+The sweep prints, and writes under `table`, the fastest config per (row bucket, experts, intermediate, hidden): the
+lines of gpu/kernels/fused_moe_configs.py's TABLES for this GPU (where it beats the rule's by 3% or more).
+"""
+
+import argparse
+import itertools
+import statistics
+import sys
+from dataclasses import asdict, replace
+
+import torch
+
+from bench.common import write_result
+from bench.roofline import DeviceLimits, measure_limits
+from gpu.kernels.fused_moe import fused_experts
+from gpu.kernels.fused_moe_configs import GemmTiles, MoeConfig, config_for, row_bucket
+from gpu.kernels.moe_route import route
+from gpu.layers.moe import Activation, Routing
+
+# (experts, top_k, hidden, intermediate, activation): the routed experts of one layer
+SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768, "silu"), "gpt-oss-20b": (32, 4, 2880, 2880, "clamped_swiglu")}
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
+CALLS_PER_GRAPH = 16
+MIN_GAIN = 0.97
+DEVICE = torch.device("cuda")
+DTYPE = torch.bfloat16
+
+
+class Block:
+    """One layer's experts and CALLS_PER_GRAPH routings of `rows` rows: a call routes and runs one of them."""
+
+    def __init__(self, shape: str, rows: int) -> None:
+        num_experts, top_k, hidden, intermediate, act = SHAPES[shape]
+        generator = torch.Generator(DEVICE).manual_seed(rows)
+        self.gate_up = torch.randn(num_experts, 2 * intermediate, hidden, device=DEVICE, dtype=DTYPE,
+                                   generator=generator) * hidden**-0.5
+        self.down = torch.randn(num_experts, hidden, intermediate, device=DEVICE, dtype=DTYPE,
+                                generator=generator) * intermediate**-0.5
+        self.x = torch.randn(rows, hidden, device=DEVICE, dtype=DTYPE, generator=generator)
+        self.logits = [torch.randn(rows, num_experts, device=DEVICE, dtype=DTYPE, generator=generator)
+                       for _ in range(CALLS_PER_GRAPH)]
+        self.routing = Routing(num_experts, top_k)
+        self.act = Activation(act, 1.702, 7.0) if act != "silu" else Activation("silu")
+        self.rows, self.shape = rows, SHAPES[shape]
+
+    def call(self, index: int, config: MoeConfig | None) -> torch.Tensor:
+        weights, ids = route(self.logits[index], self.routing, None)
+        return fused_experts(self.x, self.gate_up, self.down, weights, ids, self.act, config=config)
+
+    def ideal_us(self, limits: DeviceLimits) -> float:
+        num_experts, top_k, hidden, intermediate, _ = self.shape
+        expert_bytes = 3 * hidden * intermediate * 2
+        reached = num_experts * (1 - (1 - top_k / num_experts) ** self.rows)
+        num_bytes = reached * expert_bytes + 2 * self.rows * hidden * 2
+        flops = 2 * self.rows * top_k * 3 * hidden * intermediate
+        return 1e6 * max(num_bytes / limits.copy_bytes_per_s, flops / limits.matmul_flops_per_s)
+
+
+def us_per_call(block: Block, config: MoeConfig | None, replays: int = 7) -> float:
+    """Median over replays of a graph of CALLS_PER_GRAPH calls, each its own routing."""
+    for index in range(CALLS_PER_GRAPH):  # compiles, and settles the allocations the graph will reuse
+        block.call(index, config)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for index in range(CALLS_PER_GRAPH):
+            block.call(index, config)
+    graph.replay()
+    samples = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        samples.append(start.elapsed_time(end) * 1e3 / CALLS_PER_GRAPH)
+    del graph
+    return statistics.median(samples)
+
+
+def candidates(config: MoeConfig) -> list[MoeConfig]:
+    """The rule's config and its neighbours: other row tiles, then per GEMM other column/K tiles, warps and stages."""
+    tiles = [GemmTiles(n, k, g, w, s) for n, k, g, w, s in itertools.product(
+        (32, 64, 128), (64, 128), (1, 8), (4, 8), (3, 4)) if not (n == 32 and w == 8)]
+    down = [replace(t, block_n=2 * t.block_n) for t in tiles]
+    found = [replace(config, block_m=m) for m in (16, 32, 64, 128)]
+    found += [replace(config, gate_up=t) for t in tiles] + [replace(config, down=t) for t in down]
+    return list(dict.fromkeys(found))
+
+
+def measure(shape: str, rows: int, limits: DeviceLimits, sweep: bool) -> tuple[dict[str, object], str | None]:
+    """(the figures of `shape` at `rows` rows; with `sweep`, the TABLES line of the fastest config where it beats the
+    rule's by MIN_GAIN, else None)."""
+    block = Block(shape, rows)
+    num_experts, top_k, hidden, intermediate, _ = block.shape
+    chosen = config_for(rows, num_experts, top_k, intermediate, hidden, torch.cuda.get_device_name())
+    measured = us_per_call(block, None)
+    ideal = block.ideal_us(limits)
+    row: dict[str, object] = {"shape": shape, "rows": rows, "us": round(measured, 2), "ideal_us": round(ideal, 2),
+                              "share_of_ideal": round(ideal / measured, 4), "config": asdict(chosen)}
+    line = None
+    if sweep:
+        best, best_us = chosen, measured
+        for candidate in candidates(chosen):
+            try:
+                us = us_per_call(block, candidate)
+            except Exception as exc:  # noqa: BLE001 - a config the GPU cannot run (resources): skip it
+                print(f"  {shape} {rows} {candidate}: {type(exc).__name__}", flush=True)
+                continue
+            if us < best_us:
+                best, best_us = candidate, us
+        row |= {"best_us": round(best_us, 2), "best_share_of_ideal": round(ideal / best_us, 4),
+                "best_config": asdict(best)}
+        if best_us <= MIN_GAIN * measured:
+            line = (f"({row_bucket(rows)}, {num_experts}, {intermediate}, {hidden}): MoeConfig({best.block_m}, "
+                    f"{best.gate_up}, {best.down}),")
+    print(row, flush=True)
+    return row, line
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    p = argparse.ArgumentParser(prog="python -m bench.kernels.fused_moe", description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
+    p.add_argument("--sweep", action="store_true", help="time candidate configs too; print the fastest per bucket")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    limits = measure_limits(DEVICE, DTYPE)
+    print(f"limits: copy {limits.copy_bytes_per_s / 1e12:.3f} TB/s, matmul {limits.matmul_flops_per_s / 1e12:.1f} "
+          f"TFLOP/s", flush=True)
+    measured = [measure(shape, m, limits, args.sweep) for shape in args.shapes for m in args.rows]
+    table = [line for _, line in measured if line is not None]
+    result: dict[str, object] = {"kind": "fused_moe", "limits": {
+        "copy_tb_per_s": round(limits.copy_bytes_per_s / 1e12, 4),
+        "matmul_tflop_per_s": round(limits.matmul_flops_per_s / 1e12, 1)}, "rows": [row for row, _ in measured]}
+    if args.sweep:
+        result["table"] = table
+        print("\n".join(table))
+    if args.out:
+        write_result(args.out, result, "bench.kernels.fused_moe", argv)
+
+
+if __name__ == "__main__":
+    main()
