@@ -10,11 +10,13 @@ and before the routing weight).
    rows of x those pairs read by the expert's gate rows and by its up rows (two accumulators over the same x
    tile), applies the activation in float32 and writes the intermediate [pairs, intermediate] in the model dtype.
 3. Down: the same tiles of pairs times the expert's down weight; each row scaled by its routing weight in float32
-   and written to [pairs, hidden]; then the k rows of each token are summed (torch).
+   and written to [pairs, hidden]; then a third kernel sums each token's k rows in float32 (deterministic: no
+   atomics) into [tokens, hidden].
 Sums in float32 (exact float32 products where the weights are float32: no TF32), one rounding per stored value.
 Padded rows (the sentinel pair) are never stored. Weights are [experts, rows, K] with unit stride along K, the
 layout of gpu/layers/moe.py's Experts. Launch parameters: gpu/kernels/fused_moe_configs.py. Every size comes from
-the step's shape, so a call is CUDA-graph capturable.
+the step's shape, so a call is CUDA-graph capturable. With `use_pdl` (Hopper) every kernel is a programmatic
+dependent launch (gpu/kernels/pdl.py), as the rest of a decode step's kernels are.
 """
 
 import functools
@@ -26,6 +28,7 @@ import triton.language as tl
 
 from gpu.kernels.fused_moe_configs import GemmTiles, MoeConfig, config_for
 from gpu.kernels.moe_align import AlignedPairs, align
+from gpu.kernels.pdl import pdl_start, uses_pdl
 
 if TYPE_CHECKING:
     from gpu.layers.moe import Activation
@@ -60,7 +63,9 @@ def _moe_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(max_padded, BLOCK_M)
     num_pid_n = tl.cdiv(N, BLOCK_N)
@@ -114,6 +119,19 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
+def _sum_kernel(rows_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """out[t] = sum of rows[t * TOP_K + k] over k, in float32, one rounding."""
+    pdl_start(USE_PDL)
+    token = tl.program_id(0).to(tl.int64)
+    columns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    is_column = columns < hidden
+    acc = tl.zeros([BLOCK], dtype=tl.float32)
+    for k in tl.static_range(TOP_K):
+        acc += tl.load(rows_ptr + (token * TOP_K + k) * hidden + columns, mask=is_column, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * hidden + columns, acc.to(out_ptr.dtype.element_ty), mask=is_column)
+
+
+@triton.jit
 def _dot(a, b, acc, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a, b, acc, input_precision="ieee")
@@ -134,11 +152,12 @@ def device_name(x: torch.Tensor) -> str:
 
 def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
                   expert_ids: torch.Tensor, act: "Activation", gate_up_bias: torch.Tensor | None = None,
-                  down_bias: torch.Tensor | None = None, config: MoeConfig | None = None) -> torch.Tensor:
+                  down_bias: torch.Tensor | None = None, config: MoeConfig | None = None,
+                  use_pdl: bool = False) -> torch.Tensor:
     """sum_k weights[:, k] * expert_{ids[:, k]}(x) [num_tokens, hidden] for x [num_tokens, hidden], gate_up
     [experts, 2 * I, hidden], down [experts, hidden, I], weights [num_tokens, k] float32, expert_ids [num_tokens,
     k]; `act`: gpu/layers/moe.py's Activation; biases [experts, 2 * I] and [experts, hidden]. `config`: the tiles
-    (default: gpu/kernels/fused_moe_configs.py's for this shape)."""
+    (default: gpu/kernels/fused_moe_configs.py's for this shape); `use_pdl`: programmatic dependent launches."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = gate_up.shape
     top_k = expert_ids.shape[1]
@@ -148,16 +167,21 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
     intermediate = two_i // 2
     if config is None:
         config = config_for(num_tokens, num_experts, top_k, intermediate, hidden, device_name(x))
-    aligned = align(expert_ids, num_experts, config.block_m)
+    pdl = uses_pdl(use_pdl, x)
+    aligned = align(expert_ids, num_experts, config.block_m, use_pdl=pdl)
     activated = torch.empty(num_tokens * top_k, intermediate, dtype=x.dtype, device=x.device)
-    _launch(x, gate_up, gate_up_bias, activated, None, aligned, config, act, top_k)
-    out = torch.empty(num_tokens * top_k, hidden, dtype=x.dtype, device=x.device)
-    _launch(activated, down, down_bias, out, weights, aligned, config, act, 1)
-    return out.view(num_tokens, top_k, hidden).sum(dim=1)
+    _launch(x, gate_up, gate_up_bias, activated, None, aligned, config, act, top_k, pdl)
+    rows = torch.empty(num_tokens * top_k, hidden, dtype=x.dtype, device=x.device)
+    _launch(activated, down, down_bias, rows, weights, aligned, config, act, 1, pdl)
+    out = torch.empty_like(x)
+    block = min(triton.next_power_of_2(hidden), 1024)
+    _sum_kernel[(num_tokens, triton.cdiv(hidden, block))](rows, out, hidden, TOP_K=top_k, BLOCK=block, USE_PDL=pdl,
+                                                          launch_pdl=pdl, num_warps=4)
+    return out
 
 
 def _launch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, c: torch.Tensor, weights: torch.Tensor | None,
-            aligned: AlignedPairs, config: MoeConfig, act: "Activation", pairs_per_row: int) -> None:
+            aligned: AlignedPairs, config: MoeConfig, act: "Activation", pairs_per_row: int, pdl: bool) -> None:
     is_gated = weights is None
     tiles: GemmTiles = config.gate_up if is_gated else config.down
     n, k = c.shape[1], a.shape[1]
@@ -170,7 +194,7 @@ def _launch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, c: torc
         PAIRS_PER_ROW=pairs_per_row, GATED=is_gated, ACTIVATION=ACTIVATIONS[act.kind], ALPHA=float(act.alpha),
         LIMIT=float(act.limit), HAS_BIAS=bias is not None, MUL_WEIGHT=not is_gated, IEEE=a.dtype == torch.float32,
         EVEN_K=k % tiles.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
-        GROUP_M=tiles.group_m, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        GROUP_M=tiles.group_m, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
 

@@ -23,6 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.kernels.pdl import pdl_start, uses_pdl
+
 MAX_TILE = 16384  # CHUNK * padded experts: the one-hot tile a program holds (and scans)
 
 
@@ -62,7 +64,9 @@ def _fill(sorted_ptr, start, end, value, FILL: tl.constexpr):
 
 @triton.jit
 def _count_kernel(ids_ptr, hist_ptr, sorted_ptr, num_pairs, max_padded,
-                  NUM_EXPERTS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, FILL: tl.constexpr):
+                  NUM_EXPERTS: tl.constexpr, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, FILL: tl.constexpr,
+                  USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     chunk = tl.program_id(0)
     _, one_hot = _one_hot(ids_ptr, chunk, num_pairs, NUM_EXPERTS, CHUNK, BLOCK_E)
     tl.store(hist_ptr + chunk * BLOCK_E + tl.arange(0, BLOCK_E), tl.reduce(one_hot, 0, _add))
@@ -74,7 +78,8 @@ def _count_kernel(ids_ptr, hist_ptr, sorted_ptr, num_pairs, max_padded,
 def _place_kernel(ids_ptr, hist_ptr, sorted_ptr, block_experts_ptr, num_padded_ptr, num_pairs, max_padded,
                   num_chunks,
                   NUM_EXPERTS: tl.constexpr, BLOCK_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr,
-                  ROWS: tl.constexpr, FILL: tl.constexpr, IS_SINGLE: tl.constexpr):
+                  ROWS: tl.constexpr, FILL: tl.constexpr, IS_SINGLE: tl.constexpr, USE_PDL: tl.constexpr):
+    pdl_start(USE_PDL)
     chunk = tl.program_id(0)
     experts = tl.arange(0, BLOCK_E)
     pairs, one_hot = _one_hot(ids_ptr, chunk, num_pairs, NUM_EXPERTS, CHUNK, BLOCK_E)
@@ -112,9 +117,11 @@ def chunk_size(num_pairs: int, num_experts: int) -> int:
     return min(most, max(16, triton.next_power_of_2(num_pairs)))
 
 
-def align(expert_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int | None = None) -> AlignedPairs:
+def align(expert_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int | None = None,
+          use_pdl: bool = False) -> AlignedPairs:
     """The pairs of expert_ids [num_tokens, top_k] (int32 or int64, contiguous) sorted by expert in runs padded to
-    multiples of block_m. `chunk`: pairs per program, a power of two (default: `chunk_size`'s)."""
+    multiples of block_m. `chunk`: pairs per program, a power of two (default: `chunk_size`'s); `use_pdl`:
+    programmatic dependent launches where the GPU has them."""
     if not expert_ids.is_contiguous():
         raise ValueError("expert_ids must be contiguous")
     num_pairs = expert_ids.numel()
@@ -131,11 +138,13 @@ def align(expert_ids: torch.Tensor, num_experts: int, block_m: int, chunk: int |
     block_e = triton.next_power_of_2(num_experts)
     hist = torch.empty(num_chunks, block_e, dtype=torch.int32, device=device) if num_chunks > 1 else out.num_padded
     num_warps = 4 if chunk * block_e <= 4096 else 8
+    pdl = uses_pdl(use_pdl, expert_ids)
     if num_chunks > 1:
         _count_kernel[(num_chunks,)](expert_ids, hist, out.sorted_pairs, num_pairs, max_padded,
-                                     NUM_EXPERTS=num_experts, CHUNK=chunk, BLOCK_E=block_e, FILL=1024,
-                                     num_warps=num_warps)
+                                     NUM_EXPERTS=num_experts, CHUNK=chunk, BLOCK_E=block_e, FILL=1024, USE_PDL=pdl,
+                                     launch_pdl=pdl, num_warps=num_warps)
     _place_kernel[(num_chunks,)](expert_ids, hist, out.sorted_pairs, out.block_experts, out.num_padded, num_pairs,
                                  max_padded, num_chunks, NUM_EXPERTS=num_experts, BLOCK_M=block_m, CHUNK=chunk,
-                                 BLOCK_E=block_e, ROWS=16, FILL=1024, IS_SINGLE=num_chunks == 1, num_warps=num_warps)
+                                 BLOCK_E=block_e, ROWS=16, FILL=1024, IS_SINGLE=num_chunks == 1, USE_PDL=pdl,
+                                 launch_pdl=pdl, num_warps=num_warps)
     return out

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.kernels.pdl import pdl_start, uses_pdl
+
 if TYPE_CHECKING:
     from gpu.layers.moe import Routing
 
@@ -57,7 +59,9 @@ def _route_kernel(
     BLOCK_G: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
+    pdl_start(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     groups = tl.arange(0, BLOCK_G)
     columns = tl.arange(0, BLOCK_E)
@@ -116,10 +120,10 @@ def _in_top_groups(choice, columns, groups, TOP_K_GROUPS: tl.constexpr, BLOCK_E:
     return tl.where(is_chosen[:, None], choice, float("-inf"))
 
 
-def route(logits: torch.Tensor, routing: "Routing", correction_bias: torch.Tensor | None
+def route(logits: torch.Tensor, routing: "Routing", correction_bias: torch.Tensor | None, use_pdl: bool = False
           ) -> tuple[torch.Tensor, torch.Tensor]:
     """(weights [T, top_k] float32, expert ids [T, top_k] int32) of logits [T, num_experts]; `routing` is
-    gpu/layers/moe.py's Routing."""
+    gpu/layers/moe.py's Routing; `use_pdl`: a programmatic dependent launch where the GPU has it."""
     num_tokens, num_experts = logits.shape
     if num_experts != routing.num_experts or logits.stride(1) != 1:
         raise ValueError(f"logits must be [num_tokens, {routing.num_experts}] with unit stride along the experts, "
@@ -131,13 +135,14 @@ def route(logits: torch.Tensor, routing: "Routing", correction_bias: torch.Tenso
         return weights, ids
     group_size = num_experts // routing.num_groups
     has_bias = correction_bias is not None and routing.scoring == "sigmoid"
+    pdl = uses_pdl(use_pdl, logits)
     _route_kernel[(num_tokens,)](
         logits, correction_bias if has_bias else logits, weights, ids, logits.stride(0),
         GROUP_SIZE=group_size, NUM_GROUPS=routing.num_groups, TOP_K_GROUPS=routing.top_k_groups, TOP_K=k,
         SCORING=SCORINGS[routing.scoring], RENORMALIZE=routing.renormalize,
         EPSILON=1e-20 if routing.scoring == "sigmoid" else 0.0, HAS_BIAS=has_bias,
         SCALE=float(routing.scaling_factor), BLOCK_G=triton.next_power_of_2(routing.num_groups),
-        BLOCK_E=triton.next_power_of_2(group_size), BLOCK_K=triton.next_power_of_2(k),
+        BLOCK_E=triton.next_power_of_2(group_size), BLOCK_K=triton.next_power_of_2(k), USE_PDL=pdl, launch_pdl=pdl,
         num_warps=1 if num_experts <= 64 else 4,
     )
     return weights, ids

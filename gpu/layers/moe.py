@@ -149,7 +149,7 @@ class Router(nn.Module):
         if self.kernels.fused_moe and HAS_TRITON and logits.is_cuda:
             from gpu.kernels.moe_route import route
 
-            return RoutedTokens(*route(logits, self.routing, self.e_score_correction_bias))
+            return RoutedTokens(*route(logits, self.routing, self.e_score_correction_bias, self.kernels.pdl_launches))
         return route_reference(logits, self.routing, self.e_score_correction_bias)
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
@@ -251,7 +251,8 @@ def run_unquantized(experts: Experts, x: torch.Tensor, routed: RoutedTokens) -> 
         from gpu.kernels.fused_moe import fused_experts
 
         return fused_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
-                             activation(experts.spec), experts.gate_up_proj_bias, experts.down_proj_bias)
+                             activation(experts.spec), experts.gate_up_proj_bias, experts.down_proj_bias,
+                             use_pdl=experts.kernels.pdl_launches)
     return experts_reference(x, experts, routed)
 
 

@@ -118,8 +118,9 @@ def test_route_on_cuda_matches_the_reference(name: str) -> None:
         torch.testing.assert_close(weights.gather(1, order), expected.weights.gather(1, expected_order))
 
 
+@pytest.mark.parametrize("use_pdl", [False, True])
 @pytest.mark.parametrize("num_tokens", [1, 8, 64, 256])
-def test_routing_and_experts_in_a_cuda_graph_follow_new_inputs(num_tokens: int) -> None:
+def test_routing_and_experts_in_a_cuda_graph_follow_new_inputs(num_tokens: int, use_pdl: bool) -> None:
     num_experts, top_k, hidden, intermediate, act, _ = SHAPES["qwen3-30b-a3b"]
     experts = cast(random_experts(num_experts, hidden, intermediate, act, device="cuda"), torch.bfloat16)
     routing = ROUTINGS["qwen3-moe"]
@@ -127,8 +128,9 @@ def test_routing_and_experts_in_a_cuda_graph_follow_new_inputs(num_tokens: int) 
     logits = torch.empty(num_tokens, num_experts, dtype=torch.bfloat16, device="cuda")
 
     def step() -> torch.Tensor:
-        weights, ids = route(logits, routing, None)
-        return fused_experts(x, experts.gate_up_proj, experts.down_proj, weights, ids, activation(experts.spec))
+        weights, ids = route(logits, routing, None, use_pdl)
+        return fused_experts(x, experts.gate_up_proj, experts.down_proj, weights, ids, activation(experts.spec),
+                             use_pdl=use_pdl)
 
     x.normal_()
     logits.normal_()

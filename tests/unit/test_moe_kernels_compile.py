@@ -62,7 +62,7 @@ def test_every_bucket_config_fits_and_pipelines(shape: str) -> None:
             constants = dict(PAIRS_PER_ROW=top_k if is_gated else 1, GATED=is_gated, ACTIVATION=int(is_gpt_oss),
                              ALPHA=1.702, LIMIT=7.0, HAS_BIAS=is_gpt_oss, MUL_WEIGHT=not is_gated, IEEE=False,
                              EVEN_K=k % tiles.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=tiles.block_n,
-                             BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m)
+                             BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, USE_PDL=True)
             _, spilled, shared = compiled(fused_moe._moe_gemm_kernel, GEMM_SIGNATURE, constants, tiles.num_warps,
                                           tiles.num_stages)
             one_stage = 2 * tiles.block_k * (config.block_m + tiles.block_n * (2 if is_gated else 1))
@@ -73,8 +73,15 @@ def test_every_bucket_config_fits_and_pipelines(shape: str) -> None:
 def test_float32_gemm_fits() -> None:
     signature = GEMM_SIGNATURE | {name: "*fp32" for name in ("a_ptr", "b_ptr", "bias_ptr", "c_ptr")}
     constants = dict(PAIRS_PER_ROW=2, GATED=True, ACTIVATION=0, ALPHA=0.0, LIMIT=0.0, HAS_BIAS=False,
-                     MUL_WEIGHT=False, IEEE=True, EVEN_K=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUP_M=1)
+                     MUL_WEIGHT=False, IEEE=True, EVEN_K=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUP_M=1,
+                     USE_PDL=False)
     _, spilled, shared = compiled(fused_moe._moe_gemm_kernel, signature, constants, 4, 4)
+    assert spilled == 0 and shared <= MAX_SHARED
+
+
+def test_top_k_sum_kernel_fits() -> None:
+    signature = {"rows_ptr": "*bf16", "out_ptr": "*bf16", "hidden": "i32"}
+    _, spilled, shared = compiled(fused_moe._sum_kernel, signature, dict(TOP_K=8, BLOCK=1024, USE_PDL=True), 4)
     assert spilled == 0 and shared <= MAX_SHARED
 
 
@@ -88,10 +95,11 @@ def test_align_kernels_fit(num_pairs: int, num_experts: int) -> None:
                       "num_chunks": "i32"}
     results = [compiled(moe_align._place_kernel, place, dict(NUM_EXPERTS=num_experts, BLOCK_M=16, CHUNK=chunk,
                                                              BLOCK_E=block_e, ROWS=16, FILL=1024,
-                                                             IS_SINGLE=num_pairs <= chunk), num_warps)]
+                                                             IS_SINGLE=num_pairs <= chunk, USE_PDL=True), num_warps)]
     if num_pairs > chunk:
         results.append(compiled(moe_align._count_kernel, common | {"num_pairs": "i32", "max_padded": "i32"},
-                                dict(NUM_EXPERTS=num_experts, CHUNK=chunk, BLOCK_E=block_e, FILL=1024), num_warps))
+                                dict(NUM_EXPERTS=num_experts, CHUNK=chunk, BLOCK_E=block_e, FILL=1024, USE_PDL=True),
+                                num_warps))
     assert all(spilled == 0 and shared <= MAX_SHARED for _, spilled, shared in results), results
 
 
@@ -103,6 +111,6 @@ def test_route_kernel_fits(group_size: int, num_groups: int, top_k_groups: int, 
     constants = dict(GROUP_SIZE=group_size, NUM_GROUPS=num_groups, TOP_K_GROUPS=top_k_groups, TOP_K=top_k,
                      SCORING=scoring, RENORMALIZE=True, EPSILON=0.0, HAS_BIAS=scoring == 1, SCALE=1.0,
                      BLOCK_G=triton.next_power_of_2(num_groups), BLOCK_E=triton.next_power_of_2(group_size),
-                     BLOCK_K=triton.next_power_of_2(top_k))
+                     BLOCK_K=triton.next_power_of_2(top_k), USE_PDL=True)
     _, spilled, shared = compiled(moe_route._route_kernel, signature, constants, 4)
     assert spilled == 0 and shared <= MAX_SHARED
