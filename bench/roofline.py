@@ -230,15 +230,15 @@ def measure_limits(device: torch.device, dtype: torch.dtype) -> DeviceLimits:
 def _copy_rate(device: torch.device, num_bytes: int) -> float:
     src = torch.randint(0, 255, (num_bytes,), dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
-    return 2 * num_bytes / _median_seconds(lambda: dst.copy_(src), device)
+    return 2 * num_bytes / median_seconds(lambda: dst.copy_(src), device)
 
 
 def _matmul_rate(device: torch.device, n: int, dtype: torch.dtype) -> float:
     a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
-    return 2 * n**3 / _median_seconds(lambda: a @ b, device)
+    return 2 * n**3 / median_seconds(lambda: a @ b, device)
 
 
-def _median_seconds(fn: Callable[[], object], device: torch.device, repeats: int = 20) -> float:
+def median_seconds(fn: Callable[[], object], device: torch.device, repeats: int = 20) -> float:
     for _ in range(3):
         fn()
     samples = []

@@ -17,14 +17,13 @@ lines of gpu/kernels/fused_moe_configs.py's TABLES for this GPU (where it beats 
 
 import argparse
 import itertools
-import statistics
 import sys
 from dataclasses import asdict, replace
 
 import torch
 
 from bench.common import write_result
-from bench.roofline import DeviceLimits, measure_limits
+from bench.roofline import DeviceLimits, measure_limits, median_seconds
 from gpu.kernels.fused_moe import fused_experts
 from gpu.kernels.fused_moe_configs import GemmTiles, MoeConfig, config_for, row_bucket
 from gpu.kernels.moe_route import route
@@ -69,8 +68,8 @@ class Block:
         return 1e6 * max(num_bytes / limits.copy_bytes_per_s, flops / limits.matmul_flops_per_s)
 
 
-def us_per_call(block: Block, config: MoeConfig | None, replays: int = 7) -> float:
-    """Median over replays of a graph of CALLS_PER_GRAPH calls, each its own routing."""
+def us_per_call(block: Block, config: MoeConfig | None) -> float:
+    """Per call, the median replay of a graph of CALLS_PER_GRAPH calls, each its own routing."""
     for index in range(CALLS_PER_GRAPH):  # compiles, and settles the allocations the graph will reuse
         block.call(index, config)
     torch.cuda.synchronize()
@@ -78,17 +77,9 @@ def us_per_call(block: Block, config: MoeConfig | None, replays: int = 7) -> flo
     with torch.cuda.graph(graph):
         for index in range(CALLS_PER_GRAPH):
             block.call(index, config)
-    graph.replay()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / CALLS_PER_GRAPH)
+    seconds = median_seconds(graph.replay, DEVICE, repeats=7)
     del graph
-    return statistics.median(samples)
+    return seconds * 1e6 / CALLS_PER_GRAPH
 
 
 def candidates(config: MoeConfig) -> list[MoeConfig]:

@@ -62,12 +62,12 @@ def _route_kernel(
     USE_PDL: tl.constexpr,
 ):
     pdl_start(USE_PDL)
-    token = tl.program_id(0).to(tl.int64)
     groups = tl.arange(0, BLOCK_G)
     columns = tl.arange(0, BLOCK_E)
     expert = groups[:, None] * GROUP_SIZE + columns[None, :]  # [BLOCK_G, BLOCK_E]
     is_expert = (groups[:, None] < NUM_GROUPS) & (columns[None, :] < GROUP_SIZE)
-    x = tl.load(logits_ptr + token * logits_stride + expert, mask=is_expert, other=float("-inf")).to(tl.float32)
+    row_ptr = logits_ptr + tl.program_id(0).to(tl.int64) * logits_stride
+    x = tl.load(row_ptr + expert, mask=is_expert, other=float("-inf")).to(tl.float32)
     if SCORING == SOFTMAX:
         top = tl.reduce(tl.reduce(x, 1, _maximum), 0, _maximum)
         e = tl.where(is_expert, tl.exp(x - top), 0.0)
@@ -99,8 +99,9 @@ def _route_kernel(
         weights = e / tl.reduce(e, 0, _add)
     elif RENORMALIZE:
         weights = weights / (tl.reduce(tl.where(is_k, weights, 0.0), 0, _add) + EPSILON)
-    tl.store(weights_ptr + token * TOP_K + ks, weights * SCALE, mask=is_k)
-    tl.store(ids_ptr + token * TOP_K + ks, ids, mask=is_k)
+    out = tl.program_id(0).to(tl.int64) * TOP_K + ks
+    tl.store(weights_ptr + out, weights * SCALE, mask=is_k)
+    tl.store(ids_ptr + out, ids, mask=is_k)
 
 
 @triton.jit

@@ -10,23 +10,15 @@ kernels' products are exact (no TF32), so only the order of the sums differs.
 import pytest
 import torch
 
-pytest.importorskip("triton")
-if not torch.cuda.is_available():
-    pytest.skip("the Triton kernels need CUDA", allow_module_level=True)
+from gpu.kernels.fused_moe_configs import config_for, row_bucket
+from gpu.layers.moe import RoutedTokens, Routing, activation, route_reference
+from tests.gpu.graph_capture import captured
+from tests.moe_cases import aligned_reference, cast, kernel_and_reference, random_experts, random_routing
 
-from gpu.kernels.fused_moe import fused_experts  # noqa: E402
-from gpu.kernels.fused_moe_configs import config_for, row_bucket  # noqa: E402
-from gpu.kernels.moe_align import align  # noqa: E402
-from gpu.kernels.moe_route import route  # noqa: E402
-from gpu.layers.moe import RoutedTokens, Routing, activation, route_reference  # noqa: E402
-from tests.gpu.graph_capture import captured  # noqa: E402
-from tests.moe_cases import (  # noqa: E402
-    aligned_reference,
-    cast,
-    kernel_and_reference,
-    random_experts,
-    random_routing,
-)
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels need CUDA")
+fused_moe = pytest.importorskip("gpu.kernels.fused_moe")
+moe_align = pytest.importorskip("gpu.kernels.moe_align")
+moe_route = pytest.importorskip("gpu.kernels.moe_route")
 
 ROW_COUNTS = (1, 2, 3, 5, 8, 13, 16, 17, 31, 32, 64, 100, 128, 200, 256, 333, 512)
 # (experts, top_k, hidden, intermediate, activation, biases): Qwen3-30B-A3B's layer, Mixtral-like, gpt-oss-20b's
@@ -81,7 +73,7 @@ def test_prompt_sized_steps_take_taller_tiles_and_stay_right() -> None:
                           (100, 60, 3, 16), (2000, 8, 2, 64)])
 def test_align_on_cuda_matches_a_stable_sort(num_tokens: int, num_experts: int, top_k: int, block_m: int) -> None:
     ids = random_routing(num_tokens, num_experts, top_k, "cuda", seed=num_tokens, skewed=True).expert_ids
-    aligned = align(ids, num_experts, block_m)
+    aligned = moe_align.align(ids, num_experts, block_m)
     tiles, tile_experts = aligned_reference(ids.cpu(), num_experts, block_m)
     num_padded = int(aligned.num_padded)
     assert num_padded == len(tiles) * block_m
@@ -111,7 +103,7 @@ def test_route_on_cuda_matches_the_reference(name: str) -> None:
         logits = (ranks.float() - routing.num_experts / 2) / 16
         if not routing.float32_logits:
             logits = logits.bfloat16()
-        weights, ids = route(logits, routing, bias)
+        weights, ids = moe_route.route(logits, routing, bias)
         expected = route_reference(logits, routing, bias)
         order, expected_order = ids.long().argsort(dim=-1), expected.expert_ids.argsort(dim=-1)
         assert torch.equal(ids.long().gather(1, order), expected.expert_ids.gather(1, expected_order)), num_tokens
@@ -128,9 +120,9 @@ def test_routing_and_experts_in_a_cuda_graph_follow_new_inputs(num_tokens: int, 
     logits = torch.empty(num_tokens, num_experts, dtype=torch.bfloat16, device="cuda")
 
     def step() -> torch.Tensor:
-        weights, ids = route(logits, routing, None, use_pdl)
-        return fused_experts(x, experts.gate_up_proj, experts.down_proj, weights, ids, activation(experts.spec),
-                             use_pdl=use_pdl)
+        weights, ids = moe_route.route(logits, routing, None, use_pdl)
+        return fused_moe.fused_experts(x, experts.gate_up_proj, experts.down_proj, weights, ids,
+                                       activation(experts.spec), use_pdl=use_pdl)
 
     x.normal_()
     logits.normal_()
@@ -151,8 +143,8 @@ def test_no_token_steps_and_top_1() -> None:
     experts = cast(random_experts(8, 64, 32, device="cuda"), torch.bfloat16)
     empty = torch.empty(0, 64, dtype=torch.bfloat16, device="cuda")
     routed = RoutedTokens(torch.empty(0, 2, device="cuda"), torch.empty(0, 2, dtype=torch.int32, device="cuda"))
-    assert fused_experts(empty, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
-                         activation(experts.spec)).shape == (0, 64)
+    assert fused_moe.fused_experts(empty, experts.gate_up_proj, experts.down_proj, routed.weights,
+                                   routed.expert_ids, activation(experts.spec)).shape == (0, 64)
     x = torch.randn(9, 64, device="cuda").bfloat16()
     out, reference = kernel_and_reference(random_experts(8, 64, 32, device="cuda"), x, random_routing(9, 8, 1, "cuda"))
     assert_close(out, reference, torch.bfloat16)

@@ -1,5 +1,5 @@
 """Cases for the MoE kernels (gpu/kernels/moe_route.py, moe_align.py, fused_moe.py) under Triton's interpreter on
-the CPU, run by tests/unit/test_moe_kernels_interpreted.py in a process with TRITON_INTERPRET=1: their indexing on
+the CPU, run by tests/unit/test_attention_kernels_interpreted.py in a process with TRITON_INTERPRET=1: their indexing on
 small shapes against the torch references (float32 and float16: the interpreter's bfloat16 dot is not numpy's;
 tests/gpu/test_fused_moe.py checks bf16 on CUDA)."""
 
