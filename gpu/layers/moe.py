@@ -146,10 +146,10 @@ class Router(nn.Module):
             logits = F.linear(x.float(), self.weight, self.bias)
         else:
             logits = linear(x, self.weight, self.bias, self.kernels)  # [num_tokens, num_experts]
-        if self.kernels.fused_moe and HAS_TRITON and logits.is_cuda:
+        if self.kernels.fused_kernels and HAS_TRITON and logits.is_cuda:
             from gpu.kernels.moe_route import route
 
-            return RoutedTokens(*route(logits, self.routing, self.e_score_correction_bias, self.kernels.pdl_launches))
+            return RoutedTokens(*route(logits, self.routing, self.e_score_correction_bias, use_pdl=True))
         return route_reference(logits, self.routing, self.e_score_correction_bias)
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202 - nn.Module's signature
@@ -246,13 +246,13 @@ def _check_shape(loaded: CheckpointTensor, expected: tuple[int, ...]) -> None:
 
 
 def run_unquantized(experts: Experts, x: torch.Tensor, routed: RoutedTokens) -> torch.Tensor:
-    """The fused Triton kernels on CUDA, the torch reference elsewhere (or with `KernelConfig.fused_moe` off)."""
-    if experts.kernels.fused_moe and HAS_TRITON and x.is_cuda:
+    """The fused Triton kernels on CUDA, the torch reference elsewhere (or with `KernelConfig.fused_kernels` off)."""
+    if experts.kernels.fused_kernels and HAS_TRITON and x.is_cuda:
         from gpu.kernels.fused_moe import fused_experts
 
         return fused_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
                              activation(experts.spec), experts.gate_up_proj_bias, experts.down_proj_bias,
-                             use_pdl=experts.kernels.pdl_launches)
+                             use_pdl=True)
     return experts_reference(x, experts, routed)
 
 
@@ -282,8 +282,11 @@ def activate(gate_up: torch.Tensor, act: Activation) -> torch.Tensor:
 
 
 def experts_reference(x: torch.Tensor, experts: Experts, routed: RoutedTokens) -> torch.Tensor:
-    """The experts one by one over their tokens, in expert order, summed as transformers sums them. Reads which
-    experts a step hits on the host: not for CUDA graphs."""
+    """The experts one by one over their tokens, in expert order, summed as transformers sums them. Which experts
+    a step hits is read on the host; while a CUDA graph is being captured, where nothing may be, every expert runs
+    over every token instead, weighted by zero where not routed (the same sums, at E / top_k times the work)."""
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _experts_over_every_token(x, experts, routed)
     out = torch.zeros_like(x)
     act = activation(experts.spec)
     num_experts = experts.gate_up_proj.shape[0]
@@ -295,6 +298,19 @@ def experts_reference(x: torch.Tensor, experts: Experts, routed: RoutedTokens) -
         hidden = activate(F.linear(x[token], experts.gate_up_proj[expert], b13), act)
         hidden = F.linear(hidden, experts.down_proj[expert], b2)
         out.index_add_(0, token, (hidden * routed.weights[token, slot, None]).to(out.dtype))
+    return out
+
+
+def _experts_over_every_token(x: torch.Tensor, experts: Experts, routed: RoutedTokens) -> torch.Tensor:
+    out = torch.zeros_like(x)
+    act = activation(experts.spec)
+    ids = routed.expert_ids.long()
+    for expert in range(experts.gate_up_proj.shape[0]):
+        weight = (routed.weights * (ids == expert)).sum(dim=-1, keepdim=True)  # [num_tokens, 1]: 0 where not routed
+        b13 = None if experts.gate_up_proj_bias is None else experts.gate_up_proj_bias[expert]
+        b2 = None if experts.down_proj_bias is None else experts.down_proj_bias[expert]
+        hidden = F.linear(activate(F.linear(x, experts.gate_up_proj[expert], b13), act), experts.down_proj[expert], b2)
+        out += (hidden * weight).to(out.dtype)
     return out
 
 

@@ -1,7 +1,8 @@
 """Parity of the MoE families on the GPU (the fused MoE kernels), as tests/gpu/test_parity_gpu.py checks the dense ones.
 
 float32: our greedy tokens equal transformers' through chunked prefill, prefix hits and preemption, CUDA graphs on
-(the kernels' float32 products are exact), and with the torch reference path (eager). bf16: where tokens differ
+(the kernels' float32 products are exact), and with the torch reference path (in CUDA graphs: its form that runs
+every expert over every token, which a graph can capture). bf16: where tokens differ
 from transformers', each side's is in the other's top-5, rarely; graphs on and off give identical tokens; the
 model's logits through the fused kernels are no further from float32's than through the torch reference.
 Two GPUs: TP=2 against TP=1 by the bf16 rule, and float32 TP=2 equal to transformers.
@@ -71,9 +72,10 @@ def test_float32_tokens_match_transformers(moe_dirs: dict[str, Path], model: str
 
 def test_float32_torch_reference_path_matches_transformers(moe_dirs: dict[str, Path]) -> None:
     config = engine_config(str(moe_dirs["qwen3_moe"]), dtype="float32", device="cuda", attention_backend="triton",
-                           enforce_eager=True, block_size=16, kv_cache_blocks=24, max_num_seqs=16,
+                           block_size=16, kv_cache_blocks=24, max_num_seqs=16,
                            max_num_batched_tokens=32)
-    runner = ModelRunner(replace(runner_config(config), kernels=KernelConfig(fused_moe=False)))
+    runner = ModelRunner(replace(runner_config(config), kernels=KernelConfig(fused_kernels=False)))
+    assert runner.decode is not None and runner.decode.graphs, "decode steps replay graphs of the reference path"
     assert_float32_tokens_match(LLMEngine(config, runner=runner), moe_dirs["qwen3_moe"])
 
 
@@ -104,9 +106,9 @@ def moe_logits(model_dir: Path, dtype: str, kernels: KernelConfig) -> torch.Tens
 
 @pytest.mark.parametrize("model", MODELS)
 def test_fused_moe_bf16_is_as_accurate_as_the_torch_path(moe_dirs: dict[str, Path], model: str) -> None:
-    exact = moe_logits(moe_dirs[model], "float32", KernelConfig(fused_moe=False))
+    exact = moe_logits(moe_dirs[model], "float32", KernelConfig(fused_kernels=False))
     fused = moe_logits(moe_dirs[model], "bfloat16", KernelConfig())
-    reference = moe_logits(moe_dirs[model], "bfloat16", KernelConfig(fused_moe=False))
+    reference = moe_logits(moe_dirs[model], "bfloat16", KernelConfig(fused_kernels=False))
     (fused_rel, fused_top1), (torch_rel, torch_top1) = compare(fused, exact), compare(reference, exact)
     print(f"{model} bf16 vs float32: fused rel_err={fused_rel:.2e} top1={fused_top1:.2%}, torch path "
           f"rel_err={torch_rel:.2e} top1={torch_top1:.2%}")

@@ -159,6 +159,21 @@ def test_stacked_interleaved_tensors_give_gpt_oss_experts(tmp_path: Path, tp_siz
     torch.testing.assert_close(total, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_the_capturable_form_of_the_reference_sums_the_same() -> None:
+    """Every expert over every token, weighted by zero where not routed (what a CUDA graph can capture)."""
+    from gpu.layers.moe import _experts_over_every_token
+
+    torch.manual_seed(3)
+    spec = MoeSpec(Routing(8, 3), 24, "clamped_swiglu", has_expert_bias=True)
+    experts = Experts(HIDDEN, spec)
+    with torch.no_grad():
+        for param in experts.parameters():
+            param.normal_()
+        x, routed = torch.randn(NUM_TOKENS, HIDDEN), random_routing(8, 3)
+        torch.testing.assert_close(_experts_over_every_token(x, experts, routed), experts_reference(x, experts, routed),
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_expert_tensor_names() -> None:
     parts = {"w1": "gate", "w3": "up", "w2": "down"}
     assert expert_target("model.layers.0.mlp.experts.12.w3.weight", parts) == (
