@@ -21,6 +21,14 @@ MOE_CONFIGS: dict[str, tuple[str, dict]] = {
                                                 norm_topk_prob=False, decoder_sparse_step=2)),
     "mixtral": ("Mixtral", dict(COMMON, num_hidden_layers=2, intermediate_size=48, num_local_experts=4,
                                 num_experts_per_tok=2)),
+    # A dense first layer, then 16 experts in 4 groups (the best 2 eligible), top 4 renormalized and scaled, two
+    # shared experts.
+    "glm4_moe": ("Glm4Moe", dict(COMMON, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32,
+                                 n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
+                                 routed_scaling_factor=2.5, norm_topk_prob=True, n_shared_experts=2,
+                                 first_k_dense_replace=1, num_nextn_predict_layers=1, attention_bias=False,
+                                 use_qk_norm=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                    "partial_rotary_factor": 1.0})),
 }
 
 
@@ -35,9 +43,9 @@ def build_moe_model(directory: Path, name: str, tokenizer_dir: Path, seed: int =
     torch.manual_seed(seed)
     model = model_class(config_class(**values, eos_token_id=eos))
     with torch.no_grad():
-        for param_name, param in model.named_parameters():
-            if param_name.endswith(("bias", "e_score_correction_bias")):
-                param.normal_(0.0, 0.2)  # transformers starts these at zero, which would test nothing
+        for name, tensor in [*model.named_parameters(), *model.named_buffers()]:
+            if name.endswith(("bias", "e_score_correction_bias")):
+                tensor.normal_(0.0, 0.2)  # transformers starts these at zero, which would test nothing
     model.save_pretrained(directory)
     for path in tokenizer_dir.glob("tokenizer*"):
         shutil.copy(path, directory / path.name)

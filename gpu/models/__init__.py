@@ -8,6 +8,7 @@ from gpu.models.bert import BertForSequenceClassification, BertModel, RobertaFor
 from gpu.models.causal_lm import CausalLM
 from gpu.models.gemma import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from gpu.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
+from gpu.models.glm4_moe import Glm4MoeForCausalLM
 from gpu.models.llama import LlamaForCausalLM, Qwen3ForCausalLM
 from gpu.models.mixtral import MixtralForCausalLM
 from gpu.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
@@ -25,6 +26,7 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Gemma4ForConditionalGeneration": Gemma4ForConditionalGeneration,  # its language model
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
+    "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
 }
 
 # Models that pool only (embeddings, scores): bare decoders as sentence-transformers saves them, and encoders.

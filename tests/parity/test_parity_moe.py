@@ -40,3 +40,24 @@ def test_long_generations_match(moe_dirs: dict[str, Path], model: str) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=40)
     for prompt, output in zip(prompts, dense.make_llm(moe_dirs[model]).generate(prompts, params), strict=True):
         assert output.token_ids == dense.hf_greedy(moe_dirs[model], prompt, max_new_tokens=40)
+
+
+def test_glm_skips_its_multi_token_prediction_layers(moe_dirs: dict[str, Path], tmp_path: Path,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """GLM checkpoints carry `num_nextn_predict_layers` layers after the decoder's, which the model does not run."""
+    import shutil
+
+    import torch
+    from safetensors.torch import save_file
+
+    directory = tmp_path / "glm-with-mtp"
+    shutil.copytree(moe_dirs["glm4_moe"], directory)
+    num_layers = MOE_CONFIGS["glm4_moe"][1]["num_hidden_layers"]
+    save_file({f"model.layers.{num_layers}.eh_proj.weight": torch.zeros(64, 128),
+               f"model.layers.{num_layers}.mlp.experts.0.gate_proj.weight": torch.zeros(32, 64)},
+              str(directory / "mtp.safetensors"))
+    prompts = dense.prompts_of_lengths((5, 17))
+    with caplog.at_level("INFO", logger="gpu.loader"):
+        outputs = dense.make_llm(directory).generate(prompts, dense.GREEDY)
+    assert "skipped 2 checkpoint tensors" in caplog.text
+    dense.assert_matches_hf(moe_dirs["glm4_moe"], prompts, outputs)
