@@ -11,7 +11,7 @@ and before the routing weight).
    tile), applies the activation in float32 and writes the intermediate [pairs, intermediate] in the model dtype.
 3. Down: the same tiles of pairs times the expert's down weight; each row scaled by its routing weight in float32
    and written to [pairs, hidden]; then a third kernel sums each token's k rows in float32 (deterministic: no
-   atomics) into [tokens, hidden].
+   atomics) into [tokens, hidden], adding `add` (a shared experts' output) in the same sum where given.
 Sums in float32 (exact float32 products where the weights are float32: no TF32), one rounding per stored value.
 Padded rows (the sentinel pair) are never stored. Weights are [experts, rows, K] with unit stride along K, the
 layout of gpu/layers/moe.py's Experts. Launch parameters: gpu/kernels/fused_moe_configs.py. Every size comes from
@@ -119,13 +119,16 @@ def _moe_gemm_kernel(
 
 
 @triton.jit
-def _sum_kernel(rows_ptr, out_ptr, hidden, TOP_K: tl.constexpr, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
-    """out[t] = sum of rows[t * TOP_K + k] over k, in float32, one rounding."""
+def _sum_kernel(rows_ptr, add_ptr, out_ptr, hidden, TOP_K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr,
+                USE_PDL: tl.constexpr):
+    """out[t] = (add[t] +) sum of rows[t * TOP_K + k] over k, in float32, one rounding."""
     pdl_start(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
     columns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     is_column = columns < hidden
     acc = tl.zeros([BLOCK], dtype=tl.float32)
+    if HAS_ADD:
+        acc += tl.load(add_ptr + token * hidden + columns, mask=is_column, other=0.0).to(tl.float32)
     for k in tl.static_range(TOP_K):
         acc += tl.load(rows_ptr + (token * TOP_K + k) * hidden + columns, mask=is_column, other=0.0).to(tl.float32)
     tl.store(out_ptr + token * hidden + columns, acc.to(out_ptr.dtype.element_ty), mask=is_column)
@@ -153,17 +156,20 @@ def device_name(x: torch.Tensor) -> str:
 def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
                   expert_ids: torch.Tensor, act: "Activation", gate_up_bias: torch.Tensor | None = None,
                   down_bias: torch.Tensor | None = None, config: MoeConfig | None = None,
-                  use_pdl: bool = False) -> torch.Tensor:
+                  use_pdl: bool = False, add: torch.Tensor | None = None) -> torch.Tensor:
     """sum_k weights[:, k] * expert_{ids[:, k]}(x) [num_tokens, hidden] for x [num_tokens, hidden], gate_up
     [experts, 2 * I, hidden], down [experts, hidden, I], weights [num_tokens, k] float32, expert_ids [num_tokens,
     k]; `act`: gpu/layers/moe.py's Activation; biases [experts, 2 * I] and [experts, hidden]. `config`: the tiles
-    (default: gpu/kernels/fused_moe_configs.py's for this shape); `use_pdl`: programmatic dependent launches."""
+    (default: gpu/kernels/fused_moe_configs.py's for this shape); `use_pdl`: programmatic dependent launches; `add`
+    [num_tokens, hidden] contiguous: added to the output in its sum."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = gate_up.shape
     top_k = expert_ids.shape[1]
     _check(x, gate_up, down, weights, expert_ids)
     if num_tokens == 0:
         return torch.zeros_like(x)
+    if add is not None and (add.shape != x.shape or not add.is_contiguous()):
+        raise ValueError(f"add must be contiguous of x's shape {tuple(x.shape)}, got {tuple(add.shape)}")
     intermediate = two_i // 2
     if config is None:
         config = config_for(num_tokens, num_experts, top_k, intermediate, hidden, device_name(x))
@@ -175,8 +181,9 @@ def fused_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, we
     _launch(activated, down, down_bias, rows, weights, aligned, config, act, 1, pdl)
     out = torch.empty_like(x)
     block = min(triton.next_power_of_2(hidden), 1024)
-    _sum_kernel[(num_tokens, triton.cdiv(hidden, block))](rows, out, hidden, TOP_K=top_k, BLOCK=block, USE_PDL=pdl,
-                                                          launch_pdl=pdl, num_warps=4)
+    _sum_kernel[(num_tokens, triton.cdiv(hidden, block))](rows, add if add is not None else rows, out, hidden,
+                                                          TOP_K=top_k, HAS_ADD=add is not None, BLOCK=block,
+                                                          USE_PDL=pdl, launch_pdl=pdl, num_warps=4)
     return out
 
 

@@ -166,7 +166,8 @@ class Router(nn.Module):
 class ExpertsMethod(Protocol):
     """How stacked experts run: unquantized here; a quantized format brings its own per expert weight."""
 
-    def __call__(self, experts: "Experts", x: torch.Tensor, routed: RoutedTokens) -> torch.Tensor: ...
+    def __call__(self, experts: "Experts", x: torch.Tensor, routed: RoutedTokens,
+                 add: torch.Tensor | None) -> torch.Tensor: ...
 
 
 class Experts(nn.Module):
@@ -187,9 +188,10 @@ class Experts(nn.Module):
         self.method: ExpertsMethod = run_unquantized
         self._loaded_stacked: set[str] = set()  # parameters read from one stacked checkpoint tensor
 
-    def forward(self, x: torch.Tensor, routed: RoutedTokens) -> torch.Tensor:
-        """This rank's part of sum_k weight_k * expert_k(x) [num_tokens, hidden_size] (the caller reduces)."""
-        return self.method(self, x, routed)
+    def forward(self, x: torch.Tensor, routed: RoutedTokens, add: torch.Tensor | None = None) -> torch.Tensor:
+        """This rank's part of sum_k weight_k * expert_k(x) [num_tokens, hidden_size] (the caller reduces), plus
+        `add` (the shared experts' part) where given."""
+        return self.method(self, x, routed, add)
 
     def expected_shards(self, param: nn.Parameter) -> set[ExpertShard | None]:
         """The checkpoint shards `param` is loaded from: one stacked tensor, or a tensor per expert."""
@@ -245,15 +247,16 @@ def _check_shape(loaded: CheckpointTensor, expected: tuple[int, ...]) -> None:
         raise ValueError(f"{loaded.name}: checkpoint shape {loaded.shape} != {expected}")
 
 
-def run_unquantized(experts: Experts, x: torch.Tensor, routed: RoutedTokens) -> torch.Tensor:
+def run_unquantized(experts: Experts, x: torch.Tensor, routed: RoutedTokens, add: torch.Tensor | None) -> torch.Tensor:
     """The fused Triton kernels on CUDA, the torch reference elsewhere (or with `KernelConfig.fused_kernels` off)."""
     if experts.kernels.fused_kernels and HAS_TRITON and x.is_cuda:
         from gpu.kernels.fused_moe import fused_experts
 
         return fused_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
                              activation(experts.spec), experts.gate_up_proj_bias, experts.down_proj_bias,
-                             use_pdl=True)
-    return experts_reference(x, experts, routed)
+                             use_pdl=True, add=add)
+    out = experts_reference(x, experts, routed)
+    return out if add is None else out + add
 
 
 @dataclass(frozen=True)
@@ -329,8 +332,6 @@ class SparseMoe(nn.Module):
 
     def forward(self, x: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         normed, residual = x.compute()
-        out = self.experts(normed, self.gate(normed))
-        if self.shared_experts is not None:
-            out = out + self.shared_experts.project(normed)
-        return self.tp.all_reduce(out), residual
+        shared = self.shared_experts.project(normed) if self.shared_experts is not None else None
+        return self.tp.all_reduce(self.experts(normed, self.gate(normed), shared)), residual
 

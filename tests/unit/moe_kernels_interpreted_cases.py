@@ -85,3 +85,19 @@ def test_fused_experts_match_the_torch_reference(num_tokens: int, num_experts: i
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2
     scale = reference.abs().max().item() + 1
     torch.testing.assert_close(out.float(), reference, rtol=tolerance, atol=tolerance * scale)
+
+
+def test_shared_experts_output_is_added_in_the_sum() -> None:
+    from gpu.kernels.fused_moe import fused_experts
+    from gpu.layers.moe import activation
+
+    experts = random_experts(6, 32, 16, seed=5)
+    routed = random_routing(9, 6, 2, seed=5)
+    x = torch.randn(9, 32, generator=torch.Generator().manual_seed(2))
+    add = torch.randn(9, 32, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        alone = fused_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
+                              activation(experts.spec))
+        summed = fused_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
+                               activation(experts.spec), add=add)
+    torch.testing.assert_close(summed, alone + add, rtol=1e-6, atol=1e-6)

@@ -80,8 +80,9 @@ def test_float32_gemm_fits() -> None:
 
 
 def test_top_k_sum_kernel_fits() -> None:
-    signature = {"rows_ptr": "*bf16", "out_ptr": "*bf16", "hidden": "i32"}
-    _, spilled, shared = compiled(fused_moe._sum_kernel, signature, dict(TOP_K=8, BLOCK=1024, USE_PDL=True), 4)
+    signature = {"rows_ptr": "*bf16", "add_ptr": "*bf16", "out_ptr": "*bf16", "hidden": "i32"}
+    _, spilled, shared = compiled(fused_moe._sum_kernel, signature,
+                                  dict(TOP_K=8, HAS_ADD=True, BLOCK=1024, USE_PDL=True), 4)
     assert spilled == 0 and shared <= MAX_SHARED
 
 
