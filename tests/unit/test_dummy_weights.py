@@ -62,3 +62,14 @@ def test_the_flag_and_its_values(config_only: Path, tmp_path: Path) -> None:
         parse_settings(["--load-format", "pt"])
     shutil.copytree(config_only, tmp_path / "copy")
     assert torch.get_default_dtype() == torch.float32  # building the model in its dtype restores the default
+
+
+def test_tensor_parallel_ranks_draw_their_shards(config_only: Path) -> None:
+    """Each rank draws its own shards from the same seed, so replicated weights (routers, norms) agree."""
+    llm = LLM(str(config_only), device="cpu", dtype="float32", load_format="dummy", kv_cache_blocks=32,
+              tensor_parallel_size=2)
+    try:
+        outputs = llm.generate([[5, 6, 7]], SamplingParams(temperature=0.0, max_tokens=5, ignore_eos=True))
+        assert len(outputs[0].token_ids) == 5
+    finally:
+        llm.engine.close()
