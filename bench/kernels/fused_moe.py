@@ -29,7 +29,7 @@ from gpu.kernels.fused_moe_configs import GemmTiles, MoeConfig, config_for, row_
 from gpu.kernels.moe_route import route
 from gpu.layers.moe import Activation, Routing
 
-# (experts, top_k, hidden, intermediate, activation): the routed experts of one layer
+# (experts, top_k, hidden, intermediate, activation): the routed experts of one layer (gpt-oss's with biases)
 SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768, "silu"), "gpt-oss-20b": (32, 4, 2880, 2880, "clamped_swiglu")}
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 CALLS_PER_GRAPH = 16
@@ -48,6 +48,9 @@ class Block:
                                    generator=generator) * hidden**-0.5
         self.down = torch.randn(num_experts, hidden, intermediate, device=DEVICE, dtype=DTYPE,
                                 generator=generator) * intermediate**-0.5
+        has_bias = act != "silu"
+        self.gate_up_bias = torch.zeros(num_experts, 2 * intermediate, device=DEVICE, dtype=DTYPE) if has_bias else None
+        self.down_bias = torch.zeros(num_experts, hidden, device=DEVICE, dtype=DTYPE) if has_bias else None
         self.x = torch.randn(rows, hidden, device=DEVICE, dtype=DTYPE, generator=generator)
         self.logits = [torch.randn(rows, num_experts, device=DEVICE, dtype=DTYPE, generator=generator)
                        for _ in range(CALLS_PER_GRAPH)]
@@ -56,8 +59,10 @@ class Block:
         self.rows, self.shape = rows, SHAPES[shape]
 
     def call(self, index: int, config: MoeConfig | None) -> torch.Tensor:
-        weights, ids = route(self.logits[index], self.routing, None)
-        return fused_experts(self.x, self.gate_up, self.down, weights, ids, self.act, config=config)
+        """As a step runs it (programmatic dependent launches)."""
+        weights, ids = route(self.logits[index], self.routing, None, use_pdl=True)
+        return fused_experts(self.x, self.gate_up, self.down, weights, ids, self.act, self.gate_up_bias,
+                             self.down_bias, config=config, use_pdl=True)
 
     def ideal_us(self, limits: DeviceLimits) -> float:
         num_experts, top_k, hidden, intermediate, _ = self.shape
