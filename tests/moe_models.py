@@ -22,13 +22,13 @@ MOE_CONFIGS: dict[str, tuple[str, dict]] = {
     "mixtral": ("Mixtral", dict(COMMON, num_hidden_layers=2, intermediate_size=48, num_local_experts=4,
                                 num_experts_per_tok=2)),
     # A dense first layer, then 16 experts in 4 groups (the best 2 eligible), top 4 renormalized and scaled, two
-    # shared experts.
+    # shared experts; q/k/v biases (no o bias), q/k norms, half of each head rotated.
     "glm4_moe": ("Glm4Moe", dict(COMMON, num_hidden_layers=3, intermediate_size=96, moe_intermediate_size=32,
                                  n_routed_experts=16, num_experts_per_tok=4, n_group=4, topk_group=2,
                                  routed_scaling_factor=2.5, norm_topk_prob=True, n_shared_experts=2,
-                                 first_k_dense_replace=1, num_nextn_predict_layers=1, attention_bias=False,
-                                 use_qk_norm=False, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
-                                                                    "partial_rotary_factor": 1.0})),
+                                 first_k_dense_replace=1, num_nextn_predict_layers=1, attention_bias=True,
+                                 use_qk_norm=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
+                                                                   "partial_rotary_factor": 0.5})),
 }
 
 

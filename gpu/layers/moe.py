@@ -186,7 +186,6 @@ class Experts(nn.Module):
         for param in self.parameters():
             param.weight_loader = self._load  # type: ignore[attr-defined]
         self.method: ExpertsMethod = run_unquantized
-        self._loaded_stacked: set[str] = set()  # parameters read from one stacked checkpoint tensor
 
     def forward(self, x: torch.Tensor, routed: RoutedTokens, add: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's part of sum_k weight_k * expert_k(x) [num_tokens, hidden_size] (the caller reduces), plus
@@ -194,14 +193,12 @@ class Experts(nn.Module):
         return self.method(self, x, routed, add)
 
     def expected_shards(self, param: nn.Parameter) -> set[ExpertShard | None]:
-        """The checkpoint shards `param` is loaded from: one stacked tensor, or a tensor per expert."""
-        if self.spec.is_gpt_oss_layout or self._name(param) in self._loaded_stacked:
+        """The checkpoint shards of `param`: a tensor per expert (gpt-oss: one stacked tensor). A stacked tensor in
+        the parameter's own layout counts as all of them (gpu/loader.py)."""
+        if self.spec.is_gpt_oss_layout:
             return {None}
         parts = ("down",) if param is self.down_proj else ("gate", "up")
         return {ExpertShard(part, e) for part in parts for e in range(self.spec.routing.num_experts)}
-
-    def _name(self, param: nn.Parameter) -> str:
-        return next(name for name, p in self.named_parameters() if p is param)
 
     def _load(self, param: nn.Parameter, loaded: CheckpointTensor, shard: ExpertShard | None) -> None:
         if shard is None:
@@ -210,7 +207,6 @@ class Experts(nn.Module):
             if stacked.shape != param.shape:
                 raise ValueError(f"{loaded.name}: checkpoint shape {loaded.shape} does not fit {tuple(param.shape)}")
             param.data.copy_(stacked)
-            self._loaded_stacked.add(self._name(param))
             return
         num_rows = self.spec.intermediate_size
         if shard.part == "down":  # [hidden, intermediate]: this rank's columns

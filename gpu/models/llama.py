@@ -91,10 +91,10 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(DecoderStack):
-    def __init__(self, config: PretrainedConfig, max_position: int, has_qk_norm: bool, kernels: KernelConfig,
+    def __init__(self, config: PretrainedConfig, max_position: int, specs: list[AttentionSpec], kernels: KernelConfig,
                  tp: TensorParallel, build_mlp: MlpBuilder = dense_mlp) -> None:
+        """specs: each layer's attention; build_mlp: each layer's MLP block."""
         super().__init__()
-        specs = [attention_spec(config, i, has_qk_norm) for i in range(config.num_hidden_layers)]
         rotary = RotaryEmbedding(config, specs[0].head_dim, max_position)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
         self.layers = nn.ModuleList(DecoderLayer(config, spec, rotary, kernels, tp, build_mlp(config, i, kernels, tp))
@@ -103,15 +103,19 @@ class DecoderModel(DecoderStack):
 
 
 class LlamaForCausalLM(CausalLM):
-    """A family is this class with other settings: `has_qk_norm`, `build_mlp` (each layer's MLP block, dense or
-    sparse), and the checkpoint's naming (gpu/loader.py: `packed_modules`, `expert_parts`, `checkpoint_name`)."""
+    """A family is this class with other settings: `has_qk_norm` (or its own `attention_specs`), `build_mlp` (each
+    layer's MLP block, dense or sparse), and the checkpoint's naming (gpu/loader.py: `packed_modules`,
+    `expert_parts`, `checkpoint_name`)."""
 
     has_qk_norm = False
     build_mlp: MlpBuilder = staticmethod(dense_mlp)
 
     def build_decoder(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig,
                       tp: TensorParallel) -> nn.Module:
-        return DecoderModel(config, max_position, self.has_qk_norm, kernels, tp, self.build_mlp)
+        return DecoderModel(config, max_position, self.attention_specs(config), kernels, tp, self.build_mlp)
+
+    def attention_specs(self, config: PretrainedConfig) -> list[AttentionSpec]:
+        return [attention_spec(config, i, self.has_qk_norm) for i in range(config.num_hidden_layers)]
 
 
 class Qwen3ForCausalLM(LlamaForCausalLM):
