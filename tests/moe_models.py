@@ -29,6 +29,14 @@ MOE_CONFIGS: dict[str, tuple[str, dict]] = {
                                  first_k_dense_replace=1, num_nextn_predict_layers=1, attention_bias=True,
                                  use_qk_norm=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                    "partial_rotary_factor": 0.5})),
+    # Sliding-window (16 tokens: the parity prompts run past it) and full layers with sinks, YaRN, 8 experts with
+    # biases (top 2 of the router's biased logits softmaxed), the clamped SwiGLU with a limit the activations reach.
+    "gpt_oss": ("GptOss", dict(COMMON, num_hidden_layers=2, intermediate_size=32, num_local_experts=8,
+                               num_experts_per_tok=2, sliding_window=16,
+                               layer_types=["sliding_attention", "full_attention"], swiglu_limit=2.0,
+                               rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0,
+                                                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                                "original_max_position_embeddings": 256})),
 }
 
 

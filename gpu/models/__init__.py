@@ -9,6 +9,7 @@ from gpu.models.causal_lm import CausalLM
 from gpu.models.gemma import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
 from gpu.models.gemma4 import Gemma4ForCausalLM, Gemma4ForConditionalGeneration
 from gpu.models.glm4_moe import Glm4MoeForCausalLM
+from gpu.models.gpt_oss import GptOssForCausalLM
 from gpu.models.llama import LlamaForCausalLM, Qwen3ForCausalLM
 from gpu.models.mixtral import MixtralForCausalLM
 from gpu.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
@@ -27,6 +28,7 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "MixtralForCausalLM": MixtralForCausalLM,
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 # Models that pool only (embeddings, scores): bare decoders as sentence-transformers saves them, and encoders.

@@ -16,6 +16,7 @@ each), the embedding and LM head split by vocabulary; norms are replicated. Two 
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ from gpu.config import KernelConfig
 from gpu.distributed import TensorParallel
 from gpu.layers.attention import AttentionSpec, DecoderAttention
 from gpu.layers.mlp import MLP, MLPSpec
-from gpu.layers.norm import LLAMA_NORM, NormInput, RMSNorm
+from gpu.layers.norm import LLAMA_NORM, NormConvention, NormInput, RMSNorm
 from gpu.layers.rotary import RotaryEmbedding
 from gpu.layers.vocab_parallel import VocabParallelEmbedding
 from gpu.models.causal_lm import CausalLM, DecoderStack
@@ -68,15 +69,25 @@ def attention_spec(config: PretrainedConfig, layer_index: int, has_qk_norm: bool
     )
 
 
+@dataclass(frozen=True)
+class Blocks:
+    """What a family chooses for its layers: each one's attention, each one's MLP block (dense or sparse), and the
+    convention of the block norms (gpt-oss scales in float32: gpu/layers/norm.py)."""
+
+    attention: list[AttentionSpec]
+    build_mlp: MlpBuilder = dense_mlp
+    norm: NormConvention = LLAMA_NORM
+
+
 class DecoderLayer(nn.Module):
-    def __init__(self, config: PretrainedConfig, spec: AttentionSpec, rotary: RotaryEmbedding, kernels: KernelConfig,
-                 tp: TensorParallel, mlp: nn.Module) -> None:
+    def __init__(self, spec: AttentionSpec, rotary: RotaryEmbedding, mlp: nn.Module, norm: NormConvention,
+                 kernels: KernelConfig, tp: TensorParallel) -> None:
         """mlp: the block after attention, forward(NormInput) -> (output, residual): dense or sparse (MoE)."""
         super().__init__()
         self.self_attn = DecoderAttention(spec, rotary, kernels, tp)
         self.mlp = mlp
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
+        self.input_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps, kernels, norm)
+        self.post_attention_layernorm = RMSNorm(spec.hidden_size, spec.norm_eps, kernels, norm)
 
     def forward(
         self,
@@ -91,28 +102,31 @@ class DecoderLayer(nn.Module):
 
 
 class DecoderModel(DecoderStack):
-    def __init__(self, config: PretrainedConfig, max_position: int, specs: list[AttentionSpec], kernels: KernelConfig,
-                 tp: TensorParallel, build_mlp: MlpBuilder = dense_mlp) -> None:
-        """specs: each layer's attention; build_mlp: each layer's MLP block."""
+    def __init__(self, config: PretrainedConfig, max_position: int, blocks: Blocks, kernels: KernelConfig,
+                 tp: TensorParallel) -> None:
         super().__init__()
+        specs = blocks.attention
         rotary = RotaryEmbedding(config, specs[0].head_dim, max_position)
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, tp)
-        self.layers = nn.ModuleList(DecoderLayer(config, spec, rotary, kernels, tp, build_mlp(config, i, kernels, tp))
-                                    for i, spec in enumerate(specs))
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels)
+        self.layers = nn.ModuleList(
+            DecoderLayer(spec, rotary, blocks.build_mlp(config, i, kernels, tp), blocks.norm, kernels, tp)
+            for i, spec in enumerate(specs))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels, blocks.norm)
 
 
 class LlamaForCausalLM(CausalLM):
     """A family is this class with other settings: `has_qk_norm` (or its own `attention_specs`), `build_mlp` (each
-    layer's MLP block, dense or sparse), and the checkpoint's naming (gpu/loader.py: `packed_modules`,
+    layer's MLP block, dense or sparse), `block_norm`, and the checkpoint's naming (gpu/loader.py: `packed_modules`,
     `expert_parts`, `checkpoint_name`)."""
 
     has_qk_norm = False
     build_mlp: MlpBuilder = staticmethod(dense_mlp)
+    block_norm = LLAMA_NORM
 
     def build_decoder(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig,
                       tp: TensorParallel) -> nn.Module:
-        return DecoderModel(config, max_position, self.attention_specs(config), kernels, tp, self.build_mlp)
+        blocks = Blocks(self.attention_specs(config), self.build_mlp, self.block_norm)
+        return DecoderModel(config, max_position, blocks, kernels, tp)
 
     def attention_specs(self, config: PretrainedConfig) -> list[AttentionSpec]:
         return [attention_spec(config, i, self.has_qk_norm) for i in range(config.num_hidden_layers)]

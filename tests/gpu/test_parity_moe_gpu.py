@@ -117,7 +117,7 @@ def test_fused_moe_bf16_is_as_accurate_as_the_torch_path(moe_dirs: dict[str, Pat
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-@pytest.mark.parametrize("model", ["qwen3_moe", "mixtral", "glm4_moe"])
+@pytest.mark.parametrize("model", ["qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"])
 def test_two_ranks_split_the_experts(moe_dirs: dict[str, Path], model: str) -> None:
     sharded = make_llm(moe_dirs[model], "float32", budget=32, blocks=24, tp=2)
     try:

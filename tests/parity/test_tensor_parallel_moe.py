@@ -15,7 +15,7 @@ from tests.parity.test_tensor_parallel_cpu import make_llm
 
 MAX_NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
-MODELS = ("qwen3_moe", "mixtral", "glm4_moe")
+MODELS = ("qwen3_moe", "mixtral", "glm4_moe", "gpt_oss")
 
 
 @pytest.fixture(scope="module", params=MODELS)

@@ -185,3 +185,13 @@ def test_expert_tensor_names() -> None:
     assert expert_target("model.layers.0.mlp.shared_experts.gate_proj.weight", parts) is None
     assert expert_target("model.layers.0.mlp.experts.gate_up_proj", parts) is None  # stacked: its own name
 
+
+
+def test_gpt_oss_mxfp4_experts_are_refused_by_name() -> None:
+    from gpu.models.gpt_oss import GptOssForCausalLM
+
+    config = transformers.GptOssConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
+                                       num_key_value_heads=1, head_dim=16, num_local_experts=4, intermediate_size=16,
+                                       vocab_size=32, quantization_config={"quant_method": "mxfp4"})
+    with pytest.raises(ValueError, match="mxfp4"):
+        GptOssForCausalLM(config, 64)
