@@ -8,7 +8,7 @@ from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.layers.attention import DecoderAttention
 from gpu.models.causal_lm import CausalLM
-from gpu.models.llama import DecoderModel
+from gpu.models.llama import Blocks, DecoderModel, attention_spec
 
 
 class BareLlamaModel(DecoderModel):
@@ -17,7 +17,8 @@ class BareLlamaModel(DecoderModel):
 
     def __init__(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig = DEFAULT_KERNELS,
                  tp: TensorParallel = SINGLE) -> None:
-        super().__init__(config, max_position, self.has_qk_norm, kernels, tp)
+        specs = [attention_spec(config, i, self.has_qk_norm) for i in range(config.num_hidden_layers)]
+        super().__init__(config, max_position, Blocks(specs), kernels, tp)
         self.config = config
 
     def attention_layers(self) -> list[DecoderAttention]:
