@@ -1,11 +1,20 @@
-"""Math helpers for Triton kernels that neither tl nor Triton's CPU interpreter offers alike: libdevice's tanh is
-compiled-only, and the tests run the kernels under the interpreter."""
+"""Math helpers for Triton kernels that neither tl nor Triton's CPU interpreter offers alike: libdevice's tanh (the one
+torch's CUDA kernels call, so outputs round as torch's do) is compiled-only, and the tests run the kernels under the
+interpreter too."""
+
+import os
 
 import triton
 import triton.language as tl
+from triton.language.extra import libdevice
+
+IS_INTERPRETED: tl.constexpr = tl.constexpr(os.environ.get("TRITON_INTERPRET") == "1")
 
 
 @triton.jit
 def tanh(x):
-    """1 - 2 / (exp(2x) + 1): exact limits at both ends (exp overflows to inf, or underflows to 0)."""
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+    """libdevice's tanh when compiled; under the interpreter 1 - 2 / (exp(2x) + 1), exact at both limits."""
+    if IS_INTERPRETED:
+        return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+    else:
+        return libdevice.tanh(x)

@@ -68,7 +68,8 @@ class RotaryEmbedding(nn.Module):
         inv_freq, scaling = inverse_frequencies(config, head_dim, layer_type, max_position)
         self.rotary_dim = 2 * inv_freq.shape[0]  # head_dim unless the rotation is partial
         positions = torch.arange(max_position, dtype=torch.float32)
-        freqs = positions[:, None] * inv_freq[None, :]
+        # transformers' scalings build their frequencies on the CPU; the table lives where the model is built.
+        freqs = positions[:, None] * inv_freq.to(positions.device)[None, :]
         angles = torch.cat((freqs, freqs), dim=-1)  # [max_position, rotary_dim]
         self.register_buffer("cos", angles.cos() * scaling, persistent=False)
         self.register_buffer("sin", angles.sin() * scaling, persistent=False)
