@@ -142,7 +142,7 @@ def test_malformed_or_non_object_json(server: RunningServer, raw: bytes, path: s
 def test_unknown_route_and_wrong_method(server: RunningServer) -> None:
     with server.http() as http:
         assert assert_error_shape(http.get("/v1/engines"), 404)["code"] == "not_found"
-        assert assert_error_shape(http.post("/v1/embeddings", json={}), 404)["code"] == "not_found"
+        assert assert_error_shape(http.post("/v1/fine_tuning/jobs", json={}), 404)["code"] == "not_found"
         assert assert_error_shape(http.get(COMPLETIONS), 405)["code"] == "method_not_allowed"
         assert_error_shape(http.get("/v1/models/gpt-4o"), 404)
 

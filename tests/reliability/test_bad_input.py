@@ -147,7 +147,7 @@ def corpus() -> list[Case]:
         cases += [Case(path, raw, 400) for raw in MALFORMED]
     cases += [Case(path, None, status, method=method) for method, path, status in [
         ("GET", C, 405), ("PUT", M, 405), ("DELETE", "/v1/models", 405), ("POST", "/health", 405),
-        ("POST", "/metrics", 405), ("GET", "/v1/engines", 404), ("POST", "/v1/embeddings", 404),
+        ("POST", "/metrics", 405), ("GET", "/v1/engines", 404), ("POST", "/v1/fine_tuning/jobs", 404),
         ("GET", "/v1/models/gpt-4o", 404), ("GET", "/v2/completions", 404), ("GET", "/v1/responses/resp_x", 404),
         ("DELETE", "/v1/responses/resp_x", 404), ("POST", "/v1/responses/resp_x/cancel", 404)]]
     return cases

@@ -5,6 +5,7 @@ path: the interpreter's bfloat16 dot is not numpy's (tests/gpu/test_skinny_gemm.
 config of the tables)."""
 
 import importlib.util
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -31,9 +32,11 @@ KERNEL = Path(__file__).resolve().parents[2] / "gpu" / "kernels" / "skinny_gemm.
 
 @pytest.fixture(scope="module")
 def kernel() -> ModuleType:
-    """gpu/kernels/skinny_gemm.py loaded afresh with TRITON_INTERPRET=1 (its kernels decorated as interpreted ones)."""
+    """gpu/kernels/skinny_gemm.py loaded afresh with TRITON_INTERPRET=1 (its kernels decorated as interpreted ones),
+    and gpu/kernels/pdl.py with it: an interpreted kernel can't call a jit helper another test imported compiled."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("TRITON_INTERPRET", "1")
+        env.delitem(sys.modules, "gpu.kernels.pdl", raising=False)
         spec = importlib.util.spec_from_file_location("skinny_gemm_interpreted", KERNEL)
         assert spec is not None and spec.loader is not None
         module = importlib.util.module_from_spec(spec)
