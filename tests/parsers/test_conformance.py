@@ -4,9 +4,7 @@ stream, fed in many chunkings (whole, a character at a time, splits inside every
 UTF-8 bytes cut anywhere and decoded as the server does), must add up to exactly that message, as an
 OpenAI client adds up the chunks."""
 
-import codecs
 import json
-import random
 import re
 from dataclasses import replace
 
@@ -18,10 +16,10 @@ from openai_serve.parsers.selection import OutputParsing
 from openai_serve.protocol.fields import Fields
 from openai_serve.protocol.tools import read_tools
 from tests.parsers.cases import FAMILIES, TOOLS, Case, Family
+from tests.parsers.chunkings import chunkings
 
 CASES = [pytest.param(family, case, id=f"{family.tool_call_parser}-{case.name}")
          for family in FAMILIES for case in family.cases]
-_TAG_CHARACTERS = re.compile(r"[<>\[\]|｜▁=]")
 
 
 def parsing(family: Family, case: Case) -> OutputParsing:
@@ -61,35 +59,6 @@ def client_message(chunks: list[dict[str, object]]) -> dict[str, object]:
             call["arguments"] += entry["function"]["arguments"]
     assert sorted(calls) == list(range(len(calls)))
     return {"content": content, "reasoning": reasoning, "calls": [calls[i] for i in sorted(calls)]}
-
-
-def chunkings(text: str) -> dict[str, list[str]]:
-    """Ways the same text can reach the parser."""
-    ways = {"whole": [text], "characters": list(text)}
-    for size in (2, 3, 5, 7):
-        ways[f"every {size}"] = [text[i:i + size] for i in range(0, len(text), size)]
-    ways["inside tags"] = _cut(text, [m.start() + 1 for m in _TAG_CHARACTERS.finditer(text)])
-    generator = random.Random(text)
-    for n in range(12):
-        ways[f"random {n}"] = _cut(text, generator.sample(range(1, len(text)), min(len(text) - 1, 1 + n * 3)))
-    ways["utf-8 bytes"] = _bytes_decoded(text, generator)
-    return ways
-
-
-def _cut(text: str, cuts: list[int]) -> list[str]:
-    points = sorted({0, len(text), *cuts})
-    return [text[a:b] for a, b in zip(points, points[1:], strict=False)]
-
-
-def _bytes_decoded(text: str, generator: random.Random) -> list[str]:
-    """The text's UTF-8 bytes cut 1-3 bytes at a time, each piece decoded as far as whole characters go (the
-    server never sends half a character: it waits for the rest)."""
-    data, decoder, pieces, i = text.encode(), codecs.getincrementaldecoder("utf-8")(), [], 0
-    while i < len(data):
-        step = generator.randint(1, 3)
-        pieces.append(decoder.decode(data[i:i + step], final=i + step >= len(data)))
-        i += step
-    return [piece for piece in pieces if piece] or [""]
 
 
 def expected_calls(message: dict[str, object]) -> list[tuple[str, object]]:
