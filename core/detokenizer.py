@@ -8,7 +8,8 @@ Invariants:
   found by one automaton over all of them (core/stop_strings.py): each character of the output is
   scanned once, however many stop strings there are.
 - Once a stop string is found, `text` is cut right before it (or after it, when asked to include
-  it) and every later token is ignored.
+  it) and every later token is ignored. Where stop strings overlap, the first to complete in the
+  text wins (core/stop_strings.py), so the cut never depends on where tokens or characters split.
 
 The prefix-offset/read-offset technique: decode a short window of ids twice, with and without the
 newest tokens, and emit the difference. The window starts a few prompt tokens back so that

@@ -6,6 +6,13 @@ each step following at most amortized O(1) links, so a thousand stop strings cos
 set of stop strings (cached: clients repeat theirs) and only read afterwards; each request's
 position in it is a `StopStringScanner`.
 
+Which stop string ends the text: the first to complete, reading the text a character at a time; of
+those that complete at the same character, the longest (it starts first). So the cut depends on the
+text alone, never on how it was split into tokens, steps or UTF-8 pieces: a stop string that would
+only complete after another one did is never generated. (vLLM takes the first of the request's list
+that occurs in the newest text, so its cut can change with the list's order or with how many tokens
+a step added.)
+
 The scanner also answers what the detokenizer must hold back: the longest suffix of the text so
 far that is the start of some stop string (its current node's depth).
 """
@@ -76,21 +83,18 @@ class StopStringScanner:
         self._node = 0
 
     def scan(self, text: str) -> tuple[int, str] | None:
-        """Feeds `text`; returns the stop string that starts first among those that end inside it (at the
-        shortest one of those that start there), with its start relative to `text` (negative when it began
-        in text fed before), or None. Once a stop string was found, nothing more is to be fed."""
+        """Feeds `text`; returns the first stop string to complete in it (the longest of those completing at
+        that character), with its start relative to `text` (negative when it began in text fed before),
+        or None. Once a stop string was found, nothing more is to be fed."""
         automaton, node = self._automaton, self._node
         step, match = automaton.step, automaton.match
-        best: tuple[int, str] | None = None
         for offset, char in enumerate(text):
             node = step(node, char)
             stop = match[node]
             if stop is not None:
-                start = offset + 1 - len(stop)
-                if best is None or start < best[0]:
-                    best = (start, stop)
+                return offset + 1 - len(stop), stop
         self._node = node
-        return best
+        return None
 
     def held(self, limit: int) -> int:
         """Length of the longest suffix of the text so far, at most `limit`, that starts some stop string."""

@@ -1,12 +1,13 @@
 """The incremental detokenizer against the tiny byte-level BPE tokenizer (emoji and CJK span tokens)."""
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from core.detokenizer import IncrementalDetokenizer
 from core.tiny_model import tiny_model_dir
+from tests.unit.test_stop_strings import first_stop
 
 REPLACEMENT = "\ufffd"
 
@@ -120,29 +121,26 @@ def test_stop_string_inside_one_token(tokenizer: PreTrainedTokenizerBase) -> Non
     assert detok.stop_string == "ell"
 
 
-def text_until_first_stop(tokenizer: PreTrainedTokenizerBase, ids: list[int], stops: list[str]) -> str:
-    """Generation ends at the first token whose arrival makes some stop string appear; the text is
-    cut where the earliest stop string present at that moment starts (so 'aba' arriving as 'ab' +
-    'a' with stops 'b' and 'aba' ends at 'a': the 'aba' would never be generated)."""
-    for end in range(1, len(ids) + 1):
-        text = tokenizer.decode(ids[:end])
-        hits = [text.find(s) for s in stops if s in text]
-        if hits:
-            return text[: min(hits)]
-    return tokenizer.decode(ids)
-
-
 @settings(max_examples=80, deadline=None)
 @given(
     st.text(alphabet=st.sampled_from(list("ab 你好🚀é.")), max_size=24),
     st.lists(st.text(alphabet=st.sampled_from(list("ab 你🚀")), min_size=1, max_size=3), min_size=1, max_size=3),
 )
+@example("a 🚀", [" ", "a 🚀"])  # the space completes first, though its token also starts the rocket's bytes
+@example("aba", ["aba", "b"])
 def test_stop_strings_cut_at_the_first_match_and_never_leak(
     tokenizer: PreTrainedTokenizerBase, text: str, stops: list[str]
 ) -> None:
+    """Generation ends at the first stop string to complete in the text (read a character at a time),
+    whatever tokens carry it and however the detokenizer waits for whole characters."""
     ids = tokenizer.encode(text, add_special_tokens=False)
     deltas, detok = stream(tokenizer, ids, stop=tuple(stops))
-    assert "".join(deltas) == text_until_first_stop(tokenizer, ids, stops) == detok.text
+    full = tokenizer.decode(ids)
+    found = first_stop(full, stops)
+    assert "".join(deltas) == (full if found is None else full[: found[0]]) == detok.text
+    assert detok.stop_string == (None if found is None else found[1])
+    included, _ = stream(tokenizer, ids, stop=tuple(stops), include_stop_str_in_output=True)
+    assert "".join(included) == (full if found is None else full[: found[0] + len(found[1])])
     released = ""
     for delta in deltas:
         released += delta

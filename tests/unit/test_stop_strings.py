@@ -1,4 +1,4 @@
-"""The stop-string automaton against the obvious search (every stop string at every chunk), and its
+"""The stop-string automaton against the obvious search (every stop string at every character), and its
 cost: linear in the text whatever the number of stop strings."""
 
 import time
@@ -9,15 +9,14 @@ from hypothesis import strategies as st
 from core.stop_strings import StopStringScanner, compile_stop_strings
 
 
-def naive_first_stop(chunks: list[str], stops: list[str]) -> tuple[int, int, str] | None:
-    """(chunk index, start in the whole text, stop) of the earliest-starting stop string present once the
-    first chunk that completes any has arrived."""
-    text = ""
-    for i, chunk in enumerate(chunks):
-        text += chunk
-        hits = sorted((text.find(s), len(s), s) for s in stops if s in text)
-        if hits:
-            return i, hits[0][0], hits[0][2]
+def first_stop(text: str, stops: list[str]) -> tuple[int, str] | None:
+    """(start, stop) of the first stop string to complete, reading `text` a character at a time (of those
+    completing at the same character, the longest), or None."""
+    for end in range(1, len(text) + 1):
+        completed = [stop for stop in stops if text.endswith(stop, 0, end)]
+        if completed:
+            stop = max(completed, key=len)
+            return end - len(stop), stop
     return None
 
 
@@ -29,16 +28,16 @@ def naive_held(text: str, stops: list[str], limit: int) -> int:
 @given(st.lists(st.text(alphabet="abc🚀", max_size=4), max_size=8),
        st.lists(st.text(alphabet="abc🚀", min_size=1, max_size=4), min_size=1, max_size=5))
 def test_finds_what_the_obvious_search_finds(chunks: list[str], stops: list[str]) -> None:
+    """However the text is cut into chunks: the same stop string, found in the chunk where it completes."""
     scanner = StopStringScanner(stops)
+    expected = first_stop("".join(chunks), stops)
     text = ""
-    expected = naive_first_stop(chunks, stops)
-    for i, chunk in enumerate(chunks):
+    for chunk in chunks:
         found = scanner.scan(chunk)
         if found is not None:
             start, stop = found
-            assert expected is not None and (i, len(text) + start) == expected[:2]
-            assert text[len(text) + start:] + chunk[: start + len(stop)] == stop or (text + chunk)[
-                len(text) + start : len(text) + start + len(stop)] == stop
+            assert (len(text) + start, stop) == expected
+            assert len(text) < len(text) + start + len(stop) <= len(text) + len(chunk)
             return
         text += chunk
         for limit in (0, 1, 2, len(text)):
@@ -46,13 +45,17 @@ def test_finds_what_the_obvious_search_finds(chunks: list[str], stops: list[str]
     assert expected is None
 
 
-def test_the_earliest_start_wins_then_the_shortest() -> None:
+def test_the_first_to_complete_wins_then_the_longest() -> None:
     assert StopStringScanner(["four", "two"]).scan("one two three four") == (4, "two")
-    assert StopStringScanner(["bc", "abcd"]).scan("abcd") == (0, "abcd")  # both end in it: abcd starts first
+    assert StopStringScanner(["bc", "abcd"]).scan("abcd") == (1, "bc")  # abcd starts first, but bc ends first
+    assert StopStringScanner(["abcd", "bc"]).scan("abcd") == (1, "bc")  # whatever the list's order
     scanner = StopStringScanner(["bc", "abcd"])
     assert scanner.scan("ab") is None and scanner.held(2) == 2
     assert scanner.scan("c") == (-1, "bc")  # began in text fed before
     assert StopStringScanner(["abc", "ab"]).scan("abc") == (0, "ab")
+    assert StopStringScanner(["c", "abc"]).scan("abc") == (0, "abc")  # both complete at c: the longest
+    scanner = StopStringScanner([" ", "a 🚀"])
+    assert scanner.scan("a") is None and scanner.scan(" 🚀") == (0, " ")  # the space completed before the rocket
 
 
 def test_time_is_linear_in_the_text_whatever_the_number_of_stop_strings() -> None:
