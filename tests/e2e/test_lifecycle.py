@@ -83,29 +83,46 @@ def in_thread(work: Callable[[], object]) -> tuple[threading.Thread, list[object
     return thread, result
 
 
+# The shutdown test's requests must still be running when the drain comes, however slowly a loaded machine
+# starts the others: they ask for as many tokens as the tiny model's context leaves, not the 400 above.
+SHUTDOWN_CONTEXT = 2048
+SHUTDOWN_TOKENS = 2000
+
+
 @pytest.fixture
 def own_server(model_dir: Path) -> Iterator[RunningServer]:
-    running = start_server(model_dir)
+    running = start_server(model_dir, max_model_len=SHUTDOWN_CONTEXT)
     yield running
     running.stop()
 
 
+def wait_in_flight(server: RunningServer, count: int, timeout: float = 30.0) -> None:
+    """Until the engine has `count` requests: every request sent is running (or waiting) there."""
+    deadline = time.monotonic() + timeout
+    while server.metrics()["num_requests_in_flight"] < count:
+        assert time.monotonic() < deadline, "the requests did not reach the engine"
+        time.sleep(0.02)
+
+
 def test_shutdown_ends_running_requests_and_refuses_new_ones(own_server: RunningServer) -> None:
     running = own_server
-    stream = BackgroundStream(running, LONG)
-    responses_stream = BackgroundStream(running, LONG_RESPONSE, "/v1/responses")
-    messages_stream = BackgroundStream(running, LONG_MESSAGE, "/v1/messages")
-    sdk_response = {k: v for k, v in LONG_RESPONSE.items() if k != "ignore_eos"}
+    long = LONG | {"max_tokens": SHUTDOWN_TOKENS}
+    long_response = LONG_RESPONSE | {"max_output_tokens": SHUTDOWN_TOKENS}
+    long_message = LONG_MESSAGE | {"max_tokens": SHUTDOWN_TOKENS}
+    stream = BackgroundStream(running, long)
+    responses_stream = BackgroundStream(running, long_response, "/v1/responses")
+    messages_stream = BackgroundStream(running, long_message, "/v1/messages")
+    sdk_response = {k: v for k, v in long_response.items() if k != "ignore_eos"}
     background = running.client().responses.create(background=True, extra_body={"ignore_eos": True}, **sdk_response)
-    waiting, answer = in_thread(lambda: httpx.post(running.base_url + "/v1/completions", json=LONG, timeout=30))
+    waiting, answer = in_thread(lambda: httpx.post(running.base_url + "/v1/completions", json=long, timeout=30))
     responses_waiting, response_answer = in_thread(
-        lambda: httpx.post(running.base_url + "/v1/responses", json=LONG_RESPONSE, timeout=30))
+        lambda: httpx.post(running.base_url + "/v1/responses", json=long_response, timeout=30))
     messages_waiting, message_answer = in_thread(
-        lambda: httpx.post(running.base_url + "/v1/messages", json=LONG_MESSAGE, timeout=30))
-    sdk_body = {k: v for k, v in LONG.items() if k != "ignore_eos"}
+        lambda: httpx.post(running.base_url + "/v1/messages", json=long_message, timeout=30))
+    sdk_body = {k: v for k, v in long.items() if k != "ignore_eos"}
     sdk_stream = running.client().completions.create(stream=True, extra_body={"ignore_eos": True}, **sdk_body)
     next(iter(sdk_stream))
-    time.sleep(0.2)  # the non-streamed request is in the engine by now
+    wait_in_flight(running, 8)  # the three answers in full too: the drain ends them mid-answer, not at the door
     running.server.request_drain()
 
     stream.join()
@@ -130,6 +147,6 @@ def test_shutdown_ends_running_requests_and_refuses_new_ones(own_server: Running
     with pytest.raises(openai.APIError, match="shutting down"):
         list(sdk_stream)
     with running.http() as http:
-        assert assert_error_shape(http.post("/v1/completions", json=LONG), 503)["code"] == "shutting_down"
+        assert assert_error_shape(http.post("/v1/completions", json=long), 503)["code"] == "shutting_down"
         assert http.get("/health").status_code == 503
     assert running.wait_idle()["num_kv_blocks_used"] == 0  # the engine thread still freed what was aborted

@@ -14,15 +14,15 @@ def chunkings(text: str) -> dict[str, list[str]]:
     ways = {"whole": [text], "characters": list(text)}
     for size in (2, 3, 5, 7):
         ways[f"every {size}"] = [text[i:i + size] for i in range(0, len(text), size)]
-    ways["inside tags"] = _cut(text, [m.start() + 1 for m in _TAG_CHARACTERS.finditer(text)])
+    ways["inside tags"] = cut(text, [m.start() + 1 for m in _TAG_CHARACTERS.finditer(text)])
     generator = random.Random(text)
     for n in range(12):
-        ways[f"random {n}"] = _cut(text, generator.sample(range(1, len(text)), min(len(text) - 1, 1 + n * 3)))
+        ways[f"random {n}"] = cut(text, generator.sample(range(1, len(text)), min(len(text) - 1, 1 + n * 3)))
     ways["utf-8 bytes"] = _bytes_decoded(text, generator)
     return ways
 
 
-def _cut(text: str, cuts: list[int]) -> list[str]:
+def cut(text: str, cuts: list[int]) -> list[str]:
     points = sorted({0, len(text), *cuts})
     return [text[a:b] for a, b in zip(points, points[1:], strict=False)]
 

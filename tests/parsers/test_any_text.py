@@ -7,7 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.parsers.cases import FAMILIES, Family
-from tests.parsers.test_conformance import _cut, client_message, in_full, streamed
+from tests.parsers.chunkings import cut
+from tests.parsers.test_conformance import client_message, in_full, streamed
 
 COMMON = ["get_weather", "get_time", '{"city": "Paris"}', "{", "}", '"', ":", ",", " ", "\n", "é", "東京", "x",
           "<think>", "</think>", "<", ">", "[", "]", "|", "=", "3", "```json\n", "\n```"]
@@ -35,7 +36,7 @@ def texts(family: Family) -> st.SearchStrategy[str]:
 
 
 @pytest.mark.parametrize("family", [pytest.param(f, id=f.tool_call_parser) for f in FAMILIES])
-def test_any_text_parses_the_same_however_it_is_cut(family: Family) -> None:
+def test_any_text_parses_the_same_however_it_iscut(family: Family) -> None:
     case = family.cases[0]
 
     @settings(max_examples=150, deadline=None)
@@ -43,7 +44,7 @@ def test_any_text_parses_the_same_however_it_is_cut(family: Family) -> None:
     def check(text: str, cuts: list[int]) -> None:
         whole = case.__class__(case.name, text, prompt=case.prompt)
         message, has_tool_calls = in_full(family, whole)
-        chunks, streamed_calls = streamed(family, whole, _cut(text, [c % (len(text) + 1) for c in cuts]) or [""])
+        chunks, streamed_calls = streamed(family, whole, cut(text, [c % (len(text) + 1) for c in cuts]) or [""])
         got = client_message(chunks)
         assert got["content"] == (message["content"] or "")
         assert got["reasoning"] == (message["reasoning_content"] or "")
