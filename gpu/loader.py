@@ -48,7 +48,7 @@ class CheckpointTensor:
         self.shape: tuple[int, ...] = tuple(file_slice.get_shape())  # type: ignore[attr-defined]
 
     def read(self) -> torch.Tensor:
-        return self._slice[:]  # type: ignore[index]
+        return self._slice[...]  # type: ignore[index]
 
     def read_rows(self, start: int, size: int) -> torch.Tensor:
         self._check_range(0, start, size)
@@ -61,6 +61,14 @@ class CheckpointTensor:
         """Indices [start, start + size) along `dim`, all of the others."""
         self._check_range(dim, start, size)
         index = (slice(None),) * dim + (slice(start, start + size),)
+        return self._slice[index]  # type: ignore[index]
+
+    def read_ranges(self, ranges: dict[int, tuple[int, int]]) -> torch.Tensor:
+        """Indices [start, start + size) along each dimension named in `ranges`, all of the others."""
+        for dim, (start, size) in ranges.items():
+            self._check_range(dim, start, size)
+        index = tuple(slice(ranges[d][0], sum(ranges[d])) if d in ranges else slice(None)
+                      for d in range(len(self.shape)))
         return self._slice[index]  # type: ignore[index]
 
     def _check_range(self, dim: int, start: int, size: int) -> None:

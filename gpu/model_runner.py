@@ -44,6 +44,14 @@ from gpu.models import model_class
 from gpu.penalties import PenaltyState
 from gpu.pending_step import PendingLogits, PendingStep, SampledRows, feed_back_tokens
 from gpu.prompt_logprobs import PackedPromptLogprobs, prompt_logprobs
+from gpu.quant import (
+    cast_float_params,
+    finish_loading,
+    quant_scheme,
+    quantize_linear_layers,
+    weight_summary,
+)
+from gpu.quant.method import QuantScheme
 from gpu.runner import run_step
 from gpu.sampler import FUSED_DTYPES, GraphDraw, Sampler
 
@@ -442,20 +450,27 @@ def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch
     """The checkpoint's model on `device` in `dtype`, its weights loaded (on a CPU in bfloat16, packed)."""
     torch.manual_seed(config.seed)
     packs = config.kernels.cpu_packed_weights and can_pack(dtype, device)
-    # Packing finds weights on a 4-bit grid exactly, so it reads a float32 checkpoint's own values. Built in the dtype
-    # it loads in: a large model never exists in float32 first.
-    load_dtype = torch.float32 if packs and checkpoint_dtype(hf_config) == "float32" else dtype
+    scheme = quant_scheme(hf_config)
+    # Packing finds weights on a 4-bit grid exactly, so it reads a float32 checkpoint's own values (a quantized one's
+    # dequantized in float32). Built in the dtype it loads in: a large model never exists in float32 first.
+    is_exact = checkpoint_dtype(hf_config) == "float32" or scheme is not None
+    load_dtype = torch.float32 if packs and is_exact else dtype
     with torch.device(device), _default_dtype(load_dtype):
         model = model_class(hf_config.architectures)(hf_config, config.max_model_len, config.kernels, tp)
+    if scheme is not None:
+        quantize_linear_layers(model, scheme)
     if config.load_format == "dummy":
         init_dummy_weights(model, getattr(hf_config, "initializer_range", DEFAULT_STD), config.seed)
     else:
         load_weights(model, Path(config.model_path))
+    finish_loading(model)
     model.eval().requires_grad_(False)
     if packs:
         kinds = pack_linear_layers(model)
         logger.info("linear weights packed for the CPU: %s", ", ".join(f"{n} {k}" for k, n in kinds.items()))
-    return model.to(dtype)
+    cast_float_params(model, dtype)
+    _log_weight_format(model, scheme, dtype)
+    return model
 
 
 def step_inputs(batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -481,6 +496,15 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
+
+
+def _log_weight_format(model: torch.nn.Module, scheme: QuantScheme | None, dtype: torch.dtype) -> None:
+    num_bytes, num_weights = weight_summary(model)
+    is_dequantized = scheme is not None and next(model.parameters()).device.type == "cpu"
+    logger.info("weight format: %s, %.2f bytes per parameter%s",
+                scheme.description if scheme is not None else str(dtype).removeprefix("torch."),
+                num_bytes / max(num_weights, 1), " (dequantized: the CPU runs the float weights)" if is_dequantized
+                else "")
 
 
 def _num_bytes(model: torch.nn.Module) -> int:

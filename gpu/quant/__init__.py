@@ -1,0 +1,102 @@
+"""Quantized weights: one module per checkpoint format, each with its loading, its kernel per device and its
+reference dequantization (gpu/quant/method.py says how they fit a linear layer).
+
+`quant_scheme(config)` reads config.json's `quantization_config`; `quantize_linear_layers` gives every linear layer
+of a built model its format's method before loading, and `finish_loading` readies them after. An unsupported
+`quant_method` is an error at start that names it and the supported ones.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from gpu.quant.method import QuantScheme
+
+
+def _schemes() -> dict[str, Callable[[dict[str, object]], QuantScheme]]:
+    from gpu.quant.awq import AwqScheme
+    from gpu.quant.compressed_tensors import CompressedTensorsScheme
+    from gpu.quant.fp8 import Fp8Scheme
+    from gpu.quant.gguf import GgufScheme
+    from gpu.quant.gptq import GptqScheme
+
+    return {"fp8": Fp8Scheme, "compressed-tensors": CompressedTensorsScheme, "awq": AwqScheme, "gptq": GptqScheme,
+            "gguf": GgufScheme}
+
+
+SUPPORTED_METHODS = ("fp8", "compressed-tensors", "awq", "gptq", "gguf")
+
+
+def quant_scheme(config: PretrainedConfig) -> QuantScheme | None:
+    """The checkpoint's quantization, or None for float weights."""
+    settings = getattr(config, "quantization_config", None)
+    if settings is None:
+        return None
+    settings = settings if isinstance(settings, dict) else settings.to_dict()
+    method = settings.get("quant_method")
+    schemes = _schemes()
+    if method not in schemes:
+        raise ValueError(f"quantization method {method!r} (config.json's quantization_config) is not supported; "
+                         f"supported: {', '.join(SUPPORTED_METHODS)}")
+    return schemes[method](settings)
+
+
+def quantize_linear_layers(model: nn.Module, scheme: QuantScheme) -> int:
+    """Gives each linear layer the checkpoint quantizes its method (before loading); returns how many."""
+    from gpu.layers.linear import Linear
+
+    packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
+    count = 0
+    for name, module in model.named_modules():
+        if isinstance(module, Linear):
+            method = scheme.method_for(checkpoint_names(name, packed), module.weight_layout())
+            if method is not None:
+                module.use_quant_method(method)
+                count += 1
+    return count
+
+
+def checkpoint_names(module_name: str, packed: dict[str, tuple[str, str]]) -> list[str]:
+    """The checkpoint's module names of a layer, in its shards' order: `...qkv_proj` -> `...q_proj`, `...k_proj`,
+    `...v_proj` where the model merges them (`packed_modules`); a layer of one tensor keeps its name."""
+    parent, _, leaf = module_name.rpartition(".")
+    prefix = f"{parent}." if parent else ""
+    shards = [checkpoint for checkpoint, (merged, _) in packed.items() if merged == leaf]
+    return [prefix + shard for shard in shards] if shards else [module_name]
+
+
+def finish_loading(model: nn.Module) -> None:
+    for module in model.modules():
+        if getattr(module, "quant", None) is not None:
+            module.finish_loading()
+
+
+def cast_float_params(model: nn.Module, dtype: torch.dtype) -> None:
+    """model.to(dtype) for every layer but the quantized ones, whose method chose its tensors' dtypes (FP8 weights
+    and float32 scales stay as they are)."""
+    for module in model.modules():
+        if getattr(module, "quant", None) is None:
+            for param in module.parameters(recurse=False):
+                if param.is_floating_point() and param.dtype != dtype:
+                    param.data = param.data.to(dtype)
+        elif module.bias is not None:
+            module.bias.data = module.bias.data.to(dtype)
+
+
+def weight_summary(model: nn.Module) -> tuple[int, int]:
+    """(bytes the weights take, weights they hold): a quantized layer holds out x in weights whatever it stores."""
+    num_bytes = num_weights = 0
+    seen: set[int] = set()
+    for module in model.modules():
+        method = getattr(module, "quant", None)
+        for name, param in module.named_parameters(recurse=False):
+            if id(param) in seen:
+                continue
+            seen.add(id(param))
+            num_bytes += param.numel() * param.element_size()
+            num_weights += param.numel() if method is None or name == "bias" else 0
+        if method is not None:
+            num_weights += method.layout.out_features * method.layout.in_features
+    return num_bytes, num_weights

@@ -1,0 +1,88 @@
+"""The seam between a linear layer and its weight's format: `QuantMethod`, and `QuantScheme`, which gives each layer
+its method from config.json's `quantization_config`.
+
+A method has three parts. Loading: `create_params` names the layer's parameters as the checkpoint names its tensors
+(`weight`, `weight_scale_inv`, `qweight`...) and `load` fills this layer's part of each from a checkpoint tensor
+(its shard's rows, its rank's columns); `finish_loading` then turns them into what the kernel reads. Running:
+`apply` multiplies on the layer's device. The reference: `dequantize`, the float32 weight [out, in] by the format's
+own rule, which the CPU runs (weights dequantized exactly, activations in the serving dtype) and the tests compare
+every kernel against. A method keeps its parameters on the layer (so the loader and the memory count see them) and
+the layer's shape in its `WeightLayout`; nothing else in the model knows the format.
+"""
+
+import re
+from typing import Protocol
+
+import torch
+from torch import nn
+
+from gpu.loader import CheckpointTensor
+from gpu.quant.layout import PLAIN, RowSlice, TensorLayout, WeightLayout, read_part, stored_range
+
+
+class QuantMethod:
+    """One linear layer's quantized weight. Subclasses set `format_name` and override what their format needs."""
+
+    format_name = "float"
+
+    def __init__(self, layout: WeightLayout) -> None:
+        self.layout = layout
+
+    def create_params(self, device: torch.device) -> dict[str, torch.Tensor]:
+        """Checkpoint tensor name -> this layer's part of it, allocated (the loader fills every one)."""
+        raise NotImplementedError
+
+    def tensor_layout(self, name: str) -> TensorLayout:
+        """How the stored tensor `name` runs along the weight's rows and columns."""
+        return PLAIN
+
+    def load(self, layer: nn.Module, name: str, param: nn.Parameter, loaded: CheckpointTensor,
+             shard: str | None) -> None:
+        """Copies this layer's part of checkpoint tensor `name` (shard `shard`'s rows) into `param`."""
+        tensor_layout = self.tensor_layout(name)
+        part = read_part(loaded, tensor_layout, self.layout.shards[shard], self.layout.columns)
+        if tensor_layout.row_dim is None:
+            param.data.copy_(part.view(param.shape))
+            return
+        in_layer = RowSlice(self.layout.shard_start(shard), self.layout.shards[shard].size, self.layout.out_features)
+        start, _ = stored_range(in_layer, tensor_layout.rows_per_unit, f"{loaded.name}: shard {shard}'s rows")
+        param.data.narrow(tensor_layout.row_dim, start, part.shape[tensor_layout.row_dim]).copy_(part)
+
+    def finish_loading(self, layer: nn.Module) -> None:
+        """Turns the loaded parameters into the kernel's form (on a GPU; a CPU runs the dequantized weight)."""
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """x @ W.T (+ bias) over x's last dimension, on the layer's device."""
+        raise NotImplementedError
+
+    def dequantize(self, layer: nn.Module) -> torch.Tensor:
+        """The weight [out, in] in float32 by the format's rule: the reference."""
+        raise NotImplementedError
+
+    def stored_bytes(self, layer: nn.Module) -> int:
+        return sum(p.numel() * p.element_size() for name, p in layer.named_parameters(recurse=False) if name != "bias")
+
+
+class QuantScheme(Protocol):
+    """A checkpoint's quantization: which linear layers are quantized, and each one's method."""
+
+    description: str  # for the start-up log, e.g. "fp8 (weights and activations, 128x128 blocks)"
+
+    def method_for(self, checkpoint_names: list[str], layout: WeightLayout) -> QuantMethod | None:
+        """The method of the layer whose checkpoint tensors are `checkpoint_names` (module names, one per shard),
+        or None where the checkpoint keeps that layer unquantized."""
+        ...
+
+
+def matches_any(checkpoint_names: list[str], patterns: list[str]) -> bool:
+    """Whether a layer's checkpoint modules are named by `patterns` (names, name suffixes after a dot, or `re:`
+    patterns, as compressed-tensors and vLLM write ignore and target lists); a merged layer's shards must agree."""
+
+    def matches(name: str) -> bool:
+        return any(re.match(p[3:], name) is not None if p.startswith("re:") else name == p or name.endswith("." + p)
+                   for p in patterns)
+
+    flags = {matches(name) for name in checkpoint_names}
+    if len(flags) > 1:
+        raise ValueError(f"the checkpoint quantizes some of {checkpoint_names} and not others, which are merged here")
+    return flags.pop()
