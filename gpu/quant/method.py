@@ -27,6 +27,7 @@ class QuantMethod:
 
     def __init__(self, layout: WeightLayout) -> None:
         self.layout = layout
+        self._loaded_whole: set[str] = set()  # tensors that hold no rows, loaded by one of the shards
 
     def create_params(self, device: torch.device) -> dict[str, torch.Tensor]:
         """Checkpoint tensor name -> this layer's part of it, allocated (the loader fills every one)."""
@@ -41,8 +42,12 @@ class QuantMethod:
         """Copies this layer's part of checkpoint tensor `name` (shard `shard`'s rows) into `param`."""
         tensor_layout = self.tensor_layout(name)
         part = read_part(loaded, tensor_layout, self.layout.shards[shard], self.layout.columns)
-        if tensor_layout.row_dim is None:
+        if tensor_layout.row_dim is None:  # one for all rows: a merged layer's shards must agree
+            if name in self._loaded_whole and not torch.equal(param.data, part.view(param.shape).to(param.device)):
+                raise ValueError(f"{loaded.name} differs from the tensor of the same name in another of "
+                                 f"{list(self.layout.shards)}, which are merged here")
             param.data.copy_(part.view(param.shape))
+            self._loaded_whole.add(name)
             return
         in_layer = RowSlice(self.layout.shard_start(shard), self.layout.shards[shard].size, self.layout.out_features)
         start, _ = stored_range(in_layer, tensor_layout.rows_per_unit, f"{loaded.name}: shard {shard}'s rows")
