@@ -20,8 +20,8 @@ import triton.language as tl
 from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.skinny_gemm import _split_k_reduce_kernel  # one reduce kernel for every split-K GEMM here
 
-FP8_MAX = 448.0
-MIN_SCALE = 1e-12  # a row of zeros quantizes with this scale (to zeros), never divides by zero
+FP8_MAX = tl.constexpr(448.0)
+MIN_SCALE = tl.constexpr(1e-12)  # a row of zeros quantizes with this scale (to zeros), never divides by zero
 PER_TOKEN = tl.constexpr(0)
 PER_GROUP = tl.constexpr(1)
 STATIC = tl.constexpr(2)

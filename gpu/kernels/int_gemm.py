@@ -38,15 +38,17 @@ def _int_gemm_kernel(
     rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    shifts = ((offs_k % PER_WORD) * BITS)[None, :]
+    offs_words = tl.arange(0, BLOCK_K // PER_WORD)
+    shifts = (tl.arange(0, PER_WORD) * BITS)[None, None, :]
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         ks = k + offs_k
         k_mask = ks < k_end
         x = tl.load(x_ptr + rows_x[:, None] * stride_xm + ks[None, :], mask=k_mask[None, :], other=0.0)
-        words = tl.load(q_ptr + rows_w[:, None] * stride_qn + (ks // PER_WORD)[None, :], mask=k_mask[None, :],
-                        other=0)
-        levels = ((words >> shifts) & ((1 << BITS) - 1)).to(tl.float32)
+        word_cols = k // PER_WORD + offs_words  # one load per word, unpacked in registers
+        words = tl.load(q_ptr + rows_w[:, None] * stride_qn + word_cols[None, :],
+                        mask=(word_cols < (k_end + PER_WORD - 1) // PER_WORD)[None, :], other=0)
+        levels = tl.reshape((words[:, :, None] >> shifts) & ((1 << BITS) - 1), (BLOCK_N, BLOCK_K)).to(tl.float32)
         if TILE_GROUPS:  # one group per tile: a scale (and zero) per row
             group = k // group_size
             scales = tl.load(s_ptr + rows_w * stride_sn + group).to(tl.float32)[:, None]
@@ -92,7 +94,7 @@ def int_gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros:
     if m == 0:
         return y
     block_m, block_n, split, warps, stages = quant_gemm_tiles(m, n, k, 128, x.device)
-    block_k = 128
+    block_k, stages = 128, min(stages, 2)  # the unpacked tile lives in registers; two stages of x and words fit
     k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
