@@ -130,7 +130,8 @@ def test_quantized_models_by_the_top5_rule(name: str, tiny_model_dirs: dict[str,
     model, quantizer, config = FORMATS[name]
     quantized, dequantized = qc.write_quantized(tiny_model_dirs[model], tmp_path, quantizer, config)
     outputs = _serve_bf16(quantized).generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=16, logprobs=5))
-    assert_bf16_divergences_rare_near_ties(dequantized, PROMPTS, outputs)
+    # FP8 activations round every product's input too (W8A8): more near-ties flip than between two bf16 runs.
+    assert_bf16_divergences_rare_near_ties(dequantized, PROMPTS, outputs, 0.15 if name.startswith("fp8") else 0.05)
 
 
 def test_gguf_blocks_model_by_the_top5_rule(tmp_path: Path) -> None:
