@@ -68,7 +68,7 @@ class PackedIntMethod(IntGroupsMethod):
         if name != SHAPE:
             super().load(layer, name, param, loaded, shard)
             return
-        expected = [self.layout.shards[shard].total, self.layout.columns.total]
+        expected = [self.layout.checkpoint_rows(shard)[0][1].total, self.layout.columns.total]
         if loaded.read().tolist() != expected:
             raise ValueError(f"{loaded.name} says {loaded.read().tolist()}, the model's layer is {expected}")
         param.data.copy_(torch.tensor([self.layout.out_features, self.layout.in_features]))

@@ -59,8 +59,9 @@ class Fp8Method(QuantMethod):
         if name == INPUT_SCALE:  # one for the layer: the largest of its shards'
             torch.maximum(param.data, loaded.read().float().view(1), out=param.data)
         elif name == self.scale_name and _numel(loaded.shape) == 1 and param.shape[0] > 1:
-            start, size = self.layout.shard_start(shard), self.layout.shards[shard].size
-            param.data[start : start + size] = loaded.read().float().view(1, 1)  # a per-tensor scale on its rows
+            for layer_shard, rows in self.layout.checkpoint_rows(shard):  # a per-tensor scale on its rows
+                start = self.layout.shard_start(layer_shard)
+                param.data[start : start + rows.size] = loaded.read().float().view(1, 1)
         else:
             super().load(layer, name, param, loaded, shard)
 

@@ -46,6 +46,20 @@ class WeightLayout:
     def in_features(self) -> int:
         return self.columns.size
 
+    def checkpoint_rows(self, shard: str | None) -> list[tuple[str | None, RowSlice]]:
+        """(the layer's shard, the rows it takes of the checkpoint tensor) of a tensor loaded as `shard`: that shard's
+        rows; or, for a tensor holding every shard's rows in order (a fused q/k/v, `shard` None on a merged layer),
+        each shard's rows within it."""
+        if shard in self.shards:
+            return [(shard, self.shards[shard])]
+        if shard is not None:
+            raise ValueError(f"no shard {shard!r} in a layer of shards {list(self.shards)}")
+        rows, start, total = [], 0, sum(r.total for r in self.shards.values())
+        for name, part in self.shards.items():
+            rows.append((name, RowSlice(start + part.start, part.size, total)))
+            start += part.total
+        return rows
+
     def shard_start(self, shard: str | None) -> int:
         """The first of the layer's rows that `shard` fills."""
         start = 0

@@ -39,19 +39,17 @@ class QuantMethod:
 
     def load(self, layer: nn.Module, name: str, param: nn.Parameter, loaded: CheckpointTensor,
              shard: str | None) -> None:
-        """Copies this layer's part of checkpoint tensor `name` (shard `shard`'s rows) into `param`."""
+        """Copies this layer's part of checkpoint tensor `name` (shard `shard`'s rows; with no shard named on a
+        merged layer, every shard's rows of one fused tensor) into `param`."""
         tensor_layout = self.tensor_layout(name)
-        part = read_part(loaded, tensor_layout, self.layout.shards[shard], self.layout.columns)
-        if tensor_layout.row_dim is None:  # one for all rows: a merged layer's shards must agree
-            if name in self._loaded_whole and not torch.equal(param.data, part.view(param.shape).to(param.device)):
-                raise ValueError(f"{loaded.name} differs from the tensor of the same name in another of "
-                                 f"{list(self.layout.shards)}, which are merged here")
-            param.data.copy_(part.view(param.shape))
-            self._loaded_whole.add(name)
-            return
-        in_layer = RowSlice(self.layout.shard_start(shard), self.layout.shards[shard].size, self.layout.out_features)
-        start, _ = stored_range(in_layer, tensor_layout.rows_per_unit, f"{loaded.name}: shard {shard}'s rows")
-        param.data.narrow(tensor_layout.row_dim, start, part.shape[tensor_layout.row_dim]).copy_(part)
+        for layer_shard, rows in self.layout.checkpoint_rows(shard):
+            part = read_part(loaded, tensor_layout, rows, self.layout.columns)
+            if tensor_layout.row_dim is None:
+                param.data.copy_(part.view(param.shape))
+                return
+            in_layer = RowSlice(self.layout.shard_start(layer_shard), rows.size, self.layout.out_features)
+            start, _ = stored_range(in_layer, tensor_layout.rows_per_unit, f"{loaded.name}: shard {layer_shard}'s rows")
+            param.data.narrow(tensor_layout.row_dim, start, part.shape[tensor_layout.row_dim]).copy_(part)
 
     def finish_loading(self, layer: nn.Module) -> None:
         """Turns the loaded parameters into the kernel's form (on a GPU; a CPU runs the dequantized weight)."""

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from gpu.layers.linear import Linear
+from gpu.layers.linear import Linear, MergedLinear
 from gpu.loader import CheckpointTensor
 from gpu.quant import gguf_blocks
 from gpu.quant.awq import AwqScheme
@@ -65,6 +65,22 @@ def test_fp8_per_tensor_scale() -> None:
     weight = dequantized(scheme, 2, 2, {"weight": levels, "weight_scale": torch.tensor(0.125),
                                         "input_scale": torch.tensor(0.5)})
     assert weight.tolist() == [[0.125, -0.25], [0.0625, 56.0]]
+
+
+def test_fp8_fused_checkpoint_tensor_fills_every_shard_of_a_merged_layer() -> None:
+    """Phi-3 style: one checkpoint tensor holds q's rows, then k's; a merged layer loads both from it."""
+    levels = torch.tensor([[1.0, 2.0, -1.0, 0.5], [3.0, -4.0, 2.0, 1.0], [0.25, 1.0, 6.0, -2.0],
+                           [8.0, 0.5, 1.5, -0.5]]).to(torch.float8_e4m3fn)
+    scales = torch.tensor([[1.0, 2.0], [0.5, 4.0]])
+    layer = MergedLinear(4, {"q": 2, "k": 2}, bias=False)
+    scheme = Fp8Scheme({"quant_method": "fp8", "weight_block_size": [2, 2], "activation_scheme": "dynamic"})
+    method = scheme.method_for(["q", "k"], layer.weight_layout())
+    layer.use_quant_method(method)
+    for name, tensor in (("weight", levels), ("weight_scale_inv", scales)):
+        param = getattr(layer, name)
+        param.weight_loader(param, CheckpointTensor(name, _Slice(tensor)), None)
+    assert method.dequantize(layer).tolist() == [[1.0, 2.0, -2.0, 1.0], [3.0, -4.0, 4.0, 2.0],
+                                                 [0.125, 0.5, 24.0, -8.0], [4.0, 0.25, 6.0, -2.0]]
 
 
 def test_gptq_int4_with_zero_points_stored_minus_one() -> None:
