@@ -463,7 +463,7 @@ def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch
         init_dummy_weights(model, getattr(hf_config, "initializer_range", DEFAULT_STD), config.seed)
     else:
         load_weights(model, Path(config.model_path))
-    finish_loading(model)
+    finish_loading(model, load_dtype)
     model.eval().requires_grad_(False)
     if packs:
         kinds = pack_linear_layers(model)

@@ -1,114 +1,174 @@
-"""Triton kernel: W4A16 / W8A16 GEMM y = x @ W^T (+ bias), the integer weights dequantized inside the main loop.
+"""Triton kernel: W4A16 / W8A16 GEMM y = x @ W^T (+ bias), integer weights dequantized in registers in the main loop.
 
-x [M, K] bf16/fp16; W in gpu/quant/int_weights.py's stored form: `int_weight` int32 [N, K * BITS / 32] (levels
-packed from the low bits along K), scales [N, groups], zero points [N, groups] or none (2^(BITS - 1)), and group ids
-[K] or none (column k's group is k // group_size). Each [BLOCK_N, BLOCK_K] weight tile is unpacked, shifted by its
-zero points and scaled in float32, rounded to x's dtype and multiplied on the tensor cores (float32 sums): a decode
-step reads the packed bytes, a quarter (int4) or half (int8) of bf16's. Where groups are whole tiles (no group ids,
-group_size a multiple of BLOCK_K) a tile's scales are one per row.
+x [M, K] bf16/fp16; W in gpu/quant/int_weights.py's `IntWeight` form: levels packed in pairs along K (the two
+16-bit halves of a word hold two consecutive columns), a scale and a zero point or offset per group of GROUP columns
+in x's dtype, and optionally `perm`, the column of x each stored column multiplies (groups sorted by act order).
+Each [BLOCK_N, BLOCK_K] weight tile is dequantized to x's dtype and multiplied on the tensor cores (float32 sums):
+a decode step reads the packed bytes, a quarter (int4) or half (int8) of bf16's.
 
-Grid and split-K as gpu/kernels/fp8_gemm.py's. No data-dependent control: CUDA-graph capturable.
+4-bit levels with bf16/fp16 activations are dequantized two at a time: a word's pair, masked and ORed with the
+exponent of 128 (bf16) or 1024 (fp16), is two 16-bit floats 128 + level exactly, and (v - (128 + zero)) * scale
+rounds once; so a weight costs a few packed integer and half-precision operations and no integer-to-float
+conversion. 8-bit levels (and float32 activations) take the same trick in float32 (2^23 + level).
+
+The weight tile is the tensor cores' M side and x's rows their N side (as gpu/kernels/fp8_gemm.py's, with its tile
+rule, split-K and reduce); rows past M and N re-read the last valid row, never stored. CUDA-graph capturable.
 """
+
+from typing import TYPE_CHECKING
 
 import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.fp8_gemm import quant_gemm_tiles
+from gpu.kernels.fp8_gemm import _store_transposed, num_sms, reduce_split_k
 from gpu.kernels.pdl import pdl_start, uses_pdl
-from gpu.kernels.skinny_gemm import _split_k_reduce_kernel  # one reduce kernel for every split-K GEMM here
+from gpu.kernels.quant_gemm_configs import QuantTiles, quant_tiles
+
+if TYPE_CHECKING:
+    from gpu.quant.int_weights import IntWeight
+
+PACKED_DTYPES = (torch.bfloat16, torch.float16)
+
+
+@triton.jit
+def _per_group(ptr, rows_offset, k, num_groups, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+               GROUP: tl.constexpr):
+    """A per-group tensor's values at the tile's columns: [BLOCK_N, 1] where one group spans the tile, else
+    [BLOCK_N, BLOCK_K] (groups past the last, which multiply x's zeros, read the last)."""
+    if GROUP >= BLOCK_K:
+        values = tl.load(ptr + rows_offset + tl.minimum(k // GROUP, num_groups - 1))[:, None]
+    else:
+        ids = tl.minimum(k // GROUP + tl.arange(0, BLOCK_K // GROUP), num_groups - 1)
+        per_group = tl.load(ptr + rows_offset[:, None] + ids[None, :])
+        values = tl.reshape(tl.broadcast_to(per_group[:, :, None], (BLOCK_N, BLOCK_K // GROUP, GROUP)),
+                            (BLOCK_N, BLOCK_K))
+    return values
+
+
+@triton.jit
+def _pair_halves(words, BITS: tl.constexpr, OR_BITS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Words [BLOCK_N, BLOCK_K * BITS / 32] -> [BLOCK_N, BLOCK_K] uint16: each level ORed with OR_BITS."""
+    shifts = (tl.arange(0, 16 // BITS) * BITS)[None, None, :]
+    pairs = ((words[:, :, None] >> shifts) & (((1 << BITS) - 1) * 0x10001)) | (OR_BITS * 0x10001)
+    return tl.reshape(tl.join(pairs.to(tl.uint16), (pairs >> 16).to(tl.uint16)), (BLOCK_N, BLOCK_K))
+
+
+@triton.jit
+def _dequantize(words, s_ptr, z_ptr, o_ptr, rows_offset, k, num_groups, dtype: tl.constexpr, BITS: tl.constexpr,
+                GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+                PACKED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The weight tile [BLOCK_N, BLOCK_K] in `dtype`: (level - zero) * scale (+ offset)."""
+    scales = _per_group(s_ptr, rows_offset, k, num_groups, BLOCK_N, BLOCK_K, GROUP)
+    if PACKED:  # 16-bit floats 128 + level (bf16) or 1024 + level (fp16), exact
+        magic: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
+        magic_bits: tl.constexpr = 0x4300 if dtype == tl.bfloat16 else 0x6400
+        v = _pair_halves(words, BITS, magic_bits, BLOCK_N, BLOCK_K).to(dtype, bitcast=True)
+        if HAS_ZEROS:
+            c = _per_group(z_ptr, rows_offset, k, num_groups, BLOCK_N, BLOCK_K, GROUP) + tl.full((1, 1), magic, dtype)
+        else:
+            c = tl.full((1, 1), magic + ZERO, dtype)
+        w = (v - c) * scales
+        if HAS_OFFSETS:
+            w = w + _per_group(o_ptr, rows_offset, k, num_groups, BLOCK_N, BLOCK_K, GROUP)
+    else:  # float32 2^23 + level, exact
+        levels = _pair_halves(words, BITS, 0, BLOCK_N, BLOCK_K).to(tl.int32)
+        v = (levels | 0x4B000000).to(tl.float32, bitcast=True)
+        if HAS_ZEROS:
+            c = _per_group(z_ptr, rows_offset, k, num_groups, BLOCK_N, BLOCK_K, GROUP).to(tl.float32) + 8388608.0
+        else:
+            c = 8388608.0 + ZERO
+        w32 = (v - c) * scales.to(tl.float32)
+        if HAS_OFFSETS:
+            w32 += _per_group(o_ptr, rows_offset, k, num_groups, BLOCK_N, BLOCK_K, GROUP).to(tl.float32)
+        w = w32.to(dtype)
+    return w
 
 
 @triton.jit(do_not_specialize=["M", "N"])
 def _int_gemm_kernel(
-    x_ptr, q_ptr, s_ptr, z_ptr, g_ptr, bias_ptr, out_ptr,
-    M, N, K, k_per_split, group_size,
-    stride_xm, stride_qn, stride_sn, stride_os, stride_om,
-    BITS: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_GROUP_IDS: tl.constexpr, TILE_GROUPS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, IS_PARTIAL: tl.constexpr, USE_PDL: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, perm_ptr, bias_ptr, out_ptr,
+    M, N, K, k_per_split, num_groups,
+    stride_xm, stride_qn, stride_gn, stride_os, stride_om,
+    BITS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr, HAS_PERM: tl.constexpr, PACKED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, IS_PARTIAL: tl.constexpr, EVEN_K: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pdl_start(USE_PDL)
     PER_WORD: tl.constexpr = 32 // BITS
+    dtype: tl.constexpr = x_ptr.dtype.element_ty
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
-    rows_x = tl.minimum(offs_m, M - 1).to(tl.int64)
+    offs_w = tl.arange(0, BLOCK_K // PER_WORD)
+    x_rows = x_ptr + tl.minimum(offs_m, M - 1)[:, None] * stride_xm  # [BLOCK_M, 1]
     rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)
+    rows_offset = rows_w * stride_gn
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    offs_words = tl.arange(0, BLOCK_K // PER_WORD)
-    shifts = (tl.arange(0, PER_WORD) * BITS)[None, None, :]
-    acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
+    q_ptrs = q_ptr + rows_w[:, None] * stride_qn + (k_start // PER_WORD + offs_w)[None, :]
+    acc = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         ks = k + offs_k
-        k_mask = ks < k_end
-        x = tl.load(x_ptr + rows_x[:, None] * stride_xm + ks[None, :], mask=k_mask[None, :], other=0.0)
-        word_cols = k // PER_WORD + offs_words  # one load per word, unpacked in registers
-        words = tl.load(q_ptr + rows_w[:, None] * stride_qn + word_cols[None, :],
-                        mask=(word_cols < (k_end + PER_WORD - 1) // PER_WORD)[None, :], other=0)
-        levels = tl.reshape((words[:, :, None] >> shifts) & ((1 << BITS) - 1), (BLOCK_N, BLOCK_K)).to(tl.float32)
-        if TILE_GROUPS:  # one group per tile: a scale (and zero) per row
-            group = k // group_size
-            scales = tl.load(s_ptr + rows_w * stride_sn + group).to(tl.float32)[:, None]
-            if HAS_ZEROS:
-                zeros = tl.load(z_ptr + rows_w * stride_sn + group).to(tl.float32)[:, None]
-            else:
-                zeros = tl.full((BLOCK_N, 1), 1 << (BITS - 1), tl.float32)
+        if HAS_PERM:
+            columns = tl.load(perm_ptr + tl.minimum(ks, K - 1))
         else:
-            if HAS_GROUP_IDS:
-                groups = tl.load(g_ptr + ks, mask=k_mask, other=0)
-            else:
-                groups = ks // group_size
-            where = rows_w[:, None] * stride_sn + groups[None, :]
-            scales = tl.load(s_ptr + where).to(tl.float32)
-            if HAS_ZEROS:
-                zeros = tl.load(z_ptr + where).to(tl.float32)
-            else:
-                zeros = tl.full((BLOCK_N, 1), 1 << (BITS - 1), tl.float32)
-        w = ((levels - zeros) * scales).to(x_ptr.dtype.element_ty)
-        acc = tl.dot(x, tl.trans(w), acc)
-    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if IS_PARTIAL:
-        tl.store(out_ptrs, acc, mask=out_mask)
-    else:
-        if HAS_BIAS:
-            acc += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=out_mask)
+            columns = ks
+        if EVEN_K:
+            x = tl.load(x_rows + columns[None, :])
+            words = tl.load(q_ptrs)
+        else:
+            x = tl.load(x_rows + columns[None, :], mask=(ks < k_end)[None, :], other=0.0)
+            words = tl.load(q_ptrs, mask=((k // PER_WORD + offs_w) * PER_WORD < k_end)[None, :], other=0)
+        w = _dequantize(words, s_ptr, z_ptr, o_ptr, rows_offset, k, num_groups, dtype, BITS, GROUP, ZERO, HAS_ZEROS,
+                        HAS_OFFSETS, PACKED, BLOCK_N, BLOCK_K)
+        acc = tl.dot(w, tl.trans(x), acc)
+        q_ptrs += BLOCK_K // PER_WORD
+    _store_transposed(acc, bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS,
+                      IS_PARTIAL)
 
 
-def int_gemm(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, zeros: torch.Tensor | None,
-             group_ids: torch.Tensor | None, bits: int, bias: torch.Tensor | None = None, use_pdl: bool = True,
-             out: torch.Tensor | None = None) -> torch.Tensor:  # [M, K] x [N, K * bits / 32] -> [M, N]
+def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = None, use_pdl: bool = True,
+             out: torch.Tensor | None = None, tiles: QuantTiles | None = None
+             ) -> torch.Tensor:  # [M, K] x [N, K * bits / 32] -> [M, N]
+    """x @ W.T (+ bias) for W in the kernel's form; `out` (an [M, N] view with unit stride along N) receives it."""
     m, k = x.shape
-    n = weight.shape[0]
-    if weight.dtype != torch.int32 or weight.shape[1] * 32 // bits != k or x.stride(1) != 1:
-        raise ValueError(f"x [M, K] and int32 [N, K * {bits} / 32] expected, got {tuple(x.shape)} and "
-                         f"{weight.dtype} {tuple(weight.shape)}")
-    if scales.shape[0] != n or (zeros is not None and zeros.shape != scales.shape):
-        raise ValueError(f"scales {tuple(scales.shape)} and zeros do not match [{n}, groups]")
-    group_size = k // scales.shape[1] if group_ids is None else 0
+    words, scales = weight.weight, weight.scales
+    n = words.shape[0]
+    if words.dtype != torch.int32 or words.shape[1] * 32 // weight.bits != k or x.stride(1) != 1:
+        raise ValueError(f"x [M, K] and int32 [N, K * {weight.bits} / 32] expected, got {tuple(x.shape)} and "
+                         f"{words.dtype} {tuple(words.shape)}")
+    if scales.shape[0] != n or scales.dtype != x.dtype or any(
+            t is not None and (t.shape != scales.shape or t.dtype != scales.dtype)
+            for t in (weight.zeros, weight.offsets)):
+        raise ValueError(f"scales {tuple(scales.shape)} {scales.dtype} (and zeros, offsets) must be [{n}, groups] "
+                         f"in x's dtype {x.dtype}")
+    if out is not None and (out.shape != (m, n) or out.stride(1) != 1):
+        raise ValueError(f"out must be [{m}, {n}] with unit stride along N, got {tuple(out.shape)} {out.stride()}")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return y
-    block_m, block_n, split, warps, stages = quant_gemm_tiles(m, n, k, 128, x.device)
-    block_k, stages = 128, min(stages, 2)  # the unpacked tile lives in registers; two stages of x and words fit
-    k_per_split = triton.cdiv(triton.cdiv(k, split), block_k) * block_k
+    t = tiles or quant_tiles(m, n, k, f"int{weight.bits}", num_sms(x.device))
+    k_per_split = triton.cdiv(triton.cdiv(k, t.split_k), t.block_k) * t.block_k
     split = triton.cdiv(k, k_per_split)
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
     pdl = uses_pdl(use_pdl, x)
-    tile_groups = group_ids is None and group_size % block_k == 0
-    _int_gemm_kernel[(triton.cdiv(m, block_m), triton.cdiv(n, block_n), split)](
-        x, weight, scales, zeros if zeros is not None else scales, group_ids if group_ids is not None else weight,
-        bias if bias is not None else scales, part, m, n, k, k_per_split, max(group_size, 1),
-        x.stride(0), weight.stride(0), scales.stride(0), part.stride(0) if split > 1 else 0, part.stride(-2),
-        BITS=bits, HAS_ZEROS=zeros is not None, HAS_GROUP_IDS=group_ids is not None, TILE_GROUPS=tile_groups,
-        HAS_BIAS=bias is not None, IS_PARTIAL=split > 1, USE_PDL=pdl, BLOCK_M=block_m, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=warps, num_stages=stages, launch_pdl=pdl)
+    _int_gemm_kernel[(triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), split)](
+        x, words, scales, _or(weight.zeros, scales), _or(weight.offsets, scales), _or(weight.perm, words),
+        _or(bias, scales), part, m, n, k, k_per_split, scales.shape[1],
+        x.stride(0), words.stride(0), scales.stride(0), part.stride(0) if split > 1 else 0, part.stride(-2),
+        BITS=weight.bits, GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
+        HAS_OFFSETS=weight.offsets is not None, HAS_PERM=weight.perm is not None,
+        PACKED=weight.bits == 4 and x.dtype in PACKED_DTYPES, HAS_BIAS=bias is not None, IS_PARTIAL=split > 1,
+        EVEN_K=k % k_per_split == 0, USE_PDL=pdl, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=pdl)
     if split > 1:
-        _split_k_reduce_kernel[(triton.cdiv(n, 1024), m)](
-            part, bias if bias is not None else scales, y, n, part.stride(0), part.stride(1), y.stride(0),
-            HAS_BIAS=bias is not None, SPLIT_K=split, USE_PDL=pdl, BLOCK=1024, launch_pdl=pdl)
+        reduce_split_k(part, bias, y, pdl)
     return y
+
+
+def _or(t: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
+    """A pointer argument the kernel never reads where `t` is absent."""
+    return t if t is not None else stand_in

@@ -64,12 +64,13 @@ class Linear(nn.Linear):
         assert self.quant is not None
         self.quant.load(self, param.quant_name, param, loaded, shard)  # type: ignore[attr-defined]
 
-    def finish_loading(self) -> None:
-        """After loading: a quantized weight in its kernel's form on a GPU; on a CPU dequantized (the reference: the
-        weights exactly, the activations in the serving dtype), after which the layer is a float one."""
+    def finish_loading(self, dtype: torch.dtype) -> None:
+        """After loading: a quantized weight in its kernel's form on a GPU (for `dtype` activations); on a CPU
+        dequantized (the reference: the weights exactly, the activations in the serving dtype), after which the layer
+        is a float one."""
         if self.quant is None:
             return
-        self.quant.finish_loading(self)
+        self.quant.finish_loading(self, dtype)
         if next(self.parameters()).device.type != "cpu":
             return
         weight = self.quant.dequantize(self)

@@ -67,10 +67,11 @@ def checkpoint_names(module_name: str, packed: dict[str, tuple[str, str]]) -> li
     return [prefix + shard for shard in shards] if shards else [module_name]
 
 
-def finish_loading(model: nn.Module) -> None:
+def finish_loading(model: nn.Module, dtype: torch.dtype) -> None:
+    """Readies every quantized layer for `dtype` activations."""
     for module in model.modules():
         if getattr(module, "quant", None) is not None:
-            module.finish_loading()
+            module.finish_loading(dtype)
 
 
 def cast_float_params(model: nn.Module, dtype: torch.dtype) -> None:

@@ -7,10 +7,13 @@ Stored: the checkpoint's FP8 weight [out, in] as it is, and its scales as one fl
 checkpoints (a merged q/k/v holds three tensors' scales, so a per-tensor scale fills its shard's rows). The weight is
 w[n, k] = fp8[n, k] * scale[n // rows, k // columns].
 
-On a GPU activations are quantized to FP8 on the fly, dynamically (per token group of the block's columns for
-block-scaled weights, as those checkpoints were calibrated; per token otherwise) or with the checkpoint's static
-`input_scale` (the largest of a merged layer's shards', as vLLM takes it), and the product runs on FP8 tensor cores
-(gpu/kernels/fp8_gemm.py). On a CPU the dequantized weight runs (gpu/quant/method.py).
+On a GPU activations are quantized to FP8 on the fly, dynamically or with the checkpoint's static `input_scale` (the
+largest of a merged layer's shards', as vLLM takes it), and the product runs on FP8 tensor cores: up to
+gpu/kernels/quant_gemm_configs.py's FP8_CUBLAS_MIN_ROWS rows in gpu/kernels/fp8_gemm.py (activations quantized per
+token group of the block's columns inside its loop, 128 columns for per-row weights), from there in cuBLAS
+(torch._scaled_mm, activations quantized per token group of 128 for 128x128 blocks, per token for per-row weights,
+by gpu/kernels/fp8_quant.py) where its layout rules allow. On a CPU the dequantized weight runs
+(gpu/quant/method.py).
 """
 
 import torch
@@ -66,12 +69,36 @@ class Fp8Method(QuantMethod):
             super().load(layer, name, param, loaded, shard)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        from gpu.kernels.fp8_gemm import fp8_gemm
-
-        input_scale = getattr(layer, INPUT_SCALE) if self.has_input_scale else None
         rows = x.reshape(-1, x.shape[-1])
-        y = fp8_gemm(rows, layer.weight, getattr(layer, self.scale_name), self.scale_block, input_scale, bias)
+        input_scale = getattr(layer, INPUT_SCALE) if self.has_input_scale else None
+        if self._runs_on_cublas(rows):
+            y = self._cublas_product(layer, rows, input_scale, bias)
+        else:
+            from gpu.kernels.fp8_gemm import fp8_gemm
+
+            y = fp8_gemm(rows, layer.weight, getattr(layer, self.scale_name), self.scale_block, input_scale, bias)
         return y.view(*x.shape[:-1], y.shape[-1])
+
+    def _runs_on_cublas(self, rows: torch.Tensor) -> bool:
+        """Many rows on a GPU, in a layout cuBLAS's FP8 GEMM takes (16-aligned sizes; 128x128 weight blocks with
+        dynamic activations, or a scale per row)."""
+        from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS
+
+        n, k = self.layout.out_features, self.layout.in_features
+        is_deepseek_blocks = self.scale_block == (128, 128) and not self.has_input_scale
+        return (rows.is_cuda and rows.shape[0] >= FP8_CUBLAS_MIN_ROWS and n % 16 == 0 and k % 16 == 0
+                and rows.stride(-1) == 1 and (self.scale_block[1] >= k or is_deepseek_blocks))
+
+    def _cublas_product(self, layer: nn.Module, rows: torch.Tensor, input_scale: torch.Tensor | None,
+                        bias: torch.Tensor | None) -> torch.Tensor:
+        """torch._scaled_mm: activations quantized per token (per-row weights) or per token group of 128 columns
+        (cuBLAS's 1x128 x 128x128 block recipe) first, by one kernel."""
+        from gpu.kernels.fp8_quant import quantize_rows
+
+        is_per_row = self.scale_block[1] >= self.layout.in_features
+        quantized, x_scales = quantize_rows(rows, None if is_per_row else 128, input_scale)
+        return torch._scaled_mm(quantized, layer.weight.t(), scale_a=x_scales,
+                                scale_b=getattr(layer, self.scale_name).t(), bias=bias, out_dtype=rows.dtype)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         return dequantize_blocks(layer.weight, getattr(layer, self.scale_name), self.scale_block)

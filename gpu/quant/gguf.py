@@ -3,9 +3,11 @@
 The checkpoint holds each quantized projection as `qweight` uint8 [out, row bytes] (the file's blocks as they are)
 and config.json's `quantization_config.tensor_types` names each one's block type by module, so a layer's parameters
 are sized before a tensor is read. A merged layer's shards may differ in type (Q4_K_M files keep some v and down
-projections in Q6_K): its `qweight` is the shards' rows one after another, flat, and a product runs one kernel per
-run of shards of one type (gpu/kernels/gguf_gemm.py), each writing its columns of the output. On a CPU the
-dequantized weight runs (gpu/quant/gguf_blocks.py).
+projections in Q6_K): its `qweight` is the shards' rows one after another, flat. After loading, each run of shards
+of one type becomes integer levels with a scale (and an offset) per sub-block (gpu/quant/gguf_blocks.py), the form
+the integer-weight kernel reads (gpu/quant/int_weights.py); a product runs one kernel per run, each writing its
+columns of the output. 4-bit types keep 4 bits per weight and a scale and offset per 32 in the activation dtype
+(Q4_K: 5 bits a weight, the file 4.5); 5- and 6-bit types are held in 8 bits. On a CPU the dequantized weight runs.
 """
 
 from dataclasses import dataclass
@@ -15,6 +17,7 @@ from torch import nn
 
 from gpu.loader import CheckpointTensor
 from gpu.quant import gguf_blocks
+from gpu.quant.int_weights import IntWeight, to_kernel_form
 from gpu.quant.layout import TensorLayout, WeightLayout, read_part
 from gpu.quant.method import QuantMethod
 
@@ -38,6 +41,7 @@ class GgufMethod(QuantMethod):
         super().__init__(layout)
         self.shard_types = shard_types
         self.runs: list[TypeRun] = []
+        self.stored: list[IntWeight] = []  # each run's kernel form, after loading
         self.shard_bytes: dict[str | None, int] = {}  # where each shard's rows start in `qweight`
         row = byte = 0
         for shard, rows in layout.shards.items():
@@ -65,24 +69,29 @@ class GgufMethod(QuantMethod):
         start = self.shard_bytes[shard]
         param.data[start : start + part.numel()].copy_(part.reshape(-1))
 
-    def run_blocks(self, layer: nn.Module, run: TypeRun) -> torch.Tensor:
-        """[num_rows, row bytes] uint8: one run's blocks."""
-        size = run.num_rows * run.row_bytes
-        return layer.qweight[run.byte_start : run.byte_start + size].view(run.num_rows, run.row_bytes)
+    def finish_loading(self, layer: nn.Module, dtype: torch.dtype) -> None:
+        """Each run's blocks as integer levels and per-sub-block scales, the GPU kernel's form."""
+        blocks = layer.qweight
+        del layer.qweight
+        self.stored = []
+        for index, run in enumerate(self.runs):
+            size = run.num_rows * run.row_bytes
+            data = blocks[run.byte_start : run.byte_start + size].view(run.num_rows, run.row_bytes)
+            stored = to_kernel_form(gguf_blocks.int_groups(data, run.gguf_type), dtype)
+            for name, tensor in stored.tensors().items():
+                layer.register_parameter(f"int_{name}_{index}", nn.Parameter(tensor, requires_grad=False))
+            self.stored.append(stored)
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        from gpu.kernels.gguf_gemm import gguf_gemm
-
         rows = x.reshape(-1, x.shape[-1])
         y = torch.empty(rows.shape[0], self.layout.out_features, dtype=x.dtype, device=x.device)
-        for run in self.runs:
+        for run, stored in zip(self.runs, self.stored, strict=True):
             end = run.row_start + run.num_rows
-            run_bias = None if bias is None else bias[run.row_start : end]
-            gguf_gemm(rows, self.run_blocks(layer, run), run.gguf_type, run_bias, out=y[:, run.row_start : end])
+            stored.product(rows, None if bias is None else bias[run.row_start : end], out=y[:, run.row_start : end])
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
-        return torch.cat([gguf_blocks.dequantize(self.run_blocks(layer, run), run.gguf_type) for run in self.runs])
+        return torch.cat([stored.int_groups().dequantize() for stored in self.stored])
 
 
 class GgufScheme:

@@ -51,8 +51,8 @@ class QuantMethod:
             start, _ = stored_range(in_layer, tensor_layout.rows_per_unit, f"{loaded.name}: shard {layer_shard}'s rows")
             param.data.narrow(tensor_layout.row_dim, start, part.shape[tensor_layout.row_dim]).copy_(part)
 
-    def finish_loading(self, layer: nn.Module) -> None:
-        """Turns the loaded parameters into the kernel's form (on a GPU; a CPU runs the dequantized weight)."""
+    def finish_loading(self, layer: nn.Module, dtype: torch.dtype) -> None:
+        """Turns the loaded parameters into the kernel's form, its float values in `dtype` (the activations')."""
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x @ W.T (+ bias) over x's last dimension, on the layer's device."""

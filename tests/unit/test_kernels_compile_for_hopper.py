@@ -1,7 +1,13 @@
-"""The attention kernels with every variant switch on, and the elementwise kernels in Gemma's forms, compiled ahead
-of time for Hopper (sm_90) with Triton's own compiler and ptxas, on a machine without a GPU: what Triton's
-interpreter accepts and its compiler refuses (a global read that is not a constexpr, a construct the code generator
-lacks) fails here rather than on the first GPU run. tests/gpu/ runs them."""
+"""The attention kernels with every variant switch on, the elementwise kernels in Gemma's forms and the quantized
+GEMMs in every tile config of their rule, compiled ahead of time for Hopper (sm_90) with Triton's own compiler and
+ptxas, on a machine without a GPU: what Triton's interpreter accepts and its compiler refuses (a global read that is
+not a constexpr, a construct the code generator lacks) fails here rather than on the first GPU run. tests/gpu/ runs
+them."""
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -10,7 +16,17 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from gpu.kernels import decode_attention, prefill_attention, qk_norm_rope, rms_norm, silu_and_mul  # noqa: E402
+from gpu.kernels import (  # noqa: E402
+    decode_attention,
+    fp8_gemm,
+    fp8_quant,
+    int_gemm,
+    prefill_attention,
+    qk_norm_rope,
+    rms_norm,
+    silu_and_mul,
+)
+from gpu.kernels.quant_gemm_configs import QuantTiles, quant_tiles  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 FLOATS = {"scale_log2", "softcap_in", "softcap_out", "eps"}
@@ -58,3 +74,82 @@ def test_elementwise_kernels_in_gemmas_forms() -> None:
         SCALES_IN_FLOAT32=True, STORE_KV=True, USE_PDL=False))
     compile_for_hopper(silu_and_mul._silu_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"), dict(
         INTERMEDIATE=2048, BLOCK=1024, IS_GELU_TANH=True, USE_PDL=False))
+
+
+# The quantized GEMMs at Qwen3-8B's decode shapes: every tile config their rule gives from 1 to 1024 rows fits an
+# H100's shared memory, spills no registers and pipelines its loads (shared memory for two stages or more).
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+MAX_SHARED = 227 * 1024
+MULTIPLES_OF_16 = {"K", "k_per_split", "stride_xm", "stride_wn", "stride_wsn", "stride_qn", "stride_gn", "stride_om",
+                   "stride_os"}
+QUANT_ROWS = (1, 16, 32, 64, 128, 1024)
+
+
+def compiled_usage(kernel: object, signature: dict[str, str], constexprs: dict[str, object], num_warps: int,
+                   num_stages: int) -> tuple[int, int]:
+    """(spilled bytes, shared bytes) of `kernel` compiled for sm_90, its arguments specialized as a launch on a GPU
+    specializes them (pointers 16-byte aligned, the sizes and strides that are multiples of 16 marked so)."""
+    names = list(signature)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+             if signature[name].startswith("*") or name in MULTIPLES_OF_16}
+    source = ASTSource(fn=kernel, signature=signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs,
+                       attrs=attrs)
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", cubin.name], capture_output=True, text=True,
+                               check=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1)), compiled.metadata.shared  # type: ignore[union-attr]
+
+
+def _tile_configs(kind: str) -> set[QuantTiles]:
+    return {quant_tiles(rows, n, k, kind) for rows in QUANT_ROWS for n, k in ((6144, 4096), (4096, 12288))}
+
+
+FP8_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "in_scale_ptr": "*fp32", "bias_ptr": "*bf16",
+                 "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32", "stride_xm": "i32",
+                 "stride_wn": "i32", "stride_wsn": "i32", "stride_os": "i32", "stride_om": "i32"}
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize("scales", ["blocks", "per-row", "static"])
+def test_fp8_gemm_tiles_fit_and_pipeline(scales: str) -> None:
+    for t in _tile_configs("fp8"):
+        constexprs = dict(SCALE_ROWS=128 if scales == "blocks" else 1, BLOCK_SCALES=scales == "blocks",
+                          STATIC=scales == "static", GROUP=128, HAS_BIAS=False, IS_PARTIAL=t.split_k > 1, EVEN_K=True,
+                          USE_PDL=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+        spilled, shared = compiled_usage(fp8_gemm._fp8_gemm_kernel, FP8_SIGNATURE, constexprs, t.num_warps,
+                                         t.num_stages)
+        stage = t.block_n * 128 + t.block_m * 128 * 2  # one group's weight tile (FP8) and x tile (bf16)
+        assert spilled == 0 and 2 * stage <= shared <= MAX_SHARED, (t, spilled, shared)
+
+
+INT_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "o_ptr": "*bf16",
+                 "perm_ptr": "*i32", "bias_ptr": "*bf16", "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+                 "k_per_split": "i32", "num_groups": "i32", "stride_xm": "i32", "stride_qn": "i32", "stride_gn": "i32",
+                 "stride_os": "i32", "stride_om": "i32"}
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize(("bits", "group", "kind"), [(4, 128, "symmetric"), (4, 128, "zeros"), (4, 32, "offsets"),
+                                                     (4, 32, "act-order"), (8, 16, "offsets"), (8, 128, "symmetric")])
+def test_int_gemm_tiles_fit_and_pipeline(bits: int, group: int, kind: str) -> None:
+    for t in _tile_configs(f"int{bits}"):
+        constexprs = dict(BITS=bits, GROUP=group, ZERO=8.0, HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets",
+                          HAS_PERM=kind == "act-order", PACKED=bits == 4, HAS_BIAS=False, IS_PARTIAL=t.split_k > 1,
+                          EVEN_K=True, USE_PDL=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+        spilled, shared = compiled_usage(int_gemm._int_gemm_kernel, INT_SIGNATURE, constexprs, t.num_warps,
+                                         t.num_stages)
+        stage = t.block_n * t.block_k * bits // 8  # one weight tile
+        assert spilled == 0 and 2 * stage <= shared <= MAX_SHARED, (t, spilled, shared)
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+def test_fp8_activation_quantization_compiles() -> None:
+    signature = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_scale_ptr": "*fp32", "K": "i32",
+                 "stride_xm": "i32", "stride_qm": "i32", "stride_sm": "i32", "stride_sg": "i32"}
+    for group, per_token in ((128, False), (1024, True)):
+        spilled, _ = compiled_usage(fp8_quant._quantize_rows_kernel, signature, dict(
+            GROUP=group, PER_TOKEN=per_token, STATIC=False, USE_PDL=True, BLOCK=1024), 4, 2)
+        assert spilled == 0
