@@ -49,6 +49,7 @@ from gpu.quant import (
     finish_loading,
     quant_scheme,
     quantize_linear_layers,
+    warm_up_quantized,
     weight_summary,
 )
 from gpu.quant.method import QuantScheme
@@ -328,6 +329,7 @@ class ModelRunner:
             prompt = min(1024, c.max_num_batched_tokens, c.max_model_len)
             skinny_rows = range(1, min(FEW_ROWS, c.max_num_seqs) + 1)
             warm_up_skinny_gemm(self.model, c.max_num_batched_tokens)
+            warm_up_quantized(self.model, c.max_num_batched_tokens, self.dtype)
             row_counts = sorted(set(skinny_rows) | set(self.decode.buckets if self.decode else []))
         else:
             prompt, row_counts = min(c.block_size, c.max_num_batched_tokens, c.max_model_len), [min(2, c.max_num_seqs)]

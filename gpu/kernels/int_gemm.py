@@ -91,7 +91,7 @@ def _int_gemm_kernel(
     M, N, K, k_per_split, num_groups,
     stride_xm, stride_qn, stride_gn, stride_os, stride_om,
     BITS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZEROS: tl.constexpr,
-    HAS_OFFSETS: tl.constexpr, HAS_PERM: tl.constexpr, PACKED: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr, HAS_PERM: tl.constexpr, PACKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HAS_BIAS: tl.constexpr, IS_PARTIAL: tl.constexpr, EVEN_K: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -124,7 +124,7 @@ def _int_gemm_kernel(
             words = tl.load(q_ptrs, mask=((k // PER_WORD + offs_w) * PER_WORD < k_end)[None, :], other=0)
         w = _dequantize(words, s_ptr, z_ptr, o_ptr, rows_offset, k, num_groups, dtype, BITS, GROUP, ZERO, HAS_ZEROS,
                         HAS_OFFSETS, PACKED, BLOCK_N, BLOCK_K)
-        acc = tl.dot(w, tl.trans(x), acc)
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
         q_ptrs += BLOCK_K // PER_WORD
     _store_transposed(acc, bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS,
                       IS_PARTIAL)
@@ -161,7 +161,8 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
         x.stride(0), words.stride(0), scales.stride(0), part.stride(0) if split > 1 else 0, part.stride(-2),
         BITS=weight.bits, GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_PERM=weight.perm is not None,
-        PACKED=weight.bits == 4 and x.dtype in PACKED_DTYPES, HAS_BIAS=bias is not None, IS_PARTIAL=split > 1,
+        PACKED=weight.bits == 4 and x.dtype in PACKED_DTYPES,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", HAS_BIAS=bias is not None, IS_PARTIAL=split > 1,
         EVEN_K=k % k_per_split == 0, USE_PDL=pdl, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
         num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=pdl)
     if split > 1:

@@ -74,6 +74,23 @@ def finish_loading(model: nn.Module, dtype: torch.dtype) -> None:
             module.finish_loading(dtype)
 
 
+def warm_up_quantized(model: nn.Module, max_rows: int, dtype: torch.dtype) -> int:
+    """Runs every quantized CUDA layer once per row tile of gpu/kernels/quant_gemm_configs.py's rule up to `max_rows`
+    rows, so each tile's kernel is compiled before a request meets it. Returns the number of calls made."""
+    from gpu.kernels.quant_gemm_configs import row_tile
+
+    rows = sorted({min(max_rows, r) for r in (1, 17, 33, 65, 129)})
+    calls = 0
+    for module in model.modules():
+        method = getattr(module, "quant", None)
+        if method is not None and next(module.parameters()).is_cuda:
+            device = next(module.parameters()).device
+            for count in {row_tile(r): r for r in rows}.values():
+                method.apply(module, torch.zeros(count, method.layout.in_features, dtype=dtype, device=device), None)
+                calls += 1
+    return calls
+
+
 def cast_float_params(model: nn.Module, dtype: torch.dtype) -> None:
     """model.to(dtype) for every layer but the quantized ones, whose method chose its tensors' dtypes (FP8 weights
     and float32 scales stay as they are)."""
