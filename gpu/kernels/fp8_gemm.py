@@ -21,7 +21,7 @@ import triton.language as tl
 
 from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.quant_gemm_configs import QuantTiles, quant_tiles
-from gpu.kernels.skinny_gemm import _split_k_reduce_kernel  # one reduce kernel for every split-K GEMM here
+from gpu.kernels.skinny_gemm import _split_k_reduce_kernel, _store_tile  # one epilogue for every split-K GEMM here
 
 FP8_MAX = tl.constexpr(448.0)
 MIN_SCALE = tl.constexpr(1e-12)  # a group of zeros quantizes with this scale (to zeros), never divides by zero
@@ -89,23 +89,8 @@ def _fp8_gemm_kernel(
         acc *= tl.load(ws_rows)[:, None]
     if STATIC:
         acc *= x_scale
-    _store_transposed(acc, bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS,
-                      IS_PARTIAL)
-
-
-@triton.jit
-def _store_transposed(acc, bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om,
-                      HAS_BIAS: tl.constexpr, IS_PARTIAL: tl.constexpr):
-    """acc [BLOCK_N, BLOCK_M] float32 -> y [M, N] (+ bias, one rounding), or this K slice's partial sums."""
-    out = tl.trans(acc)
-    out_ptrs = out_ptr + pid_k * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    out_mask = (offs_m[:, None] < M) & (offs_n[None, :] < N)
-    if IS_PARTIAL:
-        tl.store(out_ptrs, out, mask=out_mask)
-    else:
-        if HAS_BIAS:
-            out += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)[None, :]
-        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=out_mask)
+    _store_tile(tl.trans(acc), bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS,
+                IS_PARTIAL)
 
 
 def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor, scale_block: tuple[int, int],

@@ -21,9 +21,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.fp8_gemm import _store_transposed, num_sms, reduce_split_k
+from gpu.kernels.fp8_gemm import num_sms, reduce_split_k
 from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.quant_gemm_configs import QuantTiles, quant_tiles
+from gpu.kernels.skinny_gemm import _store_tile
 
 if TYPE_CHECKING:
     from gpu.quant.int_weights import IntWeight
@@ -126,8 +127,8 @@ def _int_gemm_kernel(
                         HAS_OFFSETS, PACKED, BLOCK_N, BLOCK_K)
         acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
         q_ptrs += BLOCK_K // PER_WORD
-    _store_transposed(acc, bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS,
-                      IS_PARTIAL)
+    _store_tile(tl.trans(acc), bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS,
+                IS_PARTIAL)
 
 
 def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = None, use_pdl: bool = True,

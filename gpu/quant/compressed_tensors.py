@@ -30,30 +30,16 @@ REMOVED_ACT_ORDERS = ("group", "dynamic", True)  # the package's parser refuses 
 class PackedIntMethod(IntGroupsMethod):
     format_name = "compressed-tensors int"
 
-    def __init__(self, layout: WeightLayout, bits: int, group_size: int | None, is_symmetric: bool,
-                 has_act_order: bool) -> None:
-        super().__init__(layout, bits, group_size)
-        self.is_symmetric = is_symmetric
-        self.has_act_order = has_act_order
-
     def create_params(self, device: torch.device) -> dict[str, torch.Tensor]:
-        out, cols, per_word = self.layout.out_features, self.layout.in_features, 32 // self.bits
-        groups = self._num_groups()
+        out, cols, per_word, groups = self.packed_sizes()
         params = {"weight_packed": torch.empty(out, cols // per_word, dtype=torch.int32, device=device),
                   "weight_scale": torch.empty(out, groups, device=device),
                   SHAPE: torch.empty(2, dtype=torch.int64, device=device)}
-        if not self.is_symmetric:
+        if self.has_zero_points:
             params["weight_zero_point"] = torch.empty(out // per_word, groups, dtype=torch.int32, device=device)
         if self.has_act_order:
             params["weight_g_idx"] = torch.empty(cols, dtype=torch.int32, device=device)
         return params
-
-    def _num_groups(self) -> int:
-        """As GPTQ's: every group where columns pick theirs by activation order, else this layer's columns'."""
-        if self.group_size is None:
-            return 1
-        cols = self.layout.columns.total if self.has_act_order else self.layout.in_features
-        return -(-cols // self.group_size)
 
     def tensor_layout(self, name: str) -> TensorLayout:
         per_word = 32 // self.bits
@@ -76,7 +62,7 @@ class PackedIntMethod(IntGroupsMethod):
     def int_groups(self, layer: nn.Module) -> IntGroups:
         scales = layer.weight_scale
         zeros = None
-        if not self.is_symmetric:
+        if self.has_zero_points:
             zeros = unpack_columns(layer.weight_zero_point.t().contiguous(), self.bits).t().to(scales.dtype)
         group_ids = layer.weight_g_idx.to(torch.int32) if self.has_act_order else None
         return IntGroups(self.bits, unpack_columns(layer.weight_packed, self.bits), scales, zeros, group_ids)
@@ -115,7 +101,8 @@ class CompressedTensorsScheme:
             return Fp8Method(layout, "weight_scale", block, inputs is not None and not inputs.dynamic)  # type: ignore[arg-type]
         if kind == "pack-quantized" and inputs is None and weights.type == "int":
             group_size = weights.group_size if weights.strategy == "group" else None
-            return PackedIntMethod(layout, weights.num_bits, group_size, weights.symmetric, name in self.act_ordered)
+            return PackedIntMethod(layout, weights.num_bits, group_size, has_act_order=name in self.act_ordered,
+                                   has_zero_points=not weights.symmetric)
         raise ValueError(f"compressed-tensors format {kind!r} with {_describe(group)} is not supported; supported: "
                          "float-quantized (FP8 weights and activations), pack-quantized (int4/int8 weights, float "
                          "activations)")

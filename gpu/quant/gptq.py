@@ -23,13 +23,11 @@ class GptqMethod(IntGroupsMethod):
 
     def __init__(self, layout: WeightLayout, bits: int, group_size: int | None, has_act_order: bool,
                  zero_offset: int) -> None:
-        super().__init__(layout, bits, group_size)
-        self.has_act_order = has_act_order
+        super().__init__(layout, bits, group_size, has_act_order)
         self.zero_offset = zero_offset
 
     def create_params(self, device: torch.device) -> dict[str, torch.Tensor]:
-        out, cols, per_word = self.layout.out_features, self.layout.in_features, 32 // self.bits
-        groups = self._num_groups()
+        out, cols, per_word, groups = self.packed_sizes()
         return {"qweight": torch.empty(cols // per_word, out, dtype=torch.int32, device=device),
                 "qzeros": torch.empty(groups, out // per_word, dtype=torch.int32, device=device),
                 "scales": torch.empty(groups, out, dtype=torch.float16, device=device),
@@ -37,19 +35,11 @@ class GptqMethod(IntGroupsMethod):
 
     def tensor_layout(self, name: str) -> TensorLayout:
         per_word = 32 // self.bits
-        group_columns = None if self.has_act_order or self.group_size is None else 0  # whole: see _num_groups
+        group_columns = None if self.has_act_order or self.group_size is None else 0  # whole: see num_groups
         return {"qweight": TensorLayout(1, 0, (1, 1), (per_word, 1)),
                 "qzeros": TensorLayout(1, group_columns, (per_word, 1), (self.local_group_size(), 1)),
                 "scales": TensorLayout(1, group_columns, (1, 1), (self.local_group_size(), 1)),
                 "g_idx": TensorLayout(None, 0)}[name]
-
-    def _num_groups(self) -> int:
-        """This layer's rows of the group tensors: its columns' groups, or every group where columns pick theirs
-        by activation order (a rank's share of the columns may then use any of them)."""
-        if self.group_size is None:
-            return 1
-        total = self.layout.columns.total
-        return -(-total // self.group_size) if self.has_act_order else -(-self.layout.in_features // self.group_size)
 
     def int_groups(self, layer: nn.Module) -> IntGroups:
         levels = unpack_columns(layer.qweight.t().contiguous(), self.bits)  # [out, in]

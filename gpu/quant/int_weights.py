@@ -10,7 +10,8 @@ it has none. Each format's module turns its checkpoint tensors into one (`int_gr
 - `weight` int32 [out, in * bits / 32]: levels packed along the columns in pairs, each pair of consecutive columns in
   the two 16-bit halves of a word (column per_word * w + 2j + h at bit bits * j + 16 * h of word w), so the kernel
   turns a word into pairs of 16-bit floats with a mask, as the tensor cores take them;
-- `scales`, and `zeros` or `offsets` where the format has them, [out, groups] in the activation dtype;
+- `scales`, and `zeros` or `offsets` where the format has them, [out, groups] in the activation dtype (zero points
+  equal for every group, as symmetric GPTQ checkpoints store them, become the constant `zero`);
 - groups of `group` columns, a power of two: where a checkpoint orders its columns' groups by activation (GPTQ's
   desc_act, compressed-tensors' actorder) the columns are sorted by group, and `perm` [in] (int32) says which column
   of x each stored column multiplies; groups of uneven size split into smaller ones with their group's scale.
@@ -110,8 +111,11 @@ def to_kernel_form(groups: IntGroups, dtype: torch.dtype) -> IntWeight:
         return None if t is None else t[:, first_ids].to(dtype).contiguous()
 
     levels = groups.levels if perm is None else groups.levels[:, perm]
-    return IntWeight(groups.bits, size if size < columns else _power_of_two_at_least(columns), groups.constant_zero,
-                     pack_pairs(levels, groups.bits), per_group(groups.scales), per_group(groups.zeros),  # type: ignore[arg-type]
+    zeros, zero = groups.zeros, groups.constant_zero
+    if zeros is not None and bool((zeros == zeros.flatten()[0]).all()):  # symmetric GPTQ: one zero for every group
+        zeros, zero = None, float(zeros.flatten()[0])
+    return IntWeight(groups.bits, size if size < columns else _power_of_two_at_least(columns), zero,
+                     pack_pairs(levels, groups.bits), per_group(groups.scales), per_group(zeros),  # type: ignore[arg-type]
                      per_group(groups.offsets), None if perm is None else perm.to(torch.int32).contiguous())
 
 
@@ -169,14 +173,31 @@ class IntGroupsMethod(QuantMethod):
     """The method of a format stored as `IntWeight`: its module says how its checkpoint tensors load (create_params,
     tensor_layout) and how they become `IntGroups` (`int_groups`)."""
 
-    def __init__(self, layout: WeightLayout, bits: int, group_size: int | None) -> None:
-        """group_size: columns per group of the checkpoint; None: one group per row (per-channel scales)."""
+    def __init__(self, layout: WeightLayout, bits: int, group_size: int | None, has_act_order: bool = False,
+                 has_zero_points: bool = True) -> None:
+        """group_size: columns per group of the checkpoint; None: one group per row (per-channel scales).
+        has_act_order: the checkpoint names each column's group (by activation order). has_zero_points: a zero
+        point per group (asymmetric), else 2^(bits - 1)."""
         super().__init__(layout)
         if bits not in (4, 8):
             raise ValueError(f"{self.format_name}: {bits}-bit weights are not supported (4 or 8)")
         self.bits = bits
         self.group_size = group_size
+        self.has_act_order = has_act_order
+        self.has_zero_points = has_zero_points
         self.stored: IntWeight | None = None
+
+    def packed_sizes(self) -> tuple[int, int, int, int]:
+        """(out features, in features, levels per int32, rows of the per-group tensors) of this layer."""
+        return self.layout.out_features, self.layout.in_features, 32 // self.bits, self.num_groups()
+
+    def num_groups(self) -> int:
+        """This layer's rows of the per-group tensors: its columns' groups, or every group where columns pick theirs
+        by activation order (a rank's share of the columns may then use any of them)."""
+        if self.group_size is None:
+            return 1
+        columns = self.layout.columns.total if self.has_act_order else self.layout.in_features
+        return -(-columns // self.group_size)
 
     def int_groups(self, layer: nn.Module) -> IntGroups:
         """The loaded checkpoint tensors as the rule."""

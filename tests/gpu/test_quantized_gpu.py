@@ -15,7 +15,6 @@ from transformers import AutoModelForCausalLM
 
 from core import LLM, SamplingParams
 from core.model_files.gguf_checkpoint import gguf_checkpoint
-from core.tiny_model import TinyModelSpec, build_tiny_model
 from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS
 from gpu.layers.linear import Linear
 from gpu.loader import CheckpointTensor
@@ -24,10 +23,9 @@ from gpu.quant.fp8 import Fp8Scheme, dequantize_blocks
 from gpu.quant.gguf import GgufScheme
 from gpu.quant.int_weights import IntGroups, to_kernel_form
 from tests import quant_checkpoints as qc
-from tests.gguf_files import write_llama_gguf
 from tests.gpu.test_parity_gpu import MAX_NEW, assert_bf16_divergences_rare_near_ties
 from tests.parity.test_parity_cpu import prompts_of_lengths
-from tests.parity.test_parity_quantized import FORMATS, GGUF_TYPES
+from tests.parity.test_parity_quantized import FORMATS, tiny_gguf_of_every_type
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -204,11 +202,7 @@ def test_quantized_models_by_the_top5_rule(name: str, tiny_model_dirs: dict[str,
 
 
 def test_gguf_blocks_model_by_the_top5_rule(tmp_path: Path) -> None:
-    spec = TinyModelSpec(architecture="llama", hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
-                         intermediate_size=512, tie_word_embeddings=False, seed=3)
-    source = build_tiny_model(tmp_path / "float", spec)
-    types = {kind: getattr(gguf.GGMLQuantizationType, name) for kind, name in GGUF_TYPES.items()}
-    path = write_llama_gguf(source, tmp_path / "tiny.gguf", types, blocks=qc.random_gguf_blocks)
+    path = tiny_gguf_of_every_type(tmp_path)
     blocks = gguf_checkpoint(path, tmp_path / "cache", "bfloat16", keep_blocks=True)
     dequantized = gguf_checkpoint(path, tmp_path / "cache", "float32")
     outputs = _serve_bf16(blocks).generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))

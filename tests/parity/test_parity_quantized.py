@@ -65,15 +65,22 @@ GGUF_TYPES = {"attn_q": "Q4_K", "attn_k": "Q4_K", "attn_v": "Q6_K", "attn_output
               "ffn_up": "Q4_1", "ffn_down": "Q5_0", "token_embd": "Q8_0"}
 
 
-def test_gguf_blocks_of_every_type_equal_transformers_gguf_loader(tmp_path: Path) -> None:
-    spec = TinyModelSpec(architecture="llama", hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
-                         intermediate_size=512, tie_word_embeddings=False, seed=3)
-    source = build_tiny_model(tmp_path / "float", spec)
+GGUF_SPEC = TinyModelSpec(architecture="llama", hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64,
+                          intermediate_size=512, tie_word_embeddings=False, seed=3)
+
+
+def tiny_gguf_of_every_type(directory: Path) -> Path:
+    """A tiny Llama GGUF whose projections hold blocks of every served type (GGUF_TYPES), at random."""
+    source = build_tiny_model(directory / "float", GGUF_SPEC)
     types = {kind: getattr(gguf.GGMLQuantizationType, name) for kind, name in GGUF_TYPES.items()}
-    path = write_llama_gguf(source, tmp_path / "tiny.gguf", types, blocks=qc.random_gguf_blocks)
+    return write_llama_gguf(source, directory / "tiny.gguf", types, blocks=qc.random_gguf_blocks)
+
+
+def test_gguf_blocks_of_every_type_equal_transformers_gguf_loader(tmp_path: Path) -> None:
+    path = tiny_gguf_of_every_type(tmp_path)
     converted = gguf_checkpoint(path, tmp_path / "cache", "float32", keep_blocks=True)
     kept = {name.rsplit(".", 1)[0] for name in _tensor_names(converted) if name.endswith(".qweight")}
-    assert len(kept) == 7 * spec.num_layers  # every projection served from its blocks
+    assert len(kept) == 7 * GGUF_SPEC.num_layers  # every projection served from its blocks
     hf = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     ours = llm(converted).generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True))
     for prompt, output in zip(PROMPTS, ours, strict=True):

@@ -66,6 +66,7 @@ def _int_groups(bits: int, group_size: int, kind: str, n: int, k: int, g: torch.
     levels = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.int32)
     scales = torch.rand(n, k // group_size, generator=g) * 0.02 + 0.001
     zeros = torch.randint(0, 1 << bits, scales.shape, generator=g).float() if kind == "zeros" else None
+    zeros = torch.full(scales.shape, 5.0) if kind == "equal-zeros" else zeros
     offsets = (torch.rand(scales.shape, generator=g) - 0.5) * 0.1 if kind == "offsets" else None
     group_ids = (torch.randperm(k, generator=g) // group_size).to(torch.int32) if kind == "act-order" else None
     return IntGroups(bits, levels, scales, zeros, group_ids, offsets=offsets)
@@ -73,7 +74,8 @@ def _int_groups(bits: int, group_size: int, kind: str, n: int, k: int, g: torch.
 
 @pytest.mark.parametrize(("bits", "group_size", "kind", "m", "n", "k", "tiles"), [
     (4, 128, "symmetric", 3, 40, 256, None), (4, 32, "zeros", 17, 24, 512, None),
-    (4, 32, "offsets", 2, 24, 256, SPLIT_TILES), (4, 128, "act-order", 1, 8, 1024, None),
+    (4, 64, "equal-zeros", 2, 8, 128, None), (4, 32, "offsets", 2, 24, 256, SPLIT_TILES),
+    (4, 128, "act-order", 1, 8, 1024, None),
     (4, 32, "symmetric", 2, 8, 64, None), (8, 64, "zeros", 2, 16, 128, None),
     (8, 16, "offsets", 5, 20, 384, SPLIT_TILES), (8, 64, "act-order", 1, 16, 256, SPLIT_TILES)])
 def test_int_gemm_equals_the_dequantized_product(int_kernel: ModuleType, bits: int, group_size: int, kind: str,
@@ -82,6 +84,7 @@ def test_int_gemm_equals_the_dequantized_product(int_kernel: ModuleType, bits: i
     groups = _int_groups(bits, group_size, kind, n, k, g)
     stored = to_kernel_form(groups, torch.float16)
     assert (stored.perm is not None) == (kind == "act-order")
+    assert (stored.zeros is not None) == (kind == "zeros")  # zeros equal everywhere: the constant
     x = torch.randn(m, k, generator=g).half()
     bias = torch.randn(n, generator=g).half()
     out = torch.zeros(m, n + 8, dtype=torch.float16)
