@@ -39,6 +39,20 @@ class ExpertShard:
     part: str
     expert: int
 
+class TensorSlice:
+    """A tensor in memory, read as safetensors' slice of a file is: a layer's weight loaders take weights no file
+    holds (random benchmark weights, tests) through the same `CheckpointTensor`."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def get_shape(self) -> list[int]:
+        return list(self.tensor.shape)
+
+    def __getitem__(self, index: object) -> torch.Tensor:
+        return self.tensor[index]  # type: ignore[index]
+
+
 class CheckpointTensor:
     """One tensor of a safetensors file, read whole or as a range of rows or columns."""
 

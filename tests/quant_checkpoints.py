@@ -206,20 +206,6 @@ def ct_fp8_channel() -> tuple[Quantizer, dict[str, object]]:
     return quantize_weight, compressed_tensors_config(weights, inputs, "float-quantized")
 
 
-class MemorySlice:
-    """safetensors' slice of one tensor (what a `CheckpointTensor` reads), from memory: a layer's loaders run on
-    tensors a test makes."""
-
-    def __init__(self, tensor: torch.Tensor) -> None:
-        self.tensor = tensor
-
-    def get_shape(self) -> list[int]:
-        return list(self.tensor.shape)
-
-    def __getitem__(self, index: object) -> torch.Tensor:
-        return self.tensor[index]  # type: ignore[index]
-
-
 def random_gguf_blocks(rows: int, cols: int, kind: gguf.GGMLQuantizationType, seed: int) -> np.ndarray:
     """Valid blocks of `kind` at random: random bytes, with every fp16 scale set to a small positive value (weights
     about N(0, 0.1) in spread, as a model's)."""

@@ -72,7 +72,7 @@ class Fp8Method(QuantMethod):
         rows = x.reshape(-1, x.shape[-1])
         input_scale = getattr(layer, INPUT_SCALE) if self.has_input_scale else None
         if self._runs_on_cublas(rows):
-            y = self._cublas_product(layer, rows, input_scale, bias)
+            y = self.cublas_product(layer, rows, input_scale, bias)
         else:
             from gpu.kernels.fp8_gemm import fp8_gemm
 
@@ -89,7 +89,7 @@ class Fp8Method(QuantMethod):
         return (rows.is_cuda and rows.shape[0] >= FP8_CUBLAS_MIN_ROWS and n % 16 == 0 and k % 16 == 0
                 and rows.stride(-1) == 1 and (self.scale_block[1] >= k or is_deepseek_blocks))
 
-    def _cublas_product(self, layer: nn.Module, rows: torch.Tensor, input_scale: torch.Tensor | None,
+    def cublas_product(self, layer: nn.Module, rows: torch.Tensor, input_scale: torch.Tensor | None,
                         bias: torch.Tensor | None) -> torch.Tensor:
         """torch._scaled_mm: activations quantized per token (per-row weights) or per token group of 128 columns
         (cuBLAS's 1x128 x 128x128 block recipe) first, by one kernel."""

@@ -17,7 +17,7 @@ from core import LLM, SamplingParams
 from core.model_files.gguf_checkpoint import gguf_checkpoint
 from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS
 from gpu.layers.linear import Linear
-from gpu.loader import CheckpointTensor
+from gpu.loader import CheckpointTensor, TensorSlice
 from gpu.quant import gguf_blocks
 from gpu.quant.fp8 import Fp8Scheme, dequantize_blocks
 from gpu.quant.gguf import GgufScheme
@@ -78,7 +78,7 @@ def _loaded(scheme: object, tensors: dict[str, torch.Tensor]) -> Linear:
     layer.use_quant_method(scheme.method_for(["layer"], layer.weight_layout()))  # type: ignore[attr-defined]
     for name, tensor in tensors.items():
         param = getattr(layer, name)
-        param.weight_loader(param, CheckpointTensor(name, qc.MemorySlice(tensor.cpu())), None)
+        param.weight_loader(param, CheckpointTensor(name, TensorSlice(tensor.cpu())), None)
     layer.finish_loading(torch.bfloat16)
     return layer
 

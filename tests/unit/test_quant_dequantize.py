@@ -10,13 +10,13 @@ import pytest
 import torch
 
 from gpu.layers.linear import Linear, MergedLinear
-from gpu.loader import CheckpointTensor
+from gpu.loader import CheckpointTensor, TensorSlice
 from gpu.quant import gguf_blocks
 from gpu.quant.awq import AwqScheme
 from gpu.quant.fp8 import Fp8Scheme
 from gpu.quant.gguf import GgufScheme
 from gpu.quant.gptq import GptqScheme
-from tests.quant_checkpoints import MemorySlice, random_gguf_blocks
+from tests.quant_checkpoints import random_gguf_blocks
 
 
 def dequantized(scheme: object, out_features: int, in_features: int, tensors: dict[str, torch.Tensor]
@@ -27,7 +27,7 @@ def dequantized(scheme: object, out_features: int, in_features: int, tensors: di
     layer.use_quant_method(method)
     for name, tensor in tensors.items():
         param = getattr(layer, name)
-        param.weight_loader(param, CheckpointTensor(name, MemorySlice(tensor)), None)
+        param.weight_loader(param, CheckpointTensor(name, TensorSlice(tensor)), None)
     method.finish_loading(layer, torch.float32)
     return method.dequantize(layer)
 
@@ -65,7 +65,7 @@ def test_fp8_fused_checkpoint_tensor_fills_every_shard_of_a_merged_layer() -> No
     layer.use_quant_method(method)
     for name, tensor in (("weight", levels), ("weight_scale_inv", scales)):
         param = getattr(layer, name)
-        param.weight_loader(param, CheckpointTensor(name, MemorySlice(tensor)), None)
+        param.weight_loader(param, CheckpointTensor(name, TensorSlice(tensor)), None)
     assert method.dequantize(layer).tolist() == [[1.0, 2.0, -2.0, 1.0], [3.0, -4.0, 4.0, 2.0],
                                                  [0.125, 0.5, 24.0, -8.0], [4.0, 0.25, 6.0, -2.0]]
 
