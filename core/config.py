@@ -135,6 +135,9 @@ class ModelConfig:
             check_override(self.override_generation_config)
 
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # fp8 is e4m3, as vLLM's flag names it
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = setting(16, "tokens per KV-cache block (a power of two)")
@@ -142,8 +145,13 @@ class CacheConfig:
                                      name="kv_cache_blocks")
     gpu_memory_utilization: float = setting(0.9, "share of GPU memory for weights and KV cache, in (0, 1]")
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of shared prompt prefixes")
+    kv_cache_dtype: str = setting("auto", "the KV cache's element type: auto (the model's dtype) or fp8 (e4m3 with "
+                                  "a scale per layer for keys and one for values: the checkpoint's k_scale and v_scale "
+                                  "where it has them, else 1)", choices=KV_CACHE_DTYPES)
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:

@@ -501,6 +501,7 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
     return RunnerConfig(
         model_path=c.model.model, dtype=c.model.dtype, device=c.model.device, block_size=c.cache.block_size,
         num_kv_blocks=c.cache.num_blocks, gpu_memory_utilization=c.cache.gpu_memory_utilization,
+        kv_cache_dtype=c.cache.kv_cache_dtype,
         max_num_seqs=c.scheduler.max_num_seqs, max_num_batched_tokens=c.scheduler.max_num_batched_tokens,
         max_model_len=max_model_len, enforce_eager=c.model.enforce_eager,
         attention_backend=c.model.attention_backend, seed=c.model.seed,

@@ -12,8 +12,9 @@ all at once from one fused tensor (Phi-3's `qkv_proj`, `gate_up_proj`).
 
 A model may rename checkpoint tensors (`checkpoint_name`: a multimodal checkpoint's language model under its
 own prefix, Mixtral's `block_sparse_moe`) and leave some out (a vision tower, GLM's multi-token-prediction layers):
-the loader logs how many it left, and still requires every parameter of the model. A mixture of experts' per-expert
-tensors (`...experts.<e>.<name>.weight`, by the model's `expert_parts`) go into its stacked expert parameters as
+the loader logs how many it left, and still requires every parameter of the model but those marked `is_optional` (an
+FP8 KV cache's scales, 1 where a checkpoint has none). A mixture of experts' per-expert tensors
+(`...experts.<e>.<name>.weight`, by the model's `expert_parts`) go into its stacked expert parameters as
 `ExpertShard`s (gpu/layers/moe.py).
 """
 
@@ -141,7 +142,8 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     if left_out:
         logger.info("left out %d checkpoint tensors the served model does not use (e.g. %s)", len(left_out),
                     left_out[0])
-    missing = [name for name, param in model.named_parameters() if loaded.get(name) != _expected_shards(param)]
+    missing = [name for name, param in model.named_parameters()
+               if loaded.get(name) != _expected_shards(param) and not getattr(param, "is_optional", False)]
     if missing:
         raise ValueError(f"the checkpoint lacks {len(missing)} parameters (or shards of them), e.g. {missing[:3]}")
 

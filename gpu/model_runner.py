@@ -25,7 +25,13 @@ from tqdm import tqdm
 from transformers import PretrainedConfig
 
 from gpu import backend_choice, kv_cache, remembered_backends
-from gpu.attention.backend import AttentionBackend, PhasedBackend, backend_named, candidate_names
+from gpu.attention.backend import (
+    AttentionBackend,
+    PhasedBackend,
+    backend_named,
+    candidate_names,
+    without_flash_attn_for_fp8_cache,
+)
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch, PackedBlockTables, Penalties, RowSampling, StepResult, TokenMask
 from gpu.config import RunnerConfig
@@ -93,6 +99,12 @@ class ModelRunner:
         self.layers = self.model.attention_layers()
         head_dims = tuple(layer.head_dim for layer in self.layers)
         names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype, head_dims)
+        self.kv_dtype = torch.float8_e4m3fn if config.is_fp8_kv_cache else self.dtype
+        if config.is_fp8_kv_cache:
+            for layer in self.layers:
+                layer.use_fp8_cache()
+            if self.device.type == "cuda":
+                names, flash_attn_reason = without_flash_attn_for_fp8_cache(names, config.attention_backend)
         if flash_attn_reason is not None:
             logger.info("attention backend flash-attn not a candidate: %s", flash_attn_reason)
         first = backend_named(names[0])
@@ -181,7 +193,8 @@ class ModelRunner:
         return {
             "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "model": remembered_backends.model_shape(hf_config), "dtype": str(self.dtype).removeprefix("torch."),
-            "block_size": c.block_size, "max_num_seqs": c.max_num_seqs, "max_model_len": c.max_model_len,
+            "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."), "block_size": c.block_size,
+            "max_num_seqs": c.max_num_seqs, "max_model_len": c.max_model_len,
             "max_num_batched_tokens": c.max_num_batched_tokens, "enforce_eager": c.enforce_eager,
             "tensor_parallel_size": self.tp.size, "candidates": names,
             "steps": remembered_backends.steps_digest(steps),
@@ -270,7 +283,7 @@ class ModelRunner:
 
     def _allocate_kv_cache(self) -> int:
         c = self.config
-        block_bytes = kv_cache.bytes_per_block(self.layers, c.block_size, self.dtype)
+        block_bytes = kv_cache.bytes_per_block(self.layers, c.block_size, self.kv_dtype)
         if c.num_kv_blocks is not None:
             num_blocks = c.num_kv_blocks
         elif self.device.type == "cuda":
@@ -279,10 +292,13 @@ class ModelRunner:
         else:
             num_blocks = kv_cache.num_blocks_for_cpu(block_bytes, c.block_size, c.max_num_seqs, c.max_model_len)
         num_blocks = self.tp.min_over_ranks(num_blocks, self.device)  # every rank holds the same blocks
-        kv_cache.allocate(self.layers, num_blocks, c.block_size, self.dtype, self.device)
+        kv_cache.allocate(self.layers, num_blocks, c.block_size, self.kv_dtype, self.device)
+        scales = sorted({layer.kv_scales for layer in self.layers}) if c.is_fp8_kv_cache else []
         logger.info(
-            "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB (%s)",
-            num_blocks, c.block_size, num_blocks * c.block_size, num_blocks * block_bytes / 2**30, self.dtype,
+            "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB (%s%s)",
+            num_blocks, c.block_size, num_blocks * c.block_size, num_blocks * block_bytes / 2**30,
+            str(self.kv_dtype).removeprefix("torch."),
+            "" if not scales else f", (k, v) scales {scales[0]}" + (f" .. {scales[-1]}" if len(scales) > 1 else ""),
         )
         return num_blocks
 
@@ -291,7 +307,7 @@ class ModelRunner:
         """The largest prefill and the largest sampling step, against a tiny cache, to find peak memory."""
         c = self.config
         num_tokens = min(c.max_num_batched_tokens, c.max_model_len)
-        kv_cache.allocate(self.layers, -(-num_tokens // c.block_size), c.block_size, self.dtype, self.device)
+        kv_cache.allocate(self.layers, -(-num_tokens // c.block_size), c.block_size, self.kv_dtype, self.device)
         batch = Batch(
             token_ids=[0] * num_tokens, positions=list(range(num_tokens)), slot_mapping=[-1] * num_tokens,
             query_lens=[num_tokens], context_lens=[num_tokens],

@@ -30,7 +30,11 @@ def make_llm(model_dir: Path, dtype: str, backend: str, eager: bool, budget: int
 
 
 def hf_greedy_and_logits(model_dir: Path, dtype: torch.dtype, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).cuda().eval()
+    return greedy_and_logits(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).cuda().eval(), prompt)
+
+
+def greedy_and_logits(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+    """A transformers model's MAX_NEW greedy tokens after `prompt`, and the logits each was chosen from."""
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=MAX_NEW, do_sample=False,
                              output_logits=True, return_dict_in_generate=True)

@@ -4,7 +4,6 @@ against transformers' bf16 run of the checkpoint dequantized by the format's rul
 each linear layer's input quantized as the format quantizes activations (the format's own rule for them), so the
 differences left are two bf16 implementations' roundings, held to the project's usual rate."""
 
-from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -23,7 +22,7 @@ from gpu.quant.fp8 import Fp8Scheme, dequantize_blocks
 from gpu.quant.gguf import GgufScheme
 from gpu.quant.int_weights import IntGroups, to_kernel_form
 from tests import quant_checkpoints as qc
-from tests.gpu.test_parity_gpu import MAX_NEW, assert_bf16_divergences_rare_near_ties
+from tests.gpu.test_parity_gpu import MAX_NEW, Reference, assert_bf16_divergences_rare_near_ties, greedy_and_logits
 from tests.parity.test_parity_cpu import prompts_of_lengths
 from tests.parity.test_parity_quantized import FORMATS, tiny_gguf_of_every_type
 
@@ -166,8 +165,7 @@ def _serve_bf16(model_dir: Path) -> LLM:
                max_num_batched_tokens=512)
 
 
-def w8a8_reference(model_dir: Path, group: int | None, static: float | None
-                   ) -> Callable[[list[int]], tuple[list[int], torch.Tensor]]:
+def w8a8_reference(model_dir: Path, group: int | None, static: float | None) -> Reference:
     """transformers' bf16 greedy run of the dequantized checkpoint with every decoder linear layer's input quantized
     to FP8 as the format says (per token group of `group` columns, or the static scale)."""
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
@@ -178,13 +176,7 @@ def w8a8_reference(model_dir: Path, group: int | None, static: float | None
                 lambda _, args: (quantized_activations(args[0].reshape(-1, args[0].shape[-1]), group, scale)
                                  .to(args[0].dtype).view_as(args[0]),))
 
-    def run(prompt: list[int]) -> tuple[list[int], torch.Tensor]:
-        with torch.no_grad():
-            out = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=MAX_NEW, do_sample=False,
-                                 output_logits=True, return_dict_in_generate=True)
-        return out.sequences[0, len(prompt):].tolist(), torch.stack(out.logits)[:, 0].float()
-
-    return run
+    return lambda prompt: greedy_and_logits(model, prompt)
 
 
 @pytest.mark.parametrize("name", ["fp8-blocks", "fp8-tensor-static", "gptq-int4-act-order", "awq"])

@@ -25,11 +25,12 @@ from gpu.kernels import (  # noqa: E402
     qk_norm_rope,
     rms_norm,
     silu_and_mul,
+    store_kv,
 )
 from gpu.kernels.quant_gemm_configs import QuantTiles, quant_tiles  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
-FLOATS = {"scale_log2", "softcap_in", "softcap_out", "eps"}
+FLOATS = {"scale_log2", "softcap_in", "softcap_out", "eps", "k_scale", "v_scale"}
 
 
 def compile_for_hopper(kernel: object, pointers: dict[str, str], constexprs: dict[str, object]) -> None:
@@ -62,16 +63,37 @@ def test_prefill_kernel_with_every_variant_switch() -> None:
         **VARIANT_FLAGS))
 
 
+FP8_CACHE = dict(ATTENTION, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv")
+
+
+def compile_qk_norm_rope(cache: str, constexprs: dict[str, object]) -> None:
+    """The q/k norm + RoPE kernel writing K/V to caches of type `cache`, with a norm."""
+    compile_for_hopper(qk_norm_rope._qk_norm_rope_kernel, dict(
+        qkv_ptr="*bf16", positions_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", q_weight_ptr="*bf16",
+        k_weight_ptr="*bf16", q_out_ptr="*bf16", k_out_ptr="*bf16", k_cache_ptr=cache, v_cache_ptr=cache,
+        slot_mapping_ptr="*i64"), dict(HAS_NORM=True, STORE_KV=True, USE_PDL=False, **constexprs))
+
+
+def test_attention_kernels_read_and_write_an_fp8_cache() -> None:
+    compile_for_hopper(decode_attention._decode_split_kernel, FP8_CACHE, dict(
+        GROUP=8, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_H=16, BLOCK_D=128, BLOCK_N=64, NUM_SPLITS=4,
+        DOT_PRECISION="tf32", HAS_ROW_ORDER=True, USE_PDL=True, HAS_WINDOW=False, HAS_SINKS=False, HAS_SOFTCAP=False))
+    compile_for_hopper(prefill_attention._prefill_kernel, FP8_CACHE, dict(
+        GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=64, BLOCK_Q=16, BLOCK_D=128, BLOCK_N=64, DOT_PRECISION="tf32",
+        HAS_WINDOW=False, HAS_SINKS=False, HAS_SOFTCAP=False))
+    compile_qk_norm_rope("*fp8e4nv", dict(NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, WEIGHT_OFFSET=0.0,
+                                          SCALES_IN_FLOAT32=False))
+    compile_for_hopper(store_kv._store_kv_kernel, dict(
+        key_ptr="*fp32", value_ptr="*fp32", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv", slot_mapping_ptr="*i64"),
+        dict(NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128))
+
+
 def test_elementwise_kernels_in_gemmas_forms() -> None:
     compile_for_hopper(rms_norm._rms_norm_kernel, dict(
         x_ptr="*bf16", residual_ptr="*bf16", weight_ptr="*bf16", out_ptr="*bf16", sum_ptr="*bf16"), dict(
         HIDDEN=640, BLOCK=1024, HAS_RESIDUAL=True, WEIGHT_OFFSET=1.0, SCALES_IN_FLOAT32=True, USE_PDL=False))
-    compile_for_hopper(qk_norm_rope._qk_norm_rope_kernel, dict(
-        qkv_ptr="*bf16", positions_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", q_weight_ptr="*bf16",
-        k_weight_ptr="*bf16", q_out_ptr="*bf16", k_out_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16",
-        slot_mapping_ptr="*i64"), dict(
-        NUM_HEADS=4, NUM_KV_HEADS=1, HEAD_DIM=256, BLOCK_H=4, HAS_NORM=True, WEIGHT_OFFSET=1.0,
-        SCALES_IN_FLOAT32=True, STORE_KV=True, USE_PDL=False))
+    compile_qk_norm_rope("*bf16", dict(NUM_HEADS=4, NUM_KV_HEADS=1, HEAD_DIM=256, BLOCK_H=4, WEIGHT_OFFSET=1.0,
+                                       SCALES_IN_FLOAT32=True))
     compile_for_hopper(silu_and_mul._silu_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"), dict(
         INTERMEDIATE=2048, BLOCK=1024, IS_GELU_TANH=True, USE_PDL=False))
 
