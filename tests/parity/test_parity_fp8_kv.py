@@ -36,3 +36,8 @@ def test_greedy_tokens_equal_transformers_with_the_cache_rounded(tiny_model_dirs
     assert ours == [greedy(reference, p) for p in PROMPTS]
     plain = LLM(str(model_dir), device="cpu", dtype="float32", kv_cache_blocks=64, max_num_seqs=4)
     assert ours != [o.token_ids for o in plain.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))]
+
+
+def test_pooling_models_refuse_an_fp8_cache(tiny_model_dirs: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="kv_cache_dtype fp8 is for generation"):
+        LLM(str(tiny_model_dirs["qwen3"]), device="cpu", dtype="float32", task="embed", kv_cache_dtype="fp8")
