@@ -6,10 +6,13 @@ in x's dtype, and optionally `perm`, the column of x each stored column multipli
 Each [BLOCK_N, BLOCK_K] weight tile is dequantized to x's dtype and multiplied on the tensor cores (float32 sums):
 a decode step reads the packed bytes, a quarter (int4) or half (int8) of bf16's.
 
-4-bit levels with bf16/fp16 activations are dequantized two at a time: a word's pair, masked and ORed with the
-exponent of 128 (bf16) or 1024 (fp16), is two 16-bit floats 128 + level exactly, and (v - (128 + zero)) * scale
-rounds once; so a weight costs a few packed integer and half-precision operations and no integer-to-float
-conversion. 8-bit levels (and float32 activations) take the same trick in float32 (2^23 + level).
+4-bit levels with bf16/fp16 activations become 16-bit floats two at a time: a word's pair, masked and ORed with
+the exponent of 128 (bf16) or 1024 (fp16), is two exact 16-bit floats magic + level; no integer-to-float conversion.
+Then, at a decode step's few rows with groups of 64 columns or more (`_takes_sums`), those floats go to the tensor
+cores as they are, one product per group, and the scale, zero point and magic act on the sums (scale * dot -
+scale * (magic + zero) * sum(x), in float32: no weight is rounded); otherwise each weight is dequantized,
+(v - (magic + zero)) * scale (+ offset) rounded once to x's dtype, and the tile multiplied. 8-bit levels (and
+float32 activations) take the magic in float32 (2^23 + level).
 
 The weight tile is the tensor cores' M side and x's rows their N side (as gpu/kernels/fp8_gemm.py's, with its tile
 rule, split-K and reduce); rows past M and N re-read the last valid row, never stored. CUDA-graph capturable.
@@ -30,6 +33,8 @@ if TYPE_CHECKING:
     from gpu.quant.int_weights import IntWeight
 
 PACKED_DTYPES = (torch.bfloat16, torch.float16)
+SUMS_MIN_GROUP = 64  # groups this wide or wider: scales on the sums (a product per group costs less than per weight)
+SUMS_MAX_ROWS = 32  # row tiles up to here: scales on the sums
 
 
 @triton.jit
@@ -86,47 +91,82 @@ def _dequantize(words, s_ptr, z_ptr, o_ptr, rows_offset, k, num_groups, dtype: t
     return w
 
 
+@triton.jit
+def _add(a, b):
+    """tl.sum's combine, the kernel's own (Triton's interpreter cannot call the library's: see fp8_gemm._maximum)."""
+    return a + b
+
+
+@triton.jit
+def _sums_product(words, x, s_ptr, z_ptr, o_ptr, rows_offset, group, dtype: tl.constexpr, ZERO: tl.constexpr,
+                  HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr):
+    """sum_k w[n, k] x[m, k] over one group's sub-tile [BLOCK_N, SUB] of 4-bit levels, as [BLOCK_N, BLOCK_M] float32:
+    the tensor cores multiply x with the exact 16-bit floats magic + level, and the scale, zero point, offset and
+    magic act on the sums: scale * dot - (scale * (magic + zero) - offset) * sum(x)."""
+    magic: tl.constexpr = 128.0 if dtype == tl.bfloat16 else 1024.0
+    magic_bits: tl.constexpr = 0x4300 if dtype == tl.bfloat16 else 0x6400
+    v = _pair_halves(words, 4, magic_bits, BLOCK_N, SUB).to(dtype, bitcast=True)
+    dot = tl.dot(v, tl.trans(x))
+    x_sum = tl.reduce(x.to(tl.float32), 1, _add)[None, :]  # [1, BLOCK_M]
+    scale = tl.load(s_ptr + rows_offset + group).to(tl.float32)[:, None]
+    if HAS_ZEROS:
+        zero = tl.load(z_ptr + rows_offset + group).to(tl.float32)[:, None]
+    else:
+        zero = ZERO
+    coefficient = scale * (magic + zero)
+    if HAS_OFFSETS:
+        coefficient -= tl.load(o_ptr + rows_offset + group).to(tl.float32)[:, None]
+    return scale * dot - coefficient * x_sum
+
+
 @triton.jit(do_not_specialize=["M", "N"])
 def _int_gemm_kernel(
     x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, perm_ptr, bias_ptr, out_ptr,
     M, N, K, k_per_split, num_groups,
     stride_xm, stride_qn, stride_gn, stride_os, stride_om,
     BITS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZEROS: tl.constexpr,
-    HAS_OFFSETS: tl.constexpr, HAS_PERM: tl.constexpr, PACKED: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr, HAS_PERM: tl.constexpr, PACKED: tl.constexpr, SUMS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
     HAS_BIAS: tl.constexpr, IS_PARTIAL: tl.constexpr, EVEN_K: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     pdl_start(USE_PDL)
     PER_WORD: tl.constexpr = 32 // BITS
+    # Sub-tiles of one group each where the scales act on the sums; else the whole tile.
+    SUB: tl.constexpr = (BLOCK_K if GROUP >= BLOCK_K else GROUP) if SUMS else BLOCK_K
     dtype: tl.constexpr = x_ptr.dtype.element_ty
     pid_m, pid_n, pid_k = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    offs_w = tl.arange(0, BLOCK_K // PER_WORD)
+    offs_sub = tl.arange(0, SUB)
+    offs_words = tl.arange(0, SUB // PER_WORD)
     x_rows = x_ptr + tl.minimum(offs_m, M - 1)[:, None] * stride_xm  # [BLOCK_M, 1]
     rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)
     rows_offset = rows_w * stride_gn
+    q_rows = q_ptr + rows_w[:, None] * stride_qn  # [BLOCK_N, 1]
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
-    q_ptrs = q_ptr + rows_w[:, None] * stride_qn + (k_start // PER_WORD + offs_w)[None, :]
     acc = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
-        ks = k + offs_k
-        if HAS_PERM:
-            columns = tl.load(perm_ptr + tl.minimum(ks, K - 1))
-        else:
-            columns = ks
-        if EVEN_K:
-            x = tl.load(x_rows + columns[None, :])
-            words = tl.load(q_ptrs)
-        else:
-            x = tl.load(x_rows + columns[None, :], mask=(ks < k_end)[None, :], other=0.0)
-            words = tl.load(q_ptrs, mask=((k // PER_WORD + offs_w) * PER_WORD < k_end)[None, :], other=0)
-        w = _dequantize(words, s_ptr, z_ptr, o_ptr, rows_offset, k, num_groups, dtype, BITS, GROUP, ZERO, HAS_ZEROS,
-                        HAS_OFFSETS, PACKED, BLOCK_N, BLOCK_K)
-        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
-        q_ptrs += BLOCK_K // PER_WORD
+        for g in tl.static_range(BLOCK_K // SUB):
+            sub = k + g * SUB  # the sub-tile's first column
+            ks = sub + offs_sub
+            columns = tl.load(perm_ptr + tl.minimum(ks, K - 1)) if HAS_PERM else ks
+            word_cols = sub // PER_WORD + offs_words
+            if EVEN_K:
+                x = tl.load(x_rows + columns[None, :])
+                words = tl.load(q_rows + word_cols[None, :])
+            else:
+                x = tl.load(x_rows + columns[None, :], mask=(ks < k_end)[None, :], other=0.0)
+                words = tl.load(q_rows + word_cols[None, :], mask=(word_cols * PER_WORD < k_end)[None, :], other=0)
+            if SUMS:
+                acc += _sums_product(words, x, s_ptr, z_ptr, o_ptr, rows_offset,
+                                     tl.minimum(sub // GROUP, num_groups - 1), dtype, ZERO, HAS_ZEROS, HAS_OFFSETS,
+                                     BLOCK_N, SUB)
+            else:
+                w = _dequantize(words, s_ptr, z_ptr, o_ptr, rows_offset, sub, num_groups, dtype, BITS, GROUP, ZERO,
+                                HAS_ZEROS, HAS_OFFSETS, PACKED, BLOCK_N, SUB)
+                acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
     _store_tile(tl.trans(acc), bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS,
                 IS_PARTIAL)
 
@@ -156,19 +196,30 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     split = triton.cdiv(k, k_per_split)
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y
     pdl = uses_pdl(use_pdl, x)
+    is_half = x.dtype in PACKED_DTYPES  # 16-bit activations: levels as exact 16-bit floats
     _int_gemm_kernel[(triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), split)](
         x, words, scales, _or(weight.zeros, scales), _or(weight.offsets, scales), _or(weight.perm, words),
         _or(bias, scales), part, m, n, k, k_per_split, scales.shape[1],
         x.stride(0), words.stride(0), scales.stride(0), part.stride(0) if split > 1 else 0, part.stride(-2),
         BITS=weight.bits, GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_PERM=weight.perm is not None,
-        PACKED=weight.bits == 4 and x.dtype in PACKED_DTYPES,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", HAS_BIAS=bias is not None, IS_PARTIAL=split > 1,
-        EVEN_K=k % k_per_split == 0, USE_PDL=pdl, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
+        PACKED=weight.bits == 4 and is_half, SUMS=_takes_sums(weight, is_half, t),
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", HAS_BIAS=bias is not None,
+        IS_PARTIAL=split > 1, EVEN_K=k % k_per_split == 0, USE_PDL=pdl, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k,
         num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=pdl)
     if split > 1:
         reduce_split_k(part, bias, y, pdl)
     return y
+
+
+def _takes_sums(weight: "IntWeight", is_half: bool, tiles: QuantTiles) -> bool:
+    """Whether the scales act on the sums (_sums_product): 4-bit levels, 16-bit activations, groups of SUMS_MIN_GROUP
+    columns or more in the stored order, and a decode step's few rows. Elsewhere a weight's own dequantization costs
+    less: many rows' accumulators, act order's gathered x (its sums cross the threads), or 8-bit levels (twice the
+    nibbles: the registers spill)."""
+    return (weight.bits == 4 and is_half and weight.group >= SUMS_MIN_GROUP and weight.perm is None
+            and tiles.block_m <= SUMS_MAX_ROWS)
 
 
 def _or(t: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
