@@ -8,7 +8,7 @@ a decode step reads the packed bytes, a quarter (int4) or half (int8) of bf16's.
 
 4-bit levels with bf16/fp16 activations become 16-bit floats two at a time: a word's pair, masked and ORed with
 the exponent of 128 (bf16) or 1024 (fp16), is two exact 16-bit floats magic + level; no integer-to-float conversion.
-Then, at a decode step's few rows with groups of 64 columns or more (`_takes_sums`), those floats go to the tensor
+Then, at a decode step's few rows with groups of 128 columns or more (`_takes_sums`), those floats go to the tensor
 cores as they are, one product per group, and the scale, zero point and magic act on the sums (scale * dot -
 scale * (magic + zero) * sum(x), in float32: no weight is rounded); otherwise each weight is dequantized,
 (v - (magic + zero)) * scale (+ offset) rounded once to x's dtype, and the tile multiplied. 8-bit levels (and
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from gpu.quant.int_weights import IntWeight
 
 PACKED_DTYPES = (torch.bfloat16, torch.float16)
-SUMS_MIN_GROUP = 64  # groups this wide or wider: scales on the sums (a product per group costs less than per weight)
+SUMS_MIN_GROUP = 128  # groups this wide or wider: scales on the sums (a product per group costs less than per weight)
 SUMS_MAX_ROWS = 32  # row tiles up to here: scales on the sums
 
 

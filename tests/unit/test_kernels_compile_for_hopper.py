@@ -160,7 +160,7 @@ def test_int_gemm_tiles_fit_and_pipeline(bits: int, group: int, kind: str) -> No
     for t in _tile_configs(f"int{bits}"):
         constexprs = dict(BITS=bits, GROUP=group, ZERO=8.0, HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets",
                           HAS_PERM=kind == "act-order", PACKED=bits == 4, DOT_PRECISION="tf32", HAS_BIAS=False,
-                          SUMS=bits == 4 and group >= 64 and kind != "act-order" and t.block_m <= 32,
+                          SUMS=bits == 4 and group >= 128 and kind != "act-order" and t.block_m <= 32,
                           IS_PARTIAL=t.split_k > 1, EVEN_K=True, USE_PDL=True, BLOCK_M=t.block_m,
                           BLOCK_N=t.block_n, BLOCK_K=t.block_k)
         spilled, shared = compiled_usage(int_gemm._int_gemm_kernel, INT_SIGNATURE, constexprs, t.num_warps,

@@ -74,7 +74,8 @@ def _int_groups(bits: int, group_size: int, kind: str, n: int, k: int, g: torch.
 
 @pytest.mark.parametrize(("bits", "group_size", "kind", "m", "n", "k", "tiles"), [
     (4, 128, "symmetric", 3, 40, 256, None), (4, 32, "zeros", 17, 24, 512, None),
-    (4, 64, "equal-zeros", 2, 8, 128, None), (4, 32, "offsets", 2, 24, 256, SPLIT_TILES),
+    (4, 64, "equal-zeros", 2, 8, 128, None), (4, 128, "zeros", 2, 16, 512, SPLIT_TILES),
+    (4, 32, "offsets", 2, 24, 256, SPLIT_TILES),
     (4, 128, "act-order", 1, 8, 1024, None),
     (4, 32, "symmetric", 2, 8, 64, None), (8, 64, "zeros", 2, 16, 128, None),
     (8, 16, "offsets", 5, 20, 384, SPLIT_TILES), (8, 64, "act-order", 1, 16, 256, SPLIT_TILES)])
