@@ -12,6 +12,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from gpu.quant.layout import ColumnSlice, RowSlice, WeightLayout
 from gpu.quant.method import QuantScheme
 
 
@@ -44,18 +45,32 @@ def quant_scheme(config: PretrainedConfig) -> QuantScheme | None:
 
 
 def quantize_linear_layers(model: nn.Module, scheme: QuantScheme) -> int:
-    """Gives each linear layer the checkpoint quantizes its method (before loading); returns how many."""
+    """Gives each linear layer the checkpoint quantizes its method (before loading); returns how many. A mixture of
+    experts whose experts the checkpoint quantizes is refused: no expert method exists yet (its router, shared
+    experts and attention would be served)."""
     from gpu.layers.linear import Linear
+    from gpu.layers.moe import Experts
 
     packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
+    expert_parts: dict[str, str] = getattr(model, "expert_parts", {})
     count = 0
     for name, module in model.named_modules():
+        if isinstance(module, Experts) and scheme.method_for(
+                [f"{name}.0.{part}" for part in expert_parts or ("gate_proj",)], _expert_layout(module)) is not None:
+            raise ValueError(f"the checkpoint's experts are quantized ({scheme.description}): quantized mixtures of "
+                             "experts are not supported yet (their attention and dense layers are)")
         if isinstance(module, Linear):
             method = scheme.method_for(checkpoint_names(name, packed), module.weight_layout())
             if method is not None:
                 module.use_quant_method(method)
                 count += 1
     return count
+
+
+def _expert_layout(experts: nn.Module) -> WeightLayout:
+    """One expert's gate projection [intermediate, hidden]: what a scheme is asked about the experts."""
+    rows, columns = experts.gate_up_proj.shape[1] // 2, experts.gate_up_proj.shape[2]
+    return WeightLayout({None: RowSlice.whole(rows)}, ColumnSlice.whole(columns))
 
 
 def checkpoint_names(module_name: str, packed: dict[str, tuple[str, str]]) -> list[str]:

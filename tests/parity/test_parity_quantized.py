@@ -94,3 +94,15 @@ def _tensor_names(checkpoint: Path) -> list[str]:
 
     with safe_open(str(checkpoint / "model.safetensors"), "pt") as f:
         return list(f.keys())
+
+
+def test_quantized_experts_are_refused_by_name(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """A mixture of experts whose experts the checkpoint quantizes: an error that says so, not a load that fails on
+    a tensor with no place (or reads FP8 levels as weights)."""
+    from tests.moe_models import build_moe_model
+
+    source = build_moe_model(tmp_path / "moe", "qwen3_moe", tiny_model_dirs["qwen3"])
+    config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
+    quantized, _ = qc.write_quantized(source, tmp_path / "fp8", qc.fp8_blocks((16, 16)), config)
+    with pytest.raises(ValueError, match="quantized mixtures of experts are not supported"):
+        llm(quantized)
