@@ -54,7 +54,7 @@ from gpu.quant import (
     cast_float_params,
     finish_loading,
     quant_scheme,
-    quantize_linear_layers,
+    quantize_layers,
     warm_up_quantized,
     weight_summary,
 )
@@ -476,7 +476,7 @@ def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch
     with torch.device(device), _default_dtype(load_dtype):
         model = model_class(hf_config.architectures)(hf_config, config.max_model_len, config.kernels, tp)
     if scheme is not None:
-        quantize_linear_layers(model, scheme)
+        quantize_layers(model, scheme)
     if config.load_format == "dummy":
         init_dummy_weights(model, getattr(hf_config, "initializer_range", DEFAULT_STD), config.seed)
     else:

@@ -1,9 +1,9 @@
 """Quantized weights: one module per checkpoint format, each with its loading, its kernel per device and its
 reference dequantization (gpu/quant/method.py says how they fit a linear layer).
 
-`quant_scheme(config)` reads config.json's `quantization_config`; `quantize_linear_layers` gives every linear layer
-of a built model its format's method before loading, and `finish_loading` readies them after. An unsupported
-`quant_method` is an error at start that names it and the supported ones.
+`quant_scheme(config)` reads config.json's `quantization_config`; `quantize_layers` gives every linear layer
+(and mixture's experts) of a built model its format's method before loading, and `finish_loading` readies them after.
+An unsupported `quant_method` is an error at start that names it and the supported ones.
 """
 
 from collections.abc import Callable
@@ -13,7 +13,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from gpu.quant.layout import ColumnSlice, RowSlice, WeightLayout
-from gpu.quant.method import QuantScheme
+from gpu.quant.method import ExpertsQuantMethod, QuantMethod, QuantScheme
 
 
 def _schemes() -> dict[str, Callable[[dict[str, object]], QuantScheme]]:
@@ -22,12 +22,13 @@ def _schemes() -> dict[str, Callable[[dict[str, object]], QuantScheme]]:
     from gpu.quant.fp8 import Fp8Scheme
     from gpu.quant.gguf import GgufScheme
     from gpu.quant.gptq import GptqScheme
+    from gpu.quant.mxfp4 import Mxfp4Scheme
 
     return {"fp8": Fp8Scheme, "compressed-tensors": CompressedTensorsScheme, "awq": AwqScheme, "gptq": GptqScheme,
-            "gguf": GgufScheme}
+            "gguf": GgufScheme, "mxfp4": Mxfp4Scheme}
 
 
-SUPPORTED_METHODS = ("fp8", "compressed-tensors", "awq", "gptq", "gguf")
+SUPPORTED_METHODS = ("fp8", "compressed-tensors", "awq", "gptq", "gguf", "mxfp4")
 
 
 def quant_scheme(config: PretrainedConfig) -> QuantScheme | None:
@@ -44,10 +45,9 @@ def quant_scheme(config: PretrainedConfig) -> QuantScheme | None:
     return schemes[method](settings)
 
 
-def quantize_linear_layers(model: nn.Module, scheme: QuantScheme) -> int:
-    """Gives each linear layer the checkpoint quantizes its method (before loading); returns how many. A mixture of
-    experts whose experts the checkpoint quantizes is refused: no expert method exists yet (its router, shared
-    experts and attention would be served)."""
+def quantize_layers(model: nn.Module, scheme: QuantScheme) -> int:
+    """Gives each linear layer and each mixture's experts the checkpoint quantizes its method (before loading);
+    returns how many. Experts the scheme quantizes but has no experts method for are refused by name."""
     from gpu.layers.linear import Linear
     from gpu.layers.moe import Experts
 
@@ -55,16 +55,29 @@ def quantize_linear_layers(model: nn.Module, scheme: QuantScheme) -> int:
     expert_parts: dict[str, str] = getattr(model, "expert_parts", {})
     count = 0
     for name, module in model.named_modules():
-        if isinstance(module, Experts) and scheme.method_for(
-                [f"{name}.0.{part}" for part in expert_parts or ("gate_proj",)], _expert_layout(module)) is not None:
-            raise ValueError(f"the checkpoint's experts are quantized ({scheme.description}): quantized mixtures of "
-                             "experts are not supported yet (their attention and dense layers are)")
+        if isinstance(module, Experts):
+            method = _experts_method(scheme, name, module, expert_parts)
+            if method is not None:
+                module.use_quant_method(method)
+                count += 1
         if isinstance(module, Linear):
             method = scheme.method_for(checkpoint_names(name, packed), module.weight_layout())
             if method is not None:
                 module.use_quant_method(method)
                 count += 1
     return count
+
+
+def _experts_method(scheme: QuantScheme, name: str, experts: nn.Module,
+                    expert_parts: dict[str, str]) -> ExpertsQuantMethod | None:
+    experts_method_for = getattr(scheme, "experts_method_for", None)
+    if experts_method_for is not None:
+        return experts_method_for(name, experts)
+    if scheme.method_for([f"{name}.0.{part}" for part in expert_parts or ("gate_proj",)],
+                         _expert_layout(experts)) is not None:
+        raise ValueError(f"the checkpoint's experts are quantized ({scheme.description}): quantized mixtures of "
+                         "experts in this format are not supported yet (their attention and dense layers are)")
+    return None
 
 
 def _expert_layout(experts: nn.Module) -> WeightLayout:
@@ -98,7 +111,7 @@ def warm_up_quantized(model: nn.Module, max_rows: int, dtype: torch.dtype) -> in
     calls = 0
     for module in model.modules():
         method = getattr(module, "quant", None)
-        if method is not None and next(module.parameters()).is_cuda:
+        if isinstance(method, QuantMethod) and next(module.parameters()).is_cuda:
             device = next(module.parameters()).device
             for count in {row_tile(r): r for r in rows}.values():
                 method.apply(module, torch.zeros(count, method.layout.in_features, dtype=dtype, device=device), None)
@@ -107,15 +120,13 @@ def warm_up_quantized(model: nn.Module, max_rows: int, dtype: torch.dtype) -> in
 
 
 def cast_float_params(model: nn.Module, dtype: torch.dtype) -> None:
-    """model.to(dtype) for every layer but the quantized ones, whose method chose its tensors' dtypes (FP8 weights
-    and float32 scales stay as they are)."""
-    for module in model.modules():
-        if getattr(module, "quant", None) is None:
-            for param in module.parameters(recurse=False):
-                if param.is_floating_point() and param.dtype != dtype:
-                    param.data = param.data.to(dtype)
-        elif module.bias is not None:
-            module.bias.data = module.bias.data.to(dtype)
+    """model.to(dtype) (each module's own rule kept: a float32 router stays float32) for every tensor but a quantized
+    layer's stored ones, whose method chose their dtypes (FP8 weights and float32 scales stay as they are)."""
+    def cast(tensor: torch.Tensor) -> torch.Tensor:
+        keeps = not tensor.is_floating_point() or hasattr(tensor, "quant_name")
+        return tensor if keeps else tensor.to(dtype)
+
+    model._apply(cast)
 
 
 def weight_summary(model: nn.Module) -> tuple[int, int]:
@@ -124,12 +135,12 @@ def weight_summary(model: nn.Module) -> tuple[int, int]:
     seen: set[int] = set()
     for module in model.modules():
         method = getattr(module, "quant", None)
-        for name, param in module.named_parameters(recurse=False):
+        for param in module.parameters(recurse=False):
             if id(param) in seen:
                 continue
             seen.add(id(param))
             num_bytes += param.numel() * param.element_size()
-            num_weights += param.numel() if method is None or name == "bias" else 0
+            num_weights += 0 if hasattr(param, "quant_name") else param.numel()
         if method is not None:
-            num_weights += method.layout.out_features * method.layout.in_features
+            num_weights += method.num_weights(module)
     return num_bytes, num_weights

@@ -65,9 +65,47 @@ class QuantMethod:
     def stored_bytes(self, layer: nn.Module) -> int:
         return sum(p.numel() * p.element_size() for name, p in layer.named_parameters(recurse=False) if name != "bias")
 
+    def num_weights(self, layer: nn.Module) -> int:
+        """The weights the layer holds, whatever it stores: out x in."""
+        return self.layout.out_features * self.layout.in_features
+
+
+class ExpertsQuantMethod:
+    """A mixture's stacked experts (gpu/layers/moe.py's `Experts`) in a quantized format: the same three parts as a
+    linear layer's method, over every expert at once. Loading: `create_params` names the stored tensors as the
+    checkpoint does and `load` fills this rank's share of each. Running: `__call__`, as the experts' float method
+    runs (x [tokens, hidden] and the routed experts -> [tokens, hidden]). The reference: `dequantize`, the float32
+    `gate_up_proj` [experts, 2 * intermediate, hidden] (gate rows, then up rows) and `down_proj` [experts, hidden,
+    intermediate] in the float experts' layout, which the CPU runs."""
+
+    format_name = "float"
+
+    def create_params(self, experts: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def load(self, experts: nn.Module, name: str, param: nn.Parameter, loaded: CheckpointTensor,
+             shard: object) -> None:
+        raise NotImplementedError
+
+    def finish_loading(self, experts: nn.Module, dtype: torch.dtype) -> None:
+        """Turns the loaded parameters into the kernel's form on a GPU, for `dtype` activations."""
+
+    def __call__(self, experts: nn.Module, x: torch.Tensor, routed: object, add: torch.Tensor | None) -> torch.Tensor:
+        raise NotImplementedError
+
+    def dequantize(self, experts: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        raise NotImplementedError
+
+    def num_weights(self, experts: nn.Module) -> int:
+        """Every expert's gate, up and down weights."""
+        num_experts, hidden, size = experts.spec.routing.num_experts, experts.hidden_size, experts.size
+        return 3 * num_experts * hidden * size
+
 
 class QuantScheme(Protocol):
-    """A checkpoint's quantization: which linear layers are quantized, and each one's method."""
+    """A checkpoint's quantization: which linear layers are quantized, and each one's method. A scheme that
+    quantizes a mixture's experts also has `experts_method_for(module_name, experts) -> ExpertsQuantMethod | None`;
+    a scheme without it that would quantize the experts is refused at start (gpu/quant/__init__.py)."""
 
     description: str  # for the start-up log, e.g. "fp8 (weights and activations, 128x128 blocks)"
 

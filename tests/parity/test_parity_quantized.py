@@ -104,5 +104,5 @@ def test_quantized_experts_are_refused_by_name(tiny_model_dirs: dict[str, Path],
     source = build_moe_model(tmp_path / "moe", "qwen3_moe", tiny_model_dirs["qwen3"])
     config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
     quantized, _ = qc.write_quantized(source, tmp_path / "fp8", qc.fp8_blocks((16, 16)), config)
-    with pytest.raises(ValueError, match="quantized mixtures of experts are not supported"):
+    with pytest.raises(ValueError, match="quantized mixtures of experts in this format are not supported"):
         llm(quantized)

@@ -187,11 +187,14 @@ def test_expert_tensor_names() -> None:
 
 
 
-def test_gpt_oss_mxfp4_experts_are_refused_by_name() -> None:
+def test_gpt_oss_experts_in_a_format_without_an_experts_method_are_refused_by_name() -> None:
+    """MXFP4 experts load (gpu/quant/mxfp4.py); FP8 ones have no experts method yet: an error that names the format."""
     from gpu.models.gpt_oss import GptOssForCausalLM
+    from gpu.quant import quant_scheme, quantize_layers
 
     config = transformers.GptOssConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
                                        num_key_value_heads=1, head_dim=16, num_local_experts=4, intermediate_size=16,
-                                       vocab_size=32, quantization_config={"quant_method": "mxfp4"})
-    with pytest.raises(ValueError, match="mxfp4"):
-        GptOssForCausalLM(config, 64)
+                                       vocab_size=32, quantization_config={"quant_method": "fp8",
+                                                                           "weight_block_size": [16, 16]})
+    with pytest.raises(ValueError, match="experts are quantized \\(fp8"):
+        quantize_layers(GptOssForCausalLM(config, 64), quant_scheme(config))
