@@ -1,5 +1,7 @@
 """Inputs and torch references shared by the MoE kernels' tests (interpreted on the CPU and on CUDA)."""
 
+import math
+
 import torch
 
 from gpu.layers.moe import Activation, Experts, MoeSpec, RoutedTokens, Routing, activation, experts_reference
@@ -68,3 +70,51 @@ def aligned_reference(expert_ids: torch.Tensor, num_experts: int, block_m: int) 
             tiles.append(tile + [len(flat)] * (block_m - len(tile)))
             tile_experts.append(expert)
     return tiles, tile_experts
+
+
+def random_mxfp4_experts(num_experts: int, hidden: int, intermediate: int, act: str = "clamped_swiglu",
+                         has_bias: bool = True, device: str = "cpu", seed: int = 0) -> Experts:
+    """Stacked experts in MXFP4 (gpu/quant/mxfp4.py's stored form): every code at random, each block's scale near the
+    one that keeps products near 1."""
+    from gpu.quant.mxfp4 import Mxfp4ExpertsMethod
+
+    spec = MoeSpec(Routing(num_experts, 1), intermediate, ACTIVATIONS[act].kind, ACTIVATIONS[act].alpha or 1.702,
+                   ACTIVATIONS[act].limit or 7.0, has_expert_bias=has_bias, is_gpt_oss_layout=True)
+    experts = Experts(hidden, spec)
+    experts.use_quant_method(Mxfp4ExpertsMethod())
+    experts.to(device)
+    generator = torch.Generator(device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in experts.named_parameters():
+            if name.endswith("_blocks"):
+                param.copy_(torch.randint(0, 256, param.shape, generator=generator, device=device))
+            elif name.endswith("_scales"):  # values up to 6 * 2^(s - 127) with ~sqrt(columns) terms a sum
+                centre = 127 - 2 - round(0.5 * math.log2(param.shape[-1] * 32))
+                param.copy_(torch.randint(centre - 1, centre + 2, param.shape, generator=generator, device=device))
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator, device=device) * 0.5)
+    return experts
+
+
+def mxfp4_kernel_and_reference(experts: Experts, x: torch.Tensor, routed: RoutedTokens
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the fused kernels' output on the MXFP4 experts for x in x's dtype, the torch reference's in float32 on their
+    exact dequantization and the same inputs, biases rounded as the kernel reads them)."""
+    from gpu.kernels.fused_moe import Mxfp4Weights, fused_experts
+
+    torch.set_grad_enabled(False)
+    biases = [b.to(x.dtype) if b is not None else None for b in (experts.gate_up_proj_bias, experts.down_proj_bias)]
+    out = fused_experts(x, Mxfp4Weights(experts.gate_up_proj_blocks, experts.gate_up_proj_scales),
+                        Mxfp4Weights(experts.down_proj_blocks, experts.down_proj_scales), routed.weights,
+                        routed.expert_ids, activation(experts.spec), *biases)
+    assert experts.quant is not None
+    gate_up, down = experts.quant.dequantize(experts)
+    reference = Experts(experts.hidden_size, experts.spec).to(x.device)
+    with torch.no_grad():
+        reference.gate_up_proj.copy_(gate_up)
+        reference.down_proj.copy_(down)
+        if biases[0] is not None:
+            reference.gate_up_proj_bias.copy_(biases[0])
+            reference.down_proj_bias.copy_(biases[1])
+    expected = experts_reference(x.float(), reference, RoutedTokens(routed.weights, routed.expert_ids.long()))
+    return out, expected

@@ -15,8 +15,9 @@ column by column, down [num_experts, intermediate, hidden]; de-interleaved and t
 SiLU-and-mul, or gpt-oss's clamped SwiGLU. How the experts run is their `method`'s: unquantized weights run the
 fused Triton kernels on CUDA (gpu/kernels/fused_moe.py: tokens sorted by expert once per step, grouped GEMMs with the
 activation and the routing weights fused) and the torch reference elsewhere, which loops over the experts a step
-hits as transformers does, so float32 parity is exact. A quantized format would bring its own method (its stored
-parameters, their loading and its kernel) per expert weight; nothing else here knows the format.
+hits as transformers does, so float32 parity is exact. A quantized format brings its own method
+(gpu/quant/method.py's ExpertsQuantMethod: its stored parameters, their loading, its kernel and its dequantization,
+which a CPU runs); nothing else here knows the format.
 
 Tensor parallelism: the experts' (and shared experts') intermediate size is split over the ranks, like the dense
 MLP's: each rank holds its rows of gate/up and its columns of down for every expert, and the block's output is

@@ -9,9 +9,11 @@ outputs: gate_up [experts, 2 * intermediate, hidden] with gate and up interleave
 load: gate rows, then up rows, as the float experts hold them), down [experts, hidden, intermediate]. Under tensor
 parallelism a rank reads its gate/up rows and its columns of down, which must fall on the 32-column blocks.
 
-On a CPU the experts are dequantized exactly at load (float32) and run as float ones. On a GPU they are dequantized
-at load to the activation dtype too, for now (no MXFP4 expert kernel yet), which the log says with the memory it
-costs.
+On a CPU the experts are dequantized exactly at load (float32) and run as float ones. On a GPU the stored form stays:
+gpu/kernels/fused_moe.py's grouped GEMMs decode each byte's two codes and their block's scale in their loop into the
+activation dtype (exact in bfloat16 and float32: a code has two significant bits, a scale is a power of two). With
+float16 activations (whose range cannot hold every scale) or the fused kernels off, the experts are dequantized at
+load instead, which the log says with the memory it costs.
 """
 
 import logging
@@ -29,6 +31,7 @@ BLOCK = 32  # values per scale
 E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 SCALE_BIAS = 127
 PROJECTIONS = ("gate_up_proj", "down_proj")
+KERNEL_DTYPES = (torch.bfloat16, torch.float32)  # activation dtypes the GPU kernel decodes into
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
@@ -75,16 +78,34 @@ class Mxfp4ExpertsMethod(ExpertsQuantMethod):
         param.data.copy_(torch.cat((rows[:, 0::2], rows[:, 1::2]), dim=1))
 
     def finish_loading(self, experts: nn.Module, dtype: torch.dtype) -> None:
+        from gpu.kernels import HAS_TRITON
+
         if next(experts.parameters()).device.type == "cpu":
             return
-        logger.warning("MXFP4 experts dequantized to %s at load on the GPU (no MXFP4 expert kernel yet): %.2f GiB "
-                       "instead of %.2f", dtype, self.num_weights(experts) * dtype.itemsize / 2**30,
-                       self.stored_bytes(experts) / 2**30)
+        if not (experts.kernels.fused_kernels and HAS_TRITON):
+            reason = "the fused MoE kernels are off"
+        elif dtype not in KERNEL_DTYPES:  # the kernel decodes into the activation dtype, whose range must hold the
+            reason = "the MXFP4 kernel decodes into bfloat16 or float32 only"  # scales: float16's does not
+        else:
+            return
+        logger.warning("MXFP4 experts dequantized to %s at load (%s): %.2f GiB instead of %.2f", dtype, reason,
+                       self.num_weights(experts) * dtype.itemsize / 2**30, self.stored_bytes(experts) / 2**30)
         gate_up, down = self.dequantize(experts)
         experts.use_float_weights(gate_up.to(dtype), down.to(dtype))
 
     def stored_bytes(self, experts: nn.Module) -> int:
         return sum(getattr(experts, f"{p}_{kind}").numel() for p in PROJECTIONS for kind in ("blocks", "scales"))
+
+    def __call__(self, experts: nn.Module, x: torch.Tensor, routed: object, add: torch.Tensor | None) -> torch.Tensor:
+        """gpu/kernels/fused_moe.py's grouped GEMMs, the weights decoded in their loops."""
+        from gpu.kernels.fused_moe import Mxfp4Weights, fused_experts
+        from gpu.layers.moe import activation
+
+        gate_up = Mxfp4Weights(experts.gate_up_proj_blocks, experts.gate_up_proj_scales)
+        down = Mxfp4Weights(experts.down_proj_blocks, experts.down_proj_scales)
+        return fused_experts(x, gate_up, down, routed.weights, routed.expert_ids,  # type: ignore[attr-defined]
+                             activation(experts.spec), experts.gate_up_proj_bias, experts.down_proj_bias,
+                             use_pdl=True, add=add)
 
     def dequantize(self, experts: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         return tuple(dequantize_mxfp4(getattr(experts, f"{p}_blocks"), getattr(experts, f"{p}_scales"))
