@@ -176,16 +176,19 @@ def _target(name: str, model: nn.Module) -> tuple[str, Hashable | None]:
     return name, None
 
 
-EXPERT_TENSOR = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<name>\w+)\.weight$")
+EXPERT_TENSOR = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<name>\w+)\.(?P<tensor>weight\w*)$")
 # The stacked parameters of gpu/layers/moe.py's Experts each part goes into.
 EXPERT_PARAMS = {"gate": "gate_up_proj", "up": "gate_up_proj", "down": "down_proj"}
 
 
 def expert_target(name: str, parts: dict[str, str]) -> tuple[str, ExpertShard] | None:
     """(parameter, shard) of a per-expert checkpoint tensor, e.g. `...mlp.experts.3.gate_proj.weight` with parts
-    {"gate_proj": "gate", ...} -> (`...mlp.experts.gate_up_proj`, ExpertShard("gate", 3)); None for another."""
+    {"gate_proj": "gate", ...} -> (`...mlp.experts.gate_up_proj`, ExpertShard("gate", 3)); None for another. A
+    quantized format's other tensors keep their suffix: `...experts.3.gate_proj.weight_scale_inv` ->
+    `...experts.gate_up_proj_scale_inv`."""
     match = EXPERT_TENSOR.match(name)
     if match is None or match["name"] not in parts:
         return None
     part = parts[match["name"]]
-    return f"{match['prefix']}.{EXPERT_PARAMS[part]}", ExpertShard(part, int(match["expert"]))
+    suffix = match["tensor"].removeprefix("weight")
+    return f"{match['prefix']}.{EXPERT_PARAMS[part]}{suffix}", ExpertShard(part, int(match["expert"]))

@@ -96,25 +96,49 @@ def random_mxfp4_experts(num_experts: int, hidden: int, intermediate: int, act: 
     return experts
 
 
-def mxfp4_kernel_and_reference(experts: Experts, x: torch.Tensor, routed: RoutedTokens
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(the fused kernels' output on the MXFP4 experts for x in x's dtype, the torch reference's in float32 on their
-    exact dequantization and the same inputs, biases rounded as the kernel reads them)."""
-    from gpu.kernels.fused_moe import Mxfp4Weights, fused_experts
+def random_fp8_experts(num_experts: int, hidden: int, intermediate: int, block: tuple[int, int], act: str = "silu",
+                       has_bias: bool = False, device: str = "cpu", seed: int = 0) -> Experts:
+    """Stacked experts in FP8 with block scales (gpu/quant/fp8_experts.py's stored form): FP8 values across their
+    range, each block's scale at random near the one that keeps products near 1."""
+    from gpu.quant.fp8_experts import Fp8BlockExpertsMethod
 
+    spec = MoeSpec(Routing(num_experts, 1), intermediate, ACTIVATIONS[act].kind, ACTIVATIONS[act].alpha or 1.702,
+                   ACTIVATIONS[act].limit or 7.0, has_expert_bias=has_bias)
+    experts = Experts(hidden, spec)
+    experts.use_quant_method(Fp8BlockExpertsMethod(block))
+    experts.to(device)
+    generator = torch.Generator(device).manual_seed(seed)
+    with torch.no_grad():
+        for name in ("gate_up_proj", "down_proj"):
+            weight, scales = getattr(experts, name), getattr(experts, f"{name}_scale_inv")
+            levels = torch.randn(weight.shape, generator=generator, device=device) * 100
+            weight.copy_(levels.clamp(-448, 448).to(weight.dtype))
+            spread = 2 * weight.shape[-1] ** -0.5 / 100
+            scales.copy_((torch.rand(scales.shape, generator=generator, device=device) + 0.5) * spread)
+        for bias in (experts.gate_up_proj_bias, experts.down_proj_bias):
+            if bias is not None:
+                bias.copy_(torch.randn(bias.shape, generator=generator, device=device) * 0.5)
+    return experts
+
+
+def quantized_kernel_and_reference(experts: Experts, x: torch.Tensor, routed: RoutedTokens
+                                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the quantized experts' method's output for x in x's dtype (its fused kernels), the torch reference's in
+    float32 on their exact dequantization and the same inputs; the biases rounded to x's dtype first, as a served
+    model holds them)."""
     torch.set_grad_enabled(False)
-    biases = [b.to(x.dtype) if b is not None else None for b in (experts.gate_up_proj_bias, experts.down_proj_bias)]
-    out = fused_experts(x, Mxfp4Weights(experts.gate_up_proj_blocks, experts.gate_up_proj_scales),
-                        Mxfp4Weights(experts.down_proj_blocks, experts.down_proj_scales), routed.weights,
-                        routed.expert_ids, activation(experts.spec), *biases)
+    for bias in (experts.gate_up_proj_bias, experts.down_proj_bias):
+        if bias is not None:
+            bias.data = bias.data.to(x.dtype)
     assert experts.quant is not None
+    out = experts.quant(experts, x, routed, None)
     gate_up, down = experts.quant.dequantize(experts)
     reference = Experts(experts.hidden_size, experts.spec).to(x.device)
     with torch.no_grad():
         reference.gate_up_proj.copy_(gate_up)
         reference.down_proj.copy_(down)
-        if biases[0] is not None:
-            reference.gate_up_proj_bias.copy_(biases[0])
-            reference.down_proj_bias.copy_(biases[1])
+        if experts.gate_up_proj_bias is not None:
+            reference.gate_up_proj_bias.copy_(experts.gate_up_proj_bias)
+            reference.down_proj_bias.copy_(experts.down_proj_bias)
     expected = experts_reference(x.float(), reference, RoutedTokens(routed.weights, routed.expert_ids.long()))
     return out, expected

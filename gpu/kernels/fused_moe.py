@@ -62,6 +62,8 @@ def _moe_gemm_kernel(
     MUL_WEIGHT: tl.constexpr,
     IEEE: tl.constexpr,  # float32 operands: exact products, no TF32
     MXFP4: tl.constexpr,  # B holds MXFP4 codes, two a byte along K, and an e8m0 scale per 32 of K
+    SCALE_ROWS: tl.constexpr,  # > 0: B is FP8 with a float32 scale per block of SCALE_ROWS x SCALE_COLUMNS
+    SCALE_COLUMNS: tl.constexpr,
     EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -90,6 +92,10 @@ def _moe_gemm_kernel(
         acc, acc_up = _mxfp4_products(a_ptr, b_ptr, scales_ptr, pairs // PAIRS_PER_ROW, is_pair, expert, b_columns, N,
                                       K, stride_am, stride_be, stride_bn, stride_se, stride_sn, GATED, IEEE, BLOCK_M,
                                       BLOCK_N, BLOCK_K)
+    elif SCALE_ROWS > 0:
+        acc, acc_up = _fp8_block_products(a_ptr, b_ptr, scales_ptr, pairs // PAIRS_PER_ROW, is_pair, expert,
+                                          b_columns, N, K, stride_am, stride_be, stride_bn, stride_se, stride_sn, GATED,
+                                          IEEE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_ROWS, SCALE_COLUMNS)
     else:
         acc, acc_up = _float_products(a_ptr, b_ptr, pairs // PAIRS_PER_ROW, is_pair, expert, b_columns, N, K,
                                       stride_am, stride_be, stride_bn, GATED, IEEE, EVEN_K, BLOCK_M, BLOCK_N, BLOCK_K)
@@ -132,6 +138,45 @@ def _float_products(a_ptr, b_ptr, a_rows, is_pair, expert, b_columns, N, K, stri
             else:
                 b_up = tl.load(b_ptrs + up_offset, mask=ks[:, None] < K - k * BLOCK_K, other=0.0)
             acc_up = _dot(a, b_up, acc_up, IEEE)
+        a_ptrs += BLOCK_K
+        b_ptrs += BLOCK_K
+    return acc, acc_up
+
+
+@triton.jit
+def _fp8_block_products(a_ptr, b_ptr, scales_ptr, a_rows, is_pair, expert, b_columns, N, K, stride_am, stride_be,
+                        stride_bn, stride_se, stride_sn, GATED: tl.constexpr, IEEE: tl.constexpr, EVEN_K: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        SCALE_ROWS: tl.constexpr, SCALE_COLUMNS: tl.constexpr):
+    """As _float_products over FP8 weights with block scales: each K tile (within one block of columns) multiplied
+    with the weights as they are (FP8 values are exact in x's dtype), its float32 sums scaled by each column's block
+    scale: no weight rounded. The up rows' scales start N / SCALE_ROWS blocks down (N is whole blocks)."""
+    ks = tl.arange(0, BLOCK_K)
+    a_ptrs = a_ptr + a_rows.to(tl.int64)[:, None] * stride_am + ks[None, :]
+    b_ptrs = b_ptr + expert * stride_be + b_columns.to(tl.int64)[None, :] * stride_bn + ks[:, None]
+    s_ptrs = scales_ptr + expert * stride_se + (b_columns // SCALE_ROWS).to(tl.int64) * stride_sn
+    up_offset = N * stride_bn
+    up_scales = (N // SCALE_ROWS) * stride_sn
+    acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        k_left = K - k * BLOCK_K
+        if EVEN_K:
+            a = tl.load(a_ptrs, mask=is_pair[:, None], other=0.0)
+            b = tl.load(b_ptrs)
+        else:
+            a = tl.load(a_ptrs, mask=is_pair[:, None] & (ks[None, :] < k_left), other=0.0)
+            b = tl.load(b_ptrs, mask=ks[:, None] < k_left, other=0.0)
+        scale_column = (k * BLOCK_K) // SCALE_COLUMNS
+        sums = _dot(a, b.to(a.dtype), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IEEE)
+        acc += sums * tl.load(s_ptrs + scale_column)[None, :]
+        if GATED:
+            if EVEN_K:
+                b_up = tl.load(b_ptrs + up_offset)
+            else:
+                b_up = tl.load(b_ptrs + up_offset, mask=ks[:, None] < k_left, other=0.0)
+            sums = _dot(a, b_up.to(a.dtype), tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32), IEEE)
+            acc_up += sums * tl.load(s_ptrs + up_scales + scale_column)[None, :]
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     return acc, acc_up
@@ -219,7 +264,21 @@ class Mxfp4Weights:
         return num_experts, rows, groups * 32
 
 
-Weights = torch.Tensor | Mxfp4Weights
+@dataclass(frozen=True)
+class Fp8BlockWeights:
+    """Stacked expert weights [experts, rows, columns] in FP8 (gpu/quant/fp8_experts.py): `weight` float8_e4m3fn and
+    `scales` float32 [experts, ceil(rows / block rows), ceil(columns / block columns)]."""
+
+    weight: torch.Tensor
+    scales: torch.Tensor
+    block: tuple[int, int]
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        return tuple(self.weight.shape)  # type: ignore[return-value]
+
+
+Weights = torch.Tensor | Mxfp4Weights | Fp8BlockWeights
 
 
 @functools.cache
@@ -243,7 +302,8 @@ def fused_experts(x: torch.Tensor, gate_up: Weights, down: Weights, weights: tor
     k]; `act`: gpu/layers/moe.py's Activation; biases [experts, 2 * I] and [experts, hidden]. `config`: the tiles
     (default: gpu/kernels/fused_moe_configs.py's for this shape); `use_pdl`: programmatic dependent launches; `add`
     [num_tokens, hidden] contiguous: added to the output in its sum. The weights may be `Mxfp4Weights` (both of
-    them; x in bfloat16 or float32), decoded in the GEMMs' loops (K tiles of at least 32)."""
+    them; x in bfloat16 or float32), decoded in the GEMMs' loops (K tiles of at least 32), or `Fp8BlockWeights`
+    (both; K tiles within one block of columns)."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = gate_up.shape
     top_k = expert_ids.shape[1]
@@ -274,9 +334,13 @@ def _launch(a: torch.Tensor, b: Weights, bias: torch.Tensor | None, c: torch.Ten
     is_gated = weights is None
     tiles: GemmTiles = config.gate_up if is_gated else config.down
     is_mxfp4 = isinstance(b, Mxfp4Weights)
+    scale_block = b.block if isinstance(b, Fp8BlockWeights) else (0, 0)
     if is_mxfp4:
         tiles = replace(tiles, block_k=max(tiles.block_k, 32))  # a K tile holds whole blocks of 32
         b_values, scales = b.blocks.flatten(2), b.scales  # [E, rows, K / 2] bytes along K, [E, rows, K / 32]
+    elif isinstance(b, Fp8BlockWeights):
+        tiles = replace(tiles, block_k=min(tiles.block_k, scale_block[1]))  # a K tile within one block of columns
+        b_values, scales = b.weight, b.scales
     else:
         b_values = scales = b
     n, k = c.shape[1], a.shape[1]
@@ -289,9 +353,9 @@ def _launch(a: torch.Tensor, b: Weights, bias: torch.Tensor | None, c: torch.Ten
         bias.stride(0) if bias is not None else 0, c.stride(0),
         PAIRS_PER_ROW=pairs_per_row, GATED=is_gated, ACTIVATION=ACTIVATIONS[act.kind], ALPHA=float(act.alpha),
         LIMIT=float(act.limit), HAS_BIAS=bias is not None, MUL_WEIGHT=not is_gated, IEEE=a.dtype == torch.float32,
-        MXFP4=is_mxfp4, EVEN_K=k % tiles.block_k == 0, BLOCK_M=config.block_m, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        MXFP4=is_mxfp4, SCALE_ROWS=scale_block[0], SCALE_COLUMNS=scale_block[1], EVEN_K=k % tiles.block_k == 0,
+        BLOCK_M=config.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m, USE_PDL=pdl,
+        launch_pdl=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )
 
 
@@ -305,6 +369,9 @@ def _check(x: torch.Tensor, gate_up: Weights, down: Weights, weights: torch.Tens
                          f"{tuple(down.shape)}, weights {tuple(weights.shape)}, expert_ids {tuple(expert_ids.shape)}")
     if not weights.is_contiguous() or weights.dtype != torch.float32 or x.stride(1) != 1:
         raise ValueError("x needs unit stride along K; weights contiguous float32")
+    if isinstance(gate_up, Fp8BlockWeights) or isinstance(down, Fp8BlockWeights):
+        _check_fp8_blocks(gate_up, down)
+        return
     if isinstance(gate_up, Mxfp4Weights) or isinstance(down, Mxfp4Weights):
         parts = (gate_up, down)
         if not all(isinstance(w, Mxfp4Weights) and w.blocks.is_contiguous() and w.scales.is_contiguous()
@@ -315,3 +382,14 @@ def _check(x: torch.Tensor, gate_up: Weights, down: Weights, weights: torch.Tens
         return
     if gate_up.stride(2) != 1 or down.stride(2) != 1 or x.dtype != gate_up.dtype or x.dtype != down.dtype:
         raise ValueError("x and the experts' weights need unit stride along K and one dtype")
+
+
+def _check_fp8_blocks(gate_up: Weights, down: Weights) -> None:
+    parts = (gate_up, down)
+    if not all(isinstance(w, Fp8BlockWeights) and w.weight.dtype == torch.float8_e4m3fn and w.weight.stride(2) == 1
+               and w.scales.dtype == torch.float32 and w.scales.is_contiguous() for w in parts):
+        raise ValueError("FP8 experts need both weights float8_e4m3fn with unit stride along K and float32 scales")
+    rows, columns = gate_up.block  # type: ignore[union-attr]
+    if columns & (columns - 1) or gate_up.shape[1] // 2 % rows:
+        raise ValueError(f"FP8 experts' scale blocks {(rows, columns)} need a power-of-two width and the gate's "
+                         "rows in whole blocks")

@@ -235,7 +235,8 @@ class Experts(nn.Module):
         the parameter's own layout counts as all of them (gpu/loader.py)."""
         if self.spec.is_gpt_oss_layout:
             return {None}
-        parts = ("down",) if param is self.down_proj else ("gate", "up")
+        is_down = param is self.down_proj or getattr(param, "quant_name", "").startswith("down")
+        parts = ("down",) if is_down else ("gate", "up")
         return {ExpertShard(part, e) for part in parts for e in range(self.spec.routing.num_experts)}
 
     def _load(self, param: nn.Parameter, loaded: CheckpointTensor, shard: ExpertShard | None) -> None:

@@ -6,6 +6,7 @@ reference dequantization (gpu/quant/method.py says how they fit a linear layer).
 An unsupported `quant_method` is an error at start that names it and the supported ones.
 """
 
+import logging
 from collections.abc import Callable
 
 import torch
@@ -14,6 +15,8 @@ from transformers import PretrainedConfig
 
 from gpu.quant.layout import ColumnSlice, RowSlice, WeightLayout
 from gpu.quant.method import ExpertsQuantMethod, QuantMethod, QuantScheme
+
+logger = logging.getLogger(__name__)
 
 
 def _schemes() -> dict[str, Callable[[dict[str, object]], QuantScheme]]:
@@ -54,18 +57,21 @@ def quantize_layers(model: nn.Module, scheme: QuantScheme) -> int:
     packed: dict[str, tuple[str, str]] = getattr(model, "packed_modules", {})
     expert_parts: dict[str, str] = getattr(model, "expert_parts", {})
     count = 0
+    experts_methods: list[ExpertsQuantMethod] = []
     for name, module in model.named_modules():
         if isinstance(module, Experts):
-            method = _experts_method(scheme, name, module, expert_parts)
-            if method is not None:
-                module.use_quant_method(method)
-                count += 1
+            experts_method = _experts_method(scheme, name, module, expert_parts)
+            if experts_method is not None:
+                module.use_quant_method(experts_method)
+                experts_methods.append(experts_method)
         if isinstance(module, Linear):
             method = scheme.method_for(checkpoint_names(name, packed), module.weight_layout())
             if method is not None:
                 module.use_quant_method(method)
                 count += 1
-    return count
+    if experts_methods:
+        logger.info("quantized experts in %d mixtures: %s", len(experts_methods), experts_methods[0].description)
+    return count + len(experts_methods)
 
 
 def _experts_method(scheme: QuantScheme, name: str, experts: nn.Module,

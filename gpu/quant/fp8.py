@@ -21,7 +21,7 @@ from torch import nn
 
 from gpu.loader import CheckpointTensor
 from gpu.quant.layout import PLAIN, TensorLayout, WeightLayout
-from gpu.quant.method import QuantMethod
+from gpu.quant.method import ExpertsQuantMethod, QuantMethod
 
 FP8_DTYPE = torch.float8_e4m3fn
 INPUT_SCALE = "input_scale"
@@ -148,3 +148,15 @@ class Fp8Scheme:
             return None
         scale_name = "weight_scale_inv" if self.block else "weight_scale"
         return Fp8Method(layout, scale_name, self.block, self.is_static)
+
+    def experts_method_for(self, module_name: str, experts: nn.Module) -> ExpertsQuantMethod | None:
+        """Block-scaled experts, one tensor per expert (gpu/quant/fp8_experts.py); other FP8 experts are refused."""
+        from gpu.quant.fp8_experts import Fp8BlockExpertsMethod
+        from gpu.quant.method import matches_any
+
+        if matches_any([module_name], self.ignored):
+            return None
+        if self.block is None or experts.spec.is_gpt_oss_layout:
+            raise ValueError(f"{module_name}: FP8 experts are supported with block scales (weight_block_size), one "
+                             f"tensor per expert, only; this checkpoint's are {self.description}")
+        return Fp8BlockExpertsMethod(self.block)

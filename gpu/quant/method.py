@@ -79,6 +79,7 @@ class ExpertsQuantMethod:
     intermediate] in the float experts' layout, which the CPU runs."""
 
     format_name = "float"
+    description = "float"  # for the start-up log: the stored form and how a GPU runs it
 
     def create_params(self, experts: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
         raise NotImplementedError

@@ -44,6 +44,7 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor) -> torch.Tensor
 
 class Mxfp4ExpertsMethod(ExpertsQuantMethod):
     format_name = "mxfp4"
+    description = "mxfp4 (e2m1 with e8m0 scales per 32); on a GPU decoded in the fused MoE kernels' loops"
 
     def create_params(self, experts: nn.Module, device: torch.device) -> dict[str, torch.Tensor]:
         num_experts, hidden, size = experts.spec.routing.num_experts, experts.hidden_size, experts.size

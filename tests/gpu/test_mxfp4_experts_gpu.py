@@ -15,7 +15,7 @@ from gpu.layers.moe import activation
 from tests.gpu.graph_capture import captured
 from tests.gpu.test_fused_moe import assert_close
 from tests.gpu.test_parity_gpu import LENGTHS, MAX_NEW, assert_bf16_divergences_rare_near_ties, greedy_and_logits
-from tests.moe_cases import mxfp4_kernel_and_reference, random_mxfp4_experts, random_routing
+from tests.moe_cases import quantized_kernel_and_reference, random_mxfp4_experts, random_routing
 from tests.parity.test_parity_cpu import prompts_of_lengths
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels need CUDA")
@@ -32,7 +32,7 @@ def test_mxfp4_experts_match_the_reference_over_row_counts(shape: str) -> None:
     for num_tokens in ROW_COUNTS:
         x = torch.randn(num_tokens, hidden, device="cuda", generator=torch.Generator("cuda").manual_seed(num_tokens))
         routed = random_routing(num_tokens, num_experts, top_k, "cuda", seed=num_tokens, skewed=num_tokens % 2 == 1)
-        out, reference = mxfp4_kernel_and_reference(experts, x.bfloat16(), routed)
+        out, reference = quantized_kernel_and_reference(experts, x.bfloat16(), routed)
         assert_close(out, reference, torch.bfloat16)
 
 
@@ -40,7 +40,7 @@ def test_mxfp4_experts_match_the_reference_over_row_counts(shape: str) -> None:
 def test_float32_products_are_exact(num_tokens: int) -> None:
     experts = random_mxfp4_experts(16, 256, 128, "clamped_swiglu", device="cuda")
     x = torch.randn(num_tokens, 256, device="cuda")
-    out, reference = mxfp4_kernel_and_reference(experts, x, random_routing(num_tokens, 16, 4, "cuda"))
+    out, reference = quantized_kernel_and_reference(experts, x, random_routing(num_tokens, 16, 4, "cuda"))
     assert_close(out, reference, torch.float32)
 
 

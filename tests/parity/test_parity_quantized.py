@@ -96,13 +96,31 @@ def _tensor_names(checkpoint: Path) -> list[str]:
         return list(f.keys())
 
 
-def test_quantized_experts_are_refused_by_name(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
-    """A mixture of experts whose experts the checkpoint quantizes: an error that says so, not a load that fails on
-    a tensor with no place (or reads FP8 levels as weights)."""
+@pytest.fixture(scope="module")
+def qwen3_moe_dir(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.moe_models import build_moe_model
 
-    source = build_moe_model(tmp_path / "moe", "qwen3_moe", tiny_model_dirs["qwen3"])
+    return build_moe_model(tmp_path_factory.mktemp("moe") / "qwen3_moe", "qwen3_moe", tiny_model_dirs["qwen3"])
+
+
+def test_fp8_block_experts_equal_transformers_on_the_dequantized_checkpoint(qwen3_moe_dir: Path,
+                                                                            tmp_path: Path) -> None:
+    """Qwen3-MoE with every linear layer and every expert in FP8 blocks (Qwen3-30B-A3B-FP8's form, smaller blocks)."""
     config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
-    quantized, _ = qc.write_quantized(source, tmp_path / "fp8", qc.fp8_blocks((16, 16)), config)
-    with pytest.raises(ValueError, match="quantized mixtures of experts in this format are not supported"):
+    quantized, dequantized = qc.write_quantized(qwen3_moe_dir, tmp_path, qc.fp8_blocks((16, 16)), config)
+    assert any(".experts.3.up_proj.weight_scale_inv" in name for name in _tensor_names(quantized))
+    ours = [o.token_ids for o in llm(quantized).generate(PROMPTS, GREEDY)]
+    assert ours == [hf_greedy(dequantized, p, 10) for p in PROMPTS]
+    original = AutoModelForCausalLM.from_pretrained(qwen3_moe_dir).model.layers[0].mlp.experts.down_proj
+    rounded = AutoModelForCausalLM.from_pretrained(dequantized).model.layers[0].mlp.experts.down_proj
+    assert not torch.equal(original, rounded)
+
+
+def test_experts_in_a_format_without_an_experts_method_are_refused_by_name(qwen3_moe_dir: Path,
+                                                                           tmp_path: Path) -> None:
+    """Experts the checkpoint quantizes in a format with no experts method (GPTQ here): an error that says so, not a
+    load that fails on a tensor with no place (or reads packed levels as weights)."""
+    config = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": False}
+    quantized, _ = qc.write_quantized(qwen3_moe_dir, tmp_path, qc.gptq(4, 32, act_order=False), config)
+    with pytest.raises(ValueError, match="experts are quantized \\(gptq.*not supported yet"):
         llm(quantized)

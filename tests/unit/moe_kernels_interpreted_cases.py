@@ -112,7 +112,7 @@ def test_mxfp4_experts_match_the_reference_on_their_dequantization(
         num_tokens: int, num_experts: int, top_k: int, hidden: int, intermediate: int, act: str,
         config: MoeConfig | None) -> None:
     import gpu.kernels.fused_moe as fused
-    from tests.moe_cases import mxfp4_kernel_and_reference, random_mxfp4_experts
+    from tests.moe_cases import quantized_kernel_and_reference, random_mxfp4_experts
 
     experts = random_mxfp4_experts(num_experts, hidden, intermediate, act, seed=num_tokens)
     routed = random_routing(num_tokens, num_experts, top_k, seed=num_tokens)
@@ -120,6 +120,28 @@ def test_mxfp4_experts_match_the_reference_on_their_dequantization(
     with pytest.MonkeyPatch.context() as patch:
         if config is not None:
             patch.setattr(fused, "config_for", lambda *args: config)
-        out, reference = mxfp4_kernel_and_reference(experts, x, routed)
+        out, reference = quantized_kernel_and_reference(experts, x, routed)
+    scale = reference.abs().max().item() + 1
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize(("num_tokens", "num_experts", "top_k", "hidden", "intermediate", "block", "config"), [
+    (1, 4, 2, 64, 32, (16, 16), SMALL_TILES),
+    (7, 8, 3, 80, 64, (32, 32), UNEVEN_TILES),  # K (80) ends in a partial tile and a partial block of scales
+    (33, 5, 2, 96, 64, (16, 32), None),  # the rule's config (K tiles of 64 narrowed to the blocks' 32 columns)
+])
+def test_fp8_block_experts_match_the_reference_on_their_dequantization(
+        num_tokens: int, num_experts: int, top_k: int, hidden: int, intermediate: int, block: tuple[int, int],
+        config: MoeConfig | None) -> None:
+    import gpu.kernels.fused_moe as fused
+    from tests.moe_cases import quantized_kernel_and_reference, random_fp8_experts
+
+    experts = random_fp8_experts(num_experts, hidden, intermediate, block, "silu", has_bias=False, seed=num_tokens)
+    routed = random_routing(num_tokens, num_experts, top_k, seed=num_tokens)
+    x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(1))
+    with pytest.MonkeyPatch.context() as patch:
+        if config is not None:
+            patch.setattr(fused, "config_for", lambda *args: config)
+        out, reference = quantized_kernel_and_reference(experts, x, routed)
     scale = reference.abs().max().item() + 1
     torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5 * scale)

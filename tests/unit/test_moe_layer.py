@@ -184,11 +184,14 @@ def test_expert_tensor_names() -> None:
         "model.layers.0.mlp.experts.down_proj", ExpertShard("down", 1))
     assert expert_target("model.layers.0.mlp.shared_experts.gate_proj.weight", parts) is None
     assert expert_target("model.layers.0.mlp.experts.gate_up_proj", parts) is None  # stacked: its own name
+    assert expert_target("model.layers.0.mlp.experts.5.w1.weight_scale_inv", parts) == (
+        "model.layers.0.mlp.experts.gate_up_proj_scale_inv", ExpertShard("gate", 5))  # a quantized format's tensor
 
 
 
-def test_gpt_oss_experts_in_a_format_without_an_experts_method_are_refused_by_name() -> None:
-    """MXFP4 experts load (gpu/quant/mxfp4.py); FP8 ones have no experts method yet: an error that names the format."""
+def test_gpt_oss_experts_in_fp8_are_refused_by_name() -> None:
+    """MXFP4 experts load (gpu/quant/mxfp4.py); FP8 ones load one tensor per expert only, not gpt-oss's stacked
+    tensors: an error that names the format."""
     from gpu.models.gpt_oss import GptOssForCausalLM
     from gpu.quant import quant_scheme, quantize_layers
 
@@ -196,5 +199,5 @@ def test_gpt_oss_experts_in_a_format_without_an_experts_method_are_refused_by_na
                                        num_key_value_heads=1, head_dim=16, num_local_experts=4, intermediate_size=16,
                                        vocab_size=32, quantization_config={"quant_method": "fp8",
                                                                            "weight_block_size": [16, 16]})
-    with pytest.raises(ValueError, match="experts are quantized \\(fp8"):
+    with pytest.raises(ValueError, match="FP8 experts are supported with block scales .*one tensor per expert"):
         quantize_layers(GptOssForCausalLM(config, 64), quant_scheme(config))
