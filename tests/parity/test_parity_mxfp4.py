@@ -74,3 +74,24 @@ def test_intermediate_sizes_off_the_blocks_are_refused() -> None:
                    is_gpt_oss_layout=True)
     with pytest.raises(ValueError, match="whole blocks of 32"):
         Experts(64, spec).use_quant_method(Mxfp4ExpertsMethod())
+
+
+def test_tensor_parallel_ranks_read_their_blocks(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    """TP=2 on gloo: each rank reads its pairs of gate/up rows and its blocks of down's columns (an intermediate
+    size of 64: 32, one block, a rank); tokens equal TP=1's and transformers'."""
+    from tests.parity.test_tensor_parallel_cpu import make_llm
+
+    source = build_moe_model(tmp_path / "float", "gpt_oss", tiny_model_dirs["qwen3"], intermediate_size=64)
+    quantized = write_mxfp4_gpt_oss(source, tmp_path / "mxfp4")
+    hf = transformers_dequantized(quantized)
+    prompts = prompts_of_lengths((7, 12, 19))
+    params = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+    sharded = make_llm(quantized, 2)
+    try:
+        tokens = [o.token_ids for o in sharded.generate(prompts, params)]
+    finally:
+        sharded.engine.close()
+    for prompt, output in zip(prompts, tokens, strict=True):
+        with torch.no_grad():
+            expected = hf.generate(torch.tensor([prompt]), max_new_tokens=8, min_new_tokens=8, do_sample=False)
+        assert output == expected[0, len(prompt):].tolist()

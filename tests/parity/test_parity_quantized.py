@@ -116,6 +116,21 @@ def test_fp8_block_experts_equal_transformers_on_the_dequantized_checkpoint(qwen
     assert not torch.equal(original, rounded)
 
 
+def test_fp8_block_experts_under_tensor_parallelism(qwen3_moe_dir: Path, tmp_path: Path) -> None:
+    """TP=2 on gloo: each rank reads its rows of gate/up and its columns of down with their blocks' scales (16 of
+    the experts' 32 intermediate rows a rank, one block); tokens equal transformers' on the dequantized checkpoint."""
+    from tests.parity.test_tensor_parallel_cpu import make_llm
+
+    config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": [16, 16]}
+    quantized, dequantized = qc.write_quantized(qwen3_moe_dir, tmp_path, qc.fp8_blocks((16, 16)), config)
+    sharded = make_llm(quantized, 2)
+    try:
+        ours = [o.token_ids for o in sharded.generate(PROMPTS, GREEDY)]
+    finally:
+        sharded.engine.close()
+    assert ours == [hf_greedy(dequantized, p, 10) for p in PROMPTS]
+
+
 def test_experts_in_a_format_without_an_experts_method_are_refused_by_name(qwen3_moe_dir: Path,
                                                                            tmp_path: Path) -> None:
     """Experts the checkpoint quantizes in a format with no experts method (GPTQ here): an error that says so, not a
