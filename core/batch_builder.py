@@ -19,11 +19,19 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
     """`scored` receives the sequences of the batch's prompt_logprobs rows, in their order."""
     batch = Batch(token_ids=[], positions=[], slot_mapping=[], query_lens=[], context_lens=[], block_tables=[])
     token_ids, positions, slot_mapping = batch.token_ids, batch.positions, batch.slot_mapping
+    draft_counts: list[int] = []  # per row: the draft tokens it verifies (speculative decoding)
     for s in scheduled:
         seq, start, end = s.seq, s.start, s.start + s.num_new_tokens
         block_ids = seq.block_ids
         num_known = len(seq.token_ids)
-        if end - start == 1:  # a decode (the common row): no ranges or slices
+        num_drafts = end - seq.num_tokens if end > seq.num_tokens else 0
+        draft_counts.append(num_drafts)
+        if num_drafts:  # the row's last known token, then its drafts (all tokens known: see core/speculation.py)
+            positions.extend(range(start, end))
+            slot_mapping.extend(block_ids[p // block_size] * block_size + p % block_size for p in range(start, end))
+            token_ids.extend(seq.token_ids[start:])
+            token_ids.extend(seq.draft_token_ids[:num_drafts])
+        elif end - start == 1:  # a decode (the common row): no ranges or slices
             positions.append(start)
             slot_mapping.append(block_ids[start // block_size] * block_size + start % block_size)
             if start < num_known:
@@ -32,7 +40,7 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
             positions.extend(range(start, end))
             slot_mapping.extend(block_ids[p // block_size] * block_size + p % block_size for p in range(start, end))
             token_ids.extend(seq.token_ids[start:end])
-        if end > num_known:  # its last token is still on the device: the runner reads it there
+        if end > num_known and not num_drafts:  # its last token is still on the device: the runner reads it there
             batch.fed_back_token_indices.append(len(token_ids))
             batch.fed_back_rows.append(seq.pending_row)
             token_ids.append(0)
@@ -46,7 +54,7 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
         if seq.pooling is not None:
             batch.pooling.append(_pooling_row(seq, start, end, len(batch.sampling), pooling_slots))
             batch.sampling.append(None)
-        elif end == seq.num_tokens:
+        elif end - num_drafts == seq.num_tokens:
             if seq.has_penalties and seq.penalty_slot is None:
                 _take_penalty_slot(seq, penalty_slots, batch)
             row = row_sampling(seq, eos_token_ids)
@@ -54,6 +62,8 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
             batch.sampling.append(row)
         else:
             batch.sampling.append(None)
+    if any(draft_counts):
+        batch.num_draft_tokens = draft_counts
     if any(s.seq.pooling is not None and s.seq.pooling.token_type_ids is not None for s in scheduled):
         batch.token_type_ids = [t for s in scheduled for t in _token_types(s)]
     return batch

@@ -92,6 +92,16 @@ class BlockManager:
             seq.block_ids.append(self._take_block())
         self._key_full_blocks(seq, seq.num_computed_tokens + num_new_tokens)
 
+    def release_tail(self, seq: Sequence, num_tokens: int) -> None:
+        """Gives back the sequence's blocks past its first `num_tokens` tokens (those of rejected draft
+        tokens): never keyed, as they hold no token known on the host when they were allocated."""
+        num_kept = -(-num_tokens // self.block_size)
+        for block_id in seq.block_ids[num_kept:]:
+            assert self.ref_counts[block_id] == 1 and self.block_keys[block_id] is None
+            self.ref_counts[block_id] = 0
+            self.free_ids.append(block_id)
+        del seq.block_ids[num_kept:]
+
     def free(self, seq: Sequence, keep_cached: bool = True) -> None:
         """Drops the sequence's references; a block nobody else holds stays in the prefix cache if it is
         keyed and `keep_cached` (False: its contents are not to be trusted)."""

@@ -17,6 +17,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, get_type_hints
 
 from core.sampling_defaults import check_override
+from core.speculative_config import SpeculativeConfig, parse_speculative_config
 from gpu.config import ATTENTION_BACKENDS, DTYPES, LOAD_FORMATS
 
 DEVICES = ("auto", "cuda", "cpu")  # and cuda:N
@@ -171,8 +172,16 @@ class SchedulerConfig:
                                     "out for up to this long: the last first token of a burst comes sooner, and "
                                     "running streams pause for up to this long (0: every step decodes every "
                                     "running sequence, as vLLM)")
+    speculative_config: SpeculativeConfig | None = setting(
+        None, "speculative decoding, as a JSON object of vLLM's keys: method (ngram; suffix, draft_model, mtp and "
+        "eagle3 are refused as not implemented yet), num_speculative_tokens (the most draft tokens per sequence and "
+        "step; each step uses as many as its measured cost and acceptance pay for, down to none), "
+        "prompt_lookup_min, prompt_lookup_max; e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'",
+        parse=parse_speculative_config)
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, Mapping):  # LLM(speculative_config={...}), as vLLM takes it
+            object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
         if self.decode_hold_ms < 0:
             raise ValueError(f"decode_hold_ms must be >= 0, got {self.decode_hold_ms}")
         if self.max_num_seqs < 1:

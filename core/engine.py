@@ -53,6 +53,7 @@ from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence, SequenceStatus
+from core.speculation import Speculation
 from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
@@ -101,6 +102,11 @@ class _LaunchedStep:
     pending: StepInFlight | AwaitingMasks  # AwaitingMasks: its sampling waits for token masks
     scored_seqs: list[Sequence]  # the sequences of the step's prompt_logprobs rows, in order
     pooled_seqs: list[Sequence]  # the pooling sequences whose prompt the step ends, in row order
+    # Speculative decoding: per sampled sequence, the drafts its row verifies and the index of its first sampled
+    # position among the result's (a row with d drafts has d + 1); None: no row verifies drafts.
+    draft_counts: list[int] | None = None
+    first_positions: list[int] | None = None
+    num_decode_rows: int = 0  # its rows when every one decodes (one token, or one and its drafts); else 0
 
 
 class LLMEngine:
@@ -136,6 +142,10 @@ class LLMEngine:
         self._grammars: Grammars | None = None  # built at the first structured-output request
         self._compiling: dict[Sequence, concurrent.futures.Future] = {}  # waiting for their grammar, unscheduled
         self.metrics = EngineMetrics()
+        spec_config = config.scheduler.speculative_config
+        if spec_config is not None and self.pooling is not None:
+            raise ValueError("speculative_config: a pooling model generates no tokens to speculate on")
+        self.speculation = None if spec_config is None else Speculation(spec_config, self.max_model_len)
 
     @property
     def grammars(self) -> Grammars:
@@ -227,9 +237,15 @@ class LLMEngine:
         return LLMEngine(self.config, runner=self.runner.restarted())
 
     def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
         outputs = self._drain_inbox()
         if self._compiling:
             outputs += self._schedule_compiled()
+        num_drafts = 0
+        if self.speculation is not None and self.scheduler.running:
+            num_drafts = self.speculation.controller.choose(len(self.scheduler.running))
+            if num_drafts:
+                outputs += self._propose_drafts(num_drafts)
         scheduled = self._schedule()
         try:
             launched = self._launch(scheduled) if scheduled else None
@@ -245,10 +261,23 @@ class LLMEngine:
                 except Exception:  # noqa: BLE001 - as a launch that raised
                     return outputs + self._recover(scheduled)
             self._advance(launched)
-            if self.config.scheduler.async_scheduling:
+            if self.config.scheduler.async_scheduling and launched.draft_counts is None:
                 self._in_flight = launched
             else:
-                outputs += self._postprocess(launched)
+                outputs += self._postprocess(launched)  # a verifying step: what it accepts decides the next
+            if self.speculation is not None and launched.num_decode_rows:
+                self.speculation.observe_step(launched.num_decode_rows, num_drafts, time.perf_counter() - started)
+        return outputs
+
+    def _propose_drafts(self, num_drafts: int) -> list[RequestOutput]:
+        """Books the step in flight (drafts are proposed from known tokens), then gives the running sequences
+        their drafts (core/speculation.py)."""
+        assert self.speculation is not None
+        outputs = []
+        if self._in_flight is not None:
+            outputs = self._postprocess(self._in_flight)
+            self._in_flight = None
+        self.speculation.propose(self.scheduler.running, num_drafts)
         return outputs
 
     def _schedule(self) -> list[ScheduledSequence]:
@@ -266,9 +295,18 @@ class LLMEngine:
         scored: list[Sequence] = []
         batch = build_batch(scheduled, self.block_size, self.eos_token_ids, self.penalty_slots, scored,
                             self.pooling_slots)
-        sampled_seqs = [s.seq for s, row in zip(scheduled, batch.sampling, strict=True) if row is not None]
+        sampled = [i for i, row in enumerate(batch.sampling) if row is not None]
+        sampled_seqs = [scheduled[i].seq for i in sampled]
         pooled_seqs = [scheduled[row.row].seq for row in batch.pooling if row.ends_prompt]
-        return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch), scored, pooled_seqs)
+        draft_counts = first_positions = None
+        num_decode_rows = batch.num_rows if batch.is_decode_only else 0
+        if batch.num_draft_tokens is not None:
+            draft_counts = [batch.num_draft_tokens[i] for i in sampled]
+            first_positions = np.cumsum([0] + [n + 1 for n in draft_counts[:-1]]).tolist()
+            is_decoding = len(batch.token_ids) == batch.num_rows + sum(batch.num_draft_tokens)
+            num_decode_rows = batch.num_rows if is_decoding else 0
+        return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch), scored, pooled_seqs, draft_counts,
+                             first_positions, num_decode_rows)
 
     def _recover(self, scheduled: list[ScheduledSequence]) -> list[RequestOutput]:
         """After a step failed to launch: books the step still in flight, then runs each scheduled row
@@ -333,7 +371,8 @@ class LLMEngine:
         rows = [i for i, seq in enumerate(step.sampled_seqs) if seq.grammar is not None]
         # A sequence that ended meanwhile gets an unmasked row: its token will be dropped.
         matchers = [None if step.sampled_seqs[i].is_finished else step.sampled_seqs[i].grammar for i in rows]
-        token_mask = TokenMask(rows, self.grammars.fill(matchers))
+        positions = rows if step.first_positions is None else [step.first_positions[i] for i in rows]
+        token_mask = TokenMask(positions, self.grammars.fill(matchers))
         return replace(step, pending=self.runner.sample_masked(step.pending, token_mask))
 
     def _drain_inbox(self) -> list[RequestOutput]:
@@ -397,6 +436,8 @@ class LLMEngine:
         result = step.pending.result()
         for seq, entries in zip(step.scored_seqs, result.prompt_logprobs, strict=True):
             seq.prompt_logprobs.extend(entries)  # type: ignore[union-attr]
+        if step.draft_counts is not None:
+            return self._book_verified(step, result.token_ids, result.logprobs)
         refused = self._book_constrained(step.sampled_seqs, result.token_ids)
         now = time.monotonic()
         outputs = []
@@ -419,6 +460,49 @@ class LLMEngine:
         if step.pooled_seqs:
             outputs += self._book_pooled(step.pooled_seqs, result.pooled, now)
         return outputs
+
+    def _book_verified(self, step: _LaunchedStep, token_ids: list[int], logprobs: list[TokenLogprobs | None]
+                       ) -> list[RequestOutput]:
+        """A step that verified drafts: each sequence takes the drafts its sampled tokens confirm and one more
+        token (core/speculation.py), up to the first that ends it; the K/V slots of the rest are given back."""
+        assert self.speculation is not None and step.draft_counts is not None and step.first_positions is not None
+        refused = self._book_constrained(step.sampled_seqs, [token_ids[i] for i in step.first_positions])
+        now = time.monotonic()
+        outputs, first_token_seqs, num_tokens = [], [], 0
+        for seq, first, num_drafts in zip(step.sampled_seqs, step.first_positions, step.draft_counts, strict=True):
+            if seq.is_finished:
+                continue  # aborted while the step ran
+            sampled = token_ids[first : first + num_drafts + 1]
+            num_accepted = self.speculation.num_accepted(sampled, seq.draft_token_ids[:num_drafts])
+            seq.draft_token_ids = []
+            num_kept, finish_reason = self._take_tokens(seq, sampled[: num_accepted + 1])
+            if num_drafts:  # K/V is computed for the kept tokens but the last; the rejected drafts' slots go
+                seq.num_computed_tokens = seq.num_tokens - 1
+                self.block_manager.release_tail(seq, seq.num_computed_tokens)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+                first_token_seqs.append(seq)
+            if refused and seq in refused:
+                logger.error("request %s: token %d is outside its grammar; ended", seq.request_id, sampled[0])
+                finish_reason = FinishReason.ERROR
+            if finish_reason is not None:
+                self._finish(seq, finish_reason)
+            outputs.append(_output(seq, sampled[:num_kept], logprobs[first : first + num_kept]))
+            num_tokens += num_kept
+        self.metrics.on_tokens(first_token_seqs, num_tokens, now)
+        return outputs
+
+    def _take_tokens(self, seq: Sequence, token_ids: list[int]) -> tuple[int, FinishReason | None]:
+        """Books the sampled token and the accepted ones after it, up to the first that ends the sequence: how
+        many it kept, and why it ends (None: it goes on)."""
+        seq.resolve_pending_token(token_ids[0])
+        finish_reason = self._finish_reason(seq, token_ids[0])
+        num_kept = 1
+        while finish_reason is None and num_kept < len(token_ids):
+            seq.append_accepted_token(token_ids[num_kept])
+            finish_reason = self._finish_reason(seq, token_ids[num_kept])
+            num_kept += 1
+        return num_kept, finish_reason
 
     def _book_pooled(self, seqs: list[Sequence], pooled: list[np.ndarray], now: float) -> list[RequestOutput]:
         """Pooling sequences end with their pooled output (counted as their first token is, in the metrics)."""

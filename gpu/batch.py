@@ -6,7 +6,7 @@ runner writes their K/V to `slot_mapping` first, then attends to the whole conte
 row's block table (causal within the new tokens).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -139,6 +139,10 @@ class Batch:
     pooling: list[PoolingRow] = field(default_factory=list)
     # [num_tokens] segment ids of an encoder's token pairs (BERT's token_type_ids); None: all 0.
     token_type_ids: list[int] | None = None
+    # Speculative decoding: [num_rows] the draft tokens at the end of each row's new tokens (0 on most rows); a
+    # sampled row with d drafts is sampled at its last d + 1 positions, each position as one sampled row of the
+    # result (see sampled_positions). None: no row verifies drafts.
+    num_draft_tokens: list[int] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -147,6 +151,25 @@ class Batch:
     @cached_property  # read several times a step; a batch is not changed once built
     def is_decode_only(self) -> bool:
         return all(n == 1 for n in self.query_lens)
+
+    def sampled_positions(self) -> tuple[list[RowSampling], np.ndarray]:
+        """The result's sampled rows and the flat token index of each: one per sampled row, or d + 1 for a row
+        verifying d drafts, whose i-th draws output token output_index + i (so a seeded row draws what it would
+        draw one token per step)."""
+        sampled = [i for i, row in enumerate(self.sampling) if row is not None]
+        last_token_index = np.cumsum(self.query_lens) - 1
+        if self.num_draft_tokens is None:
+            return [self.sampling[i] for i in sampled], last_token_index[sampled]  # type: ignore[misc]
+        rows: list[RowSampling] = []
+        indices: list[int] = []
+        for i in sampled:
+            row, num_drafts, last = self.sampling[i], self.num_draft_tokens[i], int(last_token_index[i])
+            assert row is not None
+            rows.append(row)
+            rows.extend(row if row.seed is None else replace(row, output_index=row.output_index + j)
+                        for j in range(1, num_drafts + 1))
+            indices.extend(range(last - num_drafts, last + 1))
+        return rows, np.asarray(indices, dtype=np.int64)
 
 
 @dataclass(frozen=True)

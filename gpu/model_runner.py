@@ -373,7 +373,10 @@ class ModelRunner:
     def launch(self, batch: Batch) -> PendingStep | PendingLogits:
         """Queues one step on the device and returns without waiting for it. A batch with token masks
         returns its logits awaiting them: pass those to `sample_masked` before the next launch. On a
-        tensor-parallel rank other than 0 the step has no result (rank 0 returns the tokens)."""
+        tensor-parallel rank other than 0 the step has no result (rank 0 returns the tokens). A row verifying
+        draft tokens is sampled at each of its last d + 1 positions (Batch.sampled_positions)."""
+        if batch.num_draft_tokens is not None:
+            return self._launch_verification(batch)
         rows = [row for row in batch.sampling if row is not None]
         logits = None
         if self._replays_decode_graph(batch):
@@ -394,6 +397,23 @@ class ModelRunner:
         if logits is None:
             logits = self._logits(batch, hidden)
         if not self.tp.is_first:  # its share of the logits went to rank 0
+            return self._tokens_from_first(len(rows))
+        if logits is None:
+            return self._launched(None, prompt)
+        if batch.has_token_masks:
+            return PendingLogits(logits, rows, batch.penalty_slot_inits, prompt)
+        return self._launched(self.sampler.sample(logits, rows, batch.penalty_slot_inits), prompt)
+
+    def _launch_verification(self, batch: Batch) -> PendingStep | PendingLogits:
+        """A step with draft tokens (speculative decoding): never decode-only, so it runs as any step with prefill
+        (eagerly or in a mixed graph), and samples at every verified position; the engine accepts the drafts."""
+        rows, token_indices = batch.sampled_positions()
+        hidden = self._forward(batch)
+        prompt = None
+        if batch.prompt_logprobs:
+            prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
+        logits = self.model.compute_logits(hidden[to_device(token_indices, np.int64, self.device)]) if rows else None
+        if not self.tp.is_first:
             return self._tokens_from_first(len(rows))
         if logits is None:
             return self._launched(None, prompt)

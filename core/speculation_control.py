@@ -1,0 +1,93 @@
+"""How many draft tokens a step verifies (k, from 0 to the configured most): the one that is expected to
+generate the most tokens per second at the current batch size, from measured figures.
+
+The rule. For a step of B running sequences, with B's bucket b (the next power of two):
+  rate(k) = E(k) / T(b, k)
+where T(b, k) is the running average (exponential, weight `time_weight`) of the wall time of the engine's
+decode steps at bucket b that verified up to k drafts per sequence (k = 0: plain decode steps, queued
+asynchronously as without speculation; drafting, the draft verification and the steps' own host sync are
+inside the k > 0 figures), and E(k) = 1 + r_0 + ... + r_{k-1} is the expected tokens a sequence gets from
+such a step, where r_i is the running average, per sequence offered i + 1 or more drafts, of the drafts
+accepted at position i: it folds in both how often the proposer has a draft and how often the target
+agrees with it.
+
+Choosing: an arm (b, k) with no measured time is tried once, smallest k first (k = 0 is the baseline, and
+an untried k can only be judged against a measured one); once all are measured, the best rate is taken.
+Every `refresh_steps` decode steps at a bucket, the arm measured least recently is run once instead, so
+that figures follow changing workloads (acceptance drifts with the text) at a bounded cost. Steps with
+prompt tokens (prefill) are not measured: their time says nothing about decoding.
+
+Never losing: k = 0 is always an arm, measured like the others, so speculation is chosen only where its
+measured rate beats plain decoding; what exploration costs is one step in `refresh_steps` per bucket.
+"""
+
+from dataclasses import dataclass, field
+
+_UNTRIED_ACCEPTANCE = 1.0  # an untried position is assumed to accept: it gets tried, then measured
+
+
+@dataclass
+class _Arm:
+    seconds: float | None = None  # running average of a step's wall time
+    last_step: int = -1  # the bucket's step count when last measured
+
+
+@dataclass
+class _Bucket:
+    arms: list[_Arm]
+    num_steps: int = 0
+    num_steps_since_refresh: int = 0
+
+
+@dataclass
+class DraftLengthController:
+    max_drafts: int
+    refresh_steps: int = 100
+    time_weight: float = 0.2  # of a new step time in the running average
+    acceptance_weight: float = 0.05  # of a new step's acceptance in the running averages
+    _buckets: dict[int, _Bucket] = field(default_factory=dict)
+    _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
+
+    def __post_init__(self) -> None:
+        self._acceptance = [None] * self.max_drafts
+
+    def choose(self, batch_size: int) -> int:
+        """The draft length for the next decode step of `batch_size` running sequences."""
+        bucket = self._bucket(batch_size)
+        untried = [k for k, arm in enumerate(bucket.arms) if arm.seconds is None]
+        if untried:
+            return untried[0]
+        if bucket.num_steps_since_refresh >= self.refresh_steps:
+            bucket.num_steps_since_refresh = 0
+            return min(range(len(bucket.arms)), key=lambda k: bucket.arms[k].last_step)
+        return max(range(len(bucket.arms)), key=lambda k: self.expected_tokens(k) / bucket.arms[k].seconds)  # type: ignore[operator]
+
+    def expected_tokens(self, num_drafts: int) -> float:
+        """E(k): tokens a sequence is expected to get from a step that offers it k drafts."""
+        return 1.0 + sum(_UNTRIED_ACCEPTANCE if r is None else r for r in self._acceptance[:num_drafts])
+
+    def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
+        """A decode step (no prompt tokens) of `batch_size` sequences, run with draft length `num_drafts`."""
+        bucket = self._bucket(batch_size)
+        arm = bucket.arms[num_drafts]
+        arm.seconds = seconds if arm.seconds is None else arm.seconds + self.time_weight * (seconds - arm.seconds)
+        arm.last_step = bucket.num_steps
+        bucket.num_steps += 1
+        bucket.num_steps_since_refresh += 1
+
+    def observe_acceptance(self, num_offered: int, accepted_per_position: list[int]) -> None:
+        """A step offered `num_offered` sequences up to len(accepted_per_position) drafts each; entry i counts those
+        whose draft at position i was accepted."""
+        if not num_offered:
+            return
+        for i, num_accepted in enumerate(accepted_per_position):
+            ratio = num_accepted / num_offered
+            r = self._acceptance[i]
+            self._acceptance[i] = ratio if r is None else r + self.acceptance_weight * (ratio - r)
+
+    def _bucket(self, batch_size: int) -> _Bucket:
+        key = 1 << max(0, batch_size - 1).bit_length()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket([_Arm() for _ in range(self.max_drafts + 1)])
+        return bucket
