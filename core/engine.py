@@ -83,6 +83,11 @@ class EngineStats:
     num_prefix_cache_queried_tokens: int
     num_prompt_tokens: int  # of requests whose prefill finished
     num_generation_tokens: int
+    # Speculative decoding (vLLM's spec_decode counters); accepted per draft position is empty when it is off.
+    num_spec_drafts: int = 0
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    num_spec_accepted_per_position: tuple[int, ...] = ()
 
     @property
     def kv_cache_usage(self) -> float:
@@ -194,7 +199,16 @@ class LLMEngine:
             num_prefix_cache_hit_tokens=self.scheduler.num_prefix_hit_tokens,
             num_prefix_cache_queried_tokens=self.scheduler.num_prefix_queried_tokens,
             num_prompt_tokens=self.metrics.num_prompt_tokens, num_generation_tokens=self.metrics.num_generation_tokens,
+            **self._speculation_stats(),
         )
+
+    def _speculation_stats(self) -> dict[str, object]:
+        if self.speculation is None:
+            return {}
+        c = self.speculation.counts
+        return {"num_spec_drafts": c.num_drafts, "num_spec_draft_tokens": c.num_draft_tokens,
+                "num_spec_accepted_tokens": c.num_accepted_tokens,
+                "num_spec_accepted_per_position": tuple(c.accepted_per_position)}
 
     # The stepping thread only (the engine process's main thread, or the server's bridge thread).
 

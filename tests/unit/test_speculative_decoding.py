@@ -1,0 +1,177 @@
+"""Speculative decoding end to end on a tiny model: with n-gram drafts the output equals the output without
+them (greedy, and seeded sampling token for token), whatever else the request asks for, and every block is
+free at the end.
+
+Each test runs the same requests on an engine without speculation and on one whose draft length is fixed
+(so every step that can verify drafts does), and checks that drafts were really accepted where the prompts
+repeat (else the equality would prove nothing).
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from core import LLM, FinishReason, SamplingParams
+from core.llm import GenerationOutput
+from core.tiny_model import build_tiny_model
+from tests.tiny_specs import TINY_SPECS
+
+COMMON = dict(max_model_len=256, block_size=8, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32",
+              device="cpu")
+REPEATING = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [40, 41, 42, 40, 41, 42, 40, 41], [70, 71, 72, 73] * 6]
+PLAIN = [list(range(100, 137)), [3, 99, 250, 17, 480, 61]]
+
+
+@dataclass
+class FixedDraftLength:
+    """A controller that always asks for the same draft length (the engine's is measured: see
+    test_speculation_parts.py)."""
+
+    num_drafts: int
+
+    def choose(self, batch_size: int) -> int:
+        return self.num_drafts
+
+    def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
+        pass
+
+    def observe_acceptance(self, num_offered: int, accepted_per_position: list[int]) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("spec") / "qwen3", TINY_SPECS["qwen3"])
+
+
+@pytest.fixture(scope="module")
+def plain_llm(model_dir: Path) -> LLM:
+    return LLM(str(model_dir), kv_cache_blocks=128, **COMMON)
+
+
+def speculating_llm(model_dir: Path, num_drafts: int | None = 4, **settings: object) -> LLM:
+    """`num_drafts`: the fixed draft length; None: the engine's own controller."""
+    settings = {"kv_cache_blocks": 128, **COMMON, **settings}
+    llm = LLM(str(model_dir), speculative_config={"method": "ngram", "num_speculative_tokens": 4,
+                                                  "prompt_lookup_max": 3}, **settings)
+    if num_drafts is not None:
+        llm.engine.speculation.controller = FixedDraftLength(num_drafts)  # type: ignore[union-attr,assignment]
+    return llm
+
+
+def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+             ) -> list[GenerationOutput]:
+    outputs = llm.generate(prompts, params)
+    stats = llm.engine.stats()
+    assert stats.num_used_blocks == 0
+    assert stats.num_free_blocks + stats.num_evictable_blocks == stats.num_total_blocks
+    return outputs
+
+
+def tokens(outputs: list[GenerationOutput]) -> list[tuple[list[int], FinishReason | None]]:
+    return [(o.token_ids, o.finish_reason) for o in outputs]
+
+
+def accepted(llm: LLM) -> int:
+    return llm.engine.speculation.counts.num_accepted_tokens  # type: ignore[union-attr]
+
+
+def test_greedy_output_is_the_same_with_drafts_accepted(plain_llm: LLM, model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    llm = speculating_llm(model_dir)
+    assert tokens(generate(llm, REPEATING + PLAIN, params)) == tokens(generate(plain_llm, REPEATING + PLAIN, params))
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert counts.num_accepted_tokens > 10 and counts.num_draft_tokens > counts.num_accepted_tokens
+    assert counts.accepted_per_position[0] >= counts.accepted_per_position[-1]
+
+
+def test_greedy_output_is_the_same_without_repetition_and_with_the_measured_controller(
+        plain_llm: LLM, model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    for num_drafts in (4, None):
+        llm = speculating_llm(model_dir, num_drafts)
+        assert tokens(generate(llm, PLAIN, params)) == tokens(generate(plain_llm, PLAIN, params))
+
+
+def test_seeded_sampling_draws_the_same_tokens(plain_llm: LLM, model_dir: Path) -> None:
+    """A seeded row draws output token i with the noise of (seed, i) whether or not it is a verified position."""
+    params = [SamplingParams(temperature=t, seed=seed, max_tokens=40, ignore_eos=True)
+              for t, seed in [(0.05, 1), (0.05, 2), (0.3, 3), (1.0, 4), (0.05, 5)]]
+    prompts = REPEATING + PLAIN
+    llm = speculating_llm(model_dir)
+    assert tokens(generate(llm, prompts, params)) == tokens(generate(plain_llm, prompts, params))
+    assert accepted(llm) > 5
+
+
+def test_logprobs_of_verified_positions(plain_llm: LLM, model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=30, logprobs=3, ignore_eos=True)
+    llm = speculating_llm(model_dir)
+    with_drafts, without = generate(llm, REPEATING, params), generate(plain_llm, REPEATING, params)
+    assert accepted(llm) > 5
+    for a, b in zip(with_drafts, without, strict=True):
+        assert a.token_ids == b.token_ids
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            assert x is not None and y is not None
+            assert x.top_token_ids == y.top_token_ids and x.rank == y.rank
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+
+
+def test_stops_inside_accepted_drafts(plain_llm: LLM, model_dir: Path) -> None:
+    """A stop token, stop string or max_tokens met among accepted drafts ends the output there."""
+    free = generate(plain_llm, REPEATING, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    stop_id = free[0].token_ids[12]
+    stop_text = free[2].text[len(free[2].text) // 2 :][:3]
+    cases = [SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=(stop_id,), ignore_eos=True),
+             SamplingParams(temperature=0.0, max_tokens=40, stop=(stop_text,), ignore_eos=True),
+             SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True)]
+    for params in cases:
+        llm = speculating_llm(model_dir)
+        got, want = generate(llm, REPEATING, params), generate(plain_llm, REPEATING, params)
+        assert [(o.token_ids, o.text, o.finish_reason) for o in got] == \
+            [(o.token_ids, o.text, o.finish_reason) for o in want]
+    assert len(want[0].token_ids) == 13
+
+
+def test_penalties_and_bias_compose(plain_llm: LLM, model_dir: Path) -> None:
+    """Penalized sequences decode without drafts (their counts would need the drafts); logit bias is the same at
+    every position, so biased ones verify drafts."""
+    penalized = SamplingParams(temperature=0.0, max_tokens=30, presence_penalty=0.5, repetition_penalty=1.2)
+    biased = SamplingParams(temperature=0.0, max_tokens=30, logit_bias=((7, 3.0), (400, -5.0)), ignore_eos=True)
+    llm = speculating_llm(model_dir)
+    got = generate(llm, REPEATING * 2, [penalized] * 3 + [biased] * 3)
+    assert tokens(got) == tokens(generate(plain_llm, REPEATING * 2, [penalized] * 3 + [biased] * 3))
+    assert accepted(llm) > 0
+    llm = speculating_llm(model_dir)
+    generate(llm, REPEATING, penalized)
+    assert llm.engine.speculation.counts.num_drafts == 0  # type: ignore[union-attr]
+
+
+def test_several_choices_of_one_prompt_and_prefix_cache_hits(plain_llm: LLM, model_dir: Path) -> None:
+    """n > 1 (one sequence per choice, sharing the prompt's cached blocks) and a second run served from the
+    prefix cache, whose keys hold accepted tokens only."""
+    prompts = [REPEATING[2]] * 3 + [REPEATING[0]]
+    params = [SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)] + \
+        [SamplingParams(temperature=0.5, seed=s, max_tokens=30, ignore_eos=True) for s in (7, 8, 9)]
+    llm = speculating_llm(model_dir)
+    want = tokens(generate(plain_llm, prompts, params))
+    assert tokens(generate(llm, prompts, params)) == want
+    hits = llm.engine.stats().num_prefix_cache_hit_tokens
+    assert tokens(generate(llm, prompts, params)) == want
+    assert llm.engine.stats().num_prefix_cache_hit_tokens > hits
+
+
+def test_preemption_recomputes_accepted_tokens(model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    prompts = REPEATING + PLAIN
+    plain = LLM(str(model_dir), kv_cache_blocks=24, **COMMON)
+    llm = speculating_llm(model_dir, kv_cache_blocks=24)
+    assert tokens(generate(llm, prompts, params)) == tokens(generate(plain, prompts, params))
+    assert llm.engine.stats().num_preemptions > 0 and accepted(llm) > 0
+
+
+def test_synchronous_scheduling_too(plain_llm: LLM, model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    llm = speculating_llm(model_dir, async_scheduling=False)
+    assert tokens(generate(llm, REPEATING, params)) == tokens(generate(plain_llm, REPEATING, params))
+    assert accepted(llm) > 0
