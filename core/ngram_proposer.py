@@ -1,7 +1,8 @@
 """Prompt lookup (vLLM's `ngram` method): draft tokens copied from the sequence's own past.
 
 The draft is what followed the latest earlier occurrence of the sequence's last n tokens, for the
-longest n in [min_n, max_n] that occurs earlier; no occurrence, no draft. Each sequence keeps its
+longest n in [min_n, max_n] that occurs earlier, continued periodically where it reaches the end
+(vLLM's stops there); no occurrence, no draft. Each sequence keeps its
 tokens in a growing numpy buffer (appended only with the tokens new since its last proposal), and
 the match is found with array operations: one comparison over the whole buffer for the last token,
 then one per further token over the surviving candidates only.
@@ -33,8 +34,8 @@ class TokenBuffer:
 
 
 def lookup_draft(tokens: np.ndarray, max_drafts: int, min_n: int, max_n: int) -> np.ndarray:
-    """Up to `max_drafts` tokens that followed the latest earlier occurrence of the longest suffix of `tokens`
-    of length in [min_n, max_n] (an empty array when none occurs)."""
+    """`max_drafts` tokens that followed the latest earlier occurrence of the longest suffix of `tokens` of length
+    in [min_n, max_n] (an empty array when none occurs)."""
     num_tokens = len(tokens)
     if num_tokens < 2 or max_drafts < 1:
         return tokens[:0]
@@ -50,7 +51,10 @@ def lookup_draft(tokens: np.ndarray, max_drafts: int, min_n: int, max_n: int) ->
         n += 1
     if best_end < 0:
         return tokens[:0]
-    return tokens[best_end + 1 : best_end + 1 + max_drafts]
+    # What followed the match, repeated where it runs into the end: the match and the suffix are one period
+    # apart, so a repetition that reaches the end goes on (a loop gets a full draft, not its last token only).
+    period = num_tokens - 1 - best_end
+    return tokens[best_end + 1 + np.arange(max_drafts) % period]
 
 
 class NgramProposer:
