@@ -175,3 +175,20 @@ def test_synchronous_scheduling_too(plain_llm: LLM, model_dir: Path) -> None:
     llm = speculating_llm(model_dir, async_scheduling=False)
     assert tokens(generate(llm, REPEATING, params)) == tokens(generate(plain_llm, REPEATING, params))
     assert accepted(llm) > 0
+
+
+def test_structured_output_rows_share_verifying_steps(plain_llm: LLM, model_dir: Path) -> None:
+    """Constrained sequences decode without drafts (their matcher would have to take them), in the same steps as
+    drafted ones: their masks land on their own sampled position among the verified ones."""
+    from core.structured_output import StructuredOutput
+
+    regex = StructuredOutput(regex=r"[a-e ]{5,40}")
+    constrained = SamplingParams(temperature=0.0, max_tokens=30, structured_output=regex)
+    free = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    prompts = REPEATING + [PLAIN[0]]
+    params = [free, constrained, free, constrained]
+    llm = speculating_llm(model_dir)
+    got = generate(llm, prompts, params)
+    assert [(o.token_ids, o.text) for o in got] == [(o.token_ids, o.text) for o in generate(plain_llm, prompts, params)]
+    assert all(set(got[i].text) <= set("abcde ") and got[i].text for i in (1, 3))
+    assert accepted(llm) > 0
