@@ -150,7 +150,21 @@ class LLMEngine:
         spec_config = config.scheduler.speculative_config
         if spec_config is not None and self.pooling is not None:
             raise ValueError("speculative_config: a pooling model generates no tokens to speculate on")
-        self.speculation = None if spec_config is None else Speculation(spec_config, self.max_model_len)
+        self.speculation = None if spec_config is None else Speculation(
+            spec_config, self.max_model_len, self._draft_runner(), self.block_size)
+
+    def _draft_runner(self) -> Runner | None:
+        """The draft model's runner (speculative method draft_model): one device, the target's KV blocks."""
+        spec = self.config.scheduler.speculative_config
+        if spec is None or spec.model is None:
+            return None
+        if self.config.model.tensor_parallel_size != 1:
+            raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 only")
+        if read_model_info(spec.model).vocab_size != self.vocab_size:
+            raise ValueError(f"speculative_config.model {spec.model!r}: its vocabulary is not the target's")
+        config = replace(runner_config(self.config, self.max_model_len), model_path=spec.model,
+                         num_kv_blocks=self.runner.num_kv_blocks, load_format="auto")
+        return make_runner(config)
 
     @property
     def grammars(self) -> Grammars:
@@ -262,6 +276,8 @@ class LLMEngine:
                 outputs += self._propose_drafts(num_drafts)
         scheduled = self._schedule()
         try:
+            if num_drafts:
+                self.speculation.fill(scheduled)  # type: ignore[union-attr]
             launched = self._launch(scheduled) if scheduled else None
         except Exception:  # noqa: BLE001 - which request provoked it is found by running its rows alone
             return outputs + self._recover(scheduled)
@@ -489,10 +505,12 @@ class LLMEngine:
             sampled = token_ids[first : first + num_drafts + 1]
             num_accepted = self.speculation.num_accepted(sampled, seq.draft_token_ids[:num_drafts])
             seq.draft_token_ids = []
+            num_tokens_before = seq.num_tokens - 1  # the pending token counts already
             num_kept, finish_reason = self._take_tokens(seq, sampled[: num_accepted + 1])
             if num_drafts:  # K/V is computed for the kept tokens but the last; the rejected drafts' slots go
                 seq.num_computed_tokens = seq.num_tokens - 1
                 self.block_manager.release_tail(seq, seq.num_computed_tokens)
+                self.speculation.on_verified(seq, num_tokens_before, num_drafts)
             if seq.first_token_time is None:
                 seq.first_token_time = now
                 first_token_seqs.append(seq)

@@ -163,6 +163,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
         seq.draft_token_ids = []
+        seq.draft_state = None  # a draft model's K/V goes with the blocks
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING

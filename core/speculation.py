@@ -24,10 +24,13 @@ target's distribution, and a seeded request gets the tokens it gets without spec
 
 from dataclasses import dataclass, field
 
+from core.draft_model_proposer import DraftModelProposer
 from core.ngram_proposer import NgramProposer
+from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
 from core.speculation_control import DraftLengthController
 from core.speculative_config import SpeculativeConfig
+from gpu.runner import Runner
 
 
 @dataclass
@@ -41,10 +44,17 @@ class SpeculationCounts:
 
 
 class Speculation:
-    def __init__(self, config: SpeculativeConfig, max_model_len: int) -> None:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft_runner: Runner | None = None,
+                 block_size: int = 16) -> None:
+        """`draft_runner`: the draft model's (method draft_model), whose KV cache has the target's blocks."""
         self.config = config
         self.max_model_len = max_model_len
-        self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.proposer: NgramProposer | DraftModelProposer
+        if config.method == "draft_model":
+            assert draft_runner is not None, "method draft_model needs the draft model's runner"
+            self.proposer = DraftModelProposer(draft_runner, block_size)
+        else:
+            self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.controller = DraftLengthController(config.num_speculative_tokens)
         self.counts = SpeculationCounts(accepted_per_position=[0] * config.num_speculative_tokens)
         self._num_offered = 0
@@ -61,6 +71,16 @@ class Speculation:
         self._num_offered = len(seqs)
         self._accepted_at = [0] * num_drafts
         self.proposer.propose(seqs, limits)
+
+    def fill(self, scheduled: list[ScheduledSequence]) -> None:
+        """Once the step is scheduled: draws the drafts of a proposer that needs their slots (a draft model)."""
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.fill(scheduled)
+
+    def on_verified(self, seq: Sequence, num_tokens_before: int, num_drafts: int) -> None:
+        """A sequence's verification is booked (its tokens and computed tokens are the accepted ones)."""
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.on_verified(seq, num_tokens_before, num_drafts)
 
     def _draft_limit(self, seq: Sequence, num_drafts: int) -> int:
         params = seq.params

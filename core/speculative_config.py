@@ -2,8 +2,9 @@
 
 `method` names the proposer: `ngram` (prompt lookup: the tokens that followed the latest earlier
 occurrence of the sequence's last n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`),
-`suffix`, `draft_model` (a smaller checkpoint named by `model`), `mtp` or `eagle3`. Only `ngram` is
-built; the others are refused at start-up by name, never ignored. A `model` without a `method`
+`suffix`, `draft_model` (a smaller checkpoint directory named by `model`, with the target's
+tokenizer), `mtp` or `eagle3`. `ngram` and `draft_model` are built; the others are refused at start-up
+by name, never ignored. A `model` without a `method`
 means `draft_model`, as in vLLM.
 
 `num_speculative_tokens` is the most draft tokens a sequence verifies per step; the engine chooses
@@ -15,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 METHODS = ("ngram", "suffix", "draft_model", "mtp", "eagle3")
-IMPLEMENTED_METHODS = ("ngram",)
+IMPLEMENTED_METHODS = ("ngram", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16  # a verify step's row grows by this many tokens at most
 
 
@@ -36,6 +37,9 @@ class SpeculativeConfig:
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
         _check_int("prompt_lookup_min", self.prompt_lookup_min, 1, None)
         _check_int("prompt_lookup_max", self.prompt_lookup_max, self.prompt_lookup_min, None)
+        if self.method == "draft_model" and not self.model:
+            raise ValueError("speculative_config.model must name the draft checkpoint (a directory) for method "
+                             "draft_model")
         if self.model is not None and self.method != "draft_model":
             raise ValueError(f"speculative_config.model names a draft checkpoint, which method {self.method!r} "
                              "does not use")

@@ -192,3 +192,57 @@ def test_structured_output_rows_share_verifying_steps(plain_llm: LLM, model_dir:
     assert [(o.token_ids, o.text) for o in got] == [(o.token_ids, o.text) for o in generate(plain_llm, prompts, params)]
     assert all(set(got[i].text) <= set("abcde ") and got[i].text for i in (1, 3))
     assert accepted(llm) > 0
+
+
+def draft_model_llm(model_dir: Path, draft_dir: Path, **settings: object) -> LLM:
+    settings = {"kv_cache_blocks": 128, **COMMON, **settings}
+    llm = LLM(str(model_dir), speculative_config={"model": str(draft_dir), "num_speculative_tokens": 3}, **settings)
+    llm.engine.speculation.controller = FixedDraftLength(3)  # type: ignore[union-attr,assignment]
+    return llm
+
+
+def test_a_draft_model_that_is_the_target_has_every_draft_accepted(plain_llm: LLM, model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    prompts = REPEATING + PLAIN
+    llm = draft_model_llm(model_dir, model_dir)
+    assert tokens(generate(llm, prompts, params)) == tokens(generate(plain_llm, prompts, params))
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert counts.num_draft_tokens > 100 and counts.num_accepted_tokens == counts.num_draft_tokens
+    # Its own prefix-cache hits and a second run: the draft writes its own K/V wherever it has none.
+    assert tokens(generate(llm, prompts, params)) == tokens(generate(plain_llm, prompts, params))
+    assert llm.engine.stats().num_prefix_cache_hit_tokens > 0
+    assert counts.num_accepted_tokens == counts.num_draft_tokens
+
+
+def perturbed_copy(model_dir: Path, directory: Path) -> Path:
+    """The checkpoint with noise on its MLP weights: a draft that agrees with it often, not always."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, directory, dirs_exist_ok=True)
+    generator = torch.Generator().manual_seed(0)
+    for path in directory.glob("*.safetensors"):
+        tensors = load_file(path)
+        for name, tensor in tensors.items():
+            if "mlp" in name:
+                tensor += 0.3 * tensor.std() * torch.randn(tensor.shape, generator=generator)
+        save_file(tensors, path, metadata={"format": "pt"})
+    return directory
+
+
+def test_another_draft_model_changes_nothing_but_speed(plain_llm: LLM, model_dir: Path,
+                                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A draft of other weights (same vocabulary): some drafts rejected, the output the target's alone, with
+    preemptions that drop the draft's K/V along with the blocks."""
+    draft_dir = perturbed_copy(model_dir, tmp_path_factory.mktemp("draft"))
+    params = [SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True),
+              SamplingParams(temperature=0.7, seed=11, max_tokens=50, ignore_eos=True)] * 3
+    prompts = REPEATING + PLAIN + [PLAIN[0]]
+    llm = draft_model_llm(model_dir, draft_dir, kv_cache_blocks=28)
+    plain = LLM(str(model_dir), kv_cache_blocks=28, **COMMON)
+    assert tokens(generate(llm, prompts, params)) == tokens(generate(plain, prompts, params))
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert 0 < counts.num_accepted_tokens < counts.num_draft_tokens
+    assert llm.engine.stats().num_preemptions > 0
