@@ -28,7 +28,7 @@ from core.draft_model_proposer import DraftModelProposer
 from core.ngram_proposer import NgramProposer
 from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
-from core.speculation_control import DraftLengthController
+from core.speculation_control import DraftLengthController, FixedDraftLength
 from core.speculative_config import SpeculativeConfig
 from gpu.runner import Runner
 
@@ -55,7 +55,8 @@ class Speculation:
             self.proposer = DraftModelProposer(draft_runner, block_size)
         else:
             self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
-        self.controller = DraftLengthController(config.num_speculative_tokens)
+        self.controller = (DraftLengthController(config.num_speculative_tokens) if config.adaptive
+                           else FixedDraftLength(config.num_speculative_tokens))
         self.counts = SpeculationCounts(accepted_per_position=[0] * config.num_speculative_tokens)
         self._num_offered = 0
         self._accepted_at = [0] * config.num_speculative_tokens

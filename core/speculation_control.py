@@ -91,3 +91,20 @@ class DraftLengthController:
         if bucket is None:
             bucket = self._buckets[key] = _Bucket([_Arm() for _ in range(self.max_drafts + 1)])
         return bucket
+
+
+@dataclass
+class FixedDraftLength:
+    """The same draft length at every step (speculative_config.adaptive false, as vLLM): the controller's
+    interface, measuring nothing."""
+
+    num_drafts: int
+
+    def choose(self, batch_size: int) -> int:
+        return self.num_drafts
+
+    def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
+        pass
+
+    def observe_acceptance(self, num_offered: int, accepted_per_position: list[int]) -> None:
+        pass

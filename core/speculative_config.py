@@ -8,7 +8,8 @@ by name, never ignored. A `model` without a `method`
 means `draft_model`, as in vLLM.
 
 `num_speculative_tokens` is the most draft tokens a sequence verifies per step; the engine chooses
-how many it uses each step (core/speculation_control.py), down to none.
+how many it uses each step (core/speculation_control.py), down to none. One key of ours: `adaptive`
+false offers all of them at every step, as vLLM does (the engine never chooses fewer).
 """
 
 import json
@@ -27,6 +28,8 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     model: str | None = None  # the draft checkpoint (method draft_model)
+    # Ours, not vLLM's: false offers num_speculative_tokens drafts at every step, as vLLM does.
+    adaptive: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -54,6 +57,8 @@ class SpeculativeConfig:
         values = dict(values)
         if values.get("model") is not None and "method" not in values:
             values["method"] = "draft_model"
+        if not isinstance(values.get("adaptive", True), bool):
+            raise ValueError(f"speculative_config.adaptive must be true or false, got {json.dumps(values['adaptive'])}")
         for key in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
             if key in values and (not isinstance(values[key], int) or isinstance(values[key], bool)):
                 raise ValueError(f"speculative_config.{key} must be an integer, got {json.dumps(values[key])}")

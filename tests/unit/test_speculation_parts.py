@@ -31,6 +31,8 @@ def test_the_flag_and_llm_keyword_take_vllms_keys() -> None:
     config = engine_config("m", speculative_config={"method": "ngram", "prompt_lookup_min": 2})
     assert config.scheduler.speculative_config == SpeculativeConfig("ngram", 3, 2, 4)
     assert engine_config("m").scheduler.speculative_config is None
+    fixed = parse_speculative_config('{"num_speculative_tokens": 2, "adaptive": false}')
+    assert Speculation(fixed, max_model_len=64).controller.choose(256) == 2
 
 
 @pytest.mark.parametrize(("value", "named"), [
@@ -44,6 +46,7 @@ def test_the_flag_and_llm_keyword_take_vllms_keys() -> None:
     ('{"num_speculative_tokens": 0}', "num_speculative_tokens"),
     ('{"num_speculative_tokens": "4"}', "num_speculative_tokens"),
     ('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}', "prompt_lookup_max"),
+    ('{"adaptive": 1}', "adaptive"),
     ('[1, 2]', "JSON object"),
     ('{"method": ', "JSON object"),
 ])

@@ -3,11 +3,10 @@ them (greedy, and seeded sampling token for token), whatever else the request as
 free at the end.
 
 Each test runs the same requests on an engine without speculation and on one whose draft length is fixed
-(so every step that can verify drafts does), and checks that drafts were really accepted where the prompts
-repeat (else the equality would prove nothing).
+(`adaptive` false: every step that can verify drafts does), and checks that drafts were really accepted where
+the prompts repeat (else the equality would prove nothing).
 """
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -23,23 +22,6 @@ REPEATING = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [40, 41, 42, 40, 41, 42, 40, 
 PLAIN = [list(range(100, 137)), [3, 99, 250, 17, 480, 61]]
 
 
-@dataclass
-class FixedDraftLength:
-    """A controller that always asks for the same draft length (the engine's is measured: see
-    test_speculation_parts.py)."""
-
-    num_drafts: int
-
-    def choose(self, batch_size: int) -> int:
-        return self.num_drafts
-
-    def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
-        pass
-
-    def observe_acceptance(self, num_offered: int, accepted_per_position: list[int]) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("spec") / "qwen3", TINY_SPECS["qwen3"])
@@ -53,11 +35,9 @@ def plain_llm(model_dir: Path) -> LLM:
 def speculating_llm(model_dir: Path, num_drafts: int | None = 4, **settings: object) -> LLM:
     """`num_drafts`: the fixed draft length; None: the engine's own controller."""
     settings = {"kv_cache_blocks": 128, **COMMON, **settings}
-    llm = LLM(str(model_dir), speculative_config={"method": "ngram", "num_speculative_tokens": 4,
-                                                  "prompt_lookup_max": 3}, **settings)
-    if num_drafts is not None:
-        llm.engine.speculation.controller = FixedDraftLength(num_drafts)  # type: ignore[union-attr,assignment]
-    return llm
+    return LLM(str(model_dir), speculative_config={"method": "ngram", "num_speculative_tokens": num_drafts or 4,
+                                                   "prompt_lookup_max": 3, "adaptive": num_drafts is None},
+               **settings)
 
 
 def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
@@ -196,9 +176,8 @@ def test_structured_output_rows_share_verifying_steps(plain_llm: LLM, model_dir:
 
 def draft_model_llm(model_dir: Path, draft_dir: Path, **settings: object) -> LLM:
     settings = {"kv_cache_blocks": 128, **COMMON, **settings}
-    llm = LLM(str(model_dir), speculative_config={"model": str(draft_dir), "num_speculative_tokens": 3}, **settings)
-    llm.engine.speculation.controller = FixedDraftLength(3)  # type: ignore[union-attr,assignment]
-    return llm
+    return LLM(str(model_dir), speculative_config={"model": str(draft_dir), "num_speculative_tokens": 3,
+                                                   "adaptive": False}, **settings)
 
 
 def test_a_draft_model_that_is_the_target_has_every_draft_accepted(plain_llm: LLM, model_dir: Path) -> None:
