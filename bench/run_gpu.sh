@@ -12,6 +12,9 @@
 #   skinny-gemm  the skinny GEMM against cuBLAS (ARGS: bench.kernels.skinny_gemm's; --sweep remakes its table)
 #   fused-moe    the fused MoE kernels against their ideal per row count (ARGS: bench.kernels.fused_moe's; --sweep)
 #   quant-gemm   quantized layers beside bf16 at Qwen3-8B's shapes, 1..1024 rows (ARGS: bench.kernels.quant_gemm's)
+#   speculative  speculative decoding against none: batch-1 speed on code editing, summarizing and free chat, and
+#                closed-loop throughput at concurrency 1, 16, 64 and 256 (bench.speculative_decoding; needs MODEL, a
+#                real checkpoint: random weights give drafts nothing to match; ARGS: the script's)
 #   tests        tests/gpu (ARGS: pytest's)
 # MODEL: a checkpoint directory to measure; else random weights of SHAPE (a name of bench/bench_model.py's SHAPES or a
 # config.json of any family; default qwen3-0.6b), its projections in QUANTIZATION's format where set (fp8, w4a16,
@@ -19,7 +22,7 @@
 # written, and the engine draws the weights on the device (--load-format dummy; not with QUANTIZATION).
 # Every result records its device, date, commit and command; BENCH_COMMIT names the commit where the tree has no .git.
 set -euo pipefail
-stage=${1:?usage: run_gpu.sh offline|serve|chat|startup|skinny-gemm|fused-moe|quant-gemm|tests OUT_DIR [ARGS...]}
+stage=${1:?usage: run_gpu.sh offline|serve|chat|startup|skinny-gemm|fused-moe|quant-gemm|speculative|tests OUT_DIR [ARGS...]}
 out=${2:?usage: run_gpu.sh STAGE OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -51,6 +54,9 @@ case "$stage" in
     python3 -m bench.kernels.fused_moe --out "$out/fused_moe.json" "$@" ;;
   quant-gemm)
     python3 -m bench.kernels.quant_gemm --out "$out/quant_gemm.json" "$@" ;;
+  speculative)
+    python3 -m bench.speculative_decoding --model "${MODEL:?the speculative stage needs MODEL}" --dtype bfloat16 \
+      --out "$out/speculative.json" "$@" ;;
   tests)
     python3 -m pytest -p no:cacheprovider -rfEs tests/gpu "$@" ;;
   *)
