@@ -20,6 +20,10 @@ the check ends alone with FinishReason.ERROR. A step that raises while it is bui
 raise end their requests with ERROR and the others go on. A fault that is not a request's (every
 row fails, or steps keep failing) is raised: the engine is broken, and its owner restarts it.
 
+Speculative decoding (core/speculation.py): a step whose controller asks for drafts books the step in flight
+first (drafts are proposed from known tokens), and is itself booked before the next step is scheduled (what it
+accepts decides what comes next); its rows verify their drafts, each sampled at every verified position.
+
 Pooling models (embeddings, scores: core/pooling_model.py) run the same loop: their requests are
 prefill-only sequences, finished by the step that computes their last prompt token, whose output is
 the pooled state the runner returns instead of a sampled token.
