@@ -225,3 +225,14 @@ def test_another_draft_model_changes_nothing_but_speed(plain_llm: LLM, model_dir
     counts = llm.engine.speculation.counts  # type: ignore[union-attr]
     assert 0 < counts.num_accepted_tokens < counts.num_draft_tokens
     assert llm.engine.stats().num_preemptions > 0
+
+
+def test_tensor_parallel_ranks_verify_the_same_positions(plain_llm: LLM, model_dir: Path) -> None:
+    """Under tensor parallelism every rank computes the verified positions' logits share (rank 0 samples)."""
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    llm = speculating_llm(model_dir, tensor_parallel_size=2)
+    try:
+        assert tokens(generate(llm, REPEATING, params)) == tokens(generate(plain_llm, REPEATING, params))
+        assert accepted(llm) > 0
+    finally:
+        llm.engine.close()
