@@ -64,12 +64,16 @@ class Speculation:
     def propose(self, running: list[Sequence], num_drafts: int) -> None:
         """Gives the eligible running sequences up to `num_drafts` draft tokens each (module docstring)."""
         seqs, limits = [], []
+        num_decoding = 0
         for seq in running:
+            num_decoding += seq.num_uncomputed_tokens == 1
             limit = self._draft_limit(seq, num_drafts)
             if limit:
                 seqs.append(seq)
                 limits.append(limit)
-        self._num_offered = len(seqs)
+        # Acceptance is measured per decoding sequence, offered drafts or not (penalized, constrained, near their
+        # end): the controller weighs the tokens a step brings the whole batch.
+        self._num_offered = num_decoding
         self._accepted_at = [0] * num_drafts
         self.proposer.propose(seqs, limits)
 
