@@ -7,8 +7,9 @@ Workloads, each a chat prompt in the model's template, answered greedily (EOS ig
 - free_chat: open questions (no material in the prompt).
 
 Contenders: `off` (no speculation), and speculative configs by name: `ngram` (adaptive draft length, the
-default), `ngram-fixed` (all `--drafts` drafts every step, as vLLM), `draft-self` (the target as its own draft
-model, all drafts every step: every draft is accepted, so its speed is the step-cost model's best case). All
+default), `ngram-fixed` (all `--drafts` drafts every step, as vLLM), `suffix` (adaptive), `draft-self` (the
+target as its own draft model, all drafts every step: every draft is accepted, so its speed is the step-cost
+model's best case). All
 contenders are built first, with explicit KV-cache sizes so they share the device; each repetition runs every
 contender in turn, so a change in the machine's load falls on all alike.
 
@@ -109,6 +110,7 @@ CONTENDERS = {
     "off": None,
     "ngram": {"method": "ngram", "prompt_lookup_max": 4},
     "ngram-fixed": {"method": "ngram", "prompt_lookup_max": 4, "adaptive": False},
+    "suffix": {"method": "suffix"},
     "draft-self": {"method": "draft_model", "adaptive": False},
 }
 
@@ -118,7 +120,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--model", default="smollm2-135m-instruct", help="what openai-serve --model takes")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--device", default="cuda")
-    p.add_argument("--contenders", default="off,ngram,ngram-fixed", help=f"from {','.join(CONTENDERS)}")
+    p.add_argument("--contenders", default="off,ngram,ngram-fixed,suffix", help=f"from {','.join(CONTENDERS)}")
     p.add_argument("--drafts", type=int, default=4, help="num_speculative_tokens")
     p.add_argument("--tokens", type=int, default=256, help="new tokens per request")
     p.add_argument("--repeats", type=int, default=3, help="batch-1 rounds (each: every prompt, every contender)")

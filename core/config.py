@@ -173,11 +173,12 @@ class SchedulerConfig:
                                     "running streams pause for up to this long (0: every step decodes every "
                                     "running sequence, as vLLM)")
     speculative_config: SpeculativeConfig | None = setting(
-        None, "speculative decoding, as a JSON object of vLLM's keys: method (ngram, or draft_model with model: a "
-        "checkpoint directory with the target's tokenizer; suffix, mtp and eagle3 are refused as not implemented "
+        None, "speculative decoding, as a JSON object of vLLM's keys: method (ngram, suffix, or draft_model with "
+        "model: a checkpoint directory with the target's tokenizer; mtp and eagle3 are refused as not implemented "
         "yet), num_speculative_tokens (the most draft tokens per sequence and step; each step uses as many as its "
         "measured cost and acceptance pay for, down to none; our key adaptive false uses all of them every step, as "
-        "vLLM), prompt_lookup_min, prompt_lookup_max; e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'",
+        "vLLM), prompt_lookup_min, prompt_lookup_max, suffix_decoding_*; "
+        "e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'",
         parse=parse_speculative_config)
 
     def __post_init__(self) -> None:

@@ -585,6 +585,8 @@ class LLMEngine:
         self._release_penalty_slot(seq)
         self._release_pooling_slot(seq)
         seq.finish_reason = reason
+        if self.speculation is not None:
+            self.speculation.on_finished(seq)
         self.metrics.on_finished(seq)
         del self._sequences[seq.request_id]
 

@@ -30,6 +30,7 @@ from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
 from core.speculation_control import DraftLengthController, FixedDraftLength
 from core.speculative_config import SpeculativeConfig
+from core.suffix_proposer import SuffixProposer
 from gpu.runner import Runner
 
 
@@ -49,10 +50,14 @@ class Speculation:
         """`draft_runner`: the draft model's (method draft_model), whose KV cache has the target's blocks."""
         self.config = config
         self.max_model_len = max_model_len
-        self.proposer: NgramProposer | DraftModelProposer
+        self.proposer: NgramProposer | SuffixProposer | DraftModelProposer
         if config.method == "draft_model":
             assert draft_runner is not None, "method draft_model needs the draft model's runner"
             self.proposer = DraftModelProposer(draft_runner, block_size)
+        elif config.method == "suffix":
+            c = config
+            self.proposer = SuffixProposer(c.suffix_decoding_max_tree_depth, c.suffix_decoding_max_cached_requests,
+                                           c.suffix_decoding_max_spec_factor, c.suffix_decoding_min_token_prob)
         else:
             self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.controller = (DraftLengthController(config.num_speculative_tokens) if config.adaptive
@@ -86,6 +91,10 @@ class Speculation:
         """A sequence's verification is booked (its tokens and computed tokens are the accepted ones)."""
         if isinstance(self.proposer, DraftModelProposer):
             self.proposer.on_verified(seq, num_tokens_before, num_drafts)
+
+    def on_finished(self, seq: Sequence) -> None:
+        if isinstance(self.proposer, SuffixProposer):
+            self.proposer.on_finished(seq)
 
     def _draft_limit(self, seq: Sequence, num_drafts: int) -> int:
         params = seq.params

@@ -2,9 +2,10 @@
 
 `method` names the proposer: `ngram` (prompt lookup: the tokens that followed the latest earlier
 occurrence of the sequence's last n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`),
-`suffix`, `draft_model` (a smaller checkpoint directory named by `model`, with the target's
-tokenizer), `mtp` or `eagle3`. `ngram` and `draft_model` are built; the others are refused at start-up
-by name, never ignored. A `model` without a `method`
+`suffix` (continuations in the sequence's tokens and earlier outputs, by frequency: the
+`suffix_decoding_*` keys), `draft_model` (a smaller checkpoint directory named by `model`, with the
+target's tokenizer), `mtp` or `eagle3`. `ngram`, `suffix` and `draft_model` are built; the others are
+refused at start-up by name, never ignored. A `model` without a `method`
 means `draft_model`, as in vLLM.
 
 `num_speculative_tokens` is the most draft tokens a sequence verifies per step; the engine chooses
@@ -17,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 METHODS = ("ngram", "suffix", "draft_model", "mtp", "eagle3")
-IMPLEMENTED_METHODS = ("ngram", "draft_model")
+IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model")
 MAX_SPECULATIVE_TOKENS = 16  # a verify step's row grows by this many tokens at most
 
 
@@ -28,6 +29,11 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
     model: str | None = None  # the draft checkpoint (method draft_model)
+    # Method suffix (core/suffix_proposer.py), vLLM's names and defaults.
+    suffix_decoding_max_tree_depth: int = 24
+    suffix_decoding_max_cached_requests: int = 10000
+    suffix_decoding_max_spec_factor: float = 1.0
+    suffix_decoding_min_token_prob: float = 0.1
     # Ours, not vLLM's: false offers num_speculative_tokens drafts at every step, as vLLM does.
     adaptive: bool = True
 
@@ -40,6 +46,14 @@ class SpeculativeConfig:
         _check_int("num_speculative_tokens", self.num_speculative_tokens, 1, MAX_SPECULATIVE_TOKENS)
         _check_int("prompt_lookup_min", self.prompt_lookup_min, 1, None)
         _check_int("prompt_lookup_max", self.prompt_lookup_max, self.prompt_lookup_min, None)
+        _check_int("suffix_decoding_max_tree_depth", self.suffix_decoding_max_tree_depth, 1, None)
+        _check_int("suffix_decoding_max_cached_requests", self.suffix_decoding_max_cached_requests, 0, None)
+        if not self.suffix_decoding_max_spec_factor > 0:
+            raise ValueError("speculative_config.suffix_decoding_max_spec_factor must be > 0, got "
+                             f"{self.suffix_decoding_max_spec_factor}")
+        if not 0 <= self.suffix_decoding_min_token_prob <= 1:
+            raise ValueError("speculative_config.suffix_decoding_min_token_prob must be in [0, 1], got "
+                             f"{self.suffix_decoding_min_token_prob}")
         if self.method == "draft_model" and not self.model:
             raise ValueError("speculative_config.model must name the draft checkpoint (a directory) for method "
                              "draft_model")
@@ -59,9 +73,17 @@ class SpeculativeConfig:
             values["method"] = "draft_model"
         if not isinstance(values.get("adaptive", True), bool):
             raise ValueError(f"speculative_config.adaptive must be true or false, got {json.dumps(values['adaptive'])}")
-        for key in ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max"):
+        integers = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
+                    "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests")
+        for key in integers:
             if key in values and (not isinstance(values[key], int) or isinstance(values[key], bool)):
                 raise ValueError(f"speculative_config.{key} must be an integer, got {json.dumps(values[key])}")
+        for key in ("suffix_decoding_max_spec_factor", "suffix_decoding_min_token_prob"):
+            if key in values and (not isinstance(values[key], int | float) or isinstance(values[key], bool)):
+                raise ValueError(f"speculative_config.{key} must be a number, got {json.dumps(values[key])}")
+        if values.get("method") == "suffix" and "num_speculative_tokens" not in values:  # vLLM: the tree's depth
+            depth = values.get("suffix_decoding_max_tree_depth", cls.suffix_decoding_max_tree_depth)
+            values["num_speculative_tokens"] = min(depth, MAX_SPECULATIVE_TOKENS)  # type: ignore[call-overload]
         if not isinstance(values.get("method", ""), str):
             raise ValueError(f"speculative_config.method must be a string, got {json.dumps(values['method'])}")
         return cls(**values)  # type: ignore[arg-type]

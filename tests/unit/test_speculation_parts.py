@@ -16,6 +16,7 @@ from core.sequence import Sequence
 from core.speculation import Speculation
 from core.speculation_control import DraftLengthController
 from core.speculative_config import SpeculativeConfig, parse_speculative_config
+from core.suffix_proposer import OutputCache, SuffixProposer, longest_match, walk
 from gpu.batch import Batch, RowSampling
 from gpu.sampler import Sampler
 from openai_serve.cli import parse_settings
@@ -38,7 +39,8 @@ def test_the_flag_and_llm_keyword_take_vllms_keys() -> None:
 @pytest.mark.parametrize(("value", "named"), [
     ('{"method": "ngram", "num_speculative_token": 3}', "num_speculative_token"),
     ('{"method": "medusa"}', "method"),
-    ('{"method": "suffix"}', "'suffix' is not implemented"),
+    ('{"method": "suffix", "suffix_decoding_min_token_prob": 2}', "suffix_decoding_min_token_prob"),
+    ('{"method": "suffix", "suffix_decoding_max_tree_depth": "8"}', "suffix_decoding_max_tree_depth"),
     ('{"method": "eagle3", "model": "x"}', "'eagle3' is not implemented"),
     ('{"method": "draft_model"}', "speculative_config.model must name the draft checkpoint"),
     ('{"method": "ngram", "model": "small"}', "speculative_config.model names a draft checkpoint"),
@@ -57,8 +59,14 @@ def test_a_bad_config_is_an_error_naming_the_key(value: str, named: str) -> None
 
 def test_a_bad_flag_stops_the_start(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
-        parse_settings(["--model", "m", "--speculative-config", '{"method": "suffix"}'])
-    assert "speculative_config.method 'suffix' is not implemented" in capsys.readouterr().err
+        parse_settings(["--model", "m", "--speculative-config", '{"method": "eagle3"}'])
+    assert "speculative_config.method 'eagle3' is not implemented" in capsys.readouterr().err
+
+
+def test_suffix_takes_vllms_keys_and_drafts_as_deep_as_its_tree() -> None:
+    config = parse_speculative_config('{"method": "suffix", "suffix_decoding_max_tree_depth": 12}')
+    assert config.num_speculative_tokens == 12 and config.suffix_decoding_min_token_prob == 0.1
+    assert parse_speculative_config('{"method": "suffix"}').num_speculative_tokens == 16
 
 
 # -- prompt lookup
@@ -108,6 +116,48 @@ def test_only_plain_decoding_sequences_get_drafts_within_their_limits() -> None:
     speculation.propose([plain, near_end, penalized, early], 4)
     assert (plain.draft_token_ids, near_end.draft_token_ids) == ([7, 8, 9, 7], [7])
     assert penalized.draft_token_ids == early.draft_token_ids == []
+
+
+# -- suffix decoding
+
+
+def test_the_suffix_walk_follows_the_most_frequent_continuation_while_likely_enough() -> None:
+    corpus = np.array([1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 3, 7])
+    n, ends = longest_match(corpus, np.flatnonzero(corpus == 2), np.array([9, 1, 2]), max_depth=8)
+    assert n == 2 and ends.tolist() == [1, 4, 7, 10]
+    # 3 follows 3 of the 4 "1 2", then 1 follows 2 of those 3, 2 both, then 3 one of the 2: path probabilities .75,
+    # .5, .5, .25, .25
+    assert walk(corpus, ends, 5, 0.3) == ([3, 1, 2], pytest.approx(0.75 + 0.5 + 0.5))
+    assert walk(corpus, ends, 5, 0.1) == ([3, 1, 2, 3, 1], pytest.approx(2.25))
+    assert walk(corpus, ends, 2, 0.1)[0] == [3, 1]
+    assert walk(corpus, ends, 5, 0.6)[0] == [3]
+
+
+def test_the_output_cache_finds_tokens_in_recent_outputs_only() -> None:
+    cache = OutputCache(max_requests=4, max_tokens=1000)
+    for output in ([1, 2, 3], [4, 1], [5, 6]):
+        cache.add(output)
+    assert cache.positions_of(1).tolist() == [0, 5] and cache.corpus.tolist() == [1, 2, 3, -1, 4, 1, -1, 5, 6, -1]
+    for i in range(3):  # past 4 requests the oldest go, a quarter at a time
+        cache.add([20 + i])
+    assert cache.positions_of(1).tolist() == [] and cache.positions_of(22).tolist() == [7]
+
+
+def test_suffix_proposals_choose_the_likelier_corpus() -> None:
+    proposer = SuffixProposer(max_depth=8, max_cached_requests=10, max_spec_factor=2.0, min_token_prob=0.1)
+    done = Sequence("done", [9], SamplingParams(), max_tokens=10)
+    done.token_ids += [5, 6, 7, 8, 5, 6, 7, 8]
+    done.num_tokens = len(done.token_ids)
+    proposer.on_finished(done)
+    seq = Sequence("r", [5, 6, 1, 5, 6, 2, 5, 6], SamplingParams(), max_tokens=10)
+    proposer.propose([seq], [4])
+    # Earlier outputs: 7 follows both "5 6" (probabilities 1, 1, .5, .5); its own: 1 and 2 follow one each (.5, ...).
+    assert seq.draft_token_ids == [7, 8, 5, 6]
+    proposer.propose([seq], [1])
+    assert seq.draft_token_ids == [7]
+    alone = SuffixProposer(max_depth=8, max_cached_requests=10, max_spec_factor=2.0, min_token_prob=0.1)
+    alone.propose([seq], [4])
+    assert seq.draft_token_ids == [1, 5, 6, 2]
 
 
 # -- the controller

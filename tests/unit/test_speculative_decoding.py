@@ -32,12 +32,13 @@ def plain_llm(model_dir: Path) -> LLM:
     return LLM(str(model_dir), kv_cache_blocks=128, **COMMON)
 
 
-def speculating_llm(model_dir: Path, num_drafts: int | None = 4, **settings: object) -> LLM:
+def speculating_llm(model_dir: Path, num_drafts: int | None = 4, method: str = "ngram", **settings: object) -> LLM:
     """`num_drafts`: the fixed draft length; None: the engine's own controller."""
     settings = {"kv_cache_blocks": 128, **COMMON, **settings}
-    return LLM(str(model_dir), speculative_config={"method": "ngram", "num_speculative_tokens": num_drafts or 4,
-                                                   "prompt_lookup_max": 3, "adaptive": num_drafts is None},
-               **settings)
+    config = {"method": method, "num_speculative_tokens": num_drafts or 4, "adaptive": num_drafts is None}
+    if method == "ngram":
+        config["prompt_lookup_max"] = 3
+    return LLM(str(model_dir), speculative_config=config, **settings)
 
 
 def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
@@ -236,3 +237,16 @@ def test_tensor_parallel_ranks_verify_the_same_positions(plain_llm: LLM, model_d
         assert accepted(llm) > 0
     finally:
         llm.engine.close()
+
+
+def test_suffix_decoding_drafts_from_earlier_outputs_too(plain_llm: LLM, model_dir: Path) -> None:
+    """The second run of the same prompts finds their continuations among the first run's outputs."""
+    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=0.5, seed=3, max_tokens=40, ignore_eos=True)]
+    prompts = [PLAIN[0], PLAIN[1]]
+    llm = speculating_llm(model_dir, method="suffix")
+    want = tokens(generate(plain_llm, prompts, params))
+    assert tokens(generate(llm, prompts, params)) == want
+    first_run = accepted(llm)
+    assert tokens(generate(llm, prompts, params)) == want
+    assert accepted(llm) - first_run > 30  # nearly every token of the repeated greedy and seeded outputs
