@@ -329,13 +329,12 @@ class LLMEngine:
         scored: list[Sequence] = []
         batch = build_batch(scheduled, self.block_size, self.eos_token_ids, self.penalty_slots, scored,
                             self.pooling_slots)
-        sampled = [i for i, row in enumerate(batch.sampling) if row is not None]
-        sampled_seqs = [scheduled[i].seq for i in sampled]
+        sampled_seqs = [s.seq for s, row in zip(scheduled, batch.sampling, strict=True) if row is not None]
         pooled_seqs = [scheduled[row.row].seq for row in batch.pooling if row.ends_prompt]
         draft_counts = first_positions = None
         num_decode_rows = batch.num_rows if batch.is_decode_only else 0
         if batch.num_draft_tokens is not None:
-            draft_counts = [batch.num_draft_tokens[i] for i in sampled]
+            draft_counts = [n for n, row in zip(batch.num_draft_tokens, batch.sampling, strict=True) if row is not None]
             first_positions = np.cumsum([0] + [n + 1 for n in draft_counts[:-1]]).tolist()
             is_decoding = len(batch.token_ids) == batch.num_rows + sum(batch.num_draft_tokens)
             num_decode_rows = batch.num_rows if is_decoding else 0
