@@ -250,3 +250,17 @@ def test_suffix_decoding_drafts_from_earlier_outputs_too(plain_llm: LLM, model_d
     first_run = accepted(llm)
     assert tokens(generate(llm, prompts, params)) == want
     assert accepted(llm) - first_run > 30  # nearly every token of the repeated greedy and seeded outputs
+
+
+def test_prompt_logprobs_beside_verifying_rows(plain_llm: LLM, model_dir: Path) -> None:
+    """A prompt scored (prompt_logprobs) in the step that verifies others' drafts: its positions are not the
+    verified ones."""
+    free = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    scored = SamplingParams(temperature=0.0, max_tokens=5, prompt_logprobs=2)
+    llm = speculating_llm(model_dir, max_num_batched_tokens=16)  # the scored prompt comes in chunks, among decodes
+    prompts = REPEATING + [PLAIN[0]]
+    got = generate(llm, prompts, [free] * 3 + [scored])
+    want = generate(plain_llm, prompts, [free] * 3 + [scored])
+    assert tokens(got) == tokens(want) and accepted(llm) > 0
+    for a, b in zip(got[3].prompt_logprobs[1:], want[3].prompt_logprobs[1:], strict=True):  # type: ignore[index]
+        assert a.top_token_ids == b.top_token_ids and a.logprob == pytest.approx(b.logprob, abs=1e-4)
