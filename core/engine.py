@@ -176,8 +176,10 @@ class LLMEngine:
         are compiled against (the engine never tokenizes)."""
         if self._grammars is None:
             tokenizer = load_tokenizer(self.config.model.tokenizer or self.config.model.model)
+            spec = self.config.scheduler.speculative_config
+            positions_per_row = 1 + (spec.num_speculative_tokens if spec is not None else 0)  # verified positions
             self._grammars = Grammars(tokenizer, self.vocab_size, self.eos_token_ids,
-                                      self.config.scheduler.max_num_seqs)
+                                      self.config.scheduler.max_num_seqs * positions_per_row)
         return self._grammars
 
     # Any thread.
@@ -404,8 +406,13 @@ class LLMEngine:
         rows = [i for i, seq in enumerate(step.sampled_seqs) if seq.grammar is not None]
         # A sequence that ended meanwhile gets an unmasked row: its token will be dropped.
         matchers = [None if step.sampled_seqs[i].is_finished else step.sampled_seqs[i].grammar for i in rows]
-        positions = rows if step.first_positions is None else [step.first_positions[i] for i in rows]
-        token_mask = TokenMask(positions, self.grammars.fill(matchers))
+        if step.first_positions is None or step.draft_counts is None:
+            token_mask = TokenMask(rows, self.grammars.fill(matchers))
+        else:  # a verifying step: a mask per verified position
+            counts, firsts = step.draft_counts, step.first_positions
+            drafts = [step.sampled_seqs[i].draft_token_ids[: counts[i]] for i in rows]
+            positions = [firsts[i] + j for i in rows for j in range(counts[i] + 1)]
+            token_mask = TokenMask(positions, self.grammars.fill_along_drafts(matchers, drafts))
         return replace(step, pending=self.runner.sample_masked(step.pending, token_mask))
 
     def _drain_inbox(self) -> list[RequestOutput]:
@@ -510,6 +517,8 @@ class LLMEngine:
             seq.draft_token_ids = []
             num_tokens_before = seq.num_tokens - 1  # the pending token counts already
             num_kept, finish_reason = self._take_tokens(seq, sampled[: num_accepted + 1])
+            if seq.grammar is not None and num_kept > 1 and not all(map(seq.grammar.accept_token, sampled[1:num_kept])):
+                finish_reason = FinishReason.ERROR  # never: each was drawn under the mask of its position
             if num_drafts:  # K/V is computed for the kept tokens but the last; the rejected drafts' slots go
                 seq.num_computed_tokens = seq.num_tokens - 1
                 self.block_manager.release_tail(seq, seq.num_computed_tokens)

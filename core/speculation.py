@@ -7,10 +7,12 @@ books the step in flight before it proposes, and books the verifying step before
 
 A sequence is offered drafts when it is decoding (its stream has begun and only its last token is to be
 computed) and nothing in its sampling depends on the tokens before each verified position other than
-through the model: no penalties (their counts would have to include the drafts), no structured output
-(its matcher would have to take them), past min_tokens (its banned tokens change with the position).
-Those sequences decode one token per step, exactly as without speculation. Drafts never run past
-max_tokens or the context length.
+through the model and its grammar: no penalties (their counts would have to include the drafts), past
+min_tokens (its banned tokens change with the position). Those sequences decode one token per step,
+exactly as without speculation. Drafts never run past max_tokens or the context length. Structured
+output: drafts are cut where the grammar refuses one; each verified position is masked by the grammar's
+state after the drafts before it, and the matcher takes the kept tokens only (a draft model's drafts,
+drawn after scheduling, are not cut: constrained sequences get none from it).
 
 Verification (one-hot drafts: a proposer's draft is a token, not a distribution): the target samples at
 each verified position as it would one token per step (a seeded row with the output index of that
@@ -25,6 +27,7 @@ target's distribution, and a seeded request gets the tokens it gets without spec
 from dataclasses import dataclass, field
 
 from core.draft_model_proposer import DraftModelProposer
+from core.grammar import Grammars
 from core.ngram_proposer import NgramProposer
 from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
@@ -81,6 +84,9 @@ class Speculation:
         self._num_offered = num_decoding
         self._accepted_at = [0] * num_drafts
         self.proposer.propose(seqs, limits)
+        for seq in seqs:
+            if seq.grammar is not None and seq.draft_token_ids:  # drafts past what its grammar allows go
+                del seq.draft_token_ids[Grammars.grammatical_prefix(seq.grammar, seq.draft_token_ids):]
 
     def fill(self, scheduled: list[ScheduledSequence]) -> None:
         """Once the step is scheduled: draws the drafts of a proposer that needs their slots (a draft model)."""
@@ -99,8 +105,10 @@ class Speculation:
     def _draft_limit(self, seq: Sequence, num_drafts: int) -> int:
         params = seq.params
         if (seq.num_uncomputed_tokens != 1 or seq.num_output_tokens == 0 or seq.num_pending_tokens
-                or seq.has_penalties or seq.grammar is not None or seq.num_output_tokens < params.min_tokens):
+                or seq.has_penalties or seq.num_output_tokens < params.min_tokens):
             return 0
+        if seq.grammar is not None and isinstance(self.proposer, DraftModelProposer):
+            return 0  # its drafts come after scheduling, too late to cut them to the grammar
         # The step's own token plus the drafts stay within max_tokens and the context.
         room = min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
         return max(0, min(num_drafts, room))

@@ -7,6 +7,7 @@ Each test runs the same requests on an engine without speculation and on one who
 the prompts repeat (else the equality would prove nothing).
 """
 
+import re
 from pathlib import Path
 
 import pytest
@@ -158,21 +159,23 @@ def test_synchronous_scheduling_too(plain_llm: LLM, model_dir: Path) -> None:
     assert accepted(llm) > 0
 
 
-def test_structured_output_rows_share_verifying_steps(plain_llm: LLM, model_dir: Path) -> None:
-    """Constrained sequences decode without drafts (their matcher would have to take them), in the same steps as
-    drafted ones: their masks land on their own sampled position among the verified ones."""
+def test_structured_output_verifies_drafts_under_its_grammar(plain_llm: LLM, model_dir: Path) -> None:
+    """Constrained sequences verify drafts cut to their grammar, each position masked by the grammar's state after
+    the drafts before it, in the same steps as unconstrained ones (masks land on their own positions)."""
     from core.structured_output import StructuredOutput
 
-    regex = StructuredOutput(regex=r"[a-e ]{5,40}")
-    constrained = SamplingParams(temperature=0.0, max_tokens=30, structured_output=regex)
+    regex = StructuredOutput(regex=r"(ab?c ){3,14}")
+    constrained = SamplingParams(temperature=0.0, max_tokens=40, structured_output=regex)
     free = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
     prompts = REPEATING + [PLAIN[0]]
     params = [free, constrained, free, constrained]
     llm = speculating_llm(model_dir)
     got = generate(llm, prompts, params)
     assert [(o.token_ids, o.text) for o in got] == [(o.token_ids, o.text) for o in generate(plain_llm, prompts, params)]
-    assert all(set(got[i].text) <= set("abcde ") and got[i].text for i in (1, 3))
-    assert accepted(llm) > 0
+    assert all(re.fullmatch(r"(ab?c ){3,14}", got[i].text) for i in (1, 3)), [got[i].text for i in (1, 3)]
+    alone = speculating_llm(model_dir)
+    assert tokens(generate(alone, [prompts[1]], constrained)) == tokens([got[1]])
+    assert accepted(alone) > 5
 
 
 def draft_model_llm(model_dir: Path, draft_dir: Path, **settings: object) -> LLM:
