@@ -11,11 +11,13 @@ gets from such a step, where r_i is the running average, per decoding sequence o
 or more drafts, of the drafts accepted at position i: it folds in how many sequences can take drafts (not
 the penalized or constrained ones), how often the proposer has one, and how often the target agrees.
 
-Choosing: an arm (b, k) with no measured time is tried once, smallest k first (k = 0 is the baseline, and
+Choosing: an arm (b, k) with no measured time is tried first, smallest k first (k = 0 is the baseline, and
 an untried k can only be judged against a measured one); once all are measured, the best rate is taken.
-Every `refresh_steps` decode steps at a bucket, the arm measured least recently is run once instead, so
-that figures follow changing workloads (acceptance drifts with the text) at a bounded cost. Steps with
-prompt tokens (prefill) are not measured: their time says nothing about decoding.
+Every `refresh_steps` decode steps at a bucket, the arm measured least recently is run for two steps
+instead, so that figures follow changing workloads (acceptance drifts with the text) at a bounded cost.
+Not measured: steps with prompt tokens (prefill: their time says nothing about decoding), and the first
+step after a change of k, which pays for the step the previous k left in flight (a verifying step waits
+for it) or for none (a plain step after a verifying one returns before its result is waited for).
 
 Never losing: k = 0 is always an arm, measured like the others, so speculation is chosen only where its
 measured rate beats plain decoding; what exploration costs is one step in `refresh_steps` per bucket.
@@ -37,6 +39,8 @@ class _Bucket:
     arms: list[_Arm]
     num_steps: int = 0
     num_steps_since_refresh: int = 0
+    refreshing: int | None = None  # the arm being measured again
+    num_refresh_steps_left: int = 0
 
 
 @dataclass
@@ -47,6 +51,7 @@ class DraftLengthController:
     acceptance_weight: float = 0.05  # of a new step's acceptance in the running averages
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
+    _previous_drafts: int = 0  # the draft length of the last step observed (the engine starts without drafts)
 
     def __post_init__(self) -> None:
         self._acceptance = [None] * self.max_drafts
@@ -59,7 +64,11 @@ class DraftLengthController:
             return untried[0]
         if bucket.num_steps_since_refresh >= self.refresh_steps:
             bucket.num_steps_since_refresh = 0
-            return min(range(len(bucket.arms)), key=lambda k: bucket.arms[k].last_step)
+            bucket.refreshing = min(range(len(bucket.arms)), key=lambda k: bucket.arms[k].last_step)
+            bucket.num_refresh_steps_left = 2  # its first step is a change of k: not measured
+        if bucket.refreshing is not None and bucket.num_refresh_steps_left:
+            bucket.num_refresh_steps_left -= 1
+            return bucket.refreshing
         return max(range(len(bucket.arms)), key=lambda k: self.expected_tokens(k) / bucket.arms[k].seconds)  # type: ignore[operator]
 
     def expected_tokens(self, num_drafts: int) -> float:
@@ -68,6 +77,10 @@ class DraftLengthController:
 
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
         """A decode step (no prompt tokens) of `batch_size` sequences, run with draft length `num_drafts`."""
+        is_change = num_drafts != self._previous_drafts
+        self._previous_drafts = num_drafts
+        if is_change:
+            return
         bucket = self._bucket(batch_size)
         arm = bucket.arms[num_drafts]
         arm.seconds = seconds if arm.seconds is None else arm.seconds + self.time_weight * (seconds - arm.seconds)

@@ -2,6 +2,8 @@
 decisions on injected costs, the blocks of rejected drafts, the verification's output distribution (a
 statistical test with a fixed seed) and the metrics."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -168,7 +170,7 @@ def run_controller(times: dict[int, float], acceptance: list[float], batch_size:
     """Drives a controller with the given step time per draft length and acceptance per position until every arm
     of the batch's bucket is measured."""
     controller = controller or DraftLengthController(max_drafts=4, refresh_steps=1000)
-    for _ in range(5):
+    for _ in range(12):
         k = controller.choose(batch_size)
         controller.observe_step(batch_size, k, times[k])
         if k:
@@ -177,12 +179,23 @@ def run_controller(times: dict[int, float], acceptance: list[float], batch_size:
 
 
 def test_untried_draft_lengths_are_measured_first_in_order() -> None:
+    """The first step at a new length is not measured (it pays for, or skips, the wait of the previous one's step
+    in flight): each untried length runs twice."""
     controller = DraftLengthController(max_drafts=3)
     chosen = []
-    for _ in range(4):
+    for _ in range(7):
         chosen.append(controller.choose(8))
         controller.observe_step(8, chosen[-1], 0.01)
-    assert chosen == [0, 1, 2, 3]
+    assert chosen == [0, 1, 1, 2, 2, 3, 3]
+
+
+def test_a_change_of_length_is_not_measured() -> None:
+    controller = run_controller({0: 1.0, 1: 1.5}, [0.6], controller=DraftLengthController(1, refresh_steps=1000))
+    # k = 1 wins: 1.6 / 1.5 > 1 / 1.0
+    assert controller.choose(1) == 1
+    controller.observe_step(1, 0, 100.0)  # a plain step after verifying ones (say, a refresh): not counted
+    controller.observe_step(1, 1, 100.0)  # back: not counted either
+    assert controller.choose(1) == 1
 
 
 @pytest.mark.parametrize(("times", "acceptance", "best"), [
@@ -207,9 +220,14 @@ def test_each_batch_size_bucket_has_its_own_costs() -> None:
 def test_a_stale_arm_is_measured_again_and_can_take_over() -> None:
     controller = DraftLengthController(max_drafts=1, refresh_steps=10)
     run_controller({0: 1.0, 1: 2.0}, [0.5], controller=controller)
-    chosen = [controller.choose(1) for _ in range(12) if not controller.observe_step(1, 0, 1.0)]
-    assert chosen.count(1) == 1  # one refresh in a run of plain steps
-    for _ in range(30):  # verifying became cheap (say, the batch around it emptied): the refreshed figure wins
+    chosen = ""
+    for _ in range(50):
+        k = controller.choose(1)
+        chosen += str(k)
+        controller.observe_step(1, k, 1.0 if k == 0 else 2.0)
+    # Plain steps, and every 10 measured ones a refresh of two steps at k = 1 (the first not measured).
+    assert re.fullmatch(r"(11)?(0{9,10}11)+0*", chosen), chosen
+    for _ in range(60):  # verifying became cheap (say, the batch around it emptied): the refreshed figure wins
         k = controller.choose(1)
         controller.observe_step(1, k, 1.0 if k == 0 else 1.05)
         if k:
