@@ -8,10 +8,11 @@ it starts at 0 at each admission (blocks that came from the prefix cache may hol
 writes its own, the same values wherever another sequence wrote them), and after a verification it is the
 accepted prefix the draft model computed.
 
-Drafting k tokens is k launches of the draft model, greedy: the first catches up (every position the draft
-has not computed, through the sequence's last token), each later one feeds back the token the previous
-drew, on the device; the host waits once, for all of them. The draft is one-hot (argmax), so the
-verification's acceptance rule is exact rejection sampling (core/speculation.py).
+Drafting k tokens is k launches of the draft model, greedy, after it has caught up: launches of at most a
+step's token budget compute the draft K/V of every position before the sequence's last token that it
+lacks (nothing sampled); the first draft launch is then the last token of each sequence, and each later one
+feeds back the token the previous drew, on the device; the host waits once, for all of them. The draft is
+one-hot (argmax), so the verification's acceptance rule is exact rejection sampling (core/speculation.py).
 """
 
 from dataclasses import dataclass
@@ -30,9 +31,10 @@ class DraftProgress:
 
 
 class DraftModelProposer:
-    def __init__(self, runner: Runner, block_size: int) -> None:
+    def __init__(self, runner: Runner, block_size: int, max_num_batched_tokens: int) -> None:
         self.runner = runner
         self.block_size = block_size
+        self.max_num_batched_tokens = max_num_batched_tokens
 
     def propose(self, seqs: list[Sequence], max_drafts: list[int]) -> None:
         """Reserves the drafts (placeholders: `fill` draws them once the scheduler has given them slots)."""
@@ -46,7 +48,9 @@ class DraftModelProposer:
         rows = [(s.seq, s.end - s.seq.num_tokens) for s in scheduled if s.end > s.seq.num_tokens]
         if not rows:
             return
-        launched = [self.runner.launch(self._catch_up_batch([seq for seq, _ in rows]))]
+        for batch in self._catch_up_batches([seq for seq, _ in rows]):
+            self.runner.launch(batch)
+        launched = [self.runner.launch(self._last_token_batch([seq for seq, _ in rows]))]
         previous = [seq for seq, _ in rows]
         for i in range(1, max(n for _, n in rows)):
             current = [seq for seq, n in rows if n > i]
@@ -66,16 +70,34 @@ class DraftModelProposer:
         assert isinstance(seq.draft_state, DraftProgress)
         seq.draft_state.num_computed_tokens = min(seq.num_computed_tokens, num_tokens_before + num_drafts - 1)
 
-    def _catch_up_batch(self, seqs: list[Sequence]) -> Batch:
-        """Every position each sequence's draft K/V lacks, through its last token: the draft after it is sampled."""
+    def _catch_up_batches(self, seqs: list[Sequence]) -> list[Batch]:
+        """The positions before each sequence's last token whose draft K/V it lacks, in batches of at most a step's
+        token budget (a long prompt over several); nothing is sampled."""
+        batches, batch = [], _empty_batch()
+        for seq in seqs:
+            start, end = seq.draft_state.num_computed_tokens, seq.num_tokens - 1  # type: ignore[union-attr]
+            while start < end:
+                room = self.max_num_batched_tokens - len(batch.token_ids)
+                if room == 0:
+                    batches.append(batch)
+                    batch, room = _empty_batch(), self.max_num_batched_tokens
+                stop = min(end, start + room)
+                batch.token_ids.extend(seq.token_ids[start:stop])
+                batch.positions.extend(range(start, stop))
+                batch.slot_mapping.extend(self._slot(seq, p) for p in range(start, stop))
+                _add_row(batch, seq, stop - start, stop, sampled=False)
+                start = stop
+        return batches + [batch] if batch.token_ids else batches
+
+    def _last_token_batch(self, seqs: list[Sequence]) -> Batch:
+        """Each sequence's last token: the first draft is sampled after it."""
         batch = _empty_batch()
         for seq in seqs:
-            start = seq.draft_state.num_computed_tokens  # type: ignore[union-attr]
-            end = seq.num_tokens
-            batch.token_ids.extend(seq.token_ids[start:end])
-            batch.positions.extend(range(start, end))
-            batch.slot_mapping.extend(self._slot(seq, p) for p in range(start, end))
-            _add_row(batch, seq, end - start, end)
+            position = seq.num_tokens - 1
+            batch.token_ids.append(seq.token_ids[position])
+            batch.positions.append(position)
+            batch.slot_mapping.append(self._slot(seq, position))
+            _add_row(batch, seq, 1, position + 1)
         return batch
 
     def _next_batch(self, seqs: list[Sequence], previous: list[Sequence], index: int) -> Batch:
@@ -100,8 +122,8 @@ def _empty_batch() -> Batch:
     return Batch(token_ids=[], positions=[], slot_mapping=[], query_lens=[], context_lens=[], block_tables=[])
 
 
-def _add_row(batch: Batch, seq: Sequence, query_len: int, context_len: int) -> None:
+def _add_row(batch: Batch, seq: Sequence, query_len: int, context_len: int, sampled: bool = True) -> None:
     batch.query_lens.append(query_len)
     batch.context_lens.append(context_len)
     batch.block_tables.append(seq.block_ids)
-    batch.sampling.append(_GREEDY)
+    batch.sampling.append(_GREEDY if sampled else None)

@@ -155,7 +155,8 @@ class LLMEngine:
         if spec_config is not None and self.pooling is not None:
             raise ValueError("speculative_config: a pooling model generates no tokens to speculate on")
         self.speculation = None if spec_config is None else Speculation(
-            spec_config, self.max_model_len, self._draft_runner(), self.block_size)
+            spec_config, self.max_model_len, self._draft_runner(), self.block_size,
+            config.scheduler.max_num_batched_tokens)
 
     def _draft_runner(self) -> Runner | None:
         """The draft model's runner (speculative method draft_model): one device, the target's KV blocks."""

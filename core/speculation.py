@@ -49,14 +49,14 @@ class SpeculationCounts:
 
 class Speculation:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, draft_runner: Runner | None = None,
-                 block_size: int = 16) -> None:
+                 block_size: int = 16, max_num_batched_tokens: int = 8192) -> None:
         """`draft_runner`: the draft model's (method draft_model), whose KV cache has the target's blocks."""
         self.config = config
         self.max_model_len = max_model_len
         self.proposer: NgramProposer | SuffixProposer | DraftModelProposer
         if config.method == "draft_model":
             assert draft_runner is not None, "method draft_model needs the draft model's runner"
-            self.proposer = DraftModelProposer(draft_runner, block_size)
+            self.proposer = DraftModelProposer(draft_runner, block_size, max_num_batched_tokens)
         elif config.method == "suffix":
             c = config
             self.proposer = SuffixProposer(c.suffix_decoding_max_tree_depth, c.suffix_decoding_max_cached_requests,

@@ -267,3 +267,12 @@ def test_prompt_logprobs_beside_verifying_rows(plain_llm: LLM, model_dir: Path) 
     assert tokens(got) == tokens(want) and accepted(llm) > 0
     for a, b in zip(got[3].prompt_logprobs[1:], want[3].prompt_logprobs[1:], strict=True):  # type: ignore[index]
         assert a.top_token_ids == b.top_token_ids and a.logprob == pytest.approx(b.logprob, abs=1e-4)
+
+
+def test_a_draft_model_catches_up_in_steps_of_the_token_budget(plain_llm: LLM, model_dir: Path) -> None:
+    """Prompts longer than a step's budget: the draft computes their K/V over several launches, all accepted."""
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    llm = draft_model_llm(model_dir, model_dir, max_num_batched_tokens=16)
+    assert tokens(generate(llm, PLAIN + REPEATING, params)) == tokens(generate(plain_llm, PLAIN + REPEATING, params))
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert counts.num_draft_tokens > 50 and counts.num_accepted_tokens == counts.num_draft_tokens
