@@ -39,7 +39,7 @@ def start_once(command: list[str], log_path: Path, health_timeout_s: float) -> d
     """One start to /health and stop: its seconds to /health and the attention choice its log states."""
     port = free_port()
     with launched([*command, "--host", "127.0.0.1", "--port", str(port)], port, str(log_path),
-                  health_timeout_s) as (_, _, server):
+                  health_timeout_s) as (_, server):
         seconds = server["startup_s"]
     found = CHOICE.search(log_path.read_text(errors="replace"))
     return {"seconds_to_health": seconds, "attention_backend": found["names"] if found else None,
