@@ -170,12 +170,10 @@ def run_one(args: argparse.Namespace, argv: list[str], variants: list[dict[str, 
 
 def save_result(args: argparse.Namespace, argv: list[str], variants: list[dict[str, object]],
                 is_complete: bool) -> None:
-    if args.out:
-        config = {k: getattr(args, k) for k in ("turns", "system_len", "user_len", "max_tokens", "temperature",
-                                                "seed", "warmup_requests", "max_seconds_per_level", "levels",
-                                                "num_chats")}
-        write_result(args.out, {"kind": "prefix-serve", "config": config, "variants": json.loads(json.dumps(variants)),
-                                "is_complete": is_complete}, "bench.prefix_serve", argv)
+    config = {k: getattr(args, k) for k in ("turns", "system_len", "user_len", "max_tokens", "temperature", "seed",
+                                            "warmup_requests", "max_seconds_per_level", "levels", "num_chats")}
+    write_result(args.out, {"kind": "prefix-serve", "config": config, "variants": json.loads(json.dumps(variants)),
+                            "is_complete": is_complete}, "bench.prefix_serve", argv)
 
 
 if __name__ == "__main__":

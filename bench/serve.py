@@ -229,11 +229,10 @@ def run(args: argparse.Namespace, argv: list[str], base_url: str, server: dict[s
 
 def save_result(args: argparse.Namespace, argv: list[str], server: dict[str, object],
                 levels: list[dict[str, object]], is_complete: bool) -> None:
-    if args.out:
-        config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "prompt_format", "seed",
-                                                "warmup_requests", "max_seconds_per_level")}
-        write_result(args.out, {"kind": "serve", "server": server, "config": {**config, "ignore_eos": True},
-                                "levels": levels, "is_complete": is_complete}, "bench.serve", argv)
+    config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "prompt_format", "seed",
+                                            "warmup_requests", "max_seconds_per_level")}
+    write_result(args.out, {"kind": "serve", "server": server, "config": {**config, "ignore_eos": True},
+                            "levels": levels, "is_complete": is_complete}, "bench.serve", argv)
 
 
 def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:

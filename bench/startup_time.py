@@ -63,10 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         s["seconds_to_health"] <= args.max_later_start_s and s["attention_backend"] == first["attention_backend"]
         for s in later)
     print(f"every later start within {args.max_later_start_s} s, with the first start's backends: {is_met}")
-    if args.out:
-        write_result(args.out, {"kind": "startup-time", "command": shlex.join(command), "starts": starts,
-                                "max_later_start_s": args.max_later_start_s, "is_met": is_met},
-                     "bench.startup_time", argv)
+    write_result(args.out, {"kind": "startup-time", "command": shlex.join(command), "starts": starts,
+                            "max_later_start_s": args.max_later_start_s, "is_met": is_met},
+                 "bench.startup_time", argv)
     return 0 if is_met else 1
 
 

@@ -158,8 +158,7 @@ def main(argv: list[str] | None = None) -> None:
                 lambda: asdict(time_batch1(engine, args.prompt_len, args.batch1_tokens, 3, args.seed + 2)))
     result["summary"] = summary(result)
     print(result["summary"], flush=True)
-    if args.out:
-        write_result(args.out, result, "bench.throughput", argv)
+    write_result(args.out, result, "bench.throughput", argv)
 
 
 def guarded(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:

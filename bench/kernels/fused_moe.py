@@ -135,8 +135,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.sweep:
         result["table"] = table
         print("\n".join(table))
-    if args.out:
-        write_result(args.out, result, "bench.kernels.fused_moe", argv)
+    write_result(args.out, result, "bench.kernels.fused_moe", argv)
 
 
 if __name__ == "__main__":

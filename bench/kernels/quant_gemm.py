@@ -95,10 +95,9 @@ def main(argv: list[str] | None = None) -> None:
     copy_bytes = copy_bytes_per_s()
     rows = [row for fmt in args.formats for row in time_format(fmt, tuple(args.rows), copy_bytes)]
     steps = step_shares(rows, copy_bytes)
-    if args.out:
-        write_result(args.out, {"kind": "quant-gemm", "torch": torch.__version__,
-                                "copy_tb_per_s": round(copy_bytes / 1e12, 3), "rows": rows, "steps": steps},
-                     "bench.kernels.quant_gemm", argv)
+    write_result(args.out, {"kind": "quant-gemm", "torch": torch.__version__,
+                            "copy_tb_per_s": round(copy_bytes / 1e12, 3), "rows": rows, "steps": steps},
+                 "bench.kernels.quant_gemm", argv)
 
 
 def step_shares(rows: list[dict], copy_bytes_per_s: float) -> list[dict]:

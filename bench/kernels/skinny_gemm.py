@@ -272,8 +272,7 @@ def main(argv: list[str] | None = None) -> None:
     else:
         result["rows"] = compare(copy_bytes, shapes, rows)
         result["decode_step_gemm_us"] = per_step_totals(result["rows"])  # type: ignore[arg-type]
-    if args.out:
-        write_result(args.out, result, "bench.kernels.skinny_gemm", argv)
+    write_result(args.out, result, "bench.kernels.skinny_gemm", argv)
 
 
 if __name__ == "__main__":
