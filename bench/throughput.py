@@ -6,8 +6,8 @@ bench/serve.py's shape run offline (`--serve-requests` prompts of `--prompt-len`
 reference for the server's share of the engine. A warm-up run of the same shape (prompts drawn with another seed, so
 the prefix cache cannot carry them into the timed run) precedes one timed run; throughput = generated tokens / wall
 time. Batch 1: one request at a time, a `--prompt-len`-token prompt, `--batch1-tokens` tokens, the median time per
-output token, on the fresh engine and again after the workload. The ideal (bench/roofline.py) uses the copy
-bandwidth and matmul rate measured first, in the same process.
+output token, after the workload. The ideal (bench/roofline.py) uses the copy bandwidth and matmul rate measured
+first, in the same process.
 
 The model: any checkpoint directory (`--model`), or random weights of `--shape` (a name of bench/bench_model.py's
 SHAPES or a config.json of any family; `--quantization` for its projections in a quantized format), built once under
@@ -143,9 +143,6 @@ def main(argv: list[str] | None = None) -> None:
                             # in the workers' processes under tensor parallelism (their log says which)
                             "attention_backend": getattr(getattr(runner, "backend", None), "name", "in the workers"),
                             "kernels": asdict(runner.config.kernels)}
-        if args.batch1_tokens:  # before any load, to compare with the same figure after the timed run
-            result["batch1_fresh"] = guarded(
-                lambda: asdict(time_batch1(engine, args.prompt_len, args.batch1_tokens, 3, args.seed + 5)))
         if args.warmup != "none":
             warm = workload(args, args.seed + 1)
             if args.warmup == "short":

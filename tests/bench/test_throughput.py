@@ -28,7 +28,6 @@ def test_throughput_run_on_cpu(tmp_path: Path) -> None:
     assert summary["share_of_ideal"] == round(ours["tokens_per_s"] / result["ideal"]["tokens_per_s"], 4)
     assert result["batch1"]["prompt_len"] == 24 and result["batch1"]["num_output_tokens"] == 4
     assert summary["batch1_share_of_ideal"] == round(result["ideal"]["batch1_tpot_ms"] / result["batch1"]["tpot_ms"], 4)
-    assert result["batch1_fresh"]["tpot_ms"] > 0
     assert result["command"].startswith("python -m bench.throughput --model")
     assert result["engine"]["kernels"][switch] is False  # the engine's runner was built with the variant asked for
     # Measured with start-up's objects frozen, as in a served engine; the test process's heap collectable after.
