@@ -30,15 +30,12 @@ def git_commit() -> str:
 
 
 def device_name() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name()
-    except ImportError:
-        pass
     import platform
 
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
