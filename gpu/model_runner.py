@@ -18,6 +18,7 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
@@ -35,7 +36,9 @@ from gpu.attention.backend import (
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch, PackedBlockTables, Penalties, RowSampling, StepResult, TokenMask
 from gpu.config import RunnerConfig
-from gpu.cpu_packing import can_pack, has_native_bfloat16, pack_linear_layers
+from gpu.cpu_decode import CpuDecodeSteps, unavailable_reason
+from gpu.cpu_kernels import NO_CPU_KERNELS, CpuKernels, load_cpu_kernels
+from gpu.cpu_packing import cpu_packing, has_native_bfloat16, pack_linear_layers
 from gpu.cuda_graphs import DecodeGraphs
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.dummy_weights import DEFAULT_STD, init_dummy_weights
@@ -73,14 +76,25 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def resolve_dtype(requested: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
+def resolve_dtype(requested: str, checkpoint_dtype: str | None, device: torch.device,
+                  cpu_kernels: CpuKernels = NO_CPU_KERNELS) -> torch.dtype:
     if requested != "auto":
         return getattr(torch, requested)
     if device.type == "cpu":
-        # As vLLM's CPU backend: bfloat16 where the CPU multiplies it natively (half the bytes a decode step reads,
-        # weights packed at load: gpu/cpu_packing.py); else float32, whose bfloat16 matmuls would be emulated.
-        return torch.bfloat16 if has_native_bfloat16() else torch.float32
+        return cpu_auto_dtype(checkpoint_dtype, cpu_kernels)[0]
     return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
+
+
+def cpu_auto_dtype(checkpoint_dtype: str | None, cpu_kernels: CpuKernels) -> tuple[torch.dtype, str]:
+    """`--dtype auto` on a CPU, and why (for the log)."""
+    if checkpoint_dtype == "float32" and cpu_kernels.int8_dot is not None:
+        # Its weights on a GGUF grid go through the int8 dot products at a fifth of float32's bytes, and the rest of
+        # the step keeps the reference's precision.
+        return torch.float32, "a float32 checkpoint, as a converted GGUF is, and the int8 dot-product kernels built"
+    if has_native_bfloat16():
+        # As vLLM's CPU backend: half the bytes a decode step reads, weights packed at load (gpu/cpu_packing.py).
+        return torch.bfloat16, "the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)"
+    return torch.float32, "no bfloat16 instructions: its matmuls would be emulated"
 
 
 class ModelRunner:
@@ -88,7 +102,11 @@ class ModelRunner:
         self.tp = tp
         self.device = resolve_device(config.device)
         hf_config = load_hf_config(config.model_path)
-        self.dtype = resolve_dtype(config.dtype, checkpoint_dtype(hf_config), self.device)
+        self.cpu_kernels = load_cpu_kernels_for(self.device, config.cache_dir)
+        self.dtype = resolve_dtype(config.dtype, checkpoint_dtype(hf_config), self.device, self.cpu_kernels)
+        if self.device.type == "cpu" and config.dtype == "auto":
+            logger.info("dtype auto: %s (%s)", str(self.dtype).removeprefix("torch."),
+                        cpu_auto_dtype(checkpoint_dtype(hf_config), self.cpu_kernels)[1])
         self.config = config
         self._probe_gated_gemm()
         self.vocab_size = hf_config.vocab_size
@@ -97,6 +115,8 @@ class ModelRunner:
         logger.info("loaded the weights (%.2f GiB, %s) in %.1f s", _num_bytes(self.model) / 2**30,
                     str(self.dtype).removeprefix("torch."), time.perf_counter() - start)
         self.layers = self.model.attention_layers()
+        for layer in self.layers:
+            layer.cpu_kernels = self._cpu_attention_kernels()
         head_dims = tuple(layer.head_dim for layer in self.layers)
         names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype, head_dims)
         self.kv_dtype = torch.float8_e4m3fn if config.is_fp8_kv_cache else self.dtype
@@ -107,7 +127,7 @@ class ModelRunner:
                 names, flash_attn_reason = without_flash_attn_for_fp8_cache(names, config.attention_backend)
         if flash_attn_reason is not None:
             logger.info("attention backend flash-attn not a candidate: %s", flash_attn_reason)
-        first = backend_named(names[0])
+        first = self._backend_named(names[0])
         self._set_backend(PhasedBackend(first, first))  # for the warm-up pass
         # Before the KV cache is sized, so its memory is counted: [max_num_seqs, vocab] int32 + bool.
         self.penalty_state = PenaltyState(config.max_num_seqs, self.vocab_size, self.device)
@@ -125,6 +145,7 @@ class ModelRunner:
         self._set_backend(self.backend)
         logger.info("attention backend: %s (requested %s, device %s: %s)", self.backend.name, config.attention_backend,
                     self.device, why)
+        self.cpu_decode = self._cpu_decode_steps()
         if self.device.type == "cuda":
             start = time.perf_counter()
             self._capture_graphs()
@@ -142,6 +163,27 @@ class ModelRunner:
                         gated_gemm.MIN_ROWS)
         else:
             logger.info("gated GEMM off: %s", reason)
+
+    def _backend_named(self, name: str) -> AttentionBackend:
+        return backend_named(name, self._cpu_attention_kernels())
+
+    def _cpu_attention_kernels(self) -> ModuleType | None:
+        """gpu/cpu_kernels/attention.c where it is built and the fused kernels are on (off: the torch reference)."""
+        return self.cpu_kernels.attention if self.config.kernels.fused_kernels else None
+
+    def _cpu_decode_steps(self) -> CpuDecodeSteps | None:
+        """On a CPU, decode-only steps as a few C kernel calls per layer (gpu/cpu_decode.py) where the model allows;
+        logs which and why."""
+        if self.device.type != "cpu":
+            return None
+        int8_dot = self.cpu_kernels.int8_dot if self.config.kernels.cpu_packed_weights else None
+        reason = unavailable_reason(self.model, int8_dot, self._cpu_attention_kernels(), self.dtype)
+        if reason is not None:
+            logger.info("CPU decode steps: the model's layers (not the C kernels' layer steps: %s)", reason)
+            return None
+        logger.info("CPU decode steps: six C kernel calls per layer")
+        assert int8_dot is not None and self.cpu_kernels.attention is not None
+        return CpuDecodeSteps(self.model.model, int8_dot, self.cpu_kernels.attention, self.dtype)
 
     def _set_backend(self, backend: AttentionBackend) -> None:
         for layer in self.layers:
@@ -173,13 +215,13 @@ class ModelRunner:
         recalled = remembered_backends.recall(directory, key, names) if directory and self.tp.is_first else None
         pair = self._first_rank_pair((recalled.decode, recalled.prefill) if recalled else None, names)
         if pair is not None:
-            by_name = {first.name: first} | {name: backend_named(name) for name in set(pair) - {first.name}}
+            by_name = {first.name: first} | {name: self._backend_named(name) for name in set(pair) - {first.name}}
             backend = PhasedBackend(by_name[pair[0]], by_name[pair[1]])
             if recalled is None:
                 return backend, "rank 0's remembered choice"
             self.attention_times = recalled.times_ms
             return backend, f"read from {recalled.path}, measured on {recalled.measured_on}"
-        backend, self.attention_times = self._measure_phases([first, *map(backend_named, names[1:])], steps)
+        backend, self.attention_times = self._measure_phases([first, *map(self._backend_named, names[1:])], steps)
         if directory is None or not self.tp.is_first:
             return backend, "measured now"
         saved = remembered_backends.remember(directory, key, backend.decode.name, backend.prefill.name,
@@ -279,7 +321,7 @@ class ModelRunner:
                 and HAS_TRITON and self.dtype in FUSED_DTYPES)
 
     def _build_model(self, hf_config: PretrainedConfig) -> torch.nn.Module:
-        return build_model(self.config, hf_config, self.device, self.dtype, self.tp)
+        return build_model(self.config, hf_config, self.device, self.dtype, self.tp, self.cpu_kernels)
 
     def _allocate_kv_cache(self) -> int:
         c = self.config
@@ -469,6 +511,8 @@ class ModelRunner:
         """[num_tokens, hidden_size] of a step the decode graphs do not hold (`launch` replays those itself)."""
         if self.mixed is not None and not batch.is_decode_only and self.mixed.bucket_for(batch) is not None:
             return self.mixed.run(batch, self._last_sampled_ids)
+        if self.cpu_decode is not None and batch.is_decode_only:
+            return self.cpu_decode.run(*self._prepare(batch))
         input_ids, positions, meta = self._prepare(batch)
         return self.model(input_ids, positions, meta)
 
@@ -483,16 +527,30 @@ class ModelRunner:
         return to_device(array, array.dtype, self.device)
 
 
+def load_cpu_kernels_for(device: torch.device, cache_dir: str | None) -> CpuKernels:
+    """On a CPU, the C kernels built for it (gpu/cpu_kernels), whichever switches are off: the dtype `auto` picks does
+    not depend on them."""
+    if device.type != "cpu":
+        return NO_CPU_KERNELS
+    kernels = load_cpu_kernels(cache_dir)
+    logger.info("CPU kernels: %s", "; ".join(kernels.reasons))
+    return kernels
+
+
 def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch.device, dtype: torch.dtype,
-                tp: TensorParallel = SINGLE) -> torch.nn.Module:
-    """The checkpoint's model on `device` in `dtype`, its weights loaded (on a CPU in bfloat16, packed)."""
+                tp: TensorParallel = SINGLE, cpu_kernels: CpuKernels = NO_CPU_KERNELS) -> torch.nn.Module:
+    """The checkpoint's model on `device` in `dtype`, its weights loaded (on a CPU, packed where a kernel takes them:
+    gpu/cpu_packing.py)."""
     torch.manual_seed(config.seed)
-    packs = config.kernels.cpu_packed_weights and can_pack(dtype, device)
+    packing = None
+    if device.type == "cpu" and config.kernels.cpu_packed_weights:
+        packing, which = cpu_packing(dtype, cpu_kernels)
+        logger.info("CPU linear kernels: %s", which)
     scheme = quant_scheme(hf_config)
-    # Packing finds weights on a 4-bit grid exactly, so it reads a float32 checkpoint's own values (a quantized one's
+    # Packing finds weights on a grid exactly, so it reads a float32 checkpoint's own values (a quantized one's
     # dequantized in float32). Built in the dtype it loads in: a large model never exists in float32 first.
     is_exact = checkpoint_dtype(hf_config) == "float32" or scheme is not None
-    load_dtype = torch.float32 if packs and is_exact else dtype
+    load_dtype = torch.float32 if packing and is_exact else dtype
     with torch.device(device), _default_dtype(load_dtype):
         model = model_class(hf_config.architectures)(hf_config, config.max_model_len, config.kernels, tp)
     if scheme is not None:
@@ -503,8 +561,8 @@ def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch
         load_weights(model, Path(config.model_path))
     finish_loading(model, load_dtype)
     model.eval().requires_grad_(False)
-    if packs:
-        kinds = pack_linear_layers(model)
+    if packing is not None:
+        kinds = pack_linear_layers(model, packing)
         logger.info("linear weights packed for the CPU: %s", ", ".join(f"{n} {k}" for k, n in kinds.items()))
     cast_float_params(model, dtype)
     _log_weight_format(model, scheme, dtype)

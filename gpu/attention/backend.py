@@ -10,6 +10,7 @@ bfloat16 when `flash_attn.cute` is installed.
 """
 
 import importlib.util
+from types import ModuleType
 from typing import Protocol
 
 import torch
@@ -79,14 +80,15 @@ class PhasedBackend:
         return backend.forward(query, k_cache, v_cache, meta, scale, variant)
 
 
-def backend_named(name: str) -> AttentionBackend:
-    """Imports lazily: triton and flash_attn are optional."""
+def backend_named(name: str, cpu_kernels: ModuleType | None = None) -> AttentionBackend:
+    """Imports lazily: triton and flash_attn are optional. `cpu_kernels`: the `cpu` backend's C kernels
+    (gpu/cpu_kernels/attention.c), where they are built and the fused kernels are on."""
     if name == "torch":
         return TorchBackend()
     if name == "cpu":
         from gpu.attention.cpu_backend import CpuBackend
 
-        return CpuBackend()
+        return CpuBackend(cpu_kernels)
     if name == "triton":
         from gpu.attention.triton_backend import TritonBackend
 

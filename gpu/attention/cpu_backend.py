@@ -12,7 +12,13 @@ query) costs more than the arithmetic. Here:
 - a row with more queries (a prefill chunk) takes the reference's path: its matmuls dominate.
 The math is the reference's (float32 scores and softmax, the output rounded to the query's dtype), in
 another summation order: results equal it to float32 rounding (tests/unit/test_cpu_attention.py).
+
+Built with the C kernels of gpu/cpu_kernels/attention.c, a layer of plain attention (no window, sinks or soft-cap)
+attends every single-query row of a step in one call of `decode_attention` (same math, its own summation order), and
+only prefill rows take the torch code.
 """
+
+from types import ModuleType
 
 import torch
 
@@ -26,6 +32,10 @@ class CpuBackend:
     supports_cuda_graphs = False  # per-row host loops
     supports_mixed_graphs = False
 
+    def __init__(self, kernels: ModuleType | None = None) -> None:
+        """kernels: gpu/cpu_kernels/attention.c built for this CPU; None: the torch code only."""
+        self.kernels = kernels
+
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:  # noqa: ANN001
         if (slot_mapping.numel() and int(slot_mapping.min()) < 0) or k_cache.dtype == torch.float8_e4m3fn:
             torch_ref.store_kv(key, value, k_cache, v_cache, slot_mapping)  # (index_copy_ takes no FP8 on a CPU)
@@ -35,7 +45,24 @@ class CpuBackend:
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
     def forward(self, query, k_cache, v_cache, meta, scale, variant=PLAIN) -> torch.Tensor:  # noqa: ANN001
-        return paged_attention(query, k_cache, v_cache, meta, scale, variant)
+        if self.kernels is None or variant is not PLAIN or not can_take(query, k_cache):
+            return paged_attention(query, k_cache, v_cache, meta, scale, variant)
+        out = torch.empty_like(query)
+        _, block_size, num_kv_heads, head_dim = k_cache.shape
+        self.kernels.decode_attention(
+            query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), meta.block_tables.data_ptr(),
+            meta.block_tables.stride(0), meta.context_lens.data_ptr(), meta.query_start_loc.data_ptr(),
+            meta.context_lens.shape[0], block_size, query.shape[1], num_kv_heads, head_dim, scale,
+            int(query.dtype == torch.bfloat16))
+        if not meta.is_decode_only:
+            paged_attention(query, k_cache, v_cache, meta, scale, out=out, skips_single_queries=True)
+        return out
+
+
+def can_take(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """Whether the C kernel reads these tensors: contiguous, float32 or bfloat16 alike."""
+    return (query.dtype == k_cache.dtype and query.dtype in (torch.float32, torch.bfloat16) and query.is_contiguous()
+            and k_cache.is_contiguous())
 
 
 def paged_attention(
@@ -45,13 +72,16 @@ def paged_attention(
     meta: AttentionMetadata,
     scale: float,
     variant: AttentionVariant = PLAIN,
+    out: torch.Tensor | None = None,
+    skips_single_queries: bool = False,
 ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
+    """Into `out` where given; `skips_single_queries`: rows with one query are left as they are in `out`."""
     block_size, num_kv_heads, head_dim = k_cache.shape[1], k_cache.shape[2], k_cache.shape[3]
-    out = torch.empty_like(query)
+    out = torch.empty_like(query) if out is None else out
     starts = meta.query_start_loc.tolist()
     for row, context_len in enumerate(meta.context_lens.tolist()):
         start, end = starts[row], starts[row + 1]
-        if end == start:
+        if end == start or (skips_single_queries and end - start == 1):
             continue
         first_visible = variant.first_visible(context_len - (end - start))
         first_block = first_visible // block_size

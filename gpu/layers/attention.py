@@ -13,14 +13,17 @@ then reads keys as fp8 * k_scale (the softmax scale times k_scale) and values as
 v_scale), so every backend reads the cache's bytes as they are.
 On CUDA, when triton is installed, one Triton kernel (gpu/kernels/qk_norm_rope.py) reads the fused QKV
 output, applies the per-head q/k norms and the rotation, and writes the step's keys and values to the
-cache, for a whole rotation over a power-of-two head; elsewhere (a partial rotation, a value norm, values that are
-keys), or built with `KernelConfig.fused_kernels` off, the torch layers run (the reference the kernel is tested
-against) and the backend's store_kv writes the cache. Triton is imported on the first CUDA call only. Under tensor
+cache, for a whole rotation over a power-of-two head; on a CPU where the runner hands the layer
+gpu/cpu_kernels/attention.c, its `rope_store` does the same in one call, for a whole rotation and Llama-style q/k
+norms; elsewhere (a partial rotation, a value norm, values that are keys), or built with `KernelConfig.fused_kernels`
+off, the torch layers run (the reference the kernels are tested against) and the backend's store_kv writes the cache.
+Triton is imported on the first CUDA call only. Under tensor
 parallelism a layer holds only its rank's query heads (and their sinks) and the KV heads they read
 (`kv_heads_of_rank`): its q/k/v rows, its KV cache and its attention; `o_proj` sums the ranks' outputs.
 """
 
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 from torch import nn
@@ -36,6 +39,8 @@ from gpu.layers.norm import NormConvention, NormInput, RMSNorm
 from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.layers.rotary import RotaryEmbedding
 from gpu.loader import CheckpointTensor
+
+CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -88,6 +93,7 @@ class DecoderAttention(nn.Module):
                         if spec.sliding_window is not None or spec.has_sinks or spec.softcap is not None else PLAIN)
         self.rotary = rotary
         self.backend: AttentionBackend | None = None
+        self.cpu_kernels: ModuleType | None = None  # on a CPU: gpu/cpu_kernels/attention.c, set by the runner
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
         self._kv_source: tuple[DecoderAttention, ...] = ()  # a tuple: the source is not a submodule of this layer
@@ -135,6 +141,8 @@ class DecoderAttention(nn.Module):
             return self.rotary.rotate(positions, self.q_norm(q) if self.q_norm is not None else q)
         if self._is_fused(qkv):
             return self._fused_q_storing_kv(positions, qkv, slot_mapping)
+        if self.runs_cpu_kernel(qkv.dtype, qkv.stride(1)):
+            return self._cpu_q_storing_kv(positions, qkv, slot_mapping)
         q, k = self._torch_qk(positions, qkv)
         if self.spec.values_are_keys:
             v = qkv[:, self.q_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
@@ -178,6 +186,37 @@ class DecoderAttention(nn.Module):
         return qk_norm_rope_store_kv(qkv, positions, (self.rotary.cos, self.rotary.sin), heads, weights, eps,
                                      (self.k_cache, self.v_cache, slot_mapping), use_pdl=True,
                                      norm_convention=convention, kv_scales=self.kv_scales)
+
+    def runs_cpu_kernel(self, dtype: torch.dtype, column_stride: int = 1) -> bool:
+        """Whether gpu/cpu_kernels/attention.c rotates and stores this layer's q/k/v of `dtype`: a whole rotation,
+        Llama-style q/k norms or none, plain values, and the cache and rotary tables in that dtype."""
+        is_plain_kv = not (self.spec.values_are_keys or self.spec.has_value_norm) and self.spec.computes_kv
+        has_llama_norms = self.q_norm is None or self.q_norm.is_llama_style
+        return (self.cpu_kernels is not None and dtype in CPU_KERNEL_DTYPES and column_stride == 1 and is_plain_kv
+                and has_llama_norms and self.rotary.rotary_dim == self.head_dim and self.head_dim % 2 == 0
+                and self.head_dim <= 1024
+                and dtype == self.k_cache.dtype == self.rotary.cos.dtype == self.rotary.signed_sin.dtype)
+
+    def _cpu_q_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
+                          ) -> torch.Tensor:
+        """q [num_tokens, num_heads, head_dim] rotated by the C kernel, which writes this step's rotated keys and the
+        values to the cache itself."""
+        assert self.cpu_kernels is not None
+        num_tokens = qkv.shape[0]
+        q = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=qkv.dtype)
+        norms, eps, _ = self._qk_norms()
+        q_norm, k_norm = (None, None) if norms is None else (norms[0].data_ptr(), norms[1].data_ptr())
+        self.cpu_kernels.rope_store(
+            qkv.data_ptr(), qkv.stride(0), num_tokens, positions.data_ptr(), self.rotary.cos.data_ptr(),
+            self.rotary.signed_sin.data_ptr(), self.num_heads, self.num_kv_heads, self.head_dim, q_norm, k_norm,
+            float(eps), self.k_cache.data_ptr(), self.v_cache.data_ptr(), slot_mapping.data_ptr(), q.data_ptr(),
+            int(qkv.dtype == torch.bfloat16))
+        return q
+
+    def qk_norm_weights(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float]:
+        """(q_norm and k_norm weights, or None without them; their eps)."""
+        norms, eps, _ = self._qk_norms()
+        return norms, eps
 
     def _qk_norms(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float, tuple[float, bool]]:
         """(q_norm and k_norm weights, or None without them; their eps; their convention for the kernel)."""

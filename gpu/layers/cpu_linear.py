@@ -1,29 +1,36 @@
-"""Linear weights packed once after loading, in the forms the CPU's fastest matmuls read.
+"""Linear weights packed once after loading, in the forms the CPU's fastest matmuls read, and which form a weight takes.
 
 At batch 1 a decode step reads every weight once, so on a CPU its time is the weights' bytes over
-the memory bandwidth plus the calls' overhead. Three packed forms, all for bfloat16 activations:
+the memory bandwidth plus the calls' overhead. A weight that lies exactly on a grid of groups of 32 columns is kept
+on it, as the GGUF file stored it:
+- 4-bit groups (a scale and a minimum per group: Q4_1; the dequantized weights of a Q4_1 GGUF lie on it) and
+- 8-bit groups (a scale per group, levels -127..127: Q8_0; the default model's token embedding, which its LM head
+  shares).
+Where the integer dot-product kernels were built (gpu/cpu_kernels/int8_dot.c, any x86-64 CPU with AVX2 and a C
+compiler), both go through them, for float32 or bfloat16 activations (gpu/layers/int8_dot_linear.py): a fifth of
+float32's bytes for 4-bit groups, the activations quantized to int8 per group of 32 as llama.cpp does. Elsewhere, in
+bfloat16 only, torch's int4 CPU kernel takes them:
 
-- `Int4Groups`: a weight whose rows lie exactly on a 4-bit grid per group of 32 columns (a scale
-  and a minimum per group, the Q4_1 scheme; the dequantized weights of a Q4_1 GGUF do) is kept as
-  those 4-bit values and multiplied by torch's int4 CPU kernel: a quarter of bfloat16's bytes, and
-  the same weights up to the bfloat16 rounding of each group's scale and zero point (the kernel
-  takes them in the activations' dtype).
-- `Int8Groups`: a weight on a symmetric 8-bit grid per group of 32 (a scale per group, the Q8_0
-  scheme: a Q8_0 GGUF's, and the token embedding of the default model, which its LM head shares) is
-  kept as two 4-bit planes (the 8-bit value + 128 = 16 * high + low), each through the int4 kernel,
-  their outputs summed in float32: half of bfloat16's bytes, the same weights up to the bfloat16
-  rounding of each group's scale. torch's int8 kernel takes one scale per row, not per group.
-- `OneDnnWeight`: any other weight, rounded to bfloat16, in oneDNN's blocked layout
+- `Int4Groups`: the 4-bit values through torch's int4 kernel: the same weights up to the bfloat16 rounding of each
+  group's scale and zero point (the kernel takes them in the activations' dtype).
+- `Int8Groups`: the 8-bit values as two 4-bit planes (the 8-bit value + 128 = 16 * high + low), each through the
+  int4 kernel, their outputs summed in float32: the same weights up to the bfloat16 rounding of each group's scale.
+  torch's int8 kernel takes one scale per row, not per group.
+- `OneDnnWeight` (bfloat16 only): any other weight, rounded to bfloat16, in oneDNN's blocked layout
   (`mkldnn._reorder_linear_weight`), which F.linear in bfloat16 would otherwise re-lay-out at every
   call; the products are the same bits as F.linear's.
 
-Never a lossy quantization: a weight off a grid, even by a little, is not packed on it. Float32
-runs keep F.linear (the parity reference).
+Never a lossy quantization of a weight: a weight off a grid, even by a little, is not packed on it. Runs built with
+`KernelConfig.cpu_packed_weights` off keep F.linear (the float32 parity reference).
 """
+
+from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
-GROUP_SIZE = 32  # columns per 4-bit group: Q4_1's block size
+from gpu.layers.int8_dot_linear import GROUP_SIZE, Int4DotGroups, Int8DotGroups
+
 GRID_TOLERANCE = 1e-3  # in grid steps: a dequantized Q4_1 weight is on its grid to float32 rounding (~1e-6)
 
 
@@ -78,41 +85,82 @@ class Int8Groups:
         return out if bias is None else out + bias
 
 
-PackedWeight = Int4Groups | Int8Groups | OneDnnWeight
+PackedWeight = Int4Groups | Int8Groups | OneDnnWeight | Int4DotGroups | Int8DotGroups
 
 
-def pack_weight(weight: torch.Tensor) -> PackedWeight:
-    """The fastest exact form of `weight` [out, in] for bfloat16 activations on this CPU."""
-    return int4_groups(weight) or int8_groups(weight) or OneDnnWeight(weight)
+@dataclass(frozen=True)
+class CpuPacking:
+    """Which packed forms this CPU's products take: the integer dot-product kernels where they were built
+    (gpu/cpu_kernels/int8_dot.c), for float32 or bfloat16 activations; else, in bfloat16, torch's int4 kernel."""
+
+    dtype: torch.dtype  # the activations'
+    int8_dot: ModuleType | None  # the compiled kernels, or None where they could not be built
+
+    def pack(self, weight: torch.Tensor) -> PackedWeight | None:
+        """The fastest form of `weight` [out, in] that keeps its values: its 4-bit or 8-bit groups where it lies on
+        one of their grids, else (in bfloat16) oneDNN's layout; None: keep the weight as it is."""
+        weight = weight.float()
+        packed = None
+        if (found := int4_grid(weight)) is not None:
+            packed = self.pack_int4_groups(*found)
+        elif (found := int8_grid(weight)) is not None:
+            packed = self.pack_int8_groups(*found)
+        if packed is None and self.dtype == torch.bfloat16:
+            return OneDnnWeight(weight)
+        return packed
+
+    def pack_int4_groups(self, levels: torch.Tensor, scales: torch.Tensor,
+                         minimums: torch.Tensor) -> Int4DotGroups | Int4Groups | None:
+        """W = levels * scale + minimum per group of GROUP_SIZE columns (levels [out, in] in 0..15; scales,
+        minimums [out, in / GROUP_SIZE]): a GGUF's Q4_1 blocks, or Q4_0's with minimum = -8 * scale."""
+        if self.int8_dot is not None:
+            return Int4DotGroups.pack(self.int8_dot, levels, scales, minimums)
+        if self.dtype == torch.bfloat16 and torch_int4_fits(levels.shape):
+            return Int4Groups(levels.to(torch.int32), scales.float(), minimums.float())
+        return None
+
+    def pack_int8_groups(self, levels: torch.Tensor, scales: torch.Tensor) -> Int8DotGroups | Int8Groups | None:
+        """W = levels * scale per group of GROUP_SIZE columns (levels [out, in] in -127..127; scales
+        [out, in / GROUP_SIZE]): a GGUF's Q8_0 blocks."""
+        if self.int8_dot is not None:
+            return Int8DotGroups.pack(self.int8_dot, levels, scales)
+        if self.dtype == torch.bfloat16 and torch_int4_fits(levels.shape):
+            return Int8Groups(levels.to(torch.int32), scales.float())
+        return None
 
 
-def int4_groups(weight: torch.Tensor) -> Int4Groups | None:
-    """`weight` as 4-bit groups when every group of GROUP_SIZE columns lies on the 4-bit grid from its
-    minimum to its maximum; None when it does not, or when the kernel cannot take its shape."""
+def int4_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """(levels, scales, minimums) when every group of GROUP_SIZE columns of `weight` [out, in] lies on the 4-bit
+    grid from its minimum to its maximum; else None."""
     groups = _groups(weight)
     if groups is None:
         return None
     minimums, maximums = groups.amin(-1), groups.amax(-1)
     scales = (maximums - minimums) / 15
     levels = _levels(groups - minimums.unsqueeze(-1), scales)
-    return None if levels is None else Int4Groups(levels.view(weight.shape), scales, minimums)
+    return None if levels is None else (levels.view(weight.shape), scales, minimums)
 
 
-def int8_groups(weight: torch.Tensor) -> Int8Groups | None:
-    """`weight` as symmetric 8-bit groups when every group of GROUP_SIZE columns lies on the grid of
-    multiples of its largest magnitude / 127; None when it does not, or when the kernel cannot take its shape."""
+def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(levels, scales) when every group of GROUP_SIZE columns of `weight` [out, in] lies on the grid of multiples
+    of its largest magnitude / 127; else None."""
     groups = _groups(weight)
     if groups is None:
         return None
     scales = groups.abs().amax(-1) / 127
     levels = _levels(groups, scales)
-    return None if levels is None else Int8Groups(levels.view(weight.shape), scales)
+    return None if levels is None else (levels.view(weight.shape), scales)
+
+
+def torch_int4_fits(shape: torch.Size) -> bool:
+    """Whether torch's int4 kernel takes a weight of this shape: its packing takes rows in sixteens."""
+    return shape[0] % 16 == 0
 
 
 def _groups(weight: torch.Tensor) -> torch.Tensor | None:
-    """[out, in / GROUP_SIZE, GROUP_SIZE] float32, or None for a shape the int4 kernel cannot take."""
+    """[out, in / GROUP_SIZE, GROUP_SIZE] float32, or None where the columns are not whole groups."""
     out_features, in_features = weight.shape
-    if out_features % 16 or in_features % GROUP_SIZE:  # the kernel's packing takes rows in sixteens
+    if in_features % GROUP_SIZE or in_features == 0:
         return None
     return weight.float().view(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
 

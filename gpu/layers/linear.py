@@ -2,7 +2,9 @@
 checkpoint tensors (q/k/v, gate/up) into one weight.
 
 A `Linear`'s product x @ W.T runs on, in this order:
-1. its packed weight, on a CPU in bfloat16 (the runner packs after loading: gpu/layers/cpu_linear.py);
+1. its packed weight, on a CPU (the runner packs after loading: gpu/layers/cpu_linear.py); where the integer
+   dot-product kernels multiply it, they compute the product's input too (the residual add + RMSNorm before q/k/v
+   and gate/up, SiLU-and-mul before down), as the skinny GEMM's prologues do;
 2. quack's gated GEMM, for a [gate; up] layer over MIN_ROWS+ rows where the runner's probe found it working:
    SiLU-and-mul in the product's epilogue, so the activation pair leaves the chip once (gpu/kernels/gated_gemm.py);
 3. the skinny GEMM kernel, for 1..MAX_ROWS rows in bf16/fp16 on CUDA, where the GPU's table says it beats cuBLAS
@@ -27,7 +29,8 @@ from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.kernels import HAS_TRITON, gated_gemm
 from gpu.kernels.skinny_gemm_configs import MAX_ROWS, SkinnyConfig, row_bucket
 from gpu.layers.activation import GatedActivation, SiluAndMul
-from gpu.layers.cpu_linear import PackedWeight, pack_weight
+from gpu.layers.cpu_linear import CpuPacking, PackedWeight
+from gpu.layers.int8_dot_linear import Int8DotProduct
 from gpu.layers.norm import NormInput
 from gpu.loader import CheckpointTensor
 from gpu.quant.layout import ColumnSlice, RowSlice, WeightLayout
@@ -79,9 +82,12 @@ class Linear(nn.Linear):
         self.weight = nn.Parameter(weight, requires_grad=False)
         self.quant = None
 
-    def pack_for_cpu(self) -> str:
-        """Replaces the weight by its packed form (the weight's memory is freed); returns the form's kind."""
-        self.packed = pack_weight(self.weight.detach())
+    def pack_for_cpu(self, packing: CpuPacking) -> str | None:
+        """Replaces the weight by its packed form (the weight's memory is freed); returns the form's kind, None
+        where the weight stays as it is."""
+        self.packed = packing.pack(self.weight.detach())
+        if self.packed is None:
+            return None
         self.weight = None  # type: ignore[assignment]
         return self.packed.kind
 
@@ -91,6 +97,10 @@ class Linear(nn.Linear):
     def forward_normed(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         """(self(norm(x + residual)), x + residual): in one kernel where `_prologue_config` gives a config."""
         x = inp.x
+        if (isinstance(self.packed, Int8DotProduct) and inp.norm.is_llama_style  # the kernel's prologue convention
+                and self.packed.takes(x, inp.residual, inp.norm.weight, self.bias)):
+            y, summed = self.packed.normed(x, inp.residual, inp.norm.weight, inp.norm.eps, self.bias)
+            return self._reduce(y), summed
         is_fusable = x.dim() == 2 and inp.norm.is_fused(x) and inp.norm.is_llama_style  # the prologue's convention
         config = self._prologue_config(x, "norm") if is_fusable else None
         if config is not None:
@@ -103,7 +113,11 @@ class Linear(nn.Linear):
         return self._reduce(self._product(normed)), summed
 
     def forward_activated(self, gate_up: torch.Tensor, act: "GatedActivation") -> torch.Tensor:
-        """self(act(gate_up)): in one kernel where `_prologue_config` gives a config."""
+        """self(act(gate_up)): in one kernel where `_prologue_config` gives a config, or where the CPU's packed
+        weight computes its SiLU-and-mul input."""
+        if isinstance(self.packed, Int8DotProduct) and isinstance(act, SiluAndMul) and self.packed.takes(gate_up,
+                                                                                                          self.bias):
+            return self._reduce(self.packed.silu_and_mul(gate_up, self.bias))
         is_fusable = isinstance(act, SiluAndMul) and act.is_fused(gate_up)  # the prologue computes SiLU only
         config = self._prologue_config(gate_up[:, : self.in_features], "silu") if is_fusable else None
         if config is not None:

@@ -14,7 +14,7 @@ from torch import nn
 
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import TensorParallel
-from gpu.layers.cpu_linear import PackedWeight, pack_weight
+from gpu.layers.cpu_linear import CpuPacking, PackedWeight
 from gpu.layers.linear import linear
 from gpu.loader import CheckpointTensor
 
@@ -51,12 +51,13 @@ class ParallelLMHead(VocabParallelEmbedding):
                  kernels: KernelConfig = DEFAULT_KERNELS) -> None:
         super().__init__(vocab_size, hidden_size, tp)
         self.kernels = kernels  # few rows: the skinny GEMM where its table says (gpu/layers/linear.py's rule)
-        self.packed: PackedWeight | None = None  # on a CPU in bfloat16: this share's rows packed (gpu/cpu_packing.py)
+        self.packed: PackedWeight | None = None  # on a CPU: this share's rows packed (gpu/cpu_packing.py)
 
-    def pack_for_cpu(self) -> str:
-        """Packs this share's rows for the CPU's matmul (the weight stays: a tied embedding looks rows up in it)."""
-        self.packed = pack_weight(self.weight.detach())
-        return self.packed.kind
+    def pack_for_cpu(self, packing: CpuPacking) -> str | None:
+        """Packs this share's rows for the CPU's matmul (the weight stays: a tied embedding looks rows up in it);
+        returns the packed form's kind, None where the weight stays as it is."""
+        self.packed = packing.pack(self.weight.detach())
+        return None if self.packed is None else self.packed.kind
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # type: ignore[override]
         """[num_rows, hidden_size] -> rank 0: [num_rows, vocab_size] logits; other ranks: None."""

@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from bench.default_model_speed import LlamaCpp, Ours, run_interleaved
+from gpu.config import KernelConfig
+from tests.unit.test_cpu_decode import on_gguf_grids
 
 
 class _Clock:
@@ -40,6 +42,25 @@ def test_ours_times_a_real_request(tiny_model_dirs: dict[str, Path]) -> None:
     assert 0 < decode_s < whole_s
     assert not ours.engine.has_unfinished_requests()
     assert ours.name == "openai-serve float32 (float32)"
+
+
+def test_ours_takes_a_kernel_variant_and_says_which_cpu_kernels_ran(tiny_model_dirs: dict[str, Path]) -> None:
+    reference = Ours(tiny_model_dirs["llama"], "cpu", "float32:cpu_packed_weights=0+fused_kernels=0")
+    assert reference.name == "openai-serve float32:cpu_packed_weights=0+fused_kernels=0 (float32)"
+    assert reference.kernels == {"int8_dot": None, "attention": False, "decode_steps": False}
+    assert reference.engine.runner.config.kernels == KernelConfig(cpu_packed_weights=False, fused_kernels=False)
+    default = Ours(tiny_model_dirs["llama"], "cpu", "float32")
+    # Random weights lie on no GGUF grid: nothing goes through the int8 dot products, so no decode steps either.
+    assert default.kernels == {"int8_dot": None, "decode_steps": False,
+                               "attention": default.engine.runner.cpu_kernels.attention is not None}
+
+
+def test_ours_on_a_gguf_grid_reports_the_int8_dot_products(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    ours = Ours(on_gguf_grids(tiny_model_dirs["llama"], tmp_path / "grid"), "cpu", "float32")
+    kernels = ours.engine.runner.cpu_kernels
+    if kernels.int8_dot is None or kernels.attention is None:
+        pytest.skip("the C kernels are not built here")
+    assert ours.kernels == {"int8_dot": kernels.int8_dot.ISA, "attention": True, "decode_steps": True}
 
 
 def test_llama_cpp_streams_a_fresh_greedy_request_with_its_eos_banned(monkeypatch: pytest.MonkeyPatch) -> None:

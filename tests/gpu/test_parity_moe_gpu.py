@@ -21,7 +21,7 @@ from gpu.config import KernelConfig
 from gpu.model_runner import ModelRunner
 from tests.gpu.test_fused_kernels import compare, prefill_then_decode_logits
 from tests.gpu.test_parity_gpu import LENGTHS, MAX_NEW, assert_bf16_divergences_rare_near_ties, hf_greedy_and_logits
-from tests.gpu.test_tensor_parallel_gpu import assert_diverge_rarely_near_ties
+from tests.greedy_agreement import assert_diverge_rarely_near_ties
 from tests.moe_models import MOE_CONFIGS, build_moe_model
 from tests.parity.test_parity_cpu import prompts_of_lengths
 

@@ -17,8 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from core import LLM, GenerationOutput, SamplingParams
+from core import LLM, SamplingParams
 from tests.gpu.test_parity_gpu import hf_greedy_and_logits
+from tests.greedy_agreement import assert_diverge_rarely_near_ties
 from tests.parity.test_parity_cpu import prompts_of_lengths
 from tests.parity.test_tensor_parallel_cpu import MODELS, model_dirs  # noqa: F401 - a fixture, used here too
 
@@ -89,24 +90,6 @@ def test_bf16_prompt_steps_take_the_gated_gemm_on_each_rank(model_dirs: dict[str
     for rank in (0, 1):
         assert f"[rank {rank}]: gate/up products of 512+ rows compute SiLU-and-mul" in workers_log
     assert_diverge_rarely_near_ties(sharded, single)
-
-
-def assert_diverge_rarely_near_ties(sharded: list[GenerationOutput], single: list[GenerationOutput]) -> None:
-    """Where TP=2's greedy tokens leave TP=1's, each side's token is in the other's top-5; that happens in at most
-    5% of the tokens compared."""
-    num_diverged = num_compared = 0
-    for ours, theirs in zip(sharded, single, strict=True):
-        first = next((i for i, (a, b) in enumerate(zip(ours.token_ids, theirs.token_ids, strict=False)) if a != b),
-                     None)
-        if first is None:
-            num_compared += len(theirs.token_ids)
-            continue
-        # After a divergence the two continue from different texts: only tokens up to it compare.
-        num_diverged += 1
-        num_compared += first + 1
-        assert theirs.token_ids[first] in ours.logprobs[first].top_token_ids
-        assert ours.token_ids[first] in theirs.logprobs[first].top_token_ids
-    assert num_diverged <= 0.05 * num_compared, f"{num_diverged} divergences in {num_compared} choices"
 
 
 def test_cuda_graphs_on_and_off_give_identical_tokens(model_dirs: dict[str, Path],  # noqa: F811

@@ -14,6 +14,7 @@ from gpu.attention.backend import TorchBackend
 from gpu.attention.cpu_backend import CpuBackend
 from gpu.attention.metadata import AttentionMetadata
 from gpu.attention.variant import AttentionVariant
+from gpu.cpu_kernels import load_cpu_kernels
 
 BLOCK_SIZE, HEAD_DIM, SCALE = 4, 16, 0.3
 NUM_HEADS, NUM_KV_HEADS = 6, 2
@@ -90,7 +91,9 @@ VARIANTS = {
 }
 
 
-@pytest.mark.parametrize("backend", [TorchBackend(), CpuBackend()], ids=lambda b: b.name)
+# The cpu backend with its C kernels too: they take plain attention only, a variant keeps the torch code.
+@pytest.mark.parametrize("backend", [TorchBackend(), CpuBackend(), CpuBackend(load_cpu_kernels(None).attention)],
+                         ids=["torch", "cpu", "cpu with its C kernels"])
 @pytest.mark.parametrize("name", list(VARIANTS))
 @pytest.mark.parametrize(("query_lens", "context_lens"), STEPS, ids=str)
 def test_variant_equals_transformers(backend: object, name: str, query_lens: list[int],

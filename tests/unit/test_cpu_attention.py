@@ -1,12 +1,25 @@
 """The `cpu` attention backend against the torch reference: cache writes and attention over the paged
-cache, for decode rows, prefill chunks and both in one step, in float32 and bfloat16."""
+cache, for decode rows, prefill chunks and both in one step, in float32 and bfloat16; with its C kernels
+(gpu/cpu_kernels/attention.c) and without. The C kernels' RoPE and cache write against the attention layer's torch
+code: the same bits in float32."""
 
 import pytest
 import torch
+from transformers import Qwen3Config
 
 from gpu.attention.backend import TorchBackend
 from gpu.attention.cpu_backend import CpuBackend
 from gpu.attention.metadata import AttentionMetadata
+from gpu.cpu_kernels import build, load_cpu_kernels
+from gpu.layers.attention import AttentionSpec, DecoderAttention
+from gpu.layers.norm import LLAMA_NORM
+from gpu.layers.rotary import RotaryEmbedding
+
+KERNELS = load_cpu_kernels(None).attention
+AVX2_KERNELS = build.load("attention", None, march="haswell").module  # this CPU's narrower code, where it runs
+WITH_KERNELS = [pytest.param(None, id="torch")] + [
+    pytest.param(kernels, id=name, marks=pytest.mark.skipif(kernels is None, reason="the C kernels are not built here"))
+    for name, kernels in (("C", KERNELS), ("C AVX2", AVX2_KERNELS))]
 
 BLOCK_SIZE, NUM_BLOCKS, HEAD_DIM = 4, 32, 16
 
@@ -28,6 +41,7 @@ def _meta(query_lens: list[int], context_lens: list[int]) -> AttentionMetadata:
                              is_decode_only=max(query_lens) == 1)
 
 
+@pytest.mark.parametrize("kernels", WITH_KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (6, 2), (9, 3), (4, 1)])
 @pytest.mark.parametrize(("query_lens", "context_lens"), [
@@ -35,13 +49,13 @@ def _meta(query_lens: list[int], context_lens: list[int]) -> AttentionMetadata:
     ([7], [7]), ([3, 5], [10, 5]),  # prefill, fresh and after a cached prefix
     ([1, 6, 1, 0], [9, 14, 30, 4]),  # decode rows and a chunk in one step, and a row with nothing to compute
 ])
-def test_attention_equals_the_reference(dtype: torch.dtype, num_heads: int, num_kv_heads: int,
-                                        query_lens: list[int], context_lens: list[int]) -> None:
+def test_attention_equals_the_reference(kernels, dtype: torch.dtype, num_heads: int,  # noqa: ANN001
+                                        num_kv_heads: int, query_lens: list[int], context_lens: list[int]) -> None:
     k_cache, v_cache = _caches(num_kv_heads, dtype)
     meta = _meta(query_lens, context_lens)
     query = torch.randn(sum(query_lens), num_heads, HEAD_DIM, generator=torch.Generator().manual_seed(1)).to(dtype)
     expected = TorchBackend().forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5)
-    got = CpuBackend().forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5)
+    got = CpuBackend(kernels).forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5)
     rows = [i for i, n in enumerate(query_lens) if n]
     computed = torch.cat([torch.arange(int(meta.query_start_loc[i]), int(meta.query_start_loc[i + 1])) for i in rows])
     # The same float32 math in another summation order: equal to float32 rounding, then rounded to the dtype.
@@ -62,3 +76,67 @@ def test_store_kv_equals_the_reference(slots: list[int]) -> None:
     assert torch.equal(got[0], expected[0]) and torch.equal(got[1], expected[1])
     if any(s >= 0 for s in slots):
         assert not torch.equal(got[0], _caches(3, torch.float32)[0])  # something was written
+
+
+def _attention_layer(dtype: torch.dtype, has_qk_norm: bool) -> DecoderAttention:
+    config = Qwen3Config(hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=HEAD_DIM,
+                         rope_theta=10000.0)
+    rotary = RotaryEmbedding(config, HEAD_DIM, 512)
+    spec = AttentionSpec(hidden_size=96, num_heads=6, num_kv_heads=2, head_dim=HEAD_DIM, scale=HEAD_DIM**-0.5,
+                         qk_norm=LLAMA_NORM if has_qk_norm else None)
+    layer = DecoderAttention(spec, rotary).to(dtype)
+    if has_qk_norm:
+        with torch.no_grad():
+            layer.q_norm.weight.uniform_(0.5, 1.5)  # type: ignore[union-attr]
+            layer.k_norm.weight.uniform_(0.5, 1.5)  # type: ignore[union-attr]
+    layer.k_cache, layer.v_cache = (torch.zeros(NUM_BLOCKS, BLOCK_SIZE, 2, HEAD_DIM, dtype=dtype) for _ in range(2))
+    return layer
+
+
+@pytest.mark.skipif(KERNELS is None, reason="the C kernels are not built here")
+@pytest.mark.parametrize("has_qk_norm", [False, True], ids=["llama", "qwen3 q/k norms"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_rope_and_cache_write_equal_the_layers_torch_code(dtype: torch.dtype, has_qk_norm: bool) -> None:
+    """Queries returned, keys and values written to their slots (none for a padding slot -1)."""
+    layer = _attention_layer(dtype, has_qk_norm)
+    positions = torch.tensor([0, 5, 300, 17])
+    slots = torch.tensor([3, 40, -1, 9], dtype=torch.int64)
+    qkv = (torch.randn(4, (6 + 2 * 2) * HEAD_DIM, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
+    expected_q, expected_k = layer._torch_qk(positions, qkv)
+    expected_v = qkv[:, 8 * HEAD_DIM :].view(4, 2, HEAD_DIM)
+    layer.cpu_kernels = KERNELS
+    got_q = layer._cpu_q_storing_kv(positions, qkv, slots)
+    keys, values = layer.k_cache.view(-1, 2, HEAD_DIM), layer.v_cache.view(-1, 2, HEAD_DIM)
+    written = [0, 1, 3]
+    assert torch.equal(values[slots[written]], expected_v[written])
+    if dtype == torch.float32 and not has_qk_norm:  # the same operations in the same order
+        assert torch.equal(got_q, expected_q) and torch.equal(keys[slots[written]], expected_k[written])
+    else:  # the norms' sums in another order; bfloat16 rounded once, not after each operation
+        tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+        torch.testing.assert_close(got_q.float(), expected_q.float(), rtol=tolerance, atol=tolerance)
+        torch.testing.assert_close(keys[slots[written]].float(), expected_k[written].float(), rtol=tolerance,
+                                   atol=tolerance)
+    assert int(torch.count_nonzero(keys)) == 3 * 2 * HEAD_DIM  # slot -1 wrote nothing
+
+
+@pytest.mark.parametrize("kernels", WITH_KERNELS[1:])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_long_contexts_split_in_chunks_equal_the_reference(kernels, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """Contexts longer than the kernel's chunk of 256 positions are attended to in parts, on every thread, and merged;
+    a short row beside them is one part."""
+    block_size, num_blocks = 16, 160
+    generator = torch.Generator().manual_seed(3)
+    k_cache, v_cache = (torch.randn(num_blocks, block_size, 2, HEAD_DIM, generator=generator).to(dtype)
+                        for _ in range(2))
+    context_lens = [1000, 3, 513]
+    blocks = torch.randperm(num_blocks, generator=generator).to(torch.int32)
+    tables = torch.stack([blocks[:63], blocks[63:126], blocks[126:].repeat(3)[:63]])
+    meta = AttentionMetadata(slot_mapping=torch.zeros(0, dtype=torch.int64),
+                             query_start_loc=torch.tensor([0, 1, 2, 3], dtype=torch.int32),
+                             context_lens=torch.tensor(context_lens, dtype=torch.int32), block_tables=tables,
+                             max_query_len=1, max_context_len=1000, is_decode_only=True)
+    query = (torch.randn(3, 6, HEAD_DIM, generator=generator) * 3).to(dtype)
+    expected = TorchBackend().forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5)
+    got = CpuBackend(kernels).forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5)
+    tolerance = 1e-5 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(got.float(), expected.float(), rtol=tolerance, atol=tolerance)

@@ -1,0 +1,163 @@
+"""Decode-only steps on a CPU: each decoder layer as six calls of the C kernels, with what they read gathered once.
+
+At batch 1 a decoder layer's torch code (the modules' calls, their checks, a tensor allocated per result) costs
+about as much as its arithmetic on a CPU. What CUDA graphs are to a GPU's decode step, this is to a CPU's: the
+packed weights' handles, the norms' weights, the KV caches and the rotary tables are read into plain per-layer
+records once, and each row count gets its buffers once; a step then runs, per layer,
+  RMSNorm + q/k/v -> RoPE + cache write -> attention -> o -> residual add + RMSNorm + gate/up -> SiLU-and-mul + down
+with the residual stream summed in place, and the step's embedding and final norm as torch code.
+
+The math is the layers' own (the same kernels run there; tests compare the two paths). Built only where every
+layer is a Llama-family decoder layer (gpu/models/llama.py) whose four products are packed for the integer dot
+products, whose attention is plain and has its C kernels, and whose norms are Llama's, on one rank;
+`unavailable_reason` says why not otherwise.
+"""
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+from torch import nn
+
+from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.variant import PLAIN
+from gpu.layers.activation import SiluAndMul
+from gpu.layers.int8_dot_linear import Int8DotProduct
+from gpu.layers.linear import Linear
+from gpu.layers.mlp import MLP
+from gpu.models.llama import DecoderLayer, DecoderModel
+
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class LayerRecord:
+    """A decoder layer's constant arguments: packed weights' handles and data pointers."""
+
+    qkv: object
+    o: object
+    gate_up: object
+    down: object
+    biases: tuple[int | None, int | None, int | None, int | None]  # qkv, o, gate_up, down
+    input_norm: int
+    post_attention_norm: int
+    eps: float
+    qk_norms: tuple[int | None, int | None]
+    qk_eps: float
+    k_cache: int
+    v_cache: int
+
+
+@dataclass(frozen=True)
+class Buffers:
+    """One row count's step buffers (the hidden states, q/k/v, queries, attention, o and gate/up outputs), reused
+    by every layer and every step of that many rows."""
+
+    tensors: tuple[torch.Tensor, ...]  # kept alive: the kernels write through the pointers below
+    hidden: int
+    qkv: int
+    queries: int
+    attention: int
+    o: int
+    gate_up: int
+
+    @staticmethod
+    def allocate(rows: int, sizes: tuple[int, int, int, int], dtype: torch.dtype) -> "Buffers":
+        hidden_size, qkv_size, q_size, gate_up_size = sizes
+        widths = (hidden_size, qkv_size, q_size, q_size, hidden_size, gate_up_size)
+        tensors = tuple(torch.empty(rows, width, dtype=dtype) for width in widths)
+        return Buffers(tensors, *(t.data_ptr() for t in tensors))
+
+
+class CpuDecodeSteps:
+    def __init__(self, model: DecoderModel, int8_dot: ModuleType, attention: ModuleType, dtype: torch.dtype) -> None:
+        self.model = model
+        self.int8_dot, self.attention = int8_dot, attention
+        self.is_bf16 = int(dtype == torch.bfloat16)
+        self.dtype = dtype
+        self.layers = [_record(layer) for layer in model.layers]
+        first = model.layers[0].self_attn
+        self.heads = (first.num_heads, first.num_kv_heads, first.head_dim)
+        self.scale, self.block_size = first.scale, first.k_cache.shape[1]
+        self.rotary = (first.rotary.cos.data_ptr(), first.rotary.signed_sin.data_ptr())
+        mlp = model.layers[0].mlp
+        self.sizes = (model.norm.weight.shape[0], first.qkv_proj.out_features, first.q_size,
+                      mlp.gate_up_proj.out_features)
+        self._buffers: dict[int, Buffers] = {}
+
+    def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """[rows, hidden_size]: the final norm's output of a decode-only step (one token per row)."""
+        rows = input_ids.shape[0]
+        b = self._buffers.get(rows) or self._buffers.setdefault(rows, Buffers.allocate(rows, self.sizes, self.dtype))
+        residual = self.model.embed(input_ids)  # the residual stream, summed in place from here on
+        stream = residual.data_ptr()
+        k8, at, bf = self.int8_dot, self.attention, self.is_bf16
+        heads, head_dim = self.heads[0], self.heads[2]
+        hidden_size, qkv_size, q_size, gate_up_size = self.sizes
+        step = (positions.data_ptr(), meta.slot_mapping.data_ptr(), meta.block_tables.data_ptr(),
+                meta.block_tables.stride(0), meta.context_lens.data_ptr(), meta.query_start_loc.data_ptr())
+        for i, layer in enumerate(self.layers):
+            # Layer 0's input is the stream itself, not yet summed with anything.
+            x, added = (stream, None) if i == 0 else (b.hidden, stream)
+            k8.linear_normed(layer.qkv, x, hidden_size, added, hidden_size, layer.input_norm, layer.eps, stream, rows,
+                             layer.biases[0], b.qkv, bf)
+            at.rope_store(b.qkv, qkv_size, rows, step[0], *self.rotary, *self.heads, *layer.qk_norms, layer.qk_eps,
+                          layer.k_cache, layer.v_cache, step[1], b.queries, bf)
+            at.decode_attention(b.queries, layer.k_cache, layer.v_cache, b.attention, step[2], step[3], step[4],
+                                step[5], rows, self.block_size, *self.heads, self.scale, bf)
+            k8.linear(layer.o, b.attention, heads * head_dim, rows, layer.biases[1], b.o, bf)
+            k8.linear_normed(layer.gate_up, b.o, hidden_size, stream, hidden_size, layer.post_attention_norm,
+                             layer.eps, stream, rows, layer.biases[2], b.gate_up, bf)
+            k8.linear_silu_and_mul(layer.down, b.gate_up, gate_up_size, rows, layer.biases[3], b.hidden, bf)
+        hidden, _ = self.model.norm.forward_with_residual(b.tensors[0], residual)
+        return hidden
+
+
+def unavailable_reason(model: nn.Module, int8_dot: ModuleType | None, attention: ModuleType | None,
+                       dtype: torch.dtype) -> str | None:
+    """Why decode steps cannot run as CpuDecodeSteps on this model, or None when they can."""
+    if int8_dot is None or attention is None:
+        return "its C kernels are not built, or a switch turned them off"
+    if dtype not in DTYPES:
+        return f"the kernels take float32 or bfloat16 (dtype {dtype})"
+    decoder = getattr(model, "model", None)
+    if not isinstance(decoder, DecoderModel) or decoder.embed_tokens.tp.size != 1:
+        return "it runs Llama-family decoders on one rank only"
+    for layer in decoder.layers:
+        reason = _layer_unavailable_reason(layer, dtype)
+        if reason is not None:
+            return reason
+    return None
+
+
+def _layer_unavailable_reason(layer: nn.Module, dtype: torch.dtype) -> str | None:
+    if not (isinstance(layer, DecoderLayer) and isinstance(layer.mlp, MLP) and isinstance(layer.mlp.act, SiluAndMul)):
+        return "it runs Llama-family decoder layers with a dense SiLU MLP only"
+    attn = layer.self_attn
+    if attn.variant is not PLAIN or attn.o_proj.tp.size != 1 or not attn.runs_cpu_kernel(dtype):
+        return "it runs plain attention (no window, sinks, soft-cap, partial rotation or shared KV) on one rank only"
+    if not (layer.input_layernorm.is_llama_style and layer.post_attention_layernorm.is_llama_style):
+        return "its norms weigh the normalized values as Llama's do only"
+    products = (attn.qkv_proj, attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)
+    if not all(isinstance(p.packed, Int8DotProduct) for p in products):
+        return "a projection is not packed for the int8 dot products (its weight lies on no GGUF grid)"
+    if not _dtypes_agree(dtype, attn.k_cache, attn.rotary.cos, attn.rotary.signed_sin, layer.input_layernorm.weight,
+                         *(p.bias for p in products)):
+        return "its caches, norms, rotary tables and biases are not all in the activations' dtype"
+    return None
+
+
+def _dtypes_agree(dtype: torch.dtype, *tensors: torch.Tensor | None) -> bool:
+    return all(t is None or (t.dtype == dtype and t.is_contiguous()) for t in tensors)
+
+
+def _record(layer: DecoderLayer) -> LayerRecord:
+    attn, mlp = layer.self_attn, layer.mlp
+    products: tuple[Linear, ...] = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    handles = [p.packed.handle for p in products]  # type: ignore[union-attr]
+    norms, qk_eps = attn.qk_norm_weights()
+    return LayerRecord(
+        *handles, tuple(None if p.bias is None else p.bias.data_ptr() for p in products),  # type: ignore[arg-type]
+        layer.input_layernorm.weight.data_ptr(), layer.post_attention_layernorm.weight.data_ptr(),
+        layer.input_layernorm.eps, (None, None) if norms is None else (norms[0].data_ptr(), norms[1].data_ptr()),
+        qk_eps, attn.k_cache.data_ptr(), attn.v_cache.data_ptr())
