@@ -127,7 +127,14 @@ def unavailable_reason(model: nn.Module, int8_dot: ModuleType | None, attention:
         reason = _layer_unavailable_reason(layer, dtype)
         if reason is not None:
             return reason
+    # A step passes the first layer's heads, scale and rotary tables to every layer's kernels.
+    if len({_attention_shape(layer.self_attn) for layer in decoder.layers}) > 1:
+        return "its layers differ in heads, scale or rotary tables"
     return None
+
+
+def _attention_shape(attn: nn.Module) -> tuple[object, ...]:
+    return (attn.num_heads, attn.num_kv_heads, attn.head_dim, attn.scale, id(attn.rotary), attn.k_cache.shape)
 
 
 def _layer_unavailable_reason(layer: nn.Module, dtype: torch.dtype) -> str | None:

@@ -1,6 +1,7 @@
 """Decode steps as C kernel calls per layer (gpu/cpu_decode.py) against the model's own layers, which call the same
 kernels through the modules: the same hidden states to the bit, and the same cache writes, for Llama, Qwen2 (q/k/v
-biases) and Qwen3 (q/k norms) whose projections lie on a Q4_1 grid; and where the decode steps are not built, why."""
+biases), Qwen3 (q/k norms) and Mistral without a window, whose projections lie on a Q4_1 grid; and where the decode
+steps are not built (a switch off, weights on no grid, a family's feature they do not take), why."""
 
 from dataclasses import replace
 from pathlib import Path
@@ -72,7 +73,7 @@ def prefill_then_decode(prompts: list[list[int]]) -> tuple[Batch, Batch]:
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("model", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("model", ["llama", "qwen2", "qwen3", "mistral_full"])
 @pytest.mark.parametrize("num_rows", [1, 3])
 def test_decode_steps_equal_the_models_layers(grid_dirs: dict[str, Path], model: str, dtype: str,
                                               num_rows: int) -> None:
@@ -108,3 +109,15 @@ def test_no_decode_steps_for_weights_on_no_grid(tiny_model_dirs: dict[str, Path]
     caplog.set_level("INFO")
     assert runner(tiny_model_dirs["llama"], "float32").cpu_decode is None
     assert "a projection is not packed" in caplog.text
+
+
+# Each family's feature the steps leave to the model's layers: a sliding window (Mistral), a partial rotation and a
+# window (Phi-3), Gemma's blocks (their norms, windows and soft-caps; Gemma 4's shared KV).
+@pytest.mark.parametrize(("model", "reason"), [("mistral", "plain attention"), ("phi3", "plain attention"),
+                                               ("gemma3", "Llama-family decoder"),
+                                               ("gemma4", "Llama-family decoder")])
+def test_no_decode_steps_for_a_feature_they_do_not_take(grid_dirs: dict[str, Path], model: str, reason: str,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    assert runner(grid_dirs[model], "float32").cpu_decode is None
+    assert reason in caplog.text
