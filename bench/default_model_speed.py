@@ -6,8 +6,9 @@ One request at a time, greedy, a chat prompt ("What is the capital of France?" i
 (so all use the same threads); then each repetition runs one request of each contender in turn, so a change in the
 machine's load falls on all of them alike. Decode speed is timed from the first new token to the last: ours by the
 engine step that returns each token, transformers' by a logits processor that notes when each token's logits are
-ready, llama.cpp's by its stream. The whole request's speed (prefill included) is reported beside it, and the load
-average before and after.
+ready, llama.cpp's by its stream. The whole request's speed (prefill included) is reported beside it, the process's
+CPU time per token of a whole request (what a loaded machine's wall clock hides), and the load average before and
+after.
 
     python -m bench.default_model_speed --out result.json
     python -m bench.default_model_speed --ours auto,float32:cpu_packed_weights=0+fused_kernels=0 --peers float32
@@ -178,18 +179,25 @@ def run_interleaved(contenders: list[Contender], prompt: list[int], num_tokens: 
     """One warm-up request each, then `repeats` rounds of one request each, in turn."""
     for contender in contenders:
         contender.request(prompt, 8)
-    runs: dict[str, list[tuple[float, float]]] = {c.name: [] for c in contenders}
+    runs: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in contenders}
     for _ in range(repeats):
         for contender in contenders:
-            runs[contender.name].append(contender.request(prompt, num_tokens))
+            cpu_start = time.process_time()
+            decode_s, whole_s = contender.request(prompt, num_tokens)
+            runs[contender.name].append((decode_s, whole_s, time.process_time() - cpu_start))
     return {name: _summary(times, num_tokens) for name, times in runs.items()}
 
 
-def _summary(times: list[tuple[float, float]], num_tokens: int) -> dict[str, object]:
-    decode = [(num_tokens - 1) / d for d, _ in times]
-    whole = [num_tokens / w for _, w in times]
+def _summary(times: list[tuple[float, float, float]], num_tokens: int) -> dict[str, object]:
+    """Speeds by the wall clock, and the process's CPU time per token of a whole request: on a loaded machine the
+    wall clock counts the time others held the cores, CPU time only the work done (threads spinning included)."""
+    decode = [(num_tokens - 1) / d for d, _, _ in times]
+    whole = [num_tokens / w for _, w, _ in times]
+    cpu_ms = [1000 * c / num_tokens for _, _, c in times]
     return {"decode_tok_s": [round(x, 2) for x in decode], "decode_tok_s_median": round(statistics.median(decode), 2),
-            "decode_tok_s_best": round(max(decode), 2), "request_tok_s_median": round(statistics.median(whole), 2)}
+            "decode_tok_s_best": round(max(decode), 2), "request_tok_s_median": round(statistics.median(whole), 2),
+            "request_cpu_ms_per_token": [round(x, 3) for x in cpu_ms],
+            "request_cpu_ms_per_token_median": round(statistics.median(cpu_ms), 3)}
 
 
 def chat_prompt(model_dir: Path) -> list[int]:
@@ -203,12 +211,13 @@ def chat_prompt(model_dir: Path) -> list[int]:
 
 
 def print_table(results: dict[str, dict[str, object]]) -> None:
-    print("| contender | decode tok/s, median | best | each run | whole request tok/s, median |")
-    print("| --- | ---: | ---: | --- | ---: |")
+    print("| contender | decode tok/s, median | best | each run | whole request tok/s, median | "
+          "CPU ms per token, median |")
+    print("| --- | ---: | ---: | --- | ---: | ---: |")
     for name, r in results.items():
         runs = ", ".join(str(x) for x in r["decode_tok_s"])  # type: ignore[attr-defined]
         print(f"| {name} | {r['decode_tok_s_median']} | {r['decode_tok_s_best']} | {runs} "
-              f"| {r['request_tok_s_median']} |")
+              f"| {r['request_tok_s_median']} | {r['request_cpu_ms_per_token_median']} |")
 
 
 def main(argv: list[str]) -> None:

@@ -31,6 +31,9 @@ def test_contenders_take_turns_after_a_warm_up_each() -> None:
     a, b = _Clock("a", 0.5, 1.0, log), _Clock("b", 2.0, 4.0, log)
     results = run_interleaved([a, b], [1, 2, 3], num_tokens=11, repeats=3)
     assert log == [("a", 8), ("b", 8)] + [("a", 11), ("b", 11)] * 3
+    cpu_ms = results["a"].pop("request_cpu_ms_per_token")
+    assert len(cpu_ms) == 3 and all(ms >= 0 for ms in cpu_ms)  # type: ignore[union-attr]
+    assert results["a"].pop("request_cpu_ms_per_token_median") in cpu_ms  # type: ignore[operator]
     assert results["a"] == {"decode_tok_s": [20.0] * 3, "decode_tok_s_median": 20.0, "decode_tok_s_best": 20.0,
                             "request_tok_s_median": 11.0}  # 10 tokens after the first in 0.5 s; 11 in 1 s
     assert results["b"]["decode_tok_s_median"] == 5.0
@@ -106,3 +109,23 @@ def test_a_cpu_run_records_the_cpus_flags() -> None:
         assert cpu["flags"] and all(isinstance(flag, str) and " " not in flag for flag in cpu["flags"])
     else:
         assert cpu == {"model": "", "flags": []}
+
+
+class _Busy:
+    """A contender whose requests keep the CPU busy for `cpu_s` seconds."""
+
+    name = "busy"
+
+    def __init__(self, cpu_s: float) -> None:
+        self.cpu_s = cpu_s
+
+    def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
+        start = time.process_time()
+        while time.process_time() - start < self.cpu_s:
+            pass
+        return self.cpu_s / 2, self.cpu_s
+
+
+def test_the_cpu_time_per_token_counts_the_work_a_request_did() -> None:
+    results = run_interleaved([_Busy(0.05)], [1, 2, 3], num_tokens=10, repeats=2)
+    assert all(5.0 <= ms < 50.0 for ms in results["busy"]["request_cpu_ms_per_token"])  # type: ignore[union-attr]
