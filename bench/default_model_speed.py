@@ -21,7 +21,9 @@ as loaded and the torch layers); a peer is transformers in a dtype. `--model` ta
 (a checkpoint directory, a .gguf file, a built-in name such as gemma-3-270m); where the model comes from a GGUF file,
 llama.cpp runs that file as it ships, where llama-cpp-python is installed (`--llama-cpp` off turns it off). A model
 without a chat template (a base model) is asked the question as plain text. A CPU run records the CPU's model name and
-instruction flags, and which CPU kernels each of ours ran. The timed requests run with the start-up objects frozen, as
+instruction flags, and which CPU kernels each of ours ran; every run its thread count and the OpenMP variables set
+(OMP_WAIT_POLICY=PASSIVE: threads that sleep at a barrier instead of spinning, which a machine whose cores other
+processes share needs). The timed requests run with the start-up objects frozen, as
 in a served engine (core/startup_gc.py). `--random-weights DIR` builds a random checkpoint of the default model's
 shape in DIR, where the model cannot be fetched (random weights lie on no GGUF grid, so a CPU would not pack them as
 the real model's).
@@ -53,6 +55,8 @@ from gpu.layers.int8_dot_linear import Int8DotProduct
 from gpu.model_runner import ModelRunner
 
 QUESTION = "What is the capital of France?"
+# How the OpenMP threads of every contender (torch's, our C kernels', llama.cpp's) run and wait: recorded where set.
+OPENMP_ENVIRONMENT = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND")
 
 
 class Contender(Protocol):
@@ -254,6 +258,7 @@ def main(argv: list[str]) -> None:
         "random_weights": bool(args.random_weights),
         "prompt_tokens": len(prompt), "tokens": args.tokens, "repeats": args.repeats,
         "threads": torch.get_num_threads(), **({"cpu": cpu_description()} if args.device == "cpu" else {}),
+        "openmp_environment": {name: os.environ[name] for name in OPENMP_ENVIRONMENT if name in os.environ},
         "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
                                 "after": [round(x, 2) for x in os.getloadavg()]},
         "results": results,

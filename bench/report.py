@@ -143,23 +143,33 @@ def chat(results: list[Result]) -> list[str]:
 
 def default_model(results: list[Result]) -> list[str]:
     """The default model (and other small models) at batch 1, every contender of every run (device, model, then
-    contender); on a CPU the CPU's model, and the int8 dot products' instruction set where a contender of ours ran
-    them. Runs from before the model was named were the default model's."""
+    contender), with the process's CPU time per token where the run measured it; on a CPU the run's conditions
+    (`_cpu_conditions`), and the int8 dot products' instruction set where a contender of ours ran them. Runs from
+    before the model was named were the default model's."""
     runs = sorted(_by(results, "default-model-speed"), key=lambda r: (r["device"], r.get("model_name", "")))
     lines = ["| device | model | contender | decode tok/s, median | decode tok/s, each run | "
-             "whole request tok/s, median |", "| --- | --- | --- | ---: | --- | ---: |"]
+             "whole request tok/s, median | CPU ms per token, median |",
+             "| --- | --- | --- | ---: | --- | ---: | ---: |"]
     for run in runs:
-        cpu = run.get("cpu") or {}
-        device = run["device"] + (f", {cpu['model']}" if cpu.get("model") else "") + (
-            ", random weights" if run.get("random_weights") else "")
+        device = run["device"] + _cpu_conditions(run) + (", random weights" if run.get("random_weights") else "")
         model = run.get("model_name", "smollm2-135m-instruct")
         for name, r in run["results"].items():
             each = ", ".join(fmt(x) for x in r.get("decode_tok_s", [])) or "-"
             isa = (r.get("cpu_kernels") or {}).get("int8_dot")
             contender = f"{name}, int8 dot products ({isa})" if isa else name
             lines.append(f"| {device} | {model} | {contender} | {fmt(r.get('decode_tok_s_median'))} | {each} | "
-                         f"{fmt(r.get('request_tok_s_median'))} |")
+                         f"{fmt(r.get('request_tok_s_median'))} | {fmt(r.get('request_cpu_ms_per_token_median'))} |")
     return lines + sources(runs)
+
+
+def _cpu_conditions(run: Result) -> str:
+    """A CPU run's model, threads and OpenMP variables set besides the thread count (how its threads wait)."""
+    cpu = run.get("cpu") or {}
+    parts = [cpu["model"]] if cpu.get("model") else []
+    parts += [f"{run['threads']} threads"] if run.get("threads") and cpu else []
+    parts += [f"{name}={value}" for name, value in (run.get("openmp_environment") or {}).items()
+              if name != "OMP_NUM_THREADS"]
+    return "".join(f", {part}" for part in parts)
 
 
 def skinny_gemm(results: list[Result]) -> list[str]:

@@ -93,15 +93,18 @@ def test_the_committed_page_is_rendered_from_the_committed_results() -> None:
 
 def test_the_default_model_table_names_the_cpu_and_the_kernels_a_contender_ran(tmp_path: Path) -> None:
     run = {"device": "CPU (x86_64, 2 cores)", "date": "2026-11-21 10:00 UTC", "commit": "abc1234",
-           "command": "python -m bench.default_model_speed", "kind": "default-model-speed",
+           "command": "python -m bench.default_model_speed", "kind": "default-model-speed", "threads": 2,
            "cpu": {"model": "AMD EPYC", "flags": ["avx2", "avx512_vnni"]},
+           "openmp_environment": {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"},
            "results": {"openai-serve auto (float32)": {"decode_tok_s": [150.0, 160.0], "decode_tok_s_median": 155.0,
                                                        "request_tok_s_median": 140.0,
+                                                       "request_cpu_ms_per_token_median": 6.5,
                                                        "cpu_kernels": {"int8_dot": "avx512-vnni"}},
                        "llama.cpp (model.gguf)": {"decode_tok_s": [100.0], "decode_tok_s_median": 100.0,
                                                   "request_tok_s_median": 90.0}}}
     _write(tmp_path / "results", "cpu.json", run)
     page = render("<!-- table: default-model -->\n<!-- end -->\n", load_results(tmp_path / "results"))
-    assert ("| CPU (x86_64, 2 cores), AMD EPYC | smollm2-135m-instruct | openai-serve auto (float32), int8 dot "
-            "products (avx512-vnni) | 155.0 |" in page)
-    assert "| CPU (x86_64, 2 cores), AMD EPYC | smollm2-135m-instruct | llama.cpp (model.gguf) | 100.0 |" in page
+    device = "CPU (x86_64, 2 cores), AMD EPYC, 2 threads, OMP_WAIT_POLICY=PASSIVE"
+    assert (f"| {device} | smollm2-135m-instruct | openai-serve auto (float32), int8 dot products (avx512-vnni) | "
+            "155.0 | 150.0, 160.0 | 140.0 | 6.5 |" in page)
+    assert f"| {device} | smollm2-135m-instruct | llama.cpp (model.gguf) | 100.0 | 100.0 | 90.0 | - |" in page
