@@ -166,7 +166,8 @@ def _cpu_conditions(run: Result) -> str:
     """A CPU run's model, threads and OpenMP variables set besides the thread count (how its threads wait)."""
     cpu = run.get("cpu") or {}
     parts = [cpu["model"]] if cpu.get("model") else []
-    parts += [f"{run['threads']} threads"] if run.get("threads") and cpu else []
+    threads = run.get("threads")
+    parts += [f"{threads} thread{'s' if threads != 1 else ''}"] if threads and cpu else []
     parts += [f"{name}={value}" for name, value in (run.get("openmp_environment") or {}).items()
               if name != "OMP_NUM_THREADS"]
     return "".join(f", {part}" for part in parts)
