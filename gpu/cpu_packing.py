@@ -6,15 +6,20 @@ packed. Every `Linear` (the projections, tensor-parallel ones included) and the
 LM head are packed in place; the projections free their weight, the LM head keeps it (a tied embedding reads it).
 """
 
+import re
 from collections import Counter
+from pathlib import Path
 
 import torch
 from torch import nn
 
 from gpu.cpu_kernels import CpuKernels
-from gpu.layers.cpu_linear import CpuPacking
+from gpu.layers.cpu_linear import CpuPacking, int4_grid, int8_grid
 from gpu.layers.linear import Linear
 from gpu.layers.vocab_parallel import ParallelLMHead
+from gpu.loader import iter_checkpoint
+
+FIRST_LAYER_PROJECTION = re.compile(r"(^|\.)layers\.0\..*_proj\.weight$")
 
 
 def has_native_bfloat16() -> bool:
@@ -41,3 +46,23 @@ def pack_linear_layers(model: nn.Module, packing: CpuPacking) -> Counter[str]:
         elif isinstance(module, ParallelLMHead):
             kinds[f"{module.pack_for_cpu(packing) or 'as loaded'} (LM head)"] += 1
     return kinds
+
+
+def first_layer_on_a_grid(model_dir: Path) -> bool:
+    """Whether every projection of the checkpoint's first decoder layer lies on a grid the int8 dot products take
+    (a Q4_0, Q4_1 or Q8_0 GGUF's do; its other types and unquantized weights do not), read from the files before the
+    model is built. The first layer stands for the rest, so that the check reads a layer's bytes, not the model's: a
+    file quantized otherwise past its first layer would run those layers' float32 weights unpacked. False without such
+    a layer or files."""
+    found = False
+    try:
+        for tensor in iter_checkpoint(model_dir):
+            if len(tensor.shape) != 2 or not FIRST_LAYER_PROJECTION.search(tensor.name):
+                continue
+            weight = tensor.read().float()
+            if int4_grid(weight) is None and int8_grid(weight) is None:
+                return False
+            found = True
+    except FileNotFoundError:
+        return False
+    return found

@@ -38,7 +38,7 @@ from gpu.batch import Batch, PackedBlockTables, Penalties, RowSampling, StepResu
 from gpu.config import RunnerConfig
 from gpu.cpu_decode import CpuDecodeSteps, unavailable_reason
 from gpu.cpu_kernels import NO_CPU_KERNELS, CpuKernels, load_cpu_kernels
-from gpu.cpu_packing import cpu_packing, has_native_bfloat16, pack_linear_layers
+from gpu.cpu_packing import cpu_packing, first_layer_on_a_grid, has_native_bfloat16, pack_linear_layers
 from gpu.cuda_graphs import DecodeGraphs
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.dummy_weights import DEFAULT_STD, init_dummy_weights
@@ -76,21 +76,25 @@ def resolve_device(requested: str) -> torch.device:
     return torch.device(requested)
 
 
-def resolve_dtype(requested: str, checkpoint_dtype: str | None, device: torch.device,
-                  cpu_kernels: CpuKernels = NO_CPU_KERNELS) -> torch.dtype:
+def resolve_dtype(requested: str, checkpoint_dtype: str | None, device: torch.device) -> torch.dtype:
+    """The dtype a runner serves in; on a CPU `auto` as it is without the int8 dot-product kernels (`cpu_auto_dtype`
+    says what the runner picks with them)."""
     if requested != "auto":
         return getattr(torch, requested)
     if device.type == "cpu":
-        return cpu_auto_dtype(checkpoint_dtype, cpu_kernels)[0]
+        return cpu_auto_dtype(checkpoint_dtype, NO_CPU_KERNELS, None)[0]
     return torch.float16 if checkpoint_dtype == "float16" else torch.bfloat16
 
 
-def cpu_auto_dtype(checkpoint_dtype: str | None, cpu_kernels: CpuKernels) -> tuple[torch.dtype, str]:
-    """`--dtype auto` on a CPU, and why (for the log)."""
-    if checkpoint_dtype == "float32" and cpu_kernels.int8_dot is not None:
-        # Its weights on a GGUF grid go through the int8 dot products at a fifth of float32's bytes, and the rest of
-        # the step keeps the reference's precision.
-        return torch.float32, "a float32 checkpoint, as a converted GGUF is, and the int8 dot-product kernels built"
+def cpu_auto_dtype(checkpoint_dtype: str | None, cpu_kernels: CpuKernels, model_dir: Path | None
+                   ) -> tuple[torch.dtype, str]:
+    """`--dtype auto` on a CPU, and why (for the log). `model_dir`: the checkpoint's files (None: none to read)."""
+    if (checkpoint_dtype == "float32" and cpu_kernels.int8_dot is not None and model_dir is not None
+            and first_layer_on_a_grid(model_dir)):
+        # Its projections go through the int8 dot products at a fifth of float32's bytes, and the rest of the step
+        # keeps the reference's precision.
+        return torch.float32, ("a float32 checkpoint whose projections lie on a GGUF grid, and the int8 dot-product "
+                               f"kernels built ({cpu_kernels.int8_dot.ISA})")
     if has_native_bfloat16():
         # As vLLM's CPU backend: half the bytes a decode step reads, weights packed at load (gpu/cpu_packing.py).
         return torch.bfloat16, "the CPU multiplies bfloat16 natively (AVX512-BF16 or AMX)"
@@ -103,10 +107,12 @@ class ModelRunner:
         self.device = resolve_device(config.device)
         hf_config = load_hf_config(config.model_path)
         self.cpu_kernels = load_cpu_kernels_for(self.device, config.cache_dir)
-        self.dtype = resolve_dtype(config.dtype, checkpoint_dtype(hf_config), self.device, self.cpu_kernels)
         if self.device.type == "cpu" and config.dtype == "auto":
-            logger.info("dtype auto: %s (%s)", str(self.dtype).removeprefix("torch."),
-                        cpu_auto_dtype(checkpoint_dtype(hf_config), self.cpu_kernels)[1])
+            weights = Path(config.model_path) if config.load_format != "dummy" else None
+            self.dtype, why = cpu_auto_dtype(checkpoint_dtype(hf_config), self.cpu_kernels, weights)
+            logger.info("dtype auto: %s (%s)", str(self.dtype).removeprefix("torch."), why)
+        else:
+            self.dtype = resolve_dtype(config.dtype, checkpoint_dtype(hf_config), self.device)
         self.config = config
         self._probe_gated_gemm()
         self.vocab_size = hf_config.vocab_size

@@ -20,7 +20,7 @@ from core.config import engine_config
 from core.engine import runner_config
 from gpu.config import KernelConfig
 from gpu.cpu_kernels import load_cpu_kernels
-from gpu.cpu_packing import has_native_bfloat16
+from gpu.cpu_packing import first_layer_on_a_grid, has_native_bfloat16
 from gpu.layers.cpu_linear import GROUP_SIZE, CpuPacking, Int4Groups, Int8Groups, OneDnnWeight
 from gpu.layers.int8_dot_linear import Int4DotGroups, Int8DotGroups
 from gpu.layers.linear import Linear
@@ -166,15 +166,35 @@ def test_packed_and_unpacked_give_the_same_greedy_tokens_but_at_near_ties(q4_1_l
     assert_diverge_rarely_near_ties(run(packed=True), run(packed=False))
 
 
-def test_auto_dtype_on_a_cpu(tiny_model_dirs: dict[str, Path], q4_1_llama_dir: Path, tmp_path: Path) -> None:
-    """Float32 for a float32 checkpoint where the int8 dot-product kernels run; else bfloat16 where the CPU has the
-    instructions."""
+def test_auto_dtype_on_a_cpu(tiny_model_dirs: dict[str, Path], q4_1_llama_dir: Path, tmp_path: Path,
+                             caplog: pytest.LogCaptureFixture) -> None:
+    """Float32 for a float32 checkpoint on a GGUF grid where the int8 dot-product kernels run; else bfloat16 where the
+    CPU has the instructions (a float32 checkpoint off every grid too: only bfloat16 would halve its bytes). The log
+    says which and why."""
+    caplog.set_level("INFO")
     bfloat16_dir = tmp_path / "bfloat16"
     shutil.copytree(tiny_model_dirs["llama"], bfloat16_dir)
     config_file = bfloat16_dir / "config.json"
     config_file.write_text(json.dumps(json.loads(config_file.read_text()) | {"dtype": "bfloat16"}))
     native = torch.bfloat16 if has_native_bfloat16() else torch.float32
+    off_grid = tiny_model_dirs["llama"]
+    assert json.loads((off_grid / "config.json").read_text())["dtype"] == "float32"
     for directory, expected in [(q4_1_llama_dir, torch.float32 if has_int8_dot_kernels() else native),
-                                (bfloat16_dir, native)]:
+                                (off_grid, native), (bfloat16_dir, native)]:
         config = runner_config(engine_config(str(directory), device="cpu", kv_cache_blocks=8))
         assert ModelRunner(config).dtype == expected
+        assert f"dtype auto: {str(expected).removeprefix('torch.')} (" in caplog.text
+        caplog.clear()
+
+
+def test_the_first_layers_projections_decide_whether_a_checkpoint_is_on_a_grid(
+        tiny_model_dirs: dict[str, Path], q4_1_llama_dir: Path, tmp_path: Path) -> None:
+    assert first_layer_on_a_grid(q4_1_llama_dir)
+    assert not first_layer_on_a_grid(tiny_model_dirs["llama"])
+    assert not first_layer_on_a_grid(tmp_path)  # no weight files
+    tensors = load_file(q4_1_llama_dir / "model.safetensors")
+    name = next(n for n in tensors if ".layers.0." in n and n.endswith("down_proj.weight"))
+    tensors[name] = tensors[name] + 1e-3 * torch.randn(tensors[name].shape)  # one projection off its grid
+    (tmp_path / "off").mkdir()
+    save_file(tensors, tmp_path / "off" / "model.safetensors", metadata={"format": "pt"})
+    assert not first_layer_on_a_grid(tmp_path / "off")
