@@ -28,8 +28,12 @@ def has_native_bfloat16() -> bool:
     return any(check() for check in checks) and torch.backends.mkldnn.is_available()
 
 
-def cpu_packing(dtype: torch.dtype, kernels: CpuKernels) -> tuple[CpuPacking | None, str]:
-    """How a CPU runner in `dtype` packs its weights (None: it does not), and which kernels, for the log."""
+def cpu_packing(dtype: torch.dtype, kernels: CpuKernels, is_reference: bool = False) -> tuple[CpuPacking | None, str]:
+    """How a CPU runner in `dtype` packs its weights (None: it does not), and which kernels, for the log.
+    `is_reference`: float32 asked for by name, the parity reference: weights as loaded and activations in float32, so
+    nothing is packed (the int8 dot products quantize activations; `--dtype auto` takes them)."""
+    if is_reference:
+        return None, "none: float32 asked for by name is the reference (the weights as loaded, float32 activations)"
     if kernels.int8_dot is not None:
         return CpuPacking(dtype, kernels.int8_dot), f"int8 dot products ({kernels.int8_dot.ISA})"
     if dtype == torch.bfloat16 and torch.backends.mkldnn.is_available():

@@ -550,7 +550,7 @@ def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch
     torch.manual_seed(config.seed)
     packing = None
     if device.type == "cpu" and config.kernels.cpu_packed_weights:
-        packing, which = cpu_packing(dtype, cpu_kernels)
+        packing, which = cpu_packing(dtype, cpu_kernels, is_reference=config.dtype == "float32")
         logger.info("CPU linear kernels: %s", which)
     scheme = quant_scheme(hf_config)
     # Packing finds weights on a grid exactly, so it reads a float32 checkpoint's own values (a quantized one's

@@ -189,10 +189,12 @@ class DecoderAttention(nn.Module):
 
     def runs_cpu_kernel(self, dtype: torch.dtype, column_stride: int = 1) -> bool:
         """Whether gpu/cpu_kernels/attention.c rotates and stores this layer's q/k/v of `dtype`: a whole rotation,
-        Llama-style q/k norms or none, plain values, and the cache and rotary tables in that dtype."""
+        Llama-style q/k norms or none, plain values, and the cache (unscaled) and rotary tables in that dtype."""
         is_plain_kv = not (self.spec.values_are_keys or self.spec.has_value_norm) and self.spec.computes_kv
         has_llama_norms = self.q_norm is None or self.q_norm.is_llama_style
+        is_unscaled = self.kv_scales == (1.0, 1.0)  # an FP8 cache's scales: the torch code divides by them
         return (self.cpu_kernels is not None and dtype in CPU_KERNEL_DTYPES and column_stride == 1 and is_plain_kv
+                and is_unscaled
                 and has_llama_norms and self.rotary.rotary_dim == self.head_dim and self.head_dim % 2 == 0
                 and self.head_dim <= 1024
                 and dtype == self.k_cache.dtype == self.rotary.cos.dtype == self.rotary.signed_sin.dtype)

@@ -59,7 +59,7 @@ def test_ours_takes_a_kernel_variant_and_says_which_cpu_kernels_ran(tiny_model_d
 
 
 def test_ours_on_a_gguf_grid_reports_the_int8_dot_products(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
-    ours = Ours(on_gguf_grids(tiny_model_dirs["llama"], tmp_path / "grid"), "cpu", "float32")
+    ours = Ours(on_gguf_grids(tiny_model_dirs["llama"], tmp_path / "grid"), "cpu", "auto")
     kernels = ours.engine.runner.cpu_kernels
     if kernels.int8_dot is None or kernels.attention is None:
         pytest.skip("the C kernels are not built here")

@@ -68,17 +68,15 @@ def test_the_packed_cpu_path_agrees_with_float32_but_at_near_ties(smollm2_dir: P
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True,
                                              tokenize=True, return_dict=False) for q in QUESTIONS + MORE_QUESTIONS]
-    config = engine_config(str(smollm2_dir), device="cpu", dtype="float32", max_model_len=512, kv_cache_blocks=256,
+    config = engine_config(str(smollm2_dir), device="cpu", dtype="auto", max_model_len=512, kv_cache_blocks=256,
                            max_num_seqs=16, max_num_batched_tokens=1024)
     params = SamplingParams(temperature=0.0, max_tokens=32, logprobs=5)
-
-    def run(kernels: KernelConfig) -> list:
-        runner = ModelRunner(replace(runner_config(config), kernels=kernels))
-        return generate(LLMEngine(config, runner), prompts, params)
-
     packed = ModelRunner(runner_config(config))
-    assert packed.cpu_decode is not None  # the path a CPU serves this model with
+    assert packed.dtype == torch.float32 and packed.cpu_decode is not None  # the path a CPU serves this model with
     outputs = generate(LLMEngine(config, packed), prompts, params)
-    num_diverged, num_compared = count_divergences(outputs, run(KernelConfig(fused_kernels=False,
-                                                                             cpu_packed_weights=False)))
+    reference_config = engine_config(str(smollm2_dir), device="cpu", dtype="float32", max_model_len=512,
+                                     kv_cache_blocks=256, max_num_seqs=16, max_num_batched_tokens=1024)
+    reference = ModelRunner(replace(runner_config(reference_config), kernels=KernelConfig(fused_kernels=False)))
+    num_diverged, num_compared = count_divergences(outputs, generate(LLMEngine(reference_config, reference), prompts,
+                                                                     params))
     assert num_diverged <= 0.02 * num_compared, f"{num_diverged} divergences in {num_compared} choices"

@@ -72,13 +72,14 @@ def prefill_then_decode(prompts: list[list[int]]) -> tuple[Batch, Batch]:
     return prefill, decode
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+# auto: float32 for these float32 checkpoints on a grid (float32 asked for by name is the unpacked reference).
+@pytest.mark.parametrize("dtype", ["auto", "bfloat16"])
 @pytest.mark.parametrize("model", ["llama", "qwen2", "qwen3", "mistral_full"])
 @pytest.mark.parametrize("num_rows", [1, 3])
 def test_decode_steps_equal_the_models_layers(grid_dirs: dict[str, Path], model: str, dtype: str,
                                               num_rows: int) -> None:
     r = runner(grid_dirs[model], dtype)
-    assert r.cpu_decode is not None
+    assert r.dtype == (torch.float32 if dtype == "auto" else torch.bfloat16) and r.cpu_decode is not None
     prompts = [list(range(5 + row, 25 + 3 * row)) for row in range(num_rows)]
     prefill, decode = prefill_then_decode(prompts)
     r.execute(prefill)
@@ -100,14 +101,14 @@ def test_decode_steps_equal_the_models_layers(grid_dirs: dict[str, Path], model:
 def test_no_decode_steps_where_a_switch_is_off(grid_dirs: dict[str, Path], kernels: KernelConfig,
                                                caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
-    assert runner(grid_dirs["llama"], "float32", kernels).cpu_decode is None
+    assert runner(grid_dirs["llama"], "auto", kernels).cpu_decode is None
     assert "CPU decode steps: the model's layers" in caplog.text
 
 
 def test_no_decode_steps_for_weights_on_no_grid(tiny_model_dirs: dict[str, Path],
                                                 caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
-    assert runner(tiny_model_dirs["llama"], "float32").cpu_decode is None
+    assert runner(tiny_model_dirs["llama"], "auto").cpu_decode is None
     assert "a projection is not packed" in caplog.text
 
 
@@ -119,5 +120,13 @@ def test_no_decode_steps_for_weights_on_no_grid(tiny_model_dirs: dict[str, Path]
 def test_no_decode_steps_for_a_feature_they_do_not_take(grid_dirs: dict[str, Path], model: str, reason: str,
                                                         caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level("INFO")
-    assert runner(grid_dirs[model], "float32").cpu_decode is None
+    assert runner(grid_dirs[model], "auto").cpu_decode is None
     assert reason in caplog.text
+
+
+def test_float32_asked_for_by_name_is_the_unpacked_reference(grid_dirs: dict[str, Path],
+                                                             caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("INFO")
+    r = runner(grid_dirs["llama"], "float32")
+    assert r.cpu_decode is None and all(m.packed is None for m in r.model.modules() if hasattr(m, "packed"))
+    assert "CPU linear kernels: none: float32 asked for by name is the reference" in caplog.text
