@@ -56,6 +56,7 @@ from core.sequence import Sequence, SequenceStatus
 from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
+from gpu.kv_cache_groups import context_block_limit
 from gpu.model_info import read_model_info
 from gpu.runner import Runner, StepInFlight
 from gpu.runner_factory import AwaitingMasks, make_runner
@@ -71,6 +72,8 @@ _MAX_FAILED_STEPS_IN_A_ROW = 3
 
 @dataclass(frozen=True)
 class EngineStats:
+    """The block counts are summed over the KV-cache groups (gpu/kv_cache_groups.py)."""
+
     num_running: int
     num_waiting: int
     num_total_blocks: int
@@ -85,7 +88,7 @@ class EngineStats:
 
     @property
     def kv_cache_usage(self) -> float:
-        """The fraction of KV-cache blocks in use (referenced by a request), from 0 to 1."""
+        """The fraction of KV-cache blocks in use (referenced by a request), from 0 to 1, over every group's."""
         return self.num_used_blocks / self.num_total_blocks if self.num_total_blocks else 0.0
 
 
@@ -121,11 +124,13 @@ class LLMEngine:
         self.block_size = config.cache.block_size
         # An encoder's blocks hold nothing to reuse.
         self.block_manager = BlockManager(
-            self.runner.num_kv_blocks, self.block_size,
+            self.runner.kv_cache_groups, self.block_size,
             config.cache.enable_prefix_caching and not (self.pooling is not None and self.pooling.is_encoder),
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
-        self.limits = EngineLimits(self.vocab_size, self.max_model_len, self.block_size, self.block_manager.num_blocks)
+        context_blocks = context_block_limit(self.runner.kv_cache_groups, self.block_size, self.max_model_len,
+                                             config.scheduler.max_num_batched_tokens)
+        self.limits = EngineLimits(self.vocab_size, self.max_model_len, self.block_size, context_blocks)
         self._inbox: queue.SimpleQueue[Sequence | _Abort] = queue.SimpleQueue()
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
@@ -178,8 +183,8 @@ class LLMEngine:
         bm = self.block_manager
         return EngineStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            num_total_blocks=bm.num_blocks, num_free_blocks=len(bm.free_ids),
-            num_evictable_blocks=len(bm.evictable_ids), num_used_blocks=bm.num_used_blocks,
+            num_total_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
+            num_evictable_blocks=bm.num_evictable_blocks, num_used_blocks=bm.num_used_blocks,
             num_preemptions=self.scheduler.num_preemptions,
             num_prefix_cache_hit_tokens=self.scheduler.num_prefix_hit_tokens,
             num_prefix_cache_queried_tokens=self.scheduler.num_prefix_queried_tokens,

@@ -6,7 +6,8 @@ gpu/attention/variant.py), which every backend runs. Two Gemma 4 forms: a layer 
 their norm (`values_are_keys`, no v projection), and a layer that computes no K/V and reads the cache of an
 earlier layer of its type (`read_kv_of`, called by the family): such a layer owns no cache.
 
-The layer owns no cache: the runner hands it this layer's (k_cache, v_cache) after allocating them.
+The layer owns no cache: the runner hands it this layer's (k_cache, v_cache) after allocating them, and its KV-cache
+group (gpu/kv_cache_groups.py), whose slot mapping and block tables it writes and reads.
 On CUDA, when triton is installed, one Triton kernel (gpu/kernels/qk_norm_rope.py) reads the fused QKV
 output, applies the per-head q/k norms and the rotation, and writes the step's keys and values to the
 cache, for a whole rotation over a power-of-two head; elsewhere (a partial rotation, a value norm, values that are
@@ -87,11 +88,17 @@ class DecoderAttention(nn.Module):
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
         self._kv_source: tuple[DecoderAttention, ...] = ()  # a tuple: the source is not a submodule of this layer
+        self.kv_group = 0  # its KV-cache group, whose slots and block tables it uses (the runner sets it)
         self.kernels = kernels
 
     @property
     def owns_kv_cache(self) -> bool:
         return self.spec.computes_kv
+
+    @property
+    def kv_source(self) -> "DecoderAttention | None":
+        """The layer whose cache this one reads (None: its own)."""
+        return self._kv_source[0] if self._kv_source else None
 
     def read_kv_of(self, source: "DecoderAttention") -> None:
         """Attend over `source`'s cache (a layer whose spec computes no K/V)."""
@@ -105,6 +112,7 @@ class DecoderAttention(nn.Module):
         qkv, residual = self.qkv_proj.forward_normed(hidden)  # [num_tokens, q_size (+ kv_size (+ kv_size))]
         num_tokens = qkv.shape[0]
         assert self.backend is not None, "the runner sets the backend before the first forward"
+        meta = meta.of_group(self.kv_group)
         q = self._query_storing_kv(positions, qkv, meta.slot_mapping)
         source = self._kv_source[0] if self._kv_source else self
         out = self.backend.forward(q, source.k_cache, source.v_cache, meta, self.scale, self.variant)
