@@ -148,6 +148,42 @@ def test_requests_added_while_others_run(tiny_model_dirs: dict[str, Path], model
 
 
 @pytest.mark.parametrize("model", WINDOWED)
+def test_a_shared_prefix_hits_after_its_windowed_blocks_were_freed(tiny_model_dirs: dict[str, Path],
+                                                                   model: str) -> None:
+    """A long prompt prefilled in chunks: its windowed layers free the blocks before their window as it goes. A
+    second request sharing its prefix hits it all (the full-attention blocks of the whole prefix, the windowed ones
+    of its last window) and gives transformers' tokens."""
+    model_dir = model_dir_of(tiny_model_dirs, model)
+    llm = make_llm(model_dir, max_tokens_per_step=16)
+    freed = record_freed_windowed_blocks(llm.engine)
+    prompts = prompts_of_lengths((5, 9), shared_prefix=96)
+    first = llm.generate(prompts[:1], GREEDY)
+    assert freed, "the first request's windowed layers freed blocks before their window while it ran"
+    hits_before = llm.engine.stats().num_prefix_cache_hit_tokens
+    second = llm.generate(prompts[1:], GREEDY)
+    assert llm.engine.stats().num_prefix_cache_hit_tokens - hits_before == 96
+    assert_matches_hf(model_dir, prompts, first + second)
+
+
+def record_freed_windowed_blocks(engine: LLMEngine) -> list[int]:
+    """The number of null entries in a scheduled sequence's windowed tables, at each step that had some."""
+    freed: list[int] = []
+    schedule = engine.scheduler.schedule
+    windowed = [g for g, pool in enumerate(engine.block_manager.pools) if pool.sliding_window is not None]
+
+    def recording_schedule() -> SchedulerOutput:
+        out = schedule()
+        null_entries = sum(s.seq.block_tables[g].count(engine.block_manager.pools[g].null_block)
+                           for s in out.scheduled for g in windowed)
+        if null_entries:
+            freed.append(null_entries)
+        return out
+
+    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    return freed
+
+
+@pytest.mark.parametrize("model", WINDOWED)
 def test_windows_change_the_logits(tiny_model_dirs: dict[str, Path], model: str) -> None:
     """The same model with its windows taken off computes other logits for a prompt longer than the window (in one
     step, every block of the prompt in every group): the cases above exercise the windowed attention (and would catch
