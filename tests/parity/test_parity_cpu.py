@@ -69,11 +69,12 @@ def record_schedules(engine: LLMEngine) -> list[SchedulerOutput]:
 
 
 def whole_prompt_batch(prompt: list[int], engine: LLMEngine) -> Batch:
-    """A prompt (of at most 48 tokens) computed in one step on blocks 0, 1, 2 of every KV-cache group."""
+    """A prompt computed in one step on the first blocks of every KV-cache group (blocks of 16 tokens)."""
     n = len(prompt)
-    groups = [GroupTables(list(range(n)), [[0, 1, 2]]) for _ in engine.runner.kv_cache_groups[1:]]
+    tables = [list(range(-(-n // 16)))]
+    groups = [GroupTables(list(range(n)), tables) for _ in engine.runner.kv_cache_groups[1:]]
     return Batch(token_ids=prompt, positions=list(range(n)), slot_mapping=list(range(n)), query_lens=[n],
-                 context_lens=[n], block_tables=[[0, 1, 2]], sampling=[None], other_groups=groups)
+                 context_lens=[n], block_tables=tables, sampling=[None], other_groups=groups)
 
 
 def model_dir_of(tiny_model_dirs: dict[str, Path], model: str) -> Path:
