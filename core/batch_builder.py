@@ -37,9 +37,10 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
             positions.extend(range(start, end))
             slot_mapping.extend(_slots(block_ids, start, end, block_size))
             token_ids.extend(seq.token_ids[start:end])
-        for slots, tables, group_ids in zip(group_slots, group_tables, seq.block_tables[1:], strict=True):
-            slots.extend(_slots(group_ids, start, end, block_size))
-            tables.append(group_ids)
+        if num_other_groups:
+            for slots, tables, group_ids in zip(group_slots, group_tables, seq.block_tables[1:], strict=True):
+                slots.extend(_slots(group_ids, start, end, block_size))
+                tables.append(group_ids)
         if end > num_known:  # its last token is still on the device: the runner reads it there
             batch.fed_back_token_indices.append(len(token_ids))
             batch.fed_back_rows.append(seq.pending_row)

@@ -95,9 +95,9 @@ class BlockPool:
     def num_blocks_to_append(self, table: list[int], next_position: int, num_tokens: int) -> int:
         """Blocks taken from the available ones by covering `num_tokens` tokens, net of the blocks before the window
         that only this table holds (released first)."""
-        needed = max(0, -(-num_tokens // self.block_size) - len(table))
-        if self.sliding_window is None:
-            return needed
+        needed = -(-num_tokens // self.block_size) - len(table)
+        if needed <= 0 or self.sliding_window is None:  # nothing taken (the common decode), or nothing released
+            return max(0, needed)
         out_of_window = self._blocks_out_of_window(table, next_position)
         return needed - sum(1 for index in out_of_window if self.ref_counts[table[index]] == 1)
 
@@ -227,17 +227,25 @@ class BlockManager:
     def can_append(self, seq: Sequence, num_new_tokens: int) -> bool:
         """Whether every group has the blocks for `num_new_tokens` more tokens of the running `seq`."""
         start = seq.num_computed_tokens
-        return all(pool.num_blocks_to_append(table, start, start + num_new_tokens) <= pool.num_available_blocks
-                   for pool, table in zip(self.pools, seq.block_tables, strict=True))
+        end = start + num_new_tokens
+        num_blocks = -(-end // self.block_size)
+        for pool, table in zip(self.pools, seq.block_tables, strict=True):  # asked for every row of every step:
+            if num_blocks > len(table) and pool.num_blocks_to_append(table, start, end) > pool.num_available_blocks:
+                return False  # (a row whose blocks hold its new tokens, as most decodes, makes no call)
+        return True
 
     def allocate(self, seq: Sequence, num_new_tokens: int) -> None:
         """Covers tokens [0, num_computed + num_new) with blocks in every group (a windowed group releasing those
         before its window first), and keys the full blocks whose tokens are all known on the host (a block holding a
         pending token is keyed by a later allocation)."""
         start = seq.num_computed_tokens
+        end = start + num_new_tokens
+        num_blocks = -(-end // self.block_size)
         for pool, table in zip(self.pools, seq.block_tables, strict=True):
-            pool.append(table, start, start + num_new_tokens)
-        self._key_full_blocks(seq, start + num_new_tokens)
+            if num_blocks > len(table) or pool.sliding_window is not None:  # else nothing to do (most decodes)
+                pool.append(table, start, end)
+        if self.enable_prefix_caching and min(end, len(seq.token_ids)) // self.block_size > len(seq.block_keys):
+            self._key_full_blocks(seq, end)
 
     def free(self, seq: Sequence, keep_cached: bool = True) -> None:
         """Drops the sequence's references in every group (`keep_cached`: see BlockPool.free); a waiting sequence
@@ -273,8 +281,6 @@ class BlockManager:
 
     def _key_full_blocks(self, seq: Sequence, num_covered_tokens: int) -> None:
         num_full_blocks = min(num_covered_tokens, len(seq.token_ids)) // self.block_size
-        if num_full_blocks <= len(seq.block_keys) or not self.enable_prefix_caching:
-            return
         for index in range(len(seq.block_keys), num_full_blocks):
             token_ids = self._tokens(seq, index)
             key = block_key(seq.block_keys[-1] if seq.block_keys else None, token_ids)
