@@ -37,9 +37,12 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
             positions.extend(range(start, end))
             slot_mapping.extend(_slots(block_ids, start, end, block_size))
             token_ids.extend(seq.token_ids[start:end])
-        if num_other_groups:
+        if num_other_groups:  # each further group's slots through its own table (a decode's without a range)
             for slots, tables, group_ids in zip(group_slots, group_tables, seq.block_tables[1:], strict=True):
-                slots.extend(_slots(group_ids, start, end, block_size))
+                if end - start == 1:
+                    slots.append(group_ids[start // block_size] * block_size + start % block_size)
+                else:
+                    slots.extend(_slots(group_ids, start, end, block_size))
                 tables.append(group_ids)
         if end > num_known:  # its last token is still on the device: the runner reads it there
             batch.fed_back_token_indices.append(len(token_ids))
