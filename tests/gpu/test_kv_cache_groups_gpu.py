@@ -4,9 +4,10 @@ graphs (decode and mixed) on and off, against the torch backend on the same GPU 
 tested against) and transformers.
 
 The families: Gemma 3 (a full-attention group and a windowed one), Mistral with a window on every layer (one
-windowed group), Gemma 4 (two groups of other head sizes, shared KV). Prompts run past the 16-24-token windows
-several times, in chunks, beside decoding rows; requests share prefixes (hits after the windowed blocks were freed)
-and the cache is small enough to preempt. Each case checks that the engine took those paths.
+windowed group), Gemma 4 (two groups of other head sizes, shared KV), gpt-oss (sinks in both groups, MoE). Prompts
+run past the 16-24-token windows several times, in chunks, beside decoding rows; requests share prefixes (hits after
+the windowed blocks were freed) and the cache is small enough to preempt. Each case checks that the engine took
+those paths.
 """
 
 from pathlib import Path
@@ -18,18 +19,29 @@ from core import LLM, SamplingParams
 from gpu.kv_cache import group_bytes_per_block
 from gpu.kv_cache_groups import windowed_need
 from tests.gpu.test_parity_gpu import HAS_FLASH_ATTN, assert_bf16_divergences_rare_near_ties, hf_greedy_and_logits
+from tests.moe_models import build_moe_model
 from tests.parity.test_parity_cpu import model_dir_of, prompts_of_lengths, record_freed_windowed_blocks
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-MODELS = ["gemma3", "mistral", "gemma4"]
+MODELS = ["gemma3", "mistral", "gemma4", "gpt_oss"]
+# 40 blocks of 16 preempt where a full-attention group holds every row's context; where every layer keeps a window
+# (Mistral's) a row holds a window's blocks, and 12 of them preempt.
+BLOCKS = {"mistral": 12}
 LENGTHS = (70, 5, 90, 33, 120, 17, 1, 64)
 MAX_NEW = 40  # decodes run past the windows too
 GPU_BACKENDS = ["triton"] + (["flash-attn"] if HAS_FLASH_ATTN else [])
 
 
+@pytest.fixture(scope="module")
+def model_dirs(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The dense families' checkpoints and gpt-oss's (tests/moe_models.py)."""
+    gpt_oss = build_moe_model(tmp_path_factory.mktemp("moe-models") / "gpt_oss", "gpt_oss", tiny_model_dirs["qwen3"])
+    return {**tiny_model_dirs, "gpt_oss": gpt_oss}
+
+
 def make_llm(model_dir: Path, dtype: str, backend: str, eager: bool, blocks: int = 40) -> LLM:
-    # 32 tokens a step: prompts chunked beside decoding rows; 40 blocks of 16: preemptions.
+    # 32 tokens a step: prompts chunked beside decoding rows; `blocks` of 16: preemptions (BLOCKS).
     return LLM(str(model_dir), dtype=dtype, device="cuda", attention_backend=backend, enforce_eager=eager,
                block_size=16, kv_cache_blocks=blocks, max_num_seqs=16, max_num_batched_tokens=32)
 
@@ -46,13 +58,14 @@ def run(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[lis
 
 @pytest.mark.parametrize("eager", [True, False])
 @pytest.mark.parametrize("model", MODELS)
-def test_float32_triton_equals_the_torch_reference_and_transformers(tiny_model_dirs: dict[str, Path], model: str,
+def test_float32_triton_equals_the_torch_reference_and_transformers(model_dirs: dict[str, Path], model: str,
                                                                     eager: bool) -> None:
-    model_dir = model_dir_of(tiny_model_dirs, model)
+    model_dir = model_dir_of(model_dirs, model)
     prompts = prompts_of_lengths(LENGTHS, shared_prefix=40)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW)
-    ours, _ = run(make_llm(model_dir, "float32", "triton", eager), prompts, params)
-    reference, _ = run(make_llm(model_dir, "float32", "torch", eager=True), prompts, params)
+    blocks = BLOCKS.get(model, 40)
+    ours, _ = run(make_llm(model_dir, "float32", "triton", eager, blocks), prompts, params)
+    reference, _ = run(make_llm(model_dir, "float32", "torch", True, blocks), prompts, params)
     assert ours == reference
     for tokens, prompt in zip(ours, prompts, strict=True):  # transformers' first tokens (its helper makes 16)
         expected, _ = hf_greedy_and_logits(model_dir, torch.float32, prompt)
@@ -61,15 +74,16 @@ def test_float32_triton_equals_the_torch_reference_and_transformers(tiny_model_d
 
 @pytest.mark.parametrize("backend", GPU_BACKENDS)
 @pytest.mark.parametrize("model", MODELS)
-def test_bf16_graphs_on_and_off_agree_and_stay_near_transformers(tiny_model_dirs: dict[str, Path], model: str,
+def test_bf16_graphs_on_and_off_agree_and_stay_near_transformers(model_dirs: dict[str, Path], model: str,
                                                                  backend: str) -> None:
-    model_dir = model_dir_of(tiny_model_dirs, model)
+    model_dir = model_dir_of(model_dirs, model)
     prompts = prompts_of_lengths(LENGTHS * 2, shared_prefix=40)  # 16 rows: several decode-graph buckets
     params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5)
-    eager_llm = make_llm(model_dir, "bfloat16", backend, eager=True)
+    blocks = BLOCKS.get(model, 40)
+    eager_llm = make_llm(model_dir, "bfloat16", backend, True, blocks)
     assert eager_llm.engine.runner.backend.name == backend
     eager, _ = run(eager_llm, prompts, params)
-    graphed_llm = make_llm(model_dir, "bfloat16", backend, eager=False)
+    graphed_llm = make_llm(model_dir, "bfloat16", backend, False, blocks)
     graphed, outputs = run(graphed_llm, prompts, params)
     assert graphed_llm.engine.runner.decode is not None and graphed_llm.engine.runner.decode.graphs
     assert graphed == eager
