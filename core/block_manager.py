@@ -259,17 +259,24 @@ class BlockManager:
         """The keys of the sequence's first full blocks (its last token left out) up to the first that a
         full-attention group has not cached; without such a group, of all of them (a windowed group may keep a
         later block and not an earlier one)."""
+        num_blocks = (seq.num_tokens - 1) // self.block_size
+        if self._is_windowed_only:
+            return [self._chain_key(seq, index) for index in range(num_blocks)]
         keys: list[bytes] = []
-        parent = None
-        for index in range((seq.num_tokens - 1) // self.block_size):
-            token_ids = self._tokens(seq, index)
-            key = block_key(parent, token_ids)
-            if not self._is_windowed_only and any(
-                    pool.cached_block(key, token_ids) is None for pool in self.pools if pool.sliding_window is None):
+        for index in range(num_blocks):
+            key, token_ids = self._chain_key(seq, index), self._tokens(seq, index)
+            if any(pool.cached_block(key, token_ids) is None for pool in self.pools if pool.sliding_window is None):
                 break
             keys.append(key)
-            parent = key
         return keys
+
+    def _chain_key(self, seq: Sequence, index: int) -> bytes:
+        """The key of the sequence's full block `index` (its tokens known), hashed once per sequence."""
+        keys = seq.chain_keys
+        while len(keys) <= index:
+            assert (len(keys) + 1) * self.block_size <= len(seq.token_ids), "a key is of a full block of known tokens"
+            keys.append(block_key(keys[-1] if keys else None, self._tokens(seq, len(keys))))
+        return keys[index]
 
     def _hit_table(self, pool: BlockPool, cached: list[int | None]) -> list[int]:
         """A group's table for a hit: its cached blocks, the null block before its window."""
@@ -283,7 +290,7 @@ class BlockManager:
         num_full_blocks = min(num_covered_tokens, len(seq.token_ids)) // self.block_size
         for index in range(len(seq.block_keys), num_full_blocks):
             token_ids = self._tokens(seq, index)
-            key = block_key(seq.block_keys[-1] if seq.block_keys else None, token_ids)
+            key = self._chain_key(seq, index)
             seq.block_keys.append(key)
             for pool, table in zip(self.pools, seq.block_tables, strict=True):
                 pool.register(index, table, key, token_ids)  # an equal block computed twice stays unkeyed

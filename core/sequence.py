@@ -43,7 +43,10 @@ class Sequence:
         self.num_cached_prompt_tokens = 0  # prompt tokens served from the prefix cache at first admission
         # One block table per KV-cache group (core/block_manager.py), empty while it holds no blocks.
         self.block_tables: list[list[int]] = []
-        self.block_keys: list[bytes] = []  # prefix-cache keys of the full blocks, in order
+        self.block_keys: list[bytes] = []  # prefix-cache keys of the full blocks it holds, in order
+        # The keys of its first full blocks of known tokens, computed once (tokens are only appended): a waiting
+        # sequence is matched against the prefix cache at every step until it is admitted, and again after a preemption.
+        self.chain_keys: list[bytes] = []
         self.admission_order = -1  # set by the scheduler each time it admits the sequence
         self.finish_reason: FinishReason | None = None
         self.pending_row = 0  # the pending token's row among its step's sampled rows

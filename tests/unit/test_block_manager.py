@@ -296,3 +296,27 @@ def test_preemption_frees_every_group() -> None:
     assert seq.block_tables == [] and seq.block_keys == []
     assert_idle(bm)
     assert bm.num_used_blocks == 0 and bm.num_free_blocks + bm.num_evictable_blocks == 32
+
+
+def test_a_waiting_sequence_hashes_its_blocks_once(monkeypatch) -> None:  # noqa: ANN001 - pytest's fixture
+    """A sequence that waits is matched at every step (and again after a preemption): each block's key is hashed once
+    in its life, and the keys its blocks get are the same."""
+    import core.block_manager
+
+    calls: list[int] = []
+
+    def counting_block_key(parent_key: bytes | None, token_ids: list[int]) -> bytes:
+        calls.append(1)
+        return block_key(parent_key, token_ids)
+
+    monkeypatch.setattr(core.block_manager, "block_key", counting_block_key)
+    bm = BlockManager([KVCacheGroup(WINDOW, 16)], BLOCK)  # windowed layers only: every block of the prompt is matched
+    seq = make_seq(list(range(37)))
+    for _ in range(3):
+        assert bm.match_prefix(seq).num_blocks == 0
+    assert len(calls) == 9
+    admit(bm, seq)
+    bm.free(seq)
+    admit(bm, seq)
+    assert len(calls) == 9 and seq.block_keys == seq.chain_keys[:9]
+    assert seq.block_keys[1] == block_key(block_key(None, [0, 1, 2, 3]), [4, 5, 6, 7])
