@@ -15,6 +15,15 @@ window of position n * block_size (the earlier ones may be gone: the hit is then
 A block whose ref count drops to 0 keeps its key and contents and waits, evictable, for a hit; allocation takes
 never-keyed free blocks first, then evicts the least recently freed keyed block (clearing its key).
 
+What the manager asks of a group's pool (BlockPool): the blocks admitting a hit or appending tokens takes
+(`num_blocks_to_admit`, `num_blocks_to_append`), to hold, append to and free a table, to key a full block and look a
+key up (`register`, `cached_block`), the first block a query at a position reads (`first_kept_block`: 0 with full
+attention; a hit must hold its group's blocks from there on), whether it keeps every block (`sliding_window` None:
+the prefix chain stops at its first miss; else it may release blocks at any append), and its block counts. Another
+kind of group answers the same questions: a linear-attention group (one recurrent state per sequence, a snapshot per
+full block for hits) would have a first kept block of the hit's last one (the snapshot the hit resumes from) and
+release the older ones.
+
 Invariants, per group: a block is in exactly one of {in use (ref > 0), free (ref 0, no key), evictable (ref 0,
 keyed)}; at idle every ref count is 0 and free + evictable = total. In a sequence's windowed table the null entries
 are a prefix.
@@ -68,6 +77,14 @@ class BlockPool:
     @property
     def num_available_blocks(self) -> int:
         return len(self.free_ids) + len(self.evictable_ids)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_ids)
+
+    @property
+    def num_evictable_blocks(self) -> int:
+        return len(self.evictable_ids)
 
     def first_kept_block(self, next_position: int) -> int:
         """The first block a query at `next_position` or later may read (0 in a full-attention group)."""
@@ -178,11 +195,11 @@ class BlockManager:
 
     @property
     def num_free_blocks(self) -> int:
-        return sum(len(pool.free_ids) for pool in self.pools)
+        return sum(pool.num_free_blocks for pool in self.pools)
 
     @property
     def num_evictable_blocks(self) -> int:
-        return sum(len(pool.evictable_ids) for pool in self.pools)
+        return sum(pool.num_evictable_blocks for pool in self.pools)
 
     @property
     def num_used_blocks(self) -> int:
