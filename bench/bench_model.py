@@ -10,9 +10,15 @@ gpu/dummy_weights.py). The tokenizer is word-level over the whole vocabulary (id
 random model samples decodes to text, so a server streams a chunk per token and pays for detokenizing it, and a
 prompt's text encodes back to the same ids.
 
+A checkpoint may be quantized (`quantization`, QUANTIZATIONS): every decoder projection in that format's tensors,
+drawn at random with valid scales (FP8 in 128x128 blocks as the official FP8 checkpoints; GPTQ int4 in groups of
+128, symmetric; GGUF Q4_K_M's block types as llama.cpp assigns them, in the form our GGUF conversion writes for a
+GPU), and its quantization_config in config.json; embeddings, norms and the LM head stay bf16, as they do there.
+
     python -m bench.bench_model qwen3-8b /tmp/qwen3-8b                          # a named shape
     python -m bench.bench_model path/to/config.json /tmp/model                  # any family's config
     python -m bench.bench_model qwen3-30b-a3b /tmp/qwen3-30b-a3b --config-only  # for --load-format dummy
+    python -m bench.bench_model qwen3-8b /tmp/qwen3-8b-fp8 fp8                  # quantized
 """
 
 import json
@@ -66,6 +72,44 @@ SHAPES["tiny-moe"] = dict(SHAPES["tiny"], model_type="qwen3_moe", moe_intermedia
                           num_experts_per_tok=2, norm_topk_prob=True)
 DEFAULT_SHAPE = "qwen3-0.6b"
 _SHARD_BYTES = 4 << 30
+PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+QUANTIZATIONS = {
+    "fp8": {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]},
+    "w4a16": {"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False, "sym": True},
+    "gguf-q4_k_m": {"quant_method": "gguf"},  # + each projection's block type
+}
+_GGUF_SCALES = {"Q4_K": ((0, 2), 5e-4), "Q6_K": ((208,), 1e-4)}  # fp16 fields of a block, their magnitude
+_GGUF_BLOCK = {"Q4_K": 144, "Q6_K": 210}  # bytes per 256 weights
+
+
+def random_projection(quantization: str, kind: str, rows: int, cols: int, generator: torch.Generator
+                      ) -> dict[str, torch.Tensor]:
+    """A projection [rows, cols]'s checkpoint tensors by suffix, in `quantization`'s format (`kind`: its GGUF block
+    type), on the generator's device: weights about N(0, 0.02) in spread."""
+    device = generator.device
+    if quantization == "fp8":
+        levels = (torch.randn(rows, cols, device=device, generator=generator) * 64).to(torch.float8_e4m3fn)
+        return {"weight": levels, "weight_scale_inv": torch.full((rows // 128, cols // 128), 0.02 / 64, device=device)}
+    if quantization == "w4a16":
+        return {"qweight": torch.randint(-(2**31), 2**31 - 1, (cols // 8, rows), dtype=torch.int32, device=device,
+                                         generator=generator),
+                "qzeros": torch.full((cols // 128, rows // 8), 0x77777777, dtype=torch.int32, device=device),
+                "scales": torch.full((cols // 128, rows), 0.005, dtype=torch.float16, device=device),
+                "g_idx": (torch.arange(cols, device=device) // 128).to(torch.int32)}
+    blocks = torch.randint(0, 256, (rows, cols // 256, _GGUF_BLOCK[kind]), dtype=torch.uint8, device=device,
+                           generator=generator)
+    offsets, magnitude = _GGUF_SCALES[kind]
+    scales = (torch.rand(rows, cols // 256, device=device, generator=generator) * 0.5 + 0.5) * magnitude
+    for offset in offsets:
+        blocks[:, :, offset : offset + 2] = scales.half().unsqueeze(-1).view(torch.uint8)
+    return {"qweight": blocks.view(rows, -1)}
+
+
+def gguf_q4_k_m_type(module: str, num_layers: int) -> str:
+    """llama.cpp's Q4_K_M: Q6_K for v and down projections in its `use_more_bits` layers, Q4_K elsewhere."""
+    layer, leaf = int(module.split(".")[2]), module.rsplit(".", 1)[1]
+    more_bits = layer < num_layers // 8 or layer >= 7 * num_layers // 8 or (layer - num_layers // 8) % 3 == 2
+    return "Q6_K" if leaf in ("v_proj", "down_proj") and more_bits else "Q4_K"
 
 
 def shape_config(shape: str) -> dict[str, object]:
@@ -74,9 +118,9 @@ def shape_config(shape: str) -> dict[str, object]:
 
 
 def build_random_checkpoint(directory: str | Path, config: dict[str, object], dtype: torch.dtype = torch.bfloat16,
-                            seed: int = 0) -> Path:
-    """Writes a checkpoint of `config` with random weights and the word tokenizer into `directory`; reused when there.
-    Drawn on the GPU where there is one."""
+                            seed: int = 0, quantization: str | None = None) -> Path:
+    """Writes a checkpoint of `config` with random weights (its projections in `quantization`'s format, if given) and
+    the word tokenizer into `directory`; reused when there. Drawn on the GPU where there is one."""
     from safetensors.torch import save_file
 
     directory = Path(directory)
@@ -88,6 +132,7 @@ def build_random_checkpoint(directory: str | Path, config: dict[str, object], dt
     generator = torch.Generator(device=device).manual_seed(seed)
     weight_map: dict[str, str] = {}
     shard: dict[str, torch.Tensor] = {}
+    block_types: dict[str, str] = {}
 
     def flush() -> None:
         name = f"model-{len(set(weight_map.values())) + 1:05d}.safetensors"
@@ -96,14 +141,25 @@ def build_random_checkpoint(directory: str | Path, config: dict[str, object], dt
         shard.clear()
 
     for name, param in model.named_parameters():  # a tied LM head is its embedding's: listed once
-        tensor = torch.empty(param.shape, dtype=dtype, device=device)
-        shard[name] = tensor.fill_(1.0) if name.endswith("norm.weight") else tensor.normal_(0, 0.02,
-                                                                                           generator=generator)
+        module = name.removesuffix(".weight")
+        if quantization and module.rsplit(".", 1)[-1] in PROJECTIONS and name.endswith(".weight"):
+            kind = gguf_q4_k_m_type(module, model_config.num_hidden_layers) if quantization.startswith("gguf") else ""
+            block_types[module] = kind
+            parts = random_projection(quantization, kind, *param.shape, generator)
+            shard.update({f"{module}.{suffix}": tensor for suffix, tensor in parts.items()})
+        else:
+            tensor = torch.empty(param.shape, dtype=dtype, device=device)
+            shard[name] = tensor.fill_(1.0) if name.endswith("norm.weight") else tensor.normal_(0, 0.02,
+                                                                                               generator=generator)
         if sum(t.numel() * t.element_size() for t in shard.values()) >= _SHARD_BYTES:
             flush()
     if shard:
         flush()
     (directory / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    if quantization:
+        model_config.quantization_config = dict(QUANTIZATIONS[quantization])
+        if quantization.startswith("gguf"):
+            model_config.quantization_config["tensor_types"] = block_types
     model_config.save_pretrained(directory)
     return build_word_tokenizer(directory, int(config["vocab_size"]))  # type: ignore[call-overload]
 
@@ -148,4 +204,5 @@ def build_small_bench_model(directory: str | Path) -> Path:
 
 if __name__ == "__main__":
     build = build_config_only if "--config-only" in sys.argv[3:] else build_random_checkpoint
-    print(build(sys.argv[2], shape_config(sys.argv[1])))
+    quantization = next((a for a in sys.argv[3:] if a in QUANTIZATIONS), None)
+    print(build(sys.argv[2], shape_config(sys.argv[1]), **({"quantization": quantization} if quantization else {})))

@@ -6,10 +6,11 @@ its FLOPs at the matmul rate, both measured in the same run (`measure_limits`); 
 run's share of the ideal is the ideal time over the measured one.
 
 Bytes of a step: every weight it reads once, as the checkpoint stores it (floating tensors at the serving dtype's
-width, packed quantized tensors as stored); for a mixture of experts, the routed experts the step's rows are expected
-to reach (`experts_reached`); an untied input embedding only has rows gathered and is not counted. Then each
-attention layer's K/V of every context token read once (a sliding-window layer's last `window` tokens) and each new
-token's K/V written once. Activations, logits and linear-attention states are not counted: a lower bound on time.
+width, FP8 at one byte, packed quantized tensors as stored); for a mixture of experts, the routed experts the step's
+rows are expected to reach (`experts_reached`); an untied input embedding only has rows gathered and is not counted.
+Then each attention layer's K/V of every context token read once (a sliding-window layer's last `window` tokens) and
+each new token's K/V written once. Activations, logits and linear-attention states are not counted: a lower bound on
+time.
 FLOPs per token: 2 per weight a token multiplies (its experts only), 2 * hidden * vocab for the LM head where a token
 is sampled, and 4 * heads * head_dim per attention layer and (query, context token) pair, causal in a prefill.
 """
@@ -138,7 +139,7 @@ def _with_weights(shape: ModelShape, tensors: dict[str, dict[str, object]], is_u
             numel *= int(n)
         dtype = str(meta["dtype"])
         is_float = dtype in _FLOAT_TYPES
-        nbytes = numel * (shape.dtype_bytes if is_float else _TYPE_BYTES.get(dtype, 1))
+        nbytes = numel * (1 if dtype.startswith("F8") else shape.dtype_bytes if is_float else _TYPE_BYTES.get(dtype, 1))
         if is_untied and name.endswith("embed_tokens.weight"):
             continue  # rows gathered, not read whole
         is_expert = ".experts." in name

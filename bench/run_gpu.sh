@@ -11,13 +11,18 @@
 #                backends each start chose and why (the first measures, the second reads the choice; ARGS: server flags)
 #   skinny-gemm  the skinny GEMM against cuBLAS (ARGS: bench.kernels.skinny_gemm's; --sweep remakes its table)
 #   fused-moe    the fused MoE kernels against their ideal per row count (ARGS: bench.kernels.fused_moe's; --sweep)
+#   quant-gemm   quantized layers beside bf16 at Qwen3-8B's shapes, 1..1024 rows (ARGS: bench.kernels.quant_gemm's)
+#   speculative  speculative decoding against none: batch-1 speed on code editing, summarizing and free chat, and
+#                closed-loop throughput at concurrency 1, 16, 64 and 256 (bench.speculative_decoding; needs MODEL, a
+#                real checkpoint: random weights give drafts nothing to match; ARGS: the script's)
 #   tests        tests/gpu (ARGS: pytest's)
 # MODEL: a checkpoint directory to measure; else random weights of SHAPE (a name of bench/bench_model.py's SHAPES or a
-# config.json of any family; default qwen3-0.6b), built once under /tmp/bench-models. LOAD_FORMAT=dummy: only the
-# shape's config.json and tokenizer are written, and the engine draws the weights on the device (--load-format dummy).
+# config.json of any family; default qwen3-0.6b), its projections in QUANTIZATION's format where set (fp8, w4a16,
+# gguf-q4_k_m), built once under /tmp/bench-models. LOAD_FORMAT=dummy: only the shape's config.json and tokenizer are
+# written, and the engine draws the weights on the device (--load-format dummy; not with QUANTIZATION).
 # Every result records its device, date, commit and command; BENCH_COMMIT names the commit where the tree has no .git.
 set -euo pipefail
-stage=${1:?usage: run_gpu.sh offline|serve|chat|startup|skinny-gemm|fused-moe|tests OUT_DIR [ARGS...]}
+stage=${1:?usage: run_gpu.sh offline|serve|chat|startup|skinny-gemm|fused-moe|quant-gemm|speculative|tests OUT_DIR [ARGS...]}
 out=${2:?usage: run_gpu.sh STAGE OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -25,8 +30,8 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 shape=${SHAPE:-qwen3-0.6b}
 load_format=${LOAD_FORMAT:-auto}
 config_only=$([ "$load_format" = dummy ] && echo --config-only || true)
-model=${MODEL:-/tmp/bench-models/$(basename "${shape%/config.json}")${config_only:+-config}}
-[ -n "${MODEL:-}" ] || python3 -m bench.bench_model "$shape" "$model" $config_only > /dev/null
+model=${MODEL:-/tmp/bench-models/$(basename "${shape%/config.json}")${QUANTIZATION:+-$QUANTIZATION}${config_only:+-config}}
+[ -n "${MODEL:-}" ] || python3 -m bench.bench_model "$shape" "$model" $config_only ${QUANTIZATION:-} > /dev/null
 server_args="--model $model --dtype bfloat16 --max-model-len 4096 --max-num-seqs 256 --max-num-batched-tokens 8192"
 server_args="$server_args --load-format $load_format"
 
@@ -47,6 +52,11 @@ case "$stage" in
     python3 -m bench.kernels.skinny_gemm --out "$out/skinny_gemm.json" "$@" ;;
   fused-moe)
     python3 -m bench.kernels.fused_moe --out "$out/fused_moe.json" "$@" ;;
+  quant-gemm)
+    python3 -m bench.kernels.quant_gemm --out "$out/quant_gemm.json" "$@" ;;
+  speculative)
+    python3 -m bench.speculative_decoding --model "${MODEL:?the speculative stage needs MODEL}" --dtype bfloat16 \
+      --out "$out/speculative.json" "$@" ;;
   tests)
     python3 -m pytest -p no:cacheprovider -rfEs tests/gpu "$@" ;;
   *)

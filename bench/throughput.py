@@ -15,12 +15,15 @@ prompt tokens FLOPs at the matmul rate measured in the same run) and against sen
 and checkpoint (its batches of `--st-batch-size`, when it is installed).
 
 The model: any checkpoint directory (`--model`), or random weights of `--shape` (a name of bench/bench_model.py's
-SHAPES or a config.json of any family), built once under /tmp/bench-models; with `--load-format dummy` only the
-shape's config.json and tokenizer are written and the engine draws the weights on the device (for shapes whose
-checkpoint would take longer to write than to measure, as Qwen3-30B-A3B's 61 GB).
+SHAPES or a config.json of any family; `--quantization` for its projections in a quantized format), built once under
+/tmp/bench-models; with `--load-format dummy` only the shape's config.json and tokenizer are written and the engine
+draws the weights on the device (for shapes whose checkpoint would take longer to write than to measure, as
+Qwen3-30B-A3B's 61 GB; float weights only). The ideal counts each weight at its stored width (FP8 one byte, packed
+integers as packed).
 
     python -m bench.throughput --out result.json
     python -m bench.throughput --shape qwen3-8b --warmup short --out result.json
+    python -m bench.throughput --shape qwen3-8b --quantization fp8 --warmup short --out result.json
     python -m bench.throughput --model /models/Qwen3-30B-A3B --tensor-parallel-size 2 --out result.json
     python -m bench.throughput --shape qwen3-30b-a3b --load-format dummy --out result.json
     python -m bench.throughput --workload embed --prompt-len 512 --serve-requests 2048 --out result.json
@@ -38,7 +41,7 @@ from typing import Any
 
 import torch
 
-from bench.bench_model import DEFAULT_SHAPE, build_config_only, build_random_checkpoint, shape_config
+from bench.bench_model import DEFAULT_SHAPE, QUANTIZATIONS, build_config_only, build_random_checkpoint, shape_config
 from bench.common import kernel_variant, write_result
 from bench.engine_runs import build_engine, run_workload, startup_objects_frozen, time_batch1
 from bench.roofline import DTYPE_BYTES, DeviceLimits, ModelShape, ideal_decode_step_seconds, ideal_run, measure_limits
@@ -53,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--shape", default=DEFAULT_SHAPE, help="a named shape or a config.json, for random weights")
     p.add_argument("--load-format", choices=["auto", "dummy"], default="auto",
                    help="dummy: random weights drawn by the engine on the device, no checkpoint written or read")
+    p.add_argument("--quantization", choices=list(QUANTIZATIONS), default=None,
+                   help="random weights' projections in this format (default: the dtype's)")
     p.add_argument("--workload", choices=["nano-vllm", "serve", "embed"], default="nano-vllm")
     p.add_argument("--st-batch-size", type=int, default=64, help="sentence-transformers' batch (embed workload)")
     p.add_argument("--num-requests", type=int, default=256, help="nano-vllm workload size")
@@ -93,8 +98,12 @@ def model_dir(args: argparse.Namespace) -> str:
         return str(args.model)
     name = Path(args.shape).parent.name if args.shape.endswith(".json") else args.shape
     if args.load_format == "dummy":
+        if args.quantization:
+            raise ValueError("--load-format dummy draws float weights: give --quantization a written checkpoint")
         return str(build_config_only(Path("/tmp/bench-models") / f"{name}-config", shape_config(args.shape)))
-    return str(build_random_checkpoint(Path("/tmp/bench-models") / name, shape_config(args.shape)))
+    name += f"-{args.quantization}" if args.quantization else ""
+    return str(build_random_checkpoint(Path("/tmp/bench-models") / name, shape_config(args.shape),
+                                       quantization=args.quantization))
 
 
 def new_engine(args: argparse.Namespace, model: str) -> LLMEngine:

@@ -24,11 +24,19 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
     num_other_groups = len(scheduled[0].seq.block_tables) - 1 if scheduled else 0
     group_slots: list[list[int]] = [[] for _ in range(num_other_groups)]
     group_tables: list[list[list[int]]] = [[] for _ in range(num_other_groups)]
+    draft_counts: list[int] = []  # per row: the draft tokens it verifies (speculative decoding)
     for s in scheduled:
         seq, start, end = s.seq, s.start, s.start + s.num_new_tokens
         block_ids = seq.block_tables[0]
         num_known = len(seq.token_ids)
-        if end - start == 1:  # a decode (the common row): no ranges or slices
+        num_drafts = end - seq.num_tokens if end > seq.num_tokens else 0
+        draft_counts.append(num_drafts)
+        if num_drafts:  # the row's last known token, then its drafts (all tokens known: see core/speculation.py)
+            positions.extend(range(start, end))
+            slot_mapping.extend(_slots(block_ids, start, end, block_size))
+            token_ids.extend(seq.token_ids[start:])
+            token_ids.extend(seq.draft_token_ids[:num_drafts])
+        elif end - start == 1:  # a decode (the common row): no ranges or slices
             positions.append(start)
             slot_mapping.append(block_ids[start // block_size] * block_size + start % block_size)
             if start < num_known:
@@ -41,10 +49,10 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
             for slots, tables, group_ids in zip(group_slots, group_tables, seq.block_tables[1:], strict=True):
                 if end - start == 1:
                     slots.append(group_ids[start // block_size] * block_size + start % block_size)
-                else:
+                else:  # a prompt chunk, or the last known token and its drafts
                     slots.extend(_slots(group_ids, start, end, block_size))
                 tables.append(group_ids)
-        if end > num_known:  # its last token is still on the device: the runner reads it there
+        if end > num_known and not num_drafts:  # its last token is still on the device: the runner reads it there
             batch.fed_back_token_indices.append(len(token_ids))
             batch.fed_back_rows.append(seq.pending_row)
             token_ids.append(0)
@@ -58,7 +66,7 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
         if seq.pooling is not None:
             batch.pooling.append(_pooling_row(seq, start, end, len(batch.sampling), pooling_slots))
             batch.sampling.append(None)
-        elif end == seq.num_tokens:
+        elif end - num_drafts == seq.num_tokens:
             if seq.has_penalties and seq.penalty_slot is None:
                 _take_penalty_slot(seq, penalty_slots, batch)
             row = row_sampling(seq, eos_token_ids)
@@ -67,6 +75,8 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
         else:
             batch.sampling.append(None)
     batch.other_groups = [GroupTables(slots, tables) for slots, tables in zip(group_slots, group_tables, strict=True)]
+    if any(draft_counts):
+        batch.num_draft_tokens = draft_counts
     if any(s.seq.pooling is not None and s.seq.pooling.token_type_ids is not None for s in scheduled):
         batch.token_type_ids = [t for s in scheduled for t in _token_types(s)]
     return batch

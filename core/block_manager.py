@@ -127,6 +127,15 @@ class BlockPool:
         for _ in range(-(-num_tokens // self.block_size) - len(table)):
             table.append(self._take_block())
 
+    def release_tail(self, table: list[int], num_kept: int) -> None:
+        """Gives back the table's blocks past its first `num_kept` (those of rejected draft tokens): never keyed, as
+        they held no token known on the host when they were taken, and never null (the window ends later)."""
+        for block_id in table[num_kept:]:
+            assert self.ref_counts[block_id] == 1 and self.block_keys[block_id] is None
+            self.ref_counts[block_id] = 0
+            self.free_ids.append(block_id)
+        del table[num_kept:]
+
     def free(self, table: list[int], keep_cached: bool) -> None:
         """Drops a table's references; a block nobody else holds stays in the prefix cache if it is keyed and
         `keep_cached` (False: its contents are not to be trusted)."""
@@ -263,6 +272,14 @@ class BlockManager:
                 pool.append(table, start, end)
         if self.enable_prefix_caching and min(end, len(seq.token_ids)) // self.block_size > len(seq.block_keys):
             self._key_full_blocks(seq, end)
+
+    def release_tail(self, seq: Sequence, num_tokens: int) -> None:
+        """Gives back, in every group, the sequence's blocks past its first `num_tokens` tokens (those of rejected
+        draft tokens). A windowed group released blocks only before the window of the step's first position, which
+        no kept token precedes, so none a later query reads is gone."""
+        num_kept = -(-num_tokens // self.block_size)
+        for pool, table in zip(self.pools, seq.block_tables, strict=True):
+            pool.release_tail(table, num_kept)
 
     def free(self, seq: Sequence, keep_cached: bool = True) -> None:
         """Drops the sequence's references in every group (`keep_cached`: see BlockPool.free); a waiting sequence

@@ -17,6 +17,7 @@ from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, get_type_hints
 
 from core.sampling_defaults import check_override
+from core.speculative_config import SpeculativeConfig, parse_speculative_config
 from gpu.config import ATTENTION_BACKENDS, DTYPES, LOAD_FORMATS
 
 DEVICES = ("auto", "cuda", "cpu")  # and cuda:N
@@ -135,6 +136,9 @@ class ModelConfig:
             check_override(self.override_generation_config)
 
 
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")  # fp8 is e4m3, as vLLM's flag names it
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int = setting(16, "tokens per KV-cache block (a power of two)")
@@ -142,8 +146,13 @@ class CacheConfig:
                                      name="kv_cache_blocks")
     gpu_memory_utilization: float = setting(0.9, "share of GPU memory for weights and KV cache, in (0, 1]")
     enable_prefix_caching: bool = setting(True, "reuse the KV blocks of shared prompt prefixes")
+    kv_cache_dtype: str = setting("auto", "the KV cache's element type: auto (the model's dtype) or fp8 (e4m3 with "
+                                  "a scale per layer for keys and one for values: the checkpoint's k_scale and v_scale "
+                                  "where it has them, else 1)", choices=KV_CACHE_DTYPES)
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"kv_cache_dtype must be one of {KV_CACHE_DTYPES}, got {self.kv_cache_dtype!r}")
         if self.block_size < 1 or self.block_size & (self.block_size - 1):
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
@@ -163,8 +172,18 @@ class SchedulerConfig:
                                     "out for up to this long: the last first token of a burst comes sooner, and "
                                     "running streams pause for up to this long (0: every step decodes every "
                                     "running sequence, as vLLM)")
+    speculative_config: SpeculativeConfig | None = setting(
+        None, "speculative decoding, as a JSON object of vLLM's keys: method (ngram, suffix, or draft_model with "
+        "model: a checkpoint directory with the target's tokenizer; mtp and eagle3 are refused as not implemented "
+        "yet), num_speculative_tokens (the most draft tokens per sequence and step; each step uses as many as its "
+        "measured cost and acceptance pay for, down to none; our key adaptive false uses all of them every step, as "
+        "vLLM), prompt_lookup_min, prompt_lookup_max, suffix_decoding_*; "
+        "e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'",
+        parse=parse_speculative_config)
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, Mapping):  # LLM(speculative_config={...}), as vLLM takes it
+            object.__setattr__(self, "speculative_config", parse_speculative_config(self.speculative_config))
         if self.decode_hold_ms < 0:
             raise ValueError(f"decode_hold_ms must be >= 0, got {self.decode_hold_ms}")
         if self.max_num_seqs < 1:

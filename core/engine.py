@@ -20,6 +20,10 @@ the check ends alone with FinishReason.ERROR. A step that raises while it is bui
 raise end their requests with ERROR and the others go on. A fault that is not a request's (every
 row fails, or steps keep failing) is raised: the engine is broken, and its owner restarts it.
 
+Speculative decoding (core/speculation.py): a step whose controller asks for drafts books the step in flight
+first (drafts are proposed from known tokens), and is itself booked before the next step is scheduled (what it
+accepts decides what comes next); its rows verify their drafts, each sampled at every verified position.
+
 Pooling models (embeddings, scores: core/pooling_model.py) run the same loop: their requests are
 prefill-only sequences, finished by the step that computes their last prompt token, whose output is
 the pooled state the runner returns instead of a sampled token.
@@ -53,10 +57,11 @@ from core.request_checks import EngineLimits
 from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence, SequenceStatus
+from core.speculation import Speculation
 from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
-from gpu.kv_cache_groups import context_block_limit
+from gpu.kv_cache_groups import KVCacheGroup, context_block_limit
 from gpu.model_info import read_model_info
 from gpu.runner import Runner, StepInFlight
 from gpu.runner_factory import AwaitingMasks, make_runner
@@ -85,6 +90,11 @@ class EngineStats:
     num_prefix_cache_queried_tokens: int
     num_prompt_tokens: int  # of requests whose prefill finished
     num_generation_tokens: int
+    # Speculative decoding (vLLM's spec_decode counters); accepted per draft position is empty when it is off.
+    num_spec_drafts: int = 0
+    num_spec_draft_tokens: int = 0
+    num_spec_accepted_tokens: int = 0
+    num_spec_accepted_per_position: tuple[int, ...] = ()
 
     @property
     def kv_cache_usage(self) -> float:
@@ -104,6 +114,11 @@ class _LaunchedStep:
     pending: StepInFlight | AwaitingMasks  # AwaitingMasks: its sampling waits for token masks
     scored_seqs: list[Sequence]  # the sequences of the step's prompt_logprobs rows, in order
     pooled_seqs: list[Sequence]  # the pooling sequences whose prompt the step ends, in row order
+    # Speculative decoding: per sampled sequence, the drafts its row verifies and the index of its first sampled
+    # position among the result's (a row with d drafts has d + 1); None: no row verifies drafts.
+    draft_counts: list[int] | None = None
+    first_positions: list[int] | None = None
+    num_decode_rows: int = 0  # its rows when every one decodes (one token, or one and its drafts); else 0
 
 
 class LLMEngine:
@@ -141,6 +156,34 @@ class LLMEngine:
         self._grammars: Grammars | None = None  # built at the first structured-output request
         self._compiling: dict[Sequence, concurrent.futures.Future] = {}  # waiting for their grammar, unscheduled
         self.metrics = EngineMetrics()
+        spec_config = config.scheduler.speculative_config
+        if spec_config is not None and self.pooling is not None:
+            raise ValueError("speculative_config: a pooling model generates no tokens to speculate on")
+        self.speculation = None if spec_config is None else Speculation(
+            spec_config, self.max_model_len, self._draft_runner(), self.block_size,
+            config.scheduler.max_num_batched_tokens)
+
+    def _draft_runner(self) -> Runner | None:
+        """The draft model's runner (speculative method draft_model): one device, the target's KV blocks."""
+        spec = self.config.scheduler.speculative_config
+        if spec is None or spec.model is None:
+            return None
+        if self.config.model.tensor_parallel_size != 1:
+            raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 only")
+        if read_model_info(spec.model).vocab_size != self.vocab_size:
+            raise ValueError(f"speculative_config.model {spec.model!r}: its vocabulary is not the target's")
+        # The draft writes its K/V through the target's block tables, of a single full-attention group (a windowed
+        # group's tables name the null block before the window, where a draft catching up would still write).
+        if not _is_full_attention_only(self.runner.kv_cache_groups):
+            raise ValueError(f"speculative_config.model: a draft model needs a target whose layers all keep the whole "
+                             f"context; {self.config.model.model!r} has sliding-window layers")
+        config = replace(runner_config(self.config, self.max_model_len), model_path=spec.model,
+                         num_kv_blocks=self.runner.kv_cache_groups[0].num_blocks, load_format="auto")
+        runner = make_runner(config)
+        if not _is_full_attention_only(runner.kv_cache_groups):
+            raise ValueError(f"speculative_config.model {spec.model!r}: a draft model with sliding-window layers "
+                             f"is not supported (it reads the target's block tables, of full attention)")
+        return runner
 
     @property
     def grammars(self) -> Grammars:
@@ -148,8 +191,10 @@ class LLMEngine:
         are compiled against (the engine never tokenizes)."""
         if self._grammars is None:
             tokenizer = load_tokenizer(self.config.model.tokenizer or self.config.model.model)
+            spec = self.config.scheduler.speculative_config
+            positions_per_row = 1 + (spec.num_speculative_tokens if spec is not None else 0)  # verified positions
             self._grammars = Grammars(tokenizer, self.vocab_size, self.eos_token_ids,
-                                      self.config.scheduler.max_num_seqs)
+                                      self.config.scheduler.max_num_seqs * positions_per_row)
         return self._grammars
 
     # Any thread.
@@ -189,7 +234,16 @@ class LLMEngine:
             num_prefix_cache_hit_tokens=self.scheduler.num_prefix_hit_tokens,
             num_prefix_cache_queried_tokens=self.scheduler.num_prefix_queried_tokens,
             num_prompt_tokens=self.metrics.num_prompt_tokens, num_generation_tokens=self.metrics.num_generation_tokens,
+            **self._speculation_stats(),
         )
+
+    def _speculation_stats(self) -> dict[str, object]:
+        if self.speculation is None:
+            return {}
+        c = self.speculation.counts
+        return {"num_spec_drafts": c.num_drafts, "num_spec_draft_tokens": c.num_draft_tokens,
+                "num_spec_accepted_tokens": c.num_accepted_tokens,
+                "num_spec_accepted_per_position": tuple(c.accepted_per_position)}
 
     # The stepping thread only (the engine process's main thread, or the server's bridge thread).
 
@@ -232,11 +286,19 @@ class LLMEngine:
         return LLMEngine(self.config, runner=self.runner.restarted())
 
     def step(self) -> list[RequestOutput]:
+        started = time.perf_counter()
         outputs = self._drain_inbox()
         if self._compiling:
             outputs += self._schedule_compiled()
+        num_drafts = 0
+        if self.speculation is not None and self.scheduler.running:
+            num_drafts = self.speculation.controller.choose(len(self.scheduler.running))
+            if num_drafts:
+                outputs += self._propose_drafts(num_drafts)
         scheduled = self._schedule()
         try:
+            if num_drafts:
+                self.speculation.fill(scheduled)  # type: ignore[union-attr]
             launched = self._launch(scheduled) if scheduled else None
         except Exception:  # noqa: BLE001 - which request provoked it is found by running its rows alone
             return outputs + self._recover(scheduled)
@@ -250,10 +312,23 @@ class LLMEngine:
                 except Exception:  # noqa: BLE001 - as a launch that raised
                     return outputs + self._recover(scheduled)
             self._advance(launched)
-            if self.config.scheduler.async_scheduling:
+            if self.config.scheduler.async_scheduling and launched.draft_counts is None:
                 self._in_flight = launched
             else:
-                outputs += self._postprocess(launched)
+                outputs += self._postprocess(launched)  # a verifying step: what it accepts decides the next
+            if self.speculation is not None and launched.num_decode_rows:
+                self.speculation.observe_step(launched.num_decode_rows, num_drafts, time.perf_counter() - started)
+        return outputs
+
+    def _propose_drafts(self, num_drafts: int) -> list[RequestOutput]:
+        """Books the step in flight (drafts are proposed from known tokens), then gives the running sequences
+        their drafts (core/speculation.py)."""
+        assert self.speculation is not None
+        outputs = []
+        if self._in_flight is not None:
+            outputs = self._postprocess(self._in_flight)
+            self._in_flight = None
+        self.speculation.propose(self.scheduler.running, num_drafts)
         return outputs
 
     def _schedule(self) -> list[ScheduledSequence]:
@@ -273,7 +348,15 @@ class LLMEngine:
                             self.pooling_slots)
         sampled_seqs = [s.seq for s, row in zip(scheduled, batch.sampling, strict=True) if row is not None]
         pooled_seqs = [scheduled[row.row].seq for row in batch.pooling if row.ends_prompt]
-        return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch), scored, pooled_seqs)
+        draft_counts = first_positions = None
+        num_decode_rows = batch.num_rows if batch.is_decode_only else 0
+        if batch.num_draft_tokens is not None:
+            draft_counts = [n for n, row in zip(batch.num_draft_tokens, batch.sampling, strict=True) if row is not None]
+            first_positions = np.cumsum([0] + [n + 1 for n in draft_counts[:-1]]).tolist()
+            is_decoding = len(batch.token_ids) == batch.num_rows + sum(batch.num_draft_tokens)
+            num_decode_rows = batch.num_rows if is_decoding else 0
+        return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch), scored, pooled_seqs, draft_counts,
+                             first_positions, num_decode_rows)
 
     def _recover(self, scheduled: list[ScheduledSequence]) -> list[RequestOutput]:
         """After a step failed to launch: books the step still in flight, then runs each scheduled row
@@ -338,7 +421,13 @@ class LLMEngine:
         rows = [i for i, seq in enumerate(step.sampled_seqs) if seq.grammar is not None]
         # A sequence that ended meanwhile gets an unmasked row: its token will be dropped.
         matchers = [None if step.sampled_seqs[i].is_finished else step.sampled_seqs[i].grammar for i in rows]
-        token_mask = TokenMask(rows, self.grammars.fill(matchers))
+        if step.first_positions is None or step.draft_counts is None:
+            token_mask = TokenMask(rows, self.grammars.fill(matchers))
+        else:  # a verifying step: a mask per verified position
+            counts, firsts = step.draft_counts, step.first_positions
+            drafts = [step.sampled_seqs[i].draft_token_ids[: counts[i]] for i in rows]
+            positions = [firsts[i] + j for i in rows for j in range(counts[i] + 1)]
+            token_mask = TokenMask(positions, self.grammars.fill_along_drafts(matchers, drafts))
         return replace(step, pending=self.runner.sample_masked(step.pending, token_mask))
 
     def _drain_inbox(self) -> list[RequestOutput]:
@@ -402,6 +491,8 @@ class LLMEngine:
         result = step.pending.result()
         for seq, entries in zip(step.scored_seqs, result.prompt_logprobs, strict=True):
             seq.prompt_logprobs.extend(entries)  # type: ignore[union-attr]
+        if step.draft_counts is not None:
+            return self._book_verified(step, result.token_ids, result.logprobs)
         refused = self._book_constrained(step.sampled_seqs, result.token_ids)
         now = time.monotonic()
         outputs = []
@@ -424,6 +515,53 @@ class LLMEngine:
         if step.pooled_seqs:
             outputs += self._book_pooled(step.pooled_seqs, result.pooled, now)
         return outputs
+
+    def _book_verified(self, step: _LaunchedStep, token_ids: list[int], logprobs: list[TokenLogprobs | None]
+                       ) -> list[RequestOutput]:
+        """A step that verified drafts: each sequence takes the drafts its sampled tokens confirm and one more
+        token (core/speculation.py), up to the first that ends it; the K/V slots of the rest are given back."""
+        assert self.speculation is not None and step.draft_counts is not None and step.first_positions is not None
+        refused = self._book_constrained(step.sampled_seqs, [token_ids[i] for i in step.first_positions])
+        now = time.monotonic()
+        outputs, first_token_seqs, num_tokens = [], [], 0
+        for seq, first, num_drafts in zip(step.sampled_seqs, step.first_positions, step.draft_counts, strict=True):
+            if seq.is_finished:
+                continue  # aborted while the step ran
+            sampled = token_ids[first : first + num_drafts + 1]
+            num_accepted = self.speculation.num_accepted(sampled, seq.draft_token_ids[:num_drafts])
+            seq.draft_token_ids = []
+            num_tokens_before = seq.num_tokens - 1  # the pending token counts already
+            num_kept, finish_reason = self._take_tokens(seq, sampled[: num_accepted + 1])
+            if seq.grammar is not None and num_kept > 1 and not all(map(seq.grammar.accept_token, sampled[1:num_kept])):
+                finish_reason = FinishReason.ERROR  # never: each was drawn under the mask of its position
+            if num_drafts:  # K/V is computed for the kept tokens but the last; the rejected drafts' slots go
+                seq.num_computed_tokens = seq.num_tokens - 1
+                self.block_manager.release_tail(seq, seq.num_computed_tokens)
+                self.speculation.on_verified(seq, num_tokens_before, num_drafts)
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+                first_token_seqs.append(seq)
+            if refused and seq in refused:
+                logger.error("request %s: token %d is outside its grammar; ended", seq.request_id, sampled[0])
+                finish_reason = FinishReason.ERROR
+            if finish_reason is not None:
+                self._finish(seq, finish_reason)
+            outputs.append(_output(seq, sampled[:num_kept], logprobs[first : first + num_kept]))
+            num_tokens += num_kept
+        self.metrics.on_tokens(first_token_seqs, num_tokens, now)
+        return outputs
+
+    def _take_tokens(self, seq: Sequence, token_ids: list[int]) -> tuple[int, FinishReason | None]:
+        """Books the sampled token and the accepted ones after it, up to the first that ends the sequence: how
+        many it kept, and why it ends (None: it goes on)."""
+        seq.resolve_pending_token(token_ids[0])
+        finish_reason = self._finish_reason(seq, token_ids[0])
+        num_kept = 1
+        while finish_reason is None and num_kept < len(token_ids):
+            seq.append_accepted_token(token_ids[num_kept])
+            finish_reason = self._finish_reason(seq, token_ids[num_kept])
+            num_kept += 1
+        return num_kept, finish_reason
 
     def _book_pooled(self, seqs: list[Sequence], pooled: list[np.ndarray], now: float) -> list[RequestOutput]:
         """Pooling sequences end with their pooled output (counted as their first token is, in the metrics)."""
@@ -470,6 +608,8 @@ class LLMEngine:
         self._release_penalty_slot(seq)
         self._release_pooling_slot(seq)
         seq.finish_reason = reason
+        if self.speculation is not None:
+            self.speculation.on_finished(seq)
         self.metrics.on_finished(seq)
         del self._sequences[seq.request_id]
 
@@ -496,6 +636,10 @@ def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs 
     )
 
 
+def _is_full_attention_only(groups: tuple[KVCacheGroup, ...]) -> bool:
+    return len(groups) == 1 and groups[0].sliding_window is None
+
+
 def runner_config(config: EngineConfig, max_model_len: int | None = None) -> RunnerConfig:
     """The runner's part of an engine config. `max_model_len`: the engine's, resolved against the
     model (None: resolved here, from the checkpoint's config.json)."""
@@ -506,6 +650,7 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
     return RunnerConfig(
         model_path=c.model.model, dtype=c.model.dtype, device=c.model.device, block_size=c.cache.block_size,
         num_kv_blocks=c.cache.num_blocks, gpu_memory_utilization=c.cache.gpu_memory_utilization,
+        kv_cache_dtype=c.cache.kv_cache_dtype,
         max_num_seqs=c.scheduler.max_num_seqs, max_num_batched_tokens=c.scheduler.max_num_batched_tokens,
         max_model_len=max_model_len, enforce_eager=c.model.enforce_eager,
         attention_backend=c.model.attention_backend, seed=c.model.seed,

@@ -183,5 +183,44 @@ class Grammars:
             bitmask[:, -1] &= self._last_word_bits
         return bitmask.numpy()
 
+    def fill_along_drafts(self, matchers: Sequence[xgr.GrammarMatcher | None], drafts: Sequence[list[int]]
+                          ) -> np.ndarray:
+        """Speculative decoding: for each matcher, the masks of its d + 1 verified positions (d = its draft's
+        length), row after row: position j's is the mask after the first j draft tokens, which its grammar
+        accepts (core/speculation.py checks them). Each matcher is back where it was afterwards."""
+        starts = np.cumsum([0] + [len(d) + 1 for d in drafts])
+        bitmask = self._bitmask[: int(starts[-1])]
+        for i, matcher in enumerate(matchers):
+            if matcher is None:
+                bitmask[int(starts[i]) : int(starts[i + 1])] = -1
+        for j in range(max(len(d) for d in drafts) + 1):
+            live = [i for i, m in enumerate(matchers) if m is not None and len(drafts[i]) >= j]
+            if not live:
+                break
+            self._batch.batch_fill_next_token_bitmask([matchers[i] for i in live], self._bitmask,
+                                                      indices=[int(starts[i]) + j for i in live])
+            for i in live:
+                if j < len(drafts[i]):
+                    is_accepted = matchers[i].accept_token(drafts[i][j])  # type: ignore[union-attr]
+                    assert is_accepted, "a draft token its grammar refuses"
+        for i, matcher in enumerate(matchers):
+            if matcher is not None and drafts[i]:
+                matcher.rollback(len(drafts[i]))
+        if self._last_word_bits is not None:
+            bitmask[:, -1] &= self._last_word_bits
+        return bitmask.numpy()
+
+    @staticmethod
+    def grammatical_prefix(matcher: xgr.GrammarMatcher, token_ids: list[int]) -> int:
+        """How many leading tokens the grammar accepts; the matcher is back where it was afterwards."""
+        num_accepted = 0
+        for token_id in token_ids:
+            if not matcher.accept_token(token_id):
+                break
+            num_accepted += 1
+        if num_accepted:
+            matcher.rollback(num_accepted)
+        return num_accepted
+
     def close(self) -> None:
         self._worker.shutdown(wait=False, cancel_futures=True)

@@ -6,6 +6,8 @@ first, decodes before unfinished prefills, so a long prompt is prefilled in chun
 steps while others keep decoding; waiting sequences are admitted from what is left, their
 prefix-cache hits skipped. When blocks run out, the most recently admitted unscheduled running
 sequence is preempted: its blocks are freed and it goes back to the front of the waiting queue.
+A running sequence with draft tokens (speculative decoding) is given them too, as far as the budget
+goes: its blocks cover them, and the engine gives back those of rejected drafts.
 
 One departure, off by default (`decode_hold_ms` 0): with a hold, while prompt tokens wait, a step
 leaves out the sequences that are decoding (their stream has begun, one token to compute) and
@@ -115,7 +117,7 @@ class Scheduler:
         pending = deque(sorted(ready, key=lambda s: (s.num_uncomputed_tokens > 1, s.admission_order)))
         while pending and budget > 0:
             seq = pending.popleft()
-            num_new = min(seq.num_uncomputed_tokens, budget)
+            num_new = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
             while not self.block_manager.can_append(seq, num_new):
                 victim = max(chain(pending, [seq]), key=lambda s: s.admission_order)
                 self._preempt(victim)
@@ -124,6 +126,8 @@ class Scheduler:
                     break
                 pending.remove(victim)
             else:
+                if seq.draft_token_ids:  # the budget may leave room for some of them only
+                    del seq.draft_token_ids[max(0, num_new - seq.num_uncomputed_tokens):]
                 self.block_manager.allocate(seq, num_new)
                 out.scheduled.append(ScheduledSequence.of(seq, num_new))
                 budget -= num_new
@@ -158,6 +162,8 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        seq.draft_token_ids = []
+        seq.draft_state = None  # a draft model's K/V goes with the blocks
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING

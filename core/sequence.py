@@ -69,6 +69,10 @@ class Sequence:
         self.pooling_slot: int | None = None  # its entry in the runner's pooling state while chunked
         self.pools_every_token = False  # mean or CLS pooling: no prompt token may come from the prefix cache
         self.must_run_whole = False  # an encoder's prompt: one step, never chunked
+        # Speculative decoding: tokens proposed to follow its last one, verified by the next step (none: a plain
+        # decode). Never in num_tokens: the scheduler adds them to the step's new tokens.
+        self.draft_token_ids: list[int] = []
+        self.draft_state: object | None = None  # the proposer's own record of the sequence (core/ngram_proposer.py)
 
     @property
     def needs_prompt_logprobs(self) -> bool:
@@ -101,6 +105,13 @@ class Sequence:
         assert self.num_pending_tokens == 1
         self.is_last_token_pending = False
         self.token_ids.append(token_id)
+
+    def append_accepted_token(self, token_id: int) -> None:
+        """A draft token its verification accepted, after the sampled token of the same step (speculative
+        decoding): known on the host at once."""
+        assert self.num_pending_tokens == 0
+        self.token_ids.append(token_id)
+        self.num_tokens += 1
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "

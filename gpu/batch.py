@@ -8,7 +8,7 @@ has a slot mapping and block tables per group: `slot_mapping` and `block_tables`
 holds the others' (empty for a one-group model).
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -152,6 +152,10 @@ class Batch:
     token_type_ids: list[int] | None = None
     # KV-cache groups 1, 2, ...: their slots and block tables.
     other_groups: list[GroupTables] = field(default_factory=list)
+    # Speculative decoding: [num_rows] the draft tokens at the end of each row's new tokens (0 on most rows); a
+    # sampled row with d drafts is sampled at its last d + 1 positions, each position as one sampled row of the
+    # result (see sampled_positions). None: no row verifies drafts.
+    num_draft_tokens: list[int] | None = None
 
     @property
     def num_rows(self) -> int:
@@ -160,6 +164,25 @@ class Batch:
     @cached_property  # read several times a step; a batch is not changed once built
     def is_decode_only(self) -> bool:
         return all(n == 1 for n in self.query_lens)
+
+    def sampled_positions(self) -> tuple[list[RowSampling], np.ndarray]:
+        """The result's sampled rows and the flat token index of each: one per sampled row, or d + 1 for a row
+        verifying d drafts, whose i-th draws output token output_index + i (so a seeded row draws what it would
+        draw one token per step)."""
+        sampled = [i for i, row in enumerate(self.sampling) if row is not None]
+        last_token_index = np.cumsum(self.query_lens) - 1
+        if self.num_draft_tokens is None:
+            return [self.sampling[i] for i in sampled], last_token_index[sampled]  # type: ignore[misc]
+        rows: list[RowSampling] = []
+        indices: list[int] = []
+        for i in sampled:
+            row, num_drafts, last = self.sampling[i], self.num_draft_tokens[i], int(last_token_index[i])
+            assert row is not None
+            rows.append(row)
+            rows.extend(row if row.seed is None else replace(row, output_index=row.output_index + j)
+                        for j in range(1, num_drafts + 1))
+            indices.extend(range(last - num_drafts, last + 1))
+        return rows, np.asarray(indices, dtype=np.int64)
 
 
 @dataclass(frozen=True)

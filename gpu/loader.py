@@ -12,8 +12,9 @@ all at once from one fused tensor (Phi-3's `qkv_proj`, `gate_up_proj`).
 
 A model may rename checkpoint tensors (`checkpoint_name`: a multimodal checkpoint's language model under its
 own prefix, Mixtral's `block_sparse_moe`) and leave some out (a vision tower, GLM's multi-token-prediction layers):
-the loader logs how many it left, and still requires every parameter of the model. A mixture of experts' per-expert
-tensors (`...experts.<e>.<name>.weight`, by the model's `expert_parts`) go into its stacked expert parameters as
+the loader logs how many it left, and still requires every parameter of the model but those marked `is_optional` (an
+FP8 KV cache's scales, 1 where a checkpoint has none). A mixture of experts' per-expert tensors
+(`...experts.<e>.<name>.weight`, by the model's `expert_parts`) go into its stacked expert parameters as
 `ExpertShard`s (gpu/layers/moe.py).
 """
 
@@ -39,6 +40,20 @@ class ExpertShard:
     part: str
     expert: int
 
+class TensorSlice:
+    """A tensor in memory, read as safetensors' slice of a file is: a layer's weight loaders take weights no file
+    holds (random benchmark weights, tests) through the same `CheckpointTensor`."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def get_shape(self) -> list[int]:
+        return list(self.tensor.shape)
+
+    def __getitem__(self, index: object) -> torch.Tensor:
+        return self.tensor[index]  # type: ignore[index]
+
+
 class CheckpointTensor:
     """One tensor of a safetensors file, read whole or as a range of rows or columns."""
 
@@ -48,7 +63,7 @@ class CheckpointTensor:
         self.shape: tuple[int, ...] = tuple(file_slice.get_shape())  # type: ignore[attr-defined]
 
     def read(self) -> torch.Tensor:
-        return self._slice[:]  # type: ignore[index]
+        return self._slice[...]  # type: ignore[index]
 
     def read_rows(self, start: int, size: int) -> torch.Tensor:
         self._check_range(0, start, size)
@@ -61,6 +76,14 @@ class CheckpointTensor:
         """Indices [start, start + size) along `dim`, all of the others."""
         self._check_range(dim, start, size)
         index = (slice(None),) * dim + (slice(start, start + size),)
+        return self._slice[index]  # type: ignore[index]
+
+    def read_ranges(self, ranges: dict[int, tuple[int, int]]) -> torch.Tensor:
+        """Indices [start, start + size) along each dimension named in `ranges`, all of the others."""
+        for dim, (start, size) in ranges.items():
+            self._check_range(dim, start, size)
+        index = tuple(slice(ranges[d][0], sum(ranges[d])) if d in ranges else slice(None)
+                      for d in range(len(self.shape)))
         return self._slice[index]  # type: ignore[index]
 
     def _check_range(self, dim: int, start: int, size: int) -> None:
@@ -119,7 +142,8 @@ def load_weights(model: nn.Module, model_dir: Path) -> None:
     if left_out:
         logger.info("left out %d checkpoint tensors the served model does not use (e.g. %s)", len(left_out),
                     left_out[0])
-    missing = [name for name, param in model.named_parameters() if loaded.get(name) != _expected_shards(param)]
+    missing = [name for name, param in model.named_parameters()
+               if loaded.get(name) != _expected_shards(param) and not getattr(param, "is_optional", False)]
     if missing:
         raise ValueError(f"the checkpoint lacks {len(missing)} parameters (or shards of them), e.g. {missing[:3]}")
 
@@ -152,16 +176,19 @@ def _target(name: str, model: nn.Module) -> tuple[str, Hashable | None]:
     return name, None
 
 
-EXPERT_TENSOR = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<name>\w+)\.weight$")
+EXPERT_TENSOR = re.compile(r"^(?P<prefix>.*\.experts)\.(?P<expert>\d+)\.(?P<name>\w+)\.(?P<tensor>weight\w*)$")
 # The stacked parameters of gpu/layers/moe.py's Experts each part goes into.
 EXPERT_PARAMS = {"gate": "gate_up_proj", "up": "gate_up_proj", "down": "down_proj"}
 
 
 def expert_target(name: str, parts: dict[str, str]) -> tuple[str, ExpertShard] | None:
     """(parameter, shard) of a per-expert checkpoint tensor, e.g. `...mlp.experts.3.gate_proj.weight` with parts
-    {"gate_proj": "gate", ...} -> (`...mlp.experts.gate_up_proj`, ExpertShard("gate", 3)); None for another."""
+    {"gate_proj": "gate", ...} -> (`...mlp.experts.gate_up_proj`, ExpertShard("gate", 3)); None for another. A
+    quantized format's other tensors keep their suffix: `...experts.3.gate_proj.weight_scale_inv` ->
+    `...experts.gate_up_proj_scale_inv`."""
     match = EXPERT_TENSOR.match(name)
     if match is None or match["name"] not in parts:
         return None
     part = parts[match["name"]]
-    return f"{match['prefix']}.{EXPERT_PARAMS[part]}", ExpertShard(part, int(match["expert"]))
+    suffix = match["tensor"].removeprefix("weight")
+    return f"{match['prefix']}.{EXPERT_PARAMS[part]}{suffix}", ExpertShard(part, int(match["expert"]))

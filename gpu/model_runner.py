@@ -26,7 +26,13 @@ from tqdm import tqdm
 from transformers import PretrainedConfig
 
 from gpu import backend_choice, kv_cache, kv_cache_groups, remembered_backends
-from gpu.attention.backend import AttentionBackend, PhasedBackend, backend_named, candidate_names
+from gpu.attention.backend import (
+    AttentionBackend,
+    PhasedBackend,
+    backend_named,
+    candidate_names,
+    without_flash_attn_for_fp8_cache,
+)
 from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch, GroupTables, PackedBlockTables, Penalties, RowSampling, StepResult, TokenMask
 from gpu.config import RunnerConfig
@@ -46,6 +52,15 @@ from gpu.models import model_class
 from gpu.penalties import PenaltyState
 from gpu.pending_step import PendingLogits, PendingStep, SampledRows, feed_back_tokens
 from gpu.prompt_logprobs import PackedPromptLogprobs, prompt_logprobs
+from gpu.quant import (
+    cast_float_params,
+    finish_loading,
+    quant_scheme,
+    quantize_layers,
+    warm_up_quantized,
+    weight_summary,
+)
+from gpu.quant.method import QuantScheme
 from gpu.runner import run_step
 from gpu.sampler import FUSED_DTYPES, GraphDraw, Sampler
 
@@ -86,6 +101,12 @@ class ModelRunner:
         self.layers = self.model.attention_layers()
         head_dims = tuple(layer.head_dim for layer in self.layers)
         names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype, head_dims)
+        self.kv_dtype = torch.float8_e4m3fn if config.is_fp8_kv_cache else self.dtype
+        if config.is_fp8_kv_cache:
+            for layer in self.layers:
+                layer.use_fp8_cache()
+            if self.device.type == "cuda":
+                names, flash_attn_reason = without_flash_attn_for_fp8_cache(names, config.attention_backend)
         if flash_attn_reason is not None:
             logger.info("attention backend flash-attn not a candidate: %s", flash_attn_reason)
         first = backend_named(names[0])
@@ -174,7 +195,8 @@ class ModelRunner:
         return {
             "gpu": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "model": remembered_backends.model_shape(hf_config), "dtype": str(self.dtype).removeprefix("torch."),
-            "block_size": c.block_size, "max_num_seqs": c.max_num_seqs, "max_model_len": c.max_model_len,
+            "kv_cache_dtype": str(self.kv_dtype).removeprefix("torch."), "block_size": c.block_size,
+            "max_num_seqs": c.max_num_seqs, "max_model_len": c.max_model_len,
             "max_num_batched_tokens": c.max_num_batched_tokens, "enforce_eager": c.enforce_eager,
             "tensor_parallel_size": self.tp.size, "candidates": names,
             "steps": remembered_backends.steps_digest(steps),
@@ -267,16 +289,22 @@ class ModelRunner:
         c = self.config
         windows = kv_cache_groups.group_windows(self.layers, c.max_model_len)
         kv_cache_groups.assign_groups(self.layers, windows, c.max_model_len)
-        block_bytes = kv_cache.group_bytes_per_block(self.layers, len(windows), c.block_size, self.dtype)
+        block_bytes = kv_cache.group_bytes_per_block(self.layers, len(windows), c.block_size, self.kv_dtype)
         if c.num_kv_blocks is None and self.device.type == "cuda":
             self._warm_up(windows)
         counts = kv_cache.num_blocks_per_group(c, windows, block_bytes, self.device)
         counts = [self.tp.min_over_ranks(n, self.device) for n in counts]  # every rank holds the same blocks
-        kv_cache.allocate(self.layers, counts, windows, c.block_size, self.dtype, self.device)
-        for window, num_blocks, group_bytes in zip(windows, counts, block_bytes, strict=True):
-            logger.info("KV cache, %s: %d blocks of %d tokens = %d tokens, %.2f GiB (%s)",
+        kv_cache.allocate(self.layers, counts, windows, c.block_size, self.kv_dtype, self.device)
+        for group, (window, num_blocks, group_bytes) in enumerate(zip(windows, counts, block_bytes, strict=True)):
+            # An FP8 cache's scales are each layer's own: the log gives their range over the group's layers.
+            scales = (sorted({layer.kv_scales for layer in self.layers if layer.kv_group == group})
+                      if c.is_fp8_kv_cache else [])
+            logger.info("KV cache, %s: %d blocks of %d tokens = %d tokens, %.2f GiB (%s%s)",
                         "full attention" if window is None else f"sliding window {window}", num_blocks, c.block_size,
-                        num_blocks * c.block_size, num_blocks * group_bytes / 2**30, self.dtype)
+                        num_blocks * c.block_size, num_blocks * group_bytes / 2**30,
+                        str(self.kv_dtype).removeprefix("torch."),
+                        "" if not scales else f", (k, v) scales {scales[0]}"
+                        + (f" .. {scales[-1]}" if len(scales) > 1 else ""))
         return tuple(KVCacheGroup(w, n) for w, n in zip(windows, counts, strict=True))
 
     @torch.inference_mode()
@@ -285,7 +313,7 @@ class ModelRunner:
         c = self.config
         num_tokens = min(c.max_num_batched_tokens, c.max_model_len)
         num_blocks = -(-num_tokens // c.block_size)
-        kv_cache.allocate(self.layers, [num_blocks] * len(windows), windows, c.block_size, self.dtype, self.device)
+        kv_cache.allocate(self.layers, [num_blocks] * len(windows), windows, c.block_size, self.kv_dtype, self.device)
         batch = _in_every_group(Batch(
             token_ids=[0] * num_tokens, positions=list(range(num_tokens)), slot_mapping=[-1] * num_tokens,
             query_lens=[num_tokens], context_lens=[num_tokens], block_tables=[list(range(num_blocks))],
@@ -323,6 +351,7 @@ class ModelRunner:
             prompt = min(1024, c.max_num_batched_tokens, c.max_model_len)
             skinny_rows = range(1, min(FEW_ROWS, c.max_num_seqs) + 1)
             warm_up_skinny_gemm(self.model, c.max_num_batched_tokens)
+            warm_up_quantized(self.model, c.max_num_batched_tokens, self.dtype)
             row_counts = sorted(set(skinny_rows) | set(self.decode.buckets if self.decode else []))
         else:
             prompt, row_counts = min(c.block_size, c.max_num_batched_tokens, c.max_model_len), [min(2, c.max_num_seqs)]
@@ -351,7 +380,10 @@ class ModelRunner:
     def launch(self, batch: Batch) -> PendingStep | PendingLogits:
         """Queues one step on the device and returns without waiting for it. A batch with token masks
         returns its logits awaiting them: pass those to `sample_masked` before the next launch. On a
-        tensor-parallel rank other than 0 the step has no result (rank 0 returns the tokens)."""
+        tensor-parallel rank other than 0 the step has no result (rank 0 returns the tokens). A row verifying
+        draft tokens is sampled at each of its last d + 1 positions (Batch.sampled_positions)."""
+        if batch.num_draft_tokens is not None:
+            return self._launch_verification(batch)
         rows = [row for row in batch.sampling if row is not None]
         logits = None
         if self._replays_decode_graph(batch):
@@ -372,6 +404,23 @@ class ModelRunner:
         if logits is None:
             logits = self._logits(batch, hidden)
         if not self.tp.is_first:  # its share of the logits went to rank 0
+            return self._tokens_from_first(len(rows))
+        if logits is None:
+            return self._launched(None, prompt)
+        if batch.has_token_masks:
+            return PendingLogits(logits, rows, batch.penalty_slot_inits, prompt)
+        return self._launched(self.sampler.sample(logits, rows, batch.penalty_slot_inits), prompt)
+
+    def _launch_verification(self, batch: Batch) -> PendingStep | PendingLogits:
+        """A step with draft tokens (speculative decoding): never decode-only, so it runs as any step with prefill
+        (eagerly or in a mixed graph), and samples at every verified position; the engine accepts the drafts."""
+        rows, token_indices = batch.sampled_positions()
+        hidden = self._forward(batch)
+        prompt = None
+        if batch.prompt_logprobs:
+            prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
+        logits = self.model.compute_logits(hidden[to_device(token_indices, np.int64, self.device)]) if rows else None
+        if not self.tp.is_first:
             return self._tokens_from_first(len(rows))
         if logits is None:
             return self._launched(None, prompt)
@@ -449,20 +498,27 @@ def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch
     """The checkpoint's model on `device` in `dtype`, its weights loaded (on a CPU in bfloat16, packed)."""
     torch.manual_seed(config.seed)
     packs = config.kernels.cpu_packed_weights and can_pack(dtype, device)
-    # Packing finds weights on a 4-bit grid exactly, so it reads a float32 checkpoint's own values. Built in the dtype
-    # it loads in: a large model never exists in float32 first.
-    load_dtype = torch.float32 if packs and checkpoint_dtype(hf_config) == "float32" else dtype
+    scheme = quant_scheme(hf_config)
+    # Packing finds weights on a 4-bit grid exactly, so it reads a float32 checkpoint's own values (a quantized one's
+    # dequantized in float32). Built in the dtype it loads in: a large model never exists in float32 first.
+    is_exact = checkpoint_dtype(hf_config) == "float32" or scheme is not None
+    load_dtype = torch.float32 if packs and is_exact else dtype
     with torch.device(device), _default_dtype(load_dtype):
         model = model_class(hf_config.architectures)(hf_config, config.max_model_len, config.kernels, tp)
+    if scheme is not None:
+        quantize_layers(model, scheme)
     if config.load_format == "dummy":
         init_dummy_weights(model, getattr(hf_config, "initializer_range", DEFAULT_STD), config.seed)
     else:
         load_weights(model, Path(config.model_path))
+    finish_loading(model, load_dtype)
     model.eval().requires_grad_(False)
     if packs:
         kinds = pack_linear_layers(model)
         logger.info("linear weights packed for the CPU: %s", ", ".join(f"{n} {k}" for k, n in kinds.items()))
-    return model.to(dtype)
+    cast_float_params(model, dtype)
+    _log_weight_format(model, scheme, dtype)
+    return model
 
 
 def step_inputs(batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
@@ -492,6 +548,15 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         yield
     finally:
         torch.set_default_dtype(previous)
+
+
+def _log_weight_format(model: torch.nn.Module, scheme: QuantScheme | None, dtype: torch.dtype) -> None:
+    num_bytes, num_weights = weight_summary(model)
+    is_dequantized = scheme is not None and next(model.parameters()).device.type == "cpu"
+    logger.info("weight format: %s, %.2f bytes per parameter%s",
+                scheme.description if scheme is not None else str(dtype).removeprefix("torch."),
+                num_bytes / max(num_weights, 1), " (dequantized: the CPU runs the float weights)" if is_dequantized
+                else "")
 
 
 def _num_bytes(model: torch.nn.Module) -> int:

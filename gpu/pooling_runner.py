@@ -54,6 +54,9 @@ class PoolingRunner:
     def __init__(self, config: RunnerConfig, pooler: Pooler) -> None:
         if config.tensor_parallel_size != 1:
             raise ValueError("pooling models run on one device (tensor_parallel_size 1)")
+        if config.is_fp8_kv_cache:
+            raise ValueError("pooling models keep their KV cache in the model's dtype: kv_cache_dtype fp8 is for "
+                             "generation")
         self.config, self.pooler = config, pooler
         self.device = resolve_device(config.device)
         hf_config = load_hf_config(config.model_path)

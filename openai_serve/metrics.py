@@ -114,10 +114,26 @@ class _EngineCollector(Collector):
             ("prompt_tokens", "Number of prefill tokens processed.", stats.num_prompt_tokens),
             ("generation_tokens", "Number of generation tokens processed.", stats.num_generation_tokens),
         ]
+        if stats.num_spec_accepted_per_position:  # speculative decoding is on
+            counters += [
+                ("spec_decode_num_drafts", "Number of spec decoding drafts.", stats.num_spec_drafts),
+                ("spec_decode_num_draft_tokens", "Number of draft tokens.", stats.num_spec_draft_tokens),
+                ("spec_decode_num_accepted_tokens", "Number of accepted tokens.", stats.num_spec_accepted_tokens),
+            ]
         for name, doc, value in counters:
             yield _with_value(CounterMetricFamily(PREFIX + name, doc, labels=["model_name"]), label, value)
+        if stats.num_spec_accepted_per_position:
+            yield _accepted_per_position(m.model_name, stats.num_spec_accepted_per_position)
         for histogram in m.engine_histograms:
             yield histogram.family(m.model_name)
+
+
+def _accepted_per_position(model_name: str, counts: tuple[int, ...]) -> Metric:
+    family = CounterMetricFamily(PREFIX + "spec_decode_num_accepted_tokens_per_pos",
+                                 "Accepted tokens per draft's position.", labels=["model_name", "position"])
+    for position, count in enumerate(counts):
+        family.add_metric([model_name, str(position)], count)
+    return family
 
 
 def _with_value(family: GaugeMetricFamily | CounterMetricFamily, labels: list[str], value: float) -> Metric:

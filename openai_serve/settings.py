@@ -102,7 +102,9 @@ def load_config_file(path: str | Path) -> dict[str, object]:
 def coerce(s: Setting, value: object) -> object:
     """`value` (from JSON or a flag) as the setting's type; raises ValueError for a value of another type."""
     kinds = _kinds(s.type)
-    if isinstance(value, str) and (parse := s.parse or _PARSERS.get(s.name)) is not None:
+    # A JSON object in a config file, for a setting whose parser reads one (speculative_config).
+    is_parsed_object = isinstance(value, dict) and dict not in kinds
+    if (isinstance(value, str) or is_parsed_object) and (parse := s.parse or _PARSERS.get(s.name)) is not None:
         value = parse(value)
     elif isinstance(value, str) and tuple in kinds:
         value = (value,)  # one name where a list of names may be given

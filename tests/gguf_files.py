@@ -8,6 +8,7 @@ our own code.
 """
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import gguf
@@ -46,8 +47,13 @@ def permute(weight: np.ndarray, num_heads: int) -> np.ndarray:
             .swapaxes(1, 2).reshape(weight.shape))
 
 
+BlockMaker = Callable[[int, int, GGMLQuantizationType, int], np.ndarray]
+
+
 def write_llama_gguf(model_dir: Path, path: Path, quantized: dict[str, GGMLQuantizationType] = QUANTIZED,
-                     arch: str = "llama") -> Path:
+                     arch: str = "llama", blocks: BlockMaker | None = None) -> Path:
+    """`blocks` (rows, columns, type, seed) -> [rows, row bytes]: makes the blocks of the types gguf cannot
+    quantize (the K-quants), in place of the weights."""
     config = json.loads((model_dir / "config.json").read_text())
     writer = gguf.GGUFWriter(str(path), arch)
     _write_hyperparameters(writer, config, arch)
@@ -62,7 +68,10 @@ def write_llama_gguf(model_dir: Path, path: Path, quantized: dict[str, GGMLQuant
         elif arch == "llama" and kind == "attn_k":
             weight = permute(weight, config["num_key_value_heads"])
         quant = quantized.get(kind, GGMLQuantizationType.F32)
-        data = gguf.quants.quantize(weight.astype(np.float32), quant)
+        if blocks is not None and quant.name.endswith("_K"):
+            data = blocks(*weight.shape, quant, len(name))
+        else:
+            data = gguf.quants.quantize(weight.astype(np.float32), quant)
         writer.add_tensor(name, data, raw_shape=data.shape if quant in _PLAIN else None, raw_dtype=quant)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()

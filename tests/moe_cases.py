@@ -1,5 +1,7 @@
 """Inputs and torch references shared by the MoE kernels' tests (interpreted on the CPU and on CUDA)."""
 
+import math
+
 import torch
 
 from gpu.layers.moe import Activation, Experts, MoeSpec, RoutedTokens, Routing, activation, experts_reference
@@ -68,3 +70,75 @@ def aligned_reference(expert_ids: torch.Tensor, num_experts: int, block_m: int) 
             tiles.append(tile + [len(flat)] * (block_m - len(tile)))
             tile_experts.append(expert)
     return tiles, tile_experts
+
+
+def random_mxfp4_experts(num_experts: int, hidden: int, intermediate: int, act: str = "clamped_swiglu",
+                         has_bias: bool = True, device: str = "cpu", seed: int = 0) -> Experts:
+    """Stacked experts in MXFP4 (gpu/quant/mxfp4.py's stored form): every code at random, each block's scale near the
+    one that keeps products near 1."""
+    from gpu.quant.mxfp4 import Mxfp4ExpertsMethod
+
+    spec = MoeSpec(Routing(num_experts, 1), intermediate, ACTIVATIONS[act].kind, ACTIVATIONS[act].alpha or 1.702,
+                   ACTIVATIONS[act].limit or 7.0, has_expert_bias=has_bias, is_gpt_oss_layout=True)
+    experts = Experts(hidden, spec)
+    experts.use_quant_method(Mxfp4ExpertsMethod())
+    experts.to(device)
+    generator = torch.Generator(device).manual_seed(seed)
+    with torch.no_grad():
+        for name, param in experts.named_parameters():
+            if name.endswith("_blocks"):
+                param.copy_(torch.randint(0, 256, param.shape, generator=generator, device=device))
+            elif name.endswith("_scales"):  # values up to 6 * 2^(s - 127) with ~sqrt(columns) terms a sum
+                centre = 127 - 2 - round(0.5 * math.log2(param.shape[-1] * 32))
+                param.copy_(torch.randint(centre - 1, centre + 2, param.shape, generator=generator, device=device))
+            else:
+                param.copy_(torch.randn(param.shape, generator=generator, device=device) * 0.5)
+    return experts
+
+
+def random_fp8_experts(num_experts: int, hidden: int, intermediate: int, block: tuple[int, int], act: str = "silu",
+                       has_bias: bool = False, device: str = "cpu", seed: int = 0) -> Experts:
+    """Stacked experts in FP8 with block scales (gpu/quant/fp8_experts.py's stored form): FP8 values across their
+    range, each block's scale at random near the one that keeps products near 1."""
+    from gpu.quant.fp8_experts import Fp8BlockExpertsMethod
+
+    spec = MoeSpec(Routing(num_experts, 1), intermediate, ACTIVATIONS[act].kind, ACTIVATIONS[act].alpha or 1.702,
+                   ACTIVATIONS[act].limit or 7.0, has_expert_bias=has_bias)
+    experts = Experts(hidden, spec)
+    experts.use_quant_method(Fp8BlockExpertsMethod(block))
+    experts.to(device)
+    generator = torch.Generator(device).manual_seed(seed)
+    with torch.no_grad():
+        for name in ("gate_up_proj", "down_proj"):
+            weight, scales = getattr(experts, name), getattr(experts, f"{name}_scale_inv")
+            levels = torch.randn(weight.shape, generator=generator, device=device) * 100
+            weight.copy_(levels.clamp(-448, 448).to(weight.dtype))
+            spread = 2 * weight.shape[-1] ** -0.5 / 100
+            scales.copy_((torch.rand(scales.shape, generator=generator, device=device) + 0.5) * spread)
+        for bias in (experts.gate_up_proj_bias, experts.down_proj_bias):
+            if bias is not None:
+                bias.copy_(torch.randn(bias.shape, generator=generator, device=device) * 0.5)
+    return experts
+
+
+def quantized_kernel_and_reference(experts: Experts, x: torch.Tensor, routed: RoutedTokens
+                                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the quantized experts' method's output for x in x's dtype (its fused kernels), the torch reference's in
+    float32 on their exact dequantization and the same inputs; the biases rounded to x's dtype first, as a served
+    model holds them)."""
+    torch.set_grad_enabled(False)
+    for bias in (experts.gate_up_proj_bias, experts.down_proj_bias):
+        if bias is not None:
+            bias.data = bias.data.to(x.dtype)
+    assert experts.quant is not None
+    out = experts.quant(experts, x, routed, None)
+    gate_up, down = experts.quant.dequantize(experts)
+    reference = Experts(experts.hidden_size, experts.spec).to(x.device)
+    with torch.no_grad():
+        reference.gate_up_proj.copy_(gate_up)
+        reference.down_proj.copy_(down)
+        if experts.gate_up_proj_bias is not None:
+            reference.gate_up_proj_bias.copy_(experts.gate_up_proj_bias)
+            reference.down_proj_bias.copy_(experts.down_proj_bias)
+    expected = experts_reference(x.float(), reference, RoutedTokens(routed.weights, routed.expert_ids.long()))
+    return out, expected

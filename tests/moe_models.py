@@ -40,11 +40,12 @@ MOE_CONFIGS: dict[str, tuple[str, dict]] = {
 }
 
 
-def build_moe_model(directory: Path, name: str, tokenizer_dir: Path, seed: int = 0) -> Path:
-    """Writes the checkpoint `name` of MOE_CONFIGS into `directory` and returns it."""
+def build_moe_model(directory: Path, name: str, tokenizer_dir: Path, seed: int = 0, **overrides: object) -> Path:
+    """Writes the checkpoint `name` of MOE_CONFIGS (with `overrides` of its config) into `directory`; returns it."""
     import transformers
 
     prefix, values = MOE_CONFIGS[name]
+    values = {**values, **overrides}
     config_class = getattr(transformers, f"{prefix}Config")
     model_class = getattr(transformers, f"{prefix}ForCausalLM")
     eos = transformers.AutoTokenizer.from_pretrained(tokenizer_dir).convert_tokens_to_ids("<|im_end|>")

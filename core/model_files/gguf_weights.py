@@ -1,4 +1,7 @@
-"""A GGUF's tensors as a Hugging Face checkpoint's: renamed, dequantized, and un-permuted.
+"""A GGUF's tensors as a Hugging Face checkpoint's: renamed, dequantized (or kept in their blocks), and un-permuted.
+
+With `keep_blocks` a projection whose block type gpu/quant/gguf.py serves stays in its blocks, as `<module>.qweight`
+uint8 [rows, row bytes], and `block_types` names each one's type for config.json; everything else is dequantized.
 
 Dequantization is the `gguf` package's own (`gguf.quants.dequantize`, every type llama.cpp writes:
 Q4_0, Q4_1, Q5_0, Q8_0, the K-quants Q4_K, Q5_K, Q6_K ...).
@@ -20,6 +23,7 @@ from gguf import GGUFReader, ReaderTensor
 from gguf.quants import dequantize
 
 from core.model_files.errors import ModelUnavailable
+from gpu.quant.gguf_blocks import TYPES as KEPT_TYPES
 
 _TOP_LEVEL = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _IN_BLOCK = {
@@ -61,21 +65,40 @@ def dequantized(tensor: ReaderTensor) -> np.ndarray:
         raise ModelUnavailable(f"GGUF tensor {tensor.name}: type {kind} cannot be dequantized") from exc
 
 
-def iter_hf_tensors(reader: GGUFReader, config: dict[str, object], arch: str,
-                    dtype: torch.dtype) -> Iterator[tuple[str, torch.Tensor]]:
-    """(transformers name, tensor in `dtype`) for each tensor of the file, in file order."""
+_PROJECTIONS = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
+
+
+def is_kept_in_blocks(tensor: ReaderTensor) -> bool:
+    """A projection weight of a block type the GPU kernels read."""
+    parts = tensor.name.split(".")
+    return (parts[0] == "blk" and len(parts) == 4 and parts[2] in _PROJECTIONS and parts[3] == "weight"
+            and tensor.tensor_type.name in KEPT_TYPES)
+
+
+def block_types(reader: GGUFReader, arch: str) -> dict[str, str]:
+    """Checkpoint module name -> block type of every tensor `iter_hf_tensors` keeps in blocks."""
+    return {hf_name(t.name, arch).removesuffix(".weight"): t.tensor_type.name for t in reader.tensors
+            if is_kept_in_blocks(t)}
+
+
+def iter_hf_tensors(reader: GGUFReader, config: dict[str, object], arch: str, dtype: torch.dtype,
+                    keep_blocks: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """(transformers name, tensor in `dtype`, or uint8 blocks) for each tensor of the file, in file order."""
     permute_heads: dict[str, int] = {}
     if arch == "llama":
         heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
         permute_heads = {"attn_q": int(heads), "attn_k": int(kv_heads)}  # type: ignore[call-overload]
     norm_shift = _NORM_SHIFTS.get(arch, 0.0)
     for tensor in reader.tensors:
-        weight = dequantized(tensor)
+        is_blocks = keep_blocks and is_kept_in_blocks(tensor)
+        weight = tensor.data if is_blocks else dequantized(tensor)  # blocks: [rows, row bytes], rows whole
         kind = tensor.name.split(".")[2] if tensor.name.startswith("blk.") else None
         if kind in permute_heads:
             weight = unpermute_rows(weight, permute_heads[kind])
         if norm_shift and tensor.name.endswith("norm.weight"):
             weight = weight.astype(np.float32) - np.float32(norm_shift)
-        if not weight.flags.writeable:  # an unquantized tensor is a view of the read-only mapped file
+        if not weight.flags.writeable:  # a view of the read-only mapped file
             weight = weight.copy()
-        yield hf_name(tensor.name, arch), torch.from_numpy(np.ascontiguousarray(weight)).to(dtype)
+        name = hf_name(tensor.name, arch)
+        tensor_out = torch.from_numpy(np.ascontiguousarray(weight))
+        yield (name.removesuffix(".weight") + ".qweight", tensor_out) if is_blocks else (name, tensor_out.to(dtype))

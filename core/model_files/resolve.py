@@ -49,16 +49,16 @@ def resolve_model(model: str | None, dtype: str = "auto", device: str = "auto",
                   cache_dir: Path = DEFAULT_CACHE_DIR, with_tokenizer: bool = True) -> ResolvedModel:
     """`dtype`, `device`: as ModelConfig takes them; they decide the dtype a GGUF is dequantized to.
     `with_tokenizer`: False when the tokenizer comes from elsewhere (--tokenizer)."""
-    dtype = conversion_dtype(dtype, device)
+    conversion = GgufConversion(conversion_dtype(dtype, device), keeps_blocks(device))
     if model is None:
-        return _default_or_tiny(dtype, cache_dir)
+        return _default_or_tiny(conversion, cache_dir)
     if model == TINY_NAME:
         return ResolvedModel(_tiny(cache_dir), TINY_NAME)
     if model in BUILTIN_GGUFS:
-        return ResolvedModel(_builtin(BUILTIN_GGUFS[model], dtype, cache_dir), model)
+        return ResolvedModel(_builtin(BUILTIN_GGUFS[model], conversion, cache_dir), model)
     path = Path(model).expanduser()
     if path.exists():
-        return ResolvedModel(_local(path, dtype, cache_dir, with_tokenizer), model)
+        return ResolvedModel(_local(path, conversion, cache_dir, with_tokenizer), model)
     if _looks_like_path(model):
         raise ModelNotFound(f"--model {model}: no such file or directory")
     return ResolvedModel(_hub(model), model)
@@ -75,9 +75,25 @@ def conversion_dtype(dtype: str, device: str) -> str:
     return str(resolve_dtype(dtype, None, resolve_device(device))).removeprefix("torch.")
 
 
-def _default_or_tiny(dtype: str, cache_dir: Path) -> ResolvedModel:
+@dataclass(frozen=True)
+class GgufConversion:
+    """How a GGUF becomes a checkpoint here: the dtype its float tensors take, and whether the projections stay in
+    their quantized blocks."""
+
+    dtype: str
+    keep_blocks: bool
+
+
+def keeps_blocks(device: str) -> bool:
+    """A GPU runs GGUF blocks in its kernels (gpu/quant/gguf.py); a CPU gets them dequantized, which it packs."""
+    from gpu.model_runner import resolve_device
+
+    return resolve_device(device).type != "cpu"
+
+
+def _default_or_tiny(conversion: GgufConversion, cache_dir: Path) -> ResolvedModel:
     try:
-        return ResolvedModel(_builtin(default_model.SMOLLM2, dtype, cache_dir), default_model.NAME)
+        return ResolvedModel(_builtin(default_model.SMOLLM2, conversion, cache_dir), default_model.NAME)
     except ModelUnavailable as exc:
         logger.error("%s", exc)
     logger.warning("serving the built-in tiny random model instead, as %r: its output is GIBBERISH. It is there so "
@@ -85,9 +101,9 @@ def _default_or_tiny(dtype: str, cache_dir: Path) -> ResolvedModel:
     return ResolvedModel(_tiny(cache_dir), TINY_SERVED_NAME)
 
 
-def _builtin(pinned: PinnedGGUF, dtype: str, cache_dir: Path) -> Path:
-    return gguf_checkpoint(fetch_gguf(pinned, cache_dir), cache_dir, dtype, sha256=pinned.sha256,
-                           sampling=pinned.sampling)
+def _builtin(pinned: PinnedGGUF, conversion: GgufConversion, cache_dir: Path) -> Path:
+    return gguf_checkpoint(fetch_gguf(pinned, cache_dir), cache_dir, conversion.dtype, sha256=pinned.sha256,
+                           sampling=pinned.sampling, keep_blocks=conversion.keep_blocks)
 
 
 def _tiny(cache_dir: Path) -> Path:
@@ -96,16 +112,18 @@ def _tiny(cache_dir: Path) -> Path:
     return tiny_model_dir(cache_dir)
 
 
-def _local(path: Path, dtype: str, cache_dir: Path, with_tokenizer: bool) -> Path:
+def _local(path: Path, conversion: GgufConversion, cache_dir: Path, with_tokenizer: bool) -> Path:
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelUnavailable(f"--model {path}: a file must be a .gguf; otherwise give a checkpoint directory")
-        return gguf_checkpoint(path, cache_dir, dtype, with_tokenizer=with_tokenizer)
+        return gguf_checkpoint(path, cache_dir, conversion.dtype, with_tokenizer=with_tokenizer,
+                               keep_blocks=conversion.keep_blocks)
     if (path / "config.json").is_file():
         return path
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
-        return gguf_checkpoint(ggufs[0], cache_dir, dtype, with_tokenizer=with_tokenizer)
+        return gguf_checkpoint(ggufs[0], cache_dir, conversion.dtype, with_tokenizer=with_tokenizer,
+                               keep_blocks=conversion.keep_blocks)
     if ggufs:
         raise ModelUnavailable(f"--model {path} holds {len(ggufs)} .gguf files ({', '.join(g.name for g in ggufs)}): "
                                "name one")

@@ -119,6 +119,15 @@ def flash_attn_unavailable(device: torch.device, dtype: torch.dtype, head_dims: 
     return None
 
 
+def without_flash_attn_for_fp8_cache(names: list[str], requested: str) -> tuple[list[str], str]:
+    """The candidates that read an FP8 KV cache: FA4's paged kernels take none on Hopper (they read the query's
+    dtype), so flash-attn is dropped; asked for by name, it is an error."""
+    if requested == "flash-attn":
+        raise ValueError("attention backend flash-attn reads no FP8 KV cache (--kv-cache-dtype fp8): use triton or "
+                         "auto")
+    return [name for name in names if name != "flash-attn"], "its kernels read no FP8 KV cache (--kv-cache-dtype fp8)"
+
+
 def candidate_names(requested: str, device: torch.device, dtype: torch.dtype,
                     head_dims: tuple[int, ...] = ()) -> tuple[list[str], str | None]:
     """The backends to choose between for every phase, and why flash-attn is not among them for `auto`.

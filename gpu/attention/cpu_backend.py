@@ -4,8 +4,8 @@ At batch 1 a CPU decode step runs every layer's attention as a few dozen small t
 costing microseconds of dispatch, so the reference's general path (boolean masks for the cache
 writes, keys and values repeated for every query head, einsums, a causal mask even for a single
 query) costs more than the arithmetic. Here:
-- the cache write is one `index_copy_` per tensor when the step has no padding slots (-1), else the
-  reference's masked write;
+- the cache write is one `index_copy_` per tensor when the step has no padding slots (-1) and the cache is not
+  FP8, else the reference's masked write;
 - a row with one query (a decode) reads its context (the window's, for a windowed layer) through its block
   table, groups the query heads by the KV head they read (no repeat), and takes two batched matmuls and a
   float32 softmax; a single query sees every key it reads, so there is no mask;
@@ -27,8 +27,8 @@ class CpuBackend:
     supports_mixed_graphs = False
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:  # noqa: ANN001
-        if slot_mapping.numel() and int(slot_mapping.min()) < 0:
-            torch_ref.store_kv(key, value, k_cache, v_cache, slot_mapping)
+        if (slot_mapping.numel() and int(slot_mapping.min()) < 0) or k_cache.dtype == torch.float8_e4m3fn:
+            torch_ref.store_kv(key, value, k_cache, v_cache, slot_mapping)  # (index_copy_ takes no FP8 on a CPU)
             return
         num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
         k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, key.to(k_cache.dtype))

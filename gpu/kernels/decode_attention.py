@@ -17,6 +17,8 @@ A layer's variant (gpu/attention/variant.py): with a sliding window W a row's se
 the one holding its first visible key (context_len - W), and the keys before it are masked out of that tile (not
 loaded, nor their block-table entries read); sinks join the denominator where the softmax is finished (the
 single-split program, or the merge); a soft-cap bends the scores before the softmax.
+An FP8 cache (float8_e4m3fn) is read as it is, each tile converted to the query's dtype: its scales are the
+caller's (the softmax scale and the output, gpu/layers/attention.py).
 """
 
 import functools
@@ -135,7 +137,7 @@ def _decode_split_kernel(
             kv_mask = is_valid[:, None]
         else:
             kv_mask = is_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)  # an FP8 cache's too
         dot = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         scores = log2_scores(dot, scale_log2, softcap_in, softcap_out, HAS_SOFTCAP)  # [BLOCK_H, BLOCK_N]
         scores = tl.where(is_valid[None, :], scores, float("-inf"))
@@ -143,7 +145,7 @@ def _decode_split_kernel(
         alpha = tl.exp2(m_i - m_new)
         p = tl.exp2(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
 
@@ -294,8 +296,9 @@ def _check(
     num_rows, num_heads, head_dim = query.shape
     if k_cache.shape[3] != head_dim or num_heads % k_cache.shape[2] != 0:
         raise ValueError(f"query heads {num_heads}x{head_dim} do not fit cache heads {tuple(k_cache.shape[2:])}")
-    if query.stride(2) != 1 or query.dtype != k_cache.dtype:
-        raise ValueError(f"query needs unit stride along head_dim and the cache dtype {k_cache.dtype}")
+    if query.stride(2) != 1 or k_cache.dtype not in (query.dtype, torch.float8_e4m3fn):
+        raise ValueError(f"query needs unit stride along head_dim, and the cache its dtype or FP8 (got {query.dtype} "
+                         f"and {k_cache.dtype})")
     if context_lens.shape != (num_rows,) or block_tables.dim() != 2 or block_tables.shape[0] != num_rows:
         raise ValueError(f"need context_lens [{num_rows}] and block_tables [{num_rows}, n] for a decode batch")
     if block_tables.stride(1) != 1 or block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:

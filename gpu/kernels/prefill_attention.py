@@ -15,7 +15,8 @@ Every query token of every row is written; tokens past query_start_loc[-1] are n
 A layer's variant (gpu/attention/variant.py): with a sliding window W a tile starts at the KV tile holding the
 first key its earliest query sees (first position - W + 1), loads no key before that (nor its block-table
 entry), and masks the window's lower edge in the tiles that some of its queries see only in part; sinks join
-each query's denominator at the end; a soft-cap bends the scores before the mask.
+each query's denominator at the end; a soft-cap bends the scores before the mask. An FP8 cache (float8_e4m3fn)
+is read as it is, each tile converted to the query's dtype (its scales are the caller's: gpu/layers/attention.py).
 """
 
 import math
@@ -75,7 +76,7 @@ def _attend_tile(
         kv_mask = is_valid[:, None]
     else:
         kv_mask = is_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
-    k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+    k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)  # an FP8 cache's too
     dot = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     scores = log2_scores(dot, scale_log2, softcap_in, softcap_out, HAS_SOFTCAP)  # [BLOCK_M, BLOCK_N]
     if IS_MASKED:
@@ -92,7 +93,7 @@ def _attend_tile(
     alpha = tl.exp2(m_i - m_new)
     p = tl.exp2(scores - m_new[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0)
+    v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return m_new, l_i, acc
 
@@ -255,8 +256,9 @@ def _check(
     num_heads, head_dim = query.shape[1], query.shape[2]
     if k_cache.shape[3] != head_dim or num_heads % k_cache.shape[2] != 0:
         raise ValueError(f"query heads {num_heads}x{head_dim} do not fit cache heads {tuple(k_cache.shape[2:])}")
-    if query.stride(2) != 1 or query.dtype != k_cache.dtype:
-        raise ValueError(f"query needs unit stride along head_dim and the cache dtype {k_cache.dtype}")
+    if query.stride(2) != 1 or k_cache.dtype not in (query.dtype, torch.float8_e4m3fn):
+        raise ValueError(f"query needs unit stride along head_dim, and the cache its dtype or FP8 (got {query.dtype} "
+                         f"and {k_cache.dtype})")
     num_rows = context_lens.shape[0]
     if query_start_loc.shape != (num_rows + 1,) or block_tables.dim() != 2 or block_tables.shape[0] != num_rows:
         raise ValueError(f"need query_start_loc [{num_rows + 1}] and block_tables [{num_rows}, n]")

@@ -29,6 +29,16 @@ from gpu.kernels.pdl import pdl_start, uses_pdl
 
 
 @triton.jit
+def _cache_value(x, dtype, scale, cache_ptr):
+    """x as the cache stores it: rounded to the model dtype; in an FP8 cache, that divided by the scale in float32
+    (as the torch path's store divides), then rounded to FP8."""
+    value = x.to(dtype)
+    if cache_ptr.dtype.element_ty != dtype:
+        value = (value.to(tl.float32) / scale).to(cache_ptr.dtype.element_ty)
+    return value
+
+
+@triton.jit
 def _qk_norm_rope_kernel(
     qkv_ptr,
     positions_ptr,
@@ -43,6 +53,8 @@ def _qk_norm_rope_kernel(
     slot_mapping_ptr,  # STORE_KV: [num_tokens] int64, -1 for a padding token; else unused
     qkv_stride,
     eps,
+    k_scale,  # STORE_KV into an FP8 cache: keys and values stored divided by these (1 otherwise)
+    v_scale,
     NUM_HEADS: tl.constexpr,
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
@@ -101,10 +113,12 @@ def _qk_norm_rope_kernel(
         is_written = slot + 0 * heads >= 0  # [BLOCK_H, 1]: Triton's interpreter fails on a scalar mask term here
         is_key_written = is_key & is_written
         is_value_written = is_valid & ~is_qk & is_written
-        tl.store(k_cache_ptr + cache_offsets, rot1.to(dtype), mask=is_key_written)
-        tl.store(k_cache_ptr + cache_offsets + half, rot2.to(dtype), mask=is_key_written)
-        tl.store(v_cache_ptr + cache_offsets, x1.to(dtype), mask=is_value_written)
-        tl.store(v_cache_ptr + cache_offsets + half, x2.to(dtype), mask=is_value_written)
+        tl.store(k_cache_ptr + cache_offsets, _cache_value(rot1, dtype, k_scale, k_cache_ptr), mask=is_key_written)
+        tl.store(k_cache_ptr + cache_offsets + half, _cache_value(rot2, dtype, k_scale, k_cache_ptr),
+                 mask=is_key_written)
+        tl.store(v_cache_ptr + cache_offsets, _cache_value(x1, dtype, v_scale, v_cache_ptr), mask=is_value_written)
+        tl.store(v_cache_ptr + cache_offsets + half, _cache_value(x2, dtype, v_scale, v_cache_ptr),
+                 mask=is_value_written)
     else:
         k_row = k_out_ptr + token * (NUM_KV_HEADS * HEAD_DIM) + (heads - NUM_HEADS) * HEAD_DIM + dims
         tl.store(k_row, rot1.to(dtype), mask=is_key)
@@ -143,16 +157,18 @@ def qk_norm_rope_store_kv(
     # head_dim], slot_mapping [num_tokens] int64 (-1: not written)
     use_pdl: bool = False,
     norm_convention: tuple[float, bool] = (0.0, False),
+    kv_scales: tuple[float, float] = (1.0, 1.0),  # an FP8 cache's (k_scale, v_scale)
 ) -> torch.Tensor:
     """As qk_norm_rope, but the rotated keys and the values go straight to their cache slots (as store_kv
-    would write them, gpu/kernels/store_kv.py) instead of a returned k: one kernel instead of two.
-    Returns q [num_tokens, num_heads, head_dim]."""
+    would write them, gpu/kernels/store_kv.py) instead of a returned k: one kernel instead of two. An FP8 cache
+    (float8_e4m3fn) gets fp8(key / k_scale) and fp8(value / v_scale). Returns q [num_tokens, num_heads, head_dim]."""
     num_heads, num_kv_heads, head_dim = heads
     cos, sin = rotary
     _check(qkv, positions, cos, sin, heads, norm_weights)
     _check_kv_cache(qkv, heads, kv_cache)
     q = torch.empty((qkv.shape[0], num_heads, head_dim), dtype=qkv.dtype, device=qkv.device)
-    _launch(qkv, positions, rotary, heads, (norm_weights, eps, norm_convention), (q, q), kv_cache, use_pdl)
+    _launch(qkv, positions, rotary, heads, (norm_weights, eps, norm_convention), (q, q), (*kv_cache, kv_scales),
+            use_pdl)
     return q
 
 
@@ -163,7 +179,7 @@ def _launch(
     heads: tuple[int, int, int],
     norms: tuple[tuple[torch.Tensor, torch.Tensor] | None, float, tuple[float, bool]],  # weights, eps, convention
     outputs: tuple[torch.Tensor, torch.Tensor],  # q, k (k unused when kv_cache is given)
-    kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+    kv_cache: tuple[torch.Tensor, torch.Tensor, torch.Tensor, tuple[float, float]] | None,  # with the scales
     use_pdl: bool,
 ) -> None:
     num_heads, num_kv_heads, head_dim = heads
@@ -176,9 +192,11 @@ def _launch(
     # tokens, and a few programs per token so a batch-1 decode still spreads over several SMs.
     block_h = min(triton.next_power_of_2(total_heads), max(1024 // head_dim, 1))
     q_weight, k_weight = norm_weights if norm_weights is not None else (qkv, qkv)  # unused without a norm
-    k_cache, v_cache, slot_mapping = kv_cache if kv_cache is not None else (qkv, qkv, positions)  # else unused
+    k_cache, v_cache, slot_mapping, (k_scale, v_scale) = (kv_cache if kv_cache is not None  # else unused
+                                                          else (qkv, qkv, positions, (1.0, 1.0)))
     _qk_norm_rope_kernel[(num_tokens, triton.cdiv(total_heads, block_h))](
         qkv, positions, *rotary, q_weight, k_weight, *outputs, k_cache, v_cache, slot_mapping, qkv.stride(0), eps,
+        k_scale, v_scale,
         NUM_HEADS=num_heads,
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
@@ -205,9 +223,10 @@ def _check_kv_cache(
     if k_cache.dim() != 4 or k_cache.shape != v_cache.shape or tuple(k_cache.shape[2:]) != (num_kv_heads, head_dim):
         raise ValueError(f"caches must be alike [blocks, block_size, {num_kv_heads}, {head_dim}], got "
                          f"{tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
-    if k_cache.dtype != qkv.dtype or v_cache.dtype != qkv.dtype or not (k_cache.is_contiguous()
-                                                                          and v_cache.is_contiguous()):
-        raise ValueError(f"caches must be contiguous {qkv.dtype}, got {k_cache.dtype}, {v_cache.dtype}")
+    if k_cache.dtype not in (qkv.dtype, torch.float8_e4m3fn) or v_cache.dtype != k_cache.dtype or not (
+            k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError(f"caches must be contiguous {qkv.dtype} or float8_e4m3fn, got {k_cache.dtype}, "
+                         f"{v_cache.dtype}")
     if slot_mapping.shape != (qkv.shape[0],) or slot_mapping.dtype != torch.int64:
         raise ValueError(f"slot_mapping must be int64 [{qkv.shape[0]}], got {slot_mapping.dtype} "
                          f"{tuple(slot_mapping.shape)}")

@@ -7,7 +7,11 @@ their norm (`values_are_keys`, no v projection), and a layer that computes no K/
 earlier layer of its type (`read_kv_of`, called by the family): such a layer owns no cache.
 
 The layer owns no cache: the runner hands it this layer's (k_cache, v_cache) after allocating them, and its KV-cache
-group (gpu/kv_cache_groups.py), whose slot mapping and block tables it writes and reads.
+group (gpu/kv_cache_groups.py), whose slot mapping and block tables it writes and reads. An FP8 cache
+(`--kv-cache-dtype fp8`) holds fp8(key / k_scale) and fp8(value / v_scale), the division in float32, with the
+checkpoint's per-layer `self_attn.k_scale` and `v_scale` where it has them (else 1; `use_fp8_cache`); attention
+then reads keys as fp8 * k_scale (the softmax scale times k_scale) and values as fp8 * v_scale (the output times
+v_scale), so every backend reads the cache's bytes as they are. The scales are the layer's own, whatever its group.
 On CUDA, when triton is installed, one Triton kernel (gpu/kernels/qk_norm_rope.py) reads the fused QKV
 output, applies the per-head q/k norms and the rotation, and writes the step's keys and values to the
 cache, for a whole rotation over a power-of-two head; elsewhere (a partial rotation, a value norm, values that are
@@ -90,6 +94,10 @@ class DecoderAttention(nn.Module):
         self._kv_source: tuple[DecoderAttention, ...] = ()  # a tuple: the source is not a submodule of this layer
         self.kv_group = 0  # its KV-cache group, whose slots and block tables it uses (the runner sets it)
         self.kernels = kernels
+        self.kv_scales = (1.0, 1.0)  # (k_scale, v_scale) of this layer's cache: 1 unless it is FP8
+        self._checkpoint_kv_scales = [1.0, 1.0]
+        self.k_scale = self._kv_scale_parameter(0)
+        self.v_scale = self._kv_scale_parameter(1)
 
     @property
     def owns_kv_cache(self) -> bool:
@@ -99,6 +107,10 @@ class DecoderAttention(nn.Module):
     def kv_source(self) -> "DecoderAttention | None":
         """The layer whose cache this one reads (None: its own)."""
         return self._kv_source[0] if self._kv_source else None
+
+    def use_fp8_cache(self) -> None:
+        """This layer's cache is FP8: keys and values scaled by the checkpoint's scales (1 where it has none)."""
+        self.kv_scales = (self._checkpoint_kv_scales[0], self._checkpoint_kv_scales[1])
 
     def read_kv_of(self, source: "DecoderAttention") -> None:
         """Attend over `source`'s cache (a layer whose spec computes no K/V)."""
@@ -115,7 +127,10 @@ class DecoderAttention(nn.Module):
         meta = meta.of_group(self.kv_group)
         q = self._query_storing_kv(positions, qkv, meta.slot_mapping)
         source = self._kv_source[0] if self._kv_source else self
-        out = self.backend.forward(q, source.k_cache, source.v_cache, meta, self.scale, self.variant)
+        k_scale, v_scale = source.kv_scales
+        out = self.backend.forward(q, source.k_cache, source.v_cache, meta, self.scale * k_scale, self.variant)
+        if v_scale != 1.0:
+            out = out * v_scale
         return self.o_proj(out.reshape(num_tokens, -1)), residual
 
     def _query_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
@@ -135,6 +150,8 @@ class DecoderAttention(nn.Module):
             v = qkv[:, self.q_size + self.kv_size :].view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.v_norm is not None:
             v = self.v_norm(v)
+        if self.kv_scales != (1.0, 1.0):
+            k, v = k.float() / self.kv_scales[0], v.float() / self.kv_scales[1]
         self.backend.store_kv(k, v, self.k_cache, self.v_cache, slot_mapping)
         return q
 
@@ -168,7 +185,7 @@ class DecoderAttention(nn.Module):
         weights, eps, convention = self._qk_norms()
         return qk_norm_rope_store_kv(qkv, positions, (self.rotary.cos, self.rotary.sin), heads, weights, eps,
                                      (self.k_cache, self.v_cache, slot_mapping), use_pdl=True,
-                                     norm_convention=convention)
+                                     norm_convention=convention, kv_scales=self.kv_scales)
 
     def _qk_norms(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float, tuple[float, bool]]:
         """(q_norm and k_norm weights, or None without them; their eps; their convention for the kernel)."""
@@ -177,6 +194,20 @@ class DecoderAttention(nn.Module):
         convention = self.q_norm.convention
         return (self.q_norm.weight, self.k_norm.weight), self.q_norm.eps, (convention.weight_offset,
                                                                             convention.scales_in_float32)
+
+    def _kv_scale_parameter(self, index: int) -> nn.Parameter:
+        """The checkpoint's `k_scale` (index 0) or `v_scale` (1) of an FP8 KV cache, kept as a float32 value here
+        (a 1-element parameter would take the model's dtype); optional: a checkpoint without them gets 1."""
+        param = nn.Parameter(torch.ones(()), requires_grad=False)
+
+        def load(param: nn.Parameter, loaded: CheckpointTensor, shard: str | None) -> None:
+            if loaded.shape not in ((), (1,)):
+                raise ValueError(f"{loaded.name}: a KV-cache scale is one value, got shape {loaded.shape}")
+            self._checkpoint_kv_scales[index] = float(loaded.read().float().reshape(()))
+
+        param.weight_loader = load  # type: ignore[attr-defined]
+        param.is_optional = True  # type: ignore[attr-defined]
+        return param
 
     def _sinks_parameter(self, first_head: int) -> nn.Parameter:
         """This rank's heads' sink logits; the checkpoint's `sinks` holds every head's."""

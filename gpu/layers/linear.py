@@ -19,8 +19,6 @@ one checkpoint shard into its rows. Under tensor parallelism a MergedLinear is c
 holds a `RowSlice` of its checkpoint tensor (this rank's heads, or its share of the MLP) and reads only those rows.
 """
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -32,6 +30,8 @@ from gpu.layers.activation import GatedActivation, SiluAndMul
 from gpu.layers.cpu_linear import PackedWeight, pack_weight
 from gpu.layers.norm import NormInput
 from gpu.loader import CheckpointTensor
+from gpu.quant.layout import ColumnSlice, RowSlice, WeightLayout
+from gpu.quant.method import QuantMethod
 
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)
 
@@ -43,6 +43,41 @@ class Linear(nn.Linear):
         super().__init__(in_features, out_features, bias=bias)
         self.kernels = kernels
         self.packed: PackedWeight | None = None
+        self.quant: QuantMethod | None = None  # a quantized checkpoint's format (gpu/quant/); None: a float weight
+
+    def weight_layout(self) -> WeightLayout:
+        """Where this layer's weight lies in its checkpoint tensors: all of one tensor."""
+        return WeightLayout({None: RowSlice.whole(self.out_features)}, ColumnSlice.whole(self.in_features))
+
+    def use_quant_method(self, method: QuantMethod) -> None:
+        """Replaces the float weight by the method's parameters, named as the checkpoint names its tensors."""
+        device = self.weight.device
+        del self.weight
+        for name, tensor in method.create_params(device).items():
+            param = nn.Parameter(tensor, requires_grad=False)
+            param.weight_loader = self._load_quantized  # type: ignore[attr-defined]
+            param.quant_name = name  # type: ignore[attr-defined]
+            self.register_parameter(name, param)
+        self.quant = method
+
+    def _load_quantized(self, param: nn.Parameter, loaded: CheckpointTensor, shard: str | None) -> None:
+        assert self.quant is not None
+        self.quant.load(self, param.quant_name, param, loaded, shard)  # type: ignore[attr-defined]
+
+    def finish_loading(self, dtype: torch.dtype) -> None:
+        """After loading: a quantized weight in its kernel's form on a GPU (for `dtype` activations); on a CPU
+        dequantized (the reference: the weights exactly, the activations in the serving dtype), after which the layer
+        is a float one."""
+        if self.quant is None:
+            return
+        self.quant.finish_loading(self, dtype)
+        if next(self.parameters()).device.type != "cpu":
+            return
+        weight = self.quant.dequantize(self)
+        for name in [n for n in self._parameters if n != "bias"]:
+            delattr(self, name)
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.quant = None
 
     def pack_for_cpu(self) -> str:
         """Replaces the weight by its packed form (the weight's memory is freed); returns the form's kind."""
@@ -89,7 +124,8 @@ class Linear(nn.Linear):
         """Whether this [gate; up] layer computes SiLU-and-mul in its product's epilogue for input x [M, K]: many rows
         (gpu/kernels/gated_gemm.py's MIN_ROWS), bf16/fp16 on a GPU where the runner found quack's gated GEMM
         working, no bias."""
-        return (self.kernels.fused_kernels and self.packed is None and self.bias is None and x.dim() == 2
+        return (self.kernels.fused_kernels and self.packed is None and self.quant is None and self.bias is None
+                and x.dim() == 2
                 and x.shape[0] >= gated_gemm.MIN_ROWS and x.dtype in gated_gemm.DTYPES and x.dtype == self.weight.dtype
                 and x.stride(-1) == 1 and self.weight.is_contiguous() and gated_gemm.is_ready(x.device, x.dtype)
                 and not (torch.is_grad_enabled() and self.weight.requires_grad))
@@ -97,6 +133,8 @@ class Linear(nn.Linear):
     def _product(self, x: torch.Tensor) -> torch.Tensor:
         if self.packed is not None:
             return self.packed(x, self.bias)
+        if self.quant is not None:
+            return self.quant.apply(self, x, self.bias)
         return linear(x, self.weight, self.bias, self.kernels)
 
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
@@ -109,7 +147,7 @@ class Linear(nn.Linear):
     def _prologue_config(self, x: torch.Tensor, kind: str) -> SkinnyConfig | None:
         """The skinny kernel's config for a product over x [M, in_features] that computes its input (a `kind`
         prologue), or None: the elementwise step runs on its own."""
-        if self.packed is None and runs_on_skinny_kernel(x, self.weight, self.kernels):
+        if self.packed is None and self.quant is None and runs_on_skinny_kernel(x, self.weight, self.kernels):
             from gpu.kernels.skinny_gemm import prologue_config
 
             return prologue_config(x.shape[0], self.in_features, kind, x.device)
@@ -158,25 +196,12 @@ def warm_up_skinny_gemm(model: nn.Module, max_rows: int) -> int:
     for layer in model.modules():
         weight, kernels = getattr(layer, "weight", None), getattr(layer, "kernels", None)
         if isinstance(kernels, KernelConfig) and isinstance(weight, torch.Tensor) and weight.dim() == 2 \
-                and weight.is_cuda:  # (a norm's weight is 1-d)
+                and weight.is_cuda and getattr(layer, "quant", None) is None:  # (a norm's weight is 1-d)
             for rows in buckets:
                 linear(torch.zeros(rows, weight.shape[1], dtype=weight.dtype, device=weight.device), weight, None,
                        kernels)
                 calls += 1
     return calls
-
-
-@dataclass(frozen=True)
-class RowSlice:
-    """Rows [start, start + size) of a checkpoint tensor that has `total` rows."""
-
-    start: int
-    size: int
-    total: int
-
-    @staticmethod
-    def whole(total: int) -> "RowSlice":
-        return RowSlice(0, total, total)
 
 
 class MergedLinear(Linear):
@@ -194,6 +219,9 @@ class MergedLinear(Linear):
         self.weight.weight_loader = self._load_shard  # type: ignore[attr-defined]
         if bias:
             self.bias.weight_loader = self._load_shard  # type: ignore[attr-defined]
+
+    def weight_layout(self) -> WeightLayout:
+        return WeightLayout(dict(self.shard_slices), ColumnSlice.whole(self.in_features))
 
     def _load_shard(self, param: nn.Parameter, loaded: CheckpointTensor, shard: str | None) -> None:
         """One shard's checkpoint tensor; or, with no shard named, one tensor holding every shard's rows in order

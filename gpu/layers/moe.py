@@ -15,8 +15,9 @@ column by column, down [num_experts, intermediate, hidden]; de-interleaved and t
 SiLU-and-mul, or gpt-oss's clamped SwiGLU. How the experts run is their `method`'s: unquantized weights run the
 fused Triton kernels on CUDA (gpu/kernels/fused_moe.py: tokens sorted by expert once per step, grouped GEMMs with the
 activation and the routing weights fused) and the torch reference elsewhere, which loops over the experts a step
-hits as transformers does, so float32 parity is exact. A quantized format would bring its own method (its stored
-parameters, their loading and its kernel) per expert weight; nothing else here knows the format.
+hits as transformers does, so float32 parity is exact. A quantized format brings its own method
+(gpu/quant/method.py's ExpertsQuantMethod: its stored parameters, their loading, its kernel and its dequantization,
+which a CPU runs); nothing else here knows the format.
 
 Tensor parallelism: the experts' (and shared experts') intermediate size is split over the ranks, like the dense
 MLP's: each rank holds its rows of gate/up and its columns of down for every expert, and the block's output is
@@ -38,6 +39,7 @@ from gpu.layers.linear import linear
 from gpu.layers.mlp import MLP, MLPSpec
 from gpu.layers.norm import NormInput
 from gpu.loader import CheckpointTensor, ExpertShard
+from gpu.quant.method import ExpertsQuantMethod
 
 SCORINGS = ("softmax", "sigmoid", "top_k_softmax")
 ACTIVATIONS = ("silu", "clamped_swiglu")
@@ -177,7 +179,7 @@ class Experts(nn.Module):
                  kernels: KernelConfig = DEFAULT_KERNELS) -> None:
         super().__init__()
         num_experts, size = spec.routing.num_experts, spec.intermediate_size
-        self.spec, self.tp, self.kernels = spec, tp, kernels
+        self.spec, self.tp, self.kernels, self.hidden_size = spec, tp, kernels, hidden_size
         self.start, self.size = tp.split(size, "the experts' intermediate size")
         self.gate_up_proj = nn.Parameter(torch.empty(num_experts, 2 * self.size, hidden_size))
         self.down_proj = nn.Parameter(torch.empty(num_experts, hidden_size, self.size))
@@ -186,6 +188,42 @@ class Experts(nn.Module):
         for param in self.parameters():
             param.weight_loader = self._load  # type: ignore[attr-defined]
         self.method: ExpertsMethod = run_unquantized
+        self.quant: ExpertsQuantMethod | None = None  # a quantized checkpoint's format (gpu/quant/); None: float
+
+    def use_quant_method(self, method: ExpertsQuantMethod) -> None:
+        """Replaces the float weights by the method's parameters, named as the checkpoint names its tensors (the
+        biases stay float)."""
+        device = self.gate_up_proj.device
+        for name in ("gate_up_proj", "down_proj"):
+            self.register_parameter(name, None)
+        for name, tensor in method.create_params(self, device).items():
+            param = nn.Parameter(tensor, requires_grad=False)
+            param.weight_loader = self._load_quantized  # type: ignore[attr-defined]
+            param.quant_name = name  # type: ignore[attr-defined]
+            self.register_parameter(name, param)
+        self.quant = self.method = method
+
+    def _load_quantized(self, param: nn.Parameter, loaded: CheckpointTensor, shard: ExpertShard | None) -> None:
+        assert self.quant is not None
+        self.quant.load(self, param.quant_name, param, loaded, shard)  # type: ignore[attr-defined]
+
+    def finish_loading(self, dtype: torch.dtype) -> None:
+        """After loading: quantized weights in their kernel's form on a GPU (for `dtype` activations); on a CPU
+        dequantized (the reference: the weights exactly), after which the experts are float ones."""
+        if self.quant is None:
+            return
+        self.quant.finish_loading(self, dtype)
+        if next(self.parameters()).device.type != "cpu":
+            return
+        self.use_float_weights(*self.quant.dequantize(self))
+
+    def use_float_weights(self, gate_up: torch.Tensor, down: torch.Tensor) -> None:
+        """The float experts from these weights in their layout, the quantized parameters dropped."""
+        for name in [n for n, p in self._parameters.items() if p is not None and hasattr(p, "quant_name")]:
+            delattr(self, name)
+        self.gate_up_proj = nn.Parameter(gate_up, requires_grad=False)
+        self.down_proj = nn.Parameter(down, requires_grad=False)
+        self.quant, self.method = None, run_unquantized
 
     def forward(self, x: torch.Tensor, routed: RoutedTokens, add: torch.Tensor | None = None) -> torch.Tensor:
         """This rank's part of sum_k weight_k * expert_k(x) [num_tokens, hidden_size] (the caller reduces), plus
@@ -197,7 +235,8 @@ class Experts(nn.Module):
         the parameter's own layout counts as all of them (gpu/loader.py)."""
         if self.spec.is_gpt_oss_layout:
             return {None}
-        parts = ("down",) if param is self.down_proj else ("gate", "up")
+        is_down = param is self.down_proj or getattr(param, "quant_name", "").startswith("down")
+        parts = ("down",) if is_down else ("gate", "up")
         return {ExpertShard(part, e) for part in parts for e in range(self.spec.routing.num_experts)}
 
     def _load(self, param: nn.Parameter, loaded: CheckpointTensor, shard: ExpertShard | None) -> None:

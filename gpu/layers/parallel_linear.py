@@ -15,6 +15,7 @@ from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import TensorParallel
 from gpu.layers.linear import Linear
 from gpu.loader import CheckpointTensor
+from gpu.quant.layout import ColumnSlice, RowSlice, WeightLayout
 
 
 class RowParallelLinear(Linear):
@@ -29,6 +30,11 @@ class RowParallelLinear(Linear):
         self.weight.weight_loader = self._load_weight  # type: ignore[attr-defined]
         if bias:
             self.bias.weight_loader = self._load_bias  # type: ignore[attr-defined]
+
+    def weight_layout(self) -> WeightLayout:
+        """This rank's columns of the whole checkpoint tensor."""
+        return WeightLayout({None: RowSlice.whole(self.out_features)},
+                            ColumnSlice(self.input_start, self.in_features, self.full_in_features))
 
     def _reduce(self, y: torch.Tensor) -> torch.Tensor:
         return self.tp.all_reduce(y) if self.reduces_output else y

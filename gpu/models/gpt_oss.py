@@ -3,7 +3,7 @@
 float32, and a sparse MLP on every layer: a router with a bias whose top `num_experts_per_tok` logits are
 softmaxed, experts with biases and the clamped SwiGLU ((clamp(up, -limit, limit) + 1) * g * sigmoid(alpha * g),
 g = min(gate, limit)), stacked in the checkpoint as gpt-oss stacks them (gate and up interleaved column by column:
-gpu/layers/moe.py). Its released checkpoints keep the experts in MXFP4, a format not supported yet: refused by name.
+gpu/layers/moe.py). Its released checkpoints keep the experts in MXFP4 (gpu/quant/mxfp4.py).
 """
 
 from dataclasses import replace
@@ -11,8 +11,8 @@ from dataclasses import replace
 from torch import nn
 from transformers import PretrainedConfig
 
-from gpu.config import DEFAULT_KERNELS, KernelConfig
-from gpu.distributed import SINGLE, TensorParallel
+from gpu.config import KernelConfig
+from gpu.distributed import TensorParallel
 from gpu.layers.attention import AttentionSpec
 from gpu.layers.moe import MoeSpec, Routing, SparseMoe
 from gpu.layers.norm import NormConvention
@@ -29,15 +29,6 @@ def gpt_oss_mlp(config: PretrainedConfig, layer_index: int, kernels: KernelConfi
 class GptOssForCausalLM(LlamaForCausalLM):
     build_mlp = staticmethod(gpt_oss_mlp)
     block_norm = NormConvention(scales_in_float32=True)  # (weight * normed).to(dtype), as transformers' GptOssRMSNorm
-
-    def __init__(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig = DEFAULT_KERNELS,
-                 tp: TensorParallel = SINGLE) -> None:
-        quantization = getattr(config, "quantization_config", None)
-        if quantization:
-            method = quantization.get("quant_method") if isinstance(quantization, dict) else quantization
-            raise ValueError(f"gpt-oss with {method} experts is not supported yet (quantization_config); a "
-                             "checkpoint with bf16 experts loads")
-        super().__init__(config, max_position, kernels, tp)
 
     def attention_specs(self, config: PretrainedConfig) -> list[AttentionSpec]:
         return [replace(attention_spec(config, i, False), has_sinks=True) for i in range(config.num_hidden_layers)]

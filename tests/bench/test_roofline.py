@@ -55,6 +55,14 @@ def test_an_untied_embedding_is_gathered_not_read_and_packed_weights_count_as_st
     assert shape.linear_params_per_token == 576 + 2 * 64  # a packed tensor holds 4-bit weights
 
 
+def test_fp8_weights_count_one_byte_each(tmp_path: Path) -> None:
+    tensors = {"model.embed_tokens.weight": torch.zeros(32, 8), **layer(0, DENSE_MLP)}
+    tensors["model.layers.0.down_proj.weight"] = torch.zeros(8, 16, dtype=torch.float8_e4m3fn)
+    shape = ModelShape.from_dir(checkpoint(tmp_path / "m", tensors, num_hidden_layers=1), dtype_bytes=2)
+    assert shape.dense_bytes == 2 * (576 - 128 + 8 + 256) + 128  # the FP8 projection's 128 weights at one byte
+    assert shape.linear_params_per_token == 576
+
+
 def test_mixture_of_experts_reads_the_experts_its_rows_reach(tmp_path: Path) -> None:
     experts = {f"mlp.experts.{e}.{name}": shape for e in range(4) for name, shape in DENSE_MLP.items()}
     tensors = {"model.embed_tokens.weight": torch.zeros(32, 8), **layer(0, {"mlp.gate": (4, 8)} | experts)}

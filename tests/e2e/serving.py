@@ -91,11 +91,11 @@ DEFAULT_SERVER = ServerConfig(served_model_names=(MODEL, ALIAS), port=0)
 
 def start_server(model_dir: Path, config: ServerConfig = DEFAULT_SERVER, engine_process: bool = False,
                  **engine: object) -> RunningServer:
-    """engine_process: the engine in its own process (core/engine_process.py), as `--engine-process` runs it.
-    `engine` keys: max_model_len, num_blocks, device, tensor_parallel_size, task. float32 on every device: the tests
-    compare tokens and logprobs across request paths (top_k=1 and min_p=1 against greedy, 36 concurrent streams
-    against one at a time, echo against transformers), which bfloat16's rounding and tied logits could decide (on
-    2x H200 at TP=2 in bfloat16 two such comparisons parted; bfloat16 is the parity tests' business:
+    """engine_process: the engine in its own process (core/engine_process.py), as `--engine-process` runs it. `engine`
+    keys: max_model_len, num_blocks, device, tensor_parallel_size, task, speculative_config. float32 on every device:
+    the tests compare tokens and logprobs across request paths (top_k=1 and min_p=1 against greedy, 36 concurrent
+    streams against one at a time, echo against transformers), which bfloat16's rounding and tied logits could decide
+    (on 2x H200 at TP=2 in bfloat16 two such comparisons parted; bfloat16 is the parity tests' business:
     tests/unit/test_cpu_linear.py, tests/gpu)."""
     device = str(engine.get("device", DEVICE))
     engine_config = EngineConfig(
@@ -103,7 +103,8 @@ def start_server(model_dir: Path, config: ServerConfig = DEFAULT_SERVER, engine_
                           max_model_len=int(engine.get("max_model_len", 512)), task=str(engine.get("task", "auto")),
                           tensor_parallel_size=int(engine.get("tensor_parallel_size", TENSOR_PARALLEL_SIZE))),
         cache=CacheConfig(block_size=16, num_blocks=int(engine.get("num_blocks", 512))),
-        scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=1024),
+        scheduler=SchedulerConfig(max_num_seqs=64, max_num_batched_tokens=1024,
+                                  speculative_config=engine.get("speculative_config")),  # type: ignore[arg-type]
     )
     llm_engine: ServingEngine = EngineProcess(engine_config) if engine_process else LLMEngine(engine_config)
     server = ServingServer(build_app(llm_engine, config), config)

@@ -6,6 +6,7 @@ the other's top-5, and it happens rarely. Graphs on and off give identical token
 """
 
 import importlib.util
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -29,7 +30,11 @@ def make_llm(model_dir: Path, dtype: str, backend: str, eager: bool, budget: int
 
 
 def hf_greedy_and_logits(model_dir: Path, dtype: torch.dtype, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).cuda().eval()
+    return greedy_and_logits(AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).cuda().eval(), prompt)
+
+
+def greedy_and_logits(model: torch.nn.Module, prompt: list[int]) -> tuple[list[int], torch.Tensor]:
+    """A transformers model's MAX_NEW greedy tokens after `prompt`, and the logits each was chosen from."""
     with torch.no_grad():
         out = model.generate(torch.tensor([prompt], device="cuda"), max_new_tokens=MAX_NEW, do_sample=False,
                              output_logits=True, return_dict_in_generate=True)
@@ -59,13 +64,18 @@ def test_bf16_divergences_are_rare_near_ties(tiny_model_dirs: dict[str, Path], m
     assert_bf16_divergences_rare_near_ties(tiny_model_dirs[model], prompts, outputs)
 
 
+Reference = Callable[[list[int]], tuple[list[int], torch.Tensor]]  # prompt -> (greedy tokens, their logits)
+
+
 def assert_bf16_divergences_rare_near_ties(model_dir: Path, prompts: list[list[int]],
-                                           outputs: list[GenerationOutput]) -> None:
-    """Greedy outputs (asked with logprobs=5) against transformers' bf16 ones: where they first differ, each side's
-    token is in the other's top-5, and that happens for at most 5% of the choices compared."""
+                                           outputs: list[GenerationOutput], reference: Reference | None = None
+                                           ) -> None:
+    """Greedy outputs (asked with logprobs=5) against transformers' bf16 ones (or `reference`'s): where they first
+    differ, each side's token is in the other's top-5, and that happens for at most 5% of the choices compared."""
     num_diverged = num_compared = 0
     for prompt, output in zip(prompts, outputs, strict=True):
-        expected, hf_logits = hf_greedy_and_logits(model_dir, torch.bfloat16, prompt)
+        expected, hf_logits = (reference(prompt) if reference is not None
+                               else hf_greedy_and_logits(model_dir, torch.bfloat16, prompt))
         first = next((i for i, (a, b) in enumerate(zip(output.token_ids, expected, strict=False)) if a != b), None)
         if first is None:
             num_compared += len(expected)

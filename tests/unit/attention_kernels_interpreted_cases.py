@@ -1,7 +1,8 @@
 """The decode attention kernel (gpu/kernels/decode_attention.py) and the q/k norm + RoPE kernel that writes K/V
 to the cache (gpu/kernels/qk_norm_rope.py) run by Triton's interpreter on the CPU, in float32, against the torch
 reference (gpu/attention/torch_ref.py, gpu/layers/): their indexing and masks (rows shorter than a tile, empty
-rows, segments without a tile, padding tokens). tests/gpu/test_kernels.py and test_fused_kernels.py check the
+rows, segments without a tile, padding tokens), and an FP8 cache read by both attention kernels and written with
+its scales. tests/gpu/test_kernels.py and test_fused_kernels.py check the
 compiled kernels on CUDA."""
 
 import os
@@ -16,6 +17,9 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     # Triton's own helpers (tl.sum, tl.max, tl.cdiv...) are interpreted only when the variable is set before
     # triton is first imported: tests/unit/test_attention_kernels_interpreted.py runs this file in a process so.
     pytest.skip("run with TRITON_INTERPRET=1 from the start", allow_module_level=True)
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 from gpu.kernels import decode_attention as decode_module  # noqa: E402
 
@@ -116,3 +120,67 @@ def test_qk_norm_rope_store_kv_writes_what_store_kv_would(heads: tuple[int, int,
     assert torch.equal(fused_q, q)
     assert torch.equal(k_cache, expected_k) and torch.equal(v_cache, expected_v)
 
+
+
+def _fp8(cache: torch.Tensor) -> torch.Tensor:
+    return cache.to(torch.float8_e4m3fn)  # NaN stays NaN: unowned blocks still poison a wrong read
+
+
+def test_decode_and_prefill_read_an_fp8_cache() -> None:
+    """An FP8 cache is read as the reference reads it (its values converted, the scales the caller's)."""
+    from gpu.kernels.prefill_attention import prefill_attention
+
+    query, k_cache, v_cache, tables, lens = paged_inputs(CONTEXT_LENS, seed=11)
+    k_cache, v_cache = _fp8(k_cache), _fp8(v_cache)
+    out = decode_module.decode_attention(query, k_cache, v_cache, tables, lens, 0.2,
+                                         config=decode_module.DecodeConfig(block_n=16, num_splits=4))
+    torch.testing.assert_close(out, reference(query, k_cache, v_cache, tables, lens, 0.2), atol=1e-5, rtol=1e-5)
+    rows = lens[1:]  # a prefill's rows: each row's last 5 positions (all of a shorter one's)
+    query_lens = rows.clamp(max=5)
+    starts = torch.cat([torch.zeros(1, dtype=torch.int32), query_lens.cumsum(0).to(torch.int32)])
+    queries = torch.randn(int(starts[-1]), query.shape[1], HEAD_DIM, generator=torch.Generator().manual_seed(2))
+    out = prefill_attention(queries, k_cache, v_cache, starts, rows, tables[1:], 0.2)
+    expected = torch_ref.paged_attention(queries, k_cache, v_cache, starts, rows, tables[1:], 0.2)
+    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+
+
+@triton.jit
+def _as_fp8_kernel(x_ptr, out_ptr, N: tl.constexpr):  # noqa: ANN001 - a Triton kernel
+    offs = tl.arange(0, N)
+    tl.store(out_ptr + offs, tl.load(x_ptr + offs).to(tl.float8e4nv))
+
+
+def _as_fp8(x: torch.Tensor) -> torch.Tensor:
+    """x (float32) rounded to FP8 by Triton's own conversion: the interpreter's rounding, which the kernels' stores
+    take (it differs from torch's on some values a binade apart; the GPU's is tested on CUDA)."""
+    flat = x.contiguous().view(-1)
+    out = torch.empty(triton.next_power_of_2(flat.numel()), dtype=torch.float8_e4m3fn)
+    padded = torch.zeros(out.numel())
+    padded[: flat.numel()] = flat
+    _as_fp8_kernel[(1,)](padded, out, N=out.numel())
+    return out[: flat.numel()].view(x.shape)
+
+
+def test_qk_norm_rope_store_kv_into_an_fp8_cache() -> None:
+    """Keys rotated and values as read, each divided by its scale in float32 and stored as FP8."""
+    from gpu.kernels.qk_norm_rope import qk_norm_rope, qk_norm_rope_store_kv
+
+    heads, scales = (4, 2, 32), (0.5, 0.25)
+    num_heads, num_kv_heads, head_dim = heads
+    generator = torch.Generator().manual_seed(3)
+    qkv = torch.randn(4, (num_heads + 2 * num_kv_heads) * head_dim, generator=generator)
+    positions = torch.tensor([3, 0, 9, 5])
+    angles = torch.rand(16, head_dim // 2, generator=generator) * 6
+    cos, sin = angles.cos().repeat(1, 2), angles.sin().repeat(1, 2)
+    slot_mapping = torch.tensor([9, -1, 0, 30])
+    k_cache, v_cache = _fp8(torch.randn(2, 2, BLOCK_SIZE, num_kv_heads, head_dim, generator=generator)).unbind(0)
+    expected_k, expected_v = k_cache.clone(), v_cache.clone()
+    _, k = qk_norm_rope(qkv, positions, cos, sin, heads)
+    values = qkv[:, (num_heads + num_kv_heads) * head_dim :].view(4, num_kv_heads, head_dim)
+    written = slot_mapping >= 0
+    expected_k.view(-1, num_kv_heads, head_dim)[slot_mapping[written]] = _as_fp8(k[written] / scales[0])
+    expected_v.view(-1, num_kv_heads, head_dim)[slot_mapping[written]] = _as_fp8(values[written] / scales[1])
+    qk_norm_rope_store_kv(qkv, positions, (cos, sin), heads, None, 1e-6, (k_cache, v_cache, slot_mapping),
+                          kv_scales=scales)
+    assert torch.equal(k_cache.view(torch.uint8), expected_k.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), expected_v.view(torch.uint8))

@@ -101,3 +101,47 @@ def test_shared_experts_output_is_added_in_the_sum() -> None:
         summed = fused_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
                                activation(experts.spec), add=add)
     torch.testing.assert_close(summed, alone + add, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize(("num_tokens", "num_experts", "top_k", "hidden", "intermediate", "act", "config"), [
+    (1, 4, 2, 64, 32, "clamped_swiglu", SMALL_TILES),  # K tiles of 16 widened to whole blocks of 32
+    (7, 8, 3, 96, 64, "silu", UNEVEN_TILES),  # columns past the last column tile
+    (33, 5, 2, 160, 96, "clamped_swiglu", None),  # the rule's config: K tiles of 64 or 128 with a partial last one
+])
+def test_mxfp4_experts_match_the_reference_on_their_dequantization(
+        num_tokens: int, num_experts: int, top_k: int, hidden: int, intermediate: int, act: str,
+        config: MoeConfig | None) -> None:
+    import gpu.kernels.fused_moe as fused
+    from tests.moe_cases import quantized_kernel_and_reference, random_mxfp4_experts
+
+    experts = random_mxfp4_experts(num_experts, hidden, intermediate, act, seed=num_tokens)
+    routed = random_routing(num_tokens, num_experts, top_k, seed=num_tokens)
+    x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(1))
+    with pytest.MonkeyPatch.context() as patch:
+        if config is not None:
+            patch.setattr(fused, "config_for", lambda *args: config)
+        out, reference = quantized_kernel_and_reference(experts, x, routed)
+    scale = reference.abs().max().item() + 1
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize(("num_tokens", "num_experts", "top_k", "hidden", "intermediate", "block", "config"), [
+    (1, 4, 2, 64, 32, (16, 16), SMALL_TILES),
+    (7, 8, 3, 80, 64, (32, 32), UNEVEN_TILES),  # K (80) ends in a partial tile and a partial block of scales
+    (33, 5, 2, 96, 64, (16, 32), None),  # the rule's config (K tiles of 64 narrowed to the blocks' 32 columns)
+])
+def test_fp8_block_experts_match_the_reference_on_their_dequantization(
+        num_tokens: int, num_experts: int, top_k: int, hidden: int, intermediate: int, block: tuple[int, int],
+        config: MoeConfig | None) -> None:
+    import gpu.kernels.fused_moe as fused
+    from tests.moe_cases import quantized_kernel_and_reference, random_fp8_experts
+
+    experts = random_fp8_experts(num_experts, hidden, intermediate, block, "silu", has_bias=False, seed=num_tokens)
+    routed = random_routing(num_tokens, num_experts, top_k, seed=num_tokens)
+    x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(1))
+    with pytest.MonkeyPatch.context() as patch:
+        if config is not None:
+            patch.setattr(fused, "config_for", lambda *args: config)
+        out, reference = quantized_kernel_and_reference(experts, x, routed)
+    scale = reference.abs().max().item() + 1
+    torch.testing.assert_close(out, reference, rtol=1e-5, atol=1e-5 * scale)

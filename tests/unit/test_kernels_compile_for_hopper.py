@@ -1,7 +1,13 @@
-"""The attention kernels with every variant switch on, and the elementwise kernels in Gemma's forms, compiled ahead
-of time for Hopper (sm_90) with Triton's own compiler and ptxas, on a machine without a GPU: what Triton's
-interpreter accepts and its compiler refuses (a global read that is not a constexpr, a construct the code generator
-lacks) fails here rather than on the first GPU run. tests/gpu/ runs them."""
+"""The attention kernels with every variant switch on, the elementwise kernels in Gemma's forms and the quantized
+GEMMs in every tile config of their rule, compiled ahead of time for Hopper (sm_90) with Triton's own compiler and
+ptxas, on a machine without a GPU: what Triton's interpreter accepts and its compiler refuses (a global read that is
+not a constexpr, a construct the code generator lacks) fails here rather than on the first GPU run. tests/gpu/ runs
+them."""
+
+import re
+import subprocess
+import tempfile
+from pathlib import Path
 
 import pytest
 
@@ -10,10 +16,21 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from gpu.kernels import decode_attention, prefill_attention, qk_norm_rope, rms_norm, silu_and_mul  # noqa: E402
+from gpu.kernels import (  # noqa: E402
+    decode_attention,
+    fp8_gemm,
+    fp8_quant,
+    int_gemm,
+    prefill_attention,
+    qk_norm_rope,
+    rms_norm,
+    silu_and_mul,
+    store_kv,
+)
+from gpu.kernels.quant_gemm_configs import QuantTiles, quant_tiles  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
-FLOATS = {"scale_log2", "softcap_in", "softcap_out", "eps"}
+FLOATS = {"scale_log2", "softcap_in", "softcap_out", "eps", "k_scale", "v_scale"}
 
 
 def compile_for_hopper(kernel: object, pointers: dict[str, str], constexprs: dict[str, object]) -> None:
@@ -46,15 +63,117 @@ def test_prefill_kernel_with_every_variant_switch() -> None:
         **VARIANT_FLAGS))
 
 
+FP8_CACHE = dict(ATTENTION, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv")
+
+
+def compile_qk_norm_rope(cache: str, constexprs: dict[str, object]) -> None:
+    """The q/k norm + RoPE kernel writing K/V to caches of type `cache`, with a norm."""
+    compile_for_hopper(qk_norm_rope._qk_norm_rope_kernel, dict(
+        qkv_ptr="*bf16", positions_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", q_weight_ptr="*bf16",
+        k_weight_ptr="*bf16", q_out_ptr="*bf16", k_out_ptr="*bf16", k_cache_ptr=cache, v_cache_ptr=cache,
+        slot_mapping_ptr="*i64"), dict(HAS_NORM=True, STORE_KV=True, USE_PDL=False, **constexprs))
+
+
+def test_attention_kernels_read_and_write_an_fp8_cache() -> None:
+    compile_for_hopper(decode_attention._decode_split_kernel, FP8_CACHE, dict(
+        GROUP=8, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_H=16, BLOCK_D=128, BLOCK_N=64, NUM_SPLITS=4,
+        DOT_PRECISION="tf32", HAS_ROW_ORDER=True, USE_PDL=True, HAS_WINDOW=False, HAS_SINKS=False, HAS_SOFTCAP=False))
+    compile_for_hopper(prefill_attention._prefill_kernel, FP8_CACHE, dict(
+        GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=64, BLOCK_Q=16, BLOCK_D=128, BLOCK_N=64, DOT_PRECISION="tf32",
+        HAS_WINDOW=False, HAS_SINKS=False, HAS_SOFTCAP=False))
+    compile_qk_norm_rope("*fp8e4nv", dict(NUM_HEADS=32, NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, WEIGHT_OFFSET=0.0,
+                                          SCALES_IN_FLOAT32=False))
+    compile_for_hopper(store_kv._store_kv_kernel, dict(
+        key_ptr="*fp32", value_ptr="*fp32", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv", slot_mapping_ptr="*i64"),
+        dict(NUM_KV_HEADS=8, HEAD_DIM=128, BLOCK_H=8, BLOCK_D=128))
+
+
 def test_elementwise_kernels_in_gemmas_forms() -> None:
     compile_for_hopper(rms_norm._rms_norm_kernel, dict(
         x_ptr="*bf16", residual_ptr="*bf16", weight_ptr="*bf16", out_ptr="*bf16", sum_ptr="*bf16"), dict(
         HIDDEN=640, BLOCK=1024, HAS_RESIDUAL=True, WEIGHT_OFFSET=1.0, SCALES_IN_FLOAT32=True, USE_PDL=False))
-    compile_for_hopper(qk_norm_rope._qk_norm_rope_kernel, dict(
-        qkv_ptr="*bf16", positions_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", q_weight_ptr="*bf16",
-        k_weight_ptr="*bf16", q_out_ptr="*bf16", k_out_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16",
-        slot_mapping_ptr="*i64"), dict(
-        NUM_HEADS=4, NUM_KV_HEADS=1, HEAD_DIM=256, BLOCK_H=4, HAS_NORM=True, WEIGHT_OFFSET=1.0,
-        SCALES_IN_FLOAT32=True, STORE_KV=True, USE_PDL=False))
+    compile_qk_norm_rope("*bf16", dict(NUM_HEADS=4, NUM_KV_HEADS=1, HEAD_DIM=256, BLOCK_H=4, WEIGHT_OFFSET=1.0,
+                                       SCALES_IN_FLOAT32=True))
     compile_for_hopper(silu_and_mul._silu_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"), dict(
         INTERMEDIATE=2048, BLOCK=1024, IS_GELU_TANH=True, USE_PDL=False))
+
+
+# The quantized GEMMs at Qwen3-8B's decode shapes: every tile config their rule gives from 1 to 1024 rows fits an
+# H100's shared memory, spills no registers and pipelines its loads (shared memory for two stages or more).
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+MAX_SHARED = 227 * 1024
+MULTIPLES_OF_16 = {"K", "k_per_split", "stride_xm", "stride_wn", "stride_wsn", "stride_qn", "stride_gn", "stride_om",
+                   "stride_os"}
+QUANT_ROWS = (1, 16, 32, 64, 128, 1024)
+
+
+def compiled_usage(kernel: object, signature: dict[str, str], constexprs: dict[str, object], num_warps: int,
+                   num_stages: int) -> tuple[int, int]:
+    """(spilled bytes, shared bytes) of `kernel` compiled for sm_90, its arguments specialized as a launch on a GPU
+    specializes them (pointers 16-byte aligned, the sizes and strides that are multiples of 16 marked so)."""
+    names = list(signature)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+             if signature[name].startswith("*") or name in MULTIPLES_OF_16}
+    source = ASTSource(fn=kernel, signature=signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs,
+                       attrs=attrs)
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", cubin.name], capture_output=True, text=True,
+                               check=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1)), compiled.metadata.shared  # type: ignore[union-attr]
+
+
+def _tile_configs(kind: str) -> set[QuantTiles]:
+    return {quant_tiles(rows, n, k, kind) for rows in QUANT_ROWS for n, k in ((6144, 4096), (4096, 12288))}
+
+
+FP8_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "in_scale_ptr": "*fp32", "bias_ptr": "*bf16",
+                 "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32", "k_per_split": "i32", "stride_xm": "i32",
+                 "stride_wn": "i32", "stride_wsn": "i32", "stride_os": "i32", "stride_om": "i32"}
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize("scales", ["blocks", "per-row", "static"])
+def test_fp8_gemm_tiles_fit_and_pipeline(scales: str) -> None:
+    for t in _tile_configs("fp8"):
+        constexprs = dict(SCALE_ROWS=128 if scales == "blocks" else 1, BLOCK_SCALES=scales == "blocks",
+                          STATIC=scales == "static", GROUP=128, HAS_BIAS=False, IS_PARTIAL=t.split_k > 1, EVEN_K=True,
+                          USE_PDL=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+        spilled, shared = compiled_usage(fp8_gemm._fp8_gemm_kernel, FP8_SIGNATURE, constexprs, t.num_warps,
+                                         t.num_stages)
+        stage = t.block_n * 128 + t.block_m * 128 * 2  # one group's weight tile (FP8) and x tile (bf16)
+        assert spilled == 0 and 2 * stage <= shared <= MAX_SHARED, (t, spilled, shared)
+
+
+INT_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "o_ptr": "*bf16",
+                 "perm_ptr": "*i32", "bias_ptr": "*bf16", "out_ptr": "*fp32", "M": "i32", "N": "i32", "K": "i32",
+                 "k_per_split": "i32", "num_groups": "i32", "stride_xm": "i32", "stride_qn": "i32", "stride_gn": "i32",
+                 "stride_os": "i32", "stride_om": "i32"}
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize(("bits", "group", "kind"), [(4, 128, "symmetric"), (4, 128, "zeros"), (4, 32, "offsets"),
+                                                     (4, 32, "act-order"), (8, 16, "offsets"), (8, 128, "symmetric")])
+def test_int_gemm_tiles_fit_and_pipeline(bits: int, group: int, kind: str) -> None:
+    for t in _tile_configs(f"int{bits}"):
+        constexprs = dict(BITS=bits, GROUP=group, ZERO=8.0, HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets",
+                          HAS_PERM=kind == "act-order", PACKED=bits == 4, DOT_PRECISION="tf32", HAS_BIAS=False,
+                          SUMS=bits == 4 and group >= 128 and kind != "act-order" and t.block_m <= 32,
+                          IS_PARTIAL=t.split_k > 1, EVEN_K=True, USE_PDL=True, BLOCK_M=t.block_m,
+                          BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+        spilled, shared = compiled_usage(int_gemm._int_gemm_kernel, INT_SIGNATURE, constexprs, t.num_warps,
+                                         t.num_stages)
+        stage = t.block_n * t.block_k * bits // 8  # one weight tile
+        assert spilled == 0 and 2 * stage <= shared <= MAX_SHARED, (t, spilled, shared)
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+def test_fp8_activation_quantization_compiles() -> None:
+    signature = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_scale_ptr": "*fp32", "K": "i32",
+                 "stride_xm": "i32", "stride_qm": "i32", "stride_sm": "i32", "stride_sg": "i32"}
+    for group, per_token in ((128, False), (1024, True)):
+        spilled, _ = compiled_usage(fp8_quant._quantize_rows_kernel, signature, dict(
+            GROUP=group, PER_TOKEN=per_token, STATIC=False, USE_PDL=True, BLOCK=1024), 4, 2)
+        assert spilled == 0

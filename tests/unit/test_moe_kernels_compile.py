@@ -31,7 +31,10 @@ SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768, False), "gpt-oss-20b": (32, 4, 28
 
 def compiled(fn: object, signature: dict[str, str], constants: dict[str, object], num_warps: int,
              num_stages: int = 3) -> tuple[int, int, int]:
-    """(registers, spilled bytes, shared bytes) of `fn` compiled for sm_90."""
+    """(registers, spilled bytes, shared bytes) of `fn` compiled for sm_90 (the MoE GEMM with float weights unless
+    `constants` name a format)."""
+    if fn is fused_moe._moe_gemm_kernel:
+        constants = FLOAT_WEIGHTS | constants
     names = list(signature)
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
              if signature[name].startswith("*") or name in MULTIPLES_OF_16}
@@ -47,10 +50,12 @@ def compiled(fn: object, signature: dict[str, str], constants: dict[str, object]
     return registers, stack, kernel.metadata.shared
 
 
-GEMM_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "bias_ptr": "*bf16", "c_ptr": "*bf16", "weights_ptr": "*fp32",
-                  "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_padded_ptr": "*i32", "num_pairs": "i32",
-                  "max_padded": "i32", "N": "i32", "K": "i32", "stride_am": "i32", "stride_be": "i32",
-                  "stride_bn": "i32", "stride_bias_e": "i32", "stride_cm": "i32"}
+FLOAT_WEIGHTS = dict(MXFP4=False, SCALE_ROWS=0, SCALE_COLUMNS=0)
+GEMM_SIGNATURE = {"a_ptr": "*bf16", "b_ptr": "*bf16", "scales_ptr": "*bf16", "bias_ptr": "*bf16", "c_ptr": "*bf16",
+                  "weights_ptr": "*fp32", "sorted_ptr": "*i32", "block_experts_ptr": "*i32", "num_padded_ptr": "*i32",
+                  "num_pairs": "i32", "max_padded": "i32", "N": "i32", "K": "i32", "stride_am": "i32",
+                  "stride_be": "i32", "stride_bn": "i32", "stride_se": "i32", "stride_sn": "i32",
+                  "stride_bias_e": "i32", "stride_cm": "i32"}
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -70,11 +75,45 @@ def test_every_bucket_config_fits_and_pipelines(shape: str) -> None:
             assert shared >= 2 * one_stage, f"loads not pipelined: {config} gated={is_gated} shared {shared}"
 
 
+def test_mxfp4_gemm_fits_every_bucket_config_at_gpt_oss_shape() -> None:
+    """gpt-oss-20b's MXFP4 experts: bytes of codes and scales for B, decoded in the loop, K tiles of at least 32."""
+    num_experts, top_k, hidden, intermediate, _ = SHAPES["gpt-oss-20b"]
+    signature = GEMM_SIGNATURE | {"b_ptr": "*u8", "scales_ptr": "*u8"}
+    configs = {default_config(1 << b, num_experts, top_k) for b in range(14)}
+    for config in configs:
+        for is_gated, tiles, k in ((True, config.gate_up, hidden), (False, config.down, intermediate)):
+            block_k = max(tiles.block_k, 32)
+            constants = dict(PAIRS_PER_ROW=top_k if is_gated else 1, GATED=is_gated, ACTIVATION=1, ALPHA=1.702,
+                             LIMIT=7.0, HAS_BIAS=True, MUL_WEIGHT=not is_gated, IEEE=False, MXFP4=True,
+                             EVEN_K=k % block_k == 0, BLOCK_M=config.block_m, BLOCK_N=tiles.block_n, BLOCK_K=block_k,
+                             GROUP_M=tiles.group_m, USE_PDL=True)
+            _, spilled, shared = compiled(fused_moe._moe_gemm_kernel, signature, constants, tiles.num_warps,
+                                          tiles.num_stages)
+            assert spilled == 0 and shared <= MAX_SHARED, (config, is_gated, spilled, shared)
+
+
+def test_fp8_block_gemm_fits_every_bucket_config_at_qwen3_30b_shape() -> None:
+    """Qwen3-30B-A3B-FP8's experts: FP8 weights with 128x128 block scales, K tiles within one block of columns."""
+    num_experts, top_k, hidden, intermediate, _ = SHAPES["qwen3-30b-a3b"]
+    signature = GEMM_SIGNATURE | {"b_ptr": "*fp8e4nv", "scales_ptr": "*fp32"}
+    configs = {default_config(1 << b, num_experts, top_k) for b in range(14)}
+    for config in configs:
+        for is_gated, tiles, k in ((True, config.gate_up, hidden), (False, config.down, intermediate)):
+            block_k = min(tiles.block_k, 128)
+            constants = dict(PAIRS_PER_ROW=top_k if is_gated else 1, GATED=is_gated, ACTIVATION=0, ALPHA=1.702,
+                             LIMIT=7.0, HAS_BIAS=False, MUL_WEIGHT=not is_gated, IEEE=False,
+                             SCALE_ROWS=128, SCALE_COLUMNS=128, EVEN_K=k % block_k == 0, BLOCK_M=config.block_m,
+                             BLOCK_N=tiles.block_n, BLOCK_K=block_k, GROUP_M=tiles.group_m, USE_PDL=True)
+            _, spilled, shared = compiled(fused_moe._moe_gemm_kernel, signature, constants, tiles.num_warps,
+                                          tiles.num_stages)
+            assert spilled == 0 and shared <= MAX_SHARED, (config, is_gated, spilled, shared)
+
+
 def test_float32_gemm_fits() -> None:
     signature = GEMM_SIGNATURE | {name: "*fp32" for name in ("a_ptr", "b_ptr", "bias_ptr", "c_ptr")}
     constants = dict(PAIRS_PER_ROW=2, GATED=True, ACTIVATION=0, ALPHA=0.0, LIMIT=0.0, HAS_BIAS=False,
-                     MUL_WEIGHT=False, IEEE=True, EVEN_K=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128, GROUP_M=1,
-                     USE_PDL=False)
+                     MUL_WEIGHT=False, IEEE=True, EVEN_K=False, BLOCK_M=16, BLOCK_N=32, BLOCK_K=128,
+                     GROUP_M=1, USE_PDL=False)
     _, spilled, shared = compiled(fused_moe._moe_gemm_kernel, signature, constants, 4, 4)
     assert spilled == 0 and shared <= MAX_SHARED
 

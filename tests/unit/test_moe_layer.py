@@ -184,14 +184,20 @@ def test_expert_tensor_names() -> None:
         "model.layers.0.mlp.experts.down_proj", ExpertShard("down", 1))
     assert expert_target("model.layers.0.mlp.shared_experts.gate_proj.weight", parts) is None
     assert expert_target("model.layers.0.mlp.experts.gate_up_proj", parts) is None  # stacked: its own name
+    assert expert_target("model.layers.0.mlp.experts.5.w1.weight_scale_inv", parts) == (
+        "model.layers.0.mlp.experts.gate_up_proj_scale_inv", ExpertShard("gate", 5))  # a quantized format's tensor
 
 
 
-def test_gpt_oss_mxfp4_experts_are_refused_by_name() -> None:
+def test_gpt_oss_experts_in_fp8_are_refused_by_name() -> None:
+    """MXFP4 experts load (gpu/quant/mxfp4.py); FP8 ones load one tensor per expert only, not gpt-oss's stacked
+    tensors: an error that names the format."""
     from gpu.models.gpt_oss import GptOssForCausalLM
+    from gpu.quant import quant_scheme, quantize_layers
 
     config = transformers.GptOssConfig(hidden_size=HIDDEN, num_hidden_layers=2, num_attention_heads=2,
                                        num_key_value_heads=1, head_dim=16, num_local_experts=4, intermediate_size=16,
-                                       vocab_size=32, quantization_config={"quant_method": "mxfp4"})
-    with pytest.raises(ValueError, match="mxfp4"):
-        GptOssForCausalLM(config, 64)
+                                       vocab_size=32, quantization_config={"quant_method": "fp8",
+                                                                           "weight_block_size": [16, 16]})
+    with pytest.raises(ValueError, match="FP8 experts are supported with block scales .*one tensor per expert"):
+        quantize_layers(GptOssForCausalLM(config, 64), quant_scheme(config))

@@ -33,3 +33,18 @@ def test_a_restarted_engine_counting_from_zero_gives_no_negative_throughput() ->
     assert stats_line(IDLE, restarted, 10.0).startswith(
         "Avg prompt throughput: 10.0 tokens/s, Avg generation throughput: 30.0 tokens/s")
     assert stats_line(IDLE, restarted, 10.0).endswith("Prefix cache hit rate: 25.0%")
+
+
+def test_speculative_decoding_figures_are_over_the_interval() -> None:
+    before = replace(IDLE, num_spec_drafts=10, num_spec_draft_tokens=40, num_spec_accepted_tokens=20,
+                     num_spec_accepted_per_position=(9, 6, 3, 2))
+    after = replace(before, num_spec_drafts=30, num_spec_draft_tokens=120, num_spec_accepted_tokens=50,
+                    num_spec_accepted_per_position=(25, 15, 7, 3))
+    assert stats_line(before, after, 10.0).endswith(", Spec decoding: mean acceptance length 2.50, draft acceptance "
+                                                    "rate 37.5%, per position 0.80, 0.45, 0.20, 0.05")
+    assert stats_line(after, after, 10.0).endswith(", Spec decoding: no drafts")
+    assert "Spec" not in stats_line(IDLE, IDLE, 10.0)
+    restarted = replace(after, num_generation_tokens=10, num_spec_drafts=2, num_spec_draft_tokens=8,
+                        num_spec_accepted_tokens=4, num_spec_accepted_per_position=(2, 1, 1, 0))
+    assert stats_line(after, restarted, 10.0).endswith("mean acceptance length 3.00, draft acceptance rate 50.0%, "
+                                                       "per position 1.00, 0.50, 0.50, 0.00")

@@ -1,0 +1,138 @@
+"""Speculative decoding on the engine's side: which sequences get draft tokens, and what their verification
+accepted.
+
+A step that verifies drafts is built with every token of its sequences known on the host: the engine
+books the step in flight before it proposes, and books the verifying step before the next is scheduled
+(the accepted count decides what comes next). Steps without drafts stay asynchronous.
+
+A sequence is offered drafts when it is decoding (its stream has begun and only its last token is to be
+computed) and nothing in its sampling depends on the tokens before each verified position other than
+through the model and its grammar: no penalties (their counts would have to include the drafts), past
+min_tokens (its banned tokens change with the position). Those sequences decode one token per step,
+exactly as without speculation. Drafts never run past max_tokens or the context length. Structured
+output: drafts are cut where the grammar refuses one; each verified position is masked by the grammar's
+state after the drafts before it, and the matcher takes the kept tokens only (a draft model's drafts,
+drawn after scheduling, are not cut: constrained sequences get none from it).
+
+Verification (one-hot drafts: a proposer's draft is a token, not a distribution): the target samples at
+each verified position as it would one token per step (a seeded row with the output index of that
+position); drafts are accepted while they equal the sampled token, and the first sampled token that
+differs (or the one after the last draft) is the bonus. For a greedy row this is the argmax chain; for a
+random row it is rejection sampling with a one-hot draft distribution q: the draft t is accepted with
+probability p(t) (the chance the sample is t), and on rejection the token is a sample from p with t
+removed and renormalized, which is max(p - q, 0) normalized. Each token is therefore drawn from the
+target's distribution, and a seeded request gets the tokens it gets without speculation.
+"""
+
+from dataclasses import dataclass, field
+
+from core.draft_model_proposer import DraftModelProposer
+from core.grammar import Grammars
+from core.ngram_proposer import NgramProposer
+from core.scheduler import ScheduledSequence
+from core.sequence import Sequence
+from core.speculation_control import DraftLengthController, FixedDraftLength
+from core.speculative_config import SpeculativeConfig
+from core.suffix_proposer import SuffixProposer
+from gpu.runner import Runner
+
+
+@dataclass
+class SpeculationCounts:
+    """vLLM's spec_decode metrics: counters that only grow."""
+
+    num_drafts: int = 0  # verified rows with at least one draft token
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)
+
+
+class Speculation:
+    def __init__(self, config: SpeculativeConfig, max_model_len: int, draft_runner: Runner | None = None,
+                 block_size: int = 16, max_num_batched_tokens: int = 8192) -> None:
+        """`draft_runner`: the draft model's (method draft_model), whose KV cache has the target's blocks."""
+        self.config = config
+        self.max_model_len = max_model_len
+        self.proposer: NgramProposer | SuffixProposer | DraftModelProposer
+        if config.method == "draft_model":
+            assert draft_runner is not None, "method draft_model needs the draft model's runner"
+            self.proposer = DraftModelProposer(draft_runner, block_size, max_num_batched_tokens)
+        elif config.method == "suffix":
+            c = config
+            self.proposer = SuffixProposer(c.suffix_decoding_max_tree_depth, c.suffix_decoding_max_cached_requests,
+                                           c.suffix_decoding_max_spec_factor, c.suffix_decoding_min_token_prob)
+        else:
+            self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+        self.controller = (DraftLengthController(config.num_speculative_tokens) if config.adaptive
+                           else FixedDraftLength(config.num_speculative_tokens))
+        self.counts = SpeculationCounts(accepted_per_position=[0] * config.num_speculative_tokens)
+        self._num_offered = 0
+        self._accepted_at = [0] * config.num_speculative_tokens
+
+    def propose(self, running: list[Sequence], num_drafts: int) -> None:
+        """Gives the eligible running sequences up to `num_drafts` draft tokens each (module docstring)."""
+        seqs, limits = [], []
+        num_decoding = 0
+        for seq in running:
+            num_decoding += seq.num_uncomputed_tokens == 1
+            limit = self._draft_limit(seq, num_drafts)
+            if limit:
+                seqs.append(seq)
+                limits.append(limit)
+        # Acceptance is measured per decoding sequence, offered drafts or not (penalized, constrained, near their
+        # end): the controller weighs the tokens a step brings the whole batch.
+        self._num_offered = num_decoding
+        self._accepted_at = [0] * num_drafts
+        self.proposer.propose(seqs, limits)
+        for seq in seqs:
+            if seq.grammar is not None and seq.draft_token_ids:  # drafts past what its grammar allows go
+                del seq.draft_token_ids[Grammars.grammatical_prefix(seq.grammar, seq.draft_token_ids):]
+
+    def fill(self, scheduled: list[ScheduledSequence]) -> None:
+        """Once the step is scheduled: draws the drafts of a proposer that needs their slots (a draft model)."""
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.fill(scheduled)
+
+    def on_verified(self, seq: Sequence, num_tokens_before: int, num_drafts: int) -> None:
+        """A sequence's verification is booked (its tokens and computed tokens are the accepted ones)."""
+        if isinstance(self.proposer, DraftModelProposer):
+            self.proposer.on_verified(seq, num_tokens_before, num_drafts)
+
+    def on_finished(self, seq: Sequence) -> None:
+        if isinstance(self.proposer, SuffixProposer):
+            self.proposer.on_finished(seq)
+
+    def _draft_limit(self, seq: Sequence, num_drafts: int) -> int:
+        params = seq.params
+        if (seq.num_uncomputed_tokens != 1 or seq.num_output_tokens == 0 or seq.num_pending_tokens
+                or seq.has_penalties or seq.num_output_tokens < params.min_tokens):
+            return 0
+        if seq.grammar is not None and isinstance(self.proposer, DraftModelProposer):
+            return 0  # its drafts come after scheduling, too late to cut them to the grammar
+        # The step's own token plus the drafts stay within max_tokens and the context.
+        room = min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
+        return max(0, min(num_drafts, room))
+
+    def num_accepted(self, sampled: list[int], drafts: list[int]) -> int:
+        """How many leading drafts the sampled tokens confirm; counted in the metrics."""
+        num_accepted = 0
+        for draft, token in zip(drafts, sampled, strict=False):
+            if draft != token:
+                break
+            num_accepted += 1
+        if drafts:
+            counts = self.counts
+            counts.num_drafts += 1
+            counts.num_draft_tokens += len(drafts)
+            counts.num_accepted_tokens += num_accepted
+            for i in range(num_accepted):
+                counts.accepted_per_position[i] += 1
+                self._accepted_at[i] += 1
+        return num_accepted
+
+    def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
+        """A decode step's wall time, and (for a verifying step, booked by now) what it accepted."""
+        self.controller.observe_step(batch_size, num_drafts, seconds)
+        if num_drafts:
+            self.controller.observe_acceptance(self._num_offered, self._accepted_at)
+            self._num_offered = 0

@@ -1,0 +1,123 @@
+"""How many draft tokens a step verifies (k, from 0 to the configured most): the one that is expected to
+generate the most tokens per second at the current batch size, from measured figures.
+
+The rule. For a step of B running sequences, with B's bucket b (the next power of two):
+  rate(k) = E(k) / T(b, k)
+where T(b, k) is the running average (exponential, weight `time_weight`) of the wall time of the engine's
+decode steps at bucket b that verified up to k drafts per sequence (k = 0: plain decode steps, queued
+asynchronously as without speculation; drafting, the draft verification and the steps' own host sync are
+inside the k > 0 figures), and E(k) = 1 + r_0 + ... + r_{k-1} is the expected tokens a decoding sequence
+gets from such a step, where r_i is the running average, per decoding sequence of a step that offered i + 1
+or more drafts, of the drafts accepted at position i: it folds in how many sequences can take drafts (not
+the penalized or constrained ones), how often the proposer has one, and how often the target agrees.
+
+Choosing: an arm (b, k) with no measured time is tried first, smallest k first (k = 0 is the baseline, and
+an untried k can only be judged against a measured one); once all are measured, the best rate is taken.
+Every `refresh_steps` decode steps at a bucket, the arm measured least recently is run for two steps
+instead, so that figures follow changing workloads (acceptance drifts with the text) at a bounded cost.
+Not measured: steps with prompt tokens (prefill: their time says nothing about decoding), and the first
+step after a change of k, which pays for the step the previous k left in flight (a verifying step waits
+for it) or for none (a plain step after a verifying one returns before its result is waited for).
+
+Never losing: k = 0 is always an arm, measured like the others, so speculation is chosen only where its
+measured rate beats plain decoding; what exploration costs is one step in `refresh_steps` per bucket.
+"""
+
+from dataclasses import dataclass, field
+
+_UNTRIED_ACCEPTANCE = 1.0  # an untried position is assumed to accept: it gets tried, then measured
+
+
+@dataclass
+class _Arm:
+    seconds: float | None = None  # running average of a step's wall time
+    last_step: int = -1  # the bucket's step count when last measured
+
+
+@dataclass
+class _Bucket:
+    arms: list[_Arm]
+    num_steps: int = 0
+    num_steps_since_refresh: int = 0
+    refreshing: int | None = None  # the arm being measured again
+    num_refresh_steps_left: int = 0
+
+
+@dataclass
+class DraftLengthController:
+    max_drafts: int
+    refresh_steps: int = 100
+    time_weight: float = 0.2  # of a new step time in the running average
+    acceptance_weight: float = 0.05  # of a new step's acceptance in the running averages
+    _buckets: dict[int, _Bucket] = field(default_factory=dict)
+    _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
+    _previous_drafts: int = 0  # the draft length of the last step observed (the engine starts without drafts)
+
+    def __post_init__(self) -> None:
+        self._acceptance = [None] * self.max_drafts
+
+    def choose(self, batch_size: int) -> int:
+        """The draft length for the next decode step of `batch_size` running sequences."""
+        bucket = self._bucket(batch_size)
+        untried = [k for k, arm in enumerate(bucket.arms) if arm.seconds is None]
+        if untried:
+            return untried[0]
+        if bucket.num_steps_since_refresh >= self.refresh_steps:
+            bucket.num_steps_since_refresh = 0
+            bucket.refreshing = min(range(len(bucket.arms)), key=lambda k: bucket.arms[k].last_step)
+            bucket.num_refresh_steps_left = 2  # its first step is a change of k: not measured
+        if bucket.refreshing is not None and bucket.num_refresh_steps_left:
+            bucket.num_refresh_steps_left -= 1
+            return bucket.refreshing
+        return max(range(len(bucket.arms)), key=lambda k: self.expected_tokens(k) / bucket.arms[k].seconds)  # type: ignore[operator]
+
+    def expected_tokens(self, num_drafts: int) -> float:
+        """E(k): tokens a sequence is expected to get from a step that offers it k drafts."""
+        return 1.0 + sum(_UNTRIED_ACCEPTANCE if r is None else r for r in self._acceptance[:num_drafts])
+
+    def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
+        """A decode step (no prompt tokens) of `batch_size` sequences, run with draft length `num_drafts`."""
+        is_change = num_drafts != self._previous_drafts
+        self._previous_drafts = num_drafts
+        if is_change:
+            return
+        bucket = self._bucket(batch_size)
+        arm = bucket.arms[num_drafts]
+        arm.seconds = seconds if arm.seconds is None else arm.seconds + self.time_weight * (seconds - arm.seconds)
+        arm.last_step = bucket.num_steps
+        bucket.num_steps += 1
+        bucket.num_steps_since_refresh += 1
+
+    def observe_acceptance(self, num_offered: int, accepted_per_position: list[int]) -> None:
+        """A step offered `num_offered` sequences up to len(accepted_per_position) drafts each; entry i counts those
+        whose draft at position i was accepted."""
+        if not num_offered:
+            return
+        for i, num_accepted in enumerate(accepted_per_position):
+            ratio = num_accepted / num_offered
+            r = self._acceptance[i]
+            self._acceptance[i] = ratio if r is None else r + self.acceptance_weight * (ratio - r)
+
+    def _bucket(self, batch_size: int) -> _Bucket:
+        key = 1 << max(0, batch_size - 1).bit_length()
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            bucket = self._buckets[key] = _Bucket([_Arm() for _ in range(self.max_drafts + 1)])
+        return bucket
+
+
+@dataclass
+class FixedDraftLength:
+    """The same draft length at every step (speculative_config.adaptive false, as vLLM): the controller's
+    interface, measuring nothing."""
+
+    num_drafts: int
+
+    def choose(self, batch_size: int) -> int:
+        return self.num_drafts
+
+    def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
+        pass
+
+    def observe_acceptance(self, num_offered: int, accepted_per_position: list[int]) -> None:
+        pass

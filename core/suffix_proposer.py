@@ -1,0 +1,146 @@
+"""Suffix decoding (vLLM's `suffix` method, after Arctic Inference's): drafts from the continuations of the
+sequence's latest tokens, in its own tokens and in the outputs of earlier requests, by frequency.
+
+For a corpus of tokens (the sequence's own; or the recent requests' outputs, one after another with a
+separator that matches nothing), the match is the longest suffix of the sequence, of up to `max_depth`
+tokens, that occurs in the corpus; the draft then walks the suffix tree's path of most frequent
+continuations: at each step the token that most often follows the occurrences of what is matched so far,
+its frequency among them the step's probability, while the product of the probabilities stays at least
+`min_token_prob` and the draft is at most `max_spec_factor` times the match length. Of the two drafts
+(own tokens, earlier outputs) the one with the larger sum of probabilities is proposed.
+
+The suffix tree is not built: the occurrences of the matched string are positions in a numpy array, found
+by narrowing the positions of the last token one preceding token at a time, and a walk step is one
+bincount over their next tokens. The earlier outputs are one array with a sorted index of its positions
+by token (so finding a token's positions is a binary search); outputs appended since the index was built
+are scanned directly until they are a quarter of it, then it is built again. Departure from vLLM: the
+cache keeps the outputs of at most `max_cached_requests` requests and at most `MAX_CACHED_TOKENS` tokens,
+the most recent; past either it drops the oldest quarter at once.
+"""
+
+from collections import deque
+
+import numpy as np
+
+from core.ngram_proposer import TokenBuffer
+from core.sequence import Sequence
+
+MAX_CACHED_TOKENS = 1 << 20
+_SEPARATOR = -1
+
+
+class OutputCache:
+    """The outputs of recent requests as one array, and an index of its positions by token."""
+
+    def __init__(self, max_requests: int, max_tokens: int = MAX_CACHED_TOKENS) -> None:
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens
+        self._outputs: deque[np.ndarray] = deque()
+        self._num_tokens = 0
+        self.corpus = np.empty(0, dtype=np.int64)
+        self._tail: list[np.ndarray] = []  # appended, not yet in `corpus`
+        self._order = np.empty(0, dtype=np.int64)  # positions of corpus[:indexed], sorted by token (stable)
+        self._sorted = np.empty(0, dtype=np.int64)  # the tokens at those positions
+
+    def add(self, token_ids: list[int]) -> None:
+        output = np.asarray([*token_ids, _SEPARATOR], dtype=np.int64)
+        self._outputs.append(output)
+        self._tail.append(output)
+        self._num_tokens += len(output)
+        if len(self._outputs) > self.max_requests or self._num_tokens > self.max_tokens:
+            # Dropping the oldest shifts every position, so the index is built anew: a quarter at a time.
+            while len(self._outputs) > 3 * self.max_requests // 4 or self._num_tokens > 3 * self.max_tokens // 4:
+                self._num_tokens -= len(self._outputs.popleft())
+            self._tail = []
+            self.corpus = self._order = self._sorted = np.empty(0, dtype=np.int64)
+
+    def positions_of(self, token_id: int) -> np.ndarray:
+        """Every position of `token_id` in `corpus`, ascending (after taking in what was added)."""
+        self._take_in_added()
+        lo, hi = np.searchsorted(self._sorted, [token_id, token_id + 1])
+        indexed = self._order[lo:hi]
+        tail = np.flatnonzero(self.corpus[len(self._order):] == token_id) + len(self._order)
+        return np.concatenate([indexed, tail]) if len(tail) else indexed
+
+    def _take_in_added(self) -> None:
+        if not self._tail and len(self.corpus) == self._num_tokens:
+            return
+        if len(self.corpus) != self._num_tokens - sum(len(t) for t in self._tail):
+            self.corpus = np.concatenate(list(self._outputs)) if self._outputs else np.empty(0, dtype=np.int64)
+        else:
+            self.corpus = np.concatenate([self.corpus, *self._tail])
+        self._tail = []
+        if len(self.corpus) - len(self._order) > len(self._order) // 4:
+            self._order = np.argsort(self.corpus, kind="stable")
+            self._sorted = self.corpus[self._order]
+
+
+def longest_match(corpus: np.ndarray, candidates: np.ndarray, pattern: np.ndarray, max_depth: int
+                  ) -> tuple[int, np.ndarray]:
+    """(n, ends): the longest n <= max_depth such that the last n tokens of `pattern` occur in `corpus` ending at
+    each of `ends`, given `candidates`, the positions of pattern's last token that may end a match."""
+    ends, n = candidates, 1
+    limit = min(max_depth, len(pattern))
+    while n < limit:
+        longer = ends[ends >= n]
+        longer = longer[corpus[longer - n] == pattern[-1 - n]]
+        if not longer.size:
+            break
+        ends, n = longer, n + 1
+    return (n, ends) if ends.size else (0, ends)
+
+
+def walk(corpus: np.ndarray, ends: np.ndarray, max_drafts: int, min_token_prob: float) -> tuple[list[int], float]:
+    """The most frequent continuation of the occurrences ending at `ends`, token by token while the path's
+    probability stays at least `min_token_prob`: (its tokens, the sum of their probabilities)."""
+    draft: list[int] = []
+    probability = score = 1.0
+    while len(draft) < max_drafts:
+        following = ends + 1
+        following = following[following < len(corpus)]
+        tokens = corpus[following]
+        is_token = tokens != _SEPARATOR  # an output's end: counted among the occurrences, never drafted
+        following, tokens = following[is_token], tokens[is_token]
+        if not len(tokens):
+            break
+        values, counts = np.unique(tokens, return_counts=True)
+        best = int(np.argmax(counts))
+        probability *= counts[best] / len(ends)
+        if probability < min_token_prob:
+            break
+        draft.append(int(values[best]))
+        score += probability
+        ends = following[tokens == values[best]]
+    return draft, score - 1.0
+
+
+class SuffixProposer:
+    def __init__(self, max_depth: int, max_cached_requests: int, max_spec_factor: float, min_token_prob: float
+                 ) -> None:
+        self.max_depth = max_depth
+        self.max_spec_factor = max_spec_factor
+        self.min_token_prob = min_token_prob
+        self.outputs = OutputCache(max_cached_requests)
+
+    def propose(self, seqs: list[Sequence], max_drafts: list[int]) -> None:
+        """Sets each sequence's draft_token_ids (at most its entry of `max_drafts`; maybe none)."""
+        for seq, limit in zip(seqs, max_drafts, strict=True):
+            if not isinstance(seq.draft_state, TokenBuffer):
+                seq.draft_state = TokenBuffer()
+            tokens = seq.draft_state.sync(seq.token_ids)
+            own = self._draft(tokens, np.flatnonzero(tokens[:-1] == tokens[-1]), tokens, limit)
+            candidates = self.outputs.positions_of(int(tokens[-1]))  # first: it takes in the outputs added
+            cached = self._draft(self.outputs.corpus, candidates, tokens, limit)
+            seq.draft_token_ids = max(own, cached, key=lambda drafted: drafted[1])[0]
+
+    def on_finished(self, seq: Sequence) -> None:
+        """A finished request's output joins the cache of earlier outputs."""
+        if seq.num_output_tokens:
+            self.outputs.add(seq.token_ids[seq.num_prompt_tokens :])
+
+    def _draft(self, corpus: np.ndarray, candidates: np.ndarray, tokens: np.ndarray, limit: int
+               ) -> tuple[list[int], float]:
+        if not candidates.size:
+            return [], 0.0
+        n, ends = longest_match(corpus, candidates, tokens, self.max_depth)
+        return walk(corpus, ends, min(limit, int(self.max_spec_factor * n)), self.min_token_prob)

@@ -1,0 +1,201 @@
+"""Quantized weights on the GPU: each GEMM kernel and each route of a layer against its format's reference over
+1..512 rows (and inside a CUDA graph), and whole models by the top-5 rule: weight-only formats (W4A16, GGUF blocks)
+against transformers' bf16 run of the checkpoint dequantized by the format's rule; W8A8 FP8 against the same with
+each linear layer's input quantized as the format quantizes activations (the format's own rule for them), so the
+differences left are two bf16 implementations' roundings, held to the project's usual rate."""
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from core import LLM, SamplingParams
+from core.model_files.gguf_checkpoint import gguf_checkpoint
+from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS
+from gpu.layers.linear import Linear
+from gpu.loader import CheckpointTensor, TensorSlice
+from gpu.quant import gguf_blocks
+from gpu.quant.fp8 import Fp8Scheme, dequantize_blocks
+from gpu.quant.gguf import GgufScheme
+from gpu.quant.int_weights import IntGroups, to_kernel_form
+from tests import quant_checkpoints as qc
+from tests.gpu.test_parity_gpu import MAX_NEW, Reference, assert_bf16_divergences_rare_near_ties, greedy_and_logits
+from tests.parity.test_parity_cpu import prompts_of_lengths
+from tests.parity.test_parity_quantized import FORMATS, tiny_gguf_of_every_type
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+ROWS = (1, 2, 3, 8, 16, 17, 64, 65, 100, 256, 512)
+N, K = 1536, 2048
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor, tolerance: float = 1e-2) -> None:
+    torch.testing.assert_close(out.float(), ref, rtol=tolerance, atol=tolerance * ref.abs().max().item())
+
+
+def quantized_activations(x: torch.Tensor, group: int | None, static: torch.Tensor | None) -> torch.Tensor:
+    """x as the FP8 kernels quantize it (per token group of `group` columns, per token for None, or with a static
+    scale), dequantized, in float32."""
+    rows = x.float()
+    if static is not None:
+        return (rows / static.float()).clamp(-448, 448).to(torch.float8_e4m3fn).float() * static.float()
+    grouped = rows.view(rows.shape[0], -1, group or rows.shape[1])
+    scale = (grouped.abs().amax(-1, keepdim=True) / 448).clamp(min=1e-12)
+    return ((grouped / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale).view_as(rows)
+
+
+def _fp8_weight(block: tuple[int, int], g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    weight = torch.randn(N, K, device="cuda", generator=g) * 0.05
+    scales = torch.rand(-(-N // block[0]), -(-K // block[1]), device="cuda", generator=g) * 1e-3 + 1e-4
+    levels = (weight / dequantize_blocks(torch.ones_like(weight), scales, block)).clamp(-448, 448)
+    return levels.to(torch.float8_e4m3fn), scales
+
+
+@pytest.mark.parametrize("scheme", ["blocks", "per-row", "static"])
+@pytest.mark.parametrize("rows", ROWS)
+def test_fp8_kernel_against_the_reference(scheme: str, rows: int) -> None:
+    from gpu.kernels.fp8_gemm import fp8_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    block = (128, 128) if scheme == "blocks" else (1, K)
+    levels, scales = _fp8_weight(block, g)
+    x = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
+    static = torch.tensor([0.02], device="cuda") if scheme == "static" else None
+    bias = torch.randn(N, device="cuda", generator=g).bfloat16()
+    out = fp8_gemm(x, levels, scales, block, static, bias)
+    activations = quantized_activations(x, 128, static)  # per-row weights: groups of 128 too
+    _close(out, activations @ dequantize_blocks(levels, scales, block).T + bias.float())
+
+
+def _loaded(scheme: object, tensors: dict[str, torch.Tensor]) -> Linear:
+    """A CUDA layer of `scheme`'s format holding `tensors`, ready for bf16 activations."""
+    with torch.device("cuda"):
+        layer = Linear(K, N, bias=False)
+    layer.use_quant_method(scheme.method_for(["layer"], layer.weight_layout()))  # type: ignore[attr-defined]
+    for name, tensor in tensors.items():
+        param = getattr(layer, name)
+        param.weight_loader(param, CheckpointTensor(name, TensorSlice(tensor.cpu())), None)
+    layer.finish_loading(torch.bfloat16)
+    return layer
+
+
+@pytest.mark.parametrize("scheme", ["blocks", "per-channel"])
+@pytest.mark.parametrize("rows", ROWS)
+def test_fp8_layer_routes_by_rows(scheme: str, rows: int) -> None:
+    """Up to FP8_CUBLAS_MIN_ROWS the Triton kernel (activations per group of 128), from there cuBLAS (per group of
+    128 for 128x128 blocks, per token for a scale per channel)."""
+    g = torch.Generator(device="cuda").manual_seed(rows + 1)
+    block = (128, 128) if scheme == "blocks" else (1, K)
+    levels, scales = _fp8_weight(block, g)
+    if scheme == "blocks":
+        layer = _loaded(Fp8Scheme({"quant_method": "fp8", "weight_block_size": [128, 128]}),
+                        {"weight": levels, "weight_scale_inv": scales})
+    else:
+        layer = _loaded(Fp8Scheme({"quant_method": "fp8"}), {"weight": levels, "weight_scale": scales})
+    x = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
+    per_token = scheme == "per-channel" and rows >= FP8_CUBLAS_MIN_ROWS
+    _close(layer(x), quantized_activations(x, None if per_token else 128, None)
+           @ dequantize_blocks(levels, scales, block).T)
+
+
+def _int_groups(bits: int, group_size: int, kind: str, g: torch.Generator) -> IntGroups:
+    levels = torch.randint(0, 1 << bits, (N, K), device="cuda", generator=g, dtype=torch.int32)
+    scales = torch.rand(N, K // group_size, device="cuda", generator=g) * 0.01 + 1e-3
+    zeros = torch.randint(0, 1 << bits, scales.shape, device="cuda", generator=g).float() if kind == "zeros" else None
+    offsets = (torch.rand(scales.shape, device="cuda", generator=g) - 0.5) * 0.05 if kind == "offsets" else None
+    group_ids = (torch.randperm(K, device="cuda", generator=g) // group_size).int() if kind == "act-order" else None
+    return IntGroups(bits, levels, scales, zeros, group_ids, offsets=offsets)
+
+
+@pytest.mark.parametrize(("bits", "group_size", "kind"), [
+    (4, 128, "symmetric"), (4, 128, "zeros"), (4, 32, "act-order"), (4, 32, "offsets"), (8, 128, "symmetric"),
+    (8, 16, "offsets")])
+@pytest.mark.parametrize("rows", ROWS)
+def test_int_kernel_against_the_reference(bits: int, group_size: int, kind: str, rows: int) -> None:
+    from gpu.kernels.int_gemm import int_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(rows + bits)
+    stored = to_kernel_form(_int_groups(bits, group_size, kind, g), torch.bfloat16)
+    x = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
+    out = torch.zeros(rows, N + 64, device="cuda", dtype=torch.bfloat16)
+    int_gemm(x, stored, out=out[:, 32 : 32 + N])  # a column slice of a wider output, as merged layers write
+    _close(out[:, 32 : 32 + N], x.float() @ stored.int_groups().dequantize().T)
+    assert not out[:, :32].any() and not out[:, 32 + N :].any()
+
+
+@pytest.mark.parametrize("kind", gguf_blocks.TYPES)
+@pytest.mark.parametrize("rows", (1, 16, 100))
+def test_gguf_layer_against_the_reference(kind: str, rows: int) -> None:
+    data = torch.from_numpy(np.ascontiguousarray(
+        qc.random_gguf_blocks(N, K, getattr(gguf.GGMLQuantizationType, kind), seed=rows)))
+    layer = _loaded(GgufScheme({"quant_method": "gguf", "tensor_types": {"layer": kind}}), {"qweight": data})
+    x = torch.randn(rows, K, device="cuda").bfloat16()
+    _close(layer(x), x.float() @ gguf_blocks.dequantize(data.cuda(), kind).T)
+
+
+def test_kernels_replay_in_a_cuda_graph() -> None:
+    g = torch.Generator(device="cuda").manual_seed(5)
+    levels, scales = _fp8_weight((128, 128), g)
+    fp8 = _loaded(Fp8Scheme({"quant_method": "fp8", "weight_block_size": [128, 128]}),
+                  {"weight": levels, "weight_scale_inv": scales})
+    stored = to_kernel_form(_int_groups(4, 128, "zeros", g), torch.bfloat16)
+    few, many = (torch.randn(rows, K, device="cuda", generator=g).bfloat16() for rows in (4, 128))
+
+    def step() -> list[torch.Tensor]:
+        return [fp8(few), fp8(many), stored.product(few, None), stored.product(many, None)]
+
+    eager = step()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(c, e) for c, e in zip(captured, eager, strict=True))
+
+
+PROMPTS = prompts_of_lengths((1, 7, 16, 17, 40, 100, 3, 64))
+
+
+def _serve_bf16(model_dir: Path) -> LLM:
+    return LLM(str(model_dir), dtype="bfloat16", device="cuda", kv_cache_blocks=256, max_num_seqs=16,
+               max_num_batched_tokens=512)
+
+
+def w8a8_reference(model_dir: Path, group: int | None, static: float | None) -> Reference:
+    """transformers' bf16 greedy run of the dequantized checkpoint with every decoder linear layer's input quantized
+    to FP8 as the format says (per token group of `group` columns, or the static scale)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+    scale = None if static is None else torch.tensor(static, device="cuda")
+    for module in model.model.layers.modules():
+        if isinstance(module, torch.nn.Linear):
+            module.register_forward_pre_hook(
+                lambda _, args: (quantized_activations(args[0].reshape(-1, args[0].shape[-1]), group, scale)
+                                 .to(args[0].dtype).view_as(args[0]),))
+
+    return lambda prompt: greedy_and_logits(model, prompt)
+
+
+@pytest.mark.parametrize("name", ["fp8-blocks", "fp8-tensor-static", "gptq-int4-act-order", "awq"])
+def test_quantized_models_by_the_top5_rule(name: str, tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
+    model, quantizer, config = FORMATS[name]
+    quantized, dequantized = qc.write_quantized(tiny_model_dirs[model], tmp_path, quantizer, config)
+    outputs = _serve_bf16(quantized).generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW,
+                                                                      logprobs=5))
+    reference = None
+    if name == "fp8-blocks":  # the test checkpoints' blocks are 32 columns wide: activation groups of 32
+        reference = w8a8_reference(dequantized, config["weight_block_size"][1], None)  # type: ignore[index]
+    elif name == "fp8-tensor-static":
+        reference = w8a8_reference(dequantized, None, 0.05)
+    assert_bf16_divergences_rare_near_ties(dequantized, PROMPTS, outputs, reference)
+
+
+def test_gguf_blocks_model_by_the_top5_rule(tmp_path: Path) -> None:
+    path = tiny_gguf_of_every_type(tmp_path)
+    blocks = gguf_checkpoint(path, tmp_path / "cache", "bfloat16", keep_blocks=True)
+    dequantized = gguf_checkpoint(path, tmp_path / "cache", "float32")
+    outputs = _serve_bf16(blocks).generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
+    assert_bf16_divergences_rare_near_ties(dequantized, PROMPTS, outputs)

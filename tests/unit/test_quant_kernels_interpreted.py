@@ -1,0 +1,156 @@
+"""The quantized GEMM kernels (gpu/kernels/int_gemm.py, fp8_gemm.py, fp8_quant.py) run by Triton's interpreter on
+the CPU against their formats' reference dequantization: unpacking, group scales, zero points and offsets, act
+order, block scales, split-K, rows and columns past the tiles' edges. float16 activations (the interpreter's
+bfloat16 dot is not numpy's; tests/gpu/test_quantized_gpu.py checks bf16 on CUDA). The interpreter rounds some
+floats to FP8 a binade off, so the FP8 kernels' activations here lie on the FP8 grid (each group's largest value
+448 times a power of two): quantizing them is exact, and the product must equal the dequantized one."""
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+
+from gpu.kernels.quant_gemm_configs import QuantTiles
+from gpu.quant import gguf_blocks
+from gpu.quant.fp8 import dequantize_blocks
+from gpu.quant.int_weights import IntGroups, to_kernel_form
+
+pytest.importorskip("triton")
+
+KERNELS = Path(__file__).resolve().parents[2] / "gpu" / "kernels"
+SPLIT_TILES = QuantTiles(block_m=16, block_n=16, block_k=128, split_k=2, num_warps=4, num_stages=2)
+
+
+def interpreted(name: str) -> ModuleType:
+    """gpu/kernels/<name>.py loaded afresh with TRITON_INTERPRET=1, with the kernels it imports loaded likewise."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("TRITON_INTERPRET", "1")
+        saved = {m: sys.modules.pop(m) for m in list(sys.modules) if m.startswith("gpu.kernels.")}
+        try:
+            spec = importlib.util.spec_from_file_location(f"{name}_interpreted", KERNELS / f"{name}.py")
+            assert spec is not None and spec.loader is not None
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        finally:
+            for m in [m for m in sys.modules if m.startswith("gpu.kernels.")]:
+                del sys.modules[m]
+            sys.modules.update(saved)
+    return module
+
+
+@pytest.fixture(scope="module")
+def int_kernel() -> ModuleType:
+    return interpreted("int_gemm")
+
+
+@pytest.fixture(scope="module")
+def fp8_kernel() -> ModuleType:
+    return interpreted("fp8_gemm")
+
+
+@pytest.fixture(scope="module")
+def fp8_quant() -> ModuleType:
+    return interpreted("fp8_quant")
+
+
+def _close(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """float16 outputs: a rounding of the result's magnitude apart."""
+    torch.testing.assert_close(out.float(), ref, rtol=2e-3, atol=2e-3 * (ref.abs().max().item() + 1))
+
+
+def _int_groups(bits: int, group_size: int, kind: str, n: int, k: int, g: torch.Generator) -> IntGroups:
+    levels = torch.randint(0, 1 << bits, (n, k), generator=g, dtype=torch.int32)
+    scales = torch.rand(n, k // group_size, generator=g) * 0.02 + 0.001
+    zeros = torch.randint(0, 1 << bits, scales.shape, generator=g).float() if kind == "zeros" else None
+    zeros = torch.full(scales.shape, 5.0) if kind == "equal-zeros" else zeros
+    offsets = (torch.rand(scales.shape, generator=g) - 0.5) * 0.1 if kind == "offsets" else None
+    group_ids = (torch.randperm(k, generator=g) // group_size).to(torch.int32) if kind == "act-order" else None
+    return IntGroups(bits, levels, scales, zeros, group_ids, offsets=offsets)
+
+
+@pytest.mark.parametrize(("bits", "group_size", "kind", "m", "n", "k", "tiles"), [
+    (4, 128, "symmetric", 3, 40, 256, None), (4, 32, "zeros", 17, 24, 512, None),
+    (4, 64, "equal-zeros", 2, 8, 128, None), (4, 128, "zeros", 2, 16, 512, SPLIT_TILES),
+    (4, 32, "offsets", 2, 24, 256, SPLIT_TILES),
+    (4, 128, "act-order", 1, 8, 1024, None),
+    (4, 32, "symmetric", 2, 8, 64, None), (8, 64, "zeros", 2, 16, 128, None),
+    (8, 16, "offsets", 5, 20, 384, SPLIT_TILES), (8, 64, "act-order", 1, 16, 256, SPLIT_TILES)])
+def test_int_gemm_equals_the_dequantized_product(int_kernel: ModuleType, bits: int, group_size: int, kind: str,
+                                                 m: int, n: int, k: int, tiles: QuantTiles | None) -> None:
+    g = torch.Generator().manual_seed(bits * n + k)
+    groups = _int_groups(bits, group_size, kind, n, k, g)
+    stored = to_kernel_form(groups, torch.float16)
+    assert (stored.perm is not None) == (kind == "act-order")
+    assert (stored.zeros is not None) == (kind == "zeros")  # zeros equal everywhere: the constant
+    x = torch.randn(m, k, generator=g).half()
+    bias = torch.randn(n, generator=g).half()
+    out = torch.zeros(m, n + 8, dtype=torch.float16)
+    int_kernel.int_gemm(x, stored, bias, out=out[:, 4 : 4 + n], tiles=tiles)  # a column slice, as merged layers write
+    _close(out[:, 4 : 4 + n], x.float() @ stored.int_groups().dequantize().T + bias.float())
+    assert not out[:, :4].any() and not out[:, 4 + n :].any()
+    # the kernel form is the checkpoint's rule, its scales rounded to float16
+    torch.testing.assert_close(stored.int_groups().dequantize(), groups.dequantize(), rtol=1e-3, atol=1e-4)
+
+
+@pytest.mark.parametrize("kind", gguf_blocks.TYPES)
+def test_gguf_blocks_through_the_int_kernel(int_kernel: ModuleType, kind: str) -> None:
+    import gguf
+
+    from tests.quant_checkpoints import random_gguf_blocks
+
+    n, k = 20, 512
+    blocks = random_gguf_blocks(n, k, getattr(gguf.GGMLQuantizationType, kind), seed=len(kind))
+    stored = to_kernel_form(gguf_blocks.int_groups(torch.from_numpy(np.ascontiguousarray(blocks)), kind),
+                            torch.float16)
+    x = torch.randn(5, k, generator=torch.Generator().manual_seed(7)).half()
+    out = int_kernel.int_gemm(x, stored, tiles=SPLIT_TILES)
+    _close(out, x.float() @ stored.int_groups().dequantize().T)
+
+
+def _fp8_grid(m: int, k: int, group: int, g: torch.Generator) -> torch.Tensor:
+    """Activations each of whose groups quantizes exactly: FP8 levels, the group's largest 448, times 2^e."""
+    levels = (torch.randn(m, k // group, group, generator=g) * 100).clamp(-440, 440).to(torch.float8_e4m3fn).float()
+    levels[:, :, 0] = 448.0
+    return (levels * torch.exp2(torch.randint(-6, 3, (m, k // group, 1), generator=g).float())).view(m, k).half()
+
+
+@pytest.mark.parametrize(("m", "n", "k", "block", "static", "tiles"), [
+    (3, 40, 256, (32, 32), None, None), (5, 48, 384, (1, 384), None, None), (2, 24, 128, (1, 128), 0.25, None),
+    (20, 64, 512, (128, 128), None, SPLIT_TILES), (1, 16, 320, (16, 64), None, SPLIT_TILES)])
+def test_fp8_gemm_equals_the_dequantized_product(fp8_kernel: ModuleType, m: int, n: int, k: int,
+                                                 block: tuple[int, int], static: float | None,
+                                                 tiles: QuantTiles | None) -> None:
+    g = torch.Generator().manual_seed(m * n + k)
+    weight = torch.randn(n, k, generator=g) * 0.05
+    scales = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) * 1e-3 + 1e-4
+    levels = (weight / dequantize_blocks(torch.ones_like(weight), scales, block)).clamp(-448, 448).to(
+        torch.float8_e4m3fn)
+    if static is None:
+        x = _fp8_grid(m, k, block[1] if block[1] < k else 128, g)
+    else:
+        x = ((torch.randn(m, k, generator=g) * 100).clamp(-440, 440).to(torch.float8_e4m3fn).float() * static).half()
+    bias = torch.randn(n, generator=g).half()
+    out = fp8_kernel.fp8_gemm(x, levels, scales, block, None if static is None else torch.tensor([static]), bias,
+                              tiles=tiles)
+    _close(out, x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
+
+
+@pytest.mark.parametrize("group", [128, None, "static"])
+def test_activation_quantization_for_cublas(fp8_quant: ModuleType, group: int | str | None) -> None:
+    g = torch.Generator().manual_seed(3)
+    m, k = 6, 2304
+    static = torch.tensor([0.5]) if group == "static" else None
+    x = _fp8_grid(m, k, k if group is None else 128, g) if static is None else \
+        ((torch.randn(m, k, generator=g) * 100).clamp(-440, 440).to(torch.float8_e4m3fn).float() * 0.5).half()
+    quantized, scales = fp8_quant.quantize_rows(x, group if isinstance(group, int) else None, static)
+    if isinstance(group, int):
+        assert scales.shape == (m, k // group) and scales.stride() == (1, m)  # cuBLAS's 1x128 layout: M-major
+        expanded = scales.repeat_interleave(group, 1)
+    else:
+        assert scales.shape == (m, 1)
+        expanded = scales
+    assert torch.equal(quantized.float() * expanded, x.float())

@@ -1,0 +1,328 @@
+"""Speculative decoding's parts, each alone: the config's checks, prompt lookup, the draft-length controller's
+decisions on injected costs, the blocks of rejected drafts, the verification's output distribution (a
+statistical test with a fixed seed) and the metrics."""
+
+import re
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from core.block_manager import BlockManager
+from core.config import engine_config
+from core.engine import EngineStats
+from core.ngram_proposer import NgramProposer, TokenBuffer, lookup_draft
+from core.sampling_params import SamplingParams
+from core.sequence import Sequence
+from core.speculation import Speculation
+from core.speculation_control import DraftLengthController
+from core.speculative_config import SpeculativeConfig, parse_speculative_config
+from core.suffix_proposer import OutputCache, SuffixProposer, longest_match, walk
+from gpu.batch import Batch, RowSampling
+from gpu.kv_cache_groups import KVCacheGroup
+from gpu.sampler import Sampler
+from openai_serve.cli import parse_settings
+from openai_serve.metrics import ServerMetrics
+
+# -- config
+
+
+def test_the_flag_and_llm_keyword_take_vllms_keys() -> None:
+    settings = parse_settings(["--model", "m", "--speculative-config",
+                               '{"method": "ngram", "num_speculative_tokens": 5, "prompt_lookup_max": 6}'])
+    assert settings.engine.scheduler.speculative_config == SpeculativeConfig("ngram", 5, 1, 6)
+    config = engine_config("m", speculative_config={"method": "ngram", "prompt_lookup_min": 2})
+    assert config.scheduler.speculative_config == SpeculativeConfig("ngram", 3, 2, 4)
+    assert engine_config("m").scheduler.speculative_config is None
+    fixed = parse_speculative_config('{"num_speculative_tokens": 2, "adaptive": false}')
+    assert Speculation(fixed, max_model_len=64).controller.choose(256) == 2
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    ('{"method": "ngram", "num_speculative_token": 3}', "num_speculative_token"),
+    ('{"method": "medusa"}', "method"),
+    ('{"method": "suffix", "suffix_decoding_min_token_prob": 2}', "suffix_decoding_min_token_prob"),
+    ('{"method": "suffix", "suffix_decoding_max_tree_depth": "8"}', "suffix_decoding_max_tree_depth"),
+    ('{"method": "eagle3", "model": "x"}', "'eagle3' is not implemented"),
+    ('{"method": "draft_model"}', "speculative_config.model must name the draft checkpoint"),
+    ('{"method": "ngram", "model": "small"}', "speculative_config.model names a draft checkpoint"),
+    ('{"method": "mtp"}', "'mtp' is not implemented"),
+    ('{"num_speculative_tokens": 0}', "num_speculative_tokens"),
+    ('{"num_speculative_tokens": "4"}', "num_speculative_tokens"),
+    ('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}', "prompt_lookup_max"),
+    ('{"adaptive": 1}', "adaptive"),
+    ('[1, 2]', "JSON object"),
+    ('{"method": ', "JSON object"),
+])
+def test_a_bad_config_is_an_error_naming_the_key(value: str, named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        parse_speculative_config(value)
+
+
+def test_a_bad_flag_stops_the_start(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        parse_settings(["--model", "m", "--speculative-config", '{"method": "eagle3"}'])
+    assert "speculative_config.method 'eagle3' is not implemented" in capsys.readouterr().err
+
+
+def test_suffix_takes_vllms_keys_and_drafts_as_deep_as_its_tree() -> None:
+    config = parse_speculative_config('{"method": "suffix", "suffix_decoding_max_tree_depth": 12}')
+    assert config.num_speculative_tokens == 12 and config.suffix_decoding_min_token_prob == 0.1
+    assert parse_speculative_config('{"method": "suffix"}').num_speculative_tokens == 16
+
+
+# -- prompt lookup
+
+
+def test_lookup_takes_the_longest_suffix_and_its_latest_occurrence() -> None:
+    tokens = np.array([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3])
+    # "2 3" occurs at 1-2 and 5-6; "5 2 3" nowhere earlier; with max n 2 the latest "2 3" is followed by 7 8 5.
+    assert lookup_draft(tokens, 3, 1, 2).tolist() == [7, 8, 5]
+    tokens = np.array([4, 1, 2, 3, 6, 6, 2, 3, 5, 0, 1, 2, 3])
+    assert lookup_draft(tokens, 2, 1, 3).tolist() == [6, 6]  # "1 2 3" beats the later "2 3"
+    assert lookup_draft(tokens, 2, 1, 2).tolist() == [5, 0]
+    assert lookup_draft(tokens, 9, 4, 4).tolist() == []  # no earlier "0 1 2 3"
+    assert lookup_draft(np.array([5, 5]), 3, 1, 4).tolist() == [5, 5, 5]  # a loop goes on past the end
+    assert lookup_draft(np.array([1, 2, 3, 1, 2]), 5, 1, 4).tolist() == [3, 1, 2, 3, 1]
+    assert lookup_draft(np.array([1, 2, 3]), 3, 1, 4).tolist() == []
+
+
+def test_the_proposer_reads_each_sequence_incrementally() -> None:
+    seq = Sequence("r", [1, 2, 3, 1], SamplingParams(), max_tokens=10)
+    proposer = NgramProposer(1, 3)
+    proposer.propose([seq], [2])
+    assert seq.draft_token_ids == [2, 3]
+    assert isinstance(seq.draft_state, TokenBuffer)
+    seq.token_ids += [2] * 100 + [5]
+    proposer.propose([seq], [4])
+    assert seq.draft_token_ids == []  # 5 never came before
+    seq.token_ids += [2, 3]
+    proposer.propose([seq], [3])
+    assert seq.draft_token_ids == [1, 2, 2]
+    assert seq.draft_state.sync(seq.token_ids).tolist() == seq.token_ids
+
+
+def test_only_plain_decoding_sequences_get_drafts_within_their_limits() -> None:
+    speculation = Speculation(SpeculativeConfig(num_speculative_tokens=4), max_model_len=64)
+
+    def decoding(params: SamplingParams, num_outputs: int = 3, max_tokens: int = 20) -> Sequence:
+        seq = Sequence("r", [7, 8, 9] * 5, params, max_tokens=max_tokens)
+        seq.token_ids += [7, 8, 9][:num_outputs]
+        seq.num_tokens = len(seq.token_ids)
+        seq.num_computed_tokens = seq.num_tokens - 1
+        return seq
+
+    plain, near_end = decoding(SamplingParams()), decoding(SamplingParams(), max_tokens=5)
+    penalized = decoding(SamplingParams(frequency_penalty=0.5))
+    early = decoding(SamplingParams(min_tokens=5))
+    speculation.propose([plain, near_end, penalized, early], 4)
+    assert (plain.draft_token_ids, near_end.draft_token_ids) == ([7, 8, 9, 7], [7])
+    assert penalized.draft_token_ids == early.draft_token_ids == []
+
+
+# -- suffix decoding
+
+
+def test_the_suffix_walk_follows_the_most_frequent_continuation_while_likely_enough() -> None:
+    corpus = np.array([1, 2, 3, 1, 2, 3, 1, 2, 4, 1, 2, 3, 7])
+    n, ends = longest_match(corpus, np.flatnonzero(corpus == 2), np.array([9, 1, 2]), max_depth=8)
+    assert n == 2 and ends.tolist() == [1, 4, 7, 10]
+    # 3 follows 3 of the 4 "1 2", then 1 follows 2 of those 3, 2 both, then 3 one of the 2: path probabilities .75,
+    # .5, .5, .25, .25
+    assert walk(corpus, ends, 5, 0.3) == ([3, 1, 2], pytest.approx(0.75 + 0.5 + 0.5))
+    assert walk(corpus, ends, 5, 0.1) == ([3, 1, 2, 3, 1], pytest.approx(2.25))
+    assert walk(corpus, ends, 2, 0.1)[0] == [3, 1]
+    assert walk(corpus, ends, 5, 0.6)[0] == [3]
+
+
+def test_the_output_cache_finds_tokens_in_recent_outputs_only() -> None:
+    cache = OutputCache(max_requests=4, max_tokens=1000)
+    for output in ([1, 2, 3], [4, 1], [5, 6]):
+        cache.add(output)
+    assert cache.positions_of(1).tolist() == [0, 5] and cache.corpus.tolist() == [1, 2, 3, -1, 4, 1, -1, 5, 6, -1]
+    for i in range(3):  # past 4 requests the oldest go, a quarter at a time
+        cache.add([20 + i])
+    assert cache.positions_of(1).tolist() == [] and cache.positions_of(22).tolist() == [7]
+
+
+def test_suffix_proposals_choose_the_likelier_corpus() -> None:
+    proposer = SuffixProposer(max_depth=8, max_cached_requests=10, max_spec_factor=2.0, min_token_prob=0.1)
+    done = Sequence("done", [9], SamplingParams(), max_tokens=10)
+    done.token_ids += [5, 6, 7, 8, 5, 6, 7, 8]
+    done.num_tokens = len(done.token_ids)
+    proposer.on_finished(done)
+    seq = Sequence("r", [5, 6, 1, 5, 6, 2, 5, 6], SamplingParams(), max_tokens=10)
+    proposer.propose([seq], [4])
+    # Earlier outputs: 7 follows both "5 6" (probabilities 1, 1, .5, .5); its own: 1 and 2 follow one each (.5, ...).
+    assert seq.draft_token_ids == [7, 8, 5, 6]
+    proposer.propose([seq], [1])
+    assert seq.draft_token_ids == [7]
+    alone = SuffixProposer(max_depth=8, max_cached_requests=10, max_spec_factor=2.0, min_token_prob=0.1)
+    alone.propose([seq], [4])
+    assert seq.draft_token_ids == [1, 5, 6, 2]
+
+
+# -- the controller
+
+
+def run_controller(times: dict[int, float], acceptance: list[float], batch_size: int = 1,
+                   controller: DraftLengthController | None = None) -> DraftLengthController:
+    """Drives a controller with the given step time per draft length and acceptance per position until every arm
+    of the batch's bucket is measured."""
+    controller = controller or DraftLengthController(max_drafts=4, refresh_steps=1000)
+    for _ in range(12):
+        k = controller.choose(batch_size)
+        controller.observe_step(batch_size, k, times[k])
+        if k:
+            controller.observe_acceptance(100, [round(100 * r) for r in acceptance[:k]])
+    return controller
+
+
+def test_untried_draft_lengths_are_measured_first_in_order() -> None:
+    """The first step at a new length is not measured (it pays for, or skips, the wait of the previous one's step
+    in flight): each untried length runs twice."""
+    controller = DraftLengthController(max_drafts=3)
+    chosen = []
+    for _ in range(7):
+        chosen.append(controller.choose(8))
+        controller.observe_step(8, chosen[-1], 0.01)
+    assert chosen == [0, 1, 1, 2, 2, 3, 3]
+
+
+def test_a_change_of_length_is_not_measured() -> None:
+    controller = run_controller({0: 1.0, 1: 1.5}, [0.6], controller=DraftLengthController(1, refresh_steps=1000))
+    # k = 1 wins: 1.6 / 1.5 > 1 / 1.0
+    assert controller.choose(1) == 1
+    controller.observe_step(1, 0, 100.0)  # a plain step after verifying ones (say, a refresh): not counted
+    controller.observe_step(1, 1, 100.0)  # back: not counted either
+    assert controller.choose(1) == 1
+
+
+@pytest.mark.parametrize(("times", "acceptance", "best"), [
+    ({0: 1.0, 1: 1.1, 2: 1.1, 3: 1.1, 4: 1.1}, [0.8, 0.6, 0.4, 0.2], 4),  # verifying is nearly free: all drafts
+    ({0: 1.0, 1: 1.4, 2: 1.8, 3: 2.2, 4: 2.6}, [0.8, 0.6, 0.4, 0.2], 2),  # each draft costs: up to where it pays
+    ({0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}, [0.8, 0.6, 0.4, 0.2], 0),  # a loaded batch: never speculate
+    ({0: 1.0, 1: 1.05, 2: 1.1, 3: 1.15, 4: 1.2}, [0.0, 0.0, 0.0, 0.0], 0),  # no draft is ever accepted
+])
+def test_the_best_measured_rate_wins(times: dict[int, float], acceptance: list[float], best: int) -> None:
+    controller = run_controller(times, acceptance)
+    assert controller.choose(1) == best
+
+
+def test_each_batch_size_bucket_has_its_own_costs() -> None:
+    acceptance = [0.9, 0.8, 0.7, 0.6]
+    controller = run_controller({0: 1.0, 1: 1.1, 2: 1.2, 3: 1.3, 4: 1.4}, acceptance, batch_size=1)
+    run_controller({0: 1.0, 1: 2.0, 2: 3.0, 3: 4.0, 4: 5.0}, acceptance, batch_size=200, controller=controller)
+    assert controller.choose(1) == 4
+    assert controller.choose(150) == 0  # 150 and 200 share the bucket of 256
+
+
+def test_a_stale_arm_is_measured_again_and_can_take_over() -> None:
+    controller = DraftLengthController(max_drafts=1, refresh_steps=10)
+    run_controller({0: 1.0, 1: 2.0}, [0.5], controller=controller)
+    chosen = ""
+    for _ in range(50):
+        k = controller.choose(1)
+        chosen += str(k)
+        controller.observe_step(1, k, 1.0 if k == 0 else 2.0)
+    # Plain steps, and every 10 measured ones a refresh of two steps at k = 1 (the first not measured).
+    assert re.fullmatch(r"(11)?(0{9,10}11)+0*", chosen), chosen
+    for _ in range(60):  # verifying became cheap (say, the batch around it emptied): the refreshed figure wins
+        k = controller.choose(1)
+        controller.observe_step(1, k, 1.0 if k == 0 else 1.05)
+        if k:
+            controller.observe_acceptance(1, [1])
+    assert controller.choose(1) == 1
+
+
+# -- blocks of rejected drafts
+
+
+def test_blocks_past_the_kept_tokens_are_freed() -> None:
+    bm = BlockManager([KVCacheGroup(None, 8)], block_size=4)
+    seq = Sequence("r", list(range(6)), SamplingParams(), max_tokens=20)
+    bm.admit(seq, bm.no_hit())
+    bm.allocate(seq, 6)
+    seq.num_computed_tokens = 5
+    bm.allocate(seq, 1 + 4)  # the last token and four drafts: tokens 5..9, blocks for 10 tokens
+    assert seq.block_tables == [[0, 1, 2]]
+    assert bm.pools[0].block_keys[1] is None  # the block holding drafts is not keyed
+    bm.release_tail(seq, 7)  # one draft accepted: tokens 0..6 computed
+    assert seq.block_tables == [[0, 1]] and list(bm.pools[0].free_ids) == [3, 4, 5, 6, 7, 2]
+    bm.free(seq)
+    assert bm.num_used_blocks == 0
+
+
+def test_rejected_drafts_free_their_blocks_in_every_group_and_keep_the_window() -> None:
+    """A windowed group releases only the blocks before the window of the step's first position (which every
+    verified position still sees), and gives back its rejected drafts' blocks as the full group does."""
+    bm = BlockManager([KVCacheGroup(None, 8), KVCacheGroup(6, 8)], block_size=4)  # a query at p sees p - 5 .. p
+    seq = Sequence("r", list(range(14)), SamplingParams(), max_tokens=20)
+    bm.admit(seq, bm.no_hit())
+    bm.allocate(seq, 14)
+    seq.num_computed_tokens = 13
+    bm.allocate(seq, 1 + 4)  # tokens 13..17: position 13 sees 8..13, so windowed blocks 0 and 1 go
+    assert seq.block_tables == [[0, 1, 2, 3, 4], [8, 8, 2, 3, 4]]
+    assert list(bm.pools[1].evictable_ids) == [0, 1]  # keyed: a later prompt may hit them
+    bm.release_tail(seq, 15)  # one draft accepted: tokens 0..14 computed, position 15 next (it sees 10..15)
+    assert seq.block_tables == [[0, 1, 2, 3], [8, 8, 2, 3]]
+    assert [bm.pools[1].ref_counts[b] for b in (2, 3)] == [1, 1]
+    assert list(bm.pools[0].free_ids)[-1] == 4 and list(bm.pools[1].free_ids)[-1] == 4
+    bm.free(seq)
+    assert bm.num_used_blocks == 0 and bm.num_free_blocks + bm.num_evictable_blocks == 16
+
+
+# -- verification's distribution
+
+
+def test_verification_draws_from_the_targets_distribution() -> None:
+    """One-hot drafts verified by sampling each position: the first token is distributed as the target's p0
+    (the draft accepted with probability p0(draft), else a draw from p0 without it, renormalized), and the token
+    after an accepted draft as p1. A chi-square test at 0.1% on 20000 sequences with a fixed seed."""
+    p0 = torch.tensor([0.05, 0.30, 0.10, 0.25, 0.02, 0.08, 0.15, 0.05])
+    p1 = torch.tensor([0.20, 0.05, 0.05, 0.30, 0.10, 0.10, 0.15, 0.05])
+    num_seqs, draft = 20000, 3
+    batch = Batch(token_ids=[0] * 2 * num_seqs, positions=[0, 1] * num_seqs, slot_mapping=[0] * 2 * num_seqs,
+                  query_lens=[2] * num_seqs, context_lens=[2] * num_seqs, block_tables=[[0]] * num_seqs,
+                  sampling=[RowSampling(temperature=1.0)] * num_seqs, num_draft_tokens=[1] * num_seqs)
+    rows, token_indices = batch.sampled_positions()
+    assert len(rows) == 2 * num_seqs and token_indices.tolist()[:4] == [0, 1, 2, 3]
+    logits = torch.stack([p0.log(), p1.log()] * num_seqs)
+    sampled = Sampler(torch.device("cpu"), seed=0)(logits, rows).token_ids
+    speculation = Speculation(SpeculativeConfig(num_speculative_tokens=1), max_model_len=16)
+    firsts, seconds = [], []
+    for i in range(num_seqs):
+        pair = sampled[2 * i : 2 * i + 2]
+        kept = pair[: speculation.num_accepted(pair, [draft]) + 1]
+        firsts.append(kept[0])
+        if len(kept) == 2:
+            seconds.append(kept[1])
+    def p_value(tokens: list[int] | np.ndarray, p: np.ndarray) -> float:
+        counts = np.bincount(tokens, minlength=len(p))
+        return chisquare(counts, p / p.sum() * counts.sum()).pvalue
+
+    first_p, second_p = p0.double().numpy(), p1.double().numpy()
+    assert p_value(firsts, first_p) > 1e-3
+    assert p_value(seconds, second_p) > 1e-3
+    assert speculation.counts.num_accepted_tokens == firsts.count(draft) == len(seconds)
+    rejected = [t - (t > draft) for t in firsts if t != draft]  # the other tokens, renumbered without the draft
+    assert p_value(rejected, np.delete(first_p, draft)) > 1e-3
+    # A wrong rule fails the same test: accepting the draft half the time, whatever p0 says.
+    assert p_value(np.where(np.arange(num_seqs) % 2 == 0, draft, firsts), first_p) < 1e-3
+
+
+# -- metrics
+
+
+def test_metrics_are_served_as_vllms_when_speculating() -> None:
+    zeros = [0] * len(EngineStats.__dataclass_fields__)
+    stats = EngineStats(*zeros[:11], num_spec_drafts=5, num_spec_draft_tokens=12, num_spec_accepted_tokens=7,
+                        num_spec_accepted_per_position=(4, 2, 1))
+    text = ServerMetrics("m", 2048, lambda: stats, lambda: 0).exposition().decode()
+    assert 'openai_serve:spec_decode_num_drafts_total{model_name="m"} 5.0' in text
+    assert 'openai_serve:spec_decode_num_draft_tokens_total{model_name="m"} 12.0' in text
+    assert 'openai_serve:spec_decode_num_accepted_tokens_total{model_name="m"} 7.0' in text
+    assert 'openai_serve:spec_decode_num_accepted_tokens_per_pos_total{model_name="m",position="2"} 1.0' in text
+    plain = EngineStats(*zeros[:11])
+    assert "spec_decode" not in ServerMetrics("m", 2048, lambda: plain, lambda: 0).exposition().decode()

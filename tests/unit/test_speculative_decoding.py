@@ -1,0 +1,278 @@
+"""Speculative decoding end to end on a tiny model: with n-gram drafts the output equals the output without
+them (greedy, and seeded sampling token for token), whatever else the request asks for, and every block is
+free at the end.
+
+Each test runs the same requests on an engine without speculation and on one whose draft length is fixed
+(`adaptive` false: every step that can verify drafts does), and checks that drafts were really accepted where
+the prompts repeat (else the equality would prove nothing).
+"""
+
+import re
+from pathlib import Path
+
+import pytest
+
+from core import LLM, FinishReason, SamplingParams
+from core.llm import GenerationOutput
+from core.tiny_model import build_tiny_model
+from tests.tiny_specs import TINY_SPECS
+
+COMMON = dict(max_model_len=256, block_size=8, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32",
+              device="cpu")
+REPEATING = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [40, 41, 42, 40, 41, 42, 40, 41], [70, 71, 72, 73] * 6]
+PLAIN = [list(range(100, 137)), [3, 99, 250, 17, 480, 61]]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("spec") / "qwen3", TINY_SPECS["qwen3"])
+
+
+@pytest.fixture(scope="module")
+def plain_llm(model_dir: Path) -> LLM:
+    return LLM(str(model_dir), kv_cache_blocks=128, **COMMON)
+
+
+def speculating_llm(model_dir: Path, num_drafts: int | None = 4, method: str = "ngram", **settings: object) -> LLM:
+    """`num_drafts`: the fixed draft length; None: the engine's own controller."""
+    settings = {"kv_cache_blocks": 128, **COMMON, **settings}
+    config = {"method": method, "num_speculative_tokens": num_drafts or 4, "adaptive": num_drafts is None}
+    if method == "ngram":
+        config["prompt_lookup_max"] = 3
+    return LLM(str(model_dir), speculative_config=config, **settings)
+
+
+def generate(llm: LLM, prompts: list[list[int]], params: SamplingParams | list[SamplingParams]
+             ) -> list[GenerationOutput]:
+    outputs = llm.generate(prompts, params)
+    stats = llm.engine.stats()
+    assert stats.num_used_blocks == 0
+    assert stats.num_free_blocks + stats.num_evictable_blocks == stats.num_total_blocks
+    return outputs
+
+
+def tokens(outputs: list[GenerationOutput]) -> list[tuple[list[int], FinishReason | None]]:
+    return [(o.token_ids, o.finish_reason) for o in outputs]
+
+
+def accepted(llm: LLM) -> int:
+    return llm.engine.speculation.counts.num_accepted_tokens  # type: ignore[union-attr]
+
+
+def test_greedy_output_is_the_same_with_drafts_accepted(plain_llm: LLM, model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    llm = speculating_llm(model_dir)
+    assert tokens(generate(llm, REPEATING + PLAIN, params)) == tokens(generate(plain_llm, REPEATING + PLAIN, params))
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert counts.num_accepted_tokens > 10 and counts.num_draft_tokens > counts.num_accepted_tokens
+    assert counts.accepted_per_position[0] >= counts.accepted_per_position[-1]
+
+
+def test_greedy_output_is_the_same_without_repetition_and_with_the_measured_controller(
+        plain_llm: LLM, model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    for num_drafts in (4, None):
+        llm = speculating_llm(model_dir, num_drafts)
+        assert tokens(generate(llm, PLAIN, params)) == tokens(generate(plain_llm, PLAIN, params))
+
+
+def test_seeded_sampling_draws_the_same_tokens(plain_llm: LLM, model_dir: Path) -> None:
+    """A seeded row draws output token i with the noise of (seed, i) whether or not it is a verified position."""
+    params = [SamplingParams(temperature=t, seed=seed, max_tokens=40, ignore_eos=True)
+              for t, seed in [(0.05, 1), (0.05, 2), (0.3, 3), (1.0, 4), (0.05, 5)]]
+    prompts = REPEATING + PLAIN
+    llm = speculating_llm(model_dir)
+    assert tokens(generate(llm, prompts, params)) == tokens(generate(plain_llm, prompts, params))
+    assert accepted(llm) > 5
+
+
+def test_logprobs_of_verified_positions(plain_llm: LLM, model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=30, logprobs=3, ignore_eos=True)
+    llm = speculating_llm(model_dir)
+    with_drafts, without = generate(llm, REPEATING, params), generate(plain_llm, REPEATING, params)
+    assert accepted(llm) > 5
+    for a, b in zip(with_drafts, without, strict=True):
+        assert a.token_ids == b.token_ids
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            assert x is not None and y is not None
+            assert x.top_token_ids == y.top_token_ids and x.rank == y.rank
+            assert x.logprob == pytest.approx(y.logprob, abs=1e-4)
+
+
+def test_stops_inside_accepted_drafts(plain_llm: LLM, model_dir: Path) -> None:
+    """A stop token, stop string or max_tokens met among accepted drafts ends the output there."""
+    free = generate(plain_llm, REPEATING, SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True))
+    stop_id = free[0].token_ids[12]
+    stop_text = free[2].text[len(free[2].text) // 2 :][:3]
+    cases = [SamplingParams(temperature=0.0, max_tokens=40, stop_token_ids=(stop_id,), ignore_eos=True),
+             SamplingParams(temperature=0.0, max_tokens=40, stop=(stop_text,), ignore_eos=True),
+             SamplingParams(temperature=0.0, max_tokens=13, ignore_eos=True)]
+    for params in cases:
+        llm = speculating_llm(model_dir)
+        got, want = generate(llm, REPEATING, params), generate(plain_llm, REPEATING, params)
+        assert [(o.token_ids, o.text, o.finish_reason) for o in got] == \
+            [(o.token_ids, o.text, o.finish_reason) for o in want]
+    assert len(want[0].token_ids) == 13
+
+
+def test_penalties_and_bias_compose(plain_llm: LLM, model_dir: Path) -> None:
+    """Penalized sequences decode without drafts (their counts would need the drafts); logit bias is the same at
+    every position, so biased ones verify drafts."""
+    penalized = SamplingParams(temperature=0.0, max_tokens=30, presence_penalty=0.5, repetition_penalty=1.2)
+    biased = SamplingParams(temperature=0.0, max_tokens=30, logit_bias=((7, 3.0), (400, -5.0)), ignore_eos=True)
+    llm = speculating_llm(model_dir)
+    got = generate(llm, REPEATING * 2, [penalized] * 3 + [biased] * 3)
+    assert tokens(got) == tokens(generate(plain_llm, REPEATING * 2, [penalized] * 3 + [biased] * 3))
+    assert accepted(llm) > 0
+    llm = speculating_llm(model_dir)
+    generate(llm, REPEATING, penalized)
+    assert llm.engine.speculation.counts.num_drafts == 0  # type: ignore[union-attr]
+
+
+def test_several_choices_of_one_prompt_and_prefix_cache_hits(plain_llm: LLM, model_dir: Path) -> None:
+    """n > 1 (one sequence per choice, sharing the prompt's cached blocks) and a second run served from the
+    prefix cache, whose keys hold accepted tokens only."""
+    prompts = [REPEATING[2]] * 3 + [REPEATING[0]]
+    params = [SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)] + \
+        [SamplingParams(temperature=0.5, seed=s, max_tokens=30, ignore_eos=True) for s in (7, 8, 9)]
+    llm = speculating_llm(model_dir)
+    want = tokens(generate(plain_llm, prompts, params))
+    assert tokens(generate(llm, prompts, params)) == want
+    hits = llm.engine.stats().num_prefix_cache_hit_tokens
+    assert tokens(generate(llm, prompts, params)) == want
+    assert llm.engine.stats().num_prefix_cache_hit_tokens > hits
+
+
+def test_preemption_recomputes_accepted_tokens(model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
+    prompts = REPEATING + PLAIN
+    plain = LLM(str(model_dir), kv_cache_blocks=24, **COMMON)
+    llm = speculating_llm(model_dir, kv_cache_blocks=24)
+    assert tokens(generate(llm, prompts, params)) == tokens(generate(plain, prompts, params))
+    assert llm.engine.stats().num_preemptions > 0 and accepted(llm) > 0
+
+
+def test_synchronous_scheduling_too(plain_llm: LLM, model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    llm = speculating_llm(model_dir, async_scheduling=False)
+    assert tokens(generate(llm, REPEATING, params)) == tokens(generate(plain_llm, REPEATING, params))
+    assert accepted(llm) > 0
+
+
+def test_structured_output_verifies_drafts_under_its_grammar(plain_llm: LLM, model_dir: Path) -> None:
+    """Constrained sequences verify drafts cut to their grammar, each position masked by the grammar's state after
+    the drafts before it, in the same steps as unconstrained ones (masks land on their own positions)."""
+    from core.structured_output import StructuredOutput
+
+    regex = StructuredOutput(regex=r"(ab?c ){3,14}")
+    constrained = SamplingParams(temperature=0.0, max_tokens=40, structured_output=regex)
+    free = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    prompts = REPEATING + [PLAIN[0]]
+    params = [free, constrained, free, constrained]
+    llm = speculating_llm(model_dir)
+    got = generate(llm, prompts, params)
+    assert [(o.token_ids, o.text) for o in got] == [(o.token_ids, o.text) for o in generate(plain_llm, prompts, params)]
+    assert all(re.fullmatch(r"(ab?c ){3,14}", got[i].text) for i in (1, 3)), [got[i].text for i in (1, 3)]
+    alone = speculating_llm(model_dir)
+    assert tokens(generate(alone, [prompts[1]], constrained)) == tokens([got[1]])
+    assert accepted(alone) > 5
+
+
+def draft_model_llm(model_dir: Path, draft_dir: Path, **settings: object) -> LLM:
+    settings = {"kv_cache_blocks": 128, **COMMON, **settings}
+    return LLM(str(model_dir), speculative_config={"model": str(draft_dir), "num_speculative_tokens": 3,
+                                                   "adaptive": False}, **settings)
+
+
+def test_a_draft_model_that_is_the_target_has_every_draft_accepted(plain_llm: LLM, model_dir: Path) -> None:
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    prompts = REPEATING + PLAIN
+    llm = draft_model_llm(model_dir, model_dir)
+    assert tokens(generate(llm, prompts, params)) == tokens(generate(plain_llm, prompts, params))
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert counts.num_draft_tokens > 100 and counts.num_accepted_tokens == counts.num_draft_tokens
+    # Its own prefix-cache hits and a second run: the draft writes its own K/V wherever it has none.
+    assert tokens(generate(llm, prompts, params)) == tokens(generate(plain_llm, prompts, params))
+    assert llm.engine.stats().num_prefix_cache_hit_tokens > 0
+    assert counts.num_accepted_tokens == counts.num_draft_tokens
+
+
+def perturbed_copy(model_dir: Path, directory: Path) -> Path:
+    """The checkpoint with noise on its MLP weights: a draft that agrees with it often, not always."""
+    import shutil
+
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(model_dir, directory, dirs_exist_ok=True)
+    generator = torch.Generator().manual_seed(0)
+    for path in directory.glob("*.safetensors"):
+        tensors = load_file(path)
+        for name, tensor in tensors.items():
+            if "mlp" in name:
+                tensor += 0.3 * tensor.std() * torch.randn(tensor.shape, generator=generator)
+        save_file(tensors, path, metadata={"format": "pt"})
+    return directory
+
+
+def test_another_draft_model_changes_nothing_but_speed(plain_llm: LLM, model_dir: Path,
+                                                        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A draft of other weights (same vocabulary): some drafts rejected, the output the target's alone, with
+    preemptions that drop the draft's K/V along with the blocks."""
+    draft_dir = perturbed_copy(model_dir, tmp_path_factory.mktemp("draft"))
+    params = [SamplingParams(temperature=0.0, max_tokens=50, ignore_eos=True),
+              SamplingParams(temperature=0.7, seed=11, max_tokens=50, ignore_eos=True)] * 3
+    prompts = REPEATING + PLAIN + [PLAIN[0]]
+    llm = draft_model_llm(model_dir, draft_dir, kv_cache_blocks=28)
+    plain = LLM(str(model_dir), kv_cache_blocks=28, **COMMON)
+    assert tokens(generate(llm, prompts, params)) == tokens(generate(plain, prompts, params))
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert 0 < counts.num_accepted_tokens < counts.num_draft_tokens
+    assert llm.engine.stats().num_preemptions > 0
+
+
+def test_tensor_parallel_ranks_verify_the_same_positions(plain_llm: LLM, model_dir: Path) -> None:
+    """Under tensor parallelism every rank computes the verified positions' logits share (rank 0 samples)."""
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    llm = speculating_llm(model_dir, tensor_parallel_size=2)
+    try:
+        assert tokens(generate(llm, REPEATING, params)) == tokens(generate(plain_llm, REPEATING, params))
+        assert accepted(llm) > 0
+    finally:
+        llm.engine.close()
+
+
+def test_suffix_decoding_drafts_from_earlier_outputs_too(plain_llm: LLM, model_dir: Path) -> None:
+    """The second run of the same prompts finds their continuations among the first run's outputs."""
+    params = [SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True),
+              SamplingParams(temperature=0.5, seed=3, max_tokens=40, ignore_eos=True)]
+    prompts = [PLAIN[0], PLAIN[1]]
+    llm = speculating_llm(model_dir, method="suffix")
+    want = tokens(generate(plain_llm, prompts, params))
+    assert tokens(generate(llm, prompts, params)) == want
+    first_run = accepted(llm)
+    assert tokens(generate(llm, prompts, params)) == want
+    assert accepted(llm) - first_run > 30  # nearly every token of the repeated greedy and seeded outputs
+
+
+def test_prompt_logprobs_beside_verifying_rows(plain_llm: LLM, model_dir: Path) -> None:
+    """A prompt scored (prompt_logprobs) in the step that verifies others' drafts: its positions are not the
+    verified ones."""
+    free = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    scored = SamplingParams(temperature=0.0, max_tokens=5, prompt_logprobs=2)
+    llm = speculating_llm(model_dir, max_num_batched_tokens=16)  # the scored prompt comes in chunks, among decodes
+    prompts = REPEATING + [PLAIN[0]]
+    got = generate(llm, prompts, [free] * 3 + [scored])
+    want = generate(plain_llm, prompts, [free] * 3 + [scored])
+    assert tokens(got) == tokens(want) and accepted(llm) > 0
+    for a, b in zip(got[3].prompt_logprobs[1:], want[3].prompt_logprobs[1:], strict=True):  # type: ignore[index]
+        assert a.top_token_ids == b.top_token_ids and a.logprob == pytest.approx(b.logprob, abs=1e-4)
+
+
+def test_a_draft_model_catches_up_in_steps_of_the_token_budget(plain_llm: LLM, model_dir: Path) -> None:
+    """Prompts longer than a step's budget: the draft computes their K/V over several launches, all accepted."""
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    llm = draft_model_llm(model_dir, model_dir, max_num_batched_tokens=16)
+    assert tokens(generate(llm, PLAIN + REPEATING, params)) == tokens(generate(plain_llm, PLAIN + REPEATING, params))
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert counts.num_draft_tokens > 50 and counts.num_accepted_tokens == counts.num_draft_tokens
