@@ -30,34 +30,25 @@ def git_commit() -> str:
 
 
 def device_name() -> str:
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name()
-    except ImportError:
-        pass
     import platform
 
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
 
 
-def command_line(module: str, argv: list[str]) -> str:
-    """The command that reproduces a run: `python -m MODULE ARGS...`, quoted for a shell."""
-    return " ".join(shlex.quote(a) for a in ["python", "-m", module, *argv])
-
-
-def provenance(module: str, argv: list[str]) -> dict[str, str]:
-    return {
-        "device": device_name(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "commit": git_commit(), "command": command_line(module, argv),
-    }
-
-
-def write_result(path: str | Path, result: dict[str, object], module: str, argv: list[str]) -> Path:
+def write_result(path: str | Path | None, result: dict[str, object], module: str, argv: list[str]) -> Path | None:
+    """`result` with its provenance (the command that reproduces it: `python -m MODULE ARGS...`) as JSON at `path`;
+    no path, nothing written."""
+    if path is None:
+        return None
+    provenance = {"device": device_name(), "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+                  "commit": git_commit(), "command": shlex.join(["python", "-m", module, *argv])}
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({**provenance(module, argv), **result}, indent=1) + "\n")
+    path.write_text(json.dumps({**provenance, **result}, indent=1) + "\n")
     return path
 
 

@@ -102,7 +102,6 @@ class Batch1Latency:
     ttft_ms: float  # median over repeats
     tpot_ms: float  # median over repeats of (last token - first token) / (tokens - 1)
     tpot_samples_ms: list[float] = field(default_factory=list)
-    gc_ms_total: float = 0.0  # Python garbage-collector pauses during the measured repeats
 
 
 def time_batch1(engine: LLMEngine, prompt_len: int, num_tokens: int, repeats: int, seed: int) -> Batch1Latency:
@@ -110,14 +109,12 @@ def time_batch1(engine: LLMEngine, prompt_len: int, num_tokens: int, repeats: in
     ttfts, tpots = [], []
     workload = fixed_workload(repeats + 1, prompt_len, num_tokens, seed=seed)
     _time_one(engine, workload[0])  # warm-up
-    with GcPauses() as gc_pauses:
-        for request in workload[1:]:
-            start, token_times = _time_one(engine, request)
-            ttfts.append((token_times[0] - start) * 1e3)
-            tpots.append((token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3)
+    for request in workload[1:]:
+        start, token_times = _time_one(engine, request)
+        ttfts.append((token_times[0] - start) * 1e3)
+        tpots.append((token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3)
     return Batch1Latency(prompt_len, num_tokens, round(statistics.median(ttfts), 3),
-                         round(statistics.median(tpots), 4), [round(t, 4) for t in tpots],
-                         round(gc_pauses.seconds * 1e3, 2))
+                         round(statistics.median(tpots), 4), [round(t, 4) for t in tpots])
 
 
 def _time_one(engine: LLMEngine, request: Request) -> tuple[float, list[float]]:
@@ -130,24 +127,3 @@ def _time_one(engine: LLMEngine, request: Request) -> tuple[float, list[float]]:
         now = time.perf_counter()
         token_times += [now] * sum(len(out.new_token_ids) for out in outputs)
     return start, token_times
-
-
-class GcPauses:
-    """Adds up the garbage collector's pauses while active (a context manager)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._start = 0.0
-
-    def _callback(self, phase: str, info: dict[str, int]) -> None:
-        if phase == "start":
-            self._start = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._start
-
-    def __enter__(self) -> "GcPauses":
-        gc.callbacks.append(self._callback)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self._callback)

@@ -17,7 +17,7 @@ import json
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import aiohttp
 
@@ -63,14 +63,13 @@ class RequestSpec:
     url: str  # the full /v1/completions URL
     body: dict[str, object]
     expect_tokens: int | None = None  # with ignore_eos: exactly this many tokens, or the request failed
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 async def send(session: aiohttp.ClientSession, spec: RequestSpec) -> RequestRecord:
     """Sends one streamed request and records what the client saw; never raises for a server's fault."""
     record = RequestRecord(start=time.perf_counter())
     try:
-        async with session.post(spec.url, json=spec.body, headers=spec.headers) as response:
+        async with session.post(spec.url, json=spec.body) as response:
             if response.status != 200:
                 record.error = f"HTTP {response.status}: {(await response.text())[:300]}"
                 return record
@@ -96,7 +95,7 @@ async def _read_stream(response: aiohttp.ClientResponse, record: RequestRecord) 
                 record.error = f"error in stream: {event[:300]}"
                 return
             choices = chunk.get("choices") or ()
-            if any(_choice_text(c) for c in choices):
+            if any(c.get("text") for c in choices):
                 record.chunk_times.append(last_time)
                 num_text_chunks += 1
             is_finished = is_finished or any(c.get("finish_reason") for c in choices)
@@ -114,40 +113,14 @@ def _complete(record: RequestRecord, end: float, usage_tokens: int | None, num_t
     record.num_output_tokens = usage_tokens if usage_tokens is not None else num_text_chunks
 
 
-def _choice_text(choice: dict[str, object]) -> str:
-    text = choice.get("text")
-    if text is None and isinstance(delta := choice.get("delta"), dict):
-        text = delta.get("content")  # a chat chunk, for servers driven through /v1/chat/completions
-    return text if isinstance(text, str) else ""
-
-
 async def run_level(
     session: aiohttp.ClientSession, specs: list[RequestSpec], concurrency: int, deadline: float | None = None,
     arrivals: list[float] | None = None,
 ) -> tuple[list[RequestRecord], float]:
-    """Sends every spec with at most `concurrency` in flight; returns the records and the wall time.
-
-    `arrivals`: each spec's arrival, in seconds after the level starts (poisson_arrivals); a spec is
-    sent at its arrival or when a request in flight ends, whichever is later. None: each as soon as
-    one in flight ends (a closed loop). Past `deadline` (a perf_counter time) no new request starts;
-    those in flight finish. Requests never started are not records: the level is reported as having
-    fewer requests, not failures.
-    """
-    queue: asyncio.Queue[tuple[RequestSpec, float]] = asyncio.Queue()
-    for spec, arrival in zip(specs, arrivals or [0.0] * len(specs), strict=True):
-        queue.put_nowait((spec, arrival))
-    records: list[RequestRecord] = []
-
-    async def worker() -> None:
-        while not queue.empty() and (deadline is None or time.perf_counter() < deadline):
-            spec, arrival = queue.get_nowait()
-            if (wait := start + arrival - time.perf_counter()) > 0:
-                await asyncio.sleep(wait)
-            records.append(await send(session, spec))
-
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(min(concurrency, len(specs)))))
-    return records, time.perf_counter() - start
+    """Sends every spec with at most `concurrency` in flight; returns the records and the wall time
+    (run_conversations, each request a conversation of one turn)."""
+    done, seconds = await run_conversations(session, [[spec] for spec in specs], concurrency, deadline, arrivals)
+    return [record for (record,) in done], seconds
 
 
 def poisson_arrivals(num_requests: int, rate_per_s: float, seed: int) -> list[float]:
@@ -163,25 +136,31 @@ def poisson_arrivals(num_requests: int, rate_per_s: float, seed: int) -> list[fl
 
 async def run_conversations(
     session: aiohttp.ClientSession, conversations: list[list[RequestSpec]], concurrency: int,
-    deadline: float | None = None,
+    deadline: float | None = None, arrivals: list[float] | None = None,
 ) -> tuple[list[list[RequestRecord]], float]:
     """Sends each conversation's turns in order, a turn when the previous one has finished (a user reads the
     reply before writing again), with at most `concurrency` conversations in flight; returns each conversation's
     records (one per turn sent) and the wall time.
 
-    Past `deadline` no new conversation starts; one started runs to its end, so every conversation sent is whole.
-    A failed turn ends its conversation: the turns after it would extend a history the server never answered.
+    `arrivals`: each conversation's arrival, in seconds after the start (poisson_arrivals); it starts at its arrival
+    or when one in flight ends, whichever is later. None: as soon as one in flight ends (a closed loop). Past
+    `deadline` (a perf_counter time) no new conversation starts; one started runs to its end, so every conversation
+    sent is whole, and those never started are not records (fewer requests, not failures). A failed turn ends its
+    conversation: the turns after it would extend a history the server never answered.
     """
-    queue: asyncio.Queue[list[RequestSpec]] = asyncio.Queue()
-    for conversation in conversations:
-        queue.put_nowait(conversation)
+    queue: asyncio.Queue[tuple[list[RequestSpec], float]] = asyncio.Queue()
+    for conversation, arrival in zip(conversations, arrivals or [0.0] * len(conversations), strict=True):
+        queue.put_nowait((conversation, arrival))
     done: list[list[RequestRecord]] = []
 
     async def worker() -> None:
         while not queue.empty() and (deadline is None or time.perf_counter() < deadline):
+            conversation, arrival = queue.get_nowait()
+            if (wait := start + arrival - time.perf_counter()) > 0:
+                await asyncio.sleep(wait)
             records: list[RequestRecord] = []
             done.append(records)
-            for spec in queue.get_nowait():
+            for spec in conversation:
                 records.append(await send(session, spec))
                 if not records[-1].is_ok:
                     break

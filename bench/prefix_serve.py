@@ -19,18 +19,15 @@ turns, later turns), TPOT, output tok/s and failed requests (bench/stats.py defi
 import argparse
 import asyncio
 import json
-import subprocess
 import sys
-import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 
 from bench import serve
 from bench.common import write_result
-from bench.load import RequestSpec, new_session, run_conversations, run_level
+from bench.load import new_session, run_conversations
 from bench.stats import RequestRecord, percentile, summarize
 from bench.workload import fixed_workload, multi_turn_chats
 
@@ -40,45 +37,16 @@ COUNTERS = ("prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tok
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.prefix_serve", description=__doc__.split("\n\n")[0])
-    target = p.add_mutually_exclusive_group(required=True)
-    target.add_argument("--base-url", help="a running server, e.g. http://127.0.0.1:8000 (one variant)")
-    target.add_argument("--launch", action="store_true", help="start openai-serve once per variant")
-    p.add_argument("--server-args", default="", help="flags for openai-serve with --launch")
+    serve.add_server_args(p, "1,64")
     p.add_argument("--variants", default="on,off",
                    help=f"with --launch: prefix caching on (the flags as given) and/or off ({CACHING_OFF_FLAG})")
     p.add_argument("--label", default="openai-serve", help="the server's name in the results")
     p.add_argument("--log-dir", default=None, help="where the launched servers' output goes (server_VARIANT.log)")
-    p.add_argument("--health-timeout", type=float, default=900.0)
-    p.add_argument("--model", default=None, help="'model' in requests (default: the first of GET /v1/models)")
-    p.add_argument("--levels", default="1,64", help="chats in flight at once, per level, comma-separated")
     p.add_argument("--num-chats", default="8,192", help="chats per level: one number, or one per level")
     p.add_argument("--turns", type=int, default=4)
     p.add_argument("--system-len", type=int, default=2048)
     p.add_argument("--user-len", type=int, default=128)
-    p.add_argument("--max-tokens", type=int, default=128, help="tokens per reply (and per reply in the history)")
-    p.add_argument("--max-seconds-per-level", type=float, default=None,
-                   help="no new chat starts after this long in a level (those in flight finish)")
-    p.add_argument("--warmup-requests", type=int, default=8,
-                   help="requests of distinct random prompts before the levels (they share no prefix with the chats)")
-    p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--read-timeout", type=float, default=600.0)
-    p.add_argument("--out", default=None, help="write the result JSON here (after every level)")
     return p.parse_args(argv)
-
-
-def chat_specs(args: argparse.Namespace, url: str, model: str, num_chats: int, seed: int) -> list[list[RequestSpec]]:
-    chats = multi_turn_chats(num_chats, args.turns, args.system_len, args.user_len, args.max_tokens, seed=seed,
-                             system_seed=args.seed)
-    return [[_spec(args, url, model, turn.prompt_token_ids) for turn in chat] for chat in chats]
-
-
-def _spec(args: argparse.Namespace, url: str, model: str, prompt: list[int]) -> RequestSpec:
-    body: dict[str, object] = {
-        "model": model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": args.temperature,
-        "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
-    }
-    return RequestSpec(url, body, args.max_tokens)
 
 
 # The server's counters
@@ -131,35 +99,28 @@ def _ttft_ms(records: list[RequestRecord]) -> dict[str, float]:
 
 
 async def run_variant(args: argparse.Namespace, base_url: str, model: str,
-                      on_level: Callable[[list[dict[str, object]]], None],
-                      server_cpu: Callable[[], float | None]) -> list[dict[str, object]]:
+                      on_level: Callable[[list[dict[str, object]]], None]) -> list[dict[str, object]]:
     levels = [int(x) for x in args.levels.split(",")]
-    url = base_url.rstrip("/") + "/v1/completions"
     results: list[dict[str, object]] = []
     async with new_session(max(levels), args.read_timeout) as session:
-        if args.warmup_requests:
-            prompts = fixed_workload(args.warmup_requests, args.system_len, args.max_tokens, seed=args.seed + 10**6)
-            warm, _ = await run_level(session, [_spec(args, url, model, r.prompt_token_ids) for r in prompts], 8)
-            print(f"warm-up: {sum(r.is_ok for r in warm)}/{len(warm)} ok", flush=True)
-        for index, (concurrency, num_chats) in enumerate(
-                zip(levels, serve.requests_per_level(levels, args.num_chats), strict=True)):
-            specs = chat_specs(args, url, model, num_chats, args.seed + 1000 * index + concurrency)
-            deadline = None if args.max_seconds_per_level is None else time.perf_counter() + args.max_seconds_per_level
-            before, cpu_start, server_cpu_start = read_counters(base_url), time.process_time(), server_cpu()
+        warm = fixed_workload(args.warmup_requests, args.system_len, args.max_tokens, seed=args.seed + 10**6)
+        await serve.warm_up(session, [serve.completion_spec(base_url, model, r.prompt_token_ids, args) for r in warm])
+        num_chats_per_level = serve.per_level(levels, args.num_chats, "--num-chats")
+        for index, (concurrency, num_chats) in enumerate(zip(levels, map(int, num_chats_per_level), strict=True)):
+            chats = multi_turn_chats(num_chats, args.turns, args.system_len, args.user_len, args.max_tokens,
+                                     seed=args.seed + 1000 * index + concurrency, system_seed=args.seed)
+            specs = [[serve.completion_spec(base_url, model, turn.prompt_token_ids, args) for turn in chat]
+                     for chat in chats]
+            before, deadline = read_counters(base_url), serve.level_deadline(args)
             conversations, duration = await run_conversations(session, specs, concurrency, deadline)
-            server_cpu_end = server_cpu()
             records = [r for chat in conversations for r in chat]
-            summary = summarize(concurrency, records, duration)
-            level = {**asdict(summary), "num_chats": len(conversations), "num_chats_planned": num_chats,
-                     **counter_figures(before, read_counters(base_url), duration),
-                     "ttft_ms_first_turn": _ttft_ms([chat[0] for chat in conversations if chat]),
-                     "ttft_ms_later_turns": _ttft_ms([r for chat in conversations for r in chat[1:]]),
-                     "client_cpu_share": round((time.process_time() - cpu_start) / duration, 3),
-                     "server_cpu_share": None if server_cpu_start is None or server_cpu_end is None
-                     else round((server_cpu_end - server_cpu_start) / duration, 3),
-                     "errors": sorted({r.error for r in records if r.error})[:5]}
-            print(format_level(level), flush=True)
-            results.append(level)
+            counters = counter_figures(before, read_counters(base_url), duration)
+            results.append({**asdict(summarize(concurrency, records, duration)), "num_chats": len(conversations),
+                            "num_chats_planned": num_chats, **counters,
+                            "ttft_ms_first_turn": _ttft_ms([chat[0] for chat in conversations if chat]),
+                            "ttft_ms_later_turns": _ttft_ms([r for chat in conversations for r in chat[1:]]),
+                            "errors": sorted({r.error for r in records if r.error})[:5]})
+            print(format_level(results[-1]), flush=True)
             on_level(results)
     return results
 
@@ -179,27 +140,20 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     variants: list[dict[str, object]] = []
     if args.base_url:
-        run_one(args, argv, variants, "as running", args.base_url.rstrip("/"), None, {})
-    else:
-        for variant in args.variants.split(","):
-            run_launched(args, argv, variants, variant)
+        run_one(args, argv, variants, "as running", args.base_url.rstrip("/"), {})
+    for variant in args.variants.split(",") if args.launch else []:
+        if variant not in ("on", "off"):
+            raise SystemExit(f"--variants: 'on' or 'off', not {variant!r}")
+        port = serve.free_port()
+        flags = args.server_args + (f" {CACHING_OFF_FLAG}" if variant == "off" else "")
+        log = str(Path(args.log_dir) / f"server_{variant}.log") if args.log_dir else None
+        with serve.launched(serve.openai_serve_command(flags, port), port, log, args.health_timeout) as (url, server):
+            run_one(args, argv, variants, variant, url, server)
     save_result(args, argv, variants, is_complete=True)
 
 
-def run_launched(args: argparse.Namespace, argv: list[str], variants: list[dict[str, object]], variant: str) -> None:
-    """openai-serve with prefix caching `on` (the flags as given) or `off`, started for this variant's levels."""
-    if variant not in ("on", "off"):
-        raise SystemExit(f"--variants: 'on' or 'off', not {variant!r}")
-    flags = args.server_args + (f" {CACHING_OFF_FLAG}" if variant == "off" else "")
-    port = serve.free_port()
-    command = serve.launch_command(argparse.Namespace(launch_cmd=None, server_args=flags), port)
-    log = str(Path(args.log_dir) / f"server_{variant}.log") if args.log_dir else None
-    with serve.launched(command, port, log, args.health_timeout) as (base_url, process, server):
-        run_one(args, argv, variants, variant, base_url, process, server)
-
-
 def run_one(args: argparse.Namespace, argv: list[str], variants: list[dict[str, object]], prefix_caching: str,
-            base_url: str, process: subprocess.Popen[bytes] | None, server: dict[str, object]) -> None:
+            base_url: str, server: dict[str, object]) -> None:
     """One variant's levels; the result file is rewritten after each level, so a run cut short keeps them."""
     model = args.model or serve.first_model(base_url)
     entry: dict[str, object] = {"prefix_caching": prefix_caching, "server": {"label": args.label, "model": model,
@@ -210,15 +164,12 @@ def run_one(args: argparse.Namespace, argv: list[str], variants: list[dict[str, 
         entry["levels"] = list(levels)
         save_result(args, argv, variants, is_complete=False)
 
-    cpu = partial(serve.process_cpu_seconds, process.pid if process else None)
     with asyncio.Runner(loop_factory=serve.loop_factory()) as runner:
-        runner.run(run_variant(args, base_url, model, on_level, cpu))
+        runner.run(run_variant(args, base_url, model, on_level))
 
 
 def save_result(args: argparse.Namespace, argv: list[str], variants: list[dict[str, object]],
                 is_complete: bool) -> None:
-    if not args.out:
-        return
     config = {k: getattr(args, k) for k in ("turns", "system_len", "user_len", "max_tokens", "temperature", "seed",
                                             "warmup_requests", "max_seconds_per_level", "levels", "num_chats")}
     write_result(args.out, {"kind": "prefix-serve", "config": config, "variants": json.loads(json.dumps(variants)),

@@ -157,6 +157,10 @@ class DeviceLimits:
     copy_bytes_per_s: float  # bytes read + written per second by a large device-to-device copy
     matmul_flops_per_s: float
 
+    def figures(self) -> dict[str, float]:
+        return {"copy_tb_per_s": round(self.copy_bytes_per_s / 1e12, 4),
+                "matmul_tflop_per_s": round(self.matmul_flops_per_s / 1e12, 1)}
+
 
 @dataclass(frozen=True)
 class StepCost:
@@ -212,11 +216,6 @@ def ideal_run(shape: ModelShape, requests: list[Request], limits: DeviceLimits) 
                     num_bytes=sum(s.num_bytes for s in steps), num_flops=sum(s.num_flops for s in steps))
 
 
-def ideal_decode_step_seconds(shape: ModelShape, context_len: int, limits: DeviceLimits) -> float:
-    """Least time of one batch-1 decode step at the given context length."""
-    return decode_cost(shape, [context_len]).seconds(limits)
-
-
 def measure_limits(device: torch.device, dtype: torch.dtype) -> DeviceLimits:
     """A large device-to-device copy (bytes read + written) and a large square matmul in `dtype`, on random data
     (zeros can run faster), medians of timed repeats. On a CPU, smaller sizes: figures for the CPU smoke runs."""
@@ -225,6 +224,7 @@ def measure_limits(device: torch.device, dtype: torch.dtype) -> DeviceLimits:
                           matmul_flops_per_s=_matmul_rate(device, 8192 if is_cuda else 256, dtype))
     if is_cuda:
         torch.cuda.empty_cache()  # the memory back to the engine before it sizes its KV cache
+    print(f"device limits: {limits.figures()}", flush=True)
     return limits
 
 

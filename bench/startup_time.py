@@ -39,7 +39,7 @@ def start_once(command: list[str], log_path: Path, health_timeout_s: float) -> d
     """One start to /health and stop: its seconds to /health and the attention choice its log states."""
     port = free_port()
     with launched([*command, "--host", "127.0.0.1", "--port", str(port)], port, str(log_path),
-                  health_timeout_s) as (_, _, server):
+                  health_timeout_s) as (_, server):
         seconds = server["startup_s"]
     found = CHOICE.search(log_path.read_text(errors="replace"))
     return {"seconds_to_health": seconds, "attention_backend": found["names"] if found else None,
@@ -63,10 +63,9 @@ def main(argv: list[str] | None = None) -> int:
         s["seconds_to_health"] <= args.max_later_start_s and s["attention_backend"] == first["attention_backend"]
         for s in later)
     print(f"every later start within {args.max_later_start_s} s, with the first start's backends: {is_met}")
-    if args.out:
-        write_result(args.out, {"kind": "startup-time", "command": shlex.join(command), "starts": starts,
-                                "max_later_start_s": args.max_later_start_s, "is_met": is_met},
-                     "bench.startup_time", argv)
+    write_result(args.out, {"kind": "startup-time", "command": shlex.join(command), "starts": starts,
+                            "max_later_start_s": args.max_later_start_s, "is_met": is_met},
+                 "bench.startup_time", argv)
     return 0 if is_met else 1
 
 

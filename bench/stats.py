@@ -78,11 +78,6 @@ def _ms(values: list[float], quantiles: tuple[int, ...]) -> dict[str, float]:
     return {f"p{q}": round(percentile(values, q) * 1e3, 3) for q in quantiles}
 
 
-def _longest(quantiles: dict[str, float], values: list[float]) -> dict[str, float]:
-    """With "max": the longest pause any stream saw (what a scheduler that holds streams back costs them)."""
-    return {**quantiles, "max": round(max(values, default=float("nan")) * 1e3, 3)}
-
-
 def summarize(concurrency: int, records: list[RequestRecord], duration_s: float) -> LevelSummary:
     """One concurrency level's figures; rates count successful requests only, over the level's wall time."""
     ok = [r for r in records if r.is_ok]
@@ -94,7 +89,8 @@ def summarize(concurrency: int, records: list[RequestRecord], duration_s: float)
         output_tokens_per_s=round(num_tokens / duration_s, 1),
         ttft_ms=_ms([r.ttft for r in ok], (50, 99)),
         tpot_ms=_ms([t for r in ok if (t := r.tpot) is not None], (50, 99)),
-        itl_ms=_longest(_ms(itls, (50, 99)), itls),
+        # With "max": the longest pause any stream saw (what a scheduler that holds streams back costs them).
+        itl_ms={**_ms(itls, (50, 99)), "max": round(max(itls, default=math.nan) * 1e3, 3)},
         e2e_ms=_ms([r.e2e for r in ok], (50, 99)),
         num_output_tokens=num_tokens, num_without_done=sum(r.is_done_missing for r in ok),
     )

@@ -6,13 +6,8 @@ bench/serve.py's shape run offline (`--serve-requests` prompts of `--prompt-len`
 reference for the server's share of the engine. A warm-up run of the same shape (prompts drawn with another seed, so
 the prefix cache cannot carry them into the timed run) precedes one timed run; throughput = generated tokens / wall
 time. Batch 1: one request at a time, a `--prompt-len`-token prompt, `--batch1-tokens` tokens, the median time per
-output token, on the fresh engine and again after the workload. The ideal (bench/roofline.py) uses the copy
-bandwidth and matmul rate measured first, in the same process.
-
-`--workload embed`: the model as an embedding model (last-token pooling, normalized): `--serve-requests` prompts of
-`--prompt-len` tokens pooled, in embeddings per second, against the compute-bound ideal (2 x linear parameters x
-prompt tokens FLOPs at the matmul rate measured in the same run) and against sentence-transformers on the same device
-and checkpoint (its batches of `--st-batch-size`, when it is installed).
+output token, after the workload. The ideal (bench/roofline.py) uses the copy bandwidth and matmul rate measured
+first, in the same process.
 
 The model: any checkpoint directory (`--model`), or random weights of `--shape` (a name of bench/bench_model.py's
 SHAPES or a config.json of any family; `--quantization` for its projections in a quantized format), built once under
@@ -26,13 +21,10 @@ integers as packed).
     python -m bench.throughput --shape qwen3-8b --quantization fp8 --warmup short --out result.json
     python -m bench.throughput --model /models/Qwen3-30B-A3B --tensor-parallel-size 2 --out result.json
     python -m bench.throughput --shape qwen3-30b-a3b --load-format dummy --out result.json
-    python -m bench.throughput --workload embed --prompt-len 512 --serve-requests 2048 --out result.json
 """
 
 import argparse
-import gc
 import sys
-import time
 import traceback
 from collections.abc import Callable
 from dataclasses import asdict
@@ -44,9 +36,9 @@ import torch
 from bench.bench_model import DEFAULT_SHAPE, QUANTIZATIONS, build_config_only, build_random_checkpoint, shape_config
 from bench.common import kernel_variant, write_result
 from bench.engine_runs import build_engine, run_workload, startup_objects_frozen, time_batch1
-from bench.roofline import DTYPE_BYTES, DeviceLimits, ModelShape, ideal_decode_step_seconds, ideal_run, measure_limits
+from bench.roofline import DTYPE_BYTES, DeviceLimits, ModelShape, decode_cost, ideal_run, measure_limits
 from bench.workload import Request, fixed_workload, nano_vllm_workload
-from core import LLM, LLMEngine
+from core import LLMEngine
 from core.config import engine_config
 
 
@@ -58,8 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="dummy: random weights drawn by the engine on the device, no checkpoint written or read")
     p.add_argument("--quantization", choices=list(QUANTIZATIONS), default=None,
                    help="random weights' projections in this format (default: the dtype's)")
-    p.add_argument("--workload", choices=["nano-vllm", "serve", "embed"], default="nano-vllm")
-    p.add_argument("--st-batch-size", type=int, default=64, help="sentence-transformers' batch (embed workload)")
+    p.add_argument("--workload", choices=["nano-vllm", "serve"], default="nano-vllm")
     p.add_argument("--num-requests", type=int, default=256, help="nano-vllm workload size")
     p.add_argument("--serve-requests", type=int, default=512, help="serve-shaped workload size")
     p.add_argument("--prompt-len", type=int, default=1024, help="prompt tokens: serve workload and batch 1")
@@ -106,15 +97,13 @@ def model_dir(args: argparse.Namespace) -> str:
                                        quantization=args.quantization))
 
 
+ENGINE_FLAGS = ("dtype", "device", "max_model_len", "enforce_eager", "attention_backend", "kv_cache_blocks",
+                "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
+                "decode_hold_ms", "load_format")
+
+
 def new_engine(args: argparse.Namespace, model: str) -> LLMEngine:
-    config = engine_config(
-        model, dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-        enforce_eager=args.enforce_eager, attention_backend=args.attention_backend,
-        kv_cache_blocks=args.kv_cache_blocks, gpu_memory_utilization=args.gpu_memory_utilization,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-        tensor_parallel_size=args.tensor_parallel_size, decode_hold_ms=args.decode_hold_ms,
-        load_format=args.load_format,
-    )
+    config = engine_config(model, **{flag: getattr(args, flag) for flag in ENGINE_FLAGS})
     return build_engine(config, kernel_variant(args.kernels))
 
 
@@ -126,7 +115,7 @@ def ideal_figures(shape: ModelShape, args: argparse.Namespace, requests: list[Re
         "seconds": round(ideal.seconds, 4), "tokens_per_s": round(ideal.tokens_per_s, 1),
         "num_steps": ideal.num_steps, "tera_bytes": round(ideal.num_bytes / 1e12, 3),
         "tera_flops": round(ideal.num_flops / 1e12, 2), "weight_bytes_per_step": shape.weight_bytes(1),
-        "batch1_tpot_ms": round(ideal_decode_step_seconds(shape, batch1_context, limits) * 1e3, 4),
+        "batch1_tpot_ms": round(decode_cost(shape, [batch1_context]).seconds(limits) * 1e3, 4),
     }
 
 
@@ -136,16 +125,11 @@ def main(argv: list[str] | None = None) -> None:
     model = model_dir(args)
     device = torch.device("cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
     limits = measure_limits(device, getattr(torch, args.dtype))
-    print(f"limits: copy {limits.copy_bytes_per_s / 1e12:.3f} TB/s, matmul {limits.matmul_flops_per_s / 1e12:.1f} "
-          f"TFLOP/s", flush=True)
     shape = ModelShape.from_dir(model, DTYPE_BYTES.get(args.dtype, 2)).per_rank(args.tensor_parallel_size)
-    if args.workload == "embed":
-        return embed_main(args, argv, model, shape, limits)
     requests = workload(args, args.seed)
     result: dict[str, Any] = {
         "kind": "throughput", "workload": args.workload, "model": model, "torch": torch.__version__,
-        "limits": {"copy_tb_per_s": round(limits.copy_bytes_per_s / 1e12, 4),
-                   "matmul_tflop_per_s": round(limits.matmul_flops_per_s / 1e12, 1)},
+        "limits": limits.figures(),
         "ideal": ideal_figures(shape, args, requests, limits),
         "config": {k: v for k, v in vars(args).items() if k != "out"},
     }
@@ -159,9 +143,6 @@ def main(argv: list[str] | None = None) -> None:
                             # in the workers' processes under tensor parallelism (their log says which)
                             "attention_backend": getattr(getattr(runner, "backend", None), "name", "in the workers"),
                             "kernels": asdict(runner.config.kernels)}
-        if args.batch1_tokens:  # before any load, to compare with the same figure after the timed run
-            result["batch1_fresh"] = guarded(
-                lambda: asdict(time_batch1(engine, args.prompt_len, args.batch1_tokens, 3, args.seed + 5)))
         if args.warmup != "none":
             warm = workload(args, args.seed + 1)
             if args.warmup == "short":
@@ -174,55 +155,7 @@ def main(argv: list[str] | None = None) -> None:
                 lambda: asdict(time_batch1(engine, args.prompt_len, args.batch1_tokens, 3, args.seed + 2)))
     result["summary"] = summary(result)
     print(result["summary"], flush=True)
-    if args.out:
-        write_result(args.out, result, "bench.throughput", argv)
-
-
-def embed_main(args: argparse.Namespace, argv: list[str], model: str, shape: ModelShape, limits: DeviceLimits) -> None:
-    prompts = [r.prompt_token_ids for r in fixed_workload(args.serve_requests, args.prompt_len, 1, seed=args.seed)]
-    ours = timed_twice(embed_run(model, args, prompts))  # the first run warms up
-    gc.collect()  # the engine and its KV cache go before sentence-transformers runs on the same device
-    torch.cuda.empty_cache()
-    ideal = 2 * shape.linear_params_per_token * len(prompts) * args.prompt_len / limits.matmul_flops_per_s
-    result = {"kind": "embeddings", "model": model, "torch": torch.__version__, "num_prompts": len(prompts),
-              "prompt_len": args.prompt_len, "matmul_tflop_per_s": round(limits.matmul_flops_per_s / 1e12, 1),
-              "ours_embeddings_per_s": round(len(prompts) / ours, 1),
-              "ideal_embeddings_per_s": round(len(prompts) / ideal, 1), "share_of_ideal": round(ideal / ours, 4)}
-    result["sentence_transformers"] = guarded(lambda: {"embeddings_per_s": round(len(prompts) / timed_twice(
-        sentence_transformers_run(model, args, [" ".join(f"w{i}" for i in p) for p in prompts])), 1)})
-    print(result, flush=True)
-    if args.out:
-        write_result(args.out, result, "bench.throughput", argv)
-
-
-def embed_run(model: str, args: argparse.Namespace, prompts: list[list[int]]) -> Callable[[], object]:
-    llm = LLM(model, task="embed", dtype=args.dtype, device=args.device, max_model_len=args.max_model_len,
-              max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
-              gpu_memory_utilization=args.gpu_memory_utilization, attention_backend=args.attention_backend)
-    return lambda: llm.embed(prompts)
-
-
-def sentence_transformers_run(model: str, args: argparse.Namespace, texts: list[str]) -> Callable[[], object]:
-    """The same checkpoint as a sentence-transformers model of the same pooling (its texts encode to our prompts)."""
-    from sentence_transformers import SentenceTransformer, models
-
-    transformer = models.Transformer(model, max_seq_length=args.prompt_len,
-                                     model_kwargs={"dtype": getattr(torch, args.dtype)})
-    tokenizer = transformer.tokenizer
-    tokenizer.pad_token = tokenizer.pad_token or tokenizer.convert_ids_to_tokens(0)  # equal lengths: never used
-    modules = [transformer, models.Pooling(transformer.get_word_embedding_dimension(), "lasttoken"), models.Normalize()]
-    st = SentenceTransformer(modules=modules, device="cuda" if torch.cuda.is_available() else "cpu")
-    return lambda: st.encode(texts, batch_size=args.st_batch_size, convert_to_tensor=True)
-
-
-def timed_twice(run: Callable[[], object]) -> float:
-    """Seconds of the second of two runs (the first warms up), the device's work included."""
-    run()
-    start = time.perf_counter()
-    run()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+    write_result(args.out, result, "bench.throughput", argv)
 
 
 def guarded(measure: Callable[[], dict[str, Any]]) -> dict[str, Any]:

@@ -63,7 +63,3 @@ def multi_turn_chats(num_chats: int, num_turns: int, system_len: int, user_len: 
             turns.append(Request(prompt, reply_len))
         chats.append(turns)
     return chats
-
-
-def total_output_tokens(requests: list[Request]) -> int:
-    return sum(r.max_tokens for r in requests)

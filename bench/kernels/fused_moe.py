@@ -5,14 +5,12 @@ Per shape and rows M (decode sizes 1..512, prompt sizes up to 8192): microsecond
 logits to its output, and its ideal: the bytes the block must move (the routed experts M rows are expected to reach,
 1 - (1 - k/E)^M of them, at bf16; x and the output) over the copy bandwidth measured in the same run, or its FLOPs
 over the measured matmul rate where that is longer; share = ideal / measured. Each figure is the median replay of a
-CUDA graph of calls that each route their own random logits (k distinct experts a row, uniform), so the experts a
-call reaches come from HBM, as in a step, not from the L2 the previous call filled. bf16 activations; the experts'
-weights in bf16, or (`--weights`) in FP8 with 128x128 block scales (gpu/quant/fp8_experts.py) or MXFP4
-(gpu/quant/mxfp4.py), random values of each format, the ideal counting that format's bytes.
+CUDA graph of calls (bench/kernels/timing.py) that each route their own random logits (k distinct experts a row,
+uniform), so the experts a call reaches come from HBM, as in a step, not from the L2 the previous call filled. bf16
+activations and weights: the table's configs serve the quantized experts' formats too.
 
     python -m bench.kernels.fused_moe --out result.json                  # the rule's (or the table's) configs
     python -m bench.kernels.fused_moe --sweep --rows 1 8 64 --out s.json  # candidate configs; the fastest per bucket
-    python -m bench.kernels.fused_moe --weights mxfp4 --shapes gpt-oss-20b --out mxfp4.json
 
 The sweep prints, and writes under `table`, the fastest config per (row bucket, experts, intermediate, hidden): the
 lines of gpu/kernels/fused_moe_configs.py's TABLES for this GPU (where it beats the rule's by 3% or more).
@@ -22,12 +20,14 @@ import argparse
 import itertools
 import sys
 from dataclasses import asdict, replace
+from functools import partial
 
 import torch
 
 from bench.common import write_result
-from bench.roofline import DeviceLimits, measure_limits, median_seconds
-from gpu.kernels.fused_moe import Fp8BlockWeights, Mxfp4Weights, Weights, fused_experts
+from bench.kernels.timing import DEVICE, DTYPE, graph_us_per_call
+from bench.roofline import DeviceLimits, measure_limits
+from gpu.kernels.fused_moe import fused_experts
 from gpu.kernels.fused_moe_configs import GemmTiles, MoeConfig, config_for, row_bucket
 from gpu.kernels.moe_route import route
 from gpu.layers.moe import Activation, Routing
@@ -37,21 +37,18 @@ SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768, "silu"), "gpt-oss-20b": (32, 4, 2
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192)
 CALLS_PER_GRAPH = 16
 MIN_GAIN = 0.97
-DEVICE = torch.device("cuda")
-DTYPE = torch.bfloat16
-# Bytes a weight takes in each format: FP8 with a float32 scale per 128x128, MXFP4 4 bits with a byte per 32.
-WEIGHT_BYTES = {"bf16": 2.0, "fp8": 1 + 4 / 128**2, "mxfp4": 0.5 + 1 / 32}
 
 
 class Block:
     """One layer's experts and CALLS_PER_GRAPH routings of `rows` rows: a call routes and runs one of them."""
 
-    def __init__(self, shape: str, rows: int, weight_format: str = "bf16") -> None:
+    def __init__(self, shape: str, rows: int) -> None:
         num_experts, top_k, hidden, intermediate, act = SHAPES[shape]
         generator = torch.Generator(DEVICE).manual_seed(rows)
-        self.weight_format = weight_format
-        self.gate_up = random_weights((num_experts, 2 * intermediate, hidden), weight_format, generator)
-        self.down = random_weights((num_experts, hidden, intermediate), weight_format, generator)
+        self.gate_up = torch.randn(num_experts, 2 * intermediate, hidden, device=DEVICE, dtype=DTYPE,
+                                   generator=generator) * hidden**-0.5
+        self.down = torch.randn(num_experts, hidden, intermediate, device=DEVICE, dtype=DTYPE,
+                                generator=generator) * intermediate**-0.5
         has_bias = act != "silu"
         self.gate_up_bias = torch.zeros(num_experts, 2 * intermediate, device=DEVICE, dtype=DTYPE) if has_bias else None
         self.down_bias = torch.zeros(num_experts, hidden, device=DEVICE, dtype=DTYPE) if has_bias else None
@@ -70,40 +67,16 @@ class Block:
 
     def ideal_us(self, limits: DeviceLimits) -> float:
         num_experts, top_k, hidden, intermediate, _ = self.shape
-        expert_bytes = 3 * hidden * intermediate * WEIGHT_BYTES[self.weight_format]
+        expert_bytes = 3 * hidden * intermediate * 2
         reached = num_experts * (1 - (1 - top_k / num_experts) ** self.rows)
         num_bytes = reached * expert_bytes + 2 * self.rows * hidden * 2
         flops = 2 * self.rows * top_k * 3 * hidden * intermediate
         return 1e6 * max(num_bytes / limits.copy_bytes_per_s, flops / limits.matmul_flops_per_s)
 
 
-def random_weights(shape: tuple[int, int, int], weight_format: str, generator: torch.Generator) -> Weights:
-    """Stacked expert weights [experts, rows, K] in `weight_format`, products near 1 in spread."""
-    num_experts, rows, k = shape
-    if weight_format == "bf16":
-        return torch.randn(shape, device=DEVICE, dtype=DTYPE, generator=generator) * k**-0.5
-    if weight_format == "fp8":
-        levels = (torch.randn(shape, device=DEVICE, generator=generator) * 100).clamp(-448, 448)
-        scales = torch.full((num_experts, -(-rows // 128), -(-k // 128)), k**-0.5 / 100, device=DEVICE)
-        return Fp8BlockWeights(levels.to(torch.float8_e4m3fn), scales, (128, 128))
-    blocks = torch.randint(0, 256, (num_experts, rows, k // 32, 16), dtype=torch.uint8, device=DEVICE,
-                           generator=generator)
-    scale = 127 - 2 - round(0.5 * torch.tensor(float(k)).log2().item())  # codes up to 6 * 2^(scale - 127)
-    return Mxfp4Weights(blocks, torch.full((num_experts, rows, k // 32), scale, dtype=torch.uint8, device=DEVICE))
-
-
 def us_per_call(block: Block, config: MoeConfig | None) -> float:
-    """Per call, the median replay of a graph of CALLS_PER_GRAPH calls, each its own routing."""
-    for index in range(CALLS_PER_GRAPH):  # compiles, and settles the allocations the graph will reuse
-        block.call(index, config)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for index in range(CALLS_PER_GRAPH):
-            block.call(index, config)
-    seconds = median_seconds(graph.replay, DEVICE, repeats=7)
-    del graph
-    return seconds * 1e6 / CALLS_PER_GRAPH
+    """Per call, over a graph of CALLS_PER_GRAPH calls, each its own routing."""
+    return graph_us_per_call([partial(block.call, index, config) for index in range(CALLS_PER_GRAPH)])
 
 
 def candidates(config: MoeConfig) -> list[MoeConfig]:
@@ -116,16 +89,15 @@ def candidates(config: MoeConfig) -> list[MoeConfig]:
     return list(dict.fromkeys(found))
 
 
-def measure(shape: str, rows: int, limits: DeviceLimits, sweep: bool, weight_format: str = "bf16"
-            ) -> tuple[dict[str, object], str | None]:
+def measure(shape: str, rows: int, limits: DeviceLimits, sweep: bool) -> tuple[dict[str, object], str | None]:
     """(the figures of `shape` at `rows` rows; with `sweep`, the TABLES line of the fastest config where it beats the
     rule's by MIN_GAIN, else None)."""
-    block = Block(shape, rows, weight_format)
+    block = Block(shape, rows)
     num_experts, top_k, hidden, intermediate, _ = block.shape
     chosen = config_for(rows, num_experts, top_k, intermediate, hidden, torch.cuda.get_device_name())
     measured = us_per_call(block, None)
     ideal = block.ideal_us(limits)
-    row: dict[str, object] = {"shape": shape, "weights": weight_format, "rows": rows, "us": round(measured, 2),
+    row: dict[str, object] = {"shape": shape, "weights": "bf16", "rows": rows, "us": round(measured, 2),
                               "ideal_us": round(ideal, 2), "share_of_ideal": round(ideal / measured, 4),
                               "config": asdict(chosen)}
     line = None
@@ -141,7 +113,7 @@ def measure(shape: str, rows: int, limits: DeviceLimits, sweep: bool, weight_for
                 best, best_us = candidate, us
         row |= {"best_us": round(best_us, 2), "best_share_of_ideal": round(ideal / best_us, 4),
                 "best_config": asdict(best)}
-        if best_us <= MIN_GAIN * measured and weight_format == "bf16":  # the table's configs serve every format
+        if best_us <= MIN_GAIN * measured:
             line = (f"({row_bucket(rows)}, {num_experts}, {intermediate}, {hidden}): MoeConfig({best.block_m}, "
                     f"{best.gate_up}, {best.down}),")
     print(row, flush=True)
@@ -153,23 +125,17 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.kernels.fused_moe", description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
-    p.add_argument("--weights", default="bf16", choices=list(WEIGHT_BYTES), help="the experts' weight format")
     p.add_argument("--sweep", action="store_true", help="time candidate configs too; print the fastest per bucket")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     limits = measure_limits(DEVICE, DTYPE)
-    print(f"limits: copy {limits.copy_bytes_per_s / 1e12:.3f} TB/s, matmul {limits.matmul_flops_per_s / 1e12:.1f} "
-          f"TFLOP/s", flush=True)
-    measured = [measure(shape, m, limits, args.sweep, args.weights) for shape in args.shapes for m in args.rows]
+    measured = [measure(shape, m, limits, args.sweep) for shape in args.shapes for m in args.rows]
     table = [line for _, line in measured if line is not None]
-    result: dict[str, object] = {"kind": "fused_moe", "limits": {
-        "copy_tb_per_s": round(limits.copy_bytes_per_s / 1e12, 4),
-        "matmul_tflop_per_s": round(limits.matmul_flops_per_s / 1e12, 1)}, "rows": [row for row, _ in measured]}
+    result: dict[str, object] = {"kind": "fused_moe", "limits": limits.figures(), "rows": [row for row, _ in measured]}
     if args.sweep:
         result["table"] = table
         print("\n".join(table))
-    if args.out:
-        write_result(args.out, result, "bench.kernels.fused_moe", argv)
+    write_result(args.out, result, "bench.kernels.fused_moe", argv)
 
 
 if __name__ == "__main__":

@@ -3,14 +3,13 @@ the weight bytes read per second as a share of the device-to-device copy bandwid
 bytes-read ideal), from 1 to 1024 rows. Each layer is loaded from random checkpoint tensors of its format
 (bench/bench_model.py) and runs its own route; FP8 also on each of its two kernels (Triton, cuBLAS), which places the
 row count where the route switches. Each figure is the median replay of a CUDA graph of calls rotating over layer
-copies of 256 MB or more, so the weights come from HBM (bench/kernels/skinny_gemm.py's timing).
+copies, so the weights come from HBM (bench/kernels/timing.py).
 
     python -m bench.kernels.quant_gemm --out result.json
     python -m bench.kernels.quant_gemm --formats fp8 w4a16 --rows 1 16
 """
 
 import argparse
-import math
 import sys
 from collections.abc import Callable
 from types import SimpleNamespace
@@ -19,8 +18,7 @@ import torch
 
 from bench.bench_model import QUANTIZATIONS, random_projection
 from bench.common import write_result
-from bench.kernels.skinny_gemm import DEVICE, DTYPE, ROTATION_BYTES, graph_us_per_call
-from bench.roofline import measure_limits
+from bench.kernels.timing import DEVICE, DTYPE, copy_bytes_per_s, num_copies, per_shape, rotated_us_per_call
 from gpu.layers.linear import Linear
 from gpu.loader import CheckpointTensor, TensorSlice
 from gpu.quant import quant_scheme
@@ -61,27 +59,29 @@ def product(fmt: str) -> Callable[[torch.Tensor, Linear], torch.Tensor]:
     return lambda x, layer: layer(x)
 
 
-def time_format(fmt: str, rows: tuple[int, ...], copy_bytes_per_s: float) -> list[dict]:
-    out = []
+def time_format(fmt: str, rows: tuple[int, ...], copy_bytes: float) -> list[dict]:
     generator = torch.Generator(device=DEVICE).manual_seed(0)
-    for name, (n, k) in SHAPES.items():
+
+    def layer_copies(n: int, k: int) -> list[Linear]:
         first = build_layer(fmt, n, k, generator)
         num_bytes = sum(p.numel() * p.element_size() for p in first.parameters())
-        layers = [first] + [build_layer(fmt, n, k, generator) for _ in range(math.ceil(ROTATION_BYTES / num_bytes))]
+        return [first] + [build_layer(fmt, n, k, generator) for _ in range(num_copies(num_bytes) - 1)]
+
+    out = []
+    for name, n, k, layers in per_shape(SHAPES, layer_copies):
+        num_bytes = sum(p.numel() * p.element_size() for p in layers[0].parameters())
         for m in rows:
             x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
             try:
-                us = graph_us_per_call(product(fmt), x, layers)  # type: ignore[arg-type]
+                us = rotated_us_per_call(product(fmt), x, layers)
             except RuntimeError as error:  # cuBLAS's FP8 block recipe takes no single row
                 print(f"{fmt:10s} {name:8s} M={m:5d}  failed: {str(error)[:120]}", flush=True)
                 continue
-            share = num_bytes / (us * 1e-6) / copy_bytes_per_s
+            share = num_bytes / (us * 1e-6) / copy_bytes
             out.append({"format": fmt, "shape": name, "n": n, "k": k, "m": m, "us": round(us, 2),
                         "weight_bytes": num_bytes, "bw_share": round(share, 3)})
             print(f"{fmt:10s} {name:8s} M={m:5d}  {us:8.2f} us  {num_bytes / 2**20:7.1f} MiB  {share:6.1%} of copy "
                   "bandwidth", flush=True)
-        del layers, first
-        torch.cuda.empty_cache()
     return out
 
 
@@ -92,14 +92,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=list(ROWS))
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    copy_bytes_per_s = measure_limits(DEVICE, DTYPE).copy_bytes_per_s
-    print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_bytes_per_s / 1e12:.2f} TB/s", flush=True)
-    rows = [row for fmt in args.formats for row in time_format(fmt, tuple(args.rows), copy_bytes_per_s)]
-    steps = step_shares(rows, copy_bytes_per_s)
-    if args.out:
-        write_result(args.out, {"kind": "quant-gemm", "torch": torch.__version__,
-                                "copy_tb_per_s": round(copy_bytes_per_s / 1e12, 3), "rows": rows, "steps": steps},
-                     "bench.kernels.quant_gemm", argv)
+    copy_bytes = copy_bytes_per_s()
+    rows = [row for fmt in args.formats for row in time_format(fmt, tuple(args.rows), copy_bytes)]
+    steps = step_shares(rows, copy_bytes)
+    write_result(args.out, {"kind": "quant-gemm", "torch": torch.__version__,
+                            "copy_tb_per_s": round(copy_bytes / 1e12, 3), "rows": rows, "steps": steps},
+                 "bench.kernels.quant_gemm", argv)
 
 
 def step_shares(rows: list[dict], copy_bytes_per_s: float) -> list[dict]:

@@ -2,8 +2,8 @@
 
 Per shape and rows M from 1 to 256: microseconds per call, the bytes moved (weights, x and y) per second as TB/s
 and as a share of the device-to-device copy bandwidth measured in the same run, and TFLOP/s. Each figure is the
-median replay of a CUDA graph of many calls that rotate over copies of the weight totalling 256 MB (five times the
-50 MB L2), so the weights come from HBM as they do in a decode step; x stays in L2, as activations do. bf16.
+median replay of a CUDA graph of many calls that rotate over copies of the weight (bench/kernels/timing.py), so the
+weights come from HBM as they do in a decode step; x stays in L2, as activations do. bf16.
 
     python -m bench.kernels.skinny_gemm --out result.json          # cuBLAS vs the table's configs (this GPU's)
     python -m bench.kernels.skinny_gemm --sweep --out sweep.json   # every candidate config; the fastest per shape
@@ -18,7 +18,6 @@ import itertools
 import json
 import math
 import multiprocessing
-import statistics
 import sys
 import time
 from collections.abc import Callable
@@ -28,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import write_result
-from bench.roofline import measure_limits
+from bench.kernels.timing import DEVICE, DTYPE, copy_bytes_per_s, num_copies, per_shape, rotated_us_per_call
 from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, config_for, preferred_config, row_bucket, skinny_gemm
 
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
@@ -39,38 +38,12 @@ SWEEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # one per row bucket: its wides
 COMPARE_ROWS = (1, 2, 4, 8, 16, 17, 32, 48, 64, 100, 128, 192, 256)  # bucket edges and decode graph buckets
 NUM_SMS = 132  # H100 SXM; H200: the same
 MIN_GAIN = 0.97  # the kernel enters a table where it takes at most this share of cuBLAS's time
-ROTATION_BYTES = 256 << 20
-DTYPE = torch.bfloat16
-DEVICE = torch.device("cuda")
 
 GemmFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def weight_copies(n: int, k: int) -> list[torch.Tensor]:
-    count = max(2, math.ceil(ROTATION_BYTES / (n * k * 2)))
-    return [torch.randn(n, k, dtype=DTYPE, device=DEVICE) * k**-0.5 for _ in range(count)]
-
-
-def graph_us_per_call(fn: GemmFn, x: torch.Tensor, weights: list[torch.Tensor], replays: int = 7) -> float:
-    calls = weights * max(1, math.ceil(32 / len(weights)))
-    for w in weights:
-        fn(x, w)
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for w in calls:
-            fn(x, w)
-    graph.replay()
-    samples = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / len(calls))
-    del graph
-    return statistics.median(samples)
+    return [torch.randn(n, k, dtype=DTYPE, device=DEVICE) * k**-0.5 for _ in range(num_copies(n * k * 2))]
 
 
 def relative_error(fn: GemmFn, x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor | None = None) -> float:
@@ -172,19 +145,18 @@ def moved(m: int, n: int, k: int, us: float) -> dict[str, float]:
             "tflop_per_s": round(2 * m * n * k / seconds / 1e12, 1)}
 
 
-def sweep_row(name: str, m: int, weights: list[torch.Tensor], use_pdl: bool) -> dict:
+def sweep_row(name: str, n: int, k: int, m: int, weights: list[torch.Tensor], use_pdl: bool) -> dict:
     """cuBLAS and every candidate at one shape and row count; a config off by more than 1% relative is dropped."""
-    n, k = SHAPES[name]
     x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
     ref = x.float() @ weights[0].float().T
-    cublas_us = graph_us_per_call(cublas, x, weights)
+    cublas_us = rotated_us_per_call(cublas, x, weights)
     row = {"shape": name, "n": n, "k": k, "m": m, "cublas_us": round(cublas_us, 2), **moved(m, n, k, cublas_us),
            "configs": []}
     for config in candidates(row_bucket(m), n, k):
         fn = with_config(config, use_pdl)
         try:
             err = relative_error(fn, x, weights[0], ref)
-            us = graph_us_per_call(fn, x, weights) if err < 1e-2 else float("inf")
+            us = rotated_us_per_call(fn, x, weights) if err < 1e-2 else float("inf")
         except Exception as error:  # noqa: BLE001 - a config that fails is reported, not fatal
             err, us = float("nan"), float("inf")
             print(f"{name} M={m} {config}: {type(error).__name__}: {str(error)[:300]}", flush=True)
@@ -192,9 +164,8 @@ def sweep_row(name: str, m: int, weights: list[torch.Tensor], use_pdl: bool) -> 
     best = min(row["configs"], key=lambda c: c["us"])
     row["best"] = {**best, **moved(m, n, k, best["us"])}
     row["is_kernel_faster"] = best["us"] <= MIN_GAIN * cublas_us
-    print(f"{name:8s} M={m:3d} cublas {cublas_us:7.2f} us ({row['tb_per_s']:.2f} TB/s {row['tflop_per_s']:5.1f} TF)"
-          f"  best {best['us']:7.2f} us ({row['best']['tb_per_s']:.2f} TB/s {row['best']['tflop_per_s']:5.1f} TF)"
-          f"  {config_literal(SkinnyConfig(**{f: best[f] for f in SkinnyConfig.__dataclass_fields__}))}", flush=True)
+    print(f"{name:8s} M={m:3d} cublas {cublas_us:7.2f} us, best {best['us']:7.2f} us "
+          f"{config_literal(best_config(row))}", flush=True)
     return row
 
 
@@ -202,20 +173,19 @@ def sweep(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], budget_s: f
           use_pdl: bool) -> list[dict]:
     """Every candidate per shape and M; the rows so far are written to `out` after each (a killed run keeps them)."""
     start, done = time.perf_counter(), []
-    for name in shapes:
-        weights = weight_copies(*SHAPES[name])
-        for m in rows:
-            if not candidates(row_bucket(m), *SHAPES[name]):
-                continue
+    for name, n, k, weights in per_shape(shapes, weight_copies):
+        for m in (m for m in rows if candidates(row_bucket(m), n, k)):
             if time.perf_counter() - start > budget_s:
                 print(f"budget spent: stopped before {name} M={m}", flush=True)
                 return done
-            done.append(sweep_row(name, m, weights, use_pdl))
+            done.append(sweep_row(name, n, k, m, weights, use_pdl))
             if out is not None:
                 out.write_text(json.dumps(done))
-        del weights
-        torch.cuda.empty_cache()
     return done
+
+
+def best_config(row: dict) -> SkinnyConfig:
+    return SkinnyConfig(**{f: row["best"][f] for f in SkinnyConfig.__dataclass_fields__})
 
 
 def config_literal(config: SkinnyConfig | None) -> str:
@@ -230,39 +200,29 @@ def config_literal(config: SkinnyConfig | None) -> str:
 
 def table_lines(rows: list[dict]) -> list[str]:
     """`(bucket, N, K): config,` per swept row: the fastest config, or None where cuBLAS was not beaten by 3%."""
-    lines = []
-    for row in rows:
-        best = SkinnyConfig(**{f: row["best"][f] for f in SkinnyConfig.__dataclass_fields__})
-        config = best if row["is_kernel_faster"] else None
-        lines.append(f"({row_bucket(row['m'])}, {row['n']}, {row['k']}): {config_literal(config)},")
-    return lines
+    return [f"({row_bucket(row['m'])}, {row['n']}, {row['k']}): "
+            f"{config_literal(best_config(row) if row['is_kernel_faster'] else None)}," for row in rows]
 
 
-def compare(copy_bytes_per_s: float, shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[dict]:
+def compare(copy_bytes: float, shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[dict]:
     """cuBLAS against the kernel with this GPU's table config (and with PDL up to 16 rows) at each shape and M."""
     out = []
-    for name, (n, k) in shapes.items():
-        weights = weight_copies(n, k)
+    for name, n, k, weights in per_shape(shapes, weight_copies):
         for m in rows:
             x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
             row = {"shape": name, "n": n, "k": k, "m": m, "config": config_for(m, n, k, DEVICE).__dict__,
                    "is_routed": preferred_config(m, n, k, DEVICE) is not None,
                    "rel_err": relative_error(with_config(None), x, weights[0])}
-            fns = [("cublas", cublas), ("skinny", with_config(None))]
+            fns = {"cublas": cublas, "skinny": with_config(None)}
             if m <= FEW_ROWS:
-                fns.append(("skinny_pdl", with_config(None, use_pdl=True)))
-            for label, fn in fns:
-                us = graph_us_per_call(fn, x, weights)
-                row[f"{label}_us"] = round(us, 2)
-                row[f"{label}_bw_share"] = round(n * k * 2 / (us * 1e-6) / copy_bytes_per_s, 3)
-                row[label] = moved(m, n, k, us)
-            print(f"{name:8s} M={m:3d}  cuBLAS {row['cublas_us']:7.2f} us ({row['cublas']['tb_per_s']:.2f} TB/s "
-                  f"{row['cublas']['tflop_per_s']:5.1f} TF)  skinny {row['skinny_us']:7.2f} us "
-                  f"({row['skinny']['tb_per_s']:.2f} TB/s {row['skinny']['tflop_per_s']:5.1f} TF)  "
-                  f"err {row['rel_err']:.1e}  {'routed' if row['is_routed'] else 'cuBLAS kept'}", flush=True)
+                fns["skinny_pdl"] = with_config(None, use_pdl=True)
+            for label, fn in fns.items():
+                us = rotated_us_per_call(fn, x, weights)
+                share = n * k * 2 / (us * 1e-6) / copy_bytes
+                row |= {f"{label}_us": round(us, 2), f"{label}_bw_share": round(share, 3), label: moved(m, n, k, us)}
+            print(f"{name:8s} M={m:3d}  cuBLAS {row['cublas_us']:7.2f} us  skinny {row['skinny_us']:7.2f} us  err "
+                  f"{row['rel_err']:.1e}  {'routed' if row['is_routed'] else 'cuBLAS kept'}", flush=True)
             out.append(row)
-        del weights
-        torch.cuda.empty_cache()
     return out
 
 
@@ -279,10 +239,10 @@ def per_step_totals(rows: list[dict]) -> dict[int, dict[str, float]]:
     totals = {}
     for m in sorted({r["m"] for r in rows}):
         step = [r for r in rows if r["m"] == m]
-        if {r["shape"] for r in step} != set(SHAPES):
-            continue
-        totals[m] = {label: round(sum(_step_us(r, label) for r in step), 1) for label in ("cublas", "skinny", "routed")}
-        print(f"decode step GEMMs at M={m:3d} (us): {totals[m]}")
+        if {r["shape"] for r in step} == set(SHAPES):
+            totals[m] = {label: round(sum(_step_us(r, label) for r in step), 1) for label in ("cublas", "skinny",
+                                                                                            "routed")}
+            print(f"decode step GEMMs at M={m:3d} (us): {totals[m]}")
     return totals
 
 
@@ -300,10 +260,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     shapes = {name: SHAPES[name] for name in args.shapes}
     rows = tuple(args.rows or (SWEEP_ROWS if args.sweep else COMPARE_ROWS))
-    copy_bytes_per_s = measure_limits(DEVICE, DTYPE).copy_bytes_per_s
-    print(f"{torch.cuda.get_device_name()}: copy bandwidth {copy_bytes_per_s / 1e12:.2f} TB/s", flush=True)
+    copy_bytes = copy_bytes_per_s()
     result: dict[str, object] = {"kind": "skinny-gemm-sweep" if args.sweep else "skinny-gemm",
-                                 "torch": torch.__version__, "copy_tb_per_s": round(copy_bytes_per_s / 1e12, 3)}
+                                 "torch": torch.__version__, "copy_tb_per_s": round(copy_bytes / 1e12, 3)}
     if args.sweep:
         precompile(sweep_jobs(shapes, rows), args.workers, args.pdl)
         result["rows"] = sweep(shapes, rows, args.budget_s, Path(args.out + ".partial") if args.out else None,
@@ -311,10 +270,9 @@ def main(argv: list[str] | None = None) -> None:
         result["table"] = table_lines(result["rows"])  # type: ignore[arg-type]
         print("\n".join(result["table"]), flush=True)  # type: ignore[arg-type]
     else:
-        result["rows"] = compare(copy_bytes_per_s, shapes, rows)
+        result["rows"] = compare(copy_bytes, shapes, rows)
         result["decode_step_gemm_us"] = per_step_totals(result["rows"])  # type: ignore[arg-type]
-    if args.out:
-        write_result(args.out, result, "bench.kernels.skinny_gemm", argv)
+    write_result(args.out, result, "bench.kernels.skinny_gemm", argv)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ share it; their column and K tiles are their own.
 The rule (`default_config`): while a step has few pairs per expert, tiles of 16 rows (each expert's weight is
 streamed once for its few rows: the GEMMs are bandwidth-bound, and wider column tiles let fewer programs cover
 it); with more pairs per expert, taller row tiles, so each weight tile is reused over more rows. A GPU's measured
-table (`python -m bench.kernels.fused_moe_bench --sweep`), keyed by (bucket, experts, intermediate size per rank,
+table (`python -m bench.kernels.fused_moe --sweep`), keyed by (bucket, experts, intermediate size per rank,
 hidden size), overrides the rule where it has the key; none is measured yet. This module needs no triton.
 """
 

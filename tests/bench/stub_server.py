@@ -3,8 +3,7 @@
 It streams exactly the bytes a test wants with known delays, so what the client must measure is
 known; a request's `model` field picks a behaviour. In a thread of the test (`Stub().app`), or as
 a process of its own (`python tests/bench/stub_server.py PORT`), which bench.serve can launch, time
-and stop as it does a real server; then model `busy` spends CPU on each request, so the launched
-process's CPU time is measurable at the clock-tick resolution of /proc.
+and stop as it does a real server.
 """
 
 import asyncio
@@ -24,7 +23,6 @@ from starlette.routing import Route
 
 FIRST_TOKEN_DELAY_S = 0.05
 TOKEN_DELAY_S = 0.01
-BUSY_CPU_S = 0.03  # CPU time a `busy` request spends before streaming
 
 
 def chunk(text: str | None, usage: dict[str, int] | None = None, finish: str | None = None) -> bytes:
@@ -48,10 +46,6 @@ class Stub:
         self.bodies.append(body)
         if body["model"] == "http-error":
             return JSONResponse({"error": {"message": "boom"}}, status_code=500)
-        if body["model"] == "busy":
-            end = time.process_time() + BUSY_CPU_S
-            while time.process_time() < end:
-                pass
         return StreamingResponse(self.stream(body), media_type="text/event-stream")
 
     async def stream(self, body: dict[str, object]) -> AsyncIterator[bytes]:

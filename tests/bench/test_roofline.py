@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import save_file
 
 from bench.bench_model import SHAPES, build_random_checkpoint
-from bench.roofline import DeviceLimits, ModelShape, decode_cost, ideal_decode_step_seconds, ideal_run, prefill_cost
+from bench.roofline import DeviceLimits, ModelShape, decode_cost, ideal_run, prefill_cost
 from bench.workload import Request
 
 # hidden 8, 2 layers, 2 query heads and 1 KV head of dim 4, MLP 16, vocab 32, tied, bf16.
@@ -124,7 +124,7 @@ def test_decode_contexts_grow_one_token_per_step() -> None:
     run = ideal_run(TINY, [Request(list(range(10)), 4)], DeviceLimits(1.0, 1e30))
     expected = prefill_cost(TINY, [10]).num_bytes + sum(decode_cost(TINY, [c]).num_bytes for c in (11, 12, 13))
     assert run.num_steps == 4 and run.seconds == pytest.approx(expected)
-    assert ideal_decode_step_seconds(TINY, 11, DeviceLimits(1.0, 1e30)) == decode_cost(TINY, [11]).num_bytes
+    assert decode_cost(TINY, [11]).seconds(DeviceLimits(1.0, 1e30)) == decode_cost(TINY, [11]).num_bytes
 
 
 def test_one_tensor_parallel_rank() -> None:

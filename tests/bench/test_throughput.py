@@ -9,7 +9,7 @@ from pathlib import Path
 from bench import throughput
 from bench.bench_model import build_small_bench_model
 from bench.roofline import ModelShape
-from bench.workload import fixed_workload, total_output_tokens
+from bench.workload import fixed_workload
 from gpu.config import KernelConfig
 
 
@@ -22,13 +22,12 @@ def test_throughput_run_on_cpu(tmp_path: Path) -> None:
                      "--warmup", "short", "--batch1-tokens", "4", "--kernels", f"{switch}=0", "--out", str(out)])
     result = json.loads(out.read_text())
     ours, summary = result["ours"], result["summary"]
-    assert ours["num_output_tokens"] == total_output_tokens(fixed_workload(3, 24, 6)) == 18
+    assert ours["num_output_tokens"] == sum(r.max_tokens for r in fixed_workload(3, 24, 6)) == 18
     assert not ours["is_partial"]
     assert ours["num_prefix_hit_tokens"] == 0  # the warm-up's prompts differ from the timed run's
     assert summary["share_of_ideal"] == round(ours["tokens_per_s"] / result["ideal"]["tokens_per_s"], 4)
     assert result["batch1"]["prompt_len"] == 24 and result["batch1"]["num_output_tokens"] == 4
     assert summary["batch1_share_of_ideal"] == round(result["ideal"]["batch1_tpot_ms"] / result["batch1"]["tpot_ms"], 4)
-    assert result["batch1_fresh"]["tpot_ms"] > 0
     assert result["command"].startswith("python -m bench.throughput --model")
     assert result["engine"]["kernels"][switch] is False  # the engine's runner was built with the variant asked for
     # Measured with start-up's objects frozen, as in a served engine; the test process's heap collectable after.

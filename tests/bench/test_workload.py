@@ -1,6 +1,6 @@
 """The benchmark workloads: nano-vllm's shape, ranges, seeding, and the serving shape."""
 
-from bench.workload import PROMPT_ID_LIMIT, fixed_workload, multi_turn_chats, nano_vllm_workload, total_output_tokens
+from bench.workload import PROMPT_ID_LIMIT, fixed_workload, multi_turn_chats, nano_vllm_workload
 
 
 def test_nano_vllm_workload_has_the_published_shape() -> None:
@@ -20,7 +20,7 @@ def test_nano_vllm_workload_is_seeded() -> None:
     assert nano_vllm_workload(seed=0) == nano_vllm_workload(seed=0)
     assert nano_vllm_workload(seed=0) != nano_vllm_workload(seed=1)
     # Pinned: the published figures use this exact draw; a change of draw order would move them.
-    assert total_output_tokens(nano_vllm_workload(seed=0)) == 150_245
+    assert sum(r.max_tokens for r in nano_vllm_workload(seed=0)) == 150_245
     first = nano_vllm_workload(seed=0)[0]
     assert (len(first.prompt_token_ids), first.prompt_token_ids[:3], first.max_tokens) == (964, [6311, 6890, 663], 480)
 

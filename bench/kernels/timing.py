@@ -1,0 +1,58 @@
+"""What the kernel benchmarks share: a call's time as the median replay of a CUDA graph of many calls, the calls
+rotating over copies of their weights that together outgrow the L2 (256 MB, five times an H100's 50 MB), so the
+weights come from HBM as they do in a decode step; and the device-to-device copy bandwidth measured in the same run,
+which a kernel's bytes per second are set against."""
+
+import math
+from collections.abc import Callable, Iterator
+from functools import partial
+from typing import TypeVar
+
+import torch
+
+from bench.roofline import measure_limits, median_seconds
+
+ROTATION_BYTES = 256 << 20
+MIN_CALLS_PER_GRAPH = 32
+DTYPE = torch.bfloat16
+DEVICE = torch.device("cuda")
+Operand = TypeVar("Operand")
+
+
+def num_copies(bytes_per_copy: int) -> int:
+    """How many copies of an operand of `bytes_per_copy` bytes fill the rotation (two at least)."""
+    return max(2, math.ceil(ROTATION_BYTES / bytes_per_copy))
+
+
+def graph_us_per_call(calls: list[Callable[[], object]], replays: int = 7) -> float:
+    """Microseconds per call: the median replay of one CUDA graph of `calls`, each run once before (compiles, and
+    settles the allocations the graph reuses)."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    seconds = median_seconds(graph.replay, DEVICE, repeats=replays)
+    del graph
+    return seconds * 1e6 / len(calls)
+
+
+def rotated_us_per_call(fn: Callable[[torch.Tensor, Operand], object], x: torch.Tensor,
+                        operands: list[Operand]) -> float:
+    """Microseconds per `fn(x, operand)`, the graph's calls rotating over `operands`."""
+    rotation = operands * max(1, math.ceil(MIN_CALLS_PER_GRAPH / len(operands)))
+    return graph_us_per_call([partial(fn, x, operand) for operand in rotation])
+
+
+def copy_bytes_per_s() -> float:
+    return measure_limits(DEVICE, DTYPE).copy_bytes_per_s
+
+
+def per_shape(shapes: dict[str, tuple[int, int]], build: Callable[[int, int], list[Operand]]
+              ) -> Iterator[tuple[str, int, int, list[Operand]]]:
+    """(name, N, K, its rotation of copies) per shape, the copies built for one shape at a time."""
+    for name, (n, k) in shapes.items():
+        yield name, n, k, build(n, k)
+        torch.cuda.empty_cache()
