@@ -4,13 +4,14 @@ This is the only place that turns sequences into positions, cache slots and samp
 is testable without a device. A penalized sequence takes its penalty slot here, at its first
 sampled row (after a preemption too), with the tokens that fill the slot. A pooling sequence gets a
 pooling row instead of a sampling row; one whose prompt runs in several chunks takes a pooling slot
-at its first chunk, where the runner keeps what the chunks pooled so far.
+at its first chunk, where the runner keeps what the chunks pooled so far. Each KV-cache group has its own slots and
+block tables (core/block_manager.py): group 0's are the batch's, the others' go to `other_groups`.
 """
 
 from core.penalty_slots import PenaltySlots
 from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
-from gpu.batch import Batch, Penalties, PenaltySlotInit, PoolingRow, PromptLogprobsRow, RowSampling
+from gpu.batch import Batch, GroupTables, Penalties, PenaltySlotInit, PoolingRow, PromptLogprobsRow, RowSampling
 
 
 def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_ids: tuple[int, ...],
@@ -19,16 +20,20 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
     """`scored` receives the sequences of the batch's prompt_logprobs rows, in their order."""
     batch = Batch(token_ids=[], positions=[], slot_mapping=[], query_lens=[], context_lens=[], block_tables=[])
     token_ids, positions, slot_mapping = batch.token_ids, batch.positions, batch.slot_mapping
+    # Every scheduled sequence holds a table per group.
+    num_other_groups = len(scheduled[0].seq.block_tables) - 1 if scheduled else 0
+    group_slots: list[list[int]] = [[] for _ in range(num_other_groups)]
+    group_tables: list[list[list[int]]] = [[] for _ in range(num_other_groups)]
     draft_counts: list[int] = []  # per row: the draft tokens it verifies (speculative decoding)
     for s in scheduled:
         seq, start, end = s.seq, s.start, s.start + s.num_new_tokens
-        block_ids = seq.block_ids
+        block_ids = seq.block_tables[0]
         num_known = len(seq.token_ids)
         num_drafts = end - seq.num_tokens if end > seq.num_tokens else 0
         draft_counts.append(num_drafts)
         if num_drafts:  # the row's last known token, then its drafts (all tokens known: see core/speculation.py)
             positions.extend(range(start, end))
-            slot_mapping.extend(block_ids[p // block_size] * block_size + p % block_size for p in range(start, end))
+            slot_mapping.extend(_slots(block_ids, start, end, block_size))
             token_ids.extend(seq.token_ids[start:])
             token_ids.extend(seq.draft_token_ids[:num_drafts])
         elif end - start == 1:  # a decode (the common row): no ranges or slices
@@ -38,8 +43,15 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
                 token_ids.append(seq.token_ids[start])
         else:
             positions.extend(range(start, end))
-            slot_mapping.extend(block_ids[p // block_size] * block_size + p % block_size for p in range(start, end))
+            slot_mapping.extend(_slots(block_ids, start, end, block_size))
             token_ids.extend(seq.token_ids[start:end])
+        if num_other_groups:  # each further group's slots through its own table (a decode's without a range)
+            for slots, tables, group_ids in zip(group_slots, group_tables, seq.block_tables[1:], strict=True):
+                if end - start == 1:
+                    slots.append(group_ids[start // block_size] * block_size + start % block_size)
+                else:  # a prompt chunk, or the last known token and its drafts
+                    slots.extend(_slots(group_ids, start, end, block_size))
+                tables.append(group_ids)
         if end > num_known and not num_drafts:  # its last token is still on the device: the runner reads it there
             batch.fed_back_token_indices.append(len(token_ids))
             batch.fed_back_rows.append(seq.pending_row)
@@ -62,11 +74,17 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
             batch.sampling.append(row)
         else:
             batch.sampling.append(None)
+    batch.other_groups = [GroupTables(slots, tables) for slots, tables in zip(group_slots, group_tables, strict=True)]
     if any(draft_counts):
         batch.num_draft_tokens = draft_counts
     if any(s.seq.pooling is not None and s.seq.pooling.token_type_ids is not None for s in scheduled):
         batch.token_type_ids = [t for s in scheduled for t in _token_types(s)]
     return batch
+
+
+def _slots(block_ids: list[int], start: int, end: int, block_size: int) -> list[int]:
+    """The cache slots of positions [start, end) through a block table."""
+    return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
 
 
 def _pooling_row(seq: Sequence, start: int, end: int, row: int, pooling_slots: PenaltySlots | None) -> PoolingRow:

@@ -6,7 +6,9 @@ the scheduler's blocks serve both, and the slots of a step's draft positions are
 reserved for its drafts. Each sequence records how many of its positions hold draft K/V (`DraftProgress`);
 it starts at 0 at each admission (blocks that came from the prefix cache may hold no draft K/V: the draft
 writes its own, the same values wherever another sequence wrote them), and after a verification it is the
-accepted prefix the draft model computed.
+accepted prefix the draft model computed. Target and draft each keep one full-attention KV-cache group (the engine
+refuses a draft model otherwise): a windowed group's table names a null block before its window, where a draft that
+catches up would still write.
 
 Drafting k tokens is k launches of the draft model, greedy, after it has caught up: launches of at most a
 step's token budget compute the draft K/V of every position before the sequence's last token that it
@@ -115,7 +117,7 @@ class DraftModelProposer:
         return batch
 
     def _slot(self, seq: Sequence, position: int) -> int:
-        return seq.block_ids[position // self.block_size] * self.block_size + position % self.block_size
+        return seq.block_tables[0][position // self.block_size] * self.block_size + position % self.block_size
 
 
 def _empty_batch() -> Batch:
@@ -125,5 +127,5 @@ def _empty_batch() -> Batch:
 def _add_row(batch: Batch, seq: Sequence, query_len: int, context_len: int, sampled: bool = True) -> None:
     batch.query_lens.append(query_len)
     batch.context_lens.append(context_len)
-    batch.block_tables.append(seq.block_ids)
+    batch.block_tables.append(seq.block_tables[0])
     batch.sampling.append(_GREEDY if sampled else None)

@@ -61,6 +61,7 @@ from core.speculation import Speculation
 from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
+from gpu.kv_cache_groups import KVCacheGroup, context_block_limit
 from gpu.model_info import read_model_info
 from gpu.runner import Runner, StepInFlight
 from gpu.runner_factory import AwaitingMasks, make_runner
@@ -76,6 +77,8 @@ _MAX_FAILED_STEPS_IN_A_ROW = 3
 
 @dataclass(frozen=True)
 class EngineStats:
+    """The block counts are summed over the KV-cache groups (gpu/kv_cache_groups.py)."""
+
     num_running: int
     num_waiting: int
     num_total_blocks: int
@@ -95,7 +98,7 @@ class EngineStats:
 
     @property
     def kv_cache_usage(self) -> float:
-        """The fraction of KV-cache blocks in use (referenced by a request), from 0 to 1."""
+        """The fraction of KV-cache blocks in use (referenced by a request), from 0 to 1, over every group's."""
         return self.num_used_blocks / self.num_total_blocks if self.num_total_blocks else 0.0
 
 
@@ -136,11 +139,13 @@ class LLMEngine:
         self.block_size = config.cache.block_size
         # An encoder's blocks hold nothing to reuse.
         self.block_manager = BlockManager(
-            self.runner.num_kv_blocks, self.block_size,
+            self.runner.kv_cache_groups, self.block_size,
             config.cache.enable_prefix_caching and not (self.pooling is not None and self.pooling.is_encoder),
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
-        self.limits = EngineLimits(self.vocab_size, self.max_model_len, self.block_size, self.block_manager.num_blocks)
+        context_blocks = context_block_limit(self.runner.kv_cache_groups, self.block_size, self.max_model_len,
+                                             config.scheduler.max_num_batched_tokens)
+        self.limits = EngineLimits(self.vocab_size, self.max_model_len, self.block_size, context_blocks)
         self._inbox: queue.SimpleQueue[Sequence | _Abort] = queue.SimpleQueue()
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
@@ -167,9 +172,18 @@ class LLMEngine:
             raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 only")
         if read_model_info(spec.model).vocab_size != self.vocab_size:
             raise ValueError(f"speculative_config.model {spec.model!r}: its vocabulary is not the target's")
+        # The draft writes its K/V through the target's block tables, of a single full-attention group (a windowed
+        # group's tables name the null block before the window, where a draft catching up would still write).
+        if not _is_full_attention_only(self.runner.kv_cache_groups):
+            raise ValueError(f"speculative_config.model: a draft model needs a target whose layers all keep the whole "
+                             f"context; {self.config.model.model!r} has sliding-window layers")
         config = replace(runner_config(self.config, self.max_model_len), model_path=spec.model,
-                         num_kv_blocks=self.runner.num_kv_blocks, load_format="auto")
-        return make_runner(config)
+                         num_kv_blocks=self.runner.kv_cache_groups[0].num_blocks, load_format="auto")
+        runner = make_runner(config)
+        if not _is_full_attention_only(runner.kv_cache_groups):
+            raise ValueError(f"speculative_config.model {spec.model!r}: a draft model with sliding-window layers "
+                             f"is not supported (it reads the target's block tables, of full attention)")
+        return runner
 
     @property
     def grammars(self) -> Grammars:
@@ -214,8 +228,8 @@ class LLMEngine:
         bm = self.block_manager
         return EngineStats(
             num_running=len(self.scheduler.running), num_waiting=len(self.scheduler.waiting),
-            num_total_blocks=bm.num_blocks, num_free_blocks=len(bm.free_ids),
-            num_evictable_blocks=len(bm.evictable_ids), num_used_blocks=bm.num_used_blocks,
+            num_total_blocks=bm.num_blocks, num_free_blocks=bm.num_free_blocks,
+            num_evictable_blocks=bm.num_evictable_blocks, num_used_blocks=bm.num_used_blocks,
             num_preemptions=self.scheduler.num_preemptions,
             num_prefix_cache_hit_tokens=self.scheduler.num_prefix_hit_tokens,
             num_prefix_cache_queried_tokens=self.scheduler.num_prefix_queried_tokens,
@@ -620,6 +634,10 @@ def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs 
         num_output_tokens=seq.num_output_tokens, num_cached_prompt_tokens=seq.num_cached_prompt_tokens,
         prompt_logprobs=seq.prompt_logprobs if is_first_token else None,
     )
+
+
+def _is_full_attention_only(groups: tuple[KVCacheGroup, ...]) -> bool:
+    return len(groups) == 1 and groups[0].sliding_window is None
 
 
 def runner_config(config: EngineConfig, max_model_len: int | None = None) -> RunnerConfig:

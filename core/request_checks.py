@@ -22,7 +22,9 @@ class EngineLimits:
     vocab_size: int
     max_model_len: int
     block_size: int
-    num_blocks: int  # KV-cache blocks that exist
+    # The most KV-cache blocks one context may span (gpu/kv_cache_groups.py's context_block_limit): those that exist
+    # in the full-attention group.
+    num_blocks: int
 
     def check_token_ids(self, token_ids: Sequence[int], param: str) -> None:
         """Every id is one of the model's tokens."""

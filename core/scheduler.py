@@ -118,7 +118,7 @@ class Scheduler:
         while pending and budget > 0:
             seq = pending.popleft()
             num_new = min(seq.num_uncomputed_tokens + len(seq.draft_token_ids), budget)
-            while not self.block_manager.can_allocate(self.block_manager.num_blocks_to_append(seq, num_new)):
+            while not self.block_manager.can_append(seq, num_new):
                 victim = max(chain(pending, [seq]), key=lambda s: s.admission_order)
                 self._preempt(victim)
                 out.preempted.append(victim)
@@ -138,15 +138,15 @@ class Scheduler:
             seq = self.waiting[0]
             if seq.num_pending_tokens:
                 break  # preempted while its last token was on the way; admitted once it has arrived
-            hit_ids, hit_keys = (([], []) if seq.needs_prompt_logprobs or seq.pools_every_token
-                                 else self.block_manager.match_prefix(seq))
-            num_new = min(seq.num_tokens - len(hit_ids) * self.block_manager.block_size, budget)
+            hit = (self.block_manager.no_hit() if seq.needs_prompt_logprobs or seq.pools_every_token
+                   else self.block_manager.match_prefix(seq))
+            num_new = min(seq.num_tokens - hit.num_blocks * self.block_manager.block_size, budget)
             if seq.must_run_whole and num_new < seq.num_tokens:
                 break  # an encoder's prompt waits for a step with room for all of it
-            if not self.block_manager.can_allocate(self.block_manager.num_blocks_to_admit(seq, hit_ids, num_new)):
+            if not self.block_manager.can_admit(seq, hit, num_new):
                 break
             self.waiting.popleft()
-            self.block_manager.admit(seq, hit_ids, hit_keys)
+            self.block_manager.admit(seq, hit)
             if seq.num_output_tokens == 0:
                 seq.num_cached_prompt_tokens = seq.num_computed_tokens
             self.num_prefix_hit_tokens += seq.num_computed_tokens

@@ -41,8 +41,12 @@ class Sequence:
         self.status = SequenceStatus.WAITING
         self.num_computed_tokens = 0
         self.num_cached_prompt_tokens = 0  # prompt tokens served from the prefix cache at first admission
-        self.block_ids: list[int] = []
-        self.block_keys: list[bytes] = []  # prefix-cache keys of the full blocks, in order
+        # One block table per KV-cache group (core/block_manager.py), empty while it holds no blocks.
+        self.block_tables: list[list[int]] = []
+        self.block_keys: list[bytes] = []  # prefix-cache keys of the full blocks it holds, in order
+        # The keys of its first full blocks of known tokens, computed once (tokens are only appended): a waiting
+        # sequence is matched against the prefix cache at every step until it is admitted, and again after a preemption.
+        self.chain_keys: list[bytes] = []
         self.admission_order = -1  # set by the scheduler each time it admits the sequence
         self.finish_reason: FinishReason | None = None
         self.pending_row = 0  # the pending token's row among its step's sampled rows
@@ -111,7 +115,7 @@ class Sequence:
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "
-                f"computed={self.num_computed_tokens}, blocks={self.block_ids})")
+                f"computed={self.num_computed_tokens}, blocks={self.block_tables})")
 
 
 def _logit_bias(params: SamplingParams) -> LogitBias | None:

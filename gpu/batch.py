@@ -3,7 +3,9 @@
 `core/` flattens its sequences into a `Batch`; `gpu/` never sees a sequence. One row per sequence
 scheduled this step. A row's new tokens are the last `query_len` of its `context_len` tokens: the
 runner writes their K/V to `slot_mapping` first, then attends to the whole context through the
-row's block table (causal within the new tokens).
+row's block table (causal within the new tokens). A model with several KV-cache groups (gpu/kv_cache_groups.py)
+has a slot mapping and block tables per group: `slot_mapping` and `block_tables` are group 0's, `other_groups`
+holds the others' (empty for a one-group model).
 """
 
 from dataclasses import dataclass, field, replace
@@ -117,6 +119,15 @@ class PackedBlockTables:
 
 
 @dataclass
+class GroupTables:
+    """A KV-cache group's own cache slots of the batch's tokens and block tables of its rows (group 0's are the
+    batch's `slot_mapping` and `block_tables`)."""
+
+    slot_mapping: list[int]  # [num_tokens]
+    block_tables: list[list[int]] | PackedBlockTables  # [num_rows][blocks of that row]
+
+
+@dataclass
 class Batch:
     token_ids: list[int]  # [num_tokens], the new tokens of every row, row after row
     positions: list[int]  # [num_tokens]
@@ -139,6 +150,8 @@ class Batch:
     pooling: list[PoolingRow] = field(default_factory=list)
     # [num_tokens] segment ids of an encoder's token pairs (BERT's token_type_ids); None: all 0.
     token_type_ids: list[int] | None = None
+    # KV-cache groups 1, 2, ...: their slots and block tables.
+    other_groups: list[GroupTables] = field(default_factory=list)
     # Speculative decoding: [num_rows] the draft tokens at the end of each row's new tokens (0 on most rows); a
     # sampled row with d drafts is sampled at its last d + 1 positions, each position as one sampled row of the
     # result (see sampled_positions). None: no row verifies drafts.

@@ -15,9 +15,10 @@ attention metadata a graph was captured with is static too: `max_context_len` is
 so a kernel that sizes its launch from it launches the same grid at every replay.
 
 The static buffers are views of two device tensors (int64: token ids, positions, slots, the
-fed-back token indices and the rows' Philox keys; int32: context lengths, the rows' launch order, the
-temperatures' float32 bits and block tables), filled from
-pinned host mirrors with two copies a step, instead of a copy and a device-side scatter per input.
+fed-back token indices and the rows' Philox keys, then the slots of each further KV-cache group; int32: context
+lengths, the rows' launch order, the temperatures' float32 bits and block tables, one table per KV-cache group),
+filled from pinned host mirrors with two copies a step (and one more per further group, for its tables), instead of
+a copy and a device-side scatter per input.
 The launch order (rows by descending context, sorted on the host) lets the decode attention kernel
 start the longest rows first, so the step does not end on a few long rows started last.
 """
@@ -94,7 +95,7 @@ def batch_size_buckets(max_num_seqs: int) -> list[int]:
 class DecodeGraphs:
     def __init__(
         self, forward: ForwardFn, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device,
-        logits_fn: LogitsFn | None = None, logits: torch.Tensor | None = None,
+        logits_fn: LogitsFn | None = None, logits: torch.Tensor | None = None, num_groups: int = 1,
     ) -> None:
         self.forward = forward
         # The sampling head: each graph writes its rows' logits into `logits` ([max_num_seqs, vocab], one buffer
@@ -106,17 +107,22 @@ class DecodeGraphs:
         self.max_model_len = max_model_len
         self.max_blocks = max_blocks = -(-max_model_len // block_size)
         self.max_num_seqs = n = max_num_seqs
-        # Rows: token ids, positions, cache slots, fed-back token indices, fed-back source rows, Philox keys.
-        self._int64 = torch.zeros(6, n, dtype=torch.int64, device=device)
-        # Context lengths, row order, temperatures (float32 bits), block tables.
-        self._int32 = torch.zeros(3 * n + n * max_blocks, dtype=torch.int32, device=device)
+        self.num_groups = num_groups
+        # Rows: token ids, positions, cache slots, fed-back token indices, fed-back source rows, Philox keys, then
+        # the cache slots of KV-cache groups 1, 2, ...
+        self._int64 = torch.zeros(5 + num_groups, n, dtype=torch.int64, device=device)
+        # Context lengths, row order, temperatures (float32 bits), block tables of group 0, 1, ...
+        self._int32 = torch.zeros(3 * n + num_groups * n * max_blocks, dtype=torch.int32, device=device)
         self.input_ids, self.positions, self.slot_mapping = self._int64[0], self._int64[1], self._int64[2]
         self.philox_keys = self._int64[5]
+        self.group_slot_mappings = [self.slot_mapping, *self._int64[6:]]
         self.context_lens = self._int32[:n]
         self.row_order = self._int32[n : 2 * n]
         self.temperatures = self._int32[2 * n : 3 * n].view(torch.float32)  # 0 on greedy (and padding) rows
-        self.block_tables = self._int32[3 * n :].view(n, max_blocks)
-        self.slot_mapping.fill_(-1)
+        self.group_block_tables = list(self._int32[3 * n :].view(num_groups, n, max_blocks))
+        self.block_tables = self.group_block_tables[0]
+        for slots in self.group_slot_mappings:
+            slots.fill_(-1)
         self.context_lens.fill_(1)
         self.row_order.copy_(torch.arange(n, dtype=torch.int32, device=device))
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
@@ -131,7 +137,7 @@ class DecodeGraphs:
         return next((b for b in self.buckets if b >= num_rows), None)
 
     def metadata(self, bucket: int) -> AttentionMetadata:
-        return AttentionMetadata(
+        meta = AttentionMetadata(
             slot_mapping=self.slot_mapping[:bucket],
             query_start_loc=self.query_start_loc[: bucket + 1],
             context_lens=self.context_lens[:bucket],
@@ -141,6 +147,10 @@ class DecodeGraphs:
             is_decode_only=True,
             row_order=self.row_order[:bucket],
         )
+        if self.num_groups == 1:
+            return meta
+        return meta.with_group_tables([slots[:bucket] for slots in self.group_slot_mappings[1:]],
+                                      [tables[:bucket] for tables in self.group_block_tables[1:]])
 
     @property
     def samples(self) -> bool:
@@ -184,6 +194,10 @@ class DecodeGraphs:
         num_int32 = mirror.fill(batch, bucket, self.max_num_seqs, self.max_blocks, draw)
         self._int64.copy_(mirror.int64, non_blocking=True)
         self._int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)
+        for group in range(1, self.num_groups):  # each further group's tables: the bucket's rows of its region
+            start = 3 * self.max_num_seqs + group * self.max_num_seqs * self.max_blocks
+            self._int32[start : start + bucket * self.max_blocks].copy_(
+                mirror.int32[start : start + bucket * self.max_blocks], non_blocking=True)
         mirror.copied.record()
         if num_fed_back := len(batch.fed_back_token_indices):
             feed_back_tokens(self.input_ids, self._int64[3, :num_fed_back], self._int64[4, :num_fed_back],
@@ -216,6 +230,9 @@ class _HostMirror(PinnedMirror):
         int64[1, :rows] = batch.positions
         int64[2, :rows] = batch.slot_mapping
         int64[2, rows:bucket] = -1  # padded rows write nothing
+        for index, group in enumerate(batch.other_groups, start=6):
+            int64[index, :rows] = group.slot_mapping
+            int64[index, rows:bucket] = -1
         num_fed_back = len(batch.fed_back_token_indices)
         int64[3, :num_fed_back] = batch.fed_back_token_indices
         int64[4, :num_fed_back] = batch.fed_back_rows
@@ -230,5 +247,7 @@ class _HostMirror(PinnedMirror):
             int32[2 * n : 2 * n + rows] = temperatures.view(np.int32)
             int32[2 * n + rows : 2 * n + bucket] = 0  # the bits of 0.0
         # Entries past a row's blocks keep older (valid) block ids.
-        write_block_tables(int32[3 * n : 3 * n + bucket * max_blocks].reshape(bucket, max_blocks), batch.block_tables)
+        for group, tables in enumerate([batch.block_tables, *(g.block_tables for g in batch.other_groups)]):
+            start = 3 * n + group * n * max_blocks
+            write_block_tables(int32[start : start + bucket * max_blocks].reshape(bucket, max_blocks), tables)
         return 3 * n + bucket * max_blocks

@@ -18,7 +18,8 @@ With graphs off (`--enforce-eager`) the same padded buffers run eagerly, so grap
 compute the same numbers, as for decode (gpu/cuda_graphs.py, whose memory pool these graphs share).
 
 The static inputs are views of one int64 and one int32 tensor (StaticInputs), filled from one of
-two pinned host mirrors used in turn, with one contiguous copy each.
+two pinned host mirrors used in turn, with one contiguous copy each; a model with several KV-cache groups has
+slots and block tables per group in them.
 """
 
 import logging
@@ -49,15 +50,16 @@ class StaticInputs:
     """The device buffers a mixed-step graph reads, and how a batch is written into them.
 
     Each bucket lays its fields out from the start of the two flat tensors (int64: token ids,
-    positions, slots, fed-back token indices, their source rows, `bucket` entries each; int32:
-    query_start_loc, context lengths, block tables, for the bucket's row capacity), so a step
-    copies one contiguous prefix of each; a graph reads the views of its own bucket.
+    positions, slots, fed-back token indices, their source rows, then the slots of KV-cache groups 1, 2, ...,
+    `bucket` entries each; int32: query_start_loc, context lengths, block tables of group 0, 1, ..., for the
+    bucket's row capacity), so a step copies one contiguous prefix of each; a graph reads the views of its own bucket.
     """
 
-    def __init__(self, max_tokens: int, max_rows: int, max_blocks: int, device: torch.device) -> None:
-        self.max_rows, self.max_blocks = max_rows, max_blocks
-        self.int64 = torch.zeros(5 * max_tokens, dtype=torch.int64, device=device)
-        self.int32 = torch.zeros(int32_size(max_rows, max_blocks), dtype=torch.int32, device=device)
+    def __init__(self, max_tokens: int, max_rows: int, max_blocks: int, device: torch.device,
+                 num_groups: int = 1) -> None:
+        self.max_rows, self.max_blocks, self.num_groups = max_rows, max_blocks, num_groups
+        self.int64 = torch.zeros((4 + num_groups) * max_tokens, dtype=torch.int64, device=device)
+        self.int32 = torch.zeros(int32_size(max_rows, max_blocks, num_groups), dtype=torch.int32, device=device)
 
     def row_capacities(self, bucket: int) -> list[int]:
         """The bucket's row capacities, ascending: FEW_ROWS and the most rows a step of `bucket` tokens can have."""
@@ -65,24 +67,29 @@ class StaticInputs:
         return sorted({min(FEW_ROWS, full), full})
 
     def fields(self, bucket: int) -> torch.Tensor:
-        """[5, bucket]: token ids, positions, slots, fed-back token indices, fed-back source rows."""
-        return self.int64[: 5 * bucket].view(5, bucket)
+        """[4 + num_groups, bucket]: token ids, positions, slots, fed-back token indices, fed-back source rows,
+        the slots of groups 1, 2, ..."""
+        return self.int64[: (4 + self.num_groups) * bucket].view(4 + self.num_groups, bucket)
 
     def metadata(self, bucket: int, rows: int, max_model_len: int) -> AttentionMetadata:
         """The attention inputs of `bucket` tokens and a capacity of `rows` rows."""
-        return AttentionMetadata(
-            slot_mapping=self.fields(bucket)[2],
+        fields = self.fields(bucket)
+        tables = self.int32[2 * rows + 1 : int32_size(rows, self.max_blocks, self.num_groups)]
+        tables = tables.view(self.num_groups, rows, self.max_blocks)
+        meta = AttentionMetadata(
+            slot_mapping=fields[2],
             query_start_loc=self.int32[: rows + 1],
             context_lens=self.int32[rows + 1 : 2 * rows + 1],
-            block_tables=self.int32[2 * rows + 1 : int32_size(rows, self.max_blocks)].view(rows, self.max_blocks),
+            block_tables=tables[0],
             max_query_len=bucket,
             max_context_len=max_model_len,
             is_decode_only=False,
         )
+        return meta if self.num_groups == 1 else meta.with_group_tables(list(fields[5:]), list(tables[1:]))
 
 
-def int32_size(rows: int, max_blocks: int) -> int:
-    return 2 * rows + 1 + rows * max_blocks
+def int32_size(rows: int, max_blocks: int, num_groups: int = 1) -> int:
+    return 2 * rows + 1 + num_groups * rows * max_blocks
 
 
 def fill_host_inputs(int64: np.ndarray, int32: np.ndarray, batch: Batch, bucket: int, rows_cap: int,
@@ -90,10 +97,13 @@ def fill_host_inputs(int64: np.ndarray, int32: np.ndarray, batch: Batch, bucket:
     """Writes the batch, padded to the bucket, into flat host arrays laid out as StaticInputs' bucket views;
     returns how many leading int64 and int32 entries to copy."""
     n, rows = len(batch.token_ids), batch.num_rows
-    fields = int64[: 5 * bucket].reshape(5, bucket)
+    num_groups = 1 + len(batch.other_groups)
+    fields = int64[: (4 + num_groups) * bucket].reshape(4 + num_groups, bucket)
     fields[0, :n], fields[0, n:] = batch.token_ids, 0  # fed-back entries: placeholders, set on the device
     fields[1, :n], fields[1, n:] = batch.positions, 0
     fields[2, :n], fields[2, n:] = batch.slot_mapping, -1
+    for index, group in enumerate(batch.other_groups, start=5):
+        fields[index, :n], fields[index, n:] = group.slot_mapping, -1
     num_fed_back = len(batch.fed_back_token_indices)
     fields[3, :num_fed_back] = batch.fed_back_token_indices
     fields[4, :num_fed_back] = batch.fed_back_rows
@@ -103,19 +113,21 @@ def fill_host_inputs(int64: np.ndarray, int32: np.ndarray, batch: Batch, bucket:
     query_start_loc[rows + 1 :] = n  # padding rows: no queries
     context_lens = int32[rows_cap + 1 : 2 * rows_cap + 1]
     context_lens[:rows], context_lens[rows:] = batch.context_lens, 0
-    num_int32 = int32_size(rows_cap, max_blocks)
-    tables = int32[2 * rows_cap + 1 : num_int32].reshape(rows_cap, max_blocks)
-    write_block_tables(tables[:rows], batch.block_tables)  # padding rows' entries are never read
-    return 5 * bucket, num_int32
+    num_int32 = int32_size(rows_cap, max_blocks, num_groups)
+    tables = int32[2 * rows_cap + 1 : num_int32].reshape(num_groups, rows_cap, max_blocks)
+    for group, group_tables in enumerate([batch.block_tables, *(g.block_tables for g in batch.other_groups)]):
+        write_block_tables(tables[group, :rows], group_tables)  # padding rows' entries are never read
+    return (4 + num_groups) * bucket, num_int32
 
 
 class MixedGraphs:
     def __init__(self, forward: ForwardFn, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
-                 block_size: int, device: torch.device) -> None:
+                 block_size: int, device: torch.device, num_groups: int = 1) -> None:
         self.forward = forward
         self.buckets = token_buckets(max_num_batched_tokens)
         self.max_model_len = max_model_len
-        self.inputs = StaticInputs(self.buckets[-1], max_num_seqs, -(-max_model_len // block_size), device)
+        self.inputs = StaticInputs(self.buckets[-1], max_num_seqs, -(-max_model_len // block_size), device,
+                                   num_groups)
         self._mirrors = [PinnedMirror(self.inputs.int64, self.inputs.int32) for _ in range(2)]
         self._turn = 0
         # (token bucket, row capacity), ascending: every graph captured
@@ -150,7 +162,9 @@ class MixedGraphs:
     def _empty_args(self, key: tuple[int, int]) -> StaticArgs:
         """The graph's static args, holding no row and writing no K/V."""
         self.inputs.int32.zero_()
-        self.inputs.fields(key[0])[2].fill_(-1)  # slots: no K/V written
+        fields = self.inputs.fields(key[0])
+        fields[2].fill_(-1)  # slots: no K/V written
+        fields[5:].fill_(-1)
         return self._static_args(key)
 
     def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:

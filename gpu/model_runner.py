@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -25,7 +26,7 @@ import torch
 from tqdm import tqdm
 from transformers import PretrainedConfig
 
-from gpu import backend_choice, kv_cache, remembered_backends
+from gpu import backend_choice, kv_cache, kv_cache_groups, remembered_backends
 from gpu.attention.backend import (
     AttentionBackend,
     PhasedBackend,
@@ -34,7 +35,7 @@ from gpu.attention.backend import (
     without_flash_attn_for_fp8_cache,
 )
 from gpu.attention.metadata import AttentionMetadata
-from gpu.batch import Batch, PackedBlockTables, Penalties, RowSampling, StepResult, TokenMask
+from gpu.batch import Batch, GroupTables, PackedBlockTables, Penalties, RowSampling, StepResult, TokenMask
 from gpu.config import RunnerConfig
 from gpu.cpu_decode import CpuDecodeSteps, unavailable_reason
 from gpu.cpu_kernels import NO_CPU_KERNELS, CpuKernels, load_cpu_kernels
@@ -45,6 +46,7 @@ from gpu.dummy_weights import DEFAULT_STD, init_dummy_weights
 from gpu.host_to_device import pack_block_tables, to_device, write_block_tables
 from gpu.kernels import HAS_TRITON, gated_gemm
 from gpu.kernels.skinny_gemm_configs import FEW_ROWS
+from gpu.kv_cache_groups import KVCacheGroup
 from gpu.layers.linear import warm_up_skinny_gemm
 from gpu.loader import load_weights
 from gpu.mixed_graphs import MixedGraphs
@@ -146,7 +148,7 @@ class ModelRunner:
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
         # Per phase, each candidate's summed step milliseconds when `auto` measured them, now or at an earlier start.
         self.attention_times: dict[str, dict[str, float]] | None = None
-        self.num_kv_blocks = self._allocate_kv_cache()
+        self.kv_cache_groups = self._allocate_kv_cache()
         self.backend, why = self._choose_backend(names, first, hf_config)
         self._set_backend(self.backend)
         logger.info("attention backend: %s (requested %s, device %s: %s)", self.backend.name, config.attention_backend,
@@ -202,10 +204,10 @@ class ModelRunner:
         backend, why = PhasedBackend(first, first), "the only candidate"
         if len(names) > 1:
             c = self.config
+            num_blocks = self.kv_cache_groups[0].num_blocks
             steps = backend_choice.synthetic_steps(backend_choice.StepShape(
-                c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.block_size, self.num_kv_blocks,
-                self.vocab_size))
-            if backend_choice.blocks_used(steps) <= self.num_kv_blocks:
+                c.max_num_seqs, c.max_num_batched_tokens, c.max_model_len, c.block_size, num_blocks, self.vocab_size))
+            if backend_choice.blocks_used(steps) <= num_blocks:
                 backend, why = self._remembered_or_measured(names, first, steps, hf_config)
             else:
                 why = "the KV cache is too small to time the candidates"
@@ -263,7 +265,7 @@ class ModelRunner:
 
         def time_step(backend: AttentionBackend, batch: Batch, graphed: bool) -> float:
             self._set_backend(PhasedBackend(backend, backend))
-            inputs = self._prepare(batch)
+            inputs = self._prepare(self._in_every_group(batch))
             return backend_choice.time_forward(lambda: self.model(*inputs), graphed)
 
         backend, times = backend_choice.choose_phases(candidates, steps, is_graphed, time_step)
@@ -303,12 +305,13 @@ class ModelRunner:
     def _capture_graphs(self) -> None:
         """Graphs for decode-only steps and, when the backend allows, for steps with prefill (one pool)."""
         c = self.config
+        num_groups = len(self.kv_cache_groups)
         self.decode = DecodeGraphs(self.model, c.max_num_seqs, c.max_model_len, c.block_size, self.device,
                                    self.model.compute_logits_into if self._graph_logits is not None else None,
-                                   self._graph_logits)
+                                   self._graph_logits, num_groups)
         if self.backend.supports_mixed_graphs:
             self.mixed = MixedGraphs(self.model, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len,
-                                     c.block_size, self.device)
+                                     c.block_size, self.device, num_groups)
         if c.enforce_eager:
             logger.info("CUDA graphs off (--enforce-eager)")
             return
@@ -329,38 +332,41 @@ class ModelRunner:
     def _build_model(self, hf_config: PretrainedConfig) -> torch.nn.Module:
         return build_model(self.config, hf_config, self.device, self.dtype, self.tp, self.cpu_kernels)
 
-    def _allocate_kv_cache(self) -> int:
+    def _allocate_kv_cache(self) -> tuple[KVCacheGroup, ...]:
+        """Groups the layers by what they keep (gpu/kv_cache_groups.py) and allocates each group's blocks."""
         c = self.config
-        block_bytes = kv_cache.bytes_per_block(self.layers, c.block_size, self.kv_dtype)
-        if c.num_kv_blocks is not None:
-            num_blocks = c.num_kv_blocks
-        elif self.device.type == "cuda":
-            self._warm_up()
-            num_blocks = kv_cache.num_blocks_for_cuda(block_bytes, c.gpu_memory_utilization, self.device)
-        else:
-            num_blocks = kv_cache.num_blocks_for_cpu(block_bytes, c.block_size, c.max_num_seqs, c.max_model_len)
-        num_blocks = self.tp.min_over_ranks(num_blocks, self.device)  # every rank holds the same blocks
-        kv_cache.allocate(self.layers, num_blocks, c.block_size, self.kv_dtype, self.device)
-        scales = sorted({layer.kv_scales for layer in self.layers}) if c.is_fp8_kv_cache else []
-        logger.info(
-            "KV cache: %d blocks of %d tokens = %d tokens, %.2f GiB (%s%s)",
-            num_blocks, c.block_size, num_blocks * c.block_size, num_blocks * block_bytes / 2**30,
-            str(self.kv_dtype).removeprefix("torch."),
-            "" if not scales else f", (k, v) scales {scales[0]}" + (f" .. {scales[-1]}" if len(scales) > 1 else ""),
-        )
-        return num_blocks
+        windows = kv_cache_groups.group_windows(self.layers, c.max_model_len)
+        kv_cache_groups.assign_groups(self.layers, windows, c.max_model_len)
+        block_bytes = kv_cache.group_bytes_per_block(self.layers, len(windows), c.block_size, self.kv_dtype)
+        if c.num_kv_blocks is None and self.device.type == "cuda":
+            self._warm_up(windows)
+        counts = kv_cache.num_blocks_per_group(c, windows, block_bytes, self.device)
+        counts = [self.tp.min_over_ranks(n, self.device) for n in counts]  # every rank holds the same blocks
+        kv_cache.allocate(self.layers, counts, windows, c.block_size, self.kv_dtype, self.device)
+        for group, (window, num_blocks, group_bytes) in enumerate(zip(windows, counts, block_bytes, strict=True)):
+            # An FP8 cache's scales are each layer's own: the log gives their range over the group's layers.
+            scales = (sorted({layer.kv_scales for layer in self.layers if layer.kv_group == group})
+                      if c.is_fp8_kv_cache else [])
+            logger.info("KV cache, %s: %d blocks of %d tokens = %d tokens, %.2f GiB (%s%s)",
+                        "full attention" if window is None else f"sliding window {window}", num_blocks, c.block_size,
+                        num_blocks * c.block_size, num_blocks * group_bytes / 2**30,
+                        str(self.kv_dtype).removeprefix("torch."),
+                        "" if not scales else f", (k, v) scales {scales[0]}"
+                        + (f" .. {scales[-1]}" if len(scales) > 1 else ""))
+        return tuple(KVCacheGroup(w, n) for w, n in zip(windows, counts, strict=True))
 
     @torch.inference_mode()
-    def _warm_up(self) -> None:
+    def _warm_up(self, windows: tuple[int | None, ...]) -> None:
         """The largest prefill and the largest sampling step, against a tiny cache, to find peak memory."""
         c = self.config
         num_tokens = min(c.max_num_batched_tokens, c.max_model_len)
-        kv_cache.allocate(self.layers, -(-num_tokens // c.block_size), c.block_size, self.kv_dtype, self.device)
-        batch = Batch(
+        num_blocks = -(-num_tokens // c.block_size)
+        kv_cache.allocate(self.layers, [num_blocks] * len(windows), windows, c.block_size, self.kv_dtype, self.device)
+        batch = _in_every_group(Batch(
             token_ids=[0] * num_tokens, positions=list(range(num_tokens)), slot_mapping=[-1] * num_tokens,
-            query_lens=[num_tokens], context_lens=[num_tokens],
-            block_tables=[list(range(-(-num_tokens // c.block_size)))], sampling=[None],
-        )
+            query_lens=[num_tokens], context_lens=[num_tokens], block_tables=[list(range(num_blocks))],
+            sampling=[None],
+        ), [num_blocks] * len(windows))
         torch.cuda.reset_peak_memory_stats(self.device)
         hidden = self._forward(batch)
         num_rows = min(c.max_num_seqs, num_tokens)
@@ -397,7 +403,8 @@ class ModelRunner:
             row_counts = sorted(set(skinny_rows) | set(self.decode.buckets if self.decode else []))
         else:
             prompt, row_counts = min(c.block_size, c.max_num_batched_tokens, c.max_model_len), [min(2, c.max_num_seqs)]
-        batches = [_dummy_batch([prompt], c.block_size)] + [_dummy_batch([1] * n, c.block_size) for n in row_counts]
+        batches = [self._in_every_group(_dummy_batch(query_lens, c.block_size))
+                   for query_lens in [[prompt], *([1] * n for n in row_counts)]]
         for batch in tqdm(batches, desc="warming up", unit="step", disable=None):
             self.execute(batch)
         self._last_sampled_ids = None
@@ -532,6 +539,9 @@ class ModelRunner:
     def _to_device(self, array: np.ndarray) -> torch.Tensor:
         return to_device(array, array.dtype, self.device)
 
+    def _in_every_group(self, batch: Batch) -> Batch:
+        return _in_every_group(batch, [group.num_blocks for group in self.kv_cache_groups])
+
 
 def load_cpu_kernels_for(device: torch.device, cache_dir: str | None) -> CpuKernels:
     """On a CPU, the C kernels built for it (gpu/cpu_kernels), whichever switches are off: the dtype `auto` picks does
@@ -586,6 +596,10 @@ def step_inputs(batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch
         max_context_len=max(batch.context_lens),
         is_decode_only=batch.is_decode_only,
     )
+    if batch.other_groups:
+        meta = meta.with_group_tables(
+            [to_device(np.asarray(g.slot_mapping, dtype=np.int64), np.int64, device) for g in batch.other_groups],
+            [to_device(_padded_block_tables(g.block_tables), np.int32, device) for g in batch.other_groups])
     input_ids = to_device(np.asarray(batch.token_ids, dtype=np.int64), np.int64, device)
     return input_ids, to_device(np.asarray(batch.positions, dtype=np.int64), np.int64, device), meta
 
@@ -621,6 +635,15 @@ def _dummy_batch(query_lens: list[int], block_size: int) -> Batch:
         query_lens=query_lens, context_lens=query_lens, block_tables=[[0] * -(-n // block_size) for n in query_lens],
         sampling=[RowSampling(temperature=0.0 if i % 2 else 0.6) for i in range(len(query_lens))],
     )
+
+
+def _in_every_group(batch: Batch, num_blocks: list[int]) -> Batch:
+    """A batch that writes nothing (every slot -1), its rows reading in every further KV-cache group the blocks of
+    group 0's tables folded into that group's `num_blocks` (warm-up and timing steps)."""
+    assert all(slot == -1 for slot in batch.slot_mapping) and isinstance(batch.block_tables, list)
+    tables = batch.block_tables
+    return replace(batch, other_groups=[GroupTables(batch.slot_mapping, [[b % n for b in row] for row in tables])
+                                        for n in num_blocks[1:]])
 
 
 def _padded_block_tables(block_tables: list[list[int]] | PackedBlockTables) -> np.ndarray:

@@ -6,7 +6,9 @@ Qwen3-Reranker) runs as for generation: its prompts' K/V go to the paged cache, 
 prefix-cache hits read it back, through the prefill backend (on CUDA flash-attn where it can run, else
 triton; on a CPU the cpu backend). An encoder (BERT, XLM-RoBERTa, ModernBERT) keeps no cache: a
 prompt runs whole in one step (gpu/layers/encoder_attention.py), and its KV blocks are bookkeeping
-only (`num_kv_blocks` is what max_num_seqs full contexts need; no memory stands behind them).
+only (its blocks are what max_num_seqs full contexts need; no memory stands behind them). Every layer is in one
+KV-cache group, a windowed one too (its window's start masks what it does not see): a prompt's blocks are freed
+with it, so freeing them earlier would gain little.
 
 One process only: tensor parallelism is for generation.
 """
@@ -22,11 +24,14 @@ from gpu.attention.backend import PhasedBackend, backend_named, candidate_names
 from gpu.batch import Batch, PoolingRow, StepResult, TokenMask
 from gpu.config import RunnerConfig
 from gpu.host_to_device import to_device
+from gpu.kv_cache_groups import KVCacheGroup
 from gpu.model_info import checkpoint_dtype, load_hf_config
 from gpu.model_runner import build_model, resolve_device, resolve_dtype, step_inputs
 from gpu.pooling import Pooler, PoolerHead, PoolingSlots
 
 logger = logging.getLogger(__name__)
+
+ONE_GROUP = (None,)  # the windows of its KV-cache groups: one, keeping every block
 
 
 class PendingPooled:
@@ -62,7 +67,8 @@ class PoolingRunner:
                     pooler.method, pooler.head, time.perf_counter() - start)
         self.is_encoder = bool(getattr(self.model, "is_encoder", False))
         self.slots = PoolingSlots(config.max_num_seqs, hf_config.hidden_size, self.device)
-        self.num_kv_blocks = self._virtual_blocks() if self.is_encoder else self._allocate_kv_cache()
+        num_blocks = self._virtual_blocks() if self.is_encoder else self._allocate_kv_cache()
+        self.kv_cache_groups = (KVCacheGroup(None, num_blocks),)
         self._run_first_step()
 
     def _virtual_blocks(self) -> int:
@@ -80,17 +86,14 @@ class PoolingRunner:
         for layer in layers:
             layer.backend = PhasedBackend(backend, backend)
         block_bytes = kv_cache.bytes_per_block(layers, c.block_size, self.dtype)
-        if c.num_kv_blocks is not None:
-            num_blocks = c.num_kv_blocks
-        elif self.device.type == "cuda":
+        if c.num_kv_blocks is None and self.device.type == "cuda":
             num_tokens = min(c.max_num_batched_tokens, c.max_model_len)
-            kv_cache.allocate(layers, -(-num_tokens // c.block_size), c.block_size, self.dtype, self.device)
+            kv_cache.allocate(layers, [-(-num_tokens // c.block_size)], ONE_GROUP, c.block_size, self.dtype,
+                              self.device)
             torch.cuda.reset_peak_memory_stats(self.device)
             self.launch(_dummy_batch([num_tokens], c.block_size)).result()
-            num_blocks = kv_cache.num_blocks_for_cuda(block_bytes, c.gpu_memory_utilization, self.device)
-        else:
-            num_blocks = kv_cache.num_blocks_for_cpu(block_bytes, c.block_size, c.max_num_seqs, c.max_model_len)
-        kv_cache.allocate(layers, num_blocks, c.block_size, self.dtype, self.device)
+        num_blocks, = kv_cache.num_blocks_per_group(c, ONE_GROUP, [block_bytes], self.device)
+        kv_cache.allocate(layers, [num_blocks], ONE_GROUP, c.block_size, self.dtype, self.device)
         logger.info("KV cache: %d blocks of %d tokens; attention backend %s (prefill steps only)", num_blocks,
                     c.block_size, backend.name)
         return num_blocks

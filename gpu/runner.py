@@ -8,6 +8,7 @@ for them instead, which `sample_masked` turns into a step in flight once the mas
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from gpu.batch import Batch, StepResult, TokenMask
+from gpu.kv_cache_groups import KVCacheGroup
 
 Awaiting = TypeVar("Awaiting")  # one runner's kind of AwaitingMasks
 
@@ -24,7 +25,7 @@ class Runner(Protocol[Awaiting]):
     """What an engine drives. `launch` queues a step and returns at once; a batch with token masks returns
     what waits for them, which the engine hands to `sample_masked` once it has filled them."""
 
-    num_kv_blocks: int
+    kv_cache_groups: tuple[KVCacheGroup, ...]  # the layers' KV-cache groups and their blocks (gpu/kv_cache_groups.py)
 
     def launch(self, batch: Batch) -> StepInFlight | Awaiting: ...
 

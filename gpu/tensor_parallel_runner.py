@@ -10,7 +10,7 @@ two-part launch ModelRunner has in one process).
 
 The ranks meet at a TCPStore this process serves on a free local port and form one torch.distributed
 group (NCCL on CUDA, gloo on CPU), rank r on cuda:r. Each loads only its slices of the checkpoint and
-sizes its KV cache; the ranks agree on the smallest block count, which rank 0 reports.
+sizes its KV cache; the ranks agree on the smallest block count of each KV-cache group, which rank 0 reports.
 
 Failure: while it waits for a worker this process also watches the others. A worker that exits or
 reports an error, or a step that brings no result within STEP_TIMEOUT_S, kills every worker (the
@@ -34,6 +34,7 @@ from gpu.batch import Batch, StepResult, TokenMask
 from gpu.batch_wire import encode, encode_mask
 from gpu.config import RunnerConfig
 from gpu.distributed import host_store
+from gpu.kv_cache_groups import KVCacheGroup
 from gpu.runner import run_step
 from gpu.tensor_parallel_worker import WorkerStart
 
@@ -98,12 +99,12 @@ class TensorParallelRunner:
         for worker in self._workers:
             self._send(worker, WorkerStart(config, worker.rank, self.size, self._store.port, COLLECTIVE_TIMEOUT_S,
                                            device_type, log_level))
-        self.num_kv_blocks, self.has_cuda_graphs = self._wait_until_ready()
+        self.kv_cache_groups, self.has_cuda_graphs = self._wait_until_ready()
         self._num_launched = 0
         self._num_received = 0
         self._results: dict[int, StepResult] = {}
-        logger.info("tensor parallel: %d ranks on %s, %d KV blocks each, CUDA graphs %s", self.size, device_type,
-                    self.num_kv_blocks, "on" if self.has_cuda_graphs else "off")
+        logger.info("tensor parallel: %d ranks on %s, KV blocks per group %s on each, CUDA graphs %s", self.size,
+                    device_type, [g.num_blocks for g in self.kv_cache_groups], "on" if self.has_cuda_graphs else "off")
 
     def launch(self, batch: Batch) -> RemoteStep | RemoteLogits:
         """Sends the step to every worker and returns without waiting for it."""
@@ -140,8 +141,8 @@ class TensorParallelRunner:
         self.close()
         return TensorParallelRunner(self.config)
 
-    def _wait_until_ready(self) -> tuple[int, bool]:
-        """(KV blocks, whether decode steps replay CUDA graphs), the same on every rank."""
+    def _wait_until_ready(self) -> tuple[tuple[KVCacheGroup, ...], bool]:
+        """(KV-cache groups, whether decode steps replay CUDA graphs), the same on every rank."""
         ready = self._receive("ready", [w.rank for w in self._workers], START_TIMEOUT_S)
         if len({message[1:] for message in ready.values()}) != 1:
             self._fail(f"the ranks disagree on their KV blocks or CUDA graphs: {ready}")

@@ -4,7 +4,7 @@ Started by gpu/tensor_parallel_runner.py as `python -m gpu.tensor_parallel_worke
 a socket pair to the engine. Messages (pickled by multiprocessing.connection):
 - engine -> worker: a `WorkerStart` first; then per step the bytes of gpu/batch_wire.encode (to rank 0, when
   the batch has token masks, followed by encode_mask's); b"" to stop.
-- worker -> engine: ("ready", num_kv_blocks, has_cuda_graphs) | ("result", token_ids, logprobs,
+- worker -> engine: ("ready", kv_cache_groups, has_cuda_graphs) | ("result", token_ids, logprobs,
   prompt_logprobs) | ("failed", text).
 Rank 0 answers every step with a "result" in launch order; the other ranks only say "ready" or "failed".
 
@@ -76,7 +76,7 @@ def main(fd: int) -> None:
         logger.exception("the worker failed to start")
         sender.send(("failed", f"rank {start.rank}: {type(exc).__name__}: {exc}"))
         sys.exit(1)
-    sender.send(("ready", runner.num_kv_blocks, runner.decode is not None and bool(runner.decode.graphs)))
+    sender.send(("ready", runner.kv_cache_groups, runner.decode is not None and bool(runner.decode.graphs)))
     try:
         _serve(runner, connection, sender)
     except Exception as exc:  # noqa: BLE001 - reported, then the process ends; the engine fails every request

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AttentionInterface, AutoModelForCausalLM
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 ATTENTION = "fp8_kv_cache"
 _SCALES: dict[str, list[tuple[float, float]]] = {}  # model id -> each layer's (k_scale, v_scale)
@@ -27,6 +28,8 @@ def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, 
 
 
 AttentionInterface.register(ATTENTION, _attention)
+# The masks sdpa takes (a sliding window's too): an attention function with no mask of its name gets another.
+AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
 def fp8_kv_model(model_dir: Path, dtype: torch.dtype, device: str = "cpu") -> AutoModelForCausalLM:

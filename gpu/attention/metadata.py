@@ -3,9 +3,13 @@
 KV cache layout, shared by every backend: one key and one value tensor per layer, each
 [num_blocks, block_size, num_kv_heads, head_dim]. A token at cache slot s lives in block
 s // block_size at offset s % block_size.
+
+Each KV-cache group (gpu/kv_cache_groups.py) has its own block ids, so its own slot mapping and block tables; the
+rest is the step's. The runner builds group 0's metadata with a view per other group (`other_groups`, sharing
+the step's tensors) and a layer reads its group's (`of_group`); a one-group model has none.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -22,3 +26,17 @@ class AttentionMetadata:
     # Decode only, optional: [num_rows] int32, the rows by descending context length. The decode kernel
     # launches the rows in this order so the longest finish first instead of forming the tail.
     row_order: torch.Tensor | None = None
+    # The views of groups 1, 2, ...: this metadata is group 0's.
+    other_groups: tuple["AttentionMetadata", ...] = ()
+
+    def of_group(self, group: int) -> "AttentionMetadata":
+        """The metadata of a layer of KV-cache group `group`."""
+        return self if group == 0 else self.other_groups[group - 1]
+
+    def with_group_tables(self, slot_mappings: list[torch.Tensor], block_tables: list[torch.Tensor]
+                          ) -> "AttentionMetadata":
+        """This step's metadata with a view per further group: group g + 1 writes `slot_mappings[g]` and reads
+        `block_tables[g]`."""
+        views = tuple(replace(self, slot_mapping=slots, block_tables=tables)
+                      for slots, tables in zip(slot_mappings, block_tables, strict=True))
+        return replace(self, other_groups=views)

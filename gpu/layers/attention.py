@@ -6,11 +6,12 @@ gpu/attention/variant.py), which every backend runs. Two Gemma 4 forms: a layer 
 their norm (`values_are_keys`, no v projection), and a layer that computes no K/V and reads the cache of an
 earlier layer of its type (`read_kv_of`, called by the family): such a layer owns no cache.
 
-The layer owns no cache: the runner hands it this layer's (k_cache, v_cache) after allocating them. An FP8 cache
+The layer owns no cache: the runner hands it this layer's (k_cache, v_cache) after allocating them, and its KV-cache
+group (gpu/kv_cache_groups.py), whose slot mapping and block tables it writes and reads. An FP8 cache
 (`--kv-cache-dtype fp8`) holds fp8(key / k_scale) and fp8(value / v_scale), the division in float32, with the
 checkpoint's per-layer `self_attn.k_scale` and `v_scale` where it has them (else 1; `use_fp8_cache`); attention
 then reads keys as fp8 * k_scale (the softmax scale times k_scale) and values as fp8 * v_scale (the output times
-v_scale), so every backend reads the cache's bytes as they are.
+v_scale), so every backend reads the cache's bytes as they are. The scales are the layer's own, whatever its group.
 On CUDA, when triton is installed, one Triton kernel (gpu/kernels/qk_norm_rope.py) reads the fused QKV
 output, applies the per-head q/k norms and the rotation, and writes the step's keys and values to the
 cache, for a whole rotation over a power-of-two head; on a CPU where the runner hands the layer
@@ -97,6 +98,7 @@ class DecoderAttention(nn.Module):
         self.k_cache = torch.empty(0)
         self.v_cache = torch.empty(0)
         self._kv_source: tuple[DecoderAttention, ...] = ()  # a tuple: the source is not a submodule of this layer
+        self.kv_group = 0  # its KV-cache group, whose slots and block tables it uses (the runner sets it)
         self.kernels = kernels
         self.kv_scales = (1.0, 1.0)  # (k_scale, v_scale) of this layer's cache: 1 unless it is FP8
         self._checkpoint_kv_scales = [1.0, 1.0]
@@ -106,6 +108,11 @@ class DecoderAttention(nn.Module):
     @property
     def owns_kv_cache(self) -> bool:
         return self.spec.computes_kv
+
+    @property
+    def kv_source(self) -> "DecoderAttention | None":
+        """The layer whose cache this one reads (None: its own)."""
+        return self._kv_source[0] if self._kv_source else None
 
     def use_fp8_cache(self) -> None:
         """This layer's cache is FP8: keys and values scaled by the checkpoint's scales (1 where it has none)."""
@@ -123,6 +130,7 @@ class DecoderAttention(nn.Module):
         qkv, residual = self.qkv_proj.forward_normed(hidden)  # [num_tokens, q_size (+ kv_size (+ kv_size))]
         num_tokens = qkv.shape[0]
         assert self.backend is not None, "the runner sets the backend before the first forward"
+        meta = meta.of_group(self.kv_group)
         q = self._query_storing_kv(positions, qkv, meta.slot_mapping)
         source = self._kv_source[0] if self._kv_source else self
         k_scale, v_scale = source.kv_scales

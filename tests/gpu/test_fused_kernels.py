@@ -240,10 +240,13 @@ def model_dirs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
 
 
 def prefill_then_decode_logits(runner: ModelRunner, prompt_len: int) -> torch.Tensor:
-    """Logits of every prompt token (one prefill) and of one decode step after it; [prompt_len + 1, vocab]."""
+    """Logits of every prompt token (one prefill) and of one decode step after it; [prompt_len + 1, vocab]. Every
+    KV-cache group keeps the context in its first blocks (a windowed one frees none: its kernels mask the window)."""
     model, block_size = runner.model, runner.config.block_size
     num_blocks = -(-(prompt_len + 1) // block_size)
+    assert all(group.num_blocks >= num_blocks for group in runner.kv_cache_groups)
     tables = torch.arange(num_blocks, dtype=torch.int32, device=DEVICE)[None]
+    num_other_groups = len(runner.kv_cache_groups) - 1
 
     def step(ids: torch.Tensor, positions: torch.Tensor, is_decode: bool) -> torch.Tensor:
         n, context = ids.shape[0], int(positions[-1]) + 1
@@ -252,6 +255,7 @@ def prefill_then_decode_logits(runner: ModelRunner, prompt_len: int) -> torch.Te
             context_lens=torch.tensor([context], dtype=torch.int32, device=DEVICE), block_tables=tables,
             max_query_len=n, max_context_len=context, is_decode_only=is_decode,
         )
+        meta = meta.with_group_tables([meta.slot_mapping] * num_other_groups, [tables] * num_other_groups)
         return model.compute_logits(model(ids, positions, meta)).float()
 
     generator = torch.Generator(device=DEVICE).manual_seed(prompt_len)

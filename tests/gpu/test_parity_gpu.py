@@ -156,5 +156,5 @@ def test_kv_cache_is_sized_from_memory_utilization(tiny_qwen3_dir: Path) -> None
     llm = LLM(str(tiny_qwen3_dir), dtype="bfloat16", device="cuda", enforce_eager=True,
               gpu_memory_utilization=0.3)
     free, total = torch.cuda.mem_get_info()
-    assert llm.engine.runner.num_kv_blocks > 1000
+    assert llm.engine.runner.kv_cache_groups[0].num_blocks > 1000
     assert torch.cuda.memory_allocated() <= 0.3 * total

@@ -10,7 +10,7 @@ import torch
 
 from core import LLM, SamplingParams
 from core.tiny_model import build_tiny_model
-from tests.tiny_specs import TINY_SPECS
+from tests.tiny_specs import FAMILY_SPECS, TINY_SPECS
 from tests.unit.test_speculative_decoding import PLAIN, REPEATING
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -57,3 +57,23 @@ def test_bfloat16_tokens_agree_within_top_5(model_dir: Path) -> None:
                 assert x in b.logprobs[i].top_token_ids and y in a.logprobs[i].top_token_ids
                 break
     assert llm.engine.speculation.counts.num_accepted_tokens > 20  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral"])
+def test_a_windowed_model_gives_the_same_float32_tokens_with_drafts(tmp_path: Path, family: str) -> None:
+    """Gemma 3 (a full-attention group beside a windowed one) and Mistral (windowed layers only): verification
+    steps read each group's tables while the windowed blocks before the window are released, prompts past the
+    window, drafts accepted."""
+    model_dir = build_tiny_model(tmp_path / family, FAMILY_SPECS[family])
+    greedy = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    settings = {**COMMON, "block_size": 4, "dtype": "float32"}
+    plain = LLM(str(model_dir), **settings)
+    start = [(i * 37) % 450 + 3 for i in range(64)]  # no token twice; its continuation inside the next prompt
+    prompts = [[70, 71, 72, 73] * 12, start + plain.generate([start], greedy)[0].token_ids + start, *PLAIN]
+    want = plain.generate(prompts, greedy)
+    llm = LLM(str(model_dir), speculative_config={"method": "ngram", "num_speculative_tokens": 4, "adaptive": False},
+              **settings)
+    assert [o.token_ids for o in llm.generate(prompts, greedy)] == [o.token_ids for o in want]
+    assert any(pool.sliding_window is not None for pool in llm.engine.block_manager.pools)
+    assert llm.engine.speculation.counts.num_accepted_tokens > 20  # type: ignore[union-attr]
+    assert llm.engine.stats().num_used_blocks == 0

@@ -19,6 +19,7 @@ from core import LLM, SamplingParams
 from core.engine import LLMEngine
 from core.scheduler import SchedulerOutput
 from gpu.attention.variant import PLAIN
+from gpu.batch import Batch, GroupTables
 from tests.tiny_specs import FAMILY_SPECS
 
 MAX_NEW_TOKENS = 12
@@ -65,6 +66,15 @@ def record_schedules(engine: LLMEngine) -> list[SchedulerOutput]:
 
     engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
     return records
+
+
+def whole_prompt_batch(prompt: list[int], engine: LLMEngine) -> Batch:
+    """A prompt computed in one step on the first blocks of every KV-cache group (blocks of 16 tokens)."""
+    n = len(prompt)
+    tables = [list(range(-(-n // 16)))]
+    groups = [GroupTables(list(range(n)), tables) for _ in engine.runner.kv_cache_groups[1:]]
+    return Batch(token_ids=prompt, positions=list(range(n)), slot_mapping=list(range(n)), query_lens=[n],
+                 context_lens=[n], block_tables=tables, sampling=[None], other_groups=groups)
 
 
 def model_dir_of(tiny_model_dirs: dict[str, Path], model: str) -> Path:
@@ -139,16 +149,55 @@ def test_requests_added_while_others_run(tiny_model_dirs: dict[str, Path], model
 
 
 @pytest.mark.parametrize("model", WINDOWED)
-def test_windows_change_the_tokens(tiny_model_dirs: dict[str, Path], model: str) -> None:
-    """The same model with its windows taken off gives other tokens for prompts longer than the window: the cases
-    above exercise the windowed attention (and would catch a window not applied)."""
+def test_a_shared_prefix_hits_after_its_windowed_blocks_were_freed(tiny_model_dirs: dict[str, Path],
+                                                                   model: str) -> None:
+    """A long prompt prefilled in chunks: its windowed layers free the blocks before their window as it goes. A
+    second request sharing its prefix hits it all (the full-attention blocks of the whole prefix, the windowed ones
+    of its last window) and gives transformers' tokens."""
     model_dir = model_dir_of(tiny_model_dirs, model)
-    llm = make_llm(model_dir)
-    for layer in llm.engine.runner.model.attention_layers():
+    llm = make_llm(model_dir, max_tokens_per_step=16)
+    freed = record_freed_windowed_blocks(llm.engine)
+    prompts = prompts_of_lengths((5, 9), shared_prefix=96)
+    first = llm.generate(prompts[:1], GREEDY)
+    assert freed, "the first request's windowed layers freed blocks before their window while it ran"
+    hits_before = llm.engine.stats().num_prefix_cache_hit_tokens
+    second = llm.generate(prompts[1:], GREEDY)
+    assert llm.engine.stats().num_prefix_cache_hit_tokens - hits_before == 96
+    assert_matches_hf(model_dir, prompts, first + second)
+
+
+def record_freed_windowed_blocks(engine: LLMEngine) -> list[int]:
+    """The number of null entries in a scheduled sequence's windowed tables, at each step that had some."""
+    freed: list[int] = []
+    schedule = engine.scheduler.schedule
+    windowed = [g for g, pool in enumerate(engine.block_manager.pools) if pool.sliding_window is not None]
+
+    def recording_schedule() -> SchedulerOutput:
+        out = schedule()
+        null_entries = sum(s.seq.block_tables[g].count(engine.block_manager.pools[g].null_block)
+                           for s in out.scheduled for g in windowed)
+        if null_entries:
+            freed.append(null_entries)
+        return out
+
+    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    return freed
+
+
+@pytest.mark.parametrize("model", WINDOWED)
+def test_windows_change_the_logits(tiny_model_dirs: dict[str, Path], model: str) -> None:
+    """The same model with its windows taken off computes other logits for a prompt longer than the window (in one
+    step, every block of the prompt in every group): the cases above exercise the windowed attention (and would catch
+    a window not applied)."""
+    model_dir = model_dir_of(tiny_model_dirs, model)
+    engine = make_llm(model_dir).engine
+    for layer in engine.runner.model.attention_layers():
         layer.variant = PLAIN
-    prompts = prompts_of_lengths((33, 64, 50))
-    unwindowed = [o.token_ids for o in llm.generate(prompts, GREEDY)]
-    assert unwindowed != [hf_greedy(model_dir, p) for p in prompts]
+    prompt = prompts_of_lengths((40,))[0]
+    ours = engine.runner.model.compute_logits(engine.runner._forward(whole_prompt_batch(prompt, engine)))
+    with torch.no_grad():
+        theirs = hf_model(model_dir)(torch.tensor([prompt])).logits[0]
+    assert not torch.allclose(ours, theirs, rtol=1e-2, atol=1e-2)
 
 
 def test_eos_stops_generation_like_transformers(tiny_qwen3_dir: Path) -> None:
@@ -178,11 +227,7 @@ def test_logits_close_to_transformers(tiny_model_dirs: dict[str, Path]) -> None:
     for model_dir in tiny_model_dirs.values():
         engine = make_llm(model_dir).engine
         prompt = prompts_of_lengths((40,))[0]
-        from gpu.batch import Batch
-
-        batch = Batch(token_ids=prompt, positions=list(range(40)), slot_mapping=list(range(40)), query_lens=[40],
-                      context_lens=[40], block_tables=[[0, 1, 2]], sampling=[None])
-        hidden = engine.runner._forward(batch)
+        hidden = engine.runner._forward(whole_prompt_batch(prompt, engine))
         ours = engine.runner.model.compute_logits(hidden)
         with torch.no_grad():
             theirs = hf_model(model_dir)(torch.tensor([prompt])).logits[0]

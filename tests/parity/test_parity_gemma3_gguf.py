@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from core import LLM, SamplingParams
 from core.model_files import resolve_model
 from gpu.attention.variant import PLAIN
-from gpu.batch import Batch
 from gpu.model_info import read_model_info
+from tests.parity.test_parity_cpu import whole_prompt_batch
 
 MAX_TOKENS = 12
 WINDOW = 512
@@ -99,10 +99,7 @@ def test_logits_past_the_window_are_transformers_and_need_the_window(llm: LLM, h
     with torch.no_grad():
         theirs = hf_model(torch.tensor([prompt])).logits[0, -1]
     runner = llm.engine.runner
-    num_blocks = -(-len(prompt) // 16)
-    batch = Batch(token_ids=prompt, positions=list(range(len(prompt))), slot_mapping=list(range(len(prompt))),
-                  query_lens=[len(prompt)], context_lens=[len(prompt)], block_tables=[list(range(num_blocks))],
-                  sampling=[None])
+    batch = whole_prompt_batch(prompt, llm.engine)
     ours = runner.model.compute_logits(runner._forward(batch)[-1:])[0]
     torch.testing.assert_close(ours, theirs, rtol=1e-3, atol=1e-3)
     windows = [layer.variant for layer in runner.layers]

@@ -1,7 +1,8 @@
 """The oracle for the MoE families: with the same weights, our greedy tokens equal transformers' (float32, CPU).
 Each family runs the dense families' cases of tests/parity/test_parity_cpu.py (plain batches, prefix-cache hits,
 preemption, chunked prefill, requests joining a running batch: each checking it took its path) on tiny random
-checkpoints of tests/moe_models.py, and long generations, where every router decision must agree."""
+checkpoints of tests/moe_models.py, long generations, where every router decision must agree, and for a windowed
+family (gpt-oss) a prefix hit after its windowed layers freed the blocks before their window."""
 
 from collections.abc import Callable
 from pathlib import Path
@@ -13,6 +14,7 @@ from tests.moe_models import MOE_CONFIGS, build_moe_model
 from tests.parity import test_parity_cpu as dense
 
 MODELS = tuple(MOE_CONFIGS)
+WINDOWED = [name for name, (_, values) in MOE_CONFIGS.items() if values.get("sliding_window")]
 CASES: dict[str, Callable[[dict[str, Path], str], None]] = {
     "batch": dense.test_batch_of_different_lengths,
     "prefix-cache": dense.test_shared_prefixes_hit_the_prefix_cache,
@@ -32,6 +34,11 @@ def moe_dirs(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPath
 @pytest.mark.parametrize("model", MODELS)
 def test_every_path_matches_transformers(moe_dirs: dict[str, Path], model: str, case: str) -> None:
     CASES[case](moe_dirs, model)
+
+
+@pytest.mark.parametrize("model", WINDOWED)
+def test_a_shared_prefix_hits_after_its_windowed_blocks_were_freed(moe_dirs: dict[str, Path], model: str) -> None:
+    dense.test_a_shared_prefix_hits_after_its_windowed_blocks_were_freed(moe_dirs, model)
 
 
 @pytest.mark.parametrize("model", MODELS)

@@ -5,6 +5,7 @@ from core.config import SchedulerConfig
 from core.sampling_params import SamplingParams
 from core.scheduler import Scheduler, SchedulerOutput
 from core.sequence import Sequence
+from gpu.kv_cache_groups import KVCacheGroup
 
 
 class StepClock:
@@ -18,9 +19,12 @@ class StepClock:
 
 
 def make_scheduler(num_blocks: int, block_size: int, max_num_seqs: int, max_tokens_per_step: int,
-                   decode_hold_ms: float = 0.0, clock: StepClock | None = None) -> Scheduler:
+                   decode_hold_ms: float = 0.0, clock: StepClock | None = None,
+                   windows: tuple[int | None, ...] = (None,)) -> Scheduler:
+    """`windows`: the KV-cache groups' (None: full attention), each with `num_blocks` blocks."""
     config = SchedulerConfig(max_num_seqs, max_tokens_per_step, decode_hold_ms=decode_hold_ms)
-    return Scheduler(config, BlockManager(num_blocks, block_size), clock or StepClock())
+    groups = [KVCacheGroup(window, num_blocks) for window in windows]
+    return Scheduler(config, BlockManager(groups, block_size), clock or StepClock())
 
 
 def make_seq(request_id: str, num_prompt_tokens: int, max_tokens: int = 8, first_token: int = 0) -> Sequence:

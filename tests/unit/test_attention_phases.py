@@ -9,7 +9,7 @@ from gpu import backend_choice
 from gpu.attention.backend import PhasedBackend, TorchBackend, candidate_names, flash_attn_unavailable
 from gpu.attention.metadata import AttentionMetadata
 from gpu.attention.variant import PLAIN
-from gpu.batch import Batch
+from gpu.batch import Batch, GroupTables
 from gpu.mixed_graphs import FEW_ROWS, StaticInputs, fill_host_inputs, int32_size, token_buckets
 
 CPU = torch.device("cpu")
@@ -153,3 +153,25 @@ def test_fill_host_inputs_pads_tokens_and_rows() -> None:
     assert int32[9:17].tolist() == [3, 41, 4, 0, 0, 0, 0, 0]
     tables = int32[17:num_int32].reshape(8, max_blocks)
     assert tables[0, 0] == 1 and tables[1, :3].tolist() == [2, 3, 4] and tables[2, 0] == 0
+
+
+def test_each_kv_cache_group_reads_back_its_slots_and_tables_from_the_filled_inputs() -> None:
+    """The host side fills every group's slots and tables where the graph's metadata views of that group read."""
+    max_rows, max_blocks, bucket, rows_cap = 8, 4, 16, 8
+    inputs = StaticInputs(max_tokens=32, max_rows=max_rows, max_blocks=max_blocks, device=CPU, num_groups=3)
+    int64, int32 = inputs.int64.numpy().copy(), inputs.int32.numpy().copy()
+    groups = [GroupTables([30, 31, 32, 90, 7], [[5, 6], [9], [2]]), GroupTables([60, 61, 62, 3, 8], [[3], [0], [1]])]
+    batch = Batch(token_ids=[5, 6, 7, 0, 9], positions=[0, 1, 2, 40, 3], slot_mapping=[16, 17, 18, 70, 3],
+                  query_lens=[3, 1, 1], context_lens=[3, 41, 4], block_tables=[[1], [2, 3, 4], [0]],
+                  other_groups=groups)
+    num_int64, num_int32 = fill_host_inputs(int64, int32, batch, bucket, rows_cap, max_blocks)
+    inputs.int64[:num_int64] = torch.from_numpy(int64[:num_int64])
+    inputs.int32[:num_int32] = torch.from_numpy(int32[:num_int32])
+    meta = inputs.metadata(bucket, rows_cap, max_model_len=64)
+    for group, (slots, tables) in enumerate([(batch.slot_mapping, batch.block_tables),
+                                             *((g.slot_mapping, g.block_tables) for g in groups)]):
+        view = meta.of_group(group)
+        assert view.slot_mapping.tolist() == slots + [-1] * (bucket - len(slots))  # padding writes nothing
+        for row, table in enumerate(tables):
+            assert view.block_tables[row, : len(table)].tolist() == table
+        assert view.context_lens is meta.context_lens and view.query_start_loc is meta.query_start_loc

@@ -11,7 +11,7 @@ def test_waiting_sequences_are_admitted_within_the_token_budget() -> None:
     out = sched.schedule()
     assert scheduled_tokens(out) == {"a": 6, "b": 6, "c": 4}  # c gets the 4 tokens left: a chunk
     assert [s.request_id for s in sched.running] == ["a", "b", "c"]
-    assert sched.running[2].block_ids == [4]
+    assert sched.running[2].block_tables[0] == [4]
 
 
 def test_same_prompt_in_one_step_hits_blocks_computed_in_that_step() -> None:
@@ -22,7 +22,7 @@ def test_same_prompt_in_one_step_hits_blocks_computed_in_that_step() -> None:
     sched.add(make_seq("b", 6))
     out = sched.schedule()
     assert scheduled_tokens(out) == {"a": 6, "b": 2}
-    assert sched.running[1].block_ids == [0, 2]
+    assert sched.running[1].block_tables[0] == [0, 2]
 
 
 def test_long_prompt_is_prefilled_in_chunks_while_others_decode() -> None:
@@ -82,9 +82,9 @@ def test_preemption_takes_the_newest_and_requeues_it_first() -> None:
     out = sched.schedule()  # position 12 needs a fourth block: b is preempted for a
     assert [s.request_id for s in out.preempted] == ["b"]
     assert scheduled_tokens(out) == {"a": 1}
-    assert b.status is SequenceStatus.WAITING and b.block_ids == [] and b.num_computed_tokens == 0
+    assert b.status is SequenceStatus.WAITING and b.block_tables == [] and b.num_computed_tokens == 0
     assert list(sched.waiting) == [b] and sched.num_preemptions == 1
-    assert sched.block_manager.ref_counts.count(0) == 2  # b's 3 blocks freed, a took one
+    assert sched.block_manager.pools[0].ref_counts.count(0) == 2  # b's 3 blocks freed, a took one
 
 
 def test_preempted_sequence_recomputes_prompt_and_output() -> None:

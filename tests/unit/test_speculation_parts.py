@@ -20,6 +20,7 @@ from core.speculation_control import DraftLengthController
 from core.speculative_config import SpeculativeConfig, parse_speculative_config
 from core.suffix_proposer import OutputCache, SuffixProposer, longest_match, walk
 from gpu.batch import Batch, RowSampling
+from gpu.kv_cache_groups import KVCacheGroup
 from gpu.sampler import Sampler
 from openai_serve.cli import parse_settings
 from openai_serve.metrics import ServerMetrics
@@ -239,17 +240,37 @@ def test_a_stale_arm_is_measured_again_and_can_take_over() -> None:
 
 
 def test_blocks_past_the_kept_tokens_are_freed() -> None:
-    bm = BlockManager(num_blocks=8, block_size=4)
+    bm = BlockManager([KVCacheGroup(None, 8)], block_size=4)
     seq = Sequence("r", list(range(6)), SamplingParams(), max_tokens=20)
+    bm.admit(seq, bm.no_hit())
     bm.allocate(seq, 6)
     seq.num_computed_tokens = 5
     bm.allocate(seq, 1 + 4)  # the last token and four drafts: tokens 5..9, blocks for 10 tokens
-    assert seq.block_ids == [0, 1, 2]
-    assert bm.block_keys[1] is None  # the block holding drafts is not keyed
+    assert seq.block_tables == [[0, 1, 2]]
+    assert bm.pools[0].block_keys[1] is None  # the block holding drafts is not keyed
     bm.release_tail(seq, 7)  # one draft accepted: tokens 0..6 computed
-    assert seq.block_ids == [0, 1] and list(bm.free_ids) == [3, 4, 5, 6, 7, 2]
+    assert seq.block_tables == [[0, 1]] and list(bm.pools[0].free_ids) == [3, 4, 5, 6, 7, 2]
     bm.free(seq)
     assert bm.num_used_blocks == 0
+
+
+def test_rejected_drafts_free_their_blocks_in_every_group_and_keep_the_window() -> None:
+    """A windowed group releases only the blocks before the window of the step's first position (which every
+    verified position still sees), and gives back its rejected drafts' blocks as the full group does."""
+    bm = BlockManager([KVCacheGroup(None, 8), KVCacheGroup(6, 8)], block_size=4)  # a query at p sees p - 5 .. p
+    seq = Sequence("r", list(range(14)), SamplingParams(), max_tokens=20)
+    bm.admit(seq, bm.no_hit())
+    bm.allocate(seq, 14)
+    seq.num_computed_tokens = 13
+    bm.allocate(seq, 1 + 4)  # tokens 13..17: position 13 sees 8..13, so windowed blocks 0 and 1 go
+    assert seq.block_tables == [[0, 1, 2, 3, 4], [8, 8, 2, 3, 4]]
+    assert list(bm.pools[1].evictable_ids) == [0, 1]  # keyed: a later prompt may hit them
+    bm.release_tail(seq, 15)  # one draft accepted: tokens 0..14 computed, position 15 next (it sees 10..15)
+    assert seq.block_tables == [[0, 1, 2, 3], [8, 8, 2, 3]]
+    assert [bm.pools[1].ref_counts[b] for b in (2, 3)] == [1, 1]
+    assert list(bm.pools[0].free_ids)[-1] == 4 and list(bm.pools[1].free_ids)[-1] == 4
+    bm.free(seq)
+    assert bm.num_used_blocks == 0 and bm.num_free_blocks + bm.num_evictable_blocks == 16
 
 
 # -- verification's distribution

@@ -14,8 +14,9 @@ import pytest
 
 from core import LLM, FinishReason, SamplingParams
 from core.llm import GenerationOutput
-from core.tiny_model import build_tiny_model
-from tests.tiny_specs import TINY_SPECS
+from core.scheduler import SchedulerOutput
+from core.tiny_model import build_tiny_model, has_architecture
+from tests.tiny_specs import FAMILY_SPECS, TINY_SPECS
 
 COMMON = dict(max_model_len=256, block_size=8, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32",
               device="cpu")
@@ -276,3 +277,58 @@ def test_a_draft_model_catches_up_in_steps_of_the_token_budget(plain_llm: LLM, m
     assert tokens(generate(llm, PLAIN + REPEATING, params)) == tokens(generate(plain_llm, PLAIN + REPEATING, params))
     counts = llm.engine.speculation.counts  # type: ignore[union-attr]
     assert counts.num_draft_tokens > 50 and counts.num_accepted_tokens == counts.num_draft_tokens
+
+
+@pytest.mark.parametrize("family", ["gemma3", "mistral"])
+def test_a_windowed_model_gives_the_same_tokens_with_drafts(tmp_path: Path, family: str) -> None:
+    """Gemma 3 keeps a full-attention group beside a window of 16, Mistral windowed layers only (24). Prompts run
+    past the window and repeat, so drafts are accepted and rejected: verifying steps run while the windowed blocks
+    before the window are released, and each rejected draft's blocks go back in every group. Seeded rows at
+    temperature 1 beside the greedy ones reject drafts where the greedy rows would accept every one."""
+    if not has_architecture(FAMILY_SPECS[family].architecture):
+        pytest.skip(f"this transformers has no {family} model class")
+    model_dir = build_tiny_model(tmp_path / family, FAMILY_SPECS[family])
+    greedy = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    plain = LLM(str(model_dir), kv_cache_blocks=128, **COMMON)
+    # A prompt that ends as an earlier part of it did, that part's continuation inside it: the n-gram drafts are
+    # what the model goes on with (Mistral's two layers of window 24 see the last 48 tokens only, so it repeats).
+    start = [(i * 37) % 450 + 3 for i in range(64)]  # no token twice
+    continued = start + plain.generate([start], greedy)[0].token_ids + start
+    prompts = [[70, 71, 72, 73] * 12, list(range(100, 137)) + [100, 101, 102] * 3, continued, *PLAIN]
+    params = [greedy] * len(prompts) + [SamplingParams(temperature=1.0, seed=seed, max_tokens=40, ignore_eos=True)
+                                        for seed in (1, 2)]
+    prompts += prompts[:2]
+    llm = speculating_llm(model_dir)
+    windowed = [g for g, pool in enumerate(llm.engine.block_manager.pools) if pool.sliding_window is not None]
+    assert windowed and len(llm.engine.block_manager.pools) == (2 if family == "gemma3" else 1)
+    released_while_verifying = record_released_windowed_blocks_of_verifying_rows(llm, windowed)
+    assert tokens(generate(llm, prompts, params)) == tokens(generate(plain, prompts, params))
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert counts.num_accepted_tokens > 10 and counts.num_draft_tokens > counts.num_accepted_tokens
+    assert released_while_verifying, "verifying rows held windowed tables with blocks released before the window"
+
+
+def record_released_windowed_blocks_of_verifying_rows(llm: LLM, windowed: list[int]) -> list[int]:
+    """Per step with some: the null entries of the windowed tables of rows that verify drafts."""
+    engine = llm.engine
+    released: list[int] = []
+    schedule = engine.scheduler.schedule
+
+    def recording_schedule() -> SchedulerOutput:
+        out = schedule()
+        null_entries = sum(s.seq.block_tables[g].count(engine.block_manager.pools[g].null_block)
+                           for s in out.scheduled if s.seq.draft_token_ids for g in windowed)
+        if null_entries:
+            released.append(null_entries)
+        return out
+
+    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+    return released
+
+
+def test_a_draft_model_for_a_windowed_target_is_refused_at_start(tmp_path: Path) -> None:
+    if not has_architecture(FAMILY_SPECS["gemma3"].architecture):
+        pytest.skip("this transformers has no gemma3 model class")
+    model_dir = build_tiny_model(tmp_path / "gemma3", FAMILY_SPECS["gemma3"])
+    with pytest.raises(ValueError, match="speculative_config.model: a draft model .*sliding-window layers"):
+        draft_model_llm(model_dir, model_dir)

@@ -9,7 +9,16 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from gpu.batch import Batch, PackedBlockTables, Penalties, PenaltySlotInit, PromptLogprobsRow, RowSampling, TokenMask
+from gpu.batch import (
+    Batch,
+    GroupTables,
+    PackedBlockTables,
+    Penalties,
+    PenaltySlotInit,
+    PromptLogprobsRow,
+    RowSampling,
+    TokenMask,
+)
 from gpu.batch_wire import decode, decode_mask, encode, encode_mask
 from gpu.distributed import TensorParallel
 from gpu.layers.attention import kv_heads_of_rank
@@ -83,7 +92,8 @@ def test_batch_reaches_every_rank_as_built() -> None:
                   query_lens=[3, 2, 1], context_lens=[3, 5, 8], block_tables=[[1], [2, 10], [3, 4]],
                   sampling=sampling, fed_back_token_indices=[4], fed_back_rows=[1],
                   penalty_slot_inits=[PenaltySlotInit(1, [5, 6, 7], [])], has_token_masks=True,
-                  prompt_logprobs=[PromptLogprobsRow(0, [6, 7], 2)])
+                  prompt_logprobs=[PromptLogprobsRow(0, [6, 7], 2)],
+                  other_groups=[GroupTables([4, 5, 6, 80, 81, 33], [[0], [9, 5], [12, 4]])])
     first, other = (decode(message) for message in encode(batch))
     for received in (first, other):
         for name in ("token_ids", "positions", "slot_mapping", "query_lens", "context_lens",
@@ -91,6 +101,9 @@ def test_batch_reaches_every_rank_as_built() -> None:
             assert getattr(received, name) == getattr(batch, name), name
         assert isinstance(received.block_tables, PackedBlockTables)
         assert np.array_equal(_padded_block_tables(received.block_tables), _padded_block_tables(batch.block_tables))
+        (group,), (sent,) = received.other_groups, batch.other_groups  # a further KV-cache group's, as built
+        assert group.slot_mapping == sent.slot_mapping and isinstance(group.block_tables, PackedBlockTables)
+        assert np.array_equal(_padded_block_tables(group.block_tables), _padded_block_tables(sent.block_tables))
         assert [row is None for row in received.sampling] == [False, True, False]
     # Only rank 0 samples: it alone gets the rows' settings, the penalty slots and the masks that follow.
     assert (first.sampling, first.penalty_slot_inits, first.has_token_masks) == \
