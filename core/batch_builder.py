@@ -5,7 +5,9 @@ is testable without a device. A penalized sequence takes its penalty slot here, 
 sampled row (after a preemption too), with the tokens that fill the slot. A pooling sequence gets a
 pooling row instead of a sampling row; one whose prompt runs in several chunks takes a pooling slot
 at its first chunk, where the runner keeps what the chunks pooled so far. Each KV-cache group has its own slots and
-block tables (core/block_manager.py): group 0's are the batch's, the others' go to `other_groups`.
+block tables (core/block_manager.py): group 0's are the batch's, the others' go to `other_groups`. A model with
+linear-attention layers gets each row's state slot: a sequence takes one at its first row and keeps it until it
+finishes or is preempted.
 """
 
 from core.penalty_slots import PenaltySlots
@@ -16,8 +18,9 @@ from gpu.batch import Batch, GroupTables, Penalties, PenaltySlotInit, PoolingRow
 
 def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_ids: tuple[int, ...],
                 penalty_slots: PenaltySlots | None = None, scored: list[Sequence] | None = None,
-                pooling_slots: PenaltySlots | None = None) -> Batch:
-    """`scored` receives the sequences of the batch's prompt_logprobs rows, in their order."""
+                pooling_slots: PenaltySlots | None = None, state_slots: PenaltySlots | None = None) -> Batch:
+    """`scored` receives the sequences of the batch's prompt_logprobs rows, in their order; `state_slots`: the pool
+    of a model with linear-attention layers."""
     batch = Batch(token_ids=[], positions=[], slot_mapping=[], query_lens=[], context_lens=[], block_tables=[])
     token_ids, positions, slot_mapping = batch.token_ids, batch.positions, batch.slot_mapping
     # Every scheduled sequence holds a table per group.
@@ -63,6 +66,10 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
         batch.query_lens.append(end - start)
         batch.context_lens.append(end)
         batch.block_tables.append(block_ids)
+        if state_slots is not None:
+            if seq.state_slot is None:
+                seq.state_slot = state_slots.allocate()
+            batch.state_slots.append(seq.state_slot)
         if seq.pooling is not None:
             batch.pooling.append(_pooling_row(seq, start, end, len(batch.sampling), pooling_slots))
             batch.sampling.append(None)

@@ -137,10 +137,14 @@ class LLMEngine:
         self.runner = runner if runner is not None else make_runner(
             runner_config(config, self.max_model_len), None if self.pooling is None else self.pooling.pooler)
         self.block_size = config.cache.block_size
-        # An encoder's blocks hold nothing to reuse.
+        # An encoder's blocks hold nothing to reuse; nor do a hybrid model's alone: a hit must also restore its
+        # linear-attention layers' state at the hit's end, which is not kept.
+        if info.has_linear_attention and config.cache.enable_prefix_caching:
+            logger.info("prefix caching off: the model's linear-attention layers keep no state at block boundaries")
         self.block_manager = BlockManager(
             self.runner.kv_cache_groups, self.block_size,
-            config.cache.enable_prefix_caching and not (self.pooling is not None and self.pooling.is_encoder),
+            config.cache.enable_prefix_caching and not (self.pooling is not None and self.pooling.is_encoder)
+            and not info.has_linear_attention,
         )
         self.scheduler = Scheduler(config.scheduler, self.block_manager)
         context_blocks = context_block_limit(self.runner.kv_cache_groups, self.block_size, self.max_model_len,
@@ -153,6 +157,8 @@ class LLMEngine:
         self._num_failed_steps_in_a_row = 0
         self.penalty_slots = PenaltySlots(config.scheduler.max_num_seqs)
         self.pooling_slots = PenaltySlots(config.scheduler.max_num_seqs)  # the same kind of pool, for pooling state
+        # And for the linear-attention layers' state of each running sequence (gpu/state_cache.py).
+        self.state_slots = PenaltySlots(config.scheduler.max_num_seqs) if info.has_linear_attention else None
         self._grammars: Grammars | None = None  # built at the first structured-output request
         self._compiling: dict[Sequence, concurrent.futures.Future] = {}  # waiting for their grammar, unscheduled
         self.metrics = EngineMetrics()
@@ -336,6 +342,7 @@ class LLMEngine:
         for seq in out.preempted:
             self._release_penalty_slot(seq)  # it takes one anew, filled from its tokens, when it samples again
             self._release_pooling_slot(seq)  # its pooling starts again from its first token
+            self._release_state_slot(seq)  # its recomputation starts its state from its first token
         if out.admitted:
             now = time.monotonic()
             for seq in out.admitted:
@@ -345,7 +352,7 @@ class LLMEngine:
     def _launch(self, scheduled: list[ScheduledSequence]) -> _LaunchedStep:
         scored: list[Sequence] = []
         batch = build_batch(scheduled, self.block_size, self.eos_token_ids, self.penalty_slots, scored,
-                            self.pooling_slots)
+                            self.pooling_slots, self.state_slots)
         sampled_seqs = [s.seq for s, row in zip(scheduled, batch.sampling, strict=True) if row is not None]
         pooled_seqs = [scheduled[row.row].seq for row in batch.pooling if row.ends_prompt]
         draft_counts = first_positions = None
@@ -607,6 +614,7 @@ class LLMEngine:
             self.scheduler.finish(seq, keep_cached=reason is not FinishReason.ERROR)
         self._release_penalty_slot(seq)
         self._release_pooling_slot(seq)
+        self._release_state_slot(seq)
         seq.finish_reason = reason
         if self.speculation is not None:
             self.speculation.on_finished(seq)
@@ -624,6 +632,11 @@ class LLMEngine:
         if seq.pooling_slot is not None:
             self.pooling_slots.release(seq.pooling_slot)
             seq.pooling_slot = None
+
+    def _release_state_slot(self, seq: Sequence) -> None:
+        if seq.state_slot is not None and self.state_slots is not None:
+            self.state_slots.release(seq.state_slot)
+            seq.state_slot = None
 
 
 def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs | None]) -> RequestOutput:

@@ -67,6 +67,7 @@ class Sequence:
         # A pooling request (embeddings, scores): prefill only, finished by its last prompt token's step.
         self.pooling: PoolingParams | None = None
         self.pooling_slot: int | None = None  # its entry in the runner's pooling state while chunked
+        self.state_slot: int | None = None  # its linear-attention layers' state while it runs (hybrid models only)
         self.pools_every_token = False  # mean or CLS pooling: no prompt token may come from the prefix cache
         self.must_run_whole = False  # an encoder's prompt: one step, never chunked
         # Speculative decoding: tokens proposed to follow its last one, verified by the next step (none: a plain

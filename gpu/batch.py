@@ -156,6 +156,9 @@ class Batch:
     # sampled row with d drafts is sampled at its last d + 1 positions, each position as one sampled row of the
     # result (see sampled_positions). None: no row verifies drafts.
     num_draft_tokens: list[int] | None = None
+    # [num_rows] each row's state slot for a model with linear-attention layers (gpu/state_cache.py, core assigns
+    # them); empty otherwise, and in the runner's own warm-up steps, whose rows take slots 0, 1, ... from scratch.
+    state_slots: list[int] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:

@@ -12,6 +12,8 @@ class ModelInfo:
     vocab_size: int
     max_position_embeddings: int
     eos_token_ids: tuple[int, ...]
+    # Linear-attention layers (Gated DeltaNet): a state per sequence beside the KV cache (gpu/state_cache.py).
+    has_linear_attention: bool = False
 
 
 def load_hf_config(model_path: str | Path) -> PretrainedConfig:
@@ -44,6 +46,7 @@ def read_model_info(model_path: str | Path) -> ModelInfo:
         vocab_size=config.vocab_size,
         max_position_embeddings=getattr(config, "max_position_embeddings", 4096),
         eos_token_ids=eos_ids,
+        has_linear_attention="linear_attention" in (getattr(config, "layer_types", None) or ()),
     )
 
 

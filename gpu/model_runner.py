@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 from transformers import PretrainedConfig
 
-from gpu import backend_choice, kv_cache, kv_cache_groups, remembered_backends
+from gpu import backend_choice, kv_cache, kv_cache_groups, remembered_backends, state_cache
 from gpu.attention.backend import (
     AttentionBackend,
     PhasedBackend,
@@ -34,7 +34,7 @@ from gpu.attention.backend import (
     candidate_names,
     without_flash_attn_for_fp8_cache,
 )
-from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata
 from gpu.batch import Batch, GroupTables, PackedBlockTables, Penalties, RowSampling, StepResult, TokenMask
 from gpu.config import RunnerConfig
 from gpu.cpu_decode import CpuDecodeSteps, unavailable_reason
@@ -125,6 +125,10 @@ class ModelRunner:
         self.layers = self.model.attention_layers()
         for layer in self.layers:
             layer.cpu_kernels = self._cpu_attention_kernels()
+        # Layers with a state per sequence (linear attention): a slot for each sequence that may run.
+        self.linear_layers = self.model.linear_attention_layers() if hasattr(self.model, "linear_attention_layers") \
+            else []
+        self.num_state_slots = config.max_num_seqs if self.linear_layers else 0
         head_dims = tuple(layer.head_dim for layer in self.layers)
         names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype, head_dims)
         self.kv_dtype = torch.float8_e4m3fn if config.is_fp8_kv_cache else self.dtype
@@ -143,6 +147,7 @@ class ModelRunner:
         # The decode graphs' logits when they sample (_samples_in_graphs), counted before the KV cache is sized too.
         self._graph_logits = (torch.empty(config.max_num_seqs, self.vocab_size, dtype=self.dtype, device=self.device)
                               if self._samples_in_graphs() else None)
+        self._allocate_state_cache()  # before the KV cache is sized, so its memory is counted
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
         self.mixed: MixedGraphs | None = None
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
@@ -154,11 +159,22 @@ class ModelRunner:
         logger.info("attention backend: %s (requested %s, device %s: %s)", self.backend.name, config.attention_backend,
                     self.device, why)
         self.cpu_decode = self._cpu_decode_steps()
-        if self.device.type == "cuda":
+        if self.device.type == "cuda" and not self.linear_layers:
             start = time.perf_counter()
             self._capture_graphs()
             logger.info("CUDA graph capture took %.1f s", time.perf_counter() - start)
+        elif self.linear_layers:
+            logger.info("CUDA graphs off: the linear-attention layers' state is not read through the graphs' inputs")
         self._run_first_request_shapes()
+
+    def _allocate_state_cache(self) -> None:
+        if not self.linear_layers:
+            return
+        state_cache.allocate(self.linear_layers, self.num_state_slots, self.dtype, self.device)
+        slot_bytes = state_cache.bytes_per_slot(self.linear_layers, self.dtype)
+        logger.info("linear-attention state: %d layers, %d sequence slots of %.1f MiB = %.2f GiB",
+                    len(self.linear_layers), self.num_state_slots, slot_bytes / 2**20,
+                    self.num_state_slots * slot_bytes / 2**30)
 
     def _probe_gated_gemm(self) -> None:
         """Runs quack's gated GEMM once here (layers take it only where this probe found it working) and logs why
@@ -530,7 +546,7 @@ class ModelRunner:
         return self.model(input_ids, positions, meta)
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-        input_ids, positions, meta = step_inputs(batch, self.device)
+        input_ids, positions, meta = step_inputs(batch, self.device, self.num_state_slots)
         if batch.fed_back_token_indices:
             where = self._to_device(np.array([batch.fed_back_token_indices, batch.fed_back_rows], dtype=np.int64))
             feed_back_tokens(input_ids, where[0], where[1], self._last_sampled_ids)
@@ -585,8 +601,10 @@ def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch
     return model
 
 
-def step_inputs(batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
-    """A step's token ids, positions and attention metadata on the device (fed-back tokens still placeholders)."""
+def step_inputs(batch: Batch, device: torch.device, num_state_slots: int = 0
+                ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """A step's token ids, positions and attention metadata on the device (fed-back tokens still placeholders);
+    with `num_state_slots` (a model with linear-attention layers), each row's state slot too."""
     meta = AttentionMetadata(
         slot_mapping=to_device(np.asarray(batch.slot_mapping, dtype=np.int64), np.int64, device),
         query_start_loc=to_device(np.cumsum([0, *batch.query_lens], dtype=np.int32), np.int32, device),
@@ -595,6 +613,7 @@ def step_inputs(batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch
         max_query_len=max(batch.query_lens),
         max_context_len=max(batch.context_lens),
         is_decode_only=batch.is_decode_only,
+        linear_state=linear_state_inputs(batch, device, num_state_slots) if num_state_slots else None,
     )
     if batch.other_groups:
         meta = meta.with_group_tables(
@@ -602,6 +621,18 @@ def step_inputs(batch: Batch, device: torch.device) -> tuple[torch.Tensor, torch
             [to_device(_padded_block_tables(g.block_tables), np.int32, device) for g in batch.other_groups])
     input_ids = to_device(np.asarray(batch.token_ids, dtype=np.int64), np.int64, device)
     return input_ids, to_device(np.asarray(batch.positions, dtype=np.int64), np.int64, device), meta
+
+
+def linear_state_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> LinearStateMetadata:
+    """Each row's state slot and whether it continues its state (tokens before its new ones: context > query)."""
+    slots = batch.state_slots or [row % num_state_slots for row in range(batch.num_rows)]  # warm-up steps
+    continues = tuple(c > q for c, q in zip(batch.context_lens, batch.query_lens, strict=True))
+    ends = np.cumsum(batch.query_lens).tolist()
+    return LinearStateMetadata(
+        slots=to_device(np.asarray(slots, dtype=np.int64), np.int64, device),
+        keeps_state=to_device(np.asarray(continues, dtype=np.float32), np.float32, device),
+        continues=continues, token_ranges=tuple(zip([0, *ends[:-1]], ends, strict=True)),
+        is_one_token_per_row=batch.is_decode_only)
 
 
 @contextlib.contextmanager

@@ -7,11 +7,26 @@ s // block_size at offset s % block_size.
 Each KV-cache group (gpu/kv_cache_groups.py) has its own block ids, so its own slot mapping and block tables; the
 rest is the step's. The runner builds group 0's metadata with a view per other group (`other_groups`, sharing
 the step's tensors) and a layer reads its group's (`of_group`); a one-group model has none.
+
+A model with linear-attention layers (gpu/layers/gated_deltanet.py) also reads each row's state slot
+(`linear_state`): the layers keep one state per sequence, not per token.
 """
 
 from dataclasses import dataclass, replace
 
 import torch
+
+
+@dataclass
+class LinearStateMetadata:
+    """Each row's state slot for the linear-attention layers, and whether the row continues its sequence's state
+    (a later chunk, a decode) or starts it (its first token: the state read is zeros)."""
+
+    slots: torch.Tensor  # [num_rows] int64
+    keeps_state: torch.Tensor  # [num_rows] float32: 1.0 where the row continues its state, 0.0 where it starts
+    continues: tuple[bool, ...]  # the same, on the host
+    token_ranges: tuple[tuple[int, int], ...]  # each row's [start, end) among the step's tokens, on the host
+    is_one_token_per_row: bool  # every row at once (a decode step), else row by row
 
 
 @dataclass
@@ -26,6 +41,7 @@ class AttentionMetadata:
     # Decode only, optional: [num_rows] int32, the rows by descending context length. The decode kernel
     # launches the rows in this order so the longest finish first instead of forming the tail.
     row_order: torch.Tensor | None = None
+    linear_state: LinearStateMetadata | None = None  # only for a model with linear-attention layers
     # The views of groups 1, 2, ...: this metadata is group 0's.
     other_groups: tuple["AttentionMetadata", ...] = ()
 

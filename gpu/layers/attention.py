@@ -63,6 +63,9 @@ class AttentionSpec:
     sliding_window: int | None = None
     softcap: float | None = None
     has_sinks: bool = False  # a learned logit per head in every softmax's denominator (gpt-oss)
+    # The output multiplied by sigmoid(gate) before o_proj, the gate projected with the query: q_proj's rows are
+    # [query; gate] per head (Qwen3-Next, Qwen3.5).
+    has_output_gate: bool = False
 
 
 class DecoderAttention(nn.Module):
@@ -77,7 +80,8 @@ class DecoderAttention(nn.Module):
         first_kv_head, self.num_kv_heads = kv_heads_of_rank(spec.num_kv_heads, tp)
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.q_size, self.kv_size = q_size, kv_size
-        q_rows = RowSlice(first_head * self.head_dim, q_size, spec.num_heads * self.head_dim)
+        q_width = 2 * self.head_dim if spec.has_output_gate else self.head_dim  # rows per head
+        q_rows = RowSlice(first_head * q_width, self.num_heads * q_width, spec.num_heads * q_width)
         kv_rows = RowSlice(first_kv_head * self.head_dim, kv_size, spec.num_kv_heads * self.head_dim)
         shards = {"q": q_rows, "k": kv_rows, "v": kv_rows}
         if not spec.computes_kv or spec.values_are_keys:
@@ -130,6 +134,9 @@ class DecoderAttention(nn.Module):
         qkv, residual = self.qkv_proj.forward_normed(hidden)  # [num_tokens, q_size (+ kv_size (+ kv_size))]
         num_tokens = qkv.shape[0]
         assert self.backend is not None, "the runner sets the backend before the first forward"
+        gate = None
+        if self.spec.has_output_gate:
+            qkv, gate = self._split_output_gate(qkv)
         meta = meta.of_group(self.kv_group)
         q = self._query_storing_kv(positions, qkv, meta.slot_mapping)
         source = self._kv_source[0] if self._kv_source else self
@@ -137,7 +144,16 @@ class DecoderAttention(nn.Module):
         out = self.backend.forward(q, source.k_cache, source.v_cache, meta, self.scale * k_scale, self.variant)
         if v_scale != 1.0:
             out = out * v_scale
-        return self.o_proj(out.reshape(num_tokens, -1)), residual
+        out = out.reshape(num_tokens, -1)
+        return self.o_proj(out if gate is None else out * torch.sigmoid(gate)), residual
+
+    def _split_output_gate(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """([q; k; v] without the gate rows, the gate [num_tokens, q_size]) from q_proj's [query; gate] per head."""
+        num_tokens = qkv.shape[0]
+        query_gate = qkv[:, : 2 * self.q_size].view(num_tokens, self.num_heads, 2 * self.head_dim)
+        q, gate = query_gate.split(self.head_dim, dim=-1)
+        return torch.cat((q.reshape(num_tokens, self.q_size), qkv[:, 2 * self.q_size :]), dim=-1), \
+            gate.reshape(num_tokens, self.q_size)
 
     def _query_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
                           ) -> torch.Tensor:

@@ -35,7 +35,7 @@ from transformers import PretrainedConfig
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.kernels import HAS_TRITON
-from gpu.layers.linear import linear
+from gpu.layers.linear import Linear, linear
 from gpu.layers.mlp import MLP, MLPSpec
 from gpu.layers.norm import NormInput
 from gpu.loader import CheckpointTensor, ExpertShard
@@ -84,6 +84,7 @@ class MoeSpec:
     swiglu_limit: float = 7.0
     has_expert_bias: bool = False  # biases on each expert's gate/up and down projections (gpt-oss)
     shared_intermediate_size: int = 0  # 0: no shared experts
+    has_shared_expert_gate: bool = False  # the shared experts' output scaled by sigmoid(a linear of x) (Qwen3-Next)
     is_gpt_oss_layout: bool = False  # the checkpoint stacks the experts as gpt-oss does
 
     def __post_init__(self) -> None:
@@ -364,9 +365,13 @@ class SparseMoe(nn.Module):
         shared = MLPSpec(config.hidden_size, spec.shared_intermediate_size, getattr(config, "hidden_act", "silu"))
         self.shared_experts = (MLP(shared, kernels, tp, reduces_output=False)
                                if spec.shared_intermediate_size else None)
+        # Replicated: it scales this rank's partial sum of the shared experts, which the all-reduce then sums.
+        self.shared_expert_gate = Linear(config.hidden_size, 1, False, kernels) if spec.has_shared_expert_gate else None
 
     def forward(self, x: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         normed, residual = x.compute()
         shared = self.shared_experts.project(normed) if self.shared_experts is not None else None
+        if shared is not None and self.shared_expert_gate is not None:
+            shared = torch.sigmoid(self.shared_expert_gate(normed)) * shared
         return self.tp.all_reduce(self.experts(normed, self.gate(normed), shared)), residual
 

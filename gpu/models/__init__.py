@@ -14,6 +14,7 @@ from gpu.models.llama import LlamaForCausalLM, Qwen3ForCausalLM
 from gpu.models.mixtral import MixtralForCausalLM
 from gpu.models.modernbert import ModernBertForSequenceClassification, ModernBertModel
 from gpu.models.qwen3_moe import Qwen3MoeForCausalLM
+from gpu.models.qwen3_next import Qwen3NextForCausalLM
 
 MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -29,6 +30,11 @@ MODEL_CLASSES: dict[str, type[CausalLM]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Glm4MoeForCausalLM": Glm4MoeForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
+    "Qwen3NextForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5ForCausalLM": Qwen3NextForCausalLM,  # Gated DeltaNet hybrids alike: their differences are config
+    "Qwen3_5MoeForCausalLM": Qwen3NextForCausalLM,
+    "Qwen3_5ForConditionalGeneration": Qwen3NextForCausalLM,  # its language model
+    "Qwen3_5MoeForConditionalGeneration": Qwen3NextForCausalLM,
 }
 
 # Models that pool only (embeddings, scores): bare decoders as sentence-transformers saves them, and encoders.

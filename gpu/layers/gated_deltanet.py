@@ -1,0 +1,199 @@
+"""A Gated DeltaNet layer (Qwen3-Next, Qwen3.5): linear attention with a recurrent state and a short causal
+convolution instead of a KV cache.
+
+    [q; k; v], z, b, a = in_proj(x)           (one merged product)
+    q, k, v = silu(causal_conv1d([q; k; v]))   (depthwise, kernel K, the previous K - 1 inputs kept as conv state)
+    beta = sigmoid(b);  g = -exp(A_log) * softplus(a + dt_bias)
+    o = gated_delta_rule(q, k, v, g, beta)     (gpu/layers/gated_delta_rule.py; the recurrent state kept)
+    out_proj(rms_norm(o) * silu(z))            (per value head)
+
+Checkpoints name the input projections two ways, both loaded into `in_proj` (rows q, k, v, z, b, a, each part over
+all of its heads): Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a`; Qwen3-Next's fused
+`in_proj_qkvz` and `in_proj_ba`, grouped by key head ([q, k, v, z] of key head 0, then of key head 1, ...), which the
+loader regroups.
+
+State (gpu/state_cache.py): per sequence slot, `conv_state` [slots, conv_dim, K - 1] in the model's dtype and
+`recurrent_state` [slots, value_heads, key_dim, value_dim] in float32 (the delta rule accumulates into it at every
+token). A step reads each row's slot (zeros where the row starts its sequence) and writes it back.
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+
+from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata
+from gpu.config import DEFAULT_KERNELS, KernelConfig
+from gpu.distributed import SINGLE, TensorParallel
+from gpu.layers import gated_delta_rule
+from gpu.layers.linear import Linear
+from gpu.layers.norm import NormInput
+from gpu.layers.parallel_linear import RowParallelLinear
+from gpu.loader import CheckpointTensor
+
+# Checkpoint parts of the input projection, by family: Qwen3.5's separate tensors, Qwen3-Next's fused ones.
+SEPARATE_PARTS = ("qkv", "z", "b", "a")
+FUSED_PARTS = ("qkvz", "ba")
+
+
+@dataclass(frozen=True)
+class DeltaNetSpec:
+    hidden_size: int
+    num_key_heads: int
+    num_value_heads: int
+    key_head_dim: int
+    value_head_dim: int
+    conv_kernel_size: int
+    norm_eps: float
+    has_fused_projections: bool  # Qwen3-Next's in_proj_qkvz / in_proj_ba
+
+    @staticmethod
+    def of(config: PretrainedConfig) -> "DeltaNetSpec":
+        return DeltaNetSpec(config.hidden_size, config.linear_num_key_heads, config.linear_num_value_heads,
+                            config.linear_key_head_dim, config.linear_value_head_dim, config.linear_conv_kernel_dim,
+                            config.rms_norm_eps, config.model_type == "qwen3_next")
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_key_heads * self.key_head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_value_heads * self.value_head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        return 2 * self.key_dim + self.value_dim
+
+
+class DeltaNetInputProjection(Linear):
+    """[q; k; v; z; b; a] rows, loaded from either family's checkpoint tensors (see the module docstring)."""
+
+    def __init__(self, spec: DeltaNetSpec, kernels: KernelConfig) -> None:
+        rows = {"qkv": spec.conv_dim, "z": spec.value_dim, "b": spec.num_value_heads, "a": spec.num_value_heads}
+        super().__init__(spec.hidden_size, sum(rows.values()), False, kernels)
+        self.spec = spec
+        self.part_rows: dict[str, tuple[int, int]] = {}
+        start = 0
+        for name, size in rows.items():
+            self.part_rows[name] = (start, size)
+            start += size
+        self.weight.weight_loader = self._load  # type: ignore[attr-defined]
+
+    def expected_shards(self, param: nn.Parameter) -> set[str]:
+        return set(FUSED_PARTS if self.spec.has_fused_projections else SEPARATE_PARTS)
+
+    def _load(self, param: nn.Parameter, loaded: CheckpointTensor, shard: str | None) -> None:
+        if shard not in self.expected_shards(param):
+            raise ValueError(f"{loaded.name}: this model's Gated DeltaNet projections are "
+                             f"{sorted(self.expected_shards(param))}")
+        tensor = loaded.read()
+        parts = self._regrouped(tensor, shard) if shard in FUSED_PARTS else {shard: tensor}
+        for name, rows in parts.items():
+            start, size = self.part_rows[name]
+            if rows.shape != (size, self.in_features):
+                raise ValueError(f"{loaded.name}: part {name} has shape {tuple(rows.shape)}, "
+                                 f"expected {(size, self.in_features)}")
+            param.data[start : start + size].copy_(rows)
+
+    def _regrouped(self, tensor: torch.Tensor, shard: str) -> dict[str, torch.Tensor]:
+        """Qwen3-Next's fused tensors, grouped by key head, as the separate parts over all heads."""
+        s = self.spec
+        per_key_head = s.num_value_heads // s.num_key_heads
+        grouped = tensor.reshape(s.num_key_heads, -1, tensor.shape[-1])
+        if shard == "ba":
+            b, a = grouped.split([per_key_head, per_key_head], dim=1)
+            return {"b": b.reshape(-1, tensor.shape[-1]), "a": a.reshape(-1, tensor.shape[-1])}
+        sizes = [s.key_head_dim, s.key_head_dim, per_key_head * s.value_head_dim, per_key_head * s.value_head_dim]
+        q, k, v, z = (part.reshape(-1, tensor.shape[-1]) for part in grouped.split(sizes, dim=1))
+        return {"qkv": torch.cat((q, k, v)), "z": z}
+
+
+class GatedRMSNorm(nn.Module):
+    """rms_norm(x) * weight * silu(gate) per head, rounded where transformers rounds."""
+
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        normed = self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
+        return (normed * F.silu(gate.float())).to(dtype)
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, spec: DeltaNetSpec, kernels: KernelConfig = DEFAULT_KERNELS, tp: TensorParallel = SINGLE
+                 ) -> None:
+        super().__init__()
+        if tp.size > 1:
+            raise ValueError("Gated DeltaNet layers do not run under tensor parallelism yet")
+        self.spec = spec
+        self.in_proj = DeltaNetInputProjection(spec, kernels)
+        self.conv1d = nn.Conv1d(spec.conv_dim, spec.conv_dim, spec.conv_kernel_size, groups=spec.conv_dim,
+                                bias=False)
+        self.dt_bias = nn.Parameter(torch.ones(spec.num_value_heads))
+        self.A_log = nn.Parameter(torch.zeros(spec.num_value_heads))
+        self.norm = GatedRMSNorm(spec.value_head_dim, spec.norm_eps)
+        self.out_proj = RowParallelLinear(spec.value_dim, spec.hidden_size, False, tp, kernels)
+        self.conv_state = torch.empty(0)  # [slots, conv_dim, K - 1], set by gpu/state_cache.py
+        self.recurrent_state = torch.empty(0)  # [slots, value_heads, key_head_dim, value_head_dim] float32
+
+    def forward(self, hidden: NormInput, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the layer's output over norm(x + residual), x + residual)."""
+        projected, residual = self.in_proj.forward_normed(hidden)
+        s = self.spec
+        qkv, z, b, a = projected.split([s.conv_dim, s.value_dim, s.num_value_heads, s.num_value_heads], dim=-1)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        state = meta.linear_state
+        assert state is not None, "a model with Gated DeltaNet layers runs with its rows' state slots"
+        if state.is_one_token_per_row:
+            out = self._decode(qkv, g, beta, state)
+        else:
+            out = torch.cat([self._sequence(qkv[start:end], g[start:end], beta[start:end], state, row)
+                             for row, (start, end) in enumerate(state.token_ranges)])
+        num_tokens = out.shape[0]
+        out = self.norm(out.to(qkv.dtype), z.reshape(num_tokens, s.num_value_heads, s.value_head_dim))
+        return self.out_proj(out.reshape(num_tokens, s.value_dim)), residual
+
+    def _split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        s = self.spec
+        q, k, v = qkv.split([s.key_dim, s.key_dim, s.value_dim], dim=-1)
+        shape = qkv.shape[:-1]
+        return (q.reshape(*shape, s.num_key_heads, s.key_head_dim), k.reshape(*shape, s.num_key_heads, s.key_head_dim),
+                v.reshape(*shape, s.num_value_heads, s.value_head_dim))
+
+    def _decode(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
+                ) -> torch.Tensor:
+        """One token per row, every row at once: [num_rows, value_heads, value_head_dim] float32."""
+        slots, keeps = state.slots, state.keeps_state
+        conv_state = self.conv_state[slots] * keeps[:, None, None].to(self.conv_state.dtype)
+        mixed, conv_state = gated_delta_rule.conv_step(qkv, conv_state, self.conv1d.weight[:, 0])
+        self.conv_state[slots] = conv_state
+        q, k, v = self._split_heads(mixed)
+        recurrent_state = self.recurrent_state[slots] * keeps[:, None, None, None]
+        out, recurrent_state = gated_delta_rule.recurrent(q, k, v, g, beta, recurrent_state)
+        self.recurrent_state[slots] = recurrent_state
+        return out
+
+    def _sequence(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata,
+                  row: int) -> torch.Tensor:
+        """One row's tokens, from its slot's state (zeros where it starts its sequence): [L, value_heads,
+        value_head_dim] float32."""
+        slot = state.slots[row]
+        continues = state.continues[row]
+        conv_state = self.conv_state[slot] if continues else torch.zeros_like(self.conv_state[slot])
+        mixed, self.conv_state[slot] = gated_delta_rule.conv_sequence(qkv, conv_state, self.conv1d.weight[:, 0])
+        q, k, v = self._split_heads(mixed)
+        recurrent_state = self.recurrent_state[slot] if continues else torch.zeros_like(self.recurrent_state[slot])
+        if qkv.shape[0] == 1:
+            out, new_state = gated_delta_rule.recurrent(q, k, v, g, beta, recurrent_state.unsqueeze(0))
+            self.recurrent_state[slot] = new_state[0]
+            return out
+        out, self.recurrent_state[slot] = gated_delta_rule.chunked(q, k, v, g, beta, recurrent_state)
+        return out

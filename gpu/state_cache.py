@@ -1,0 +1,33 @@
+"""The state cache of linear-attention layers (gpu/layers/gated_deltanet.py): beside the paged KV cache, one conv
+state and one recurrent state per layer for each of `num_slots` sequence slots. core/ gives each running sequence a
+slot (the batch's `state_slots`); a step gathers its rows' states by slot and scatters them back. A row that starts
+its sequence (its first token: a new prompt, or one recomputed after a preemption) reads zeros, so a freed slot
+needs no clearing.
+
+Sized before the KV cache, so the KV cache is sized from what the states leave.
+"""
+
+import torch
+
+from gpu.layers.gated_deltanet import GatedDeltaNet
+
+RECURRENT_DTYPE = torch.float32  # the delta rule adds into the state at every token: kept at full precision
+
+
+def bytes_per_slot(layers: list[GatedDeltaNet], dtype: torch.dtype) -> int:
+    element_size = torch.empty(0, dtype=dtype).element_size()
+    recurrent_size = torch.empty(0, dtype=RECURRENT_DTYPE).element_size()
+    total = 0
+    for layer in layers:
+        s = layer.spec
+        total += s.conv_dim * (s.conv_kernel_size - 1) * element_size
+        total += s.num_value_heads * s.key_head_dim * s.value_head_dim * recurrent_size
+    return total
+
+
+def allocate(layers: list[GatedDeltaNet], num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
+    for layer in layers:
+        s = layer.spec
+        layer.conv_state = torch.zeros(num_slots, s.conv_dim, s.conv_kernel_size - 1, dtype=dtype, device=device)
+        layer.recurrent_state = torch.zeros(num_slots, s.num_value_heads, s.key_head_dim, s.value_head_dim,
+                                            dtype=RECURRENT_DTYPE, device=device)

@@ -1,0 +1,47 @@
+"""Tiny random checkpoints of the Gated DeltaNet hybrids (Qwen3-Next, Qwen3.5, Qwen3.5-MoE), built with transformers'
+own classes (float32), with the tests' tiny tokenizer copied beside them. Each has linear layers before and after a
+full-attention layer, more value heads than key heads (grouped), and weights drawn at a spread where every part
+(the convolution, the decay, the gates) moves the tokens; norms that transformers starts at zero (a scale of 1 + w)
+are drawn too."""
+
+import shutil
+from pathlib import Path
+
+import torch
+
+COMMON = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+              max_position_embeddings=2048, initializer_range=0.2, rms_norm_eps=1e-6, tie_word_embeddings=False,
+              linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+              linear_conv_kernel_dim=4, num_hidden_layers=4,
+              layer_types=["linear_attention", "full_attention", "linear_attention", "linear_attention"],
+              rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.25})
+MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48)
+
+HYBRID_CONFIGS: dict[str, tuple[str, str, dict]] = {
+    # A dense layer among sparse ones (mlp_only_layers), top 2 of 8 renormalized, a shared expert with its gate.
+    "qwen3_next": ("Qwen3NextConfig", "Qwen3NextForCausalLM",
+                   dict(COMMON, **MOE, intermediate_size=96, norm_topk_prob=True, mlp_only_layers=[2],
+                        decoder_sparse_step=1)),
+    "qwen3_5": ("Qwen3_5TextConfig", "Qwen3_5ForCausalLM", dict(COMMON, intermediate_size=96)),
+    "qwen3_5_moe": ("Qwen3_5MoeTextConfig", "Qwen3_5MoeForCausalLM", dict(COMMON, **MOE)),
+}
+
+
+def build_hybrid_model(directory: Path, name: str, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """Writes the checkpoint `name` of HYBRID_CONFIGS into `directory` and returns it."""
+    import transformers
+
+    config_name, model_name, values = HYBRID_CONFIGS[name]
+    eos = transformers.AutoTokenizer.from_pretrained(tokenizer_dir).convert_tokens_to_ids("<|im_end|>")
+    torch.manual_seed(seed)
+    model = getattr(transformers, model_name)(getattr(transformers, config_name)(**values, eos_token_id=eos))
+    with torch.no_grad():
+        for param_name, tensor in model.named_parameters():
+            if param_name.endswith(("layernorm.weight", "q_norm.weight", "k_norm.weight", "model.norm.weight")):
+                tensor.normal_(0.0, 0.2)
+            elif param_name.endswith(("dt_bias", "linear_attn.norm.weight")):
+                tensor.normal_(1.0, 0.2)
+    model.save_pretrained(directory)
+    for path in tokenizer_dir.glob("tokenizer*"):
+        shutil.copy(path, directory / path.name)
+    return directory
