@@ -1,0 +1,71 @@
+"""The gated delta rule's two torch forms against transformers' reference functions, and against each other: a
+sequence computed in pieces (any split, the state carried between them) equals it computed whole."""
+
+import pytest
+import torch
+from transformers.models.qwen3_next import modeling_qwen3_next as hf
+
+from gpu.layers import gated_delta_rule as rule
+
+
+def inputs(length: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
+    generator = torch.Generator().manual_seed(seed)
+    q, k = (torch.randn(length, 2, 8, generator=generator) for _ in range(2))
+    v = torch.randn(length, 4, 8, generator=generator)
+    g = -torch.rand(length, 4, generator=generator)
+    beta = torch.rand(length, 4, generator=generator)
+    return q, k, v, g, beta
+
+
+@pytest.mark.parametrize("length", [1, 5, 64, 100, 130])
+def test_chunked_matches_transformers(length: int) -> None:
+    q, k, v, g, beta = inputs(length)
+    state = torch.randn(4, 8, 8)
+    ours, our_state = rule.chunked(q, k, v, g, beta, state)
+    theirs, their_state = hf.torch_chunk_gated_delta_rule(
+        q[None], k[None], v[None], g[None], beta[None], initial_state=state[None], output_final_state=True,
+        use_qk_l2norm_in_kernel=True)
+    torch.testing.assert_close(ours, theirs[0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(our_state, their_state[0], rtol=1e-5, atol=1e-5)
+
+
+def test_recurrent_matches_transformers_on_a_batch() -> None:
+    q, k, v, g, beta = inputs(3)  # three sequences, one token each
+    state = torch.randn(3, 4, 8, 8)
+    ours, our_state = rule.recurrent(q, k, v, g, beta, state)
+    theirs, their_state = hf.torch_recurrent_gated_delta_rule(
+        q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None], initial_state=state, output_final_state=True,
+        use_qk_l2norm_in_kernel=True)
+    torch.testing.assert_close(ours, theirs[:, 0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(our_state, their_state, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("split", [1, 30, 64, 99])
+def test_pieces_carry_the_state(split: int) -> None:
+    q, k, v, g, beta = inputs(100, seed=1)
+    whole, whole_state = rule.chunked(q, k, v, g, beta, torch.zeros(4, 8, 8))
+    first, state = rule.chunked(q[:split], k[:split], v[:split], g[:split], beta[:split], torch.zeros(4, 8, 8))
+    outputs = [first]
+    for t in range(split, 100):  # the rest token by token, as decode steps
+        out, batched = rule.recurrent(q[t : t + 1], k[t : t + 1], v[t : t + 1], g[t : t + 1], beta[t : t + 1],
+                                      state[None])
+        outputs.append(out)
+        state = batched[0]
+    torch.testing.assert_close(torch.cat(outputs), whole, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state, whole_state, rtol=1e-4, atol=1e-4)
+
+
+def test_conv_forms_agree_with_transformers() -> None:
+    generator = torch.Generator().manual_seed(2)
+    x = torch.randn(10, 6, generator=generator)
+    weight = torch.randn(6, 4, generator=generator)
+    whole, state = rule.conv_sequence(x, torch.zeros(6, 3), weight)
+    theirs = hf.causal_conv1d_fn(x.t()[None], weight, None, activation="silu")[0].t()
+    torch.testing.assert_close(whole, theirs)
+    first, state = rule.conv_sequence(x[:7], torch.zeros(6, 3), weight)
+    steps = [first]
+    for t in range(7, 10):
+        out, batched = rule.conv_step(x[t : t + 1], state[None], weight)
+        steps.append(out)
+        state = batched[0]
+    torch.testing.assert_close(torch.cat(steps), whole)
