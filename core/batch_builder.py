@@ -13,14 +13,15 @@ finishes or is preempted.
 from core.penalty_slots import PenaltySlots
 from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
+from core.state_snapshots import LinearStates
 from gpu.batch import Batch, GroupTables, Penalties, PenaltySlotInit, PoolingRow, PromptLogprobsRow, RowSampling
 
 
 def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_ids: tuple[int, ...],
                 penalty_slots: PenaltySlots | None = None, scored: list[Sequence] | None = None,
-                pooling_slots: PenaltySlots | None = None, state_slots: PenaltySlots | None = None) -> Batch:
-    """`scored` receives the sequences of the batch's prompt_logprobs rows, in their order; `state_slots`: the pool
-    of a model with linear-attention layers."""
+                pooling_slots: PenaltySlots | None = None, linear_states: LinearStates | None = None) -> Batch:
+    """`scored` receives the sequences of the batch's prompt_logprobs rows, in their order; `linear_states`: a model
+    with linear-attention layers' state slots and snapshots."""
     batch = Batch(token_ids=[], positions=[], slot_mapping=[], query_lens=[], context_lens=[], block_tables=[])
     token_ids, positions, slot_mapping = batch.token_ids, batch.positions, batch.slot_mapping
     # Every scheduled sequence holds a table per group.
@@ -66,10 +67,8 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
         batch.query_lens.append(end - start)
         batch.context_lens.append(end)
         batch.block_tables.append(block_ids)
-        if state_slots is not None:
-            if seq.state_slot is None:
-                seq.state_slot = state_slots.allocate()
-            batch.state_slots.append(seq.state_slot)
+        if linear_states is not None:
+            _add_state_slot(seq, start, end, linear_states, batch)
         if seq.pooling is not None:
             batch.pooling.append(_pooling_row(seq, start, end, len(batch.sampling), pooling_slots))
             batch.sampling.append(None)
@@ -101,6 +100,19 @@ def _pooling_row(seq: Sequence, start: int, end: int, row: int, pooling_slots: P
         assert pooling_slots is not None, "a chunked pooling sequence in a batch built without pooling slots"
         seq.pooling_slot = pooling_slots.allocate()
     return PoolingRow(row, seq.num_prompt_tokens, starts, ends, seq.pooling_slot)
+
+
+def _add_state_slot(seq: Sequence, start: int, end: int, linear_states: LinearStates, batch: Batch) -> None:
+    """The row's state slot (taken at its first row), and its snapshot restore and save where it has them."""
+    if seq.state_slot is None:
+        seq.state_slot = linear_states.slots.allocate()
+    batch.state_slots.append(seq.state_slot)
+    if linear_states.snapshots is not None:
+        restore, save = linear_states.snapshots.copies_of_row(seq, start, end, seq.state_slot)
+        if restore is not None:
+            batch.state_restores.append(restore)
+        if save is not None:
+            batch.state_saves.append(save)
 
 
 def _token_types(s: ScheduledSequence) -> list[int]:

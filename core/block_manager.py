@@ -58,6 +58,11 @@ class PrefixHit:
     def num_blocks(self) -> int:
         return len(self.keys)
 
+    def leading(self, num_blocks: int) -> "PrefixHit":
+        """The hit's first `num_blocks` blocks, for groups that keep whole contexts (a windowed group's would need the
+        window before them): a hybrid model's hit ends where its linear layers' state was kept."""
+        return PrefixHit(self.keys[:num_blocks], [table[:num_blocks] for table in self.block_tables])
+
 
 class BlockPool:
     """One group's blocks: ref counts, free and evictable ids, and its part of the prefix cache."""

@@ -151,6 +151,10 @@ class CacheConfig:
     kv_cache_dtype: str = setting("auto", "the KV cache's element type: auto (the model's dtype) or fp8 (e4m3 with "
                                   "a scale per layer for keys and one for values: the checkpoint's k_scale and v_scale "
                                   "where it has them, else 1)", choices=KV_CACHE_DTYPES)
+    num_state_snapshots: int | None = setting(
+        None, "linear-attention state snapshots kept at block boundaries for prefix hits of hybrid models (Qwen3.5, "
+        "Qwen3-Next), each the size of one sequence's state (default: 2 per max_num_seqs; 0: no prefix caching "
+        "for these models)", name="state_snapshots")
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
@@ -159,6 +163,8 @@ class CacheConfig:
             raise ValueError(f"block_size must be a power of two, got {self.block_size}")
         if self.num_blocks is not None and self.num_blocks < 1:
             raise ValueError(f"kv_cache_blocks must be >= 1, got {self.num_blocks}")
+        if self.num_state_snapshots is not None and self.num_state_snapshots < 0:
+            raise ValueError(f"state_snapshots must be >= 0, got {self.num_state_snapshots}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
 

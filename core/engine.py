@@ -58,11 +58,12 @@ from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence, SequenceStatus
 from core.speculation import Speculation
+from core.state_snapshots import LinearStates, StateSnapshots
 from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
 from gpu.kv_cache_groups import KVCacheGroup, context_block_limit
-from gpu.model_info import read_model_info
+from gpu.model_info import ModelInfo, read_model_info
 from gpu.runner import Runner, StepInFlight
 from gpu.runner_factory import AwaitingMasks, make_runner
 
@@ -134,19 +135,22 @@ class LLMEngine:
             _check_whole_prompts_fit(self.max_model_len, config.scheduler.max_num_batched_tokens)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
+        if info.has_linear_attention and config.scheduler.speculative_config is not None:
+            # A verified step advances the linear layers' state over every draft; a rejected one cannot be taken out.
+            raise ValueError("speculative_config: not supported for models with linear-attention layers (Qwen3.5, "
+                             "Qwen3-Next): their state cannot drop rejected drafts")
         self.runner = runner if runner is not None else make_runner(
             runner_config(config, self.max_model_len), None if self.pooling is None else self.pooling.pooler)
         self.block_size = config.cache.block_size
-        # An encoder's blocks hold nothing to reuse; nor do a hybrid model's alone: a hit must also restore its
-        # linear-attention layers' state at the hit's end, which is not kept.
-        if info.has_linear_attention and config.cache.enable_prefix_caching:
-            logger.info("prefix caching off: the model's linear-attention layers keep no state at block boundaries")
+        self.linear_states = self._linear_states(config, info)
+        # An encoder's blocks hold nothing to reuse; nor do a hybrid model's without state snapshots (a hit must also
+        # restore its linear-attention layers' state at the hit's end).
+        is_cacheable = not (self.pooling is not None and self.pooling.is_encoder) and not (
+            self.linear_states is not None and self.linear_states.snapshots is None)
         self.block_manager = BlockManager(
-            self.runner.kv_cache_groups, self.block_size,
-            config.cache.enable_prefix_caching and not (self.pooling is not None and self.pooling.is_encoder)
-            and not info.has_linear_attention,
-        )
-        self.scheduler = Scheduler(config.scheduler, self.block_manager)
+            self.runner.kv_cache_groups, self.block_size, config.cache.enable_prefix_caching and is_cacheable)
+        self.scheduler = Scheduler(config.scheduler, self.block_manager,
+                                   snapshots=self.linear_states.snapshots if self.linear_states else None)
         context_blocks = context_block_limit(self.runner.kv_cache_groups, self.block_size, self.max_model_len,
                                              config.scheduler.max_num_batched_tokens)
         self.limits = EngineLimits(self.vocab_size, self.max_model_len, self.block_size, context_blocks)
@@ -157,8 +161,6 @@ class LLMEngine:
         self._num_failed_steps_in_a_row = 0
         self.penalty_slots = PenaltySlots(config.scheduler.max_num_seqs)
         self.pooling_slots = PenaltySlots(config.scheduler.max_num_seqs)  # the same kind of pool, for pooling state
-        # And for the linear-attention layers' state of each running sequence (gpu/state_cache.py).
-        self.state_slots = PenaltySlots(config.scheduler.max_num_seqs) if info.has_linear_attention else None
         self._grammars: Grammars | None = None  # built at the first structured-output request
         self._compiling: dict[Sequence, concurrent.futures.Future] = {}  # waiting for their grammar, unscheduled
         self.metrics = EngineMetrics()
@@ -342,7 +344,8 @@ class LLMEngine:
         for seq in out.preempted:
             self._release_penalty_slot(seq)  # it takes one anew, filled from its tokens, when it samples again
             self._release_pooling_slot(seq)  # its pooling starts again from its first token
-            self._release_state_slot(seq)  # its recomputation starts its state from its first token
+            if self.linear_states is not None:  # its recomputation starts its state again (or from a snapshot)
+                self.linear_states.release(seq)
         if out.admitted:
             now = time.monotonic()
             for seq in out.admitted:
@@ -352,7 +355,7 @@ class LLMEngine:
     def _launch(self, scheduled: list[ScheduledSequence]) -> _LaunchedStep:
         scored: list[Sequence] = []
         batch = build_batch(scheduled, self.block_size, self.eos_token_ids, self.penalty_slots, scored,
-                            self.pooling_slots, self.state_slots)
+                            self.pooling_slots, self.linear_states)
         sampled_seqs = [s.seq for s, row in zip(scheduled, batch.sampling, strict=True) if row is not None]
         pooled_seqs = [scheduled[row.row].seq for row in batch.pooling if row.ends_prompt]
         draft_counts = first_positions = None
@@ -614,12 +617,24 @@ class LLMEngine:
             self.scheduler.finish(seq, keep_cached=reason is not FinishReason.ERROR)
         self._release_penalty_slot(seq)
         self._release_pooling_slot(seq)
-        self._release_state_slot(seq)
+        if self.linear_states is not None:
+            self.linear_states.release(seq, keep_cached=reason is not FinishReason.ERROR)
         seq.finish_reason = reason
         if self.speculation is not None:
             self.speculation.on_finished(seq)
         self.metrics.on_finished(seq)
         del self._sequences[seq.request_id]
+
+    def _linear_states(self, config: EngineConfig, info: ModelInfo) -> LinearStates | None:
+        """A hybrid model's state slots (one per sequence that may run) and snapshots (after the slots' rows)."""
+        if not info.has_linear_attention:
+            return None
+        max_num_seqs = config.scheduler.max_num_seqs
+        num_snapshots = num_state_snapshots(config, info)
+        if not num_snapshots and config.cache.enable_prefix_caching:
+            logger.info("prefix caching off: the model's linear-attention layers keep no state snapshots")
+        snapshots = StateSnapshots(num_snapshots, max_num_seqs, self.block_size) if num_snapshots else None
+        return LinearStates(PenaltySlots(max_num_seqs), snapshots)
 
     def _release_penalty_slot(self, seq: Sequence) -> None:
         if seq.penalty_slot is not None:
@@ -633,10 +648,6 @@ class LLMEngine:
             self.pooling_slots.release(seq.pooling_slot)
             seq.pooling_slot = None
 
-    def _release_state_slot(self, seq: Sequence) -> None:
-        if seq.state_slot is not None and self.state_slots is not None:
-            self.state_slots.release(seq.state_slot)
-            seq.state_slot = None
 
 
 def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs | None]) -> RequestOutput:
@@ -668,8 +679,16 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
         max_model_len=max_model_len, enforce_eager=c.model.enforce_eager,
         attention_backend=c.model.attention_backend, seed=c.model.seed,
         tensor_parallel_size=c.model.tensor_parallel_size, cache_dir=str(cache_dir_for(c.model.download_dir)),
-        load_format=c.model.load_format,
+        load_format=c.model.load_format, num_state_snapshots=num_state_snapshots(c, read_model_info(c.model.model)),
     )
+
+
+def num_state_snapshots(config: EngineConfig, info: ModelInfo) -> int:
+    """Rows of linear-attention state snapshots for prefix caching: none without linear layers or prefix caching."""
+    if not info.has_linear_attention or not config.cache.enable_prefix_caching:
+        return 0
+    requested = config.cache.num_state_snapshots
+    return requested if requested is not None else 2 * config.scheduler.max_num_seqs
 
 
 def _check_whole_prompts_fit(max_model_len: int, max_num_batched_tokens: int) -> None:

@@ -27,6 +27,7 @@ from typing import NamedTuple
 from core.block_manager import BlockManager
 from core.config import SchedulerConfig
 from core.sequence import Sequence, SequenceStatus
+from core.state_snapshots import StateSnapshots
 
 
 class ScheduledSequence(NamedTuple):  # a tuple: built for every row of every step, so cheaply
@@ -56,9 +57,12 @@ class SchedulerOutput:
 
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, snapshots: StateSnapshots | None = None) -> None:
+        """`snapshots`: a hybrid model's linear-attention state snapshots, which bound its prefix hits and end
+        its prompt chunks where it saves them."""
         self.config = config
         self.block_manager = block_manager
+        self.snapshots = snapshots
         self._clock = clock  # seconds; a test's own clock
         self._decodes_held_since: float | None = None  # the clock when the current hold began
         self.waiting: deque[Sequence] = deque()
@@ -140,6 +144,9 @@ class Scheduler:
                 break  # preempted while its last token was on the way; admitted once it has arrived
             hit = (self.block_manager.no_hit() if seq.needs_prompt_logprobs or seq.pools_every_token
                    else self.block_manager.match_prefix(seq))
+            num_kv_hit_blocks = hit.num_blocks
+            if self.snapshots is not None:  # the hit ends where the linear layers' state was saved
+                hit = hit.leading(self.snapshots.usable_hit(hit.keys))
             num_new = min(seq.num_tokens - hit.num_blocks * self.block_manager.block_size, budget)
             if seq.must_run_whole and num_new < seq.num_tokens:
                 break  # an encoder's prompt waits for a step with room for all of it
@@ -147,6 +154,9 @@ class Scheduler:
                 break
             self.waiting.popleft()
             self.block_manager.admit(seq, hit)
+            if self.snapshots is not None:
+                self.snapshots.admit(seq, num_kv_hit_blocks, hit.num_blocks)
+                num_new = self.snapshots.chunk_end(seq, seq.num_computed_tokens, num_new)
             if seq.num_output_tokens == 0:
                 seq.num_cached_prompt_tokens = seq.num_computed_tokens
             self.num_prefix_hit_tokens += seq.num_computed_tokens

@@ -68,6 +68,12 @@ class Sequence:
         self.pooling: PoolingParams | None = None
         self.pooling_slot: int | None = None  # its entry in the runner's pooling state while chunked
         self.state_slot: int | None = None  # its linear-attention layers' state while it runs (hybrid models only)
+        # Its state snapshots (core/state_snapshots.py): the snapshot row its first step restores, the prompt
+        # boundaries where it saves, the saves whose block has no key yet, the boundary of its decode snapshot.
+        self.state_restore_row: int | None = None
+        self.snapshot_ends: tuple[int, ...] = ()
+        self.unkeyed_snapshots: list[tuple[int, int]] = []  # (boundary, row)
+        self.decode_snapshot_end: int | None = None
         self.pools_every_token = False  # mean or CLS pooling: no prompt token may come from the prefix cache
         self.must_run_whole = False  # an encoder's prompt: one step, never chunked
         # Speculative decoding: tokens proposed to follow its last one, verified by the next step (none: a plain

@@ -46,6 +46,9 @@ class RunnerConfig:
     tensor_parallel_size: int = 1  # > 1: one worker process per rank (gpu/tensor_parallel_runner.py)
     cache_dir: str | None = None  # where a start's measured choices are remembered (gpu/remembered_backends.py)
     load_format: str = "auto"  # one of LOAD_FORMATS
+    # Rows of linear-attention state snapshots after the sequences' slots (gpu/state_cache.py): prefix caching of
+    # hybrid models.
+    num_state_snapshots: int = 0
     kv_cache_dtype: str = "auto"  # auto: the model's dtype; fp8 or fp8_e4m3: float8_e4m3fn with per-layer scales
 
     @property

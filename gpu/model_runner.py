@@ -128,7 +128,7 @@ class ModelRunner:
         # Layers with a state per sequence (linear attention): a slot for each sequence that may run.
         self.linear_layers = self.model.linear_attention_layers() if hasattr(self.model, "linear_attention_layers") \
             else []
-        self.num_state_slots = config.max_num_seqs if self.linear_layers else 0
+        self.num_state_slots = config.max_num_seqs if self.linear_layers else 0  # then the snapshots' rows
         head_dims = tuple(layer.head_dim for layer in self.layers)
         names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype, head_dims)
         self.kv_dtype = torch.float8_e4m3fn if config.is_fp8_kv_cache else self.dtype
@@ -170,11 +170,12 @@ class ModelRunner:
     def _allocate_state_cache(self) -> None:
         if not self.linear_layers:
             return
-        state_cache.allocate(self.linear_layers, self.num_state_slots, self.dtype, self.device)
+        num_rows = self.num_state_slots + self.config.num_state_snapshots
+        state_cache.allocate(self.linear_layers, num_rows, self.dtype, self.device)
         slot_bytes = state_cache.bytes_per_slot(self.linear_layers, self.dtype)
-        logger.info("linear-attention state: %d layers, %d sequence slots of %.1f MiB = %.2f GiB",
-                    len(self.linear_layers), self.num_state_slots, slot_bytes / 2**20,
-                    self.num_state_slots * slot_bytes / 2**30)
+        logger.info("linear-attention state: %d layers, %d sequence slots and %d snapshots of %.1f MiB = %.2f GiB",
+                    len(self.linear_layers), self.num_state_slots, self.config.num_state_snapshots,
+                    slot_bytes / 2**20, num_rows * slot_bytes / 2**30)
 
     def _probe_gated_gemm(self) -> None:
         """Runs quack's gated GEMM once here (layers take it only where this probe found it working) and logs why
@@ -543,7 +544,12 @@ class ModelRunner:
         if self.cpu_decode is not None and batch.is_decode_only:
             return self.cpu_decode.run(*self._prepare(batch))
         input_ids, positions, meta = self._prepare(batch)
-        return self.model(input_ids, positions, meta)
+        if not (batch.state_restores or batch.state_saves):
+            return self.model(input_ids, positions, meta)
+        state_cache.copy_rows(self.linear_layers, batch.state_restores, self.device)
+        hidden = self.model(input_ids, positions, meta)
+        state_cache.copy_rows(self.linear_layers, batch.state_saves, self.device)
+        return hidden
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         input_ids, positions, meta = step_inputs(batch, self.device, self.num_state_slots)

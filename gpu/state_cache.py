@@ -4,11 +4,16 @@ slot (the batch's `state_slots`); a step gathers its rows' states by slot and sc
 its sequence (its first token: a new prompt, or one recomputed after a preemption) reads zeros, so a freed slot
 needs no clearing.
 
+Prefix caching (core/state_snapshots.py) keeps states at block boundaries in further rows after the slots: a step
+copies a snapshot into a slot before its forward, and a slot into a snapshot after it (`copy_rows`).
+
 Sized before the KV cache, so the KV cache is sized from what the states leave.
 """
 
+import numpy as np
 import torch
 
+from gpu.host_to_device import to_device
 from gpu.layers.gated_deltanet import GatedDeltaNet
 
 RECURRENT_DTYPE = torch.float32  # the delta rule adds into the state at every token: kept at full precision
@@ -31,3 +36,14 @@ def allocate(layers: list[GatedDeltaNet], num_slots: int, dtype: torch.dtype, de
         layer.conv_state = torch.zeros(num_slots, s.conv_dim, s.conv_kernel_size - 1, dtype=dtype, device=device)
         layer.recurrent_state = torch.zeros(num_slots, s.num_value_heads, s.key_head_dim, s.value_head_dim,
                                             dtype=RECURRENT_DTYPE, device=device)
+
+
+def copy_rows(layers: list[GatedDeltaNet], copies: list[tuple[int, int]], device: torch.device) -> None:
+    """Every layer's state row `source` copied to row `destination`, for each (source, destination): one gather and
+    one scatter per state tensor."""
+    if not copies:
+        return
+    rows = to_device(np.asarray(copies, dtype=np.int64).T, np.int64, device)  # [2, num_copies]
+    for layer in layers:
+        layer.conv_state[rows[1]] = layer.conv_state[rows[0]]
+        layer.recurrent_state[rows[1]] = layer.recurrent_state[rows[0]]

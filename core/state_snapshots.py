@@ -1,0 +1,152 @@
+"""Prefix caching for models with linear-attention layers: their state at block boundaries, kept in snapshot rows
+of the runner's state cache (gpu/state_cache.py) and keyed like the KV blocks.
+
+A prefix hit must give the full-attention layers their KV blocks and the linear layers their state at the hit's
+end: a hit is the longest run of cached KV blocks whose last block's key has a snapshot. A sequence saves its state
+where a later request is likely to resume:
+- during its prompt (or a recomputation), at the end of its KV-cache hit when no snapshot served that far (a branch
+  point: the shared part of prompts that differ after it, such as a system prompt) and at the last block boundary
+  before its last known token (a later turn of the conversation extends it);
+- while it decodes, at each block boundary it crosses, keeping only the latest (its output, if the next turn carries
+  it over verbatim).
+The scheduler ends a prompt chunk at each such boundary (`chunk_end`), so the state there exists; the step copies it
+to a snapshot row after its forward (`Batch.state_saves`). A snapshot is keyed once the block before its boundary
+has its prefix-cache key (with pending tokens that can be a later step); until then only its sequence holds the
+row. Keyed snapshots are evicted least recently used first when a save needs a row. An admitted sequence's state slot
+is filled from its hit's snapshot before its first step's forward (`Batch.state_restores`).
+
+Per sequence at most three rows are held at once (two prompt points, one decode point) before keying; the pool's
+size bounds the rest. Invariant at idle: every row is free or keyed, and free + keyed = total.
+"""
+
+from collections import OrderedDict, deque
+from dataclasses import dataclass
+
+from core.penalty_slots import PenaltySlots
+from core.sequence import Sequence
+
+
+class StateSnapshots:
+    def __init__(self, num_snapshots: int, first_row: int, block_size: int) -> None:
+        """Rows [first_row, first_row + num_snapshots) of the runner's state cache (the sequence slots come first)."""
+        self.num_snapshots = num_snapshots
+        self.block_size = block_size
+        self.free_rows: deque[int] = deque(range(first_row, first_row + num_snapshots))
+        self.key_to_row: OrderedDict[bytes, int] = OrderedDict()  # least recently used first
+
+    @property
+    def num_keyed(self) -> int:
+        return len(self.key_to_row)
+
+    def usable_hit(self, hit_keys: list[bytes]) -> int:
+        """How many leading blocks of a KV-cache hit the linear layers can resume after: the most whose last block
+        has a snapshot (0: none)."""
+        for num_blocks in range(len(hit_keys), 0, -1):
+            if hit_keys[num_blocks - 1] in self.key_to_row:
+                return num_blocks
+        return 0
+
+    def admit(self, seq: Sequence, num_kv_hit_blocks: int, num_used_blocks: int) -> None:
+        """Sets the admitted sequence's restore (the snapshot at its hit's end) and the prompt boundaries where it
+        saves its state. Call after it holds its hit of `num_used_blocks` blocks (of `num_kv_hit_blocks` cached)."""
+        start = num_used_blocks * self.block_size
+        if num_used_blocks:
+            key = seq.block_keys[num_used_blocks - 1]
+            self.key_to_row.move_to_end(key)
+            seq.state_restore_row = self.key_to_row[key]
+        last = (seq.num_tokens - 1) // self.block_size * self.block_size
+        ends = {num_kv_hit_blocks * self.block_size, last}
+        seq.snapshot_ends = tuple(sorted(end for end in ends if end > start))
+
+    def chunk_end(self, seq: Sequence, start: int, num_new_tokens: int) -> int:
+        """The tokens to schedule from `start`: up to the first save boundary inside the chunk, where it ends."""
+        for end in seq.snapshot_ends:
+            if start < end < start + num_new_tokens:
+                return end - start
+        return num_new_tokens
+
+    def copies_of_row(self, seq: Sequence, start: int, end: int, state_slot: int
+                      ) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
+        """(restore: (snapshot row, slot) before the forward, save: (slot, snapshot row) after it) of a row that
+        computes [start, end) of `seq`."""
+        self.key_ready(seq)
+        restore = None
+        if seq.state_restore_row is not None:
+            restore, seq.state_restore_row = (seq.state_restore_row, state_slot), None
+        is_decode_boundary = end - start == 1 and end >= seq.num_prompt_tokens and end % self.block_size == 0
+        if end not in seq.snapshot_ends and not is_decode_boundary:
+            return restore, None
+        if is_decode_boundary:
+            self._drop_decode_snapshot(seq)
+        row = self._take_row()
+        if row is None:
+            return restore, None
+        seq.unkeyed_snapshots.append((end, row))
+        if is_decode_boundary:
+            seq.decode_snapshot_end = end
+        return restore, (state_slot, row)
+
+    def key_ready(self, seq: Sequence) -> None:
+        """Keys the sequence's saved snapshots whose block has its prefix-cache key now."""
+        waiting = []
+        for end, row in seq.unkeyed_snapshots:
+            index = end // self.block_size - 1
+            if index >= len(seq.block_keys):
+                waiting.append((end, row))
+                continue
+            key = seq.block_keys[index]
+            if key in self.key_to_row:  # an equal prefix saved it already
+                self.free_rows.append(row)
+            else:
+                self.key_to_row[key] = row
+        seq.unkeyed_snapshots = waiting
+
+    def release(self, seq: Sequence, keep_cached: bool = True) -> None:
+        """A finished or preempted sequence: its keyed snapshots stay for later hits, the others are freed (and not
+        keyed without `keep_cached`: a failed step's state is not to be trusted)."""
+        if keep_cached:
+            self.key_ready(seq)
+        self.free_rows.extend(row for _, row in seq.unkeyed_snapshots)
+        seq.unkeyed_snapshots = []
+        seq.state_restore_row = None
+        seq.snapshot_ends = ()
+        seq.decode_snapshot_end = None
+
+    def _drop_decode_snapshot(self, seq: Sequence) -> None:
+        """Frees the sequence's earlier decode snapshot: it keeps the latest only."""
+        end = seq.decode_snapshot_end
+        if end is None:
+            return
+        seq.decode_snapshot_end = None
+        for index, (pending_end, row) in enumerate(seq.unkeyed_snapshots):
+            if pending_end == end:
+                del seq.unkeyed_snapshots[index]
+                self.free_rows.append(row)
+                return
+        key = seq.block_keys[end // self.block_size - 1]
+        row = self.key_to_row.pop(key, None)
+        if row is not None:
+            self.free_rows.append(row)
+
+    def _take_row(self) -> int | None:
+        if self.free_rows:
+            return self.free_rows.popleft()
+        if self.key_to_row:
+            return self.key_to_row.popitem(last=False)[1]
+        return None
+
+
+@dataclass(frozen=True)
+class LinearStates:
+    """Where a hybrid model's sequences keep their linear-attention layers' state: a slot of the runner's state cache
+    each while they run, and the snapshots that prefix caching resumes from (None: prefix caching off)."""
+
+    slots: PenaltySlots
+    snapshots: StateSnapshots | None
+
+    def release(self, seq: Sequence, keep_cached: bool = True) -> None:
+        if seq.state_slot is not None:
+            self.slots.release(seq.state_slot)
+            seq.state_slot = None
+        if self.snapshots is not None:
+            self.snapshots.release(seq, keep_cached)
