@@ -1,0 +1,109 @@
+"""The linear-attention state snapshots of hybrid models (core/state_snapshots.py) with the scheduler and the batch
+builder, without a model: where prompt chunks end, which rows a step restores and saves, when a save is keyed,
+which snapshot is evicted, and that every row is free or keyed again at idle."""
+
+from core.batch_builder import build_batch
+from core.block_manager import BlockManager
+from core.config import SchedulerConfig
+from core.penalty_slots import PenaltySlots
+from core.scheduler import Scheduler, SchedulerOutput
+from core.state_snapshots import LinearStates, StateSnapshots
+from tests.unit.scheduling_helpers import StepClock, complete_step, make_seq
+
+BLOCK = 4
+MAX_NUM_SEQS = 4
+
+
+def make(num_snapshots: int = 4, max_tokens_per_step: int = 64) -> tuple[Scheduler, LinearStates]:
+    snapshots = StateSnapshots(num_snapshots, MAX_NUM_SEQS, BLOCK)
+    config = SchedulerConfig(MAX_NUM_SEQS, max_tokens_per_step)
+    scheduler = Scheduler(config, BlockManager(64, BLOCK), StepClock(), snapshots=snapshots)
+    return scheduler, LinearStates(PenaltySlots(MAX_NUM_SEQS), snapshots)
+
+
+def step(scheduler: Scheduler, states: LinearStates) -> tuple[SchedulerOutput, list[tuple[int, int]],
+                                                               list[tuple[int, int]]]:
+    """One step: (what ran, its restores, its saves); sequences that finish release their states."""
+    out = scheduler.schedule()
+    batch = build_batch(out.scheduled, BLOCK, (), PenaltySlots(MAX_NUM_SEQS), [], None, states)
+    for seq in complete_step(scheduler, out):
+        states.release(seq)
+    return out, batch.state_restores, batch.state_saves
+
+
+def run_to_end(scheduler: Scheduler, states: LinearStates) -> list[tuple[list[int], list, list]]:
+    steps = []
+    while scheduler.has_unfinished():
+        out, restores, saves = step(scheduler, states)
+        steps.append(([s.num_new_tokens for s in out.scheduled], restores, saves))
+    return steps
+
+
+def test_a_prompt_chunk_ends_at_its_last_boundary_and_saves_there() -> None:
+    scheduler, states = make()
+    seq = make_seq("a", 10, max_tokens=3)  # last boundary before its last token: 8
+    scheduler.add(seq)
+    out, restores, saves = step(scheduler, states)
+    assert [s.num_new_tokens for s in out.scheduled] == [8] and restores == [] and saves == [(0, 4)]
+    out, restores, saves = step(scheduler, states)
+    assert [s.num_new_tokens for s in out.scheduled] == [2] and saves == []
+    assert states.snapshots is not None and list(states.snapshots.key_to_row.values()) == [4]
+
+
+def test_a_later_prompt_restores_the_snapshot_and_saves_its_branch_point() -> None:
+    scheduler, states = make()
+    first = make_seq("a", 10, max_tokens=1)
+    scheduler.add(first)
+    run_to_end(scheduler, states)
+    # Same first 8 tokens (a hit of 2 blocks with a snapshot at 8), then its own: saves at its last boundary 12.
+    second = make_seq("b", 14, max_tokens=1)
+    scheduler.add(second)
+    out, restores, saves = step(scheduler, states)
+    assert out.scheduled[0].start == 8 and out.scheduled[0].num_new_tokens == 4
+    assert restores == [(4, 0)] and saves == [(0, 5)]
+    run_to_end(scheduler, states)
+    # Shares 6 tokens with the second: the KV hit is 1 block, with no snapshot at 4: it computes from 0 and saves
+    # at 4 (its branch point) and at 8.
+    third = make_seq("c", 9, max_tokens=1)
+    third.token_ids[6:] = [100, 101, 102]
+    scheduler.add(third)
+    steps = run_to_end(scheduler, states)
+    assert steps[0] == ([4], [], [(0, 6)]) and steps[1][0] == [4]
+    assert states.snapshots is not None and states.snapshots.num_keyed == 4  # a's 8, b's 12, c's 4 and its own 8
+
+
+def test_decode_keeps_its_latest_boundary_only() -> None:
+    scheduler, states = make()
+    seq = make_seq("a", 3, max_tokens=11)  # decodes past positions 4, 8, 12
+    scheduler.add(seq)
+    steps = run_to_end(scheduler, states)
+    saves = [save for _, _, step_saves in steps for save in step_saves]
+    assert saves == [(0, 4), (0, 5), (0, 6)]
+    snapshots = states.snapshots  # rows 4 and 5 (boundaries 4 and 8) freed as the next was saved
+    assert snapshots is not None and list(snapshots.key_to_row.values()) == [6]
+    assert list(snapshots.free_rows) == [7, 4, 5]
+    assert len(snapshots.free_rows) + snapshots.num_keyed == snapshots.num_snapshots
+
+
+def test_the_least_recently_used_snapshot_is_evicted() -> None:
+    scheduler, states = make(num_snapshots=2)
+    for index, length in enumerate((6, 10, 14)):  # each saves at its last boundary: 4, 8, 12 (distinct tokens)
+        scheduler.add(make_seq(str(index), length, max_tokens=1, first_token=100 * index))
+        run_to_end(scheduler, states)
+    snapshots = states.snapshots
+    assert snapshots is not None and snapshots.num_keyed == 2 and len(snapshots.free_rows) == 0
+    hit = make_seq("again", 7, max_tokens=1)  # the first prompt's tokens: its snapshot was evicted
+    scheduler.add(hit)
+    out, restores, _ = step(scheduler, states)
+    assert out.scheduled[0].start == 0 and restores == []
+
+
+def test_preemption_frees_unkeyed_rows_and_the_slot() -> None:
+    scheduler, states = make()
+    seq = make_seq("a", 10, max_tokens=3)
+    scheduler.add(seq)
+    step(scheduler, states)
+    states.release(seq, keep_cached=False)
+    snapshots = states.snapshots
+    assert snapshots is not None and states.slots.num_free == MAX_NUM_SEQS and seq.state_slot is None
+    assert seq.unkeyed_snapshots == [] and len(snapshots.free_rows) + snapshots.num_keyed == 4
