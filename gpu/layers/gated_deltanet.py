@@ -12,11 +12,16 @@ all of its heads): Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a
 `in_proj_qkvz` and `in_proj_ba`, grouped by key head ([q, k, v, z] of key head 0, then of key head 1, ...), which the
 loader regroups.
 
+On CUDA a decode step's delta rule runs as one Triton kernel (gpu/kernels/gated_delta_decode.py) that updates the
+rows' states in place, and a step with prompts runs flash-linear-attention's chunked kernel over every row at once
+where `fla` is installed (else the torch code, row by row); the torch code is the reference both are tested against.
+
 State (gpu/state_cache.py): per sequence slot, `conv_state` [slots, conv_dim, K - 1] in the model's dtype and
 `recurrent_state` [slots, value_heads, key_dim, value_dim] in float32 (the delta rule accumulates into it at every
 token). A step reads each row's slot (zeros where the row starts its sequence) and writes it back.
 """
 
+import importlib.util
 from dataclasses import dataclass
 
 import torch
@@ -27,11 +32,15 @@ from transformers import PretrainedConfig
 from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import SINGLE, TensorParallel
+from gpu.kernels import HAS_TRITON
 from gpu.layers import gated_delta_rule
 from gpu.layers.linear import Linear
 from gpu.layers.norm import NormInput
 from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.loader import CheckpointTensor
+
+# flash-linear-attention's chunked kernel for prompts on CUDA, where it is installed (import name `fla`).
+HAS_FLA = importlib.util.find_spec("fla") is not None
 
 # Checkpoint parts of the input projection, by family: Qwen3.5's separate tensors, Qwen3-Next's fused ones.
 SEPARATE_PARTS = ("qkv", "z", "b", "a")
@@ -140,6 +149,7 @@ class GatedDeltaNet(nn.Module):
         self.A_log = nn.Parameter(torch.zeros(spec.num_value_heads))
         self.norm = GatedRMSNorm(spec.value_head_dim, spec.norm_eps)
         self.out_proj = RowParallelLinear(spec.value_dim, spec.hidden_size, False, tp, kernels)
+        self.kernels = kernels
         self.conv_state = torch.empty(0)  # [slots, conv_dim, K - 1], set by gpu/state_cache.py
         self.recurrent_state = torch.empty(0)  # [slots, value_heads, key_head_dim, value_head_dim] float32
 
@@ -155,8 +165,7 @@ class GatedDeltaNet(nn.Module):
         if state.is_one_token_per_row:
             out = self._decode(qkv, g, beta, state)
         else:
-            out = torch.cat([self._sequence(qkv[start:end], g[start:end], beta[start:end], state, row)
-                             for row, (start, end) in enumerate(state.token_ranges)])
+            out = self._rows(self._convolved_rows(qkv, state), g, beta, state)
         num_tokens = out.shape[0]
         out = self.norm(out.to(qkv.dtype), z.reshape(num_tokens, s.num_value_heads, s.value_head_dim))
         return self.out_proj(out.reshape(num_tokens, s.value_dim)), residual
@@ -168,6 +177,9 @@ class GatedDeltaNet(nn.Module):
         return (q.reshape(*shape, s.num_key_heads, s.key_head_dim), k.reshape(*shape, s.num_key_heads, s.key_head_dim),
                 v.reshape(*shape, s.num_value_heads, s.value_head_dim))
 
+    def _uses_kernels(self, x: torch.Tensor) -> bool:
+        return self.kernels.fused_kernels and HAS_TRITON and x.is_cuda
+
     def _decode(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
                 ) -> torch.Tensor:
         """One token per row, every row at once: [num_rows, value_heads, value_head_dim] float32."""
@@ -175,25 +187,64 @@ class GatedDeltaNet(nn.Module):
         conv_state = self.conv_state[slots] * keeps[:, None, None].to(self.conv_state.dtype)
         mixed, conv_state = gated_delta_rule.conv_step(qkv, conv_state, self.conv1d.weight[:, 0])
         self.conv_state[slots] = conv_state
+        if self._uses_kernels(mixed):
+            from gpu.kernels.gated_delta_decode import gated_delta_decode
+
+            s = self.spec
+            heads = (s.num_key_heads, s.num_value_heads, s.key_head_dim, s.value_head_dim)
+            return gated_delta_decode(mixed, heads, g, beta.contiguous(), self.recurrent_state, slots, keeps)
         q, k, v = self._split_heads(mixed)
         recurrent_state = self.recurrent_state[slots] * keeps[:, None, None, None]
         out, recurrent_state = gated_delta_rule.recurrent(q, k, v, g, beta, recurrent_state)
         self.recurrent_state[slots] = recurrent_state
         return out
 
-    def _sequence(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata,
-                  row: int) -> torch.Tensor:
-        """One row's tokens, from its slot's state (zeros where it starts its sequence): [L, value_heads,
-        value_head_dim] float32."""
-        slot = state.slots[row]
-        continues = state.continues[row]
-        conv_state = self.conv_state[slot] if continues else torch.zeros_like(self.conv_state[slot])
-        mixed, self.conv_state[slot] = gated_delta_rule.conv_sequence(qkv, conv_state, self.conv1d.weight[:, 0])
+    def _convolved_rows(self, qkv: torch.Tensor, state: LinearStateMetadata) -> torch.Tensor:
+        """Each row's tokens through the causal convolution from its slot's conv state (zeros where it starts its
+        sequence), the slots' conv states advanced: [num_tokens, conv_dim]."""
+        weight = self.conv1d.weight[:, 0]
+        outputs = []
+        for row, (start, end) in enumerate(state.token_ranges):
+            slot = state.slots[row : row + 1]  # a 1-element index: no read of the slot on the host
+            conv_state = self.conv_state[slot][0] if state.continues[row] else self.conv_state.new_zeros(
+                self.conv_state.shape[1:])
+            out, new_state = gated_delta_rule.conv_sequence(qkv[start:end], conv_state, weight)
+            self.conv_state.index_copy_(0, slot, new_state.unsqueeze(0).to(self.conv_state.dtype))
+            outputs.append(out)
+        return torch.cat(outputs)
+
+    def _rows(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
+              ) -> torch.Tensor:
+        """The delta rule over each row's tokens from its slot's state: [num_tokens, value_heads, value_head_dim]
+        float32; fla's chunked kernel over every row at once where it is installed (CUDA), else row by row."""
         q, k, v = self._split_heads(mixed)
-        recurrent_state = self.recurrent_state[slot] if continues else torch.zeros_like(self.recurrent_state[slot])
-        if qkv.shape[0] == 1:
-            out, new_state = gated_delta_rule.recurrent(q, k, v, g, beta, recurrent_state.unsqueeze(0))
-            self.recurrent_state[slot] = new_state[0]
-            return out
-        out, self.recurrent_state[slot] = gated_delta_rule.chunked(q, k, v, g, beta, recurrent_state)
-        return out
+        if self._uses_kernels(mixed) and HAS_FLA:
+            return self._rows_on_fla(q, k, v, g, beta, state)
+        outputs = []
+        for row, (start, end) in enumerate(state.token_ranges):
+            slot = state.slots[row : row + 1]
+            initial = self.recurrent_state[slot] if state.continues[row] else self.recurrent_state.new_zeros(
+                (1, *self.recurrent_state.shape[1:]))
+            rows = slice(start, end)
+            if end - start == 1:
+                out, final = gated_delta_rule.recurrent(q[rows], k[rows], v[rows], g[rows], beta[rows], initial)
+            else:
+                out, final = gated_delta_rule.chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], initial[0])
+                final = final.unsqueeze(0)
+            self.recurrent_state.index_copy_(0, slot, final)
+            outputs.append(out)
+        return torch.cat(outputs)
+
+    def _rows_on_fla(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
+                     state: LinearStateMetadata) -> torch.Tensor:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+
+        initial = self.recurrent_state[state.slots] * state.keeps_state[:, None, None, None]
+        ends = [end for _, end in state.token_ranges]
+        cu_seqlens_cpu = torch.tensor([0, *ends], dtype=torch.int64)
+        out, final = chunk_gated_delta_rule(
+            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0).to(q.dtype),
+            initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
+            cu_seqlens=cu_seqlens_cpu.to(q.device, non_blocking=True), cu_seqlens_cpu=cu_seqlens_cpu)
+        self.recurrent_state[state.slots] = final.float()
+        return out[0]

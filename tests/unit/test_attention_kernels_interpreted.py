@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = [Path(__file__).with_name(name) for name in ("attention_kernels_interpreted_cases.py",
                                                      "attention_variant_kernels_interpreted_cases.py",
                                                      "family_kernels_interpreted_cases.py",
-                                                     "moe_kernels_interpreted_cases.py")]
+                                                     "moe_kernels_interpreted_cases.py",
+                                                     "gated_delta_kernels_interpreted_cases.py")]
 
 
 def test_attention_kernels_under_the_interpreter() -> None:
