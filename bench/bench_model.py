@@ -62,6 +62,19 @@ SHAPES = {
         rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
                              original_max_position_embeddings=4096, truncate=False),
         eos_token_id=200002, pad_token_id=199999),
+    # Qwen3.5-35B-A3B's text model: 40 layers, three Gated DeltaNet layers (16 key heads, 32 value heads of 128) to
+    # each gated full-attention layer (16 query heads and 2 KV heads of 256, a quarter of each rotated), 256 experts
+    # (8 a token, 512 wide) and a gated shared expert (512) on every layer
+    "qwen3.5-35b-a3b": dict(
+        model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
+        layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
+        + (["linear_attention"] * 3 + ["full_attention"]) * 8,
+        num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
+        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
+        num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
+        max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
+        rope_parameters=dict(rope_type="default", rope_theta=10_000_000.0, partial_rotary_factor=0.25),
+        eos_token_id=248044),
     # for CPU runs of the benchmark scripts: its vocabulary covers the workloads' prompt ids, [0, 10000)
     "tiny": dict(QWEN3_0P6B, vocab_size=10_240, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
@@ -70,6 +83,12 @@ SHAPES = {
 # the same, sparse: 8 experts of 64, 2 a token (CPU runs of the MoE benchmarks)
 SHAPES["tiny-moe"] = dict(SHAPES["tiny"], model_type="qwen3_moe", moe_intermediate_size=64, num_experts=8,
                           num_experts_per_tok=2, norm_topk_prob=True)
+# the hybrid, tiny: a Gated DeltaNet layer, a full-attention layer (CPU runs of the hybrid benchmarks)
+SHAPES["tiny-hybrid"] = dict(
+    SHAPES["tiny-moe"], model_type="qwen3_5_moe_text", layer_types=["linear_attention", "full_attention"],
+    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
+    linear_conv_kernel_dim=4, shared_expert_intermediate_size=64,
+    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25))
 DEFAULT_SHAPE = "qwen3-0.6b"
 _SHARD_BYTES = 4 << 30
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
