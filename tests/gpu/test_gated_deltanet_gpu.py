@@ -1,0 +1,129 @@
+"""The Gated DeltaNet hybrids on the GPU (skip without CUDA).
+
+- The decode kernel (gpu/kernels/gated_delta_decode.py) against the torch reference, in place in its rows' slots.
+- flash-linear-attention's chunked kernel for steps with prompts (where `fla` is installed) against the torch
+  reference, rows continuing their state and rows starting it, a layer at a time.
+- float32: the torch reference path on CUDA (kernels off) gives transformers' tokens (CPU float32) through chunked
+  prefill, preemption and prefix hits that restore snapshots.
+- bf16 with the kernels: where tokens differ from transformers' bf16 ones, each side's is in the other's top-5,
+  rarely (tests/gpu/test_parity_gpu.py's rule), with prefix hits and chunked prefill.
+CUDA graphs are not used for these models (the runner logs why), so graphs on and off run the same steps.
+"""
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+import transformers
+
+from core import LLM, SamplingParams
+from core.config import engine_config
+from core.engine import LLMEngine, runner_config
+from gpu.attention.metadata import LinearStateMetadata
+from gpu.config import KernelConfig
+from gpu.layers.gated_deltanet import HAS_FLA, DeltaNetSpec, GatedDeltaNet
+from gpu.model_runner import ModelRunner
+from tests.gpu.test_parity_gpu import assert_bf16_divergences_rare_near_ties
+from tests.hybrid_models import HYBRID_CONFIGS, build_hybrid_model
+from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+# The families this transformers has reference classes of (an older one may lack Qwen3.5).
+MODELS = tuple(name for name, (_, model_class, _) in HYBRID_CONFIGS.items() if hasattr(transformers, model_class))
+SPEC = DeltaNetSpec(hidden_size=64, num_key_heads=2, num_value_heads=4, key_head_dim=32, value_head_dim=64,
+                    conv_kernel_size=4, norm_eps=1e-6, has_fused_projections=False)
+
+
+@pytest.fixture(scope="module")
+def hybrid_dirs(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("hybrid-models")
+    return {name: build_hybrid_model(root / name, name, tiny_model_dirs["qwen3"]) for name in MODELS}
+
+
+def layer_pair(dtype: torch.dtype) -> tuple[GatedDeltaNet, GatedDeltaNet]:
+    """The same random layer with the kernels and with the torch reference, each with its own state of 6 slots."""
+    torch.manual_seed(0)
+    layers = []
+    for kernels in (KernelConfig(), KernelConfig(fused_kernels=False)):
+        layer = GatedDeltaNet(SPEC, kernels).cuda()
+        with torch.no_grad():
+            for param in layer.parameters():
+                param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())) * 0.3)
+        layer = layer.to(dtype)
+        layer.conv_state = torch.randn(6, SPEC.conv_dim, 3, device="cuda", generator=None).to(dtype)
+        layer.recurrent_state = torch.randn(6, 4, 32, 64, device="cuda")
+        layers.append(layer)
+    layers[1].conv_state.copy_(layers[0].conv_state)
+    layers[1].recurrent_state.copy_(layers[0].recurrent_state)
+    return layers[0], layers[1]
+
+
+def state_inputs(query_lens: list[int], continues: list[bool], slots: list[int]) -> LinearStateMetadata:
+    ends = torch.tensor(query_lens).cumsum(0).tolist()
+    return LinearStateMetadata(
+        slots=torch.tensor(slots, device="cuda"), keeps_state=torch.tensor(continues, device="cuda").float(),
+        continues=tuple(continues), token_ranges=tuple(zip([0, *ends[:-1]], ends, strict=True)),
+        is_one_token_per_row=all(n == 1 for n in query_lens))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_kernel_matches_the_reference(dtype: torch.dtype) -> None:
+    fused, reference = layer_pair(dtype)
+    qkv = torch.randn(4, SPEC.conv_dim, device="cuda").to(dtype)
+    g, beta = -torch.rand(4, 4, device="cuda"), torch.rand(4, 4, device="cuda").to(dtype)
+    state = state_inputs([1] * 4, [True, False, True, True], [5, 0, 3, 1])
+    ours, theirs = fused._decode(qkv, g, beta, state), reference._decode(qkv, g, beta, state)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(fused.recurrent_state, reference.recurrent_state, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.skipif(not HAS_FLA, reason="needs flash-linear-attention (fla)")
+def test_fla_prompt_rows_match_the_reference() -> None:
+    fused, reference = layer_pair(torch.bfloat16)
+    query_lens, continues, slots = [70, 1, 130, 5], [True, True, False, True], [2, 4, 0, 5]
+    num_tokens = sum(query_lens)
+    mixed = torch.randn(num_tokens, SPEC.conv_dim, device="cuda").to(torch.bfloat16)
+    g, beta = -torch.rand(num_tokens, 4, device="cuda"), torch.rand(num_tokens, 4, device="cuda").to(torch.bfloat16)
+    state = state_inputs(query_lens, continues, slots)
+    ours, theirs = fused._rows(mixed, g, beta, state), reference._rows(mixed, g, beta, state)
+    torch.testing.assert_close(ours, theirs, rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(fused.recurrent_state, reference.recurrent_state, rtol=3e-2, atol=3e-2)
+
+
+def generated(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
+    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    for request_id, prompt in zip(tokens, prompts, strict=True):
+        engine.add_request(request_id, prompt, params)
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            tokens[out.request_id] += out.new_token_ids
+    return list(tokens.values())
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_float32_reference_path_matches_transformers(hybrid_dirs: dict[str, Path], model: str) -> None:
+    config = engine_config(str(hybrid_dirs[model]), dtype="float32", device="cuda", attention_backend="triton",
+                           block_size=16, kv_cache_blocks=14, max_num_seqs=16, max_num_batched_tokens=40)
+    runner = ModelRunner(replace(runner_config(config), kernels=KernelConfig(fused_kernels=False)))
+    engine = LLMEngine(config, runner=runner)
+    prompts = prompts_of_lengths((1, 7, 16, 17, 40, 100, 3, 64), shared_prefix=20)
+    first = generated(engine, prompts[:1], SamplingParams(temperature=0.0, max_tokens=12))
+    rest = generated(engine, prompts[1:], SamplingParams(temperature=0.0, max_tokens=12))
+    for prompt, output in zip(prompts, first + rest, strict=True):
+        assert output == hf_greedy(hybrid_dirs[model], prompt)
+    stats = engine.stats()
+    assert stats.num_prefix_cache_hit_tokens > 0 and stats.num_preemptions > 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_bf16_tokens_by_the_top5_rule(hybrid_dirs: dict[str, Path], model: str) -> None:
+    llm = LLM(str(hybrid_dirs[model]), dtype="bfloat16", device="cuda", attention_backend="triton", block_size=16,
+              kv_cache_blocks=512, max_num_seqs=16, max_num_batched_tokens=48)
+    prompts = prompts_of_lengths((1, 7, 16, 17, 40, 100, 3, 64, 150), shared_prefix=20)
+    params = SamplingParams(temperature=0.0, max_tokens=16, logprobs=5)
+    outputs = llm.generate(prompts[:1], params) + llm.generate(prompts[1:], params)
+    assert llm.engine.stats().num_prefix_cache_hit_tokens > 0
+    assert_bf16_divergences_rare_near_ties(hybrid_dirs[model], prompts, outputs)
