@@ -171,11 +171,22 @@ class ModelRunner:
         if not self.linear_layers:
             return
         num_rows = self.num_state_slots + self.config.num_state_snapshots
-        state_cache.allocate(self.linear_layers, num_rows, self.dtype, self.device)
         slot_bytes = state_cache.bytes_per_slot(self.linear_layers, self.dtype)
+        try:
+            state_cache.allocate(self.linear_layers, num_rows, self.dtype, self.device)
+        except torch.OutOfMemoryError as error:
+            raise RuntimeError(
+                f"no memory for the linear-attention state of {self.num_state_slots} sequences and "
+                f"{self.config.num_state_snapshots} snapshots ({num_rows * slot_bytes / 2**30:.2f} GiB): lower "
+                "--max-num-seqs or --state-snapshots") from error
         logger.info("linear-attention state: %d layers, %d sequence slots and %d snapshots of %.1f MiB = %.2f GiB",
                     len(self.linear_layers), self.num_state_slots, self.config.num_state_snapshots,
                     slot_bytes / 2**20, num_rows * slot_bytes / 2**30)
+        if self.device.type == "cuda" and self.config.kernels.fused_kernels:
+            from gpu.layers.gated_deltanet import fla_chunked_rule
+
+            prompts = "flash-linear-attention's chunked kernel" if fla_chunked_rule() else "torch (no fla)"
+            logger.info("delta rule: decodes by our Triton kernel, prompts by %s", prompts)
 
     def _probe_gated_gemm(self) -> None:
         """Runs quack's gated GEMM once here (layers take it only where this probe found it working) and logs why

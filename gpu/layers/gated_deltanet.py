@@ -22,7 +22,10 @@ token). A step reads each row's slot (zeros where the row starts its sequence) a
 """
 
 import importlib.util
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -39,8 +42,23 @@ from gpu.layers.norm import NormInput
 from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.loader import CheckpointTensor
 
+logger = logging.getLogger(__name__)
+
 # flash-linear-attention's chunked kernel for prompts on CUDA, where it is installed (import name `fla`).
 HAS_FLA = importlib.util.find_spec("fla") is not None
+
+
+@cache
+def fla_chunked_rule() -> Callable | None:
+    """fla's chunk_gated_delta_rule, or None where it does not import (then the torch code runs, logged once)."""
+    if not HAS_FLA:
+        return None
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as error:  # noqa: BLE001 - any failure to import leaves the torch path
+        logger.warning("flash-linear-attention does not import (%s): prompts run the torch delta rule", error)
+        return None
+    return chunk_gated_delta_rule
 
 # Checkpoint parts of the input projection, by family: Qwen3.5's separate tensors, Qwen3-Next's fused ones.
 SEPARATE_PARTS = ("qkv", "z", "b", "a")
@@ -218,8 +236,8 @@ class GatedDeltaNet(nn.Module):
         """The delta rule over each row's tokens from its slot's state: [num_tokens, value_heads, value_head_dim]
         float32; fla's chunked kernel over every row at once where it is installed (CUDA), else row by row."""
         q, k, v = self._split_heads(mixed)
-        if self._uses_kernels(mixed) and HAS_FLA:
-            return self._rows_on_fla(q, k, v, g, beta, state)
+        if self._uses_kernels(mixed) and (chunked_rule := fla_chunked_rule()) is not None:
+            return self._rows_on_fla(chunked_rule, (q, k, v), g, beta, state)
         outputs = []
         for row, (start, end) in enumerate(state.token_ranges):
             slot = state.slots[row : row + 1]
@@ -235,10 +253,9 @@ class GatedDeltaNet(nn.Module):
             outputs.append(out)
         return torch.cat(outputs)
 
-    def _rows_on_fla(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor,
-                     state: LinearStateMetadata) -> torch.Tensor:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-
+    def _rows_on_fla(self, chunk_gated_delta_rule: Callable, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+                     g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata) -> torch.Tensor:
+        q, k, v = qkv
         initial = self.recurrent_state[state.slots] * state.keeps_state[:, None, None, None]
         ends = [end for _, end in state.token_ranges]
         cu_seqlens_cpu = torch.tensor([0, *ends], dtype=torch.int64)
