@@ -13,6 +13,8 @@ numbers. Padded rows write no K/V (slot -1) and attend to one
 token of a valid block, so they cost little and never fault; their outputs are ignored. The
 attention metadata a graph was captured with is static too: `max_context_len` is `max_model_len`,
 so a kernel that sizes its launch from it launches the same grid at every replay.
+A model with linear-attention layers (gpu/state_cache.py) also reads each row's state slot and whether it continues
+its state from two more static buffers; padded rows name the state cache's padding row and start from zeros.
 
 The static buffers are views of two device tensors (int64: token ids, positions, slots, the
 fed-back token indices and the rows' Philox keys, then the slots of each further KV-cache group; int32: context
@@ -32,9 +34,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata
 from gpu.batch import Batch
-from gpu.host_to_device import write_block_tables
+from gpu.host_to_device import to_device, write_block_tables
 from gpu.pending_step import feed_back_tokens
 
 if TYPE_CHECKING:
@@ -96,7 +98,9 @@ class DecodeGraphs:
     def __init__(
         self, forward: ForwardFn, max_num_seqs: int, max_model_len: int, block_size: int, device: torch.device,
         logits_fn: LogitsFn | None = None, logits: torch.Tensor | None = None, num_groups: int = 1,
+        padding_state_slot: int | None = None,
     ) -> None:
+        """`padding_state_slot`: a model with linear-attention layers' state row for padded rows."""
         self.forward = forward
         # The sampling head: each graph writes its rows' logits into `logits` ([max_num_seqs, vocab], one buffer
         # for every graph, allocated by the caller before the KV cache is sized) and draws from them.
@@ -126,6 +130,9 @@ class DecodeGraphs:
         self.context_lens.fill_(1)
         self.row_order.copy_(torch.arange(n, dtype=torch.int32, device=device))
         self.query_start_loc = torch.arange(n + 1, dtype=torch.int32, device=device)
+        self.padding_state_slot = padding_state_slot
+        self.state_slots = torch.full((n,), padding_state_slot or 0, dtype=torch.int64, device=device)
+        self.keeps_state = torch.zeros(n, dtype=torch.float32, device=device)
         # Two pinned mirrors used in turn: one is filled while the copy out of the other may still be queued.
         self._mirrors = [_HostMirror(self._int64, self._int32) for _ in range(2)]
         self._turn = 0
@@ -146,6 +153,9 @@ class DecodeGraphs:
             max_context_len=self.max_model_len,
             is_decode_only=True,
             row_order=self.row_order[:bucket],
+            linear_state=None if self.padding_state_slot is None else LinearStateMetadata(
+                self.state_slots[:bucket], self.keeps_state[:bucket], continues=(), token_ranges=(),
+                is_one_token_per_row=True),
         )
         if self.num_groups == 1:
             return meta
@@ -199,6 +209,8 @@ class DecodeGraphs:
             self._int32[start : start + bucket * self.max_blocks].copy_(
                 mirror.int32[start : start + bucket * self.max_blocks], non_blocking=True)
         mirror.copied.record()
+        if self.padding_state_slot is not None:
+            self._fill_state_inputs(batch, bucket)
         if num_fed_back := len(batch.fed_back_token_indices):
             feed_back_tokens(self.input_ids, self._int64[3, :num_fed_back], self._int64[4, :num_fed_back],
                              last_sampled_ids)
@@ -206,6 +218,17 @@ class DecodeGraphs:
             return self._step(*self._static_args(bucket)).rows(num_rows)
         self.graphs[bucket].replay()
         return self.outputs[bucket].rows(num_rows)
+
+
+    def _fill_state_inputs(self, batch: Batch, bucket: int) -> None:
+        """Each row's state slot and whether it continues its state (a context before its token); padded rows the
+        padding slot, from zeros."""
+        padding = bucket - batch.num_rows
+        row_slots = batch.state_slots or [self.padding_state_slot] * batch.num_rows  # the runner's warm-up steps
+        slots = np.array([*row_slots, *[self.padding_state_slot] * padding], dtype=np.int64)
+        keeps = np.array([c > 1 for c in batch.context_lens] + [False] * padding, dtype=np.float32)
+        self.state_slots[:bucket].copy_(to_device(slots, np.int64, self.state_slots.device), non_blocking=True)
+        self.keeps_state[:bucket].copy_(to_device(keeps, np.float32, self.keeps_state.device), non_blocking=True)
 
 
 class PinnedMirror:

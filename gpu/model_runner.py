@@ -159,18 +159,17 @@ class ModelRunner:
         logger.info("attention backend: %s (requested %s, device %s: %s)", self.backend.name, config.attention_backend,
                     self.device, why)
         self.cpu_decode = self._cpu_decode_steps()
-        if self.device.type == "cuda" and not self.linear_layers:
+        if self.device.type == "cuda":
             start = time.perf_counter()
             self._capture_graphs()
             logger.info("CUDA graph capture took %.1f s", time.perf_counter() - start)
-        elif self.linear_layers:
-            logger.info("CUDA graphs off: the linear-attention layers' state is not read through the graphs' inputs")
         self._run_first_request_shapes()
 
     def _allocate_state_cache(self) -> None:
         if not self.linear_layers:
             return
-        num_rows = self.num_state_slots + self.config.num_state_snapshots
+        # One row more on CUDA: the padded rows of the decode graphs read and write it (gpu/cuda_graphs.py).
+        num_rows = self.num_state_slots + self.config.num_state_snapshots + (self.device.type == "cuda")
         slot_bytes = state_cache.bytes_per_slot(self.linear_layers, self.dtype)
         try:
             state_cache.allocate(self.linear_layers, num_rows, self.dtype, self.device)
@@ -288,7 +287,9 @@ class ModelRunner:
             layer.v_cache[:num_blocks].normal_()
 
         def is_graphed(backend: AttentionBackend, phase: str) -> bool:
-            graph_safe = backend.supports_cuda_graphs if phase == "decode" else backend.supports_mixed_graphs
+            # (steps with prompts of a model with linear-attention layers never run in a graph: _capture_graphs)
+            graph_safe = backend.supports_cuda_graphs if phase == "decode" else (
+                backend.supports_mixed_graphs and not self.linear_layers)
             return graph_safe and not self.config.enforce_eager
 
         def time_step(backend: AttentionBackend, batch: Batch, graphed: bool) -> float:
@@ -334,10 +335,12 @@ class ModelRunner:
         """Graphs for decode-only steps and, when the backend allows, for steps with prefill (one pool)."""
         c = self.config
         num_groups = len(self.kv_cache_groups)
+        padding_state_slot = self.num_state_slots + c.num_state_snapshots if self.linear_layers else None
         self.decode = DecodeGraphs(self.model, c.max_num_seqs, c.max_model_len, c.block_size, self.device,
                                    self.model.compute_logits_into if self._graph_logits is not None else None,
-                                   self._graph_logits, num_groups)
-        if self.backend.supports_mixed_graphs:
+                                   self._graph_logits, num_groups, padding_state_slot)
+        # Steps with prompts run the linear-attention layers row by row (host-known lengths): never in a graph.
+        if self.backend.supports_mixed_graphs and not self.linear_layers:
             self.mixed = MixedGraphs(self.model, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len,
                                      c.block_size, self.device, num_groups)
         if c.enforce_eager:
@@ -462,10 +465,12 @@ class ModelRunner:
             return self._launch_verification(batch)
         rows = [row for row in batch.sampling if row is not None]
         logits = None
+        state_cache.copy_rows(self.linear_layers, batch.state_restores, self.device)
         if self._replays_decode_graph(batch):
             assert self.decode is not None
             draw = self._graph_draw(batch, rows)
             out = self.decode.run(batch, self._last_sampled_ids, draw)
+            state_cache.copy_rows(self.linear_layers, batch.state_saves, self.device)
             if draw is not None:  # the graph drew the tokens: no launch from here to the copy to the host
                 assert out.logits is not None and out.token_ids is not None
                 return self._launched(self.sampler.finish_graph_draw(out.logits, out.token_ids, rows, draw), None)
@@ -474,6 +479,7 @@ class ModelRunner:
                 logits = out.logits  # computed by the graph (None without a sampling head)
         else:
             hidden = self._forward(batch)
+            state_cache.copy_rows(self.linear_layers, batch.state_saves, self.device)
         prompt = None
         if batch.prompt_logprobs:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
@@ -555,12 +561,7 @@ class ModelRunner:
         if self.cpu_decode is not None and batch.is_decode_only:
             return self.cpu_decode.run(*self._prepare(batch))
         input_ids, positions, meta = self._prepare(batch)
-        if not (batch.state_restores or batch.state_saves):
-            return self.model(input_ids, positions, meta)
-        state_cache.copy_rows(self.linear_layers, batch.state_restores, self.device)
-        hidden = self.model(input_ids, positions, meta)
-        state_cache.copy_rows(self.linear_layers, batch.state_saves, self.device)
-        return hidden
+        return self.model(input_ids, positions, meta)
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
         input_ids, positions, meta = step_inputs(batch, self.device, self.num_state_slots)

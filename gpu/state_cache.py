@@ -5,7 +5,8 @@ its sequence (its first token: a new prompt, or one recomputed after a preemptio
 needs no clearing.
 
 Prefix caching (core/state_snapshots.py) keeps states at block boundaries in further rows after the slots: a step
-copies a snapshot into a slot before its forward, and a slot into a snapshot after it (`copy_rows`).
+copies a snapshot into a slot before its forward, and a slot into a snapshot after it (`copy_rows`). On CUDA one
+last row is the decode graphs' padded rows' (gpu/cuda_graphs.py), read as zeros and written, never used.
 
 Sized before the KV cache, so the KV cache is sized from what the states leave.
 """

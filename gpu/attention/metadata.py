@@ -24,8 +24,9 @@ class LinearStateMetadata:
 
     slots: torch.Tensor  # [num_rows] int64
     keeps_state: torch.Tensor  # [num_rows] float32: 1.0 where the row continues its state, 0.0 where it starts
-    continues: tuple[bool, ...]  # the same, on the host
-    token_ranges: tuple[tuple[int, int], ...]  # each row's [start, end) among the step's tokens, on the host
+    # On the host, for the row-by-row path (empty in the decode graphs' inputs: a decode reads only the tensors):
+    continues: tuple[bool, ...]  # keeps_state
+    token_ranges: tuple[tuple[int, int], ...]  # each row's [start, end) among the step's tokens
     is_one_token_per_row: bool  # every row at once (a decode step), else row by row
 
 
