@@ -6,8 +6,8 @@
 - float32: the torch reference path on CUDA (kernels off) gives transformers' tokens (CPU float32) through chunked
   prefill, preemption and prefix hits that restore snapshots.
 - bf16 with the kernels: where tokens differ from transformers' bf16 ones, each side's is in the other's top-5,
-  rarely (tests/gpu/test_parity_gpu.py's rule), with prefix hits and chunked prefill.
-CUDA graphs are not used for these models (the runner logs why), so graphs on and off run the same steps.
+  rarely (tests/gpu/test_parity_gpu.py's rule), with prefix hits and chunked prefill; decode steps in CUDA graphs
+  give the same tokens as with graphs off (snapshots restored and saved around the replays).
 """
 
 from dataclasses import replace
@@ -116,6 +116,22 @@ def test_float32_reference_path_matches_transformers(hybrid_dirs: dict[str, Path
         assert output == hf_greedy(hybrid_dirs[model], prompt)
     stats = engine.stats()
     assert stats.num_prefix_cache_hit_tokens > 0 and stats.num_preemptions > 0
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_graphs_on_give_the_tokens_of_graphs_off(hybrid_dirs: dict[str, Path], model: str) -> None:
+    prompts = prompts_of_lengths((1, 7, 17, 40, 100, 3, 64), shared_prefix=20)
+    params = SamplingParams(temperature=0.0, max_tokens=24)
+    tokens = {}
+    for eager in (False, True):
+        llm = LLM(str(hybrid_dirs[model]), dtype="bfloat16", device="cuda", attention_backend="triton",
+                  enforce_eager=eager, block_size=16, kv_cache_blocks=512, max_num_seqs=16, max_num_batched_tokens=48)
+        decode = llm.engine.runner.decode
+        assert decode is not None and bool(decode.graphs) != eager
+        outputs = llm.generate(prompts[:1], params) + llm.generate(prompts[1:], params)
+        assert llm.engine.stats().num_prefix_cache_hit_tokens > 0
+        tokens[eager] = [o.token_ids for o in outputs]
+    assert tokens[False] == tokens[True]
 
 
 @pytest.mark.parametrize("model", MODELS)
