@@ -24,7 +24,7 @@ token). A step reads each row's slot (zeros where the row starts its sequence) a
 import importlib.util
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 
 import torch
@@ -94,14 +94,33 @@ class DeltaNetSpec:
     def conv_dim(self) -> int:
         return 2 * self.key_dim + self.value_dim
 
+    def of_rank(self, tp: TensorParallel) -> "DeltaNetSpec":
+        """The layer as one tensor-parallel rank holds it: its share of the key heads and of the value heads."""
+        num_key_heads = tp.split(self.num_key_heads, "the Gated DeltaNet key heads")[1]
+        num_value_heads = tp.split(self.num_value_heads, "the Gated DeltaNet value heads")[1]
+        return replace(self, num_key_heads=num_key_heads, num_value_heads=num_value_heads)
+
+
+def rank_rows(spec: DeltaNetSpec, tp: TensorParallel) -> dict[str, torch.Tensor]:
+    """Per part of the input projection ([q; k; v] over all heads, z, b, a) the rows this rank holds, in order; the
+    [q; k; v] rows are also the convolution's channels."""
+    local = spec.of_rank(tp)
+    key_rows = torch.arange(tp.rank * local.key_dim, (tp.rank + 1) * local.key_dim)
+    value_rows = torch.arange(tp.rank * local.value_dim, (tp.rank + 1) * local.value_dim)
+    heads = torch.arange(tp.rank * local.num_value_heads, (tp.rank + 1) * local.num_value_heads)
+    qkv = torch.cat((key_rows, spec.key_dim + key_rows, 2 * spec.key_dim + value_rows))
+    return {"qkv": qkv, "z": value_rows, "b": heads, "a": heads}
+
 
 class DeltaNetInputProjection(Linear):
-    """[q; k; v; z; b; a] rows, loaded from either family's checkpoint tensors (see the module docstring)."""
+    """[q; k; v; z; b; a] rows of this rank's heads, loaded from either family's checkpoint tensors (see the module
+    docstring)."""
 
-    def __init__(self, spec: DeltaNetSpec, kernels: KernelConfig) -> None:
-        rows = {"qkv": spec.conv_dim, "z": spec.value_dim, "b": spec.num_value_heads, "a": spec.num_value_heads}
+    def __init__(self, spec: DeltaNetSpec, kernels: KernelConfig, tp: TensorParallel = SINGLE) -> None:
+        self.rows_of_rank = rank_rows(spec, tp)
+        rows = {name: len(indices) for name, indices in self.rows_of_rank.items()}
         super().__init__(spec.hidden_size, sum(rows.values()), False, kernels)
-        self.spec = spec
+        self.spec = spec  # the checkpoint's (all heads)
         self.part_rows: dict[str, tuple[int, int]] = {}
         start = 0
         for name, size in rows.items():
@@ -120,10 +139,11 @@ class DeltaNetInputProjection(Linear):
         parts = self._regrouped(tensor, shard) if shard in FUSED_PARTS else {shard: tensor}
         for name, rows in parts.items():
             start, size = self.part_rows[name]
-            if rows.shape != (size, self.in_features):
-                raise ValueError(f"{loaded.name}: part {name} has shape {tuple(rows.shape)}, "
-                                 f"expected {(size, self.in_features)}")
-            param.data[start : start + size].copy_(rows)
+            s = self.spec
+            expected = ({"qkv": s.conv_dim, "z": s.value_dim}.get(name, s.num_value_heads), self.in_features)
+            if rows.shape != expected:
+                raise ValueError(f"{loaded.name}: part {name} has shape {tuple(rows.shape)}, expected {expected}")
+            param.data[start : start + size].copy_(rows[self.rows_of_rank[name]])
 
     def _regrouped(self, tensor: torch.Tensor, shard: str) -> dict[str, torch.Tensor]:
         """Qwen3-Next's fused tensors, grouped by key head, as the separate parts over all heads."""
@@ -136,6 +156,18 @@ class DeltaNetInputProjection(Linear):
         sizes = [s.key_head_dim, s.key_head_dim, per_key_head * s.value_head_dim, per_key_head * s.value_head_dim]
         q, k, v, z = (part.reshape(-1, tensor.shape[-1]) for part in grouped.split(sizes, dim=1))
         return {"qkv": torch.cat((q, k, v)), "z": z}
+
+
+def _rows_loader(indices: torch.Tensor) -> Callable[[nn.Parameter, CheckpointTensor, str | None], None]:
+    """A weight loader that takes these rows (dimension 0) of the checkpoint tensor: this rank's channels or heads."""
+    def load(param: nn.Parameter, loaded: CheckpointTensor, shard: str | None) -> None:
+        tensor = loaded.read()
+        if tensor.shape[1:] != param.shape[1:] or tensor.shape[0] <= int(indices.max()):
+            raise ValueError(f"{loaded.name}: checkpoint shape {tuple(tensor.shape)} does not hold this layer's "
+                             f"{tuple(param.shape)}")
+        param.data.copy_(tensor[indices])
+
+    return load
 
 
 class GatedRMSNorm(nn.Module):
@@ -156,15 +188,18 @@ class GatedRMSNorm(nn.Module):
 class GatedDeltaNet(nn.Module):
     def __init__(self, spec: DeltaNetSpec, kernels: KernelConfig = DEFAULT_KERNELS, tp: TensorParallel = SINGLE
                  ) -> None:
+        """Under tensor parallelism each rank holds its share of the key and value heads (their projections,
+        convolution channels, decays and states); out_proj sums the ranks' outputs."""
         super().__init__()
-        if tp.size > 1:
-            raise ValueError("Gated DeltaNet layers do not run under tensor parallelism yet")
-        self.spec = spec
-        self.in_proj = DeltaNetInputProjection(spec, kernels)
-        self.conv1d = nn.Conv1d(spec.conv_dim, spec.conv_dim, spec.conv_kernel_size, groups=spec.conv_dim,
+        self.spec = local = spec.of_rank(tp)  # this rank's heads: what it computes and keeps state for
+        self.in_proj = DeltaNetInputProjection(spec, kernels, tp)
+        self.conv1d = nn.Conv1d(local.conv_dim, local.conv_dim, spec.conv_kernel_size, groups=local.conv_dim,
                                 bias=False)
-        self.dt_bias = nn.Parameter(torch.ones(spec.num_value_heads))
-        self.A_log = nn.Parameter(torch.zeros(spec.num_value_heads))
+        self.dt_bias = nn.Parameter(torch.ones(local.num_value_heads))
+        self.A_log = nn.Parameter(torch.zeros(local.num_value_heads))
+        rows = self.in_proj.rows_of_rank
+        for param, indices in ((self.conv1d.weight, rows["qkv"]), (self.dt_bias, rows["a"]), (self.A_log, rows["a"])):
+            param.weight_loader = _rows_loader(indices)  # type: ignore[attr-defined]
         self.norm = GatedRMSNorm(spec.value_head_dim, spec.norm_eps)
         self.out_proj = RowParallelLinear(spec.value_dim, spec.hidden_size, False, tp, kernels)
         self.kernels = kernels
