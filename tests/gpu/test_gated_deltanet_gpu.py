@@ -7,7 +7,8 @@
   prefill, preemption and prefix hits that restore snapshots.
 - bf16 with the kernels: where tokens differ from transformers' bf16 ones, each side's is in the other's top-5,
   rarely (tests/gpu/test_parity_gpu.py's rule), with prefix hits and chunked prefill; decode steps in CUDA graphs
-  give the same tokens as with graphs off (snapshots restored and saved around the replays).
+  give the same tokens as with graphs off (snapshots restored and saved around the replays); two GPUs (TP=2) against
+  one by the same rule.
 """
 
 from dataclasses import replace
@@ -25,6 +26,7 @@ from gpu.config import KernelConfig
 from gpu.layers.gated_deltanet import HAS_FLA, DeltaNetSpec, GatedDeltaNet
 from gpu.model_runner import ModelRunner
 from tests.gpu.test_parity_gpu import assert_bf16_divergences_rare_near_ties
+from tests.gpu.test_tensor_parallel_gpu import assert_diverge_rarely_near_ties
 from tests.hybrid_models import HYBRID_CONFIGS, build_hybrid_model
 from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths
 
@@ -143,3 +145,22 @@ def test_bf16_tokens_by_the_top5_rule(hybrid_dirs: dict[str, Path], model: str) 
     outputs = llm.generate(prompts[:1], params) + llm.generate(prompts[1:], params)
     assert llm.engine.stats().num_prefix_cache_hit_tokens > 0
     assert_bf16_divergences_rare_near_ties(hybrid_dirs[model], prompts, outputs)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("model", MODELS)
+def test_two_ranks_split_the_heads(hybrid_dirs: dict[str, Path], model: str) -> None:
+    """TP=2 against TP=1 in bf16 by the top-5 rule, with prefix hits on both."""
+    prompts = prompts_of_lengths((1, 7, 17, 40, 100, 3, 64), shared_prefix=20)
+    params = SamplingParams(temperature=0.0, max_tokens=16, logprobs=5)
+    outputs = {}
+    for tp in (2, 1):
+        llm = LLM(str(hybrid_dirs[model]), dtype="bfloat16", device="cuda", attention_backend="triton",
+                  block_size=16, kv_cache_blocks=512, max_num_seqs=16, max_num_batched_tokens=48,
+                  tensor_parallel_size=tp)
+        try:
+            outputs[tp] = llm.generate(prompts[:1], params) + llm.generate(prompts[1:], params)
+            assert llm.engine.stats().num_prefix_cache_hit_tokens > 0
+        finally:
+            llm.engine.close()
+    assert_diverge_rarely_near_ties(outputs[2], outputs[1])
