@@ -2,6 +2,9 @@
 builder, without a model: where prompt chunks end, which rows a step restores and saves, when a save is keyed,
 which snapshot is evicted, and that every row is free or keyed again at idle."""
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from core.batch_builder import build_batch
 from core.block_manager import BlockManager
 from core.config import SchedulerConfig
@@ -107,3 +110,57 @@ def test_preemption_frees_unkeyed_rows_and_the_slot() -> None:
     snapshots = states.snapshots
     assert snapshots is not None and states.slots.num_free == MAX_NUM_SEQS and seq.state_slot is None
     assert seq.unkeyed_snapshots == [] and len(snapshots.free_rows) + snapshots.num_keyed == 4
+
+
+def check_rows(states: LinearStates, live: list) -> None:
+    """Every snapshot row is exactly one of: free, keyed, or held unkeyed by one live sequence; restores name keyed
+    or held rows only until their step."""
+    snapshots = states.snapshots
+    assert snapshots is not None
+    held = [row for seq in live for _, row in seq.unkeyed_snapshots]
+    rows = list(snapshots.free_rows) + list(snapshots.key_to_row.values()) + held
+    assert sorted(rows) == list(range(MAX_NUM_SEQS, MAX_NUM_SEQS + snapshots.num_snapshots))
+    slots = [seq.state_slot for seq in live if seq.state_slot is not None]
+    assert len(slots) == len(set(slots)) and states.slots.num_free + len(slots) == MAX_NUM_SEQS
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.one_of(st.tuples(st.just("add"), st.integers(1, 30), st.integers(1, 10), st.integers(0, 2)),
+                          st.tuples(st.just("step")), st.tuples(st.just("abort"), st.integers(0, 50))),
+                min_size=1, max_size=50),
+       st.integers(8, 24), st.integers(1, 5))
+def test_rows_are_accounted_for_over_random_histories(history: list[tuple], num_blocks: int,
+                                                      num_snapshots: int) -> None:
+    snapshots = StateSnapshots(num_snapshots, MAX_NUM_SEQS, BLOCK)
+    scheduler = Scheduler(SchedulerConfig(MAX_NUM_SEQS, 16), BlockManager(num_blocks, BLOCK), StepClock(),
+                          snapshots=snapshots)
+    states = LinearStates(PenaltySlots(MAX_NUM_SEQS), snapshots)
+    live: list = []
+
+    def run_step() -> None:
+        out = scheduler.schedule()
+        for seq in out.preempted:
+            states.release(seq)
+        for s in out.scheduled:  # a chunk never runs past a save point of its sequence
+            assert not any(s.start < end < s.end for end in s.seq.snapshot_ends)
+        build_batch(out.scheduled, BLOCK, (), PenaltySlots(MAX_NUM_SEQS), [], None, states)
+        for seq in complete_step(scheduler, out):
+            states.release(seq)
+            live.remove(seq)
+
+    for index, action in enumerate(history):
+        if action[0] == "add" and -(-(action[1] + action[2]) // BLOCK) <= num_blocks:
+            seq = make_seq(str(index), action[1], action[2], first_token=100 * action[3])
+            scheduler.add(seq)
+            live.append(seq)
+        elif action[0] == "abort" and live:
+            seq = live.pop(action[1] % len(live))
+            scheduler.finish(seq)
+            states.release(seq)
+        elif action[0] == "step":
+            run_step()
+        check_rows(states, live)
+    while live:
+        run_step()
+        check_rows(states, live)
+    assert len(snapshots.free_rows) + snapshots.num_keyed == num_snapshots
