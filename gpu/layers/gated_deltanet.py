@@ -19,6 +19,9 @@ where `fla` is installed (else the torch code, row by row); the torch code is th
 State (gpu/state_cache.py): per sequence slot, `conv_state` [slots, conv_dim, K - 1] in the model's dtype and
 `recurrent_state` [slots, value_heads, key_dim, value_dim] in float32 (the delta rule accumulates into it at every
 token). A step reads each row's slot (zeros where the row starts its sequence) and writes it back.
+
+Tensor parallelism: each rank holds its share of the key heads and of the value heads (a key head's value heads
+with it): their rows of in_proj, their convolution channels, decays and states; out_proj is row-parallel.
 """
 
 import importlib.util
