@@ -68,9 +68,9 @@ class Sequence:
         self.pooling: PoolingParams | None = None
         self.pooling_slot: int | None = None  # its entry in the runner's pooling state while chunked
         self.state_slot: int | None = None  # its linear-attention layers' state while it runs (hybrid models only)
-        # Its state snapshots (core/state_snapshots.py): the snapshot row its first step restores, the prompt
-        # boundaries where it saves, the saves whose block has no key yet, the boundary of its decode snapshot.
-        self.state_restore_row: int | None = None
+        # Its state snapshots (core/state_snapshots.py): the snapshot row its hit restores and the hit's end, the
+        # prompt boundaries where it saves, the saves whose block has no key yet, the boundary of its decode snapshot.
+        self.state_restore: tuple[int, int] | None = None
         self.snapshot_ends: tuple[int, ...] = ()
         self.unkeyed_snapshots: list[tuple[int, int]] = []  # (boundary, row)
         self.decode_snapshot_end: int | None = None

@@ -53,7 +53,7 @@ class StateSnapshots:
         if num_used_blocks:
             key = seq.block_keys[num_used_blocks - 1]
             self.key_to_row.move_to_end(key)
-            seq.state_restore_row = self.key_to_row[key]
+            seq.state_restore = (self.key_to_row[key], start)
         last = (seq.num_tokens - 1) // self.block_size * self.block_size
         ends = {num_kv_hit_blocks * self.block_size, last}
         seq.snapshot_ends = tuple(sorted(end for end in ends if end > start))
@@ -71,8 +71,10 @@ class StateSnapshots:
         computes [start, end) of `seq`."""
         self.key_ready(seq)
         restore = None
-        if seq.state_restore_row is not None:
-            restore, seq.state_restore_row = (seq.state_restore_row, state_slot), None
+        if seq.state_restore is not None:  # kept while the row starts at the hit: a step run again restores again
+            row, hit_end = seq.state_restore
+            restore = (row, state_slot) if start == hit_end else None
+            seq.state_restore = seq.state_restore if start == hit_end else None
         is_decode_boundary = end - start == 1 and end >= seq.num_prompt_tokens and end % self.block_size == 0
         if end not in seq.snapshot_ends and not is_decode_boundary:
             return restore, None
@@ -108,7 +110,7 @@ class StateSnapshots:
             self.key_ready(seq)
         self.free_rows.extend(row for _, row in seq.unkeyed_snapshots)
         seq.unkeyed_snapshots = []
-        seq.state_restore_row = None
+        seq.state_restore = None
         seq.snapshot_ends = ()
         seq.decode_snapshot_end = None
 

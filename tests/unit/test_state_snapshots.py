@@ -75,6 +75,18 @@ def test_a_later_prompt_restores_the_snapshot_and_saves_its_branch_point() -> No
     assert states.snapshots is not None and states.snapshots.num_keyed == 4  # a's 8, b's 12, c's 4 and its own 8
 
 
+def test_a_step_built_again_restores_again() -> None:
+    """A step that failed to launch is rebuilt row by row (the engine's recovery): its restore comes again."""
+    scheduler, states = make()
+    scheduler.add(make_seq("a", 10, max_tokens=1))
+    run_to_end(scheduler, states)
+    scheduler.add(make_seq("b", 14, max_tokens=1))
+    out = scheduler.schedule()
+    first = build_batch(out.scheduled, BLOCK, (), PenaltySlots(MAX_NUM_SEQS), [], None, states)
+    again = build_batch(out.scheduled, BLOCK, (), PenaltySlots(MAX_NUM_SEQS), [], None, states)
+    assert first.state_restores == again.state_restores == [(4, 0)]
+
+
 def test_decode_keeps_its_latest_boundary_only() -> None:
     scheduler, states = make()
     seq = make_seq("a", 3, max_tokens=11)  # decodes past positions 4, 8, 12
