@@ -108,11 +108,11 @@ def _add_state_slot(seq: Sequence, start: int, end: int, linear_states: LinearSt
         seq.state_slot = linear_states.slots.allocate()
     batch.state_slots.append(seq.state_slot)
     if linear_states.snapshots is not None:
-        restore, save = linear_states.snapshots.copies_of_row(seq, start, end, seq.state_slot)
-        if restore is not None:
-            batch.state_restores.append(restore)
-        if save is not None:
-            batch.state_saves.append(save)
+        copies = linear_states.snapshots.copies_of_row(seq, start, end)
+        if copies.restore is not None:
+            batch.state_restores.append((copies.restore, seq.state_slot))
+        row = len(batch.query_lens) - 1
+        batch.state_saves.extend((row, num_tokens, snapshot) for num_tokens, snapshot in copies.saves)
 
 
 def _token_types(s: ScheduledSequence) -> list[int]:

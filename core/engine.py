@@ -618,7 +618,7 @@ class LLMEngine:
         self._release_penalty_slot(seq)
         self._release_pooling_slot(seq)
         if self.linear_states is not None:
-            self.linear_states.release(seq, keep_cached=reason is not FinishReason.ERROR)
+            self.linear_states.release(seq)
         seq.finish_reason = reason
         if self.speculation is not None:
             self.speculation.on_finished(seq)

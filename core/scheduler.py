@@ -58,8 +58,7 @@ class SchedulerOutput:
 class Scheduler:
     def __init__(self, config: SchedulerConfig, block_manager: BlockManager,
                  clock: Callable[[], float] = time.monotonic, snapshots: StateSnapshots | None = None) -> None:
-        """`snapshots`: a hybrid model's linear-attention state snapshots, which bound its prefix hits and end
-        its prompt chunks where it saves them."""
+        """`snapshots`: a hybrid model's linear-attention state snapshots, which bound its prefix hits."""
         self.config = config
         self.block_manager = block_manager
         self.snapshots = snapshots
@@ -85,6 +84,8 @@ class Scheduler:
             self.running.remove(seq)
         elif seq.status is SequenceStatus.WAITING:
             self.waiting.remove(seq)
+        if self.snapshots is not None:
+            self.snapshots.on_blocks_freed(seq, keep_cached)
         self.block_manager.free(seq, keep_cached)
         seq.status = SequenceStatus.FINISHED
 
@@ -156,7 +157,6 @@ class Scheduler:
             self.block_manager.admit(seq, hit)
             if self.snapshots is not None:
                 self.snapshots.admit(seq, num_kv_hit_blocks, hit.num_blocks)
-                num_new = self.snapshots.chunk_end(seq, seq.num_computed_tokens, num_new)
             if seq.num_output_tokens == 0:
                 seq.num_cached_prompt_tokens = seq.num_computed_tokens
             self.num_prefix_hit_tokens += seq.num_computed_tokens
@@ -174,6 +174,8 @@ class Scheduler:
         self.running.remove(seq)
         seq.draft_token_ids = []
         seq.draft_state = None  # a draft model's K/V goes with the blocks
+        if self.snapshots is not None:
+            self.snapshots.on_blocks_freed(seq, keep_cached=True)
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
         seq.status = SequenceStatus.WAITING

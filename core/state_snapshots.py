@@ -9,11 +9,12 @@ where a later request is likely to resume:
   before its last known token (a later turn of the conversation extends it);
 - while it decodes, at each block boundary it crosses, keeping only the latest (its output, if the next turn carries
   it over verbatim).
-The scheduler ends a prompt chunk at each such boundary (`chunk_end`), so the state there exists; the step copies it
-to a snapshot row after its forward (`Batch.state_saves`). A snapshot is keyed once the block before its boundary
-has its prefix-cache key (with pending tokens that can be a later step); until then only its sequence holds the
-row. Keyed snapshots are evicted least recently used first when a save needs a row. An admitted sequence's state slot
-is filled from its hit's snapshot before its first step's forward (`Batch.state_restores`).
+A step saves the state where its row reaches such a boundary, inside the row (the linear layers cut the row there)
+or at its end (`Batch.state_saves`), so prompt chunks need not end there. A snapshot is keyed once the block before
+its boundary has its prefix-cache key (a prompt's at once; with a pending token a later step), and before the
+sequence's blocks are freed (`on_blocks_freed`); until then only its sequence holds the row. Keyed snapshots are
+evicted least recently used first when a save needs a row. An admitted sequence's state slot is filled from its hit's
+snapshot before its first step's forward (`Batch.state_restores`).
 
 Per sequence at most three rows are held at once (two prompt points, one decode point) before keying; the pool's
 size bounds the rest. Invariant at idle: every row is free or keyed, and free + keyed = total.
@@ -24,6 +25,15 @@ from dataclasses import dataclass
 
 from core.penalty_slots import PenaltySlots
 from core.sequence import Sequence
+
+
+@dataclass(frozen=True)
+class RowCopies:
+    """A row's snapshot copies: the snapshot row its slot is filled from before the step (None: none), and each
+    (tokens of the row computed, snapshot row) the state is saved to at that point of the row."""
+
+    restore: int | None
+    saves: list[tuple[int, int]]
 
 
 class StateSnapshots:
@@ -58,35 +68,29 @@ class StateSnapshots:
         ends = {num_kv_hit_blocks * self.block_size, last}
         seq.snapshot_ends = tuple(sorted(end for end in ends if end > start))
 
-    def chunk_end(self, seq: Sequence, start: int, num_new_tokens: int) -> int:
-        """The tokens to schedule from `start`: up to the first save boundary inside the chunk, where it ends."""
-        for end in seq.snapshot_ends:
-            if start < end < start + num_new_tokens:
-                return end - start
-        return num_new_tokens
-
-    def copies_of_row(self, seq: Sequence, start: int, end: int, state_slot: int
-                      ) -> tuple[tuple[int, int] | None, tuple[int, int] | None]:
-        """(restore: (snapshot row, slot) before the forward, save: (slot, snapshot row) after it) of a row that
-        computes [start, end) of `seq`."""
+    def copies_of_row(self, seq: Sequence, start: int, end: int) -> RowCopies:
+        """The snapshot a row that computes [start, end) of `seq` restores first, and those it saves on the way."""
         self.key_ready(seq)
         restore = None
         if seq.state_restore is not None:  # kept while the row starts at the hit: a step run again restores again
             row, hit_end = seq.state_restore
-            restore = (row, state_slot) if start == hit_end else None
+            restore = row if start == hit_end else None
             seq.state_restore = seq.state_restore if start == hit_end else None
+        saves = []
         is_decode_boundary = end - start == 1 and end >= seq.num_prompt_tokens and end % self.block_size == 0
-        if end not in seq.snapshot_ends and not is_decode_boundary:
-            return restore, None
         if is_decode_boundary:
             self._drop_decode_snapshot(seq)
-        row = self._take_row()
-        if row is None:
-            return restore, None
-        seq.unkeyed_snapshots.append((end, row))
-        if is_decode_boundary:
+        boundaries = [e for e in seq.snapshot_ends if start < e <= end]
+        for boundary in boundaries + ([end] if is_decode_boundary and end not in boundaries else []):
+            row = self._take_row()
+            if row is None:
+                break
+            seq.unkeyed_snapshots.append((boundary, row))
+            saves.append((boundary - start, row))
+        if is_decode_boundary and saves:
             seq.decode_snapshot_end = end
-        return restore, (state_slot, row)
+        self.key_ready(seq)  # a prompt's blocks have their keys already: its snapshots serve from the next step on
+        return RowCopies(restore, saves)
 
     def key_ready(self, seq: Sequence) -> None:
         """Keys the sequence's saved snapshots whose block has its prefix-cache key now."""
@@ -103,11 +107,20 @@ class StateSnapshots:
                 self.key_to_row[key] = row
         seq.unkeyed_snapshots = waiting
 
-    def release(self, seq: Sequence, keep_cached: bool = True) -> None:
-        """A finished or preempted sequence: its keyed snapshots stay for later hits, the others are freed (and not
-        keyed without `keep_cached`: a failed step's state is not to be trusted)."""
+    def on_blocks_freed(self, seq: Sequence, keep_cached: bool) -> None:
+        """Before the sequence's blocks (and their keys) go: its snapshots whose block has a key are keyed, or,
+        without `keep_cached` (a failed step's state is not to be trusted), those of its blocks are dropped."""
         if keep_cached:
             self.key_ready(seq)
+            return
+        for key in seq.block_keys:
+            row = self.key_to_row.pop(key, None)
+            if row is not None:
+                self.free_rows.append(row)
+
+    def release(self, seq: Sequence) -> None:
+        """A finished or preempted sequence (after `on_blocks_freed`): its keyed snapshots stay for later hits, the
+        others are freed."""
         self.free_rows.extend(row for _, row in seq.unkeyed_snapshots)
         seq.unkeyed_snapshots = []
         seq.state_restore = None
@@ -146,9 +159,9 @@ class LinearStates:
     slots: PenaltySlots
     snapshots: StateSnapshots | None
 
-    def release(self, seq: Sequence, keep_cached: bool = True) -> None:
+    def release(self, seq: Sequence) -> None:
         if seq.state_slot is not None:
             self.slots.release(seq.state_slot)
             seq.state_slot = None
         if self.snapshots is not None:
-            self.snapshots.release(seq, keep_cached)
+            self.snapshots.release(seq)

@@ -159,10 +159,10 @@ class Batch:
     # [num_rows] each row's state slot for a model with linear-attention layers (gpu/state_cache.py, core assigns
     # them); empty otherwise, and in the runner's own warm-up steps, whose rows take slots 0, 1, ... from scratch.
     state_slots: list[int] = field(default_factory=list)
-    # State rows copied (source, destination) before the forward (a prefix hit's snapshot into its row's slot) and
-    # after it (a slot at a block boundary into a snapshot row): core/state_snapshots.py.
+    # Snapshots of the linear layers' state (core/state_snapshots.py): (snapshot row, slot) copied before the forward
+    # (a prefix hit's), and (row, its tokens computed, snapshot row) where a row's state is saved on the way.
     state_restores: list[tuple[int, int]] = field(default_factory=list)
-    state_saves: list[tuple[int, int]] = field(default_factory=list)
+    state_saves: list[tuple[int, int, int]] = field(default_factory=list)
 
     @property
     def num_rows(self) -> int:

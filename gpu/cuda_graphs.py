@@ -154,7 +154,7 @@ class DecodeGraphs:
             is_decode_only=True,
             row_order=self.row_order[:bucket],
             linear_state=None if self.padding_state_slot is None else LinearStateMetadata(
-                self.state_slots[:bucket], self.keeps_state[:bucket], continues=(), token_ranges=(),
+                self.state_slots[:bucket], self.keeps_state[:bucket], continues=(), row_pieces=(),
                 is_one_token_per_row=True),
         )
         if self.num_groups == 1:

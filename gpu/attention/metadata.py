@@ -26,7 +26,9 @@ class LinearStateMetadata:
     keeps_state: torch.Tensor  # [num_rows] float32: 1.0 where the row continues its state, 0.0 where it starts
     # On the host, for the row-by-row path (empty in the decode graphs' inputs: a decode reads only the tensors):
     continues: tuple[bool, ...]  # keeps_state
-    token_ranges: tuple[tuple[int, int], ...]  # each row's [start, end) among the step's tokens
+    # Each row's tokens among the step's, in pieces [start, end) that end where its state is saved to a snapshot row
+    # (None: the row's last piece, whose state stays in its slot only): (start, end, snapshot row or None).
+    row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...]
     is_one_token_per_row: bool  # every row at once (a decode step), else row by row
 
 

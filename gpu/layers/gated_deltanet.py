@@ -30,6 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -257,49 +258,89 @@ class GatedDeltaNet(nn.Module):
 
     def _convolved_rows(self, qkv: torch.Tensor, state: LinearStateMetadata) -> torch.Tensor:
         """Each row's tokens through the causal convolution from its slot's conv state (zeros where it starts its
-        sequence), the slots' conv states advanced: [num_tokens, conv_dim]."""
+        sequence), piece by piece, the state saved where a piece ends at a snapshot; the slots' conv states advanced:
+        [num_tokens, conv_dim]."""
         weight = self.conv1d.weight[:, 0]
         outputs = []
-        for row, (start, end) in enumerate(state.token_ranges):
+        for row, pieces in enumerate(state.row_pieces):
             slot = state.slots[row : row + 1]  # a 1-element index: no read of the slot on the host
             conv_state = self.conv_state[slot][0] if state.continues[row] else self.conv_state.new_zeros(
                 self.conv_state.shape[1:])
-            out, new_state = gated_delta_rule.conv_sequence(qkv[start:end], conv_state, weight)
-            self.conv_state.index_copy_(0, slot, new_state.unsqueeze(0).to(self.conv_state.dtype))
-            outputs.append(out)
+            for start, end, snapshot in pieces:
+                out, conv_state = gated_delta_rule.conv_sequence(qkv[start:end], conv_state, weight)
+                outputs.append(out)
+                if snapshot is not None:
+                    self.conv_state[snapshot] = conv_state
+            self.conv_state.index_copy_(0, slot, conv_state.unsqueeze(0).to(self.conv_state.dtype))
         return torch.cat(outputs)
 
     def _rows(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
               ) -> torch.Tensor:
-        """The delta rule over each row's tokens from its slot's state: [num_tokens, value_heads, value_head_dim]
-        float32; fla's chunked kernel over every row at once where it is installed (CUDA), else row by row."""
+        """The delta rule over each row's tokens from its slot's state, piece by piece as `_convolved_rows`:
+        [num_tokens, value_heads, value_head_dim] float32; fla's chunked kernel over every row at once where it is
+        installed (CUDA), else row by row."""
         q, k, v = self._split_heads(mixed)
         if self._uses_kernels(mixed) and (chunked_rule := fla_chunked_rule()) is not None:
             return self._rows_on_fla(chunked_rule, (q, k, v), g, beta, state)
         outputs = []
-        for row, (start, end) in enumerate(state.token_ranges):
+        for row, pieces in enumerate(state.row_pieces):
             slot = state.slots[row : row + 1]
-            initial = self.recurrent_state[slot] if state.continues[row] else self.recurrent_state.new_zeros(
-                (1, *self.recurrent_state.shape[1:]))
-            rows = slice(start, end)
-            if end - start == 1:
-                out, final = gated_delta_rule.recurrent(q[rows], k[rows], v[rows], g[rows], beta[rows], initial)
-            else:
-                out, final = gated_delta_rule.chunked(q[rows], k[rows], v[rows], g[rows], beta[rows], initial[0])
-                final = final.unsqueeze(0)
-            self.recurrent_state.index_copy_(0, slot, final)
-            outputs.append(out)
+            recurrent_state = self.recurrent_state[slot][0] if state.continues[row] else \
+                self.recurrent_state.new_zeros(self.recurrent_state.shape[1:])
+            for start, end, snapshot in pieces:
+                tokens = slice(start, end)
+                if end - start == 1:
+                    out, final = gated_delta_rule.recurrent(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens],
+                                                            recurrent_state.unsqueeze(0))
+                    recurrent_state = final[0]
+                else:
+                    out, recurrent_state = gated_delta_rule.chunked(q[tokens], k[tokens], v[tokens], g[tokens],
+                                                                    beta[tokens], recurrent_state)
+                outputs.append(out)
+                if snapshot is not None:
+                    self.recurrent_state[snapshot] = recurrent_state
+            self.recurrent_state.index_copy_(0, slot, recurrent_state.unsqueeze(0))
         return torch.cat(outputs)
 
     def _rows_on_fla(self, chunk_gated_delta_rule: Callable, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                      g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata) -> torch.Tensor:
+        """Every row at once, one call per level of pieces (one call where no row saves a snapshot inside it): the
+        k-th pieces of the rows that have one start from the state their previous piece left."""
         q, k, v = qkv
-        initial = self.recurrent_state[state.slots] * state.keeps_state[:, None, None, None]
-        ends = [end for _, end in state.token_ranges]
-        cu_seqlens_cpu = torch.tensor([0, *ends], dtype=torch.int64)
-        out, final = chunk_gated_delta_rule(
-            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), g.unsqueeze(0), beta.unsqueeze(0).to(q.dtype),
-            initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
-            cu_seqlens=cu_seqlens_cpu.to(q.device, non_blocking=True), cu_seqlens_cpu=cu_seqlens_cpu)
-        self.recurrent_state[state.slots] = final.float()
-        return out[0]
+        beta = beta.to(q.dtype)
+        states = self.recurrent_state[state.slots] * state.keeps_state[:, None, None, None]  # [rows, Hv, dk, dv]
+        num_levels = max(len(pieces) for pieces in state.row_pieces)
+        if num_levels == 1:
+            out, states = _fla_call(chunk_gated_delta_rule, (q, k, v, g, beta), states,
+                                    [pieces[0][:2] for pieces in state.row_pieces])
+            self.recurrent_state[state.slots] = states
+            return out
+        out = torch.empty(q.shape[0], v.shape[1], v.shape[2], dtype=v.dtype, device=v.device)
+        for level in range(num_levels):
+            rows = [row for row, pieces in enumerate(state.row_pieces) if len(pieces) > level]
+            ranges = [state.row_pieces[row][level] for row in rows]
+            tokens = torch.cat([torch.arange(start, end) for start, end, _ in ranges]).to(q.device, non_blocking=True)
+            rows_index = torch.tensor(rows).to(q.device, non_blocking=True)
+            lengths = [end - start for start, end, _ in ranges]
+            ends = np.cumsum(lengths).tolist()
+            piece_out, final = _fla_call(chunk_gated_delta_rule, tuple(x[tokens] for x in (q, k, v, g, beta)),
+                                         states[rows_index], list(zip([0, *ends[:-1]], ends, strict=True)))
+            out[tokens] = piece_out
+            states[rows_index] = final
+            for position, (_, _, snapshot) in enumerate(ranges):
+                if snapshot is not None:
+                    self.recurrent_state[snapshot] = final[position]
+        self.recurrent_state[state.slots] = states
+        return out
+
+
+def _fla_call(chunk_gated_delta_rule: Callable, inputs: tuple[torch.Tensor, ...], initial: torch.Tensor,
+              ranges: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's chunked rule over sequences packed one after another (`ranges` of the packed tokens): (output [tokens,
+    Hv, dv], each sequence's final state float32)."""
+    q, k, v, g, beta = (x.unsqueeze(0) for x in inputs)
+    cu_seqlens_cpu = torch.tensor([0, *(end for _, end in ranges)], dtype=torch.int64)
+    out, final = chunk_gated_delta_rule(
+        q, k, v, g, beta, initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=cu_seqlens_cpu.to(q.device, non_blocking=True), cu_seqlens_cpu=cu_seqlens_cpu)
+    return out[0], final.float()

@@ -22,9 +22,10 @@ from core import LLM, SamplingParams
 from core.config import engine_config
 from core.engine import LLMEngine, runner_config
 from gpu.attention.metadata import LinearStateMetadata
+from gpu.batch import Batch
 from gpu.config import KernelConfig
 from gpu.layers.gated_deltanet import HAS_FLA, DeltaNetSpec, GatedDeltaNet
-from gpu.model_runner import ModelRunner
+from gpu.model_runner import ModelRunner, linear_state_inputs
 from tests.gpu.test_parity_gpu import assert_bf16_divergences_rare_near_ties
 from tests.gpu.test_tensor_parallel_gpu import assert_diverge_rarely_near_ties
 from tests.hybrid_models import HYBRID_CONFIGS, build_hybrid_model
@@ -62,12 +63,13 @@ def layer_pair(dtype: torch.dtype) -> tuple[GatedDeltaNet, GatedDeltaNet]:
     return layers[0], layers[1]
 
 
-def state_inputs(query_lens: list[int], continues: list[bool], slots: list[int]) -> LinearStateMetadata:
-    ends = torch.tensor(query_lens).cumsum(0).tolist()
-    return LinearStateMetadata(
-        slots=torch.tensor(slots, device="cuda"), keeps_state=torch.tensor(continues, device="cuda").float(),
-        continues=tuple(continues), token_ranges=tuple(zip([0, *ends[:-1]], ends, strict=True)),
-        is_one_token_per_row=all(n == 1 for n in query_lens))
+def state_inputs(query_lens: list[int], continues: list[bool], slots: list[int],
+                 saves: tuple[tuple[int, int, int], ...] = ()) -> LinearStateMetadata:
+    """`saves`: (row, tokens into it, snapshot row) of the states saved inside rows."""
+    batch = Batch(token_ids=[0] * sum(query_lens), positions=[0] * sum(query_lens), slot_mapping=[0] * sum(query_lens),
+                  query_lens=query_lens, context_lens=[n + c for n, c in zip(query_lens, continues, strict=True)],
+                  block_tables=[[0]] * len(query_lens), state_slots=slots, state_saves=list(saves))
+    return linear_state_inputs(batch, torch.device("cuda"), 6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -83,13 +85,14 @@ def test_decode_kernel_matches_the_reference(dtype: torch.dtype) -> None:
 
 
 @pytest.mark.skipif(not HAS_FLA, reason="needs flash-linear-attention (fla)")
-def test_fla_prompt_rows_match_the_reference() -> None:
+@pytest.mark.parametrize("saves", [(), ((0, 48, 1), (2, 16, 3), (2, 100, 4))])  # snapshots saved inside rows
+def test_fla_prompt_rows_match_the_reference(saves: tuple[tuple[int, int, int], ...]) -> None:
     fused, reference = layer_pair(torch.bfloat16)
     query_lens, continues, slots = [70, 1, 130, 5], [True, True, False, True], [2, 4, 0, 5]
     num_tokens = sum(query_lens)
     mixed = torch.randn(num_tokens, SPEC.conv_dim, device="cuda").to(torch.bfloat16)
     g, beta = -torch.rand(num_tokens, 4, device="cuda"), torch.rand(num_tokens, 4, device="cuda").to(torch.bfloat16)
-    state = state_inputs(query_lens, continues, slots)
+    state = state_inputs(query_lens, continues, slots, saves)
     ours, theirs = fused._rows(mixed, g, beta, state), reference._rows(mixed, g, beta, state)
     torch.testing.assert_close(ours, theirs, rtol=3e-2, atol=3e-2)
     torch.testing.assert_close(fused.recurrent_state, reference.recurrent_state, rtol=3e-2, atol=3e-2)

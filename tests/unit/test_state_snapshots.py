@@ -1,5 +1,5 @@
 """The linear-attention state snapshots of hybrid models (core/state_snapshots.py) with the scheduler and the batch
-builder, without a model: where prompt chunks end, which rows a step restores and saves, when a save is keyed,
+builder, without a model: which rows a step restores and saves (and where inside its rows), when a save is keyed,
 which snapshot is evicted, and that every row is free or keyed again at idle."""
 
 from hypothesis import given, settings
@@ -42,14 +42,13 @@ def run_to_end(scheduler: Scheduler, states: LinearStates) -> list[tuple[list[in
     return steps
 
 
-def test_a_prompt_chunk_ends_at_its_last_boundary_and_saves_there() -> None:
+def test_a_prompt_saves_at_its_last_boundary_inside_its_chunk() -> None:
     scheduler, states = make()
     seq = make_seq("a", 10, max_tokens=3)  # last boundary before its last token: 8
     scheduler.add(seq)
     out, restores, saves = step(scheduler, states)
-    assert [s.num_new_tokens for s in out.scheduled] == [8] and restores == [] and saves == [(0, 4)]
-    out, restores, saves = step(scheduler, states)
-    assert [s.num_new_tokens for s in out.scheduled] == [2] and saves == []
+    # The whole prompt in one step, its state saved after 8 tokens (row 0) into snapshot row 4, keyed at once.
+    assert [s.num_new_tokens for s in out.scheduled] == [10] and restores == [] and saves == [(0, 8, 4)]
     assert states.snapshots is not None and list(states.snapshots.key_to_row.values()) == [4]
 
 
@@ -62,16 +61,16 @@ def test_a_later_prompt_restores_the_snapshot_and_saves_its_branch_point() -> No
     second = make_seq("b", 14, max_tokens=1)
     scheduler.add(second)
     out, restores, saves = step(scheduler, states)
-    assert out.scheduled[0].start == 8 and out.scheduled[0].num_new_tokens == 4
-    assert restores == [(4, 0)] and saves == [(0, 5)]
+    assert out.scheduled[0].start == 8 and out.scheduled[0].num_new_tokens == 6
+    assert restores == [(4, 0)] and saves == [(0, 4, 5)]
     run_to_end(scheduler, states)
     # Shares 6 tokens with the second: the KV hit is 1 block, with no snapshot at 4: it computes from 0 and saves
-    # at 4 (its branch point) and at 8.
+    # at 4 (its branch point) and at 8, in one step.
     third = make_seq("c", 9, max_tokens=1)
     third.token_ids[6:] = [100, 101, 102]
     scheduler.add(third)
     steps = run_to_end(scheduler, states)
-    assert steps[0] == ([4], [], [(0, 6)]) and steps[1][0] == [4]
+    assert steps[0] == ([9], [], [(0, 4, 6), (0, 8, 7)])
     assert states.snapshots is not None and states.snapshots.num_keyed == 4  # a's 8, b's 12, c's 4 and its own 8
 
 
@@ -93,7 +92,7 @@ def test_decode_keeps_its_latest_boundary_only() -> None:
     scheduler.add(seq)
     steps = run_to_end(scheduler, states)
     saves = [save for _, _, step_saves in steps for save in step_saves]
-    assert saves == [(0, 4), (0, 5), (0, 6)]
+    assert saves == [(0, 1, 4), (0, 1, 5), (0, 1, 6)]  # each at its decode row's end
     snapshots = states.snapshots  # rows 4 and 5 (boundaries 4 and 8) freed as the next was saved
     assert snapshots is not None and list(snapshots.key_to_row.values()) == [6]
     assert list(snapshots.free_rows) == [7, 4, 5]
@@ -113,20 +112,21 @@ def test_the_least_recently_used_snapshot_is_evicted() -> None:
     assert out.scheduled[0].start == 0 and restores == []
 
 
-def test_preemption_frees_unkeyed_rows_and_the_slot() -> None:
+def test_a_failed_sequence_leaves_no_snapshot_and_its_slot() -> None:
     scheduler, states = make()
     seq = make_seq("a", 10, max_tokens=3)
     scheduler.add(seq)
     step(scheduler, states)
-    states.release(seq, keep_cached=False)
     snapshots = states.snapshots
-    assert snapshots is not None and states.slots.num_free == MAX_NUM_SEQS and seq.state_slot is None
-    assert seq.unkeyed_snapshots == [] and len(snapshots.free_rows) + snapshots.num_keyed == 4
+    assert snapshots is not None and snapshots.num_keyed == 1
+    scheduler.finish(seq, keep_cached=False)  # its steps' states are not to be trusted
+    states.release(seq)
+    assert states.slots.num_free == MAX_NUM_SEQS and seq.state_slot is None
+    assert seq.unkeyed_snapshots == [] and snapshots.num_keyed == 0 and len(snapshots.free_rows) == 4
 
 
 def check_rows(states: LinearStates, live: list) -> None:
-    """Every snapshot row is exactly one of: free, keyed, or held unkeyed by one live sequence; restores name keyed
-    or held rows only until their step."""
+    """Every snapshot row is exactly one of: free, keyed, or held unkeyed by one live sequence."""
     snapshots = states.snapshots
     assert snapshots is not None
     held = [row for seq in live for _, row in seq.unkeyed_snapshots]
@@ -153,9 +153,9 @@ def test_rows_are_accounted_for_over_random_histories(history: list[tuple], num_
         out = scheduler.schedule()
         for seq in out.preempted:
             states.release(seq)
-        for s in out.scheduled:  # a chunk never runs past a save point of its sequence
-            assert not any(s.start < end < s.end for end in s.seq.snapshot_ends)
-        build_batch(out.scheduled, BLOCK, (), PenaltySlots(MAX_NUM_SEQS), [], None, states)
+        batch = build_batch(out.scheduled, BLOCK, (), PenaltySlots(MAX_NUM_SEQS), [], None, states)
+        for row, num_tokens, _ in batch.state_saves:  # inside its row, or at its end
+            assert 0 < num_tokens <= batch.query_lens[row]
         for seq in complete_step(scheduler, out):
             states.release(seq)
             live.remove(seq)
