@@ -34,7 +34,7 @@ from gpu.attention.backend import (
     candidate_names,
     without_flash_attn_for_fp8_cache,
 )
-from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata
+from gpu.attention.metadata import AttentionMetadata
 from gpu.batch import Batch, GroupTables, PackedBlockTables, Penalties, RowSampling, StepResult, TokenMask
 from gpu.config import RunnerConfig
 from gpu.cpu_decode import CpuDecodeSteps, unavailable_reason
@@ -470,7 +470,7 @@ class ModelRunner:
             assert self.decode is not None
             draw = self._graph_draw(batch, rows)
             out = self.decode.run(batch, self._last_sampled_ids, draw)
-            state_cache.copy_rows(self.linear_layers, saves_at_row_ends(batch), self.device)
+            state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
             if draw is not None:  # the graph drew the tokens: no launch from here to the copy to the host
                 assert out.logits is not None and out.token_ids is not None
                 return self._launched(self.sampler.finish_graph_draw(out.logits, out.token_ids, rows, draw), None)
@@ -479,7 +479,7 @@ class ModelRunner:
                 logits = out.logits  # computed by the graph (None without a sampling head)
         else:
             hidden = self._forward(batch)
-            state_cache.copy_rows(self.linear_layers, saves_at_row_ends(batch), self.device)
+            state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
         prompt = None
         if batch.prompt_logprobs:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
@@ -631,7 +631,7 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int = 0
         max_query_len=max(batch.query_lens),
         max_context_len=max(batch.context_lens),
         is_decode_only=batch.is_decode_only,
-        linear_state=linear_state_inputs(batch, device, num_state_slots) if num_state_slots else None,
+        linear_state=state_cache.step_inputs(batch, device, num_state_slots) if num_state_slots else None,
     )
     if batch.other_groups:
         meta = meta.with_group_tables(
@@ -639,39 +639,6 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int = 0
             [to_device(_padded_block_tables(g.block_tables), np.int32, device) for g in batch.other_groups])
     input_ids = to_device(np.asarray(batch.token_ids, dtype=np.int64), np.int64, device)
     return input_ids, to_device(np.asarray(batch.positions, dtype=np.int64), np.int64, device), meta
-
-
-def linear_state_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> LinearStateMetadata:
-    """Each row's state slot, whether it continues its state (tokens before its new ones: context > query), and its
-    tokens in pieces that end where a snapshot is saved inside the row (the runner saves those at a row's end)."""
-    slots = batch.state_slots or [row % num_state_slots for row in range(batch.num_rows)]  # warm-up steps
-    continues = tuple(c > q for c, q in zip(batch.context_lens, batch.query_lens, strict=True))
-    saves_inside: dict[int, list[tuple[int, int]]] = {}
-    for row, num_tokens, snapshot in batch.state_saves:
-        if num_tokens < batch.query_lens[row]:
-            saves_inside.setdefault(row, []).append((num_tokens, snapshot))
-    starts = np.cumsum([0, *batch.query_lens]).tolist()
-    return LinearStateMetadata(
-        slots=to_device(np.asarray(slots, dtype=np.int64), np.int64, device),
-        keeps_state=to_device(np.asarray(continues, dtype=np.float32), np.float32, device),
-        continues=continues,
-        row_pieces=tuple(_pieces(starts[row], starts[row + 1], saves_inside.get(row, [])) for row in range(len(slots))),
-        is_one_token_per_row=batch.is_decode_only)
-
-
-def _pieces(start: int, end: int, saves: list[tuple[int, int]]) -> tuple[tuple[int, int, int | None], ...]:
-    """The tokens [start, end) of a row cut where its state is saved (after `num_tokens` of them, to a snapshot)."""
-    pieces, piece_start = [], start
-    for num_tokens, snapshot in sorted(saves):
-        pieces.append((piece_start, start + num_tokens, snapshot))
-        piece_start = start + num_tokens
-    return (*pieces, (piece_start, end, None))
-
-
-def saves_at_row_ends(batch: Batch) -> list[tuple[int, int]]:
-    """(slot, snapshot row) of the saves at the end of their row: copied after the step's forward."""
-    return [(batch.state_slots[row], snapshot) for row, num_tokens, snapshot in batch.state_saves
-            if num_tokens == batch.query_lens[row]]
 
 
 @contextlib.contextmanager

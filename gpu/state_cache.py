@@ -14,6 +14,8 @@ Sized before the KV cache, so the KV cache is sized from what the states leave.
 import numpy as np
 import torch
 
+from gpu.attention.metadata import LinearStateMetadata
+from gpu.batch import Batch
 from gpu.host_to_device import to_device
 from gpu.layers.gated_deltanet import GatedDeltaNet
 
@@ -48,3 +50,58 @@ def copy_rows(layers: list[GatedDeltaNet], copies: list[tuple[int, int]], device
     for layer in layers:
         layer.conv_state[rows[1]] = layer.conv_state[rows[0]]
         layer.recurrent_state[rows[1]] = layer.recurrent_state[rows[0]]
+
+
+def step_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> LinearStateMetadata:
+    """Each row's state slot, whether it continues its state (tokens before its new ones: context > query), and its
+    tokens in pieces that end where a snapshot is saved inside the row (`saves_at_row_ends` are the runner's). A step
+    with both one-token rows and longer ones is split in two parts: the one-token rows run at once as a decode step
+    does, the others row by row."""
+    slots = batch.state_slots or [row % num_state_slots for row in range(batch.num_rows)]  # warm-up steps
+    continues = [c > q for c, q in zip(batch.context_lens, batch.query_lens, strict=True)]
+    saves_inside: dict[int, list[tuple[int, int]]] = {}
+    for row, num_tokens, snapshot in batch.state_saves:
+        if num_tokens < batch.query_lens[row]:
+            saves_inside.setdefault(row, []).append((num_tokens, snapshot))
+    rows = range(batch.num_rows)
+    whole = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, [])) for r in rows],
+                          device)
+    one_token = [r for r in rows if batch.query_lens[r] == 1]
+    if batch.is_decode_only or not one_token:
+        return whole
+    starts = np.cumsum([0, *batch.query_lens]).tolist()
+    parts = []
+    for part_rows in (one_token, [r for r in rows if batch.query_lens[r] > 1]):
+        part = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, []))
+                              for r in part_rows], device)
+        token_index = np.concatenate([np.arange(starts[r], starts[r + 1]) for r in part_rows])
+        parts.append((part, to_device(token_index, np.int64, device)))
+    return LinearStateMetadata(whole.slots, whole.keeps_state, whole.continues, whole.row_pieces, False, tuple(parts))
+
+
+def _state_inputs(rows: list[tuple[int, bool, int, list[tuple[int, int]]]], device: torch.device
+                  ) -> LinearStateMetadata:
+    """The state inputs of rows (slot, continues, tokens, saves inside) packed one after another."""
+    starts = np.cumsum([0, *(num_tokens for _, _, num_tokens, _ in rows)]).tolist()
+    continues = tuple(c for _, c, _, _ in rows)
+    return LinearStateMetadata(
+        slots=to_device(np.asarray([slot for slot, _, _, _ in rows], dtype=np.int64), np.int64, device),
+        keeps_state=to_device(np.asarray(continues, dtype=np.float32), np.float32, device),
+        continues=continues,
+        row_pieces=tuple(_pieces(starts[i], starts[i + 1], saves) for i, (_, _, _, saves) in enumerate(rows)),
+        is_one_token_per_row=all(num_tokens == 1 for _, _, num_tokens, _ in rows))
+
+
+def _pieces(start: int, end: int, saves: list[tuple[int, int]]) -> tuple[tuple[int, int, int | None], ...]:
+    """The tokens [start, end) of a row cut where its state is saved (after `num_tokens` of them, to a snapshot)."""
+    pieces, piece_start = [], start
+    for num_tokens, snapshot in sorted(saves):
+        pieces.append((piece_start, start + num_tokens, snapshot))
+        piece_start = start + num_tokens
+    return (*pieces, (piece_start, end, None))
+
+
+def saves_at_row_ends(batch: Batch) -> list[tuple[int, int]]:
+    """(slot, snapshot row) of the saves at the end of their row: copied after the step's forward."""
+    return [(batch.state_slots[row], snapshot) for row, num_tokens, snapshot in batch.state_saves
+            if num_tokens == batch.query_lens[row]]

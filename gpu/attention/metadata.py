@@ -30,6 +30,9 @@ class LinearStateMetadata:
     # (None: the row's last piece, whose state stays in its slot only): (start, end, snapshot row or None).
     row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...]
     is_one_token_per_row: bool  # every row at once (a decode step), else row by row
+    # A step with one-token rows and longer ones: each part's inputs and its tokens among the step's ([tokens] int64);
+    # the one-token rows run at once, the others row by row. Empty: the step is one part.
+    parts: tuple[tuple["LinearStateMetadata", torch.Tensor], ...] = ()
 
 
 @dataclass

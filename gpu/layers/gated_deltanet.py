@@ -219,13 +219,29 @@ class GatedDeltaNet(nn.Module):
         g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
         state = meta.linear_state
         assert state is not None, "a model with Gated DeltaNet layers runs with its rows' state slots"
-        if state.is_one_token_per_row:
-            out = self._decode(qkv, g, beta, state)
-        else:
-            out = self._rows(self._convolved_rows(qkv, state), g, beta, state)
+        out = self._convolved_rule(qkv, g, beta, state)
         num_tokens = out.shape[0]
         out = self.norm(out.to(qkv.dtype), z.reshape(num_tokens, s.num_value_heads, s.value_head_dim))
         return self.out_proj(out.reshape(num_tokens, s.value_dim)), residual
+
+    def _convolved_rule(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
+                        ) -> torch.Tensor:
+        """The convolution and the delta rule over the step's rows, each part its way: [num_tokens, value_heads,
+        value_head_dim] float32."""
+        if not state.parts:
+            return self._mixed(qkv, g, beta, state)
+        s = self.spec
+        out = qkv.new_empty((qkv.shape[0], s.num_value_heads, s.value_head_dim), dtype=torch.float32)
+        for part, tokens in state.parts:
+            out[tokens] = self._mixed(qkv[tokens], g[tokens], beta[tokens], part)
+        return out
+
+    def _mixed(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
+               ) -> torch.Tensor:
+        """The convolution and the delta rule over rows of one kind: [num_tokens, value_heads, value_head_dim]."""
+        if state.is_one_token_per_row:
+            return self._decode(qkv, g, beta, state)
+        return self._rows(self._convolved_rows(qkv, state), g, beta, state)
 
     def _split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         s = self.spec

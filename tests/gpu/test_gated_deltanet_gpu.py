@@ -25,7 +25,8 @@ from gpu.attention.metadata import LinearStateMetadata
 from gpu.batch import Batch
 from gpu.config import KernelConfig
 from gpu.layers.gated_deltanet import HAS_FLA, DeltaNetSpec, GatedDeltaNet
-from gpu.model_runner import ModelRunner, linear_state_inputs
+from gpu.model_runner import ModelRunner
+from gpu.state_cache import step_inputs
 from tests.gpu.test_parity_gpu import assert_bf16_divergences_rare_near_ties
 from tests.gpu.test_tensor_parallel_gpu import assert_diverge_rarely_near_ties
 from tests.hybrid_models import HYBRID_CONFIGS, build_hybrid_model
@@ -69,7 +70,7 @@ def state_inputs(query_lens: list[int], continues: list[bool], slots: list[int],
     batch = Batch(token_ids=[0] * sum(query_lens), positions=[0] * sum(query_lens), slot_mapping=[0] * sum(query_lens),
                   query_lens=query_lens, context_lens=[n + c for n, c in zip(query_lens, continues, strict=True)],
                   block_tables=[[0]] * len(query_lens), state_slots=slots, state_saves=list(saves))
-    return linear_state_inputs(batch, torch.device("cuda"), 6)
+    return step_inputs(batch, torch.device("cuda"), 6)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
