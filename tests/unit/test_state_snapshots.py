@@ -11,6 +11,7 @@ from core.config import SchedulerConfig
 from core.penalty_slots import PenaltySlots
 from core.scheduler import Scheduler, SchedulerOutput
 from core.state_snapshots import LinearStates, StateSnapshots
+from gpu.kv_cache_groups import KVCacheGroup
 from tests.unit.scheduling_helpers import StepClock, complete_step, make_seq
 
 BLOCK = 4
@@ -20,7 +21,7 @@ MAX_NUM_SEQS = 4
 def make(num_snapshots: int = 4, max_tokens_per_step: int = 64) -> tuple[Scheduler, LinearStates]:
     snapshots = StateSnapshots(num_snapshots, MAX_NUM_SEQS, BLOCK)
     config = SchedulerConfig(MAX_NUM_SEQS, max_tokens_per_step)
-    scheduler = Scheduler(config, BlockManager(64, BLOCK), StepClock(), snapshots=snapshots)
+    scheduler = Scheduler(config, BlockManager([KVCacheGroup(None, 64)], BLOCK), StepClock(), snapshots=snapshots)
     return scheduler, LinearStates(PenaltySlots(MAX_NUM_SEQS), snapshots)
 
 
@@ -144,8 +145,8 @@ def check_rows(states: LinearStates, live: list) -> None:
 def test_rows_are_accounted_for_over_random_histories(history: list[tuple], num_blocks: int,
                                                       num_snapshots: int) -> None:
     snapshots = StateSnapshots(num_snapshots, MAX_NUM_SEQS, BLOCK)
-    scheduler = Scheduler(SchedulerConfig(MAX_NUM_SEQS, 16), BlockManager(num_blocks, BLOCK), StepClock(),
-                          snapshots=snapshots)
+    block_manager = BlockManager([KVCacheGroup(None, num_blocks)], BLOCK)
+    scheduler = Scheduler(SchedulerConfig(MAX_NUM_SEQS, 16), block_manager, StepClock(), snapshots=snapshots)
     states = LinearStates(PenaltySlots(MAX_NUM_SEQS), snapshots)
     live: list = []
 
