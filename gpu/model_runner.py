@@ -149,6 +149,7 @@ class ModelRunner:
                               if self._samples_in_graphs() else None)
         self._allocate_state_cache()  # before the KV cache is sized, so its memory is counted
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
+        self.cpu_decode: CpuDecodeSteps | None = None  # set after the KV cache exists (the warm-up pass runs without)
         self.mixed: MixedGraphs | None = None
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
         # Per phase, each candidate's summed step milliseconds when `auto` measured them, now or at an earlier start.

@@ -6,6 +6,7 @@ import shutil
 from pathlib import Path
 
 import torch
+import transformers
 
 COMMON = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
               max_position_embeddings=2048, initializer_range=0.2, rms_norm_eps=1e-6, tie_word_embeddings=False)
@@ -30,10 +31,12 @@ MOE_CONFIGS: dict[str, tuple[str, dict]] = {
                                  use_qk_norm=True, rope_parameters={"rope_type": "default", "rope_theta": 10000.0,
                                                                    "partial_rotary_factor": 0.5})),
     # Sliding-window (16 tokens: the parity prompts run past it) and full layers with sinks, YaRN, 8 experts with
-    # biases (top 2 of the router's biased logits softmaxed), the clamped SwiGLU with a limit the activations reach.
+    # biases (top 2 of the router's biased logits softmaxed), the clamped SwiGLU with a limit the activations reach
+    # where transformers reads the limit from the config (before 5.24 its experts clamp at 7.0 whatever it says).
     "gpt_oss": ("GptOss", dict(COMMON, num_hidden_layers=2, intermediate_size=32, num_local_experts=8,
                                num_experts_per_tok=2, sliding_window=16,
-                               layer_types=["sliding_attention", "full_attention"], swiglu_limit=2.0,
+                               layer_types=["sliding_attention", "full_attention"],
+                               swiglu_limit=2.0 if hasattr(transformers.GptOssConfig, "swiglu_limit") else 7.0,
                                rope_parameters={"rope_type": "yarn", "rope_theta": 150000.0, "factor": 8.0,
                                                 "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
                                                 "original_max_position_embeddings": 256})),

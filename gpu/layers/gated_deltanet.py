@@ -293,8 +293,8 @@ class GatedDeltaNet(nn.Module):
     def _rows(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
               ) -> torch.Tensor:
         """The delta rule over each row's tokens from its slot's state, piece by piece as `_convolved_rows`:
-        [num_tokens, value_heads, value_head_dim] float32; fla's chunked kernel over every row at once where it is
-        installed (CUDA), else row by row."""
+        [num_tokens, value_heads, value_head_dim]; fla's chunked kernel over every row at once where it is installed
+        (CUDA; its output in the activations' dtype), else row by row (float32)."""
         q, k, v = self._split_heads(mixed)
         if self._uses_kernels(mixed) and (chunked_rule := fla_chunked_rule()) is not None:
             return self._rows_on_fla(chunked_rule, (q, k, v), g, beta, state)

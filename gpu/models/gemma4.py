@@ -33,11 +33,20 @@ from gpu.models.gemma import GemmaBlockSpec, GemmaDecoderLayer, GemmaModel, lang
 from gpu.models.llama import sliding_window_of
 
 
+def reuses_kv(config: PretrainedConfig, layer_index: int) -> bool:
+    """Whether the layer reads the keys and values of an earlier layer of its type: the last
+    `num_kv_shared_layers` layers do (transformers 5.17's config says only that; later ones list it per layer)."""
+    modes = getattr(config, "kv_sharing_modes", None)
+    if modes is not None:
+        return modes[layer_index] == "reuse"
+    return layer_index >= config.num_hidden_layers - config.num_kv_shared_layers and config.num_kv_shared_layers > 0
+
+
 def gemma4_block_spec(config: PretrainedConfig, layer_index: int) -> GemmaBlockSpec:
     if getattr(config, "enable_moe_block", False):
         raise ValueError("Gemma 4 with MoE blocks (enable_moe_block) is not supported")
     layer = config.per_layer_config[layer_index]  # the full-attention layers' own head size and KV heads
-    is_shared = config.kv_sharing_modes[layer_index] == "reuse"
+    is_shared = reuses_kv(config, layer_index)
     is_sliding = config.layer_types[layer_index] == "sliding_attention"
     bias = bool(config.attention_bias)
     attention = AttentionSpec(
