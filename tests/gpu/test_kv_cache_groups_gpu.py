@@ -30,6 +30,10 @@ MODELS = ["gemma3", "mistral", "gemma4", "gpt_oss"]
 BLOCKS = {"mistral": 12}
 LENGTHS = (70, 5, 90, 33, 120, 17, 1, 64)
 MAX_NEW = 40  # decodes run past the windows too
+# The tiny gpt-oss leaves transformers' own float32 top-5 in bf16 (its random router and sinks: 12 of 16 prompts here),
+# so no bf16 run of it can be held to the top-5 rule; tests/gpu/test_parity_moe_gpu.py holds its bf16 error to the torch
+# path's instead.
+ROUTER_SENSITIVE = {"gpt_oss"}
 GPU_BACKENDS = ["triton"] + (["flash-attn"] if HAS_FLASH_ATTN else [])
 
 
@@ -87,7 +91,8 @@ def test_bf16_graphs_on_and_off_agree_and_stay_near_transformers(model_dirs: dic
     graphed, outputs = run(graphed_llm, prompts, params)
     assert graphed_llm.engine.runner.decode is not None and graphed_llm.engine.runner.decode.graphs
     assert graphed == eager
-    assert_bf16_divergences_rare_near_ties(model_dir, prompts, outputs)
+    if model not in ROUTER_SENSITIVE:
+        assert_bf16_divergences_rare_near_ties(model_dir, prompts, outputs)
 
 
 def test_memory_sized_per_group_holds_more_context_than_every_layer_keeping_every_block(

@@ -34,7 +34,8 @@ GPU_BACKENDS = [b for b in BACKENDS if b in ("triton", "flash-attn")]
 def test_float32_tokens_match_transformers(tiny_model_dirs: dict[str, Path], model: str) -> None:
     model_dir = model_dir_of(tiny_model_dirs, model)
     prompts = prompts_of_lengths(LENGTHS, shared_prefix=20)
-    llm = make_llm(model_dir, "float32", "triton", eager=False, budget=32, blocks=24)
+    # 16 blocks: every family preempts (windowed layers keep fewer blocks, so 24 leave Mistral's and Phi-3's room)
+    llm = make_llm(model_dir, "float32", "triton", eager=False, budget=32, blocks=16)
     outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
     for prompt, output in zip(prompts, outputs, strict=True):
         expected, _ = hf_greedy_and_logits(model_dir, torch.float32, prompt)
