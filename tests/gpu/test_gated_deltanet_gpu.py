@@ -33,6 +33,9 @@ from tests.hybrid_models import HYBRID_CONFIGS, build_hybrid_model
 from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+# The models' CUDA path gave other tokens than transformers and than itself with graphs off, on an H100; a CUDA start
+# is refused (gpu/model_runner.py) until these pass again with that refusal gone.
+REFUSED_ON_CUDA = pytest.mark.xfail(raises=(ValueError, RuntimeError), strict=True, reason="Gated DeltaNet models are refused on CUDA")
 
 # The families this transformers has reference classes of (an older one may lack Qwen3.5).
 MODELS = tuple(name for name, (_, model_class, _) in HYBRID_CONFIGS.items() if hasattr(transformers, model_class))
@@ -110,6 +113,7 @@ def generated(engine: LLMEngine, prompts: list[list[int]], params: SamplingParam
 
 
 @pytest.mark.parametrize("model", MODELS)
+@REFUSED_ON_CUDA
 def test_float32_reference_path_matches_transformers(hybrid_dirs: dict[str, Path], model: str) -> None:
     config = engine_config(str(hybrid_dirs[model]), dtype="float32", device="cuda", attention_backend="triton",
                            block_size=16, kv_cache_blocks=14, max_num_seqs=16, max_num_batched_tokens=40)
@@ -125,6 +129,7 @@ def test_float32_reference_path_matches_transformers(hybrid_dirs: dict[str, Path
 
 
 @pytest.mark.parametrize("model", MODELS)
+@REFUSED_ON_CUDA
 def test_graphs_on_give_the_tokens_of_graphs_off(hybrid_dirs: dict[str, Path], model: str) -> None:
     prompts = prompts_of_lengths((1, 7, 17, 40, 100, 3, 64), shared_prefix=20)
     params = SamplingParams(temperature=0.0, max_tokens=24)
@@ -141,6 +146,7 @@ def test_graphs_on_give_the_tokens_of_graphs_off(hybrid_dirs: dict[str, Path], m
 
 
 @pytest.mark.parametrize("model", MODELS)
+@REFUSED_ON_CUDA
 def test_bf16_tokens_by_the_top5_rule(hybrid_dirs: dict[str, Path], model: str) -> None:
     llm = LLM(str(hybrid_dirs[model]), dtype="bfloat16", device="cuda", attention_backend="triton", block_size=16,
               kv_cache_blocks=512, max_num_seqs=16, max_num_batched_tokens=48)
@@ -153,6 +159,7 @@ def test_bf16_tokens_by_the_top5_rule(hybrid_dirs: dict[str, Path], model: str) 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("model", MODELS)
+@REFUSED_ON_CUDA
 def test_two_ranks_split_the_heads(hybrid_dirs: dict[str, Path], model: str) -> None:
     """TP=2 against TP=1 in bf16 by the top-5 rule, with prefix hits on both."""
     prompts = prompts_of_lengths((1, 7, 17, 40, 100, 3, 64), shared_prefix=20)
