@@ -491,13 +491,7 @@ class ModelRunner:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
         if logits is None:
             logits = self._logits(batch, hidden)
-        if not self.tp.is_first:  # its share of the logits went to rank 0
-            return self._tokens_from_first(len(rows))
-        if logits is None:
-            return self._launched(None, prompt)
-        if batch.has_token_masks:
-            return PendingLogits(logits, rows, batch.penalty_slot_inits, prompt)
-        return self._launched(self.sampler.sample(logits, rows, batch.penalty_slot_inits), prompt)
+        return self._sample(batch, rows, logits, prompt)
 
     def _launch_verification(self, batch: Batch) -> PendingStep | PendingLogits:
         """A step with draft tokens (speculative decoding): never decode-only, so it runs as any step with prefill
@@ -508,6 +502,12 @@ class ModelRunner:
         if batch.prompt_logprobs:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
         logits = self.model.compute_logits(hidden[to_device(token_indices, np.int64, self.device)]) if rows else None
+        return self._sample(batch, rows, logits, prompt)
+
+    def _sample(self, batch: Batch, rows: list[int], logits: torch.Tensor | None,
+                prompt: PackedPromptLogprobs | None) -> PendingStep | PendingLogits:
+        """Rank 0 samples the rows' logits, or queues them where token masks must be filled first; the other ranks
+        (their share of the logits went to rank 0) take rank 0's tokens."""
         if not self.tp.is_first:
             return self._tokens_from_first(len(rows))
         if logits is None:
