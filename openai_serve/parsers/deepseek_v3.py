@@ -8,8 +8,8 @@ chat template teaches: V3's templates write the code fence).
 
 import regex
 
-from openai_serve.parsers.call_grammar import Format, calls_in_a_row, json_arguments, tag, triggered
 from openai_serve.parsers.marked_calls import sectioned_syntax
+from openai_serve.parsers.tool_call_grammar import Format, calls_in_a_row, json_arguments, tag, triggered
 from openai_serve.protocol.tools import Tool
 
 SECTION_BEGIN = "<｜tool▁calls▁begin｜>"

@@ -6,7 +6,7 @@ tool's schema. The chat templates that show this format say `<arg_key>` where th
 
 import regex
 
-from openai_serve.parsers.call_grammar import MAX_WHITESPACE, Format, tag, triggered
+from openai_serve.parsers.tool_call_grammar import MAX_WHITESPACE, Format, tag, triggered
 from openai_serve.parsers.xml_calls import XmlCallsParser, XmlSyntax
 from openai_serve.protocol.tools import Tool
 

@@ -15,12 +15,12 @@ from enum import Enum
 
 import regex
 
-from openai_serve.parsers.call_grammar import Format, json_arguments, tag, triggered
 from openai_serve.parsers.deltas import MessageDelta, ToolCallDelta, new_tool_call_id
 from openai_serve.parsers.json_spans import JsonSpans
 from openai_serve.parsers.partial_match import MAX_HEAD_CHARS, Found, find
 from openai_serve.parsers.stepping import SteppingParser
 from openai_serve.parsers.tags import split_at_any
+from openai_serve.parsers.tool_call_grammar import Format, json_arguments, tag, triggered
 from openai_serve.protocol.tools import Tool
 
 TEMPLATE_MARK = "<|channel|>"

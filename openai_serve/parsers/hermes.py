@@ -9,10 +9,10 @@ a JSON object with a name is content, as written.
 import json
 from enum import Enum
 
-from openai_serve.parsers.call_grammar import Format, json_arguments, tag, triggered
 from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.json_calls import JsonCallsParser
 from openai_serve.parsers.tags import held_back
+from openai_serve.parsers.tool_call_grammar import Format, json_arguments, tag, triggered
 from openai_serve.protocol.tools import Tool
 
 START = "<tool_call>"

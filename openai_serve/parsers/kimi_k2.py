@@ -7,8 +7,8 @@ the calls of the conversation). The call's name is NAME; its id is one of ours, 
 
 import regex
 
-from openai_serve.parsers.call_grammar import Format, calls_in_a_row, json_arguments, tag, triggered
 from openai_serve.parsers.marked_calls import sectioned_syntax
+from openai_serve.parsers.tool_call_grammar import Format, calls_in_a_row, json_arguments, tag, triggered
 from openai_serve.protocol.tools import Tool
 
 SECTION_BEGIN = "<|tool_calls_section_begin|>"

@@ -9,9 +9,9 @@ the last call is content. A call that is not a JSON object with a name is conten
 import json
 from enum import Enum
 
-from openai_serve.parsers.call_grammar import Format, json_arguments
 from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.json_calls import JsonCallsParser
+from openai_serve.parsers.tool_call_grammar import Format, json_arguments
 from openai_serve.protocol.tools import Tool
 
 PYTHON_TAG = "<|python_tag|>"

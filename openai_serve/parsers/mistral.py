@@ -10,11 +10,11 @@ import string
 
 import regex
 
-from openai_serve.parsers.call_grammar import Format, json_arguments, tag, triggered
 from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.json_calls import CallStream
 from openai_serve.parsers.json_spans import JsonSpans
 from openai_serve.parsers.marked_calls import MarkedCallsParser, MarkedSyntax
+from openai_serve.parsers.tool_call_grammar import Format, json_arguments, tag, triggered
 from openai_serve.protocol.tools import Tool, forced_schema_of_calls
 
 TRIGGER = "[TOOL_CALLS]"

@@ -7,7 +7,7 @@ call too. The chat templates that show this format say `<function=` where they t
 
 import regex
 
-from openai_serve.parsers.call_grammar import MAX_WHITESPACE, Format, tag, triggered
+from openai_serve.parsers.tool_call_grammar import MAX_WHITESPACE, Format, tag, triggered
 from openai_serve.parsers.xml_calls import XmlCallsParser, XmlSyntax
 from openai_serve.protocol.tools import Tool
 

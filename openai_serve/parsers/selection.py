@@ -21,11 +21,11 @@ from dataclasses import dataclass, replace
 from core import grammar
 from core.sampling_params import SamplingParams
 from core.structured_output import StructuredOutputError
-from openai_serve.parsers.call_grammar import structural_tag
 from openai_serve.parsers.forced import NamedToolParser, RequiredToolParser
 from openai_serve.parsers.harmony import HarmonyParser
 from openai_serve.parsers.message import MessageParser
 from openai_serve.parsers.reasoning import HARMONY_NAMES, NEEDS_SPECIAL_TOKENS, ReasoningParser
+from openai_serve.parsers.tool_call_grammar import structural_tag
 from openai_serve.parsers.tool_parsers import FORMATS, FirstCallOnly, ToolCallParser, parser_name_for_template
 from openai_serve.protocol.tools import ToolChoice, ToolRequest
 

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from openai_serve.parsers import deepseek_v3, glm45, harmony, kimi_k2, mistral, qwen3_coder
-from openai_serve.parsers.call_grammar import Format
 from openai_serve.parsers.deltas import MessageDelta
 from openai_serve.parsers.hermes import HermesToolParser
 from openai_serve.parsers.hermes import call_grammar as hermes_call_grammar
 from openai_serve.parsers.llama3_json import PYTHON_TAG, Llama3JsonToolParser
 from openai_serve.parsers.llama3_json import call_grammar as llama3_call_grammar
 from openai_serve.parsers.marked_calls import MarkedCallsParser, MarkedSyntax
+from openai_serve.parsers.tool_call_grammar import Format
 from openai_serve.protocol.tools import Tool
 
 
@@ -37,7 +37,7 @@ class ToolCallParser(Protocol):
 @dataclass(frozen=True)
 class ToolCallFormat:
     """How one family writes tool calls: the parser that reads them and, for `auto` tool choice, the lazy
-    grammar (call_grammar.py) that holds each call to the tools' schemas once the model opens it."""
+    grammar (tool_call_grammar.py) that holds each call to the tools' schemas once the model opens it."""
 
     new_parser: Callable[[tuple[Tool, ...]], ToolCallParser]
     call_grammar: Callable[[tuple[Tool, ...], bool], Format]  # (tools, parallel) -> grammar

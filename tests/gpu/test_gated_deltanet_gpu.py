@@ -35,7 +35,8 @@ from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 # The models' CUDA path gave other tokens than transformers and than itself with graphs off, on an H100; a CUDA start
 # is refused (gpu/model_runner.py) until these pass again with that refusal gone.
-REFUSED_ON_CUDA = pytest.mark.xfail(raises=(ValueError, RuntimeError), strict=True, reason="Gated DeltaNet models are refused on CUDA")
+REFUSED_ON_CUDA = pytest.mark.xfail(raises=(ValueError, RuntimeError), strict=True,
+                                    reason="Gated DeltaNet models are refused on CUDA")
 
 # The families this transformers has reference classes of (an older one may lack Qwen3.5).
 MODELS = tuple(name for name, (_, model_class, _) in HYBRID_CONFIGS.items() if hasattr(transformers, model_class))
