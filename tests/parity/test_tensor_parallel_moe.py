@@ -8,41 +8,27 @@ from pathlib import Path
 
 import pytest
 
-from core import LLM, SamplingParams
 from tests.moe_models import build_moe_model
-from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths, record_schedules
-from tests.parity.test_tensor_parallel_cpu import make_llm
+from tests.parity.tensor_parallel_cases import (
+    Engines,
+    check_a_batch_that_is_chunked_and_preempted,
+    check_shared_prefixes_hit,
+    engines_of,
+)
 
-MAX_NEW_TOKENS = 8
-GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
 MODELS = ("qwen3_moe", "mixtral", "glm4_moe", "gpt_oss")
 
 
 @pytest.fixture(scope="module", params=MODELS)
 def engines(request: pytest.FixtureRequest, tiny_model_dirs: dict[str, Path],
-            tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, LLM, LLM]]:
+            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Engines]:
     model_dir = build_moe_model(tmp_path_factory.mktemp(request.param), request.param, tiny_model_dirs["qwen3"])
-    sharded = make_llm(model_dir, 2)
-    yield model_dir, make_llm(model_dir, 1), sharded
-    sharded.engine.close()
+    yield from engines_of(model_dir)
 
 
-def test_a_batch_that_is_chunked_and_preempted(engines: tuple[Path, LLM, LLM]) -> None:
-    model_dir, single, sharded = engines
-    prompts = prompts_of_lengths((7, 12, 3, 18, 9, 14, 40))
-    records = record_schedules(sharded.engine)
-    tokens = [o.token_ids for o in sharded.generate(prompts, GREEDY)]
-    assert sharded.engine.stats().num_preemptions > 0
-    assert sum(s.end < s.seq.num_prompt_tokens for out in records for s in out.scheduled) >= 3, "chunked prefill"
-    assert tokens == [o.token_ids for o in single.generate(prompts, GREEDY)]
-    assert tokens == [hf_greedy(model_dir, p, MAX_NEW_TOKENS) for p in prompts]
+def test_a_batch_that_is_chunked_and_preempted(engines: Engines) -> None:
+    check_a_batch_that_is_chunked_and_preempted(engines)
 
 
-def test_shared_prefixes_hit_the_prefix_cache(engines: tuple[Path, LLM, LLM]) -> None:
-    model_dir, single, sharded = engines
-    prompts = prompts_of_lengths((3, 6, 1), shared_prefix=24)
-    before = sharded.engine.stats().num_prefix_cache_hit_tokens
-    tokens = [o.token_ids for p in prompts for o in sharded.generate([p], GREEDY)]
-    assert sharded.engine.stats().num_prefix_cache_hit_tokens - before >= 2 * 24
-    assert tokens == [o.token_ids for o in single.generate(prompts, GREEDY)]
-    assert tokens == [hf_greedy(model_dir, p, MAX_NEW_TOKENS) for p in prompts]
+def test_shared_prefixes_hit_the_prefix_cache(engines: Engines) -> None:
+    check_shared_prefixes_hit(engines)
