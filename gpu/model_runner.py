@@ -128,11 +128,6 @@ class ModelRunner:
         # Layers with a state per sequence (linear attention): a slot for each sequence that may run.
         self.linear_layers = self.model.linear_attention_layers() if hasattr(self.model, "linear_attention_layers") \
             else []
-        if self.linear_layers and self.device.type == "cuda":
-            # Until the CUDA path of these layers (fla's prompt kernel with snapshots, the decode kernel in graphs)
-            # gives transformers' tokens, a GPU start is refused rather than risk wrong output.
-            raise ValueError("linear-attention (Gated DeltaNet) models run on the CPU only for now: their CUDA path "
-                             "does not yet give transformers' tokens; use --device cpu")
         self.num_state_slots = config.max_num_seqs if self.linear_layers else 0  # then the snapshots' rows
         head_dims = tuple(layer.head_dim for layer in self.layers)
         names, flash_attn_reason = candidate_names(config.attention_backend, self.device, self.dtype, head_dims)

@@ -4,6 +4,7 @@ full-attention layer, more value heads than key heads (grouped), and weights dra
 (the convolution, the decay, the gates) moves the tokens; norms that transformers starts at zero (a scale of 1 + w)
 are drawn too."""
 
+import importlib
 import shutil
 from pathlib import Path
 
@@ -45,3 +46,19 @@ def build_hybrid_model(directory: Path, name: str, tokenizer_dir: Path, seed: in
     for path in tokenizer_dir.glob("tokenizer*"):
         shutil.copy(path, directory / path.name)
     return directory
+
+
+def use_transformers_torch_delta_rule() -> None:
+    """Points transformers' Gated DeltaNet layers back at their torch functions where, fla being installed, it picked
+    fla's kernels when its modeling files were imported: the CPU reference runs on CPU tensors, which fla's Triton
+    kernels cannot take (transformers keeps each torch function as its kernel wrapper's `__wrapped__`)."""
+    for family in ("qwen3_next", "qwen3_5", "qwen3_5_moe"):
+        try:
+            module = importlib.import_module(f"transformers.models.{family}.modeling_{family}")
+        except ImportError:
+            continue
+        for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule", "causal_conv1d_fn",
+                     "causal_conv1d_update"):
+            function = getattr(module, name, None)
+            if function is not None and hasattr(function, "__wrapped__"):
+                setattr(module, name, function.__wrapped__)

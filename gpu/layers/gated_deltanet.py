@@ -107,11 +107,12 @@ class DeltaNetSpec:
 
 def rank_rows(spec: DeltaNetSpec, tp: TensorParallel) -> dict[str, torch.Tensor]:
     """Per part of the input projection ([q; k; v] over all heads, z, b, a) the rows this rank holds, in order; the
-    [q; k; v] rows are also the convolution's channels."""
+    [q; k; v] rows are also the convolution's channels. On the CPU, where checkpoint tensors are read, whatever
+    device the model is built under."""
     local = spec.of_rank(tp)
-    key_rows = torch.arange(tp.rank * local.key_dim, (tp.rank + 1) * local.key_dim)
-    value_rows = torch.arange(tp.rank * local.value_dim, (tp.rank + 1) * local.value_dim)
-    heads = torch.arange(tp.rank * local.num_value_heads, (tp.rank + 1) * local.num_value_heads)
+    key_rows = torch.arange(tp.rank * local.key_dim, (tp.rank + 1) * local.key_dim, device="cpu")
+    value_rows = torch.arange(tp.rank * local.value_dim, (tp.rank + 1) * local.value_dim, device="cpu")
+    heads = torch.arange(tp.rank * local.num_value_heads, (tp.rank + 1) * local.num_value_heads, device="cpu")
     qkv = torch.cat((key_rows, spec.key_dim + key_rows, 2 * spec.key_dim + value_rows))
     return {"qkv": qkv, "z": value_rows, "b": heads, "a": heads}
 
@@ -232,8 +233,8 @@ class GatedDeltaNet(nn.Module):
             return self._mixed(qkv, g, beta, state)
         s = self.spec
         out = qkv.new_empty((qkv.shape[0], s.num_value_heads, s.value_head_dim), dtype=torch.float32)
-        for part, tokens in state.parts:
-            out[tokens] = self._mixed(qkv[tokens], g[tokens], beta[tokens], part)
+        for part, tokens in state.parts:  # fla's prompt rows come in the activations' dtype, the decode rows not
+            out[tokens] = self._mixed(qkv[tokens], g[tokens], beta[tokens], part).float()
         return out
 
     def _mixed(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata

@@ -20,7 +20,13 @@ from core.engine import LLMEngine, runner_config
 from gpu.config import KernelConfig
 from gpu.model_runner import ModelRunner
 from tests.gpu.test_fused_kernels import compare, prefill_then_decode_logits
-from tests.gpu.test_parity_gpu import LENGTHS, MAX_NEW, assert_bf16_divergences_rare_near_ties, hf_greedy_and_logits
+from tests.gpu.test_parity_gpu import (
+    LENGTHS,
+    MAX_NEW,
+    assert_bf16_departs_no_more_than_transformers,
+    assert_bf16_divergences_rare_near_ties,
+    hf_greedy_and_logits,
+)
 from tests.greedy_agreement import assert_diverge_rarely_near_ties
 from tests.moe_models import MOE_CONFIGS, build_moe_model
 from tests.parity.test_parity_cpu import prompts_of_lengths
@@ -28,6 +34,8 @@ from tests.parity.test_parity_cpu import prompts_of_lengths
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 MODELS = tuple(MOE_CONFIGS)
+# Group-limited routing: transformers' own bf16 model leaves its float32 top-5 on some prompts of the tiny checkpoint.
+ROUTER_SENSITIVE = {"glm4_moe"}
 
 
 @pytest.fixture(scope="module")
@@ -79,12 +87,22 @@ def test_float32_torch_reference_path_matches_transformers(moe_dirs: dict[str, P
     assert_float32_tokens_match(LLMEngine(config, runner=runner), moe_dirs["qwen3_moe"])
 
 
-@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("model", [m for m in MODELS if m not in ROUTER_SENSITIVE])
 def test_bf16_divergences_are_rare_near_ties(moe_dirs: dict[str, Path], model: str) -> None:
     prompts = prompts_of_lengths(LENGTHS)
     outputs = make_llm(moe_dirs[model], "bfloat16").generate(
         prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
     assert_bf16_divergences_rare_near_ties(moe_dirs[model], prompts, outputs)
+
+
+@pytest.mark.parametrize("model", sorted(ROUTER_SENSITIVE))
+def test_bf16_departs_from_float32_no_more_than_transformers_bf16(moe_dirs: dict[str, Path], model: str) -> None:
+    """Where transformers' own bf16 model leaves its float32 answers at more than near ties (a routing choice flips
+    on bf16 rounding, and the rest of the answer follows other experts), ours is held to that model's record."""
+    prompts = prompts_of_lengths(LENGTHS)
+    outputs = make_llm(moe_dirs[model], "bfloat16").generate(
+        prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
+    assert_bf16_departs_no_more_than_transformers(moe_dirs[model], prompts, outputs)
 
 
 @pytest.mark.parametrize("model", MODELS)
