@@ -190,15 +190,23 @@ class ModelRunner:
 
     def _probe_gated_gemm(self) -> None:
         """Runs quack's gated GEMM once here (layers take it only where this probe found it working) and logs why
-        not where it cannot run."""
+        not where it cannot run. A failure an earlier start remembered for this GPU, dtype and packages is taken as
+        it is, without compiling or running anything (gpu/remembered_backends.py)."""
         if not self.config.kernels.fused_kernels or self.device.type != "cuda":
             return
-        reason = gated_gemm.unavailable_reason(self.device, self.dtype)
+        reason = gated_gemm.requirement_unmet(self.device, self.dtype)
+        how = "not probed"
         if reason is None:
-            logger.info("gate/up products of %d+ rows compute SiLU-and-mul in their epilogue (quack's gated GEMM)",
-                        gated_gemm.MIN_ROWS)
+            directory = Path(self.config.cache_dir) if self.config.cache_dir is not None else None
+            setting = {"gpu": torch.cuda.get_device_name(self.device), "dtype": str(self.dtype).removeprefix("torch.")}
+            key = remembered_backends.probe_key("gated-gemm", setting, gated_gemm.PROBE_CODE)
+            reason, how = remembered_backends.probe_once(directory, key,
+                                                         lambda: gated_gemm.probe(self.device, self.dtype))
+        if reason is None:
+            logger.info("gate/up products of %d+ rows compute SiLU-and-mul in their epilogue (quack's gated GEMM; %s)",
+                        gated_gemm.MIN_ROWS, how)
         else:
-            logger.info("gated GEMM off: %s", reason)
+            logger.info("gated GEMM off: %s (%s)", reason, how)
 
     def _backend_named(self, name: str) -> AttentionBackend:
         return backend_named(name, self._cpu_attention_kernels())

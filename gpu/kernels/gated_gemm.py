@@ -15,25 +15,34 @@ or two in the last place. The bf16 parity tests against transformers bound what 
 The weight is used as stored (the [gate; up] rows of MergedLinear), read through quack's `concat_layout`. No
 autotuning: quack's default config for the shape (its autotuned one was not faster). quack compiles a kernel the
 first time it meets a shape class (seconds; a new row count of the same class then takes about a millisecond) and
-keeps it on disk (QUACK_CACHE_ENABLED); the runner's probe and warm-up meet it before a request. quack fingerprints
-the functions an epilogue uses and takes those installed under a `site-packages` directory as fixed: installed
-elsewhere (pip --target into another directory) it refuses to compile, which `unavailable_reason` reports.
+keeps it on disk (QUACK_CACHE_ENABLED); the runner's probe and warm-up meet it before a request. The runner remembers
+a failed probe on disk per GPU, dtype, packages and this file (gpu/remembered_backends.py): a later start neither
+compiles nor tests it again. quack fingerprints the functions an epilogue uses and takes those installed under a
+`site-packages` (or `dist-packages`) directory as fixed; installed elsewhere (pip --target into another directory) it
+reads the CUTLASS DSL's own functions too, meets a value it cannot fingerprint (a ContextVar of CUTLASS DSL 4.8) and
+refuses to compile, which the probe reports.
 """
 
 import importlib.util
+from pathlib import Path
 
 import torch
 
 MIN_ROWS = 512
 DTYPES = (torch.bfloat16, torch.float16)
+PROBE_CODE = (Path(__file__),)  # what a remembered verdict of `probe` is keyed on, beside the packages' versions
 
 # Per (device, dtype): why the gated GEMM cannot run there, None where it can.
 _probed: dict[tuple[torch.device, torch.dtype], str | None] = {}
 
 
 def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
-    """Why the gated GEMM cannot run here, or None when it can: checked once per device and dtype by running one
-    product of MIN_ROWS rows (which also compiles the kernel)."""
+    """Why the gated GEMM cannot run here, or None when it can: `requirement_unmet`, else `probe`'s verdict."""
+    return requirement_unmet(device, dtype) or probe(device, dtype)
+
+
+def requirement_unmet(device: torch.device, dtype: torch.dtype) -> str | None:
+    """What this device, dtype or install lacks for the gated GEMM (None: nothing), found without running a kernel."""
     if device.type != "cuda":
         return f"it needs CUDA (device {device})"
     if dtype not in DTYPES:
@@ -43,6 +52,13 @@ def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
         return f"it runs on Hopper (compute capability 9.x) only here (this GPU: {major}.{minor})"
     if importlib.util.find_spec("quack") is None:
         return "quack is not installed (pip install 'openai-serve[flash]')"
+    return None
+
+
+def probe(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Runs one product of MIN_ROWS rows (which also compiles the kernel), once per device and dtype: None where it
+    ran, else why not. Only a device and dtype probed here with None are `is_ready`. Call it where
+    `requirement_unmet` found nothing."""
     key = _key(device, dtype)
     if key not in _probed:
         _probed[key] = _probe(device, dtype)
@@ -50,7 +66,7 @@ def unavailable_reason(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def is_ready(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether `unavailable_reason` ran for this device and dtype and found nothing against it. Layers ask this,
+    """Whether `probe` ran for this device and dtype and found nothing against it. Layers ask this,
     never probe themselves (a probe launches kernels, which a CUDA graph being captured must not record)."""
     return device.type == "cuda" and _probed.get(_key(device, dtype), "not probed") is None
 

@@ -6,8 +6,10 @@ import json
 import logging
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import torch
 from transformers import Qwen3Config
 
 import gpu.model_runner
@@ -24,7 +26,7 @@ TIMES = {"decode": {"triton": 1.5, "flash-attn": 2.5}, "prefill": {"triton": 30.
 def test_the_key_holds_the_setting_the_packages_and_our_code() -> None:
     key = remembered_backends.choice_key(SETTING)
     assert {name: key[name] for name in SETTING} == SETTING
-    assert set(key["versions"]) == {"torch", "triton", "flash-attn-4", "quack-kernels"}
+    assert set(key["versions"]) == {"torch", "triton", "flash-attn-4", "quack-kernels", "nvidia-cutlass-dsl"}
     assert key["versions"]["torch"] is not None and len(key["code"]) == 16
     assert json.loads(json.dumps(key)) == key  # what a file gives back
     assert remembered_backends.choice_key(dict(SETTING)) == key
@@ -152,3 +154,108 @@ def test_without_a_cache_directory_every_start_measures(tiny_qwen3_dir: Path, tm
     for _ in range(2):
         ModelRunner(replace(config, cache_dir=None))
     assert len(fake_timing) == 2 * len(FAKE_MS)
+
+
+# Start-up probes' verdicts (a kernel's test product): a failure is taken from the file, a pass is probed again.
+PROBE_SETTING = {"gpu": "NVIDIA H100 80GB HBM3", "dtype": "bfloat16"}
+FAILURE = "quack's gated GEMM failed on a test product (TypeError: epilogue fn depends on a ContextVar)"
+
+
+class FakeProbe:
+    def __init__(self, *verdicts: str | None) -> None:
+        self.verdicts, self.num_calls = list(verdicts), 0
+
+    def __call__(self) -> str | None:
+        self.num_calls += 1
+        return self.verdicts.pop(0)
+
+
+def probe_key(tmp_path: Path, **setting: object) -> dict[str, object]:
+    code = tmp_path / "probe.py"
+    if not code.exists():
+        code.write_text("x = 1\n")
+    return remembered_backends.probe_key("gated-gemm", PROBE_SETTING | setting, (code,))
+
+
+def test_a_failed_probe_is_remembered_and_not_run_again(tmp_path: Path) -> None:
+    key, probe = probe_key(tmp_path), FakeProbe(FAILURE)
+    reason, how = remembered_backends.probe_once(tmp_path, key, probe)
+    path = remembered_backends.verdict_path(tmp_path, key)
+    assert (reason, how, probe.num_calls) == (FAILURE, f"probed now, remembered in {path}", 1)
+    assert path.parent == tmp_path / "probes"
+    assert json.loads(path.read_text())["reason"] == FAILURE
+    reason, how = remembered_backends.probe_once(tmp_path, key, probe)
+    assert (reason, probe.num_calls) == (FAILURE, 1), "a remembered failure was probed again"
+    assert how.startswith(f"remembered in {path}, probed on ")
+
+
+def test_a_passed_probe_runs_again_and_a_new_verdict_replaces_the_file(tmp_path: Path) -> None:
+    key, probe = probe_key(tmp_path), FakeProbe(None, None, FAILURE)
+    assert remembered_backends.probe_once(tmp_path, key, probe)[0] is None
+    path = remembered_backends.verdict_path(tmp_path, key)
+    assert json.loads(path.read_text())["reason"] is None
+    assert remembered_backends.probe_once(tmp_path, key, probe) == (None, "probed now")  # it builds the kernel too
+    assert remembered_backends.probe_once(tmp_path, key, probe)[0] == FAILURE
+    assert probe.num_calls == 3 and remembered_backends.recall_verdict(tmp_path, key).reason == FAILURE
+
+
+def test_a_verdict_is_kept_per_gpu_dtype_packages_and_probe_code(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    key, probe = probe_key(tmp_path), FakeProbe(FAILURE, None, None, None)
+    remembered_backends.probe_once(tmp_path, key, probe)
+    assert key["probe"] == "gated-gemm" and set(key["versions"]) == set(remembered_backends.PACKAGES)
+    remembered_backends.probe_once(tmp_path, probe_key(tmp_path, dtype="float16"), probe)
+    (tmp_path / "probe.py").write_text("x = 2\n")  # the probe's code changed
+    remembered_backends.probe_once(tmp_path, probe_key(tmp_path), probe)
+    monkeypatch.setattr(remembered_backends, "package_versions", lambda: {"nvidia-cutlass-dsl": "4.7.1"})
+    remembered_backends.probe_once(tmp_path, probe_key(tmp_path), probe)
+    assert probe.num_calls == 4 and len(list((tmp_path / "probes").iterdir())) == 4
+
+
+@pytest.mark.parametrize("damage", ["not json", "a field missing", "another key", "a reason that is no text"])
+def test_a_verdict_unfit_to_trust_is_probed_again(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                  damage: str) -> None:
+    key = probe_key(tmp_path)
+    path = remembered_backends.remember_verdict(tmp_path, key, FAILURE).path
+    data = json.loads(path.read_text())
+    if damage == "not json":
+        path.write_text("[")
+    else:
+        if damage == "a field missing":
+            del data["reason"]
+        elif damage == "another key":
+            data["key"] = probe_key(tmp_path, dtype="float16")
+        else:
+            data["reason"] = 3
+        path.write_text(json.dumps(data))
+    probe = FakeProbe(None)
+    with caplog.at_level(logging.WARNING):
+        assert remembered_backends.probe_once(tmp_path, key, probe) == (None, f"probed now, remembered in {path}")
+    assert probe.num_calls == 1 and "probe gated-gemm" in caplog.text and str(path) in caplog.text
+    assert remembered_backends.recall_verdict(tmp_path, key).reason is None  # mended
+
+
+def test_without_a_cache_directory_every_start_probes(tmp_path: Path) -> None:
+    probe = FakeProbe(FAILURE, FAILURE)
+    for _ in range(2):
+        assert remembered_backends.probe_once(None, probe_key(tmp_path), probe) == (FAILURE, "probed now")
+    assert probe.num_calls == 2 and not (tmp_path / "probes").exists()
+
+
+def test_a_gpu_runner_takes_a_remembered_gated_gemm_failure_unprobed(
+    tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The runner's wiring, its GPU faked: the first start probes and remembers, the second logs the file."""
+    probe = FakeProbe(FAILURE)
+    monkeypatch.setattr(gpu.model_runner.gated_gemm, "requirement_unmet", lambda device, dtype: None)
+    monkeypatch.setattr(gpu.model_runner.gated_gemm, "probe", lambda device, dtype: probe())
+    monkeypatch.setattr(gpu.model_runner.torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
+    config = replace(runner_config(engine_config(str(tiny_qwen3_dir), device="cpu")), cache_dir=str(tmp_path))
+    runner = SimpleNamespace(config=config, device=torch.device("cuda", 0), dtype=torch.bfloat16)
+    caplog.set_level(logging.INFO, logger="gpu.model_runner")
+    for _ in range(2):
+        ModelRunner._probe_gated_gemm(runner)  # type: ignore[arg-type]
+    (path,) = (tmp_path / "probes").iterdir()
+    assert probe.num_calls == 1
+    first, second = [r.getMessage() for r in caplog.records if "gated GEMM off" in r.getMessage()]
+    assert first == f"gated GEMM off: {FAILURE} (probed now, remembered in {path})"
+    assert second.startswith(f"gated GEMM off: {FAILURE} (remembered in {path}, probed on ")
