@@ -27,17 +27,22 @@ import threading
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 from multiprocessing.connection import Connection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.config import EngineConfig
-from core.engine import EngineStats, LLMEngine
 from core.engine_metrics import EngineObservations
+from core.engine_stats import EngineStats
 from core.outputs import RequestOutput
-from core.pooling_model import PoolingModel
-from core.pooling_params import PoolingParams
-from core.request_checks import EngineLimits
-from core.sampling_params import SamplingParams
 from core.startup_gc import freeze_startup_objects
+
+# The engine, torch and the model code are imported by the child only (run_engine): the server's process starts the
+# child first and imports what serving needs meanwhile.
+if TYPE_CHECKING:
+    from core.engine import LLMEngine
+    from core.pooling_model import PoolingModel
+    from core.pooling_params import PoolingParams
+    from core.request_checks import EngineLimits
+    from core.sampling_params import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -52,8 +57,8 @@ class EngineInfo:
     max_model_len: int
     vocab_size: int
     eos_token_ids: tuple[int, ...]
-    limits: EngineLimits
-    pooling: PoolingModel | None  # what it pools, when it is a pooling model
+    limits: "EngineLimits"
+    pooling: "PoolingModel | None"  # what it pools, when it is a pooling model
     stats: EngineStats
     frozen_objects: int  # start-up objects the child's garbage collector skips (gc.freeze)
 
@@ -63,6 +68,18 @@ class EngineProcess:
     thread; `next_outputs` from one thread (the server's engine bridge)."""
 
     def __init__(self, config: EngineConfig, start_timeout_s: float = 900.0, log_level: str = "INFO") -> None:
+        self._start(config, start_timeout_s, log_level)
+        self.wait_until_ready()
+
+    @classmethod
+    def spawned(cls, config: EngineConfig, start_timeout_s: float = 900.0, log_level: str = "INFO") -> "EngineProcess":
+        """The child started, not yet ready: call `wait_until_ready` before anything else. Meanwhile the caller does
+        its own start-up work (the server imports and builds what serving needs while the child builds the engine)."""
+        engine = cls.__new__(cls)
+        engine._start(config, start_timeout_s, log_level)
+        return engine
+
+    def _start(self, config: EngineConfig, start_timeout_s: float, log_level: str) -> None:
         self.config = config
         self._start_timeout_s, self._log_level = start_timeout_s, log_level
         context = multiprocessing.get_context("spawn")  # a fresh interpreter: no CUDA state, no threads forked
@@ -75,7 +92,10 @@ class EngineProcess:
         outputs_in.close()
         self._requests, self._outputs = requests_in, outputs_out
         self._send_lock = threading.Lock()
-        info = self._wait_until_ready(start_timeout_s)
+
+    def wait_until_ready(self) -> "EngineProcess":
+        """Waits for the child's engine (up to the start timeout); raises RuntimeError where it failed to start."""
+        info = self._wait_until_ready(self._start_timeout_s)
         self.max_model_len, self.vocab_size = info.max_model_len, info.vocab_size
         self.eos_token_ids = info.eos_token_ids
         self.limits = info.limits
@@ -83,6 +103,7 @@ class EngineProcess:
         self._stats = info.stats
         self.frozen_start_up_objects = info.frozen_objects
         self._observations = EngineObservations.empty()  # received, not yet taken
+        return self
 
     def _wait_until_ready(self, timeout_s: float) -> EngineInfo:
         try:
@@ -101,7 +122,7 @@ class EngineProcess:
             raise RuntimeError(f"the engine process failed to start: {message[1]}")
         return message[1]
 
-    def add_requests(self, requests: Sequence[tuple[str, list[int], SamplingParams | PoolingParams]]) -> None:
+    def add_requests(self, requests: Sequence[tuple[str, list[int], "SamplingParams | PoolingParams"]]) -> None:
         """Sends checked requests (as LLMEngine.add_request takes each) in one message: one pickling (equal
         SamplingParams pickle once) and one write."""
         self._send(("add", list(requests)))
@@ -173,6 +194,8 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server stops us
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [engine]: %(message)s")
     try:
+        from core.engine import LLMEngine
+
         engine = LLMEngine(config)
     except Exception as exc:  # noqa: BLE001 - any start-up failure goes back to the server as a message
         logger.exception("the engine failed to start")
@@ -199,7 +222,7 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
         engine.close()  # stops tensor-parallel workers
 
 
-def _receive(engine: LLMEngine, requests: Connection, stop: threading.Event) -> None:
+def _receive(engine: "LLMEngine", requests: Connection, stop: threading.Event) -> None:
     """Feeds the engine's inbox. A message it cannot take (it cannot unpickle one, or the engine refuses
     its shape) ends the engine process rather than this thread alone, which would leave the server's
     requests waiting for ever: the server sees the process gone, ends them, and starts a new one."""

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from core.config import EngineConfig
-from core.engine import EngineStats
 from core.engine_metrics import EngineObservations
+from core.engine_stats import EngineStats
 from core.outputs import RequestOutput
 from core.pooling_model import PoolingModel
 from core.pooling_params import PoolingParams

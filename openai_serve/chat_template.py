@@ -9,7 +9,6 @@ vLLM does).
 
 import inspect
 import logging
-from pathlib import Path
 
 from transformers import PreTrainedTokenizerBase
 
@@ -17,18 +16,6 @@ from openai_serve.errors import bad_request
 from openai_serve.protocol.chat import ChatRequest
 
 logger = logging.getLogger(__name__)
-
-
-def load_chat_template(value: str | None) -> str | None:
-    """`--chat-template`: a file path, or the template text itself (as vLLM accepts)."""
-    if value is None:
-        return None
-    path = Path(value)
-    if path.is_file():
-        return path.read_text()
-    if "{{" in value or "{%" in value:
-        return value
-    raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
 
 
 class ChatTemplate:

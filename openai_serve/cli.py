@@ -4,22 +4,27 @@ API on uvicorn.
 Flags are named like `vllm serve`'s and come from the config dataclasses (openai_serve/settings.py).
 The environment is read here and nowhere else: OPENAI_SERVE_API_KEY is the API key when --api-key is
 not given.
+
+Start-up order: the settings and the model's directory need no torch, transformers or starlette, so this module
+imports none of them before the engine's process is started; the HTTP side (the app, the server, the tokenizer) is
+imported and loaded while the child imports torch and builds the engine, two interpreters at once.
 """
 
 import argparse
 import logging
 import os
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from core import LLMEngine
 from core.engine_process import EngineProcess
 from core.model_files import with_resolved_model
 from core.sampling_defaults import load_sampling_defaults
-from core.serving_engine import ServingEngine
 from openai_serve import __version__
-from openai_serve.app import build_app
-from openai_serve.server import ServingServer
 from openai_serve.settings import SETTINGS, Settings, add_flags, coerce, load_config_file, settings_from
+
+if TYPE_CHECKING:
+    from core.serving_engine import ServingEngine
 
 logger = logging.getLogger("openai_serve")
 
@@ -58,11 +63,14 @@ def parse_settings(argv: list[str] | None = None) -> Settings:
         parser.error(str(exc))
 
 
-def start_engine(settings: Settings) -> ServingEngine:
-    """The engine in its own process (the default), or in this one as a thread of the bridge."""
+def start_engine(settings: Settings) -> Callable[[], "ServingEngine"]:
+    """Starts the engine in its own process (the default) and returns the wait for it to be ready; with the engine
+    in this process (a thread of the bridge), returns its construction, as nothing can overlap it."""
     if settings.server.engine_process:
-        return EngineProcess(settings.engine, log_level=settings.server.log_level.upper())
-    return LLMEngine(settings.engine)
+        return EngineProcess.spawned(settings.engine, log_level=settings.server.log_level.upper()).wait_until_ready
+    from core.engine import LLMEngine
+
+    return lambda: LLMEngine(settings.engine)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -74,13 +82,21 @@ def main(argv: list[str] | None = None) -> None:
         settings = settings.with_model(engine_config, model.name)
         m = engine_config.model
         sampling_defaults = load_sampling_defaults(m.model, m.generation_config, m.override_generation_config)
-        engine = start_engine(settings)
+        engine_ready = start_engine(settings)
+        # Imported and loaded while the engine's process starts (see the module's docstring).
+        from core.tokenizer import load_tokenizer
+        from openai_serve.app import build_app
+        from openai_serve.server import ServingServer
+
+        tokenizer = load_tokenizer(m.tokenizer or m.model)
+        engine = engine_ready()
     except (ValueError, OSError, RuntimeError) as exc:
         sys.exit(f"openai-serve: {exc}")
     config = settings.server
     logger.info("serving %s (context %d tokens) as %s on http://%s:%d/v1", engine.config.model.model,
                 engine.max_model_len, ", ".join(config.served_model_names), config.host, config.port)
-    server = ServingServer(build_app(engine, config, sampling_defaults=sampling_defaults), config)
+    app = build_app(engine, config, tokenizer=tokenizer, sampling_defaults=sampling_defaults)
+    server = ServingServer(app, config)
     try:
         server.run()
     except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it handled; the shutdown was clean

@@ -22,8 +22,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from core.engine import EngineStats
 from core.engine_metrics import EngineObservations
+from core.engine_stats import EngineStats
 
 # No `_created` series beside each counter and histogram, as vLLM: nothing reads them, and they double
 # the text of every scrape. (The library's setting is process-wide; this process serves only this.)

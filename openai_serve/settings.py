@@ -16,13 +16,26 @@ from typing import Union, get_args, get_origin
 
 from core.config import EngineConfig, Setting, config_from, engine_config, engine_settings, settings_of
 from core.model_files import default_model
-from openai_serve.chat_template import load_chat_template
 from openai_serve.server_config import ServerConfig
 
 DEFAULT_MODEL_NAME = default_model.NAME
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in [*engine_settings(), *settings_of(ServerConfig)]}
 _ENGINE_NAMES = {s.name for s in engine_settings()}
+
+
+def load_chat_template(value: str | None) -> str | None:
+    """`--chat-template`: a file path, or the template text itself (as vLLM accepts)."""
+    if value is None:
+        return None
+    path = Path(value)
+    if path.is_file():
+        return path.read_text()
+    if "{{" in value or "{%" in value:
+        return value
+    raise ValueError(f"--chat-template: {value!r} is neither a file nor a Jinja template")
+
+
 # How a string from a flag or a file becomes a value, where that is more than its type says.
 _PARSERS = {"chat_template": load_chat_template}
 

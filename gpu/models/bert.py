@@ -15,7 +15,6 @@ classifier is the first token's state, as transformers' heads take it.
 import torch
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.layers.encoder_attention import PaddedLayout, encoder_attention
@@ -70,6 +69,10 @@ class BertIntermediate(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        # Imported here: transformers.activations imports its model-loading stack (torch.distributed's tensors,
+        # accelerate), which every engine start would otherwise import for the encoder families alone.
+        from transformers.activations import ACT2FN
+
         self.act = ACT2FN[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,6 @@ from types import SimpleNamespace
 import torch
 from torch import nn
 from transformers import PretrainedConfig
-from transformers.activations import ACT2FN
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.layers.encoder_attention import PaddedLayout, encoder_attention
@@ -49,7 +48,7 @@ class ModernBertMLP(nn.Module):
         super().__init__()
         self.Wi = nn.Linear(config.hidden_size, 2 * config.intermediate_size, bias=config.mlp_bias)
         self.Wo = nn.Linear(config.intermediate_size, config.hidden_size, bias=config.mlp_bias)
-        self.act = ACT2FN[config.hidden_activation]
+        self.act = _activation(config.hidden_activation)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         value, gate = self.Wi(x).chunk(2, dim=-1)
@@ -114,7 +113,7 @@ class ModernBertPredictionHead(nn.Module):
     def __init__(self, config: PretrainedConfig) -> None:
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size, bias=config.classifier_bias)
-        self.act = ACT2FN[config.classifier_activation]
+        self.act = _activation(config.classifier_activation)
         self.norm = _layer_norm(config)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -137,3 +136,11 @@ class ModernBertForSequenceClassification(nn.Module):
 
     def classify(self, pooled: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.head(pooled))
+
+
+def _activation(name: str) -> nn.Module:
+    # Imported here: transformers.activations imports its model-loading stack (torch.distributed's tensors,
+    # accelerate), which every engine start would otherwise import for the encoder families alone.
+    from transformers.activations import ACT2FN
+
+    return ACT2FN[name]
