@@ -1,5 +1,6 @@
-"""Seconds from launching openai-serve to GET /health answering, over starts in a row, and the attention backend
-each start chose and why (measured now, or read from the choice an earlier start remembered).
+"""Seconds from launching openai-serve to GET /health answering, over starts in a row, the attention backend
+each start chose and why (measured now, or read from the choice an earlier start remembered), and the gated GEMM's
+verdict (probed now, or a failure an earlier start remembered).
 
     python -m bench.startup_time --server-args "--model DIR --dtype bfloat16" --out startup.json
 
@@ -21,6 +22,9 @@ from bench.serve import free_port, launched
 
 # The runner's log line: "attention backend: NAMES (requested R, device D: WHY)".
 CHOICE = re.compile(r"attention backend: (?P<names>.+?) \(requested .*?: (?P<why>.+)\)\s*$", re.M)
+# The runner's gated GEMM line (GPU only): "gated GEMM off: WHY (HOW)" or "gate/up products ... (quack's gated GEMM;
+# HOW)".
+GATED_GEMM = re.compile(r"(?P<line>gated GEMM off: .*|gate/up products .*quack's gated GEMM.*)$", re.M)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,9 +45,11 @@ def start_once(command: list[str], log_path: Path, health_timeout_s: float) -> d
     with launched([*command, "--host", "127.0.0.1", "--port", str(port)], port, str(log_path),
                   health_timeout_s) as (_, server):
         seconds = server["startup_s"]
-    found = CHOICE.search(log_path.read_text(errors="replace"))
+    log = log_path.read_text(errors="replace")
+    found, gated_gemm = CHOICE.search(log), GATED_GEMM.search(log)
     return {"seconds_to_health": seconds, "attention_backend": found["names"] if found else None,
-            "why": found["why"] if found else None, "log": str(log_path)}
+            "why": found["why"] if found else None, "gated_gemm": gated_gemm["line"] if gated_gemm else None,
+            "log": str(log_path)}
 
 
 def main(argv: list[str] | None = None) -> int:
