@@ -198,7 +198,8 @@ class ModelRunner:
         how = "not probed"
         if reason is None:
             directory = Path(self.config.cache_dir) if self.config.cache_dir is not None else None
-            setting = {"gpu": torch.cuda.get_device_name(self.device), "dtype": str(self.dtype).removeprefix("torch.")}
+            setting = {"gpu": torch.cuda.get_device_name(self.device), "dtype": str(self.dtype).removeprefix("torch."),
+                       "installed_at": gated_gemm.install_locations()}
             key = remembered_backends.probe_key("gated-gemm", setting, gated_gemm.PROBE_CODE)
             reason, how = remembered_backends.probe_once(directory, key,
                                                          lambda: gated_gemm.probe(self.device, self.dtype))

@@ -24,6 +24,7 @@ refuses to compile, which the probe reports.
 """
 
 import importlib.util
+import os
 from pathlib import Path
 
 import torch
@@ -31,6 +32,7 @@ import torch
 MIN_ROWS = 512
 DTYPES = (torch.bfloat16, torch.float16)
 PROBE_CODE = (Path(__file__),)  # what a remembered verdict of `probe` is keyed on, beside the packages' versions
+SITE_DIRECTORIES = ("site-packages", "dist-packages")  # where quack takes installed code as fixed
 
 # Per (device, dtype): why the gated GEMM cannot run there, None where it can.
 _probed: dict[tuple[torch.device, torch.dtype], str | None] = {}
@@ -83,8 +85,35 @@ def _probe(device: torch.device, dtype: torch.dtype) -> str | None:
         silu_and_mul_product(x, weight)
         torch.cuda.synchronize(device)
     except Exception as exc:  # noqa: BLE001 - any failure means: run the unfused pair
-        return f"quack's gated GEMM failed on a test product ({type(exc).__name__}: {str(exc)[:200]})"
+        hint = install_hint(_origin("cutlass"))
+        return (f"quack's gated GEMM failed on a test product ({type(exc).__name__}: {str(exc)[:200]})"
+                + (f"; {hint}" if hint else ""))
     return None
+
+
+def install_hint(cutlass_origin: str | None) -> str | None:
+    """What to change where the CUTLASS DSL lies outside a site-packages directory (None: it does not, or is not
+    found): quack then fingerprints its functions by their source and globals, and refuses any epilogue that reaches
+    one it cannot fingerprint."""
+    if cutlass_origin is None or any(f"{os.sep}{d}{os.sep}" in cutlass_origin for d in SITE_DIRECTORIES):
+        return None
+    return (f"the CUTLASS DSL lies outside a site-packages directory ({Path(cutlass_origin).parent.parent}), so quack "
+            "fingerprints its code by source: install quack-kernels and nvidia-cutlass-dsl under a site-packages "
+            "directory")
+
+
+def install_locations() -> dict[str, str | None]:
+    """Where quack and the CUTLASS DSL are installed (found, not imported): part of what a remembered verdict of
+    `probe` is keyed on, as the same versions installed elsewhere can compile where they could not."""
+    return {name: _origin(name) for name in ("quack", "cutlass")}
+
+
+def _origin(module: str) -> str | None:
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    return spec.origin if spec is not None else None
 
 
 def silu_and_mul_product(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -244,8 +244,10 @@ def test_without_a_cache_directory_every_start_probes(tmp_path: Path) -> None:
 
 def test_a_gpu_runner_takes_a_remembered_gated_gemm_failure_unprobed(
     tiny_qwen3_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    """The runner's wiring, its GPU faked: the first start probes and remembers, the second logs the file."""
-    probe = FakeProbe(FAILURE)
+    """The runner's wiring, its GPU faked: the first start probes and remembers, the second logs the file; the same
+    packages installed elsewhere are probed again."""
+    probe, installed_at = FakeProbe(FAILURE, None), {"cutlass": "/tmp/site/nvidia_cutlass_dsl/dsl_packages/cutlass"}
+    monkeypatch.setattr(gpu.model_runner.gated_gemm, "install_locations", lambda: dict(installed_at))
     monkeypatch.setattr(gpu.model_runner.gated_gemm, "requirement_unmet", lambda device, dtype: None)
     monkeypatch.setattr(gpu.model_runner.gated_gemm, "probe", lambda device, dtype: probe())
     monkeypatch.setattr(gpu.model_runner.torch.cuda, "get_device_name", lambda device: "NVIDIA H100 80GB HBM3")
@@ -259,3 +261,8 @@ def test_a_gpu_runner_takes_a_remembered_gated_gemm_failure_unprobed(
     first, second = [r.getMessage() for r in caplog.records if "gated GEMM off" in r.getMessage()]
     assert first == f"gated GEMM off: {FAILURE} (probed now, remembered in {path})"
     assert second.startswith(f"gated GEMM off: {FAILURE} (remembered in {path}, probed on ")
+    installed_at["cutlass"] = "/opt/venv/lib/python3.12/site-packages/nvidia_cutlass_dsl/dsl_packages/cutlass"
+    ModelRunner._probe_gated_gemm(runner)  # type: ignore[arg-type]
+    assert probe.num_calls == 2 and len(list((tmp_path / "probes").iterdir())) == 2
+    assert caplog.records[-1].getMessage().startswith("gate/up products of 512+ rows compute SiLU-and-mul in their "
+                                                      "epilogue (quack's gated GEMM; probed now, remembered in ")
