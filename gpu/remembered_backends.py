@@ -1,16 +1,16 @@
 """What a GPU's start measured or probed, remembered on disk so the next start reads it: the `auto` attention choice,
 and the verdicts of start-up probes (a kernel's test product: it ran, or why not).
 
-A choice is kept per key: the GPU's name, the model's shape, the runner's dtype and limits, the candidates, the
-steps they were timed on, the versions of the packages whose kernels ran (torch, triton, flash-attn, quack, the CUTLASS
-DSL) and a digest of our own attention code. A probe's key is its name, the GPU, the dtype, what else its caller names (the
+A choice is kept per key: the GPU's name, the model's shape, the runner's dtype and limits, the candidates, the steps
+they were timed on, the versions of the packages whose kernels ran (torch, triton, flash-attn, quack, the CUTLASS DSL)
+and a digest of our own attention code. A probe's key is its name, the GPU, the dtype, what else its caller names (the
 gated GEMM: where quack and the CUTLASS DSL are installed), the same packages' versions and a digest of the probe's
-code (its test product is fixed, so the model's shape is not in it); removing `<cache dir>/probes/` probes again. Anything in a key that
-differs names another file, so it is measured or probed again; nothing outside the key changes the outcome. Each key
-has one JSON file, under `<cache dir>/attention-backends/` or `<cache dir>/probes/`, named by the key's digest and
-holding the key itself, the outcome and the date. A file that cannot be read, does not parse, holds another key or
-names a backend that is not a candidate is measured again (and overwritten), never an error: the cache is an
-optimization. Files are written aside and renamed into place, so a reader never sees half of one.
+code (its test product is fixed, so the model's shape is not in it); removing `<cache dir>/probes/` probes again.
+Anything in a key that differs names another file, so it is measured or probed again; nothing outside the key changes
+the outcome. Each key has one JSON file, under `<cache dir>/attention-backends/` or `<cache dir>/probes/`, named by the
+key's digest and holding the key itself, the outcome and the date. A file that cannot be read, does not parse, holds
+another key or names a backend that is not a candidate is measured again (and overwritten), never an error: the cache
+is an optimization. Files are written aside and renamed into place, so a reader never sees half of one.
 """
 
 import datetime
