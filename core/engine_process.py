@@ -24,6 +24,7 @@ import logging
 import multiprocessing
 import signal
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import astuple, dataclass
 from multiprocessing.connection import Connection
@@ -194,8 +195,10 @@ def run_engine(config: EngineConfig, requests: Connection, outputs: Connection, 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server stops us
     logging.basicConfig(level=log_level, format="%(asctime)s %(levelname)s %(name)s [engine]: %(message)s")
     try:
+        start = time.perf_counter()
         from core.engine import LLMEngine
 
+        logger.info("imported the engine in %.1f s", time.perf_counter() - start)
         engine = LLMEngine(config)
     except Exception as exc:  # noqa: BLE001 - any start-up failure goes back to the server as a message
         logger.exception("the engine failed to start")

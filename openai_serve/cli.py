@@ -14,6 +14,7 @@ import argparse
 import logging
 import os
 import sys
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -84,11 +85,14 @@ def main(argv: list[str] | None = None) -> None:
         sampling_defaults = load_sampling_defaults(m.model, m.generation_config, m.override_generation_config)
         engine_ready = start_engine(settings)
         # Imported and loaded while the engine's process starts (see the module's docstring).
+        start = time.perf_counter()
         from core.tokenizer import load_tokenizer
         from openai_serve.app import build_app
         from openai_serve.server import ServingServer
 
         tokenizer = load_tokenizer(m.tokenizer or m.model)
+        logger.info("imported the server and loaded the tokenizer in %.1f s; waiting for the engine",
+                    time.perf_counter() - start)
         engine = engine_ready()
     except (ValueError, OSError, RuntimeError) as exc:
         sys.exit(f"openai-serve: {exc}")
