@@ -105,8 +105,9 @@ class ModelConfig:
                                      "(measured at start), on a CPU cpu; torch: the plain reference",
                                      choices=ATTENTION_BACKENDS)
     tokenizer: str | None = setting(None, "tokenizer directory or Hub id (default: the model's)")
-    download_dir: str | None = setting(None, "where fetched and converted models, and the attention backend a GPU's "
-                                       "first start measured, are kept (default: ~/.cache/openai-serve)")
+    download_dir: str | None = setting(None, "where fetched and converted models, and what a GPU's first start "
+                                       "measured (the attention backend) or probed (the gated GEMM), are kept "
+                                       "(default: ~/.cache/openai-serve)")
     tensor_parallel_size: int = setting(1, "shard the model over this many GPUs of this host, one worker process "
                                         "each (with --device cpu: processes, over gloo)")
     # vLLM's names and values (core/sampling_defaults.py reads them).

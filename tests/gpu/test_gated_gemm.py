@@ -6,6 +6,8 @@ and only at near-ties (the bf16 parity rule of tests/gpu/test_parity_gpu.py).
 """
 
 import importlib.util
+import json
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -125,9 +127,28 @@ def test_the_reference_runner_builds_the_unfused_pair(tiny_model_dirs: dict[str,
                                                       dtype=torch.bfloat16))
 
 
-def llm(model_dir: Path, eager: bool = False) -> LLM:
+def test_a_start_remembers_the_verdict_and_a_later_one_takes_a_failure_unprobed(
+        tiny_model_dirs: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="gpu.model_runner")
+    llm(tiny_model_dirs["qwen3"], eager=True, cache_dir=tmp_path)
+    (path,) = (tmp_path / "probes").iterdir()
+    data = json.loads(path.read_text())
+    assert data["reason"] is None and data["key"]["probe"] == "gated-gemm"
+    path.write_text(json.dumps(data | {"reason": "a failure"}))  # as a start that failed would have left it
+    monkeypatch.setattr(gated_gemm, "_probed", {})
+    monkeypatch.setattr(gated_gemm, "_probe", lambda device, dtype: pytest.fail("probed again"))
+    caplog.clear()
+    LLM(str(tiny_model_dirs["qwen3"]), dtype="bfloat16", device="cuda", attention_backend="triton",
+        enforce_eager=True, block_size=16, kv_cache_blocks=1024, max_num_seqs=16, download_dir=str(tmp_path))
+    assert f"gated GEMM off: a failure (remembered in {path}, probed on" in caplog.text
+    assert not gated_gemm.is_ready(DEVICE, torch.bfloat16)
+
+
+def llm(model_dir: Path, eager: bool = False, cache_dir: Path | None = None) -> LLM:
     built = LLM(str(model_dir), dtype="bfloat16", device="cuda", attention_backend="triton", enforce_eager=eager,
-                block_size=16, kv_cache_blocks=1024, max_num_seqs=16, max_num_batched_tokens=4096)
+                block_size=16, kv_cache_blocks=1024, max_num_seqs=16, max_num_batched_tokens=4096,
+                **({"download_dir": str(cache_dir)} if cache_dir is not None else {}))
     assert gated_gemm.is_ready(DEVICE, torch.bfloat16), "the runner found the gated GEMM working"
     gate_up = built.engine.runner.model.model.layers[0].mlp.gate_up_proj
     assert gate_up.fuses_silu_and_mul(torch.zeros(gated_gemm.MIN_ROWS, gate_up.in_features, device=DEVICE,
