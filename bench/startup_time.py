@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     for i in range(1, args.starts + 1):
         starts.append(start_once(command, log_dir / f"server_start{i}.log", args.health_timeout))
         print(f"start {i}: {starts[-1]['seconds_to_health']} s to /health; attention backend "
-              f"{starts[-1]['attention_backend']} ({starts[-1]['why']})", flush=True)
+              f"{starts[-1]['attention_backend']} ({starts[-1]['why']}); {starts[-1]['gated_gemm']}", flush=True)
     first, later = starts[0], starts[1:]
     is_met = first["attention_backend"] is not None and all(
         s["seconds_to_health"] <= args.max_later_start_s and s["attention_backend"] == first["attention_backend"]
