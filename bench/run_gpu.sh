@@ -11,7 +11,6 @@
 #                backends each start chose and why (the first measures, the second reads the choice; ARGS: server flags)
 #   skinny-gemm  the skinny GEMM against cuBLAS (ARGS: bench.kernels.skinny_gemm's; --sweep remakes its table)
 #   fused-moe    the fused MoE kernels against their ideal per row count (ARGS: bench.kernels.fused_moe's; --sweep)
-#   quant-gemm   quantized layers beside bf16 at Qwen3-8B's shapes, 1..1024 rows (ARGS: bench.kernels.quant_gemm's)
 #   speculative  speculative decoding against none: batch-1 speed on code editing, summarizing and free chat, and
 #                closed-loop throughput at concurrency 1, 16, 64 and 256 (bench.speculative_decoding; needs MODEL, a
 #                real checkpoint: random weights give drafts nothing to match; ARGS: the script's)
@@ -22,7 +21,7 @@
 # written, and the engine draws the weights on the device (--load-format dummy; not with QUANTIZATION).
 # Every result records its device, date, commit and command; BENCH_COMMIT names the commit where the tree has no .git.
 set -euo pipefail
-stage=${1:?usage: run_gpu.sh offline|serve|chat|startup|skinny-gemm|fused-moe|quant-gemm|speculative|tests OUT_DIR [ARGS...]}
+stage=${1:?usage: run_gpu.sh offline|serve|chat|startup|skinny-gemm|fused-moe|speculative|tests OUT_DIR [ARGS...]}
 out=${2:?usage: run_gpu.sh STAGE OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -52,8 +51,6 @@ case "$stage" in
     python3 -m bench.kernels.skinny_gemm --out "$out/skinny_gemm.json" "$@" ;;
   fused-moe)
     python3 -m bench.kernels.fused_moe --out "$out/fused_moe.json" "$@" ;;
-  quant-gemm)
-    python3 -m bench.kernels.quant_gemm --out "$out/quant_gemm.json" "$@" ;;
   speculative)
     python3 -m bench.speculative_decoding --model "${MODEL:?the speculative stage needs MODEL}" --dtype bfloat16 \
       --out "$out/speculative.json" "$@" ;;
