@@ -15,8 +15,8 @@
 #                closed-loop throughput at concurrency 1, 16, 64 and 256 (bench.speculative_decoding; needs MODEL, a
 #                real checkpoint: random weights give drafts nothing to match; ARGS: the script's)
 #   tests        tests/gpu (ARGS: pytest's)
-# MODEL: a checkpoint directory to measure; else random weights of SHAPE (a name of bench/bench_model.py's SHAPES or a
-# config.json of any family; default qwen3-0.6b), its projections in QUANTIZATION's format where set (fp8, w4a16,
+# MODEL: a checkpoint directory to measure; else random weights of SHAPE (a name in bench/shapes.toml or a config.json
+# of any family; default qwen3-0.6b), its projections in QUANTIZATION's format where set (fp8, w4a16,
 # gguf-q4_k_m), built once under /tmp/bench-models. LOAD_FORMAT=dummy: only the shape's config.json and tokenizer are
 # written, and the engine draws the weights on the device (--load-format dummy; not with QUANTIZATION).
 # Every result records its device, date, commit and command; BENCH_COMMIT names the commit where the tree has no .git.

@@ -9,8 +9,8 @@ time. Batch 1: one request at a time, a `--prompt-len`-token prompt, `--batch1-t
 output token, after the workload. The ideal (bench/roofline.py) uses the copy bandwidth and matmul rate measured
 first, in the same process.
 
-The model: any checkpoint directory (`--model`), or random weights of `--shape` (a name of bench/bench_model.py's
-SHAPES or a config.json of any family; `--quantization` for its projections in a quantized format), built once under
+The model: any checkpoint directory (`--model`), or random weights of `--shape` (a name in bench/shapes.toml
+or a config.json of any family; `--quantization` for its projections in a quantized format), built once under
 /tmp/bench-models; with `--load-format dummy` only the shape's config.json and tokenizer are written and the engine
 draws the weights on the device (for shapes whose checkpoint would take longer to write than to measure, as
 Qwen3-30B-A3B's 61 GB; float weights only). The ideal counts each weight at its stored width (FP8 one byte, packed
