@@ -142,17 +142,18 @@ def chat(results: list[Result]) -> list[str]:
 
 
 def default_model(results: list[Result]) -> list[str]:
-    """The default model (and other small models) at batch 1, every contender of every run (device, model, then
-    contender), with the process's CPU time per token where the run measured it; on a CPU the run's conditions
-    (`_cpu_conditions`), and the int8 dot products' instruction set where a contender of ours ran them. Runs from
-    before the model was named were the default model's."""
+    """The default model (and other small models) at batch 1, every contender of every run (device, model and its
+    prompt set where not the question, then contender), with the process's CPU time per token where the run measured
+    it; on a CPU the run's conditions (`_cpu_conditions`), and the int8 dot products' instruction set where a contender
+    of ours ran them. Runs from before the model was named were the default model's."""
     runs = sorted(_by(results, "default-model-speed"), key=lambda r: (r["device"], r.get("model_name", "")))
     lines = ["| device | model | contender | decode tok/s, median | decode tok/s, each run | "
              "whole request tok/s, median | CPU ms per token, median |",
              "| --- | --- | --- | ---: | --- | ---: | ---: |"]
     for run in runs:
         device = run["device"] + _cpu_conditions(run) + (", random weights" if run.get("random_weights") else "")
-        model = run.get("model_name", "smollm2-135m-instruct")
+        prompts = run.get("prompts", "question")
+        model = run.get("model_name", "smollm2-135m-instruct") + ("" if prompts == "question" else f", {prompts}")
         for name, r in run["results"].items():
             each = ", ".join(fmt(x) for x in r.get("decode_tok_s", [])) or "-"
             isa = (r.get("cpu_kernels") or {}).get("int8_dot")

@@ -11,9 +11,11 @@
 #                backends each start chose and why (the first measures, the second reads the choice; ARGS: server flags)
 #   skinny-gemm  the skinny GEMM against cuBLAS (ARGS: bench.kernels.skinny_gemm's; --sweep remakes its table)
 #   fused-moe    the fused MoE kernels against their ideal per row count (ARGS: bench.kernels.fused_moe's; --sweep)
-#   speculative  speculative decoding against none: batch-1 speed on code editing, summarizing and free chat, and
-#                closed-loop throughput at concurrency 1, 16, 64 and 256 (bench.speculative_decoding; needs MODEL, a
-#                real checkpoint: random weights give drafts nothing to match; ARGS: the script's)
+#   speculative  batch-1 decode speed with speculative decoding (n-gram, suffix) and without, on prompts whose answers
+#                copy from them (code editing, summarizing) and on free chat (bench.default_model_speed; needs MODEL, a
+#                real model: random weights give drafts nothing to match; ARGS: its flags)
+#   speculative-serve  the serve stage's levels against openai-serve without, then with speculative decoding (needs
+#                MODEL; ARGS: the --speculative-config JSON, default n-gram)
 #   tests        tests/gpu (ARGS: pytest's)
 # MODEL: a checkpoint directory to measure; else random weights of SHAPE (a name in bench/shapes.toml or a config.json
 # of any family; default qwen3-0.6b), its projections in QUANTIZATION's format where set (fp8, w4a16,
@@ -21,7 +23,7 @@
 # written, and the engine draws the weights on the device (--load-format dummy; not with QUANTIZATION).
 # Every result records its device, date, commit and command; BENCH_COMMIT names the commit where the tree has no .git.
 set -euo pipefail
-stage=${1:?usage: run_gpu.sh offline|serve|chat|startup|skinny-gemm|fused-moe|speculative|tests OUT_DIR [ARGS...]}
+stage=${1:?usage: run_gpu.sh offline|serve|chat|startup|skinny-gemm|fused-moe|speculative|speculative-serve|tests OUT_DIR [ARGS...]}
 out=${2:?usage: run_gpu.sh STAGE OUT_DIR [ARGS...]}
 shift 2
 mkdir -p "$out"
@@ -52,8 +54,18 @@ case "$stage" in
   fused-moe)
     python3 -m bench.kernels.fused_moe --out "$out/fused_moe.json" "$@" ;;
   speculative)
-    python3 -m bench.speculative_decoding --model "${MODEL:?the speculative stage needs MODEL}" --dtype bfloat16 \
-      --out "$out/speculative.json" "$@" ;;
+    for prompts in code_edit summarize free_chat; do
+      python3 -m bench.default_model_speed --model "${MODEL:?the speculative stages need MODEL}" --device cuda \
+        --ours bfloat16 --peers '' --speculative off,ngram,suffix --prompts $prompts --tokens 256 --repeats 3 \
+        --out "$out/speculative_$prompts.json" "$@"
+    done ;;
+  speculative-serve)
+    spec=${1:-'{"method": "ngram", "num_speculative_tokens": 4}'}
+    for flags in "" "--speculative-config '$spec'"; do
+      python3 -m bench.serve --launch --label "openai-serve $(basename "${MODEL:?the speculative stages need MODEL}")${flags:+, speculative}" \
+        --server-args "$server_args $flags" --levels 1,16,64,256 --num-requests 32,128,256,768 --max-seconds-per-level 60 \
+        --server-log "$out/server${flags:+_speculative}.log" --out "$out/serve${flags:+_speculative}.json"
+    done ;;
   tests)
     python3 -m pytest -p no:cacheprovider -rfEs tests/gpu "$@" ;;
   *)
