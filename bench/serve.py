@@ -1,14 +1,11 @@
 """Online serving benchmark: streamed /v1/completions at several concurrency levels, over HTTP/SSE.
 
-Talks to any OpenAI-compatible server (`--base-url`), or starts one itself: `--launch` runs
-`python -m openai_serve` with `--server-args` on a free port, `--launch-cmd` runs any command with
-`{port}` in it; either way it waits for GET /health to answer 200 and stops the server at the end.
-
-Every request sends a prompt of `--prompt-len` random token ids (distinct prompts, so no prefix
-cache helps; as text with `--prompt-format text`, decoded with `--tokenizer`) and asks for
-`--max-tokens` tokens with ignore_eos; `--request-rate` spreads them as Poisson arrivals. Per level: TTFT, TPOT and
-ITL p50/p99 (ITL's max too), E2E p50, request/s, output tok/s and failed requests (bench/stats.py defines them). The
-client's own CPU share is recorded per level: near 1.0 the client, not the server, would be the bottleneck.
+Measures any OpenAI-compatible server (`--base-url`), or starts openai-serve itself (`--launch`, with `--server-args`)
+on a free port, waits for GET /health to answer 200 and stops it at the end. Every request sends a prompt of
+`--prompt-len` random token ids (distinct prompts, so no prefix cache helps; `--prompt-format text` for servers that
+take text) and asks for `--max-tokens` tokens with ignore_eos; `--request-rate` spreads them as Poisson arrivals.
+Per level: TTFT, TPOT, ITL, E2E, request/s, output tok/s and failed requests (bench/stats.py defines them), and the
+client's own CPU share (near 1.0 the client, not the server, would be the bottleneck).
 
     python -m bench.serve --launch --server-args "--model DIR --max-model-len 4096" --out result.json
 """
@@ -38,7 +35,7 @@ from bench.stats import LevelSummary, summarize
 from bench.workload import fixed_workload
 
 
-def add_server_args(p: argparse.ArgumentParser, levels: str) -> argparse._MutuallyExclusiveGroup:
+def add_server_args(p: argparse.ArgumentParser, levels: str) -> None:
     """The flags bench.serve and bench.prefix_serve share: the server under test, the levels, the requests."""
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--base-url", help="a running server, e.g. http://127.0.0.1:8000")
@@ -58,13 +55,11 @@ def add_server_args(p: argparse.ArgumentParser, levels: str) -> argparse._Mutual
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--read-timeout", type=float, default=600.0)
     p.add_argument("--out", default=None, help="the result JSON, written after every level")
-    return target
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n\n")[0])
-    add_server_args(p, "1,16,64,256").add_argument(
-        "--launch-cmd", help="start this server command; '{port}' is replaced by a free port")
+    add_server_args(p, "1,16,64,256")
     p.add_argument("--server-log", default=None, help="file for the launched server's output")
     p.add_argument("--label", default=None, help="the server's name in the results (default: from how it runs)")
     p.add_argument("--num-requests", default=None, help="requests per level: one number, or one per level, "
@@ -211,14 +206,13 @@ def launched(command: list[str], port: int, log_path: str | None, health_timeout
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    label = args.label or ("openai-serve" if args.launch else (args.launch_cmd or args.base_url).split()[0])
+    label = args.label or ("openai-serve" if args.launch else args.base_url)
     if args.base_url:
         startup_s = round(wait_for_health(args.base_url.rstrip("/"), None, args.health_timeout), 1)
         run(args, argv, args.base_url.rstrip("/"), {"label": label, "startup_s": startup_s})
         return
     port = free_port()
-    command = (shlex.split(args.launch_cmd.replace("{port}", str(port))) if args.launch_cmd
-               else openai_serve_command(args.server_args, port))
+    command = openai_serve_command(args.server_args, port)
     with launched(command, port, args.server_log, args.health_timeout) as (url, info):
         run(args, argv, url, {"label": label, **info})
 

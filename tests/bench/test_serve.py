@@ -138,16 +138,12 @@ def test_the_time_box_stops_starting_requests(stub: tuple[Stub, str], tmp_path: 
 
 
 def test_a_launched_server_is_waited_for_timed_and_stopped(tmp_path: Path) -> None:
-    out = tmp_path / "launched.json"
-    serve.main(["--launch-cmd", f"{sys.executable} {stub_server.__file__} {{port}}", "--label", "stub",
-                "--model", "good", "--levels", "2", "--num-requests", "4", "--prompt-len", "16", "--max-tokens", "3",
-                "--warmup-requests", "0", "--server-log", str(tmp_path / "server.log"), "--out", str(out)])
-    result = json.loads(out.read_text())
-    (level,) = result["levels"]
-    assert (level["num_failed"], level["num_output_tokens"]) == (0, 4 * 3)
+    port = serve.free_port()
+    command = [sys.executable, str(stub_server.__file__), str(port)]
+    with serve.launched(command, port, str(tmp_path / "server.log"), 60) as (url, server):
+        assert serve.first_model(url) == "good"
+        assert server["startup_s"] >= 0 and server["command"].endswith(f" {port}")
     assert (tmp_path / "server.log").exists()
-    assert result["server"]["label"] == "stub" and result["server"]["startup_s"] >= 0
-    port = int(result["server"]["command"].rsplit(" ", 1)[1])
     with pytest.raises(OSError):  # the launched server was stopped
         socket.create_connection(("127.0.0.1", port), timeout=1)
 
