@@ -113,16 +113,6 @@ def _complete(record: RequestRecord, end: float, usage_tokens: int | None, num_t
     record.num_output_tokens = usage_tokens if usage_tokens is not None else num_text_chunks
 
 
-async def run_level(
-    session: aiohttp.ClientSession, specs: list[RequestSpec], concurrency: int, deadline: float | None = None,
-    arrivals: list[float] | None = None,
-) -> tuple[list[RequestRecord], float]:
-    """Sends every spec with at most `concurrency` in flight; returns the records and the wall time
-    (run_conversations, each request a conversation of one turn)."""
-    done, seconds = await run_conversations(session, [[spec] for spec in specs], concurrency, deadline, arrivals)
-    return [record for (record,) in done], seconds
-
-
 def poisson_arrivals(num_requests: int, rate_per_s: float, seed: int) -> list[float]:
     """Arrival times of a Poisson process at `rate_per_s` (exponential gaps, the first one included), as
     vLLM's serving benchmark draws them; seeded, so a repeated run sends the same schedule."""

@@ -131,7 +131,7 @@ def test_the_time_box_stops_starting_requests(stub: tuple[Stub, str], tmp_path: 
     _, url = stub
     level = _run(url, tmp_path, "good", "--levels", "1", "--num-requests", "50",
                  "--max-seconds-per-level", "0.2")["levels"][0]  # type: ignore[index]
-    assert 1 <= level["num_requests"] < 10 and level["num_failed"] == 0 and level["num_requests_planned"] == 50
+    assert 1 <= level["num_requests"] < 10 and level["num_failed"] == 0 and level["num_conversations_planned"] == 50
 
 
 # A launched server, and the real one
@@ -165,4 +165,7 @@ def test_against_openai_serve(tmp_path: Path) -> None:
     assert (one["num_failed"], one["num_output_tokens"]) == (0, 2 * 6)
     assert (four["num_failed"], four["num_output_tokens"]) == (0, 6 * 6)
     assert 0 < one["ttft_ms"]["p50"] < one["e2e_ms"]["p50"]
+    # The server's counters over the level: distinct prompts, so nothing hits the prefix cache.
+    assert (four["prompt_tokens"], four["prefix_cache_hit_tokens"], four["prefix_hit_rate"]) == (6 * 32, 0, 0.0)
+    assert "ttft_ms_first_turn" not in four  # one turn per conversation: no later turns to set apart
     assert result["server"]["label"] == "openai-serve" and result["server"]["model"] == "tiny"
