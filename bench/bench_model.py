@@ -1,20 +1,16 @@
 """Random checkpoints of any shape transformers knows, with a tokenizer that covers the whole vocabulary.
 
-Speed does not depend on the weights' values, so a benchmark can run on random weights of the shape it measures
-where real ones cannot be downloaded. A shape is a config.json (any family: `model_type` picks transformers' class)
-or a name in bench/shapes.toml. The tensors' names and shapes come from transformers' model on the meta device; each
-is drawn (norms ones, the rest N(0, 0.02)) and written straight to safetensors shards. For the largest shapes
-`build_config_only` writes config.json and the tokenizer alone, and the engine draws the weights on the device
-(`--load-format dummy`). The tokenizer is word-level (id i is the word "w<i>"): every id a random model samples
-decodes to text, so a server streams a chunk per token, and a prompt's text encodes back to the same ids.
+Speed does not depend on the weights' values, so a benchmark can run on random weights of the shape it measures. A
+shape is a config.json (any family) or a name in bench/shapes.toml; the tensors come from transformers' model on the
+meta device, drawn (norms ones, the rest N(0, 0.02)) and written straight to safetensors shards. `build_config_only`
+writes config.json and the tokenizer alone, for the engine to draw the weights (`--load-format dummy`). The tokenizer
+is word-level (id i is the word "w<i>"): every sampled id decodes to text, and a prompt's text encodes back to its ids.
 
-A checkpoint may be quantized (`quantization`, QUANTIZATIONS): every decoder projection in that format's tensors,
-drawn at random with valid scales (FP8 in 128x128 blocks as the official FP8 checkpoints; GPTQ int4 in groups of
-128, symmetric; GGUF Q4_K_M's block types as llama.cpp assigns them, in the form our GGUF conversion writes for a
-GPU), and its quantization_config in config.json; embeddings, norms and the LM head stay bf16, as they do there.
+A checkpoint may be quantized (`quantization`, QUANTIZATIONS): every decoder projection in that format's tensors with
+valid scales (FP8 in 128x128 blocks; GPTQ int4 in symmetric groups of 128; GGUF Q4_K_M's block types as llama.cpp
+assigns them, as our GGUF conversion writes them for a GPU); embeddings, norms and the LM head stay bf16.
 
     python -m bench.bench_model qwen3-8b /tmp/qwen3-8b                          # a named shape
-    python -m bench.bench_model path/to/config.json /tmp/model                  # any family's config
     python -m bench.bench_model qwen3-30b-a3b /tmp/qwen3-30b-a3b --config-only  # for --load-format dummy
     python -m bench.bench_model qwen3-8b /tmp/qwen3-8b-fp8 fp8                  # quantized
 """

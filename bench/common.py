@@ -1,8 +1,5 @@
-"""What every published result carries: the device, the date, the git commit and the exact command; and
-the one way a benchmark names a kernel choice.
-
-A result is one JSON object; `write_result` adds this provenance so no figure travels without it.
-Where the working tree is a copy without `.git`, whoever starts the run names its commit in BENCH_COMMIT.
+"""What every published result carries (the device, the date, the git commit and the exact command: `write_result`,
+BENCH_COMMIT naming the commit where the tree has no `.git`), and the one way a benchmark names a kernel choice.
 """
 
 import json

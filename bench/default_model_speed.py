@@ -1,27 +1,17 @@
-"""Batch-1 decode speed of a real model, the default one (SmolLM2-135M-Instruct) unless `--model` names another:
-ours beside transformers and llama.cpp, and ours with speculative decoding beside ours without.
+"""Batch-1 decode speed of a real model (the default one unless `--model` names another): ours beside transformers
+and llama.cpp, and ours with speculative decoding beside ours without.
 
-One request at a time, greedy, `--tokens` new tokens (EOS ignored), for each prompt of a set in bench/prompts.toml
-(`--prompts`; in `code_edit` and `summarize` the answer copies from the prompt, which speculative decoding's lookup
-drafts from; `question` and `free_chat` give it nothing) in the model's chat template. Every contender is built first,
-in this one process (so all use the same threads); then each round runs one request of each contender in turn per
-prompt, so a change in the machine's load falls on all alike. Decode speed is timed from the first new token to the
-last: ours by the engine step that returns each token, transformers' by a logits processor that notes when each
-token's logits are ready, llama.cpp's by its stream. Beside it: the whole request's speed (prefill included) and the
-process's CPU time per token of a whole request (what a loaded machine's wall clock hides).
+One request at a time, greedy, `--tokens` new tokens, each prompt of a set in bench/prompts.toml (`--prompts`) in the
+model's chat template. Every contender is built first, in this one process; then each round runs one request of each
+in turn per prompt, so a change in the machine's load falls on all alike. Decode speed is timed from the first new
+token to the last; beside it, the whole request's speed and the process's CPU time per token. A contender of ours is
+a dtype (`auto`: the engine's default), optionally with a kernel variant (bench.common.kernel_variant), once per
+`--speculative` config; a peer is transformers in a dtype; llama.cpp runs the model's GGUF file where
+llama-cpp-python is installed. A CPU run records the CPU, the CPU kernels each of ours ran, its threads and the
+OpenMP variables set (OMP_WAIT_POLICY=PASSIVE suits a machine whose cores other processes share).
 
-A contender of ours is a dtype (`auto` is the engine's default), optionally with a kernel variant after a colon
-(bench.common.kernel_variant: `float32:cpu_packed_weights=0+fused_kernels=0` is the float32 reference, the weights as
-loaded and the torch layers), once per `--speculative` config (SPECULATIVE); a peer is transformers in a dtype.
-`--model` takes what `openai-serve --model` takes; where the model comes from a GGUF file, llama.cpp runs that file
-where llama-cpp-python is installed. A CPU run records the CPU's model and flags, which CPU kernels each of ours ran,
-its threads and the OpenMP variables set (OMP_WAIT_POLICY=PASSIVE: threads that sleep at a barrier instead of
-spinning, which a machine whose cores other processes share needs). `--random-weights DIR` times a random checkpoint
-of the default model's shape, where the model cannot be fetched.
-
-    python -m bench.default_model_speed --out result.json
-    python -m bench.default_model_speed --ours auto,float32:cpu_packed_weights=0+fused_kernels=0 --peers float32
     python -m bench.default_model_speed --model gemma-3-270m --out result.json
+    python -m bench.default_model_speed --ours auto,float32:cpu_packed_weights=0+fused_kernels=0 --peers float32
     python -m bench.default_model_speed --device cuda --ours bfloat16 --peers '' --speculative off,ngram,suffix \
         --prompts code_edit --tokens 256 --out result.json
 """

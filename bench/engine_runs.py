@@ -1,8 +1,6 @@
-"""Driving our engine for the benchmarks: a whole workload, and one request at a time (batch-1 latency).
-
-The engine is driven through its public loop (`add_request`, `step`, `has_unfinished_requests`), as `LLM.generate`
-drives it but without the incremental detokenizer: token ids out. Its runner is built with the kernel choices the
-run asks for and given to it (`LLMEngine(config, runner)`), never switched on a live one.
+"""Driving our engine for the benchmarks through its public loop, token ids out: a whole workload, and one request
+at a time (batch-1 latency). A run's kernel choices build its runner (`LLMEngine(config, runner)`), never a switch
+flipped on a live one.
 """
 
 import contextlib

@@ -1,15 +1,11 @@
 """The load generator's client side: streamed /v1/completions requests over aiohttp, read as a client.
 
-Each request is a POST with `stream: true`; the body is read as raw bytes and cut into server-sent
-events here (`SSEParser`), so nothing of a server's SDK is trusted. A chunk counts as a token
-arrival when one of its choices carries text; the usage chunk (`stream_options.include_usage`)
-gives the token count, else the text chunks are counted. A request fails when the status is not
-200, the stream carries an error, it ends before a choice finished (a `finish_reason`), or (with
-`expect_tokens`) it returns another number of tokens than asked for, which `ignore_eos` promises.
-A stream that ends after its finish_reason without `data: [DONE]` (as `transformers serve` does) is
-complete, as the OpenAI SDK sees it, but is counted per level (`num_without_done`).
-
-All chunks that arrive in one network read get the same timestamp: that is when the client saw them.
+The body is read as raw bytes and cut into server-sent events here (`SSEParser`), so nothing of a server's SDK is
+trusted. A chunk counts as a token arrival when one of its choices carries text; the usage chunk gives the token
+count, else the text chunks are counted. A request fails when the status is not 200, the stream carries an error, it
+ends before a choice finished, or (with `expect_tokens`) it returns another number of tokens than asked for, which
+`ignore_eos` promises. A stream that ends after its finish_reason without `data: [DONE]` is complete, as the OpenAI
+SDK sees it, but counted (`num_without_done`). Chunks that arrive in one network read share their timestamp.
 """
 
 import asyncio
@@ -34,12 +30,9 @@ DONE = "[DONE]"
 
 
 class SSEParser:
-    """Incremental server-sent-events parser: bytes in, each complete event's data out.
-
-    Follows the EventSource rules that matter here: `data:` lines (one leading space dropped) are
-    joined by newlines, an event ends at a blank line, comments (`:`) and other fields are ignored,
-    and CRLF line ends are accepted.
-    """
+    """Incremental server-sent-events parser: bytes in, each complete event's data out, by the EventSource rules:
+    `data:` lines (one leading space dropped) joined by newlines, an event ended by a blank line, comments and other
+    fields ignored, CRLF accepted."""
 
     def __init__(self) -> None:
         self._buffer = b""
@@ -128,15 +121,12 @@ async def run_conversations(
     session: aiohttp.ClientSession, conversations: list[list[RequestSpec]], concurrency: int,
     deadline: float | None = None, arrivals: list[float] | None = None,
 ) -> tuple[list[list[RequestRecord]], float]:
-    """Sends each conversation's turns in order, a turn when the previous one has finished (a user reads the
-    reply before writing again), with at most `concurrency` conversations in flight; returns each conversation's
-    records (one per turn sent) and the wall time.
+    """Sends each conversation's turns in order, a turn when the previous one has finished, with at most
+    `concurrency` conversations in flight; returns each conversation's records (one per turn sent) and the wall time.
 
-    `arrivals`: each conversation's arrival, in seconds after the start (poisson_arrivals); it starts at its arrival
-    or when one in flight ends, whichever is later. None: as soon as one in flight ends (a closed loop). Past
-    `deadline` (a perf_counter time) no new conversation starts; one started runs to its end, so every conversation
-    sent is whole, and those never started are not records (fewer requests, not failures). A failed turn ends its
-    conversation: the turns after it would extend a history the server never answered.
+    A conversation starts at its arrival (seconds after the start; None: a closed loop) or when one in flight ends,
+    whichever is later. Past `deadline` (a perf_counter time) none starts; one started runs to its end. A failed turn
+    ends its conversation: the turns after it would extend a history the server never answered.
     """
     queue: asyncio.Queue[tuple[list[RequestSpec], float]] = asyncio.Queue()
     for conversation, arrival in zip(conversations, arrivals or [0.0] * len(conversations), strict=True):

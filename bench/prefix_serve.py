@@ -1,11 +1,9 @@
 """Prefix-heavy serving: multi-turn chats sharing one long system prompt, with prefix caching on and then off.
 
 Every chat (bench/workload.py's `multi_turn_chats`) starts with the same `--system-len`-token system prompt, then
-`--turns` turns of a `--user-len`-token message, each asking for `--max-tokens` tokens with ignore_eos; a turn's
-prompt is the whole conversation so far, sent when the previous reply has finished. Per level, `--num-chats` chats
-with at most `--levels` of them at once, measured as bench/serve.py measures a level (hit rate and computed prompt
-tokens from the server's /metrics; TTFT of first and of later turns apart). `--launch` starts openai-serve once per
-`--variants` entry: `on` with `--server-args` as given, `off` with `--no-enable-prefix-caching` added.
+`--turns` turns of a `--user-len`-token message asking for `--max-tokens` tokens, each sent when the previous reply
+has finished. Per level, `--num-chats` chats at most `--levels` at once, measured as bench/serve.py measures a level.
+`--launch` starts openai-serve once per `--variants` entry: `on` with `--server-args`, `off` with prefix caching off.
 
     python -m bench.prefix_serve --launch --server-args "--model DIR --max-model-len 4096" --out result.json
 """

@@ -1,10 +1,9 @@
-"""Renders the tables of docs/performance.md from the results in bench/results/ (anywhere: no GPU needed).
+"""Renders the tables of docs/performance.md from the results in bench/results/ (no GPU needed).
 
-The page is written by hand around its tables. Each table sits between a `<!-- table: NAME -->` line and an
-`<!-- end -->` line, and this replaces what lies between them with NAME's rendering of the current results: every
-JSON file in bench/results/, each recording its device, date, commit and command, listed under the table it feeds.
-A figure measured by several runs is shown as the range over them. Other engines' figures, recorded elsewhere
-(`kind: peer-figures`), stand beside ours where they measured the same thing.
+The page is written by hand around its tables: each sits between a `<!-- table: NAME -->` and an `<!-- end -->` line,
+and is replaced by NAME's rendering of every result file, listed under the table it feeds with its device, date,
+commit and command. A figure measured by several runs shows their range; other engines' recorded figures
+(`kind: peer-figures`) stand beside ours where they measured the same thing.
 
     python -m bench.report [--results bench/results] [--page docs/performance.md]
 """

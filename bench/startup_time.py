@@ -1,12 +1,9 @@
 """Seconds from launching openai-serve to GET /health answering, over starts in a row, and the attention backend
-each start chose and why (measured now, or read from the choice an earlier start remembered).
+each start chose and why. Every start gets the same cache directory (a fresh one unless `--cache-dir` names another),
+so the first start measures the backends and the later ones read its choice. Exit status 1 when a later start took
+longer than --max-later-start-s or chose other backends than the first.
 
     python -m bench.startup_time --server-args "--model DIR --dtype bfloat16" --out startup.json
-
-Every start gets the same cache directory (`--download-dir`, where the choice is remembered): a fresh one unless
-`--cache-dir` names another (`~/.cache/openai-serve`, the user's), so the first start measures the attention
-backends and the later ones read the choice. Kernel compile caches (Triton's, quack's, FA4's) are the machine's own.
-Exit status 1 when a later start took longer than --max-later-start-s or chose other backends than the first.
 """
 
 import argparse

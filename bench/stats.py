@@ -2,10 +2,9 @@
 
 - TTFT: from sending the request to the first chunk that carries text.
 - TPOT, per request: (E2E - TTFT) / (output tokens - 1); a request with one token has none.
-- ITL: the gaps between consecutive text chunks of a request, pooled over all requests. A chunk
-  may carry several tokens (a server coalescing deltas); it is still one gap, as a user sees it.
-- Percentiles interpolate linearly between order statistics (numpy's default), so p50 of an even
-  number of samples is the mean of the middle two.
+- ITL: the gaps between consecutive text chunks of a request, pooled over all requests (a chunk of several tokens is
+  one gap, as a user sees it).
+- Percentiles interpolate linearly between order statistics (numpy's default).
 """
 
 import math

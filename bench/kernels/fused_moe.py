@@ -1,19 +1,14 @@
-"""The fused MoE kernels (routing, sorting and the two grouped GEMMs: gpu/kernels/moe_route.py, moe_align.py,
-fused_moe.py) against their ideal, per row count, at the expert shapes of the MoE benchmarks.
+"""The fused MoE kernels (routing, sorting and the two grouped GEMMs) against their ideal, per row count, at the
+expert shapes of the MoE benchmarks; `--sweep` makes gpu/kernels/fused_moe_configs.py's TABLES lines for a GPU.
 
-Per shape and rows M (decode sizes 1..512, prompt sizes up to 8192): microseconds per MoE block from its router
-logits to its output, and its ideal: the bytes the block must move (the routed experts M rows are expected to reach,
-1 - (1 - k/E)^M of them, at bf16; x and the output) over the copy bandwidth measured in the same run, or its FLOPs
-over the measured matmul rate where that is longer; share = ideal / measured. Each figure is the median replay of a
-CUDA graph of calls (bench/kernels/timing.py) that each route their own random logits (k distinct experts a row,
-uniform), so the experts a call reaches come from HBM, as in a step, not from the L2 the previous call filled. bf16
-activations and weights: the table's configs serve the quantized experts' formats too.
+Per shape and rows M: microseconds per MoE block from its router logits to its output, and its ideal: the bytes it
+must move (the routed experts M rows are expected to reach, x and the output) over the copy bandwidth measured in the
+same run, or its FLOPs over the measured matmul rate where that is longer. Each figure is the median replay of a CUDA
+graph of calls (bench/kernels/timing.py) that each route their own random logits, so the experts a call reaches come
+from HBM, as in a step. bf16 activations and weights: the table's configs serve the quantized experts' formats too.
 
     python -m bench.kernels.fused_moe --out result.json                  # the rule's (or the table's) configs
-    python -m bench.kernels.fused_moe --sweep --rows 1 8 64 --out s.json  # candidate configs; the fastest per bucket
-
-The sweep prints, and writes under `table`, the fastest config per (row bucket, experts, intermediate, hidden): the
-lines of gpu/kernels/fused_moe_configs.py's TABLES for this GPU (where it beats the rule's by 3% or more).
+    python -m bench.kernels.fused_moe --sweep --rows 1 8 64 --out s.json  # the fastest config per bucket
 """
 
 import argparse

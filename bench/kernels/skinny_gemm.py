@@ -1,16 +1,11 @@
-"""The skinny GEMM (gpu/kernels/skinny_gemm.py) against cuBLAS (F.linear) at the decode shapes of Qwen3-0.6B.
-
-Per shape and rows M from 1 to 256: microseconds per call, the kernel launched as gpu/layers/linear.py launches it
-(programmatic dependent launch). Each figure is the median replay of a CUDA graph of many calls that rotate over
-copies of the weight (bench/kernels/timing.py), so the weights come from HBM as they do in a decode step; x stays in
-L2, as activations do. bf16.
+"""The skinny GEMM (gpu/kernels/skinny_gemm.py) against cuBLAS at the decode shapes of Qwen3-0.6B, 1 to 256 rows:
+microseconds per call, launched as gpu/layers/linear.py launches it. Each figure is the median replay of a CUDA graph
+of calls rotating over weight copies (bench/kernels/timing.py), so the weights come from HBM; bf16. The sweep prints,
+and writes under `table`, each (row bucket, N, K)'s fastest config, or None where cuBLAS was not beaten by 3%: the
+lines of gpu/kernels/skinny_gemm_configs.py's table for this GPU.
 
     python -m bench.kernels.skinny_gemm --out result.json          # cuBLAS vs the table's configs (this GPU's)
     python -m bench.kernels.skinny_gemm --sweep --out sweep.json   # every candidate config; the fastest per shape
-    python -m bench.kernels.skinny_gemm --sweep --rows 32 64 --shapes qkv down   # part of the sweep
-
-The sweep prints, and writes under `table`, each (row bucket, N, K)'s fastest config, or None where cuBLAS was
-not beaten by 3%: the lines of gpu/kernels/skinny_gemm_configs.py's table for this GPU.
 """
 
 import argparse
