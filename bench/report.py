@@ -70,16 +70,6 @@ def offline(results: list[Result]) -> list[str]:
     return lines + sources(list(latest.values()))
 
 
-def _sweep(levels: list[Result]) -> list[Result]:
-    """The levels while concurrency rises; one repeated after them (c=1 after the load) is a diagnostic."""
-    kept = levels[:1]
-    for level in levels[1:]:
-        if level["concurrency"] <= kept[-1]["concurrency"]:
-            break
-        kept.append(level)
-    return kept
-
-
 def _reference(run: Result, references: list[Result]) -> Result | None:
     """The offline engine's run on the serving shape just before a server run: the same machine, minutes apart."""
     before = [r for r in references if r["date"] <= run["date"]]
@@ -92,7 +82,7 @@ def serving(results: list[Result]) -> list[str]:
     references = [r for r in _by(results, "throughput", workload="serve") if not r["config"].get("decode_hold_ms")]
     rows: dict[tuple[str, int], list[tuple[Result, Result]]] = {}
     for run in _by(results, "serve"):
-        for level in _sweep(run["levels"]):
+        for level in run["levels"]:
             rows.setdefault((run["server"]["label"], level["concurrency"]), []).append((run, level))
     lines = ["| server | concurrency | runs | output tok/s | share of the offline engine | TTFT p50 ms | TTFT p99 ms "
              "| TPOT p50 ms | failed |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

@@ -2,11 +2,11 @@
 
 Measures any OpenAI-compatible server (`--base-url`), or starts openai-serve itself (`--launch`, with `--server-args`)
 on a free port, waits for GET /health to answer 200 and stops it at the end. Every request sends a prompt of
-`--prompt-len` random token ids (distinct prompts, so no prefix cache helps; `--prompt-format text` for servers that
-take text) and asks for `--max-tokens` tokens with ignore_eos; `--request-rate` spreads them as Poisson arrivals.
-Per level: TTFT, TPOT, ITL, E2E, request/s, output tok/s and failed requests (bench/stats.py defines them), the
-client's own CPU share (near 1.0 the client, not the server, would be the bottleneck), and from the server's
-/metrics, read before and after the level, its prompt tokens and its prefix cache's hit rate (in tokens).
+`--prompt-len` random token ids (distinct prompts, so no prefix cache helps) and asks for `--max-tokens` tokens with
+ignore_eos; `--request-rate` spreads them as Poisson arrivals. Per level: TTFT, TPOT, ITL, E2E, request/s, output
+tok/s and failed requests (bench/stats.py defines them), the client's own CPU share (near 1.0 the client, not the
+server, would be the bottleneck), and from the server's /metrics, read before and after the level, its prompt tokens
+and its prefix cache's hit rate (in tokens).
 
     python -m bench.serve --launch --server-args "--model DIR --max-model-len 4096" --out result.json
 """
@@ -67,8 +67,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-requests", default=None, help="requests per level: one number, or one per level, "
                    "comma-separated (default: max(32, 4 x concurrency))")
     p.add_argument("--prompt-len", type=int, default=1024)
-    p.add_argument("--prompt-format", choices=["ids", "text"], default="ids")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory for --prompt-format text")
     return p.parse_args(argv)
 
 
@@ -265,15 +263,9 @@ def run(args: argparse.Namespace, argv: list[str], base_url: str, server: dict[s
     levels = [int(x) for x in args.levels.split(",")]
     counts = per_level(levels, args.num_requests, "--num-requests") if args.num_requests else [
         max(32, 4 * c) for c in levels]
-    tokenizer = None
-    if args.prompt_format == "text":
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
 
     def specs(num: int, seed: int) -> list[RequestSpec]:
-        return [completion_spec(base_url, model, tokenizer.decode(r.prompt_token_ids) if tokenizer else
-                                r.prompt_token_ids, args)
+        return [completion_spec(base_url, model, r.prompt_token_ids, args)
                 for r in fixed_workload(num, args.prompt_len, args.max_tokens, seed=seed)]
 
     def level(index: int, concurrency: int) -> Conversations:
@@ -287,7 +279,7 @@ def run(args: argparse.Namespace, argv: list[str], base_url: str, server: dict[s
 
 def save_result(args: argparse.Namespace, argv: list[str], server: dict[str, object],
                 levels: list[dict[str, object]], is_complete: bool) -> None:
-    config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "prompt_format", "seed",
+    config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "seed",
                                             "warmup_requests", "max_seconds_per_level", "extra_body")}
     config["ignore_eos"] = not args.no_ignore_eos
     write_result(args.out, {"kind": "serve", "server": server, "config": config,
