@@ -165,11 +165,6 @@ def build_word_tokenizer(directory: str | Path, vocab_size: int) -> Path:
     return directory
 
 
-def build_small_bench_model(directory: str | Path) -> Path:
-    """The `tiny` shape in float32: the benchmark scripts' CPU runs."""
-    return build_random_checkpoint(directory, SHAPES["tiny"], torch.float32)
-
-
 if __name__ == "__main__":
     build = build_config_only if "--config-only" in sys.argv[3:] else build_random_checkpoint
     quantization = next((a for a in sys.argv[3:] if a in QUANTIZATIONS), None)

@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 from bench import prefix_serve, serve
-from bench.bench_model import build_small_bench_model
 from bench.load import RequestSpec, new_session, run_conversations
 from tests.bench.stub_server import running_stub
 from tests.e2e.serving import start_server
@@ -68,10 +67,10 @@ def test_counters_are_read_from_the_exposition_and_give_the_hit_rate() -> None:
     assert serve.counter_figures({}, {}, 2.0)["prefix_hit_rate"] is None
 
 
-def test_against_openai_serve(tmp_path: Path) -> None:
+def test_against_openai_serve(tmp_path: Path, tiny_bench_model: Path) -> None:
     """The real server (in a thread) on a tiny model: every turn after the first of the first chat finds the system
     prompt and the earlier turns in the prefix cache, the engine computes only the rest."""
-    server = start_server(build_small_bench_model(tmp_path / "model"), max_model_len=512, num_blocks=256)
+    server = start_server(tiny_bench_model, max_model_len=512, num_blocks=256)
     try:
         out = tmp_path / "prefix.json"
         prefix_serve.main(["--base-url", server.base_url, "--levels", "2", "--num-chats", "3", "--turns", "3",

@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from bench import serve
-from bench.bench_model import build_small_bench_model
 from bench.load import SSEParser, poisson_arrivals
 from tests.bench import stub_server
 from tests.bench.stub_server import FIRST_TOKEN_DELAY_S, TOKEN_DELAY_S, Stub, running_stub
@@ -148,11 +147,10 @@ def test_a_launched_server_is_waited_for_timed_and_stopped(tmp_path: Path) -> No
         socket.create_connection(("127.0.0.1", port), timeout=1)
 
 
-def test_against_openai_serve(tmp_path: Path) -> None:
+def test_against_openai_serve(tmp_path: Path, tiny_bench_model: Path) -> None:
     """The real server (in a thread of this process: tests/e2e/serving.py) on a tiny model whose vocabulary covers
     the workload's prompt ids; its streams are counted as the OpenAI SDK would read them."""
-    model = build_small_bench_model(tmp_path / "model")
-    server = start_server(model, max_model_len=256, num_blocks=128)
+    server = start_server(tiny_bench_model, max_model_len=256, num_blocks=128)
     try:
         out = tmp_path / "serve.json"
         serve.main(["--base-url", server.base_url, "--label", "openai-serve", "--levels", "1,4",

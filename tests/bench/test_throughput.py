@@ -6,13 +6,12 @@ import json
 from pathlib import Path
 
 from bench import throughput
-from bench.bench_model import build_small_bench_model
 from bench.roofline import ModelShape
 from bench.workload import fixed_workload
 
 
-def test_throughput_run_on_cpu(tmp_path: Path) -> None:
-    model = build_small_bench_model(tmp_path / "model")
+def test_throughput_run_on_cpu(tmp_path: Path, tiny_bench_model: Path) -> None:
+    model = tiny_bench_model
     out = tmp_path / "tp.json"
     throughput.main(["--model", str(model), "--device", "cpu", "--dtype", "float32", "--workload", "serve",
                      "--serve-requests", "3", "--prompt-len", "24", "--max-tokens", "6", "--kv-cache-blocks", "64",
