@@ -17,7 +17,6 @@ OpenMP variables set (OMP_WAIT_POLICY=PASSIVE suits a machine whose cores other 
 """
 
 import argparse
-import importlib.util
 import itertools
 import json
 import os
@@ -25,6 +24,8 @@ import statistics
 import sys
 import time
 import tomllib
+from dataclasses import asdict
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Protocol
 
@@ -32,8 +33,8 @@ import torch
 
 from bench.bench_model import SHAPES, build_random_checkpoint
 from bench.common import kernel_variant, write_result
-from bench.engine_runs import build_engine, startup_objects_frozen
-from core import SamplingParams
+from bench.engine_runs import build_engine, startup_objects_frozen, time_one
+from bench.workload import Request
 from core.config import engine_config
 from core.model_files import resolve_model
 from core.model_files.cache import DEFAULT_CACHE_DIR
@@ -80,28 +81,18 @@ class Ours:
         self.name = f"openai-serve {spec} ({str(runner.dtype).removeprefix('torch.')})"
         self.name += f", speculative {speculative}" if speculative_config else ""
         self.kernels = cpu_kernels_run(runner) if device == "cpu" else None
-        self._count = 0
 
     def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
-        self._count += 1
-        params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
-        start = time.perf_counter()
-        self.engine.add_request(str(self._count), prompt, params)
-        first = None
-        while self.engine.has_unfinished_requests():
-            if self.engine.step() and first is None:
-                first = time.perf_counter()
-        end = time.perf_counter()
-        return end - (first or start), end - start
+        start, token_times = time_one(self.engine, Request(prompt, num_tokens), temperature=0.0)
+        return token_times[-1] - token_times[0], token_times[-1] - start
 
     def figures(self) -> dict[str, object]:
         """The CPU kernels it ran (on a CPU) and vLLM's speculative decoding counters (with speculation)."""
         stats = self.engine.stats()
         figures: dict[str, object] = {} if self.kernels is None else {"cpu_kernels": self.kernels}
         if stats.num_spec_accepted_per_position:
-            figures["speculation"] = {"drafts": stats.num_spec_drafts, "draft_tokens": stats.num_spec_draft_tokens,
-                                      "accepted_tokens": stats.num_spec_accepted_tokens,
-                                      "accepted_per_position": list(stats.num_spec_accepted_per_position)}
+            figures["speculation"] = {name.removeprefix("num_spec_"): value for name, value in asdict(stats).items()
+                                      if name.startswith("num_spec_")}
         return figures
 
 
@@ -154,13 +145,6 @@ class LlamaCpp:
         return end - (first or start), end - start
 
 
-def model_gguf(model: str | None) -> Path | None:
-    """The GGUF file `--model` comes from (the default model's, a built-in one's, a .gguf path), or None."""
-    if model is None or model in BUILTIN_GGUFS:
-        return fetch_gguf(BUILTIN_GGUFS[model] if model else SMOLLM2, DEFAULT_CACHE_DIR)
-    return Path(model) if model.endswith(".gguf") else None
-
-
 def cpu_kernels_run(runner: ModelRunner) -> dict[str, object]:
     """Which CPU kernels a runner of ours took: the int8 dot products' instruction set where some weight went through
     them (else None), whether attention had its C kernels, whether decode steps ran as C kernel calls per layer."""
@@ -171,12 +155,19 @@ def cpu_kernels_run(runner: ModelRunner) -> dict[str, object]:
             "decode_steps": runner.cpu_decode is not None}
 
 
+def model_gguf(model: str | None) -> Path | None:
+    """The GGUF file `--model` comes from (the default model's, a built-in one's, a .gguf path), or None."""
+    if model is None or model in BUILTIN_GGUFS:
+        return fetch_gguf(BUILTIN_GGUFS[model] if model else SMOLLM2, DEFAULT_CACHE_DIR)
+    return Path(model) if model.endswith(".gguf") else None
+
+
 def llama_cpp(args: argparse.Namespace) -> list[Contender]:
     """llama.cpp on the model's GGUF file, on a CPU, where llama-cpp-python is installed."""
-    if args.llama_cpp == "off" or args.random_weights or args.device != "cpu":
+    if args.llama_cpp == "off" or args.random_weights or args.device != "cpu" or not find_spec("llama_cpp"):
         return []
     gguf = model_gguf(args.model)
-    return [LlamaCpp(gguf)] if gguf is not None and importlib.util.find_spec("llama_cpp") else []
+    return [] if gguf is None else [LlamaCpp(gguf)]
 
 
 def cpu_description() -> dict[str, object]:

@@ -51,12 +51,12 @@ class EngineRun:
         return self.num_output_tokens / self.seconds
 
 
-def add_requests(engine: LLMEngine, requests: list[Request]) -> list[str]:
+def add_requests(engine: LLMEngine, requests: list[Request], temperature: float = TEMPERATURE) -> list[str]:
     ids = []
     for r in requests:
         request_id = f"bench-{next(_request_numbers)}"
         engine.add_request(request_id, r.prompt_token_ids,
-                           SamplingParams(temperature=TEMPERATURE, ignore_eos=True, max_tokens=r.max_tokens))
+                           SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=r.max_tokens))
         ids.append(request_id)
     return ids
 
@@ -106,19 +106,19 @@ def time_batch1(engine: LLMEngine, prompt_len: int, num_tokens: int, repeats: in
     """One request at a time: a fresh random prompt each repeat, so no prefix-cache hit helps."""
     ttfts, tpots = [], []
     workload = fixed_workload(repeats + 1, prompt_len, num_tokens, seed=seed)
-    _time_one(engine, workload[0])  # warm-up
+    time_one(engine, workload[0])  # warm-up
     for request in workload[1:]:
-        start, token_times = _time_one(engine, request)
+        start, token_times = time_one(engine, request)
         ttfts.append((token_times[0] - start) * 1e3)
         tpots.append((token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3)
     return Batch1Latency(prompt_len, num_tokens, round(statistics.median(ttfts), 3),
                          round(statistics.median(tpots), 4), [round(t, 4) for t in tpots])
 
 
-def _time_one(engine: LLMEngine, request: Request) -> tuple[float, list[float]]:
+def time_one(engine: LLMEngine, request: Request, temperature: float = TEMPERATURE) -> tuple[float, list[float]]:
     """Runs one request alone; returns its start time and each token's arrival time."""
     start = time.perf_counter()
-    add_requests(engine, [request])
+    add_requests(engine, [request], temperature)
     token_times: list[float] = []
     while engine.has_unfinished_requests():
         outputs = engine.step()
