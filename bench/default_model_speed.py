@@ -1,18 +1,18 @@
-"""Batch-1 decode speed of a real model (the default one unless `--model` names another): ours beside transformers
-and llama.cpp, and ours with speculative decoding beside ours without.
+"""Batch-1 decode speed of a real model (the default one unless `--model` names another): ours beside llama.cpp, and
+ours with speculative decoding beside ours without.
 
 One request at a time, greedy, `--tokens` new tokens, each prompt of a set in bench/prompts.toml (`--prompts`) in the
 model's chat template. Every contender is built first, in this one process; then each round runs one request of each
 in turn per prompt, so a change in the machine's load falls on all alike. Decode speed is timed from the first new
 token to the last; beside it, the whole request's speed and the process's CPU time per token. A contender of ours is
 a dtype (`auto`: the engine's default), optionally with a kernel variant (bench.common.kernel_variant), once per
-`--speculative` config; a peer is transformers in a dtype; llama.cpp runs the model's GGUF file where
-llama-cpp-python is installed. A CPU run records the CPU, the CPU kernels each of ours ran, its threads and the
-OpenMP variables set (OMP_WAIT_POLICY=PASSIVE suits a machine whose cores other processes share).
+`--speculative` config; llama.cpp runs the GGUF file the model comes from where llama-cpp-python is installed. A CPU
+run records the CPU, the CPU kernels each of ours ran, its threads and the OpenMP variables set
+(OMP_WAIT_POLICY=PASSIVE suits a machine whose cores other processes share).
 
     python -m bench.default_model_speed --model gemma-3-270m --out result.json
-    python -m bench.default_model_speed --ours auto,float32:cpu_packed_weights=0+fused_kernels=0 --peers float32
-    python -m bench.default_model_speed --device cuda --ours bfloat16 --peers '' --speculative off,ngram,suffix \
+    python -m bench.default_model_speed --ours auto,float32:cpu_packed_weights=0+fused_kernels=0 --out result.json
+    python -m bench.default_model_speed --device cuda --ours bfloat16 --speculative off,ngram,suffix \
         --prompts code_edit --tokens 256 --out result.json
 """
 
@@ -94,36 +94,6 @@ class Ours:
             figures["speculation"] = {name.removeprefix("num_spec_"): value for name, value in asdict(stats).items()
                                       if name.startswith("num_spec_")}
         return figures
-
-
-class Transformers:
-    def __init__(self, model_dir: Path, device: str, dtype: str) -> None:
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
-        self.device = torch.device(device)
-        self.name = f"transformers {dtype}"
-
-    def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
-        from transformers import LogitsProcessorList
-
-        stamps: list[float] = []
-
-        def note_time(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            stamps.append(time.perf_counter())
-            return scores
-
-        start = time.perf_counter()
-        with torch.no_grad():
-            self.model.generate(torch.tensor([prompt], device=self.device), max_new_tokens=num_tokens,
-                                min_new_tokens=num_tokens, do_sample=False,
-                                logits_processor=LogitsProcessorList([note_time]))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        end = time.perf_counter()
-        return end - stamps[0], end - start
 
 
 class LlamaCpp:
@@ -231,7 +201,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="our dtypes, each optionally DTYPE:KERNEL_VARIANT, comma-separated")
     p.add_argument("--speculative", default="off", help=f"each of ours with these, from {','.join(SPECULATIVE)}")
     p.add_argument("--drafts", type=int, default=4, help="num_speculative_tokens of the speculative configs")
-    p.add_argument("--peers", default="float32,bfloat16", help="transformers' dtypes, comma-separated ('' for none)")
     p.add_argument("--llama-cpp", choices=["on", "off"], default="on", help="llama.cpp where it is installed")
     p.add_argument("--prompts", choices=list(PROMPT_SETS), default="question", help="a prompt set of prompts.toml")
     p.add_argument("--tokens", type=int, default=128)
@@ -243,7 +212,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 def build_contenders(args: argparse.Namespace, model_dir: Path) -> list[Contender]:
     ours = itertools.product(filter(None, args.ours.split(",")), args.speculative.split(","))
     contenders: list[Contender] = [Ours(model_dir, args.device, *spec, args.drafts) for spec in ours]
-    contenders += [Transformers(model_dir, args.device, dtype) for dtype in args.peers.split(",") if dtype]
     return contenders + llama_cpp(args)
 
 

@@ -56,7 +56,7 @@ case "$stage" in
   speculative)
     for prompts in code_edit summarize free_chat; do
       python3 -m bench.default_model_speed --model "${MODEL:?the speculative stages need MODEL}" --device cuda \
-        --ours bfloat16 --peers '' --speculative off,ngram,suffix --prompts $prompts --tokens 256 --repeats 3 \
+        --ours bfloat16 --speculative off,ngram,suffix --prompts $prompts --tokens 256 --repeats 3 \
         --out "$out/speculative_$prompts.json" "$@"
     done ;;
   speculative-serve)
