@@ -10,7 +10,6 @@ SDK sees it, but counted (`num_without_done`). Chunks that arrive in one network
 
 import asyncio
 import json
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -106,38 +105,24 @@ def _complete(record: RequestRecord, end: float, usage_tokens: int | None, num_t
     record.num_output_tokens = usage_tokens if usage_tokens is not None else num_text_chunks
 
 
-def poisson_arrivals(num_requests: int, rate_per_s: float, seed: int) -> list[float]:
-    """Arrival times of a Poisson process at `rate_per_s` (exponential gaps, the first one included), as
-    vLLM's serving benchmark draws them; seeded, so a repeated run sends the same schedule."""
-    generator = random.Random(seed)
-    arrivals, now = [], 0.0
-    for _ in range(num_requests):
-        now += generator.expovariate(rate_per_s)
-        arrivals.append(now)
-    return arrivals
-
-
 async def run_conversations(
     session: aiohttp.ClientSession, conversations: list[list[RequestSpec]], concurrency: int,
-    deadline: float | None = None, arrivals: list[float] | None = None,
+    deadline: float | None = None,
 ) -> tuple[list[list[RequestRecord]], float]:
     """Sends each conversation's turns in order, a turn when the previous one has finished, with at most
     `concurrency` conversations in flight; returns each conversation's records (one per turn sent) and the wall time.
 
-    A conversation starts at its arrival (seconds after the start; None: a closed loop) or when one in flight ends,
-    whichever is later. Past `deadline` (a perf_counter time) none starts; one started runs to its end. A failed turn
-    ends its conversation: the turns after it would extend a history the server never answered.
+    A closed loop: a conversation starts as soon as one in flight ends. Past `deadline` (a perf_counter time) none
+    starts; one started runs to its end. A failed turn ends its conversation: the turns after it would extend a
+    history the server never answered.
     """
-    queue: asyncio.Queue[tuple[list[RequestSpec], float]] = asyncio.Queue()
-    for conversation, arrival in zip(conversations, arrivals or [0.0] * len(conversations), strict=True):
-        queue.put_nowait((conversation, arrival))
+    pending = iter(conversations)
     done: list[list[RequestRecord]] = []
 
     async def worker() -> None:
-        while not queue.empty() and (deadline is None or time.perf_counter() < deadline):
-            conversation, arrival = queue.get_nowait()
-            if (wait := start + arrival - time.perf_counter()) > 0:
-                await asyncio.sleep(wait)
+        while deadline is None or time.perf_counter() < deadline:
+            if (conversation := next(pending, None)) is None:
+                return
             records: list[RequestRecord] = []
             done.append(records)
             for spec in conversation:

@@ -3,7 +3,7 @@
 Measures any OpenAI-compatible server (`--base-url`), or starts openai-serve itself (`--launch`, with `--server-args`)
 on a free port, waits for GET /health to answer 200 and stops it at the end. Every request sends a prompt of
 `--prompt-len` random token ids (distinct prompts, so no prefix cache helps) and asks for `--max-tokens` tokens with
-ignore_eos; `--request-rate` spreads them as Poisson arrivals. Per level: TTFT, TPOT, ITL, E2E, request/s, output
+ignore_eos, in a closed loop (a new request as one ends). Per level: TTFT, TPOT, ITL, E2E, request/s, output
 tok/s and failed requests (bench/stats.py defines them), the client's own CPU share (near 1.0 the client, not the
 server, would be the bottleneck), and from the server's /metrics, read before and after the level, its prompt tokens
 and its prefix cache's hit rate (in tokens).
@@ -29,7 +29,7 @@ from dataclasses import asdict
 from functools import partial
 
 from bench.common import write_result
-from bench.load import RequestSpec, new_session, poisson_arrivals, run_conversations
+from bench.load import RequestSpec, new_session, run_conversations
 from bench.stats import RequestRecord, percentile, summarize
 from bench.workload import fixed_workload
 
@@ -47,9 +47,6 @@ def add_server_args(p: argparse.ArgumentParser, levels: str) -> None:
                    help="nothing new starts after this long in a level (what is in flight finishes)")
     p.add_argument("--warmup-requests", type=int, default=8, help="requests of distinct random prompts first")
     p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--request-rate", default=None, help="requests (chats) per second arriving as a Poisson process "
-                   "(as vLLM's serving benchmark), each level still capped at its concurrency: one number, or one per "
-                   "level (default: a closed loop, a new one as soon as one ends)")
     p.add_argument("--temperature", type=float, default=0.6)
     p.add_argument("--no-ignore-eos", action="store_true",
                    help="leave ignore_eos out (servers that reject it); the token count is then not enforced")
@@ -97,19 +94,17 @@ async def run_levels(args: argparse.Namespace, base_url: str, warm: list[Request
     """The warm-up requests, then every level of `--levels` in order, `level(index, concurrency)` giving its
     conversations; `on_level` gets the levels done so far after each one."""
     levels = [int(x) for x in args.levels.split(",")]
-    rates = per_level(levels, args.request_rate, "--request-rate") if args.request_rate else [None] * len(levels)
     results: list[dict[str, object]] = []
     async with new_session(max(levels), args.read_timeout) as session:
         if warm:
             done, _ = await run_conversations(session, [[spec] for spec in warm], 8)
             print(f"warm-up: {sum(r.is_ok for (r,) in done)}/{len(done)} ok", flush=True)
-        for index, (concurrency, rate) in enumerate(zip(levels, rates, strict=True)):
+        for index, concurrency in enumerate(levels):
             planned = level(index, concurrency)
-            arrivals = None if rate is None else poisson_arrivals(len(planned), rate, args.seed + index)
             before, cpu_start = read_counters(base_url), time.process_time()
             deadline = None if args.max_seconds_per_level is None else time.perf_counter() + args.max_seconds_per_level
-            done, duration = await run_conversations(session, planned, concurrency, deadline, arrivals)
-            results.append({**level_figures(concurrency, planned, done, duration), "request_rate": rate,
+            done, duration = await run_conversations(session, planned, concurrency, deadline)
+            results.append({**level_figures(concurrency, planned, done, duration),
                             "client_cpu_share": round((time.process_time() - cpu_start) / duration, 3),
                             **counter_figures(before, read_counters(base_url), duration)})
             print(format_level(results[-1]), flush=True)

@@ -2,7 +2,6 @@
 stopped as bench.serve launches a server), and a run against the real server.
 """
 
-import itertools
 import json
 import socket
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import serve
-from bench.load import SSEParser, poisson_arrivals
+from bench.load import SSEParser
 from tests.bench import stub_server
 from tests.bench.stub_server import FIRST_TOKEN_DELAY_S, TOKEN_DELAY_S, Stub, running_stub
 from tests.e2e.serving import start_server
@@ -65,25 +64,6 @@ def test_metrics_of_a_good_stream(stub: tuple[Stub, str], tmp_path: Path) -> Non
     assert app.max_in_flight == 4  # level 4 never exceeded, and reached, its concurrency
     assert result["device"] and result["date"] and result["commit"] and "bench.serve" in result["command"]
     assert result["is_complete"] is True
-
-
-def test_poisson_arrivals_are_seeded_and_average_the_rate() -> None:
-    arrivals = poisson_arrivals(20_000, rate_per_s=50.0, seed=3)
-    assert arrivals == poisson_arrivals(20_000, rate_per_s=50.0, seed=3)
-    assert arrivals != poisson_arrivals(20_000, rate_per_s=50.0, seed=4)
-    assert all(b > a for a, b in itertools.pairwise(arrivals))
-    assert arrivals[-1] / len(arrivals) == pytest.approx(1 / 50.0, rel=0.03)
-
-
-def test_a_request_rate_spreads_the_requests_over_their_arrivals(stub: tuple[Stub, str], tmp_path: Path) -> None:
-    app, url = stub
-    app.max_in_flight = 0
-    last_arrival = poisson_arrivals(10, 10.0, seed=0)[-1]  # the level's seed: --seed 0 + level index 0
-    assert last_arrival > 0.6  # a closed loop at concurrency 8 sends these 10 in ~0.2 s
-    (level,) = _run(url, tmp_path, "good", "--levels", "8", "--num-requests", "10", "--request-rate", "10")["levels"]
-    assert level["num_requests"] == 10 and level["num_failed"] == 0 and level["request_rate"] == 10.0
-    assert level["duration_s"] >= last_arrival
-    assert app.max_in_flight < 8  # 10 a second, each ~0.09 s: few overlap
 
 
 def test_request_body_asks_for_token_ids_streamed_with_usage_and_ignore_eos(stub: tuple[Stub, str],
