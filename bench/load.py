@@ -5,7 +5,7 @@ trusted. A chunk counts as a token arrival when one of its choices carries text;
 count, else the text chunks are counted. A request fails when the status is not 200, the stream carries an error, it
 ends before a choice finished, or (with `expect_tokens`) it returns another number of tokens than asked for, which
 `ignore_eos` promises. A stream that ends after its finish_reason without `data: [DONE]` is complete, as the OpenAI
-SDK sees it, but counted (`num_without_done`). Chunks that arrive in one network read share their timestamp.
+SDK sees it. Chunks that arrive in one network read share their timestamp.
 """
 
 import asyncio
@@ -96,7 +96,6 @@ async def _read_stream(response: aiohttp.ClientResponse, record: RequestRecord) 
     if not is_finished:
         record.error = "the stream ended without a finish_reason or data: [DONE]"
         return
-    record.is_done_missing = True
     _complete(record, last_time, usage_tokens, num_text_chunks)
 
 

@@ -118,9 +118,7 @@ def level_figures(concurrency: int, planned: Conversations, done: list[list[Requ
     later turns apart."""
     records = [r for turns in done for r in turns]
     figures = {**asdict(summarize(concurrency, records, duration_s)), "num_conversations": len(done),
-               "num_conversations_planned": len(planned), "errors": sorted({r.error for r in records if r.error})[:5],
-               # The level's first request: with no warm-up requests, the server's first.
-               "first_ttft_ms": round(records[0].ttft * 1e3, 2) if records and records[0].is_ok else None}
+               "num_conversations_planned": len(planned), "errors": sorted({r.error for r in records if r.error})[:5]}
     if any(len(turns) > 1 for turns in planned):
         figures |= {"ttft_ms_first_turn": _ttft_ms([turns[0] for turns in done if turns]),
                     "ttft_ms_later_turns": _ttft_ms([r for turns in done for r in turns[1:]])}

@@ -20,7 +20,6 @@ class RequestRecord:
     end: float | None = None
     num_output_tokens: int = 0  # from the usage chunk when the server sends one, else the text chunks
     error: str | None = None
-    is_done_missing: bool = False  # complete, but the stream had no `data: [DONE]`
 
     @property
     def is_ok(self) -> bool:
@@ -70,7 +69,6 @@ class LevelSummary:
     itl_ms: dict[str, float]
     e2e_ms: dict[str, float]
     num_output_tokens: int
-    num_without_done: int  # complete streams that ended without `data: [DONE]`
 
 
 def _ms(values: list[float], quantiles: tuple[int, ...]) -> dict[str, float]:
@@ -91,5 +89,5 @@ def summarize(concurrency: int, records: list[RequestRecord], duration_s: float)
         # With "max": the longest pause any stream saw (what a scheduler that holds streams back costs them).
         itl_ms={**_ms(itls, (50, 99)), "max": round(max(itls, default=math.nan) * 1e3, 3)},
         e2e_ms=_ms([r.e2e for r in ok], (50, 99)),
-        num_output_tokens=num_tokens, num_without_done=sum(r.is_done_missing for r in ok),
+        num_output_tokens=num_tokens,
     )
