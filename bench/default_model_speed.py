@@ -141,15 +141,11 @@ def llama_cpp(args: argparse.Namespace) -> list[Contender]:
 
 
 def cpu_description() -> dict[str, object]:
-    """The CPU's model name and instruction flags, as Linux reports them (`flags` on x86, `Features` on Arm; empty
-    elsewhere)."""
-    info: dict[str, str] = {}
+    """The CPU's model name and instruction flags as Linux reports them (`flags` on x86, `Features` on Arm)."""
     cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
-        key, _, value = (part.strip() for part in line.partition(":"))
-        if key in ("model name", "flags", "Features"):
-            info.setdefault("flags" if key == "Features" else key, value)
-    return {"model": info.get("model name", ""), "flags": info.get("flags", "").split()}
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    info = {key.strip(): value.strip() for key, _, value in reversed([line.partition(":") for line in lines])}
+    return {"model": info.get("model name", ""), "flags": (info.get("flags") or info.get("Features", "")).split()}
 
 
 def run_interleaved(contenders: list[Contender], prompts: list[list[int]], num_tokens: int,

@@ -74,8 +74,10 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
         num_tokens += sum(len(out.new_token_ids) for out in engine.step())
         num_steps += 1
     seconds = time.perf_counter() - start
-    if is_partial:
-        drain(engine, ids)
+    for request_id in ids if is_partial else []:  # the rest aborted; stepped until their blocks are free
+        engine.abort_request(request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
     after = engine.stats()
     return EngineRun(
         num_requests=len(requests), num_output_tokens=num_tokens, seconds=seconds, num_steps=num_steps,
@@ -83,14 +85,6 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
         num_prefix_hit_tokens=after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens,
         is_partial=is_partial,
     )
-
-
-def drain(engine: LLMEngine, request_ids: list[str]) -> None:
-    """Aborts the given requests and steps until the engine is idle (their blocks freed)."""
-    for request_id in request_ids:
-        engine.abort_request(request_id)
-    while engine.has_unfinished_requests():
-        engine.step()
 
 
 @dataclass(frozen=True)

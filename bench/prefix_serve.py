@@ -3,7 +3,7 @@
 Every chat (bench/workload.py's `multi_turn_chats`) starts with the same `--system-len`-token system prompt, then
 `--turns` turns of a `--user-len`-token message asking for `--max-tokens` tokens, each sent when the previous reply
 has finished. Per level, `--num-chats` chats at most `--levels` at once, measured as bench/serve.py measures a level.
-`--launch` starts openai-serve once per `--variants` entry: `on` with `--server-args`, `off` with prefix caching off.
+`--launch` starts openai-serve twice: prefix caching on (`--server-args` as given), then off.
 
     python -m bench.prefix_serve --launch --server-args "--model DIR --max-model-len 4096" --out result.json
 """
@@ -24,8 +24,6 @@ CACHING_OFF_FLAG = "--no-enable-prefix-caching"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.prefix_serve", description=__doc__.split("\n\n")[0])
     serve.add_server_args(p, "1,64")
-    p.add_argument("--variants", default="on,off",
-                   help=f"with --launch: prefix caching on (the flags as given) and/or off ({CACHING_OFF_FLAG})")
     p.add_argument("--label", default="openai-serve", help="the server's name in the results")
     p.add_argument("--log-dir", default=None, help="where the launched servers' output goes (server_VARIANT.log)")
     p.add_argument("--num-chats", default="8,192", help="chats per level: one number, or one per level")
@@ -41,9 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     variants: list[dict[str, object]] = []
     if args.base_url:
         run_variant(args, argv, variants, "as running", args.base_url.rstrip("/"), {})
-    for variant in args.variants.split(",") if args.launch else []:
-        if variant not in ("on", "off"):
-            raise SystemExit(f"--variants: 'on' or 'off', not {variant!r}")
+    for variant in ("on", "off") if args.launch else ():
         port = serve.free_port()
         flags = args.server_args + (f" {CACHING_OFF_FLAG}" if variant == "off" else "")
         log = str(Path(args.log_dir) / f"server_{variant}.log") if args.log_dir else None

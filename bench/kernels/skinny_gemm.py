@@ -9,6 +9,7 @@ lines of gpu/kernels/skinny_gemm_configs.py's table for this GPU.
 """
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -97,37 +98,26 @@ def candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
     return few_row_candidates(bucket, n, k)
 
 
-def sweep_jobs(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[tuple[str, int, SkinnyConfig]]:
-    return [(name, m, c) for name, (n, k) in shapes.items() for m in rows for c in candidates(row_bucket(m), n, k)]
-
-
 def compile_key(m: int, k: int, config: SkinnyConfig) -> tuple:
     """What Triton compiles a variant for (M and N are no specialization keys; K's divisibility is the same here)."""
     return config, 0 if config.use_dot else row_bucket(m), k % (config.block_k * config.split_k) == 0
 
 
-def _compile_worker(jobs: list[tuple[str, int, SkinnyConfig]]) -> int:
-    """Runs this worker's share of the sweep's variants once, so that Triton's disk cache holds them."""
-    inputs = {name: (torch.randn(256, SHAPES[name][1], dtype=DTYPE, device=DEVICE),
-                     torch.randn(*SHAPES[name], dtype=DTYPE, device=DEVICE)) for name in {j[0] for j in jobs}}
+def _compile_worker(jobs: list[tuple[str, int, SkinnyConfig]]) -> None:
+    """Runs this worker's share of the sweep's variants once, so that Triton's disk cache holds them; a variant that
+    fails is the sweep's to report."""
     for name, m, config in jobs:
-        x, w = inputs[name]
-        try:
-            with_config(config)(x[:m], w)
-        except Exception as error:  # noqa: BLE001 - the sweep reports it; a worker must go on
-            print(f"{config} M={m}: {type(error).__name__}: {str(error)[:300]}", flush=True)
-    torch.cuda.synchronize()
-    return len(jobs)
+        with contextlib.suppress(Exception):
+            with_config(config)(torch.randn(m, SHAPES[name][1], dtype=DTYPE, device=DEVICE),
+                                torch.randn(*SHAPES[name], dtype=DTYPE, device=DEVICE))
 
 
-def precompile(jobs: list[tuple[str, int, SkinnyConfig]], num_workers: int) -> None:
-    """Each distinct variant compiled once, spread over `num_workers` processes."""
-    start = time.perf_counter()
-    distinct = list({compile_key(m, SHAPES[name][1], c): (name, m, c) for name, m, c in jobs}.values())
-    shares = [distinct[i::num_workers] for i in range(num_workers)]
+def precompile(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], num_workers: int) -> None:
+    """Each distinct variant the sweep runs compiled once, spread over `num_workers` processes."""
+    jobs = {compile_key(m, k, c): (name, m, c) for name, (n, k) in shapes.items() for m in rows
+            for c in candidates(row_bucket(m), n, k)}
     with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
-        done = sum(pool.map(_compile_worker, shares))
-    print(f"compiled {done} variants for {len(jobs)} sweep calls in {time.perf_counter() - start:.0f} s", flush=True)
+        pool.map(_compile_worker, [list(jobs.values())[i::num_workers] for i in range(num_workers)])
 
 
 def sweep_row(name: str, n: int, k: int, m: int, weights: list[torch.Tensor]) -> dict:
@@ -218,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
     rows = tuple(args.rows or (SWEEP_ROWS if args.sweep else COMPARE_ROWS))
     result: dict[str, object] = {"kind": "skinny-gemm", "torch": torch.__version__}
     if args.sweep:
-        precompile(sweep_jobs(shapes, rows), args.workers)
+        precompile(shapes, rows, args.workers)
         swept = sweep(shapes, rows, args.budget_s, Path(args.out + ".partial") if args.out else None)
         result |= {"kind": "skinny-gemm-sweep", "rows": swept, "table": table_lines(swept)}
         print("\n".join(table_lines(swept)), flush=True)
