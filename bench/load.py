@@ -3,9 +3,9 @@
 The body is read as raw bytes and cut into server-sent events here (`SSEParser`), so nothing of a server's SDK is
 trusted. A chunk counts as a token arrival when one of its choices carries text; the usage chunk gives the token
 count, else the text chunks are counted. A request fails when the status is not 200, the stream carries an error, it
-ends before a choice finished, or (with `expect_tokens`) it returns another number of tokens than asked for, which
-`ignore_eos` promises. A stream that ends after its finish_reason without `data: [DONE]` is complete, as the OpenAI
-SDK sees it. Chunks that arrive in one network read share their timestamp.
+ends before a choice finished, or it returns another number of tokens than asked for, which `ignore_eos` promises. A
+stream that ends after its finish_reason without `data: [DONE]` is complete, as the OpenAI SDK sees it. Chunks that
+arrive in one network read share their timestamp.
 """
 
 import asyncio
@@ -54,7 +54,7 @@ def _event_data(block: bytes) -> str | None:
 class RequestSpec:
     url: str  # the full /v1/completions URL
     body: dict[str, object]
-    expect_tokens: int | None = None  # with ignore_eos: exactly this many tokens, or the request failed
+    expect_tokens: int  # asked for with ignore_eos: exactly this many tokens, or the request failed
 
 
 async def send(session: aiohttp.ClientSession, spec: RequestSpec) -> RequestRecord:
@@ -68,7 +68,7 @@ async def send(session: aiohttp.ClientSession, spec: RequestSpec) -> RequestReco
             await _read_stream(response, record)
     except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError, ValueError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
-    if record.error is None and spec.expect_tokens is not None and record.num_output_tokens != spec.expect_tokens:
+    if record.error is None and record.num_output_tokens != spec.expect_tokens:
         record.error = f"{record.num_output_tokens} tokens, {spec.expect_tokens} asked for with ignore_eos"
     return record
 

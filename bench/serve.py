@@ -48,9 +48,6 @@ def add_server_args(p: argparse.ArgumentParser, levels: str) -> None:
     p.add_argument("--warmup-requests", type=int, default=8, help="requests of distinct random prompts first")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--no-ignore-eos", action="store_true",
-                   help="leave ignore_eos out (servers that reject it); the token count is then not enforced")
-    p.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--read-timeout", type=float, default=600.0)
     p.add_argument("--out", default=None, help="the result JSON, written after every level")
@@ -78,11 +75,8 @@ def per_level(levels: list[int], spec: str, flag: str) -> list[float]:
 def completion_spec(base_url: str, model: str, prompt: object, args: argparse.Namespace) -> RequestSpec:
     """A streamed /v1/completions request of `--max-tokens` tokens with ignore_eos, its usage in the last chunk."""
     body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": args.temperature,
-            "stream": True, "stream_options": {"include_usage": True}}
-    if not args.no_ignore_eos:
-        body["ignore_eos"] = True
-    return RequestSpec(base_url.rstrip("/") + "/v1/completions", {**body, **json.loads(args.extra_body)},
-                       None if args.no_ignore_eos else args.max_tokens)
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    return RequestSpec(base_url.rstrip("/") + "/v1/completions", body, args.max_tokens)
 
 
 Conversations = list[list[RequestSpec]]  # each conversation's turns, in order; a request is one turn
@@ -272,9 +266,8 @@ def run(args: argparse.Namespace, argv: list[str], base_url: str, server: dict[s
 
 def save_result(args: argparse.Namespace, argv: list[str], server: dict[str, object],
                 levels: list[dict[str, object]], is_complete: bool) -> None:
-    config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "seed",
-                                            "warmup_requests", "max_seconds_per_level", "extra_body")}
-    config["ignore_eos"] = not args.no_ignore_eos
+    config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "seed", "warmup_requests",
+                                            "max_seconds_per_level")}
     write_result(args.out, {"kind": "serve", "server": server, "config": config,
                             "levels": levels, "is_complete": is_complete}, "bench.serve", argv)
 

@@ -79,15 +79,6 @@ def test_request_body_asks_for_token_ids_streamed_with_usage_and_ignore_eos(stub
     assert body["stream_options"] == {"include_usage": True}
 
 
-def test_a_peer_server_gets_its_own_fields_and_no_ignore_eos(stub: tuple[Stub, str], tmp_path: Path) -> None:
-    app, url = stub
-    app.bodies.clear()
-    result = _run(url, tmp_path, "good", "--levels", "1", "--num-requests", "1", "--no-ignore-eos",
-                  "--extra-body", '{"top_k": 0}')
-    assert "ignore_eos" not in app.bodies[0] and app.bodies[0]["top_k"] == 0
-    assert result["config"]["ignore_eos"] is False and result["levels"][0]["num_failed"] == 0  # type: ignore[index]
-
-
 @pytest.mark.parametrize(("model", "error"), [
     ("cut", "without a finish_reason or data: [DONE]"), ("short", "4 tokens, 5 asked for"), ("http-error", "HTTP 500"),
 ])
