@@ -31,7 +31,6 @@ from typing import Protocol
 
 import torch
 
-from bench.bench_model import SHAPES, build_random_checkpoint
 from bench.common import kernel_variant, write_result
 from bench.engine_runs import build_engine, startup_objects_frozen, time_one
 from bench.workload import Request
@@ -134,7 +133,7 @@ def model_gguf(model: str | None) -> Path | None:
 
 def llama_cpp(args: argparse.Namespace) -> list[Contender]:
     """llama.cpp on the model's GGUF file, on a CPU, where llama-cpp-python is installed."""
-    if args.llama_cpp == "off" or args.random_weights or args.device != "cpu" or not find_spec("llama_cpp"):
+    if args.llama_cpp == "off" or args.device != "cpu" or not find_spec("llama_cpp"):
         return []
     gguf = model_gguf(args.model)
     return [] if gguf is None else [LlamaCpp(gguf)]
@@ -175,7 +174,7 @@ def _summary(times: list[tuple[float, float, float]], num_tokens: int) -> dict[s
 
 def chat_prompts(model_dir: Path, name: str) -> list[list[int]]:
     """PROMPT_SETS[name]'s prompts in the model's chat template; as plain text where it has none (a base model, or
-    --random-weights' word tokenizer)."""
+    bench/bench_model.py's word tokenizer)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -188,10 +187,9 @@ def chat_prompts(model_dir: Path, name: str) -> list[list[int]]:
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.default_model_speed", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="what openai-serve --model takes: a checkpoint, a .gguf file, a built-in name "
-                   "such as gemma-3-270m (default: the default model), through the same resolution as the CLI")
-    p.add_argument("--random-weights", metavar="DIR", help="build and time a random checkpoint of the default "
-                   "model's shape in DIR instead (where the model cannot be fetched)")
+    p.add_argument("--model", help="what openai-serve --model takes: a checkpoint (random weights of the default "
+                   "model's shape where it cannot be fetched: bench/bench_model.py's smollm2-135m), a .gguf file, a "
+                   "built-in name such as gemma-3-270m (default: the default model), resolved as the CLI does")
     p.add_argument("--device", default="cpu")
     p.add_argument("--ours", default="auto,float32:cpu_packed_weights=0+fused_kernels=0",
                    help="our dtypes, each optionally DTYPE:KERNEL_VARIANT, comma-separated")
@@ -213,10 +211,7 @@ def build_contenders(args: argparse.Namespace, model_dir: Path) -> list[Contende
 
 def main(argv: list[str]) -> None:
     args = parse_args(argv)
-    if args.random_weights:
-        model_dir = build_random_checkpoint(args.random_weights, SHAPES["smollm2-135m"], torch.float32)
-    else:
-        model_dir = resolve_model(args.model, "auto", args.device).path
+    model_dir = resolve_model(args.model, "auto", args.device).path
     contenders = build_contenders(args, model_dir)
     prompts = chat_prompts(model_dir, args.prompts)
     load_before = os.getloadavg()
@@ -227,7 +222,7 @@ def main(argv: list[str]) -> None:
         print(f"{contender.name}: decode tok/s {results[contender.name]['decode_tok_s']}", flush=True)
     result: dict[str, object] = {
         "kind": "default-model-speed", "model": str(model_dir), "model_name": args.model or SMOLLM2.name,
-        "random_weights": bool(args.random_weights), "prompts": args.prompts,
+        "prompts": args.prompts,
         "prompt_tokens": [len(prompt) for prompt in prompts], "tokens": args.tokens, "repeats": args.repeats,
         "threads": torch.get_num_threads(), **({"cpu": cpu_description()} if args.device == "cpu" else {}),
         "openmp_environment": {name: os.environ[name] for name in OPENMP_ENVIRONMENT if name in os.environ},

@@ -25,12 +25,11 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from functools import partial
 
 from bench.common import write_result
 from bench.load import RequestSpec, new_session, run_conversations
-from bench.stats import RequestRecord, percentile, summarize
+from bench.stats import RequestRecord, ms_percentiles, summarize
 from bench.workload import fixed_workload
 
 
@@ -111,17 +110,12 @@ def level_figures(concurrency: int, planned: Conversations, done: list[list[Requ
     """bench/stats.py's figures of a level's requests; where conversations have several turns, TTFT of first and of
     later turns apart."""
     records = [r for turns in done for r in turns]
-    figures = {**asdict(summarize(concurrency, records, duration_s)), "num_conversations": len(done),
+    figures = {**summarize(concurrency, records, duration_s), "num_conversations": len(done),
                "num_conversations_planned": len(planned), "errors": sorted({r.error for r in records if r.error})[:5]}
     if any(len(turns) > 1 for turns in planned):
-        figures |= {"ttft_ms_first_turn": _ttft_ms([turns[0] for turns in done if turns]),
-                    "ttft_ms_later_turns": _ttft_ms([r for turns in done for r in turns[1:]])}
+        figures |= {"ttft_ms_first_turn": ms_percentiles([turns[0].ttft for turns in done if turns[0].is_ok]),
+                    "ttft_ms_later_turns": ms_percentiles([r.ttft for turns in done for r in turns[1:] if r.is_ok])}
     return figures
-
-
-def _ttft_ms(records: list[RequestRecord]) -> dict[str, float]:
-    ok = [r.ttft for r in records if r.is_ok]
-    return {f"p{q}": round(percentile(ok, q) * 1e3, 3) for q in (50, 99)}
 
 
 def format_level(lv: dict) -> str:
