@@ -8,7 +8,7 @@ import gc
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import count
 
 from bench.workload import Request, fixed_workload
@@ -93,7 +93,6 @@ class Batch1Latency:
     num_output_tokens: int
     ttft_ms: float  # median over repeats
     tpot_ms: float  # median over repeats of (last token - first token) / (tokens - 1)
-    tpot_samples_ms: list[float] = field(default_factory=list)
 
 
 def time_batch1(engine: LLMEngine, prompt_len: int, num_tokens: int, repeats: int, seed: int) -> Batch1Latency:
@@ -105,8 +104,7 @@ def time_batch1(engine: LLMEngine, prompt_len: int, num_tokens: int, repeats: in
         start, token_times = time_one(engine, request)
         ttfts.append((token_times[0] - start) * 1e3)
         tpots.append((token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3)
-    return Batch1Latency(prompt_len, num_tokens, round(statistics.median(ttfts), 3),
-                         round(statistics.median(tpots), 4), [round(t, 4) for t in tpots])
+    return Batch1Latency(prompt_len, num_tokens, round(statistics.median(ttfts), 3), round(statistics.median(tpots), 4))
 
 
 def time_one(engine: LLMEngine, request: Request, temperature: float = TEMPERATURE) -> tuple[float, list[float]]:

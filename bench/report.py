@@ -43,10 +43,6 @@ def sources(runs: list[Result]) -> list[str]:
     return lines
 
 
-def model_name(run: Result) -> str:
-    return Path(str(run["model"])).name.removesuffix("-bench")
-
-
 def _by(results: list[Result], kind: str, **match: object) -> list[Result]:
     return [r for r in results if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items())]
 
@@ -55,7 +51,8 @@ def offline(results: list[Result]) -> list[str]:
     """nano-vllm's workload: the latest run per model, device and GPU count, beside other engines' recorded figures."""
     latest: dict[tuple[str, str, int], Result] = {}
     for run in sorted(_by(results, "throughput", workload="nano-vllm"), key=lambda r: r["date"]):
-        latest[(model_name(run), run["device"], run["config"].get("tensor_parallel_size", 1))] = run
+        model = Path(str(run["model"])).name.removesuffix("-bench")
+        latest[(model, run["device"], run["config"].get("tensor_parallel_size", 1))] = run
     lines = ["| model (random bf16 weights) | device | GPUs | output tok/s | share of ideal | batch 1, ms per token "
              "| batch 1, share of ideal |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for (model, device, gpus), run in sorted(latest.items()):

@@ -252,18 +252,15 @@ def run(args: argparse.Namespace, argv: list[str], base_url: str, server: dict[s
     def level(index: int, concurrency: int) -> Conversations:
         return [[spec] for spec in specs(int(counts[index]), args.seed + 1000 * index + concurrency)]
 
-    save = partial(save_result, args, argv, server)
-    results = run_async(run_levels(args, base_url, specs(args.warmup_requests, args.seed + 10**6), level,
-                                   partial(save, is_complete=False)))
-    save(results, is_complete=True)
-
-
-def save_result(args: argparse.Namespace, argv: list[str], server: dict[str, object],
-                levels: list[dict[str, object]], is_complete: bool) -> None:
     config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "seed", "warmup_requests",
                                             "max_seconds_per_level")}
-    write_result(args.out, {"kind": "serve", "server": server, "config": config,
-                            "levels": levels, "is_complete": is_complete}, "bench.serve", argv)
+
+    def save(levels: list[dict[str, object]], is_complete: bool) -> None:
+        write_result(args.out, {"kind": "serve", "server": server, "config": config, "levels": levels,
+                                "is_complete": is_complete}, "bench.serve", argv)
+
+    save(run_async(run_levels(args, base_url, specs(args.warmup_requests, args.seed + 10**6), level,
+                              partial(save, is_complete=False))), is_complete=True)
 
 
 def run_async(levels: Coroutine[object, object, list[dict[str, object]]]) -> list[dict[str, object]]:

@@ -59,7 +59,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-blocks", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--decode-hold-ms", type=float, default=0.0, help="the engine's decode hold (core/scheduler.py)")
     p.add_argument("--attention-backend", default="auto")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="ranks (GPUs); the ideal is then one rank's share of the bytes and FLOPs")
@@ -90,9 +89,9 @@ def model_dir(args: argparse.Namespace) -> str:
                                        quantization=args.quantization))
 
 
-ENGINE_FLAGS = ("dtype", "device", "max_model_len", "enforce_eager", "attention_backend", "kv_cache_blocks",
-                "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
-                "decode_hold_ms", "load_format")
+ENGINE_FLAGS = ("dtype", "device", "load_format", "max_model_len", "enforce_eager", "attention_backend",
+                "kv_cache_blocks", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
+                "tensor_parallel_size")
 
 
 def new_engine(args: argparse.Namespace, model: str) -> LLMEngine:
