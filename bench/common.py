@@ -4,11 +4,14 @@ BENCH_COMMIT naming the commit where the tree has no `.git`), and the one way a 
 
 import json
 import os
+import platform
 import shlex
 import subprocess
 from dataclasses import fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
+
+import torch
 
 from gpu.config import KernelConfig
 
@@ -27,10 +30,6 @@ def git_commit() -> str:
 
 
 def device_name() -> str:
-    import platform
-
-    import torch
-
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
