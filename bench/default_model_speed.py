@@ -222,8 +222,8 @@ def main(argv: list[str]) -> None:
         print(f"{contender.name}: decode tok/s {results[contender.name]['decode_tok_s']}", flush=True)
     result: dict[str, object] = {
         "kind": "default-model-speed", "model": str(model_dir), "model_name": args.model or SMOLLM2.name,
-        "prompts": args.prompts,
-        "prompt_tokens": [len(prompt) for prompt in prompts], "tokens": args.tokens, "repeats": args.repeats,
+        "prompts": args.prompts, "prompt_tokens": [len(prompt) for prompt in prompts], "tokens": args.tokens,
+        "repeats": args.repeats,
         "threads": torch.get_num_threads(), **({"cpu": cpu_description()} if args.device == "cpu" else {}),
         "openmp_environment": {name: os.environ[name] for name in OPENMP_ENVIRONMENT if name in os.environ},
         "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],

@@ -18,13 +18,10 @@ from bench import serve
 from bench.common import write_result
 from bench.workload import fixed_workload, multi_turn_chats
 
-CACHING_OFF_FLAG = "--no-enable-prefix-caching"
-
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.prefix_serve", description=__doc__.split("\n\n")[0])
     serve.add_server_args(p, "1,64")
-    p.add_argument("--label", default="openai-serve", help="the server's name in the results")
     p.add_argument("--log-dir", default=None, help="where the launched servers' output goes (server_VARIANT.log)")
     p.add_argument("--num-chats", default="8,192", help="chats per level: one number, or one per level")
     p.add_argument("--turns", type=int, default=4)
@@ -41,7 +38,7 @@ def main(argv: list[str] | None = None) -> None:
         run_variant(args, argv, variants, "as running", args.base_url.rstrip("/"), {})
     for variant in ("on", "off") if args.launch else ():
         port = serve.free_port()
-        flags = args.server_args + (f" {CACHING_OFF_FLAG}" if variant == "off" else "")
+        flags = args.server_args + (" --no-enable-prefix-caching" if variant == "off" else "")
         log = str(Path(args.log_dir) / f"server_{variant}.log") if args.log_dir else None
         with serve.launched(serve.openai_serve_command(flags, port), port, log, args.health_timeout) as (url, server):
             run_variant(args, argv, variants, variant, url, server)
@@ -53,7 +50,7 @@ def run_variant(args: argparse.Namespace, argv: list[str], variants: list[dict[s
     """One variant's levels, each of new chats on the same system prompt; the result file is rewritten after each
     level, so a run cut short keeps them."""
     model = args.model or serve.first_model(base_url)
-    entry: dict[str, object] = {"prefix_caching": prefix_caching, "server": {"label": args.label, "model": model,
+    entry: dict[str, object] = {"prefix_caching": prefix_caching, "server": {"label": "openai-serve", "model": model,
                                                                              **server}, "levels": []}
     variants.append(entry)
     num_chats = serve.per_level([int(x) for x in args.levels.split(",")], args.num_chats, "--num-chats")

@@ -47,6 +47,10 @@ def _by(results: list[Result], kind: str, **match: object) -> list[Result]:
     return [r for r in results if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items())]
 
 
+def _latest(results: list[Result], kind: str) -> Result | None:
+    return max(_by(results, kind), key=lambda r: r["date"], default=None)
+
+
 def offline(results: list[Result]) -> list[str]:
     """nano-vllm's workload: the latest run per model, device and GPU count, beside other engines' recorded figures."""
     latest: dict[tuple[str, str, int], Result] = {}
@@ -108,10 +112,8 @@ def serving(results: list[Result]) -> list[str]:
 
 def chat(results: list[Result]) -> list[str]:
     """The prefix-heavy chats (bench.prefix_serve): each prefix-caching variant per level."""
-    runs = _by(results, "prefix-serve")
-    if not runs:
+    if (run := _latest(results, "prefix-serve")) is None:
         return []
-    run = max(runs, key=lambda r: r["date"])
     lines = ["| prefix caching | chats at once | requests | hit rate | prompt tokens computed / all "
              "| TTFT p50 / p99 ms | TTFT p50, first / later turns ms | output tok/s | TPOT p50 ms |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -162,10 +164,8 @@ def _cpu_conditions(run: Result) -> str:
 
 def skinny_gemm(results: list[Result]) -> list[str]:
     """cuBLAS against the skinny GEMM as the shipped table configured it, us per call; bold: the faster."""
-    runs = _by(results, "skinny-gemm")
-    if not runs:
+    if (run := _latest(results, "skinny-gemm")) is None:
         return []
-    run = max(runs, key=lambda r: r["date"])
     rows_of = sorted({r["m"] for r in run["rows"]})
     lines = ["| shape (N x K) | " + " | ".join(str(m) for m in rows_of) + " |", "| --- |" + " ---: |" * len(rows_of)]
     for shape in dict.fromkeys(r["shape"] for r in run["rows"]):

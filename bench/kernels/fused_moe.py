@@ -60,6 +60,10 @@ class Block:
         return fused_experts(self.x, self.gate_up, self.down, weights, ids, self.act, self.gate_up_bias,
                              self.down_bias, config=config, use_pdl=True)
 
+    def us_per_call(self, config: MoeConfig | None) -> float:
+        """Per call, over a graph of CALLS_PER_GRAPH calls, each its own routing."""
+        return graph_us_per_call([partial(self.call, index, config) for index in range(CALLS_PER_GRAPH)])
+
     def ideal_us(self, limits: DeviceLimits) -> float:
         num_experts, top_k, hidden, intermediate, _ = self.shape
         expert_bytes = 3 * hidden * intermediate * 2
@@ -67,11 +71,6 @@ class Block:
         num_bytes = reached * expert_bytes + 2 * self.rows * hidden * 2
         flops = 2 * self.rows * top_k * 3 * hidden * intermediate
         return 1e6 * max(num_bytes / limits.copy_bytes_per_s, flops / limits.matmul_flops_per_s)
-
-
-def us_per_call(block: Block, config: MoeConfig | None) -> float:
-    """Per call, over a graph of CALLS_PER_GRAPH calls, each its own routing."""
-    return graph_us_per_call([partial(block.call, index, config) for index in range(CALLS_PER_GRAPH)])
 
 
 def candidates(config: MoeConfig) -> list[MoeConfig]:
@@ -90,7 +89,7 @@ def measure(shape: str, rows: int, limits: DeviceLimits, sweep: bool) -> tuple[d
     block = Block(shape, rows)
     num_experts, top_k, hidden, intermediate, _ = block.shape
     chosen = config_for(rows, num_experts, top_k, intermediate, hidden, torch.cuda.get_device_name())
-    measured = us_per_call(block, None)
+    measured = block.us_per_call(None)
     ideal = block.ideal_us(limits)
     row: dict[str, object] = {"shape": shape, "weights": "bf16", "rows": rows, "us": round(measured, 2),
                               "ideal_us": round(ideal, 2), "share_of_ideal": round(ideal / measured, 4),
@@ -100,7 +99,7 @@ def measure(shape: str, rows: int, limits: DeviceLimits, sweep: bool) -> tuple[d
         best, best_us = chosen, measured
         for candidate in candidates(chosen):
             try:
-                us = us_per_call(block, candidate)
+                us = block.us_per_call(candidate)
             except Exception as exc:  # noqa: BLE001 - a config the GPU cannot run (resources): skip it
                 print(f"  {shape} {rows} {candidate}: {type(exc).__name__}", flush=True)
                 continue

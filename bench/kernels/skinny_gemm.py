@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import write_result
-from bench.kernels.timing import DEVICE, DTYPE, num_copies, per_shape, rotated_us_per_call
+from bench.kernels.timing import DEVICE, DTYPE, num_copies, rotated_us_per_call
 from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, config_for, preferred_config, row_bucket, skinny_gemm
 
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
@@ -145,7 +145,8 @@ def sweep_row(name: str, n: int, k: int, m: int, weights: list[torch.Tensor]) ->
 def sweep(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], budget_s: float, out: Path | None) -> list[dict]:
     """Every candidate per shape and M; the rows so far are written to `out` after each (a killed run keeps them)."""
     start, done = time.perf_counter(), []
-    for name, n, k, weights in per_shape(shapes, weight_copies):
+    for name, (n, k) in shapes.items():
+        weights = weight_copies(n, k)  # one shape's copies at a time
         for m in (m for m in rows if candidates(row_bucket(m), n, k)):
             if time.perf_counter() - start > budget_s:
                 print(f"budget spent: stopped before {name} M={m}", flush=True)
@@ -153,6 +154,7 @@ def sweep(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], budget_s: f
             done.append(sweep_row(name, n, k, m, weights))
             if out is not None:
                 out.write_text(json.dumps(done))
+        torch.cuda.empty_cache()
     return done
 
 
@@ -179,7 +181,8 @@ def table_lines(rows: list[dict]) -> list[str]:
 def compare(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[dict]:
     """cuBLAS against the kernel with this GPU's table config at each shape and M."""
     out = []
-    for name, n, k, weights in per_shape(shapes, weight_copies):
+    for name, (n, k) in shapes.items():
+        weights = weight_copies(n, k)  # one shape's copies at a time
         for m in rows:
             x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
             row = {"shape": name, "n": n, "k": k, "m": m, "config": config_for(m, n, k, DEVICE).__dict__,
@@ -190,6 +193,7 @@ def compare(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[d
             print(f"{name:8s} M={m:3d}  cuBLAS {row['cublas_us']:7.2f} us  skinny {row['skinny_us']:7.2f} us  err "
                   f"{row['rel_err']:.1e}  {'routed' if row['is_routed'] else 'cuBLAS kept'}", flush=True)
             out.append(row)
+        torch.cuda.empty_cache()
     return out
 
 

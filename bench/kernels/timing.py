@@ -3,7 +3,7 @@ rotating over copies of their weights that together outgrow the L2 (256 MB, five
 weights come from HBM as they do in a decode step."""
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
@@ -43,11 +43,3 @@ def rotated_us_per_call(fn: Callable[[torch.Tensor, Operand], object], x: torch.
     """Microseconds per `fn(x, operand)`, the graph's calls rotating over `operands`."""
     rotation = operands * max(1, math.ceil(MIN_CALLS_PER_GRAPH / len(operands)))
     return graph_us_per_call([partial(fn, x, operand) for operand in rotation])
-
-
-def per_shape(shapes: dict[str, tuple[int, int]], build: Callable[[int, int], list[Operand]]
-              ) -> Iterator[tuple[str, int, int, list[Operand]]]:
-    """(name, N, K, its rotation of copies) per shape, the copies built for one shape at a time."""
-    for name, (n, k) in shapes.items():
-        yield name, n, k, build(n, k)
-        torch.cuda.empty_cache()
