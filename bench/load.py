@@ -9,21 +9,13 @@ arrive in one network read share their timestamp.
 """
 
 import asyncio
-import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
+import orjson
 
 from bench.stats import RequestRecord
-
-try:
-    import orjson
-
-    _loads: Callable[[str | bytes], object] = orjson.loads
-except ImportError:  # orjson is optional for the load generator
-    _loads = json.loads
 
 DONE = "[DONE]"
 
@@ -82,7 +74,7 @@ async def _read_stream(response: aiohttp.ClientResponse, record: RequestRecord) 
             if event == DONE:
                 _complete(record, last_time, usage_tokens, num_text_chunks)
                 return
-            chunk = _loads(event)
+            chunk = orjson.loads(event)
             if not isinstance(chunk, dict) or "error" in chunk:
                 record.error = f"error in stream: {event[:300]}"
                 return
