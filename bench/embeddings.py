@@ -1,11 +1,9 @@
 """Embeddings per second: the model as an embedding model (last-token pooling, normalized), against its ideal and
 against sentence-transformers on the same device and checkpoint.
 
-`--num-prompts` prompts of `--prompt-len` random token ids are pooled by `LLM.embed`, twice (the first run warms up);
-the ideal is their compute alone, 2 x linear parameters x prompt tokens FLOPs at the matmul rate measured in the same
-run (bench/roofline.py). sentence-transformers, where it is installed, encodes texts that tokenize to the same lengths
-in batches of `--st-batch-size`. The model: a checkpoint directory, or random weights of `--shape` (Qwen3-0.6B's is
-Qwen3-Embedding-0.6B's).
+`--num-prompts` random prompts of `--prompt-len` tokens are pooled by `LLM.embed`, twice (the first run warms up); the
+ideal is their compute alone (2 FLOPs per linear weight and prompt token) at the matmul rate measured in the same run.
+The model: a checkpoint directory, or random weights of `--shape` (Qwen3-0.6B's is Qwen3-Embedding-0.6B's).
 
     python -m bench.embeddings --shape qwen3-0.6b --prompt-len 512 --num-prompts 2048 --out result.json
 """

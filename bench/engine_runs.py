@@ -1,8 +1,6 @@
-"""Driving our engine for the benchmarks: a whole workload, and one request at a time (batch-1 latency).
-
-The engine is driven through its public loop (`add_request`, `step`, `has_unfinished_requests`), as `LLM.generate`
-drives it but without the incremental detokenizer: token ids out. Its runner is built with the kernel choices the
-run asks for and given to it (`LLMEngine(config, runner)`), never switched on a live one.
+"""Driving our engine for the benchmarks through its public loop, token ids out: a whole workload, and one request
+at a time (batch-1 latency). A run's kernel choices build its runner (`LLMEngine(config, runner)`), never a switch
+flipped on a live one.
 """
 
 import contextlib
@@ -10,7 +8,7 @@ import gc
 import statistics
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import count
 
 from bench.workload import Request, fixed_workload
@@ -53,12 +51,12 @@ class EngineRun:
         return self.num_output_tokens / self.seconds
 
 
-def add_requests(engine: LLMEngine, requests: list[Request]) -> list[str]:
+def add_requests(engine: LLMEngine, requests: list[Request], temperature: float = TEMPERATURE) -> list[str]:
     ids = []
     for r in requests:
         request_id = f"bench-{next(_request_numbers)}"
         engine.add_request(request_id, r.prompt_token_ids,
-                           SamplingParams(temperature=TEMPERATURE, ignore_eos=True, max_tokens=r.max_tokens))
+                           SamplingParams(temperature=temperature, ignore_eos=True, max_tokens=r.max_tokens))
         ids.append(request_id)
     return ids
 
@@ -76,8 +74,10 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
         num_tokens += sum(len(out.new_token_ids) for out in engine.step())
         num_steps += 1
     seconds = time.perf_counter() - start
-    if is_partial:
-        drain(engine, ids)
+    for request_id in ids if is_partial else []:  # the rest aborted; stepped until their blocks are free
+        engine.abort_request(request_id)
+    while engine.has_unfinished_requests():
+        engine.step()
     after = engine.stats()
     return EngineRun(
         num_requests=len(requests), num_output_tokens=num_tokens, seconds=seconds, num_steps=num_steps,
@@ -87,40 +87,30 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
     )
 
 
-def drain(engine: LLMEngine, request_ids: list[str]) -> None:
-    """Aborts the given requests and steps until the engine is idle (their blocks freed)."""
-    for request_id in request_ids:
-        engine.abort_request(request_id)
-    while engine.has_unfinished_requests():
-        engine.step()
-
-
 @dataclass(frozen=True)
 class Batch1Latency:
     prompt_len: int
     num_output_tokens: int
     ttft_ms: float  # median over repeats
     tpot_ms: float  # median over repeats of (last token - first token) / (tokens - 1)
-    tpot_samples_ms: list[float] = field(default_factory=list)
 
 
 def time_batch1(engine: LLMEngine, prompt_len: int, num_tokens: int, repeats: int, seed: int) -> Batch1Latency:
     """One request at a time: a fresh random prompt each repeat, so no prefix-cache hit helps."""
     ttfts, tpots = [], []
     workload = fixed_workload(repeats + 1, prompt_len, num_tokens, seed=seed)
-    _time_one(engine, workload[0])  # warm-up
+    time_one(engine, workload[0])  # warm-up
     for request in workload[1:]:
-        start, token_times = _time_one(engine, request)
+        start, token_times = time_one(engine, request)
         ttfts.append((token_times[0] - start) * 1e3)
         tpots.append((token_times[-1] - token_times[0]) / (len(token_times) - 1) * 1e3)
-    return Batch1Latency(prompt_len, num_tokens, round(statistics.median(ttfts), 3),
-                         round(statistics.median(tpots), 4), [round(t, 4) for t in tpots])
+    return Batch1Latency(prompt_len, num_tokens, round(statistics.median(ttfts), 3), round(statistics.median(tpots), 4))
 
 
-def _time_one(engine: LLMEngine, request: Request) -> tuple[float, list[float]]:
+def time_one(engine: LLMEngine, request: Request, temperature: float = TEMPERATURE) -> tuple[float, list[float]]:
     """Runs one request alone; returns its start time and each token's arrival time."""
     start = time.perf_counter()
-    add_requests(engine, [request])
+    add_requests(engine, [request], temperature)
     token_times: list[float] = []
     while engine.has_unfinished_requests():
         outputs = engine.step()

@@ -1,45 +1,29 @@
 """The load generator's client side: streamed /v1/completions requests over aiohttp, read as a client.
 
-Each request is a POST with `stream: true`; the body is read as raw bytes and cut into server-sent
-events here (`SSEParser`), so nothing of a server's SDK is trusted. A chunk counts as a token
-arrival when one of its choices carries text; the usage chunk (`stream_options.include_usage`)
-gives the token count, else the text chunks are counted. A request fails when the status is not
-200, the stream carries an error, it ends before a choice finished (a `finish_reason`), or (with
-`expect_tokens`) it returns another number of tokens than asked for, which `ignore_eos` promises.
-A stream that ends after its finish_reason without `data: [DONE]` (as `transformers serve` does) is
-complete, as the OpenAI SDK sees it, but is counted per level (`num_without_done`).
-
-All chunks that arrive in one network read get the same timestamp: that is when the client saw them.
+The body is read as raw bytes and cut into server-sent events here (`SSEParser`), so nothing of a server's SDK is
+trusted. A chunk counts as a token arrival when one of its choices carries text; the usage chunk gives the token
+count, else the text chunks are counted. A request fails when the status is not 200, the stream carries an error, it
+ends before a choice finished, or it returns another number of tokens than asked for, which `ignore_eos` promises. A
+stream that ends after its finish_reason without `data: [DONE]` is complete, as the OpenAI SDK sees it. Chunks that
+arrive in one network read share their timestamp.
 """
 
 import asyncio
-import json
-import random
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import aiohttp
+import orjson
 
 from bench.stats import RequestRecord
-
-try:
-    import orjson
-
-    _loads: Callable[[str | bytes], object] = orjson.loads
-except ImportError:  # orjson is optional for the load generator
-    _loads = json.loads
 
 DONE = "[DONE]"
 
 
 class SSEParser:
-    """Incremental server-sent-events parser: bytes in, each complete event's data out.
-
-    Follows the EventSource rules that matter here: `data:` lines (one leading space dropped) are
-    joined by newlines, an event ends at a blank line, comments (`:`) and other fields are ignored,
-    and CRLF line ends are accepted.
-    """
+    """Incremental server-sent-events parser: bytes in, each complete event's data out, by the EventSource rules:
+    `data:` lines (one leading space dropped) joined by newlines, an event ended by a blank line, comments and other
+    fields ignored, CRLF accepted."""
 
     def __init__(self) -> None:
         self._buffer = b""
@@ -62,7 +46,7 @@ def _event_data(block: bytes) -> str | None:
 class RequestSpec:
     url: str  # the full /v1/completions URL
     body: dict[str, object]
-    expect_tokens: int | None = None  # with ignore_eos: exactly this many tokens, or the request failed
+    expect_tokens: int  # asked for with ignore_eos: exactly this many tokens, or the request failed
 
 
 async def send(session: aiohttp.ClientSession, spec: RequestSpec) -> RequestRecord:
@@ -76,7 +60,7 @@ async def send(session: aiohttp.ClientSession, spec: RequestSpec) -> RequestReco
             await _read_stream(response, record)
     except (aiohttp.ClientError, TimeoutError, UnicodeDecodeError, ValueError) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
-    if record.error is None and spec.expect_tokens is not None and record.num_output_tokens != spec.expect_tokens:
+    if record.error is None and record.num_output_tokens != spec.expect_tokens:
         record.error = f"{record.num_output_tokens} tokens, {spec.expect_tokens} asked for with ignore_eos"
     return record
 
@@ -90,7 +74,7 @@ async def _read_stream(response: aiohttp.ClientResponse, record: RequestRecord) 
             if event == DONE:
                 _complete(record, last_time, usage_tokens, num_text_chunks)
                 return
-            chunk = _loads(event)
+            chunk = orjson.loads(event)
             if not isinstance(chunk, dict) or "error" in chunk:
                 record.error = f"error in stream: {event[:300]}"
                 return
@@ -104,7 +88,6 @@ async def _read_stream(response: aiohttp.ClientResponse, record: RequestRecord) 
     if not is_finished:
         record.error = "the stream ended without a finish_reason or data: [DONE]"
         return
-    record.is_done_missing = True
     _complete(record, last_time, usage_tokens, num_text_chunks)
 
 
@@ -113,51 +96,24 @@ def _complete(record: RequestRecord, end: float, usage_tokens: int | None, num_t
     record.num_output_tokens = usage_tokens if usage_tokens is not None else num_text_chunks
 
 
-async def run_level(
-    session: aiohttp.ClientSession, specs: list[RequestSpec], concurrency: int, deadline: float | None = None,
-    arrivals: list[float] | None = None,
-) -> tuple[list[RequestRecord], float]:
-    """Sends every spec with at most `concurrency` in flight; returns the records and the wall time
-    (run_conversations, each request a conversation of one turn)."""
-    done, seconds = await run_conversations(session, [[spec] for spec in specs], concurrency, deadline, arrivals)
-    return [record for (record,) in done], seconds
-
-
-def poisson_arrivals(num_requests: int, rate_per_s: float, seed: int) -> list[float]:
-    """Arrival times of a Poisson process at `rate_per_s` (exponential gaps, the first one included), as
-    vLLM's serving benchmark draws them; seeded, so a repeated run sends the same schedule."""
-    generator = random.Random(seed)
-    arrivals, now = [], 0.0
-    for _ in range(num_requests):
-        now += generator.expovariate(rate_per_s)
-        arrivals.append(now)
-    return arrivals
-
-
 async def run_conversations(
     session: aiohttp.ClientSession, conversations: list[list[RequestSpec]], concurrency: int,
-    deadline: float | None = None, arrivals: list[float] | None = None,
+    deadline: float | None = None,
 ) -> tuple[list[list[RequestRecord]], float]:
-    """Sends each conversation's turns in order, a turn when the previous one has finished (a user reads the
-    reply before writing again), with at most `concurrency` conversations in flight; returns each conversation's
-    records (one per turn sent) and the wall time.
+    """Sends each conversation's turns in order, a turn when the previous one has finished, with at most
+    `concurrency` conversations in flight; returns each conversation's records (one per turn sent) and the wall time.
 
-    `arrivals`: each conversation's arrival, in seconds after the start (poisson_arrivals); it starts at its arrival
-    or when one in flight ends, whichever is later. None: as soon as one in flight ends (a closed loop). Past
-    `deadline` (a perf_counter time) no new conversation starts; one started runs to its end, so every conversation
-    sent is whole, and those never started are not records (fewer requests, not failures). A failed turn ends its
-    conversation: the turns after it would extend a history the server never answered.
+    A closed loop: a conversation starts as soon as one in flight ends. Past `deadline` (a perf_counter time) none
+    starts; one started runs to its end. A failed turn ends its conversation: the turns after it would extend a
+    history the server never answered.
     """
-    queue: asyncio.Queue[tuple[list[RequestSpec], float]] = asyncio.Queue()
-    for conversation, arrival in zip(conversations, arrivals or [0.0] * len(conversations), strict=True):
-        queue.put_nowait((conversation, arrival))
+    pending = iter(conversations)
     done: list[list[RequestRecord]] = []
 
     async def worker() -> None:
-        while not queue.empty() and (deadline is None or time.perf_counter() < deadline):
-            conversation, arrival = queue.get_nowait()
-            if (wait := start + arrival - time.perf_counter()) > 0:
-                await asyncio.sleep(wait)
+        while deadline is None or time.perf_counter() < deadline:
+            if (conversation := next(pending, None)) is None:
+                return
             records: list[RequestRecord] = []
             done.append(records)
             for spec in conversation:

@@ -1,10 +1,9 @@
-"""Renders the tables of docs/performance.md from the results in bench/results/ (anywhere: no GPU needed).
+"""Renders the tables of docs/performance.md from the results in bench/results/ (no GPU needed).
 
-The page is written by hand around its tables. Each table sits between a `<!-- table: NAME -->` line and an
-`<!-- end -->` line, and this replaces what lies between them with NAME's rendering of the current results: every
-JSON file in bench/results/, each recording its device, date, commit and command, listed under the table it feeds.
-A figure measured by several runs is shown as the range over them. Other engines' figures, recorded elsewhere
-(`kind: peer-figures`), stand beside ours where they measured the same thing.
+The page is written by hand around its tables: each sits between a `<!-- table: NAME -->` and an `<!-- end -->` line,
+and is replaced by NAME's rendering of every result file, listed under the table it feeds with its device, date,
+commit and command. A figure measured by several runs shows their range; other engines' recorded figures
+(`kind: peer-figures`) stand beside ours where they measured the same thing.
 
     python -m bench.report [--results bench/results] [--page docs/performance.md]
 """
@@ -44,19 +43,20 @@ def sources(runs: list[Result]) -> list[str]:
     return lines
 
 
-def model_name(run: Result) -> str:
-    return Path(str(run["model"])).name.removesuffix("-bench")
-
-
 def _by(results: list[Result], kind: str, **match: object) -> list[Result]:
     return [r for r in results if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items())]
+
+
+def _latest(results: list[Result], kind: str) -> Result | None:
+    return max(_by(results, kind), key=lambda r: r["date"], default=None)
 
 
 def offline(results: list[Result]) -> list[str]:
     """nano-vllm's workload: the latest run per model, device and GPU count, beside other engines' recorded figures."""
     latest: dict[tuple[str, str, int], Result] = {}
     for run in sorted(_by(results, "throughput", workload="nano-vllm"), key=lambda r: r["date"]):
-        latest[(model_name(run), run["device"], run["config"].get("tensor_parallel_size", 1))] = run
+        model = Path(str(run["model"])).name.removesuffix("-bench")
+        latest[(model, run["device"], run["config"].get("tensor_parallel_size", 1))] = run
     lines = ["| model (random bf16 weights) | device | GPUs | output tok/s | share of ideal | batch 1, ms per token "
              "| batch 1, share of ideal |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for (model, device, gpus), run in sorted(latest.items()):
@@ -71,16 +71,6 @@ def offline(results: list[Result]) -> list[str]:
     return lines + sources(list(latest.values()))
 
 
-def _sweep(levels: list[Result]) -> list[Result]:
-    """The levels while concurrency rises; one repeated after them (c=1 after the load) is a diagnostic."""
-    kept = levels[:1]
-    for level in levels[1:]:
-        if level["concurrency"] <= kept[-1]["concurrency"]:
-            break
-        kept.append(level)
-    return kept
-
-
 def _reference(run: Result, references: list[Result]) -> Result | None:
     """The offline engine's run on the serving shape just before a server run: the same machine, minutes apart."""
     before = [r for r in references if r["date"] <= run["date"]]
@@ -93,7 +83,7 @@ def serving(results: list[Result]) -> list[str]:
     references = [r for r in _by(results, "throughput", workload="serve") if not r["config"].get("decode_hold_ms")]
     rows: dict[tuple[str, int], list[tuple[Result, Result]]] = {}
     for run in _by(results, "serve"):
-        for level in _sweep(run["levels"]):
+        for level in run["levels"]:
             rows.setdefault((run["server"]["label"], level["concurrency"]), []).append((run, level))
     lines = ["| server | concurrency | runs | output tok/s | share of the offline engine | TTFT p50 ms | TTFT p99 ms "
              "| TPOT p50 ms | failed |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -122,10 +112,8 @@ def serving(results: list[Result]) -> list[str]:
 
 def chat(results: list[Result]) -> list[str]:
     """The prefix-heavy chats (bench.prefix_serve): each prefix-caching variant per level."""
-    runs = _by(results, "prefix-serve")
-    if not runs:
+    if (run := _latest(results, "prefix-serve")) is None:
         return []
-    run = max(runs, key=lambda r: r["date"])
     lines = ["| prefix caching | chats at once | requests | hit rate | prompt tokens computed / all "
              "| TTFT p50 / p99 ms | TTFT p50, first / later turns ms | output tok/s | TPOT p50 ms |",
              "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -142,17 +130,18 @@ def chat(results: list[Result]) -> list[str]:
 
 
 def default_model(results: list[Result]) -> list[str]:
-    """The default model (and other small models) at batch 1, every contender of every run (device, model, then
-    contender), with the process's CPU time per token where the run measured it; on a CPU the run's conditions
-    (`_cpu_conditions`), and the int8 dot products' instruction set where a contender of ours ran them. Runs from
-    before the model was named were the default model's."""
+    """The default model (and other small models) at batch 1, every contender of every run (device, model and its
+    prompt set where not the question, then contender), with the process's CPU time per token where the run measured
+    it; on a CPU the run's conditions (`_cpu_conditions`), and the int8 dot products' instruction set where a contender
+    of ours ran them. Runs from before the model was named were the default model's."""
     runs = sorted(_by(results, "default-model-speed"), key=lambda r: (r["device"], r.get("model_name", "")))
     lines = ["| device | model | contender | decode tok/s, median | decode tok/s, each run | "
              "whole request tok/s, median | CPU ms per token, median |",
              "| --- | --- | --- | ---: | --- | ---: | ---: |"]
     for run in runs:
         device = run["device"] + _cpu_conditions(run) + (", random weights" if run.get("random_weights") else "")
-        model = run.get("model_name", "smollm2-135m-instruct")
+        prompts = run.get("prompts", "question")
+        model = run.get("model_name", "smollm2-135m-instruct") + ("" if prompts == "question" else f", {prompts}")
         for name, r in run["results"].items():
             each = ", ".join(fmt(x) for x in r.get("decode_tok_s", [])) or "-"
             isa = (r.get("cpu_kernels") or {}).get("int8_dot")
@@ -175,10 +164,8 @@ def _cpu_conditions(run: Result) -> str:
 
 def skinny_gemm(results: list[Result]) -> list[str]:
     """cuBLAS against the skinny GEMM as the shipped table configured it, us per call; bold: the faster."""
-    runs = _by(results, "skinny-gemm")
-    if not runs:
+    if (run := _latest(results, "skinny-gemm")) is None:
         return []
-    run = max(runs, key=lambda r: r["date"])
     rows_of = sorted({r["m"] for r in run["rows"]})
     lines = ["| shape (N x K) | " + " | ".join(str(m) for m in rows_of) + " |", "| --- |" + " ---: |" * len(rows_of)]
     for shape in dict.fromkeys(r["shape"] for r in run["rows"]):

@@ -1,18 +1,16 @@
 """The ideal of a workload: the least time any engine could take on this device, and the device limits it uses.
 
 An ideal schedule admits every request at once, prefills all prompts in one step, then decodes every unfinished
-request in each later step. A step must at least move its bytes through device memory at the copy bandwidth and do
-its FLOPs at the matmul rate, both measured in the same run (`measure_limits`); it takes the larger of the two. A
-run's share of the ideal is the ideal time over the measured one.
+request in each later step. A step moves its bytes at the copy bandwidth and does its FLOPs at the matmul rate, both
+measured in the same run (`measure_limits`), and takes the longer of the two. A run's share of the ideal is the ideal
+time over the measured one.
 
-Bytes of a step: every weight it reads once, as the checkpoint stores it (floating tensors at the serving dtype's
-width, FP8 at one byte, packed quantized tensors as stored); for a mixture of experts, the routed experts the step's
-rows are expected to reach (`experts_reached`); an untied input embedding only has rows gathered and is not counted.
-Then each attention layer's K/V of every context token read once (a sliding-window layer's last `window` tokens) and
-each new token's K/V written once. Activations, logits and linear-attention states are not counted: a lower bound on
-time.
-FLOPs per token: 2 per weight a token multiplies (its experts only), 2 * hidden * vocab for the LM head where a token
-is sampled, and 4 * heads * head_dim per attention layer and (query, context token) pair, causal in a prefill.
+Bytes of a step: every weight it reads once, as the checkpoint stores it (for a mixture of experts, the routed experts
+its rows are expected to reach; an untied input embedding only has rows gathered and is not counted), each attention
+layer's K/V of every context token read once (a sliding-window layer's last `window` tokens) and each new token's K/V
+written once; activations, logits and linear-attention states are not counted. FLOPs per token: 2 per weight it
+multiplies, 2 * hidden * vocab for the LM head where a token is sampled, 4 * heads * head_dim per attention layer and
+(query, context token) pair.
 """
 
 import json

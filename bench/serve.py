@@ -1,14 +1,12 @@
 """Online serving benchmark: streamed /v1/completions at several concurrency levels, over HTTP/SSE.
 
-Talks to any OpenAI-compatible server (`--base-url`), or starts one itself: `--launch` runs
-`python -m openai_serve` with `--server-args` on a free port, `--launch-cmd` runs any command with
-`{port}` in it; either way it waits for GET /health to answer 200 and stops the server at the end.
-
-Every request sends a prompt of `--prompt-len` random token ids (distinct prompts, so no prefix
-cache helps; as text with `--prompt-format text`, decoded with `--tokenizer`) and asks for
-`--max-tokens` tokens with ignore_eos; `--request-rate` spreads them as Poisson arrivals. Per level: TTFT, TPOT and
-ITL p50/p99 (ITL's max too), E2E p50, request/s, output tok/s and failed requests (bench/stats.py defines them). The
-client's own CPU share is recorded per level: near 1.0 the client, not the server, would be the bottleneck.
+Measures any OpenAI-compatible server (`--base-url`), or starts openai-serve itself (`--launch`, with `--server-args`)
+on a free port, waits for GET /health to answer 200 and stops it at the end. Every request sends a prompt of
+`--prompt-len` random token ids (distinct prompts, so no prefix cache helps) and asks for `--max-tokens` tokens with
+ignore_eos, in a closed loop (a new request as one ends). Per level: TTFT, TPOT, ITL, E2E, request/s, output
+tok/s and failed requests (bench/stats.py defines them), the client's own CPU share (near 1.0 the client, not the
+server, would be the bottleneck), and from the server's /metrics, read before and after the level, its prompt tokens
+and its prefix cache's hit rate (in tokens).
 
     python -m bench.serve --launch --server-args "--model DIR --max-model-len 4096" --out result.json
 """
@@ -25,20 +23,17 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from functools import partial
 
-import aiohttp
-
 from bench.common import write_result
-from bench.load import RequestSpec, new_session, poisson_arrivals, run_level
-from bench.stats import LevelSummary, summarize
+from bench.load import RequestSpec, new_session, run_conversations
+from bench.stats import RequestRecord, ms_percentiles, summarize
 from bench.workload import fixed_workload
 
 
-def add_server_args(p: argparse.ArgumentParser, levels: str) -> argparse._MutuallyExclusiveGroup:
+def add_server_args(p: argparse.ArgumentParser, levels: str) -> None:
     """The flags bench.serve and bench.prefix_serve share: the server under test, the levels, the requests."""
     target = p.add_mutually_exclusive_group(required=True)
     target.add_argument("--base-url", help="a running server, e.g. http://127.0.0.1:8000")
@@ -52,29 +47,19 @@ def add_server_args(p: argparse.ArgumentParser, levels: str) -> argparse._Mutual
     p.add_argument("--warmup-requests", type=int, default=8, help="requests of distinct random prompts first")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--temperature", type=float, default=0.6)
-    p.add_argument("--no-ignore-eos", action="store_true",
-                   help="leave ignore_eos out (servers that reject it); the token count is then not enforced")
-    p.add_argument("--extra-body", default="{}", help="JSON merged into every request body")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--read-timeout", type=float, default=600.0)
     p.add_argument("--out", default=None, help="the result JSON, written after every level")
-    return target
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.serve", description=__doc__.split("\n\n")[0])
-    add_server_args(p, "1,16,64,256").add_argument(
-        "--launch-cmd", help="start this server command; '{port}' is replaced by a free port")
+    add_server_args(p, "1,16,64,256")
     p.add_argument("--server-log", default=None, help="file for the launched server's output")
     p.add_argument("--label", default=None, help="the server's name in the results (default: from how it runs)")
     p.add_argument("--num-requests", default=None, help="requests per level: one number, or one per level, "
                    "comma-separated (default: max(32, 4 x concurrency))")
-    p.add_argument("--request-rate", default=None, help="requests per second arriving as a Poisson process (as "
-                   "vLLM's serving benchmark), each level still capped at its concurrency: one number, or one per "
-                   "level (default: a closed loop, a new request as soon as one ends)")
     p.add_argument("--prompt-len", type=int, default=1024)
-    p.add_argument("--prompt-format", choices=["ids", "text"], default="ids")
-    p.add_argument("--tokenizer", default=None, help="tokenizer directory for --prompt-format text")
     return p.parse_args(argv)
 
 
@@ -89,67 +74,97 @@ def per_level(levels: list[int], spec: str, flag: str) -> list[float]:
 def completion_spec(base_url: str, model: str, prompt: object, args: argparse.Namespace) -> RequestSpec:
     """A streamed /v1/completions request of `--max-tokens` tokens with ignore_eos, its usage in the last chunk."""
     body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": args.temperature,
-            "stream": True, "stream_options": {"include_usage": True}}
-    if not args.no_ignore_eos:
-        body["ignore_eos"] = True
-    return RequestSpec(base_url.rstrip("/") + "/v1/completions", {**body, **json.loads(args.extra_body)},
-                       None if args.no_ignore_eos else args.max_tokens)
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    return RequestSpec(base_url.rstrip("/") + "/v1/completions", body, args.max_tokens)
 
 
-async def warm_up(session: aiohttp.ClientSession, specs: list[RequestSpec]) -> None:
-    if specs:
-        warm, _ = await run_level(session, specs, 8)
-        print(f"warm-up: {sum(r.is_ok for r in warm)}/{len(warm)} ok", flush=True)
+Conversations = list[list[RequestSpec]]  # each conversation's turns, in order; a request is one turn
 
 
-def level_deadline(args: argparse.Namespace) -> float | None:
-    return None if args.max_seconds_per_level is None else time.perf_counter() + args.max_seconds_per_level
-
-
-async def run_all(args: argparse.Namespace, base_url: str, model: str,
-                  on_level: Callable[[list[dict[str, object]]], None]) -> list[dict[str, object]]:
-    """Runs every level in order; `on_level` gets the levels done so far after each one. Each level draws its own
-    prompts (seed + level), so a level repeated gets new ones."""
+async def run_levels(args: argparse.Namespace, base_url: str, warm: list[RequestSpec],
+                     level: Callable[[int, int], Conversations], on_level: Callable[[list[dict[str, object]]], None]
+                     ) -> list[dict[str, object]]:
+    """The warm-up requests, then every level of `--levels` in order, `level(index, concurrency)` giving its
+    conversations; `on_level` gets the levels done so far after each one."""
     levels = [int(x) for x in args.levels.split(",")]
-    counts = per_level(levels, args.num_requests, "--num-requests") if args.num_requests else [
-        max(32, 4 * c) for c in levels]
-    rates = per_level(levels, args.request_rate, "--request-rate") if args.request_rate else [None] * len(levels)
-    tokenizer = None
-    if args.prompt_format == "text":
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-
-    def specs(num: int, seed: int) -> list[RequestSpec]:
-        return [completion_spec(base_url, model, tokenizer.decode(r.prompt_token_ids) if tokenizer else
-                                r.prompt_token_ids, args)
-                for r in fixed_workload(num, args.prompt_len, args.max_tokens, seed=seed)]
-
-    results = []
+    results: list[dict[str, object]] = []
     async with new_session(max(levels), args.read_timeout) as session:
-        await warm_up(session, specs(args.warmup_requests, args.seed + 10**6))
-        for index, (concurrency, num, rate) in enumerate(zip(levels, map(int, counts), rates, strict=True)):
-            arrivals = None if rate is None else poisson_arrivals(num, rate, args.seed + index)
-            cpu_start = time.process_time()
-            records, duration = await run_level(session, specs(num, args.seed + 1000 * index + concurrency),
-                                                concurrency, level_deadline(args), arrivals)
-            summary = summarize(concurrency, records, duration)
-            results.append({**asdict(summary), "num_requests_planned": num, "request_rate": rate,
+        if warm:
+            done, _ = await run_conversations(session, [[spec] for spec in warm], 8)
+            print(f"warm-up: {sum(r.is_ok for (r,) in done)}/{len(done)} ok", flush=True)
+        for index, concurrency in enumerate(levels):
+            planned = level(index, concurrency)
+            before, cpu_start = read_counters(base_url), time.process_time()
+            deadline = None if args.max_seconds_per_level is None else time.perf_counter() + args.max_seconds_per_level
+            done, duration = await run_conversations(session, planned, concurrency, deadline)
+            results.append({**level_figures(concurrency, planned, done, duration),
                             "client_cpu_share": round((time.process_time() - cpu_start) / duration, 3),
-                            "errors": sorted({r.error for r in records if r.error})[:5],
-                            # The level's first request: with no warm-up requests, the server's first.
-                            "first_ttft_ms": round(records[0].ttft * 1e3, 2) if records and records[0].is_ok
-                            else None})
-            print(format_level(summary) + ("" if rate is None else f"  (Poisson arrivals at {rate:g}/s)"), flush=True)
+                            **counter_figures(before, read_counters(base_url), duration)})
+            print(format_level(results[-1]), flush=True)
             on_level(results)
     return results
 
 
-def format_level(s: LevelSummary) -> str:
-    return (f"c={s.concurrency:<4} n={s.num_requests:<5} failed={s.num_failed:<3} {s.output_tokens_per_s:>9.1f} tok/s "
-            f"{s.request_per_s:>7.2f} req/s  TTFT p50/p99 {s.ttft_ms['p50']:.1f}/{s.ttft_ms['p99']:.1f} ms  "
-            f"TPOT {s.tpot_ms['p50']:.2f}/{s.tpot_ms['p99']:.2f} ms  ITL p50/p99/max {s.itl_ms['p50']:.2f}/"
-            f"{s.itl_ms['p99']:.2f}/{s.itl_ms['max']:.0f} ms  E2E p50 {s.e2e_ms['p50']:.0f} ms")
+def level_figures(concurrency: int, planned: Conversations, done: list[list[RequestRecord]], duration_s: float
+                  ) -> dict[str, object]:
+    """bench/stats.py's figures of a level's requests; where conversations have several turns, TTFT of first and of
+    later turns apart."""
+    records = [r for turns in done for r in turns]
+    figures = {**summarize(concurrency, records, duration_s), "num_conversations": len(done),
+               "num_conversations_planned": len(planned), "errors": sorted({r.error for r in records if r.error})[:5]}
+    if any(len(turns) > 1 for turns in planned):
+        figures |= {"ttft_ms_first_turn": ms_percentiles([turns[0].ttft for turns in done if turns[0].is_ok]),
+                    "ttft_ms_later_turns": ms_percentiles([r.ttft for turns in done for r in turns[1:] if r.is_ok])}
+    return figures
+
+
+def format_level(lv: dict) -> str:
+    ttft, tpot, itl, rate = lv["ttft_ms"], lv["tpot_ms"], lv["itl_ms"], lv["prefix_hit_rate"]
+    return (f"c={lv['concurrency']:<4} n={lv['num_requests']:<5} failed={lv['num_failed']:<3} "
+            f"{lv['output_tokens_per_s']:>9.1f} tok/s  TTFT p50/p99 {ttft['p50']:.1f}/{ttft['p99']:.1f} ms  "
+            f"TPOT {tpot['p50']:.2f}/{tpot['p99']:.2f} ms  ITL p50/p99/max {itl['p50']:.2f}/{itl['p99']:.2f}/"
+            f"{itl['max']:.0f} ms  E2E p50 {lv['e2e_ms']['p50']:.0f} ms  hit rate {'-' if rate is None else rate}")
+
+
+# The server's counters
+
+COUNTERS = ("prefix_cache_queries_total", "prefix_cache_hits_total", "prompt_tokens_total")
+
+
+def parse_counters(exposition: str) -> dict[str, float]:
+    """COUNTERS from a Prometheus text exposition, summed over label sets; a name matches with any namespace
+    (`openai_serve:`, vLLM's `vllm:`). Counters the server does not export are absent."""
+    found: dict[str, float] = {}
+    for line in exposition.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        key = line.split("{", 1)[0].split(" ", 1)[0].rsplit(":", 1)[-1]
+        if key in COUNTERS:
+            found[key] = found.get(key, 0.0) + float(line.rsplit(" ", 1)[1])
+    return found
+
+
+def read_counters(base_url: str) -> dict[str, float]:
+    """/metrics' counters, empty when the server has no /metrics."""
+    try:
+        with urllib.request.urlopen(base_url + "/metrics", timeout=30) as response:
+            return parse_counters(response.read().decode())
+    except OSError:
+        return {}
+
+
+def counter_figures(before: dict[str, float], after: dict[str, float], duration_s: float) -> dict[str, object]:
+    """The level's prefix-cache hit rate (in tokens), its prompt tokens (all of them: `prompt_tokens_total` counts
+    cached ones too) and those the engine computed (queried less hit), from two readings of the counters."""
+    delta = {k: after[k] - before[k] for k in COUNTERS if k in before and k in after}
+    queries, hits = delta.get("prefix_cache_queries_total"), delta.get("prefix_cache_hits_total")
+    prompt = delta.get("prompt_tokens_total")
+    return {
+        "prefix_cache_queried_tokens": queries, "prefix_cache_hit_tokens": hits,
+        "prefix_hit_rate": round(hits / queries, 4) if queries and hits is not None else None,
+        "prompt_tokens": prompt, "prompt_tokens_per_s": round(prompt / duration_s, 1) if prompt is not None else None,
+        "computed_prompt_tokens": queries - hits if queries is not None and hits is not None else None,
+    }
 
 
 # The server under test.
@@ -211,45 +226,53 @@ def launched(command: list[str], port: int, log_path: str | None, health_timeout
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_args(argv)
-    label = args.label or ("openai-serve" if args.launch else (args.launch_cmd or args.base_url).split()[0])
+    label = args.label or ("openai-serve" if args.launch else args.base_url)
     if args.base_url:
         startup_s = round(wait_for_health(args.base_url.rstrip("/"), None, args.health_timeout), 1)
         run(args, argv, args.base_url.rstrip("/"), {"label": label, "startup_s": startup_s})
         return
     port = free_port()
-    command = (shlex.split(args.launch_cmd.replace("{port}", str(port))) if args.launch_cmd
-               else openai_serve_command(args.server_args, port))
+    command = openai_serve_command(args.server_args, port)
     with launched(command, port, args.server_log, args.health_timeout) as (url, info):
         run(args, argv, url, {"label": label, **info})
 
 
 def run(args: argparse.Namespace, argv: list[str], base_url: str, server: dict[str, object]) -> None:
-    """Every level against one server; the result file is rewritten after each level, so a run cut short keeps
-    the levels it finished."""
+    """Every level against one server, each drawing its own prompts (seed + level: a level repeated gets new ones);
+    the result file is rewritten after each level, so a run cut short keeps the levels it finished."""
     server["model"] = model = args.model or first_model(base_url)
-    save = partial(save_result, args, argv, server)
-    with asyncio.Runner(loop_factory=loop_factory()) as runner:
-        levels = runner.run(run_all(args, base_url, model, partial(save, is_complete=False)))
-    save(levels, is_complete=True)
+    levels = [int(x) for x in args.levels.split(",")]
+    counts = per_level(levels, args.num_requests, "--num-requests") if args.num_requests else [
+        max(32, 4 * c) for c in levels]
+
+    def specs(num: int, seed: int) -> list[RequestSpec]:
+        return [completion_spec(base_url, model, r.prompt_token_ids, args)
+                for r in fixed_workload(num, args.prompt_len, args.max_tokens, seed=seed)]
+
+    def level(index: int, concurrency: int) -> Conversations:
+        return [[spec] for spec in specs(int(counts[index]), args.seed + 1000 * index + concurrency)]
+
+    config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "seed", "warmup_requests",
+                                            "max_seconds_per_level")}
+
+    def save(levels: list[dict[str, object]], is_complete: bool) -> None:
+        write_result(args.out, {"kind": "serve", "server": server, "config": config, "levels": levels,
+                                "is_complete": is_complete}, "bench.serve", argv)
+
+    save(run_async(run_levels(args, base_url, specs(args.warmup_requests, args.seed + 10**6), level,
+                              partial(save, is_complete=False))), is_complete=True)
 
 
-def save_result(args: argparse.Namespace, argv: list[str], server: dict[str, object],
-                levels: list[dict[str, object]], is_complete: bool) -> None:
-    config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "prompt_format", "seed",
-                                            "warmup_requests", "max_seconds_per_level", "extra_body")}
-    config["ignore_eos"] = not args.no_ignore_eos
-    write_result(args.out, {"kind": "serve", "server": server, "config": config,
-                            "levels": levels, "is_complete": is_complete}, "bench.serve", argv)
-
-
-def loop_factory() -> Callable[[], asyncio.AbstractEventLoop] | None:
-    """uvloop where it is installed: a lighter client loop."""
+def run_async(levels: Coroutine[object, object, list[dict[str, object]]]) -> list[dict[str, object]]:
+    """On uvloop where it is installed: a lighter client loop."""
     try:
         import uvloop
 
-        return uvloop.new_event_loop
+        loop_factory: Callable[[], asyncio.AbstractEventLoop] | None = uvloop.new_event_loop
     except ImportError:
-        return None
+        loop_factory = None
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        return runner.run(levels)
 
 
 if __name__ == "__main__":

@@ -2,10 +2,9 @@
 
 - TTFT: from sending the request to the first chunk that carries text.
 - TPOT, per request: (E2E - TTFT) / (output tokens - 1); a request with one token has none.
-- ITL: the gaps between consecutive text chunks of a request, pooled over all requests. A chunk
-  may carry several tokens (a server coalescing deltas); it is still one gap, as a user sees it.
-- Percentiles interpolate linearly between order statistics (numpy's default), so p50 of an even
-  number of samples is the mean of the middle two.
+- ITL: the gaps between consecutive text chunks of a request, pooled over all requests (a chunk of several tokens is
+  one gap, as a user sees it).
+- Percentiles interpolate linearly between order statistics (numpy's default).
 """
 
 import math
@@ -21,7 +20,6 @@ class RequestRecord:
     end: float | None = None
     num_output_tokens: int = 0  # from the usage chunk when the server sends one, else the text chunks
     error: str | None = None
-    is_done_missing: bool = False  # complete, but the stream had no `data: [DONE]`
 
     @property
     def is_ok(self) -> bool:
@@ -58,39 +56,23 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
-@dataclass(frozen=True)
-class LevelSummary:
-    concurrency: int
-    num_requests: int
-    num_failed: int
-    duration_s: float
-    request_per_s: float
-    output_tokens_per_s: float
-    ttft_ms: dict[str, float]
-    tpot_ms: dict[str, float]
-    itl_ms: dict[str, float]
-    e2e_ms: dict[str, float]
-    num_output_tokens: int
-    num_without_done: int  # complete streams that ended without `data: [DONE]`
+def ms_percentiles(values: list[float]) -> dict[str, float]:
+    """p50 and p99 in milliseconds."""
+    return {f"p{q}": round(percentile(values, q) * 1e3, 3) for q in (50, 99)}
 
 
-def _ms(values: list[float], quantiles: tuple[int, ...]) -> dict[str, float]:
-    return {f"p{q}": round(percentile(values, q) * 1e3, 3) for q in quantiles}
-
-
-def summarize(concurrency: int, records: list[RequestRecord], duration_s: float) -> LevelSummary:
+def summarize(concurrency: int, records: list[RequestRecord], duration_s: float) -> dict[str, object]:
     """One concurrency level's figures; rates count successful requests only, over the level's wall time."""
     ok = [r for r in records if r.is_ok]
     num_tokens = sum(r.num_output_tokens for r in ok)
     itls = [gap for r in ok for gap in r.itls]
-    return LevelSummary(
-        concurrency=concurrency, num_requests=len(records), num_failed=len(records) - len(ok),
-        duration_s=round(duration_s, 3), request_per_s=round(len(ok) / duration_s, 3),
-        output_tokens_per_s=round(num_tokens / duration_s, 1),
-        ttft_ms=_ms([r.ttft for r in ok], (50, 99)),
-        tpot_ms=_ms([t for r in ok if (t := r.tpot) is not None], (50, 99)),
+    return {
+        "concurrency": concurrency, "num_requests": len(records), "num_failed": len(records) - len(ok),
+        "duration_s": round(duration_s, 3), "request_per_s": round(len(ok) / duration_s, 3),
+        "output_tokens_per_s": round(num_tokens / duration_s, 1), "num_output_tokens": num_tokens,
+        "ttft_ms": ms_percentiles([r.ttft for r in ok]),
+        "tpot_ms": ms_percentiles([t for r in ok if (t := r.tpot) is not None]),
         # With "max": the longest pause any stream saw (what a scheduler that holds streams back costs them).
-        itl_ms={**_ms(itls, (50, 99)), "max": round(max(itls, default=math.nan) * 1e3, 3)},
-        e2e_ms=_ms([r.e2e for r in ok], (50, 99)),
-        num_output_tokens=num_tokens, num_without_done=sum(r.is_done_missing for r in ok),
-    )
+        "itl_ms": {**ms_percentiles(itls), "max": round(max(itls, default=math.nan) * 1e3, 3)},
+        "e2e_ms": ms_percentiles([r.e2e for r in ok]),
+    }

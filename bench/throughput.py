@@ -2,22 +2,17 @@
 
 Workload (`--workload nano-vllm`, the default): nano-vllm's, 256 requests with prompt ids uniform in [0, 10000),
 prompt lengths and max_tokens uniform in [100, 1024], temperature 0.6, ignore_eos, seed 0. `--workload serve` is
-bench/serve.py's shape run offline (`--serve-requests` prompts of `--prompt-len` tokens, `--max-tokens` each): the
-reference for the server's share of the engine. A warm-up run of the same shape (prompts drawn with another seed, so
-the prefix cache cannot carry them into the timed run) precedes one timed run; throughput = generated tokens / wall
-time. Batch 1: one request at a time, a `--prompt-len`-token prompt, `--batch1-tokens` tokens, the median time per
-output token, after the workload. The ideal (bench/roofline.py) uses the copy bandwidth and matmul rate measured
-first, in the same process.
+bench/serve.py's shape run offline: the reference for the server's share of the engine. A warm-up run of the same
+shape (prompts drawn with another seed, so the prefix cache cannot carry them into the timed run) precedes one timed
+run; throughput = generated tokens / wall time. Batch 1, after it: one request at a time, a `--prompt-len`-token
+prompt, the median time per output token. The ideal (bench/roofline.py) uses the copy bandwidth and matmul rate
+measured first, in the same process, and counts each weight at its stored width.
 
-The model: any checkpoint directory (`--model`), or random weights of `--shape` (a name of bench/bench_model.py's
-SHAPES or a config.json of any family; `--quantization` for its projections in a quantized format), built once under
-/tmp/bench-models; with `--load-format dummy` only the shape's config.json and tokenizer are written and the engine
-draws the weights on the device (for shapes whose checkpoint would take longer to write than to measure, as
-Qwen3-30B-A3B's 61 GB; float weights only). The ideal counts each weight at its stored width (FP8 one byte, packed
-integers as packed).
+The model: a checkpoint directory (`--model`), or random weights of `--shape` (bench/bench_model.py; `--quantization`
+for its projections in a quantized format), built once under /tmp/bench-models; with `--load-format dummy` only its
+config.json and tokenizer are written and the engine draws the weights on the device (float weights only).
 
     python -m bench.throughput --out result.json
-    python -m bench.throughput --shape qwen3-8b --warmup short --out result.json
     python -m bench.throughput --shape qwen3-8b --quantization fp8 --warmup short --out result.json
     python -m bench.throughput --model /models/Qwen3-30B-A3B --tensor-parallel-size 2 --out result.json
     python -m bench.throughput --shape qwen3-30b-a3b --load-format dummy --out result.json
@@ -34,8 +29,8 @@ from typing import Any
 import torch
 
 from bench.bench_model import DEFAULT_SHAPE, QUANTIZATIONS, build_config_only, build_random_checkpoint, shape_config
-from bench.common import kernel_variant, write_result
-from bench.engine_runs import build_engine, run_workload, startup_objects_frozen, time_batch1
+from bench.common import write_result
+from bench.engine_runs import run_workload, startup_objects_frozen, time_batch1
 from bench.roofline import DTYPE_BYTES, DeviceLimits, ModelShape, decode_cost, ideal_run, measure_limits
 from bench.workload import Request, fixed_workload, nano_vllm_workload
 from core import LLMEngine
@@ -64,10 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--kv-cache-blocks", type=int, default=None)
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enforce-eager", action="store_true")
-    p.add_argument("--decode-hold-ms", type=float, default=0.0, help="the engine's decode hold (core/scheduler.py)")
     p.add_argument("--attention-backend", default="auto")
-    p.add_argument("--kernels", default="default", help="`default`, or gpu.config.KernelConfig fields joined by + "
-                   "(fused_kernels=0): the runner is built with them, for an A/B run")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="ranks (GPUs); the ideal is then one rank's share of the bytes and FLOPs")
     p.add_argument("--warmup", choices=["full", "short", "none"], default="full",
@@ -97,14 +89,13 @@ def model_dir(args: argparse.Namespace) -> str:
                                        quantization=args.quantization))
 
 
-ENGINE_FLAGS = ("dtype", "device", "max_model_len", "enforce_eager", "attention_backend", "kv_cache_blocks",
-                "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens", "tensor_parallel_size",
-                "decode_hold_ms", "load_format")
+ENGINE_FLAGS = ("dtype", "device", "load_format", "max_model_len", "enforce_eager", "attention_backend",
+                "kv_cache_blocks", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
+                "tensor_parallel_size")
 
 
 def new_engine(args: argparse.Namespace, model: str) -> LLMEngine:
-    config = engine_config(model, **{flag: getattr(args, flag) for flag in ENGINE_FLAGS})
-    return build_engine(config, kernel_variant(args.kernels))
+    return LLMEngine(engine_config(model, **{flag: getattr(args, flag) for flag in ENGINE_FLAGS}))
 
 
 def ideal_figures(shape: ModelShape, args: argparse.Namespace, requests: list[Request], limits: DeviceLimits
@@ -141,8 +132,7 @@ def main(argv: list[str] | None = None) -> None:
         result["engine"] = {"num_kv_blocks": engine.block_manager.num_blocks, "block_size": engine.block_size,
                             "frozen_objects": frozen, "tensor_parallel_size": args.tensor_parallel_size,
                             # in the workers' processes under tensor parallelism (their log says which)
-                            "attention_backend": getattr(getattr(runner, "backend", None), "name", "in the workers"),
-                            "kernels": asdict(runner.config.kernels)}
+                            "attention_backend": getattr(getattr(runner, "backend", None), "name", "in the workers")}
         if args.warmup != "none":
             warm = workload(args, args.seed + 1)
             if args.warmup == "short":

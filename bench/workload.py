@@ -1,12 +1,8 @@
 """The benchmark workloads: seeded lists of (prompt token ids, number of tokens to generate).
 
-`nano_vllm_workload` is the offline workload nano-vllm publishes (256 requests, prompt ids uniform
-in [0, 10000), prompt lengths and max_tokens uniform in [100, 1024] inclusive), drawn in the same
-order as its bench.py (a prompt's length, then its ids; all prompts before all max_tokens) so a
-given seed always gives the same requests. `fixed_workload` is the serving shape: every prompt
-has the same length and asks for the same number of tokens; prompts are distinct random ids, so a
-prefix cache cannot make them cheaper than they are. `multi_turn_chats` is the prefix-heavy shape: chats that
-share one long system prompt, each turn's prompt the whole conversation so far.
+`nano_vllm_workload` is nano-vllm's offline workload, drawn in the order of its bench.py so a seed gives the same
+requests. `fixed_workload` is the serving shape: distinct random prompts of one length, so a prefix cache cannot make
+them cheaper, each asking for the same number of tokens. `multi_turn_chats` is the prefix-heavy shape.
 """
 
 import random
@@ -39,14 +35,10 @@ def fixed_workload(num_requests: int, prompt_len: int, max_tokens: int, seed: in
 
 def multi_turn_chats(num_chats: int, num_turns: int, system_len: int, user_len: int, reply_len: int,
                      seed: int = 0, system_seed: int = 0) -> list[list[Request]]:
-    """Chats that all start with the same `system_len`-token system prompt (drawn from `system_seed` alone, so
-    chats drawn with other seeds share it too), `num_turns` turns each, in the order a client sends them.
-
-    Turn k's prompt is turn k-1's prompt, then the assistant's reply to it, then the user's next message of
-    `user_len` ids: a prefix cache can serve all of turn k-1's prompt. The reply kept in the history is
-    `reply_len` ids drawn here, standing in for the model's answer (a client keeping what a random-weight model
-    said would need its token ids back), so the generated tokens' own KV is never a hit: what hits is the
-    system prompt and the earlier turns' prompts. Each turn asks for `reply_len` tokens.
+    """Chats that all start with the same `system_len`-token system prompt (drawn from `system_seed` alone, so chats
+    drawn with other seeds share it), `num_turns` turns each, in the order a client sends them. Turn k's prompt is
+    turn k-1's, then a `reply_len`-id stand-in for the model's reply (so the generated tokens' own KV is never a hit),
+    then the user's next `user_len` ids; each turn asks for `reply_len` tokens.
     """
     system_rng, rng = random.Random(f"system prompt {system_seed}"), random.Random(seed)
     system = [system_rng.randrange(PROMPT_ID_LIMIT) for _ in range(system_len)]

@@ -1,19 +1,14 @@
-"""The fused MoE kernels (routing, sorting and the two grouped GEMMs: gpu/kernels/moe_route.py, moe_align.py,
-fused_moe.py) against their ideal, per row count, at the expert shapes of the MoE benchmarks.
+"""The fused MoE kernels (routing, sorting and the two grouped GEMMs) against their ideal, per row count, at the
+expert shapes of the MoE benchmarks; `--sweep` makes gpu/kernels/fused_moe_configs.py's TABLES lines for a GPU.
 
-Per shape and rows M (decode sizes 1..512, prompt sizes up to 8192): microseconds per MoE block from its router
-logits to its output, and its ideal: the bytes the block must move (the routed experts M rows are expected to reach,
-1 - (1 - k/E)^M of them, at bf16; x and the output) over the copy bandwidth measured in the same run, or its FLOPs
-over the measured matmul rate where that is longer; share = ideal / measured. Each figure is the median replay of a
-CUDA graph of calls (bench/kernels/timing.py) that each route their own random logits (k distinct experts a row,
-uniform), so the experts a call reaches come from HBM, as in a step, not from the L2 the previous call filled. bf16
-activations and weights: the table's configs serve the quantized experts' formats too.
+Per shape and rows M: microseconds per MoE block from its router logits to its output, and its ideal: the bytes it
+must move (the routed experts M rows are expected to reach, x and the output) over the copy bandwidth measured in the
+same run, or its FLOPs over the measured matmul rate where that is longer. Each figure is the median replay of a CUDA
+graph of calls (bench/kernels/timing.py) that each route their own random logits, so the experts a call reaches come
+from HBM, as in a step. bf16 activations and weights: the table's configs serve the quantized experts' formats too.
 
     python -m bench.kernels.fused_moe --out result.json                  # the rule's (or the table's) configs
-    python -m bench.kernels.fused_moe --sweep --rows 1 8 64 --out s.json  # candidate configs; the fastest per bucket
-
-The sweep prints, and writes under `table`, the fastest config per (row bucket, experts, intermediate, hidden): the
-lines of gpu/kernels/fused_moe_configs.py's TABLES for this GPU (where it beats the rule's by 3% or more).
+    python -m bench.kernels.fused_moe --sweep --rows 1 8 64 --out s.json  # the fastest config per bucket
 """
 
 import argparse
@@ -65,6 +60,10 @@ class Block:
         return fused_experts(self.x, self.gate_up, self.down, weights, ids, self.act, self.gate_up_bias,
                              self.down_bias, config=config, use_pdl=True)
 
+    def us_per_call(self, config: MoeConfig | None) -> float:
+        """Per call, over a graph of CALLS_PER_GRAPH calls, each its own routing."""
+        return graph_us_per_call([partial(self.call, index, config) for index in range(CALLS_PER_GRAPH)])
+
     def ideal_us(self, limits: DeviceLimits) -> float:
         num_experts, top_k, hidden, intermediate, _ = self.shape
         expert_bytes = 3 * hidden * intermediate * 2
@@ -72,11 +71,6 @@ class Block:
         num_bytes = reached * expert_bytes + 2 * self.rows * hidden * 2
         flops = 2 * self.rows * top_k * 3 * hidden * intermediate
         return 1e6 * max(num_bytes / limits.copy_bytes_per_s, flops / limits.matmul_flops_per_s)
-
-
-def us_per_call(block: Block, config: MoeConfig | None) -> float:
-    """Per call, over a graph of CALLS_PER_GRAPH calls, each its own routing."""
-    return graph_us_per_call([partial(block.call, index, config) for index in range(CALLS_PER_GRAPH)])
 
 
 def candidates(config: MoeConfig) -> list[MoeConfig]:
@@ -95,7 +89,7 @@ def measure(shape: str, rows: int, limits: DeviceLimits, sweep: bool) -> tuple[d
     block = Block(shape, rows)
     num_experts, top_k, hidden, intermediate, _ = block.shape
     chosen = config_for(rows, num_experts, top_k, intermediate, hidden, torch.cuda.get_device_name())
-    measured = us_per_call(block, None)
+    measured = block.us_per_call(None)
     ideal = block.ideal_us(limits)
     row: dict[str, object] = {"shape": shape, "weights": "bf16", "rows": rows, "us": round(measured, 2),
                               "ideal_us": round(ideal, 2), "share_of_ideal": round(ideal / measured, 4),
@@ -105,7 +99,7 @@ def measure(shape: str, rows: int, limits: DeviceLimits, sweep: bool) -> tuple[d
         best, best_us = chosen, measured
         for candidate in candidates(chosen):
             try:
-                us = us_per_call(block, candidate)
+                us = block.us_per_call(candidate)
             except Exception as exc:  # noqa: BLE001 - a config the GPU cannot run (resources): skip it
                 print(f"  {shape} {rows} {candidate}: {type(exc).__name__}", flush=True)
                 continue

@@ -1,19 +1,15 @@
-"""The skinny GEMM (gpu/kernels/skinny_gemm.py) against cuBLAS (F.linear) at the decode shapes of Qwen3-0.6B.
-
-Per shape and rows M from 1 to 256: microseconds per call, the bytes moved (weights, x and y) per second as TB/s
-and as a share of the device-to-device copy bandwidth measured in the same run, and TFLOP/s. Each figure is the
-median replay of a CUDA graph of many calls that rotate over copies of the weight (bench/kernels/timing.py), so the
-weights come from HBM as they do in a decode step; x stays in L2, as activations do. bf16.
+"""The skinny GEMM (gpu/kernels/skinny_gemm.py) against cuBLAS at the decode shapes of Qwen3-0.6B, 1 to 256 rows:
+microseconds per call, launched as gpu/layers/linear.py launches it. Each figure is the median replay of a CUDA graph
+of calls rotating over weight copies (bench/kernels/timing.py), so the weights come from HBM; bf16. The sweep prints,
+and writes under `table`, each (row bucket, N, K)'s fastest config, or None where cuBLAS was not beaten by 3%: the
+lines of gpu/kernels/skinny_gemm_configs.py's table for this GPU.
 
     python -m bench.kernels.skinny_gemm --out result.json          # cuBLAS vs the table's configs (this GPU's)
     python -m bench.kernels.skinny_gemm --sweep --out sweep.json   # every candidate config; the fastest per shape
-    python -m bench.kernels.skinny_gemm --sweep --rows 32 64 --shapes qkv down   # part of the sweep
-
-The sweep prints, and writes under `table`, each (row bucket, N, K)'s fastest config, or None where cuBLAS was
-not beaten by 3%: the lines of gpu/kernels/skinny_gemm_configs.py's table for this GPU.
 """
 
 import argparse
+import contextlib
 import itertools
 import json
 import math
@@ -27,13 +23,11 @@ import torch
 import torch.nn.functional as F
 
 from bench.common import write_result
-from bench.kernels.timing import DEVICE, DTYPE, copy_bytes_per_s, num_copies, per_shape, rotated_us_per_call
+from bench.kernels.timing import DEVICE, DTYPE, num_copies, rotated_us_per_call
 from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, config_for, preferred_config, row_bucket, skinny_gemm
 
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
           "lm_head": (151936, 1024)}  # name -> (N, K)
-PER_LAYER = ("qkv", "o_proj", "gate_up", "down")
-NUM_LAYERS = 28
 SWEEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # one per row bucket: its widest row count
 COMPARE_ROWS = (1, 2, 4, 8, 16, 17, 32, 48, 64, 100, 128, 192, 256)  # bucket edges and decode graph buckets
 NUM_SMS = 132  # H100 SXM; H200: the same
@@ -55,8 +49,8 @@ def cublas(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     return F.linear(x, w)
 
 
-def with_config(config: SkinnyConfig | None, use_pdl: bool = False) -> GemmFn:
-    return lambda x, w: skinny_gemm(x, w, None, config, use_pdl)
+def with_config(config: SkinnyConfig | None) -> GemmFn:
+    return lambda x, w: skinny_gemm(x, w, None, config, use_pdl=True)
 
 
 def few_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
@@ -104,56 +98,36 @@ def candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
     return few_row_candidates(bucket, n, k)
 
 
-def sweep_jobs(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[tuple[str, int, SkinnyConfig]]:
-    return [(name, m, c) for name, (n, k) in shapes.items() for m in rows for c in candidates(row_bucket(m), n, k)]
-
-
 def compile_key(m: int, k: int, config: SkinnyConfig) -> tuple:
     """What Triton compiles a variant for (M and N are no specialization keys; K's divisibility is the same here)."""
     return config, 0 if config.use_dot else row_bucket(m), k % (config.block_k * config.split_k) == 0
 
 
-def _compile_worker(args: tuple[list[tuple[str, int, SkinnyConfig]], bool]) -> int:
-    """Runs this worker's share of the sweep's variants once, so that Triton's disk cache holds them."""
-    jobs, use_pdl = args
-    inputs = {name: (torch.randn(256, SHAPES[name][1], dtype=DTYPE, device=DEVICE),
-                     torch.randn(*SHAPES[name], dtype=DTYPE, device=DEVICE)) for name in {j[0] for j in jobs}}
+def _compile_worker(jobs: list[tuple[str, int, SkinnyConfig]]) -> None:
+    """Runs this worker's share of the sweep's variants once, so that Triton's disk cache holds them; a variant that
+    fails is the sweep's to report."""
     for name, m, config in jobs:
-        x, w = inputs[name]
-        try:
-            skinny_gemm(x[:m], w, None, config, use_pdl)
-        except Exception as error:  # noqa: BLE001 - the sweep reports it; a worker must go on
-            print(f"{config} M={m}: {type(error).__name__}: {str(error)[:300]}", flush=True)
-    torch.cuda.synchronize()
-    return len(jobs)
+        with contextlib.suppress(Exception):
+            with_config(config)(torch.randn(m, SHAPES[name][1], dtype=DTYPE, device=DEVICE),
+                                torch.randn(*SHAPES[name], dtype=DTYPE, device=DEVICE))
 
 
-def precompile(jobs: list[tuple[str, int, SkinnyConfig]], num_workers: int, use_pdl: bool) -> None:
-    """Each distinct variant compiled once, spread over `num_workers` processes."""
-    start = time.perf_counter()
-    distinct = list({compile_key(m, SHAPES[name][1], c): (name, m, c) for name, m, c in jobs}.values())
-    shares = [(distinct[i::num_workers], use_pdl) for i in range(num_workers)]
+def precompile(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], num_workers: int) -> None:
+    """Each distinct variant the sweep runs compiled once, spread over `num_workers` processes."""
+    jobs = {compile_key(m, k, c): (name, m, c) for name, (n, k) in shapes.items() for m in rows
+            for c in candidates(row_bucket(m), n, k)}
     with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
-        done = sum(pool.map(_compile_worker, shares))
-    print(f"compiled {done} variants for {len(jobs)} sweep calls in {time.perf_counter() - start:.0f} s", flush=True)
+        pool.map(_compile_worker, [list(jobs.values())[i::num_workers] for i in range(num_workers)])
 
 
-def moved(m: int, n: int, k: int, us: float) -> dict[str, float]:
-    """TB/s of the bytes one call must move (W, x, y in bf16) and TFLOP/s, at `us` per call."""
-    seconds = us * 1e-6
-    return {"tb_per_s": round((n * k + m * k + m * n) * 2 / seconds / 1e12, 3),
-            "tflop_per_s": round(2 * m * n * k / seconds / 1e12, 1)}
-
-
-def sweep_row(name: str, n: int, k: int, m: int, weights: list[torch.Tensor], use_pdl: bool) -> dict:
+def sweep_row(name: str, n: int, k: int, m: int, weights: list[torch.Tensor]) -> dict:
     """cuBLAS and every candidate at one shape and row count; a config off by more than 1% relative is dropped."""
     x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
     ref = x.float() @ weights[0].float().T
     cublas_us = rotated_us_per_call(cublas, x, weights)
-    row = {"shape": name, "n": n, "k": k, "m": m, "cublas_us": round(cublas_us, 2), **moved(m, n, k, cublas_us),
-           "configs": []}
+    row = {"shape": name, "n": n, "k": k, "m": m, "cublas_us": round(cublas_us, 2), "configs": []}
     for config in candidates(row_bucket(m), n, k):
-        fn = with_config(config, use_pdl)
+        fn = with_config(config)
         try:
             err = relative_error(fn, x, weights[0], ref)
             us = rotated_us_per_call(fn, x, weights) if err < 1e-2 else float("inf")
@@ -161,26 +135,26 @@ def sweep_row(name: str, n: int, k: int, m: int, weights: list[torch.Tensor], us
             err, us = float("nan"), float("inf")
             print(f"{name} M={m} {config}: {type(error).__name__}: {str(error)[:300]}", flush=True)
         row["configs"].append({**config.__dict__, "us": round(us, 2), "rel_err": err})
-    best = min(row["configs"], key=lambda c: c["us"])
-    row["best"] = {**best, **moved(m, n, k, best["us"])}
+    row["best"] = best = min(row["configs"], key=lambda c: c["us"])
     row["is_kernel_faster"] = best["us"] <= MIN_GAIN * cublas_us
     print(f"{name:8s} M={m:3d} cublas {cublas_us:7.2f} us, best {best['us']:7.2f} us "
           f"{config_literal(best_config(row))}", flush=True)
     return row
 
 
-def sweep(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], budget_s: float, out: Path | None,
-          use_pdl: bool) -> list[dict]:
+def sweep(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], budget_s: float, out: Path | None) -> list[dict]:
     """Every candidate per shape and M; the rows so far are written to `out` after each (a killed run keeps them)."""
     start, done = time.perf_counter(), []
-    for name, n, k, weights in per_shape(shapes, weight_copies):
+    for name, (n, k) in shapes.items():
+        weights = weight_copies(n, k)  # one shape's copies at a time
         for m in (m for m in rows if candidates(row_bucket(m), n, k)):
             if time.perf_counter() - start > budget_s:
                 print(f"budget spent: stopped before {name} M={m}", flush=True)
                 return done
-            done.append(sweep_row(name, n, k, m, weights, use_pdl))
+            done.append(sweep_row(name, n, k, m, weights))
             if out is not None:
                 out.write_text(json.dumps(done))
+        torch.cuda.empty_cache()
     return done
 
 
@@ -204,46 +178,23 @@ def table_lines(rows: list[dict]) -> list[str]:
             f"{config_literal(best_config(row) if row['is_kernel_faster'] else None)}," for row in rows]
 
 
-def compare(copy_bytes: float, shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[dict]:
-    """cuBLAS against the kernel with this GPU's table config (and with PDL up to 16 rows) at each shape and M."""
+def compare(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[dict]:
+    """cuBLAS against the kernel with this GPU's table config at each shape and M."""
     out = []
-    for name, n, k, weights in per_shape(shapes, weight_copies):
+    for name, (n, k) in shapes.items():
+        weights = weight_copies(n, k)  # one shape's copies at a time
         for m in rows:
             x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
             row = {"shape": name, "n": n, "k": k, "m": m, "config": config_for(m, n, k, DEVICE).__dict__,
                    "is_routed": preferred_config(m, n, k, DEVICE) is not None,
-                   "rel_err": relative_error(with_config(None), x, weights[0])}
-            fns = {"cublas": cublas, "skinny": with_config(None)}
-            if m <= FEW_ROWS:
-                fns["skinny_pdl"] = with_config(None, use_pdl=True)
-            for label, fn in fns.items():
-                us = rotated_us_per_call(fn, x, weights)
-                share = n * k * 2 / (us * 1e-6) / copy_bytes
-                row |= {f"{label}_us": round(us, 2), f"{label}_bw_share": round(share, 3), label: moved(m, n, k, us)}
+                   "rel_err": relative_error(with_config(None), x, weights[0]),
+                   "cublas_us": round(rotated_us_per_call(cublas, x, weights), 2),
+                   "skinny_us": round(rotated_us_per_call(with_config(None), x, weights), 2)}
             print(f"{name:8s} M={m:3d}  cuBLAS {row['cublas_us']:7.2f} us  skinny {row['skinny_us']:7.2f} us  err "
                   f"{row['rel_err']:.1e}  {'routed' if row['is_routed'] else 'cuBLAS kept'}", flush=True)
             out.append(row)
+        torch.cuda.empty_cache()
     return out
-
-
-def _step_us(row: dict, label: str) -> float:
-    """One shape's microseconds in a decode step on a path ("routed": as gpu/layers/linear.py routes it)."""
-    if label == "routed":
-        label = "skinny" if row["is_routed"] else "cublas"
-    return row[f"{label}_us"] * (NUM_LAYERS if row["shape"] in PER_LAYER else 1)
-
-
-def per_step_totals(rows: list[dict]) -> dict[int, dict[str, float]]:
-    """GEMM microseconds of one decode step (28 layers + lm_head) per path, summed from the per-shape medians:
-    all cuBLAS, all the kernel, and as routed (gpu/layers/linear.py's rule, the LM head's too)."""
-    totals = {}
-    for m in sorted({r["m"] for r in rows}):
-        step = [r for r in rows if r["m"] == m]
-        if {r["shape"] for r in step} == set(SHAPES):
-            totals[m] = {label: round(sum(_step_us(r, label) for r in step), 1) for label in ("cublas", "skinny",
-                                                                                            "routed")}
-            print(f"decode step GEMMs at M={m:3d} (us): {totals[m]}")
-    return totals
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -255,23 +206,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     parser.add_argument("--workers", type=int, default=15, help="processes that compile the sweep's kernels")
     parser.add_argument("--budget-s", type=float, default=200.0, help="the sweep stops starting shapes after this")
-    parser.add_argument("--pdl", action="store_true", help="sweep with programmatic dependent launch")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     shapes = {name: SHAPES[name] for name in args.shapes}
     rows = tuple(args.rows or (SWEEP_ROWS if args.sweep else COMPARE_ROWS))
-    copy_bytes = copy_bytes_per_s()
-    result: dict[str, object] = {"kind": "skinny-gemm-sweep" if args.sweep else "skinny-gemm",
-                                 "torch": torch.__version__, "copy_tb_per_s": round(copy_bytes / 1e12, 3)}
+    result: dict[str, object] = {"kind": "skinny-gemm", "torch": torch.__version__}
     if args.sweep:
-        precompile(sweep_jobs(shapes, rows), args.workers, args.pdl)
-        result["rows"] = sweep(shapes, rows, args.budget_s, Path(args.out + ".partial") if args.out else None,
-                               args.pdl)
-        result["table"] = table_lines(result["rows"])  # type: ignore[arg-type]
-        print("\n".join(result["table"]), flush=True)  # type: ignore[arg-type]
+        precompile(shapes, rows, args.workers)
+        swept = sweep(shapes, rows, args.budget_s, Path(args.out + ".partial") if args.out else None)
+        result |= {"kind": "skinny-gemm-sweep", "rows": swept, "table": table_lines(swept)}
+        print("\n".join(table_lines(swept)), flush=True)
     else:
-        result["rows"] = compare(copy_bytes, shapes, rows)
-        result["decode_step_gemm_us"] = per_step_totals(result["rows"])  # type: ignore[arg-type]
+        result["rows"] = compare(shapes, rows)
     write_result(args.out, result, "bench.kernels.skinny_gemm", argv)
 
 

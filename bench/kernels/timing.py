@@ -1,16 +1,15 @@
 """What the kernel benchmarks share: a call's time as the median replay of a CUDA graph of many calls, the calls
 rotating over copies of their weights that together outgrow the L2 (256 MB, five times an H100's 50 MB), so the
-weights come from HBM as they do in a decode step; and the device-to-device copy bandwidth measured in the same run,
-which a kernel's bytes per second are set against."""
+weights come from HBM as they do in a decode step."""
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from functools import partial
 from typing import TypeVar
 
 import torch
 
-from bench.roofline import measure_limits, median_seconds
+from bench.roofline import median_seconds
 
 ROTATION_BYTES = 256 << 20
 MIN_CALLS_PER_GRAPH = 32
@@ -44,15 +43,3 @@ def rotated_us_per_call(fn: Callable[[torch.Tensor, Operand], object], x: torch.
     """Microseconds per `fn(x, operand)`, the graph's calls rotating over `operands`."""
     rotation = operands * max(1, math.ceil(MIN_CALLS_PER_GRAPH / len(operands)))
     return graph_us_per_call([partial(fn, x, operand) for operand in rotation])
-
-
-def copy_bytes_per_s() -> float:
-    return measure_limits(DEVICE, DTYPE).copy_bytes_per_s
-
-
-def per_shape(shapes: dict[str, tuple[int, int]], build: Callable[[int, int], list[Operand]]
-              ) -> Iterator[tuple[str, int, int, list[Operand]]]:
-    """(name, N, K, its rotation of copies) per shape, the copies built for one shape at a time."""
-    for name, (n, k) in shapes.items():
-        yield name, n, k, build(n, k)
-        torch.cuda.empty_cache()

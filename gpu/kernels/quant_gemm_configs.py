@@ -7,8 +7,7 @@ two programs per multiprocessor (each slice still two tiles long, so its loads o
 tiles and no split. The weight tile is the kernel's unit of work: BLOCK_K columns of BLOCK_N rows, 32 KB of FP8 or
 8 KB of int4 per pipeline stage.
 
-The rule holds for any shape; `python -m bench.kernels.quant_gemm --formats ...` times it at a model's shapes.
-This module needs no triton.
+The rule holds for any shape. This module needs no triton.
 """
 
 from dataclasses import dataclass

@@ -2,8 +2,8 @@
 
 It streams exactly the bytes a test wants with known delays, so what the client must measure is
 known; a request's `model` field picks a behaviour. In a thread of the test (`Stub().app`), or as
-a process of its own (`python tests/bench/stub_server.py PORT`), which bench.serve can launch, time
-and stop as it does a real server.
+a process of its own (`python tests/bench/stub_server.py PORT`), which bench.serve's `launched` can start,
+time and stop as it does a real server.
 """
 
 import asyncio

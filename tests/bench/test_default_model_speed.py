@@ -1,6 +1,7 @@
-"""bench.default_model_speed: contenders take turns (a load change falls on all alike), a warm-up request each
-first, and the summary's speeds follow from the times by hand; our contender runs a real engine; llama.cpp's
-(against a stand-in for llama-cpp-python) streams a greedy request of exactly the tokens asked for."""
+"""bench.default_model_speed: contenders take turns on each prompt (a load change falls on all alike), a warm-up
+request each first, and the summary's speeds follow from the times by hand; our contender runs a real engine, with
+speculative decoding where asked; llama.cpp's (against a stand-in for llama-cpp-python) streams a greedy request of
+exactly the tokens asked for."""
 
 import sys
 import time
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.default_model_speed import LlamaCpp, Ours, run_interleaved
+from bench.default_model_speed import LlamaCpp, Ours, chat_prompts, run_interleaved
 from gpu.config import KernelConfig
 from tests.unit.test_cpu_decode import on_gguf_grids
 
@@ -18,23 +19,24 @@ from tests.unit.test_cpu_decode import on_gguf_grids
 class _Clock:
     """A contender whose requests take fixed times, recording the order of all calls."""
 
-    def __init__(self, name: str, decode_s: float, whole_s: float, log: list[tuple[str, int]]) -> None:
+    def __init__(self, name: str, decode_s: float, whole_s: float, log: list[tuple[str, list[int], int]]) -> None:
         self.name, self.decode_s, self.whole_s, self.log = name, decode_s, whole_s, log
 
     def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
-        self.log.append((self.name, num_tokens))
+        self.log.append((self.name, prompt, num_tokens))
         return self.decode_s, self.whole_s
 
 
-def test_contenders_take_turns_after_a_warm_up_each() -> None:
-    log: list[tuple[str, int]] = []
+def test_contenders_take_turns_on_each_prompt_after_a_warm_up_each() -> None:
+    log: list[tuple[str, list[int], int]] = []
     a, b = _Clock("a", 0.5, 1.0, log), _Clock("b", 2.0, 4.0, log)
-    results = run_interleaved([a, b], [1, 2, 3], num_tokens=11, repeats=3)
-    assert log == [("a", 8), ("b", 8)] + [("a", 11), ("b", 11)] * 3
+    results = run_interleaved([a, b], [[1, 2, 3], [4, 5]], num_tokens=11, repeats=3)
+    rounds = [("a", [1, 2, 3], 11), ("b", [1, 2, 3], 11), ("a", [4, 5], 11), ("b", [4, 5], 11)] * 3
+    assert log == [("a", [1, 2, 3], 8), ("b", [1, 2, 3], 8)] + rounds
     cpu_ms = results["a"].pop("request_cpu_ms_per_token")
-    assert len(cpu_ms) == 3 and all(ms >= 0 for ms in cpu_ms)  # type: ignore[union-attr]
+    assert len(cpu_ms) == 6 and all(ms >= 0 for ms in cpu_ms)  # type: ignore[union-attr]
     assert results["a"].pop("request_cpu_ms_per_token_median") in cpu_ms  # type: ignore[operator]
-    assert results["a"] == {"decode_tok_s": [20.0] * 3, "decode_tok_s_median": 20.0, "decode_tok_s_best": 20.0,
+    assert results["a"] == {"decode_tok_s": [20.0] * 6, "decode_tok_s_median": 20.0, "decode_tok_s_best": 20.0,
                             "request_tok_s_median": 11.0}  # 10 tokens after the first in 0.5 s; 11 in 1 s
     assert results["b"]["decode_tok_s_median"] == 5.0
 
@@ -45,6 +47,24 @@ def test_ours_times_a_real_request(tiny_model_dirs: dict[str, Path]) -> None:
     assert 0 < decode_s < whole_s
     assert not ours.engine.has_unfinished_requests()
     assert ours.name == "openai-serve float32 (float32)"
+
+
+def test_ours_with_the_target_as_its_own_draft_accepts_every_draft(tiny_model_dirs: dict[str, Path]) -> None:
+    ours = Ours(tiny_model_dirs["llama"], "cpu", "float32", "draft-self", num_drafts=3)
+    assert ours.name == "openai-serve float32 (float32), speculative draft-self"
+    ours.request([5, 6, 7], 12)
+    speculation = ours.figures()["speculation"]
+    assert speculation["draft_tokens"] > 0  # type: ignore[index]
+    assert speculation["accepted_tokens"] == speculation["draft_tokens"]  # type: ignore[index]
+    assert len(speculation["accepted_per_position"]) == 3  # type: ignore[index,arg-type]
+    assert "speculation" not in Ours(tiny_model_dirs["llama"], "cpu", "float32").figures()
+
+
+def test_a_prompt_set_with_a_context_puts_it_before_each_message(tiny_model_dirs: dict[str, Path]) -> None:
+    (question,) = chat_prompts(tiny_model_dirs["llama"], "question")
+    code_edits = chat_prompts(tiny_model_dirs["llama"], "code_edit")
+    assert len(code_edits) == 2 and code_edits[0][:40] == code_edits[1][:40]  # the same file first
+    assert min(map(len, code_edits)) > 10 * len(question)
 
 
 def test_ours_takes_a_kernel_variant_and_says_which_cpu_kernels_ran(tiny_model_dirs: dict[str, Path]) -> None:
@@ -127,5 +147,5 @@ class _Busy:
 
 
 def test_the_cpu_time_per_token_counts_the_work_a_request_did() -> None:
-    results = run_interleaved([_Busy(0.05)], [1, 2, 3], num_tokens=10, repeats=2)
+    results = run_interleaved([_Busy(0.05)], [[1, 2, 3]], num_tokens=10, repeats=2)
     assert all(5.0 <= ms < 50.0 for ms in results["busy"]["request_cpu_ms_per_token"])  # type: ignore[union-attr]

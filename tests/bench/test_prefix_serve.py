@@ -5,8 +5,7 @@ import asyncio
 import json
 from pathlib import Path
 
-from bench import prefix_serve
-from bench.bench_model import build_small_bench_model
+from bench import prefix_serve, serve
 from bench.load import RequestSpec, new_session, run_conversations
 from tests.bench.stub_server import running_stub
 from tests.e2e.serving import start_server
@@ -56,22 +55,22 @@ def test_counters_are_read_from_the_exposition_and_give_the_hit_rate() -> None:
         'vllm:prefix_cache_hits_total{model_name="other"} 20.0',  # another namespace: counted too
         'openai_serve:num_requests_running{model_name="m"} 3.0',
     ])
-    before = prefix_serve.parse_counters(exposition)
+    before = serve.parse_counters(exposition)
     assert before == {"prefix_cache_hits_total": 320.0, "prefix_cache_queries_total": 400.0,
                       "prompt_tokens_total": 100.0}
     after = {"prefix_cache_hits_total": 1220.0, "prefix_cache_queries_total": 1600.0, "prompt_tokens_total": 400.0}
-    figures = prefix_serve.counter_figures(before, after, duration_s=2.0)
+    figures = serve.counter_figures(before, after, duration_s=2.0)
     assert figures == {"prefix_cache_queried_tokens": 1200.0, "prefix_cache_hit_tokens": 900.0,
                        "prefix_hit_rate": 0.75, "prompt_tokens": 300.0, "prompt_tokens_per_s": 150.0,
                        "computed_prompt_tokens": 300.0}
     # A server without these counters: no figure, not a zero.
-    assert prefix_serve.counter_figures({}, {}, 2.0)["prefix_hit_rate"] is None
+    assert serve.counter_figures({}, {}, 2.0)["prefix_hit_rate"] is None
 
 
-def test_against_openai_serve(tmp_path: Path) -> None:
+def test_against_openai_serve(tmp_path: Path, tiny_bench_model: Path) -> None:
     """The real server (in a thread) on a tiny model: every turn after the first of the first chat finds the system
     prompt and the earlier turns in the prefix cache, the engine computes only the rest."""
-    server = start_server(build_small_bench_model(tmp_path / "model"), max_model_len=512, num_blocks=256)
+    server = start_server(tiny_bench_model, max_model_len=512, num_blocks=256)
     try:
         out = tmp_path / "prefix.json"
         prefix_serve.main(["--base-url", server.base_url, "--levels", "2", "--num-chats", "3", "--turns", "3",
@@ -83,7 +82,7 @@ def test_against_openai_serve(tmp_path: Path) -> None:
     assert result["kind"] == "prefix-serve" and result["is_complete"] and "bench.prefix_serve" in result["command"]
     (variant,) = result["variants"]
     (level,) = variant["levels"]
-    assert (level["num_chats"], level["num_requests"], level["num_failed"]) == (3, 9, 0)
+    assert (level["num_conversations"], level["num_requests"], level["num_failed"]) == (3, 9, 0)
     assert level["num_output_tokens"] == 9 * 4
     # Prompts: 80, 100 and 120 tokens per chat (system 64 + user 16, then + reply 4 + user 16 per turn).
     assert level["prefix_cache_queried_tokens"] == 3 * (80 + 100 + 120)

@@ -58,8 +58,7 @@ def test_tables_are_rendered_between_their_markers_from_the_latest_runs(tmp_path
     _write(results, "two-gpus.json", _throughput("2026-11-19 10:00 UTC", 30_000.0, gpus=2))
     _write(results, "offline-serve-1.json", _throughput("2026-11-21 10:05 UTC", 10_000.0, workload="serve"))
     _write(results, "ours-1.json", _serve("openai-serve", "2026-11-21 11:00 UTC",
-                                          [_level(1, 150.0, 30.0), _level(256, 8_000.0, 900.0),
-                                           _level(1, 140.0, 11.0, failed=1)]))  # c=1 again after the load: left out
+                                          [_level(1, 150.0, 30.0), _level(256, 8_000.0, 900.0)]))
     _write(results, "offline-serve-2.json", _throughput("2026-11-21 12:00 UTC", 12_000.0, workload="serve"))
     _write(results, "ours-2.json", _serve("openai-serve", "2026-11-21 12:05 UTC", [_level(256, 13_200.0, 700.0)]))
     _write(results, "hf.json", _serve("transformers serve", "2026-11-21 11:30 UTC", [_level(1, 50.0, 80.0, 2)]))
@@ -108,3 +107,13 @@ def test_the_default_model_table_names_the_cpu_and_the_kernels_a_contender_ran(t
     assert (f"| {device} | smollm2-135m-instruct | openai-serve auto (float32), int8 dot products (avx512-vnni) | "
             "155.0 | 150.0, 160.0 | 140.0 | 6.5 |" in page)
     assert f"| {device} | smollm2-135m-instruct | llama.cpp (model.gguf) | 100.0 | 100.0 | 90.0 | - |" in page
+
+
+def test_a_run_on_another_prompt_set_names_it_beside_the_model(tmp_path: Path) -> None:
+    run = {**_provenance("2026-11-21 10:00 UTC"), "kind": "default-model-speed", "model_name": "smollm2-135m-instruct",
+           "prompts": "code_edit", "results": {"openai-serve bfloat16 (bfloat16), speculative ngram": {
+               "decode_tok_s": [300.0], "decode_tok_s_median": 300.0, "request_tok_s_median": 250.0}}}
+    _write(tmp_path / "results", "speculative.json", run)
+    page = render("<!-- table: default-model -->\n<!-- end -->\n", load_results(tmp_path / "results"))
+    assert (f"| {DEVICE} | smollm2-135m-instruct, code_edit | openai-serve bfloat16 (bfloat16), speculative ngram | "
+            "300.0 | 300.0 | 250.0 | - |" in page)

@@ -2,7 +2,6 @@
 stopped as bench.serve launches a server), and a run against the real server.
 """
 
-import itertools
 import json
 import socket
 import sys
@@ -12,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from bench import serve
-from bench.bench_model import build_small_bench_model
-from bench.load import SSEParser, poisson_arrivals
+from bench.load import SSEParser
 from tests.bench import stub_server
 from tests.bench.stub_server import FIRST_TOKEN_DELAY_S, TOKEN_DELAY_S, Stub, running_stub
 from tests.e2e.serving import start_server
@@ -57,7 +55,7 @@ def test_metrics_of_a_good_stream(stub: tuple[Stub, str], tmp_path: Path) -> Non
     app, url = stub
     result = _run(url, tmp_path, "good", "--levels", "1,4", "--num-requests", "3,8")
     one, four = result["levels"]  # type: ignore[misc]
-    assert (one["num_requests"], one["num_failed"], one["num_output_tokens"], one["num_without_done"]) == (3, 0, 15, 0)
+    assert (one["num_requests"], one["num_failed"], one["num_output_tokens"]) == (3, 0, 15)
     assert (four["num_requests"], four["num_failed"], four["num_output_tokens"]) == (8, 0, 40)
     # The stub waits 50 ms before the first token and 10 ms between tokens.
     assert FIRST_TOKEN_DELAY_S * 1e3 <= one["ttft_ms"]["p50"] < FIRST_TOKEN_DELAY_S * 1e3 + 40
@@ -66,25 +64,6 @@ def test_metrics_of_a_good_stream(stub: tuple[Stub, str], tmp_path: Path) -> Non
     assert app.max_in_flight == 4  # level 4 never exceeded, and reached, its concurrency
     assert result["device"] and result["date"] and result["commit"] and "bench.serve" in result["command"]
     assert result["is_complete"] is True
-
-
-def test_poisson_arrivals_are_seeded_and_average_the_rate() -> None:
-    arrivals = poisson_arrivals(20_000, rate_per_s=50.0, seed=3)
-    assert arrivals == poisson_arrivals(20_000, rate_per_s=50.0, seed=3)
-    assert arrivals != poisson_arrivals(20_000, rate_per_s=50.0, seed=4)
-    assert all(b > a for a, b in itertools.pairwise(arrivals))
-    assert arrivals[-1] / len(arrivals) == pytest.approx(1 / 50.0, rel=0.03)
-
-
-def test_a_request_rate_spreads_the_requests_over_their_arrivals(stub: tuple[Stub, str], tmp_path: Path) -> None:
-    app, url = stub
-    app.max_in_flight = 0
-    last_arrival = poisson_arrivals(10, 10.0, seed=0)[-1]  # the level's seed: --seed 0 + level index 0
-    assert last_arrival > 0.6  # a closed loop at concurrency 8 sends these 10 in ~0.2 s
-    (level,) = _run(url, tmp_path, "good", "--levels", "8", "--num-requests", "10", "--request-rate", "10")["levels"]
-    assert level["num_requests"] == 10 and level["num_failed"] == 0 and level["request_rate"] == 10.0
-    assert level["duration_s"] >= last_arrival
-    assert app.max_in_flight < 8  # 10 a second, each ~0.09 s: few overlap
 
 
 def test_request_body_asks_for_token_ids_streamed_with_usage_and_ignore_eos(stub: tuple[Stub, str],
@@ -100,15 +79,6 @@ def test_request_body_asks_for_token_ids_streamed_with_usage_and_ignore_eos(stub
     assert body["stream_options"] == {"include_usage": True}
 
 
-def test_a_peer_server_gets_its_own_fields_and_no_ignore_eos(stub: tuple[Stub, str], tmp_path: Path) -> None:
-    app, url = stub
-    app.bodies.clear()
-    result = _run(url, tmp_path, "good", "--levels", "1", "--num-requests", "1", "--no-ignore-eos",
-                  "--extra-body", '{"top_k": 0}')
-    assert "ignore_eos" not in app.bodies[0] and app.bodies[0]["top_k"] == 0
-    assert result["config"]["ignore_eos"] is False and result["levels"][0]["num_failed"] == 0  # type: ignore[index]
-
-
 @pytest.mark.parametrize(("model", "error"), [
     ("cut", "without a finish_reason or data: [DONE]"), ("short", "4 tokens, 5 asked for"), ("http-error", "HTTP 500"),
 ])
@@ -121,42 +91,37 @@ def test_failures_are_counted_with_their_reason(stub: tuple[Stub, str], tmp_path
     assert any(error in e for e in level["errors"])
 
 
-def test_a_finished_stream_without_done_is_complete_but_counted(stub: tuple[Stub, str], tmp_path: Path) -> None:
+def test_a_finished_stream_without_done_is_complete(stub: tuple[Stub, str], tmp_path: Path) -> None:
     _, url = stub
     level = _run(url, tmp_path, "no-done", "--levels", "2", "--num-requests", "3")["levels"][0]  # type: ignore[index]
-    assert (level["num_failed"], level["num_output_tokens"], level["num_without_done"]) == (0, 15, 3)
+    assert (level["num_failed"], level["num_output_tokens"]) == (0, 15)
 
 
 def test_the_time_box_stops_starting_requests(stub: tuple[Stub, str], tmp_path: Path) -> None:
     _, url = stub
     level = _run(url, tmp_path, "good", "--levels", "1", "--num-requests", "50",
                  "--max-seconds-per-level", "0.2")["levels"][0]  # type: ignore[index]
-    assert 1 <= level["num_requests"] < 10 and level["num_failed"] == 0 and level["num_requests_planned"] == 50
+    assert 1 <= level["num_requests"] < 10 and level["num_failed"] == 0 and level["num_conversations_planned"] == 50
 
 
 # A launched server, and the real one
 
 
 def test_a_launched_server_is_waited_for_timed_and_stopped(tmp_path: Path) -> None:
-    out = tmp_path / "launched.json"
-    serve.main(["--launch-cmd", f"{sys.executable} {stub_server.__file__} {{port}}", "--label", "stub",
-                "--model", "good", "--levels", "2", "--num-requests", "4", "--prompt-len", "16", "--max-tokens", "3",
-                "--warmup-requests", "0", "--server-log", str(tmp_path / "server.log"), "--out", str(out)])
-    result = json.loads(out.read_text())
-    (level,) = result["levels"]
-    assert (level["num_failed"], level["num_output_tokens"]) == (0, 4 * 3)
+    port = serve.free_port()
+    command = [sys.executable, str(stub_server.__file__), str(port)]
+    with serve.launched(command, port, str(tmp_path / "server.log"), 60) as (url, server):
+        assert serve.first_model(url) == "good"
+        assert server["startup_s"] >= 0 and server["command"].endswith(f" {port}")
     assert (tmp_path / "server.log").exists()
-    assert result["server"]["label"] == "stub" and result["server"]["startup_s"] >= 0
-    port = int(result["server"]["command"].rsplit(" ", 1)[1])
     with pytest.raises(OSError):  # the launched server was stopped
         socket.create_connection(("127.0.0.1", port), timeout=1)
 
 
-def test_against_openai_serve(tmp_path: Path) -> None:
+def test_against_openai_serve(tmp_path: Path, tiny_bench_model: Path) -> None:
     """The real server (in a thread of this process: tests/e2e/serving.py) on a tiny model whose vocabulary covers
     the workload's prompt ids; its streams are counted as the OpenAI SDK would read them."""
-    model = build_small_bench_model(tmp_path / "model")
-    server = start_server(model, max_model_len=256, num_blocks=128)
+    server = start_server(tiny_bench_model, max_model_len=256, num_blocks=128)
     try:
         out = tmp_path / "serve.json"
         serve.main(["--base-url", server.base_url, "--label", "openai-serve", "--levels", "1,4",
@@ -169,4 +134,7 @@ def test_against_openai_serve(tmp_path: Path) -> None:
     assert (one["num_failed"], one["num_output_tokens"]) == (0, 2 * 6)
     assert (four["num_failed"], four["num_output_tokens"]) == (0, 6 * 6)
     assert 0 < one["ttft_ms"]["p50"] < one["e2e_ms"]["p50"]
+    # The server's counters over the level: distinct prompts, so nothing hits the prefix cache.
+    assert (four["prompt_tokens"], four["prefix_cache_hit_tokens"], four["prefix_hit_rate"]) == (6 * 32, 0, 0.0)
+    assert "ttft_ms_first_turn" not in four  # one turn per conversation: no later turns to set apart
     assert result["server"]["label"] == "openai-serve" and result["server"]["model"] == "tiny"

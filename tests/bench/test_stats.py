@@ -51,19 +51,19 @@ def test_summarize_excludes_failed_requests_from_rates_and_percentiles() -> None
                         num_output_tokens=3) for i in range(4)]
     failed = [RequestRecord(start=0.0, error="HTTP 500: boom"), RequestRecord(start=0.0, chunk_times=[5.0])]
     s = summarize(16, ok + failed, duration_s=2.0)
-    assert (s.concurrency, s.num_requests, s.num_failed) == (16, 6, 2)
-    assert s.num_output_tokens == 12
-    assert s.output_tokens_per_s == 6.0 and s.request_per_s == 2.0
-    assert s.ttft_ms["p50"] == pytest.approx(250.0)  # TTFTs 100, 200, 300, 400 ms
-    assert s.tpot_ms["p50"] == pytest.approx(100.0) and s.tpot_ms["p99"] == pytest.approx(100.0)  # 0.2 s / 2
-    assert s.itl_ms["p50"] == pytest.approx(200.0)
-    assert s.itl_ms["max"] == pytest.approx(200.0)  # not the failed stream's
-    assert s.e2e_ms["p50"] == pytest.approx(450.0)
+    assert (s["concurrency"], s["num_requests"], s["num_failed"]) == (16, 6, 2)
+    assert s["num_output_tokens"] == 12
+    assert s["output_tokens_per_s"] == 6.0 and s["request_per_s"] == 2.0
+    assert s["ttft_ms"]["p50"] == pytest.approx(250.0)  # TTFTs 100, 200, 300, 400 ms
+    assert s["tpot_ms"]["p50"] == pytest.approx(100.0) and s["tpot_ms"]["p99"] == pytest.approx(100.0)  # 0.2 s / 2
+    assert s["itl_ms"]["p50"] == pytest.approx(200.0)
+    assert s["itl_ms"]["max"] == pytest.approx(200.0)  # not the failed stream's
+    assert s["e2e_ms"]["p50"] == pytest.approx(450.0)
 
 
 def test_the_longest_pause_is_the_longest_gap_of_any_stream() -> None:
     steady = RequestRecord(start=0.0, chunk_times=[0.1, 0.2, 0.3], end=0.3, num_output_tokens=3)
     held = RequestRecord(start=0.0, chunk_times=[0.1, 0.75, 0.8], end=0.8, num_output_tokens=3)
     s = summarize(2, [steady, held], duration_s=1.0)
-    assert s.itl_ms["max"] == pytest.approx(650.0)
-    assert s.itl_ms["p50"] == pytest.approx(100.0)
+    assert s["itl_ms"]["max"] == pytest.approx(650.0)
+    assert s["itl_ms"]["p50"] == pytest.approx(100.0)

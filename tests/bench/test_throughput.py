@@ -3,23 +3,19 @@ headline figure beside its share of the ideal."""
 
 import gc
 import json
-from dataclasses import fields
 from pathlib import Path
 
 from bench import throughput
-from bench.bench_model import build_small_bench_model
 from bench.roofline import ModelShape
 from bench.workload import fixed_workload
-from gpu.config import KernelConfig
 
 
-def test_throughput_run_on_cpu(tmp_path: Path) -> None:
-    model = build_small_bench_model(tmp_path / "model")
+def test_throughput_run_on_cpu(tmp_path: Path, tiny_bench_model: Path) -> None:
+    model = tiny_bench_model
     out = tmp_path / "tp.json"
-    switch = next(f.name for f in fields(KernelConfig) if f.type in (bool, "bool"))
     throughput.main(["--model", str(model), "--device", "cpu", "--dtype", "float32", "--workload", "serve",
                      "--serve-requests", "3", "--prompt-len", "24", "--max-tokens", "6", "--kv-cache-blocks", "64",
-                     "--warmup", "short", "--batch1-tokens", "4", "--kernels", f"{switch}=0", "--out", str(out)])
+                     "--warmup", "short", "--batch1-tokens", "4", "--out", str(out)])
     result = json.loads(out.read_text())
     ours, summary = result["ours"], result["summary"]
     assert ours["num_output_tokens"] == sum(r.max_tokens for r in fixed_workload(3, 24, 6)) == 18
@@ -29,7 +25,6 @@ def test_throughput_run_on_cpu(tmp_path: Path) -> None:
     assert result["batch1"]["prompt_len"] == 24 and result["batch1"]["num_output_tokens"] == 4
     assert summary["batch1_share_of_ideal"] == round(result["ideal"]["batch1_tpot_ms"] / result["batch1"]["tpot_ms"], 4)
     assert result["command"].startswith("python -m bench.throughput --model")
-    assert result["engine"]["kernels"][switch] is False  # the engine's runner was built with the variant asked for
     # Measured with start-up's objects frozen, as in a served engine; the test process's heap collectable after.
     assert result["engine"]["frozen_objects"] > 10_000 and not gc.get_freeze_count()
 
