@@ -58,7 +58,7 @@ from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence, SequenceStatus
 from core.speculation import Speculation
-from core.state_snapshots import LinearStates, StateSnapshots
+from core.state_snapshots import DraftStates, LinearStates, StateSnapshots
 from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
@@ -135,10 +135,6 @@ class LLMEngine:
             _check_whole_prompts_fit(self.max_model_len, config.scheduler.max_num_batched_tokens)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
-        if info.has_linear_attention and config.scheduler.speculative_config is not None:
-            # A verified step advances the linear layers' state over every draft; a rejected one cannot be taken out.
-            raise ValueError("speculative_config: not supported for models with linear-attention layers (Qwen3.5, "
-                             "Qwen3-Next): their state cannot drop rejected drafts")
         self.runner = runner if runner is not None else make_runner(
             runner_config(config, self.max_model_len), None if self.pooling is None else self.pooling.pooler)
         self.block_size = config.cache.block_size
@@ -178,8 +174,12 @@ class LLMEngine:
             return None
         if self.config.model.tensor_parallel_size != 1:
             raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 only")
-        if read_model_info(spec.model).vocab_size != self.vocab_size:
+        draft_info = read_model_info(spec.model)
+        if draft_info.vocab_size != self.vocab_size:
             raise ValueError(f"speculative_config.model {spec.model!r}: its vocabulary is not the target's")
+        if draft_info.has_linear_attention:  # its batches carry no state slots of its own
+            raise ValueError(f"speculative_config.model {spec.model!r}: a draft model with linear-attention layers "
+                             "is not supported")
         # The draft writes its K/V through the target's block tables, of a single full-attention group (a windowed
         # group's tables name the null block before the window, where a draft catching up would still write).
         if not _is_full_attention_only(self.runner.kv_cache_groups):
@@ -548,6 +548,8 @@ class LLMEngine:
                 seq.num_computed_tokens = seq.num_tokens - 1
                 self.block_manager.release_tail(seq, seq.num_computed_tokens)
                 self.speculation.on_verified(seq, num_tokens_before, num_drafts)
+                if self.linear_states is not None and self.linear_states.drafts is not None:
+                    self.linear_states.drafts.after_verified(seq, num_tokens_before - 1, num_drafts)
             if seq.first_token_time is None:
                 seq.first_token_time = now
                 first_token_seqs.append(seq)
@@ -634,7 +636,9 @@ class LLMEngine:
         if not num_snapshots and config.cache.enable_prefix_caching:
             logger.info("prefix caching off: the model's linear-attention layers keep no state snapshots")
         snapshots = StateSnapshots(num_snapshots, max_num_seqs, self.block_size) if num_snapshots else None
-        return LinearStates(PenaltySlots(max_num_seqs), snapshots)
+        spec = config.scheduler.speculative_config
+        drafts = None if spec is None else DraftStates(max_num_seqs + num_snapshots, spec.num_speculative_tokens)
+        return LinearStates(PenaltySlots(max_num_seqs), snapshots, drafts)
 
     def _release_penalty_slot(self, seq: Sequence) -> None:
         if seq.penalty_slot is not None:
@@ -679,7 +683,7 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
         max_model_len=max_model_len, enforce_eager=c.model.enforce_eager,
         attention_backend=c.model.attention_backend, seed=c.model.seed,
         tensor_parallel_size=c.model.tensor_parallel_size, cache_dir=str(cache_dir_for(c.model.download_dir)),
-        load_format=c.model.load_format, num_state_snapshots=num_state_snapshots(c, read_model_info(c.model.model)),
+        load_format=c.model.load_format, num_state_snapshots=num_state_rows(c, read_model_info(c.model.model)),
     )
 
 
@@ -689,6 +693,14 @@ def num_state_snapshots(config: EngineConfig, info: ModelInfo) -> int:
         return 0
     requested = config.cache.num_state_snapshots
     return requested if requested is not None else 2 * config.scheduler.max_num_seqs
+
+
+def num_state_rows(config: EngineConfig, info: ModelInfo) -> int:
+    """Rows of the linear-attention state cache after the sequence slots: the snapshots, then speculative decoding's
+    states after each draft of a verified row (core/state_snapshots.py DraftStates)."""
+    spec = config.scheduler.speculative_config
+    num_draft_rows = config.scheduler.max_num_seqs * spec.num_speculative_tokens if spec is not None else 0
+    return num_state_snapshots(config, info) + (num_draft_rows if info.has_linear_attention else 0)
 
 
 def _check_whole_prompts_fit(max_model_len: int, max_num_batched_tokens: int) -> None:

@@ -492,7 +492,9 @@ class ModelRunner:
         """A step with draft tokens (speculative decoding): never decode-only, so it runs as any step with prefill
         (eagerly or in a mixed graph), and samples at every verified position; the engine accepts the drafts."""
         rows, token_indices = batch.sampled_positions()
+        state_cache.copy_rows(self.linear_layers, batch.state_restores, self.device)
         hidden = self._forward(batch)
+        state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
         prompt = None
         if batch.prompt_logprobs:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
