@@ -40,6 +40,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -63,7 +64,10 @@ from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
 from gpu.kv_cache_groups import KVCacheGroup, context_block_limit
-from gpu.model_info import ModelInfo, read_model_info
+from gpu.loader import has_tensors_named
+from gpu.model_info import ModelInfo, load_hf_config, read_model_info
+from gpu.models import has_mtp_head
+from gpu.models.qwen3_next import MTP_PREFIX
 from gpu.runner import Runner, StepInFlight
 from gpu.runner_factory import AwaitingMasks, make_runner
 
@@ -135,6 +139,8 @@ class LLMEngine:
             _check_whole_prompts_fit(self.max_model_len, config.scheduler.max_num_batched_tokens)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
+        if config.scheduler.speculative_config is not None and config.scheduler.speculative_config.method == "mtp":
+            _check_mtp_head(config)
         self.runner = runner if runner is not None else make_runner(
             runner_config(config, self.max_model_len), None if self.pooling is None else self.pooling.pooler)
         self.block_size = config.cache.block_size
@@ -168,8 +174,11 @@ class LLMEngine:
             config.scheduler.max_num_batched_tokens)
 
     def _draft_runner(self) -> Runner | None:
-        """The draft model's runner (speculative method draft_model): one device, the target's KV blocks."""
+        """The draft model's runner (speculative method draft_model): one device, the target's KV blocks; for method
+        mtp the target's own, built with its head."""
         spec = self.config.scheduler.speculative_config
+        if spec is not None and spec.method == "mtp":
+            return self.runner
         if spec is None or spec.model is None:
             return None
         if self.config.model.tensor_parallel_size != 1:
@@ -684,6 +693,7 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
         attention_backend=c.model.attention_backend, seed=c.model.seed,
         tensor_parallel_size=c.model.tensor_parallel_size, cache_dir=str(cache_dir_for(c.model.download_dir)),
         load_format=c.model.load_format, num_state_snapshots=num_state_rows(c, read_model_info(c.model.model)),
+        mtp_head=c.scheduler.speculative_config is not None and c.scheduler.speculative_config.method == "mtp",
     )
 
 
@@ -701,6 +711,19 @@ def num_state_rows(config: EngineConfig, info: ModelInfo) -> int:
     spec = config.scheduler.speculative_config
     num_draft_rows = config.scheduler.max_num_seqs * spec.num_speculative_tokens if spec is not None else 0
     return num_state_snapshots(config, info) + (num_draft_rows if info.has_linear_attention else 0)
+
+
+def _check_mtp_head(config: EngineConfig) -> None:
+    """Speculative method mtp needs a family whose head we run, a checkpoint that has it, and one device."""
+    architectures = load_hf_config(config.model.model).architectures
+    if not has_mtp_head(architectures):
+        raise ValueError(f"speculative_config.method 'mtp': no multi-token-prediction head is run for {architectures} "
+                         "(it is for Qwen3-Next, Qwen3.5 and Qwen3.5-MoE)")
+    if config.model.load_format != "dummy" and not has_tensors_named(Path(config.model.model), MTP_PREFIX):
+        raise ValueError(f"speculative_config.method 'mtp': the checkpoint {config.model.model!r} has no "
+                         f"multi-token-prediction head (no tensor named {MTP_PREFIX}*)")
+    if config.model.tensor_parallel_size != 1:
+        raise ValueError("speculative_config.method 'mtp' runs with tensor_parallel_size 1 only")
 
 
 def _check_whole_prompts_fit(max_model_len: int, max_num_batched_tokens: int) -> None:

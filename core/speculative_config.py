@@ -4,8 +4,8 @@
 occurrence of the sequence's last n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`),
 `suffix` (continuations in the sequence's tokens and earlier outputs, by frequency: the
 `suffix_decoding_*` keys), `draft_model` (a smaller checkpoint directory named by `model`, with the
-target's tokenizer), `mtp` or `eagle3`. `ngram`, `suffix` and `draft_model` are built; the others are
-refused at start-up by name, never ignored. A `model` without a `method`
+target's tokenizer), `mtp` (the target checkpoint's own multi-token-prediction head: Qwen3-Next, Qwen3.5 and
+Qwen3.5-MoE) or `eagle3`. `eagle3` is refused at start-up by name, never ignored. A `model` without a `method`
 means `draft_model`, as in vLLM.
 
 `num_speculative_tokens` is the most draft tokens a sequence verifies per step; the engine chooses
@@ -18,7 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 METHODS = ("ngram", "suffix", "draft_model", "mtp", "eagle3")
-IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model")
+IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model", "mtp")
 MAX_SPECULATIVE_TOKENS = 16  # a verify step's row grows by this many tokens at most
 
 

@@ -155,6 +155,9 @@ class ModelRunner:
         # Per phase, each candidate's summed step milliseconds when `auto` measured them, now or at an earlier start.
         self.attention_times: dict[str, dict[str, float]] | None = None
         self.kv_cache_groups = self._allocate_kv_cache()
+        # The MTP head's inputs (speculative method mtp): the target's last hidden state at each KV slot it computed.
+        self.target_hidden = self._allocate_target_hidden(hf_config)
+        self._last_mtp_hidden: torch.Tensor | None = None  # [sampled rows, hidden] of the last head step
         self.backend, why = self._choose_backend(names, first, hf_config)
         self._set_backend(self.backend)
         logger.info("attention backend: %s (requested %s, device %s: %s)", self.backend.name, config.attention_backend,
@@ -387,6 +390,41 @@ class ModelRunner:
                         + (f" .. {scales[-1]}" if len(scales) > 1 else ""))
         return tuple(KVCacheGroup(w, n) for w, n in zip(windows, counts, strict=True))
 
+    def _allocate_target_hidden(self, hf_config: PretrainedConfig) -> torch.Tensor | None:
+        if not self.config.mtp_head:
+            return None
+        full = [g for g in self.kv_cache_groups if g.sliding_window is None]
+        assert len(full) == 1, "the MTP head reads hidden states by the slots of the one full-attention group"
+        return torch.zeros(full[0].num_blocks * self.config.block_size, hf_config.hidden_size, dtype=self.dtype,
+                           device=self.device)
+
+    def _keep_target_hidden(self, batch: Batch, hidden: torch.Tensor) -> None:
+        """A target step's last hidden states, at their tokens' KV slots, for the MTP head."""
+        if self.target_hidden is not None and batch.slot_mapping:
+            slots = to_device(np.asarray(batch.slot_mapping, dtype=np.int64), np.int64, self.device)
+            self.target_hidden[slots] = hidden[: len(batch.slot_mapping)].to(self.target_hidden.dtype)
+
+    def _launch_mtp(self, batch: Batch) -> PendingStep | PendingLogits:
+        """A step of the MTP head (Batch.mtp): its hidden inputs from the hidden-state cache or the previous head
+        step; each sampled row draws from its last token's logits."""
+        assert batch.mtp is not None and self.target_hidden is not None
+        input_ids, positions, meta = step_inputs(batch, self.device)
+        if batch.fed_back_token_indices:
+            where = self._to_device(np.array([batch.fed_back_token_indices, batch.fed_back_rows], dtype=np.int64))
+            feed_back_tokens(input_ids, where[0], where[1], self._last_sampled_ids)
+        if batch.mtp.hidden_slots is not None:
+            hidden = self.target_hidden[self._to_device(np.asarray(batch.mtp.hidden_slots, dtype=np.int64))]
+        else:
+            assert self._last_mtp_hidden is not None, "a later draft's head step follows one that sampled"
+            hidden = self._last_mtp_hidden[self._to_device(np.asarray(batch.fed_back_rows, dtype=np.int64))]
+        out = self.model.run_mtp_head(input_ids, hidden, positions, meta)
+        sampled_rows = [i for i, row in enumerate(batch.sampling) if row is not None]
+        self._last_mtp_hidden = out[self._to_device(np.cumsum(batch.query_lens)[sampled_rows] - 1)] \
+            if sampled_rows else None
+        rows = [row for row in batch.sampling if row is not None]
+        logits = self.model.compute_logits(self._last_mtp_hidden) if sampled_rows else None
+        return self._sample(batch, rows, logits, None)
+
     @torch.inference_mode()
     def _warm_up(self, windows: tuple[int | None, ...]) -> None:
         """The largest prefill and the largest sampling step, against a tiny cache, to find peak memory."""
@@ -462,6 +500,8 @@ class ModelRunner:
         returns its logits awaiting them: pass those to `sample_masked` before the next launch. On a
         tensor-parallel rank other than 0 the step has no result (rank 0 returns the tokens). A row verifying
         draft tokens is sampled at each of its last d + 1 positions (Batch.sampled_positions)."""
+        if batch.mtp is not None:
+            return self._launch_mtp(batch)
         if batch.num_draft_tokens is not None:
             return self._launch_verification(batch)
         rows = [row for row in batch.sampling if row is not None]
@@ -481,6 +521,7 @@ class ModelRunner:
         else:
             hidden = self._forward(batch)
             state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
+        self._keep_target_hidden(batch, hidden)
         prompt = None
         if batch.prompt_logprobs:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
@@ -495,6 +536,7 @@ class ModelRunner:
         state_cache.copy_rows(self.linear_layers, batch.state_restores, self.device)
         hidden = self._forward(batch)
         state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
+        self._keep_target_hidden(batch, hidden)
         prompt = None
         if batch.prompt_logprobs:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
@@ -606,6 +648,10 @@ def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch
     load_dtype = torch.float32 if packing and is_exact else dtype
     with torch.device(device), _default_dtype(load_dtype):
         model = model_class(hf_config.architectures)(hf_config, config.max_model_len, config.kernels, tp)
+        if config.mtp_head:
+            if not hasattr(model, "build_mtp_head"):
+                raise ValueError(f"speculative_config.method 'mtp': {hf_config.architectures} has no MTP head we run")
+            model.build_mtp_head(config.max_model_len, config.kernels, tp)
     if scheme is not None:
         quantize_layers(model, scheme)
     if config.load_format == "dummy":

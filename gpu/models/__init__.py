@@ -53,6 +53,11 @@ POOLING_MODEL_CLASSES: dict[str, type[nn.Module]] = {
 }
 
 
+def has_mtp_head(architectures: list[str] | None) -> bool:
+    """Whether we run the family's multi-token-prediction head (speculative decoding's method mtp)."""
+    return any(hasattr(MODEL_CLASSES.get(name), "build_mtp_head") for name in architectures or [])
+
+
 def model_class(architectures: list[str] | None) -> type[nn.Module]:
     classes = MODEL_CLASSES | POOLING_MODEL_CLASSES
     for name in architectures or []:

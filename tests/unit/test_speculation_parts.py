@@ -47,7 +47,6 @@ def test_the_flag_and_llm_keyword_take_vllms_keys() -> None:
     ('{"method": "eagle3", "model": "x"}', "'eagle3' is not implemented"),
     ('{"method": "draft_model"}', "speculative_config.model must name the draft checkpoint"),
     ('{"method": "ngram", "model": "small"}', "speculative_config.model names a draft checkpoint"),
-    ('{"method": "mtp"}', "'mtp' is not implemented"),
     ('{"num_speculative_tokens": 0}', "num_speculative_tokens"),
     ('{"num_speculative_tokens": "4"}', "num_speculative_tokens"),
     ('{"prompt_lookup_min": 3, "prompt_lookup_max": 2}', "prompt_lookup_max"),

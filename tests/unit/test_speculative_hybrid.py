@@ -6,10 +6,11 @@ would prove nothing), and every block is free at the end."""
 from pathlib import Path
 
 import pytest
+import torch
 
 from core import LLM, SamplingParams
 from core.sequence import Sequence
-from tests.hybrid_models import build_hybrid_model
+from tests.hybrid_models import MTP_TEMPLATE_LAYER, add_mtp_head, build_hybrid_model
 
 COMMON = dict(max_model_len=256, block_size=8, max_num_seqs=4, max_num_batched_tokens=64, dtype="float32",
               device="cpu", kv_cache_blocks=96)
@@ -72,3 +73,161 @@ def test_ngram_drafts_on_a_hybrid_keep_the_greedy_output(hybrid_dir: Path) -> No
     llm = speculating(hybrid_dir, True)
     assert generated(llm, REPEATING + PLAIN) == expected
     assert llm.engine.speculation.counts.num_draft_tokens > 0  # type: ignore[union-attr]
+
+
+# The MTP head (method mtp): a random head (tests/hybrid_models.py add_mtp_head) verifies as any proposer does; its
+# drafts are what transformers' own layers compute for the head; a head that predicts what the target will say has
+# every draft accepted.
+
+
+@pytest.fixture(scope="module", params=["qwen3_5", "qwen3_next"])
+def mtp_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+            tiny_model_dirs: dict[str, Path]) -> Path:
+    directory = build_hybrid_model(tmp_path_factory.mktemp(request.param + "_mtp"), request.param,
+                                   tiny_model_dirs["qwen3"])
+    add_mtp_head(directory)
+    return directory
+
+
+def test_mtp_drafts_keep_the_greedy_output(mtp_dir: Path) -> None:
+    prompts = REPEATING + PLAIN
+    expected = generated(LLM(str(mtp_dir), **COMMON), prompts)
+    llm = speculating(mtp_dir, True, method="mtp")
+    assert generated(llm, prompts) == expected
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert counts.num_drafts > 0 and counts.num_draft_tokens > 2 * counts.num_drafts  # 3 a row, fewer near the end
+    assert llm.engine.stats().num_spec_draft_tokens == counts.num_draft_tokens
+
+
+def test_mtp_drafts_are_the_heads_predictions(mtp_dir: Path) -> None:
+    """Each draft the engine verified is the head's greedy prediction as transformers' own layers compute it: the
+    target's last hidden states, then the head over every position so far (its later drafts on its own output)."""
+    llm = speculating(mtp_dir, True, method="mtp")
+    speculation = llm.engine.speculation
+    assert speculation is not None
+    drafted: list[tuple[list[int], list[int]]] = []
+    fill = speculation.fill
+
+    def recording_fill(scheduled: list) -> None:
+        fill(scheduled)
+        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
+                       if s.seq.draft_token_ids)
+
+    speculation.fill = recording_fill  # type: ignore[method-assign]
+    generated(llm, [REPEATING[0], PLAIN[1]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    assert len(drafted) >= 10
+    reference = ReferenceMtp(mtp_dir)
+    for token_ids, drafts in drafted[:: max(1, len(drafted) // 6)]:
+        assert reference.drafts(token_ids, len(drafts)) == drafts
+
+
+class ReferenceMtp:
+    """The MTP head computed with transformers' classes: the target model for its last hidden states, a decoder
+    layer of the family (full attention) with the head's weights, the family's norms."""
+
+    def __init__(self, model_dir: Path) -> None:
+        import importlib
+
+        import transformers
+        from safetensors.torch import load_file
+
+        self.target = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+        config = self.target.config
+        module = importlib.import_module(type(self.target).__module__)
+        prefix = type(self.target).__name__.removesuffix("ForCausalLM")
+        norm_class = getattr(module, prefix + "RMSNorm")
+        head = {k.removeprefix("mtp."): v for k, v in load_file(model_dir / "model.safetensors").items()
+                if k.startswith("mtp.")}
+        layer = getattr(module, prefix + "DecoderLayer")(config, MTP_TEMPLATE_LAYER)
+        layer.load_state_dict(_fused_experts({k.removeprefix("layers.0."): v for k, v in head.items()
+                                              if k.startswith("layers.0.")}))
+        self.layer = layer.eval()
+        self.norms = {}
+        for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
+            norm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
+            norm.weight.data.copy_(head[name + ".weight"])
+            self.norms[name] = norm
+        self.fc = head["fc.weight"]
+
+    @torch.no_grad()
+    def drafts(self, token_ids: list[int], num_drafts: int) -> list[int]:
+        """The head's greedy drafts after `token_ids`, whose last the target has not computed yet."""
+        model = self.target.model
+        hidden = model(torch.tensor([token_ids[:-1]])).last_hidden_state[0]  # positions 0 .. n - 2, final norm
+        next_tokens = list(token_ids[1:])
+        drafts: list[int] = []
+        for _ in range(num_drafts):
+            out = self._head(torch.tensor(next_tokens), hidden)
+            drafts.append(int(self.target.lm_head(out[-1]).argmax()))
+            next_tokens.append(drafts[-1])
+            hidden = torch.cat([hidden, out[-1:]])  # the head's own output in place of the target's
+        return drafts
+
+    def _head(self, next_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        model = self.target.model
+        n = next_tokens.shape[0]
+        embedded = self.norms["pre_fc_norm_embedding"](model.embed_tokens(next_tokens))
+        mixed = torch.cat([embedded, self.norms["pre_fc_norm_hidden"](hidden)], dim=-1) @ self.fc.T
+        positions = torch.arange(n)[None]
+        rotary = model.rotary_emb(mixed[None], positions)
+        causal = torch.full((n, n), float("-inf")).triu(1)[None, None]
+        out = self.layer(mixed[None], position_embeddings=rotary, attention_mask=causal, position_ids=positions)
+        out = out[0] if isinstance(out, tuple) else out
+        return self.norms["norm"](out[0])
+
+
+def _fused_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Per-expert checkpoint tensors (`mlp.experts.{e}.gate_proj.weight`, ...) as transformers' fused expert
+    parameters ([experts, 2 * intermediate, hidden] gate then up; [experts, hidden, intermediate] down)."""
+    experts = sorted({int(k.split(".")[2]) for k in tensors if k.startswith("mlp.experts.")})
+    if not experts:
+        return tensors
+    fused = {k: v for k, v in tensors.items() if not k.startswith("mlp.experts.")}
+    part = lambda e, name: tensors[f"mlp.experts.{e}.{name}.weight"]  # noqa: E731
+    fused["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([part(e, "gate_proj"), part(e, "up_proj")])
+                                                     for e in experts])
+    fused["mlp.experts.down_proj"] = torch.stack([part(e, "down_proj") for e in experts])
+    return fused
+
+
+def predicting_head(model_dir: Path) -> None:
+    """Makes the checkpoint a bigram model (every layer's output projection zero: the last hidden state at p is the
+    final norm of token p's embedding) and its MTP head the same map one token on (fc passes the normed embedding of
+    token p + 1, its layer adds nothing, its norm is the target's final norm): each draft is the token the target
+    will choose, so every draft is accepted."""
+    from safetensors.torch import load_file, save_file
+
+    path = model_dir / "model.safetensors"
+    tensors = load_file(path)
+    for name, tensor in tensors.items():
+        if any(part in name for part in ("o_proj", "out_proj", "down_proj")):
+            tensor.zero_()
+    hidden_size = tensors["model.norm.weight"].shape[0]
+    tensors["mtp.fc.weight"] = torch.cat([torch.eye(hidden_size), torch.zeros(hidden_size, hidden_size)], dim=1)
+    tensors["mtp.pre_fc_norm_embedding.weight"] = torch.zeros(hidden_size)
+    tensors["mtp.norm.weight"] = tensors["model.norm.weight"].clone()
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+def test_a_head_that_predicts_the_target_has_every_draft_accepted(tmp_path: Path,
+                                                                   tiny_model_dirs: dict[str, Path]) -> None:
+    model_dir = build_hybrid_model(tmp_path / "bigram", "qwen3_5", tiny_model_dirs["qwen3"])
+    add_mtp_head(model_dir)
+    predicting_head(model_dir)
+    prompts = REPEATING + PLAIN
+    expected = generated(LLM(str(model_dir), **COMMON), prompts)
+    llm = speculating(model_dir, True, method="mtp")
+    assert generated(llm, prompts) == expected
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert counts.num_draft_tokens > 50 and counts.num_accepted_tokens == counts.num_draft_tokens
+
+
+def test_mtp_without_the_heads_weights_is_refused_at_start(tmp_path: Path, tiny_model_dirs: dict[str, Path]) -> None:
+    model_dir = build_hybrid_model(tmp_path / "no_head", "qwen3_5", tiny_model_dirs["qwen3"])
+    with pytest.raises(ValueError, match=r"speculative_config.method 'mtp': .* no multi-token-prediction head .*mtp\."):
+        speculating(model_dir, True, method="mtp")
+
+
+def test_mtp_for_a_family_without_a_head_is_refused_at_start(tiny_model_dirs: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match=r"speculative_config.method 'mtp': no multi-token-prediction head is run"):
+        speculating(tiny_model_dirs["qwen3"], True, method="mtp")
