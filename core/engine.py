@@ -66,8 +66,7 @@ from gpu.config import RunnerConfig
 from gpu.kv_cache_groups import KVCacheGroup, context_block_limit
 from gpu.loader import has_tensors_named
 from gpu.model_info import ModelInfo, load_hf_config, read_model_info
-from gpu.models import has_mtp_head
-from gpu.models.qwen3_next import MTP_PREFIX
+from gpu.models import mtp_checkpoint_prefix
 from gpu.runner import Runner, StepInFlight
 from gpu.runner_factory import AwaitingMasks, make_runner
 
@@ -715,13 +714,14 @@ def num_state_rows(config: EngineConfig, info: ModelInfo) -> int:
 
 def _check_mtp_head(config: EngineConfig) -> None:
     """Speculative method mtp needs a family whose head we run, a checkpoint that has it, and one device."""
-    architectures = load_hf_config(config.model.model).architectures
-    if not has_mtp_head(architectures):
-        raise ValueError(f"speculative_config.method 'mtp': no multi-token-prediction head is run for {architectures} "
-                         "(it is for Qwen3-Next, Qwen3.5 and Qwen3.5-MoE)")
-    if config.model.load_format != "dummy" and not has_tensors_named(Path(config.model.model), MTP_PREFIX):
+    hf_config = load_hf_config(config.model.model)
+    prefix = mtp_checkpoint_prefix(hf_config)
+    if prefix is None:
+        raise ValueError(f"speculative_config.method 'mtp': no multi-token-prediction head is run for "
+                         f"{hf_config.architectures} (it is for Qwen3-Next, Qwen3.5, Qwen3.5-MoE and GLM-4-MoE)")
+    if config.model.load_format != "dummy" and not has_tensors_named(Path(config.model.model), prefix):
         raise ValueError(f"speculative_config.method 'mtp': the checkpoint {config.model.model!r} has no "
-                         f"multi-token-prediction head (no tensor named {MTP_PREFIX}*)")
+                         f"multi-token-prediction head (no tensor named {prefix}*)")
     if config.model.tensor_parallel_size != 1:
         raise ValueError("speculative_config.method 'mtp' runs with tensor_parallel_size 1 only")
 

@@ -373,6 +373,9 @@ class ModelRunner:
         windows = kv_cache_groups.group_windows(self.layers, c.max_model_len)
         kv_cache_groups.assign_groups(self.layers, windows, c.max_model_len)
         block_bytes = kv_cache.group_bytes_per_block(self.layers, len(windows), c.block_size, self.kv_dtype)
+        if c.mtp_head and None in windows:  # the MTP head's hidden-state cache, per slot of the full-attention group
+            element_size = torch.empty(0, dtype=self.dtype).element_size()
+            block_bytes[windows.index(None)] += c.block_size * self.model.config.hidden_size * element_size
         if c.num_kv_blocks is None and self.device.type == "cuda":
             self._warm_up(windows)
         counts = kv_cache.num_blocks_per_group(c, windows, block_bytes, self.device)
@@ -422,7 +425,7 @@ class ModelRunner:
         self._last_mtp_hidden = out[self._to_device(np.cumsum(batch.query_lens)[sampled_rows] - 1)] \
             if sampled_rows else None
         rows = [row for row in batch.sampling if row is not None]
-        logits = self.model.compute_logits(self._last_mtp_hidden) if sampled_rows else None
+        logits = self.model.mtp_logits(self._last_mtp_hidden) if sampled_rows else None
         return self._sample(batch, rows, logits, None)
 
     @torch.inference_mode()
@@ -512,6 +515,8 @@ class ModelRunner:
             draw = self._graph_draw(batch, rows)
             out = self.decode.run(batch, self._last_sampled_ids, draw)
             state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
+            if out.hidden is not None:
+                self._keep_target_hidden(batch, out.hidden)
             if draw is not None:  # the graph drew the tokens: no launch from here to the copy to the host
                 assert out.logits is not None and out.token_ids is not None
                 return self._launched(self.sampler.finish_graph_draw(out.logits, out.token_ids, rows, draw), None)

@@ -9,7 +9,6 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 COMMON = dict(vocab_size=512, hidden_size=64, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
               max_position_embeddings=2048, initializer_range=0.2, rms_norm_eps=1e-6, tie_word_embeddings=False,
@@ -64,26 +63,3 @@ def use_transformers_torch_delta_rule() -> None:
             if function is not None and hasattr(function, "__wrapped__"):
                 setattr(module, name, function.__wrapped__)
 
-
-MTP_TEMPLATE_LAYER = 1  # a full-attention layer of every config above: the MTP head's layer has its tensors' shapes
-
-
-def add_mtp_head(directory: Path, seed: int = 1) -> dict[str, torch.Tensor]:
-    """Adds a random multi-token-prediction head (`mtp.*`, as Qwen3-Next and Qwen3.5 checkpoints carry it) to the
-    checkpoint in `directory`: its norms, `fc` (2 * hidden -> hidden) and one full-attention decoder layer with the
-    shapes of the model's own; returns the head's tensors."""
-    path = directory / "model.safetensors"
-    tensors = load_file(path)
-    generator = torch.Generator().manual_seed(seed)
-    hidden_size = tensors["model.norm.weight"].shape[0]
-    template = f"model.layers.{MTP_TEMPLATE_LAYER}."
-    head = {"mtp.fc.weight": torch.randn(hidden_size, 2 * hidden_size, generator=generator) * 0.1}
-    for name in ("mtp.pre_fc_norm_embedding.weight", "mtp.pre_fc_norm_hidden.weight", "mtp.norm.weight"):
-        head[name] = torch.randn(hidden_size, generator=generator) * 0.2
-    for name, tensor in tensors.items():
-        if name.startswith(template):
-            spread = tensor.std() if tensor.numel() > 1 else torch.tensor(0.2)
-            head_name = "mtp.layers.0." + name.removeprefix(template)
-            head[head_name] = torch.randn(tensor.shape, generator=generator) * spread
-    save_file({**tensors, **head}, path, metadata={"format": "pt"})
-    return head

@@ -2,6 +2,7 @@
 is a line here, its differences read from its config (gpu/models/llama.py)."""
 
 from torch import nn
+from transformers import PretrainedConfig
 
 from gpu.models.bare_decoder import BareLlamaModel, BareQwen3Model
 from gpu.models.bert import BertForSequenceClassification, BertModel, RobertaForSequenceClassification
@@ -53,9 +54,14 @@ POOLING_MODEL_CLASSES: dict[str, type[nn.Module]] = {
 }
 
 
-def has_mtp_head(architectures: list[str] | None) -> bool:
-    """Whether we run the family's multi-token-prediction head (speculative decoding's method mtp)."""
-    return any(hasattr(MODEL_CLASSES.get(name), "build_mtp_head") for name in architectures or [])
+def mtp_checkpoint_prefix(config: PretrainedConfig) -> str | None:
+    """Where the checkpoint keeps the multi-token-prediction head we run for its family (speculative decoding's
+    method mtp); None: we run none for it."""
+    for name in config.architectures or []:
+        cls = MODEL_CLASSES.get(name)
+        if cls is not None and hasattr(cls, "mtp_checkpoint_prefix"):
+            return cls.mtp_checkpoint_prefix(config)
+    return None
 
 
 def model_class(architectures: list[str] | None) -> type[nn.Module]:

@@ -24,8 +24,8 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from gpu.attention.metadata import AttentionMetadata
-from gpu.config import KernelConfig
-from gpu.distributed import TensorParallel
+from gpu.config import DEFAULT_KERNELS, KernelConfig
+from gpu.distributed import SINGLE, TensorParallel
 from gpu.layers.attention import AttentionSpec, DecoderAttention
 from gpu.layers.gated_deltanet import DeltaNetSpec, GatedDeltaNet
 from gpu.layers.linear import Linear
@@ -145,7 +145,8 @@ class Qwen3NextForCausalLM(CausalLM):
                       tp: TensorParallel) -> nn.Module:
         return HybridDecoderModel(config, max_position, kernels, tp)
 
-    def __init__(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig, tp: TensorParallel) -> None:
+    def __init__(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig = DEFAULT_KERNELS,
+                 tp: TensorParallel = SINGLE) -> None:
         super().__init__(config, max_position, kernels, tp)
         self.mtp: MtpHead | None = None  # built by build_mtp_head
 
@@ -153,10 +154,20 @@ class Qwen3NextForCausalLM(CausalLM):
         """Speculative decoding's method `mtp`: the head is built, and loaded from the checkpoint's `mtp.` tensors."""
         self.mtp = MtpHead(self.config, max_position, kernels, tp)
 
+    @staticmethod
+    def mtp_checkpoint_prefix(config: PretrainedConfig) -> str:
+        """Where the checkpoint keeps the MTP head's tensors."""
+        return MTP_PREFIX
+
     def run_mtp_head(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                      meta: AttentionMetadata) -> torch.Tensor:
+        """The head's hidden states (what a later draft reads back)."""
         assert self.mtp is not None, "the model was built without its MTP head"
         return self.mtp(self.model.embed(input_ids), hidden, positions, meta)
+
+    def mtp_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The head's logits: through the target's LM head (the head's output is normed already)."""
+        return self.compute_logits(hidden)
 
     def attention_layers(self) -> list[DecoderAttention]:
         """The decoder's full-attention layers, then the MTP head's where it is built (its own KV cache, in the

@@ -10,7 +10,8 @@ import torch
 
 from core import LLM, SamplingParams
 from core.sequence import Sequence
-from tests.hybrid_models import MTP_TEMPLATE_LAYER, add_mtp_head, build_hybrid_model
+from tests.hybrid_models import build_hybrid_model
+from tests.mtp_heads import ReferenceMtp, add_qwen3_next_mtp_head
 
 COMMON = dict(max_model_len=256, block_size=8, max_num_seqs=4, max_num_batched_tokens=64, dtype="float32",
               device="cpu", kv_cache_blocks=96)
@@ -75,7 +76,7 @@ def test_ngram_drafts_on_a_hybrid_keep_the_greedy_output(hybrid_dir: Path) -> No
     assert llm.engine.speculation.counts.num_draft_tokens > 0  # type: ignore[union-attr]
 
 
-# The MTP head (method mtp): a random head (tests/hybrid_models.py add_mtp_head) verifies as any proposer does; its
+# The MTP head (method mtp): a random head (tests/mtp_heads.py) verifies as any proposer does; its
 # drafts are what transformers' own layers compute for the head; a head that predicts what the target will say has
 # every draft accepted.
 
@@ -85,7 +86,7 @@ def mtp_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
             tiny_model_dirs: dict[str, Path]) -> Path:
     directory = build_hybrid_model(tmp_path_factory.mktemp(request.param + "_mtp"), request.param,
                                    tiny_model_dirs["qwen3"])
-    add_mtp_head(directory)
+    add_qwen3_next_mtp_head(directory)
     return directory
 
 
@@ -121,75 +122,6 @@ def test_mtp_drafts_are_the_heads_predictions(mtp_dir: Path) -> None:
         assert reference.drafts(token_ids, len(drafts)) == drafts
 
 
-class ReferenceMtp:
-    """The MTP head computed with transformers' classes: the target model for its last hidden states, a decoder
-    layer of the family (full attention) with the head's weights, the family's norms."""
-
-    def __init__(self, model_dir: Path) -> None:
-        import importlib
-
-        import transformers
-        from safetensors.torch import load_file
-
-        self.target = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        config = self.target.config
-        module = importlib.import_module(type(self.target).__module__)
-        prefix = type(self.target).__name__.removesuffix("ForCausalLM")
-        norm_class = getattr(module, prefix + "RMSNorm")
-        head = {k.removeprefix("mtp."): v for k, v in load_file(model_dir / "model.safetensors").items()
-                if k.startswith("mtp.")}
-        layer = getattr(module, prefix + "DecoderLayer")(config, MTP_TEMPLATE_LAYER)
-        layer.load_state_dict(_fused_experts({k.removeprefix("layers.0."): v for k, v in head.items()
-                                              if k.startswith("layers.0.")}))
-        self.layer = layer.eval()
-        self.norms = {}
-        for name in ("pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm"):
-            norm = norm_class(config.hidden_size, eps=config.rms_norm_eps)
-            norm.weight.data.copy_(head[name + ".weight"])
-            self.norms[name] = norm
-        self.fc = head["fc.weight"]
-
-    @torch.no_grad()
-    def drafts(self, token_ids: list[int], num_drafts: int) -> list[int]:
-        """The head's greedy drafts after `token_ids`, whose last the target has not computed yet."""
-        model = self.target.model
-        hidden = model(torch.tensor([token_ids[:-1]])).last_hidden_state[0]  # positions 0 .. n - 2, final norm
-        next_tokens = list(token_ids[1:])
-        drafts: list[int] = []
-        for _ in range(num_drafts):
-            out = self._head(torch.tensor(next_tokens), hidden)
-            drafts.append(int(self.target.lm_head(out[-1]).argmax()))
-            next_tokens.append(drafts[-1])
-            hidden = torch.cat([hidden, out[-1:]])  # the head's own output in place of the target's
-        return drafts
-
-    def _head(self, next_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        model = self.target.model
-        n = next_tokens.shape[0]
-        embedded = self.norms["pre_fc_norm_embedding"](model.embed_tokens(next_tokens))
-        mixed = torch.cat([embedded, self.norms["pre_fc_norm_hidden"](hidden)], dim=-1) @ self.fc.T
-        positions = torch.arange(n)[None]
-        rotary = model.rotary_emb(mixed[None], positions)
-        causal = torch.full((n, n), float("-inf")).triu(1)[None, None]
-        out = self.layer(mixed[None], position_embeddings=rotary, attention_mask=causal, position_ids=positions)
-        out = out[0] if isinstance(out, tuple) else out
-        return self.norms["norm"](out[0])
-
-
-def _fused_experts(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """Per-expert checkpoint tensors (`mlp.experts.{e}.gate_proj.weight`, ...) as transformers' fused expert
-    parameters ([experts, 2 * intermediate, hidden] gate then up; [experts, hidden, intermediate] down)."""
-    experts = sorted({int(k.split(".")[2]) for k in tensors if k.startswith("mlp.experts.")})
-    if not experts:
-        return tensors
-    fused = {k: v for k, v in tensors.items() if not k.startswith("mlp.experts.")}
-    part = lambda e, name: tensors[f"mlp.experts.{e}.{name}.weight"]  # noqa: E731
-    fused["mlp.experts.gate_up_proj"] = torch.stack([torch.cat([part(e, "gate_proj"), part(e, "up_proj")])
-                                                     for e in experts])
-    fused["mlp.experts.down_proj"] = torch.stack([part(e, "down_proj") for e in experts])
-    return fused
-
-
 def predicting_head(model_dir: Path) -> None:
     """Makes the checkpoint a bigram model (every layer's output projection zero: the last hidden state at p is the
     final norm of token p's embedding) and its MTP head the same map one token on (fc passes the normed embedding of
@@ -212,7 +144,7 @@ def predicting_head(model_dir: Path) -> None:
 def test_a_head_that_predicts_the_target_has_every_draft_accepted(tmp_path: Path,
                                                                    tiny_model_dirs: dict[str, Path]) -> None:
     model_dir = build_hybrid_model(tmp_path / "bigram", "qwen3_5", tiny_model_dirs["qwen3"])
-    add_mtp_head(model_dir)
+    add_qwen3_next_mtp_head(model_dir)
     predicting_head(model_dir)
     prompts = REPEATING + PLAIN
     expected = generated(LLM(str(model_dir), **COMMON), prompts)
