@@ -9,7 +9,8 @@ Workloads, each a chat prompt in the model's template, answered greedily (EOS ig
 Contenders: `off` (no speculation), and speculative configs by name: `ngram` (adaptive draft length, the
 default), `ngram-fixed` (all `--drafts` drafts every step, as vLLM), `suffix` (adaptive), `draft-self` (the
 target as its own draft model, all drafts every step: every draft is accepted, so its speed is the step-cost
-model's best case). All
+model's best case), `mtp` and `mtp-fixed` (the checkpoint's own multi-token-prediction head, adaptive or all
+drafts every step). All
 contenders are built first, with explicit KV-cache sizes so they share the device; each repetition runs every
 contender in turn, so a change in the machine's load falls on all alike.
 
@@ -112,6 +113,8 @@ CONTENDERS = {
     "ngram-fixed": {"method": "ngram", "prompt_lookup_max": 4, "adaptive": False},
     "suffix": {"method": "suffix"},
     "draft-self": {"method": "draft_model", "adaptive": False},
+    "mtp": {"method": "mtp"},  # the checkpoint's multi-token-prediction head (GLM-4-MoE, Qwen3-Next / Qwen3.5)
+    "mtp-fixed": {"method": "mtp", "adaptive": False},
 }
 
 

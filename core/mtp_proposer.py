@@ -1,5 +1,5 @@
-"""Draft tokens from the target checkpoint's multi-token-prediction head (vLLM's method `mtp`; the head is
-gpu/models/qwen3_next.py's MtpHead).
+"""Draft tokens from the target checkpoint's multi-token-prediction head (vLLM's method `mtp`; the heads are
+gpu/models/qwen3_next.py's MtpHead and gpu/models/glm4_moe.py's MtpLayer).
 
 The head at position p reads the target's last hidden state at p and token p + 1, and predicts token p + 2. It has
 its own KV cache (one attention layer, in the target's full-attention group: its K/V for position p sits in the slot

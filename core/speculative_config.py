@@ -4,8 +4,8 @@
 occurrence of the sequence's last n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`),
 `suffix` (continuations in the sequence's tokens and earlier outputs, by frequency: the
 `suffix_decoding_*` keys), `draft_model` (a smaller checkpoint directory named by `model`, with the
-target's tokenizer), `mtp` (the target checkpoint's own multi-token-prediction head: Qwen3-Next, Qwen3.5 and
-Qwen3.5-MoE) or `eagle3`. `eagle3` is refused at start-up by name, never ignored. A `model` without a `method`
+target's tokenizer), `mtp` (the target checkpoint's own multi-token-prediction head: Qwen3-Next, Qwen3.5, Qwen3.5-MoE
+and GLM-4-MoE) or `eagle3`. `eagle3` is refused at start-up by name, never ignored. A `model` without a `method`
 means `draft_model`, as in vLLM.
 
 `num_speculative_tokens` is the most draft tokens a sequence verifies per step; the engine chooses
