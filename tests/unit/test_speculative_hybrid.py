@@ -10,6 +10,7 @@ import torch
 
 from core import LLM, SamplingParams
 from core.sequence import Sequence
+from gpu.layers.gated_deltanet import GatedDeltaNet
 from tests.hybrid_models import build_hybrid_model
 from tests.mtp_heads import ReferenceMtp, add_qwen3_next_mtp_head
 
@@ -57,12 +58,18 @@ def speculating(model_dir: Path, prefix_caching: bool, method: str = "ngram", nu
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
-def test_partly_accepted_drafts_on_a_hybrid_keep_the_greedy_output(hybrid_dir: Path, prefix_caching: bool) -> None:
+def test_partly_accepted_drafts_on_a_hybrid_keep_the_greedy_output(hybrid_dir: Path, prefix_caching: bool,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The verifying rows run position by position (every row's i-th token at once), the state after each kept."""
     prompts = REPEATING + PLAIN
     expected = generated(LLM(str(hybrid_dir), enable_prefix_caching=prefix_caching, **COMMON), prompts)
     llm = speculating(hybrid_dir, prefix_caching)
     llm.engine.speculation.proposer = KnownContinuation(prompts, expected)  # type: ignore[union-attr,assignment]
+    by_position = GatedDeltaNet._by_position
+    calls = []
+    monkeypatch.setattr(GatedDeltaNet, "_by_position", lambda *args: calls.append(1) or by_position(*args))
     assert generated(llm, prompts) == expected
+    assert calls
     counts = llm.engine.speculation.counts  # type: ignore[union-attr]
     per_position = counts.accepted_per_position
     assert per_position[0] > per_position[1] > per_position[2] > 0  # none, some and all accepted, each often
