@@ -176,7 +176,9 @@ class LLMEngine:
         """The draft model's runner (speculative method draft_model): one device, the target's KV blocks; for method
         mtp the target's own, built with its head."""
         spec = self.config.scheduler.speculative_config
-        if spec is not None and spec.method == "mtp":
+        if spec is not None and spec.method in DRAFT_HEAD_METHODS:
+            if self.config.model.tensor_parallel_size != 1:
+                raise ValueError(f"speculative_config.method {spec.method!r} runs with tensor_parallel_size 1 only")
             return self.runner
         if spec is None or spec.model is None:
             return None
@@ -672,6 +674,10 @@ def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs 
     )
 
 
+# Methods whose head runs in the target's runner, on the target's hidden states (core/mtp_proposer.py).
+DRAFT_HEAD_METHODS = ("mtp", "eagle3")
+
+
 def _is_full_attention_only(groups: tuple[KVCacheGroup, ...]) -> bool:
     return len(groups) == 1 and groups[0].sliding_window is None
 
@@ -680,6 +686,7 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
     """The runner's part of an engine config. `max_model_len`: the engine's, resolved against the
     model (None: resolved here, from the checkpoint's config.json)."""
     c = config
+    spec = c.scheduler.speculative_config
     if max_model_len is None:
         limit = read_model_info(c.model.model).max_position_embeddings
         max_model_len = _resolve_max_model_len(c.model.max_model_len, limit)
@@ -692,7 +699,8 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
         attention_backend=c.model.attention_backend, seed=c.model.seed,
         tensor_parallel_size=c.model.tensor_parallel_size, cache_dir=str(cache_dir_for(c.model.download_dir)),
         load_format=c.model.load_format, num_state_snapshots=num_state_rows(c, read_model_info(c.model.model)),
-        mtp_head=c.scheduler.speculative_config is not None and c.scheduler.speculative_config.method == "mtp",
+        mtp_head=spec is not None and spec.method == "mtp",
+        eagle3_head=spec.model if spec is not None and spec.method == "eagle3" else None,
     )
 
 
@@ -713,7 +721,7 @@ def num_state_rows(config: EngineConfig, info: ModelInfo) -> int:
 
 
 def _check_mtp_head(config: EngineConfig) -> None:
-    """Speculative method mtp needs a family whose head we run, a checkpoint that has it, and one device."""
+    """Speculative method mtp needs a family whose head we run and a checkpoint that has it."""
     hf_config = load_hf_config(config.model.model)
     prefix = mtp_checkpoint_prefix(hf_config)
     if prefix is None:
@@ -722,8 +730,6 @@ def _check_mtp_head(config: EngineConfig) -> None:
     if config.model.load_format != "dummy" and not has_tensors_named(Path(config.model.model), prefix):
         raise ValueError(f"speculative_config.method 'mtp': the checkpoint {config.model.model!r} has no "
                          f"multi-token-prediction head (no tensor named {prefix}*)")
-    if config.model.tensor_parallel_size != 1:
-        raise ValueError("speculative_config.method 'mtp' runs with tensor_parallel_size 1 only")
 
 
 def _check_whole_prompts_fit(max_model_len: int, max_num_batched_tokens: int) -> None:

@@ -52,15 +52,15 @@ class Speculation:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, draft_runner: Runner | None = None,
                  block_size: int = 16, max_num_batched_tokens: int = 8192) -> None:
         """`draft_runner`: the draft model's (method draft_model), whose KV cache has the target's blocks, or the
-        target's, built with its MTP head (method mtp)."""
+        target's, built with its draft head (methods mtp and eagle3)."""
         self.config = config
         self.max_model_len = max_model_len
         self.proposer: NgramProposer | SuffixProposer | DraftModelProposer | MtpProposer
         if config.method == "draft_model":
             assert draft_runner is not None, "method draft_model needs the draft model's runner"
             self.proposer = DraftModelProposer(draft_runner, block_size, max_num_batched_tokens)
-        elif config.method == "mtp":
-            assert draft_runner is not None, "method mtp needs the target's runner"
+        elif config.method in ("mtp", "eagle3"):  # a head on the target's hidden states, in the target's runner
+            assert draft_runner is not None, f"method {config.method} needs the target's runner"
             self.proposer = MtpProposer(draft_runner, block_size, max_num_batched_tokens)
         elif config.method == "suffix":
             c = config

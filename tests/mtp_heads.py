@@ -132,3 +132,107 @@ class ReferenceMtp:
         out = self.layer(mixed[None], position_embeddings=rotary, attention_mask=causal, position_ids=positions)
         out = (out[0] if isinstance(out, tuple) else out)[0]
         return out if self.is_glm else self.norms[2](out)
+
+
+# EAGLE-3 heads in the speculators format (a directory of their own: config.json and model.safetensors).
+
+EAGLE3_AUX_LAYERS = (0, 2, 3)  # the target's layer 0 (no residual stream yet) among them
+
+
+def write_eagle3_head(directory: Path, target_dir: Path, draft_vocab_size: int = 256, seed: int = 3,
+                      norm_before_residual: bool = True) -> Path:
+    """A random EAGLE-3 head for the tiny Llama-family target in `target_dir`, reading its layers EAGLE3_AUX_LAYERS:
+    its draft vocabulary a random subset of the target's (d2t), fc with a bias, no embedding of its own."""
+    import json
+
+    target = json.loads((target_dir / "config.json").read_text())
+    hidden, vocab = target["hidden_size"], target["vocab_size"]
+    layer = dict(model_type="llama", hidden_size=hidden, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                 intermediate_size=96, rms_norm_eps=1e-6, vocab_size=vocab, max_position_embeddings=2048,
+                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    config = {"architectures": ["Eagle3Speculator"], "speculators_model_type": "eagle3",
+              "transformer_layer_config": layer, "draft_vocab_size": draft_vocab_size,
+              "norm_before_residual": norm_before_residual, "eagle_aux_hidden_state_layer_ids": list(EAGLE3_AUX_LAYERS)}
+    generator = torch.Generator().manual_seed(seed)
+
+    def drawn(*shape: int, spread: float = 0.2) -> torch.Tensor:
+        return torch.randn(shape, generator=generator) * spread
+
+    targets = torch.randperm(vocab, generator=generator)[:draft_vocab_size].sort().values
+    tensors = {"fc.weight": drawn(hidden, 3 * hidden, spread=0.1), "fc.bias": drawn(hidden),
+               "layers.0.self_attn.q_proj.weight": drawn(64, 2 * hidden),
+               "layers.0.self_attn.k_proj.weight": drawn(32, 2 * hidden),
+               "layers.0.self_attn.v_proj.weight": drawn(32, 2 * hidden),
+               "layers.0.self_attn.o_proj.weight": drawn(hidden, 64),
+               "layers.0.mlp.gate_proj.weight": drawn(96, hidden), "layers.0.mlp.up_proj.weight": drawn(96, hidden),
+               "layers.0.mlp.down_proj.weight": drawn(hidden, 96),
+               "lm_head.weight": drawn(draft_vocab_size, hidden),
+               "d2t": targets - torch.arange(draft_vocab_size),
+               "t2d": torch.zeros(vocab, dtype=torch.bool).index_fill_(0, targets, True)}
+    for name in ("layers.0.input_layernorm", "layers.0.hidden_norm", "layers.0.post_attention_layernorm", "norm"):
+        tensors[name + ".weight"] = 1.0 + drawn(hidden)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text(json.dumps(config))
+    save_file(tensors, directory / "model.safetensors", metadata={"format": "pt"})
+    return directory
+
+
+class ReferenceEagle3:
+    """An EAGLE-3 head computed with transformers' Llama parts as the speculators project defines the head: the
+    target's hidden states entering the chosen layers (transformers' output_hidden_states), fc, the layer over
+    [input_layernorm(embedding); hidden_norm(h)], the norm, the draft LM head and d2t."""
+
+    def __init__(self, target_dir: Path, head_dir: Path) -> None:
+        import json
+
+        import transformers
+        from transformers.models.llama import modeling_llama
+
+        self.target = transformers.AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).eval()
+        config = json.loads((head_dir / "config.json").read_text())
+        self.layer_config = transformers.LlamaConfig(**config["transformer_layer_config"])
+        self.norm_before_residual = config["norm_before_residual"]
+        self.aux_layers = config["eagle_aux_hidden_state_layer_ids"]
+        self.w = load_file(head_dir / "model.safetensors")
+        self.rotary = modeling_llama.LlamaRotaryEmbedding(self.layer_config)
+        self.apply_rotary = modeling_llama.apply_rotary_pos_emb
+        self.mlp = modeling_llama.LlamaMLP(self.layer_config)
+        self.mlp.load_state_dict({k.removeprefix("layers.0.mlp."): v for k, v in self.w.items()
+                                  if k.startswith("layers.0.mlp.")})
+        self.norm_class = modeling_llama.LlamaRMSNorm
+
+    def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        norm = self.norm_class(x.shape[-1], eps=self.layer_config.rms_norm_eps)
+        norm.weight.data.copy_(self.w[name + ".weight"])
+        return norm(x)
+
+    @torch.no_grad()
+    def drafts(self, token_ids: list[int], num_drafts: int) -> list[int]:
+        states = self.target.model(torch.tensor([token_ids[:-1]]), output_hidden_states=True).hidden_states
+        aux = torch.cat([states[i][0] for i in self.aux_layers], dim=-1)
+        hidden = aux @ self.w["fc.weight"].T + self.w["fc.bias"]
+        next_tokens = list(token_ids[1:])
+        drafts: list[int] = []
+        for _ in range(num_drafts):
+            out = self._head(torch.tensor(next_tokens), hidden)
+            draft = int((self._norm("norm", out[-1]) @ self.w["lm_head.weight"].T).argmax())
+            drafts.append(draft + int(self.w["d2t"][draft]))
+            next_tokens.append(drafts[-1])
+            hidden = torch.cat([hidden, out[-1:]])  # the head's own output in place of the target's
+        return drafts
+
+    def _head(self, next_tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        w, n = self.w, next_tokens.shape[0]
+        normed = self._norm("layers.0.hidden_norm", hidden)
+        residual = normed if self.norm_before_residual else hidden
+        x = torch.cat([self._norm("layers.0.input_layernorm", self.target.model.embed_tokens(next_tokens)), normed], -1)
+        q = (x @ w["layers.0.self_attn.q_proj.weight"].T).view(n, 4, 16).transpose(0, 1)[None]
+        k = (x @ w["layers.0.self_attn.k_proj.weight"].T).view(n, 2, 16).transpose(0, 1)[None]
+        v = (x @ w["layers.0.self_attn.v_proj.weight"].T).view(n, 2, 16).transpose(0, 1)[None]
+        cos, sin = self.rotary(x[None], torch.arange(n)[None])
+        q, k = self.apply_rotary(q, k, cos, sin)
+        k, v = k.repeat_interleave(2, dim=1), v.repeat_interleave(2, dim=1)
+        scores = (q @ k.transpose(-1, -2)) / 16**0.5 + torch.full((n, n), float("-inf")).triu(1)
+        attended = (scores.softmax(-1) @ v)[0].transpose(0, 1).reshape(n, 64) @ w["layers.0.self_attn.o_proj.weight"].T
+        stream = residual + attended
+        return stream + self.mlp(self._norm("layers.0.post_attention_layernorm", stream))

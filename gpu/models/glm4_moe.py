@@ -105,13 +105,13 @@ class Glm4MoeForCausalLM(LlamaForCausalLM):
         """Speculative decoding's method `mtp`: the first MTP layer is built, and loaded from the checkpoint."""
         self.mtp = MtpLayer(self.config, max_position, kernels, tp)
 
-    def run_mtp_head(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+    def run_draft_head(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                      meta: AttentionMetadata) -> torch.Tensor:
         """The head's hidden states (what a later draft reads back)."""
         assert self.mtp is not None, "the model was built without its MTP head"
         return self.mtp(self.model.embed(input_ids), hidden, positions, meta)
 
-    def mtp_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         assert self.mtp is not None
         return self.mtp.logits(hidden)
 

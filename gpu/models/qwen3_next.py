@@ -159,13 +159,13 @@ class Qwen3NextForCausalLM(CausalLM):
         """Where the checkpoint keeps the MTP head's tensors."""
         return MTP_PREFIX
 
-    def run_mtp_head(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+    def run_draft_head(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
                      meta: AttentionMetadata) -> torch.Tensor:
         """The head's hidden states (what a later draft reads back)."""
         assert self.mtp is not None, "the model was built without its MTP head"
         return self.mtp(self.model.embed(input_ids), hidden, positions, meta)
 
-    def mtp_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
         """The head's logits: through the target's LM head (the head's output is normed already)."""
         return self.compute_logits(hidden)
 
