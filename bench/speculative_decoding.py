@@ -10,7 +10,7 @@ Contenders: `off` (no speculation), and speculative configs by name: `ngram` (ad
 default), `ngram-fixed` (all `--drafts` drafts every step, as vLLM), `suffix` (adaptive), `draft-self` (the
 target as its own draft model, all drafts every step: every draft is accepted, so its speed is the step-cost
 model's best case), `mtp` and `mtp-fixed` (the checkpoint's own multi-token-prediction head, adaptive or all
-drafts every step). All
+drafts every step), `eagle3` (the EAGLE-3 head `--eagle3-head` names, adaptive). All
 contenders are built first, with explicit KV-cache sizes so they share the device; each repetition runs every
 contender in turn, so a change in the machine's load falls on all alike.
 
@@ -115,6 +115,7 @@ CONTENDERS = {
     "draft-self": {"method": "draft_model", "adaptive": False},
     "mtp": {"method": "mtp"},  # the checkpoint's multi-token-prediction head (GLM-4-MoE, Qwen3-Next / Qwen3.5)
     "mtp-fixed": {"method": "mtp", "adaptive": False},
+    "eagle3": {"method": "eagle3"},  # the head named by --eagle3-head
 }
 
 
@@ -131,6 +132,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--requests-per-level", type=int, default=0, help="requests per level (0: 3 x level, >= 32)")
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument("--kv-cache-blocks", type=int, default=16384, help="per contender (a draft model doubles it)")
+    p.add_argument("--eagle3-head", default=None, help="contender eagle3: the head's directory (speculators format)")
     p.add_argument("--out", required=True)
     return p.parse_args(argv)
 
@@ -141,6 +143,8 @@ def build(name: str, args: argparse.Namespace, model_dir: Path) -> LLMEngine:
         spec = {**spec, "num_speculative_tokens": args.drafts}
         if spec["method"] == "draft_model":
             spec["model"] = str(model_dir)
+        elif spec["method"] == "eagle3":
+            spec["model"] = args.eagle3_head
     return LLMEngine(engine_config(str(model_dir), dtype=args.dtype, device=args.device,
                                    max_model_len=args.max_model_len, max_num_seqs=256, max_num_batched_tokens=8192,
                                    kv_cache_blocks=args.kv_cache_blocks, speculative_config=spec))

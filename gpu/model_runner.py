@@ -436,10 +436,12 @@ class ModelRunner:
     def _allocate_target_hidden(self, hf_config: PretrainedConfig) -> torch.Tensor | None:
         if self.drafter is None:
             return None
-        full = [g for g in self.kv_cache_groups if g.sliding_window is None]
-        assert len(full) == 1, "the draft head reads hidden states by the slots of the one full-attention group"
-        return torch.zeros(full[0].num_blocks * self.config.block_size, self._target_hidden_width(hf_config),
-                           dtype=self.dtype, device=self.device)
+        if len(self.kv_cache_groups) != 1 or self.kv_cache_groups[0].sliding_window is not None:
+            # The head's inputs and K/V sit at the slots of the target's positions, through one full-attention table.
+            raise ValueError("speculative_config.method mtp / eagle3: a draft head needs a target whose layers all "
+                             "keep the whole context; this one has sliding-window layers")
+        num_slots = self.kv_cache_groups[0].num_blocks * self.config.block_size
+        return torch.zeros(num_slots, self._target_hidden_width(hf_config), dtype=self.dtype, device=self.device)
 
     def _target_hidden_width(self, hf_config: PretrainedConfig) -> int:
         """What the draft head reads of the target per token: its last hidden state (MTP), or the inputs of three

@@ -116,3 +116,35 @@ def test_mtp_float32_output_equals_output_without_drafts_and_drafts_are_the_head
     reference = ReferenceMtp(glm_mtp_dir)
     for token_ids, drafts in drafted[:: max(1, len(drafted) // 8)]:
         assert reference.drafts(token_ids, len(drafts)) == drafts
+
+
+def test_eagle3_float32_output_equals_output_without_drafts_and_drafts_are_the_heads(tmp_path: Path) -> None:
+    """Method eagle3 on CUDA (decode steps eager: the layers' inputs are kept by the eager forward): greedy output
+    unchanged, and each draft is the head's prediction as transformers' Llama parts compute it (on the CPU)."""
+    from core.tiny_model import TinyModelSpec
+    from tests.mtp_heads import ReferenceEagle3, write_eagle3_head
+
+    target = build_tiny_model(tmp_path / "target", TinyModelSpec(architecture="llama", num_layers=4,
+                                                                  tie_word_embeddings=False, seed=4))
+    head = write_eagle3_head(tmp_path / "head", target)
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    _, want = run(target, "float32", None, params)
+    llm = LLM(str(target), dtype="float32", speculative_config={"method": "eagle3", "model": str(head),
+                                                                "num_speculative_tokens": 3}, **COMMON)
+    speculation = llm.engine.speculation
+    assert speculation is not None
+    drafted: list[tuple[list[int], list[int]]] = []
+    fill = speculation.fill
+
+    def recording_fill(scheduled: list) -> None:
+        fill(scheduled)
+        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
+                       if s.seq.draft_token_ids)
+
+    speculation.fill = recording_fill  # type: ignore[method-assign]
+    got = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert len(drafted) >= 5
+    reference = ReferenceEagle3(target, head)
+    for token_ids, drafts in drafted[:: max(1, len(drafted) // 8)]:
+        assert reference.drafts(token_ids, len(drafts)) == drafts

@@ -64,3 +64,14 @@ def test_eagle3_drafts_are_the_heads_predictions(dirs: tuple[Path, Path]) -> Non
 def test_a_directory_that_is_not_an_eagle3_head_is_refused_at_start(dirs: tuple[Path, Path]) -> None:
     with pytest.raises(ValueError, match="not an EAGLE-3 head in the speculators format"):
         LLM(str(dirs[0]), **COMMON, speculative_config={"method": "eagle3", "model": str(dirs[0])})
+
+
+def test_a_target_with_sliding_window_layers_is_refused_at_start(tmp_path: Path) -> None:
+    from dataclasses import replace
+
+    from tests.tiny_specs import FAMILY_SPECS
+
+    target = build_tiny_model(tmp_path / "mistral", replace(FAMILY_SPECS["mistral"], num_layers=4))
+    head = write_eagle3_head(tmp_path / "head", target)
+    with pytest.raises(ValueError, match="a draft head needs a target whose layers all keep the whole context"):
+        LLM(str(target), **COMMON, speculative_config={"method": "eagle3", "model": str(head)})
