@@ -565,11 +565,11 @@ class ModelRunner:
             draw = self._graph_draw(batch, rows)
             out = self.decode.run(batch, self._last_sampled_ids, draw)
             state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
-            if out.hidden is not None:
-                self._keep_target_hidden(batch, out.hidden)
             if draw is not None:  # the graph drew the tokens: no launch from here to the copy to the host
                 assert out.logits is not None and out.token_ids is not None
-                return self._launched(self.sampler.finish_graph_draw(out.logits, out.token_ids, rows, draw), None)
+                pending = self._launched(self.sampler.finish_graph_draw(out.logits, out.token_ids, rows, draw), None)
+                self._keep_target_hidden(batch, out.hidden)  # after the copy is queued
+                return pending
             hidden = out.hidden
             if len(rows) == batch.num_rows:
                 logits = out.logits  # computed by the graph (None without a sampling head)
