@@ -27,7 +27,8 @@ def hybrid_dir(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPath
     return build_hybrid_model(tmp_path_factory.mktemp(request.param), request.param, tiny_model_dirs["qwen3"])
 
 
-def generated(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list[list[int]]:
+def generated(llm: LLM, prompts: list[list[int]], params: SamplingParams | list[SamplingParams] = GREEDY
+              ) -> list[list[int]]:
     outputs = llm.generate(prompts, params)
     stats = llm.engine.stats()
     assert stats.num_used_blocks == 0
@@ -170,3 +171,15 @@ def test_mtp_without_the_heads_weights_is_refused_at_start(tmp_path: Path, tiny_
 def test_mtp_for_a_family_without_a_head_is_refused_at_start(tiny_model_dirs: dict[str, Path]) -> None:
     with pytest.raises(ValueError, match=r"speculative_config.method 'mtp': no multi-token-prediction head is run"):
         speculating(tiny_model_dirs["qwen3"], True, method="mtp")
+
+
+def test_mtp_with_the_measured_controller_and_seeded_sampling(mtp_dir: Path) -> None:
+    """Plain steps (queued asynchronously) between drafting ones keep the head's inputs too; a seeded request draws
+    the tokens it draws without drafts."""
+    prompts = REPEATING + PLAIN
+    seeded = [SamplingParams(temperature=0.8, seed=7 + i, max_tokens=24, ignore_eos=True) for i in range(len(prompts))]
+    plain = LLM(str(mtp_dir), **COMMON)
+    llm = LLM(str(mtp_dir), **COMMON, speculative_config={"method": "mtp", "num_speculative_tokens": 3})
+    assert generated(llm, prompts) == generated(plain, prompts)
+    assert generated(llm, prompts, seeded) == generated(plain, prompts, seeded)
+    assert llm.engine.speculation.counts.num_draft_tokens > 0  # type: ignore[union-attr]
