@@ -159,8 +159,9 @@ class ModelRunner:
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
         # Per phase, each candidate's summed step milliseconds when `auto` measured them, now or at an earlier start.
         self.attention_times: dict[str, dict[str, float]] | None = None
+        self.target_hidden: torch.Tensor | None = None  # set once the KV cache exists
         self.kv_cache_groups = self._allocate_kv_cache()
-        # The MTP head's inputs (speculative method mtp): the target's last hidden state at each KV slot it computed.
+        # The draft head's inputs (methods mtp, eagle3): what it reads of the target at each KV slot it computed.
         self.target_hidden = self._allocate_target_hidden(hf_config)
         self._last_mtp_hidden: torch.Tensor | None = None  # [sampled rows, hidden] of the last head step
         self.backend, why = self._choose_backend(names, first, hf_config)
@@ -457,8 +458,8 @@ class ModelRunner:
             self.target_hidden[slots] = hidden[: len(batch.slot_mapping)].to(self.target_hidden.dtype)
 
     def _launch_mtp(self, batch: Batch) -> PendingStep | PendingLogits:
-        """A step of the MTP head (Batch.mtp): its hidden inputs from the hidden-state cache or the previous head
-        step; each sampled row draws from its last token's logits."""
+        """A step of the draft head (Batch.mtp; an MTP or EAGLE-3 head): its hidden inputs from the hidden-state cache
+        or the previous head step; each sampled row draws from its last token's logits."""
         assert batch.mtp is not None and self.target_hidden is not None
         input_ids, positions, meta = step_inputs(batch, self.device)
         if batch.fed_back_token_indices:
