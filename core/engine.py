@@ -138,8 +138,9 @@ class LLMEngine:
             _check_whole_prompts_fit(self.max_model_len, config.scheduler.max_num_batched_tokens)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
-        if config.scheduler.speculative_config is not None and config.scheduler.speculative_config.method == "mtp":
-            _check_mtp_head(config)
+        spec_config = config.scheduler.speculative_config
+        if spec_config is not None and spec_config.method in DRAFT_HEAD_METHODS:
+            _check_draft_head(config, spec_config.method)
         self.runner = runner if runner is not None else make_runner(
             runner_config(config, self.max_model_len), None if self.pooling is None else self.pooling.pooler)
         self.block_size = config.cache.block_size
@@ -165,7 +166,6 @@ class LLMEngine:
         self._grammars: Grammars | None = None  # built at the first structured-output request
         self._compiling: dict[Sequence, concurrent.futures.Future] = {}  # waiting for their grammar, unscheduled
         self.metrics = EngineMetrics()
-        spec_config = config.scheduler.speculative_config
         if spec_config is not None and self.pooling is not None:
             raise ValueError("speculative_config: a pooling model generates no tokens to speculate on")
         self.speculation = None if spec_config is None else Speculation(
@@ -173,12 +173,10 @@ class LLMEngine:
             config.scheduler.max_num_batched_tokens)
 
     def _draft_runner(self) -> Runner | None:
-        """The draft model's runner (speculative method draft_model): one device, the target's KV blocks; for method
-        mtp the target's own, built with its head."""
+        """The draft model's runner (speculative method draft_model): one device, the target's KV blocks; for methods
+        mtp and eagle3 the target's own, built with the head."""
         spec = self.config.scheduler.speculative_config
         if spec is not None and spec.method in DRAFT_HEAD_METHODS:
-            if self.config.model.tensor_parallel_size != 1:
-                raise ValueError(f"speculative_config.method {spec.method!r} runs with tensor_parallel_size 1 only")
             return self.runner
         if spec is None or spec.model is None:
             return None
@@ -720,8 +718,13 @@ def num_state_rows(config: EngineConfig, info: ModelInfo) -> int:
     return num_state_snapshots(config, info) + (num_draft_rows if info.has_linear_attention else 0)
 
 
-def _check_mtp_head(config: EngineConfig) -> None:
-    """Speculative method mtp needs a family whose head we run and a checkpoint that has it."""
+def _check_draft_head(config: EngineConfig, method: str) -> None:
+    """A draft head runs on one device; method mtp needs a family whose head we run and a checkpoint that has it
+    (an EAGLE-3 head's directory is checked as it loads)."""
+    if config.model.tensor_parallel_size != 1:
+        raise ValueError(f"speculative_config.method {method!r} runs with tensor_parallel_size 1 only")
+    if method != "mtp":
+        return
     hf_config = load_hf_config(config.model.model)
     prefix = mtp_checkpoint_prefix(hf_config)
     if prefix is None:
