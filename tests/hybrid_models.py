@@ -62,4 +62,3 @@ def use_transformers_torch_delta_rule() -> None:
             function = getattr(module, name, None)
             if function is not None and hasattr(function, "__wrapped__"):
                 setattr(module, name, function.__wrapped__)
-

@@ -148,3 +148,50 @@ def test_eagle3_float32_output_equals_output_without_drafts_and_drafts_are_the_h
     reference = ReferenceEagle3(target, head)
     for token_ids, drafts in drafted[:: max(1, len(drafted) // 8)]:
         assert reference.drafts(token_ids, len(drafts)) == drafts
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_mtp_dir(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    """A tiny Qwen3.5 (Gated DeltaNet hybrid) with a random MTP head."""
+    from tests.hybrid_models import build_hybrid_model
+    from tests.mtp_heads import add_qwen3_next_mtp_head
+
+    directory = build_hybrid_model(tmp_path_factory.mktemp("qwen3_5-mtp-gpu"), "qwen3_5", model_dir)
+    add_qwen3_next_mtp_head(directory)
+    return directory
+
+
+@pytest.mark.parametrize("method", ["ngram", "mtp"])
+def test_a_hybrid_gives_the_same_float32_tokens_with_drafts(qwen3_5_mtp_dir: Path, method: str) -> None:
+    """Verified rows run the linear layers position by position (the decode kernel), rejected drafts' state restored
+    from the rows saved after each token; plain decode steps replay the graphs between drafting ones."""
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    _, want = run(qwen3_5_mtp_dir, "float32", None, params)
+    llm, got = run(qwen3_5_mtp_dir, "float32", {"method": method, "num_speculative_tokens": 3}, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert llm.engine.speculation.counts.num_draft_tokens > 0  # type: ignore[union-attr]
+
+
+def test_a_hybrids_mtp_drafts_are_the_heads_predictions(qwen3_5_mtp_dir: Path) -> None:
+    from tests.hybrid_models import use_transformers_torch_delta_rule
+    from tests.mtp_heads import ReferenceMtp
+
+    llm = LLM(str(qwen3_5_mtp_dir), dtype="float32", **COMMON,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
+    speculation = llm.engine.speculation
+    assert speculation is not None
+    drafted: list[tuple[list[int], list[int]]] = []
+    fill = speculation.fill
+
+    def recording_fill(scheduled: list) -> None:
+        fill(scheduled)
+        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
+                       if s.seq.draft_token_ids)
+
+    speculation.fill = recording_fill  # type: ignore[method-assign]
+    llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    assert len(drafted) >= 5
+    use_transformers_torch_delta_rule()  # the reference runs on the CPU: transformers' torch rule, not fla's
+    reference = ReferenceMtp(qwen3_5_mtp_dir)
+    for token_ids, drafts in drafted[:: max(1, len(drafted) // 8)]:
+        assert reference.drafts(token_ids, len(drafts)) == drafts
