@@ -93,7 +93,10 @@ class ReferenceMtp:
         layer_names = [k for k in head if k.startswith(layer_prefix) and not k.startswith(
             ("enorm", "hnorm", "eh_proj", "shared_head", "embed_tokens"))]
         layer = getattr(module, family + "DecoderLayer")(config, TEMPLATE_LAYER)
-        layer.load_state_dict(fused_experts({k.removeprefix(layer_prefix): head[k] for k in layer_names}))
+        tensors_of_layer = {k.removeprefix(layer_prefix): head[k] for k in layer_names}
+        if "mlp.experts.gate_up_proj" in layer.state_dict():  # transformers' fused experts (not in every version)
+            tensors_of_layer = fused_experts(tensors_of_layer)
+        layer.load_state_dict(tensors_of_layer)
         self.layer = layer.eval()
         norm_names = ("enorm", "hnorm", "shared_head.norm") if self.is_glm else (
             "pre_fc_norm_embedding", "pre_fc_norm_hidden", "norm")
