@@ -46,10 +46,10 @@ from gpu.model_runner import ModelRunner
 PROMPT_SETS = tomllib.loads(Path(__file__).with_name("prompts.toml").read_text())
 # Speculative configs by name (num_speculative_tokens: --drafts): n-gram lookup with as many drafts as pay (the
 # default), with every draft every step (as vLLM), suffix lookup, and the target as its own draft model with every
-# draft every step (all accepted: the step-cost model's best case).
+# draft every step (all accepted: the step-cost model's best case), the checkpoint's own MTP head.
 SPECULATIVE: dict[str, dict[str, object] | None] = {
     "off": None, "ngram": {"method": "ngram", "prompt_lookup_max": 4},
-    "ngram-fixed": {"method": "ngram", "prompt_lookup_max": 4, "adaptive": False},
+    "ngram-fixed": {"method": "ngram", "prompt_lookup_max": 4, "adaptive": False}, "mtp": {"method": "mtp"},
     "suffix": {"method": "suffix"}, "draft-self": {"method": "draft_model", "adaptive": False}}
 # How the OpenMP threads of every contender (torch's, our C kernels', llama.cpp's) run and wait: recorded where set.
 OPENMP_ENVIRONMENT = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND")

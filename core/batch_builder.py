@@ -68,7 +68,7 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
         batch.context_lens.append(end)
         batch.block_tables.append(block_ids)
         if linear_states is not None:
-            _add_state_slot(seq, start, end, linear_states, batch)
+            _add_state_slot(seq, start, end, num_drafts, linear_states, batch)
         if seq.pooling is not None:
             batch.pooling.append(_pooling_row(seq, start, end, len(batch.sampling), pooling_slots))
             batch.sampling.append(None)
@@ -102,11 +102,20 @@ def _pooling_row(seq: Sequence, start: int, end: int, row: int, pooling_slots: P
     return PoolingRow(row, seq.num_prompt_tokens, starts, ends, seq.pooling_slot)
 
 
-def _add_state_slot(seq: Sequence, start: int, end: int, linear_states: LinearStates, batch: Batch) -> None:
-    """The row's state slot (taken at its first row), and its snapshot restore and save where it has them."""
+def _add_state_slot(seq: Sequence, start: int, end: int, num_drafts: int, linear_states: LinearStates,
+                    batch: Batch) -> None:
+    """The row's state slot (taken at its first row), and its snapshot restore and save where it has them; a row
+    that verifies drafts saves its state after each token but the last, one after a rejection restores it."""
     if seq.state_slot is None:
         seq.state_slot = linear_states.slots.allocate()
     batch.state_slots.append(seq.state_slot)
+    if linear_states.drafts is not None:
+        restore = linear_states.drafts.restore_of_row(seq, start)
+        if restore is not None:
+            batch.state_restores.append((restore, seq.state_slot))
+        if num_drafts:
+            row = len(batch.query_lens) - 1
+            batch.state_saves.extend((row, n, r) for n, r in linear_states.drafts.saves(seq.state_slot, num_drafts))
     if linear_states.snapshots is not None:
         copies = linear_states.snapshots.copies_of_row(seq, start, end)
         if copies.restore is not None:

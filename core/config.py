@@ -182,9 +182,11 @@ class SchedulerConfig:
                                     "running streams pause for up to this long (0: every step decodes every "
                                     "running sequence, as vLLM)")
     speculative_config: SpeculativeConfig | None = setting(
-        None, "speculative decoding, as a JSON object of vLLM's keys: method (ngram, suffix, or draft_model with "
-        "model: a checkpoint directory with the target's tokenizer; mtp and eagle3 are refused as not implemented "
-        "yet), num_speculative_tokens (the most draft tokens per sequence and step; each step uses as many as its "
+        None, "speculative decoding, as a JSON object of vLLM's keys: method (ngram, suffix, draft_model with "
+        "model: a checkpoint directory with the target's tokenizer, or mtp: the checkpoint's own multi-token-"
+        "prediction head, Qwen3-Next, Qwen3.5 and GLM-4-MoE, or eagle3 with model: an EAGLE-3 head's directory in "
+        "the speculators format), "
+        "num_speculative_tokens (the most draft tokens per sequence and step; each step uses as many as its "
         "measured cost and acceptance pay for, down to none; our key adaptive false uses all of them every step, as "
         "vLLM), prompt_lookup_min, prompt_lookup_max, suffix_decoding_*; "
         "e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'",

@@ -75,36 +75,36 @@ class DraftModelProposer:
     def _catch_up_batches(self, seqs: list[Sequence]) -> list[Batch]:
         """The positions before each sequence's last token whose draft K/V it lacks, in batches of at most a step's
         token budget (a long prompt over several); nothing is sampled."""
-        batches, batch = [], _empty_batch()
+        batches, batch = [], empty_batch()
         for seq in seqs:
             start, end = seq.draft_state.num_computed_tokens, seq.num_tokens - 1  # type: ignore[union-attr]
             while start < end:
                 room = self.max_num_batched_tokens - len(batch.token_ids)
                 if room == 0:
                     batches.append(batch)
-                    batch, room = _empty_batch(), self.max_num_batched_tokens
+                    batch, room = empty_batch(), self.max_num_batched_tokens
                 stop = min(end, start + room)
                 batch.token_ids.extend(seq.token_ids[start:stop])
                 batch.positions.extend(range(start, stop))
                 batch.slot_mapping.extend(self._slot(seq, p) for p in range(start, stop))
-                _add_row(batch, seq, stop - start, stop, sampled=False)
+                add_row(batch, seq, stop - start, stop, sampled=False)
                 start = stop
         return batches + [batch] if batch.token_ids else batches
 
     def _last_token_batch(self, seqs: list[Sequence]) -> Batch:
         """Each sequence's last token: the first draft is sampled after it."""
-        batch = _empty_batch()
+        batch = empty_batch()
         for seq in seqs:
             position = seq.num_tokens - 1
             batch.token_ids.append(seq.token_ids[position])
             batch.positions.append(position)
             batch.slot_mapping.append(self._slot(seq, position))
-            _add_row(batch, seq, 1, position + 1)
+            add_row(batch, seq, 1, position + 1)
         return batch
 
     def _next_batch(self, seqs: list[Sequence], previous: list[Sequence], index: int) -> Batch:
         """One token per sequence: the draft the previous launch drew (fed back on the device), at its position."""
-        batch = _empty_batch()
+        batch = empty_batch()
         row_of = {seq: row for row, seq in enumerate(previous)}
         for seq in seqs:
             position = seq.num_tokens - 1 + index
@@ -113,18 +113,18 @@ class DraftModelProposer:
             batch.token_ids.append(0)
             batch.positions.append(position)
             batch.slot_mapping.append(self._slot(seq, position))
-            _add_row(batch, seq, 1, position + 1)
+            add_row(batch, seq, 1, position + 1)
         return batch
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_tables[0][position // self.block_size] * self.block_size + position % self.block_size
 
 
-def _empty_batch() -> Batch:
+def empty_batch() -> Batch:
     return Batch(token_ids=[], positions=[], slot_mapping=[], query_lens=[], context_lens=[], block_tables=[])
 
 
-def _add_row(batch: Batch, seq: Sequence, query_len: int, context_len: int, sampled: bool = True) -> None:
+def add_row(batch: Batch, seq: Sequence, query_len: int, context_len: int, sampled: bool = True) -> None:
     batch.query_lens.append(query_len)
     batch.context_lens.append(context_len)
     batch.block_tables.append(seq.block_tables[0])

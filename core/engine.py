@@ -40,6 +40,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 
@@ -59,12 +60,14 @@ from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence, SequenceStatus
 from core.speculation import Speculation
-from core.state_snapshots import LinearStates, StateSnapshots
+from core.state_snapshots import DraftStates, LinearStates, StateSnapshots
 from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
 from gpu.kv_cache_groups import KVCacheGroup, context_block_limit
-from gpu.model_info import ModelInfo, read_model_info
+from gpu.loader import has_tensors_named
+from gpu.model_info import ModelInfo, load_hf_config, read_model_info
+from gpu.models import mtp_checkpoint_prefix
 from gpu.runner import Runner, StepInFlight
 from gpu.runner_factory import AwaitingMasks, make_runner
 
@@ -109,10 +112,9 @@ class LLMEngine:
             _check_whole_prompts_fit(self.max_model_len, config.scheduler.max_num_batched_tokens)
         self.vocab_size = info.vocab_size
         self.eos_token_ids = info.eos_token_ids
-        if info.has_linear_attention and config.scheduler.speculative_config is not None:
-            # A verified step advances the linear layers' state over every draft; a rejected one cannot be taken out.
-            raise ValueError("speculative_config: not supported for models with linear-attention layers (Qwen3.5, "
-                             "Qwen3-Next): their state cannot drop rejected drafts")
+        spec_config = config.scheduler.speculative_config
+        if spec_config is not None and spec_config.method in DRAFT_HEAD_METHODS:
+            _check_draft_head(config, spec_config.method)
         self.runner = runner if runner is not None else make_runner(
             runner_config(config, self.max_model_len), None if self.pooling is None else self.pooling.pooler)
         self.block_size = config.cache.block_size
@@ -138,7 +140,6 @@ class LLMEngine:
         self._grammars: Grammars | None = None  # built at the first structured-output request
         self._compiling: dict[Sequence, concurrent.futures.Future] = {}  # waiting for their grammar, unscheduled
         self.metrics = EngineMetrics()
-        spec_config = config.scheduler.speculative_config
         if spec_config is not None and self.pooling is not None:
             raise ValueError("speculative_config: a pooling model generates no tokens to speculate on")
         self.speculation = None if spec_config is None else Speculation(
@@ -146,14 +147,21 @@ class LLMEngine:
             config.scheduler.max_num_batched_tokens)
 
     def _draft_runner(self) -> Runner | None:
-        """The draft model's runner (speculative method draft_model): one device, the target's KV blocks."""
+        """The draft model's runner (speculative method draft_model): one device, the target's KV blocks; for methods
+        mtp and eagle3 the target's own, built with the head."""
         spec = self.config.scheduler.speculative_config
+        if spec is not None and spec.method in DRAFT_HEAD_METHODS:
+            return self.runner
         if spec is None or spec.model is None:
             return None
         if self.config.model.tensor_parallel_size != 1:
             raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 only")
-        if read_model_info(spec.model).vocab_size != self.vocab_size:
+        draft_info = read_model_info(spec.model)
+        if draft_info.vocab_size != self.vocab_size:
             raise ValueError(f"speculative_config.model {spec.model!r}: its vocabulary is not the target's")
+        if draft_info.has_linear_attention:  # its batches carry no state slots of its own
+            raise ValueError(f"speculative_config.model {spec.model!r}: a draft model with linear-attention layers "
+                             "is not supported")
         # The draft writes its K/V through the target's block tables, of a single full-attention group (a windowed
         # group's tables name the null block before the window, where a draft catching up would still write).
         if not _is_full_attention_only(self.runner.kv_cache_groups):
@@ -522,6 +530,8 @@ class LLMEngine:
                 seq.num_computed_tokens = seq.num_tokens - 1
                 self.block_manager.release_tail(seq, seq.num_computed_tokens)
                 self.speculation.on_verified(seq, num_tokens_before, num_drafts)
+                if self.linear_states is not None and self.linear_states.drafts is not None:
+                    self.linear_states.drafts.after_verified(seq, num_tokens_before - 1, num_drafts)
             if seq.first_token_time is None:
                 seq.first_token_time = now
                 first_token_seqs.append(seq)
@@ -608,7 +618,9 @@ class LLMEngine:
         if not num_snapshots and config.cache.enable_prefix_caching:
             logger.info("prefix caching off: the model's linear-attention layers keep no state snapshots")
         snapshots = StateSnapshots(num_snapshots, max_num_seqs, self.block_size) if num_snapshots else None
-        return LinearStates(PenaltySlots(max_num_seqs), snapshots)
+        spec = config.scheduler.speculative_config
+        drafts = None if spec is None else DraftStates(max_num_seqs + num_snapshots, spec.num_speculative_tokens)
+        return LinearStates(PenaltySlots(max_num_seqs), snapshots, drafts)
 
     def _release_penalty_slot(self, seq: Sequence) -> None:
         if seq.penalty_slot is not None:
@@ -634,6 +646,10 @@ def _output(seq: Sequence, new_ids: list[int], new_logprobs: list[TokenLogprobs 
     )
 
 
+# Methods whose head runs in the target's runner, on the target's hidden states (core/mtp_proposer.py).
+DRAFT_HEAD_METHODS = ("mtp", "eagle3")
+
+
 def _is_full_attention_only(groups: tuple[KVCacheGroup, ...]) -> bool:
     return len(groups) == 1 and groups[0].sliding_window is None
 
@@ -642,6 +658,7 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
     """The runner's part of an engine config. `max_model_len`: the engine's, resolved against the
     model (None: resolved here, from the checkpoint's config.json)."""
     c = config
+    spec = c.scheduler.speculative_config
     if max_model_len is None:
         limit = read_model_info(c.model.model).max_position_embeddings
         max_model_len = _resolve_max_model_len(c.model.max_model_len, limit)
@@ -653,7 +670,9 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
         max_model_len=max_model_len, enforce_eager=c.model.enforce_eager,
         attention_backend=c.model.attention_backend, seed=c.model.seed,
         tensor_parallel_size=c.model.tensor_parallel_size, cache_dir=str(cache_dir_for(c.model.download_dir)),
-        load_format=c.model.load_format, num_state_snapshots=num_state_snapshots(c, read_model_info(c.model.model)),
+        load_format=c.model.load_format, num_state_snapshots=num_state_rows(c, read_model_info(c.model.model)),
+        mtp_head=spec is not None and spec.method == "mtp",
+        eagle3_head=spec.model if spec is not None and spec.method == "eagle3" else None,
     )
 
 
@@ -663,6 +682,31 @@ def num_state_snapshots(config: EngineConfig, info: ModelInfo) -> int:
         return 0
     requested = config.cache.num_state_snapshots
     return requested if requested is not None else 2 * config.scheduler.max_num_seqs
+
+
+def num_state_rows(config: EngineConfig, info: ModelInfo) -> int:
+    """Rows of the linear-attention state cache after the sequence slots: the snapshots, then speculative decoding's
+    states after each draft of a verified row (core/state_snapshots.py DraftStates)."""
+    spec = config.scheduler.speculative_config
+    num_draft_rows = config.scheduler.max_num_seqs * spec.num_speculative_tokens if spec is not None else 0
+    return num_state_snapshots(config, info) + (num_draft_rows if info.has_linear_attention else 0)
+
+
+def _check_draft_head(config: EngineConfig, method: str) -> None:
+    """A draft head runs on one device; method mtp needs a family whose head we run and a checkpoint that has it
+    (an EAGLE-3 head's directory is checked as it loads)."""
+    if config.model.tensor_parallel_size != 1:
+        raise ValueError(f"speculative_config.method {method!r} runs with tensor_parallel_size 1 only")
+    if method != "mtp":
+        return
+    hf_config = load_hf_config(config.model.model)
+    prefix = mtp_checkpoint_prefix(hf_config)
+    if prefix is None:
+        raise ValueError(f"speculative_config.method 'mtp': no multi-token-prediction head is run for "
+                         f"{hf_config.architectures} (it is for Qwen3-Next, Qwen3.5, Qwen3.5-MoE and GLM-4-MoE)")
+    if config.model.load_format != "dummy" and not has_tensors_named(Path(config.model.model), prefix):
+        raise ValueError(f"speculative_config.method 'mtp': the checkpoint {config.model.model!r} has no "
+                         f"multi-token-prediction head (no tensor named {prefix}*)")
 
 
 def _check_whole_prompts_fit(max_model_len: int, max_num_batched_tokens: int) -> None:

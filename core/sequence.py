@@ -74,6 +74,9 @@ class Sequence:
         self.snapshot_ends: tuple[int, ...] = ()
         self.unkeyed_snapshots: list[tuple[int, int]] = []  # (boundary, row)
         self.decode_snapshot_end: int | None = None
+        # Speculative decoding on a hybrid model (core/state_snapshots.py DraftStates): the state row its next row
+        # restores (the state after its last kept draft) and where that row starts.
+        self.draft_state_restore: tuple[int, int] | None = None
         self.pools_every_token = False  # mean or CLS pooling: no prompt token may come from the prefix cache
         self.must_run_whole = False  # an encoder's prompt: one step, never chunked
         # Speculative decoding: tokens proposed to follow its last one, verified by the next step (none: a plain

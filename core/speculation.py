@@ -11,8 +11,8 @@ through the model and its grammar: no penalties (their counts would have to incl
 min_tokens (its banned tokens change with the position). Those sequences decode one token per step,
 exactly as without speculation. Drafts never run past max_tokens or the context length. Structured
 output: drafts are cut where the grammar refuses one; each verified position is masked by the grammar's
-state after the drafts before it, and the matcher takes the kept tokens only (a draft model's drafts,
-drawn after scheduling, are not cut: constrained sequences get none from it).
+state after the drafts before it, and the matcher takes the kept tokens only (a draft model's or an MTP
+head's drafts, drawn after scheduling, are not cut: constrained sequences get none from them).
 
 Verification (one-hot drafts: a proposer's draft is a token, not a distribution): the target samples at
 each verified position as it would one token per step (a seeded row with the output index of that
@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from core.draft_model_proposer import DraftModelProposer
 from core.grammar import Grammars
+from core.mtp_proposer import MtpProposer
 from core.ngram_proposer import NgramProposer
 from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
@@ -50,13 +51,17 @@ class SpeculationCounts:
 class Speculation:
     def __init__(self, config: SpeculativeConfig, max_model_len: int, draft_runner: Runner | None = None,
                  block_size: int = 16, max_num_batched_tokens: int = 8192) -> None:
-        """`draft_runner`: the draft model's (method draft_model), whose KV cache has the target's blocks."""
+        """`draft_runner`: the draft model's (method draft_model), whose KV cache has the target's blocks, or the
+        target's, built with its draft head (methods mtp and eagle3)."""
         self.config = config
         self.max_model_len = max_model_len
-        self.proposer: NgramProposer | SuffixProposer | DraftModelProposer
+        self.proposer: NgramProposer | SuffixProposer | DraftModelProposer | MtpProposer
         if config.method == "draft_model":
             assert draft_runner is not None, "method draft_model needs the draft model's runner"
             self.proposer = DraftModelProposer(draft_runner, block_size, max_num_batched_tokens)
+        elif config.method in ("mtp", "eagle3"):  # a head on the target's hidden states, in the target's runner
+            assert draft_runner is not None, f"method {config.method} needs the target's runner"
+            self.proposer = MtpProposer(draft_runner, block_size, max_num_batched_tokens)
         elif config.method == "suffix":
             c = config
             self.proposer = SuffixProposer(c.suffix_decoding_max_tree_depth, c.suffix_decoding_max_cached_requests,
@@ -89,8 +94,9 @@ class Speculation:
                 del seq.draft_token_ids[Grammars.grammatical_prefix(seq.grammar, seq.draft_token_ids):]
 
     def fill(self, scheduled: list[ScheduledSequence]) -> None:
-        """Once the step is scheduled: draws the drafts of a proposer that needs their slots (a draft model)."""
-        if isinstance(self.proposer, DraftModelProposer):
+        """Once the step is scheduled: draws the drafts of a proposer that needs their slots (a draft model, an MTP
+        head)."""
+        if isinstance(self.proposer, DraftModelProposer | MtpProposer):
             self.proposer.fill(scheduled)
 
     def on_verified(self, seq: Sequence, num_tokens_before: int, num_drafts: int) -> None:
@@ -107,7 +113,7 @@ class Speculation:
         if (seq.num_uncomputed_tokens != 1 or seq.num_output_tokens == 0 or seq.num_pending_tokens
                 or seq.has_penalties or seq.num_output_tokens < params.min_tokens):
             return 0
-        if seq.grammar is not None and isinstance(self.proposer, DraftModelProposer):
+        if seq.grammar is not None and isinstance(self.proposer, DraftModelProposer | MtpProposer):
             return 0  # its drafts come after scheduling, too late to cut them to the grammar
         # The step's own token plus the drafts stay within max_tokens and the context.
         room = min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1

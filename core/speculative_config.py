@@ -4,9 +4,9 @@
 occurrence of the sequence's last n tokens, n from `prompt_lookup_max` down to `prompt_lookup_min`),
 `suffix` (continuations in the sequence's tokens and earlier outputs, by frequency: the
 `suffix_decoding_*` keys), `draft_model` (a smaller checkpoint directory named by `model`, with the
-target's tokenizer), `mtp` or `eagle3`. `ngram`, `suffix` and `draft_model` are built; the others are
-refused at start-up by name, never ignored. A `model` without a `method`
-means `draft_model`, as in vLLM.
+target's tokenizer), `mtp` (the target checkpoint's own multi-token-prediction head: Qwen3-Next, Qwen3.5, Qwen3.5-MoE
+and GLM-4-MoE) or `eagle3` (an EAGLE-3 head in the speculators format, a directory named by `model`). A `model`
+without a `method` means `draft_model`, as in vLLM.
 
 `num_speculative_tokens` is the most draft tokens a sequence verifies per step; the engine chooses
 how many it uses each step (core/speculation_control.py), down to none. One key of ours: `adaptive`
@@ -18,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 
 METHODS = ("ngram", "suffix", "draft_model", "mtp", "eagle3")
-IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model")
+IMPLEMENTED_METHODS = ("ngram", "suffix", "draft_model", "mtp", "eagle3")
+METHODS_WITH_MODEL = ("draft_model", "eagle3")  # `model` names the draft checkpoint or head
 MAX_SPECULATIVE_TOKENS = 16  # a verify step's row grows by this many tokens at most
 
 
@@ -28,7 +29,7 @@ class SpeculativeConfig:
     num_speculative_tokens: int = 3
     prompt_lookup_min: int = 1
     prompt_lookup_max: int = 4
-    model: str | None = None  # the draft checkpoint (method draft_model)
+    model: str | None = None  # the draft checkpoint (method draft_model) or head (eagle3)
     # Method suffix (core/suffix_proposer.py), vLLM's names and defaults.
     suffix_decoding_max_tree_depth: int = 24
     suffix_decoding_max_cached_requests: int = 10000
@@ -54,10 +55,10 @@ class SpeculativeConfig:
         if not 0 <= self.suffix_decoding_min_token_prob <= 1:
             raise ValueError("speculative_config.suffix_decoding_min_token_prob must be in [0, 1], got "
                              f"{self.suffix_decoding_min_token_prob}")
-        if self.method == "draft_model" and not self.model:
+        if self.method in METHODS_WITH_MODEL and not self.model:
             raise ValueError("speculative_config.model must name the draft checkpoint (a directory) for method "
-                             "draft_model")
-        if self.model is not None and self.method != "draft_model":
+                             f"{self.method}")
+        if self.model is not None and self.method not in METHODS_WITH_MODEL:
             raise ValueError(f"speculative_config.model names a draft checkpoint, which method {self.method!r} "
                              "does not use")
 

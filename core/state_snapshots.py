@@ -158,6 +158,7 @@ class LinearStates:
 
     slots: PenaltySlots
     snapshots: StateSnapshots | None
+    drafts: "DraftStates | None" = None  # speculative decoding's
 
     def release(self, seq: Sequence) -> None:
         if seq.state_slot is not None:
@@ -165,3 +166,38 @@ class LinearStates:
             seq.state_slot = None
         if self.snapshots is not None:
             self.snapshots.release(seq)
+
+
+@dataclass(frozen=True)
+class DraftStates:
+    """Speculative decoding on a hybrid model: a step that verifies d drafts advances the linear layers' state over
+    all d + 1 tokens of its row, and a rejected draft cannot be taken out of it. So the row saves its state after
+    each of its first d tokens, to rows of its own (`max_drafts` per sequence slot, after the slots and snapshots),
+    and when a draft is rejected the next row of the sequence restores the state after the last kept one."""
+
+    first_row: int
+    max_drafts: int
+
+    def saves(self, slot: int, num_drafts: int) -> list[tuple[int, int]]:
+        """(tokens of the row computed, state row) for a row that verifies `num_drafts` drafts."""
+        base = self.first_row + slot * self.max_drafts
+        return [(j, base + j - 1) for j in range(1, num_drafts + 1)]
+
+    def after_verified(self, seq: Sequence, row_start: int, num_drafts: int) -> None:
+        """The row [row_start, row_start + num_drafts + 1) is verified and `seq.num_computed_tokens` counts its kept
+        tokens: where fewer than the whole row are, its next row restores the state saved after them."""
+        num_kept = seq.num_computed_tokens - row_start
+        if seq.state_slot is not None and 0 < num_kept <= num_drafts:
+            seq.draft_state_restore = (self.saves(seq.state_slot, num_kept)[-1][1], seq.num_computed_tokens)
+
+    @staticmethod
+    def restore_of_row(seq: Sequence, start: int) -> int | None:
+        """The state row the sequence's row starting at `start` restores first (kept while rows start there: a step
+        run again restores again)."""
+        if seq.draft_state_restore is None:
+            return None
+        row, end = seq.draft_state_restore
+        if start != end:
+            seq.draft_state_restore = None
+            return None
+        return row

@@ -128,6 +128,15 @@ class GroupTables:
 
 
 @dataclass
+class MtpInputs:
+    """The hidden states a step of the MTP head reads: per token, the slot of the target's hidden state in the
+    runner's hidden-state cache (written at the KV slot of the position that computed it); None: each row's is the
+    previous head step's output at its row `fed_back_rows` (a later draft, one token per row)."""
+
+    hidden_slots: list[int] | None
+
+
+@dataclass
 class Batch:
     token_ids: list[int]  # [num_tokens], the new tokens of every row, row after row
     positions: list[int]  # [num_tokens]
@@ -163,6 +172,8 @@ class Batch:
     # (a prefix hit's), and (row, its tokens computed, snapshot row) where a row's state is saved on the way.
     state_restores: list[tuple[int, int]] = field(default_factory=list)
     state_saves: list[tuple[int, int, int]] = field(default_factory=list)
+    # Speculative decoding's MTP head (core/mtp_proposer.py): set, the step runs the head instead of the model.
+    mtp: "MtpInputs | None" = None
 
     @property
     def num_rows(self) -> int:

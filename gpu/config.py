@@ -50,6 +50,12 @@ class RunnerConfig:
     # hybrid models.
     num_state_snapshots: int = 0
     kv_cache_dtype: str = "auto"  # auto: the model's dtype; fp8 or fp8_e4m3: float8_e4m3fn with per-layer scales
+    # Speculative decoding's method mtp: the checkpoint's multi-token-prediction head is built and run, and the target's
+    # last hidden states are kept per KV slot for it.
+    mtp_head: bool = False
+    # Speculative decoding's method eagle3: the EAGLE-3 head's directory (speculators format); the target keeps the
+    # inputs of three of its layers per KV slot for it.
+    eagle3_head: str | None = None
 
     @property
     def is_fp8_kv_cache(self) -> bool:

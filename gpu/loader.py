@@ -103,6 +103,15 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
     return files
 
 
+def has_tensors_named(model_dir: Path, prefix: str) -> bool:
+    """Whether some checkpoint tensor's name starts with `prefix` (names only: nothing is read)."""
+    for path in checkpoint_files(model_dir):
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            if any(name.startswith(prefix) for name in f.keys()):  # noqa: SIM118 - safe_open is not a mapping
+                return True
+    return False
+
+
 def iter_checkpoint(model_dir: Path) -> Iterator[CheckpointTensor]:
     for path in checkpoint_files(model_dir):
         with safe_open(str(path), framework="pt", device="cpu") as f:

@@ -52,6 +52,8 @@ from gpu.loader import load_weights
 from gpu.mixed_graphs import MixedGraphs
 from gpu.model_info import checkpoint_dtype, load_hf_config
 from gpu.models import model_class
+from gpu.models.causal_lm import DecoderStack
+from gpu.models.eagle3 import Eagle3Drafter, Eagle3Head, default_aux_layers, read_eagle3_config
 from gpu.penalties import PenaltyState
 from gpu.pending_step import PendingLogits, PendingStep, SampledRows, feed_back_tokens
 from gpu.prompt_logprobs import PackedPromptLogprobs, prompt_logprobs
@@ -122,7 +124,10 @@ class ModelRunner:
         self.model = self._build_model(hf_config)
         logger.info("loaded the weights (%.2f GiB, %s) in %.1f s", _num_bytes(self.model) / 2**30,
                     str(self.dtype).removeprefix("torch."), time.perf_counter() - start)
-        self.layers = self.model.attention_layers()
+        # Speculative decoding's draft head (method mtp: the model's own; eagle3: a head of its own checkpoint).
+        self.drafter = self._build_drafter(hf_config)
+        self.layers = self.model.attention_layers() + (
+            [self.drafter.head.layers[0].self_attn] if isinstance(self.drafter, Eagle3Drafter) else [])
         for layer in self.layers:
             layer.cpu_kernels = self._cpu_attention_kernels()
         # Layers with a state per sequence (linear attention): a slot for each sequence that may run.
@@ -154,13 +159,21 @@ class ModelRunner:
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
         # Per phase, each candidate's summed step milliseconds when `auto` measured them, now or at an earlier start.
         self.attention_times: dict[str, dict[str, float]] | None = None
+        self.target_hidden: torch.Tensor | None = None  # set once the KV cache exists
         self.kv_cache_groups = self._allocate_kv_cache()
+        # The draft head's inputs (methods mtp, eagle3): what it reads of the target at each KV slot it computed.
+        self.target_hidden = self._allocate_target_hidden(hf_config)
+        self._last_mtp_hidden: torch.Tensor | None = None  # [sampled rows, hidden] of the last head step
         self.backend, why = self._choose_backend(names, first, hf_config)
         self._set_backend(self.backend)
         logger.info("attention backend: %s (requested %s, device %s: %s)", self.backend.name, config.attention_backend,
                     self.device, why)
-        self.cpu_decode = self._cpu_decode_steps()
-        if self.device.type == "cuda":
+        # An EAGLE-3 head reads the target's layers' inputs, which only the eager forward keeps (aux_hidden).
+        keeps_aux = config.eagle3_head is not None
+        if keeps_aux:
+            logger.info("speculative method eagle3: decode steps run eagerly (no decode graphs or CPU decode path)")
+        self.cpu_decode = None if keeps_aux else self._cpu_decode_steps()
+        if self.device.type == "cuda" and not keeps_aux:
             start = time.perf_counter()
             self._capture_graphs()
             logger.info("CUDA graph capture took %.1f s", time.perf_counter() - start)
@@ -379,6 +392,10 @@ class ModelRunner:
         windows = kv_cache_groups.group_windows(self.layers, c.max_model_len)
         kv_cache_groups.assign_groups(self.layers, windows, c.max_model_len)
         block_bytes = kv_cache.group_bytes_per_block(self.layers, len(windows), c.block_size, self.kv_dtype)
+        if self.drafter is not None and None in windows:  # the draft head's hidden-state cache, per full-group slot
+            element_size = torch.empty(0, dtype=self.dtype).element_size()
+            width = self._target_hidden_width(self.model.config)
+            block_bytes[windows.index(None)] += c.block_size * width * element_size
         if c.num_kv_blocks is None and self.device.type == "cuda":
             self._warm_up(windows)
         counts = kv_cache.num_blocks_per_group(c, windows, block_bytes, self.device)
@@ -395,6 +412,81 @@ class ModelRunner:
                         "" if not scales else f", (k, v) scales {scales[0]}"
                         + (f" .. {scales[-1]}" if len(scales) > 1 else ""))
         return tuple(KVCacheGroup(w, n) for w, n in zip(windows, counts, strict=True))
+
+    def _build_drafter(self, hf_config: PretrainedConfig) -> torch.nn.Module | None:
+        """The draft head: the model itself for method mtp (built with its head), an Eagle3Drafter for eagle3."""
+        c = self.config
+        if c.mtp_head:
+            return self.model
+        if c.eagle3_head is None:
+            return None
+        head_config = read_eagle3_config(c.eagle3_head)
+        stack = self.model.model
+        if type(stack).forward is not DecoderStack.forward:
+            raise ValueError(f"speculative_config.method 'eagle3': not supported for {hf_config.architectures} (its "
+                             "decoder does not keep its layers' inputs)")
+        num_layers = len(stack.layers)
+        aux = head_config.aux_layers or default_aux_layers(num_layers)
+        if len(aux) != 3 or not all(0 <= i < num_layers for i in aux):
+            raise ValueError(f"speculative_config.method 'eagle3': the head reads layers {list(aux)}, not three of the "
+                             f"target's {num_layers}")
+        stack.aux_layers = tuple(aux)
+        with torch.device(self.device), _default_dtype(self.dtype):
+            head = Eagle3Head(head_config, Path(c.eagle3_head), hf_config.hidden_size, hf_config.vocab_size,
+                              c.max_model_len, c.kernels, self.tp)
+        load_weights(head, Path(c.eagle3_head))
+        finish_loading(head, self.dtype)
+        head.eval().requires_grad_(False)
+        cast_float_params(head, self.dtype)
+        head.load_draft_to_target()
+        logger.info("EAGLE-3 head %s: %d draft tokens, reading the target's layers %s", c.eagle3_head,
+                    head_config.draft_vocab_size, list(aux))
+        return Eagle3Drafter(head, self.model)
+
+    def _allocate_target_hidden(self, hf_config: PretrainedConfig) -> torch.Tensor | None:
+        if self.drafter is None:
+            return None
+        if len(self.kv_cache_groups) != 1 or self.kv_cache_groups[0].sliding_window is not None:
+            # The head's inputs and K/V sit at the slots of the target's positions, through one full-attention table.
+            raise ValueError("speculative_config.method mtp / eagle3: a draft head needs a target whose layers all "
+                             "keep the whole context; this one has sliding-window layers")
+        num_slots = self.kv_cache_groups[0].num_blocks * self.config.block_size
+        return torch.zeros(num_slots, self._target_hidden_width(hf_config), dtype=self.dtype, device=self.device)
+
+    def _target_hidden_width(self, hf_config: PretrainedConfig) -> int:
+        """What the draft head reads of the target per token: its last hidden state (MTP), or the inputs of three
+        of its layers (EAGLE-3)."""
+        return hf_config.hidden_size * (3 if isinstance(self.drafter, Eagle3Drafter) else 1)
+
+    def _keep_target_hidden(self, batch: Batch, hidden: torch.Tensor) -> None:
+        """A target step's hidden states for the draft head, at their tokens' KV slots."""
+        if self.target_hidden is not None and batch.slot_mapping:
+            if isinstance(self.drafter, Eagle3Drafter):
+                hidden = self.model.model.aux_hidden
+            slots = to_device(np.asarray(batch.slot_mapping, dtype=np.int64), np.int64, self.device)
+            self.target_hidden[slots] = hidden[: len(batch.slot_mapping)].to(self.target_hidden.dtype)
+
+    def _launch_mtp(self, batch: Batch) -> PendingStep | PendingLogits:
+        """A step of the draft head (Batch.mtp; an MTP or EAGLE-3 head): its hidden inputs from the hidden-state cache
+        or the previous head step; each sampled row draws from its last token's logits."""
+        assert batch.mtp is not None and self.target_hidden is not None
+        input_ids, positions, meta = step_inputs(batch, self.device)
+        if batch.fed_back_token_indices:
+            where = self._to_device(np.array([batch.fed_back_token_indices, batch.fed_back_rows], dtype=np.int64))
+            feed_back_tokens(input_ids, where[0], where[1], self._last_sampled_ids)
+        if batch.mtp.hidden_slots is not None:
+            hidden = self.target_hidden[self._to_device(np.asarray(batch.mtp.hidden_slots, dtype=np.int64))]
+        else:
+            assert self._last_mtp_hidden is not None, "a later draft's head step follows one that sampled"
+            hidden = self._last_mtp_hidden[self._to_device(np.asarray(batch.fed_back_rows, dtype=np.int64))]
+        assert self.drafter is not None
+        out = self.drafter.run_draft_head(input_ids, hidden, positions, meta)
+        sampled_rows = [i for i, row in enumerate(batch.sampling) if row is not None]
+        self._last_mtp_hidden = out[self._to_device(np.cumsum(batch.query_lens)[sampled_rows] - 1)] \
+            if sampled_rows else None
+        rows = [row for row in batch.sampling if row is not None]
+        logits = self.drafter.draft_logits(self._last_mtp_hidden) if sampled_rows else None
+        return self._sample(batch, rows, logits, None)
 
     @torch.inference_mode()
     def _warm_up(self, windows: tuple[int | None, ...]) -> None:
@@ -471,6 +563,8 @@ class ModelRunner:
         returns its logits awaiting them: pass those to `sample_masked` before the next launch. On a
         tensor-parallel rank other than 0 the step has no result (rank 0 returns the tokens). A row verifying
         draft tokens is sampled at each of its last d + 1 positions (Batch.sampled_positions)."""
+        if batch.mtp is not None:
+            return self._launch_mtp(batch)
         if batch.num_draft_tokens is not None:
             return self._launch_verification(batch)
         rows = [row for row in batch.sampling if row is not None]
@@ -483,13 +577,16 @@ class ModelRunner:
             state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
             if draw is not None:  # the graph drew the tokens: no launch from here to the copy to the host
                 assert out.logits is not None and out.token_ids is not None
-                return self._launched(self.sampler.finish_graph_draw(out.logits, out.token_ids, rows, draw), None)
+                pending = self._launched(self.sampler.finish_graph_draw(out.logits, out.token_ids, rows, draw), None)
+                self._keep_target_hidden(batch, out.hidden)  # after the copy is queued
+                return pending
             hidden = out.hidden
             if len(rows) == batch.num_rows:
                 logits = out.logits  # computed by the graph (None without a sampling head)
         else:
             hidden = self._forward(batch)
             state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
+        self._keep_target_hidden(batch, hidden)
         prompt = None
         if batch.prompt_logprobs:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
@@ -501,7 +598,10 @@ class ModelRunner:
         """A step with draft tokens (speculative decoding): never decode-only, so it runs as any step with prefill
         (eagerly or in a mixed graph), and samples at every verified position; the engine accepts the drafts."""
         rows, token_indices = batch.sampled_positions()
+        state_cache.copy_rows(self.linear_layers, batch.state_restores, self.device)
         hidden = self._forward(batch)
+        state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
+        self._keep_target_hidden(batch, hidden)
         prompt = None
         if batch.prompt_logprobs:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
@@ -613,6 +713,10 @@ def build_model(config: RunnerConfig, hf_config: PretrainedConfig, device: torch
     load_dtype = torch.float32 if packing and is_exact else dtype
     with torch.device(device), _default_dtype(load_dtype):
         model = model_class(hf_config.architectures)(hf_config, config.max_model_len, config.kernels, tp)
+        if config.mtp_head:
+            if not hasattr(model, "build_mtp_head"):
+                raise ValueError(f"speculative_config.method 'mtp': {hf_config.architectures} has no MTP head we run")
+            model.build_mtp_head(config.max_model_len, config.kernels, tp)
     if scheme is not None:
         quantize_layers(model, scheme)
     if config.load_format == "dummy":

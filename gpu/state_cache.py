@@ -11,10 +11,12 @@ last row is the decode graphs' padded rows' (gpu/cuda_graphs.py), read as zeros 
 Sized before the KV cache, so the KV cache is sized from what the states leave.
 """
 
+from dataclasses import replace
+
 import numpy as np
 import torch
 
-from gpu.attention.metadata import LinearStateMetadata
+from gpu.attention.metadata import LinearStateMetadata, PositionStep
 from gpu.batch import Batch
 from gpu.host_to_device import to_device
 from gpu.layers.gated_deltanet import GatedDeltaNet
@@ -66,17 +68,44 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> Lin
     rows = range(batch.num_rows)
     whole = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, [])) for r in rows],
                           device)
+    drafts = batch.num_draft_tokens or [0] * batch.num_rows
     one_token = [r for r in rows if batch.query_lens[r] == 1]
-    if batch.is_decode_only or not one_token:
+    verifying = [r for r in rows if batch.query_lens[r] > 1 and drafts[r]]
+    others = [r for r in rows if batch.query_lens[r] > 1 and not drafts[r]]
+    if batch.is_decode_only or (not one_token and not verifying):
         return whole
     starts = np.cumsum([0, *batch.query_lens]).tolist()
     parts = []
-    for part_rows in (one_token, [r for r in rows if batch.query_lens[r] > 1]):
+    for part_rows in (one_token, verifying, others):
+        if not part_rows:
+            continue
         part = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, []))
                               for r in part_rows], device)
+        if part_rows is verifying:
+            part = replace(part, by_position=_position_steps(batch, part_rows, slots, continues, saves_inside, device))
         token_index = np.concatenate([np.arange(starts[r], starts[r + 1]) for r in part_rows])
         parts.append((part, to_device(token_index, np.int64, device)))
+    if len(parts) == 1:
+        return parts[0][0]
     return LinearStateMetadata(whole.slots, whole.keeps_state, whole.continues, whole.row_pieces, False, tuple(parts))
+
+
+def _position_steps(batch: Batch, rows: list[int], slots: list[int], continues: list[bool],
+                    saves_inside: dict[int, list[tuple[int, int]]], device: torch.device) -> tuple[PositionStep, ...]:
+    """The rows' tokens position by position (see LinearStateMetadata.by_position), indexed among the rows' own."""
+    starts = np.cumsum([0, *(batch.query_lens[r] for r in rows)]).tolist()
+    saves = [dict(saves_inside.get(r, [])) for r in rows]
+    steps = []
+    for i in range(max(batch.query_lens[r] for r in rows)):
+        here = [k for k, r in enumerate(rows) if batch.query_lens[r] > i]
+        steps.append(PositionStep(
+            tokens=to_device(np.asarray([starts[k] + i for k in here], dtype=np.int64), np.int64, device),
+            slots=to_device(np.asarray([slots[rows[k]] for k in here], dtype=np.int64), np.int64, device),
+            keeps_state=to_device(np.asarray([1.0 if i or continues[rows[k]] else 0.0 for k in here],
+                                             dtype=np.float32), np.float32, device),
+            saves_to=to_device(np.asarray([saves[k].get(i + 1, slots[rows[k]]) for k in here], dtype=np.int64),
+                               np.int64, device)))
+    return tuple(steps)
 
 
 def _state_inputs(rows: list[tuple[int, bool, int, list[tuple[int, int]]]], device: torch.device

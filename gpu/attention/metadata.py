@@ -31,8 +31,24 @@ class LinearStateMetadata:
     row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...]
     is_one_token_per_row: bool  # every row at once (a decode step), else row by row
     # A step with one-token rows and longer ones: each part's inputs and its tokens among the step's ([tokens] int64);
-    # the one-token rows run at once, the others row by row. Empty: the step is one part.
+    # the one-token rows run at once, rows that verify drafts position by position, the others row by row. Empty: the
+    # step is one part.
     parts: tuple[tuple["LinearStateMetadata", torch.Tensor], ...] = ()
+    # Rows that verify drafts (speculative decoding): their i-th tokens run at once, for i = 0, 1, ..., as a decode
+    # step of the rows that have one (the layer's one-token path), each row's state then copied to the state row that
+    # keeps it after i + 1 tokens (its own slot where none does). Empty: not such rows.
+    by_position: tuple["PositionStep", ...] = ()
+
+
+@dataclass
+class PositionStep:
+    """The i-th token of each row that has one, among the part's tokens, its slot, whether it continues its state,
+    and the state row its state is copied to after it."""
+
+    tokens: torch.Tensor  # [rows] int64
+    slots: torch.Tensor  # [rows] int64
+    keeps_state: torch.Tensor  # [rows] float32
+    saves_to: torch.Tensor  # [rows] int64
 
 
 @dataclass

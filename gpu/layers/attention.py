@@ -66,6 +66,7 @@ class AttentionSpec:
     # The output multiplied by sigmoid(gate) before o_proj, the gate projected with the query: q_proj's rows are
     # [query; gate] per head (Qwen3-Next, Qwen3.5).
     has_output_gate: bool = False
+    input_size: int | None = None  # of the q/k/v projections where not hidden_size (EAGLE-3's [embedding; hidden])
 
 
 class DecoderAttention(nn.Module):
@@ -86,7 +87,7 @@ class DecoderAttention(nn.Module):
         shards = {"q": q_rows, "k": kv_rows, "v": kv_rows}
         if not spec.computes_kv or spec.values_are_keys:
             shards = {"q": q_rows} if not spec.computes_kv else {"q": q_rows, "k": kv_rows}
-        self.qkv_proj = MergedLinear(spec.hidden_size, shards, spec.qkv_bias, kernels)
+        self.qkv_proj = MergedLinear(spec.input_size or spec.hidden_size, shards, spec.qkv_bias, kernels)
         self.o_proj = RowParallelLinear(spec.num_heads * self.head_dim, spec.hidden_size, spec.o_bias, tp, kernels)
         norm = spec.qk_norm
         self.q_norm = RMSNorm(self.head_dim, spec.norm_eps, kernels, norm) if norm is not None else None
@@ -132,6 +133,13 @@ class DecoderAttention(nn.Module):
                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """(attention over norm(x + residual), x + residual)."""
         qkv, residual = self.qkv_proj.forward_normed(hidden)  # [num_tokens, q_size (+ kv_size (+ kv_size))]
+        return self._attend(positions, qkv, meta), residual
+
+    def forward_normed_input(self, positions: torch.Tensor, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """Attention over an input its caller normed (EAGLE-3's [normed embedding; normed hidden state])."""
+        return self._attend(positions, self.qkv_proj(x), meta)
+
+    def _attend(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = qkv.shape[0]
         assert self.backend is not None, "the runner sets the backend before the first forward"
         gate = None
@@ -145,7 +153,7 @@ class DecoderAttention(nn.Module):
         if v_scale != 1.0:
             out = out * v_scale
         out = out.reshape(num_tokens, -1)
-        return self.o_proj(out if gate is None else out * torch.sigmoid(gate)), residual
+        return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
 
     def _split_output_gate(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """([q; k; v] without the gate rows, the gate [num_tokens, q_size]) from q_proj's [query; gate] per head."""

@@ -242,6 +242,8 @@ class GatedDeltaNet(nn.Module):
         """The convolution and the delta rule over rows of one kind: [num_tokens, value_heads, value_head_dim]."""
         if state.is_one_token_per_row:
             return self._decode(qkv, g, beta, state)
+        if state.by_position:
+            return self._by_position(qkv, g, beta, state)
         return self._rows(self._convolved_rows(qkv, state), g, beta, state)
 
     def _split_heads(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -271,6 +273,19 @@ class GatedDeltaNet(nn.Module):
         recurrent_state = self.recurrent_state[slots] * keeps[:, None, None, None]
         out, recurrent_state = gated_delta_rule.recurrent(q, k, v, g, beta, recurrent_state)
         self.recurrent_state[slots] = recurrent_state
+        return out
+
+    def _by_position(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
+                     ) -> torch.Tensor:
+        """Rows that verify drafts: their i-th tokens as one decode step, for each i, each row's state then copied
+        where it is kept after i + 1 tokens (LinearStateMetadata.by_position)."""
+        s = self.spec
+        out = qkv.new_empty((qkv.shape[0], s.num_value_heads, s.value_head_dim), dtype=torch.float32)
+        for step in state.by_position:
+            inputs = LinearStateMetadata(step.slots, step.keeps_state, (), (), is_one_token_per_row=True)
+            out[step.tokens] = self._decode(qkv[step.tokens], g[step.tokens], beta[step.tokens], inputs)
+            self.conv_state[step.saves_to] = self.conv_state[step.slots]
+            self.recurrent_state[step.saves_to] = self.recurrent_state[step.slots]
         return out
 
     def _convolved_rows(self, qkv: torch.Tensor, state: LinearStateMetadata) -> torch.Tensor:

@@ -2,6 +2,7 @@
 is a line here, its differences read from its config (gpu/models/llama.py)."""
 
 from torch import nn
+from transformers import PretrainedConfig
 
 from gpu.models.bare_decoder import BareLlamaModel, BareQwen3Model
 from gpu.models.bert import BertForSequenceClassification, BertModel, RobertaForSequenceClassification
@@ -51,6 +52,16 @@ POOLING_MODEL_CLASSES: dict[str, type[nn.Module]] = {
     "XLMRobertaForSequenceClassification": RobertaForSequenceClassification,
     "ModernBertForSequenceClassification": ModernBertForSequenceClassification,
 }
+
+
+def mtp_checkpoint_prefix(config: PretrainedConfig) -> str | None:
+    """Where the checkpoint keeps the multi-token-prediction head we run for its family (speculative decoding's
+    method mtp); None: we run none for it."""
+    for name in config.architectures or []:
+        cls = MODEL_CLASSES.get(name)
+        if cls is not None and hasattr(cls, "mtp_checkpoint_prefix"):
+            return cls.mtp_checkpoint_prefix(config)
+    return None
 
 
 def model_class(architectures: list[str] | None) -> type[nn.Module]:

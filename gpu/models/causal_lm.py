@@ -19,7 +19,13 @@ from gpu.layers.vocab_parallel import ParallelLMHead
 
 class DecoderStack(nn.Module):
     """A family's decoder: `embed_tokens`, `layers` and the final `norm`. Each layer takes (positions, hidden,
-    residual, meta) and returns (hidden, residual), the residual stream kept apart for the next norm to add."""
+    residual, meta) and returns (hidden, residual), the residual stream kept apart for the next norm to add.
+
+    Where `aux_layers` is set (speculative decoding's EAGLE-3 head reads them), a forward also keeps the residual
+    stream entering each of those layers, concatenated in their order, as `aux_hidden` [num_tokens, n * hidden]."""
+
+    aux_layers: tuple[int, ...] = ()
+    aux_hidden: torch.Tensor | None = None
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -27,8 +33,21 @@ class DecoderStack(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         hidden = self.embed(input_ids)
         residual = None
+        if self.aux_layers:
+            return self._forward_keeping_aux(hidden, positions, meta)
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, meta)
+        hidden, _ = self.norm.forward_with_residual(hidden, residual)
+        return hidden
+
+    def _forward_keeping_aux(self, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+                             ) -> torch.Tensor:
+        residual, kept = None, {}
+        for index, layer in enumerate(self.layers):
+            if index in self.aux_layers:
+                kept[index] = hidden if residual is None else hidden + residual
+            hidden, residual = layer(positions, hidden, residual, meta)
+        self.aux_hidden = torch.cat([kept[index] for index in self.aux_layers], dim=-1)
         hidden, _ = self.norm.forward_with_residual(hidden, residual)
         return hidden
 

@@ -8,8 +8,9 @@ gated full-attention layers, by the config's `layer_types` (`linear_attention`, 
   Qwen3.5-MoE sparse on every layer, Qwen3.5 dense; the sparse block softmax-routes the top k (renormalized where
   `norm_topk_prob` says; Qwen3.5-MoE always) and adds a shared expert scaled by sigmoid(shared_expert_gate(x)).
 - Qwen3.5's image-text checkpoints (`...ForConditionalGeneration`) keep the language model under
-  `model.language_model.`; its vision tower (`model.visual.`) is left out. Every family's multi-token-prediction
-  head (`mtp.`) is left out too, until speculative decoding runs it (the loader's log line counts them).
+  `model.language_model.`; its vision tower (`model.visual.`) is left out.
+- The multi-token-prediction head (`mtp.`, `MtpHead`) is built and loaded only for speculative decoding's method
+  `mtp` (`build_mtp_head`); otherwise it is left out (the loader's log line counts its tensors).
 
 Text positions only: Qwen3.5's multimodal rotary sections all read the one position of a text token, which is
 plain rotary.
@@ -23,10 +24,11 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from gpu.attention.metadata import AttentionMetadata
-from gpu.config import KernelConfig
-from gpu.distributed import TensorParallel
+from gpu.config import DEFAULT_KERNELS, KernelConfig
+from gpu.distributed import SINGLE, TensorParallel
 from gpu.layers.attention import AttentionSpec, DecoderAttention
 from gpu.layers.gated_deltanet import DeltaNetSpec, GatedDeltaNet
+from gpu.layers.linear import Linear
 from gpu.layers.moe import MoeSpec, Routing, SparseMoe
 from gpu.layers.norm import GEMMA3_NORM, NormInput, RMSNorm
 from gpu.layers.rotary import RotaryEmbedding
@@ -35,6 +37,7 @@ from gpu.models.causal_lm import CausalLM, DecoderStack
 from gpu.models.llama import attention_spec, dense_mlp
 
 LEFT_OUT = re.compile(r"^(mtp\.|model\.visual\.)")
+MTP_PREFIX = "mtp."
 
 
 def is_linear_layer(config: PretrainedConfig, layer_index: int) -> bool:
@@ -64,10 +67,12 @@ class HybridDecoderLayer(nn.Module):
     """A token mixer (`linear_attn` or `self_attn`), then the MLP block, each after its norm."""
 
     def __init__(self, config: PretrainedConfig, layer_index: int, rotary: RotaryEmbedding, kernels: KernelConfig,
-                 tp: TensorParallel) -> None:
+                 tp: TensorParallel, is_linear: bool | None = None) -> None:
+        """`is_linear`: the token mixer, where not the config's `layer_types` at `layer_index` (the MTP head's
+        layer is full attention)."""
         super().__init__()
-        self.linear_attn = (GatedDeltaNet(DeltaNetSpec.of(config), kernels, tp)
-                            if is_linear_layer(config, layer_index) else None)
+        is_linear = is_linear_layer(config, layer_index) if is_linear is None else is_linear
+        self.linear_attn = GatedDeltaNet(DeltaNetSpec.of(config), kernels, tp) if is_linear else None
         self.self_attn = (DecoderAttention(gated_attention_spec(config, layer_index), rotary, kernels, tp)
                           if self.linear_attn is None else None)
         self.mlp = hybrid_mlp(config, layer_index, kernels, tp)
@@ -96,6 +101,38 @@ class HybridDecoderModel(DecoderStack):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, kernels, GEMMA3_NORM)
 
 
+class MtpHead(nn.Module):
+    """The checkpoint's multi-token-prediction head (`mtp.`): from the target's last hidden state at position p (after
+    its final norm, what its LM head reads) and the embedding of token p + 1, a hidden state whose logits (through the
+    target's norm-free LM head after this head's own `norm`) predict token p + 2:
+
+        h = fc([pre_fc_norm_embedding(embed(t[p + 1])); pre_fc_norm_hidden(hidden[p])])
+        out = norm(layer(h))      one gated full-attention layer of the family (its MoE where the model has one)
+
+    run at position p with its own KV cache. Drafting k tokens runs it k times, each time on the draft it drew and
+    its own previous output in place of the target's hidden state. The embedding and LM head are the target's."""
+
+    def __init__(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig, tp: TensorParallel) -> None:
+        super().__init__()
+        hidden_size, eps = config.hidden_size, config.rms_norm_eps
+        head_dim = getattr(config, "head_dim", None) or hidden_size // config.num_attention_heads
+        rotary = RotaryEmbedding(config, head_dim, max_position)
+        self.pre_fc_norm_embedding = RMSNorm(hidden_size, eps, kernels, GEMMA3_NORM)
+        self.pre_fc_norm_hidden = RMSNorm(hidden_size, eps, kernels, GEMMA3_NORM)
+        self.fc = Linear(2 * hidden_size, hidden_size, bias=False, kernels=kernels)
+        # As vLLM builds it: the layer's MLP by the family's rule at index 0.
+        self.layers = nn.ModuleList([HybridDecoderLayer(config, 0, rotary, kernels, tp, is_linear=False)])
+        self.norm = RMSNorm(hidden_size, eps, kernels, GEMMA3_NORM)
+
+    def forward(self, embedded: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+                ) -> torch.Tensor:
+        """`embedded`: the next tokens' embeddings; `hidden`: the hidden states they follow. [num_tokens, hidden]."""
+        mixed = self.fc(torch.cat([self.pre_fc_norm_embedding(embedded), self.pre_fc_norm_hidden(hidden)], dim=-1))
+        out, residual = self.layers[0](positions, mixed, None, meta)
+        out, _ = self.norm.forward_with_residual(out, residual)
+        return out
+
+
 class Qwen3NextForCausalLM(CausalLM):
     """Qwen3-Next; Qwen3.5 and Qwen3.5-MoE (text checkpoints and the language model of image-text ones) alike."""
 
@@ -108,8 +145,35 @@ class Qwen3NextForCausalLM(CausalLM):
                       tp: TensorParallel) -> nn.Module:
         return HybridDecoderModel(config, max_position, kernels, tp)
 
+    def __init__(self, config: PretrainedConfig, max_position: int, kernels: KernelConfig = DEFAULT_KERNELS,
+                 tp: TensorParallel = SINGLE) -> None:
+        super().__init__(config, max_position, kernels, tp)
+        self.mtp: MtpHead | None = None  # built by build_mtp_head
+
+    def build_mtp_head(self, max_position: int, kernels: KernelConfig, tp: TensorParallel) -> None:
+        """Speculative decoding's method `mtp`: the head is built, and loaded from the checkpoint's `mtp.` tensors."""
+        self.mtp = MtpHead(self.config, max_position, kernels, tp)
+
+    @staticmethod
+    def mtp_checkpoint_prefix(config: PretrainedConfig) -> str:
+        """Where the checkpoint keeps the MTP head's tensors."""
+        return MTP_PREFIX
+
+    def run_draft_head(self, input_ids: torch.Tensor, hidden: torch.Tensor, positions: torch.Tensor,
+                     meta: AttentionMetadata) -> torch.Tensor:
+        """The head's hidden states (what a later draft reads back)."""
+        assert self.mtp is not None, "the model was built without its MTP head"
+        return self.mtp(self.model.embed(input_ids), hidden, positions, meta)
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """The head's logits: through the target's LM head (the head's output is normed already)."""
+        return self.compute_logits(hidden)
+
     def attention_layers(self) -> list[DecoderAttention]:
-        return [layer.self_attn for layer in self.model.layers if layer.self_attn is not None]
+        """The decoder's full-attention layers, then the MTP head's where it is built (its own KV cache, in the
+        full-attention group: it runs at the positions the target computed)."""
+        layers = [layer.self_attn for layer in self.model.layers if layer.self_attn is not None]
+        return layers + ([self.mtp.layers[0].self_attn] if self.mtp is not None else [])
 
     def linear_attention_layers(self) -> list[GatedDeltaNet]:
         """The layers that keep a state per sequence (gpu/state_cache.py)."""
@@ -117,7 +181,9 @@ class Qwen3NextForCausalLM(CausalLM):
 
     def checkpoint_name(self, name: str) -> str | None:
         """The language model's name (an image-text checkpoint's under `model.language_model.`), None for the vision
-        tower and the multi-token-prediction head."""
+        tower and the multi-token-prediction head (unless it is built)."""
+        if name.startswith(MTP_PREFIX) and self.mtp is not None:
+            return name.replace(".shared_expert.", ".shared_experts.")
         if LEFT_OUT.match(name):
             return None
         name = name.replace("model.language_model.", "model.", 1)

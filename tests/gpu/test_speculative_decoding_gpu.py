@@ -77,3 +77,121 @@ def test_a_windowed_model_gives_the_same_float32_tokens_with_drafts(tmp_path: Pa
     assert any(pool.sliding_window is not None for pool in llm.engine.block_manager.pools)
     assert llm.engine.speculation.counts.num_accepted_tokens > 20  # type: ignore[union-attr]
     assert llm.engine.stats().num_used_blocks == 0
+
+
+@pytest.fixture(scope="module")
+def glm_mtp_dir(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    """A tiny GLM-4-MoE with a random multi-token-prediction layer (the tiny Qwen3's tokenizer beside it)."""
+    from tests.moe_models import MOE_CONFIGS, build_moe_model
+    from tests.mtp_heads import add_glm4_moe_mtp_layer
+
+    directory = build_moe_model(tmp_path_factory.mktemp("glm-mtp-gpu"), "glm4_moe", model_dir)
+    add_glm4_moe_mtp_layer(directory, MOE_CONFIGS["glm4_moe"][1]["num_hidden_layers"])
+    return directory
+
+
+def test_mtp_float32_output_equals_output_without_drafts_and_drafts_are_the_heads(glm_mtp_dir: Path) -> None:
+    """Method mtp on CUDA (decode graphs keep the target's hidden states too): greedy output unchanged, and each
+    draft is the head's prediction as transformers' layers compute it (on the CPU, float32)."""
+    from tests.mtp_heads import ReferenceMtp
+
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    config = {"method": "mtp", "num_speculative_tokens": 3}  # adaptive: plain decode steps (graphs) come between
+    _, want = run(glm_mtp_dir, "float32", None, params)
+    llm = LLM(str(glm_mtp_dir), dtype="float32", speculative_config=config, **COMMON)
+    speculation = llm.engine.speculation
+    assert speculation is not None
+    drafted: list[tuple[list[int], list[int]]] = []
+    fill = speculation.fill
+
+    def recording_fill(scheduled: list) -> None:
+        fill(scheduled)
+        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
+                       if s.seq.draft_token_ids)
+
+    speculation.fill = recording_fill  # type: ignore[method-assign]
+    got = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert speculation.counts.num_draft_tokens > 0 and len(drafted) >= 5
+    reference = ReferenceMtp(glm_mtp_dir)
+    for token_ids, drafts in drafted[:: max(1, len(drafted) // 8)]:
+        assert reference.drafts(token_ids, len(drafts)) == drafts
+
+
+def test_eagle3_float32_output_equals_output_without_drafts_and_drafts_are_the_heads(tmp_path: Path) -> None:
+    """Method eagle3 on CUDA (decode steps eager: the layers' inputs are kept by the eager forward): greedy output
+    unchanged, and each draft is the head's prediction as transformers' Llama parts compute it (on the CPU)."""
+    from core.tiny_model import TinyModelSpec
+    from tests.mtp_heads import ReferenceEagle3, write_eagle3_head
+
+    target = build_tiny_model(tmp_path / "target", TinyModelSpec(architecture="llama", num_layers=4,
+                                                                  tie_word_embeddings=False, seed=4))
+    head = write_eagle3_head(tmp_path / "head", target)
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    _, want = run(target, "float32", None, params)
+    llm = LLM(str(target), dtype="float32", speculative_config={"method": "eagle3", "model": str(head),
+                                                                "num_speculative_tokens": 3}, **COMMON)
+    speculation = llm.engine.speculation
+    assert speculation is not None
+    drafted: list[tuple[list[int], list[int]]] = []
+    fill = speculation.fill
+
+    def recording_fill(scheduled: list) -> None:
+        fill(scheduled)
+        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
+                       if s.seq.draft_token_ids)
+
+    speculation.fill = recording_fill  # type: ignore[method-assign]
+    got = llm.generate(PROMPTS, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert len(drafted) >= 5
+    reference = ReferenceEagle3(target, head)
+    for token_ids, drafts in drafted[:: max(1, len(drafted) // 8)]:
+        assert reference.drafts(token_ids, len(drafts)) == drafts
+
+
+@pytest.fixture(scope="module")
+def qwen3_5_mtp_dir(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Path:
+    """A tiny Qwen3.5 (Gated DeltaNet hybrid) with a random MTP head."""
+    from tests.hybrid_models import build_hybrid_model
+    from tests.mtp_heads import add_qwen3_next_mtp_head
+
+    directory = build_hybrid_model(tmp_path_factory.mktemp("qwen3_5-mtp-gpu"), "qwen3_5", model_dir)
+    add_qwen3_next_mtp_head(directory)
+    return directory
+
+
+@pytest.mark.parametrize("method", ["ngram", "mtp"])
+def test_a_hybrid_gives_the_same_float32_tokens_with_drafts(qwen3_5_mtp_dir: Path, method: str) -> None:
+    """Verified rows run the linear layers position by position (the decode kernel), rejected drafts' state restored
+    from the rows saved after each token; plain decode steps replay the graphs between drafting ones."""
+    params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
+    _, want = run(qwen3_5_mtp_dir, "float32", None, params)
+    llm, got = run(qwen3_5_mtp_dir, "float32", {"method": method, "num_speculative_tokens": 3}, params)
+    assert [o.token_ids for o in got] == [o.token_ids for o in want]
+    assert llm.engine.speculation.counts.num_draft_tokens > 0  # type: ignore[union-attr]
+
+
+def test_a_hybrids_mtp_drafts_are_the_heads_predictions(qwen3_5_mtp_dir: Path) -> None:
+    from tests.hybrid_models import use_transformers_torch_delta_rule
+    from tests.mtp_heads import ReferenceMtp
+
+    llm = LLM(str(qwen3_5_mtp_dir), dtype="float32", **COMMON,
+              speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
+    speculation = llm.engine.speculation
+    assert speculation is not None
+    drafted: list[tuple[list[int], list[int]]] = []
+    fill = speculation.fill
+
+    def recording_fill(scheduled: list) -> None:
+        fill(scheduled)
+        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
+                       if s.seq.draft_token_ids)
+
+    speculation.fill = recording_fill  # type: ignore[method-assign]
+    llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    assert len(drafted) >= 5
+    use_transformers_torch_delta_rule()  # the reference runs on the CPU: transformers' torch rule, not fla's
+    reference = ReferenceMtp(qwen3_5_mtp_dir)
+    for token_ids, drafts in drafted[:: max(1, len(drafted) // 8)]:
+        assert reference.drafts(token_ids, len(drafts)) == drafts

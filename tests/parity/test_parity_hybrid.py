@@ -201,9 +201,3 @@ def test_image_text_checkpoint_serves_its_language_model(hybrid_dirs: dict[str, 
         outputs = make_llm(directory).generate(prompts, dense.GREEDY)
     assert "left out" in caplog.text and "checkpoint tensors" in caplog.text
     dense.assert_matches_hf(source, prompts, outputs)
-
-
-def test_speculative_decoding_is_refused_by_name(hybrid_dirs: dict[str, Path]) -> None:
-    """A verified step would advance the linear layers' state over rejected drafts: refused at start, named."""
-    with pytest.raises(ValueError, match="speculative_config"):
-        make_llm(hybrid_dirs["qwen3_5"], speculative_config={"method": "ngram", "num_speculative_tokens": 3})

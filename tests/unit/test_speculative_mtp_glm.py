@@ -1,0 +1,64 @@
+"""Speculative decoding's method mtp on GLM-4-MoE (its first multi-token-prediction layer, numbered after the
+decoder's, as DeepSeek V3's): with a random head (tests/mtp_heads.py) the greedy output equals the output without
+drafts, and each draft is the head's prediction as transformers' own layers compute it."""
+
+from pathlib import Path
+
+import pytest
+
+from core import LLM, SamplingParams
+from tests.moe_models import MOE_CONFIGS, build_moe_model
+from tests.mtp_heads import ReferenceMtp, add_glm4_moe_mtp_layer
+from tests.unit.test_speculative_hybrid import COMMON, PLAIN, REPEATING, generated
+
+NUM_LAYERS = MOE_CONFIGS["glm4_moe"][1]["num_hidden_layers"]
+SPECULATIVE = {"method": "mtp", "num_speculative_tokens": 3, "adaptive": False}
+
+
+@pytest.fixture(scope="module")
+def glm_dir(tmp_path_factory: pytest.TempPathFactory, tiny_model_dirs: dict[str, Path]) -> Path:
+    directory = build_moe_model(tmp_path_factory.mktemp("glm4_moe_mtp"), "glm4_moe", tiny_model_dirs["qwen3"])
+    add_glm4_moe_mtp_layer(directory, NUM_LAYERS)
+    return directory
+
+
+def test_mtp_drafts_keep_the_greedy_output(glm_dir: Path) -> None:
+    prompts = REPEATING + PLAIN
+    expected = generated(LLM(str(glm_dir), **COMMON), prompts)
+    llm = LLM(str(glm_dir), **COMMON, speculative_config=SPECULATIVE)
+    assert generated(llm, prompts) == expected
+    counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+    assert counts.num_drafts > 0 and counts.num_draft_tokens > 2 * counts.num_drafts
+
+
+def test_mtp_drafts_are_the_heads_predictions(glm_dir: Path) -> None:
+    llm = LLM(str(glm_dir), **COMMON, speculative_config=SPECULATIVE)
+    speculation = llm.engine.speculation
+    assert speculation is not None
+    drafted: list[tuple[list[int], list[int]]] = []
+    fill = speculation.fill
+
+    def recording_fill(scheduled: list) -> None:
+        fill(scheduled)
+        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
+                       if s.seq.draft_token_ids)
+
+    speculation.fill = recording_fill  # type: ignore[method-assign]
+    generated(llm, [REPEATING[0], PLAIN[1]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
+    assert len(drafted) >= 10
+    reference = ReferenceMtp(glm_dir)
+    for token_ids, drafts in drafted[:: max(1, len(drafted) // 6)]:
+        assert reference.drafts(token_ids, len(drafts)) == drafts
+
+
+def test_a_checkpoint_without_its_mtp_layer_is_refused_at_start(tmp_path: Path,
+                                                                tiny_model_dirs: dict[str, Path]) -> None:
+    directory = build_moe_model(tmp_path / "glm", "glm4_moe", tiny_model_dirs["qwen3"])
+    named = rf"speculative_config.method 'mtp': .*\(no tensor named model\.layers\.{NUM_LAYERS}\."
+    with pytest.raises(ValueError, match=named):
+        LLM(str(directory), **COMMON, speculative_config=SPECULATIVE)
+
+
+def test_mtp_under_tensor_parallelism_is_refused_before_the_runner_starts(glm_dir: Path) -> None:
+    with pytest.raises(ValueError, match="speculative_config.method 'mtp' runs with tensor_parallel_size 1 only"):
+        LLM(str(glm_dir), **COMMON, tensor_parallel_size=2, speculative_config=SPECULATIVE)
