@@ -55,8 +55,7 @@ def offline(results: list[Result]) -> list[str]:
     """nano-vllm's workload: the latest run per model, device and GPU count, beside other engines' recorded figures."""
     latest: dict[tuple[str, str, int], Result] = {}
     for run in sorted(_by(results, "throughput", workload="nano-vllm"), key=lambda r: r["date"]):
-        model = Path(str(run["model"])).name.removesuffix("-bench")
-        latest[(model, run["device"], run["config"].get("tensor_parallel_size", 1))] = run
+        latest[(_model_name(run["model"]), run["device"], run["config"].get("tensor_parallel_size", 1))] = run
     lines = ["| model (random bf16 weights) | device | GPUs | output tok/s | share of ideal | batch 1, ms per token "
              "| batch 1, share of ideal |", "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for (model, device, gpus), run in sorted(latest.items()):
@@ -69,6 +68,11 @@ def offline(results: list[Result]) -> list[str]:
         lines.append(f"| {peer['model']}: {peer['engine']} (recorded) | {peer['device']} | 1 | "
                      f"{span(peer['offline_tokens_per_s'], 0)} | - | {span(peer['batch1_tpot_ms'], 2)} | - |")
     return lines + sources(list(latest.values()))
+
+
+def _model_name(path: str) -> str:
+    """A benchmark checkpoint's shape name (bench.bench_model's directory names)."""
+    return Path(path).name.removesuffix("-bench").removesuffix("-config")
 
 
 def _reference(run: Result, references: list[Result]) -> Result | None:
@@ -111,22 +115,22 @@ def serving(results: list[Result]) -> list[str]:
 
 
 def chat(results: list[Result]) -> list[str]:
-    """The prefix-heavy chats (bench.prefix_serve): each prefix-caching variant per level."""
-    if (run := _latest(results, "prefix-serve")) is None:
-        return []
-    lines = ["| prefix caching | chats at once | requests | hit rate | prompt tokens computed / all "
+    """The prefix-heavy chats (bench.prefix_serve), the latest run per model: each prefix-caching variant per level."""
+    latest = {_model_name(run["variants"][0]["server"]["model"]): run
+              for run in sorted(_by(results, "prefix-serve"), key=lambda r: r["date"])}
+    lines = ["| model | prefix caching | chats at once | requests | hit rate | prompt tokens computed / all "
              "| TTFT p50 / p99 ms | TTFT p50, first / later turns ms | output tok/s | TPOT p50 ms |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for variant in run["variants"]:
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for model, variant in ((name, v) for name, run in sorted(latest.items()) for v in run["variants"]):
         for lv in variant["levels"]:
             rate = lv.get("prefix_hit_rate")
-            lines.append(f"| {variant['prefix_caching']} | {lv['concurrency']} | {lv['num_requests']} | "
+            lines.append(f"| {model} | {variant['prefix_caching']} | {lv['concurrency']} | {lv['num_requests']} | "
                          f"{'-' if rate is None else f'{rate:.1%}'} | {fmt(lv.get('computed_prompt_tokens'), 0)} / "
                          f"{fmt(lv.get('prompt_tokens'), 0)} | {fmt(lv['ttft_ms']['p50'])} / "
                          f"{fmt(lv['ttft_ms']['p99'])} | {fmt(lv['ttft_ms_first_turn']['p50'])} / "
                          f"{fmt(lv['ttft_ms_later_turns']['p50'])} | {fmt(lv['output_tokens_per_s'], 0)} | "
                          f"{fmt(lv['tpot_ms']['p50'], 2)} |")
-    return lines + sources([run])
+    return lines + sources(list(latest.values()))
 
 
 def default_model(results: list[Result]) -> list[str]:
