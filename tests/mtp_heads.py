@@ -10,12 +10,30 @@ own layers as the reference of their drafts.
 
 import importlib
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from safetensors.torch import load_file, save_file
 
+if TYPE_CHECKING:
+    from core import LLM
+
 TEMPLATE_LAYER = 1  # a full-attention (and, in the MoE configs, sparse) layer: the head's layer has its shapes
 
+
+def record_drafts(llm: "LLM") -> list[tuple[list[int], list[int]]]:
+    """Every draft the engine proposes from now on, with the tokens it followed: (token ids, draft token ids)."""
+    speculation = llm.engine.speculation
+    assert speculation is not None
+    drafted: list[tuple[list[int], list[int]]] = []
+    fill = speculation.fill
+
+    def recording_fill(scheduled: list) -> None:
+        fill(scheduled)
+        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled if s.seq.draft_token_ids)
+
+    speculation.fill = recording_fill  # type: ignore[method-assign]
+    return drafted
 
 def _random_like_layer(tensors: dict[str, torch.Tensor], prefix: str, generator: torch.Generator
                        ) -> dict[str, torch.Tensor]:

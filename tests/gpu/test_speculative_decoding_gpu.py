@@ -93,26 +93,16 @@ def glm_mtp_dir(tmp_path_factory: pytest.TempPathFactory, model_dir: Path) -> Pa
 def test_mtp_float32_output_equals_output_without_drafts_and_drafts_are_the_heads(glm_mtp_dir: Path) -> None:
     """Method mtp on CUDA (decode graphs keep the target's hidden states too): greedy output unchanged, and each
     draft is the head's prediction as transformers' layers compute it (on the CPU, float32)."""
-    from tests.mtp_heads import ReferenceMtp
+    from tests.mtp_heads import ReferenceMtp, record_drafts
 
     params = SamplingParams(temperature=0.0, max_tokens=48, ignore_eos=True)
     config = {"method": "mtp", "num_speculative_tokens": 3}  # adaptive: plain decode steps (graphs) come between
     _, want = run(glm_mtp_dir, "float32", None, params)
     llm = LLM(str(glm_mtp_dir), dtype="float32", speculative_config=config, **COMMON)
-    speculation = llm.engine.speculation
-    assert speculation is not None
-    drafted: list[tuple[list[int], list[int]]] = []
-    fill = speculation.fill
-
-    def recording_fill(scheduled: list) -> None:
-        fill(scheduled)
-        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
-                       if s.seq.draft_token_ids)
-
-    speculation.fill = recording_fill  # type: ignore[method-assign]
+    drafted = record_drafts(llm)
     got = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
-    assert speculation.counts.num_draft_tokens > 0 and len(drafted) >= 5
+    assert llm.engine.speculation.counts.num_draft_tokens > 0 and len(drafted) >= 5  # type: ignore[union-attr]
     reference = ReferenceMtp(glm_mtp_dir)
     for token_ids, drafts in drafted[:: max(1, len(drafted) // 8)]:
         assert reference.drafts(token_ids, len(drafts)) == drafts
@@ -122,7 +112,7 @@ def test_eagle3_float32_output_equals_output_without_drafts_and_drafts_are_the_h
     """Method eagle3 on CUDA (decode steps eager: the layers' inputs are kept by the eager forward): greedy output
     unchanged, and each draft is the head's prediction as transformers' Llama parts compute it (on the CPU)."""
     from core.tiny_model import TinyModelSpec
-    from tests.mtp_heads import ReferenceEagle3, write_eagle3_head
+    from tests.mtp_heads import ReferenceEagle3, record_drafts, write_eagle3_head
 
     target = build_tiny_model(tmp_path / "target", TinyModelSpec(architecture="llama", num_layers=4,
                                                                   tie_word_embeddings=False, seed=4))
@@ -131,17 +121,7 @@ def test_eagle3_float32_output_equals_output_without_drafts_and_drafts_are_the_h
     _, want = run(target, "float32", None, params)
     llm = LLM(str(target), dtype="float32", speculative_config={"method": "eagle3", "model": str(head),
                                                                 "num_speculative_tokens": 3}, **COMMON)
-    speculation = llm.engine.speculation
-    assert speculation is not None
-    drafted: list[tuple[list[int], list[int]]] = []
-    fill = speculation.fill
-
-    def recording_fill(scheduled: list) -> None:
-        fill(scheduled)
-        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
-                       if s.seq.draft_token_ids)
-
-    speculation.fill = recording_fill  # type: ignore[method-assign]
+    drafted = record_drafts(llm)
     got = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
     assert len(drafted) >= 5
@@ -174,21 +154,11 @@ def test_a_hybrid_gives_the_same_float32_tokens_with_drafts(qwen3_5_mtp_dir: Pat
 
 def test_a_hybrids_mtp_drafts_are_the_heads_predictions(qwen3_5_mtp_dir: Path) -> None:
     from tests.hybrid_models import use_transformers_torch_delta_rule
-    from tests.mtp_heads import ReferenceMtp
+    from tests.mtp_heads import ReferenceMtp, record_drafts
 
     llm = LLM(str(qwen3_5_mtp_dir), dtype="float32", **COMMON,
               speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
-    speculation = llm.engine.speculation
-    assert speculation is not None
-    drafted: list[tuple[list[int], list[int]]] = []
-    fill = speculation.fill
-
-    def recording_fill(scheduled: list) -> None:
-        fill(scheduled)
-        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
-                       if s.seq.draft_token_ids)
-
-    speculation.fill = recording_fill  # type: ignore[method-assign]
+    drafted = record_drafts(llm)
     llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     assert len(drafted) >= 5
     use_transformers_torch_delta_rule()  # the reference runs on the CPU: transformers' torch rule, not fla's

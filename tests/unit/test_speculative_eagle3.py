@@ -9,7 +9,7 @@ import pytest
 
 from core import LLM, SamplingParams
 from core.tiny_model import TinyModelSpec, build_tiny_model
-from tests.mtp_heads import ReferenceEagle3, write_eagle3_head
+from tests.mtp_heads import ReferenceEagle3, record_drafts, write_eagle3_head
 from tests.unit.test_speculative_decoding import PLAIN, REPEATING
 
 COMMON = dict(max_model_len=256, block_size=8, max_num_seqs=4, max_num_batched_tokens=64, dtype="float32",
@@ -43,17 +43,7 @@ def test_eagle3_drafts_keep_the_greedy_output(dirs: tuple[Path, Path]) -> None:
 
 def test_eagle3_drafts_are_the_heads_predictions(dirs: tuple[Path, Path]) -> None:
     llm = speculating(dirs)
-    speculation = llm.engine.speculation
-    assert speculation is not None
-    drafted: list[tuple[list[int], list[int]]] = []
-    fill = speculation.fill
-
-    def recording_fill(scheduled: list) -> None:
-        fill(scheduled)
-        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
-                       if s.seq.draft_token_ids)
-
-    speculation.fill = recording_fill  # type: ignore[method-assign]
+    drafted = record_drafts(llm)
     llm.generate([REPEATING[0], PLAIN[1]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
     assert len(drafted) >= 10
     reference = ReferenceEagle3(*dirs)

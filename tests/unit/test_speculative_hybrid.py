@@ -12,7 +12,7 @@ from core import LLM, SamplingParams
 from core.sequence import Sequence
 from gpu.layers.gated_deltanet import GatedDeltaNet
 from tests.hybrid_models import build_hybrid_model
-from tests.mtp_heads import ReferenceMtp, add_qwen3_next_mtp_head
+from tests.mtp_heads import ReferenceMtp, add_qwen3_next_mtp_head, record_drafts
 
 COMMON = dict(max_model_len=256, block_size=8, max_num_seqs=4, max_num_batched_tokens=64, dtype="float32",
               device="cpu", kv_cache_blocks=96)
@@ -112,17 +112,7 @@ def test_mtp_drafts_are_the_heads_predictions(mtp_dir: Path) -> None:
     """Each draft the engine verified is the head's greedy prediction as transformers' own layers compute it: the
     target's last hidden states, then the head over every position so far (its later drafts on its own output)."""
     llm = speculating(mtp_dir, True, method="mtp")
-    speculation = llm.engine.speculation
-    assert speculation is not None
-    drafted: list[tuple[list[int], list[int]]] = []
-    fill = speculation.fill
-
-    def recording_fill(scheduled: list) -> None:
-        fill(scheduled)
-        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
-                       if s.seq.draft_token_ids)
-
-    speculation.fill = recording_fill  # type: ignore[method-assign]
+    drafted = record_drafts(llm)
     generated(llm, [REPEATING[0], PLAIN[1]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
     assert len(drafted) >= 10
     reference = ReferenceMtp(mtp_dir)

@@ -8,7 +8,7 @@ import pytest
 
 from core import LLM, SamplingParams
 from tests.moe_models import MOE_CONFIGS, build_moe_model
-from tests.mtp_heads import ReferenceMtp, add_glm4_moe_mtp_layer
+from tests.mtp_heads import ReferenceMtp, add_glm4_moe_mtp_layer, record_drafts
 from tests.unit.test_speculative_hybrid import COMMON, PLAIN, REPEATING, generated
 
 NUM_LAYERS = MOE_CONFIGS["glm4_moe"][1]["num_hidden_layers"]
@@ -33,17 +33,7 @@ def test_mtp_drafts_keep_the_greedy_output(glm_dir: Path) -> None:
 
 def test_mtp_drafts_are_the_heads_predictions(glm_dir: Path) -> None:
     llm = LLM(str(glm_dir), **COMMON, speculative_config=SPECULATIVE)
-    speculation = llm.engine.speculation
-    assert speculation is not None
-    drafted: list[tuple[list[int], list[int]]] = []
-    fill = speculation.fill
-
-    def recording_fill(scheduled: list) -> None:
-        fill(scheduled)
-        drafted.extend((list(s.seq.token_ids), list(s.seq.draft_token_ids)) for s in scheduled
-                       if s.seq.draft_token_ids)
-
-    speculation.fill = recording_fill  # type: ignore[method-assign]
+    drafted = record_drafts(llm)
     generated(llm, [REPEATING[0], PLAIN[1]], SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True))
     assert len(drafted) >= 10
     reference = ReferenceMtp(glm_dir)
