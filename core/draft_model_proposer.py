@@ -17,6 +17,7 @@ feeds back the token the previous drew, on the device; the host waits once, for 
 one-hot (argmax), so the verification's acceptance rule is exact rejection sampling (core/speculation.py).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.scheduler import ScheduledSequence
@@ -39,11 +40,7 @@ class DraftModelProposer:
         self.max_num_batched_tokens = max_num_batched_tokens
 
     def propose(self, seqs: list[Sequence], max_drafts: list[int]) -> None:
-        """Reserves the drafts (placeholders: `fill` draws them once the scheduler has given them slots)."""
-        for seq, limit in zip(seqs, max_drafts, strict=True):
-            if not isinstance(seq.draft_state, DraftProgress):
-                seq.draft_state = DraftProgress()
-            seq.draft_token_ids = [0] * limit
+        reserve_drafts(seqs, max_drafts, DraftProgress)
 
     def fill(self, scheduled: list[ScheduledSequence]) -> None:
         """Draws the drafts of the scheduled rows that verify some."""
@@ -52,19 +49,7 @@ class DraftModelProposer:
             return
         for batch in self._catch_up_batches([seq for seq, _ in rows]):
             self.runner.launch(batch)
-        launched = [self.runner.launch(self._last_token_batch([seq for seq, _ in rows]))]
-        previous = [seq for seq, _ in rows]
-        for i in range(1, max(n for _, n in rows)):
-            current = [seq for seq, n in rows if n > i]
-            launched.append(self.runner.launch(self._next_batch(current, previous, i)))
-            previous = current
-        drawn: dict[Sequence, list[int]] = {seq: [] for seq, _ in rows}
-        for i, pending in enumerate(launched):
-            current = [seq for seq, n in rows if n > i]
-            for seq, token_id in zip(current, pending.result().token_ids, strict=True):  # type: ignore[union-attr]
-                drawn[seq].append(token_id)
-        for seq, num_drafts in rows:
-            seq.draft_token_ids = drawn[seq][:num_drafts]
+        draw_drafts(self.runner, rows, self._last_token_batch([seq for seq, _ in rows]), self._next_batch)
 
     def on_verified(self, seq: Sequence, num_tokens_before: int, num_drafts: int) -> None:
         """After a verification: the draft K/V that holds is that of the accepted tokens it computed (the last
@@ -129,3 +114,31 @@ def add_row(batch: Batch, seq: Sequence, query_len: int, context_len: int, sampl
     batch.context_lens.append(context_len)
     batch.block_tables.append(seq.block_tables[0])
     batch.sampling.append(_GREEDY if sampled else None)
+
+
+def reserve_drafts(seqs: list[Sequence], max_drafts: list[int], progress: type) -> None:
+    """Reserves each sequence's drafts (placeholders: `fill` draws them once the scheduler has given them slots),
+    with a fresh `progress` record where the sequence holds none of that kind."""
+    for seq, limit in zip(seqs, max_drafts, strict=True):
+        if not isinstance(seq.draft_state, progress):
+            seq.draft_state = progress()
+        seq.draft_token_ids = [0] * limit
+
+
+def draw_drafts(runner: Runner, rows: list[tuple[Sequence, int]], first: Batch,
+                next_batch: Callable[[list[Sequence], list[Sequence], int], Batch]) -> None:
+    """Launches `first` (every row's first draft) and each later draft's batch of the rows that want it (each feeding
+    back the previous draws on the device), waits once for all, and sets each row's `draft_token_ids`."""
+    launched = [runner.launch(first)]
+    previous = [seq for seq, _ in rows]
+    for i in range(1, max(n for _, n in rows)):
+        current = [seq for seq, n in rows if n > i]
+        launched.append(runner.launch(next_batch(current, previous, i)))
+        previous = current
+    drawn: dict[Sequence, list[int]] = {seq: [] for seq, _ in rows}
+    for i, pending in enumerate(launched):
+        current = [seq for seq, n in rows if n > i]
+        for seq, token_id in zip(current, pending.result().token_ids, strict=True):  # type: ignore[union-attr]
+            drawn[seq].append(token_id)
+    for seq, num_drafts in rows:
+        seq.draft_token_ids = drawn[seq][:num_drafts]

@@ -18,7 +18,7 @@ the next drafting recomputes them from the target's hidden states (of the tokens
 
 from dataclasses import dataclass
 
-from core.draft_model_proposer import add_row, empty_batch
+from core.draft_model_proposer import add_row, draw_drafts, empty_batch, reserve_drafts
 from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
 from gpu.batch import Batch, MtpInputs
@@ -38,11 +38,7 @@ class MtpProposer:
         self.max_num_batched_tokens = max_num_batched_tokens
 
     def propose(self, seqs: list[Sequence], max_drafts: list[int]) -> None:
-        """Reserves the drafts (placeholders: `fill` draws them once the scheduler has given them slots)."""
-        for seq, limit in zip(seqs, max_drafts, strict=True):
-            if not isinstance(seq.draft_state, MtpProgress):
-                seq.draft_state = MtpProgress()
-            seq.draft_token_ids = [0] * limit
+        reserve_drafts(seqs, max_drafts, MtpProgress)
 
     def fill(self, scheduled: list[ScheduledSequence]) -> None:
         """Draws the drafts of the scheduled rows that verify some."""
@@ -52,19 +48,8 @@ class MtpProposer:
         seqs = [seq for seq, _ in rows]
         for batch in self._catch_up_batches(seqs):
             self.runner.launch(batch)
-        launched = [self.runner.launch(self._first_draft_batch(seqs))]
-        previous = seqs
-        for i in range(1, max(n for _, n in rows)):
-            current = [seq for seq, n in rows if n > i]
-            launched.append(self.runner.launch(self._next_batch(current, previous, i)))
-            previous = current
-        drawn: dict[Sequence, list[int]] = {seq: [] for seq in seqs}
-        for i, pending in enumerate(launched):
-            current = [seq for seq, n in rows if n > i]
-            for seq, token_id in zip(current, pending.result().token_ids, strict=True):  # type: ignore[union-attr]
-                drawn[seq].append(token_id)
-        for seq, num_drafts in rows:
-            seq.draft_token_ids = drawn[seq][:num_drafts]
+        draw_drafts(self.runner, rows, self._first_draft_batch(seqs), self._next_batch)
+        for seq in seqs:
             seq.draft_state.num_computed_tokens = seq.num_tokens - 1  # type: ignore[union-attr]
 
     def _catch_up_batches(self, seqs: list[Sequence]) -> list[Batch]:
