@@ -17,7 +17,6 @@ feeds back the token the previous drew, on the device; the host waits once, for 
 one-hot (argmax), so the verification's acceptance rule is exact rejection sampling (core/speculation.py).
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.scheduler import ScheduledSequence
@@ -34,22 +33,46 @@ class DraftProgress:
 
 
 class DraftModelProposer:
+    """Drafts from a model run beside the target (here a draft model; core/mtp_proposer.py's head overrides the
+    hooks): `lag` trailing positions of each sequence lack the state drafting reads, so drafting starts there."""
+
+    lag = 1  # the first draft is sampled after the sequence's last token
+    progress_type: type = DraftProgress
+
     def __init__(self, runner: Runner, block_size: int, max_num_batched_tokens: int) -> None:
         self.runner = runner
         self.block_size = block_size
         self.max_num_batched_tokens = max_num_batched_tokens
 
     def propose(self, seqs: list[Sequence], max_drafts: list[int]) -> None:
-        reserve_drafts(seqs, max_drafts, DraftProgress)
+        """Reserves the drafts (placeholders: `fill` draws them once the scheduler has given them slots)."""
+        for seq, limit in zip(seqs, max_drafts, strict=True):
+            if not isinstance(seq.draft_state, self.progress_type):
+                seq.draft_state = self.progress_type()
+            seq.draft_token_ids = [0] * limit
 
     def fill(self, scheduled: list[ScheduledSequence]) -> None:
-        """Draws the drafts of the scheduled rows that verify some."""
+        """Draws the drafts of the scheduled rows that verify some: launches that catch the drafter up, then the
+        first draft's and each later one's (feeding back the previous draws on the device); the host waits once."""
         rows = [(s.seq, s.end - s.seq.num_tokens) for s in scheduled if s.end > s.seq.num_tokens]
         if not rows:
             return
-        for batch in self._catch_up_batches([seq for seq, _ in rows]):
+        seqs = [seq for seq, _ in rows]
+        for batch in self._catch_up_batches(seqs):
             self.runner.launch(batch)
-        draw_drafts(self.runner, rows, self._last_token_batch([seq for seq, _ in rows]), self._next_batch)
+        launched = [self.runner.launch(self._first_draft_batch(seqs))]
+        previous = seqs
+        for i in range(1, max(n for _, n in rows)):
+            current = [seq for seq, n in rows if n > i]
+            launched.append(self.runner.launch(self._next_batch(current, previous, i)))
+            previous = current
+        drawn: dict[Sequence, list[int]] = {seq: [] for seq in seqs}
+        for i, pending in enumerate(launched):
+            current = [seq for seq, n in rows if n > i]
+            for seq, token_id in zip(current, pending.result().token_ids, strict=True):  # type: ignore[union-attr]
+                drawn[seq].append(token_id)
+        for seq, num_drafts in rows:
+            seq.draft_token_ids = drawn[seq][:num_drafts]
 
     def on_verified(self, seq: Sequence, num_tokens_before: int, num_drafts: int) -> None:
         """After a verification: the draft K/V that holds is that of the accepted tokens it computed (the last
@@ -58,41 +81,37 @@ class DraftModelProposer:
         seq.draft_state.num_computed_tokens = min(seq.num_computed_tokens, num_tokens_before + num_drafts - 1)
 
     def _catch_up_batches(self, seqs: list[Sequence]) -> list[Batch]:
-        """The positions before each sequence's last token whose draft K/V it lacks, in batches of at most a step's
-        token budget (a long prompt over several); nothing is sampled."""
-        batches, batch = [], empty_batch()
+        """The positions before each sequence's last `lag` whose drafter state it lacks, in batches of at most a
+        step's token budget (a long prompt over several); nothing is sampled."""
+        batches, batch = [], self._new_batch()
         for seq in seqs:
-            start, end = seq.draft_state.num_computed_tokens, seq.num_tokens - 1  # type: ignore[union-attr]
+            start, end = seq.draft_state.num_computed_tokens, seq.num_tokens - self.lag  # type: ignore[union-attr]
             while start < end:
                 room = self.max_num_batched_tokens - len(batch.token_ids)
                 if room == 0:
                     batches.append(batch)
-                    batch, room = empty_batch(), self.max_num_batched_tokens
+                    batch, room = self._new_batch(), self.max_num_batched_tokens
                 stop = min(end, start + room)
-                batch.token_ids.extend(seq.token_ids[start:stop])
-                batch.positions.extend(range(start, stop))
-                batch.slot_mapping.extend(self._slot(seq, p) for p in range(start, stop))
+                self._add_positions(batch, seq, start, stop)
                 add_row(batch, seq, stop - start, stop, sampled=False)
                 start = stop
         return batches + [batch] if batch.token_ids else batches
 
-    def _last_token_batch(self, seqs: list[Sequence]) -> Batch:
-        """Each sequence's last token: the first draft is sampled after it."""
-        batch = empty_batch()
+    def _first_draft_batch(self, seqs: list[Sequence]) -> Batch:
+        """Each sequence at its first position without drafter state: the first draft is sampled there."""
+        batch = self._new_batch()
         for seq in seqs:
-            position = seq.num_tokens - 1
-            batch.token_ids.append(seq.token_ids[position])
-            batch.positions.append(position)
-            batch.slot_mapping.append(self._slot(seq, position))
+            position = seq.num_tokens - self.lag
+            self._add_positions(batch, seq, position, position + 1)
             add_row(batch, seq, 1, position + 1)
         return batch
 
     def _next_batch(self, seqs: list[Sequence], previous: list[Sequence], index: int) -> Batch:
         """One token per sequence: the draft the previous launch drew (fed back on the device), at its position."""
-        batch = empty_batch()
+        batch = self._fed_back_batch()
         row_of = {seq: row for row, seq in enumerate(previous)}
         for seq in seqs:
-            position = seq.num_tokens - 1 + index
+            position = seq.num_tokens - self.lag + index
             batch.fed_back_token_indices.append(len(batch.token_ids))
             batch.fed_back_rows.append(row_of[seq])
             batch.token_ids.append(0)
@@ -100,6 +119,18 @@ class DraftModelProposer:
             batch.slot_mapping.append(self._slot(seq, position))
             add_row(batch, seq, 1, position + 1)
         return batch
+
+    def _new_batch(self) -> Batch:
+        return empty_batch()
+
+    def _fed_back_batch(self) -> Batch:
+        return empty_batch()
+
+    def _add_positions(self, batch: Batch, seq: Sequence, start: int, stop: int) -> None:
+        """Positions [start, stop), each on its own token."""
+        batch.token_ids.extend(seq.token_ids[start:stop])
+        batch.positions.extend(range(start, stop))
+        batch.slot_mapping.extend(self._slot(seq, p) for p in range(start, stop))
 
     def _slot(self, seq: Sequence, position: int) -> int:
         return seq.block_tables[0][position // self.block_size] * self.block_size + position % self.block_size
@@ -115,30 +146,3 @@ def add_row(batch: Batch, seq: Sequence, query_len: int, context_len: int, sampl
     batch.block_tables.append(seq.block_tables[0])
     batch.sampling.append(_GREEDY if sampled else None)
 
-
-def reserve_drafts(seqs: list[Sequence], max_drafts: list[int], progress: type) -> None:
-    """Reserves each sequence's drafts (placeholders: `fill` draws them once the scheduler has given them slots),
-    with a fresh `progress` record where the sequence holds none of that kind."""
-    for seq, limit in zip(seqs, max_drafts, strict=True):
-        if not isinstance(seq.draft_state, progress):
-            seq.draft_state = progress()
-        seq.draft_token_ids = [0] * limit
-
-
-def draw_drafts(runner: Runner, rows: list[tuple[Sequence, int]], first: Batch,
-                next_batch: Callable[[list[Sequence], list[Sequence], int], Batch]) -> None:
-    """Launches `first` (every row's first draft) and each later draft's batch of the rows that want it (each feeding
-    back the previous draws on the device), waits once for all, and sets each row's `draft_token_ids`."""
-    launched = [runner.launch(first)]
-    previous = [seq for seq, _ in rows]
-    for i in range(1, max(n for _, n in rows)):
-        current = [seq for seq, n in rows if n > i]
-        launched.append(runner.launch(next_batch(current, previous, i)))
-        previous = current
-    drawn: dict[Sequence, list[int]] = {seq: [] for seq, _ in rows}
-    for i, pending in enumerate(launched):
-        current = [seq for seq, n in rows if n > i]
-        for seq, token_id in zip(current, pending.result().token_ids, strict=True):  # type: ignore[union-attr]
-            drawn[seq].append(token_id)
-    for seq, num_drafts in rows:
-        seq.draft_token_ids = drawn[seq][:num_drafts]

@@ -96,7 +96,7 @@ class Speculation:
     def fill(self, scheduled: list[ScheduledSequence]) -> None:
         """Once the step is scheduled: draws the drafts of a proposer that needs their slots (a draft model, an MTP
         head)."""
-        if isinstance(self.proposer, DraftModelProposer | MtpProposer):
+        if isinstance(self.proposer, DraftModelProposer):  # an MTP head's proposer is one too
             self.proposer.fill(scheduled)
 
     def on_verified(self, seq: Sequence, num_tokens_before: int, num_drafts: int) -> None:
