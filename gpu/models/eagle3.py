@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from torch import nn
-from transformers import LlamaConfig, PretrainedConfig
+from transformers import PretrainedConfig
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.config import KernelConfig
@@ -56,6 +56,9 @@ def read_eagle3_config(head_dir: str | Path) -> Eagle3Config:
     if values.get("speculators_model_type") != "eagle3" or "transformer_layer_config" not in values:
         raise ValueError(f"speculative_config.model {str(head_dir)!r}: not an EAGLE-3 head in the speculators format "
                          "(config.json needs speculators_model_type \"eagle3\" and transformer_layer_config)")
+    # Imported here: importing it loads transformers' modeling stack, which only a start with a head needs.
+    from transformers import LlamaConfig
+
     layer = dict(values["transformer_layer_config"])
     aux = values.get(AUX_LAYERS_KEY, layer.get(AUX_LAYERS_KEY))
     return Eagle3Config(LlamaConfig(**layer), int(values.get("draft_vocab_size", layer["vocab_size"])),
