@@ -24,6 +24,8 @@ import pytest
 from tests.e2e.serving import MODEL, RunningServer, assert_error_shape, server_config, start_server
 from tests.e2e.sse_client import DONE, iter_events
 
+pytestmark = pytest.mark.alone  # it times how soon streams end
+
 NUM_CHAOS_CLIENTS = 300
 NUM_STREAMS, NUM_IN_FULL = 20, 5
 LONG = 1900  # tokens: no request ends by itself before the kill
