@@ -24,8 +24,6 @@ import pytest
 from tests.e2e.serving import MODEL, RunningServer, assert_error_shape, server_config, start_server
 from tests.e2e.sse_client import DONE, iter_events
 
-pytestmark = pytest.mark.alone  # it times how soon streams end
-
 NUM_CHAOS_CLIENTS = 300
 NUM_STREAMS, NUM_IN_FULL = 20, 5
 LONG = 1900  # tokens: no request ends by itself before the kill
@@ -119,6 +117,7 @@ class Client(threading.Thread):
             self.ended_at, self.ending = time.monotonic(), rest[-2:]
 
 
+@pytest.mark.alone  # it times how soon streams end
 def test_a_killed_engine_ends_every_request_within_2_s_and_is_restarted(
     server: RunningServer, figures: dict[str, object]
 ) -> None:
