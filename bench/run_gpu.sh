@@ -65,7 +65,8 @@ case "$stage" in
     serve_levels "$name" "" serve
     serve_levels "$name, speculative" "--speculative-config '$spec'" serve_speculative ;;
   tests)
-    python3 -m pytest -p no:cacheprovider -rfEs tests/gpu "$@" ;;
+    # One process (pyproject's addopts ask pytest-xdist for two workers, which the GPU image lacks).
+    python3 -m pytest -p no:cacheprovider -o addopts= -rfEs tests/gpu "$@" ;;
   *)
     echo "unknown stage $stage" >&2
     exit 2 ;;

@@ -9,11 +9,13 @@ import os
 # Set before anything imports torch.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from collections.abc import Iterator  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402
 
 from core.tiny_model import build_tiny_model, has_architecture  # noqa: E402
+from tests.alone import MARKER, lock_dir, turn  # noqa: E402
 from tests.tiny_specs import TINY_SPECS  # noqa: E402
 
 if os.environ.get("CI"):
@@ -23,6 +25,21 @@ if os.environ.get("CI"):
 
     settings.register_profile("ci", derandomize=True, deadline=None)
     settings.load_profile("ci")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", f"{MARKER}: measures time or CPU load; no other test runs beside it")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Under pytest-xdist, each test takes its turn (tests/alone.py); run in one process, none needs to."""
+    worker_input = getattr(item.config, "workerinput", None)
+    if worker_input is None:
+        yield
+        return
+    with turn(lock_dir(worker_input["testrunuid"]), item.get_closest_marker(MARKER) is not None):
+        yield
 
 
 @pytest.fixture(scope="session")

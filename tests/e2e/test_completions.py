@@ -136,6 +136,7 @@ def test_async_client_streams_concurrently(server: RunningServer) -> None:
         assert full == streamed
 
 
+@pytest.mark.alone  # it times the abort
 def test_stop_string_is_never_sent_and_the_sequence_ends_at_once(server: RunningServer) -> None:
     body = {"model": MODEL, "prompt": "Prefix caching reuses", "max_tokens": 300, "temperature": 0,
             "ignore_eos": True}

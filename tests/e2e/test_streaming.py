@@ -6,6 +6,7 @@ import time
 
 import httpx
 import orjson
+import pytest
 
 from tests.e2e.serving import MODEL, RunningServer
 from tests.e2e.sse_client import DONE, iter_events
@@ -29,6 +30,7 @@ def read_slowly(server: RunningServer, body: dict) -> list[dict]:
     return [orjson.loads(e) for e in events[:-1]]
 
 
+@pytest.mark.alone  # the server must outrun the reader
 def test_a_slow_reader_gets_every_token_merged_into_fewer_chunks(server: RunningServer) -> None:
     body = {"model": MODEL, "prompt": "Once upon a time", "max_tokens": 400, "n": 2, "seed": 7, "logprobs": 5,
             "ignore_eos": True}

@@ -3,17 +3,19 @@ oracle for the conversion: names, Gemma's norm shift, the K-quant dequantization
 on CPU, greedy: a short code prompt, and prompts past the 512-token sliding window, in one step, chunked, and as
 prefix-cache hits; the tokenizer converted from the file's SentencePiece vocabulary against transformers'."""
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from core import LLM, SamplingParams
 from core.model_files import resolve_model
 from gpu.attention.variant import PLAIN
 from gpu.model_info import read_model_info
 from tests.parity.test_parity_cpu import whole_prompt_batch
+from tests.transformers_gguf import transformers_from_gguf
 
 MAX_TOKENS = 12
 WINDOW = 512
@@ -27,9 +29,13 @@ def gemma3_dir(gemma3_270m_gguf_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def hf_model(gemma3_270m_gguf_path: Path) -> torch.nn.Module:
-    path = gemma3_270m_gguf_path
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+def hf_oracle(gemma3_270m_gguf_path: Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    return transformers_from_gguf(gemma3_270m_gguf_path)
+
+
+@pytest.fixture(scope="module")
+def hf_model(hf_oracle: tuple[PreTrainedModel, PreTrainedTokenizerBase]) -> PreTrainedModel:
+    return hf_oracle[0]
 
 
 @pytest.fixture(scope="module")
@@ -48,16 +54,28 @@ def long_prompts(llm: LLM) -> list[list[int]]:
     return prompts
 
 
-def hf_greedy(model: torch.nn.Module, prompt: list[int], max_new_tokens: int = MAX_TOKENS) -> list[int]:
+@dataclass(frozen=True)
+class HfAnswer:
+    token_ids: list[int]
+    first_logits: torch.Tensor  # [vocab]: at the prompt's last position
+
+
+@pytest.fixture(scope="module")
+def hf_long_answers(hf_model: PreTrainedModel, long_prompts: list[list[int]]) -> list[HfAnswer]:
+    """transformers' greedy answers to the long prompts, run once for every test that compares with them."""
+    return [hf_answer(hf_model, p) for p in long_prompts]
+
+
+def hf_answer(model: PreTrainedModel, prompt: list[int], max_new_tokens: int = MAX_TOKENS) -> HfAnswer:
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False)
-    return out[0, len(prompt):].tolist()
+        out = model.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+    return HfAnswer(out.sequences[0, len(prompt):].tolist(), out.logits[0][0])
 
 
-def test_the_tokenizer_and_the_end_of_turn_equal_transformers(llm: LLM, gemma3_dir: Path,
-                                                               gemma3_270m_gguf_path: Path) -> None:
-    path = gemma3_270m_gguf_path
-    theirs = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+def test_the_tokenizer_and_the_end_of_turn_equal_transformers(
+        llm: LLM, gemma3_dir: Path, hf_oracle: tuple[PreTrainedModel, PreTrainedTokenizerBase]) -> None:
+    theirs = hf_oracle[1]
     for text in TEXTS:
         assert llm.tokenizer.encode(text) == theirs.encode(text), text
     assert llm.tokenizer.encode("Hi")[0] == 2  # the file says to add BOS
@@ -65,16 +83,16 @@ def test_the_tokenizer_and_the_end_of_turn_equal_transformers(llm: LLM, gemma3_d
     assert read_model_info(gemma3_dir).eos_token_ids == (eos, end_of_turn)  # generation stops at either
 
 
-def test_fibonacci_continues_as_transformers_does(llm: LLM, hf_model: torch.nn.Module) -> None:
+def test_fibonacci_continues_as_transformers_does(llm: LLM, hf_model: PreTrainedModel) -> None:
     prompt = llm.tokenizer.encode("def fibonacci(n):")
     out = llm.generate([prompt], SamplingParams(temperature=0.0, max_tokens=20))[0]
-    assert out.token_ids == hf_greedy(hf_model, prompt, 20)
+    assert out.token_ids == hf_answer(hf_model, prompt, 20).token_ids
     assert out.text.startswith("\n    if n == 0:\n        return 0\n    elif n == 1")
 
 
-def test_prompts_past_the_window_equal_transformers(llm: LLM, hf_model: torch.nn.Module,
-                                                    long_prompts: list[list[int]]) -> None:
-    expected = [hf_greedy(hf_model, p) for p in long_prompts]
+def test_prompts_past_the_window_equal_transformers(llm: LLM, long_prompts: list[list[int]],
+                                                    hf_long_answers: list[HfAnswer]) -> None:
+    expected = [a.token_ids for a in hf_long_answers]
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
     assert [o.token_ids for o in llm.generate(long_prompts, greedy)] == expected
     hits_before = llm.engine.stats().num_prefix_cache_hit_tokens
@@ -82,22 +100,20 @@ def test_prompts_past_the_window_equal_transformers(llm: LLM, hf_model: torch.nn
     assert llm.engine.stats().num_prefix_cache_hit_tokens - hits_before >= 3 * WINDOW
 
 
-def test_chunked_prompts_past_the_window_equal_transformers(gemma3_dir: Path, hf_model: torch.nn.Module,
-                                                            long_prompts: list[list[int]]) -> None:
+def test_chunked_prompts_past_the_window_equal_transformers(gemma3_dir: Path, long_prompts: list[list[int]],
+                                                            hf_long_answers: list[HfAnswer]) -> None:
     chunked = LLM(str(gemma3_dir), device="cpu", dtype="float32", max_model_len=2048, kv_cache_blocks=256,
                   max_num_seqs=8, max_num_batched_tokens=200)
     greedy = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS)
-    assert [o.token_ids for o in chunked.generate(long_prompts[:2], greedy)] == [hf_greedy(hf_model, p)
-                                                                                 for p in long_prompts[:2]]
+    assert [o.token_ids for o in chunked.generate(long_prompts[:2], greedy)] == [a.token_ids
+                                                                                 for a in hf_long_answers[:2]]
 
 
-def test_logits_past_the_window_are_transformers_and_need_the_window(llm: LLM, hf_model: torch.nn.Module,
-                                                                      long_prompts: list[list[int]]) -> None:
+def test_logits_past_the_window_are_transformers_and_need_the_window(llm: LLM, long_prompts: list[list[int]],
+                                                                      hf_long_answers: list[HfAnswer]) -> None:
     """The last position's logits equal transformers' to float32 rounding; with the windows taken off they do not
     (the window is what the long prompts test)."""
-    prompt = long_prompts[1]
-    with torch.no_grad():
-        theirs = hf_model(torch.tensor([prompt])).logits[0, -1]
+    prompt, theirs = long_prompts[1], hf_long_answers[1].first_logits
     runner = llm.engine.runner
     batch = whole_prompt_batch(prompt, llm.engine)
     ours = runner.model.compute_logits(runner._forward(batch)[-1:])[0]

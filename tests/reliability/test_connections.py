@@ -16,6 +16,8 @@ import pytest
 
 from tests.e2e.serving import MODEL, RunningServer, server_config, start_server
 
+pytestmark = pytest.mark.alone  # its deadlines are measured in wall time
+
 KEY = "sk-connections"
 ORIGIN = "https://chat.example"
 HEADER_TIMEOUT_S, BODY_TIMEOUT_S = 1.0, 2.0

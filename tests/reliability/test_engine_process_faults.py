@@ -117,6 +117,7 @@ class Client(threading.Thread):
             self.ended_at, self.ending = time.monotonic(), rest[-2:]
 
 
+@pytest.mark.alone  # it times how soon streams end
 def test_a_killed_engine_ends_every_request_within_2_s_and_is_restarted(
     server: RunningServer, figures: dict[str, object]
 ) -> None:

@@ -248,6 +248,7 @@ def test_late_outputs_of_an_aborted_request_are_dropped() -> None:
     run(scenario, ScriptedEngine(length=5))
 
 
+@pytest.mark.alone  # it times the ending
 def test_engine_failure_ends_every_request_at_once_although_nothing_can_be_sent_to_it() -> None:
     """The dead engine's abort raises (a closed pipe): every handle still gets its terminal event."""
     engine = ScriptedEngine(length=ENDLESS)

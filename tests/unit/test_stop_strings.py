@@ -3,6 +3,7 @@ cost: linear in the text whatever the number of stop strings."""
 
 import time
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -58,6 +59,7 @@ def test_the_first_to_complete_wins_then_the_longest() -> None:
     assert scanner.scan("a") is None and scanner.scan(" 🚀") == (0, " ")  # the space completed before the rocket
 
 
+@pytest.mark.alone  # it compares two timings
 def test_time_is_linear_in_the_text_whatever_the_number_of_stop_strings() -> None:
     text = "the quick brown fox jumps over the lazy dog " * 200
     few, many = ["zebra"], [f"zebra{i}" for i in range(2000)]
