@@ -1,4 +1,4 @@
-"""The reliability suite (issue 12): bad input, fuzzed bodies, disconnect chaos, a killed engine, big
+"""The reliability suite: bad input, fuzzed bodies, disconnect chaos, a killed engine, big
 bodies, slow and silent clients, each against a real server on the tiny model.
 
 One server serves the bad-input corpus, the fuzzing and the HTTP-level cases (package scope); the

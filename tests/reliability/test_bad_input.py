@@ -1,7 +1,7 @@
 """A corpus of bad input over every endpoint: each case is a 4xx in OpenAI's error shape (naming the
 field where there is one), and afterwards the server is healthy, its engine never restarted, every
 KV block free, and a good request answered. It includes each request that once killed the engine or
-stalled the server (issue 12)."""
+stalled the server."""
 
 from dataclasses import dataclass
 
@@ -121,7 +121,7 @@ def corpus() -> list[Case]:
     cases.append(Case(C, GOOD_C | {"prompt": ["a", "b", "c"], "n": 100}, 400, "n"))  # 300 generations
     # Answered 500 once: choice 1's seed + 1 was out of range.
     cases += [Case(path, good | {"seed": 2**64 - 1, "n": 2}, 400, "seed") for path, good in ((C, GOOD_C), (M, GOOD_M))]
-    # Each killed the engine before issue 12: the sampler indexed the logits with them.
+    # Each once killed the engine: the sampler indexed the logits with them.
     cases += [Case(path, good | {"stop_token_ids": [ids], "min_tokens": 1}, 400, "stop_token_ids")
               for path, good in ((C, GOOD_C), (M, GOOD_M)) for ids in (VOCAB, 100_000, 2**63 - 1)]
     for field, values in RESPONSES_ONLY.items():
