@@ -10,7 +10,8 @@ LOAD_FORMATS = ("auto", "dummy")  # auto: the checkpoint's safetensors; dummy: r
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """Whether the runner uses its own kernels and weight layouts or the plain torch code they are tested against.
+    """Whether the runner uses its own kernels and weight layouts or the plain torch code they are tested against, and
+    the instruction set its CPU kernels are built for.
 
     The defaults are what the engine runs; tests build a runner with one of them off and compare the two.
     """
@@ -20,6 +21,10 @@ class KernelConfig:
     fused_kernels: bool = True
     # On a CPU in bfloat16: linear weights packed after loading (gpu/cpu_packing.py). Off: the weights as loaded.
     cpu_packed_weights: bool = True
+    # On a CPU: the instruction set the C kernels (gpu/cpu_kernels) are compiled for, a gcc -march value. native: this
+    # CPU's own; a narrower one (haswell: AVX2 and FMA, no AVX512) runs here the code a CPU without it would run. Never
+    # one wider than this CPU's: its instructions would fault.
+    cpu_march: str = "native"
 
 
 DEFAULT_KERNELS = KernelConfig()

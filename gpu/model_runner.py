@@ -110,7 +110,7 @@ class ModelRunner:
         self.tp = tp
         self.device = resolve_device(config.device)
         hf_config = load_hf_config(config.model_path)
-        self.cpu_kernels = load_cpu_kernels_for(self.device, config.cache_dir)
+        self.cpu_kernels = load_cpu_kernels_for(self.device, config.cache_dir, config.kernels.cpu_march)
         if self.device.type == "cpu" and config.dtype == "auto":
             weights = Path(config.model_path) if config.load_format != "dummy" else None
             self.dtype, why = cpu_auto_dtype(checkpoint_dtype(hf_config), self.cpu_kernels, weights)
@@ -687,13 +687,13 @@ class ModelRunner:
         return _in_every_group(batch, [group.num_blocks for group in self.kv_cache_groups])
 
 
-def load_cpu_kernels_for(device: torch.device, cache_dir: str | None) -> CpuKernels:
-    """On a CPU, the C kernels built for it (gpu/cpu_kernels), whichever switches are off: the dtype `auto` picks does
-    not depend on them."""
+def load_cpu_kernels_for(device: torch.device, cache_dir: str | None, march: str) -> CpuKernels:
+    """On a CPU, the C kernels built for it (gpu/cpu_kernels) with -march=`march`, whichever switches are off: the dtype
+    `auto` picks does not depend on them."""
     if device.type != "cpu":
         return NO_CPU_KERNELS
-    kernels = load_cpu_kernels(cache_dir)
-    logger.info("CPU kernels: %s", "; ".join(kernels.reasons))
+    kernels = load_cpu_kernels(cache_dir, march)
+    logger.info("CPU kernels (-march=%s): %s", march, "; ".join(kernels.reasons))
     return kernels
 
 

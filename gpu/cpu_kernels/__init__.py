@@ -26,8 +26,9 @@ class CpuKernels:
 NO_CPU_KERNELS = CpuKernels()
 
 
-def load_cpu_kernels(cache_dir: str | None) -> CpuKernels:
-    """Every kernel family, built first where this CPU has no cached build of it."""
-    built = {name: build.load(name, cache_dir) for name in NAMES}
+def load_cpu_kernels(cache_dir: str | None, march: str = "native") -> CpuKernels:
+    """Every kernel family, built first for the instruction set `march` (build.load) where this CPU has no cached build
+    of it."""
+    built = {name: build.load(name, cache_dir, march) for name in NAMES}
     return CpuKernels(**{name: b.module for name, b in built.items()},
                       reasons=tuple(f"{name}: {b.reason}" for name, b in built.items()))

@@ -1,8 +1,9 @@
 """Compiles a C kernel of this package for the CPU it runs on, once, and loads it as a Python extension module.
 
 The source is compiled with `-march=native`, so the library holds the instructions this CPU has (the source picks its
-SIMD width from them), and with `-fopenmp`: at load it binds to the OpenMP runtime torch has already loaded (the same
-`libgomp.so.1`), so the kernels and torch's own operations share one pool of threads and one thread count.
+SIMD width from them; a narrower `-march` where asked: gpu.config.KernelConfig.cpu_march), and with `-fopenmp`: at
+load it binds to the OpenMP runtime torch has already loaded (the same `libgomp.so.1`), so the kernels and torch's
+own operations share one pool of threads and one thread count.
 
 A build is kept under `<cache dir>/cpu-kernels/<digest>/`, the digest covering the source and the headers beside it,
 the compiler's version and flags, the CPU's model and flags and the Python ABI: a change to any of them builds again,

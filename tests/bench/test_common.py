@@ -22,6 +22,8 @@ def test_kernel_variants() -> None:
     first, second = [f.name for f in fields(KernelConfig) if f.type in (bool, "bool")][:2]
     assert kernel_variant("default") == KernelConfig()
     assert kernel_variant(f"{first}=0+{second}=1") == replace(KernelConfig(), **{first: False, second: True})
+    assert kernel_variant(f"{first}=0+cpu_march=haswell") == replace(KernelConfig(), **{first: False},
+                                                                       cpu_march="haswell")
     for bad in ("no_such_kernel=0", first, f"{first}=yes", ""):
         with pytest.raises(ValueError, match=r"FIELD=0\|1"):
             kernel_variant(bad)

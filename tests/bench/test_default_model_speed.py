@@ -78,12 +78,17 @@ def test_ours_takes_a_kernel_variant_and_says_which_cpu_kernels_ran(tiny_model_d
                                "attention": default.engine.runner.cpu_kernels.attention is not None}
 
 
-def test_ours_on_a_gguf_grid_reports_the_int8_dot_products(tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
-    ours = Ours(on_gguf_grids(tiny_model_dirs["llama"], tmp_path / "grid"), "cpu", "auto")
+def test_ours_on_a_gguf_grid_reports_the_int8_dot_products_and_their_instruction_set(tiny_model_dirs: dict[str, Path],
+                                                                                     tmp_path: Path) -> None:
+    grid = on_gguf_grids(tiny_model_dirs["llama"], tmp_path / "grid")
+    ours = Ours(grid, "cpu", "auto")
     kernels = ours.engine.runner.cpu_kernels
     if kernels.int8_dot is None or kernels.attention is None:
         pytest.skip("the C kernels are not built here")
     assert ours.kernels == {"int8_dot": kernels.int8_dot.ISA, "attention": True, "decode_steps": True}
+    avx2 = Ours(grid, "cpu", "auto:cpu_march=haswell")
+    assert avx2.engine.runner.config.kernels == KernelConfig(cpu_march="haswell")
+    assert avx2.kernels == {"int8_dot": "avx2", "attention": True, "decode_steps": True}  # a CPU without AVX512
 
 
 def test_llama_cpp_streams_a_fresh_greedy_request_with_its_eos_banned(monkeypatch: pytest.MonkeyPatch) -> None:
