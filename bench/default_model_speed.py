@@ -6,12 +6,11 @@ model's chat template. Every contender is built first, in this one process; then
 in turn per prompt, so a change in the machine's load falls on all alike. Decode speed is timed from the first new
 token to the last; beside it, the whole request's speed and the process's CPU time per token. A contender of ours is
 a dtype (`auto`: the engine's default), optionally with a kernel variant (bench.common.kernel_variant), once per
-`--speculative` config; llama.cpp runs the GGUF file the model comes from where llama-cpp-python is installed. A CPU
-run records the CPU, the CPU kernels each of ours ran, its threads and the OpenMP variables set
-(OMP_WAIT_POLICY=PASSIVE suits a machine whose cores other processes share).
+`--speculative` config; llama.cpp (the llama-cpp-python that imports, its build's AVX flags in its name) runs the GGUF
+file the model comes from. A CPU run records the CPU, the kernels each of ours ran, the threads and the OpenMP
+variables set (OMP_WAIT_POLICY=PASSIVE suits a machine whose cores other processes share).
 
-    python -m bench.default_model_speed --model gemma-3-270m --out result.json
-    python -m bench.default_model_speed --ours auto,float32:cpu_packed_weights=0+fused_kernels=0 --out result.json
+    python -m bench.default_model_speed --model gemma-3-270m --ours auto,auto:cpu_march=haswell --out result.json
     python -m bench.default_model_speed --device cuda --ours bfloat16 --speculative off,ngram,suffix \
         --prompts code_edit --tokens 256 --out result.json
 """
@@ -51,8 +50,8 @@ SPECULATIVE: dict[str, dict[str, object] | None] = {
     "off": None, "ngram": {"method": "ngram", "prompt_lookup_max": 4},
     "ngram-fixed": {"method": "ngram", "prompt_lookup_max": 4, "adaptive": False}, "mtp": {"method": "mtp"},
     "suffix": {"method": "suffix"}, "draft-self": {"method": "draft_model", "adaptive": False}}
-# How the OpenMP threads of every contender (torch's, our C kernels', llama.cpp's) run and wait: recorded where set.
-OPENMP_ENVIRONMENT = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND")
+# Recorded where set: how every contender's OpenMP threads run and wait, the instruction set torch's kernels take.
+OPENMP_ENVIRONMENT = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "ATEN_CPU_CAPABILITY")
 
 
 class Contender(Protocol):
@@ -99,10 +98,11 @@ class LlamaCpp:
     """llama.cpp (llama-cpp-python) on a GGUF file, greedy, its EOS banned so that it makes every token asked for."""
 
     def __init__(self, gguf: Path) -> None:
-        from llama_cpp import Llama
+        from llama_cpp import Llama, llama_print_system_info
 
         self.model = Llama(model_path=str(gguf), n_ctx=2048, n_threads=torch.get_num_threads(), verbose=False)
-        self.name = f"llama.cpp ({gguf.name})"
+        built = [flag.removesuffix(" = 1") for flag in llama_print_system_info().decode().split(" | ")]  # its ISA
+        self.name = f"llama.cpp ({gguf.name}, {' '.join(f for f in built if f.startswith('AVX') and '=' not in f)})"
 
     def request(self, prompt: list[int], num_tokens: int) -> tuple[float, float]:
         self.model.reset()  # no prefix carried over from the previous request
@@ -116,12 +116,12 @@ class LlamaCpp:
 
 def cpu_kernels_run(runner: ModelRunner) -> dict[str, object]:
     """Which CPU kernels a runner of ours took: the int8 dot products' instruction set where some weight went through
-    them (else None), whether attention had its C kernels, whether decode steps ran as C kernel calls per layer."""
+    them (else None), attention's C kernels, decode steps as C kernel calls per layer; torch's own instruction set."""
     int8_dot = runner.cpu_kernels.int8_dot
     packed = any(isinstance(getattr(m, "packed", None), Int8DotProduct) for m in runner.model.modules())
     return {"int8_dot": int8_dot.ISA if packed and int8_dot is not None else None,
             "attention": runner.config.kernels.fused_kernels and runner.cpu_kernels.attention is not None,
-            "decode_steps": runner.cpu_decode is not None}
+            "decode_steps": runner.cpu_decode is not None, "torch": torch.backends.cpu.get_cpu_capability()}
 
 
 def model_gguf(model: str | None) -> Path | None:

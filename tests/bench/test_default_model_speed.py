@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import torch
 
 from bench.default_model_speed import LlamaCpp, Ours, chat_prompts, run_interleaved
 from gpu.config import KernelConfig
@@ -70,11 +71,12 @@ def test_a_prompt_set_with_a_context_puts_it_before_each_message(tiny_model_dirs
 def test_ours_takes_a_kernel_variant_and_says_which_cpu_kernels_ran(tiny_model_dirs: dict[str, Path]) -> None:
     reference = Ours(tiny_model_dirs["llama"], "cpu", "float32:cpu_packed_weights=0+fused_kernels=0")
     assert reference.name == "openai-serve float32:cpu_packed_weights=0+fused_kernels=0 (float32)"
-    assert reference.kernels == {"int8_dot": None, "attention": False, "decode_steps": False}
+    torch_isa = torch.backends.cpu.get_cpu_capability()
+    assert reference.kernels == {"int8_dot": None, "attention": False, "decode_steps": False, "torch": torch_isa}
     assert reference.engine.runner.config.kernels == KernelConfig(cpu_packed_weights=False, fused_kernels=False)
     default = Ours(tiny_model_dirs["llama"], "cpu", "float32")
     # Random weights lie on no GGUF grid: nothing goes through the int8 dot products, so no decode steps either.
-    assert default.kernels == {"int8_dot": None, "decode_steps": False,
+    assert default.kernels == {"int8_dot": None, "decode_steps": False, "torch": torch_isa,
                                "attention": default.engine.runner.cpu_kernels.attention is not None}
 
 
@@ -85,10 +87,12 @@ def test_ours_on_a_gguf_grid_reports_the_int8_dot_products_and_their_instruction
     kernels = ours.engine.runner.cpu_kernels
     if kernels.int8_dot is None or kernels.attention is None:
         pytest.skip("the C kernels are not built here")
-    assert ours.kernels == {"int8_dot": kernels.int8_dot.ISA, "attention": True, "decode_steps": True}
+    torch_isa = torch.backends.cpu.get_cpu_capability()
+    assert ours.kernels == {"int8_dot": kernels.int8_dot.ISA, "attention": True, "decode_steps": True,
+                            "torch": torch_isa}
     avx2 = Ours(grid, "cpu", "auto:cpu_march=haswell")
     assert avx2.engine.runner.config.kernels == KernelConfig(cpu_march="haswell")
-    assert avx2.kernels == {"int8_dot": "avx2", "attention": True, "decode_steps": True}  # a CPU without AVX512
+    assert avx2.kernels == {"int8_dot": "avx2", "attention": True, "decode_steps": True, "torch": torch_isa}
 
 
 def test_llama_cpp_streams_a_fresh_greedy_request_with_its_eos_banned(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,13 +114,15 @@ def test_llama_cpp_streams_a_fresh_greedy_request_with_its_eos_banned(monkeypatc
                 time.sleep(0.002)
                 yield {"choices": [{"text": "x"}]}
 
-    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama))
+    system_info = b"CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | F16C = 1 | AVX512 = 0 | AVX512_VNNI = 0 | OPENMP = 1 | "
+    monkeypatch.setitem(sys.modules, "llama_cpp", types.SimpleNamespace(Llama=FakeLlama,
+                                                                          llama_print_system_info=lambda: system_info))
     contender = LlamaCpp(Path("model.Q4_1.gguf"))
     decode_s, whole_s = contender.request([5, 6, 7], 6)
     assert 5 * 0.002 <= decode_s < whole_s  # from the first streamed token to the last: 5 gaps
     assert calls == [([5, 6, 7], {"max_tokens": 6, "temperature": 0.0, "stream": True,
                                   "logit_bias": {2: float("-inf")}})]
-    assert contender.model.num_resets == 1 and contender.name == "llama.cpp (model.Q4_1.gguf)"
+    assert contender.model.num_resets == 1 and contender.name == "llama.cpp (model.Q4_1.gguf, AVX AVX2)"
 
 
 def test_llama_cpp_runs_the_file_the_model_comes_from(tmp_path: Path) -> None:
