@@ -156,7 +156,7 @@ def default_model(results: list[Result]) -> list[str]:
 
 
 def _cpu_conditions(run: Result) -> str:
-    """A CPU run's model, threads and OpenMP variables set besides the thread count (how its threads wait)."""
+    """A CPU run's model, threads and the variables set besides the thread count (how its threads wait, torch's ISA)."""
     cpu = run.get("cpu") or {}
     parts = [cpu["model"]] if cpu.get("model") else []
     threads = run.get("threads")
