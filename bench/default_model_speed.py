@@ -11,8 +11,7 @@ file the model comes from. A CPU run records the CPU, the kernels each of ours r
 variables set (OMP_WAIT_POLICY=PASSIVE suits a machine whose cores other processes share).
 
     python -m bench.default_model_speed --model gemma-3-270m --ours auto,auto:cpu_march=haswell --out result.json
-    python -m bench.default_model_speed --device cuda --ours bfloat16 --speculative off,ngram,suffix \
-        --prompts code_edit --tokens 256 --out result.json
+    python -m bench.default_model_speed --device cuda --ours bfloat16 --speculative off,ngram,suffix --prompts code_edit
 """
 
 import argparse
