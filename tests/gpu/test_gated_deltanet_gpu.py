@@ -29,6 +29,7 @@ from gpu.model_runner import ModelRunner
 from gpu.state_cache import step_inputs
 from tests.gpu.test_parity_gpu import bf16_departures
 from tests.gpu.test_tensor_parallel_gpu import assert_diverge_rarely_near_ties
+from tests.greedy_agreement import generate
 from tests.hybrid_models import HYBRID_CONFIGS, build_hybrid_model, use_transformers_torch_delta_rule
 from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths
 
@@ -101,16 +102,6 @@ def test_fla_prompt_rows_match_the_reference(saves: tuple[tuple[int, int, int], 
     torch.testing.assert_close(fused.recurrent_state, reference.recurrent_state, rtol=3e-2, atol=3e-2)
 
 
-def generated(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    for request_id, prompt in zip(tokens, prompts, strict=True):
-        engine.add_request(request_id, prompt, params)
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            tokens[out.request_id] += out.new_token_ids
-    return list(tokens.values())
-
-
 @pytest.mark.parametrize("model", MODELS)
 def test_float32_reference_path_matches_transformers(hybrid_dirs: dict[str, Path], model: str) -> None:
     config = engine_config(str(hybrid_dirs[model]), dtype="float32", device="cuda", attention_backend="triton",
@@ -118,11 +109,11 @@ def test_float32_reference_path_matches_transformers(hybrid_dirs: dict[str, Path
     runner = ModelRunner(replace(runner_config(config), kernels=KernelConfig(fused_kernels=False)))
     engine = LLMEngine(config, runner=runner)
     prompts = prompts_of_lengths((1, 7, 16, 17, 40, 100, 3, 64), shared_prefix=20)
-    first = generated(engine, prompts[:1], SamplingParams(temperature=0.0, max_tokens=12))
-    rest = generated(engine, prompts[1:], SamplingParams(temperature=0.0, max_tokens=12))
+    first = generate(engine, prompts[:1], SamplingParams(temperature=0.0, max_tokens=12))
+    rest = generate(engine, prompts[1:], SamplingParams(temperature=0.0, max_tokens=12))
     use_transformers_torch_delta_rule()
     for prompt, output in zip(prompts, first + rest, strict=True):
-        assert output == hf_greedy(hybrid_dirs[model], prompt)
+        assert output.token_ids == hf_greedy(hybrid_dirs[model], prompt)
     stats = engine.stats()
     assert stats.num_prefix_cache_hit_tokens > 0 and stats.num_preemptions > 0
 

@@ -27,7 +27,7 @@ from tests.gpu.test_parity_gpu import (
     assert_bf16_divergences_rare_near_ties,
     hf_greedy_and_logits,
 )
-from tests.greedy_agreement import assert_diverge_rarely_near_ties
+from tests.greedy_agreement import assert_diverge_rarely_near_ties, generate
 from tests.moe_models import MOE_CONFIGS, build_moe_model
 from tests.parity.test_parity_cpu import prompts_of_lengths
 
@@ -51,21 +51,11 @@ def make_llm(model_dir: Path, dtype: str, eager: bool = False, budget: int = 512
                tensor_parallel_size=tp)
 
 
-def generated(engine: LLMEngine, prompts: list[list[int]], params: SamplingParams) -> list[list[int]]:
-    tokens: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
-    for request_id, prompt in zip(tokens, prompts, strict=True):
-        engine.add_request(request_id, prompt, params)
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            tokens[out.request_id] += out.new_token_ids
-    return list(tokens.values())
-
-
 def assert_float32_tokens_match(engine: LLMEngine, model_dir: Path) -> None:
     prompts = prompts_of_lengths(LENGTHS, shared_prefix=20)
-    outputs = generated(engine, prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
+    outputs = generate(engine, prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW))
     for prompt, output in zip(prompts, outputs, strict=True):
-        assert output == hf_greedy_and_logits(model_dir, torch.float32, prompt)[0]
+        assert output.token_ids == hf_greedy_and_logits(model_dir, torch.float32, prompt)[0]
     stats = engine.stats()
     assert stats.num_prefix_cache_hit_tokens > 0 and stats.num_preemptions > 0
 
