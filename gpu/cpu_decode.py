@@ -21,13 +21,12 @@ from torch import nn
 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.attention.variant import PLAIN
+from gpu.cpu_kernels import ACTIVATION_DTYPES
 from gpu.layers.activation import SiluAndMul
 from gpu.layers.int8_dot_linear import Int8DotProduct
 from gpu.layers.linear import Linear
 from gpu.layers.mlp import MLP
 from gpu.models.llama import DecoderLayer, DecoderModel
-
-DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -118,7 +117,7 @@ def unavailable_reason(model: nn.Module, int8_dot: ModuleType | None, attention:
     """Why decode steps cannot run as CpuDecodeSteps on this model, or None when they can."""
     if int8_dot is None or attention is None:
         return "its C kernels are not built, or a switch turned them off"
-    if dtype not in DTYPES:
+    if dtype not in ACTIVATION_DTYPES:
         return f"the kernels take float32 or bfloat16 (dtype {dtype})"
     decoder = getattr(model, "model", None)
     if not isinstance(decoder, DecoderModel) or decoder.embed_tokens.tp.size != 1:

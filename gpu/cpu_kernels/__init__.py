@@ -9,9 +9,13 @@
 from dataclasses import dataclass
 from types import ModuleType
 
+import torch
+
 from gpu.cpu_kernels import build
 
 NAMES = ("int8_dot", "attention")
+# The activations' dtypes the kernels read and write: float32, or bfloat16 widened to float32 as it is loaded.
+ACTIVATION_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from gpu.attention.backend import AttentionBackend
 from gpu.attention.metadata import AttentionMetadata
 from gpu.attention.variant import PLAIN, AttentionVariant
 from gpu.config import DEFAULT_KERNELS, KernelConfig
+from gpu.cpu_kernels import ACTIVATION_DTYPES
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.kernels import HAS_TRITON
 from gpu.layers.linear import MergedLinear, RowSlice
@@ -40,8 +41,6 @@ from gpu.layers.norm import NormConvention, NormInput, RMSNorm
 from gpu.layers.parallel_linear import RowParallelLinear
 from gpu.layers.rotary import RotaryEmbedding
 from gpu.loader import CheckpointTensor
-
-CPU_KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
 @dataclass(frozen=True)
@@ -225,7 +224,7 @@ class DecoderAttention(nn.Module):
         is_plain_kv = not (self.spec.values_are_keys or self.spec.has_value_norm) and self.spec.computes_kv
         has_llama_norms = self.q_norm is None or self.q_norm.is_llama_style
         is_unscaled = self.kv_scales == (1.0, 1.0)  # an FP8 cache's scales: the torch code divides by them
-        return (self.cpu_kernels is not None and dtype in CPU_KERNEL_DTYPES and column_stride == 1 and is_plain_kv
+        return (self.cpu_kernels is not None and dtype in ACTIVATION_DTYPES and column_stride == 1 and is_plain_kv
                 and is_unscaled
                 and has_llama_norms and self.rotary.rotary_dim == self.head_dim and self.head_dim % 2 == 0
                 and self.head_dim <= 1024

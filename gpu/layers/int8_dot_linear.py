@@ -16,8 +16,9 @@ from types import ModuleType
 
 import torch
 
+from gpu.cpu_kernels import ACTIVATION_DTYPES
+
 GROUP_SIZE = 32  # input columns per group: GGUF's block size for Q4_0, Q4_1, Q5_0 and Q8_0
-DTYPES = (torch.float32, torch.bfloat16)
 
 
 class Int8DotProduct:
@@ -71,7 +72,7 @@ class Int8DotProduct:
     def takes(x: torch.Tensor, *others: torch.Tensor | None) -> bool:
         """Whether the prologues read these [rows, columns] tensors as they are: rows of contiguous columns, one
         dtype the kernel takes."""
-        return x.dim() == 2 and x.stride(1) == 1 and x.dtype in DTYPES and all(
+        return x.dim() == 2 and x.stride(1) == 1 and x.dtype in ACTIVATION_DTYPES and all(
             t is None or (t.dim() in (1, 2) and t.stride(-1) == 1 and t.dtype == x.dtype) for t in others)
 
 
@@ -109,7 +110,7 @@ class Int8DotGroups(Int8DotProduct):
 def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
     """x as [rows, in_features] of contiguous columns in a dtype the kernel takes."""
     rows = x.reshape(-1, in_features)
-    if rows.dtype not in DTYPES:
+    if rows.dtype not in ACTIVATION_DTYPES:
         rows = rows.float()
     return rows if rows.stride(-1) == 1 else rows.contiguous()
 
