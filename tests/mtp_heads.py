@@ -105,6 +105,7 @@ class ReferenceMtp:
         family = type(self.target).__name__.removesuffix("ForCausalLM")
         tensors = load_file(model_dir / "model.safetensors")
         self.is_glm = family == "Glm4Moe"
+        self.has_position_grids = family.startswith("Qwen3_5")
         prefix = f"model.layers.{config.num_hidden_layers}." if self.is_glm else "mtp."
         head = {k.removeprefix(prefix): v for k, v in tensors.items() if k.startswith(prefix)}
         layer_prefix = "" if self.is_glm else "layers.0."
@@ -148,7 +149,9 @@ class ReferenceMtp:
             embedded[0] = 0.0  # position 0 has no token before it
         mixed = torch.cat([self.norms[0](embedded), self.norms[1](hidden)], dim=-1) @ self.fc.T
         positions = torch.arange(n)[None]
-        rotary = model.rotary_emb(mixed[None], positions)
+        # Qwen3.5's rotary takes a position per grid axis; transformers before 5.18 does not broadcast them itself.
+        axis_positions = positions.expand(3, 1, n) if self.has_position_grids else positions
+        rotary = model.rotary_emb(mixed[None], axis_positions)
         causal = torch.full((n, n), float("-inf")).triu(1)[None, None]
         out = self.layer(mixed[None], position_embeddings=rotary, attention_mask=causal, position_ids=positions)
         out = (out[0] if isinstance(out, tuple) else out)[0]
