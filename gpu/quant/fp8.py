@@ -85,7 +85,9 @@ class Fp8Method(QuantMethod):
         from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS
 
         n, k = self.layout.out_features, self.layout.in_features
-        is_deepseek_blocks = self.scale_block == (128, 128) and not self.has_input_scale
+        # cuBLAS reads block scales with a 16-byte aligned leading dimension: the weight's K / 128 scales a row, whole
+        # sets of 4 (torch passes the stored row length as that dimension)
+        is_deepseek_blocks = self.scale_block == (128, 128) and not self.has_input_scale and k % (128 * 4) == 0
         return (rows.is_cuda and rows.shape[0] >= FP8_CUBLAS_MIN_ROWS and n % 16 == 0 and k % 16 == 0
                 and rows.stride(-1) == 1 and (self.scale_block[1] >= k or is_deepseek_blocks))
 
@@ -97,8 +99,9 @@ class Fp8Method(QuantMethod):
 
         is_per_row = self.scale_block[1] >= self.layout.in_features
         quantized, x_scales = quantize_rows(rows, None if is_per_row else 128, input_scale)
-        return torch._scaled_mm(quantized, layer.weight.t(), scale_a=x_scales,
-                                scale_b=getattr(layer, self.scale_name).t(), bias=bias, out_dtype=rows.dtype)
+        y = torch._scaled_mm(quantized, layer.weight.t(), scale_a=x_scales,
+                             scale_b=getattr(layer, self.scale_name).t(), bias=bias, out_dtype=rows.dtype)
+        return y[: rows.shape[0]]  # grouped activations come padded to whole sets of rows
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         return dequantize_blocks(layer.weight, getattr(layer, self.scale_name), self.scale_block)

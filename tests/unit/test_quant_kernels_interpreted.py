@@ -147,9 +147,10 @@ def test_activation_quantization_for_cublas(fp8_quant: ModuleType, group: int | 
     x = _fp8_grid(m, k, k if group is None else 128, g) if static is None else \
         ((torch.randn(m, k, generator=g) * 100).clamp(-440, 440).to(torch.float8_e4m3fn).float() * 0.5).half()
     quantized, scales = fp8_quant.quantize_rows(x, group if isinstance(group, int) else None, static)
-    if isinstance(group, int):
-        assert scales.shape == (m, k // group) and scales.stride() == (1, m)  # cuBLAS's 1x128 layout: M-major
-        expanded = scales.repeat_interleave(group, 1)
+    if isinstance(group, int):  # cuBLAS's 1x128 layout: M-major, M in whole sets of 4 rows (zeros past x's)
+        assert scales.shape == (8, k // group) and scales.stride() == (1, 8) and quantized.shape == (8, k)
+        assert not quantized[m:].float().any()
+        quantized, expanded = quantized[:m], scales[:m].repeat_interleave(group, 1)
     else:
         assert scales.shape == (m, 1)
         expanded = scales
