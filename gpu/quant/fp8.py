@@ -60,7 +60,7 @@ class Fp8Method(QuantMethod):
     def load(self, layer: nn.Module, name: str, param: nn.Parameter, loaded: CheckpointTensor,
              shard: str | None) -> None:
         if name == INPUT_SCALE:  # one for the layer: the largest of its shards'
-            torch.maximum(param.data, loaded.read().float().view(1), out=param.data)
+            torch.maximum(param.data, loaded.read().float().view(1).to(param.device), out=param.data)
         elif name == self.scale_name and _numel(loaded.shape) == 1 and param.shape[0] > 1:
             for layer_shard, rows in self.layout.checkpoint_rows(shard):  # a per-tensor scale on its rows
                 start = self.layout.shard_start(layer_shard)
