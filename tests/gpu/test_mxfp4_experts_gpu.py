@@ -79,10 +79,15 @@ def mxfp4_gpt_oss(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.Tem
 
 
 def transformers_dequantized(checkpoint: Path, dtype: torch.dtype) -> torch.nn.Module:
+    """transformers' model of the checkpoint in `dtype`: on CUDA some versions dequantize the experts to bf16 whatever
+    the dtype asked, so its parameters are cast to it (exact: MXFP4 values fit bf16; buffers such as RoPE's stay)."""
     from transformers import AutoModelForCausalLM, Mxfp4Config
 
-    return AutoModelForCausalLM.from_pretrained(checkpoint, quantization_config=Mxfp4Config(dequantize=True),
-                                                dtype=dtype).cuda().eval()
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, quantization_config=Mxfp4Config(dequantize=True),
+                                                 dtype=dtype).cuda().eval()
+    for param in model.parameters():
+        param.data = param.data.to(dtype)
+    return model
 
 
 def make_llm(model_dir: Path, dtype: str) -> LLM:
