@@ -1,6 +1,6 @@
 """An FP8 KV cache's reference for tests: transformers with every layer's keys and values rounded as our cache
-stores them (fp8(x / scale) * scale, the division in float32), through an attention function of its own, and a
-checkpoint that states per-layer scales (`self_attn.k_scale`, `v_scale`, as llm-compressor writes them)."""
+stores them (fp8(x / scale) * scale, the division in float32, saturated at 448), through an attention function of its
+own, and a checkpoint that states per-layer scales (`self_attn.k_scale`, `v_scale`, as llm-compressor writes them)."""
 
 import json
 import shutil
@@ -17,8 +17,8 @@ _SCALES: dict[str, list[tuple[float, float]]] = {}  # model id -> each layer's (
 
 
 def rounded(x: torch.Tensor, scale: float) -> torch.Tensor:
-    """x as an FP8 cache holds it and attention reads it back."""
-    return ((x.float() / scale).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
+    """x as an FP8 cache holds it (saturated at FP8's largest magnitude) and attention reads it back."""
+    return ((x.float() / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale).to(x.dtype)
 
 
 def _attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

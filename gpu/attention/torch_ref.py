@@ -20,8 +20,17 @@ def store_kv(
     is_real = slot_mapping >= 0
     slots = slot_mapping[is_real]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    k_cache.view(-1, num_kv_heads, head_dim)[slots] = key[is_real].to(k_cache.dtype)
-    v_cache.view(-1, num_kv_heads, head_dim)[slots] = value[is_real].to(v_cache.dtype)
+    k_cache.view(-1, num_kv_heads, head_dim)[slots] = as_cache_dtype(key[is_real], k_cache.dtype)
+    v_cache.view(-1, num_kv_heads, head_dim)[slots] = as_cache_dtype(value[is_real], v_cache.dtype)
+
+
+def as_cache_dtype(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x as a cache of `dtype` holds it: an FP8 cache saturates at its largest magnitude, as the Triton kernels'
+    conversion does (some torch versions turn an overflowing value into NaN)."""
+    if dtype == torch.float8_e4m3fn:
+        largest = torch.finfo(dtype).max
+        return x.clamp(-largest, largest).to(dtype)
+    return x.to(dtype)
 
 
 def paged_attention(

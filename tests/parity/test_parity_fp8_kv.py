@@ -28,7 +28,7 @@ def test_greedy_tokens_equal_transformers_with_the_cache_rounded(tiny_model_dirs
                                                                  model: str, scales: tuple[float, float] | None
                                                                  ) -> None:
     model_dir = tiny_model_dirs[model]
-    if scales is not None:  # small scales: the tiny model's keys and values sit near FP8's small end
+    if scales is not None:  # small scales: some of the tiny model's values divided by them pass FP8's largest
         model_dir = with_kv_scales(model_dir, tmp_path / "scaled", [scales, (scales[1], scales[0])])
     llm = LLM(str(model_dir), device="cpu", dtype="float32", kv_cache_dtype="fp8", kv_cache_blocks=64,
               block_size=4, max_num_seqs=4, max_num_batched_tokens=32)
