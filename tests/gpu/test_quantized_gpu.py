@@ -2,8 +2,10 @@
 1..512 rows (and inside a CUDA graph), and whole models by the top-5 rule: weight-only formats (W4A16, GGUF blocks)
 against transformers' bf16 run of the checkpoint dequantized by the format's rule; W8A8 FP8 against the same with
 each linear layer's input quantized as the format quantizes activations (the format's own rule for them), so the
-differences left are two bf16 implementations' roundings, held to the project's usual rate."""
+differences left are two bf16 implementations' roundings: held to the project's usual rate, or, for the formats whose
+near ties flip past it in transformers' own bf16 model too, to the bf16 reference's record against its float32 one."""
 
+from functools import partial
 from pathlib import Path
 
 import gguf
@@ -22,7 +24,13 @@ from gpu.quant.fp8 import Fp8Scheme, dequantize_blocks
 from gpu.quant.gguf import GgufScheme
 from gpu.quant.int_weights import IntGroups, to_kernel_form
 from tests import quant_checkpoints as qc
-from tests.gpu.test_parity_gpu import MAX_NEW, Reference, assert_bf16_divergences_rare_near_ties, greedy_and_logits
+from tests.gpu.test_parity_gpu import (
+    MAX_NEW,
+    Reference,
+    assert_bf16_departs_no_more_than_transformers,
+    assert_bf16_divergences_rare_near_ties,
+    greedy_and_logits,
+)
 from tests.parity.test_parity_cpu import prompts_of_lengths
 from tests.parity.test_parity_quantized import FORMATS, tiny_gguf_of_every_type
 
@@ -165,10 +173,11 @@ def _serve_bf16(model_dir: Path) -> LLM:
                max_num_batched_tokens=512)
 
 
-def w8a8_reference(model_dir: Path, group: int | None, static: float | None) -> Reference:
-    """transformers' bf16 greedy run of the dequantized checkpoint with every decoder linear layer's input quantized
-    to FP8 as the format says (per token group of `group` columns, or the static scale)."""
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).cuda().eval()
+def w8a8_reference(model_dir: Path, group: int | None, static: float | None,
+                   dtype: torch.dtype = torch.bfloat16) -> Reference:
+    """transformers' greedy run (in `dtype`) of the dequantized checkpoint with every decoder linear layer's input
+    quantized to FP8 as the format says (per token group of `group` columns, or the static scale)."""
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).cuda().eval()
     scale = None if static is None else torch.tensor(static, device="cuda")
     for module in model.model.layers.modules():
         if isinstance(module, torch.nn.Linear):
@@ -179,18 +188,27 @@ def w8a8_reference(model_dir: Path, group: int | None, static: float | None) -> 
     return lambda prompt: greedy_and_logits(model, prompt)
 
 
+# Formats whose tiny checkpoints flip near ties past the usual rate between two bf16 implementations, transformers'
+# own bf16 model against its float32 one included: W8A8 (an FP8 activation rounds a bf16 difference up to a whole FP8
+# step), and AWQ's 4-bit weights (the kernel keeps their scales in bf16, transformers rounds each weight once).
+FLIP_OFTEN = {"fp8-blocks", "fp8-tensor-static", "awq"}
+
+
 @pytest.mark.parametrize("name", ["fp8-blocks", "fp8-tensor-static", "gptq-int4-act-order", "awq"])
 def test_quantized_models_by_the_top5_rule(name: str, tiny_model_dirs: dict[str, Path], tmp_path: Path) -> None:
     model, quantizer, config = FORMATS[name]
     quantized, dequantized = qc.write_quantized(tiny_model_dirs[model], tmp_path, quantizer, config)
     outputs = _serve_bf16(quantized).generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW,
                                                                       logprobs=5))
-    reference = None
+    references = None
     if name == "fp8-blocks":  # the test checkpoints' blocks are 32 columns wide: activation groups of 32
-        reference = w8a8_reference(dequantized, config["weight_block_size"][1], None)  # type: ignore[index]
+        references = partial(w8a8_reference, dequantized, config["weight_block_size"][1], None)  # type: ignore[index]
     elif name == "fp8-tensor-static":
-        reference = w8a8_reference(dequantized, None, 0.05)
-    assert_bf16_divergences_rare_near_ties(dequantized, PROMPTS, outputs, reference)
+        references = partial(w8a8_reference, dequantized, None, 0.05)
+    if name in FLIP_OFTEN:
+        assert_bf16_departs_no_more_than_transformers(dequantized, PROMPTS, outputs, references)
+    else:
+        assert_bf16_divergences_rare_near_ties(dequantized, PROMPTS, outputs)
 
 
 def test_gguf_blocks_model_by_the_top5_rule(tmp_path: Path) -> None:
