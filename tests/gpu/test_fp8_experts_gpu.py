@@ -1,18 +1,26 @@
 """FP8 block-scaled experts on CUDA (gpu/kernels/fused_moe.py reading gpu/quant/fp8_experts.py's stored form): the
 kernel against the torch reference on the exact dequantization over row counts at Qwen3-30B-A3B-FP8's shape (128x128
 blocks) and an odd one, in bf16 (tests/gpu/test_fused_moe.py's tolerance: no weight is rounded, only the activations)
-and float32 (exact products); a tiny Qwen3-MoE with FP8 experts and layers served with its experts kept in FP8, by
-the top-5 rule against transformers' bf16 on the dequantized checkpoint."""
+and float32 (exact products); tiny Qwen3-MoEs with FP8 experts and layers served with their experts kept in FP8, by
+the top-5 rule against transformers on the dequantized checkpoints (bf16 held to the bf16 reference's record against
+its float32 one)."""
 
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from core import LLM, SamplingParams
+from core import LLM, GenerationOutput, SamplingParams
 from tests import quant_checkpoints as qc
 from tests.gpu.test_fused_moe import assert_close
-from tests.gpu.test_parity_gpu import LENGTHS, MAX_NEW, assert_bf16_divergences_rare_near_ties
+from tests.gpu.test_parity_gpu import (
+    LENGTHS,
+    MAX_NEW,
+    References,
+    assert_bf16_departs_no_more_than_transformers_over_checkpoints,
+)
 from tests.gpu.test_quantized_gpu import w8a8_reference
 from tests.moe_cases import quantized_kernel_and_reference, random_fp8_experts, random_routing
 from tests.parity.test_parity_cpu import prompts_of_lengths
@@ -45,14 +53,12 @@ def test_float32_products_are_exact(num_tokens: int) -> None:
     assert_close(out, reference, torch.float32)
 
 
-@pytest.fixture(scope="module")
-def fp8_qwen3_moe(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """(the checkpoint with FP8 layers and experts in 32x32 blocks, its dequantized twin): the narrowest blocks the
+def fp8_qwen3_moe(root: Path, tokenizer_dir: Path, seed: int) -> tuple[Path, Path]:
+    """(a tiny Qwen3-MoE with FP8 layers and experts in 32x32 blocks, its dequantized twin): the narrowest blocks the
     dense layers' kernel takes (the FP8 MMA's K is 32), still several to each expert's projection."""
     from tests.moe_models import build_moe_model
 
-    root = tmp_path_factory.mktemp("fp8-moe")
-    source = build_moe_model(root / "float", "qwen3_moe", tiny_model_dirs["qwen3"])
+    source = build_moe_model(root / "float", "qwen3_moe", tokenizer_dir, seed=seed)
     config = {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": list(BLOCK)}
     return qc.write_quantized(source, root / "fp8", qc.fp8_blocks(BLOCK), config)
 
@@ -62,13 +68,21 @@ def make_llm(model_dir: Path, dtype: str) -> LLM:
                kv_cache_blocks=512, max_num_seqs=16, max_num_batched_tokens=512)
 
 
-def test_experts_stay_in_fp8_and_bf16_tokens_diverge_rarely_near_ties(fp8_qwen3_moe: tuple[Path, Path]) -> None:
-    """By the rule the dense FP8 models meet (tests/gpu/test_quantized_gpu.py): the reference quantizes the dense
-    layers' activations per group of the blocks' columns, as they do; the experts keep theirs (weights-only)."""
-    quantized, dequantized = fp8_qwen3_moe
-    llm = make_llm(quantized, "bfloat16")
-    experts = llm.engine.runner.model.model.layers[0].mlp.experts
-    assert experts.quant is not None and experts.gate_up_proj.dtype == torch.float8_e4m3fn
+def test_experts_stay_in_fp8_and_bf16_departs_no_more_than_the_reference(tiny_model_dirs: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    """The reference quantizes the dense layers' activations per group of the blocks' columns, as they do (the
+    experts keep theirs: weights-only). Its own bf16 run flips near ties against its float32 one far past the plain
+    models' rate (an FP8 activation rounds a bf16 difference up to a whole FP8 step, and a flipped route follows), so
+    ours is held to its record, over three checkpoints."""
     prompts = prompts_of_lengths(LENGTHS * 2)
-    outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
-    assert_bf16_divergences_rare_near_ties(dequantized, prompts, outputs, w8a8_reference(dequantized, BLOCK[1], None))
+
+    def runs() -> Iterator[tuple[Path, list[list[int]], list[GenerationOutput], References]]:
+        for seed in range(3):
+            quantized, dequantized = fp8_qwen3_moe(tmp_path / str(seed), tiny_model_dirs["qwen3"], seed)
+            llm = make_llm(quantized, "bfloat16")
+            experts = llm.engine.runner.model.model.layers[0].mlp.experts
+            assert experts.quant is not None and experts.gate_up_proj.dtype == torch.float8_e4m3fn
+            outputs = llm.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
+            yield dequantized, prompts, outputs, partial(w8a8_reference, dequantized, BLOCK[1], None)
+
+    assert_bf16_departs_no_more_than_transformers_over_checkpoints(runs())
