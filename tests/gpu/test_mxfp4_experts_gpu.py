@@ -2,19 +2,28 @@
 against the torch reference on the exact dequantization, over row counts at gpt-oss-20b's shape and an odd one, in
 bf16 (tests/gpu/test_fused_moe.py's tolerance: the weights decode exactly, so only the activations' roundings
 differ) and float32 (exact products), and in a CUDA graph replayed on new routings; a tiny gpt-oss with MXFP4 experts
-served with its experts kept in MXFP4, float32 tokens equal to transformers' on its own dequantization, bf16 by the
-top-5 rule against transformers' bf16 on that dequantization."""
+served with its experts kept in MXFP4, float32 tokens equal to transformers' on its own dequantization, bf16 leaving
+transformers' float32 answers at more than near ties no more often than transformers' own bf16 model does."""
 
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
 import torch
 
-from core import LLM, SamplingParams
+from core import LLM, GenerationOutput, SamplingParams
 from gpu.layers.moe import activation
 from tests.gpu.graph_capture import captured
 from tests.gpu.test_fused_moe import assert_close
-from tests.gpu.test_parity_gpu import LENGTHS, MAX_NEW, assert_bf16_divergences_rare_near_ties, greedy_and_logits
+from tests.gpu.test_parity_gpu import (
+    LENGTHS,
+    MAX_NEW,
+    Reference,
+    References,
+    assert_bf16_departs_no_more_than_transformers_over_checkpoints,
+    greedy_and_logits,
+)
 from tests.moe_cases import quantized_kernel_and_reference, random_mxfp4_experts, random_routing
 from tests.parity.test_parity_cpu import prompts_of_lengths
 
@@ -69,13 +78,17 @@ def test_mxfp4_experts_in_a_cuda_graph_follow_new_inputs(num_tokens: int) -> Non
         assert torch.equal(out, step())
 
 
-@pytest.fixture(scope="module")
-def mxfp4_gpt_oss(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+def mxfp4_gpt_oss_of(root: Path, tokenizer_dir: Path, seed: int = 0) -> Path:
+    """A tiny gpt-oss (random weights of `seed`) with its experts written in MXFP4."""
     from tests.moe_models import build_moe_model
     from tests.mxfp4_checkpoints import write_mxfp4_gpt_oss
 
-    root = tmp_path_factory.mktemp("mxfp4-gpu")
-    return write_mxfp4_gpt_oss(build_moe_model(root / "float", "gpt_oss", tiny_model_dirs["qwen3"]), root / "mxfp4")
+    return write_mxfp4_gpt_oss(build_moe_model(root / "float", "gpt_oss", tokenizer_dir, seed=seed), root / "mxfp4")
+
+
+@pytest.fixture(scope="module")
+def mxfp4_gpt_oss(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return mxfp4_gpt_oss_of(tmp_path_factory.mktemp("mxfp4-gpu"), tiny_model_dirs["qwen3"])
 
 
 def transformers_dequantized(checkpoint: Path, dtype: torch.dtype) -> torch.nn.Module:
@@ -88,6 +101,11 @@ def transformers_dequantized(checkpoint: Path, dtype: torch.dtype) -> torch.nn.M
     for param in model.parameters():
         param.data = param.data.to(dtype)
     return model
+
+
+def transformers_reference(checkpoint: Path, dtype: torch.dtype) -> Reference:
+    model = transformers_dequantized(checkpoint, dtype)
+    return lambda prompt: greedy_and_logits(model, prompt)
 
 
 def make_llm(model_dir: Path, dtype: str) -> LLM:
@@ -106,9 +124,20 @@ def test_experts_stay_in_mxfp4_and_float32_tokens_match_transformers(mxfp4_gpt_o
         assert output.token_ids == greedy_and_logits(hf, prompt)[0]
 
 
-def test_bf16_tokens_diverge_rarely_near_ties(mxfp4_gpt_oss: Path) -> None:
+def test_bf16_departs_from_float32_no_more_than_transformers_bf16(mxfp4_gpt_oss: Path,
+                                                                  tiny_model_dirs: dict[str, Path],
+                                                                  tmp_path: Path) -> None:
+    """The tiny gpt-oss is router-sensitive: transformers' own bf16 model leaves its float32 answers at more than near
+    ties on some prompts (a top-2 choice of experts flips on bf16 rounding, and the rest of the answer follows), so
+    ours is held to that model's record, over three checkpoints."""
     prompts = prompts_of_lengths(LENGTHS * 2)
-    outputs = make_llm(mxfp4_gpt_oss, "bfloat16").generate(
-        prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
-    hf = transformers_dequantized(mxfp4_gpt_oss, torch.bfloat16)
-    assert_bf16_divergences_rare_near_ties(mxfp4_gpt_oss, prompts, outputs, lambda p: greedy_and_logits(hf, p))
+
+    def runs() -> Iterator[tuple[Path, list[list[int]], list[GenerationOutput], References]]:
+        for seed in range(3):
+            checkpoint = mxfp4_gpt_oss if seed == 0 else mxfp4_gpt_oss_of(tmp_path / str(seed),
+                                                                           tiny_model_dirs["qwen3"], seed)
+            outputs = make_llm(checkpoint, "bfloat16").generate(
+                prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
+            yield checkpoint, prompts, outputs, partial(transformers_reference, checkpoint)
+
+    assert_bf16_departs_no_more_than_transformers_over_checkpoints(runs())
