@@ -1,8 +1,11 @@
-"""An FP8 KV cache (`--kv-cache-dtype fp8`) on the GPU, in bf16: greedy tokens by the top-5 rule against
-transformers' bf16 run with its keys and values rounded as the cache holds them (tests/kv_fp8.py), with scales of
-1 and the checkpoint's; CUDA graphs on and off give identical tokens; flash-attn, which reads no FP8 cache, is left
+"""An FP8 KV cache (`--kv-cache-dtype fp8`) on the GPU, in bf16, against transformers with its keys and values
+rounded as the cache holds them (tests/kv_fp8.py), with scales of 1 and the checkpoint's: our greedy answers leave that
+reference's float32 answers at more than near ties on no more prompts than its own bf16 answers do, but one (the
+rounding to FP8 turns bf16's small differences into whole FP8 steps, so both bf16 runs flip near ties more often than
+the plain models' 5%); CUDA graphs on and off give identical tokens; flash-attn, which reads no FP8 cache, is left
 out of `auto` and refused by name."""
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -12,8 +15,8 @@ from core import LLM, SamplingParams
 from tests.gpu.test_parity_gpu import (
     HAS_FLASH_ATTN,
     MAX_NEW,
-    Reference,
-    assert_bf16_divergences_rare_near_ties,
+    References,
+    assert_bf16_departs_no_more_than_transformers,
     greedy_and_logits,
 )
 from tests.kv_fp8 import fp8_kv_model, with_kv_scales
@@ -29,9 +32,12 @@ def fp8_llm(model_dir: Path, eager: bool = False, backend: str = "triton") -> LL
                enforce_eager=eager, kv_cache_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
 
 
-def reference(model_dir: Path) -> Reference:
-    model = fp8_kv_model(model_dir, torch.bfloat16, "cuda")
-    return lambda prompt: greedy_and_logits(model, prompt)
+def references(model_dir: Path) -> References:
+    def in_dtype(dtype: torch.dtype) -> Callable[[list[int]], tuple[list[int], torch.Tensor]]:
+        model = fp8_kv_model(model_dir, dtype, "cuda")
+        return lambda prompt: greedy_and_logits(model, prompt)
+
+    return in_dtype
 
 
 @pytest.mark.parametrize("scales", [None, (0.01, 0.03)])
@@ -42,7 +48,7 @@ def test_fp8_cache_by_the_top5_rule(tiny_model_dirs: dict[str, Path], tmp_path: 
     if scales is not None:
         model_dir = with_kv_scales(model_dir, tmp_path / "scaled", [scales, (scales[1], scales[0])])
     outputs = fp8_llm(model_dir).generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
-    assert_bf16_divergences_rare_near_ties(model_dir, PROMPTS, outputs, reference(model_dir))
+    assert_bf16_departs_no_more_than_transformers(model_dir, PROMPTS, outputs, references(model_dir))
 
 
 def test_graphs_on_and_off_give_identical_tokens(tiny_model_dirs: dict[str, Path]) -> None:
