@@ -12,11 +12,12 @@ Sized before the KV cache, so the KV cache is sized from what the states leave.
 """
 
 from dataclasses import replace
+from functools import cache, partial
 
 import numpy as np
 import torch
 
-from gpu.attention.metadata import LinearStateMetadata, PositionStep
+from gpu.attention.metadata import ConvWindows, LinearStateMetadata, PieceLevel, PositionStep
 from gpu.batch import Batch
 from gpu.host_to_device import to_device
 from gpu.layers.gated_deltanet import GatedDeltaNet
@@ -66,13 +67,14 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> Lin
         if num_tokens < batch.query_lens[row]:
             saves_inside.setdefault(row, []).append((num_tokens, snapshot))
     rows = range(batch.num_rows)
-    whole = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, [])) for r in rows],
-                          device)
     drafts = batch.num_draft_tokens or [0] * batch.num_rows
     one_token = [r for r in rows if batch.query_lens[r] == 1]
     verifying = [r for r in rows if batch.query_lens[r] > 1 and drafts[r]]
     others = [r for r in rows if batch.query_lens[r] > 1 and not drafts[r]]
-    if batch.is_decode_only or (not one_token and not verifying):
+    is_one_part = batch.is_decode_only or (not one_token and not verifying)
+    whole = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, [])) for r in rows],
+                          device, runs_rows=not one_token and not verifying)
+    if is_one_part:
         return whole
     starts = np.cumsum([0, *batch.query_lens]).tolist()
     parts = []
@@ -80,7 +82,7 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> Lin
         if not part_rows:
             continue
         part = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, []))
-                              for r in part_rows], device)
+                              for r in part_rows], device, runs_rows=part_rows is others)
         if part_rows is verifying:
             part = replace(part, by_position=_position_steps(batch, part_rows, slots, continues, saves_inside, device))
         token_index = np.concatenate([np.arange(starts[r], starts[r + 1]) for r in part_rows])
@@ -108,17 +110,77 @@ def _position_steps(batch: Batch, rows: list[int], slots: list[int], continues: 
     return tuple(steps)
 
 
-def _state_inputs(rows: list[tuple[int, bool, int, list[tuple[int, int]]]], device: torch.device
+def _state_inputs(rows: list[tuple[int, bool, int, list[tuple[int, int]]]], device: torch.device, runs_rows: bool
                   ) -> LinearStateMetadata:
-    """The state inputs of rows (slot, continues, tokens, saves inside) packed one after another."""
+    """The state inputs of rows (slot, continues, tokens, saves inside) packed one after another; with `runs_rows`
+    (rows the layers run row by row) the index tensors of their pieces too."""
     starts = np.cumsum([0, *(num_tokens for _, _, num_tokens, _ in rows)]).tolist()
     continues = tuple(c for _, c, _, _ in rows)
+    row_pieces = tuple(_pieces(starts[i], starts[i + 1], saves) for i, (_, _, _, saves) in enumerate(rows))
     return LinearStateMetadata(
         slots=to_device(np.asarray([slot for slot, _, _, _ in rows], dtype=np.int64), np.int64, device),
         keeps_state=to_device(np.asarray(continues, dtype=np.float32), np.float32, device),
         continues=continues,
-        row_pieces=tuple(_pieces(starts[i], starts[i + 1], saves) for i, (_, _, _, saves) in enumerate(rows)),
-        is_one_token_per_row=all(num_tokens == 1 for _, _, num_tokens, _ in rows))
+        row_pieces=row_pieces,
+        is_one_token_per_row=all(num_tokens == 1 for _, _, num_tokens, _ in rows),
+        levels=piece_levels(row_pieces, device) if runs_rows else (),
+        conv_windows=cache(partial(conv_windows, row_pieces, device)) if runs_rows else None)
+
+
+def piece_levels(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...], device: torch.device
+                 ) -> tuple[PieceLevel, ...]:
+    """The rows' k-th pieces for k = 0, 1, ... (LinearStateMetadata.levels); one level, every token in order, where
+    no row is cut."""
+    num_levels = max(len(pieces) for pieces in row_pieces)
+    levels = []
+    for level in range(num_levels):
+        rows = [row for row, pieces in enumerate(row_pieces) if len(pieces) > level]
+        ranges = [row_pieces[row][level] for row in rows]
+        lengths = np.asarray([end - start for start, end, _ in ranges], dtype=np.int64)
+        cu_seqlens_cpu = torch.from_numpy(np.concatenate(([0], np.cumsum(lengths))))
+        saved = [(position, snapshot) for position, (_, _, snapshot) in enumerate(ranges) if snapshot is not None]
+        tokens = np.concatenate([np.arange(start, end) for start, end, _ in ranges])
+        levels.append(PieceLevel(
+            tokens=None if num_levels == 1 else to_device(tokens, np.int64, device),
+            rows=None if len(rows) == len(row_pieces) else to_device(rows, np.int64, device),
+            cu_seqlens=to_device(cu_seqlens_cpu.numpy(), np.int64, device), cu_seqlens_cpu=cu_seqlens_cpu,
+            saves=_index_pair(saved, device)))
+    return tuple(levels)
+
+
+def conv_windows(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...], device: torch.device,
+                 kernel_size: int) -> ConvWindows:
+    """The rows' windows for a convolution of `kernel_size` (ConvWindows): row r's window starts at column
+    start_r + r * (K - 1), and after p of its tokens its conv state is the window's columns [p, p + K - 1)."""
+    width = kernel_size - 1
+    num_rows = len(row_pieces)
+    starts = np.asarray([pieces[0][0] for pieces in row_pieces], dtype=np.int64)
+    lengths = np.asarray([pieces[-1][1] - pieces[0][0] for pieces in row_pieces], dtype=np.int64)
+    window_starts = starts + width * np.arange(num_rows)
+    state_columns = np.arange(num_rows * width).reshape(num_rows, width)
+    gather = np.concatenate([np.concatenate((state_columns[r], num_rows * width + np.arange(starts[r],
+                                                                                              starts[r] + lengths[r])))
+                             for r in range(num_rows)])
+    row_of_token = np.repeat(np.arange(num_rows), lengths)
+    outputs = np.arange(len(row_of_token)) + width * row_of_token
+    finals = (window_starts + lengths)[:, None] + np.arange(width)
+    saved = [(row, end - pieces[0][0], snapshot) for row, pieces in enumerate(row_pieces)
+             for _, end, snapshot in pieces if snapshot is not None]
+    saves = None
+    if saved:
+        columns = np.asarray([window_starts[row] + num_tokens for row, num_tokens, _ in saved])[:, None] + \
+            np.arange(width)
+        saves = (to_device(columns, np.int64, device), to_device([s for _, _, s in saved], np.int64, device))
+    return ConvWindows(to_device(gather, np.int64, device), to_device(outputs, np.int64, device),
+                       to_device(finals, np.int64, device), saves)
+
+
+def _index_pair(pairs: list[tuple[int, int]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Two [len(pairs)] int64 device tensors from (a, b) pairs, in one copy; None where there are none."""
+    if not pairs:
+        return None
+    both = to_device(np.asarray(pairs, dtype=np.int64).T, np.int64, device)
+    return both[0], both[1]
 
 
 def _pieces(start: int, end: int, saves: list[tuple[int, int]]) -> tuple[tuple[int, int, int | None], ...]:

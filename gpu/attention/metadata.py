@@ -9,9 +9,11 @@ rest is the step's. The runner builds group 0's metadata with a view per other g
 the step's tensors) and a layer reads its group's (`of_group`); a one-group model has none.
 
 A model with linear-attention layers (gpu/layers/gated_deltanet.py) also reads each row's state slot
-(`linear_state`): the layers keep one state per sequence, not per token.
+(`linear_state`): the layers keep one state per sequence, not per token. The index tensors of its rows' pieces
+(`PieceLevel`, `ConvWindows`) are built once per step and shared by every linear layer, which only indexes with them.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import torch
@@ -38,6 +40,38 @@ class LinearStateMetadata:
     # step of the rows that have one (the layer's one-token path), each row's state then copied to the state row that
     # keeps it after i + 1 tokens (its own slot where none does). Empty: not such rows.
     by_position: tuple["PositionStep", ...] = ()
+    # Rows run row by row: the k-th pieces of the rows that have one, for k = 0, 1, ... (the delta rule runs over each
+    # level at once). Empty: rows of one token, or rows that verify drafts.
+    levels: tuple["PieceLevel", ...] = ()
+    # Rows run row by row: the convolution's index tensors for a kernel of the given size, built on the first layer's
+    # call and shared by the others (the size is the model's, which the step's inputs do not know).
+    conv_windows: Callable[[int], "ConvWindows"] | None = None
+
+
+@dataclass
+class PieceLevel:
+    """The k-th pieces of the rows that have one (see LinearStateMetadata.row_pieces), packed one after another."""
+
+    tokens: torch.Tensor | None  # [level_tokens] int64, the pieces' tokens among the part's; None: all, in order
+    rows: torch.Tensor | None  # [level_rows] int64, the rows that have a k-th piece; None: every row
+    cu_seqlens: torch.Tensor  # [level_rows + 1] int64 on the device: the pieces' bounds among the level's tokens
+    cu_seqlens_cpu: torch.Tensor  # the same on the host
+    # Pieces that end where a snapshot is saved: their positions among the level's rows ([saves] int64) and the
+    # snapshot rows ([saves] int64). None: no piece of the level does.
+    saves: tuple[torch.Tensor, torch.Tensor] | None
+
+
+@dataclass
+class ConvWindows:
+    """The rows' convolution as one: a window of each row's K - 1 conv-state inputs then its tokens, the windows
+    packed one after another, gathered from [the rows' initial conv states, K - 1 inputs each; the tokens]."""
+
+    gather: torch.Tensor  # [num_rows * (K - 1) + num_tokens] int64: each window column's source
+    outputs: torch.Tensor  # [num_tokens] int64: each token's column among the convolution's outputs
+    finals: torch.Tensor  # [num_rows, K - 1] int64: the window columns of each row's last K - 1 inputs
+    # Where a snapshot is saved inside a row: the window columns of the K - 1 inputs before the cut ([saves, K - 1])
+    # and the snapshot rows ([saves]). None: no row saves one inside it.
+    saves: tuple[torch.Tensor, torch.Tensor] | None
 
 
 @dataclass

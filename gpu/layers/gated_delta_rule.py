@@ -90,3 +90,16 @@ def conv_sequence(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
     window = torch.cat((conv_state, x.t().to(conv_state.dtype)), dim=-1)  # [C, K - 1 + L]
     out = F.conv1d(window.unsqueeze(0).to(weight.dtype), weight.unsqueeze(1), groups=weight.shape[0])[0]
     return F.silu(out).t().to(x.dtype), window[:, window.shape[1] - conv_state.shape[1] :]
+
+
+def conv_packed(x: torch.Tensor, initial: torch.Tensor, weight: torch.Tensor, gather: torch.Tensor,
+                outputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tokens of many sequences at once, as `conv_sequence` computes each: x [N, C] (the sequences' tokens packed),
+    initial [B, C, K - 1] (each sequence's conv state), weight [C, K]; `gather` puts each sequence's K - 1 state
+    inputs before its tokens in one window ([W] indices into [initial's B * (K - 1) inputs; x]) and `outputs` picks
+    each token's output among the window's W - K + 1 (gpu/attention/metadata.py's ConvWindows). Returns (output
+    [N, C], the window [W, C] in the conv state's dtype, whose columns hold every conv state along the way)."""
+    sources = torch.cat((initial.transpose(1, 2).reshape(-1, x.shape[1]), x.to(initial.dtype)))
+    window = sources[gather]  # [W, C]
+    out = F.conv1d(window.t().unsqueeze(0).to(weight.dtype), weight.unsqueeze(1), groups=weight.shape[0])[0]
+    return F.silu(out).t()[outputs].to(x.dtype), window

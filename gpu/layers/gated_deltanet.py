@@ -30,13 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
-from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata
+from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata, PieceLevel
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.kernels import HAS_TRITON
@@ -290,89 +289,80 @@ class GatedDeltaNet(nn.Module):
 
     def _convolved_rows(self, qkv: torch.Tensor, state: LinearStateMetadata) -> torch.Tensor:
         """Each row's tokens through the causal convolution from its slot's conv state (zeros where it starts its
-        sequence), piece by piece, the state saved where a piece ends at a snapshot; the slots' conv states advanced:
-        [num_tokens, conv_dim]."""
-        weight = self.conv1d.weight[:, 0]
-        outputs = []
-        for row, pieces in enumerate(state.row_pieces):
-            slot = state.slots[row : row + 1]  # a 1-element index: no read of the slot on the host
-            conv_state = self.conv_state[slot][0] if state.continues[row] else self.conv_state.new_zeros(
-                self.conv_state.shape[1:])
-            for start, end, snapshot in pieces:
-                out, conv_state = gated_delta_rule.conv_sequence(qkv[start:end], conv_state, weight)
-                outputs.append(out)
-                if snapshot is not None:
-                    self.conv_state[snapshot] = conv_state
-            self.conv_state.index_copy_(0, slot, conv_state.unsqueeze(0).to(self.conv_state.dtype))
-        return torch.cat(outputs)
+        sequence), every row at once; the conv state saved where a row saves a snapshot inside it (its K - 1 inputs
+        before the cut) and the slots' conv states advanced: [num_tokens, conv_dim]."""
+        assert state.conv_windows is not None, "rows run row by row come with their conv windows"
+        windows = state.conv_windows(self.spec.conv_kernel_size)
+        initial = self.conv_state[state.slots] * state.keeps_state[:, None, None].to(self.conv_state.dtype)
+        out, window = gated_delta_rule.conv_packed(qkv, initial, self.conv1d.weight[:, 0], windows.gather,
+                                                   windows.outputs)
+        if windows.saves is not None:
+            columns, snapshots = windows.saves
+            self.conv_state[snapshots] = window[columns].transpose(1, 2)
+        self.conv_state[state.slots] = window[windows.finals].transpose(1, 2)
+        return out
 
     def _rows(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
               ) -> torch.Tensor:
-        """The delta rule over each row's tokens from its slot's state, piece by piece as `_convolved_rows`:
-        [num_tokens, value_heads, value_head_dim]; fla's chunked kernel over every row at once where it is installed
-        (CUDA; its output in the activations' dtype), else row by row (float32)."""
+        """The delta rule over each row's tokens from its slot's state, one level of pieces at a time (the k-th
+        pieces of the rows that have one start from the state their previous piece left; one level where no row
+        saves a snapshot inside it), each piece's state saved where it ends at a snapshot: [num_tokens, value_heads,
+        value_head_dim]; fla's chunked kernel over each level's pieces at once where it is installed (CUDA; its
+        output in the activations' dtype), else piece by piece (float32)."""
         q, k, v = self._split_heads(mixed)
-        if self._uses_kernels(mixed) and (chunked_rule := fla_chunked_rule()) is not None:
-            return self._rows_on_fla(chunked_rule, (q, k, v), g, beta, state)
-        outputs = []
-        for row, pieces in enumerate(state.row_pieces):
-            slot = state.slots[row : row + 1]
-            recurrent_state = self.recurrent_state[slot][0] if state.continues[row] else \
-                self.recurrent_state.new_zeros(self.recurrent_state.shape[1:])
-            for start, end, snapshot in pieces:
-                tokens = slice(start, end)
-                if end - start == 1:
-                    out, final = gated_delta_rule.recurrent(q[tokens], k[tokens], v[tokens], g[tokens], beta[tokens],
-                                                            recurrent_state.unsqueeze(0))
-                    recurrent_state = final[0]
-                else:
-                    out, recurrent_state = gated_delta_rule.chunked(q[tokens], k[tokens], v[tokens], g[tokens],
-                                                                    beta[tokens], recurrent_state)
-                outputs.append(out)
-                if snapshot is not None:
-                    self.recurrent_state[snapshot] = recurrent_state
-            self.recurrent_state.index_copy_(0, slot, recurrent_state.unsqueeze(0))
-        return torch.cat(outputs)
-
-    def _rows_on_fla(self, chunk_gated_delta_rule: Callable, qkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-                     g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata) -> torch.Tensor:
-        """Every row at once, one call per level of pieces (one call where no row saves a snapshot inside it): the
-        k-th pieces of the rows that have one start from the state their previous piece left."""
-        q, k, v = qkv
-        beta = beta.to(q.dtype)
+        chunked_rule = fla_chunked_rule() if self._uses_kernels(mixed) else None
+        inputs = (q, k, v, g, beta)
         states = self.recurrent_state[state.slots] * state.keeps_state[:, None, None, None]  # [rows, Hv, dk, dv]
-        num_levels = max(len(pieces) for pieces in state.row_pieces)
-        if num_levels == 1:
-            out, states = _fla_call(chunk_gated_delta_rule, (q, k, v, g, beta), states,
-                                    [pieces[0][:2] for pieces in state.row_pieces])
-            self.recurrent_state[state.slots] = states
-            return out
-        out = torch.empty(q.shape[0], v.shape[1], v.shape[2], dtype=v.dtype, device=v.device)
-        for level in range(num_levels):
-            rows = [row for row, pieces in enumerate(state.row_pieces) if len(pieces) > level]
-            ranges = [state.row_pieces[row][level] for row in rows]
-            tokens = torch.cat([torch.arange(start, end) for start, end, _ in ranges]).to(q.device, non_blocking=True)
-            rows_index = torch.tensor(rows).to(q.device, non_blocking=True)
-            lengths = [end - start for start, end, _ in ranges]
-            ends = np.cumsum(lengths).tolist()
-            piece_out, final = _fla_call(chunk_gated_delta_rule, tuple(x[tokens] for x in (q, k, v, g, beta)),
-                                         states[rows_index], list(zip([0, *ends[:-1]], ends, strict=True)))
-            out[tokens] = piece_out
-            states[rows_index] = final
-            for position, (_, _, snapshot) in enumerate(ranges):
-                if snapshot is not None:
-                    self.recurrent_state[snapshot] = final[position]
+        out = None
+        for level in state.levels:
+            level_inputs = inputs if level.tokens is None else tuple(x[level.tokens] for x in inputs)
+            initial = states if level.rows is None else states[level.rows]
+            if chunked_rule is not None:
+                level_out, final = _fla_call(chunked_rule, level_inputs, initial, level)
+            else:
+                level_out, final = _torch_sequences(level_inputs, initial, level.cu_seqlens_cpu.tolist())
+            if level.tokens is None:
+                out = level_out
+            else:
+                if out is None:
+                    out = level_out.new_empty((q.shape[0], *level_out.shape[1:]))
+                out[level.tokens] = level_out
+            if level.rows is None:
+                states = final
+            else:
+                states[level.rows] = final
+            if level.saves is not None:
+                positions, snapshots = level.saves
+                self.recurrent_state[snapshots] = final[positions]
         self.recurrent_state[state.slots] = states
+        assert out is not None, "a step's rows have at least one level of pieces"
         return out
 
 
+def _torch_sequences(inputs: tuple[torch.Tensor, ...], initial: torch.Tensor, bounds: list[int]
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The torch delta rule over sequences packed one after another (sequence i: tokens [bounds[i], bounds[i + 1]))
+    from their states `initial` [sequences, Hv, dk, dv]: (output [tokens, Hv, dv], each sequence's final state),
+    float32."""
+    outputs, finals = [], []
+    for index, (start, end) in enumerate(zip(bounds[:-1], bounds[1:], strict=True)):
+        q, k, v, g, beta = (x[start:end] for x in inputs)
+        if end - start == 1:
+            out, final = gated_delta_rule.recurrent(q, k, v, g, beta, initial[index : index + 1])
+            final = final[0]
+        else:
+            out, final = gated_delta_rule.chunked(q, k, v, g, beta, initial[index])
+        outputs.append(out)
+        finals.append(final)
+    return torch.cat(outputs), torch.stack(finals)
+
+
 def _fla_call(chunk_gated_delta_rule: Callable, inputs: tuple[torch.Tensor, ...], initial: torch.Tensor,
-              ranges: list[tuple[int, int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """fla's chunked rule over sequences packed one after another (`ranges` of the packed tokens): (output [tokens,
-    Hv, dv], each sequence's final state float32)."""
+              level: PieceLevel) -> tuple[torch.Tensor, torch.Tensor]:
+    """fla's chunked rule over a level's pieces packed one after another: (output [tokens, Hv, dv], each piece's
+    final state float32)."""
     q, k, v, g, beta = (x.unsqueeze(0) for x in inputs)
-    cu_seqlens_cpu = torch.tensor([0, *(end for _, end in ranges)], dtype=torch.int64)
     out, final = chunk_gated_delta_rule(
-        q, k, v, g, beta, initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
-        cu_seqlens=cu_seqlens_cpu.to(q.device, non_blocking=True), cu_seqlens_cpu=cu_seqlens_cpu)
+        q, k, v, g, beta.to(q.dtype), initial_state=initial, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        cu_seqlens=level.cu_seqlens, cu_seqlens_cpu=level.cu_seqlens_cpu)
     return out[0], final.float()
