@@ -73,7 +73,7 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> Lin
     others = [r for r in rows if batch.query_lens[r] > 1 and not drafts[r]]
     is_one_part = batch.is_decode_only or (not one_token and not verifying)
     whole = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, [])) for r in rows],
-                          device, runs_rows=not one_token and not verifying)
+                          device)
     if is_one_part:
         return whole
     starts = np.cumsum([0, *batch.query_lens]).tolist()
@@ -82,14 +82,14 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> Lin
         if not part_rows:
             continue
         part = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, []))
-                              for r in part_rows], device, runs_rows=part_rows is others)
+                              for r in part_rows], device)
         if part_rows is verifying:
             part = replace(part, by_position=_position_steps(batch, part_rows, slots, continues, saves_inside, device))
         token_index = np.concatenate([np.arange(starts[r], starts[r + 1]) for r in part_rows])
         parts.append((part, to_device(token_index, np.int64, device)))
     if len(parts) == 1:
         return parts[0][0]
-    return LinearStateMetadata(whole.slots, whole.keeps_state, whole.continues, whole.row_pieces, False, tuple(parts))
+    return replace(whole, parts=tuple(parts))
 
 
 def _position_steps(batch: Batch, rows: list[int], slots: list[int], continues: list[bool],
@@ -110,21 +110,22 @@ def _position_steps(batch: Batch, rows: list[int], slots: list[int], continues: 
     return tuple(steps)
 
 
-def _state_inputs(rows: list[tuple[int, bool, int, list[tuple[int, int]]]], device: torch.device, runs_rows: bool
+def _state_inputs(rows: list[tuple[int, bool, int, list[tuple[int, int]]]], device: torch.device
                   ) -> LinearStateMetadata:
-    """The state inputs of rows (slot, continues, tokens, saves inside) packed one after another; with `runs_rows`
-    (rows the layers run row by row) the index tensors of their pieces too."""
+    """The state inputs of rows (slot, continues, tokens, saves inside) packed one after another, with the builders
+    of their pieces' index tensors where they can run row by row (not every row of one token)."""
     starts = np.cumsum([0, *(num_tokens for _, _, num_tokens, _ in rows)]).tolist()
     continues = tuple(c for _, c, _, _ in rows)
     row_pieces = tuple(_pieces(starts[i], starts[i + 1], saves) for i, (_, _, _, saves) in enumerate(rows))
+    is_one_token_per_row = all(num_tokens == 1 for _, _, num_tokens, _ in rows)
     return LinearStateMetadata(
         slots=to_device(np.asarray([slot for slot, _, _, _ in rows], dtype=np.int64), np.int64, device),
         keeps_state=to_device(np.asarray(continues, dtype=np.float32), np.float32, device),
         continues=continues,
         row_pieces=row_pieces,
-        is_one_token_per_row=all(num_tokens == 1 for _, _, num_tokens, _ in rows),
-        levels=piece_levels(row_pieces, device) if runs_rows else (),
-        conv_windows=cache(partial(conv_windows, row_pieces, device)) if runs_rows else None)
+        is_one_token_per_row=is_one_token_per_row,
+        levels=None if is_one_token_per_row else cache(partial(piece_levels, row_pieces, device)),
+        conv_windows=None if is_one_token_per_row else cache(partial(conv_windows, row_pieces, device)))
 
 
 def piece_levels(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...], device: torch.device

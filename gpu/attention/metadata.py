@@ -40,11 +40,11 @@ class LinearStateMetadata:
     # step of the rows that have one (the layer's one-token path), each row's state then copied to the state row that
     # keeps it after i + 1 tokens (its own slot where none does). Empty: not such rows.
     by_position: tuple["PositionStep", ...] = ()
-    # Rows run row by row: the k-th pieces of the rows that have one, for k = 0, 1, ... (the delta rule runs over each
-    # level at once). Empty: rows of one token, or rows that verify drafts.
-    levels: tuple["PieceLevel", ...] = ()
-    # Rows run row by row: the convolution's index tensors for a kernel of the given size, built on the first layer's
-    # call and shared by the others (the size is the model's, which the step's inputs do not know).
+    # Rows run row by row, their pieces' index tensors: built on the first linear layer's call, then shared by the
+    # others (a step that does not run its rows so builds none; the conv windows need the model's kernel size).
+    # `levels`: the k-th pieces of the rows that have one, for k = 0, 1, ... (the delta rule runs over a level at
+    # once). None: every row of one token.
+    levels: Callable[[], tuple["PieceLevel", ...]] | None = None
     conv_windows: Callable[[int], "ConvWindows"] | None = None
 
 

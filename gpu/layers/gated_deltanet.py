@@ -313,8 +313,9 @@ class GatedDeltaNet(nn.Module):
         chunked_rule = fla_chunked_rule() if self._uses_kernels(mixed) else None
         inputs = (q, k, v, g, beta)
         states = self.recurrent_state[state.slots] * state.keeps_state[:, None, None, None]  # [rows, Hv, dk, dv]
+        assert state.levels is not None, "rows run row by row come with their pieces' levels"
         out = None
-        for level in state.levels:
+        for level in state.levels():
             level_inputs = inputs if level.tokens is None else tuple(x[level.tokens] for x in inputs)
             initial = states if level.rows is None else states[level.rows]
             if chunked_rule is not None:
