@@ -172,6 +172,8 @@ def conv_windows(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...]
         columns = np.asarray([window_starts[row] + num_tokens for row, num_tokens, _ in saved])[:, None] + \
             np.arange(width)
         saves = (to_device(columns, np.int64, device), to_device([s for _, _, s in saved], np.int64, device))
+    if num_rows == 1:
+        return ConvWindows(None, None, to_device(finals, np.int64, device), saves)
     return ConvWindows(to_device(gather, np.int64, device), to_device(outputs, np.int64, device),
                        to_device(finals, np.int64, device), saves)
 

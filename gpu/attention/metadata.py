@@ -66,8 +66,9 @@ class ConvWindows:
     """The rows' convolution as one: a window of each row's K - 1 conv-state inputs then its tokens, the windows
     packed one after another, gathered from [the rows' initial conv states, K - 1 inputs each; the tokens]."""
 
-    gather: torch.Tensor  # [num_rows * (K - 1) + num_tokens] int64: each window column's source
-    outputs: torch.Tensor  # [num_tokens] int64: each token's column among the convolution's outputs
+    # Both None for one row, whose window is its sources in order and whose outputs are the first num_tokens:
+    gather: torch.Tensor | None  # [num_rows * (K - 1) + num_tokens] int64: each window column's source
+    outputs: torch.Tensor | None  # [num_tokens] int64: each token's column among the convolution's outputs
     finals: torch.Tensor  # [num_rows, K - 1] int64: the window columns of each row's last K - 1 inputs
     # Where a snapshot is saved inside a row: the window columns of the K - 1 inputs before the cut ([saves, K - 1])
     # and the snapshot rows ([saves]). None: no row saves one inside it.

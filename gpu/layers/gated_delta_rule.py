@@ -92,14 +92,16 @@ def conv_sequence(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tenso
     return F.silu(out).t().to(x.dtype), window[:, window.shape[1] - conv_state.shape[1] :]
 
 
-def conv_packed(x: torch.Tensor, initial: torch.Tensor, weight: torch.Tensor, gather: torch.Tensor,
-                outputs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def conv_packed(x: torch.Tensor, initial: torch.Tensor, weight: torch.Tensor, gather: torch.Tensor | None,
+                outputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """The tokens of many sequences at once, as `conv_sequence` computes each: x [N, C] (the sequences' tokens packed),
     initial [B, C, K - 1] (each sequence's conv state), weight [C, K]; `gather` puts each sequence's K - 1 state
     inputs before its tokens in one window ([W] indices into [initial's B * (K - 1) inputs; x]) and `outputs` picks
-    each token's output among the window's W - K + 1 (gpu/attention/metadata.py's ConvWindows). Returns (output
-    [N, C], the window [W, C] in the conv state's dtype, whose columns hold every conv state along the way)."""
-    sources = torch.cat((initial.transpose(1, 2).reshape(-1, x.shape[1]), x.to(initial.dtype)))
-    window = sources[gather]  # [W, C]
-    out = F.conv1d(window.t().unsqueeze(0).to(weight.dtype), weight.unsqueeze(1), groups=weight.shape[0])[0]
-    return F.silu(out).t()[outputs].to(x.dtype), window
+    each token's output among the window's W - K + 1 (gpu/attention/metadata.py's ConvWindows; None for one
+    sequence). Returns (output [N, C], the window [W, C] in the conv state's dtype, whose columns hold every conv
+    state along the way)."""
+    window = torch.cat((initial.transpose(1, 2).reshape(-1, x.shape[1]), x.to(initial.dtype)))
+    if gather is not None:
+        window = window[gather]  # [W, C]
+    out = F.silu(F.conv1d(window.t().unsqueeze(0).to(weight.dtype), weight.unsqueeze(1), groups=weight.shape[0])[0])
+    return (out.t()[: x.shape[0]] if outputs is None else out.t()[outputs]).to(x.dtype), window

@@ -309,14 +309,14 @@ class GatedDeltaNet(nn.Module):
         saves a snapshot inside it), each piece's state saved where it ends at a snapshot: [num_tokens, value_heads,
         value_head_dim]; fla's chunked kernel over each level's pieces at once where it is installed (CUDA; its
         output in the activations' dtype), else piece by piece (float32)."""
-        q, k, v = self._split_heads(mixed)
         chunked_rule = fla_chunked_rule() if self._uses_kernels(mixed) else None
-        inputs = (q, k, v, g, beta)
         states = self.recurrent_state[state.slots] * state.keeps_state[:, None, None, None]  # [rows, Hv, dk, dv]
         assert state.levels is not None, "rows run row by row come with their pieces' levels"
         out = None
         for level in state.levels():
-            level_inputs = inputs if level.tokens is None else tuple(x[level.tokens] for x in inputs)
+            level_mixed, level_g, level_beta = (mixed, g, beta) if level.tokens is None else (
+                mixed[level.tokens], g[level.tokens], beta[level.tokens])
+            level_inputs = (*self._split_heads(level_mixed), level_g, level_beta)
             initial = states if level.rows is None else states[level.rows]
             if chunked_rule is not None:
                 level_out, final = _fla_call(chunked_rule, level_inputs, initial, level)
@@ -326,7 +326,7 @@ class GatedDeltaNet(nn.Module):
                 out = level_out
             else:
                 if out is None:
-                    out = level_out.new_empty((q.shape[0], *level_out.shape[1:]))
+                    out = level_out.new_empty((mixed.shape[0], *level_out.shape[1:]))
                 out[level.tokens] = level_out
             if level.rows is None:
                 states = final
