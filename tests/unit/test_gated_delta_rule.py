@@ -69,3 +69,41 @@ def test_conv_forms_agree_with_transformers() -> None:
         steps.append(out)
         state = batched[0]
     torch.testing.assert_close(torch.cat(steps), whole)
+
+
+@pytest.mark.parametrize("cuts", [{}, {0: [50], 2: [10, 20], 4: [64]}])
+def test_packed_conv_gives_each_sequence_and_every_conv_state_of_its_own(cuts: dict[int, list[int]]) -> None:
+    """Sequences convolved at once in one window (each from its own conv state) give what each gives alone, and the
+    window's columns hold the conv state after any of a sequence's tokens (where a snapshot cuts it)."""
+    from gpu.state_cache import conv_windows
+
+    generator = torch.Generator().manual_seed(3)
+    lengths = [70, 1, 30, 5, 130]
+    x = torch.randn(sum(lengths), 6, generator=generator)
+    weight = torch.randn(6, 4, generator=generator)
+    initial = torch.randn(len(lengths), 6, 3, generator=generator)
+    row_pieces, start = [], 0
+    for row, length in enumerate(lengths):
+        bounds = [start, *(start + cut for cut in cuts.get(row, [])), start + length]
+        row_pieces.append(tuple((a, b, 10 * row + i if b < bounds[-1] else None)
+                                for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:], strict=True))))
+        start += length
+    windows = conv_windows(tuple(row_pieces), torch.device("cpu"), 4)
+    out, window = rule.conv_packed(x, initial, weight, windows.gather, windows.outputs)
+    expected, snapshots, finals = [], {}, []
+    for row, pieces in enumerate(row_pieces):
+        state = initial[row]
+        for a, b, snapshot in pieces:
+            piece_out, state = rule.conv_sequence(x[a:b], state, weight)
+            expected.append(piece_out)
+            if snapshot is not None:
+                snapshots[snapshot] = state
+        finals.append(state)
+    torch.testing.assert_close(out, torch.cat(expected))
+    torch.testing.assert_close(window[windows.finals].transpose(1, 2), torch.stack(finals), rtol=0, atol=0)
+    if not cuts:
+        assert windows.saves is None
+        return
+    columns, rows = windows.saves
+    assert rows.tolist() == list(snapshots)
+    torch.testing.assert_close(window[columns].transpose(1, 2), torch.stack(list(snapshots.values())), rtol=0, atol=0)
