@@ -50,7 +50,9 @@ class LinearStateMetadata:
 
 @dataclass
 class PieceLevel:
-    """The k-th pieces of the rows that have one (see LinearStateMetadata.row_pieces), packed one after another."""
+    """The k-th pieces of the rows that have one (see LinearStateMetadata.row_pieces), packed one after another. The
+    same tensor objects serve every layer: fla caches what it derives from cu_seqlens (its chunk indices, copied to
+    the device) by the tensors' identity, so it derives them once per step too."""
 
     tokens: torch.Tensor | None  # [level_tokens] int64, the pieces' tokens among the part's; None: all, in order
     rows: torch.Tensor | None  # [level_rows] int64, the rows that have a k-th piece; None: every row
