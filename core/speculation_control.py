@@ -28,9 +28,7 @@ the step the previous k left in flight (a verifying step waits for it) or for no
 verifying one returns before its result is waited for).
 
 Never losing: k = 0 is always an arm, measured like the others, so speculation is chosen only where its
-measured rate beats plain decoding; what exploration costs is the tries, once per bucket, and then two steps
-in `refresh_steps` at a bucket. An arm that is not chosen is not measured, so a figure that looks worse than
-it is stays so until its refresh: for k = 0 that would be a loss, hence its median.
+measured rate beats plain decoding; what exploration costs is one step in `refresh_steps` per bucket.
 """
 
 import statistics
