@@ -306,7 +306,7 @@ class LLMEngine:
                 self._in_flight = launched
             else:
                 outputs += self._postprocess(launched)  # a verifying step: what it accepts decides the next
-            if self.speculation is not None:  # a step with prompt tokens too: the next one waits for it
+            if self.speculation is not None and launched.num_decode_rows:
                 self.speculation.observe_step(launched.num_decode_rows, num_drafts, time.perf_counter() - started)
         return outputs
 

@@ -137,9 +137,8 @@ class Speculation:
         return num_accepted
 
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
-        """A step's wall time (`batch_size`: its decoding sequences, 0 for a step with prompt tokens), and (for a
-        verifying decode step, booked by now) what it accepted."""
+        """A decode step's wall time, and (for a verifying step, booked by now) what it accepted."""
         self.controller.observe_step(batch_size, num_drafts, seconds)
-        if num_drafts and batch_size:
+        if num_drafts:
             self.controller.observe_acceptance(self._num_offered, self._accepted_at)
             self._num_offered = 0

@@ -171,7 +171,7 @@ def run_controller(times: dict[int, float], acceptance: list[float], batch_size:
     """Drives a controller with the given step time per draft length and acceptance per position until every arm
     of the batch's bucket is measured."""
     controller = controller or DraftLengthController(max_drafts=4, refresh_steps=1000)
-    for _ in range(4 * controller.num_tries * (controller.max_drafts + 1)):
+    for _ in range(12):
         k = controller.choose(batch_size)
         controller.observe_step(batch_size, k, times[k])
         if k:
@@ -181,13 +181,13 @@ def run_controller(times: dict[int, float], acceptance: list[float], batch_size:
 
 def test_untried_draft_lengths_are_measured_first_in_order() -> None:
     """The first step at a new length is not measured (it pays for, or skips, the wait of the previous one's step
-    in flight): each untried length runs its tries and one more (the engine starts without drafts)."""
-    controller = DraftLengthController(max_drafts=3, num_tries=2)
+    in flight): each untried length runs twice."""
+    controller = DraftLengthController(max_drafts=3)
     chosen = []
-    for _ in range(8):
+    for _ in range(7):
         chosen.append(controller.choose(8))
         controller.observe_step(8, chosen[-1], 0.01)
-    assert chosen == [0, 0, 1, 1, 1, 2, 2, 2]
+    assert chosen == [0, 1, 1, 2, 2, 3, 3]
 
 
 def test_a_change_of_length_is_not_measured() -> None:
