@@ -171,8 +171,8 @@ def test_int_gemm_tiles_fit_and_pipeline(bits: int, group: int, kind: str) -> No
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
 def test_fp8_activation_quantization_compiles() -> None:
-    signature = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_scale_ptr": "*fp32", "M": "i32", "K": "i32",
-                 "stride_xm": "i32", "stride_qm": "i32", "stride_sm": "i32", "stride_sg": "i32"}
+    signature = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_scale_ptr": "*fp32", "M": "i32",
+                 "K": "i32", "stride_xm": "i32", "stride_qm": "i32", "stride_sm": "i32", "stride_sg": "i32"}
     for group, per_token in ((128, False), (1024, True)):
         spilled, _ = compiled_usage(fp8_quant._quantize_rows_kernel, signature, dict(
             GROUP=group, PER_TOKEN=per_token, STATIC=False, USE_PDL=True, BLOCK=1024), 4, 2)
