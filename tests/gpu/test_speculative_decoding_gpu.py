@@ -3,6 +3,7 @@ the backend has them), decode steps through the decode graphs, and in float32 th
 without drafts; the target as its own draft model has every draft accepted; in bfloat16 a token that differs
 is in the other run's top 5 (verification and decode read the weights through different kernels)."""
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -153,13 +154,24 @@ def test_a_hybrid_gives_the_same_float32_tokens_with_drafts(qwen3_5_mtp_dir: Pat
 
 
 def test_a_hybrids_mtp_drafts_are_the_heads_predictions(qwen3_5_mtp_dir: Path) -> None:
+    """On the torch path of the linear layers (kernels off): fla's chunked kernels multiply float32 in TF32, so a
+    random head's near ties would flip against the float32 reference."""
+    from types import SimpleNamespace
+
+    from core.config import engine_config
+    from core.engine import LLMEngine, runner_config
+    from gpu.config import KernelConfig
+    from gpu.model_runner import ModelRunner
+    from tests.greedy_agreement import generate
     from tests.hybrid_models import use_transformers_torch_delta_rule
     from tests.mtp_heads import ReferenceMtp, record_drafts
 
-    llm = LLM(str(qwen3_5_mtp_dir), dtype="float32", **COMMON,
-              speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
-    drafted = record_drafts(llm)
-    llm.generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
+    config = engine_config(str(qwen3_5_mtp_dir), dtype="float32", **COMMON,
+                           speculative_config={"method": "mtp", "num_speculative_tokens": 3, "adaptive": False})
+    engine = LLMEngine(config, runner=ModelRunner(replace(runner_config(config),
+                                                          kernels=KernelConfig(fused_kernels=False))))
+    drafted = record_drafts(SimpleNamespace(engine=engine))  # type: ignore[arg-type]
+    generate(engine, PROMPTS, SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True))
     assert len(drafted) >= 5
     use_transformers_torch_delta_rule()  # the reference runs on the CPU: transformers' torch rule, not fla's
     reference = ReferenceMtp(qwen3_5_mtp_dir)
