@@ -5,7 +5,7 @@ rounding to FP8 turns bf16's small differences into whole FP8 steps, so both bf1
 the plain models' 5%); CUDA graphs on and off give identical tokens; flash-attn, which reads no FP8 cache, is left
 out of `auto` and refused by name."""
 
-from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -15,7 +15,7 @@ from core import LLM, SamplingParams
 from tests.gpu.test_parity_gpu import (
     HAS_FLASH_ATTN,
     MAX_NEW,
-    References,
+    Reference,
     assert_bf16_departs_no_more_than_transformers,
     greedy_and_logits,
 )
@@ -32,12 +32,9 @@ def fp8_llm(model_dir: Path, eager: bool = False, backend: str = "triton") -> LL
                enforce_eager=eager, kv_cache_blocks=256, max_num_seqs=16, max_num_batched_tokens=512)
 
 
-def references(model_dir: Path) -> References:
-    def in_dtype(dtype: torch.dtype) -> Callable[[list[int]], tuple[list[int], torch.Tensor]]:
-        model = fp8_kv_model(model_dir, dtype, "cuda")
-        return lambda prompt: greedy_and_logits(model, prompt)
-
-    return in_dtype
+def fp8_kv_reference(model_dir: Path, dtype: torch.dtype) -> Reference:
+    model = fp8_kv_model(model_dir, dtype, "cuda")
+    return lambda prompt: greedy_and_logits(model, prompt)
 
 
 @pytest.mark.parametrize("scales", [None, (0.01, 0.03)])
@@ -48,7 +45,8 @@ def test_fp8_cache_by_the_top5_rule(tiny_model_dirs: dict[str, Path], tmp_path: 
     if scales is not None:
         model_dir = with_kv_scales(model_dir, tmp_path / "scaled", [scales, (scales[1], scales[0])])
     outputs = fp8_llm(model_dir).generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
-    assert_bf16_departs_no_more_than_transformers(model_dir, PROMPTS, outputs, references(model_dir))
+    assert_bf16_departs_no_more_than_transformers(model_dir, PROMPTS, outputs,
+                                                  partial(fp8_kv_reference, model_dir))
 
 
 def test_graphs_on_and_off_give_identical_tokens(tiny_model_dirs: dict[str, Path]) -> None:

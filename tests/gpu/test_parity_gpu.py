@@ -94,17 +94,20 @@ References = Callable[[torch.dtype], Reference]  # a dtype -> the reference's gr
 
 
 def transformers_references(model_dir: Path) -> References:
-    """transformers' own model of the checkpoint, in the dtype asked."""
-    return lambda dtype: lambda prompt: hf_greedy_and_logits(model_dir, dtype, prompt)
+    """transformers' own model of the checkpoint, loaded once in each dtype asked."""
+    def in_dtype(dtype: torch.dtype) -> Reference:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).cuda().eval()
+        return lambda prompt: greedy_and_logits(model, prompt)
+
+    return in_dtype
 
 
-def num_departures(prompts: list[list[int]], answers: list[tuple[list[int], list[list[int]]]], float32: Reference
-                   ) -> int:
-    """How many greedy answers (tokens, each position's top-5 ids) leave the float32 reference's other than at a
-    near tie: where they first differ, one side's token is not in the other's top-5."""
+def num_departures(answers: list[tuple[list[int], list[list[int]]]],
+                   float32_answers: list[tuple[list[int], torch.Tensor]]) -> int:
+    """How many greedy answers (tokens, each position's top-5 ids) leave the float32 reference's (tokens, logits)
+    other than at a near tie: where they first differ, one side's token is not in the other's top-5."""
     departures = 0
-    for prompt, (tokens, top5) in zip(prompts, answers, strict=True):
-        expected, logits = float32(prompt)
+    for (tokens, top5), (expected, logits) in zip(answers, float32_answers, strict=True):
         first = next((i for i, (a, b) in enumerate(zip(tokens, expected, strict=False)) if a != b), None)
         if first is not None and (expected[first] not in top5[first]
                                   or tokens[first] not in logits[first].topk(5).indices.tolist()):
@@ -119,12 +122,13 @@ def bf16_departures(model_dir: Path, prompts: list[list[int]], outputs: list[Gen
     or `references`."""
     reference = references or transformers_references(model_dir)
     float32, bf16 = reference(torch.float32), reference(torch.bfloat16)
+    float32_answers = [float32(prompt) for prompt in prompts]
     ours = [(o.token_ids, [list(entry.top_token_ids) for entry in o.logprobs]) for o in outputs]
     theirs = []
     for prompt in prompts:
         tokens, logits = bf16(prompt)
         theirs.append((tokens, logits.topk(5).indices.tolist()))
-    return num_departures(prompts, ours, float32), num_departures(prompts, theirs, float32)
+    return num_departures(ours, float32_answers), num_departures(theirs, float32_answers)
 
 
 def assert_bf16_departs_no_more_than_transformers(model_dir: Path, prompts: list[list[int]],
