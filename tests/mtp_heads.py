@@ -21,6 +21,15 @@ if TYPE_CHECKING:
 TEMPLATE_LAYER = 1  # a full-attention (and, in the MoE configs, sparse) layer: the head's layer has its shapes
 
 
+def assert_drafts_are_the_heads(drafted: list[tuple[list[int], list[int]]], model_dir: Path, samples: int
+                                ) -> None:
+    """About `samples` of the recorded drafts, evenly spread, each equal to the head's greedy prediction as
+    transformers' parts compute it (ReferenceMtp)."""
+    reference = ReferenceMtp(model_dir)
+    for token_ids, drafts in drafted[:: max(1, len(drafted) // samples)]:
+        assert reference.drafts(token_ids, len(drafts)) == drafts
+
+
 def record_drafts(llm: "LLM") -> list[tuple[list[int], list[int]]]:
     """Every draft the engine proposes from now on, with the tokens it followed: (token ids, draft token ids)."""
     speculation = llm.engine.speculation
