@@ -8,7 +8,9 @@ is a wasted row now and then: a sequence that samples EOS at step N was already 
 whose token for it is dropped. A sequence that ends by length is known to end, and is not.
 
 Structured output: a request waits, unscheduled, until its grammar is compiled on core/grammar.py's
-worker thread. A step with constrained rows is launched in two parts: its forward pass first; then,
+worker thread. xgrammar and the tokenizer are imported with the first such request, not at start-up (as
+vLLM builds its grammar backend): together they are most of the engine's import time.
+A step with constrained rows is launched in two parts: its forward pass first; then,
 while the device runs it, the previous step's tokens are booked (each constrained sequence's
 matcher accepts its token) and the rows' token masks are filled; then its sampling is queued.
 
@@ -41,6 +43,7 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -49,7 +52,6 @@ from core.block_manager import BlockManager
 from core.config import EngineConfig
 from core.engine_metrics import EngineMetrics, EngineObservations
 from core.engine_stats import EngineStats
-from core.grammar import Grammars
 from core.model_files.cache import cache_dir_for
 from core.outputs import FinishReason, RequestOutput, RequestRejected
 from core.penalty_slots import PenaltySlots
@@ -61,7 +63,6 @@ from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence, SequenceStatus
 from core.speculation import Speculation
 from core.state_snapshots import DraftStates, LinearStates, StateSnapshots
-from core.tokenizer import load_tokenizer
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
 from gpu.kv_cache_groups import KVCacheGroup, context_block_limit
@@ -70,6 +71,9 @@ from gpu.model_info import ModelInfo, load_hf_config, read_model_info
 from gpu.models import mtp_checkpoint_prefix
 from gpu.runner import Runner, StepInFlight
 from gpu.runner_factory import AwaitingMasks, make_runner
+
+if TYPE_CHECKING:
+    from core.grammar import Grammars
 
 logger = logging.getLogger(__name__)
 
@@ -176,10 +180,12 @@ class LLMEngine:
         return runner
 
     @property
-    def grammars(self) -> Grammars:
+    def grammars(self) -> "Grammars":
         """Built at the first structured-output request: its own tokenizer, for the vocabulary the grammars
         are compiled against (the engine never tokenizes)."""
         if self._grammars is None:
+            from core.grammar import Grammars  # noqa: PLC0415 - imported with the first structured request (docstring)
+            from core.tokenizer import load_tokenizer  # noqa: PLC0415 - as Grammars
             tokenizer = load_tokenizer(self.config.model.tokenizer or self.config.model.model)
             spec = self.config.scheduler.speculative_config
             positions_per_row = 1 + (spec.num_speculative_tokens if spec is not None else 0)  # verified positions
@@ -318,7 +324,7 @@ class LLMEngine:
         if self._in_flight is not None:
             outputs = self._postprocess(self._in_flight)
             self._in_flight = None
-        self.speculation.propose(self.scheduler.running, num_drafts)
+        self.speculation.propose(self.scheduler.running, num_drafts, self._grammars)
         return outputs
 
     def _schedule(self) -> list[ScheduledSequence]:
@@ -578,7 +584,7 @@ class LLMEngine:
         rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.is_finished]
         if not rows:
             return set()
-        accepted = Grammars.accept([seqs[i].grammar for i in rows], [token_ids[i] for i in rows])  # type: ignore[misc]
+        accepted = self.grammars.accept([seqs[i].grammar for i in rows], [token_ids[i] for i in rows])  # type: ignore[misc]
         return {seqs[i] for i, ok in zip(rows, accepted, strict=True) if not ok}
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:

@@ -11,7 +11,6 @@ An error names the field as the caller's client knows it (`prompt`, `messages`, 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from core import grammar
 from core.outputs import RequestRejected
 from core.sampling_params import SamplingParams
 from core.structured_output import StructuredOutputError
@@ -69,6 +68,8 @@ class EngineLimits:
         under the request field it came from)."""
         self.check_sampled_token_ids(params)
         if params.structured_output is not None:
+            from core import grammar  # noqa: PLC0415 - xgrammar is imported by the first request that needs it
+
             try:
                 grammar.check(params.structured_output)
             except StructuredOutputError as exc:

@@ -25,9 +25,9 @@ target's distribution, and a seeded request gets the tokens it gets without spec
 """
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from core.draft_model_proposer import DraftModelProposer
-from core.grammar import Grammars
 from core.mtp_proposer import MtpProposer
 from core.ngram_proposer import NgramProposer
 from core.scheduler import ScheduledSequence
@@ -36,6 +36,9 @@ from core.speculation_control import DraftLengthController, FixedDraftLength
 from core.speculative_config import SpeculativeConfig
 from core.suffix_proposer import SuffixProposer
 from gpu.runner import Runner
+
+if TYPE_CHECKING:
+    from core.grammar import Grammars
 
 
 @dataclass
@@ -74,8 +77,9 @@ class Speculation:
         self._num_offered = 0
         self._accepted_at = [0] * config.num_speculative_tokens
 
-    def propose(self, running: list[Sequence], num_drafts: int) -> None:
-        """Gives the eligible running sequences up to `num_drafts` draft tokens each (module docstring)."""
+    def propose(self, running: list[Sequence], num_drafts: int, grammars: "Grammars | None") -> None:
+        """Gives the eligible running sequences up to `num_drafts` draft tokens each (module docstring).
+        `grammars`: the engine's, None until a request asked for structured output (then no sequence has one)."""
         seqs, limits = [], []
         num_decoding = 0
         for seq in running:
@@ -91,7 +95,8 @@ class Speculation:
         self.proposer.propose(seqs, limits)
         for seq in seqs:
             if seq.grammar is not None and seq.draft_token_ids:  # drafts past what its grammar allows go
-                del seq.draft_token_ids[Grammars.grammatical_prefix(seq.grammar, seq.draft_token_ids):]
+                assert grammars is not None, "a sequence with a grammar before the engine built its grammars"
+                del seq.draft_token_ids[grammars.grammatical_prefix(seq.grammar, seq.draft_token_ids):]
 
     def fill(self, scheduled: list[ScheduledSequence]) -> None:
         """Once the step is scheduled: draws the drafts of a proposer that needs their slots (a draft model, an MTP

@@ -116,7 +116,7 @@ def test_only_plain_decoding_sequences_get_drafts_within_their_limits() -> None:
     plain, near_end = decoding(SamplingParams()), decoding(SamplingParams(), max_tokens=5)
     penalized = decoding(SamplingParams(frequency_penalty=0.5))
     early = decoding(SamplingParams(min_tokens=5))
-    speculation.propose([plain, near_end, penalized, early], 4)
+    speculation.propose([plain, near_end, penalized, early], 4, None)
     assert (plain.draft_token_ids, near_end.draft_token_ids) == ([7, 8, 9, 7], [7])
     assert penalized.draft_token_ids == early.draft_token_ids == []
 
