@@ -1,10 +1,14 @@
 """Inputs and torch references shared by the MoE kernels' tests (interpreted on the CPU and on CUDA)."""
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 
 from gpu.layers.moe import Activation, Experts, MoeSpec, RoutedTokens, Routing, activation, experts_reference
+
+if TYPE_CHECKING:
+    from gpu.kernels.fused_moe_configs import MoeConfig
 
 ACTIVATIONS = {"silu": Activation("silu"), "clamped_swiglu": Activation("clamped_swiglu", 1.702, 7.0)}
 
@@ -43,15 +47,17 @@ def random_routing(num_tokens: int, num_experts: int, top_k: int, device: str = 
     return RoutedTokens(torch.rand(num_tokens, top_k, generator=generator, device=device) + 0.1, ids)
 
 
-def kernel_and_reference(experts: Experts, x: torch.Tensor, routed: RoutedTokens) -> tuple[torch.Tensor, torch.Tensor]:
+def kernel_and_reference(experts: Experts, x: torch.Tensor, routed: RoutedTokens,
+                         config: "MoeConfig | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the fused kernels' output for x in x's dtype, the torch reference's in float32 on the same rounded weights
-    and inputs)."""
+    and inputs); `config`: the grouped GEMMs' tiles (None: fused_experts's own choice, the decode kernels at a few
+    tokens)."""
     from gpu.kernels.fused_moe import fused_experts
 
     torch.set_grad_enabled(False)
     ours = cast(experts, x.dtype)
     out = fused_experts(x, ours.gate_up_proj, ours.down_proj, routed.weights, routed.expert_ids,
-                        activation(ours.spec), ours.gate_up_proj_bias, ours.down_proj_bias)
+                        activation(ours.spec), ours.gate_up_proj_bias, ours.down_proj_bias, config)
     reference = experts_reference(x.float(), cast(ours, torch.float32),
                                   RoutedTokens(routed.weights, routed.expert_ids.long()))
     return out, reference

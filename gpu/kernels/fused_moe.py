@@ -12,7 +12,9 @@ and before the routing weight).
 3. Down: the same tiles of pairs times the expert's down weight; each row scaled by its routing weight in float32
    and written to [pairs, hidden]; then a third kernel sums each token's k rows in float32 (deterministic: no
    atomics) into [tokens, hidden], adding `add` (a shared experts' output) in the same sum where given.
-Sums in float32 (exact float32 products where the weights are float32: no TF32), one rounding per stored value.
+A step of a few tokens with float weights takes gpu/kernels/moe_decode.py's two GEMV kernels instead (no sort,
+no separate sum). Sums in float32 (exact float32 products where the weights are float32: no TF32), one rounding per
+stored value.
 Padded rows (the sentinel pair) are never stored. Weights are [experts, rows, K] with unit stride along K, the
 layout of gpu/layers/moe.py's Experts, or MXFP4 (`Mxfp4Weights`, gpu/quant/mxfp4.py): bytes of two e2m1 codes along
 K and an e8m0 scale per 32 of K, decoded in the loop to exact values in x's dtype, each byte's two codes multiplied
@@ -29,24 +31,14 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.fused_moe_configs import GemmTiles, MoeConfig, config_for
+from gpu.kernels.fused_moe_configs import GemmTiles, MoeConfig, config_for, uses_decode_path
+from gpu.kernels.moe_activation import ACTIVATIONS, activate
 from gpu.kernels.moe_align import AlignedPairs, align
+from gpu.kernels.moe_decode import decode_experts
 from gpu.kernels.pdl import pdl_start, uses_pdl
 
 if TYPE_CHECKING:
     from gpu.layers.moe import Activation
-
-ACTIVATIONS = {"silu": 0, "clamped_swiglu": 1}
-SILU = tl.constexpr(0)
-
-
-@triton.jit
-def _activate(gate, up, ACTIVATION: tl.constexpr, ALPHA: tl.constexpr, LIMIT: tl.constexpr):
-    if ACTIVATION == SILU:
-        return gate / (1.0 + tl.exp(-gate)) * up
-    gate = tl.minimum(gate, LIMIT)
-    up = tl.minimum(tl.maximum(up, -LIMIT), LIMIT)
-    return (up + 1.0) * (gate / (1.0 + tl.exp(-ALPHA * gate)))
 
 
 @triton.jit
@@ -105,7 +97,7 @@ def _moe_gemm_kernel(
         if GATED:
             acc_up += tl.load(bias_ptrs + N).to(tl.float32)[None, :]
     if GATED:
-        acc = _activate(acc, acc_up, ACTIVATION, ALPHA, LIMIT)
+        acc = activate(acc, acc_up, ACTIVATION, ALPHA, LIMIT)
     if MUL_WEIGHT:
         acc = acc * tl.load(weights_ptr + pairs, mask=is_pair, other=0.0)[:, None]
     c_ptrs = c_ptr + pairs.to(tl.int64)[:, None] * stride_cm + columns[None, :]
@@ -299,11 +291,12 @@ def fused_experts(x: torch.Tensor, gate_up: Weights, down: Weights, weights: tor
                   use_pdl: bool = False, add: torch.Tensor | None = None) -> torch.Tensor:
     """sum_k weights[:, k] * expert_{ids[:, k]}(x) [num_tokens, hidden] for x [num_tokens, hidden], gate_up
     [experts, 2 * I, hidden], down [experts, hidden, I], weights [num_tokens, k] float32, expert_ids [num_tokens,
-    k]; `act`: gpu/layers/moe.py's Activation; biases [experts, 2 * I] and [experts, hidden]. `config`: the tiles
-    (default: gpu/kernels/fused_moe_configs.py's for this shape); `use_pdl`: programmatic dependent launches; `add`
-    [num_tokens, hidden] contiguous: added to the output in its sum. The weights may be `Mxfp4Weights` (both of
-    them; x in bfloat16 or float32), decoded in the GEMMs' loops (K tiles of at least 32), or `Fp8BlockWeights`
-    (both; K tiles within one block of columns)."""
+    k]; `act`: gpu/layers/moe.py's Activation; biases [experts, 2 * I] and [experts, hidden]. `config`: the grouped
+    GEMMs' tiles; None: a step of a few tokens with float weights runs gpu/kernels/moe_decode.py's GEMVs (the rule:
+    fused_moe_configs.uses_decode_path), any other the grouped GEMMs with fused_moe_configs' tiles. `use_pdl`:
+    programmatic dependent launches; `add` [num_tokens, hidden] contiguous: added to the output in its sum. The
+    weights may be `Mxfp4Weights` (both of them; x in bfloat16 or float32), decoded in the GEMMs' loops (K tiles of
+    at least 32), or `Fp8BlockWeights` (both; K tiles within one block of columns)."""
     num_tokens, hidden = x.shape
     num_experts, two_i, _ = gate_up.shape
     top_k = expert_ids.shape[1]
@@ -312,10 +305,12 @@ def fused_experts(x: torch.Tensor, gate_up: Weights, down: Weights, weights: tor
         return torch.zeros_like(x)
     if add is not None and (add.shape != x.shape or not add.is_contiguous()):
         raise ValueError(f"add must be contiguous of x's shape {tuple(x.shape)}, got {tuple(add.shape)}")
+    pdl = uses_pdl(use_pdl, x)
+    if config is None and isinstance(gate_up, torch.Tensor) and uses_decode_path(num_tokens, top_k, num_experts):
+        return decode_experts(x, gate_up, down, weights, expert_ids, act, gate_up_bias, down_bias, pdl, add)
     intermediate = two_i // 2
     if config is None:
         config = config_for(num_tokens, num_experts, top_k, intermediate, hidden, device_name(x))
-    pdl = uses_pdl(use_pdl, x)
     aligned = align(expert_ids, num_experts, config.block_m, use_pdl=pdl)
     activated = torch.empty(num_tokens * top_k, intermediate, dtype=x.dtype, device=x.device)
     _launch(x, gate_up, gate_up_bias, activated, None, aligned, config, act, top_k, pdl)

@@ -62,3 +62,35 @@ def config_for(num_tokens: int, num_experts: int, top_k: int, intermediate: int,
     bucket = row_bucket(num_tokens)
     table = next((t for name, t in TABLES.items() if name in device_name), {})
     return table.get((bucket, num_experts, intermediate, hidden)) or default_config(bucket, num_experts, top_k)
+
+
+@dataclass(frozen=True)
+class DecodeTiles:
+    """Tiles of one decode kernel (gpu/kernels/moe_decode.py): `block_n` output columns by `block_k` of K a step."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+
+
+DECODE_PROGRAMS = 512  # programs a decode kernel aims for: a few per multiprocessor, each streaming its rows
+DECODE_TILE_ELEMENTS = 8192  # a weight tile's elements: 64 float32 registers a thread at 4 warps
+
+
+def uses_decode_path(num_tokens: int, top_k: int, num_experts: int) -> bool:
+    """Whether a step's experts run as one GEMV per (token, slot) pair (gpu/kernels/moe_decode.py) rather than as
+    grouped GEMMs over pairs sorted by expert. A pair reads its expert's weights itself, so two pairs on one expert
+    read it twice where a grouped tile reads it once: one token's pairs never share an expert, and up to a quarter of
+    the experts in pairs about one pair in eight does (Qwen3-30B-A3B: 4 tokens of 8 of 128; gpt-oss: 2 of 4 of 32)."""
+    return num_tokens * top_k <= max(top_k, num_experts // 4)
+
+
+def decode_tiles(num_units: int, columns: int, k: int) -> DecodeTiles:
+    """The widest column tile (8 to 64) that still gives `num_units` (pairs or tokens) x column tiles at least
+    DECODE_PROGRAMS programs (bandwidth-bound: programs, not tile width, fill the GPU); K tiles up to the whole K
+    within DECODE_TILE_ELEMENTS."""
+    block_n = 64
+    while block_n > 8 and num_units * -(-columns // block_n) < DECODE_PROGRAMS:
+        block_n //= 2
+    block_k = min(1 << max(0, k - 1).bit_length(), DECODE_TILE_ELEMENTS // block_n)
+    return DecodeTiles(block_n, block_k)

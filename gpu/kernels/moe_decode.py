@@ -1,0 +1,155 @@
+"""Triton kernels: an MoE block's experts at a decode step's few tokens, as one GEMV per (token, slot) pair.
+
+The same sums as gpu/kernels/fused_moe.py (out[t] = sum_k weights[t, k] * down_e(act(gate_up_e(x[t]))) with
+e = expert_ids[t, k], biases added before the activation and before the routing weight), in two launches where the
+grouped path takes four: no sort of the pairs by expert (each pair reads its expert id from the router's output)
+and no separate sum over each token's rows.
+
+1. Gate/up: one program per (pair, block of `block_n` activated columns): that expert's gate rows and up rows times
+   the pair's row of x, summed over K in float32 (GEMV-shaped: a weight tile times x broadcast, reduced along K;
+   tl.dot would need a row tile of 16 for one row, and at one row the kernel is bound by the weight stream, which
+   the vector form reads in full 16-byte loads), the activation applied, stored [pairs, intermediate] in x's dtype
+   (where transformers rounds it).
+2. Down: one program per (token, block of `block_n` hidden columns): over the token's top k experts, that expert's
+   down rows times the pair's intermediate row, plus its bias, times its routing weight, summed in float32 in slot
+   order (deterministic: no atomics), plus `add` (a shared experts' output) where given; one rounding.
+
+Products in float32 on the weights as stored (float32 weights: exact products, no TF32). Float weights only (the
+quantized formats run the grouped path). Every size comes from the step's shape, so a call is CUDA-graph
+capturable; with `use_pdl` each kernel is a programmatic dependent launch (gpu/kernels/pdl.py). Tiles:
+gpu/kernels/fused_moe_configs.py's `decode_tiles`; which steps come here: its `uses_decode_path`.
+"""
+
+from typing import TYPE_CHECKING
+
+import torch
+import triton
+import triton.language as tl
+
+from gpu.kernels.fused_moe_configs import decode_tiles
+from gpu.kernels.moe_activation import ACTIVATIONS, activate
+from gpu.kernels.pdl import pdl_start
+
+if TYPE_CHECKING:
+    from gpu.layers.moe import Activation
+
+
+@triton.jit
+def _add(a, b):
+    """tl.sum's combine (Triton's interpreter cannot call tl.sum's own when triton was imported before it)."""
+    return a + b
+
+
+@triton.jit
+def _row_products(w_ptrs, x_ptrs, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """sum_k w[n, k] * x[k] in float32 over K for the [BLOCK_N, BLOCK_K] tile pointers `w_ptrs` and x's `x_ptrs`."""
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        if EVEN_K:
+            x = tl.load(x_ptrs).to(tl.float32)
+            w = tl.load(w_ptrs).to(tl.float32)
+        else:
+            is_k = ks < K - k * BLOCK_K
+            x = tl.load(x_ptrs, mask=is_k, other=0.0).to(tl.float32)
+            w = tl.load(w_ptrs, mask=is_k[None, :], other=0.0).to(tl.float32)
+        acc += tl.reduce(w * x[None, :], 1, _add)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    return acc
+
+
+@triton.jit
+def _gate_up_kernel(
+    x_ptr, w_ptr, bias_ptr, ids_ptr, out_ptr, N, K, stride_x, stride_we, stride_wn, stride_bias_e,
+    TOP_K: tl.constexpr,
+    ACTIVATION: tl.constexpr,
+    ALPHA: tl.constexpr,
+    LIMIT: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """out[pair, n] = act(gate_e[n] . x[token] (+ bias), up_e[n] . x[token] (+ bias)), e = ids[pair]."""
+    pdl_start(USE_PDL)
+    pair = tl.program_id(0)
+    columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_columns = (columns % N).to(tl.int64)  # columns past N re-read valid ones (never stored): no mask on the weights
+    expert = tl.load(ids_ptr + pair).to(tl.int64)
+    ks = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + (pair // TOP_K).to(tl.int64) * stride_x + ks
+    w_ptrs = w_ptr + expert * stride_we + w_columns[:, None] * stride_wn + ks[None, :]
+    gate = _row_products(w_ptrs, x_ptrs, K, BLOCK_N, BLOCK_K, EVEN_K)
+    up = _row_products(w_ptrs + N * stride_wn, x_ptrs, K, BLOCK_N, BLOCK_K, EVEN_K)
+    if HAS_BIAS:
+        bias_ptrs = bias_ptr + expert * stride_bias_e + w_columns
+        gate += tl.load(bias_ptrs).to(tl.float32)
+        up += tl.load(bias_ptrs + N).to(tl.float32)
+    out = activate(gate, up, ACTIVATION, ALPHA, LIMIT)
+    tl.store(out_ptr + pair.to(tl.int64) * N + columns, out.to(out_ptr.dtype.element_ty), mask=columns < N)
+
+
+@triton.jit
+def _down_kernel(
+    h_ptr, w_ptr, bias_ptr, ids_ptr, weights_ptr, add_ptr, out_ptr, N, K, stride_we, stride_wn, stride_bias_e,
+    TOP_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_ADD: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """out[t, n] = (add[t, n] +) sum_k weights[t, k] * (down_e[n] . h[t * TOP_K + k] (+ bias_e[n])), e = ids[t, k]."""
+    pdl_start(USE_PDL)
+    token = tl.program_id(0).to(tl.int64)
+    columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    w_columns = (columns % N).to(tl.int64)
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    for slot in tl.static_range(TOP_K):
+        pair = token * TOP_K + slot
+        expert = tl.load(ids_ptr + pair).to(tl.int64)
+        w_ptrs = w_ptr + expert * stride_we + w_columns[:, None] * stride_wn + ks[None, :]
+        row = _row_products(w_ptrs, h_ptr + pair * K + ks, K, BLOCK_N, BLOCK_K, EVEN_K)
+        if HAS_BIAS:
+            row += tl.load(bias_ptr + expert * stride_bias_e + w_columns).to(tl.float32)
+        acc += tl.load(weights_ptr + pair) * row
+    is_column = columns < N
+    if HAS_ADD:
+        acc += tl.load(add_ptr + token * N + columns, mask=is_column, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * N + columns, acc.to(out_ptr.dtype.element_ty), mask=is_column)
+
+
+def decode_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
+                   expert_ids: torch.Tensor, act: "Activation", gate_up_bias: torch.Tensor | None = None,
+                   down_bias: torch.Tensor | None = None, pdl: bool = False,
+                   add: torch.Tensor | None = None) -> torch.Tensor:
+    """fused_moe.fused_experts's output for the same arguments (checked there) with float weights; `pdl`: launch
+    with programmatic dependent launches (already resolved for the device)."""
+    num_tokens, hidden = x.shape
+    intermediate = gate_up.shape[1] // 2
+    top_k = expert_ids.shape[1]
+    ids = expert_ids.contiguous()
+    activated = torch.empty(num_tokens * top_k, intermediate, dtype=x.dtype, device=x.device)
+    tiles = decode_tiles(num_tokens * top_k, intermediate, hidden)
+    _gate_up_kernel[(num_tokens * top_k, triton.cdiv(intermediate, tiles.block_n))](
+        x, gate_up, gate_up_bias if gate_up_bias is not None else gate_up, ids, activated, intermediate, hidden,
+        x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up_bias.stride(0) if gate_up_bias is not None else 0,
+        TOP_K=top_k, ACTIVATION=ACTIVATIONS[act.kind], ALPHA=float(act.alpha), LIMIT=float(act.limit),
+        HAS_BIAS=gate_up_bias is not None, EVEN_K=hidden % tiles.block_k == 0, BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps,
+    )
+    out = torch.empty_like(x)
+    tiles = decode_tiles(num_tokens, hidden, intermediate)
+    _down_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_n))](
+        activated, down, down_bias if down_bias is not None else down, ids, weights,
+        add if add is not None else out, out, hidden, intermediate, down.stride(0), down.stride(1),
+        down_bias.stride(0) if down_bias is not None else 0,
+        TOP_K=top_k, HAS_BIAS=down_bias is not None, HAS_ADD=add is not None,
+        EVEN_K=intermediate % tiles.block_k == 0, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, USE_PDL=pdl,
+        launch_pdl=pdl, num_warps=tiles.num_warps,
+    )
+    return out

@@ -1,0 +1,115 @@
+"""Cases for the MoE decode kernels (gpu/kernels/moe_decode.py) under Triton's interpreter on the CPU, run by
+tests/unit/test_moe_decode_kernels_interpreted.py in a process with TRITON_INTERPRET=1: against gpu/layers/moe.py's
+torch reference at 1 to 4 tokens, top k 1 to 4, with and without biases, SiLU and the clamped SwiGLU, with and without
+a shared experts' `add`, K in one tile or several with a partial last one, columns past the last column tile; and
+fused_moe.fused_experts's choice of them. float32 (exact products: only the order of the sums differs) and float16
+(the interpreter's bfloat16 is not numpy's; tests/gpu/test_fused_moe.py checks bf16 on CUDA)."""
+
+from types import ModuleType
+
+import pytest
+import torch
+
+import gpu.kernels.fused_moe as fused_moe
+import gpu.kernels.moe_decode as moe_decode
+from gpu.kernels.fused_moe_configs import DecodeTiles, decode_tiles, uses_decode_path
+from gpu.layers.moe import RoutedTokens, activation, experts_reference
+from tests.moe_cases import cast, random_experts, random_routing
+
+NUM_EXPERTS, HIDDEN, INTERMEDIATE = 16, 48, 40  # neither a power of two: partial K tiles and column tiles
+
+
+@pytest.fixture
+def decode() -> ModuleType:
+    return moe_decode
+
+
+@pytest.fixture
+def fused() -> ModuleType:
+    return fused_moe
+
+
+def run(decode: ModuleType, num_tokens: int, top_k: int, act: str, has_bias: bool, has_add: bool,
+        dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the decode kernels' output in `dtype`, the reference's in float32 on the same rounded weights and inputs)."""
+    torch.set_grad_enabled(False)
+    experts = cast(random_experts(NUM_EXPERTS, HIDDEN, INTERMEDIATE, act, has_bias, seed=seed), dtype)
+    routed = random_routing(num_tokens, NUM_EXPERTS, top_k, seed=seed + 1)
+    generator = torch.Generator().manual_seed(seed + 2)
+    x = torch.randn(num_tokens, HIDDEN, generator=generator).to(dtype)
+    add = torch.randn(num_tokens, HIDDEN, generator=generator).to(dtype) if has_add else None
+    out = decode.decode_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
+                                activation(experts.spec), experts.gate_up_proj_bias, experts.down_proj_bias, add=add)
+    reference = experts_reference(x.float(), cast(experts, torch.float32),
+                                  RoutedTokens(routed.weights, routed.expert_ids.long()))
+    return out, reference if add is None else reference + add.float()
+
+
+def assert_close(out: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> None:
+    assert out.dtype == dtype and out.shape == reference.shape
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    scale = reference.abs().max().item() + 1
+    torch.testing.assert_close(out.float(), reference, rtol=tolerance, atol=tolerance * scale)
+
+
+@pytest.mark.parametrize(("num_tokens", "top_k", "act", "has_bias", "has_add"), [
+    (1, 1, "silu", False, False),
+    (1, 4, "silu", False, True),
+    (2, 2, "clamped_swiglu", True, False),
+    (3, 3, "silu", True, True),
+    (4, 4, "clamped_swiglu", True, True),
+    (4, 2, "silu", False, False),
+])
+def test_decode_kernels_match_the_torch_reference(decode: ModuleType, num_tokens: int, top_k: int, act: str,
+                                                  has_bias: bool, has_add: bool) -> None:
+    out, reference = run(decode, num_tokens, top_k, act, has_bias, has_add, seed=num_tokens * 10 + top_k)
+    assert_close(out, reference, torch.float32)
+
+
+@pytest.mark.parametrize("tiles", [DecodeTiles(8, 16), DecodeTiles(16, 32)])
+def test_several_k_tiles_and_partial_column_tiles(decode: ModuleType, tiles: DecodeTiles) -> None:
+    # K 48 and 40 in tiles of 16 or 32 (a partial last one for 40 / 16 and 48 / 32); 40 and 48 columns in tiles of 16
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(decode, "decode_tiles", lambda *args: tiles)
+        out, reference = run(decode, 3, 2, "clamped_swiglu", True, True, seed=tiles.block_n)
+    assert_close(out, reference, torch.float32)
+
+
+def test_float16_rounds_the_intermediate_and_the_output_once_each(decode: ModuleType) -> None:
+    out, reference = run(decode, 2, 3, "silu", True, True, torch.float16, seed=7)
+    assert_close(out, reference, torch.float16)
+
+
+def test_fused_experts_takes_the_decode_kernels_at_a_few_tokens_only(fused: ModuleType) -> None:
+    experts = random_experts(NUM_EXPERTS, HIDDEN, INTERMEDIATE, "silu", seed=3)
+    calls: list[int] = []
+    original = fused.decode_experts
+
+    def counted(x: torch.Tensor, *args: object) -> torch.Tensor:
+        calls.append(x.shape[0])
+        return original(x, *args)
+
+    torch.set_grad_enabled(False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fused, "decode_experts", counted)
+        for num_tokens in (1, 2, 3):  # top 2 of 16 experts: pairs up to a quarter of them, 4, take the GEMVs
+            routed = random_routing(num_tokens, NUM_EXPERTS, 2, seed=num_tokens)
+            x = torch.randn(num_tokens, HIDDEN, generator=torch.Generator().manual_seed(num_tokens))
+            out = fused.fused_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
+                                      activation(experts.spec))
+            assert_close(out, experts_reference(x, experts, RoutedTokens(routed.weights, routed.expert_ids.long())),
+                         torch.float32)
+    assert calls == [1, 2]
+
+
+def test_the_decode_rule() -> None:
+    # One token's pairs never share an expert: always the GEMVs; more tokens while pairs are a quarter of the experts.
+    assert uses_decode_path(1, 8, 8) and uses_decode_path(1, 2, 2)
+    assert [n for n in range(1, 9) if uses_decode_path(n, 8, 128)] == [1, 2, 3, 4]  # Qwen3-30B-A3B
+    assert [n for n in range(1, 9) if uses_decode_path(n, 4, 32)] == [1, 2]  # gpt-oss-20b
+    assert not uses_decode_path(2, 2, 8)  # Mixtral: one token only
+    # Programs: columns narrowed to 8 until a step covers DECODE_PROGRAMS; K within the tile's elements.
+    assert decode_tiles(8, 768, 2048) == DecodeTiles(8, 1024)  # Qwen3-30B-A3B's gate/up at one token
+    assert decode_tiles(1, 2048, 768) == DecodeTiles(8, 1024)  # its down
+    assert decode_tiles(64, 768, 2048) == DecodeTiles(64, 128)
+    assert decode_tiles(4, 40, 48) == DecodeTiles(8, 64)

@@ -1,0 +1,25 @@
+"""The MoE decode kernels (gpu/kernels/moe_decode.py) under Triton's interpreter on the CPU: the cases of
+tests/unit/moe_decode_kernels_interpreted_cases.py, run by pytest in a process that has TRITON_INTERPRET=1 from its
+start (Triton's own helpers such as tl.zeros or tl.cdiv stay compiled-only when triton was imported first, as it is
+in this process)."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = Path(__file__).with_name("moe_decode_kernels_interpreted_cases.py")
+
+
+def test_moe_decode_kernels_under_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path[1:]])}
+    command = [sys.executable, "-m", "pytest", "-x", "-n0", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning",
+               str(CASES)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
