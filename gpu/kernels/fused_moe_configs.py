@@ -74,7 +74,7 @@ class DecodeTiles:
 
 
 DECODE_PROGRAMS = 512  # programs a decode kernel aims for: a few per multiprocessor, each streaming its rows
-DECODE_TILE_ELEMENTS = 8192  # a weight tile's elements: 64 float32 registers a thread at 4 warps
+DECODE_TILE_ELEMENTS = 8192  # a tile's elements: its float32 sums take 32 registers a thread at 8 warps
 
 
 def uses_decode_path(num_tokens: int, top_k: int, num_experts: int) -> bool:
@@ -88,9 +88,9 @@ def uses_decode_path(num_tokens: int, top_k: int, num_experts: int) -> bool:
 def decode_tiles(num_units: int, columns: int, k: int) -> DecodeTiles:
     """The widest column tile (8 to 64) that still gives `num_units` (pairs or tokens) x column tiles at least
     DECODE_PROGRAMS programs (bandwidth-bound: programs, not tile width, fill the GPU); K tiles up to the whole K
-    within DECODE_TILE_ELEMENTS."""
+    within DECODE_TILE_ELEMENTS; 8 warps from 4096 elements (32 a thread), else 4."""
     block_n = 64
     while block_n > 8 and num_units * -(-columns // block_n) < DECODE_PROGRAMS:
         block_n //= 2
     block_k = min(1 << max(0, k - 1).bit_length(), DECODE_TILE_ELEMENTS // block_n)
-    return DecodeTiles(block_n, block_k)
+    return DecodeTiles(block_n, block_k, 8 if block_n * block_k >= 4096 else 4)

@@ -6,13 +6,14 @@ grouped path takes four: no sort of the pairs by expert (each pair reads its exp
 and no separate sum over each token's rows.
 
 1. Gate/up: one program per (pair, block of `block_n` activated columns): that expert's gate rows and up rows times
-   the pair's row of x, summed over K in float32 (GEMV-shaped: a weight tile times x broadcast, reduced along K;
-   tl.dot would need a row tile of 16 for one row, and at one row the kernel is bound by the weight stream, which
-   the vector form reads in full 16-byte loads), the activation applied, stored [pairs, intermediate] in x's dtype
-   (where transformers rounds it).
-2. Down: one program per (token, block of `block_n` hidden columns): over the token's top k experts, that expert's
-   down rows times the pair's intermediate row, plus its bias, times its routing weight, summed in float32 in slot
-   order (deterministic: no atomics), plus `add` (a shared experts' output) where given; one rounding.
+   the pair's row of x in float32, GEMV-shaped (a weight tile times x broadcast, the products summed elementwise over
+   the K tiles and reduced across K once; tl.dot would need a row tile of 16 for one row, and at one row the kernel
+   is bound by the weight stream, which the vector form reads in full 16-byte loads), the activation applied,
+   stored [pairs, intermediate] in x's dtype (where transformers rounds it).
+2. Down: one program per (token, block of `block_n` hidden columns): over the token's top k experts in slot order,
+   that expert's down rows times the pair's intermediate row scaled by its routing weight, and its bias times the
+   weight, summed in float32 (deterministic: no atomics), plus `add` (a shared experts' output) where given; one
+   rounding.
 
 Products in float32 on the weights as stored (float32 weights: exact products, no TF32). Float weights only (the
 quantized formats run the grouped path). Every size comes from the step's shape, so a call is CUDA-graph
@@ -41,22 +42,11 @@ def _add(a, b):
 
 
 @triton.jit
-def _row_products(w_ptrs, x_ptrs, K, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    """sum_k w[n, k] * x[k] in float32 over K for the [BLOCK_N, BLOCK_K] tile pointers `w_ptrs` and x's `x_ptrs`."""
-    ks = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        if EVEN_K:
-            x = tl.load(x_ptrs).to(tl.float32)
-            w = tl.load(w_ptrs).to(tl.float32)
-        else:
-            is_k = ks < K - k * BLOCK_K
-            x = tl.load(x_ptrs, mask=is_k, other=0.0).to(tl.float32)
-            w = tl.load(w_ptrs, mask=is_k[None, :], other=0.0).to(tl.float32)
-        acc += tl.reduce(w * x[None, :], 1, _add)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    return acc
+def _load_k(ptrs, is_k, EVEN_K: tl.constexpr):
+    """A tile along K (the last axis) in float32, columns of K past its end read as 0."""
+    if EVEN_K:
+        return tl.load(ptrs).to(tl.float32)
+    return tl.load(ptrs, mask=is_k, other=0.0).to(tl.float32)
 
 
 @triton.jit
@@ -81,8 +71,19 @@ def _gate_up_kernel(
     ks = tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + (pair // TOP_K).to(tl.int64) * stride_x + ks
     w_ptrs = w_ptr + expert * stride_we + w_columns[:, None] * stride_wn + ks[None, :]
-    gate = _row_products(w_ptrs, x_ptrs, K, BLOCK_N, BLOCK_K, EVEN_K)
-    up = _row_products(w_ptrs + N * stride_wn, x_ptrs, K, BLOCK_N, BLOCK_K, EVEN_K)
+    up_offset = N * stride_wn
+    # Products summed elementwise over the K tiles, reduced across K once at the end.
+    gate_sums = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    up_sums = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    for k in range(0, tl.cdiv(K, BLOCK_K)):
+        is_k = ks < K - k * BLOCK_K
+        x = _load_k(x_ptrs, is_k, EVEN_K)[None, :]
+        gate_sums += _load_k(w_ptrs, is_k[None, :], EVEN_K) * x
+        up_sums += _load_k(w_ptrs + up_offset, is_k[None, :], EVEN_K) * x
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    gate = tl.reduce(gate_sums, 1, _add)
+    up = tl.reduce(up_sums, 1, _add)
     if HAS_BIAS:
         bias_ptrs = bias_ptr + expert * stride_bias_e + w_columns
         gate += tl.load(bias_ptrs).to(tl.float32)
@@ -108,19 +109,29 @@ def _down_kernel(
     columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_columns = (columns % N).to(tl.int64)
     ks = tl.arange(0, BLOCK_K)
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+    # Each slot's products, its routing weight applied to its intermediate row, summed elementwise over the slots
+    # and K tiles, reduced across K once at the end; the biases, weighted, beside them.
+    sums = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
+    biases = tl.zeros([BLOCK_N], dtype=tl.float32)
     for slot in tl.static_range(TOP_K):
         pair = token * TOP_K + slot
         expert = tl.load(ids_ptr + pair).to(tl.int64)
+        weight = tl.load(weights_ptr + pair)
+        h_ptrs = h_ptr + pair * K + ks
         w_ptrs = w_ptr + expert * stride_we + w_columns[:, None] * stride_wn + ks[None, :]
-        row = _row_products(w_ptrs, h_ptr + pair * K + ks, K, BLOCK_N, BLOCK_K, EVEN_K)
+        for k in range(0, tl.cdiv(K, BLOCK_K)):
+            is_k = ks < K - k * BLOCK_K
+            h = _load_k(h_ptrs, is_k, EVEN_K) * weight
+            sums += _load_k(w_ptrs, is_k[None, :], EVEN_K) * h[None, :]
+            h_ptrs += BLOCK_K
+            w_ptrs += BLOCK_K
         if HAS_BIAS:
-            row += tl.load(bias_ptr + expert * stride_bias_e + w_columns).to(tl.float32)
-        acc += tl.load(weights_ptr + pair) * row
+            biases += weight * tl.load(bias_ptr + expert * stride_bias_e + w_columns).to(tl.float32)
+    out = tl.reduce(sums, 1, _add) + biases
     is_column = columns < N
     if HAS_ADD:
-        acc += tl.load(add_ptr + token * N + columns, mask=is_column, other=0.0).to(tl.float32)
-    tl.store(out_ptr + token * N + columns, acc.to(out_ptr.dtype.element_ty), mask=is_column)
+        out += tl.load(add_ptr + token * N + columns, mask=is_column, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * N + columns, out.to(out_ptr.dtype.element_ty), mask=is_column)
 
 
 def decode_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,

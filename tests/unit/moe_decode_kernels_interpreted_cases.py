@@ -109,7 +109,7 @@ def test_the_decode_rule() -> None:
     assert [n for n in range(1, 9) if uses_decode_path(n, 4, 32)] == [1, 2]  # gpt-oss-20b
     assert not uses_decode_path(2, 2, 8)  # Mixtral: one token only
     # Programs: columns narrowed to 8 until a step covers DECODE_PROGRAMS; K within the tile's elements.
-    assert decode_tiles(8, 768, 2048) == DecodeTiles(8, 1024)  # Qwen3-30B-A3B's gate/up at one token
-    assert decode_tiles(1, 2048, 768) == DecodeTiles(8, 1024)  # its down
-    assert decode_tiles(64, 768, 2048) == DecodeTiles(64, 128)
-    assert decode_tiles(4, 40, 48) == DecodeTiles(8, 64)
+    assert decode_tiles(8, 768, 2048) == DecodeTiles(8, 1024, 8)  # Qwen3-30B-A3B's gate/up at one token
+    assert decode_tiles(1, 2048, 768) == DecodeTiles(8, 1024, 8)  # its down
+    assert decode_tiles(64, 768, 2048) == DecodeTiles(64, 128, 8)
+    assert decode_tiles(4, 40, 48) == DecodeTiles(8, 64, 4)
