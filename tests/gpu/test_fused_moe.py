@@ -1,6 +1,7 @@
-"""The MoE kernels (gpu/kernels/moe_route.py, moe_align.py, fused_moe.py) on CUDA against the torch references of
-gpu/layers/moe.py: over row counts 1..512 (and prompt-sized steps), several expert counts and top-k, both
-activations, with and without biases, bf16 and float32, and inside a CUDA graph replayed on new routings.
+"""The MoE kernels (gpu/kernels/moe_route.py, moe_align.py, fused_moe.py, moe_decode.py) on CUDA against the torch
+references of gpu/layers/moe.py: over row counts 1..512 (and prompt-sized steps), several expert counts and top-k,
+both activations, with and without biases, bf16 and float32, and inside a CUDA graph replayed on new routings; the
+decode kernels against the grouped GEMMs at 1..4 tokens.
 
 Tolerance (bf16): the kernels store the activated intermediate and the output in bf16 once each, the reference
 sums in float32 on the same rounded weights and inputs: a few bf16 roundings of the output's scale. float32: the
@@ -10,14 +11,16 @@ kernels' products are exact (no TF32), so only the order of the sums differs.
 import pytest
 import torch
 
+from gpu.kernels import fused_moe_configs
 from gpu.kernels.fused_moe_configs import config_for, row_bucket
-from gpu.layers.moe import RoutedTokens, Routing, activation, route_reference
+from gpu.layers.moe import RoutedTokens, Routing, activation, experts_reference, route_reference
 from tests.gpu.graph_capture import captured
 from tests.moe_cases import aligned_reference, cast, kernel_and_reference, random_experts, random_routing
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels need CUDA")
 fused_moe = pytest.importorskip("gpu.kernels.fused_moe")
 moe_align = pytest.importorskip("gpu.kernels.moe_align")
+moe_decode = pytest.importorskip("gpu.kernels.moe_decode")
 moe_route = pytest.importorskip("gpu.kernels.moe_route")
 
 ROW_COUNTS = (1, 2, 3, 5, 8, 13, 16, 17, 31, 32, 64, 100, 128, 200, 256, 333, 512)
@@ -148,3 +151,67 @@ def test_no_token_steps_and_top_1() -> None:
     x = torch.randn(9, 64, device="cuda").bfloat16()
     out, reference = kernel_and_reference(random_experts(8, 64, 32, device="cuda"), x, random_routing(9, 8, 1, "cuda"))
     assert_close(out, reference, torch.bfloat16)
+
+
+@pytest.mark.parametrize("use_pdl", [False, True])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decode_kernels_match_the_grouped_gemms_and_the_reference(shape: str, use_pdl: bool) -> None:
+    num_experts, top_k, hidden, intermediate, act, has_bias = SHAPES[shape]
+    experts = cast(random_experts(num_experts, hidden, intermediate, act, has_bias, device="cuda"), torch.bfloat16)
+    reference_experts = cast(experts, torch.float32)
+    for num_tokens in (1, 2, 3, 4):
+        generator = torch.Generator("cuda").manual_seed(num_tokens)
+        x = torch.randn(num_tokens, hidden, device="cuda", generator=generator).bfloat16()
+        add = torch.randn(num_tokens, hidden, device="cuda", generator=generator).bfloat16()
+        routed = random_routing(num_tokens, num_experts, top_k, "cuda", seed=num_tokens)
+        args = (x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
+                activation(experts.spec), experts.gate_up_proj_bias, experts.down_proj_bias)
+        chosen = fused_moe.fused_experts(*args, use_pdl=use_pdl, add=add)  # the decode kernels where the rule says
+        grouped = fused_moe.fused_experts(*args, config=config_for(num_tokens, num_experts, top_k, intermediate,
+                                                                   hidden), use_pdl=use_pdl, add=add)
+        decoded = moe_decode.decode_experts(*args, pdl=use_pdl and torch.cuda.get_device_capability()[0] >= 9,
+                                            add=add)
+        reference = experts_reference(x.float(), reference_experts,
+                                      RoutedTokens(routed.weights, routed.expert_ids.long())) + add.float()
+        assert_close(decoded, reference, torch.bfloat16)
+        assert_close(grouped, reference, torch.bfloat16)
+        assert_close(decoded, grouped.float(), torch.bfloat16)
+        if fused_moe_configs.uses_decode_path(num_tokens, top_k, num_experts):
+            assert torch.equal(chosen, decoded), (shape, num_tokens)
+
+
+def test_decode_kernels_are_exact_in_float32() -> None:
+    experts = random_experts(128, 2048, 768, "clamped_swiglu", has_bias=True, device="cuda")
+    for num_tokens in (1, 4):
+        x = torch.randn(num_tokens, 2048, device="cuda")
+        routed = random_routing(num_tokens, 128, 8, "cuda", seed=num_tokens)
+        out = moe_decode.decode_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights,
+                                        routed.expert_ids, activation(experts.spec), experts.gate_up_proj_bias,
+                                        experts.down_proj_bias)
+        assert_close(out, experts_reference(x, experts, RoutedTokens(routed.weights, routed.expert_ids.long())),
+                     torch.float32)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 4])
+def test_decode_kernels_in_a_cuda_graph_follow_new_inputs(num_tokens: int) -> None:
+    num_experts, top_k, hidden, intermediate, act, _ = SHAPES["qwen3-30b-a3b"]
+    assert fused_moe_configs.uses_decode_path(num_tokens, top_k, num_experts)
+    experts = cast(random_experts(num_experts, hidden, intermediate, act, device="cuda"), torch.bfloat16)
+    x = torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device="cuda")
+    add = torch.empty_like(x)
+    logits = torch.empty(num_tokens, num_experts, dtype=torch.bfloat16, device="cuda")
+
+    def step() -> torch.Tensor:
+        weights, ids = moe_route.route(logits, ROUTINGS["qwen3-moe"], None, True)
+        return fused_moe.fused_experts(x, experts.gate_up_proj, experts.down_proj, weights, ids,
+                                       activation(experts.spec), use_pdl=True, add=add)
+
+    for t in (x, add, logits):
+        t.normal_()
+    graph, out = captured(step)
+    for seed in range(3):
+        generator = torch.Generator("cuda").manual_seed(seed)
+        for t in (x, add, logits):
+            t.copy_(torch.randn(t.shape, device="cuda", generator=generator))
+        graph.replay()
+        assert torch.equal(out, step())
