@@ -15,10 +15,13 @@ and no separate sum over each token's rows.
    weight, summed in float32 (deterministic: no atomics), plus `add` (a shared experts' output) where given; one
    rounding.
 
-Products in float32 on the weights as stored (float32 weights: exact products, no TF32). Float weights only (the
-quantized formats run the grouped path). Every size comes from the step's shape, so a call is CUDA-graph
-capturable; with `use_pdl` each kernel is a programmatic dependent launch (gpu/kernels/pdl.py). Tiles:
-gpu/kernels/fused_moe_configs.py's `decode_tiles`; which steps come here: its `uses_decode_path`.
+K (a model's size) is a compile-time constant, and x's or the intermediate's row is read in the weight tile's own
+layout (a broadcast load, from L1): no exchange through shared memory between the loads, so a program's loads (all
+its slots' in the down kernel) may all be in flight at once. Products in float32 on the weights as stored (float32
+weights: exact products, no TF32). Float weights only (the quantized formats run the grouped path). Every size comes
+from the step's shape, so a call is CUDA-graph capturable; with `use_pdl` each kernel is a programmatic dependent
+launch (gpu/kernels/pdl.py). Tiles: gpu/kernels/fused_moe_configs.py's `decode_tiles`; which steps come here: its
+`uses_decode_path`.
 """
 
 from typing import TYPE_CHECKING
@@ -51,7 +54,8 @@ def _load_k(ptrs, is_k, EVEN_K: tl.constexpr):
 
 @triton.jit
 def _gate_up_kernel(
-    x_ptr, w_ptr, bias_ptr, ids_ptr, out_ptr, N, K, stride_x, stride_we, stride_wn, stride_bias_e,
+    x_ptr, w_ptr, bias_ptr, ids_ptr, out_ptr, N, stride_x, stride_we, stride_wn, stride_bias_e,
+    K: tl.constexpr,
     TOP_K: tl.constexpr,
     ACTIVATION: tl.constexpr,
     ALPHA: tl.constexpr,
@@ -75,9 +79,9 @@ def _gate_up_kernel(
     # Products summed elementwise over the K tiles, reduced across K once at the end.
     gate_sums = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     up_sums = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k in range(0, tl.cdiv(K, BLOCK_K)):
-        is_k = ks < K - k * BLOCK_K
-        x = _load_k(x_ptrs, is_k, EVEN_K)[None, :]
+    for k in range(0, K, BLOCK_K):
+        is_k = ks < K - k
+        x = _load_k(tl.broadcast_to(x_ptrs[None, :], (BLOCK_N, BLOCK_K)), is_k[None, :], EVEN_K)
         gate_sums += _load_k(w_ptrs, is_k[None, :], EVEN_K) * x
         up_sums += _load_k(w_ptrs + up_offset, is_k[None, :], EVEN_K) * x
         x_ptrs += BLOCK_K
@@ -94,7 +98,8 @@ def _gate_up_kernel(
 
 @triton.jit
 def _down_kernel(
-    h_ptr, w_ptr, bias_ptr, ids_ptr, weights_ptr, add_ptr, out_ptr, N, K, stride_we, stride_wn, stride_bias_e,
+    h_ptr, w_ptr, bias_ptr, ids_ptr, weights_ptr, add_ptr, out_ptr, N, stride_we, stride_wn, stride_bias_e,
+    K: tl.constexpr,
     TOP_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_ADD: tl.constexpr,
@@ -119,10 +124,10 @@ def _down_kernel(
         weight = tl.load(weights_ptr + pair)
         h_ptrs = h_ptr + pair * K + ks
         w_ptrs = w_ptr + expert * stride_we + w_columns[:, None] * stride_wn + ks[None, :]
-        for k in range(0, tl.cdiv(K, BLOCK_K)):
-            is_k = ks < K - k * BLOCK_K
-            h = _load_k(h_ptrs, is_k, EVEN_K) * weight
-            sums += _load_k(w_ptrs, is_k[None, :], EVEN_K) * h[None, :]
+        for k in range(0, K, BLOCK_K):
+            is_k = ks < K - k
+            h = _load_k(tl.broadcast_to(h_ptrs[None, :], (BLOCK_N, BLOCK_K)), is_k[None, :], EVEN_K)
+            sums += _load_k(w_ptrs, is_k[None, :], EVEN_K) * (h * weight)
             h_ptrs += BLOCK_K
             w_ptrs += BLOCK_K
         if HAS_BIAS:
@@ -147,8 +152,8 @@ def decode_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, w
     activated = torch.empty(num_tokens * top_k, intermediate, dtype=x.dtype, device=x.device)
     tiles = decode_tiles(num_tokens * top_k, intermediate, hidden)
     _gate_up_kernel[(num_tokens * top_k, triton.cdiv(intermediate, tiles.block_n))](
-        x, gate_up, gate_up_bias if gate_up_bias is not None else gate_up, ids, activated, intermediate, hidden,
-        x.stride(0), gate_up.stride(0), gate_up.stride(1), gate_up_bias.stride(0) if gate_up_bias is not None else 0,
+        x, gate_up, gate_up_bias if gate_up_bias is not None else gate_up, ids, activated, intermediate, x.stride(0),
+        gate_up.stride(0), gate_up.stride(1), gate_up_bias.stride(0) if gate_up_bias is not None else 0, K=hidden,
         TOP_K=top_k, ACTIVATION=ACTIVATIONS[act.kind], ALPHA=float(act.alpha), LIMIT=float(act.limit),
         HAS_BIAS=gate_up_bias is not None, EVEN_K=hidden % tiles.block_k == 0, BLOCK_N=tiles.block_n,
         BLOCK_K=tiles.block_k, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps,
@@ -157,10 +162,9 @@ def decode_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, w
     tiles = decode_tiles(num_tokens, hidden, intermediate)
     _down_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_n))](
         activated, down, down_bias if down_bias is not None else down, ids, weights,
-        add if add is not None else out, out, hidden, intermediate, down.stride(0), down.stride(1),
-        down_bias.stride(0) if down_bias is not None else 0,
-        TOP_K=top_k, HAS_BIAS=down_bias is not None, HAS_ADD=add is not None,
-        EVEN_K=intermediate % tiles.block_k == 0, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, USE_PDL=pdl,
-        launch_pdl=pdl, num_warps=tiles.num_warps,
+        add if add is not None else out, out, hidden, down.stride(0), down.stride(1),
+        down_bias.stride(0) if down_bias is not None else 0, K=intermediate, TOP_K=top_k,
+        HAS_BIAS=down_bias is not None, HAS_ADD=add is not None, EVEN_K=intermediate % tiles.block_k == 0,
+        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps,
     )
     return out

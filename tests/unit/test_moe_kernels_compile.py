@@ -1,6 +1,7 @@
 """The MoE kernels compiled for Hopper (sm_90) on the CPU, by Triton's own compiler and ptxas (no GPU needed): every
 config the tile rule gives, at the real shapes of the MoE families, fits in an H100's shared memory and runs without
-spilling registers, and the GEMMs' loads are pipelined (more than one stage of shared memory). Arguments are
+spilling registers, the GEMMs' loads are pipelined (more than one stage of shared memory), and the decode kernels
+read their tiles in 16-byte loads. Arguments are
 specialized as a launch on a GPU would specialize them (pointers 16-byte aligned; sizes and strides that are
 multiples of 16 marked so), which is what lets the compiler pipeline the loads."""
 
@@ -14,8 +15,8 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from gpu.kernels import fused_moe, moe_align, moe_route  # noqa: E402
-from gpu.kernels.fused_moe_configs import default_config  # noqa: E402
+from gpu.kernels import fused_moe, moe_align, moe_decode, moe_route  # noqa: E402
+from gpu.kernels.fused_moe_configs import decode_tiles, default_config, uses_decode_path  # noqa: E402
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 if not CUOBJDUMP.exists():
@@ -23,10 +24,21 @@ if not CUOBJDUMP.exists():
 
 HOPPER = GPUTarget("cuda", 90, 32)
 MAX_SHARED = 227 * 1024  # an H100's shared memory per block
-MULTIPLES_OF_16 = {"K", "N", "stride_am", "stride_be", "stride_bn", "stride_bias_e", "stride_cm", "logits_stride"}
+MULTIPLES_OF_16 = {"K", "N", "stride_am", "stride_be", "stride_bn", "stride_bias_e", "stride_cm", "logits_stride",
+                   "stride_x", "stride_we", "stride_wn"}
 # (experts, top_k, hidden, intermediate per rank, clamped SwiGLU with biases)
 SHAPES = {"qwen3-30b-a3b": (128, 8, 2048, 768, False), "gpt-oss-20b": (32, 4, 2880, 2880, True),
           "mixtral-8x7b": (8, 2, 4096, 14336, False), "glm-4.5-air": (128, 8, 4096, 1408, False)}
+
+
+def compile_for_hopper(fn: object, signature: dict[str, str], constants: dict[str, object], num_warps: int,
+                       num_stages: int = 3) -> object:
+    names = list(signature)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+             if signature[name].startswith("*") or name in MULTIPLES_OF_16}
+    source = ASTSource(fn=fn, signature=signature | {k: "constexpr" for k in constants}, constexprs=constants,
+                       attrs=attrs)
+    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
 
 
 def compiled(fn: object, signature: dict[str, str], constants: dict[str, object], num_warps: int,
@@ -35,12 +47,7 @@ def compiled(fn: object, signature: dict[str, str], constants: dict[str, object]
     `constants` name a format)."""
     if fn is fused_moe._moe_gemm_kernel:
         constants = FLOAT_WEIGHTS | constants
-    names = list(signature)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
-             if signature[name].startswith("*") or name in MULTIPLES_OF_16}
-    source = ASTSource(fn=fn, signature=signature | {k: "constexpr" for k in constants}, constexprs=constants,
-                       attrs=attrs)
-    kernel = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
+    kernel = compile_for_hopper(fn, signature, constants, num_warps, num_stages)
     cubin = Path(f"/tmp/moe-compile-{kernel.metadata.hash}.cubin")
     cubin.write_bytes(kernel.asm["cubin"])
     usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", str(cubin)], capture_output=True, text=True,
@@ -154,3 +161,35 @@ def test_route_kernel_fits(group_size: int, num_groups: int, top_k_groups: int, 
                      BLOCK_K=triton.next_power_of_2(top_k), USE_PDL=True)
     _, spilled, shared = compiled(moe_route._route_kernel, signature, constants, 4)
     assert spilled == 0 and shared <= MAX_SHARED
+
+
+DECODE_GATE_UP = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16",
+                  "N": "i32", "stride_x": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_bias_e": "i32"}
+DECODE_DOWN = {"h_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32",
+               "add_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "stride_we": "i32", "stride_wn": "i32",
+               "stride_bias_e": "i32"}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_decode_kernels_fit_and_stream_weights_in_16_byte_loads(shape: str) -> None:
+    """Every step the decode rule takes at the shape: no spills, and every tile a thread reads (gate, up and x's row
+    broadcast; each slot's down and intermediate row) in 16-byte loads (ld.global.v4.b32)."""
+    num_experts, top_k, hidden, intermediate, is_gpt_oss = SHAPES[shape]
+    for num_tokens in [n for n in range(1, 9) if uses_decode_path(n, top_k, num_experts)]:
+        gate_up = decode_tiles(num_tokens * top_k, intermediate, hidden)
+        down = decode_tiles(num_tokens, hidden, intermediate)
+        kernels = [
+            (moe_decode._gate_up_kernel, DECODE_GATE_UP, gate_up, dict(
+                K=hidden, TOP_K=top_k, ACTIVATION=int(is_gpt_oss), ALPHA=1.702, LIMIT=7.0, HAS_BIAS=is_gpt_oss,
+                EVEN_K=hidden % gate_up.block_k == 0)),
+            (moe_decode._down_kernel, DECODE_DOWN, down, dict(
+                K=intermediate, TOP_K=top_k, HAS_BIAS=is_gpt_oss, HAS_ADD=True,
+                EVEN_K=intermediate % down.block_k == 0)),
+        ]
+        for (fn, signature, tiles, constants), num_tiles in zip(kernels, (3, 2 * top_k), strict=True):
+            constants |= dict(BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, USE_PDL=True)
+            _, spilled, shared = compiled(fn, signature, constants, tiles.num_warps)
+            assert spilled == 0 and shared <= MAX_SHARED, (shape, num_tokens, tiles, spilled)
+            ptx = compile_for_hopper(fn, signature, constants, tiles.num_warps).asm["ptx"]
+            loads_per_tile = tiles.block_n * tiles.block_k * 2 // (16 * 32 * tiles.num_warps)
+            assert ptx.count("ld.global.v4.b32") >= num_tiles * loads_per_tile, (shape, num_tokens, tiles)
