@@ -14,8 +14,9 @@ ship), or from gpt-oss's stacked layout ([num_experts, hidden, 2 * intermediate]
 column by column, down [num_experts, intermediate, hidden]; de-interleaved and transposed here). The activation is
 SiLU-and-mul, or gpt-oss's clamped SwiGLU. How the experts run is their `method`'s: unquantized weights run the
 fused Triton kernels on CUDA (gpu/kernels/fused_moe.py: tokens sorted by expert once per step, grouped GEMMs with the
-activation and the routing weights fused) and the torch reference elsewhere, which loops over the experts a step
-hits as transformers does, so float32 parity is exact. A quantized format brings its own method
+activation and the routing weights fused; at a decode step's few tokens gpu/kernels/moe_decode.py's GEMV per (token,
+expert) pair instead) and the torch reference elsewhere, which loops over the experts a step hits as transformers
+does, so float32 parity is exact. A quantized format brings its own method
 (gpu/quant/method.py's ExpertsQuantMethod: its stored parameters, their loading, its kernel and its dequantization,
 which a CPU runs); nothing else here knows the format.
 
