@@ -80,9 +80,10 @@ DECODE_TILE_ELEMENTS = 8192  # a tile's elements: its float32 sums take 32 regis
 def uses_decode_path(num_tokens: int, top_k: int, num_experts: int) -> bool:
     """Whether a step's experts run as one GEMV per (token, slot) pair (gpu/kernels/moe_decode.py) rather than as
     grouped GEMMs over pairs sorted by expert. A pair reads its expert's weights itself, so two pairs on one expert
-    read it twice where a grouped tile reads it once: one token's pairs never share an expert, and up to a quarter of
-    the experts in pairs about one pair in eight does (Qwen3-30B-A3B: 4 tokens of 8 of 128; gpt-oss: 2 of 4 of 32)."""
-    return num_tokens * top_k <= max(top_k, num_experts // 4)
+    read it twice where a grouped tile reads it once: one token's pairs never share an expert, and up to an eighth of
+    the experts in pairs few do (Qwen3-30B-A3B: 2 tokens of 8 of 128; gpt-oss: 1 of 4 of 32). Past that the grouped
+    GEMMs' shared reads win (bench/kernels/fused_moe.py times both)."""
+    return num_tokens * top_k <= max(top_k, num_experts // 8)
 
 
 def decode_tiles(num_units: int, columns: int, k: int) -> DecodeTiles:

@@ -192,7 +192,7 @@ def test_decode_kernels_are_exact_in_float32() -> None:
                      torch.float32)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 4])
+@pytest.mark.parametrize("num_tokens", [1, 2])
 def test_decode_kernels_in_a_cuda_graph_follow_new_inputs(num_tokens: int) -> None:
     num_experts, top_k, hidden, intermediate, act, _ = SHAPES["qwen3-30b-a3b"]
     assert fused_moe_configs.uses_decode_path(num_tokens, top_k, num_experts)
