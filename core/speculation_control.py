@@ -15,6 +15,10 @@ Choosing: an arm (b, k) with no measured time is tried first, smallest k first (
 an untried k can only be judged against a measured one); once all are measured, the best rate is taken.
 Every `refresh_steps` decode steps at a bucket, the arm measured least recently is run for two steps
 instead, so that figures follow changing workloads (acceptance drifts with the text) at a bounded cost.
+A step's time enters its arm's average at most `max_step_growth` times that average: one slow step (a garbage
+collection, a burst of another process) would otherwise make its arm look slow for as long as the arm is not chosen,
+and the plain arm, once it loses, is measured again only at refreshes, so one outlier there turned speculation on
+where it loses. A lasting change of cost still comes through, by that factor a step.
 Not measured: steps with prompt tokens (prefill: their time says nothing about decoding), and the first
 step after a change of k, which pays for the step the previous k left in flight (a verifying step waits
 for it) or for none (a plain step after a verifying one returns before its result is waited for).
@@ -49,6 +53,7 @@ class DraftLengthController:
     refresh_steps: int = 100
     time_weight: float = 0.2  # of a new step time in the running average
     acceptance_weight: float = 0.05  # of a new step's acceptance in the running averages
+    max_step_growth: float = 1.5  # a step's time enters its arm's average at most this multiple of it
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
     _previous_drafts: int = 0  # the draft length of the last step observed (the engine starts without drafts)
@@ -83,6 +88,8 @@ class DraftLengthController:
             return
         bucket = self._bucket(batch_size)
         arm = bucket.arms[num_drafts]
+        if arm.seconds is not None:
+            seconds = min(seconds, self.max_step_growth * arm.seconds)
         arm.seconds = seconds if arm.seconds is None else arm.seconds + self.time_weight * (seconds - arm.seconds)
         arm.last_step = bucket.num_steps
         bucket.num_steps += 1

@@ -236,6 +236,20 @@ def test_a_stale_arm_is_measured_again_and_can_take_over() -> None:
     assert controller.choose(1) == 1
 
 
+
+def test_one_slow_plain_step_does_not_turn_speculation_on() -> None:
+    """A plain step slowed by something else (a garbage collection) enters the plain arm's average at most 1.5 times
+    that average: without the cap, one 20-unit step makes drafts that are never accepted look worth verifying, and
+    the plain arm would be measured again only at refreshes."""
+    controller = run_controller({0: 1.0, 1: 1.6}, [0.0], controller=DraftLengthController(1, refresh_steps=1000))
+    assert controller.choose(1) == 0
+    controller.observe_step(1, 0, 20.0)
+    assert controller.choose(1) == 0
+    for _ in range(20):  # a lasting change of cost still comes through, a step at a time
+        controller.observe_step(1, 0, 3.0)
+    assert controller.choose(1) == 1
+
+
 # -- blocks of rejected drafts
 
 
