@@ -13,15 +13,19 @@ the penalized or constrained ones), how often the proposer has one, and how ofte
 
 Choosing: an arm (b, k) with no measured time is tried first, smallest k first (k = 0 is the baseline, and
 an untried k can only be judged against a measured one); once all are measured, the best rate is taken.
-Every `refresh_steps` decode steps at a bucket, the arm measured least recently is run for two steps
-instead, so that figures follow changing workloads (acceptance drifts with the text) at a bounded cost.
+Every `refresh_steps` decode steps at a bucket, the arm measured least recently is run instead until one of its
+steps is measured (below), so that figures follow changing workloads (acceptance drifts with the text) at a
+bounded cost.
 A step's time enters its arm's average at most `max_step_growth` times that average: one slow step (a garbage
 collection, a burst of another process) would otherwise make its arm look slow for as long as the arm is not chosen,
-and the plain arm, once it loses, is measured again only at refreshes, so one outlier there turned speculation on
-where it loses. A lasting change of cost still comes through, by that factor a step.
-Not measured: steps with prompt tokens (prefill: their time says nothing about decoding), and the first
-step after a change of k, which pays for the step the previous k left in flight (a verifying step waits
-for it) or for none (a plain step after a verifying one returns before its result is waited for).
+and the plain arm, once it loses, is measured again only at refreshes, so one outlier there could keep
+speculation on where it loses. A lasting change of cost still comes through, by that factor a step.
+Not measured: steps with prompt tokens (prefill: their time says nothing about decoding); the first step after
+a change of k, which pays for the step the previous k left in flight (a verifying step waits for it) or for none
+(a plain step after a verifying one returns before its result is waited for); and the second plain step after a
+verifying one, which waits for the first one's device work, launched late: only from the third do plain steps
+overlap as they do in a run of them. Measured there, the plain arm's refreshes cost it the pipeline's refill, and
+a controller that had chosen speculation kept it where plain decoding was faster.
 
 Never losing: k = 0 is always an arm, measured like the others, so speculation is chosen only where its
 measured rate beats plain decoding; what exploration costs is one step in `refresh_steps` per bucket.
@@ -57,6 +61,7 @@ class DraftLengthController:
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
     _previous_drafts: int = 0  # the draft length of the last step observed (the engine starts without drafts)
+    _num_same: int = 0  # steps observed in a row at that draft length, the last one included
 
     def __post_init__(self) -> None:
         self._acceptance = [None] * self.max_drafts
@@ -70,7 +75,7 @@ class DraftLengthController:
         if bucket.num_steps_since_refresh >= self.refresh_steps:
             bucket.num_steps_since_refresh = 0
             bucket.refreshing = min(range(len(bucket.arms)), key=lambda k: bucket.arms[k].last_step)
-            bucket.num_refresh_steps_left = 2  # its first step is a change of k: not measured
+            bucket.num_refresh_steps_left = _unmeasured_steps(bucket.refreshing) + 1
         if bucket.refreshing is not None and bucket.num_refresh_steps_left:
             bucket.num_refresh_steps_left -= 1
             return bucket.refreshing
@@ -82,9 +87,9 @@ class DraftLengthController:
 
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
         """A decode step (no prompt tokens) of `batch_size` sequences, run with draft length `num_drafts`."""
-        is_change = num_drafts != self._previous_drafts
+        self._num_same = self._num_same + 1 if num_drafts == self._previous_drafts else 1
         self._previous_drafts = num_drafts
-        if is_change:
+        if self._num_same <= _unmeasured_steps(num_drafts):
             return
         bucket = self._bucket(batch_size)
         arm = bucket.arms[num_drafts]
@@ -111,6 +116,11 @@ class DraftLengthController:
         if bucket is None:
             bucket = self._buckets[key] = _Bucket([_Arm() for _ in range(self.max_drafts + 1)])
         return bucket
+
+
+def _unmeasured_steps(num_drafts: int) -> int:
+    """The steps at a draft length, after a change to it, whose time is not what the length costs (docstring)."""
+    return 2 if num_drafts == 0 else 1
 
 
 @dataclass

@@ -181,13 +181,14 @@ def run_controller(times: dict[int, float], acceptance: list[float], batch_size:
 
 def test_untried_draft_lengths_are_measured_first_in_order() -> None:
     """The first step at a new length is not measured (it pays for, or skips, the wait of the previous one's step
-    in flight): each untried length runs twice."""
+    in flight), nor the second plain one (it waits for the first's device work): plain decoding runs three steps,
+    each untried draft length two."""
     controller = DraftLengthController(max_drafts=3)
     chosen = []
-    for _ in range(7):
+    for _ in range(9):
         chosen.append(controller.choose(8))
         controller.observe_step(8, chosen[-1], 0.01)
-    assert chosen == [0, 1, 1, 2, 2, 3, 3]
+    assert chosen == [0, 0, 0, 1, 1, 2, 2, 3, 3]
 
 
 def test_a_change_of_length_is_not_measured() -> None:
@@ -226,8 +227,9 @@ def test_a_stale_arm_is_measured_again_and_can_take_over() -> None:
         k = controller.choose(1)
         chosen += str(k)
         controller.observe_step(1, k, 1.0 if k == 0 else 2.0)
-    # Plain steps, and every 10 measured ones a refresh of two steps at k = 1 (the first not measured).
-    assert re.fullmatch(r"(11)?(0{9,10}11)+0*", chosen), chosen
+    # Plain steps, and every 10 measured ones a refresh of two steps at k = 1 (the first not measured); back to plain,
+    # two unmeasured steps and nine measured ones (the refresh's measured step counts among the ten).
+    assert re.fullmatch(r"0{0,3}(11)?(0{11}11)+0*", chosen), chosen
     for _ in range(60):  # verifying became cheap (say, the batch around it emptied): the refreshed figure wins
         k = controller.choose(1)
         controller.observe_step(1, k, 1.0 if k == 0 else 1.05)
