@@ -1,5 +1,5 @@
 """Cases for the MoE decode kernels (gpu/kernels/moe_decode.py) under Triton's interpreter on the CPU, run by
-tests/unit/test_moe_decode_kernels_interpreted.py in a process with TRITON_INTERPRET=1: against gpu/layers/moe.py's
+tests/unit/test_attention_kernels_interpreted.py in a process with TRITON_INTERPRET=1: against gpu/layers/moe.py's
 torch reference at 1 to 4 tokens, top k 1 to 4, with and without biases, SiLU and the clamped SwiGLU, with and without
 a shared experts' `add`, K in one tile or several with a partial last one, columns past the last column tile; and
 fused_moe.fused_experts's choice of them. float32 (exact products: only the order of the sums differs) and float16
