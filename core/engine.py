@@ -36,6 +36,7 @@ device, happens on the one thread that calls `step`.
 """
 
 import concurrent.futures
+import gc
 import logging
 import queue
 import time
@@ -62,6 +63,7 @@ from core.sampling_params import SamplingParams
 from core.scheduler import ScheduledSequence, Scheduler
 from core.sequence import Sequence, SequenceStatus
 from core.speculation import Speculation
+from core.startup_gc import freeze_startup_objects
 from core.state_snapshots import DraftStates, LinearStates, StateSnapshots
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
@@ -191,6 +193,8 @@ class LLMEngine:
             positions_per_row = 1 + (spec.num_speculative_tokens if spec is not None else 0)  # verified positions
             self._grammars = Grammars(tokenizer, self.vocab_size, self.eos_token_ids,
                                       self.config.scheduler.max_num_seqs * positions_per_row)
+            if gc.get_freeze_count():  # start-up's objects were frozen (core/startup_gc.py): these last as long
+                freeze_startup_objects()
         return self._grammars
 
     # Any thread.

@@ -2,7 +2,10 @@
 whose constrained outputs must be valid whenever they end by themselves, over many seeds."""
 
 import json
+import os
 import re
+import subprocess
+import sys
 from collections import Counter
 from dataclasses import replace
 from pathlib import Path
@@ -297,3 +300,30 @@ def test_a_token_outside_its_grammar_ends_that_request_alone(tiny_qwen3_dir: Pat
 
 def llm_text(model_dir: Path, token_ids: list[int]) -> str:
     return load_tokenizer(str(model_dir)).decode(token_ids, skip_special_tokens=True)
+
+
+LATE_IMPORT = """
+import gc, sys
+from core import LLM, SamplingParams
+from core.startup_gc import freeze_startup_objects
+from core.structured_output import StructuredOutput
+
+llm = LLM(sys.argv[1])
+assert "xgrammar" not in sys.modules, "imported at start-up"
+frozen = freeze_startup_objects()  # as the engine's process does once the engine is built
+llm.generate([[5, 6]], SamplingParams(max_tokens=4))
+assert "xgrammar" not in sys.modules
+out = llm.generate([[5, 6]], SamplingParams(max_tokens=6, structured_output=StructuredOutput(regex="[a-z]{2,5}")))
+assert "xgrammar" in sys.modules and gc.get_freeze_count() > frozen + 10_000, (gc.get_freeze_count(), frozen)
+print("ok", out[0].text)
+"""
+
+
+def test_xgrammar_comes_with_the_first_structured_request_and_is_frozen_like_start_ups(tiny_qwen3_dir: Path) -> None:
+    """The engine imports xgrammar (and the tokenizer) at its first structured-output request, not at start-up; what
+    that brings in joins start-up's frozen objects (core/startup_gc.py) where those were frozen. A fresh process:
+    this one has imported xgrammar long ago."""
+    root = Path(__file__).resolve().parents[2]
+    result = subprocess.run([sys.executable, "-c", LATE_IMPORT, str(tiny_qwen3_dir)], capture_output=True, text=True,
+                            timeout=300, cwd=root, env={**os.environ, "PYTHONPATH": str(root)})
+    assert result.returncode == 0 and result.stdout.startswith("ok"), result.stderr[-3000:]
