@@ -186,9 +186,7 @@ def _gemm_cell(row: Result) -> str:
 
 
 RENDERERS: dict[str, Callable[[list[Result]], list[str]]] = {
-    "offline": offline, "serving": serving, "chat": chat, "default-model": default_model,
-    "skinny-gemm": skinny_gemm,
-}
+    "offline": offline, "serving": serving, "chat": chat, "default-model": default_model, "skinny-gemm": skinny_gemm}
 
 
 def render(page: str, results: list[Result]) -> str:

@@ -1,8 +1,8 @@
-"""The skinny GEMM (gpu/kernels/skinny_gemm.py) against cuBLAS at the decode shapes of Qwen3-0.6B, 1 to 256 rows:
-microseconds per call, launched as gpu/layers/linear.py launches it. Each figure is the median replay of a CUDA graph
-of calls rotating over weight copies (bench/kernels/timing.py), so the weights come from HBM; bf16. The sweep prints,
-and writes under `table`, each (row bucket, N, K)'s fastest config, or None where cuBLAS was not beaten by 3%: the
-lines of gpu/kernels/skinny_gemm_configs.py's table for this GPU.
+"""The skinny GEMM (gpu/kernels/skinny_gemm.py) against cuBLAS at the decode shapes of Qwen3-0.6B and the dense ones
+of Qwen3-30B-A3B, 1 to 256 rows: microseconds per call, launched as gpu/layers/linear.py launches it. Each figure is
+the median replay of a CUDA graph of calls rotating over weight copies (bench/kernels/timing.py), so the weights come
+from HBM; bf16. The sweep prints, and writes under `table`, each (row bucket, N, K)'s fastest config, or None where
+cuBLAS was not beaten by 3%: the lines of gpu/kernels/skinny_gemm_configs.py's table for this GPU.
 
     python -m bench.kernels.skinny_gemm --out result.json          # cuBLAS vs the table's configs (this GPU's)
     python -m bench.kernels.skinny_gemm --sweep --out sweep.json   # every candidate config; the fastest per shape
@@ -27,7 +27,8 @@ from bench.kernels.timing import DEVICE, DTYPE, num_copies, rotated_us_per_call
 from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, config_for, preferred_config, row_bucket, skinny_gemm
 
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
-          "lm_head": (151936, 1024)}  # name -> (N, K)
+          "lm_head": (151936, 1024), "a3b_qkv": (5120, 2048), "a3b_o_proj": (2048, 4096), "a3b_router": (128, 2048),
+          "a3b_lm_head": (151936, 2048)}  # name -> (N, K); a3b_: Qwen3-30B-A3B's dense products
 SWEEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # one per row bucket: its widest row count
 COMPARE_ROWS = (1, 2, 4, 8, 16, 17, 32, 48, 64, 100, 128, 192, 256)  # bucket edges and decode graph buckets
 NUM_SMS = 132  # H100 SXM; H200: the same
