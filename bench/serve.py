@@ -207,6 +207,7 @@ def launched(command: list[str], port: int, log_path: str | None, health_timeout
     """A server started with `command` on `port`, ready when GET /health answers 200: (its base URL, how it was
     started). Stopped on the way out; SIGTERM (a `timeout` around the run) unwinds through here."""
     previous_handler = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    os.makedirs(os.path.dirname(os.path.abspath(log_path or os.devnull)), exist_ok=True)  # its folder may be new
     with open(log_path or os.devnull, "wb") as log:
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
         try:
