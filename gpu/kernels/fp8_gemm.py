@@ -22,18 +22,12 @@ import triton.language as tl
 from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.quant_gemm_configs import QuantTiles, quant_tiles
 from gpu.kernels.skinny_gemm import _split_k_reduce_kernel, _store_tile  # one epilogue for every split-K GEMM here
+from gpu.kernels.triton_math import maximum
 
 FP8_MAX = tl.constexpr(448.0)
 MIN_SCALE = tl.constexpr(1e-12)  # a group of zeros quantizes with this scale (to zeros), never divides by zero
 ACTIVATION_GROUP = 128  # activation columns per scale for per-row weights
 GROUPS = (32, 64, 128, 256)  # scale block widths the kernel takes (the FP8 MMA's K is 32)
-
-
-@triton.jit
-def _maximum(a, b):
-    """tl.max's combine, as a kernel's own jit function (Triton's interpreter cannot call the library's when triton
-    was imported before it was turned on: tests/unit/test_quant_kernels_interpreted.py)."""
-    return tl.maximum(a, b)
 
 
 @triton.jit
@@ -78,7 +72,7 @@ def _fp8_gemm_kernel(
             if STATIC:
                 part = tl.dot(w, tl.trans(_quantize(x, x_scale)))
             else:
-                group_scale = tl.maximum(tl.reduce(tl.abs(x), 1, _maximum) / FP8_MAX, MIN_SCALE)  # [BLOCK_M]
+                group_scale = tl.maximum(tl.reduce(tl.abs(x), 1, maximum) / FP8_MAX, MIN_SCALE)  # [BLOCK_M]
                 part = tl.dot(w, tl.trans(_quantize(x, group_scale[:, None]))) * group_scale[None, :]
             if BLOCK_SCALES:  # the weights' block of these columns (the last one past K's end: zeros multiply it)
                 part *= tl.load(ws_rows + tl.minimum(k + g * GROUP, K - 1) // GROUP)[:, None]

@@ -11,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.fp8_gemm import _maximum
 from gpu.kernels.pdl import pdl_start, uses_pdl
+from gpu.kernels.triton_math import maximum
 
 FP8_MAX = tl.constexpr(448.0)
 MIN_SCALE = tl.constexpr(1e-12)
@@ -28,7 +28,7 @@ def _row_amax(x_row, K, BLOCK: tl.constexpr):
     for k in range(0, K, BLOCK):
         ks = k + tl.arange(0, BLOCK)
         amax = tl.maximum(amax, tl.abs(tl.load(x_row + ks, mask=ks < K, other=0.0).to(tl.float32)))
-    return tl.reduce(amax, 0, _maximum)
+    return tl.reduce(amax, 0, maximum)
 
 
 @triton.jit
@@ -53,7 +53,7 @@ def _quantize_rows_kernel(
             q = x / scale
         else:
             groups = tl.reshape(x, (BLOCK // GROUP, GROUP))
-            scales = tl.maximum(tl.reduce(tl.abs(groups), 1, _maximum) / FP8_MAX, MIN_SCALE)
+            scales = tl.maximum(tl.reduce(tl.abs(groups), 1, maximum) / FP8_MAX, MIN_SCALE)
             q = tl.reshape(groups / scales[:, None], (BLOCK,))
             group_ids = k // GROUP + tl.arange(0, BLOCK // GROUP)
             tl.store(s_ptr + row * stride_sm + group_ids * stride_sg, scales, mask=group_ids * GROUP < K)

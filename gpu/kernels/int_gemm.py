@@ -28,6 +28,7 @@ from gpu.kernels.fp8_gemm import num_sms, reduce_split_k
 from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.quant_gemm_configs import QuantTiles, quant_tiles
 from gpu.kernels.skinny_gemm import _store_tile
+from gpu.kernels.triton_math import add
 
 if TYPE_CHECKING:
     from gpu.quant.int_weights import IntWeight
@@ -92,12 +93,6 @@ def _dequantize(words, s_ptr, z_ptr, o_ptr, rows_offset, k, num_groups, dtype: t
 
 
 @triton.jit
-def _add(a, b):
-    """tl.sum's combine, the kernel's own (Triton's interpreter cannot call the library's: see fp8_gemm._maximum)."""
-    return a + b
-
-
-@triton.jit
 def _sums_product(words, x, s_ptr, z_ptr, o_ptr, rows_offset, group, dtype: tl.constexpr, ZERO: tl.constexpr,
                   HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr, BLOCK_N: tl.constexpr, SUB: tl.constexpr):
     """sum_k w[n, k] x[m, k] over one group's sub-tile [BLOCK_N, SUB] of 4-bit levels, as [BLOCK_N, BLOCK_M] float32:
@@ -107,7 +102,7 @@ def _sums_product(words, x, s_ptr, z_ptr, o_ptr, rows_offset, group, dtype: tl.c
     magic_bits: tl.constexpr = 0x4300 if dtype == tl.bfloat16 else 0x6400
     v = _pair_halves(words, 4, magic_bits, BLOCK_N, SUB).to(dtype, bitcast=True)
     dot = tl.dot(v, tl.trans(x))
-    x_sum = tl.reduce(x.to(tl.float32), 1, _add)[None, :]  # [1, BLOCK_M]
+    x_sum = tl.reduce(x.to(tl.float32), 1, add)[None, :]  # [1, BLOCK_M]
     scale = tl.load(s_ptr + rows_offset + group).to(tl.float32)[:, None]
     if HAS_ZEROS:
         zero = tl.load(z_ptr + rows_offset + group).to(tl.float32)[:, None]

@@ -24,6 +24,7 @@ import triton
 import triton.language as tl
 
 from gpu.kernels.pdl import pdl_start, uses_pdl
+from gpu.kernels.triton_math import add
 
 MAX_TILE = 16384  # CHUNK * padded experts: the one-hot tile a program holds (and scans)
 
@@ -37,12 +38,6 @@ class AlignedPairs:
 
 def max_padded_pairs(num_pairs: int, num_experts: int, block_m: int) -> int:
     return num_pairs + min(num_experts, num_pairs) * (block_m - 1)
-
-
-@triton.jit
-def _add(a, b):
-    """tl.sum's combine (Triton's interpreter cannot call tl.sum's own when triton was imported before it)."""
-    return a + b
 
 
 @triton.jit
@@ -69,7 +64,7 @@ def _count_kernel(ids_ptr, hist_ptr, sorted_ptr, num_pairs, max_padded,
     pdl_start(USE_PDL)
     chunk = tl.program_id(0)
     _, one_hot = _one_hot(ids_ptr, chunk, num_pairs, NUM_EXPERTS, CHUNK, BLOCK_E)
-    tl.store(hist_ptr + chunk * BLOCK_E + tl.arange(0, BLOCK_E), tl.reduce(one_hot, 0, _add))
+    tl.store(hist_ptr + chunk * BLOCK_E + tl.arange(0, BLOCK_E), tl.reduce(one_hot, 0, add))
     share = tl.cdiv(max_padded, tl.num_programs(0))
     _fill(sorted_ptr, chunk * share, tl.minimum(chunk * share + share, max_padded), num_pairs, FILL)
 
@@ -84,7 +79,7 @@ def _place_kernel(ids_ptr, hist_ptr, sorted_ptr, block_experts_ptr, num_padded_p
     experts = tl.arange(0, BLOCK_E)
     pairs, one_hot = _one_hot(ids_ptr, chunk, num_pairs, NUM_EXPERTS, CHUNK, BLOCK_E)
     if IS_SINGLE:
-        counts = tl.reduce(one_hot, 0, _add)
+        counts = tl.reduce(one_hot, 0, add)
         earlier = tl.zeros([BLOCK_E], dtype=tl.int32)
         _fill(sorted_ptr, 0, max_padded, num_pairs, FILL)
         tl.debug_barrier()  # every sentinel written before any pair lands
@@ -95,19 +90,19 @@ def _place_kernel(ids_ptr, hist_ptr, sorted_ptr, block_experts_ptr, num_padded_p
             rows = first + tl.arange(0, ROWS)
             hist = tl.load(hist_ptr + rows[:, None] * BLOCK_E + experts[None, :], mask=rows[:, None] < num_chunks,
                            other=0)
-            counts += tl.reduce(hist, 0, _add)
-            earlier += tl.reduce(tl.where(rows[:, None] < chunk, hist, 0), 0, _add)
+            counts += tl.reduce(hist, 0, add)
+            earlier += tl.reduce(tl.where(rows[:, None] < chunk, hist, 0), 0, add)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
     ends = tl.cumsum(padded, 0)
     starts = ends - padded
-    rank = tl.reduce(tl.cumsum(one_hot, 0) * one_hot, 1, _add) - 1  # among this chunk's pairs of its expert
-    position = tl.reduce(one_hot * (starts + earlier)[None, :], 1, _add) + rank
+    rank = tl.reduce(tl.cumsum(one_hot, 0) * one_hot, 1, add) - 1  # among this chunk's pairs of its expert
+    position = tl.reduce(one_hot * (starts + earlier)[None, :], 1, add) + rank
     tl.store(sorted_ptr + position, pairs.to(tl.int32), mask=pairs < num_pairs)
     if chunk == 0:
-        tl.store(num_padded_ptr, tl.reduce(padded, 0, _add))
+        tl.store(num_padded_ptr, tl.reduce(padded, 0, add))
         for first in range(0, tl.cdiv(max_padded, BLOCK_M), ROWS):
             blocks = first + tl.arange(0, ROWS)
-            expert = tl.reduce((ends[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), 1, _add)
+            expert = tl.reduce((ends[None, :] <= blocks[:, None] * BLOCK_M).to(tl.int32), 1, add)
             tl.store(block_experts_ptr + blocks, expert, mask=blocks * BLOCK_M < max_padded)
 
 

@@ -33,15 +33,10 @@ import triton.language as tl
 from gpu.kernels.fused_moe_configs import decode_tiles
 from gpu.kernels.moe_activation import ACTIVATIONS, activate
 from gpu.kernels.pdl import pdl_start
+from gpu.kernels.triton_math import add
 
 if TYPE_CHECKING:
     from gpu.layers.moe import Activation
-
-
-@triton.jit
-def _add(a, b):
-    """tl.sum's combine (Triton's interpreter cannot call tl.sum's own when triton was imported before it)."""
-    return a + b
 
 
 @triton.jit
@@ -86,8 +81,8 @@ def _gate_up_kernel(
         up_sums += _load_k(w_ptrs + up_offset, is_k[None, :], EVEN_K) * x
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    gate = tl.reduce(gate_sums, 1, _add)
-    up = tl.reduce(up_sums, 1, _add)
+    gate = tl.reduce(gate_sums, 1, add)
+    up = tl.reduce(up_sums, 1, add)
     if HAS_BIAS:
         bias_ptrs = bias_ptr + expert * stride_bias_e + w_columns
         gate += tl.load(bias_ptrs).to(tl.float32)
@@ -132,7 +127,7 @@ def _down_kernel(
             w_ptrs += BLOCK_K
         if HAS_BIAS:
             biases += weight * tl.load(bias_ptr + expert * stride_bias_e + w_columns).to(tl.float32)
-    out = tl.reduce(sums, 1, _add) + biases
+    out = tl.reduce(sums, 1, add) + biases
     is_column = columns < N
     if HAS_ADD:
         out += tl.load(add_ptr + token * N + columns, mask=is_column, other=0.0).to(tl.float32)

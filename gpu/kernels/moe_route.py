@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from gpu.kernels.pdl import pdl_start, uses_pdl
+from gpu.kernels.triton_math import add, maximum, minimum
 
 if TYPE_CHECKING:
     from gpu.layers.moe import Routing
@@ -26,22 +27,6 @@ SOFTMAX = tl.constexpr(0)
 SIGMOID = tl.constexpr(1)
 TOP_K_SOFTMAX = tl.constexpr(2)
 SCORINGS = {"softmax": 0, "sigmoid": 1, "top_k_softmax": 2}
-
-
-@triton.jit
-def _add(a, b):
-    """tl.sum's combine (Triton's interpreter cannot call tl.sum's own when triton was imported before it)."""
-    return a + b
-
-
-@triton.jit
-def _maximum(a, b):
-    return tl.maximum(a, b)
-
-
-@triton.jit
-def _minimum(a, b):
-    return tl.minimum(a, b)
 
 
 @triton.jit
@@ -69,9 +54,9 @@ def _route_kernel(
     row_ptr = logits_ptr + tl.program_id(0).to(tl.int64) * logits_stride
     x = tl.load(row_ptr + expert, mask=is_expert, other=float("-inf")).to(tl.float32)
     if SCORING == SOFTMAX:
-        top = tl.reduce(tl.reduce(x, 1, _maximum), 0, _maximum)
+        top = tl.reduce(tl.reduce(x, 1, maximum), 0, maximum)
         e = tl.where(is_expert, tl.exp(x - top), 0.0)
-        scores = e / tl.reduce(tl.reduce(e, 1, _add), 0, _add)
+        scores = e / tl.reduce(tl.reduce(e, 1, add), 0, add)
     elif SCORING == SIGMOID:
         scores = 1.0 / (1.0 + tl.exp(-x))
     else:
@@ -86,19 +71,19 @@ def _route_kernel(
     weights = tl.zeros([BLOCK_K], dtype=tl.float32)
     ids = tl.zeros([BLOCK_K], dtype=tl.int32)
     for i in tl.static_range(TOP_K):
-        best = tl.reduce(tl.reduce(choice, 1, _maximum), 0, _maximum)
+        best = tl.reduce(tl.reduce(choice, 1, maximum), 0, maximum)
         # The lowest expert id among those at the best choice (torch.topk's pick on a tie).
-        picked = tl.reduce(tl.reduce(tl.where(choice == best, expert, 1 << 30), 1, _minimum), 0, _minimum)
-        weight = tl.reduce(tl.reduce(tl.where(expert == picked, scores, 0.0), 1, _add), 0, _add)
+        picked = tl.reduce(tl.reduce(tl.where(choice == best, expert, 1 << 30), 1, minimum), 0, minimum)
+        weight = tl.reduce(tl.reduce(tl.where(expert == picked, scores, 0.0), 1, add), 0, add)
         weights = tl.where(ks == i, weight, weights)
         ids = tl.where(ks == i, picked, ids)
         choice = tl.where(expert == picked, float("-inf"), choice)
     is_k = ks < TOP_K
     if SCORING == TOP_K_SOFTMAX:
-        e = tl.where(is_k, tl.exp(weights - tl.reduce(tl.where(is_k, weights, float("-inf")), 0, _maximum)), 0.0)
-        weights = e / tl.reduce(e, 0, _add)
+        e = tl.where(is_k, tl.exp(weights - tl.reduce(tl.where(is_k, weights, float("-inf")), 0, maximum)), 0.0)
+        weights = e / tl.reduce(e, 0, add)
     elif RENORMALIZE:
-        weights = weights / (tl.reduce(tl.where(is_k, weights, 0.0), 0, _add) + EPSILON)
+        weights = weights / (tl.reduce(tl.where(is_k, weights, 0.0), 0, add) + EPSILON)
     out = tl.program_id(0).to(tl.int64) * TOP_K + ks
     tl.store(weights_ptr + out, weights * SCALE, mask=is_k)
     tl.store(ids_ptr + out, ids, mask=is_k)
@@ -108,14 +93,14 @@ def _route_kernel(
 def _in_top_groups(choice, columns, groups, TOP_K_GROUPS: tl.constexpr, BLOCK_E: tl.constexpr):
     """`choice` [BLOCK_G, BLOCK_E] with the experts outside the best TOP_K_GROUPS groups at -inf; a group's score is
     the sum of its two best choices."""
-    first = tl.reduce(choice, 1, _maximum)
-    first_column = tl.reduce(tl.where(choice == first[:, None], columns[None, :], BLOCK_E), 1, _minimum)
-    second = tl.reduce(tl.where(columns[None, :] == first_column[:, None], float("-inf"), choice), 1, _maximum)
+    first = tl.reduce(choice, 1, maximum)
+    first_column = tl.reduce(tl.where(choice == first[:, None], columns[None, :], BLOCK_E), 1, minimum)
+    second = tl.reduce(tl.where(columns[None, :] == first_column[:, None], float("-inf"), choice), 1, maximum)
     group_scores = first + second  # [BLOCK_G]; padded groups: -inf
     is_chosen = groups < 0
     for _ in tl.static_range(TOP_K_GROUPS):
-        best = tl.reduce(group_scores, 0, _maximum)
-        picked = tl.reduce(tl.where(group_scores == best, groups, 1 << 30), 0, _minimum)
+        best = tl.reduce(group_scores, 0, maximum)
+        picked = tl.reduce(tl.where(group_scores == best, groups, 1 << 30), 0, minimum)
         is_chosen = is_chosen | (groups == picked)
         group_scores = tl.where(groups == picked, float("-inf"), group_scores)
     return tl.where(is_chosen[:, None], choice, float("-inf"))

@@ -51,16 +51,10 @@ from gpu.kernels.skinny_gemm_configs import (
 from gpu.kernels.skinny_gemm_configs import config_for as table_config_for
 from gpu.kernels.skinny_gemm_configs import preferred_config as table_preferred_config
 from gpu.kernels.skinny_gemm_configs import prologue_config as rule_prologue_config
+from gpu.kernels.triton_math import add
 
 __all__ = ["FEW_ROWS", "MAX_ROWS", "SkinnyConfig", "config_for", "preferred_config", "prologue_config", "row_bucket",
            "skinny_gemm", "skinny_gemm_rms_norm", "skinny_gemm_silu_and_mul"]
-
-
-@triton.jit
-def _add(a, b):
-    """tl.sum's combine: tl.sum and tl.zeros are jit functions of triton's library, which Triton's interpreter
-    cannot call when triton was imported before it was turned on (tests/unit/test_skinny_gemm_interpreted.py)."""
-    return a + b
 
 
 NO_PROLOGUE = tl.constexpr(0)
@@ -93,7 +87,7 @@ def _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, strid
                 tl.store(sum_ptr + offs_m[:, None] * K + ks[None, :], s,
                          mask=(offs_m[:, None] < M) & k_mask[None, :])
         s = s.to(tl.float32)
-        sum_sq += tl.reduce(s * s, 1, _add)
+        sum_sq += tl.reduce(s * s, 1, add)
     return tl.math.rsqrt(sum_sq / K + eps)
 
 
@@ -204,7 +198,7 @@ def _skinny_gemm_kernel(
                         rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
             w_ptrs += BLOCK_K
             w_next = tl.load(w_ptrs, mask=(k + BLOCK_K + offs_k)[None, :] < k_end, other=0.0)
-            acc += tl.reduce(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], 2, _add)
+            acc += tl.reduce(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], 2, add)
             w = w_next
             x_ptrs += BLOCK_K
     _store_tile(acc, bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS, IS_PARTIAL)
