@@ -67,14 +67,13 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> Lin
         if num_tokens < batch.query_lens[row]:
             saves_inside.setdefault(row, []).append((num_tokens, snapshot))
     rows = range(batch.num_rows)
+    whole = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, [])) for r in rows],
+                          device)
     drafts = batch.num_draft_tokens or [0] * batch.num_rows
     one_token = [r for r in rows if batch.query_lens[r] == 1]
     verifying = [r for r in rows if batch.query_lens[r] > 1 and drafts[r]]
     others = [r for r in rows if batch.query_lens[r] > 1 and not drafts[r]]
-    is_one_part = batch.is_decode_only or (not one_token and not verifying)
-    whole = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, [])) for r in rows],
-                          device)
-    if is_one_part:
+    if batch.is_decode_only or (not one_token and not verifying):
         return whole
     starts = np.cumsum([0, *batch.query_lens]).tolist()
     parts = []

@@ -83,23 +83,14 @@ def conv_step(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor) -
     return F.silu(out).to(x.dtype), window[..., 1:]
 
 
-def conv_sequence(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The L tokens of one sequence: x [L, C], conv_state [C, K - 1], weight [C, K]. Returns (output [L, C], the
-    conv state after the last token: its last K - 1 inputs)."""
-    window = torch.cat((conv_state, x.t().to(conv_state.dtype)), dim=-1)  # [C, K - 1 + L]
-    out = F.conv1d(window.unsqueeze(0).to(weight.dtype), weight.unsqueeze(1), groups=weight.shape[0])[0]
-    return F.silu(out).t().to(x.dtype), window[:, window.shape[1] - conv_state.shape[1] :]
-
-
 def conv_packed(x: torch.Tensor, initial: torch.Tensor, weight: torch.Tensor, gather: torch.Tensor | None,
                 outputs: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The tokens of many sequences at once, as `conv_sequence` computes each: x [N, C] (the sequences' tokens packed),
-    initial [B, C, K - 1] (each sequence's conv state), weight [C, K]; `gather` puts each sequence's K - 1 state
-    inputs before its tokens in one window ([W] indices into [initial's B * (K - 1) inputs; x]) and `outputs` picks
-    each token's output among the window's W - K + 1 (gpu/attention/metadata.py's ConvWindows; None for one
-    sequence). Returns (output [N, C], the window [W, C] in the conv state's dtype, whose columns hold every conv
-    state along the way)."""
+    """The tokens of many sequences at once, each a causal convolution from its own conv state (SiLU after it): x
+    [N, C] (the sequences' tokens packed), initial [B, C, K - 1] (each sequence's conv state), weight [C, K]; `gather`
+    puts each sequence's K - 1 state inputs before its tokens in one window ([W] indices into [initial's B * (K - 1)
+    inputs; x]) and `outputs` picks each token's output among the window's W - K + 1 (gpu/attention/metadata.py's
+    ConvWindows; None for one sequence). Returns (output [N, C], the window [W, C] in the conv state's dtype, whose
+    columns hold every conv state along the way)."""
     window = torch.cat((initial.transpose(1, 2).reshape(-1, x.shape[1]), x.to(initial.dtype)))
     if gather is not None:
         window = window[gather]  # [W, C]

@@ -55,14 +55,24 @@ def test_pieces_carry_the_state(split: int) -> None:
     torch.testing.assert_close(state, whole_state, rtol=1e-4, atol=1e-4)
 
 
+def conv_sequence(x: torch.Tensor, conv_state: torch.Tensor, weight: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The reference: the L tokens of one sequence, x [L, C], from conv_state [C, K - 1], weight [C, K] -> (output
+    [L, C], the conv state after the last token: its last K - 1 inputs)."""
+    window = torch.cat((conv_state, x.t().to(conv_state.dtype)), dim=-1)  # [C, K - 1 + L]
+    out = torch.nn.functional.conv1d(window.unsqueeze(0).to(weight.dtype), weight.unsqueeze(1),
+                                     groups=weight.shape[0])[0]
+    return torch.nn.functional.silu(out).t().to(x.dtype), window[:, window.shape[1] - conv_state.shape[1] :]
+
+
 def test_conv_forms_agree_with_transformers() -> None:
     generator = torch.Generator().manual_seed(2)
     x = torch.randn(10, 6, generator=generator)
     weight = torch.randn(6, 4, generator=generator)
-    whole, state = rule.conv_sequence(x, torch.zeros(6, 3), weight)
+    whole, state = conv_sequence(x, torch.zeros(6, 3), weight)
     theirs = hf.causal_conv1d_fn(x.t()[None], weight, None, activation="silu")[0].t()
     torch.testing.assert_close(whole, theirs)
-    first, state = rule.conv_sequence(x[:7], torch.zeros(6, 3), weight)
+    first, state = conv_sequence(x[:7], torch.zeros(6, 3), weight)
     steps = [first]
     for t in range(7, 10):
         out, batched = rule.conv_step(x[t : t + 1], state[None], weight)
@@ -94,7 +104,7 @@ def test_packed_conv_gives_each_sequence_and_every_conv_state_of_its_own(cuts: d
     for row, pieces in enumerate(row_pieces):
         state = initial[row]
         for a, b, snapshot in pieces:
-            piece_out, state = rule.conv_sequence(x[a:b], state, weight)
+            piece_out, state = conv_sequence(x[a:b], state, weight)
             expected.append(piece_out)
             if snapshot is not None:
                 snapshots[snapshot] = state
