@@ -48,6 +48,24 @@ def test_float32_output_equals_output_without_drafts(model_dir: Path, method: st
         assert counts.num_accepted_tokens == counts.num_draft_tokens
 
 
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_ranks_verify_the_same_float32_tokens_as_without_drafts(model_dir: Path) -> None:
+    """TP=2: both ranks run the verifying steps (graphs on), and the output is the one without drafts."""
+    params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+    config = {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False}
+    outputs, accepted = {}, 0
+    for spec in (None, config):
+        llm = LLM(str(model_dir), dtype="float32", speculative_config=spec, tensor_parallel_size=2, **COMMON)
+        try:
+            outputs[spec is None] = [o.token_ids for o in llm.generate(PROMPTS, params)]
+            if spec is not None:
+                accepted = llm.engine.speculation.counts.num_accepted_tokens  # type: ignore[union-attr]
+        finally:
+            llm.engine.close()
+    assert outputs[False] == outputs[True]
+    assert accepted > 20
+
+
 def test_bfloat16_tokens_agree_within_top_5(model_dir: Path) -> None:
     params = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True, logprobs=5)
     _, want = run(model_dir, "bfloat16", None, params)
