@@ -27,7 +27,7 @@ from tests.gpu.test_parity_gpu import (
     assert_bf16_divergences_rare_near_ties,
     hf_greedy_and_logits,
 )
-from tests.greedy_agreement import assert_diverge_rarely_near_ties, generate
+from tests.greedy_agreement import generate
 from tests.moe_models import MOE_CONFIGS, build_moe_model
 from tests.parity.test_parity_cpu import prompts_of_lengths
 
@@ -127,6 +127,8 @@ def test_fused_moe_bf16_is_as_accurate_as_the_torch_path(moe_dirs: dict[str, Pat
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("model", ["qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"])
 def test_two_ranks_split_the_experts(moe_dirs: dict[str, Path], model: str) -> None:
+    """float32: transformers' tokens exactly; bf16: held to the rule one rank is held to against transformers' bf16
+    (the ranks' partial sums are reduced in bf16, one more rounding that flips its own near ties)."""
     sharded = make_llm(moe_dirs[model], "float32", budget=32, blocks=24, tp=2)
     try:
         assert sharded.engine.runner.has_cuda_graphs
@@ -134,11 +136,12 @@ def test_two_ranks_split_the_experts(moe_dirs: dict[str, Path], model: str) -> N
     finally:
         sharded.engine.close()
     prompts = prompts_of_lengths(LENGTHS)
-    params = SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5)
     sharded = make_llm(moe_dirs[model], "bfloat16", tp=2)
     try:
-        two = sharded.generate(prompts, params)
+        outputs = sharded.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
     finally:
         sharded.engine.close()
-    one = make_llm(moe_dirs[model], "bfloat16").generate(prompts, params)
-    assert_diverge_rarely_near_ties(two, one)
+    if model in ROUTER_SENSITIVE:
+        assert_bf16_departs_no_more_than_transformers(moe_dirs[model], prompts, outputs)
+    else:
+        assert_bf16_divergences_rare_near_ties(moe_dirs[model], prompts, outputs)
