@@ -140,6 +140,9 @@ class LLMEngine:
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
         self._in_flight: _LaunchedStep | None = None  # launched, results not yet taken
+        # The last decode step's (rows, draft length, start): the speculation controller is given its time when the
+        # next step starts (core/speculation_control.py says why).
+        self._timed_step: tuple[int, int, float] | None = None
         self._num_failed_steps_in_a_row = 0
         self.penalty_slots = PenaltySlots(config.scheduler.max_num_seqs)
         self.pooling_slots = PenaltySlots(config.scheduler.max_num_seqs)  # the same kind of pool, for pooling state
@@ -257,6 +260,7 @@ class LLMEngine:
 
     def wait_for_work(self, timeout: float | None = None) -> None:
         """Blocks until the inbox has something (or the timeout passes); the next step takes it."""
+        self._timed_step = None  # waiting for work is no step's cost
         if self._taken_from_inbox:
             return
         try:
@@ -287,6 +291,10 @@ class LLMEngine:
 
     def step(self) -> list[RequestOutput]:
         started = time.perf_counter()
+        if self._timed_step is not None:
+            rows, drafts, at = self._timed_step
+            self.speculation.observe_step(rows, drafts, started - at)  # type: ignore[union-attr]
+            self._timed_step = None
         outputs = self._drain_inbox()
         if self._compiling:
             outputs += self._schedule_compiled()
@@ -317,7 +325,7 @@ class LLMEngine:
             else:
                 outputs += self._postprocess(launched)  # a verifying step: what it accepts decides the next
             if self.speculation is not None and launched.num_decode_rows:
-                self.speculation.observe_step(launched.num_decode_rows, num_drafts, time.perf_counter() - started)
+                self._timed_step = (launched.num_decode_rows, num_drafts, started)
         return outputs
 
     def _propose_drafts(self, num_drafts: int) -> list[RequestOutput]:

@@ -8,6 +8,7 @@ the prompts repeat (else the equality would prove nothing).
 """
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -241,6 +242,33 @@ def test_tensor_parallel_ranks_verify_the_same_positions(plain_llm: LLM, model_d
         assert accepted(llm) > 0
     finally:
         llm.engine.close()
+
+
+def test_the_controller_times_a_step_until_the_next_one_starts(model_dir: Path) -> None:
+    """The host's work between steps (a server sends the rows' tokens) is part of a step's cost, as it idles the
+    device after a verifying step; the engine waiting for requests is no step's cost."""
+    engine = speculating_llm(model_dir, num_drafts=None).engine
+    speculation = engine.speculation
+    assert speculation is not None
+    observed: list[float] = []
+    observe = speculation.observe_step
+
+    def recording(batch_size: int, num_drafts: int, seconds: float) -> None:
+        observed.append(seconds)
+        observe(batch_size, num_drafts, seconds)
+
+    speculation.observe_step = recording  # type: ignore[method-assign]
+    engine.add_request("a", REPEATING[2], SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
+    while not observed:  # until a decode step's time is given
+        engine.step()
+    engine.step()
+    time.sleep(0.05)
+    engine.step()
+    assert observed[-1] >= 0.05
+    num_observed = len(observed)
+    engine.wait_for_work(timeout=0.05)
+    engine.step()
+    assert len(observed) == num_observed
 
 
 def test_suffix_decoding_drafts_from_earlier_outputs_too(plain_llm: LLM, model_dir: Path) -> None:
