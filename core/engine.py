@@ -140,8 +140,8 @@ class LLMEngine:
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
         self._in_flight: _LaunchedStep | None = None  # launched, results not yet taken
-        # The last decode step's (rows, draft length, start): the speculation controller is given its time when the
-        # next step starts (core/speculation_control.py says why).
+        # The last step's (decode rows or 0, draft length, start): the speculation controller is given its time when
+        # the next step starts (core/speculation_control.py says why).
         self._timed_step: tuple[int, int, float] | None = None
         self._num_failed_steps_in_a_row = 0
         self.penalty_slots = PenaltySlots(config.scheduler.max_num_seqs)
@@ -300,7 +300,8 @@ class LLMEngine:
             outputs += self._schedule_compiled()
         num_drafts = 0
         if self.speculation is not None and self.scheduler.running:
-            num_drafts = self.speculation.controller.choose(len(self.scheduler.running))
+            num_drafts = self.speculation.controller.choose(len(self.scheduler.running),
+                                                            self.scheduler.has_prompt_work())
             if num_drafts:
                 outputs += self._propose_drafts(num_drafts)
         scheduled = self._schedule()
@@ -324,7 +325,7 @@ class LLMEngine:
                 self._in_flight = launched
             else:
                 outputs += self._postprocess(launched)  # a verifying step: what it accepts decides the next
-            if self.speculation is not None and launched.num_decode_rows:
+            if self.speculation is not None:
                 self._timed_step = (launched.num_decode_rows, num_drafts, started)
         return outputs
 

@@ -77,6 +77,12 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def has_prompt_work(self) -> bool:
+        """Whether the next step may carry prompt tokens: a waiting sequence with room to be admitted, or a running
+        one whose prompt (or recomputation) is not done."""
+        return ((bool(self.waiting) and len(self.running) < self.config.max_num_seqs)
+                or any(not _is_decoding(s) for s in self.running))
+
     def finish(self, seq: Sequence, keep_cached: bool = True) -> None:
         """Removes a finished or aborted sequence wherever it is and frees its blocks (`keep_cached`:
         its full blocks stay in the prefix cache)."""

@@ -142,7 +142,8 @@ class Speculation:
         return num_accepted
 
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
-        """A decode step's wall time, and (for a verifying step, booked by now) what it accepted."""
+        """A step's wall time (`batch_size` 0: a step with prompt tokens), and (for a verifying step, booked by now)
+        what it accepted."""
         self.controller.observe_step(batch_size, num_drafts, seconds)
         if num_drafts:
             self.controller.observe_acceptance(self._num_offered, self._accepted_at)

@@ -23,12 +23,13 @@ A step's time enters its arm's average at most `max_step_growth` times that aver
 collection, a burst of another process) would otherwise make its arm look slow for as long as the arm is not chosen,
 and the plain arm, once it loses, is measured again only at refreshes, so one outlier there could keep
 speculation on where it loses. A lasting change of cost still comes through, by that factor a step.
-Not measured: steps with prompt tokens (prefill: their time says nothing about decoding); the first step after
-a change of k, which pays for the step the previous k left in flight (a verifying step waits for it) or for none
-(a plain step after a verifying one returns before its result is waited for); and the second plain step after a
-verifying one, which waits for the first one's device work, launched late: only from the third do plain steps
-overlap as they do in a run of them. Measured there, the plain arm's refreshes cost it the pipeline's refill, and
-a controller that had chosen speculation kept it where plain decoding was faster.
+Not measured: steps with prompt tokens (prefill: their time says nothing about decoding; they get no drafts), and
+the steps after one as after a change of k; the first step after a change of k, which pays for the step the previous
+k left in flight (a verifying step waits for it) or for none (a plain step after a verifying one returns before its
+result is waited for); and the second plain step after a verifying one, which waits for the first one's device work,
+launched late: only from the third do plain steps overlap as they do in a run of them. Measured there, the plain
+arm's refreshes cost it the pipeline's refill, and a controller that had chosen speculation kept it where plain
+decoding was faster.
 
 Never losing: k = 0 is always an arm, measured like the others, so speculation is chosen only where its
 measured rate beats plain decoding; what exploration costs is one step in `refresh_steps` per bucket.
@@ -63,14 +64,18 @@ class DraftLengthController:
     max_step_growth: float = 1.5  # a step's time enters its arm's average at most this multiple of it
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
-    _previous_drafts: int = 0  # the draft length of the last step observed (the engine starts without drafts)
-    _num_same: int = 0  # steps observed in a row at that draft length, the last one included
+    _previous_kind: int = 0  # the last step observed: its draft length, or -1 for one with prompt tokens
+    _num_same: int = 0  # steps observed in a row of that kind, the last one included
 
     def __post_init__(self) -> None:
         self._acceptance = [None] * self.max_drafts
 
-    def choose(self, batch_size: int) -> int:
-        """The draft length for the next decode step of `batch_size` running sequences."""
+    def choose(self, batch_size: int, with_prompt_tokens: bool = False) -> int:
+        """The draft length for the next step of `batch_size` running sequences; `with_prompt_tokens`: the step may
+        carry some, and gets no drafts (what they would gain or cost beside a prompt is not measured, and the step
+        stays asynchronous as without speculation)."""
+        if with_prompt_tokens:
+            return 0
         bucket = self._bucket(batch_size)
         untried = [k for k, arm in enumerate(bucket.arms) if arm.seconds is None]
         if untried:
@@ -89,10 +94,12 @@ class DraftLengthController:
         return 1.0 + sum(_UNTRIED_ACCEPTANCE if r is None else r for r in self._acceptance[:num_drafts])
 
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
-        """A decode step (no prompt tokens) of `batch_size` sequences, run with draft length `num_drafts`."""
-        self._num_same = self._num_same + 1 if num_drafts == self._previous_drafts else 1
-        self._previous_drafts = num_drafts
-        if self._num_same <= _unmeasured_steps(num_drafts):
+        """A decode step of `batch_size` sequences, run with draft length `num_drafts`; `batch_size` 0: a step with
+        prompt tokens, not measured, after which steps wait for its device work as after a change of draft length."""
+        kind = num_drafts if batch_size else -1
+        self._num_same = self._num_same + 1 if kind == self._previous_kind else 1
+        self._previous_kind = kind
+        if not batch_size or self._num_same <= _unmeasured_steps(num_drafts):
             return
         bucket = self._bucket(batch_size)
         arm = bucket.arms[num_drafts]
@@ -133,7 +140,7 @@ class FixedDraftLength:
 
     num_drafts: int
 
-    def choose(self, batch_size: int) -> int:
+    def choose(self, batch_size: int, with_prompt_tokens: bool = False) -> int:
         return self.num_drafts
 
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:

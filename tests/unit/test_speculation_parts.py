@@ -200,6 +200,17 @@ def test_a_change_of_length_is_not_measured() -> None:
     assert controller.choose(1) == 1
 
 
+def test_a_step_with_prompt_tokens_gets_no_drafts_and_is_not_measured() -> None:
+    controller = run_controller({0: 1.0, 1: 1.5}, [0.6], controller=DraftLengthController(1, refresh_steps=1000))
+    assert controller.choose(1) == 1
+    assert controller.choose(1, with_prompt_tokens=True) == 0
+    controller.observe_step(0, 0, 100.0)  # that step: not measured
+    controller.observe_step(1, 1, 100.0)  # the next waited for its device work: not measured either
+    assert controller.choose(1) == 1
+    controller.observe_step(1, 1, 100.0)  # from the second on, verifying steps are measured again
+    assert controller.choose(1) == 0
+
+
 @pytest.mark.parametrize(("times", "acceptance", "best"), [
     ({0: 1.0, 1: 1.1, 2: 1.1, 3: 1.1, 4: 1.1}, [0.8, 0.6, 0.4, 0.2], 4),  # verifying is nearly free: all drafts
     ({0: 1.0, 1: 1.4, 2: 1.8, 3: 2.2, 4: 2.6}, [0.8, 0.6, 0.4, 0.2], 2),  # each draft costs: up to where it pays

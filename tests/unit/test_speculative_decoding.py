@@ -17,6 +17,7 @@ from core import LLM, FinishReason, SamplingParams
 from core.llm import GenerationOutput
 from core.scheduler import SchedulerOutput
 from core.tiny_model import build_tiny_model, has_architecture
+from tests.parity.test_parity_cpu import record_schedules
 from tests.tiny_specs import FAMILY_SPECS, TINY_SPECS
 
 COMMON = dict(max_model_len=256, block_size=8, max_num_seqs=8, max_num_batched_tokens=64, dtype="float32",
@@ -269,6 +270,29 @@ def test_the_controller_times_a_step_until_the_next_one_starts(model_dir: Path) 
     engine.wait_for_work(timeout=0.05)
     engine.step()
     assert len(observed) == num_observed
+
+
+def test_with_the_controller_no_step_with_prompt_tokens_verifies_drafts(model_dir: Path) -> None:
+    """A prompt arriving mid-stream is computed in steps without drafts (the controller measures decoding steps
+    only); with a fixed draft length those steps verify drafts beside the prompt."""
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+
+    def steps_with_both(num_drafts: int | None) -> int:
+        engine = speculating_llm(model_dir, num_drafts=num_drafts).engine
+        records = record_schedules(engine)
+        engine.add_request("a", REPEATING[2], params)
+        for i in range(3):  # prompts of 100 tokens, each computed over steps of the 64-token budget
+            for _ in range(8):
+                engine.step()
+            engine.add_request(f"b{i}", list(range(100 + i, 200 + i)), params)
+        while engine.has_unfinished_requests():
+            engine.step()
+        return sum(any(s.start < s.seq.num_prompt_tokens for s in out.scheduled)
+                   and any(s.num_new_tokens > 1 and s.start >= s.seq.num_prompt_tokens for s in out.scheduled)
+                   for out in records)
+
+    assert steps_with_both(None) == 0
+    assert steps_with_both(4) > 0
 
 
 def test_suffix_decoding_drafts_from_earlier_outputs_too(plain_llm: LLM, model_dir: Path) -> None:
