@@ -19,7 +19,7 @@ MAX_NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
 BUILDERS: dict[str, Callable[..., Path]] = {
     **dict.fromkeys(("qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"), build_moe_model),
-    **dict.fromkeys(("qwen3_next", "qwen3_5"), build_hybrid_model),
+    **dict.fromkeys(("qwen3_next", "qwen3_5", "qwen3_5_moe"), build_hybrid_model),
 }
 Engines = tuple[Path, LLM, LLM]  # the checkpoint, its TP=1 engine, its TP=2 engine
 
