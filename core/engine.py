@@ -300,8 +300,7 @@ class LLMEngine:
             outputs += self._schedule_compiled()
         num_drafts = 0
         if self.speculation is not None and self.scheduler.running:
-            num_drafts = self.speculation.controller.choose(len(self.scheduler.running),
-                                                            self.scheduler.has_prompt_work())
+            num_drafts = self.speculation.controller.choose(len(self.scheduler.running), self.scheduler.has_prompt_work)
             if num_drafts:
                 outputs += self._propose_drafts(num_drafts)
         scheduled = self._schedule()

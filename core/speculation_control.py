@@ -35,9 +35,14 @@ Never losing: k = 0 is always an arm, measured like the others, so speculation i
 measured rate beats plain decoding; what exploration costs is one step in `refresh_steps` per bucket.
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 _UNTRIED_ACCEPTANCE = 1.0  # an untried position is assumed to accept: it gets tried, then measured
+
+
+def _no_prompt_work() -> bool:
+    return False
 
 
 @dataclass
@@ -70,11 +75,11 @@ class DraftLengthController:
     def __post_init__(self) -> None:
         self._acceptance = [None] * self.max_drafts
 
-    def choose(self, batch_size: int, with_prompt_tokens: bool = False) -> int:
-        """The draft length for the next step of `batch_size` running sequences; `with_prompt_tokens`: the step may
-        carry some, and gets no drafts (what they would gain or cost beside a prompt is not measured, and the step
-        stays asynchronous as without speculation)."""
-        if with_prompt_tokens:
+    def choose(self, batch_size: int, has_prompt_work: Callable[[], bool] = _no_prompt_work) -> int:
+        """The draft length for the next step of `batch_size` running sequences; where `has_prompt_work()` (the step
+        may carry prompt tokens) none: what drafts would gain or cost beside a prompt is not measured, and the step
+        stays asynchronous as without speculation."""
+        if has_prompt_work():
             return 0
         bucket = self._bucket(batch_size)
         untried = [k for k, arm in enumerate(bucket.arms) if arm.seconds is None]
@@ -140,8 +145,8 @@ class FixedDraftLength:
 
     num_drafts: int
 
-    def choose(self, batch_size: int, with_prompt_tokens: bool = False) -> int:
-        return self.num_drafts
+    def choose(self, batch_size: int, has_prompt_work: Callable[[], bool] = _no_prompt_work) -> int:
+        return self.num_drafts  # drafts beside prompts too (not asked: a scan of the running sequences)
 
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
         pass

@@ -203,7 +203,7 @@ def test_a_change_of_length_is_not_measured() -> None:
 def test_a_step_with_prompt_tokens_gets_no_drafts_and_is_not_measured() -> None:
     controller = run_controller({0: 1.0, 1: 1.5}, [0.6], controller=DraftLengthController(1, refresh_steps=1000))
     assert controller.choose(1) == 1
-    assert controller.choose(1, with_prompt_tokens=True) == 0
+    assert controller.choose(1, lambda: True) == 0
     controller.observe_step(0, 0, 100.0)  # that step: not measured
     controller.observe_step(1, 1, 100.0)  # the next waited for its device work: not measured either
     assert controller.choose(1) == 1
