@@ -14,25 +14,37 @@ gets from such a step, where r_i is the running average, per decoding sequence o
 or more drafts, of the drafts accepted at position i: it folds in how many sequences can take drafts (not
 the penalized or constrained ones), how often the proposer has one, and how often the target agrees.
 
-Choosing: an arm (b, k) with no measured time is tried first, smallest k first (k = 0 is the baseline, and
-an untried k can only be judged against a measured one); once all are measured, the best rate is taken.
-Every `refresh_steps` decode steps at a bucket, the arm measured least recently is run instead until one of its
-steps is measured (below), so that figures follow changing workloads (acceptance drifts with the text) at a
-bounded cost.
+Entering verification costs more than its steps: the first verifying step waits for the device work the step
+before it left in flight (a plain step's, or a prompt's, which is larger), and only then does its own; the
+controller measures that excess, per bucket and per kind of step it follows (plain or prompt), as the first
+verifying step's time beyond its arm's average, less what a plain step would have paid after the same kind of step
+(after a prompt a plain step waits too). Entered from a step that did not verify, a draft length's time is charged
+that excess spread over the decode steps it can expect before the next prompt breaks the run (the running average of
+the runs of decode steps between prompts): under a steady stream of new requests, runs are short and verification
+is entered often, so it must win by more.
+
+Choosing: plain decoding is measured first (the baseline), then the longest draft length; any other untried length is
+tried only while its most hopeful rate (its time taken on the line between plain decoding's and the longest's, which
+is never more than a real verifying step's, whose fixed cost every length pays) could beat the best measured one: a
+batch where verifying is far too slow is not made to try every length. Once measured, the best rate is taken.
+Every `refresh_steps` decode steps at a bucket, a losing arm due for it (the least recently measured) is run instead
+until one of its steps is measured (below), so that figures follow changing workloads (acceptance drifts with the
+text); each time an arm is refreshed its next refresh waits twice as long (up to `max_refresh_factor` times
+`refresh_steps`), and an arm that wins starts again from `refresh_steps`: an arm that keeps losing, each refresh
+paying the entry to verification or the refill of the plain steps' pipeline, costs ever less.
 A step's time enters its arm's average at most `max_step_growth` times that average: one slow step (a garbage
 collection, a burst of another process) would otherwise make its arm look slow for as long as the arm is not chosen,
 and the plain arm, once it loses, is measured again only at refreshes, so one outlier there could keep
 speculation on where it loses. A lasting change of cost still comes through, by that factor a step.
-Not measured: steps with prompt tokens (prefill: their time says nothing about decoding; they get no drafts), and
-the steps after one as after a change of k; the first step after a change of k, which pays for the step the previous
-k left in flight (a verifying step waits for it) or for none (a plain step after a verifying one returns before its
-result is waited for); and the second plain step after a verifying one, which waits for the first one's device work,
-launched late: only from the third do plain steps overlap as they do in a run of them. Measured there, the plain
-arm's refreshes cost it the pipeline's refill, and a controller that had chosen speculation kept it where plain
-decoding was faster.
+Not measured in the arms' averages: steps with prompt tokens (prefill: their time says nothing about decoding; they
+get no drafts), and the steps after one as after a change of k; the first step after a change of k, which pays for the
+step the previous k left in flight (a verifying step waits for it; its excess is the entry cost above) or for none (a
+plain step after a verifying one returns before its result is waited for); and the second plain step after a
+verifying one, which waits for the first one's device work, launched late: only from the third do plain steps overlap
+as they do in a run of them.
 
 Never losing: k = 0 is always an arm, measured like the others, so speculation is chosen only where its
-measured rate beats plain decoding; what exploration costs is one step in `refresh_steps` per bucket.
+measured rate, entry included, beats plain decoding; what exploration costs shrinks as refreshes keep losing.
 """
 
 from collections.abc import Callable
@@ -45,10 +57,14 @@ def _no_prompt_work() -> bool:
     return False
 
 
+_PLAIN, _PROMPT = 0, -1  # kinds of step that verification can be entered from (a verifying step's kind is its k)
+
+
 @dataclass
 class _Arm:
     seconds: float | None = None  # running average of a step's wall time
     last_step: int = -1  # the bucket's step count when last measured
+    refresh_interval: int = 0  # measured steps of the bucket before this arm, losing, is refreshed
 
 
 @dataclass
@@ -58,12 +74,22 @@ class _Bucket:
     num_steps_since_refresh: int = 0
     refreshing: int | None = None  # the arm being measured again
     num_refresh_steps_left: int = 0
+    # Running averages of a first step's time beyond its arm's average, by (kind of step before, verifying or not).
+    entry_excess: dict[tuple[int, bool], float] = field(default_factory=dict)
+
+    def entry_seconds(self, previous_kind: int) -> float:
+        """What entering verification after a step of `previous_kind` costs beyond the verifying steps' own time."""
+        verifying = self.entry_excess.get((previous_kind, True))
+        if verifying is None:
+            return 0.0
+        return max(0.0, verifying - self.entry_excess.get((previous_kind, False), 0.0))
 
 
 @dataclass
 class DraftLengthController:
     max_drafts: int
     refresh_steps: int = 100
+    max_refresh_factor: int = 16  # a losing arm's refresh interval grows up to this multiple of refresh_steps
     time_weight: float = 0.2  # of a new step time in the running average
     acceptance_weight: float = 0.05  # of a new step's acceptance in the running averages
     max_step_growth: float = 1.5  # a step's time enters its arm's average at most this multiple of it
@@ -71,6 +97,8 @@ class DraftLengthController:
     _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
     _previous_kind: int = 0  # the last step observed: its draft length, or -1 for one with prompt tokens
     _num_same: int = 0  # steps observed in a row of that kind, the last one included
+    _num_decode_steps: int = 0  # decode steps since the last step with prompt tokens
+    _run_steps: float | None = None  # running average of the runs of decode steps between steps with prompt tokens
 
     def __post_init__(self) -> None:
         self._acceptance = [None] * self.max_drafts
@@ -82,17 +110,33 @@ class DraftLengthController:
         if has_prompt_work():
             return 0
         bucket = self._bucket(batch_size)
-        untried = [k for k, arm in enumerate(bucket.arms) if arm.seconds is None]
-        if untried:
-            return untried[0]
-        if bucket.num_steps_since_refresh >= self.refresh_steps:
-            bucket.num_steps_since_refresh = 0
-            bucket.refreshing = min(range(len(bucket.arms)), key=lambda k: bucket.arms[k].last_step)
-            bucket.num_refresh_steps_left = _unmeasured_steps(bucket.refreshing) + 1
-        if bucket.refreshing is not None and bucket.num_refresh_steps_left:
+        arms = bucket.arms
+        for k in (0, self.max_drafts):
+            if arms[k].seconds is None:
+                return k
+        rates = [self._rate(bucket, k) for k in range(len(arms))]
+        best = max((k for k in range(len(arms)) if arms[k].seconds is not None), key=lambda k: rates[k])
+        hopeful = [k for k in range(len(arms)) if arms[k].seconds is None and rates[k] > rates[best]]
+        if hopeful:
+            return hopeful[0]
+        arms[best].refresh_interval = self.refresh_steps
+        if bucket.refreshing is None and bucket.num_steps_since_refresh >= self.refresh_steps:
+            due = [k for k, arm in enumerate(arms) if arm.seconds is not None and k != best
+                   and bucket.num_steps - arm.last_step >= max(arm.refresh_interval, self.refresh_steps)]
+            if due:
+                k = min(due, key=lambda k: arms[k].last_step)
+                arms[k].refresh_interval = min(2 * max(arms[k].refresh_interval, self.refresh_steps),
+                                               self.max_refresh_factor * self.refresh_steps)
+                bucket.num_steps_since_refresh = 0
+                bucket.refreshing = k
+                bucket.num_refresh_steps_left = _unmeasured_steps(k) + 1
+        if bucket.refreshing is not None:
             bucket.num_refresh_steps_left -= 1
-            return bucket.refreshing
-        return max(range(len(bucket.arms)), key=lambda k: self.expected_tokens(k) / bucket.arms[k].seconds)  # type: ignore[operator]
+            k = bucket.refreshing
+            if not bucket.num_refresh_steps_left:
+                bucket.refreshing = None
+            return k
+        return best
 
     def expected_tokens(self, num_drafts: int) -> float:
         """E(k): tokens a sequence is expected to get from a step that offers it k drafts."""
@@ -101,13 +145,26 @@ class DraftLengthController:
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
         """A decode step of `batch_size` sequences, run with draft length `num_drafts`; `batch_size` 0: a step with
         prompt tokens, not measured, after which steps wait for its device work as after a change of draft length."""
-        kind = num_drafts if batch_size else -1
-        self._num_same = self._num_same + 1 if kind == self._previous_kind else 1
+        kind = num_drafts if batch_size else _PROMPT
+        previous = self._previous_kind
+        self._num_same = self._num_same + 1 if kind == previous else 1
         self._previous_kind = kind
-        if not batch_size or self._num_same <= _unmeasured_steps(num_drafts):
+        if not batch_size:
+            if self._num_decode_steps:
+                run = float(self._num_decode_steps)
+                self._run_steps = run if self._run_steps is None else self._run_steps + self.time_weight * (
+                    run - self._run_steps)
+            self._num_decode_steps = 0
             return
+        self._num_decode_steps += 1
         bucket = self._bucket(batch_size)
         arm = bucket.arms[num_drafts]
+        if self._num_same == 1 and previous <= _PLAIN and arm.seconds is not None and (num_drafts or previous):
+            key = (previous, num_drafts > 0)
+            excess, average = seconds - arm.seconds, bucket.entry_excess.get(key)
+            bucket.entry_excess[key] = excess if average is None else average + self.time_weight * (excess - average)
+        if self._num_same <= _unmeasured_steps(num_drafts):
+            return
         if arm.seconds is not None:
             seconds = min(seconds, self.max_step_growth * arm.seconds)
         arm.seconds = seconds if arm.seconds is None else arm.seconds + self.time_weight * (seconds - arm.seconds)
@@ -124,6 +181,21 @@ class DraftLengthController:
             ratio = num_accepted / num_offered
             r = self._acceptance[i]
             self._acceptance[i] = ratio if r is None else r + self.acceptance_weight * (ratio - r)
+
+    def _rate(self, bucket: _Bucket, k: int) -> float:
+        """Tokens per second a sequence is expected to get from steps of draft length k at this bucket: measured,
+        or for an untried k its most hopeful (the line between plain decoding's time and the longest's), with
+        the entry into verification spread over the run expected ahead where the last step did not verify."""
+        arms = bucket.arms
+        seconds = arms[k].seconds
+        if seconds is None:
+            plain, longest = arms[0].seconds, arms[self.max_drafts].seconds
+            assert plain is not None and longest is not None, "plain decoding and the longest k are tried first"
+            seconds = plain + (longest - plain) * k / self.max_drafts
+        if k and self._previous_kind <= _PLAIN:
+            seconds += bucket.entry_seconds(self._previous_kind) / max(1.0, self._run_steps or 0.0,
+                                                                       float(self._num_decode_steps))
+        return self.expected_tokens(k) / seconds
 
     def _bucket(self, batch_size: int) -> _Bucket:
         key = 1 << max(0, batch_size - 1).bit_length()

@@ -179,16 +179,25 @@ def run_controller(times: dict[int, float], acceptance: list[float], batch_size:
     return controller
 
 
-def test_untried_draft_lengths_are_measured_first_in_order() -> None:
+def test_plain_then_the_longest_then_only_hopeful_lengths_are_tried() -> None:
     """The first step at a new length is not measured (it pays for, or skips, the wait of the previous one's step
     in flight), nor the second plain one (it waits for the first's device work): plain decoding runs three steps,
-    each untried draft length two."""
+    the longest draft length two; a shorter length is tried only while the line between their times could make it
+    the best."""
     controller = DraftLengthController(max_drafts=3)
     chosen = []
     for _ in range(9):
         chosen.append(controller.choose(8))
         controller.observe_step(8, chosen[-1], 0.01)
-    assert chosen == [0, 0, 0, 1, 1, 2, 2, 3, 3]
+    assert chosen == [0, 0, 0, 3, 3, 3, 3, 3, 3]  # untried acceptance counts as full: the longest wins outright
+    slow = DraftLengthController(max_drafts=3)
+    for _ in range(30):
+        k = slow.choose(8)
+        assert k in (0, 3), "verifying three drafts took five plain steps: no shorter length could win"
+        slow.observe_step(8, k, 0.05 if k else 0.01)
+        if k:
+            slow.observe_acceptance(8, [8, 8, 8])
+    assert slow.choose(8) == 0
 
 
 def test_a_change_of_length_is_not_measured() -> None:
@@ -230,24 +239,57 @@ def test_each_batch_size_bucket_has_its_own_costs() -> None:
     assert controller.choose(150) == 0  # 150 and 200 share the bucket of 256
 
 
-def test_a_stale_arm_is_measured_again_and_can_take_over() -> None:
-    controller = DraftLengthController(max_drafts=1, refresh_steps=10)
+def test_a_losing_arm_is_refreshed_ever_less_often_and_can_take_over() -> None:
+    controller = DraftLengthController(max_drafts=1, refresh_steps=10, max_refresh_factor=4)
     run_controller({0: 1.0, 1: 2.0}, [0.5], controller=controller)
     chosen = ""
-    for _ in range(50):
+    for _ in range(200):
         k = controller.choose(1)
         chosen += str(k)
         controller.observe_step(1, k, 1.0 if k == 0 else 2.0)
-    # Plain steps, and every 10 measured ones a refresh of two steps at k = 1 (the first not measured); back to plain,
-    # two unmeasured steps and nine measured ones (the refresh's measured step counts among the ten).
-    assert re.fullmatch(r"0{0,3}(11)?(0{11}11)+0*", chosen), chosen
-    for _ in range(60):  # verifying became cheap (say, the batch around it emptied): the refreshed figure wins
+    # Each refresh: two steps at k = 1 (the first not measured). Between refreshes: two unmeasured plain steps, then
+    # measured ones until the refreshed arm's interval has passed: 20, then 40 (four times refresh_steps, the most).
+    assert re.fullmatch(r"0*11(0+11)+0*1?", chosen), chosen
+    gaps = [len(run) for run in chosen.strip("0").split("11") if run]
+    assert gaps[:3] == [21, 41, 41], chosen
+    for _ in range(100):  # verifying became cheap (say, the batch around it emptied): the refreshed figure wins
         k = controller.choose(1)
         controller.observe_step(1, k, 1.0 if k == 0 else 1.05)
         if k:
             controller.observe_acceptance(1, [1])
     assert controller.choose(1) == 1
 
+
+def run_with_prompts(decode_steps_per_prompt: int, num_prompts: int) -> list[int]:
+    """The draft lengths a controller chooses where a prompt step comes every `decode_steps_per_prompt` decode steps;
+    verifying steps take 1.5 against plain ones' 1.0 and accept 0.6 drafts (a gain of 7% in a run of them), but the
+    first verifying step after a plain step or a prompt takes 3.0 more (it waits for the step in flight), and after a
+    prompt any step takes 1.0 more."""
+    controller = DraftLengthController(max_drafts=1, refresh_steps=1000)
+    chosen, previous = [], 0
+    for _ in range(num_prompts):
+        controller.observe_step(0, 0, 5.0)
+        previous = -1
+        for _ in range(decode_steps_per_prompt):
+            k = controller.choose(1)
+            chosen.append(k)
+            seconds = 1.5 if k else 1.0
+            seconds += 3.0 if k and previous != k else 0.0
+            seconds += 1.0 if previous == -1 else 0.0
+            controller.observe_step(1, k, seconds)
+            if k:
+                controller.observe_acceptance(5, [3])
+            previous = k
+    return chosen
+
+
+def test_entering_verification_is_charged_over_the_runs_between_prompts() -> None:
+    """With a prompt every 4 decode steps each run would pay the entry (3.0) for at most 4 x 0.07 of gain: plain
+    decoding wins; with one every 200 the entry is spread thin and verification wins."""
+    short_runs = run_with_prompts(4, 60)
+    assert sum(short_runs[-120:]) == 0, short_runs
+    long_runs = run_with_prompts(200, 3)
+    assert sum(long_runs[-150:]) >= 140, long_runs
 
 
 def test_one_slow_plain_step_does_not_turn_speculation_on() -> None:
