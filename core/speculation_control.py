@@ -32,10 +32,12 @@ until one of its steps is measured (below), so that figures follow changing work
 text); each time an arm is refreshed its next refresh waits twice as long (up to `max_refresh_factor` times
 `refresh_steps`), and an arm that wins starts again from `refresh_steps`: an arm that keeps losing, each refresh
 paying the entry to verification or the refill of the plain steps' pipeline, costs ever less.
-A step's time enters its arm's average at most `max_step_growth` times that average: one slow step (a garbage
-collection, a burst of another process) would otherwise make its arm look slow for as long as the arm is not chosen,
-and the plain arm, once it loses, is measured again only at refreshes, so one outlier there could keep
-speculation on where it loses. A lasting change of cost still comes through, by that factor a step.
+A plain step's time enters the plain arm's average at most `max_step_growth` times that average: one slow step (a
+garbage collection, a burst of another process) would otherwise make plain decoding look slow for as long as it is
+not chosen (once it loses it is measured again only at refreshes), keeping speculation on where it loses. A lasting
+change of cost still comes through, by that factor a step. Verifying steps' times enter whole: their slow steps are
+theirs (a verifying step waits for its own result, so what delays the host delays it), and an arm that looks slower
+than it is only errs towards plain decoding.
 Not measured in the arms' averages: steps with prompt tokens (prefill: their time says nothing about decoding; they
 get no drafts), and the steps after one as after a change of k; the first step after a change of k, which pays for the
 step the previous k left in flight (a verifying step waits for it; its excess is the entry cost above) or for none (a
@@ -92,7 +94,7 @@ class DraftLengthController:
     max_refresh_factor: int = 16  # a losing arm's refresh interval grows up to this multiple of refresh_steps
     time_weight: float = 0.2  # of a new step time in the running average
     acceptance_weight: float = 0.05  # of a new step's acceptance in the running averages
-    max_step_growth: float = 1.5  # a step's time enters its arm's average at most this multiple of it
+    max_step_growth: float = 1.5  # a plain step's time enters its arm's average at most this multiple of it
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
     _previous_kind: int = 0  # the last step observed: its draft length, or -1 for one with prompt tokens
@@ -165,7 +167,7 @@ class DraftLengthController:
             bucket.entry_excess[key] = excess if average is None else average + self.time_weight * (excess - average)
         if self._num_same <= _unmeasured_steps(num_drafts):
             return
-        if arm.seconds is not None:
+        if arm.seconds is not None and not num_drafts:
             seconds = min(seconds, self.max_step_growth * arm.seconds)
         arm.seconds = seconds if arm.seconds is None else arm.seconds + self.time_weight * (seconds - arm.seconds)
         arm.last_step = bucket.num_steps

@@ -305,6 +305,16 @@ def test_one_slow_plain_step_does_not_turn_speculation_on() -> None:
     assert controller.choose(1) == 1
 
 
+def test_a_slow_verifying_step_counts_whole() -> None:
+    """Verifying steps' slow steps are theirs (each waits for its own result): one of 10 units moves the verifying
+    arm's average to 3.2, where plain decoding's 1.0 per token wins; capped as a plain step is, it would stay at 1.65
+    and keep verifying."""
+    controller = run_controller({0: 1.0, 1: 1.5}, [0.9], controller=DraftLengthController(1, refresh_steps=1000))
+    assert controller.choose(1) == 1
+    controller.observe_step(1, 1, 10.0)
+    assert controller.choose(1) == 0
+
+
 # -- blocks of rejected drafts
 
 
