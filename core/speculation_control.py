@@ -27,11 +27,12 @@ Choosing: plain decoding is measured first (the baseline), then the longest draf
 tried only while its most hopeful rate (its time taken on the line between plain decoding's and the longest's, which
 is never more than a real verifying step's, whose fixed cost every length pays) could beat the best measured one: a
 batch where verifying is far too slow is not made to try every length. Once measured, the best rate is taken.
-Every `refresh_steps` decode steps at a bucket, a losing arm due for it (the least recently measured) is run instead
-until one of its steps is measured (below), so that figures follow changing workloads (acceptance drifts with the
-text); each time an arm is refreshed its next refresh waits twice as long (up to `max_refresh_factor` times
-`refresh_steps`), and an arm that wins starts again from `refresh_steps`: an arm that keeps losing, each refresh
-paying the entry to verification or the refill of the plain steps' pipeline, costs ever less.
+A losing arm is measured again (the least recently measured one, run until one of its steps is measured, below) so
+that figures follow changing workloads (acceptance drifts with the text), at most once every `refresh_steps` decode
+steps of a bucket and no more often than keeps its cost within `exploration_share` of the bucket's time: a refresh
+costs the tokens its steps give up against the best arm's rate, plus the entry into verification where it verifies.
+Where verifying is cheap (one sequence) that allows a refresh every `refresh_steps`; where entering it makes the
+device drain a step of hundreds of rows, refreshes come far apart.
 A plain step's time enters the plain arm's average at most `max_step_growth` times that average: one slow step (a
 garbage collection, a burst of another process) would otherwise make plain decoding look slow for as long as it is
 not chosen (once it loses it is measured again only at refreshes), keeping speculation on where it loses. A lasting
@@ -66,7 +67,6 @@ _PLAIN, _PROMPT = 0, -1  # kinds of step that verification can be entered from (
 class _Arm:
     seconds: float | None = None  # running average of a step's wall time
     last_step: int = -1  # the bucket's step count when last measured
-    refresh_interval: int = 0  # measured steps of the bucket before this arm, losing, is refreshed
 
 
 @dataclass
@@ -91,7 +91,7 @@ class _Bucket:
 class DraftLengthController:
     max_drafts: int
     refresh_steps: int = 100
-    max_refresh_factor: int = 16  # a losing arm's refresh interval grows up to this multiple of refresh_steps
+    exploration_share: float = 0.02  # of a bucket's time that refreshing losing arms may cost
     time_weight: float = 0.2  # of a new step time in the running average
     acceptance_weight: float = 0.05  # of a new step's acceptance in the running averages
     max_step_growth: float = 1.5  # a plain step's time enters its arm's average at most this multiple of it
@@ -121,17 +121,15 @@ class DraftLengthController:
         hopeful = [k for k in range(len(arms)) if arms[k].seconds is None and rates[k] > rates[best]]
         if hopeful:
             return hopeful[0]
-        arms[best].refresh_interval = self.refresh_steps
         if bucket.refreshing is None and bucket.num_steps_since_refresh >= self.refresh_steps:
-            due = [k for k, arm in enumerate(arms) if arm.seconds is not None and k != best
-                   and bucket.num_steps - arm.last_step >= max(arm.refresh_interval, self.refresh_steps)]
-            if due:
-                k = min(due, key=lambda k: arms[k].last_step)
-                arms[k].refresh_interval = min(2 * max(arms[k].refresh_interval, self.refresh_steps),
-                                               self.max_refresh_factor * self.refresh_steps)
-                bucket.num_steps_since_refresh = 0
-                bucket.refreshing = k
-                bucket.num_refresh_steps_left = _unmeasured_steps(k) + 1
+            losing = [k for k, arm in enumerate(arms) if arm.seconds is not None and k != best]
+            if losing:
+                k = min(losing, key=lambda k: arms[k].last_step)
+                spacing = self._refresh_seconds(bucket, k, rates) / (self.exploration_share * arms[best].seconds)  # type: ignore[operator]
+                if bucket.num_steps_since_refresh >= spacing:
+                    bucket.num_steps_since_refresh = 0
+                    bucket.refreshing = k
+                    bucket.num_refresh_steps_left = _unmeasured_steps(k) + 1
         if bucket.refreshing is not None:
             bucket.num_refresh_steps_left -= 1
             k = bucket.refreshing
@@ -198,6 +196,14 @@ class DraftLengthController:
             seconds += bucket.entry_seconds(self._previous_kind) / max(1.0, self._run_steps or 0.0,
                                                                        float(self._num_decode_steps))
         return self.expected_tokens(k) / seconds
+
+    def _refresh_seconds(self, bucket: _Bucket, k: int, rates: list[float]) -> float:
+        """What measuring arm k again costs: the tokens its steps give up against the best rate (in the best arm's
+        time), and the entry into verification from plain decoding where it verifies."""
+        arm_seconds = bucket.arms[k].seconds
+        assert arm_seconds is not None, "only a measured arm is refreshed"
+        lost = (_unmeasured_steps(k) + 1) * arm_seconds * max(0.0, 1.0 - rates[k] / max(rates))
+        return lost + (bucket.entry_seconds(_PLAIN) if k else 0.0)
 
     def _bucket(self, batch_size: int) -> _Bucket:
         key = 1 << max(0, batch_size - 1).bit_length()

@@ -239,19 +239,35 @@ def test_each_batch_size_bucket_has_its_own_costs() -> None:
     assert controller.choose(150) == 0  # 150 and 200 share the bucket of 256
 
 
-def test_a_losing_arm_is_refreshed_ever_less_often_and_can_take_over() -> None:
-    controller = DraftLengthController(max_drafts=1, refresh_steps=10, max_refresh_factor=4)
-    run_controller({0: 1.0, 1: 2.0}, [0.5], controller=controller)
+def refreshes(times: dict[int, float], acceptance: float, num_steps: int) -> str:
+    """The draft lengths (as digits) a measured controller of max_drafts 1 and refresh_steps 10 chooses over
+    `num_steps` steps of these costs."""
+    controller = DraftLengthController(max_drafts=1, refresh_steps=10)
+    run_controller(times, [acceptance], controller=controller)
     chosen = ""
-    for _ in range(200):
+    for _ in range(num_steps):
         k = controller.choose(1)
         chosen += str(k)
-        controller.observe_step(1, k, 1.0 if k == 0 else 2.0)
-    # Each refresh: two steps at k = 1 (the first not measured). Between refreshes: two unmeasured plain steps, then
-    # measured ones until the refreshed arm's interval has passed: 20, then 40 (four times refresh_steps, the most).
-    assert re.fullmatch(r"0*11(0+11)+0*1?", chosen), chosen
-    gaps = [len(run) for run in chosen.strip("0").split("11") if run]
-    assert gaps[:3] == [21, 41, 41], chosen
+        controller.observe_step(1, k, times[k])
+        if k:
+            controller.observe_acceptance(100, [round(100 * acceptance)])
+    return chosen
+
+
+def test_a_losing_arm_is_refreshed_as_often_as_its_cost_allows() -> None:
+    """A refresh runs two steps at k = 1 (the first not measured), then two unmeasured plain steps. One that gives
+    up a quarter of its two steps' tokens (rate 0.75 against 1.0: 1.0 of time) waits until it costs 2% of the
+    steps' time: 50 measured steps; one that gives up 5% of them comes every refresh_steps (10 measured steps)."""
+    far = refreshes({0: 1.0, 1: 2.0}, 0.5, 200)
+    assert re.fullmatch(r"0*11(0+11)+0*1?", far), far
+    assert {len(run) for run in far.strip("0").split("11") if run} == {51}, far
+    near = refreshes({0: 1.0, 1: 1.1}, 0.05, 100)
+    assert {len(run) for run in near.strip("0").split("11")[1:-1]} == {11}, near
+
+
+def test_a_refreshed_arm_can_take_over() -> None:
+    controller = DraftLengthController(max_drafts=1, refresh_steps=10)
+    run_controller({0: 1.0, 1: 2.0}, [0.5], controller=controller)
     for _ in range(100):  # verifying became cheap (say, the batch around it emptied): the refreshed figure wins
         k = controller.choose(1)
         controller.observe_step(1, k, 1.0 if k == 0 else 1.05)
