@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from gpu.kernels import fused_moe, moe_align, moe_decode, moe_route  # noqa: E402
+from gpu.kernels import fused_moe, moe_align, moe_decode, moe_route, moe_sum  # noqa: E402
 from gpu.kernels.fused_moe_configs import decode_tiles, default_config, uses_decode_path  # noqa: E402
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -127,7 +127,7 @@ def test_float32_gemm_fits() -> None:
 
 def test_top_k_sum_kernel_fits() -> None:
     signature = {"rows_ptr": "*bf16", "add_ptr": "*bf16", "out_ptr": "*bf16", "hidden": "i32"}
-    _, spilled, shared = compiled(fused_moe._sum_kernel, signature,
+    _, spilled, shared = compiled(moe_sum._sum_kernel, signature,
                                   dict(TOP_K=8, HAS_ADD=True, BLOCK=1024, USE_PDL=True), 4)
     assert spilled == 0 and shared <= MAX_SHARED
 
@@ -184,7 +184,7 @@ def test_decode_kernels_fit_and_stream_weights_in_16_byte_loads(shape: str) -> N
                 EVEN_K=hidden % gate_up.block_k == 0)),
             (moe_decode._down_kernel, DECODE_DOWN, down, dict(
                 K=intermediate, TOP_K=top_k, HAS_BIAS=is_gpt_oss, HAS_ADD=True,
-                EVEN_K=intermediate % down.block_k == 0)),
+                EVEN_K=intermediate % down.block_k == 0, SLOT_GROUPS=down.slot_groups)),
         ]
         for (fn, signature, tiles, constants), num_tiles in zip(kernels, (3, 2 * top_k), strict=True):
             constants |= dict(BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, USE_PDL=True)
