@@ -83,7 +83,7 @@ class DecodeTiles:
     block_n: int
     block_k: int
     num_warps: int = 4
-    num_stages: int = 3  # the launch's software pipelining of the K loop (Triton's default)
+    num_stages: int = 1  # the K loop's software pipelining (tl.range's num_stages): 1, none
     # The down kernel only: a token's slots split over this many programs per column tile, each writing its float32
     # sum for a second pass to add in slot order (more programs at one token, and still no atomics).
     slot_groups: int = 1

@@ -19,9 +19,11 @@ and no separate sum over each token's rows.
 
 K (a model's size) is a compile-time constant, and x's or the intermediate's row is read in the weight tile's own
 layout (a broadcast load, from L1): no exchange through shared memory between the loads, so a program's loads (all
-its slots' in the down kernel) may all be in flight at once. Products in float32 on the weights as stored (float32
-weights: exact products, no TF32). Float weights only (the quantized formats run the grouped path). Every size comes
-from the step's shape, so a call is CUDA-graph capturable; with `use_pdl` each kernel is a programmatic dependent
+its slots' in the down kernel) may all be in flight at once. With `num_stages` > 1 the K loop is software-pipelined
+instead: the next K tiles' loads go to shared memory asynchronously (Triton pipelines loads that feed no tl.dot only
+where the loop asks for stages). Products in float32 on the weights as stored (float32 weights: exact products, no
+TF32). Float weights only (the quantized formats run the grouped path). Every size comes from the step's shape, so a
+call is CUDA-graph capturable; with `use_pdl` each kernel is a programmatic dependent
 launch (gpu/kernels/pdl.py). Tiles: gpu/kernels/fused_moe_configs.py's `decode_config` (its table's or the rule's);
 which steps come here: its `uses_decode_path`.
 """
@@ -62,6 +64,7 @@ def _gate_up_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """out[pair, n] = act(gate_e[n] . x[token] (+ bias), up_e[n] . x[token] (+ bias)), e = ids[pair]."""
@@ -77,7 +80,7 @@ def _gate_up_kernel(
     # Products summed elementwise over the K tiles, reduced across K once at the end.
     gate_sums = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     up_sums = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         is_k = ks < K - k
         x = _load_k(tl.broadcast_to(x_ptrs[None, :], (BLOCK_N, BLOCK_K)), is_k[None, :], EVEN_K)
         gate_sums += _load_k(w_ptrs, is_k[None, :], EVEN_K) * x
@@ -105,6 +108,7 @@ def _down_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     SLOT_GROUPS: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """out[t, n] = (add[t, n] +) sum_k weights[t, k] * (down_e[n] . h[t * TOP_K + k] (+ bias_e[n])), e = ids[t, k];
@@ -125,7 +129,7 @@ def _down_kernel(
         weight = tl.load(weights_ptr + pair)
         h_ptrs = h_ptr + pair * K + ks
         w_ptrs = w_ptr + expert * stride_we + w_columns[:, None] * stride_wn + ks[None, :]
-        for k in range(0, K, BLOCK_K):
+        for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             is_k = ks < K - k
             h = _load_k(tl.broadcast_to(h_ptrs[None, :], (BLOCK_N, BLOCK_K)), is_k[None, :], EVEN_K)
             sums += _load_k(w_ptrs, is_k[None, :], EVEN_K) * (h * weight)
@@ -162,7 +166,7 @@ def decode_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, w
         gate_up.stride(0), gate_up.stride(1), gate_up_bias.stride(0) if gate_up_bias is not None else 0, K=hidden,
         TOP_K=top_k, ACTIVATION=ACTIVATIONS[act.kind], ALPHA=float(act.alpha), LIMIT=float(act.limit),
         HAS_BIAS=gate_up_bias is not None, EVEN_K=hidden % tiles.block_k == 0, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps,
     )
     out = torch.empty_like(x)
     tiles = config.down
@@ -175,6 +179,6 @@ def decode_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, w
         down_bias.stride(0) if down_bias is not None else 0, K=intermediate, TOP_K=top_k,
         HAS_BIAS=down_bias is not None, HAS_ADD=add is not None and groups == 1,
         EVEN_K=intermediate % tiles.block_k == 0, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SLOT_GROUPS=groups,
-        USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        NUM_STAGES=tiles.num_stages, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps,
     )
     return out if groups == 1 else sum_rows(sums, add, out, pdl)
