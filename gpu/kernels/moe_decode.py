@@ -23,9 +23,9 @@ its slots' in the down kernel) may all be in flight at once. With `num_stages` >
 instead: the next K tiles' loads go to shared memory asynchronously (Triton pipelines loads that feed no tl.dot only
 where the loop asks for stages). Products in float32 on the weights as stored (float32 weights: exact products, no
 TF32). Float weights only (the quantized formats run the grouped path). Every size comes from the step's shape, so a
-call is CUDA-graph capturable; with `use_pdl` each kernel is a programmatic dependent
-launch (gpu/kernels/pdl.py). Tiles: gpu/kernels/fused_moe_configs.py's `decode_config` (its table's or the rule's);
-which steps come here: its `uses_decode_path`.
+call is CUDA-graph capturable; with `use_pdl` each kernel is a programmatic dependent launch (gpu/kernels/pdl.py).
+Tiles: gpu/kernels/fused_moe_configs.py's `decode_config` (its table's or the rule's); which steps come here: its
+`uses_decode_path`.
 """
 
 from typing import TYPE_CHECKING
