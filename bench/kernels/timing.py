@@ -24,18 +24,14 @@ def num_copies(bytes_per_copy: int) -> int:
 
 
 def graph_us_per_call(calls: list[Callable[[], object]], replays: int = 7) -> float:
-    """Microseconds per call: the median replay of one CUDA graph of `calls`, each run once before (compiles, and
-    settles the allocations the graph reuses)."""
+    """Microseconds per call: the median replay of one CUDA graph of `calls`, each run once before (compiles)."""
     for call in calls:
         call()
-    torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
+    with torch.cuda.graph(graph):  # which synchronizes the device first
         for call in calls:
             call()
-    seconds = median_seconds(graph.replay, DEVICE, repeats=replays)
-    del graph
-    return seconds * 1e6 / len(calls)
+    return median_seconds(graph.replay, DEVICE, repeats=replays) * 1e6 / len(calls)
 
 
 def rotated_us_per_call(fn: Callable[[torch.Tensor, Operand], object], x: torch.Tensor,

@@ -10,7 +10,7 @@ and before the routing weight).
    rows of x those pairs read by the expert's gate rows and by its up rows (two accumulators over the same x
    tile), applies the activation in float32 and writes the intermediate [pairs, intermediate] in the model dtype.
 3. Down: the same tiles of pairs times the expert's down weight; each row scaled by its routing weight in float32
-   and written to [pairs, hidden]; then a third kernel sums each token's k rows in float32 (deterministic: no
+   and written to [pairs, hidden]; then gpu/kernels/moe_sum.py sums each token's k rows in float32 (deterministic: no
    atomics) into [tokens, hidden], adding `add` (a shared experts' output) in the same sum where given.
 A step of a few tokens with float weights takes gpu/kernels/moe_decode.py's two GEMV kernels instead (no sort,
 no separate sum). Sums in float32 (exact float32 products where the weights are float32: no TF32), one rounding per
@@ -31,10 +31,18 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.fused_moe_configs import GemmTiles, MoeConfig, config_for, uses_decode_path
+from gpu.kernels.fused_moe_configs import (
+    DecodeConfig,
+    GemmTiles,
+    MoeConfig,
+    config_for,
+    decode_config,
+    uses_decode_path,
+)
 from gpu.kernels.moe_activation import ACTIVATIONS, activate
 from gpu.kernels.moe_align import AlignedPairs, align
 from gpu.kernels.moe_decode import decode_experts
+from gpu.kernels.moe_sum import sum_rows
 from gpu.kernels.pdl import pdl_start, uses_pdl
 
 if TYPE_CHECKING:
@@ -220,22 +228,6 @@ def _mxfp4_values(codes, scales):
 
 
 @triton.jit
-def _sum_kernel(rows_ptr, add_ptr, out_ptr, hidden, TOP_K: tl.constexpr, HAS_ADD: tl.constexpr, BLOCK: tl.constexpr,
-                USE_PDL: tl.constexpr):
-    """out[t] = (add[t] +) sum of rows[t * TOP_K + k] over k, in float32, one rounding."""
-    pdl_start(USE_PDL)
-    token = tl.program_id(0).to(tl.int64)
-    columns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    is_column = columns < hidden
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
-    if HAS_ADD:
-        acc += tl.load(add_ptr + token * hidden + columns, mask=is_column, other=0.0).to(tl.float32)
-    for k in tl.static_range(TOP_K):
-        acc += tl.load(rows_ptr + (token * TOP_K + k) * hidden + columns, mask=is_column, other=0.0).to(tl.float32)
-    tl.store(out_ptr + token * hidden + columns, acc.to(out_ptr.dtype.element_ty), mask=is_column)
-
-
-@triton.jit
 def _dot(a, b, acc, IEEE: tl.constexpr):
     if IEEE:
         return tl.dot(a, b, acc, input_precision="ieee")
@@ -287,13 +279,14 @@ def device_name(x: torch.Tensor) -> str:
 
 def fused_experts(x: torch.Tensor, gate_up: Weights, down: Weights, weights: torch.Tensor,
                   expert_ids: torch.Tensor, act: "Activation", gate_up_bias: torch.Tensor | None = None,
-                  down_bias: torch.Tensor | None = None, config: MoeConfig | None = None,
+                  down_bias: torch.Tensor | None = None, config: MoeConfig | DecodeConfig | None = None,
                   use_pdl: bool = False, add: torch.Tensor | None = None) -> torch.Tensor:
     """sum_k weights[:, k] * expert_{ids[:, k]}(x) [num_tokens, hidden] for x [num_tokens, hidden], gate_up
     [experts, 2 * I, hidden], down [experts, hidden, I], weights [num_tokens, k] float32, expert_ids [num_tokens,
     k]; `act`: gpu/layers/moe.py's Activation; biases [experts, 2 * I] and [experts, hidden]. `config`: the grouped
-    GEMMs' tiles; None: a step of a few tokens with float weights runs gpu/kernels/moe_decode.py's GEMVs (the rule:
-    fused_moe_configs.uses_decode_path), any other the grouped GEMMs with fused_moe_configs' tiles. `use_pdl`:
+    GEMMs' tiles, or a DecodeConfig: gpu/kernels/moe_decode.py's GEMVs with its tiles (float weights); None: a step of
+    a few tokens with float weights runs the GEMVs (the rule: fused_moe_configs.uses_decode_path), any other the
+    grouped GEMMs, either with fused_moe_configs' tiles for the GPU. `use_pdl`:
     programmatic dependent launches; `add` [num_tokens, hidden] contiguous: added to the output in its sum. The
     weights may be `Mxfp4Weights` (both of them; x in bfloat16 or float32), decoded in the GEMMs' loops (K tiles of
     at least 32), or `Fp8BlockWeights` (both; K tiles within one block of columns)."""
@@ -306,9 +299,13 @@ def fused_experts(x: torch.Tensor, gate_up: Weights, down: Weights, weights: tor
     if add is not None and (add.shape != x.shape or not add.is_contiguous()):
         raise ValueError(f"add must be contiguous of x's shape {tuple(x.shape)}, got {tuple(add.shape)}")
     pdl = uses_pdl(use_pdl, x)
-    if config is None and isinstance(gate_up, torch.Tensor) and uses_decode_path(num_tokens, top_k, num_experts):
-        return decode_experts(x, gate_up, down, weights, expert_ids, act, gate_up_bias, down_bias, pdl, add)
     intermediate = two_i // 2
+    if isinstance(config, DecodeConfig) or (config is None and isinstance(gate_up, torch.Tensor)
+                                            and uses_decode_path(num_tokens, top_k, num_experts)):
+        if not (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)):
+            raise ValueError("the decode kernels take float weights only")
+        config = config or decode_config(num_tokens, top_k, intermediate, hidden, device_name(x))
+        return decode_experts(x, gate_up, down, weights, expert_ids, act, gate_up_bias, down_bias, pdl, add, config)
     if config is None:
         config = config_for(num_tokens, num_experts, top_k, intermediate, hidden, device_name(x))
     aligned = align(expert_ids, num_experts, config.block_m, use_pdl=pdl)
@@ -316,12 +313,7 @@ def fused_experts(x: torch.Tensor, gate_up: Weights, down: Weights, weights: tor
     _launch(x, gate_up, gate_up_bias, activated, None, aligned, config, act, top_k, pdl)
     rows = torch.empty(num_tokens * top_k, hidden, dtype=x.dtype, device=x.device)
     _launch(activated, down, down_bias, rows, weights, aligned, config, act, 1, pdl)
-    out = torch.empty_like(x)
-    block = min(triton.next_power_of_2(hidden), 1024)
-    _sum_kernel[(num_tokens, triton.cdiv(hidden, block))](rows, add if add is not None else rows, out, hidden,
-                                                          TOP_K=top_k, HAS_ADD=add is not None, BLOCK=block,
-                                                          USE_PDL=pdl, launch_pdl=pdl, num_warps=4)
-    return out
+    return sum_rows(rows, add, torch.empty_like(x), pdl)
 
 
 def _launch(a: torch.Tensor, b: Weights, bias: torch.Tensor | None, c: torch.Tensor, weights: torch.Tensor | None,

@@ -9,10 +9,17 @@ The rule (`default_config`): while a step has few pairs per expert, tiles of 16 
 streamed once for its few rows: the GEMMs are bandwidth-bound, and wider column tiles let fewer programs cover
 it); with more pairs per expert, taller row tiles, so each weight tile is reused over more rows. A GPU's measured
 table (`python -m bench.kernels.fused_moe --sweep`), keyed by (bucket, experts, intermediate size per rank,
-hidden size), overrides the rule where it has the key; none is measured yet. This module needs no triton.
+hidden size), overrides the rule where it has the key; none is measured yet. The decode kernels' tiles
+(gpu/kernels/moe_decode.py) likewise: the rule `decode_tiles`, overridden per GPU by DECODE_TABLES, keyed by the
+step's (tokens, top k, intermediate size per rank, hidden size). This module needs no triton.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TypeVar
+
+Key = TypeVar("Key")
+Value = TypeVar("Value")
 
 
 @dataclass(frozen=True)
@@ -60,8 +67,13 @@ def config_for(num_tokens: int, num_experts: int, top_k: int, intermediate: int,
     """The config of a step of `num_tokens` through experts [num_experts, 2 * intermediate, hidden] on the named GPU:
     its table's, else the rule's."""
     bucket = row_bucket(num_tokens)
-    table = next((t for name, t in TABLES.items() if name in device_name), {})
+    table = _named(TABLES, device_name)
     return table.get((bucket, num_experts, intermediate, hidden)) or default_config(bucket, num_experts, top_k)
+
+
+def _named(tables: Mapping[str, Mapping[Key, Value]], device_name: str) -> Mapping[Key, Value]:
+    """The table of the first GPU name contained in `device_name` ("H100" in "NVIDIA H100 80GB HBM3"), else empty."""
+    return next((table for name, table in tables.items() if name in device_name), {})
 
 
 @dataclass(frozen=True)
@@ -71,7 +83,20 @@ class DecodeTiles:
     block_n: int
     block_k: int
     num_warps: int = 4
+    num_stages: int = 1  # the K loop's software pipelining (tl.range's num_stages): 1, none
+    # The down kernel only: a token's slots split over this many programs per column tile, each writing its float32
+    # sum for a second pass to add in slot order (more programs at one token, and still no atomics).
+    slot_groups: int = 1
 
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    gate_up: DecodeTiles  # over (token, slot) pairs x intermediate columns, K = hidden
+    down: DecodeTiles  # over tokens x hidden columns, K = intermediate
+
+
+DecodeTable = dict[tuple[int, int, int, int], DecodeConfig]  # (tokens, top k, intermediate, hidden) -> tiles
+DECODE_TABLES: dict[str, DecodeTable] = {}  # device name -> measured table (empty until a sweep has been run there)
 
 DECODE_PROGRAMS = 512  # programs a decode kernel aims for: a few per multiprocessor, each streaming its rows
 DECODE_TILE_ELEMENTS = 8192  # a tile's elements: its float32 sums take 32 registers a thread at 8 warps
@@ -95,3 +120,16 @@ def decode_tiles(num_units: int, columns: int, k: int) -> DecodeTiles:
         block_n //= 2
     block_k = min(1 << max(0, k - 1).bit_length(), DECODE_TILE_ELEMENTS // block_n)
     return DecodeTiles(block_n, block_k, 8 if block_n * block_k >= 4096 else 4)
+
+
+def default_decode_config(num_tokens: int, top_k: int, intermediate: int, hidden: int) -> DecodeConfig:
+    """The rule's tiles for both decode kernels of a step."""
+    return DecodeConfig(decode_tiles(num_tokens * top_k, intermediate, hidden),
+                        decode_tiles(num_tokens, hidden, intermediate))
+
+
+def decode_config(num_tokens: int, top_k: int, intermediate: int, hidden: int, device_name: str = "") -> DecodeConfig:
+    """The decode kernels' tiles of a step of `num_tokens` on the named GPU: its table's, else the rule's. Tokens are
+    not bucketed: the decode path takes only a few token counts, each its own key."""
+    key = (num_tokens, top_k, intermediate, hidden)
+    return _named(DECODE_TABLES, device_name).get(key) or default_decode_config(*key)

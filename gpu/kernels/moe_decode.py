@@ -13,14 +13,18 @@ and no separate sum over each token's rows.
 2. Down: one program per (token, block of `block_n` hidden columns): over the token's top k experts in slot order,
    that expert's down rows times the pair's intermediate row scaled by its routing weight, and its bias times the
    weight, summed in float32 (deterministic: no atomics), plus `add` (a shared experts' output) where given; one
-   rounding.
+   rounding. With `slot_groups` > 1 a token's slots are split over that many programs per column tile (at one token
+   a column tile alone leaves few programs, each streaming every slot's rows), each storing its group's float32 sum;
+   gpu/kernels/moe_sum.py then adds the groups in order, and `add`.
 
 K (a model's size) is a compile-time constant, and x's or the intermediate's row is read in the weight tile's own
 layout (a broadcast load, from L1): no exchange through shared memory between the loads, so a program's loads (all
-its slots' in the down kernel) may all be in flight at once. Products in float32 on the weights as stored (float32
-weights: exact products, no TF32). Float weights only (the quantized formats run the grouped path). Every size comes
-from the step's shape, so a call is CUDA-graph capturable; with `use_pdl` each kernel is a programmatic dependent
-launch (gpu/kernels/pdl.py). Tiles: gpu/kernels/fused_moe_configs.py's `decode_tiles`; which steps come here: its
+its slots' in the down kernel) may all be in flight at once. With `num_stages` > 1 the K loop is software-pipelined
+instead: the next K tiles' loads go to shared memory asynchronously (Triton pipelines loads that feed no tl.dot only
+where the loop asks for stages). Products in float32 on the weights as stored (float32 weights: exact products, no
+TF32). Float weights only (the quantized formats run the grouped path). Every size comes from the step's shape, so a
+call is CUDA-graph capturable; with `use_pdl` each kernel is a programmatic dependent launch (gpu/kernels/pdl.py).
+Tiles: gpu/kernels/fused_moe_configs.py's `decode_config` (its table's or the rule's); which steps come here: its
 `uses_decode_path`.
 """
 
@@ -30,8 +34,9 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.fused_moe_configs import decode_tiles
+from gpu.kernels.fused_moe_configs import DecodeConfig, default_decode_config
 from gpu.kernels.moe_activation import ACTIVATIONS, activate
+from gpu.kernels.moe_sum import sum_rows
 from gpu.kernels.pdl import pdl_start
 from gpu.kernels.triton_math import add
 
@@ -59,6 +64,7 @@ def _gate_up_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     """out[pair, n] = act(gate_e[n] . x[token] (+ bias), up_e[n] . x[token] (+ bias)), e = ids[pair]."""
@@ -74,7 +80,7 @@ def _gate_up_kernel(
     # Products summed elementwise over the K tiles, reduced across K once at the end.
     gate_sums = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     up_sums = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
+    for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
         is_k = ks < K - k
         x = _load_k(tl.broadcast_to(x_ptrs[None, :], (BLOCK_N, BLOCK_K)), is_k[None, :], EVEN_K)
         gate_sums += _load_k(w_ptrs, is_k[None, :], EVEN_K) * x
@@ -101,11 +107,15 @@ def _down_kernel(
     EVEN_K: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    SLOT_GROUPS: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """out[t, n] = (add[t, n] +) sum_k weights[t, k] * (down_e[n] . h[t * TOP_K + k] (+ bias_e[n])), e = ids[t, k]."""
+    """out[t, n] = (add[t, n] +) sum_k weights[t, k] * (down_e[n] . h[t * TOP_K + k] (+ bias_e[n])), e = ids[t, k];
+    with SLOT_GROUPS > 1, out[t * SLOT_GROUPS + g, n] = that sum over group g's slots (program axis 2), no add."""
     pdl_start(USE_PDL)
     token = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(2)
     columns = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
     w_columns = (columns % N).to(tl.int64)
     ks = tl.arange(0, BLOCK_K)
@@ -113,13 +123,13 @@ def _down_kernel(
     # and K tiles, reduced across K once at the end; the biases, weighted, beside them.
     sums = tl.zeros([BLOCK_N, BLOCK_K], dtype=tl.float32)
     biases = tl.zeros([BLOCK_N], dtype=tl.float32)
-    for slot in tl.static_range(TOP_K):
-        pair = token * TOP_K + slot
+    for slot in tl.static_range(TOP_K // SLOT_GROUPS):
+        pair = token * TOP_K + group * (TOP_K // SLOT_GROUPS) + slot
         expert = tl.load(ids_ptr + pair).to(tl.int64)
         weight = tl.load(weights_ptr + pair)
         h_ptrs = h_ptr + pair * K + ks
         w_ptrs = w_ptr + expert * stride_we + w_columns[:, None] * stride_wn + ks[None, :]
-        for k in range(0, K, BLOCK_K):
+        for k in tl.range(0, K, BLOCK_K, num_stages=NUM_STAGES):
             is_k = ks < K - k
             h = _load_k(tl.broadcast_to(h_ptrs[None, :], (BLOCK_N, BLOCK_K)), is_k[None, :], EVEN_K)
             sums += _load_k(w_ptrs, is_k[None, :], EVEN_K) * (h * weight)
@@ -131,35 +141,44 @@ def _down_kernel(
     is_column = columns < N
     if HAS_ADD:
         out += tl.load(add_ptr + token * N + columns, mask=is_column, other=0.0).to(tl.float32)
-    tl.store(out_ptr + token * N + columns, out.to(out_ptr.dtype.element_ty), mask=is_column)
+    row = token * SLOT_GROUPS + group
+    tl.store(out_ptr + row * N + columns, out.to(out_ptr.dtype.element_ty), mask=is_column)
 
 
 def decode_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, weights: torch.Tensor,
                    expert_ids: torch.Tensor, act: "Activation", gate_up_bias: torch.Tensor | None = None,
-                   down_bias: torch.Tensor | None = None, pdl: bool = False,
-                   add: torch.Tensor | None = None) -> torch.Tensor:
+                   down_bias: torch.Tensor | None = None, pdl: bool = False, add: torch.Tensor | None = None,
+                   config: DecodeConfig | None = None) -> torch.Tensor:
     """fused_moe.fused_experts's output for the same arguments (checked there) with float weights; `pdl`: launch
-    with programmatic dependent launches (already resolved for the device)."""
+    with programmatic dependent launches (already resolved for the device); `config`: the kernels' tiles (None: the
+    rule's, gpu/kernels/fused_moe_configs.py's `default_decode_config`)."""
     num_tokens, hidden = x.shape
     intermediate = gate_up.shape[1] // 2
     top_k = expert_ids.shape[1]
+    config = config or default_decode_config(num_tokens, top_k, intermediate, hidden)
+    if top_k % config.down.slot_groups:
+        raise ValueError(f"slot_groups {config.down.slot_groups} does not divide top k {top_k}")
     ids = expert_ids.contiguous()
     activated = torch.empty(num_tokens * top_k, intermediate, dtype=x.dtype, device=x.device)
-    tiles = decode_tiles(num_tokens * top_k, intermediate, hidden)
+    tiles = config.gate_up
     _gate_up_kernel[(num_tokens * top_k, triton.cdiv(intermediate, tiles.block_n))](
         x, gate_up, gate_up_bias if gate_up_bias is not None else gate_up, ids, activated, intermediate, x.stride(0),
         gate_up.stride(0), gate_up.stride(1), gate_up_bias.stride(0) if gate_up_bias is not None else 0, K=hidden,
         TOP_K=top_k, ACTIVATION=ACTIVATIONS[act.kind], ALPHA=float(act.alpha), LIMIT=float(act.limit),
         HAS_BIAS=gate_up_bias is not None, EVEN_K=hidden % tiles.block_k == 0, BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps,
+        BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps,
     )
     out = torch.empty_like(x)
-    tiles = decode_tiles(num_tokens, hidden, intermediate)
-    _down_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_n))](
+    tiles = config.down
+    groups = tiles.slot_groups
+    # Slot groups: each group's float32 sum, summed by gpu/kernels/moe_sum.py (with `add`) into out.
+    sums = out if groups == 1 else torch.empty(num_tokens * groups, hidden, dtype=torch.float32, device=x.device)
+    _down_kernel[(num_tokens, triton.cdiv(hidden, tiles.block_n), groups)](
         activated, down, down_bias if down_bias is not None else down, ids, weights,
-        add if add is not None else out, out, hidden, down.stride(0), down.stride(1),
+        add if add is not None and groups == 1 else sums, sums, hidden, down.stride(0), down.stride(1),
         down_bias.stride(0) if down_bias is not None else 0, K=intermediate, TOP_K=top_k,
-        HAS_BIAS=down_bias is not None, HAS_ADD=add is not None, EVEN_K=intermediate % tiles.block_k == 0,
-        BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps,
+        HAS_BIAS=down_bias is not None, HAS_ADD=add is not None and groups == 1,
+        EVEN_K=intermediate % tiles.block_k == 0, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, SLOT_GROUPS=groups,
+        NUM_STAGES=tiles.num_stages, USE_PDL=pdl, launch_pdl=pdl, num_warps=tiles.num_warps,
     )
-    return out
+    return out if groups == 1 else sum_rows(sums, add, out, pdl)

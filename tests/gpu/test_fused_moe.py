@@ -8,6 +8,8 @@ sums in float32 on the same rounded weights and inputs: a few bf16 roundings of 
 kernels' products are exact (no TF32), so only the order of the sums differs.
 """
 
+from dataclasses import replace
+
 import pytest
 import torch
 
@@ -169,8 +171,9 @@ def test_decode_kernels_match_the_grouped_gemms_and_the_reference(shape: str, us
         chosen = fused_moe.fused_experts(*args, use_pdl=use_pdl, add=add)  # the decode kernels where the rule says
         grouped = fused_moe.fused_experts(*args, config=config_for(num_tokens, num_experts, top_k, intermediate,
                                                                    hidden), use_pdl=use_pdl, add=add)
+        config = fused_moe_configs.decode_config(num_tokens, top_k, intermediate, hidden, torch.cuda.get_device_name())
         decoded = moe_decode.decode_experts(*args, pdl=use_pdl and torch.cuda.get_device_capability()[0] >= 9,
-                                            add=add)
+                                            add=add, config=config)
         reference = experts_reference(x.float(), reference_experts,
                                       RoutedTokens(routed.weights, routed.expert_ids.long())) + add.float()
         assert_close(decoded, reference, torch.bfloat16)
@@ -192,10 +195,16 @@ def test_decode_kernels_are_exact_in_float32() -> None:
                      torch.float32)
 
 
+@pytest.mark.parametrize("slot_groups", [None, 4])
 @pytest.mark.parametrize("num_tokens", [1, 2])
-def test_decode_kernels_in_a_cuda_graph_follow_new_inputs(num_tokens: int) -> None:
+def test_decode_kernels_in_a_cuda_graph_follow_new_inputs(num_tokens: int, slot_groups: int | None) -> None:
+    """With the GPU's tiles, and with the down kernel's slots in groups (float32 partial sums and a second pass)."""
     num_experts, top_k, hidden, intermediate, act, _ = SHAPES["qwen3-30b-a3b"]
     assert fused_moe_configs.uses_decode_path(num_tokens, top_k, num_experts)
+    config = None
+    if slot_groups is not None:
+        rule = fused_moe_configs.default_decode_config(num_tokens, top_k, intermediate, hidden)
+        config = fused_moe_configs.DecodeConfig(rule.gate_up, replace(rule.down, slot_groups=slot_groups))
     experts = cast(random_experts(num_experts, hidden, intermediate, act, device="cuda"), torch.bfloat16)
     x = torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device="cuda")
     add = torch.empty_like(x)
@@ -204,7 +213,7 @@ def test_decode_kernels_in_a_cuda_graph_follow_new_inputs(num_tokens: int) -> No
     def step() -> torch.Tensor:
         weights, ids = moe_route.route(logits, ROUTINGS["qwen3-moe"], None, True)
         return fused_moe.fused_experts(x, experts.gate_up_proj, experts.down_proj, weights, ids,
-                                       activation(experts.spec), use_pdl=True, add=add)
+                                       activation(experts.spec), config=config, use_pdl=True, add=add)
 
     for t in (x, add, logits):
         t.normal_()
@@ -215,3 +224,6 @@ def test_decode_kernels_in_a_cuda_graph_follow_new_inputs(num_tokens: int) -> No
             t.copy_(torch.randn(t.shape, device="cuda", generator=generator))
         graph.replay()
         assert torch.equal(out, step())
+        weights, ids = moe_route.route(logits, ROUTINGS["qwen3-moe"], None, False)
+        reference = experts_reference(x.float(), cast(experts, torch.float32), RoutedTokens(weights, ids.long()))
+        assert_close(out, reference + add.float(), torch.bfloat16)

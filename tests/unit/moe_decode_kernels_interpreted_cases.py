@@ -1,9 +1,11 @@
 """Cases for the MoE decode kernels (gpu/kernels/moe_decode.py) under Triton's interpreter on the CPU, run by
 tests/unit/test_attention_kernels_interpreted.py in a process with TRITON_INTERPRET=1: against gpu/layers/moe.py's
 torch reference at 1 to 4 tokens, top k 1 to 4, with and without biases, SiLU and the clamped SwiGLU, with and without
-a shared experts' `add`, K in one tile or several with a partial last one, columns past the last column tile; and
-fused_moe.fused_experts's choice of them. float32 (exact products: only the order of the sums differs) and float16
-(the interpreter's bfloat16 is not numpy's; tests/gpu/test_fused_moe.py checks bf16 on CUDA)."""
+a shared experts' `add`, K in one tile or several with a partial last one, columns past the last column tile, the
+down kernel's slots in groups (float32 partial sums and a second pass); and fused_moe.fused_experts's choice of them
+and of their tiles (a GPU's table over the rule, for its key only). float32 (exact products: only the order of the
+sums differs) and float16 (the interpreter's bfloat16 is not numpy's; tests/gpu/test_fused_moe.py checks bf16 on
+CUDA)."""
 
 from types import ModuleType
 
@@ -12,7 +14,15 @@ import torch
 
 import gpu.kernels.fused_moe as fused_moe
 import gpu.kernels.moe_decode as moe_decode
-from gpu.kernels.fused_moe_configs import DecodeTiles, decode_tiles, uses_decode_path
+from gpu.kernels import fused_moe_configs
+from gpu.kernels.fused_moe_configs import (
+    DecodeConfig,
+    DecodeTiles,
+    decode_config,
+    decode_tiles,
+    default_decode_config,
+    uses_decode_path,
+)
 from gpu.layers.moe import RoutedTokens, activation, experts_reference
 from tests.moe_cases import cast, random_experts, random_routing
 
@@ -30,7 +40,8 @@ def fused() -> ModuleType:
 
 
 def run(decode: ModuleType, num_tokens: int, top_k: int, act: str, has_bias: bool, has_add: bool,
-        dtype: torch.dtype = torch.float32, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        dtype: torch.dtype = torch.float32, seed: int = 0,
+        config: DecodeConfig | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the decode kernels' output in `dtype`, the reference's in float32 on the same rounded weights and inputs)."""
     torch.set_grad_enabled(False)
     experts = cast(random_experts(NUM_EXPERTS, HIDDEN, INTERMEDIATE, act, has_bias, seed=seed), dtype)
@@ -39,7 +50,8 @@ def run(decode: ModuleType, num_tokens: int, top_k: int, act: str, has_bias: boo
     x = torch.randn(num_tokens, HIDDEN, generator=generator).to(dtype)
     add = torch.randn(num_tokens, HIDDEN, generator=generator).to(dtype) if has_add else None
     out = decode.decode_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
-                                activation(experts.spec), experts.gate_up_proj_bias, experts.down_proj_bias, add=add)
+                                activation(experts.spec), experts.gate_up_proj_bias, experts.down_proj_bias, add=add,
+                                config=config)
     reference = experts_reference(x.float(), cast(experts, torch.float32),
                                   RoutedTokens(routed.weights, routed.expert_ids.long()))
     return out, reference if add is None else reference + add.float()
@@ -69,10 +81,26 @@ def test_decode_kernels_match_the_torch_reference(decode: ModuleType, num_tokens
 @pytest.mark.parametrize("tiles", [DecodeTiles(8, 16), DecodeTiles(16, 32)])
 def test_several_k_tiles_and_partial_column_tiles(decode: ModuleType, tiles: DecodeTiles) -> None:
     # K 48 and 40 in tiles of 16 or 32 (a partial last one for 40 / 16 and 48 / 32); 40 and 48 columns in tiles of 16
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(decode, "decode_tiles", lambda *args: tiles)
-        out, reference = run(decode, 3, 2, "clamped_swiglu", True, True, seed=tiles.block_n)
+    out, reference = run(decode, 3, 2, "clamped_swiglu", True, True, seed=tiles.block_n,
+                         config=DecodeConfig(tiles, tiles))
     assert_close(out, reference, torch.float32)
+
+
+@pytest.mark.parametrize(("num_tokens", "top_k", "slot_groups", "has_add"), [
+    (1, 4, 2, True), (1, 4, 4, False), (2, 2, 2, True), (3, 4, 2, False),
+])
+def test_slot_groups_sum_to_the_reference(decode: ModuleType, num_tokens: int, top_k: int, slot_groups: int,
+                                          has_add: bool) -> None:
+    config = DecodeConfig(DecodeTiles(16, 32, num_warps=2, num_stages=1), DecodeTiles(8, 16, slot_groups=slot_groups))
+    out, reference = run(decode, num_tokens, top_k, "clamped_swiglu", True, has_add, seed=slot_groups, config=config)
+    assert_close(out, reference, torch.float32)
+    out, reference = run(decode, num_tokens, top_k, "silu", False, has_add, torch.float16, seed=5, config=config)
+    assert_close(out, reference, torch.float16)  # the partial sums stay float32: still one rounding of the output
+
+
+def test_slot_groups_must_divide_top_k(decode: ModuleType) -> None:
+    with pytest.raises(ValueError, match="slot_groups 4 does not divide top k 2"):
+        run(decode, 1, 2, "silu", False, False, config=DecodeConfig(DecodeTiles(8, 16), DecodeTiles(8, 16, 1, 3, 4)))
 
 
 def test_float16_rounds_the_intermediate_and_the_output_once_each(decode: ModuleType) -> None:
@@ -100,6 +128,46 @@ def test_fused_experts_takes_the_decode_kernels_at_a_few_tokens_only(fused: Modu
             assert_close(out, experts_reference(x, experts, RoutedTokens(routed.weights, routed.expert_ids.long())),
                          torch.float32)
     assert calls == [1]
+
+
+def test_fused_experts_runs_the_decode_kernels_with_its_gpus_table(fused: ModuleType) -> None:
+    experts = random_experts(NUM_EXPERTS, HIDDEN, INTERMEDIATE, "clamped_swiglu", has_bias=True, seed=4)
+    entry = DecodeConfig(DecodeTiles(16, 16, num_warps=2, num_stages=1), DecodeTiles(32, 16, 8, 2, slot_groups=2))
+    configs: list[DecodeConfig] = []
+    original = fused.decode_experts
+
+    def spied(*args: object) -> torch.Tensor:
+        configs.append(args[-1])  # type: ignore[arg-type]
+        return original(*args)
+
+    torch.set_grad_enabled(False)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(fused_moe_configs.DECODE_TABLES, "Test GPU", {(1, 2, INTERMEDIATE, HIDDEN): entry})
+        patch.setattr(fused, "device_name", lambda x: "NVIDIA Test GPU")
+        patch.setattr(fused, "decode_experts", spied)
+        routed = random_routing(1, NUM_EXPERTS, 2, seed=4)
+        x = torch.randn(1, HIDDEN, generator=torch.Generator().manual_seed(4))
+        out = fused.fused_experts(x, experts.gate_up_proj, experts.down_proj, routed.weights, routed.expert_ids,
+                                  activation(experts.spec), experts.gate_up_proj_bias, experts.down_proj_bias)
+    assert configs == [entry]
+    assert_close(out, experts_reference(x, experts, RoutedTokens(routed.weights, routed.expert_ids.long())),
+                 torch.float32)
+
+
+def test_a_gpus_decode_table_overrides_the_rule_for_its_key_only() -> None:
+    entry = DecodeConfig(DecodeTiles(4, 256, 2, 1), DecodeTiles(16, 128, 4, 2, slot_groups=8))
+    rule = default_decode_config(1, 8, 768, 2048)
+    assert rule == DecodeConfig(decode_tiles(8, 768, 2048), decode_tiles(1, 2048, 768)) != entry
+    gpu = "NVIDIA Test GPU 80GB"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setitem(fused_moe_configs.DECODE_TABLES, "Test GPU", {(1, 8, 768, 2048): entry})
+        assert decode_config(1, 8, 768, 2048, gpu) == entry
+        assert decode_config(1, 8, 768, 2048, "NVIDIA Other GPU") == rule  # another GPU
+        assert decode_config(1, 8, 768, 2048) == rule  # no GPU (the interpreter)
+        assert decode_config(2, 8, 768, 2048, gpu) == default_decode_config(2, 8, 768, 2048)  # other keys: the rule
+        assert decode_config(1, 4, 768, 2048, gpu) == default_decode_config(1, 4, 768, 2048)
+        assert decode_config(1, 8, 768, 4096, gpu) == default_decode_config(1, 8, 768, 4096)
+    assert decode_config(1, 8, 768, 2048, gpu) == rule  # the entry gone with its table
 
 
 def test_the_decode_rule() -> None:

@@ -1,7 +1,7 @@
 """The MoE kernels compiled for Hopper (sm_90) on the CPU, by Triton's own compiler and ptxas (no GPU needed): every
 config the tile rule gives, at the real shapes of the MoE families, fits in an H100's shared memory and runs without
 spilling registers, the GEMMs' loads are pipelined (more than one stage of shared memory), and the decode kernels
-read their tiles in 16-byte loads. Arguments are
+read their tiles in 16-byte loads (through shared memory only where a tile asks for pipeline stages). Arguments are
 specialized as a launch on a GPU would specialize them (pointers 16-byte aligned; sizes and strides that are
 multiples of 16 marked so), which is what lets the compiler pipeline the loads."""
 
@@ -15,7 +15,7 @@ triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
-from gpu.kernels import fused_moe, moe_align, moe_decode, moe_route  # noqa: E402
+from gpu.kernels import fused_moe, moe_align, moe_decode, moe_route, moe_sum  # noqa: E402
 from gpu.kernels.fused_moe_configs import decode_tiles, default_config, uses_decode_path  # noqa: E402
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
@@ -127,7 +127,7 @@ def test_float32_gemm_fits() -> None:
 
 def test_top_k_sum_kernel_fits() -> None:
     signature = {"rows_ptr": "*bf16", "add_ptr": "*bf16", "out_ptr": "*bf16", "hidden": "i32"}
-    _, spilled, shared = compiled(fused_moe._sum_kernel, signature,
+    _, spilled, shared = compiled(moe_sum._sum_kernel, signature,
                                   dict(TOP_K=8, HAS_ADD=True, BLOCK=1024, USE_PDL=True), 4)
     assert spilled == 0 and shared <= MAX_SHARED
 
@@ -184,12 +184,30 @@ def test_decode_kernels_fit_and_stream_weights_in_16_byte_loads(shape: str) -> N
                 EVEN_K=hidden % gate_up.block_k == 0)),
             (moe_decode._down_kernel, DECODE_DOWN, down, dict(
                 K=intermediate, TOP_K=top_k, HAS_BIAS=is_gpt_oss, HAS_ADD=True,
-                EVEN_K=intermediate % down.block_k == 0)),
+                EVEN_K=intermediate % down.block_k == 0, SLOT_GROUPS=down.slot_groups)),
         ]
         for (fn, signature, tiles, constants), num_tiles in zip(kernels, (3, 2 * top_k), strict=True):
-            constants |= dict(BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, USE_PDL=True)
+            constants |= dict(BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, USE_PDL=True)
             _, spilled, shared = compiled(fn, signature, constants, tiles.num_warps)
             assert spilled == 0 and shared <= MAX_SHARED, (shape, num_tokens, tiles, spilled)
             ptx = compile_for_hopper(fn, signature, constants, tiles.num_warps).asm["ptx"]
             loads_per_tile = tiles.block_n * tiles.block_k * 2 // (16 * 32 * tiles.num_warps)
             assert ptx.count("ld.global.v4.b32") >= num_tiles * loads_per_tile, (shape, num_tokens, tiles)
+
+
+def test_decode_kernels_pipeline_their_k_loop_and_split_slots_when_asked() -> None:
+    """Qwen3-30B-A3B at one token: a gate/up tile with stages brings its K tiles by cp.async into shared memory (the
+    loop's num_stages; without stages no load goes through shared memory), and a down kernel over slot groups fits."""
+    gate_up = dict(K=2048, TOP_K=8, ACTIVATION=0, ALPHA=1.702, LIMIT=7.0, HAS_BIAS=False, EVEN_K=True, BLOCK_N=8,
+                   BLOCK_K=512, USE_PDL=True)
+    for num_stages in (1, 3):
+        constants = gate_up | dict(NUM_STAGES=num_stages)
+        kernel = compile_for_hopper(moe_decode._gate_up_kernel, DECODE_GATE_UP, constants, 4)
+        assert ("cp.async" in kernel.asm["ptx"]) == (num_stages > 1)
+        _, spilled, shared = compiled(moe_decode._gate_up_kernel, DECODE_GATE_UP, constants, 4)
+        assert spilled == 0 and shared <= MAX_SHARED
+    down = dict(K=768, TOP_K=8, HAS_BIAS=False, HAS_ADD=False, EVEN_K=True, BLOCK_N=16, BLOCK_K=256, SLOT_GROUPS=8,
+                NUM_STAGES=2, USE_PDL=True)
+    signature = DECODE_DOWN | {"out_ptr": "*fp32", "add_ptr": "*fp32"}  # the groups' float32 sums
+    _, spilled, shared = compiled(moe_decode._down_kernel, signature, down, 4)
+    assert spilled == 0 and shared <= MAX_SHARED
