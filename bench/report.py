@@ -167,17 +167,16 @@ def _cpu_conditions(run: Result) -> str:
 
 
 def skinny_gemm(results: list[Result]) -> list[str]:
-    """cuBLAS against the skinny GEMM as the shipped table configured it, us per call; bold: the faster."""
-    if (run := _latest(results, "skinny-gemm")) is None:
-        return []
-    rows_of = sorted({r["m"] for r in run["rows"]})
+    """cuBLAS against the skinny GEMM as shipped, us per call, each shape from its latest run; bold: the faster."""
+    latest = {r["shape"]: run for run in sorted(_by(results, "skinny-gemm"), key=lambda r: r["date"])
+              for r in run["rows"]}
+    rows_of = sorted({r["m"] for shape, run in latest.items() for r in run["rows"] if r["shape"] == shape})
     lines = ["| shape (N x K) | " + " | ".join(str(m) for m in rows_of) + " |", "| --- |" + " ---: |" * len(rows_of)]
-    for shape in dict.fromkeys(r["shape"] for r in run["rows"]):
+    for shape, run in latest.items():
         cells = {r["m"]: r for r in run["rows"] if r["shape"] == shape}
-        first = next(iter(cells.values()))
-        lines.append(f"| {shape} {first['n']}x{first['k']} | " + " | ".join(
+        lines.append(f"| {shape} {cells[min(cells)]['n']}x{cells[min(cells)]['k']} | " + " | ".join(
             _gemm_cell(cells[m]) if m in cells else "-" for m in rows_of) + " |")
-    return lines + sources([run])
+    return lines + sources(list({run["file"]: run for run in latest.values()}.values())) if latest else []
 
 
 def _gemm_cell(row: Result) -> str:

@@ -9,7 +9,7 @@ The rule (`default_config`): while a step has few pairs per expert, tiles of 16 
 streamed once for its few rows: the GEMMs are bandwidth-bound, and wider column tiles let fewer programs cover
 it); with more pairs per expert, taller row tiles, so each weight tile is reused over more rows. A GPU's measured
 table (`python -m bench.kernels.fused_moe --sweep`), keyed by (bucket, experts, intermediate size per rank,
-hidden size), overrides the rule where it has the key; none is measured yet. The decode kernels' tiles
+hidden size), overrides the rule where it has the key (none measured so far). The decode kernels' tiles
 (gpu/kernels/moe_decode.py) likewise: the rule `decode_tiles`, overridden per GPU by DECODE_TABLES, keyed by the
 step's (tokens, top k, intermediate size per rank, hidden size). This module needs no triton.
 """
@@ -96,7 +96,13 @@ class DecodeConfig:
 
 
 DecodeTable = dict[tuple[int, int, int, int], DecodeConfig]  # (tokens, top k, intermediate, hidden) -> tiles
-DECODE_TABLES: dict[str, DecodeTable] = {}  # device name -> measured table (empty until a sweep has been run there)
+# Device name -> the decode kernels' tiles measured fastest there (`python -m bench.kernels.fused_moe --sweep`).
+# H100 80GB HBM3: Qwen3-30B-A3B's experts at one and two tokens.
+DECODE_TABLES: dict[str, DecodeTable] = {"H100": {
+    (1, 8, 768, 2048): DecodeConfig(gate_up=DecodeTiles(4, 512, num_warps=8), down=DecodeTiles(8, 256, num_warps=8)),
+    (2, 8, 768, 2048): DecodeConfig(gate_up=DecodeTiles(8, 256, num_warps=4),
+                                    down=DecodeTiles(16, 128, num_warps=8, slot_groups=2)),
+}}
 
 DECODE_PROGRAMS = 512  # programs a decode kernel aims for: a few per multiprocessor, each streaming its rows
 DECODE_TILE_ELEMENTS = 8192  # a tile's elements: its float32 sums take 32 registers a thread at 8 warps
