@@ -33,12 +33,13 @@ steps of a bucket and no more often than keeps its cost within `exploration_shar
 costs the tokens its steps give up against the best arm's rate, plus the entry into verification where it verifies.
 Where verifying is cheap (one sequence) that allows a refresh every `refresh_steps`; where entering it makes the
 device drain a step of hundreds of rows, refreshes come far apart.
-A plain step's time enters the plain arm's average at most `max_step_growth` times that average: one slow step (a
-garbage collection, a burst of another process) would otherwise make plain decoding look slow for as long as it is
-not chosen (once it loses it is measured again only at refreshes), keeping speculation on where it loses. A lasting
-change of cost still comes through, by that factor a step. Verifying steps' times enter whole: their slow steps are
-theirs (a verifying step waits for its own result, so what delays the host delays it), and an arm that looks slower
-than it is only errs towards plain decoding.
+A step's time enters its arm's average at most `max_step_growth` times that average: one slow step (a garbage
+collection, a burst of another process) would otherwise make an arm look slow for as long as it is not chosen (a
+losing arm is measured again only at refreshes), and for plain decoding that would keep speculation on where it
+loses. A lasting change of cost still comes through, by that factor a step. What a verifying step takes beyond the
+cap still counts, in a slower running average of its own (weight `tail_weight`) added to the arm's: its slow steps
+are its own (it waits for its own result, so what delays the host delays it), and their share of its time is part of
+what it costs, while one of them alone moves the figure little.
 Not measured in the arms' averages: steps with prompt tokens (prefill: their time says nothing about decoding; they
 get no drafts), and the steps after one as after a change of k; the first step after a change of k, which pays for the
 step the previous k left in flight (a verifying step waits for it; its excess is the entry cost above) or for none (a
@@ -67,6 +68,11 @@ _PLAIN, _PROMPT = 0, -1  # kinds of step that verification can be entered from (
 class _Arm:
     seconds: float | None = None  # running average of a step's wall time
     last_step: int = -1  # the bucket's step count when last measured
+    num_samples: int = 0  # steps measured
+    tail_seconds: float = 0.0  # running average of the time its steps took beyond the cap (verifying arms)
+
+    def cost(self) -> float | None:
+        return None if self.seconds is None else self.seconds + self.tail_seconds
 
 
 @dataclass
@@ -91,10 +97,11 @@ class _Bucket:
 class DraftLengthController:
     max_drafts: int
     refresh_steps: int = 100
-    exploration_share: float = 0.02  # of a bucket's time that refreshing losing arms may cost
+    exploration_share: float = 0.01  # of a bucket's time that refreshing losing arms may cost
     time_weight: float = 0.2  # of a new step time in the running average
     acceptance_weight: float = 0.05  # of a new step's acceptance in the running averages
-    max_step_growth: float = 1.5  # a plain step's time enters its arm's average at most this multiple of it
+    max_step_growth: float = 1.5  # a step's time enters its arm's average at most this multiple of it
+    tail_weight: float = 0.05  # of a verifying step's time beyond that cap in its arm's average of such time
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
     _previous_kind: int = 0  # the last step observed: its draft length, or -1 for one with prompt tokens
@@ -161,13 +168,18 @@ class DraftLengthController:
         arm = bucket.arms[num_drafts]
         if self._num_same == 1 and previous <= _PLAIN and arm.seconds is not None and (num_drafts or previous):
             key = (previous, num_drafts > 0)
-            excess, average = seconds - arm.seconds, bucket.entry_excess.get(key)
+            excess, average = seconds - arm.cost(), bucket.entry_excess.get(key)  # type: ignore[operator]
             bucket.entry_excess[key] = excess if average is None else average + self.time_weight * (excess - average)
         if self._num_same <= _unmeasured_steps(num_drafts):
             return
-        if arm.seconds is not None and not num_drafts:
-            seconds = min(seconds, self.max_step_growth * arm.seconds)
-        arm.seconds = seconds if arm.seconds is None else arm.seconds + self.time_weight * (seconds - arm.seconds)
+        if arm.seconds is not None:
+            capped = min(seconds, self.max_step_growth * arm.seconds)
+            if num_drafts:
+                arm.tail_seconds += self.tail_weight * (seconds - capped - arm.tail_seconds)
+            seconds = capped
+        arm.num_samples += 1
+        weight = max(self.time_weight, 1.0 / arm.num_samples)  # the mean of the first few, then a running average
+        arm.seconds = seconds if arm.seconds is None else arm.seconds + weight * (seconds - arm.seconds)
         arm.last_step = bucket.num_steps
         bucket.num_steps += 1
         bucket.num_steps_since_refresh += 1
@@ -187,9 +199,9 @@ class DraftLengthController:
         or for an untried k its most hopeful (the line between plain decoding's time and the longest's), with
         the entry into verification spread over the run expected ahead where the last step did not verify."""
         arms = bucket.arms
-        seconds = arms[k].seconds
+        seconds = arms[k].cost()
         if seconds is None:
-            plain, longest = arms[0].seconds, arms[self.max_drafts].seconds
+            plain, longest = arms[0].cost(), arms[self.max_drafts].cost()
             assert plain is not None and longest is not None, "plain decoding and the longest k are tried first"
             seconds = plain + (longest - plain) * k / self.max_drafts
         if k and self._previous_kind <= _PLAIN:
@@ -200,7 +212,7 @@ class DraftLengthController:
     def _refresh_seconds(self, bucket: _Bucket, k: int, rates: list[float]) -> float:
         """What measuring arm k again costs: the tokens its steps give up against the best rate (in the best arm's
         time), and the entry into verification from plain decoding where it verifies."""
-        arm_seconds = bucket.arms[k].seconds
+        arm_seconds = bucket.arms[k].cost()
         assert arm_seconds is not None, "only a measured arm is refreshed"
         lost = (_unmeasured_steps(k) + 1) * arm_seconds * max(0.0, 1.0 - rates[k] / max(rates))
         return lost + (bucket.entry_seconds(_PLAIN) if k else 0.0)

@@ -256,13 +256,13 @@ def refreshes(times: dict[int, float], acceptance: float, num_steps: int) -> str
 
 def test_a_losing_arm_is_refreshed_as_often_as_its_cost_allows() -> None:
     """A refresh runs two steps at k = 1 (the first not measured), then two unmeasured plain steps. One that gives
-    up a quarter of its two steps' tokens (rate 0.75 against 1.0: 1.0 of time) waits until it costs 2% of the
-    steps' time: 50 measured steps; one that gives up 5% of them comes every refresh_steps (10 measured steps)."""
-    far = refreshes({0: 1.0, 1: 2.0}, 0.5, 200)
+    up a quarter of its two steps' tokens (rate 0.75 against 1.0: 1.0 of time) waits until it costs 1% of the
+    steps' time: 100 measured steps; one that gives up 5% of them (0.1 of time) every 10."""
+    far = refreshes({0: 1.0, 1: 2.0}, 0.5, 400)
     assert re.fullmatch(r"0*11(0+11)+0*1?", far), far
-    assert {len(run) for run in far.strip("0").split("11") if run} == {51}, far
+    assert {len(run) for run in far.strip("0").split("11") if run} == {101}, far
     near = refreshes({0: 1.0, 1: 1.1}, 0.05, 100)
-    assert {len(run) for run in near.strip("0").split("11")[1:-1]} == {11}, near
+    assert {len(run) for run in near.strip("0").split("11")[1:-1]} == {12}, near
 
 
 def test_a_refreshed_arm_can_take_over() -> None:
@@ -321,14 +321,23 @@ def test_one_slow_plain_step_does_not_turn_speculation_on() -> None:
     assert controller.choose(1) == 1
 
 
-def test_a_slow_verifying_step_counts_whole() -> None:
-    """Verifying steps' slow steps are theirs (each waits for its own result): one of 10 units moves the verifying
-    arm's average to 3.2, where plain decoding's 1.0 per token wins; capped as a plain step is, it would stay at 1.65
-    and keep verifying."""
+def test_a_verifying_arms_slow_steps_count_in_its_cost() -> None:
+    """Verifying steps' slow steps are theirs (each waits for its own result): one of 10 units enters the arm's
+    average capped (1.5 -> 1.65) and its excess over the cap (7.75) the arm's tail average at weight 0.05, a cost of
+    2.04 where plain decoding's 1.0 per token wins; capped alone it would stay at 1.65 and keep verifying."""
     controller = run_controller({0: 1.0, 1: 1.5}, [0.9], controller=DraftLengthController(1, refresh_steps=1000))
     assert controller.choose(1) == 1
     controller.observe_step(1, 1, 10.0)
     assert controller.choose(1) == 0
+
+
+def test_an_arms_first_steps_are_averaged_evenly() -> None:
+    """An arm's first measured steps are averaged as equals (then a running average): one sample must not stand for
+    an arm that is measured again only at refreshes."""
+    controller = DraftLengthController(max_drafts=1)
+    for seconds in (9.0, 9.0, 1.0, 1.2, 1.4):  # two unmeasured plain steps, then three measured ones
+        controller.observe_step(1, 0, seconds)
+    assert controller._bucket(1).arms[0].seconds == pytest.approx(1.2)  # noqa: SLF001 - the figure itself
 
 
 # -- blocks of rejected drafts
