@@ -157,7 +157,7 @@ class LLMEngine:
 
     def _draft_runner(self) -> Runner | None:
         """The draft model's runner (speculative method draft_model): one device, the target's KV blocks; for methods
-        mtp and eagle3 the target's own, built with the head."""
+        mtp and eagle3 the target's own, built with the head (sharded as the target)."""
         spec = self.config.scheduler.speculative_config
         if spec is not None and spec.method in DRAFT_HEAD_METHODS:
             return self.runner
@@ -711,10 +711,8 @@ def num_state_rows(config: EngineConfig, info: ModelInfo) -> int:
 
 
 def _check_draft_head(config: EngineConfig, method: str) -> None:
-    """A draft head runs on one device; method mtp needs a family whose head we run and a checkpoint that has it
-    (an EAGLE-3 head's directory is checked as it loads)."""
-    if config.model.tensor_parallel_size != 1:
-        raise ValueError(f"speculative_config.method {method!r} runs with tensor_parallel_size 1 only")
+    """Method mtp needs a family whose head we run and a checkpoint that has it (an EAGLE-3 head's directory is
+    checked as it loads). Under tensor parallelism each rank runs the head on its shard, as the target."""
     if method != "mtp":
         return
     hf_config = load_hf_config(config.model.model)

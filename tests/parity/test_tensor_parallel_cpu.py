@@ -54,10 +54,10 @@ def model_dirs(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPa
     return {**tiny_model_dirs, "llama-biases-odd-vocab": biased}
 
 
-def make_llm(model_dir: Path, tensor_parallel_size: int) -> LLM:
+def make_llm(model_dir: Path, tensor_parallel_size: int, **settings: object) -> LLM:
     # 20 blocks of 4 tokens and 16 tokens a step: long prompts are chunked and a batch cannot stay resident.
     return LLM(str(model_dir), device="cpu", dtype="float32", tensor_parallel_size=tensor_parallel_size, block_size=4,
-               kv_cache_blocks=20, max_num_seqs=8, max_num_batched_tokens=16)
+               kv_cache_blocks=20, max_num_seqs=8, max_num_batched_tokens=16, **settings)
 
 
 @pytest.fixture(scope="module", params=MODELS)

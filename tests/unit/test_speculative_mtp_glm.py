@@ -46,7 +46,3 @@ def test_a_checkpoint_without_its_mtp_layer_is_refused_at_start(tmp_path: Path,
     with pytest.raises(ValueError, match=named):
         LLM(str(directory), **COMMON, speculative_config=SPECULATIVE)
 
-
-def test_mtp_under_tensor_parallelism_is_refused_before_the_runner_starts(glm_dir: Path) -> None:
-    with pytest.raises(ValueError, match="speculative_config.method 'mtp' runs with tensor_parallel_size 1 only"):
-        LLM(str(glm_dir), **COMMON, tensor_parallel_size=2, speculative_config=SPECULATIVE)
