@@ -151,20 +151,22 @@ class LLMEngine:
         self.metrics = EngineMetrics()
         if spec_config is not None and self.pooling is not None:
             raise ValueError("speculative_config: a pooling model generates no tokens to speculate on")
+        draft_runner = None if spec_config is None else self._draft_runner()
+        # A draft model's runner is the engine's to stop with its own (its tensor-parallel workers); a head's is the
+        # target's.
+        self._draft_model_runner = draft_runner if draft_runner is not self.runner else None
         self.speculation = None if spec_config is None else Speculation(
-            spec_config, self.max_model_len, self._draft_runner(), self.block_size,
-            config.scheduler.max_num_batched_tokens)
+            spec_config, self.max_model_len, draft_runner, self.block_size, config.scheduler.max_num_batched_tokens)
 
     def _draft_runner(self) -> Runner | None:
-        """The draft model's runner (speculative method draft_model): one device, the target's KV blocks; for methods
-        mtp and eagle3 the target's own, built with the head (sharded as the target)."""
+        """The draft model's runner (speculative method draft_model): the target's KV blocks and tensor-parallel size
+        (its own worker processes, one per GPU of the target's, as vLLM runs a draft under the target's TP); for
+        methods mtp and eagle3 the target's own, built with the head (sharded as the target)."""
         spec = self.config.scheduler.speculative_config
         if spec is not None and spec.method in DRAFT_HEAD_METHODS:
             return self.runner
         if spec is None or spec.model is None:
             return None
-        if self.config.model.tensor_parallel_size != 1:
-            raise ValueError("speculative_config.model: a draft model runs with tensor_parallel_size 1 only")
         draft_info = read_model_info(spec.model)
         if draft_info.vocab_size != self.vocab_size:
             raise ValueError(f"speculative_config.model {spec.model!r}: its vocabulary is not the target's")
@@ -276,11 +278,13 @@ class LLMEngine:
         return self.step()
 
     def close(self) -> None:
-        """Stops the grammar compiler's thread and the runner's tensor-parallel workers, if any (the
-        interface of core.engine_process.EngineProcess)."""
+        """Stops the grammar compiler's thread and the runners' tensor-parallel workers (the target's, a draft
+        model's), if any (the interface of core.engine_process.EngineProcess)."""
         if self._grammars is not None:
             self._grammars.close()
         self.runner.close()
+        if self._draft_model_runner is not None:
+            self._draft_model_runner.close()
 
     def restarted(self) -> "LLMEngine":
         """A fresh engine in place of this failed one: new requests, blocks and scheduler on the same model

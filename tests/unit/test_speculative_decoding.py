@@ -234,15 +234,24 @@ def test_another_draft_model_changes_nothing_but_speed(plain_llm: LLM, model_dir
     assert llm.engine.stats().num_preemptions > 0
 
 
-def test_tensor_parallel_ranks_verify_the_same_positions(plain_llm: LLM, model_dir: Path) -> None:
-    """Under tensor parallelism every rank computes the verified positions' logits share (rank 0 samples)."""
-    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
-    llm = speculating_llm(model_dir, tensor_parallel_size=2)
+def test_tensor_parallel_ranks_verify_the_same_positions(plain_llm: LLM, model_dir: Path,
+                                                         tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Under tensor parallelism every rank computes the verified positions' logits share (rank 0 samples); a draft
+    model runs on the target's ranks in worker processes of its own, which the engine stops with the target's."""
+    from gpu.tensor_parallel_runner import TensorParallelRunner
+
+    params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)
+    draft_dir = perturbed_copy(model_dir, tmp_path_factory.mktemp("tp-draft"))
+    llm = draft_model_llm(model_dir, draft_dir, tensor_parallel_size=2)
+    draft_runner = llm.engine.speculation.proposer.runner  # type: ignore[union-attr]
+    assert isinstance(draft_runner, TensorParallelRunner) and draft_runner is not llm.engine.runner
     try:
         assert tokens(generate(llm, REPEATING, params)) == tokens(generate(plain_llm, REPEATING, params))
-        assert accepted(llm) > 0
+        counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+        assert 0 < counts.num_accepted_tokens < counts.num_draft_tokens
     finally:
         llm.engine.close()
+    assert all(w.process.poll() is not None for w in draft_runner._workers)  # noqa: SLF001 - stopped with the engine
 
 
 def test_the_controller_times_a_step_until_the_next_one_starts(model_dir: Path) -> None:
