@@ -11,6 +11,7 @@ import torch
 
 from core import LLM, SamplingParams
 from core.tiny_model import build_tiny_model
+from tests.parity.test_parity_cpu import prompts_of_lengths
 from tests.tiny_specs import FAMILY_SPECS, TINY_SPECS
 from tests.unit.test_speculative_decoding import PLAIN, REPEATING
 
@@ -191,3 +192,39 @@ def test_a_hybrids_mtp_drafts_are_the_heads_predictions(qwen3_5_mtp_dir: Path) -
     assert len(drafted) >= 5
     use_transformers_torch_delta_rule()  # the reference runs on the CPU: transformers' torch rule, not fla's
     assert_drafts_are_the_heads(drafted, qwen3_5_mtp_dir, samples=8)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("method", ["mtp", "eagle3", "draft_model"])
+def test_two_ranks_draft_as_one_and_verify_the_float32_tokens_without_drafts(tmp_path: Path, model_dir: Path,
+                                                                            method: str) -> None:
+    """TP=2 (NCCL, graphs on) with a draft head on each rank's shard, or a draft model on worker processes of its own:
+    the drafts are TP=1's and the tokens those without drafts, through prefix hits, some drafts accepted (the heads
+    and the damped targets of tests/parity/test_tensor_parallel_speculation.py; a perturbed copy as the draft model)."""
+    from tests.mtp_heads import record_drafts
+    from tests.parity.test_tensor_parallel_speculation import BUILDERS
+    from tests.unit.test_speculative_decoding import perturbed_copy
+
+    if method == "draft_model":
+        target, config = model_dir, {"method": "draft_model", "model": str(perturbed_copy(model_dir, tmp_path / "d")),
+                                     "num_speculative_tokens": 3, "adaptive": False}
+    else:
+        target, config = BUILDERS[method](tmp_path, model_dir)
+    prompts = prompts_of_lengths((3, 6, 1), shared_prefix=40)  # two full blocks of each later prompt hit the first's
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    runs = {"TP=2 without drafts": (2, None), "TP=1": (1, config), "TP=2": (2, config)}
+    drafts, outputs = {}, {}
+    for name, (tp, spec) in runs.items():
+        llm = LLM(str(target), dtype="float32", speculative_config=spec, tensor_parallel_size=tp, **COMMON)
+        try:
+            drafts[name] = record_drafts(llm) if spec is not None else []
+            outputs[name] = [o.token_ids for p in prompts for o in llm.generate([p], params)]
+            stats = llm.engine.stats()
+            assert stats.num_prefix_cache_hit_tokens >= 2 * 32 and stats.num_used_blocks == 0
+            if name == "TP=2":
+                counts = llm.engine.speculation.counts  # type: ignore[union-attr]
+                assert 0 < counts.num_accepted_tokens <= counts.num_draft_tokens
+        finally:
+            llm.engine.close()
+    assert outputs["TP=2"] == outputs["TP=1"] == outputs["TP=2 without drafts"]
+    assert drafts["TP=2"] == drafts["TP=1"] and len(drafts["TP=2"]) >= 10
