@@ -127,8 +127,9 @@ def test_fused_moe_bf16_is_as_accurate_as_the_torch_path(moe_dirs: dict[str, Pat
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("model", ["qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"])
 def test_two_ranks_split_the_experts(moe_dirs: dict[str, Path], model: str) -> None:
-    """float32: transformers' tokens exactly; bf16: held to the rule one rank is held to against transformers' bf16
-    (the ranks' partial sums are reduced in bf16, one more rounding that flips its own near ties)."""
+    """float32: transformers' tokens exactly (the split itself is exact); bf16: the ranks' partial sums are reduced in
+    bf16, a rounding one rank does not have, which can flip a routing choice as transformers' own bf16 flips its
+    own (mixtral's did, on a flat distribution): no more departures than transformers' bf16, but one."""
     sharded = make_llm(moe_dirs[model], "float32", budget=32, blocks=24, tp=2)
     try:
         assert sharded.engine.runner.has_cuda_graphs
@@ -141,7 +142,4 @@ def test_two_ranks_split_the_experts(moe_dirs: dict[str, Path], model: str) -> N
         outputs = sharded.generate(prompts, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
     finally:
         sharded.engine.close()
-    if model in ROUTER_SENSITIVE:
-        assert_bf16_departs_no_more_than_transformers(moe_dirs[model], prompts, outputs)
-    else:
-        assert_bf16_divergences_rare_near_ties(moe_dirs[model], prompts, outputs)
+    assert_bf16_departs_no_more_than_transformers(moe_dirs[model], prompts, outputs)
