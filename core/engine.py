@@ -182,6 +182,7 @@ class LLMEngine:
                          num_kv_blocks=self.runner.kv_cache_groups[0].num_blocks, load_format="auto")
         runner = make_runner(config)
         if not _is_full_attention_only(runner.kv_cache_groups):
+            runner.close()  # its tensor-parallel workers, if any
             raise ValueError(f"speculative_config.model {spec.model!r}: a draft model with sliding-window layers "
                              f"is not supported (it reads the target's block tables, of full attention)")
         return runner
