@@ -168,12 +168,12 @@ class ModelRunner:
         self._set_backend(self.backend)
         logger.info("attention backend: %s (requested %s, device %s: %s)", self.backend.name, config.attention_backend,
                     self.device, why)
-        # An EAGLE-3 head reads the target's layers' inputs, which only the eager forward keeps (aux_hidden).
+        # An EAGLE-3 head reads the target's layers' inputs, which the CPU's C decode steps do not keep.
         keeps_aux = config.eagle3_head is not None
-        if keeps_aux:
-            logger.info("speculative method eagle3: decode steps run eagerly (no decode graphs or CPU decode path)")
+        if keeps_aux and self.device.type == "cpu":
+            logger.info("speculative method eagle3: CPU decode steps run the model's layers (not the C kernels')")
         self.cpu_decode = None if keeps_aux else self._cpu_decode_steps()
-        if self.device.type == "cuda" and not keeps_aux:
+        if self.device.type == "cuda":
             start = time.perf_counter()
             self._capture_graphs()
             logger.info("CUDA graph capture took %.1f s", time.perf_counter() - start)
@@ -430,7 +430,9 @@ class ModelRunner:
         if len(aux) != 3 or not all(0 <= i < num_layers for i in aux):
             raise ValueError(f"speculative_config.method 'eagle3': the head reads layers {list(aux)}, not three of the "
                              f"target's {num_layers}")
-        stack.aux_layers = tuple(aux)
+        # Every forward of the target (eager, or a decode or mixed graph's) writes the rows of its step here.
+        stack.keep_layer_inputs(tuple(aux), max(c.max_num_batched_tokens, c.max_num_seqs), hf_config.hidden_size,
+                                self.dtype, self.device)
         with torch.device(self.device), _default_dtype(self.dtype):
             head = Eagle3Head(head_config, Path(c.eagle3_head), hf_config.hidden_size, hf_config.vocab_size,
                               c.max_model_len, c.kernels, self.tp)
@@ -461,7 +463,7 @@ class ModelRunner:
     def _keep_target_hidden(self, batch: Batch, hidden: torch.Tensor) -> None:
         """A target step's hidden states for the draft head, at their tokens' KV slots."""
         if self.target_hidden is not None and batch.slot_mapping:
-            if isinstance(self.drafter, Eagle3Drafter):
+            if isinstance(self.drafter, Eagle3Drafter):  # the target's layers' inputs, written by every forward
                 hidden = self.model.model.aux_hidden
             slots = to_device(np.asarray(batch.slot_mapping, dtype=np.int64), np.int64, self.device)
             self.target_hidden[slots] = hidden[: len(batch.slot_mapping)].to(self.target_hidden.dtype)

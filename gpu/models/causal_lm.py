@@ -21,11 +21,19 @@ class DecoderStack(nn.Module):
     """A family's decoder: `embed_tokens`, `layers` and the final `norm`. Each layer takes (positions, hidden,
     residual, meta) and returns (hidden, residual), the residual stream kept apart for the next norm to add.
 
-    Where `aux_layers` is set (speculative decoding's EAGLE-3 head reads them), a forward also keeps the residual
-    stream entering each of those layers, concatenated in their order, as `aux_hidden` [num_tokens, n * hidden]."""
+    Where `aux_layers` is set (speculative decoding's EAGLE-3 head reads them, `keep_layer_inputs`), a forward also
+    writes the residual stream entering each of those layers, concatenated in their order, into the first rows of
+    `aux_hidden` [max tokens, n * hidden]: one buffer for every step, so a CUDA graph's replay writes where the
+    eager forward does."""
 
     aux_layers: tuple[int, ...] = ()
     aux_hidden: torch.Tensor | None = None
+
+    def keep_layer_inputs(self, layers: tuple[int, ...], max_tokens: int, hidden_size: int, dtype: torch.dtype,
+                          device: torch.device) -> None:
+        """Keep the inputs of `layers` from now on, for steps of up to `max_tokens` tokens."""
+        self.aux_layers = layers
+        self.aux_hidden = torch.zeros(max_tokens, len(layers) * hidden_size, dtype=dtype, device=device)
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
@@ -47,7 +55,8 @@ class DecoderStack(nn.Module):
             if index in self.aux_layers:
                 kept[index] = hidden if residual is None else hidden + residual
             hidden, residual = layer(positions, hidden, residual, meta)
-        self.aux_hidden = torch.cat([kept[index] for index in self.aux_layers], dim=-1)
+        assert self.aux_hidden is not None, "keep_layer_inputs sets the layers and their buffer"
+        torch.cat([kept[index] for index in self.aux_layers], dim=-1, out=self.aux_hidden[: hidden.shape[0]])
         hidden, _ = self.norm.forward_with_residual(hidden, residual)
         return hidden
 

@@ -127,8 +127,9 @@ def test_mtp_float32_output_equals_output_without_drafts_and_drafts_are_the_head
 
 
 def test_eagle3_float32_output_equals_output_without_drafts_and_drafts_are_the_heads(tmp_path: Path) -> None:
-    """Method eagle3 on CUDA (decode steps eager: the layers' inputs are kept by the eager forward): greedy output
-    unchanged, and each draft is the head's prediction as transformers' Llama parts compute it (on the CPU)."""
+    """Method eagle3 on CUDA, in CUDA graphs (every forward, a graph's replay too, writes the layers' inputs into one
+    buffer): greedy output unchanged, and each draft is the head's prediction as transformers' Llama parts compute
+    it (on the CPU)."""
     from core.tiny_model import TinyModelSpec
     from tests.mtp_heads import ReferenceEagle3, record_drafts, write_eagle3_head
 
@@ -139,6 +140,7 @@ def test_eagle3_float32_output_equals_output_without_drafts_and_drafts_are_the_h
     _, want = run(target, "float32", None, params)
     llm = LLM(str(target), dtype="float32", speculative_config={"method": "eagle3", "model": str(head),
                                                                 "num_speculative_tokens": 3}, **COMMON)
+    assert llm.engine.runner.decode is not None  # the decode graphs were captured
     drafted = record_drafts(llm)
     got = llm.generate(PROMPTS, params)
     assert [o.token_ids for o in got] == [o.token_ids for o in want]
