@@ -48,6 +48,22 @@ def build_hybrid_model(directory: Path, name: str, tokenizer_dir: Path, seed: in
     return directory
 
 
+def with_slow_decays(model_dir: Path) -> Path:
+    """The checkpoint's linear layers with slow decays (exp(A_log) in [0.01, 0.1]: the state keeps most of itself over
+    tens of tokens), so a state carried, saved or restored wrong shows in the tokens; the random ones forget within a
+    few tokens."""
+    from safetensors.torch import load_file, save_file
+
+    path = model_dir / "model.safetensors"
+    tensors = load_file(path)
+    generator = torch.Generator().manual_seed(0)
+    for name, tensor in tensors.items():
+        if name.endswith("A_log"):
+            tensors[name] = (0.01 + 0.09 * torch.rand(tensor.shape, generator=generator)).log()
+    save_file(tensors, path, metadata={"format": "pt"})
+    return model_dir
+
+
 def use_transformers_torch_delta_rule() -> None:
     """Points transformers' Gated DeltaNet layers back at their torch functions where, fla being installed, it picked
     fla's kernels when its modeling files were imported: the CPU reference runs on CPU tensors, which fla's Triton

@@ -16,7 +16,7 @@ from core import LLM, SamplingParams
 from core.engine import LLMEngine
 from core.scheduler import SchedulerOutput
 from gpu.layers.gated_delta_rule import CHUNK_SIZE
-from tests.hybrid_models import HYBRID_CONFIGS, build_hybrid_model
+from tests.hybrid_models import HYBRID_CONFIGS, build_hybrid_model, with_slow_decays
 from tests.parity import test_parity_cpu as dense
 
 MODELS = tuple(HYBRID_CONFIGS)
@@ -49,7 +49,8 @@ def first_starts(records: list[SchedulerOutput]) -> list[int]:
 @pytest.fixture(scope="module")
 def hybrid_dirs(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("hybrid-models")
-    return {name: build_hybrid_model(root / name, name, tiny_model_dirs["qwen3"]) for name in MODELS}
+    # Slow decays: the random ones forget within a few tokens, so a state carried or restored wrong would not show.
+    return {name: with_slow_decays(build_hybrid_model(root / name, name, tiny_model_dirs["qwen3"])) for name in MODELS}
 
 
 @pytest.mark.parametrize("model", MODELS)
