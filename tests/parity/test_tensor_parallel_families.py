@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from core import LLM, SamplingParams
-from tests.hybrid_models import build_hybrid_model
+from tests.hybrid_models import build_hybrid_model, with_slow_decays
 from tests.moe_models import build_moe_model
 from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths, record_schedules
 from tests.parity.test_tensor_parallel_cpu import make_llm
@@ -19,7 +19,9 @@ MAX_NEW_TOKENS = 8
 GREEDY = SamplingParams(temperature=0.0, max_tokens=MAX_NEW_TOKENS)
 BUILDERS: dict[str, Callable[..., Path]] = {
     **dict.fromkeys(("qwen3_moe", "mixtral", "glm4_moe", "gpt_oss"), build_moe_model),
-    **dict.fromkeys(("qwen3_next", "qwen3_5", "qwen3_5_moe"), build_hybrid_model),
+    # Slow decays, so a state carried across chunks or restored at a hit wrong shows in the tokens.
+    **dict.fromkeys(("qwen3_next", "qwen3_5", "qwen3_5_moe"),
+                    lambda root, name, base: with_slow_decays(build_hybrid_model(root, name, base))),
 }
 Engines = tuple[Path, LLM, LLM]  # the checkpoint, its TP=1 engine, its TP=2 engine
 
