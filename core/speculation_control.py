@@ -166,7 +166,10 @@ class DraftLengthController:
         self._num_decode_steps += 1
         bucket = self._bucket(batch_size)
         arm = bucket.arms[num_drafts]
-        if self._num_same == 1 and previous <= _PLAIN and arm.seconds is not None and (num_drafts or previous):
+        # An entry (a verifying step after a plain one or a prompt), or a plain step after a prompt (what entering
+        # from a prompt is weighed against): its time beyond its arm's average.
+        is_first_after = self._num_same == 1 and arm.seconds is not None
+        if is_first_after and (num_drafts > 0 and previous <= _PLAIN or num_drafts == 0 and previous == _PROMPT):
             key = (previous, num_drafts > 0)
             excess, average = seconds - arm.cost(), bucket.entry_excess.get(key)  # type: ignore[operator]
             bucket.entry_excess[key] = excess if average is None else average + self.time_weight * (excess - average)
