@@ -329,7 +329,9 @@ class LLMEngine:
                 self._in_flight = launched
             else:
                 outputs += self._postprocess(launched)  # a verifying step: what it accepts decides the next
-            if self.speculation is not None:
+            if self.speculation is not None and self.has_unfinished_requests():
+                # Timed until the next step starts; where none is due (the last request ended, a caller such as
+                # LLM.generate returns), the wait for the next request would be counted as this step's cost.
                 self._timed_step = (launched.num_decode_rows, num_drafts, started)
         return outputs
 

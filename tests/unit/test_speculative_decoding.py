@@ -281,6 +281,30 @@ def test_the_controller_times_a_step_until_the_next_one_starts(model_dir: Path) 
     assert len(observed) == num_observed
 
 
+def test_the_wait_after_the_last_request_is_no_step_cost(model_dir: Path) -> None:
+    """A caller that steps only while there is work (LLM.generate) returns after the step that ends the last
+    request; the time until it brings the next one is not that step's (with the target as its own draft model every
+    decode step verifies, so the last one would be timed to the next step's start)."""
+    llm = draft_model_llm(model_dir, model_dir)
+    speculation = llm.engine.speculation
+    assert speculation is not None
+    observed: list[float] = []
+    observe = speculation.observe_step
+
+    def recording(batch_size: int, num_drafts: int, seconds: float) -> None:
+        observed.append(seconds)
+        observe(batch_size, num_drafts, seconds)
+
+    speculation.observe_step = recording  # type: ignore[method-assign]
+    params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
+    llm.generate([REPEATING[2]], params)
+    num_observed = len(observed)
+    time.sleep(0.2)
+    llm.generate([REPEATING[0]], params)
+    assert num_observed and len(observed) > num_observed
+    assert max(observed) < 0.2
+
+
 def test_with_the_controller_no_step_with_prompt_tokens_verifies_drafts(model_dir: Path) -> None:
     """A prompt arriving mid-stream is computed in steps without drafts (the controller measures decoding steps
     only); with a fixed draft length those steps verify drafts beside the prompt."""
