@@ -50,11 +50,13 @@ def write_result(path: str | Path | None, result: dict[str, object], module: str
 
 def kernel_variant(spec: str) -> KernelConfig:
     """`default`, or settings of gpu.config.KernelConfig joined by `+` (`FIELD=0+OTHER=1+cpu_march=haswell`), a switch
-    0|1: the runner a benchmark builds for an A/B run, never a switch flipped on a live one."""
+    0|1, a count a whole number: the runner a benchmark builds for an A/B run, never a switch flipped on a live one."""
     if spec == "default":
         return KernelConfig()
     types = {f.name: f.type for f in fields(KernelConfig)}
     settings = dict(part.partition("=")[::2] for part in spec.split("+"))
     if set(settings) - set(types) or any(types[n] is bool and v not in ("0", "1") for n, v in settings.items()):
-        raise ValueError(f"kernel variant {spec!r}: each part is FIELD=0|1 or FIELD=TEXT, FIELD one of {sorted(types)}")
-    return replace(KernelConfig(), **{n: v == "1" if types[n] is bool else v for n, v in settings.items()})
+        raise ValueError(f"kernel variant {spec!r}: each part is FIELD=0|1, FIELD=N or FIELD=TEXT, FIELD one of "
+                         f"{sorted(types)}")
+    return replace(KernelConfig(), **{n: v == "1" if types[n] is bool else int(v) if types[n] is int else v
+                                      for n, v in settings.items()})

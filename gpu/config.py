@@ -19,6 +19,9 @@ class KernelConfig:
     # Where they run: the Triton kernels (elementwise, skinny GEMM, sampling, penalties and token masks) and quack's
     # gated GEMM. Off: the torch code and cuBLAS, the reference every one of them is tested against.
     fused_kernels: bool = True
+    # With them, on CUDA: a step's prompt rows of at most this many tokens (its longest) run the gated delta rule token
+    # after token in one launch, longer ones flash-linear-attention's chunked kernel (0: always the chunked kernel).
+    sequential_delta_rule_max_tokens: int = 256
     # On a CPU in bfloat16: linear weights packed after loading (gpu/cpu_packing.py). Off: the weights as loaded.
     cpu_packed_weights: bool = True
     # On a CPU: the instruction set the C kernels (gpu/cpu_kernels) are compiled for, a gcc -march value. native: this

@@ -17,7 +17,7 @@ from functools import cache, partial
 import numpy as np
 import torch
 
-from gpu.attention.metadata import ConvWindows, LinearStateMetadata, PieceLevel, PositionStep
+from gpu.attention.metadata import ConvWindows, LinearStateMetadata, PieceLevel, PositionStep, SequentialRows
 from gpu.batch import Batch
 from gpu.host_to_device import to_device
 from gpu.layers.gated_deltanet import GatedDeltaNet
@@ -117,14 +117,17 @@ def _state_inputs(rows: list[tuple[int, bool, int, list[tuple[int, int]]]], devi
     continues = tuple(c for _, c, _, _ in rows)
     row_pieces = tuple(_pieces(starts[i], starts[i + 1], saves) for i, (_, _, _, saves) in enumerate(rows))
     is_one_token_per_row = all(num_tokens == 1 for _, _, num_tokens, _ in rows)
+    slots = [slot for slot, _, _, _ in rows]
     return LinearStateMetadata(
-        slots=to_device(np.asarray([slot for slot, _, _, _ in rows], dtype=np.int64), np.int64, device),
+        slots=to_device(np.asarray(slots, dtype=np.int64), np.int64, device),
         keeps_state=to_device(np.asarray(continues, dtype=np.float32), np.float32, device),
         continues=continues,
         row_pieces=row_pieces,
         is_one_token_per_row=is_one_token_per_row,
         levels=None if is_one_token_per_row else cache(partial(piece_levels, row_pieces, device)),
-        conv_windows=None if is_one_token_per_row else cache(partial(conv_windows, row_pieces, device)))
+        conv_windows=None if is_one_token_per_row else cache(partial(conv_windows, row_pieces, device)),
+        sequential_rows=None if is_one_token_per_row else cache(partial(sequential_rows, row_pieces, slots, device)),
+        max_row_tokens=max((num_tokens for _, _, num_tokens, _ in rows), default=0))
 
 
 def piece_levels(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...], device: torch.device
@@ -146,6 +149,22 @@ def piece_levels(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...]
             cu_seqlens=to_device(cu_seqlens_cpu.numpy(), np.int64, device), cu_seqlens_cpu=cu_seqlens_cpu,
             saves=_index_pair(saved, device)))
     return tuple(levels)
+
+
+def sequential_rows(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...], slots: list[int],
+                    device: torch.device) -> SequentialRows:
+    """The rows' pieces for the sequential kernel (SequentialRows): a piece's state goes to its snapshot row, the last
+    piece's to the row's slot; one host-to-device copy."""
+    num_rows = len(row_pieces)
+    row_starts = [pieces[0][0] for pieces in row_pieces]
+    counts = np.cumsum([0, *(len(pieces) for pieces in row_pieces)]).tolist()
+    ends = [end for pieces in row_pieces for _, end, _ in pieces]
+    states = [slots[row] if snapshot is None else snapshot for row, pieces in enumerate(row_pieces)
+              for _, _, snapshot in pieces]
+    packed = to_device(np.asarray([*row_starts, *counts, *ends, *states], dtype=np.int64), np.int64, device)
+    num_pieces = len(ends)
+    bounds = np.cumsum([0, num_rows, num_rows + 1, num_pieces, num_pieces]).tolist()
+    return SequentialRows(*(packed[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)))
 
 
 def conv_windows(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...], device: torch.device,

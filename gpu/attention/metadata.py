@@ -46,6 +46,10 @@ class LinearStateMetadata:
     # once). None: every row of one token.
     levels: Callable[[], tuple["PieceLevel", ...]] | None = None
     conv_windows: Callable[[int], "ConvWindows"] | None = None
+    # The same rows for the kernel that runs each row's tokens one after another (built and shared as `levels`), and
+    # the most tokens of a row, which chooses between the two.
+    sequential_rows: Callable[[], "SequentialRows"] | None = None
+    max_row_tokens: int = 1
 
 
 @dataclass
@@ -61,6 +65,17 @@ class PieceLevel:
     # Pieces that end where a snapshot is saved: their positions among the level's rows ([saves] int64) and the
     # snapshot rows ([saves] int64). None: no piece of the level does.
     saves: tuple[torch.Tensor, torch.Tensor] | None
+
+
+@dataclass
+class SequentialRows:
+    """The rows' pieces (see LinearStateMetadata.row_pieces) for gpu/kernels/gated_delta_rows.py, which carries each
+    row's state through its pieces in order and stores it after each: views of one int64 device tensor."""
+
+    row_starts: torch.Tensor  # [num_rows]: each row's first token among the part's
+    row_pieces: torch.Tensor  # [num_rows + 1]: row r's pieces are [row_pieces[r], row_pieces[r + 1])
+    piece_ends: torch.Tensor  # [num_pieces]: the token after each piece's last, among the part's
+    piece_states: torch.Tensor  # [num_pieces]: the state row each piece's state is stored to (a snapshot or the slot)
 
 
 @dataclass

@@ -13,8 +13,10 @@ all of its heads): Qwen3.5's `in_proj_qkv`, `in_proj_z`, `in_proj_b`, `in_proj_a
 loader regroups.
 
 On CUDA a decode step's delta rule runs as one Triton kernel (gpu/kernels/gated_delta_decode.py) that updates the
-rows' states in place, and a step with prompts runs flash-linear-attention's chunked kernel over every row at once
-where `fla` is installed (else the torch code, row by row); the torch code is the reference both are tested against.
+rows' states in place; a step with prompts runs short rows token after token in one Triton kernel
+(gpu/kernels/gated_delta_rows.py) and longer ones through flash-linear-attention's chunked kernel over every row at
+once where `fla` is installed (else the torch code, row by row); the torch code is the reference all are tested
+against.
 
 State (gpu/state_cache.py): per sequence slot, `conv_state` [slots, conv_dim, K - 1] in the model's dtype and
 `recurrent_state` [slots, value_heads, key_dim, value_dim] in float32 (the delta rule accumulates into it at every
@@ -304,6 +306,30 @@ class GatedDeltaNet(nn.Module):
 
     def _rows(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
               ) -> torch.Tensor:
+        """The delta rule over each row's tokens from its slot's state, each piece's state saved where it ends at a
+        snapshot: [num_tokens, value_heads, value_head_dim]. On CUDA, rows of at most the kernel config's
+        `sequential_delta_rule_max_tokens` run token after token in one launch (gpu/kernels/gated_delta_rows.py): so
+        few sequential tokens cost less than the host time of the chunked kernel's launches, once per level."""
+        if self._uses_kernels(mixed) and state.max_row_tokens <= self.kernels.sequential_delta_rule_max_tokens:
+            return self._sequential_rows(mixed, g, beta, state)
+        return self._levels(mixed, g, beta, state)
+
+    def _sequential_rows(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
+                         ) -> torch.Tensor:
+        """Each row's tokens one after another in one kernel launch, the state stored after each of its pieces (a
+        snapshot, then the slot): [num_tokens, value_heads, value_head_dim] float32."""
+        from gpu.kernels.gated_delta_rows import gated_delta_rows
+
+        assert state.sequential_rows is not None, "rows run row by row come with their sequential pieces"
+        rows = state.sequential_rows()
+        s = self.spec
+        heads = (s.num_key_heads, s.num_value_heads, s.key_head_dim, s.value_head_dim)
+        return gated_delta_rows(mixed.contiguous(), heads, g, beta.contiguous(), self.recurrent_state,
+                                (state.slots, state.keeps_state, rows.row_starts, rows.row_pieces, rows.piece_ends,
+                                 rows.piece_states))
+
+    def _levels(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
+                ) -> torch.Tensor:
         """The delta rule over each row's tokens from its slot's state, one level of pieces at a time (the k-th
         pieces of the rows that have one start from the state their previous piece left; one level where no row
         saves a snapshot inside it), each piece's state saved where it ends at a snapshot: [num_tokens, value_heads,

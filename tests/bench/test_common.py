@@ -24,6 +24,8 @@ def test_kernel_variants() -> None:
     assert kernel_variant(f"{first}=0+{second}=1") == replace(KernelConfig(), **{first: False, second: True})
     assert kernel_variant(f"{first}=0+cpu_march=haswell") == replace(KernelConfig(), **{first: False},
                                                                        cpu_march="haswell")
+    assert kernel_variant("sequential_delta_rule_max_tokens=0") == replace(KernelConfig(),
+                                                                           sequential_delta_rule_max_tokens=0)
     for bad in ("no_such_kernel=0", first, f"{first}=yes", ""):
         with pytest.raises(ValueError, match=r"FIELD=0\|1"):
             kernel_variant(bad)

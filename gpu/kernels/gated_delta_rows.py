@@ -1,0 +1,111 @@
+"""Triton kernel: the gated delta rule (gpu/layers/gated_delta_rule.py) over each row's tokens one after another in
+one launch, for steps whose rows are short: a few sequential tokens cost less than the host time of a chunked
+kernel's many launches. It generalizes gpu/kernels/gated_delta_decode.py's one token to a row's tokens.
+
+Per row r, value head h (key head h // (Hv / Hk)) and block of value columns, in float32:
+    S = keeps[r] * state[slot[r], h]                    (keeps 0: the row starts its sequence, S from zeros)
+    for each piece of the row, for each token t of it:
+        q, k = l2_normalized(q_t), l2_normalized(k_t);  q *= key_dim ** -0.5
+        S = S * exp(g[t, h]);  S += k (beta[t, h] (v_t - S^T k))^T;  out[t, h] = S^T q
+    after each piece: state[piece's state row, h] = S
+A row's pieces end where its state is saved (gpu/attention/metadata.py's SequentialRows): a snapshot row after each
+inner cut, the row's own slot after its last piece, so one launch serves any number of snapshots. Grid: (row, value
+head, block of value columns); each program keeps its [key_dim, BLOCK_V] part of the state in registers across the
+row. Invariants the wrapper checks: q, k, v are column slices of one [tokens, *] tensor with unit column stride; the
+state is contiguous [state rows, Hv, key_dim, value_dim] float32; the index tensors are int64.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gated_delta_rows_kernel(
+    qkv_ptr, qkv_stride, g_ptr, beta_ptr, state_ptr, slots_ptr, keeps_ptr, out_ptr, row_starts_ptr,
+    row_pieces_ptr, piece_ends_ptr, piece_states_ptr,
+    NUM_VALUE_HEADS: tl.constexpr, VALUE_HEADS_PER_KEY_HEAD: tl.constexpr, KEY_DIM: tl.constexpr,
+    VALUE_DIM: tl.constexpr, K_OFFSET: tl.constexpr, V_OFFSET: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr, SCALE: tl.constexpr,
+):
+    row = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    columns = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    keys = tl.arange(0, BLOCK_K)
+    key_mask, column_mask = keys < KEY_DIM, columns < VALUE_DIM
+    state_mask = key_mask[:, None] & column_mask[None, :]
+    head_offsets = (head * KEY_DIM + keys[:, None]) * VALUE_DIM + columns[None, :]  # within a state row
+    key_offset = (head // VALUE_HEADS_PER_KEY_HEAD) * KEY_DIM
+    slot = tl.load(slots_ptr + row)
+    keeps = tl.load(keeps_ptr + row)
+    state = tl.load(state_ptr + slot * NUM_VALUE_HEADS * KEY_DIM * VALUE_DIM + head_offsets, mask=state_mask,
+                    other=0.0) * keeps
+    token = tl.load(row_starts_ptr + row)
+    for piece in range(tl.load(row_pieces_ptr + row), tl.load(row_pieces_ptr + row + 1)):
+        end = tl.load(piece_ends_ptr + piece)
+        for t in range(token, end):
+            base = qkv_ptr + t * qkv_stride
+            q = tl.load(base + key_offset + keys, mask=key_mask, other=0.0).to(tl.float32)
+            k = tl.load(base + K_OFFSET + key_offset + keys, mask=key_mask, other=0.0).to(tl.float32)
+            v = tl.load(base + V_OFFSET + head * VALUE_DIM + columns, mask=column_mask, other=0.0).to(tl.float32)
+            q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * SCALE
+            k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
+            g = tl.load(g_ptr + t * NUM_VALUE_HEADS + head).to(tl.float32)
+            beta = tl.load(beta_ptr + t * NUM_VALUE_HEADS + head).to(tl.float32)
+            state = state * tl.exp(g)
+            predicted = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]
+            state = state + k[:, None] * ((v - predicted) * beta)[None, :]
+            out = tl.sum(state * q[:, None], axis=0)
+            tl.store(out_ptr + (t * NUM_VALUE_HEADS + head) * VALUE_DIM + columns, out, mask=column_mask)
+        token = end
+        destination = tl.load(piece_states_ptr + piece)
+        tl.store(state_ptr + destination * NUM_VALUE_HEADS * KEY_DIM * VALUE_DIM + head_offsets, state,
+                 mask=state_mask)
+
+
+def gated_delta_rows(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: torch.Tensor, beta: torch.Tensor,
+                     state: torch.Tensor, rows: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """qkv [tokens, 2 Hk dk + Hv dv] (q, k, v after the convolution, rows packed one after another), heads
+    (Hk, Hv, dk, dv), g [tokens, Hv] float32, beta [tokens, Hv], state [state rows, Hv, dk, dv] float32 (read at the
+    rows' slots, written at their pieces' state rows, in place); `rows` = (slots [rows], keeps [rows] float32,
+    row_starts [rows], row_pieces [rows + 1] (each row's pieces, cumulative), piece_ends [pieces] (a piece's end
+    among the step's tokens), piece_states [pieces] (the state row its state is stored to)). Returns the output
+    [tokens, Hv, dv] float32."""
+    num_key_heads, num_value_heads, key_dim, value_dim = heads
+    num_tokens = qkv.shape[0]
+    width = 2 * num_key_heads * key_dim + num_value_heads * value_dim
+    if qkv.dim() != 2 or qkv.stride(1) != 1 or qkv.shape[1] != width:
+        raise ValueError(f"qkv must be [tokens, q + k + v] with unit column stride, got {tuple(qkv.shape)} "
+                         f"strides {qkv.stride()}")
+    if state.dtype != torch.float32 or not state.is_contiguous() or state.shape[1:] != (num_value_heads, key_dim,
+                                                                                          value_dim):
+        raise ValueError(f"state must be contiguous float32 [rows, {num_value_heads}, {key_dim}, {value_dim}], got "
+                         f"{state.dtype} {tuple(state.shape)}")
+    if num_value_heads % num_key_heads:
+        raise ValueError(f"{num_value_heads} value heads cannot share {num_key_heads} key heads")
+    for name, tensor in (("g", g), ("beta", beta)):
+        if tensor.shape != (num_tokens, num_value_heads) or not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous [{num_tokens}, {num_value_heads}], got {tuple(tensor.shape)}")
+    slots, keeps, row_starts, row_pieces, piece_ends, piece_states = rows
+    num_rows = slots.shape[0]
+    if keeps.dtype != torch.float32 or any(x.dtype != torch.int64 for x in (slots, row_starts, row_pieces, piece_ends,
+                                                                             piece_states)):
+        raise ValueError("the rows' keeps must be float32 and their indices int64")
+    if keeps.shape != (num_rows,) or row_starts.shape != (num_rows,) or row_pieces.shape != (num_rows + 1,) or \
+            piece_ends.shape != piece_states.shape:
+        raise ValueError(f"{num_rows} rows need [rows] keeps and starts, [rows + 1] piece counts and equal pieces' "
+                         f"ends and states, got {tuple(keeps.shape)}, {tuple(row_starts.shape)}, "
+                         f"{tuple(row_pieces.shape)}, {tuple(piece_ends.shape)}, {tuple(piece_states.shape)}")
+    out = torch.empty(num_tokens, num_value_heads, value_dim, dtype=torch.float32, device=qkv.device)
+    if num_rows == 0:
+        return out
+    # Narrow column blocks: more programs share one row's sequential tokens, whose latency they hide from each other.
+    block_v = min(triton.next_power_of_2(value_dim), 16)
+    grid = (num_rows, num_value_heads, triton.cdiv(value_dim, block_v))
+    _gated_delta_rows_kernel[grid](
+        qkv, qkv.stride(0), g, beta, state, slots, keeps, out, row_starts, row_pieces, piece_ends, piece_states,
+        NUM_VALUE_HEADS=num_value_heads, VALUE_HEADS_PER_KEY_HEAD=num_value_heads // num_key_heads, KEY_DIM=key_dim,
+        VALUE_DIM=value_dim, K_OFFSET=num_key_heads * key_dim, V_OFFSET=2 * num_key_heads * key_dim,
+        BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, SCALE=key_dim**-0.5,
+    )
+    return out
