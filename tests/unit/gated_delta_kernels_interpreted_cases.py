@@ -1,14 +1,21 @@
-"""The gated delta rule's decode kernel (gpu/kernels/gated_delta_decode.py) under Triton's interpreter on the CPU,
-against the torch reference (gpu/layers/gated_delta_rule.py): each row's state read from its slot (zeros where the
-row starts its sequence), updated in place, the other slots untouched. tests/gpu/test_gated_deltanet_gpu.py checks
-the compiled kernel on CUDA."""
+"""The gated delta rule's kernels under Triton's interpreter on the CPU, against the torch reference
+(gpu/layers/gated_delta_rule.py): the decode kernel (gpu/kernels/gated_delta_decode.py) and the one that runs rows
+token after token (gpu/kernels/gated_delta_rows.py), each row's state read from its slot (zeros where the row starts
+its sequence) and updated in place, snapshots inside rows holding the state after their tokens, the other rows
+untouched; a layer's steps and a tiny hybrid model through them against the torch path and transformers.
+tests/gpu/test_gated_deltanet_gpu.py checks the compiled kernels on CUDA."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
 
+from gpu.batch import Batch
+from gpu.config import KernelConfig
 from gpu.layers import gated_delta_rule
+from gpu.layers.gated_deltanet import DeltaNetSpec, GatedDeltaNet
+from gpu.state_cache import sequential_rows, step_inputs
 
 pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -58,7 +65,7 @@ def _reference_rows(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: torc
                                                       beta[t : t + 1], current)
             outputs.append(out)
             along.append(current[0])
-        whole, final = gated_delta_rule.chunked(q[start:end], k[start:end], v[start:end], g[start:end],
+        _, final = gated_delta_rule.chunked(q[start:end], k[start:end], v[start:end], g[start:end],
                                                 beta[start:end], state[slot] * keeps)
         torch.testing.assert_close(final, along[-1], rtol=1e-4, atol=1e-4)  # the two torch forms agree
         states_along.append(torch.stack(along))
@@ -68,14 +75,13 @@ def _reference_rows(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: torc
 @pytest.mark.parametrize("heads", [(2, 4, 16, 16), (1, 2, 8, 40)])  # grouped value heads; value columns in blocks
 def test_rows_kernel_matches_the_reference_with_snapshots_inside_rows(heads: tuple[int, int, int, int]) -> None:
     from gpu.kernels.gated_delta_rows import gated_delta_rows
-    from gpu.state_cache import sequential_rows
 
     num_key_heads, num_value_heads, key_dim, value_dim = heads
     generator = torch.Generator().manual_seed(5)
     lengths, slots, keeps = [1, 3, 17, 40], [4, 0, 2, 1], [1.0, 0.0, 1.0, 0.0]
     # (tokens into the row, snapshot row) where a row's state is saved inside it, by row
     saves = {1: [(1, 6)], 2: [(5, 7), (16, 8)], 3: [(32, 9)]}
-    starts = [0, 1, 4, 21, 61]
+    starts = [sum(lengths[:row]) for row in range(5)]
     num_tokens = starts[-1]
     qkv = torch.randn(num_tokens, 2 * num_key_heads * key_dim + num_value_heads * value_dim, generator=generator)
     g = -torch.rand(num_tokens, num_value_heads, generator=generator)
@@ -101,3 +107,83 @@ def test_rows_kernel_matches_the_reference_with_snapshots_inside_rows(heads: tup
             torch.testing.assert_close(state[snapshot], along[row][num_tokens_in - 1], rtol=1e-5, atol=1e-5)
     untouched = [3, 5, 10]
     assert torch.equal(state[untouched], before[untouched])
+
+
+LAYER_SPEC = DeltaNetSpec(hidden_size=32, num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=8,
+                          conv_kernel_size=4, norm_eps=1e-6, has_fused_projections=False)
+
+
+def _layer(kernels: KernelConfig) -> GatedDeltaNet:
+    """The same random layer whatever its kernels, with 12 state rows (slots 0-4, the rest snapshots)."""
+    torch.manual_seed(0)
+    layer = GatedDeltaNet(LAYER_SPEC, kernels)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.normal_(0.0, 0.3)
+    layer.conv_state = torch.randn(12, LAYER_SPEC.conv_dim, 3)
+    layer.recurrent_state = torch.randn(12, 4, 8, 8)
+    return layer
+
+
+def _on_the_triton_paths(patch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
+    """Layers with the kernels take their Triton paths on the CPU as on CUDA (the interpreter runs them); returns the
+    list each rows-kernel launch appends its (tokens, rows, pieces) to."""
+    import gpu.kernels.gated_delta_rows as rows_kernel
+
+    launches = []
+    original = rows_kernel.gated_delta_rows
+
+    def counted(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: torch.Tensor, beta: torch.Tensor,
+                state: torch.Tensor, rows: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        launches.append((qkv.shape[0], rows[0].shape[0], rows[4].shape[0]))
+        return original(qkv, heads, g, beta, state, rows)
+
+    patch.setattr(GatedDeltaNet, "_uses_kernels", lambda self, x: self.kernels.fused_kernels)
+    patch.setattr(rows_kernel, "gated_delta_rows", counted)
+    return launches
+
+
+@pytest.mark.parametrize("max_tokens", [256, 39])  # every row sequential; the 40-token row past the rule: torch's
+def test_layer_step_through_the_rows_kernel_matches_the_torch_path(max_tokens: int) -> None:
+    """A step of one-token rows and longer ones, rows cut where snapshots are saved: the kernels' layer (the Triton
+    paths taken as on CUDA, one rows launch a step where its longest row is within the rule) against the torch one."""
+    generator = torch.Generator().manual_seed(4)
+    query_lens, continues, slots = [1, 17, 1, 40, 3], [True, False, True, True, False], [3, 0, 4, 1, 2]
+    saves = [(1, 5, 6), (3, 16, 7), (3, 32, 8), (4, 1, 9)]  # (row, tokens into it, snapshot row)
+    num_tokens = sum(query_lens)
+    inputs = (torch.randn(num_tokens, LAYER_SPEC.conv_dim, generator=generator),
+              -torch.rand(num_tokens, 4, generator=generator), torch.rand(num_tokens, 4, generator=generator))
+    batch = Batch(token_ids=[0] * num_tokens, positions=[0] * num_tokens, slot_mapping=[0] * num_tokens,
+                  query_lens=query_lens, context_lens=[n + c for n, c in zip(query_lens, continues, strict=True)],
+                  block_tables=[[0]] * 5, state_slots=slots, state_saves=saves)
+    fused = _layer(KernelConfig(sequential_delta_rule_max_tokens=max_tokens))
+    reference = _layer(KernelConfig(fused_kernels=False))
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        launches = _on_the_triton_paths(patch)
+        got = fused._convolved_rule(*inputs, step_inputs(batch, torch.device("cpu"), 5))
+        expected = reference._convolved_rule(*inputs, step_inputs(batch, torch.device("cpu"), 5))
+    # the rows of more than one token in one launch: 3 rows in 2 + 3 + 2 pieces
+    assert launches == ([(17 + 40 + 3, 3, 7)] if max_tokens == 256 else [])
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fused.recurrent_state, reference.recurrent_state, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fused.conv_state, reference.conv_state)
+
+
+def test_hybrid_model_through_the_kernels_gives_transformers_tokens(tiny_model_dirs: dict[str, Path],
+                                                                     tmp_path: Path) -> None:
+    """A tiny Qwen3.5 (float32) with its linear layers on the Triton paths as on CUDA: prompts prefilled in chunks,
+    a later request resuming from a shared prefix's snapshot; greedy tokens equal transformers'."""
+    from core import LLM
+    from tests.hybrid_models import build_hybrid_model
+    from tests.parity import test_parity_cpu as dense
+
+    model_dir = build_hybrid_model(tmp_path / "qwen3_5", "qwen3_5", tiny_model_dirs["qwen3"])
+    prompts = dense.prompts_of_lengths((9, 30, 4), shared_prefix=37)
+    with pytest.MonkeyPatch.context() as patch:
+        launches = _on_the_triton_paths(patch)
+        llm = LLM(str(model_dir), dtype="float32", block_size=16, kv_cache_blocks=64, max_num_seqs=4,
+                  max_num_batched_tokens=40)
+        outputs = llm.generate(prompts[:1], dense.GREEDY) + llm.generate(prompts[1:], dense.GREEDY)
+    assert llm.engine.stats().num_prefix_cache_hit_tokens >= 2 * 32
+    assert any(pieces > rows for _, rows, pieces in launches), "a step saved a snapshot inside a row"
+    dense.assert_matches_hf(model_dir, prompts, outputs)
