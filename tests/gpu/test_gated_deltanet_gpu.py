@@ -1,8 +1,11 @@
 """The Gated DeltaNet hybrids on the GPU (skip without CUDA).
 
 - The decode kernel (gpu/kernels/gated_delta_decode.py) against the torch reference, in place in its rows' slots.
-- flash-linear-attention's chunked kernel for steps with prompts (where `fla` is installed) against the torch
-  reference, rows continuing their state and rows starting it, a layer at a time.
+- Prompt rows, a layer at a time, rows continuing their state and rows starting it, snapshots inside rows: the
+  kernel that runs them token after token (gpu/kernels/gated_delta_rows.py) against the torch reference and
+  flash-linear-attention's chunked kernel (where `fla` is installed), and fla's against the reference.
+- float32 with the kernels, slow decays: the rows kernel gives transformers' tokens through snapshots saved inside
+  rows and prefix hits that restore them.
 - float32: the torch reference path on CUDA (kernels off) gives transformers' tokens (CPU float32) through chunked
   prefill, preemption and prefix hits that restore snapshots.
 - bf16 with the kernels: where tokens differ from transformers' bf16 ones, each side's is in the other's top-5,
@@ -24,13 +27,18 @@ from core.config import engine_config
 from core.engine import LLMEngine, runner_config
 from gpu.attention.metadata import LinearStateMetadata
 from gpu.batch import Batch
-from gpu.config import KernelConfig
+from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.layers.gated_deltanet import HAS_FLA, DeltaNetSpec, GatedDeltaNet
 from gpu.model_runner import ModelRunner
 from gpu.state_cache import step_inputs
 from tests.gpu.test_parity_gpu import assert_bf16_departs_no_more_than_transformers_over_checkpoints
 from tests.greedy_agreement import generate
-from tests.hybrid_models import HYBRID_CONFIGS, build_hybrid_model, use_transformers_torch_delta_rule
+from tests.hybrid_models import (
+    HYBRID_CONFIGS,
+    build_hybrid_model,
+    use_transformers_torch_delta_rule,
+    with_slow_decays,
+)
 from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -47,13 +55,13 @@ def hybrid_dirs(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempP
     return {name: build_hybrid_model(root / name, name, tiny_model_dirs["qwen3"]) for name in MODELS}
 
 
-def layer_pair(dtype: torch.dtype) -> tuple[GatedDeltaNet, GatedDeltaNet]:
+def layer_pair(dtype: torch.dtype, kernels: KernelConfig = DEFAULT_KERNELS) -> tuple[GatedDeltaNet, GatedDeltaNet]:
     """The same random layer with the kernels and with the torch reference, each with its own state of 8 rows (the
     rows' slots and the snapshots' rows)."""
     torch.manual_seed(0)
     layers = []
-    for kernels in (KernelConfig(), KernelConfig(fused_kernels=False)):
-        layer = GatedDeltaNet(SPEC, kernels).cuda()
+    for config in (kernels, KernelConfig(fused_kernels=False)):
+        layer = GatedDeltaNet(SPEC, config).cuda()
         with torch.no_grad():
             for param in layer.parameters():
                 param.copy_(torch.randn(param.shape, generator=torch.Generator().manual_seed(param.numel())) * 0.3)
@@ -87,19 +95,77 @@ def test_decode_kernel_matches_the_reference(dtype: torch.dtype) -> None:
     torch.testing.assert_close(fused.recurrent_state, reference.recurrent_state, rtol=tolerance, atol=tolerance)
 
 
-@pytest.mark.skipif(not HAS_FLA, reason="needs flash-linear-attention (fla)")
+PROMPT_ROWS = ([70, 1, 130, 5], [True, True, False, True], [2, 4, 0, 5])  # query lengths, continues, slots
 # Snapshots saved inside rows, into rows no running row's slot is.
-@pytest.mark.parametrize("saves", [(), ((0, 48, 1), (2, 16, 3), (2, 100, 6))])
-def test_fla_prompt_rows_match_the_reference(saves: tuple[tuple[int, int, int], ...]) -> None:
-    fused, reference = layer_pair(torch.bfloat16)
-    query_lens, continues, slots = [70, 1, 130, 5], [True, True, False, True], [2, 4, 0, 5]
+INNER_SAVES = [(), ((0, 48, 1), (2, 16, 3), (2, 100, 6))]
+
+
+def prompt_rows_of(kernels: KernelConfig, dtype: torch.dtype, saves: tuple[tuple[int, int, int], ...]
+                   ) -> tuple[tuple[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]:
+    """PROMPT_ROWS through `_rows` of the layer with `kernels` and of the torch reference: ((output, state) of the
+    kernels' layer, the same of the reference's)."""
+    fused, reference = layer_pair(dtype, kernels)
+    query_lens, continues, slots = PROMPT_ROWS
     num_tokens = sum(query_lens)
-    mixed = torch.randn(num_tokens, SPEC.conv_dim, device="cuda").to(torch.bfloat16)
-    g, beta = -torch.rand(num_tokens, 4, device="cuda"), torch.rand(num_tokens, 4, device="cuda").to(torch.bfloat16)
+    generator = torch.Generator(device="cuda").manual_seed(1)
+    mixed = torch.randn(num_tokens, SPEC.conv_dim, device="cuda", generator=generator).to(dtype)
+    g = -torch.rand(num_tokens, 4, device="cuda", generator=generator)
+    beta = torch.rand(num_tokens, 4, device="cuda", generator=generator).to(dtype)
     state = state_inputs(query_lens, continues, slots, saves)
     ours, theirs = fused._rows(mixed, g, beta, state), reference._rows(mixed, g, beta, state)
-    torch.testing.assert_close(ours.float(), theirs, rtol=3e-2, atol=3e-2)  # fla's in bf16, the torch code's float32
-    torch.testing.assert_close(fused.recurrent_state, reference.recurrent_state, rtol=3e-2, atol=3e-2)
+    return (ours.float(), fused.recurrent_state), (theirs, reference.recurrent_state)
+
+
+@pytest.mark.skipif(not HAS_FLA, reason="needs flash-linear-attention (fla)")
+@pytest.mark.parametrize("saves", INNER_SAVES)
+def test_fla_prompt_rows_match_the_reference(saves: tuple[tuple[int, int, int], ...]) -> None:
+    chunked_only = KernelConfig(sequential_delta_rule_max_tokens=0)
+    (ours, our_state), (theirs, their_state) = prompt_rows_of(chunked_only, torch.bfloat16, saves)
+    torch.testing.assert_close(ours, theirs, rtol=3e-2, atol=3e-2)  # fla's in bf16, the torch code's float32
+    torch.testing.assert_close(our_state, their_state, rtol=3e-2, atol=3e-2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("saves", INNER_SAVES)
+def test_rows_kernel_matches_the_reference_and_fla(saves: tuple[tuple[int, int, int], ...], dtype: torch.dtype
+                                                   ) -> None:
+    """The rows run token after token (the default rule takes them: 130 tokens at most) against the float32 torch
+    reference, and against fla's chunked kernel where it is installed, snapshots inside rows included."""
+    (ours, our_state), (theirs, their_state) = prompt_rows_of(KernelConfig(), dtype, saves)
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2  # float32 math over inputs in `dtype` on both sides
+    torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance)
+    torch.testing.assert_close(our_state, their_state, rtol=tolerance, atol=tolerance)
+    if HAS_FLA:
+        (chunked, chunked_state), _ = prompt_rows_of(KernelConfig(sequential_delta_rule_max_tokens=0), dtype, saves)
+        torch.testing.assert_close(ours, chunked, rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(our_state, chunked_state, rtol=3e-2, atol=3e-2)
+
+
+def test_float32_rows_kernel_gives_transformers_tokens(tiny_model_dirs: dict[str, Path], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A tiny Qwen3.5 with slow decays (a wrong state shows in its tokens), float32 with the kernels on CUDA: prompt
+    rows run token after token, snapshots saved inside them, later requests restoring them; transformers' tokens."""
+    import gpu.kernels.gated_delta_rows as rows_kernel
+
+    inner_saves: list[int] = []
+    original = rows_kernel.gated_delta_rows
+
+    def counted(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: torch.Tensor, beta: torch.Tensor,
+                state: torch.Tensor, rows: tuple[torch.Tensor, ...]) -> torch.Tensor:
+        inner_saves.append(rows[4].shape[0] - rows[0].shape[0])  # pieces beyond one a row
+        return original(qkv, heads, g, beta, state, rows)
+
+    monkeypatch.setattr(rows_kernel, "gated_delta_rows", counted)
+    model_dir = with_slow_decays(build_hybrid_model(tmp_path / "qwen3_5", "qwen3_5", tiny_model_dirs["qwen3"]))
+    llm = LLM(str(model_dir), dtype="float32", device="cuda", attention_backend="triton", block_size=16,
+              kv_cache_blocks=64, max_num_seqs=16, max_num_batched_tokens=40)
+    prompts = prompts_of_lengths((9, 7, 30, 17, 60, 4), shared_prefix=37)
+    outputs = llm.generate(prompts[:1], SamplingParams(temperature=0.0, max_tokens=12))
+    outputs += llm.generate(prompts[1:], SamplingParams(temperature=0.0, max_tokens=12))
+    assert llm.engine.stats().num_prefix_cache_hit_tokens >= 5 * 32 and max(inner_saves) > 0
+    use_transformers_torch_delta_rule()
+    for prompt, output in zip(prompts, outputs, strict=True):
+        assert output.token_ids == hf_greedy(model_dir, prompt)
 
 
 @pytest.mark.parametrize("model", MODELS)

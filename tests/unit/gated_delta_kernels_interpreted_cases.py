@@ -169,30 +169,15 @@ def test_layer_step_through_the_rows_kernel_matches_the_torch_path(max_tokens: i
     torch.testing.assert_close(fused.conv_state, reference.conv_state)
 
 
-def _with_long_memory(model_dir: Path) -> Path:
-    """The checkpoint with slow decays (exp(A_log) in [0.01, 0.1]: the state keeps most of itself over tens of tokens),
-    so a wrong state carried or restored shows in the tokens; the random checkpoint's own forget within a few."""
-    from safetensors.torch import load_file, save_file
-
-    path = model_dir / "model.safetensors"
-    tensors = load_file(path)
-    generator = torch.Generator().manual_seed(0)
-    for name, tensor in tensors.items():
-        if name.endswith("A_log"):
-            tensors[name] = (0.01 + 0.09 * torch.rand(tensor.shape, generator=generator)).log()
-    save_file(tensors, path, metadata={"format": "pt"})
-    return model_dir
-
-
 def test_hybrid_model_through_the_kernels_gives_transformers_tokens(tiny_model_dirs: dict[str, Path],
                                                                      tmp_path: Path) -> None:
-    """A tiny Qwen3.5 (float32) with its linear layers on the Triton paths as on CUDA: prompts prefilled in chunks,
-    a later request resuming from a shared prefix's snapshot; greedy tokens equal transformers'."""
+    """A tiny Qwen3.5 (float32, slow decays) with its linear layers on the Triton paths as on CUDA: prompts prefilled
+    in chunks, a snapshot saved inside a row, later requests resuming from it; greedy tokens equal transformers'."""
     from core import LLM
-    from tests.hybrid_models import build_hybrid_model
+    from tests.hybrid_models import build_hybrid_model, with_slow_decays
     from tests.parity import test_parity_cpu as dense
 
-    model_dir = _with_long_memory(build_hybrid_model(tmp_path / "qwen3_5", "qwen3_5", tiny_model_dirs["qwen3"]))
+    model_dir = with_slow_decays(build_hybrid_model(tmp_path / "qwen3_5", "qwen3_5", tiny_model_dirs["qwen3"]))
     prompts = dense.prompts_of_lengths((9, 30, 4), shared_prefix=37)
     with pytest.MonkeyPatch.context() as patch:
         launches = _on_the_triton_paths(patch)
