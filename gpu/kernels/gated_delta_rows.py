@@ -99,13 +99,14 @@ def gated_delta_rows(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: tor
     out = torch.empty(num_tokens, num_value_heads, value_dim, dtype=torch.float32, device=qkv.device)
     if num_rows == 0:
         return out
-    # Narrow column blocks: more programs share one row's sequential tokens, whose latency they hide from each other.
-    block_v = min(triton.next_power_of_2(value_dim), 16)
+    # Narrow column blocks of one warp each (as flash-linear-attention's recurrent kernel): a row's tokens are a chain
+    # of dependent steps, so many small programs hide each other's latency and reduce within a warp, never across.
+    block_v = min(triton.next_power_of_2(value_dim), 8)
     grid = (num_rows, num_value_heads, triton.cdiv(value_dim, block_v))
     _gated_delta_rows_kernel[grid](
         qkv, qkv.stride(0), g, beta, state, slots, keeps, out, row_starts, row_pieces, piece_ends, piece_states,
         NUM_VALUE_HEADS=num_value_heads, VALUE_HEADS_PER_KEY_HEAD=num_value_heads // num_key_heads, KEY_DIM=key_dim,
         VALUE_DIM=value_dim, K_OFFSET=num_key_heads * key_dim, V_OFFSET=2 * num_key_heads * key_dim,
-        BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, SCALE=key_dim**-0.5,
+        BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, SCALE=key_dim**-0.5, num_warps=1, num_stages=3,
     )
     return out

@@ -72,7 +72,7 @@ def _reference_rows(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: torc
     return torch.cat(outputs), states_along
 
 
-@pytest.mark.parametrize("heads", [(2, 4, 16, 16), (1, 2, 8, 40)])  # grouped value heads; value columns in blocks
+@pytest.mark.parametrize("heads", [(2, 4, 16, 16), (1, 2, 8, 20)])  # grouped value heads; a partial column block
 def test_rows_kernel_matches_the_reference_with_snapshots_inside_rows(heads: tuple[int, int, int, int]) -> None:
     from gpu.kernels.gated_delta_rows import gated_delta_rows
 
