@@ -29,6 +29,11 @@ class KernelConfig:
     # one wider than this CPU's: its instructions would fault.
     cpu_march: str = "native"
 
+    def __post_init__(self) -> None:
+        if self.sequential_delta_rule_max_tokens < 0:
+            raise ValueError(f"sequential_delta_rule_max_tokens must be at least 0, got "
+                             f"{self.sequential_delta_rule_max_tokens}")
+
 
 DEFAULT_KERNELS = KernelConfig()
 

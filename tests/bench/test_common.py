@@ -26,6 +26,8 @@ def test_kernel_variants() -> None:
                                                                        cpu_march="haswell")
     assert kernel_variant("sequential_delta_rule_max_tokens=0") == replace(KernelConfig(),
                                                                            sequential_delta_rule_max_tokens=0)
+    with pytest.raises(ValueError, match="at least 0"):
+        kernel_variant("sequential_delta_rule_max_tokens=-1")
     for bad in ("no_such_kernel=0", first, f"{first}=yes", ""):
         with pytest.raises(ValueError, match=r"FIELD=0\|1"):
             kernel_variant(bad)
