@@ -21,7 +21,9 @@ class KernelConfig:
     fused_kernels: bool = True
     # With them, on CUDA: a step's prompt rows of at most this many tokens (its longest) run the gated delta rule token
     # after token in one launch, longer ones flash-linear-attention's chunked kernel (0: always the chunked kernel).
-    sequential_delta_rule_max_tokens: int = 256
+    # The bound sits below where the sequential kernel's time, growing with the row, meets the chunked kernel's,
+    # which its host-side launches keep nearly flat over short rows (measured on Qwen3.5-35B-A3B's shape).
+    sequential_delta_rule_max_tokens: int = 512
     # On a CPU in bfloat16: linear weights packed after loading (gpu/cpu_packing.py). Off: the weights as loaded.
     cpu_packed_weights: bool = True
     # On a CPU: the instruction set the C kernels (gpu/cpu_kernels) are compiled for, a gcc -march value. native: this
