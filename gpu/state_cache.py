@@ -154,7 +154,10 @@ def piece_levels(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...]
 def sequential_rows(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...], slots: list[int],
                     device: torch.device) -> SequentialRows:
     """The rows' pieces for the sequential kernel (SequentialRows): a piece's state goes to its snapshot row, the last
-    piece's to the row's slot; one host-to-device copy."""
+    piece's to the row's slot; one host-to-device copy. Every piece has a token (the kernel stores a state after a
+    piece's last token)."""
+    if any(end <= start for pieces in row_pieces for start, end, _ in pieces):
+        raise ValueError(f"the sequential kernel's pieces each need a token, got {row_pieces}")
     num_rows = len(row_pieces)
     row_starts = [pieces[0][0] for pieces in row_pieces]
     counts = np.cumsum([0, *(len(pieces) for pieces in row_pieces)]).tolist()

@@ -40,27 +40,48 @@ def _gated_delta_rows_kernel(
     keeps = tl.load(keeps_ptr + row)
     state = tl.load(state_ptr + slot * NUM_VALUE_HEADS * KEY_DIM * VALUE_DIM + head_offsets, mask=state_mask,
                     other=0.0) * keeps
-    token = tl.load(row_starts_ptr + row)
-    for piece in range(tl.load(row_pieces_ptr + row), tl.load(row_pieces_ptr + row + 1)):
-        end = tl.load(piece_ends_ptr + piece)
-        for t in range(token, end):
-            base = qkv_ptr + t * qkv_stride
-            q = tl.load(base + key_offset + keys, mask=key_mask, other=0.0).to(tl.float32)
-            k = tl.load(base + K_OFFSET + key_offset + keys, mask=key_mask, other=0.0).to(tl.float32)
-            v = tl.load(base + V_OFFSET + head * VALUE_DIM + columns, mask=column_mask, other=0.0).to(tl.float32)
-            q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * SCALE
-            k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
-            g = tl.load(g_ptr + t * NUM_VALUE_HEADS + head).to(tl.float32)
-            beta = tl.load(beta_ptr + t * NUM_VALUE_HEADS + head).to(tl.float32)
-            state = state * tl.exp(g)
-            predicted = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]
-            state = state + k[:, None] * ((v - predicted) * beta)[None, :]
-            out = tl.sum(state * q[:, None], axis=0)
-            tl.store(out_ptr + (t * NUM_VALUE_HEADS + head) * VALUE_DIM + columns, out, mask=column_mask)
-        token = end
-        destination = tl.load(piece_states_ptr + piece)
-        tl.store(state_ptr + destination * NUM_VALUE_HEADS * KEY_DIM * VALUE_DIM + head_offsets, state,
-                 mask=state_mask)
+    # One flat loop over the row's tokens (a piece's end only stores the state): the next token's inputs are loaded
+    # while this one's are used, so their latency hides behind the dependent chain of state updates.
+    piece = tl.load(row_pieces_ptr + row)
+    last_piece = tl.load(row_pieces_ptr + row + 1)
+    start = tl.load(row_starts_ptr + row)
+    piece_end = tl.load(piece_ends_ptr + piece)  # a row has at least one piece, and each piece a token
+    row_end = tl.load(piece_ends_ptr + last_piece - 1)
+    q, k, v, g, beta = _token_inputs(qkv_ptr, qkv_stride, g_ptr, beta_ptr, start, keys, key_mask, columns,
+                                     column_mask, head, key_offset, NUM_VALUE_HEADS, K_OFFSET, V_OFFSET, VALUE_DIM)
+    for t in range(start, row_end):
+        # The next token's (the last token's again at the row's end, unused): loads stay within the row.
+        next_q, next_k, next_v, next_g, next_beta = _token_inputs(
+            qkv_ptr, qkv_stride, g_ptr, beta_ptr, tl.minimum(t + 1, row_end - 1), keys, key_mask, columns,
+            column_mask, head, key_offset, NUM_VALUE_HEADS, K_OFFSET, V_OFFSET, VALUE_DIM)
+        q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * SCALE
+        k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
+        state = state * tl.exp(g)
+        predicted = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]
+        state = state + k[:, None] * ((v - predicted) * beta)[None, :]
+        out = tl.sum(state * q[:, None], axis=0)
+        tl.store(out_ptr + (t * NUM_VALUE_HEADS + head) * VALUE_DIM + columns, out, mask=column_mask)
+        if t + 1 == piece_end:
+            destination = tl.load(piece_states_ptr + piece)
+            tl.store(state_ptr + destination * NUM_VALUE_HEADS * KEY_DIM * VALUE_DIM + head_offsets, state,
+                     mask=state_mask)
+            piece = tl.minimum(piece + 1, last_piece - 1)  # past the last piece: its end again, never reached
+            piece_end = tl.load(piece_ends_ptr + piece)
+        q, k, v, g, beta = next_q, next_k, next_v, next_g, next_beta
+
+
+@triton.jit
+def _token_inputs(qkv_ptr, qkv_stride, g_ptr, beta_ptr, t, keys, key_mask, columns, column_mask, head, key_offset,
+                  NUM_VALUE_HEADS: tl.constexpr, K_OFFSET: tl.constexpr, V_OFFSET: tl.constexpr,
+                  VALUE_DIM: tl.constexpr):
+    """Token t's q, k (the head's key head), v (the program's columns), g and beta in float32."""
+    base = qkv_ptr + t.to(tl.int64) * qkv_stride
+    q = tl.load(base + key_offset + keys, mask=key_mask, other=0.0).to(tl.float32)
+    k = tl.load(base + K_OFFSET + key_offset + keys, mask=key_mask, other=0.0).to(tl.float32)
+    v = tl.load(base + V_OFFSET + head * VALUE_DIM + columns, mask=column_mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + t * NUM_VALUE_HEADS + head).to(tl.float32)
+    beta = tl.load(beta_ptr + t * NUM_VALUE_HEADS + head).to(tl.float32)
+    return q, k, v, g, beta
 
 
 def gated_delta_rows(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: torch.Tensor, beta: torch.Tensor,
@@ -107,6 +128,6 @@ def gated_delta_rows(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: tor
         qkv, qkv.stride(0), g, beta, state, slots, keeps, out, row_starts, row_pieces, piece_ends, piece_states,
         NUM_VALUE_HEADS=num_value_heads, VALUE_HEADS_PER_KEY_HEAD=num_value_heads // num_key_heads, KEY_DIM=key_dim,
         VALUE_DIM=value_dim, K_OFFSET=num_key_heads * key_dim, V_OFFSET=2 * num_key_heads * key_dim,
-        BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, SCALE=key_dim**-0.5, num_warps=1, num_stages=3,
+        BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, SCALE=key_dim**-0.5, num_warps=1, num_stages=1,
     )
     return out

@@ -177,3 +177,14 @@ def test_fp8_activation_quantization_compiles() -> None:
         spilled, _ = compiled_usage(fp8_quant._quantize_rows_kernel, signature, dict(
             GROUP=group, PER_TOKEN=per_token, STATIC=False, USE_PDL=True, BLOCK=1024), 4, 2)
         assert spilled == 0
+
+
+def test_gated_delta_rows_kernel() -> None:
+    from gpu.kernels import gated_delta_rows
+
+    pointers = dict(qkv_ptr="*bf16", g_ptr="*fp32", beta_ptr="*bf16", state_ptr="*fp32", slots_ptr="*i64",
+                    keeps_ptr="*fp32", out_ptr="*fp32", row_starts_ptr="*i64", row_pieces_ptr="*i64",
+                    piece_ends_ptr="*i64", piece_states_ptr="*i64")
+    compile_for_hopper(gated_delta_rows._gated_delta_rows_kernel, pointers, dict(
+        NUM_VALUE_HEADS=32, VALUE_HEADS_PER_KEY_HEAD=2, KEY_DIM=128, VALUE_DIM=128, K_OFFSET=2048, V_OFFSET=4096,
+        BLOCK_K=128, BLOCK_V=8, SCALE=128**-0.5))
