@@ -59,7 +59,22 @@ def default_config(bucket: int, num_experts: int, top_k: int) -> MoeConfig:
     return MoeConfig(128, GemmTiles(64, 64, group_m=8, num_warps=8), GemmTiles(128, 64, group_m=8, num_warps=8))
 
 
-TABLES: dict[str, Table] = {}  # device name -> measured table (empty until a sweep has been run there)
+# Device name -> the grouped path's tiles measured fastest there (`python -m bench.kernels.fused_moe --sweep`), per
+# row bucket; a bucket not in its table takes the rule. H100 80GB HBM3: Qwen3-30B-A3B's experts at 256-8192 rows.
+TABLES: dict[str, Table] = {"H100": {
+    (256, 128, 768, 2048): MoeConfig(64, GemmTiles(64, 128, group_m=1, num_warps=8, num_stages=4),
+                                   GemmTiles(128, 128, group_m=1, num_warps=4, num_stages=4)),
+    (512, 128, 768, 2048): MoeConfig(64, GemmTiles(64, 128, group_m=1, num_warps=8, num_stages=4),
+                                   GemmTiles(64, 128, group_m=8, num_warps=4, num_stages=3)),
+    (1024, 128, 768, 2048): MoeConfig(64, GemmTiles(64, 64, group_m=1, num_warps=4, num_stages=3),
+                                   GemmTiles(128, 64, group_m=4, num_warps=4, num_stages=3)),
+    (2048, 128, 768, 2048): MoeConfig(128, GemmTiles(128, 64, group_m=1, num_warps=8, num_stages=4),
+                                   GemmTiles(256, 64, group_m=8, num_warps=8, num_stages=4)),
+    (4096, 128, 768, 2048): MoeConfig(128, GemmTiles(128, 64, group_m=1, num_warps=8, num_stages=4),
+                                   GemmTiles(256, 64, group_m=1, num_warps=8, num_stages=4)),
+    (8192, 128, 768, 2048): MoeConfig(128, GemmTiles(128, 64, group_m=1, num_warps=8, num_stages=4),
+                                   GemmTiles(256, 64, group_m=8, num_warps=8, num_stages=4)),
+}}
 
 
 def config_for(num_tokens: int, num_experts: int, top_k: int, intermediate: int, hidden: int,
