@@ -41,17 +41,16 @@ def _columns(k, G: tl.constexpr, SUB: tl.constexpr):
 
 @triton.jit
 def _group_values(ptr, rows_offset, k, num_groups, GROUP: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr):
-    """A per-group tensor's values [1, BLOCK_N, G, 1] at the sub-tiles from k (past the last group: the last)."""
+    """A per-group tensor's values [1, BLOCK_N, G, 1] at the sub-tiles from k (groups past the last read it)."""
     ids = tl.minimum((k + tl.arange(0, G) * SUB) // GROUP, num_groups - 1)
     return tl.load(ptr + rows_offset[None, :, None, None] + ids[None, None, :, None]).to(tl.float32)
 
 
 @triton.jit
-def _x_tile(x_ptr, rows_x, stride_xm, columns, in_k, EVEN_K: tl.constexpr, ROWS: tl.constexpr,
-            BLOCK_N: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr):
-    """x at `columns` [1, 1, G, SUB] of its rows, [ROWS, BLOCK_N, G, SUB] float32, broadcast in the weight tile's
-    layout (from L1); 0 where `in_k` is false (columns past K)."""
-    ptrs = tl.broadcast_to(x_ptr + rows_x[:, None, None, None] * stride_xm + columns, (ROWS, BLOCK_N, G, SUB))
+def _x_tile(x_rows, columns, in_k, like, EVEN_K: tl.constexpr):
+    """x at `columns` [1, 1, ...] of its rows (`x_rows`, [ROWS, 1, ...] pointers) in float32, broadcast to the shape
+    and layout of the weight tile `like` (from L1: no exchange between threads); 0 where `in_k` is false."""
+    ptrs, _ = tl.broadcast(x_rows + columns, like)
     if EVEN_K:
         return tl.load(ptrs).to(tl.float32)
     return tl.load(ptrs, mask=in_k, other=0.0).to(tl.float32)
@@ -86,6 +85,7 @@ def _fp8_gemv_kernel(
     rows_x = tl.minimum(offs_m, M - 1)
     scale_rows = (rows_w // SCALE_ROWS) * stride_wsn
     w_rows = w_ptr + rows_w[None, :, None, None] * stride_wn
+    x_rows = x_ptr + rows_x[:, None, None, None] * stride_xm
     columns = _columns(0, G, SUB)
     w = tl.load(w_rows + columns, mask=columns < K, other=0.0)
     if USE_PDL:
@@ -93,7 +93,7 @@ def _fp8_gemv_kernel(
         tl.extra.cuda.gdc_launch_dependents()
     sums = tl.zeros((ROWS, BLOCK_N, G, SUB), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
-        x = _x_tile(x_ptr, rows_x, stride_xm, columns, columns < K, EVEN_K, ROWS, BLOCK_N, G, SUB)
+        x = _x_tile(x_rows, columns, columns < K, w, EVEN_K)
         w_next = tl.load(w_rows + columns + BLOCK_K, mask=columns + BLOCK_K < K, other=0.0)
         weight = w.to(tl.float32)
         if BLOCK_SCALES:
@@ -109,56 +109,63 @@ def _fp8_gemv_kernel(
 
 @triton.jit
 def _levels(words, BITS: tl.constexpr):
-    """Packed words [1, BLOCK_N, G, W] (gpu/quant/int_weights.py's pairs: column 2j + h of a word at bit
-    BITS * j + 16 * h) -> float32 2^23 + level [1, BLOCK_N, G, W * 32 / BITS], columns in order."""
-    PER_WORD: tl.constexpr = 32 // BITS
-    c = tl.arange(0, PER_WORD)
+    """Packed words [1, BLOCK_N, G, W, 1] (gpu/quant/int_weights.py's pairs: column 2j + h of a word at bit
+    BITS * j + 16 * h) -> [1, BLOCK_N, G, W, 32 / BITS] float32 2^23 + level, a word's columns in order along the
+    last axis (no reshape: each thread expands its own words)."""
+    c = tl.arange(0, 32 // BITS)
     shifts = (c // 2) * BITS + (c % 2) * 16
-    levels = (words[:, :, :, :, None] >> shifts[None, None, None, None, :]) & ((1 << BITS) - 1)
-    floats = (levels | 0x4B000000).to(tl.float32, bitcast=True)
-    return tl.reshape(floats, (words.shape[0], words.shape[1], words.shape[2], words.shape[3] * PER_WORD))
+    levels = (words >> shifts[None, None, None, None, :]) & ((1 << BITS) - 1)
+    return (levels | 0x4B000000).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _word_columns(k, G: tl.constexpr, W: tl.constexpr, PER_WORD: tl.constexpr):
+    """The columns of a tile of G groups of W words from k, [1, 1, G, W, PER_WORD]."""
+    words = _columns(k // PER_WORD, G, W)[:, :, :, :, None]
+    return words * PER_WORD + tl.arange(0, PER_WORD)[None, None, None, None, :]
 
 
 @triton.jit(do_not_specialize=["M", "N"])
 def _int_gemv_kernel(
-    x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, perm_ptr, bias_ptr, out_ptr, M, N, K, num_groups,
+    x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, perm_ptr, bias_ptr, out_ptr, M, N, K, num_words, num_groups,
     stride_xm, stride_qn, stride_gn, stride_om,
     BITS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, USE_PDL: tl.constexpr,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
+    # Tiles [ROWS, BLOCK_N, G groups, W words, PER_WORD levels].
     PER_WORD: tl.constexpr = 32 // BITS
     SUB: tl.constexpr = GROUP if GROUP < BLOCK_K else BLOCK_K
     G: tl.constexpr = BLOCK_K // SUB
+    W: tl.constexpr = SUB // PER_WORD
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)
-    rows_x = tl.minimum(offs_m, M - 1)
     group_rows = rows_w * stride_gn
-    q_rows = q_ptr + rows_w[None, :, None, None] * stride_qn
-    word_cols = _columns(0, G, SUB // PER_WORD)  # [1, 1, G, SUB / PER_WORD]
-    words_k = K // PER_WORD
-    words = tl.load(q_rows + word_cols, mask=word_cols < words_k, other=0)
+    q_rows = q_ptr + rows_w[None, :, None, None, None] * stride_qn
+    x_rows = x_ptr + tl.minimum(offs_m, M - 1)[:, None, None, None, None] * stride_xm
+    word_ids = _columns(0, G, W)[:, :, :, :, None]  # [1, 1, G, W, 1]
+    words = tl.load(q_rows + word_ids, mask=word_ids < num_words, other=0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    sums = tl.zeros((ROWS, BLOCK_N, G, SUB), dtype=tl.float32)
+    sums = tl.zeros((ROWS, BLOCK_N, G, W, PER_WORD), dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
-        stored = _columns(k, G, SUB)
+        stored = _word_columns(k, G, W, PER_WORD)
         columns = tl.load(perm_ptr + tl.minimum(stored, K - 1)) if HAS_PERM else stored  # x's column for each
-        x = _x_tile(x_ptr, rows_x, stride_xm, columns, stored < K, EVEN_K, ROWS, BLOCK_N, G, SUB)
-        word_cols += BLOCK_K // PER_WORD
-        words_next = tl.load(q_rows + word_cols, mask=word_cols < words_k, other=0)
+        levels = _levels(words, BITS)
+        x = _x_tile(x_rows, columns, stored < K, levels, EVEN_K)
+        word_ids += BLOCK_K // PER_WORD
+        words = tl.load(q_rows + word_ids, mask=word_ids < num_words, other=0)
         if HAS_ZEROS:
-            c = _group_values(z_ptr, group_rows, k, num_groups, GROUP, G, SUB) + MAGIC
+            c = _group_values(z_ptr, group_rows, k, num_groups, GROUP, G, SUB)[:, :, :, :, None] + MAGIC
         else:
             c = MAGIC + ZERO
-        weight = (_levels(words, BITS) - c) * _group_values(s_ptr, group_rows, k, num_groups, GROUP, G, SUB)
+        weight = (levels - c) * _group_values(s_ptr, group_rows, k, num_groups, GROUP, G, SUB)[:, :, :, :, None]
         if HAS_OFFSETS:
-            weight += _group_values(o_ptr, group_rows, k, num_groups, GROUP, G, SUB)
+            weight += _group_values(o_ptr, group_rows, k, num_groups, GROUP, G, SUB)[:, :, :, :, None]
         sums += weight * x
-        words = words_next
-    _store_rows(_reduced(sums), bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS)
+    _store_rows(tl.reduce(_reduced(sums), 2, add), bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS)
 
 
 def _grid(m: int, n: int, t: GemvTiles) -> tuple[int, int]:
@@ -185,11 +192,11 @@ def int_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None, y:
     scales = weight.scales
     _int_gemv_kernel[_grid(m, n, t)](
         x, weight.weight, scales, _or(weight.zeros, scales), _or(weight.offsets, scales), _or(weight.perm, scales),
-        _or(bias, scales), y, m, n, k, scales.shape[1], x.stride(0), weight.weight.stride(0), scales.stride(0),
-        y.stride(0), BITS=weight.bits, GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
-        HAS_OFFSETS=weight.offsets is not None, HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None,
-        EVEN_K=k % t.block_k == 0, USE_PDL=pdl, ROWS=t.rows, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        num_warps=t.num_warps, num_stages=1, launch_pdl=pdl)
+        _or(bias, scales), y, m, n, k, weight.weight.shape[1], scales.shape[1], x.stride(0), weight.weight.stride(0),
+        scales.stride(0), y.stride(0), BITS=weight.bits, GROUP=weight.group, ZERO=weight.zero,
+        HAS_ZEROS=weight.zeros is not None, HAS_OFFSETS=weight.offsets is not None, HAS_PERM=weight.perm is not None,
+        HAS_BIAS=bias is not None, EVEN_K=k % t.block_k == 0, USE_PDL=pdl, ROWS=t.rows, BLOCK_N=t.block_n,
+        BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=1, launch_pdl=pdl)
 
 
 def _or(t: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
