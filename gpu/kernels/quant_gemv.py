@@ -91,7 +91,7 @@ def _fp8_gemv_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    sums = tl.zeros((ROWS, BLOCK_N, G, SUB), dtype=tl.float32)
+    sums = tl.full((ROWS, BLOCK_N, G, SUB), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
         x = _x_tile(x_rows, columns, columns < K, w, EVEN_K)
         w_next = tl.load(w_rows + columns + BLOCK_K, mask=columns + BLOCK_K < K, other=0.0)
@@ -149,7 +149,7 @@ def _int_gemv_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    sums = tl.zeros((ROWS, BLOCK_N, G, W, PER_WORD), dtype=tl.float32)
+    sums = tl.full((ROWS, BLOCK_N, G, W, PER_WORD), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
         stored = _word_columns(k, G, W, PER_WORD)
         columns = tl.load(perm_ptr + tl.minimum(stored, K - 1)) if HAS_PERM else stored  # x's column for each

@@ -1,6 +1,7 @@
-"""The quantized GEMM kernels (gpu/kernels/int_gemm.py, fp8_gemm.py, fp8_quant.py) run by Triton's interpreter on
-the CPU against their formats' reference dequantization: unpacking, group scales, zero points and offsets, act
-order, block scales, split-K, rows and columns past the tiles' edges. float16 activations (the interpreter's
+"""The quantized GEMM kernels (gpu/kernels/int_gemm.py, fp8_gemm.py, fp8_quant.py, and quant_gemv.py through the
+first two) run by Triton's interpreter on the CPU against their formats' reference dequantization: unpacking, group
+scales, zero points and offsets, act order, block scales, split-K, rows and columns past the tiles' edges; and
+quant_gemm_configs.py's choice of path. float16 activations (the interpreter's
 bfloat16 dot is not numpy's; tests/gpu/test_quantized_gpu.py checks bf16 on CUDA). The interpreter rounds some
 floats to FP8 a binade off, so the FP8 kernels' activations here lie on the FP8 grid (each group's largest value
 448 times a power of two): quantizing them is exact, and the product must equal the dequantized one."""
@@ -14,7 +15,16 @@ import numpy as np
 import pytest
 import torch
 
-from gpu.kernels.quant_gemm_configs import QuantTiles
+from gpu.kernels.quant_gemm_configs import (
+    GEMV_MAX_ROWS,
+    TABLES,
+    GemvTiles,
+    QuantTiles,
+    gemv_tiles,
+    quant_tiles,
+    table_for,
+    tensor_core_tiles,
+)
 from gpu.quant import gguf_blocks
 from gpu.quant.fp8 import dequantize_blocks
 from gpu.quant.int_weights import IntGroups, to_kernel_form
@@ -155,3 +165,80 @@ def test_activation_quantization_for_cublas(fp8_quant: ModuleType, group: int | 
         assert scales.shape == (m, 1)
         expanded = scales
     assert torch.equal(quantized.float() * expanded, x.float())
+
+
+GEMV_TILES = {"rows1": GemvTiles(1, 4, 256, 4), "rows2": GemvTiles(2, 8, 128, 4), "rows1-short": GemvTiles(1, 4, 64, 2)}
+
+
+def _gemv_tiles(kernel: ModuleType, name: str | None) -> object:
+    """GEMV_TILES[name] as the interpreted module's own class (it imported quant_gemm_configs afresh), or None."""
+    return None if name is None else kernel.GemvTiles(**GEMV_TILES[name].__dict__)
+
+
+@pytest.mark.parametrize(("bits", "group_size", "kind", "m", "n", "k", "tiles"), [
+    (4, 128, "symmetric", 1, 13, 320, "rows1"), (4, 128, "zeros", 2, 9, 320, "rows2"),
+    (4, 32, "zeros", 3, 9, 256, "rows2"), (4, 64, "act-order", 2, 8, 192, "rows1"),
+    (4, 32, "offsets", 1, 6, 128, None), (8, 32, "offsets", 3, 7, 160, "rows2"),
+    (8, 128, "symmetric", 2, 5, 128, "rows1-short"), (8, 32, "act-order", 1, 4, 96, "rows1-short")])
+def test_int_gemv_equals_the_dequantized_product(int_kernel: ModuleType, bits: int, group_size: int, kind: str,
+                                                 m: int, n: int, k: int, tiles: str | None) -> None:
+    """Odd N, K past the last whole group (a group of its own, as the rule's group ids say) and past the tile, rows
+    past the row tile, biases; None: quant_tiles' choice at these rows (the GEMV)."""
+    g = torch.Generator().manual_seed(bits * n + k)
+    num_groups = -(-k // group_size)
+    groups = _int_groups(bits, group_size, kind, n, num_groups * group_size, g)
+    groups.levels = groups.levels[:, :k]
+    if kind != "act-order":  # K past the last whole group: a group of fewer columns
+        groups.group_ids = (torch.arange(k) // group_size).to(torch.int32)
+    stored = to_kernel_form(groups, torch.float16)
+    x = torch.randn(m, k, generator=g).half()
+    bias = torch.randn(n, generator=g).half()
+    assert tiles is not None or isinstance(quant_tiles(m, n, k, f"int{bits}"), GemvTiles)
+    out = torch.zeros(m, n + 8, dtype=torch.float16)
+    int_kernel.int_gemm(x, stored, bias, out=out[:, 4 : 4 + n], tiles=_gemv_tiles(int_kernel, tiles))
+    _close(out[:, 4 : 4 + n], x.float() @ groups.dequantize().T + bias.float())
+    assert not out[:, :4].any() and not out[:, 4 + n :].any()
+
+
+@pytest.mark.parametrize(("m", "n", "k", "block", "static", "tiles"), [
+    (1, 13, 320, (16, 64), None, "rows1"), (2, 40, 256, (32, 32), None, "rows2"),
+    (3, 24, 384, (1, 384), 0.25, "rows2"), (2, 9, 336, (128, 128), None, "rows1"), (1, 20, 200, (128, 128), None, None),
+    (3, 7, 96, (1, 96), None, "rows1-short")])
+def test_fp8_gemv_equals_the_dequantized_product_with_activations_unquantized(
+        fp8_kernel: ModuleType, m: int, n: int, k: int, block: tuple[int, int], static: float | None,
+        tiles: str | None) -> None:
+    """The GEMV path multiplies x as it is (a static activation scale plays no part): any x, not only the FP8
+    grid, gives the dequantized weight's product."""
+    g = torch.Generator().manual_seed(m * n + k)
+    weight = torch.randn(n, k, generator=g) * 0.05
+    scales = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) * 1e-3 + 1e-4
+    levels = (weight / dequantize_blocks(torch.ones_like(weight), scales, block)).clamp(-448, 448).to(
+        torch.float8_e4m3fn)
+    x = torch.randn(m, k, generator=g).half()
+    bias = torch.randn(n, generator=g).half()
+    assert tiles is not None or isinstance(quant_tiles(m, n, k, "fp8"), GemvTiles)
+    out = fp8_kernel.fp8_gemm(x, levels, scales, block, None if static is None else torch.tensor([static]), bias,
+                              tiles=_gemv_tiles(fp8_kernel, tiles))
+    _close(out, x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
+
+
+def test_gemv_rule_up_to_its_rows_then_tensor_cores() -> None:
+    for kind, most in GEMV_MAX_ROWS.items():
+        for rows in range(1, most + 1):
+            t = quant_tiles(rows, 4096, 4096, kind)
+            assert isinstance(t, GemvTiles) and t.rows >= rows and t == gemv_tiles(rows, 4096, kind)
+            assert t.rows * t.block_n * t.block_k <= 64 * 32 * t.num_warps  # the sums' registers a thread
+        assert quant_tiles(most + 1, 4096, 4096, kind) == tensor_core_tiles(most + 1, 4096, 4096, kind)
+    assert gemv_tiles(1, 96, "fp8").block_k == 128  # within K's power of two
+
+
+def test_the_table_overrides_the_rule_for_its_key_only() -> None:
+    tensor_cores = QuantTiles(16, 128, 256, 4, 4, 3)
+    gemv = GemvTiles(8, 4, 256, 4)
+    table = {("fp8", 1, 4096, 4096): tensor_cores, ("int4", 8, 6144, 4096): gemv}
+    assert quant_tiles(1, 4096, 4096, "fp8", table=table) == tensor_cores
+    assert quant_tiles(5, 6144, 4096, "int4", table=table) == gemv  # the row bucket of 5..8
+    for rows, n, k, kind in ((1, 4096, 4096, "int4"), (2, 4096, 4096, "fp8"), (1, 4096, 12288, "fp8"),
+                             (8, 6144, 4096, "fp8"), (16, 6144, 4096, "int4")):
+        assert quant_tiles(rows, n, k, kind, table=table) == quant_tiles(rows, n, k, kind)
+    assert table_for("NVIDIA H100 80GB HBM3") is TABLES["H100"] and table_for("NVIDIA A100-SXM4-80GB") == {}
