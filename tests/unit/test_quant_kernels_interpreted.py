@@ -119,6 +119,8 @@ def test_gguf_blocks_through_the_int_kernel(int_kernel: ModuleType, kind: str) -
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(7)).half()
     out = int_kernel.int_gemm(x, stored, tiles=SPLIT_TILES)
     _close(out, x.float() @ stored.int_groups().dequantize().T)
+    gemv = int_kernel.int_gemm(x[:3], stored, tiles=_gemv_tiles(int_kernel, "rows2"))  # the few-row path
+    _close(gemv, x[:3].float() @ stored.int_groups().dequantize().T)
 
 
 def _fp8_grid(m: int, k: int, group: int, g: torch.Generator) -> torch.Tensor:
