@@ -87,6 +87,8 @@ def _fp8_gemv_kernel(
     w_rows = w_ptr + rows_w[None, :, None, None] * stride_wn
     x_rows = x_ptr + rows_x[:, None, None, None] * stride_xm
     columns = _columns(0, G, SUB)
+    if ROWS > 1:  # 8 columns a load, as x's (bf16) take: x's tile and the weight tile then share a layout
+        columns = tl.max_contiguous(columns, [1, 1, 1, 8])
     w = tl.load(w_rows + columns, mask=columns < K, other=0.0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
@@ -144,7 +146,8 @@ def _int_gemv_kernel(
     group_rows = rows_w * stride_gn
     q_rows = q_ptr + rows_w[None, :, None, None, None] * stride_qn
     x_rows = x_ptr + tl.minimum(offs_m, M - 1)[:, None, None, None, None] * stride_xm
-    word_ids = _columns(0, G, W)[:, :, :, :, None]  # [1, 1, G, W, 1]
+    # [1, 1, G, W, 1], one word a thread (a load each): the layout x's tile takes, PER_WORD columns a thread
+    word_ids = tl.max_contiguous(_columns(0, G, W)[:, :, :, :, None], [1, 1, 1, 1, 1])
     words = tl.load(q_rows + word_ids, mask=word_ids < num_words, other=0)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
