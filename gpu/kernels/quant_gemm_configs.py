@@ -7,9 +7,9 @@
 GEMV rule: up to GEMV_MAX_ROWS rows per kind. Each row costs one float32 FMA per weight on top of the weight's
 dequantization, and those ALU operations per byte read grow with the rows: FP8 (one byte a weight) stays within an
 H100's FMA rate per byte of bandwidth up to about 4 rows, int4 (half a byte a weight, dearer to unpack) up to about 2.
-Tiles of 16-byte loads, one per thread: BLOCK_N 4 weight rows by 512 bytes of each (a 2 KB tile for 128 threads),
-narrow so that every product makes hundreds of programs and the weight stream stays full without split-K; the
-columns halve while the float32 sums (rows x tile elements per thread) would pass 64 registers a thread.
+Tiles of BLOCK_N 4 weight rows by 512 bytes of each (2 KB for 128 threads: 16 bytes a thread), narrow so that
+every product makes hundreds of programs and the weight stream stays full without split-K; the columns halve while
+the float32 sums (rows x tile elements per thread) would pass 64 registers a thread.
 
 Tensor-core rule: both kernels put the weight tile on the tensor cores' M side (BLOCK_N output columns) and the rows
 of x on the N side (BLOCK_M, padded to 16), so a decode step's few rows waste no weight bytes: each weight tile is

@@ -2,8 +2,8 @@
 
 The few-row form of gpu/kernels/fp8_gemm.py and int_gemm.py (their wrappers check the arguments and launch these
 where gpu/kernels/quant_gemm_configs.py's `quant_tiles` gives `GemvTiles`): one program per (block of BLOCK_N
-output columns, tile of ROWS rows of x) streams its weight rows along the whole of K in [BLOCK_N, BLOCK_K] tiles of
-16-byte loads, dequantizes each tile to float32 by the format's rule (FP8 levels times their block's scale; integer
+output columns, tile of ROWS rows of x) streams its weight rows along the whole of K in [BLOCK_N, BLOCK_K] tiles,
+dequantizes each tile to float32 by the format's rule (FP8 levels times their block's scale; integer
 levels (level - zero) * scale (+ offset), the levels made exact floats by the 2^23 exponent trick) and adds its
 products with every row elementwise into float32 sums, reduced across K once at the end (gpu/kernels/moe_decode.py's
 GEMV idiom: no tensor cores, so no row padding to 16, and no split-K or reduce kernel: narrow column blocks make
@@ -12,7 +12,10 @@ dequantization times x up to float32 summation order (an FP8 checkpoint's static
 in weight-only FP8 kernels).
 
 Tiles are 4-d, [ROWS, BLOCK_N, BLOCK_K / SUB, SUB] with SUB the columns one scale spans within a tile, so a group's
-scale multiplies its sub-tile by broadcasting (no reshape of the weight stream). The next weight tile is loaded
+scale multiplies its sub-tile by broadcasting (no reshape of the weight stream); integer tiles split SUB into
+[words, levels of a word]. x's tile is loaded broadcast in the weight tile's layout, each thread reading the columns
+its weights multiply (8 bf16, 16 bytes, a load): an FP8 load at several rows is 8 levels wide to match, an int word
+is a thread's own; so no tile crosses threads through shared memory in the loop. The next weight tile is loaded
 before the current one is used, and the first before waiting on the kernel that writes x (programmatic dependent
 launch, gpu/kernels/pdl.py): weights never depend on it. Rows past M and columns past N re-read the last valid one,
 never stored. Nothing depends on the data: CUDA-graph capturable.
