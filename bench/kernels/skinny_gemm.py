@@ -157,11 +157,10 @@ def sweep_row(weights: str, name: str, m: int, copies: list[Weight], configs: li
         except Exception as error:  # noqa: BLE001 - a config that fails is reported, not fatal
             err, us = float("nan"), float("inf")
             print(f"{name} M={m} {config}: {type(error).__name__}: {str(error)[:300]}", flush=True)
-        entry = {"literal": config_literal(config), "us": round(us, 2), "err": err}
-        row["configs"].append(getattr(config, "__dict__", {}) | entry)
+        row["configs"].append(getattr(config, "__dict__", {}) | {"code": config_literal(config), "us": us, "err": err})
     row["best"] = best = min(row["configs"], key=lambda c: c["us"])
     row["skinny_us"], row["is_kernel_faster"] = best["us"], weights != "bf16" or best["us"] <= MIN_GAIN * baseline_us
-    print(f"{name:11s} M={m:3d} baseline {baseline_us:7.2f} us, best {best['us']:7.2f} {best['literal']}", flush=True)
+    print(f"{name:11s} M={m:3d} baseline {baseline_us:7.2f} us, best {best['us']:7.2f} {best['code']}", flush=True)
     return row
 
 
@@ -178,7 +177,6 @@ def sweep(weights: str, shapes: dict[str, tuple[int, int]], rows: tuple[int, ...
             done.append(sweep_row(weights, name, m, copies, configs(weights, row_bucket(m), n, k)))
             if out is not None:
                 out.write_text(json.dumps(done))
-        del copies
         torch.cuda.empty_cache()
     return done
 
@@ -195,9 +193,8 @@ def config_literal(config: Config | None) -> str:
 
 def table_lines(weights: str, rows: list[dict]) -> list[str]:
     """`([kind,] bucket, N, K): config,` per swept row: the fastest config, or None where cuBLAS was not beaten."""
-    kind = "" if weights == "bf16" else f"{weights!r}, "
-    return [f"({kind}{row_bucket(row['m'])}, {row['n']}, {row['k']}): "
-            f"{row['best']['literal'] if row['is_kernel_faster'] else None}," for row in rows]
+    return [f"({'' if weights == 'bf16' else repr(weights) + ', '}{row_bucket(row['m'])}, {row['n']}, {row['k']}): "
+            f"{row['best']['code'] if row['is_kernel_faster'] else None}," for row in rows]
 
 
 def main(argv: list[str] | None = None) -> None:
