@@ -1,12 +1,12 @@
 """Launch parameters of the quantized GEMMs (gpu/kernels/fp8_gemm.py, int_gemm.py): which path, and its tiles.
 
 `quant_tiles` is the one place that chooses: a per-GPU table keyed by (kind, row bucket, N, K) where a sweep
-(`python -m bench.kernels.skinny_gemm --weights fp8 --sweep`) measured one, else the rules below. Its answer is
+(`python -m bench.kernels.skinny_gemm --weights fp8 --sweep`, or int4) measured one, else the rules below. Its answer is
 `GemvTiles` (gpu/kernels/quant_gemv.py's GEMV path) or `QuantTiles` (the tensor-core kernels).
 
-GEMV rule: up to GEMV_MAX_ROWS rows per kind. Each row costs one float32 FMA per weight on top of the weight's
-dequantization, and those ALU operations per byte read grow with the rows: FP8 (one byte a weight) stays within an
-H100's FMA rate per byte of bandwidth up to about 4 rows, int4 (half a byte a weight, dearer to unpack) up to about 2.
+GEMV rule, as the sweep measured it against the tensor-core rule: FP8 at one row takes the GEMV (it measured faster
+on every dense shape swept; at two rows on some and at four or more on none), the integer kinds never (their GEMV
+measured faster on few shapes at any row count: it stays for a table's entry to choose). GEMV_MAX_ROWS holds this.
 Tiles of BLOCK_N 4 weight rows by 512 bytes of each (2 KB for 128 threads: 16 bytes a thread), narrow so that
 every product makes hundreds of programs and the weight stream stays full without split-K; the columns halve while
 the float32 sums (rows x tile elements per thread) would pass 64 registers a thread.
@@ -27,7 +27,7 @@ from gpu.kernels.skinny_gemm_configs import row_bucket
 
 FP8_CUBLAS_MIN_ROWS = 65  # FP8 products of this many rows or more run in cuBLAS (gpu/quant/fp8.py); fewer, here
 NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpreter runs are those a GPU would
-GEMV_MAX_ROWS = {"fp8": 4, "int4": 2, "int8": 4}
+GEMV_MAX_ROWS = {"fp8": 1, "int4": 0, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's measurements
 GEMV_MAX_SUMS = 64  # float32 sums a thread holds: rows x its tile elements
 
 
@@ -53,7 +53,58 @@ Tiles = QuantTiles | GemvTiles
 Table = dict[tuple[str, int, int, int], Tiles]  # (kind, row bucket, N, K) -> the tiles measured fastest there
 
 # Per GPU (a name the device's contains), entries the sweep measured; an unmeasured shape or GPU takes the rules.
-TABLES: dict[str, Table] = {"H100": {}}
+# H200: Qwen3-8B's and Qwen3-30B-A3B's dense products (qkv, o_proj, gate_up, down; qkv, o_proj) at 1..8 rows, the
+# lines `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` and `--weights int4 --sweep` print.
+TABLES: dict[str, Table] = {"H100": {}, "H200": {
+    ('fp8', 1, 6144, 4096): GemvTiles(rows=1, block_n=16, block_k=512, num_warps=4),
+    ('fp8', 2, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=6, num_warps=4, num_stages=3),
+    ('fp8', 4, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=6, num_warps=4, num_stages=3),
+    ('fp8', 8, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=6, num_warps=4, num_stages=3),
+    ('fp8', 1, 4096, 4096): GemvTiles(rows=1, block_n=8, block_k=512, num_warps=8),
+    ('fp8', 2, 4096, 4096): GemvTiles(rows=2, block_n=8, block_k=512, num_warps=4),
+    ('fp8', 4, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
+    ('fp8', 8, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
+    ('fp8', 1, 24576, 4096): GemvTiles(rows=1, block_n=16, block_k=256, num_warps=4),
+    ('fp8', 2, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=2, num_warps=4, num_stages=3),
+    ('fp8', 4, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=2, num_warps=4, num_stages=3),
+    ('fp8', 8, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=2, num_warps=4, num_stages=3),
+    ('fp8', 1, 4096, 12288): GemvTiles(rows=1, block_n=2, block_k=1024, num_warps=4),
+    ('fp8', 2, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=9, num_warps=4, num_stages=3),
+    ('fp8', 4, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=9, num_warps=4, num_stages=3),
+    ('fp8', 8, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=9, num_warps=4, num_stages=3),
+    ('fp8', 1, 5120, 2048): GemvTiles(rows=1, block_n=8, block_k=512, num_warps=4),
+    ('fp8', 2, 5120, 2048): GemvTiles(rows=2, block_n=8, block_k=256, num_warps=4),
+    ('fp8', 4, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=4, num_warps=4, num_stages=3),
+    ('fp8', 8, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=4, num_warps=4, num_stages=3),
+    ('fp8', 1, 2048, 4096): GemvTiles(rows=1, block_n=4, block_k=1024, num_warps=8),
+    ('fp8', 2, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
+    ('fp8', 4, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
+    ('fp8', 8, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
+    ('int4', 1, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
+    ('int4', 2, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
+    ('int4', 4, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
+    ('int4', 8, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
+    ('int4', 1, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 2, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 4, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 8, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 1, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
+    ('int4', 2, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
+    ('int4', 4, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
+    ('int4', 8, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
+    ('int4', 1, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 2, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 4, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 8, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 1, 5120, 2048): GemvTiles(rows=1, block_n=8, block_k=2048, num_warps=4),
+    ('int4', 2, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=7, num_warps=4, num_stages=4),
+    ('int4', 4, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=7, num_warps=4, num_stages=4),
+    ('int4', 8, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=7, num_warps=4, num_stages=4),
+    ('int4', 1, 2048, 4096): GemvTiles(rows=1, block_n=8, block_k=2048, num_warps=4),
+    ('int4', 2, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
+    ('int4', 4, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
+    ('int4', 8, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
+}}
 
 
 def table_for(device_name: str) -> Table:

@@ -7,6 +7,7 @@ floats to FP8 a binade off, so the FP8 kernels' activations here lie on the FP8 
 448 times a power of two): quantizing them is exact, and the product must equal the dequantized one."""
 
 import importlib.util
+import itertools
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -16,7 +17,7 @@ import pytest
 import torch
 
 from gpu.kernels.quant_gemm_configs import (
-    GEMV_MAX_ROWS,
+    GEMV_MAX_SUMS,
     TABLES,
     GemvTiles,
     QuantTiles,
@@ -180,12 +181,12 @@ def _gemv_tiles(kernel: ModuleType, name: str | None) -> object:
 @pytest.mark.parametrize(("bits", "group_size", "kind", "m", "n", "k", "tiles"), [
     (4, 128, "symmetric", 1, 13, 320, "rows1"), (4, 128, "zeros", 2, 9, 320, "rows2"),
     (4, 32, "zeros", 3, 9, 256, "rows2"), (4, 64, "act-order", 2, 8, 192, "rows1"),
-    (4, 32, "offsets", 1, 6, 128, None), (8, 32, "offsets", 3, 7, 160, "rows2"),
+    (4, 32, "offsets", 1, 6, 128, "rows1"), (8, 32, "offsets", 3, 7, 160, "rows2"),
     (8, 128, "symmetric", 2, 5, 128, "rows1-short"), (8, 32, "act-order", 1, 4, 96, "rows1-short")])
 def test_int_gemv_equals_the_dequantized_product(int_kernel: ModuleType, bits: int, group_size: int, kind: str,
-                                                 m: int, n: int, k: int, tiles: str | None) -> None:
+                                                 m: int, n: int, k: int, tiles: str) -> None:
     """Odd N, K past the last whole group (a group of its own, as the rule's group ids say) and past the tile, rows
-    past the row tile, biases; None: quant_tiles' choice at these rows (the GEMV)."""
+    past the row tile, biases (the GEMV by its tiles: the rule never picks it for integer weights, a table may)."""
     g = torch.Generator().manual_seed(bits * n + k)
     num_groups = -(-k // group_size)
     groups = _int_groups(bits, group_size, kind, n, num_groups * group_size, g)
@@ -195,7 +196,6 @@ def test_int_gemv_equals_the_dequantized_product(int_kernel: ModuleType, bits: i
     stored = to_kernel_form(groups, torch.float16)
     x = torch.randn(m, k, generator=g).half()
     bias = torch.randn(n, generator=g).half()
-    assert tiles is not None or isinstance(quant_tiles(m, n, k, f"int{bits}"), GemvTiles)
     out = torch.zeros(m, n + 8, dtype=torch.float16)
     int_kernel.int_gemm(x, stored, bias, out=out[:, 4 : 4 + n], tiles=_gemv_tiles(int_kernel, tiles))
     _close(out[:, 4 : 4 + n], x.float() @ groups.dequantize().T + bias.float())
@@ -224,13 +224,21 @@ def test_fp8_gemv_equals_the_dequantized_product_with_activations_unquantized(
     _close(out, x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
 
 
-def test_gemv_rule_up_to_its_rows_then_tensor_cores() -> None:
-    for kind, most in GEMV_MAX_ROWS.items():
-        for rows in range(1, most + 1):
-            t = quant_tiles(rows, 4096, 4096, kind)
-            assert isinstance(t, GemvTiles) and t.rows >= rows and t == gemv_tiles(rows, 4096, kind)
-            assert t.rows * t.block_n * t.block_k <= 64 * 32 * t.num_warps  # the sums' registers a thread
-        assert quant_tiles(most + 1, 4096, 4096, kind) == tensor_core_tiles(most + 1, 4096, 4096, kind)
+def test_gemv_rule_fp8_at_one_row_only() -> None:
+    """FP8 at one row takes the GEMV rule's tiles; more rows, and the integer kinds at any, the tensor-core rule."""
+    for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (20, 200)):
+        assert quant_tiles(1, n, k, "fp8") == gemv_tiles(1, k, "fp8")
+        for rows in (2, 3, 4, 8, 16):
+            assert quant_tiles(rows, n, k, "fp8") == tensor_core_tiles(rows, n, k, "fp8")
+        for kind, rows in itertools.product(("int4", "int8"), (1, 2, 4, 8)):
+            assert quant_tiles(rows, n, k, kind) == tensor_core_tiles(rows, n, k, kind)
+
+
+def test_gemv_tiles_hold_their_sums_in_registers() -> None:
+    """The GEMV rule's tiles at every row count a table may send to the GEMV."""
+    for kind, rows in itertools.product(("fp8", "int4", "int8"), range(1, 9)):
+        t = gemv_tiles(rows, 4096, kind)
+        assert t.rows >= rows and t.rows * t.block_n * t.block_k <= GEMV_MAX_SUMS * 32 * t.num_warps
     assert gemv_tiles(1, 96, "fp8").block_k == 128  # within K's power of two
 
 
@@ -244,3 +252,15 @@ def test_the_table_overrides_the_rule_for_its_key_only() -> None:
                              (8, 6144, 4096, "fp8"), (16, 6144, 4096, "int4")):
         assert quant_tiles(rows, n, k, kind, table=table) == quant_tiles(rows, n, k, kind)
     assert table_for("NVIDIA H100 80GB HBM3") is TABLES["H100"] and table_for("NVIDIA A100-SXM4-80GB") == {}
+
+
+def test_the_h200_table_serves_its_own_keys_only() -> None:
+    """Each entry at every row count of its bucket; a shape it lacks, the rule; integer GEMVs reachable by it."""
+    h200 = table_for("NVIDIA H200")
+    assert h200 is TABLES["H200"] and table_for("NVIDIA H200 NVL") is h200 and table_for("NVIDIA H100 PCIe") is not h200
+    assert any(isinstance(t, GemvTiles) for (kind, *_), t in h200.items() if kind == "int4")
+    for (kind, bucket, n, k), tiles in h200.items():
+        assert not isinstance(tiles, GemvTiles) or tiles.rows == bucket
+        for rows in range(bucket // 2 + 1, bucket + 1):
+            assert quant_tiles(rows, n, k, kind, table=h200) == tiles
+        assert quant_tiles(bucket, n + 128, k, kind, table=h200) == quant_tiles(bucket, n + 128, k, kind)
