@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from core import LLM, SamplingParams
 from core.model_files.gguf_checkpoint import gguf_checkpoint
-from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS, GemvTiles, gemv_tiles, quant_tiles
+from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS, TABLES, GemvTiles, gemv_tiles, quant_tiles, table_for
 from gpu.layers.linear import Linear
 from gpu.loader import CheckpointTensor, TensorSlice
 from gpu.quant import gguf_blocks
@@ -62,6 +62,17 @@ def runs_gemv(rows: int, kind: str) -> bool:
 
     device = torch.device("cuda")
     return isinstance(quant_tiles(rows, N, K, kind, num_sms(device), device_table(device)), GemvTiles)
+
+
+def test_the_rule_and_this_gpus_table_choose_the_path() -> None:
+    """This GPU's table is the one its name gives; the tests' shape, in no table, takes the rule: the FP8 GEMV at one
+    row (so the FP8 tests below run it there), the tensor cores at more rows and for integer weights at any."""
+    from gpu.kernels.fp8_gemm import device_table
+
+    device = torch.device("cuda")
+    assert device_table(device) is table_for(torch.cuda.get_device_name(device))
+    assert runs_gemv(1, "fp8") and not any(runs_gemv(rows, "fp8") for rows in (2, 4, 8))
+    assert not any(runs_gemv(rows, f"int{bits}") for rows in (1, 2, 4, 8) for bits in (4, 8))
 
 
 def fp8_activations(x: torch.Tensor, group: int | None, static: torch.Tensor | None) -> torch.Tensor:
@@ -167,6 +178,27 @@ def test_gemv_tiles_of_the_rule_against_the_reference(rows: int) -> None:
                x.float() @ stored.int_groups().dequantize().T + bias.float())
 
 
+TABLE_GEMVS = sorted({(kind, tiles) for table in TABLES.values() for (kind, *_), tiles in table.items()
+                      if isinstance(tiles, GemvTiles)}, key=repr)
+
+
+@pytest.mark.parametrize(("kind", "tiles"), TABLE_GEMVS)
+def test_the_tables_gemv_tiles_against_the_reference(kind: str, tiles: GemvTiles) -> None:
+    """Each GEMV tile a GPU's table holds, at its rows: FP8 blocks, int4 with zero points."""
+    from gpu.kernels.fp8_gemm import fp8_gemm
+    from gpu.kernels.int_gemm import int_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(tiles.rows)
+    x = torch.randn(tiles.rows, K, device="cuda", generator=g).bfloat16()
+    if kind == "fp8":
+        levels, scales = _fp8_weight((128, 128), g)
+        _close(fp8_gemm(x, levels, scales, (128, 128), None, None, tiles=tiles),
+               x.float() @ dequantize_blocks(levels, scales, (128, 128)).T)
+    else:
+        stored = to_kernel_form(_int_groups(int(kind[3:]), 128, "zeros", g), torch.bfloat16)
+        _close(int_gemm(x, stored, tiles=tiles), x.float() @ stored.int_groups().dequantize().T)
+
+
 @pytest.mark.parametrize("kind", gguf_blocks.TYPES)
 @pytest.mark.parametrize("rows", (1, 16, 100))
 def test_gguf_layer_against_the_reference(kind: str, rows: int) -> None:
@@ -182,12 +214,14 @@ def test_kernels_replay_in_a_cuda_graph() -> None:
     levels, scales = _fp8_weight((128, 128), g)
     fp8 = _loaded(Fp8Scheme({"quant_method": "fp8", "weight_block_size": [128, 128]}),
                   {"weight": levels, "weight_scale_inv": scales})
+    from gpu.kernels.int_gemm import int_gemm
+
     stored = to_kernel_form(_int_groups(4, 128, "zeros", g), torch.bfloat16)
     one, few, many = (torch.randn(rows, K, device="cuda", generator=g).bfloat16() for rows in (1, 4, 128))
 
-    def step() -> list[torch.Tensor]:  # the GEMV path at one row, the tensor-core kernels or cuBLAS beyond
-        return [fp8(one), fp8(few), fp8(many), stored.product(one, None), stored.product(few, None),
-                stored.product(many, None)]
+    def step() -> list[torch.Tensor]:  # FP8's GEMV at one row (the rule), int4's by its tiles; tensor cores, cuBLAS
+        return [fp8(one), fp8(few), fp8(many), int_gemm(one, stored, tiles=gemv_tiles(1, K, "int4")),
+                stored.product(one, None), stored.product(few, None), stored.product(many, None)]
 
     eager = step()
     torch.cuda.synchronize()
