@@ -46,8 +46,7 @@ Config = SkinnyConfig | Tiles
 
 
 def weight_copies(n: int, k: int, weights: str) -> list[Weight]:
-    return [random_weight(n, k, weights) for _ in range(num_copies(n * k * {"bf16": 4, "fp8": 2, "int4": 1}[weights]
-                                                                    // 2))]
+    return [random_weight(n, k, weights) for _ in range(num_copies(n * k * {"bf16": 4, "fp8": 2}.get(weights, 1) // 2))]
 
 
 def random_weight(n: int, k: int, weights: str) -> Weight:
