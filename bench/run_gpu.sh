@@ -6,7 +6,7 @@
 #   chat         multi-turn chats sharing a 2k-token system prompt, prefix caching on, then off (bench.prefix_serve)
 #   startup      openai-serve started twice on one fresh cache directory: seconds to /health and the attention
 #                backends each start chose (the first measures, the second reads the choice; ARGS: server flags)
-#   skinny-gemm  the skinny GEMM against cuBLAS (ARGS: bench.kernels.skinny_gemm's; --sweep remakes its table)
+#   skinny-gemm  the skinny GEMM against cuBLAS, or the quantized GEMMs (ARGS: bench.kernels.skinny_gemm's, --weights)
 #   fused-moe    the fused MoE kernels against their ideal per row count (ARGS: bench.kernels.fused_moe's; --sweep)
 #   speculative  batch 1 with speculative decoding (n-gram, suffix) and without, on code editing, summarizing and
 #                free chat (bench.default_model_speed; needs MODEL, a real model; ARGS: its flags)

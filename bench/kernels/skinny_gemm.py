@@ -1,12 +1,10 @@
 """The skinny GEMM (gpu/kernels/skinny_gemm.py) against cuBLAS at the decode shapes of Qwen3-0.6B and the dense ones
-of Qwen3-30B-A3B, 1 to 256 rows: microseconds per call, launched as gpu/layers/linear.py launches it. Each figure is
-the median replay of a CUDA graph of calls rotating over weight copies (bench/kernels/timing.py), so the weights come
-from HBM; bf16. The sweep prints, and writes under `table`, each (row bucket, N, K)'s fastest config, or None where
-cuBLAS was not beaten by 3%: the lines of gpu/kernels/skinny_gemm_configs.py's table for this GPU.
-
-    python -m bench.kernels.skinny_gemm --out result.json          # cuBLAS vs the table's configs (this GPU's)
-    python -m bench.kernels.skinny_gemm --sweep --out sweep.json   # every candidate config; the fastest per shape
-"""
+of Qwen3-30B-A3B, 1 to 256 rows; with `--weights fp8|int4` the quantized GEMMs (gpu/kernels/fp8_gemm.py, 128x128
+blocks; int_gemm.py, GPTQ's symmetric groups of 128) against their tensor-core rule at Qwen3-8B's and -30B-A3B's
+dense shapes, 1 to 8 rows. Microseconds per call: the median replay of a CUDA graph of calls rotating over weight
+copies (bench/kernels/timing.py), from HBM. `--sweep` prints and writes under `table` each shape and row bucket's
+fastest config: lines of gpu/kernels/skinny_gemm_configs.py's table (None: cuBLAS not beaten by 3%), or of
+quant_gemm_configs.py's; without it, the baseline against the table's configs (this GPU's) or the rule's."""
 
 import argparse
 import contextlib
@@ -24,52 +22,75 @@ import torch.nn.functional as F
 
 from bench.common import write_result
 from bench.kernels.timing import DEVICE, DTYPE, num_copies, rotated_us_per_call
-from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, config_for, preferred_config, row_bucket, skinny_gemm
+from gpu.kernels.fp8_gemm import fp8_gemm
+from gpu.kernels.int_gemm import int_gemm
+from gpu.kernels.quant_gemm_configs import GemvTiles, Tiles, tensor_core_tiles
+from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, row_bucket, skinny_gemm
+from gpu.quant.fp8 import dequantize_blocks
+from gpu.quant.int_weights import IntGroups, IntWeight, to_kernel_form
 
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
           "lm_head": (151936, 1024), "a3b_qkv": (5120, 2048), "a3b_o_proj": (2048, 4096), "a3b_router": (128, 2048),
-          "a3b_lm_head": (151936, 2048)}  # name -> (N, K); a3b_: Qwen3-30B-A3B's dense products
+          "a3b_lm_head": (151936, 2048), "q8b_qkv": (6144, 4096), "q8b_o_proj": (4096, 4096),
+          "q8b_gate_up": (24576, 4096), "q8b_down": (4096, 12288)}  # name -> (N, K); a3b_/q8b_: Qwen3-30B-A3B/-8B's
+QUANT_SHAPES = ["q8b_qkv", "q8b_o_proj", "q8b_gate_up", "q8b_down", "a3b_qkv", "a3b_o_proj"]
 SWEEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # one per row bucket: its widest row count
 COMPARE_ROWS = (1, 2, 4, 8, 16, 17, 32, 48, 64, 100, 128, 192, 256)  # bucket edges and decode graph buckets
 NUM_SMS = 132  # H100 SXM; H200: the same
 MIN_GAIN = 0.97  # the kernel enters a table where it takes at most this share of cuBLAS's time
+MAX_ERROR = {"bf16": 1e-2, "int4": 1e-2, "fp8": 0.1}  # relative; FP8's tensor-core path quantizes x (4% an element)
 
-GemmFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | IntWeight  # bf16; FP8 levels and block scales; int4
+GemmFn = Callable[[torch.Tensor, Weight], torch.Tensor]
+Config = SkinnyConfig | Tiles
 
 
-def weight_copies(n: int, k: int) -> list[torch.Tensor]:
-    return [torch.randn(n, k, dtype=DTYPE, device=DEVICE) * k**-0.5 for _ in range(num_copies(n * k * 2))]
+def weight_copies(n: int, k: int, weights: str) -> list[Weight]:
+    return [random_weight(n, k, weights) for _ in range(num_copies(n * k * {"bf16": 4, "fp8": 2}.get(weights, 1) // 2))]
 
 
-def relative_error(fn: GemmFn, x: torch.Tensor, w: torch.Tensor, ref: torch.Tensor | None = None) -> float:
-    ref = x.float() @ w.float().T if ref is None else ref
+def random_weight(n: int, k: int, weights: str) -> Weight:
+    if weights == "fp8":
+        return torch.randn(n, k, device=DEVICE).to(torch.float8_e4m3fn), torch.rand(n // 128, k // 128, device=DEVICE)
+    if weights == "int4":
+        levels = torch.randint(0, 16, (n, k), dtype=torch.int32, device=DEVICE)
+        return to_kernel_form(IntGroups(4, levels, torch.rand(n, k // 128, device=DEVICE) * k**-0.5), DTYPE)
+    return torch.randn(n, k, dtype=DTYPE, device=DEVICE) * k**-0.5
+
+
+def relative_error(fn: GemmFn, x: torch.Tensor, w: Weight) -> float:
+    """Against x @ W.T in float32, W dequantized."""
+    dense = w.int_groups().dequantize() if isinstance(w, IntWeight) else (
+        dequantize_blocks(*w, (128, 128)) if isinstance(w, tuple) else w.float())
+    ref = x.float() @ dense.T
     return ((fn(x, w).float() - ref).norm() / ref.norm()).item()
 
 
-def cublas(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    return F.linear(x, w)
+def with_config(config: Config | None, weights: str) -> GemmFn:
+    """The product on `config` (None: the table's or the rule's)."""
+    if weights == "fp8":
+        return lambda x, w: fp8_gemm(x, *w, (128, 128), tiles=config)  # type: ignore[misc, arg-type]
+    if weights == "int4":
+        return lambda x, w: int_gemm(x, w, tiles=config)  # type: ignore[arg-type]
+    return lambda x, w: skinny_gemm(x, w, None, config, use_pdl=True)  # type: ignore[arg-type]
 
 
-def with_config(config: SkinnyConfig | None) -> GemmFn:
-    return lambda x, w: skinny_gemm(x, w, None, config, use_pdl=True)
+def baseline(weights: str, m: int, n: int, k: int) -> GemmFn:
+    """What a candidate is timed against: cuBLAS, or for quantized weights their tensor-core rule."""
+    return F.linear if weights == "bf16" else with_config(tensor_core_tiles(m, n, k, weights, NUM_SMS), weights)
 
 
 def few_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
     """Up to 16 rows: fma tiles for up to 8 rows (wide K tiles and split-K: more bytes in flight for one row), dot
     tiles (pointer loads or TMA) for all; split-K only where N is narrow."""
     splits = (1, 2, 4, 8) if n <= 8192 else (1,)
-    out = []
-    if bucket <= 8:
-        tiles = [(4, 512, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8),
-                 (32, 256, 4)]
-        for (bn, bk, warps), split in itertools.product(tiles, splits):
-            if bk * split <= k and bn * bucket <= 128:
-                out.append(SkinnyConfig(bn, bk, split, False, warps, 1))
-    tiles = [(32, 128, 4), (32, 256, 4), (64, 128, 4), (64, 256, 4), (128, 128, 8), (32, 512, 4)]
-    for (bn, bk, warps), split, stages, tma in itertools.product(tiles, splits, (3, 4), (False, True)):
-        if bk * split <= k and (not tma or (bk <= 256 and split <= 4)):
-            out.append(SkinnyConfig(bn, bk, split, True, warps, stages, use_tma=tma))
-    return out
+    fma = [(4, 512, 4), (4, 1024, 4), (4, 2048, 8), (8, 512, 4), (8, 1024, 8), (16, 256, 4), (16, 512, 8), (32, 256, 4)]
+    dot = [(32, 128, 4), (32, 256, 4), (64, 128, 4), (64, 256, 4), (128, 128, 8), (32, 512, 4)]
+    return [SkinnyConfig(bn, bk, split, False, warps, 1) for (bn, bk, warps), split in itertools.product(fma, splits)
+            if bucket <= 8 and bk * split <= k and bn * bucket <= 128] + [
+        SkinnyConfig(bn, bk, split, True, warps, stages, use_tma=tma)
+        for (bn, bk, warps), split, stages, tma in itertools.product(dot, splits, (3, 4), (False, True))
+        if bk * split <= k and (not tma or (bk <= 256 and split <= 4))]
 
 
 def many_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
@@ -77,20 +98,20 @@ def many_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
     the tiles leave SMs idle, at most 8 waves of programs; shared memory for the pipeline's stages within 200 KB."""
     tiles = [(64, 64, 4, 4), (64, 128, 4, 3), (64, 128, 4, 4), (128, 64, 4, 4), (128, 64, 8, 4), (128, 128, 8, 3),
              (64, 256, 4, 3), (64, 256, 4, 4)]  # (block_n, block_k, warps, stages)
-    out = []
-    for block_m in (16, 32, 64, 128):
-        if block_m > bucket:
-            continue
-        for (bn, bk, warps, stages), split, tma in itertools.product(tiles, (1, 2, 4), (False, True)):
-            num_tiles = math.ceil(bucket / block_m) * math.ceil(n / bn)
-            if (bk * split > k or (split > 1 and num_tiles >= NUM_SMS) or num_tiles * split > 8 * NUM_SMS
-                    or stages * (bn + block_m) * bk * 2 > 200 << 10):
-                continue
-            out.append(SkinnyConfig(bn, bk, split, True, warps, stages, block_m, tma))
-    return out
+    return [SkinnyConfig(bn, bk, split, True, warps, stages, block_m, tma)
+            for block_m, (bn, bk, warps, stages), split, tma in itertools.product(
+                (16, 32, 64, 128), tiles, (1, 2, 4), (False, True))
+            if block_m <= bucket and bk * split <= k and stages * (bn + block_m) * bk * 2 <= 200 << 10
+            and (num_tiles := math.ceil(bucket / block_m) * math.ceil(n / bn)) * split <= 8 * NUM_SMS
+            and (split == 1 or num_tiles < NUM_SMS)]
 
 
-def candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
+def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]:
+    if weights != "bf16":  # the tensor-core rule; GEMV tiles of 1..4 16-byte loads a thread, sums in 128 registers
+        sizes = itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048), (4, 8))  # (block_n, block_k, warps)
+        per_byte = 2 if weights == "int4" else 1
+        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *(GemvTiles(bucket, bn, bk, w) for bn, bk, w in sizes
+                if 1 <= bn * bk / per_byte / (512 * w) <= 4 and bucket * bn * bk <= 4096 * w and bk <= k)]
     if bucket > FEW_ROWS:
         return many_row_candidates(bucket, n, k)
     if n > 8192:  # the lm_head: dot tiles, no split
@@ -99,126 +120,107 @@ def candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
     return few_row_candidates(bucket, n, k)
 
 
-def compile_key(m: int, k: int, config: SkinnyConfig) -> tuple:
-    """What Triton compiles a variant for (M and N are no specialization keys; K's divisibility is the same here)."""
-    return config, 0 if config.use_dot else row_bucket(m), k % (config.block_k * config.split_k) == 0
+def compile_key(m: int, k: int, config: Config) -> tuple:
+    """What Triton compiles a variant for (M and N are no specialization keys; the quantized kernels' K is)."""
+    if isinstance(config, SkinnyConfig):
+        return config, 0 if config.use_dot else row_bucket(m), k % (config.block_k * config.split_k) == 0
+    return config, k
 
 
-def _compile_worker(jobs: list[tuple[str, int, SkinnyConfig]]) -> None:
-    """Runs this worker's share of the sweep's variants once, so that Triton's disk cache holds them; a variant that
-    fails is the sweep's to report."""
-    for name, m, config in jobs:
+def _compile_worker(jobs: list[tuple[str, int, int, Config]]) -> None:
+    """Runs its share of the variants once (on 256 weight rows: N is no specialization key) into Triton's cache."""
+    for weights, m, k, config in jobs:
         with contextlib.suppress(Exception):
-            with_config(config)(torch.randn(m, SHAPES[name][1], dtype=DTYPE, device=DEVICE),
-                                torch.randn(*SHAPES[name], dtype=DTYPE, device=DEVICE))
+            with_config(config, weights)(torch.randn(m, k, dtype=DTYPE, device=DEVICE), random_weight(256, k, weights))
 
 
-def precompile(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], num_workers: int) -> None:
+def precompile(weights: str, shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], num_workers: int) -> None:
     """Each distinct variant the sweep runs compiled once, spread over `num_workers` processes."""
-    jobs = {compile_key(m, k, c): (name, m, c) for name, (n, k) in shapes.items() for m in rows
-            for c in candidates(row_bucket(m), n, k)}
+    jobs = {compile_key(m, k, c): (weights, m, k, c) for n, k in shapes.values() for m in rows
+            for c in candidates(weights, row_bucket(m), n, k)}
     with multiprocessing.get_context("spawn").Pool(num_workers) as pool:
         pool.map(_compile_worker, [list(jobs.values())[i::num_workers] for i in range(num_workers)])
 
 
-def sweep_row(name: str, n: int, k: int, m: int, weights: list[torch.Tensor]) -> dict:
-    """cuBLAS and every candidate at one shape and row count; a config off by more than 1% relative is dropped."""
-    x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
-    ref = x.float() @ weights[0].float().T
-    cublas_us = rotated_us_per_call(cublas, x, weights)
-    row = {"shape": name, "n": n, "k": k, "m": m, "cublas_us": round(cublas_us, 2), "configs": []}
-    for config in candidates(row_bucket(m), n, k):
-        fn = with_config(config)
+def sweep_row(weights: str, name: str, m: int, copies: list[Weight], configs: list[Config | None]) -> dict:
+    """The baseline (`cublas_us`: cuBLAS, the tensor-core rule) and each config (None: the table's or the rule's) at
+    one shape and row count, the fastest under `skinny_us`; a config off by more than MAX_ERROR is dropped."""
+    (n, k), x = SHAPES[name], torch.randn(m, SHAPES[name][1], dtype=DTYPE, device=DEVICE)
+    baseline_us = rotated_us_per_call(baseline(weights, m, n, k), x, copies)
+    row = {"shape": name, "n": n, "k": k, "m": m, "cublas_us": round(baseline_us, 2), "configs": []}
+    for config in configs:
+        fn = with_config(config, weights)
         try:
-            err = relative_error(fn, x, weights[0], ref)
-            us = rotated_us_per_call(fn, x, weights) if err < 1e-2 else float("inf")
+            err = relative_error(fn, x, copies[0])
+            us = rotated_us_per_call(fn, x, copies) if err < MAX_ERROR[weights] else float("inf")
         except Exception as error:  # noqa: BLE001 - a config that fails is reported, not fatal
             err, us = float("nan"), float("inf")
             print(f"{name} M={m} {config}: {type(error).__name__}: {str(error)[:300]}", flush=True)
-        row["configs"].append({**config.__dict__, "us": round(us, 2), "rel_err": err})
+        row["configs"].append(getattr(config, "__dict__", {}) | {"code": config_literal(config), "us": us, "err": err})
     row["best"] = best = min(row["configs"], key=lambda c: c["us"])
-    row["is_kernel_faster"] = best["us"] <= MIN_GAIN * cublas_us
-    print(f"{name:8s} M={m:3d} cublas {cublas_us:7.2f} us, best {best['us']:7.2f} us "
-          f"{config_literal(best_config(row))}", flush=True)
+    row["skinny_us"], row["is_kernel_faster"] = best["us"], weights != "bf16" or best["us"] <= MIN_GAIN * baseline_us
+    print(f"{name:11s} M={m:3d} baseline {baseline_us:7.2f} us, best {best['us']:7.2f} {best['code']}", flush=True)
     return row
 
 
-def sweep(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], budget_s: float, out: Path | None) -> list[dict]:
-    """Every candidate per shape and M; the rows so far are written to `out` after each (a killed run keeps them)."""
+def sweep(weights: str, shapes: dict[str, tuple[int, int]], rows: tuple[int, ...], configs: Callable[..., list],
+          budget_s: float, out: Path | None) -> list[dict]:
+    """`configs(weights, row bucket, N, K)` per shape and M; rows so far go to `out` after each (kept if killed)."""
     start, done = time.perf_counter(), []
     for name, (n, k) in shapes.items():
-        weights = weight_copies(n, k)  # one shape's copies at a time
-        for m in (m for m in rows if candidates(row_bucket(m), n, k)):
+        copies = weight_copies(n, k, weights)  # one shape's copies at a time
+        for m in (m for m in rows if configs(weights, row_bucket(m), n, k)):
             if time.perf_counter() - start > budget_s:
                 print(f"budget spent: stopped before {name} M={m}", flush=True)
                 return done
-            done.append(sweep_row(name, n, k, m, weights))
+            done.append(sweep_row(weights, name, m, copies, configs(weights, row_bucket(m), n, k)))
             if out is not None:
                 out.write_text(json.dumps(done))
         torch.cuda.empty_cache()
     return done
 
 
-def best_config(row: dict) -> SkinnyConfig:
-    return SkinnyConfig(**{f: row["best"][f] for f in SkinnyConfig.__dataclass_fields__})
-
-
-def config_literal(config: SkinnyConfig | None) -> str:
-    """The config as the table's helpers write it (gpu/kernels/skinny_gemm_configs.py)."""
-    if config is None:
-        return "None"
+def config_literal(config: Config | None) -> str:
+    """The config as the tables write it (gpu/kernels/skinny_gemm_configs.py's helpers, quant_gemm_configs.py's)."""
+    if not isinstance(config, SkinnyConfig):
+        return repr(config)
     if not config.use_dot:
         return f"_fma({config.block_n}, {config.block_k}, {config.split_k}, num_warps={config.num_warps})"
     return (f"_dot({config.block_n}, {config.block_k}, {config.split_k}, num_warps={config.num_warps}, "
             f"num_stages={config.num_stages}, block_m={config.block_m}{', use_tma=True' if config.use_tma else ''})")
 
 
-def table_lines(rows: list[dict]) -> list[str]:
-    """`(bucket, N, K): config,` per swept row: the fastest config, or None where cuBLAS was not beaten by 3%."""
-    return [f"({row_bucket(row['m'])}, {row['n']}, {row['k']}): "
-            f"{config_literal(best_config(row) if row['is_kernel_faster'] else None)}," for row in rows]
-
-
-def compare(shapes: dict[str, tuple[int, int]], rows: tuple[int, ...]) -> list[dict]:
-    """cuBLAS against the kernel with this GPU's table config at each shape and M."""
-    out = []
-    for name, (n, k) in shapes.items():
-        weights = weight_copies(n, k)  # one shape's copies at a time
-        for m in rows:
-            x = torch.randn(m, k, dtype=DTYPE, device=DEVICE)
-            row = {"shape": name, "n": n, "k": k, "m": m, "config": config_for(m, n, k, DEVICE).__dict__,
-                   "is_routed": preferred_config(m, n, k, DEVICE) is not None,
-                   "rel_err": relative_error(with_config(None), x, weights[0]),
-                   "cublas_us": round(rotated_us_per_call(cublas, x, weights), 2),
-                   "skinny_us": round(rotated_us_per_call(with_config(None), x, weights), 2)}
-            print(f"{name:8s} M={m:3d}  cuBLAS {row['cublas_us']:7.2f} us  skinny {row['skinny_us']:7.2f} us  err "
-                  f"{row['rel_err']:.1e}  {'routed' if row['is_routed'] else 'cuBLAS kept'}", flush=True)
-            out.append(row)
-        torch.cuda.empty_cache()
-    return out
+def table_lines(weights: str, rows: list[dict]) -> list[str]:
+    """`([kind,] bucket, N, K): config,` per swept row: the fastest config, or None where cuBLAS was not beaten."""
+    return [f"({'' if weights == 'bf16' else repr(weights) + ', '}{row_bucket(row['m'])}, {row['n']}, {row['k']}): "
+            f"{row['best']['code'] if row['is_kernel_faster'] else None}," for row in rows]
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     parser = argparse.ArgumentParser(prog="python -m bench.kernels.skinny_gemm", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sweep", action="store_true", help="time every candidate config instead of the table")
-    parser.add_argument("--rows", type=int, nargs="+", default=None,
-                        help=f"row counts (default: {SWEEP_ROWS} with --sweep, else {COMPARE_ROWS})")
-    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--weights", choices=["bf16", "fp8", "int4"], default="bf16")
+    parser.add_argument("--rows", type=int, nargs="+", help="default: every row bucket's widest with --sweep")
+    parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), help=f"default: {QUANT_SHAPES} quantized")
     parser.add_argument("--workers", type=int, default=15, help="processes that compile the sweep's kernels")
     parser.add_argument("--budget-s", type=float, default=200.0, help="the sweep stops starting shapes after this")
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
-    shapes = {name: SHAPES[name] for name in args.shapes}
-    rows = tuple(args.rows or (SWEEP_ROWS if args.sweep else COMPARE_ROWS))
-    result: dict[str, object] = {"kind": "skinny-gemm", "torch": torch.__version__}
+    is_bf16 = args.weights == "bf16"
+    shapes = {name: SHAPES[name] for name in args.shapes or (
+        [n for n in SHAPES if not n.startswith("q8b")] if is_bf16 else QUANT_SHAPES)}
+    rows = tuple(args.rows or (SWEEP_ROWS[:4] if not is_bf16 else SWEEP_ROWS if args.sweep else COMPARE_ROWS))
+    kind = "skinny-gemm" if is_bf16 else f"quant-gemm-{args.weights}"
+    result: dict[str, object] = {"kind": kind, "torch": torch.__version__}
     if args.sweep:
-        precompile(shapes, rows, args.workers)
-        swept = sweep(shapes, rows, args.budget_s, Path(args.out + ".partial") if args.out else None)
-        result |= {"kind": "skinny-gemm-sweep", "rows": swept, "table": table_lines(swept)}
-        print("\n".join(table_lines(swept)), flush=True)
-    else:
-        result["rows"] = compare(shapes, rows)
+        precompile(args.weights, shapes, rows, args.workers)
+        swept = sweep(args.weights, shapes, rows, candidates, args.budget_s,
+                      Path(args.out + ".partial") if args.out else None)
+        result |= {"kind": f"{kind}-sweep", "rows": swept, "table": table_lines(args.weights, swept)}
+        print("\n".join(table_lines(args.weights, swept)), flush=True)
+    else:  # the table's or the rule's config
+        result["rows"] = sweep(args.weights, shapes, rows, lambda *_: [None], float("inf"), None)
     write_result(args.out, result, "bench.kernels.skinny_gemm", argv)
 
 

@@ -5,7 +5,6 @@ weights come from HBM as they do in a decode step."""
 import math
 from collections.abc import Callable
 from functools import partial
-from typing import TypeVar
 
 import torch
 
@@ -15,7 +14,6 @@ ROTATION_BYTES = 256 << 20
 MIN_CALLS_PER_GRAPH = 32
 DTYPE = torch.bfloat16
 DEVICE = torch.device("cuda")
-Operand = TypeVar("Operand")
 
 
 def num_copies(bytes_per_copy: int) -> int:
@@ -34,8 +32,7 @@ def graph_us_per_call(calls: list[Callable[[], object]], replays: int = 7) -> fl
     return median_seconds(graph.replay, DEVICE, repeats=replays) * 1e6 / len(calls)
 
 
-def rotated_us_per_call(fn: Callable[[torch.Tensor, Operand], object], x: torch.Tensor,
-                        operands: list[Operand]) -> float:
+def rotated_us_per_call(fn: Callable[[torch.Tensor, object], object], x: torch.Tensor, operands: list) -> float:
     """Microseconds per `fn(x, operand)`, the graph's calls rotating over `operands`."""
     rotation = operands * max(1, math.ceil(MIN_CALLS_PER_GRAPH / len(operands)))
     return graph_us_per_call([partial(fn, x, operand) for operand in rotation])

@@ -20,7 +20,8 @@ import triton
 import triton.language as tl
 
 from gpu.kernels.pdl import pdl_start, uses_pdl
-from gpu.kernels.quant_gemm_configs import QuantTiles, quant_tiles
+from gpu.kernels.quant_gemm_configs import GemvTiles, Table, Tiles, quant_tiles, table_for
+from gpu.kernels.quant_gemv import fp8_gemv
 from gpu.kernels.skinny_gemm import _split_k_reduce_kernel, _store_tile  # one epilogue for every split-K GEMM here
 from gpu.kernels.triton_math import maximum
 
@@ -89,11 +90,11 @@ def _fp8_gemm_kernel(
 
 def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor, scale_block: tuple[int, int],
              input_scale: torch.Tensor | None = None, bias: torch.Tensor | None = None, use_pdl: bool = True,
-             out: torch.Tensor | None = None, tiles: QuantTiles | None = None
+             out: torch.Tensor | None = None, tiles: Tiles | None = None
              ) -> torch.Tensor:  # [M, K] x [N, K] -> [M, N]
     """x @ dequantized(weight).T (+ bias): weight_scales [ceil(N / rows), ceil(K / columns)] for a `scale_block` of
     (rows, columns), or [N, 1] for (1, K): a scale per row. Activations quantized per token group, or by
-    `input_scale` (static)."""
+    `input_scale` (static); on the GEMV path (`tiles`, else quant_tiles' choice) they stay in x's dtype."""
     m, k = x.shape
     n = weight.shape[0]
     if weight.dtype != torch.float8_e4m3fn or weight.shape[1] != k or x.stride(1) != 1 or weight.stride(1) != 1:
@@ -108,8 +109,12 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return y
+    t = tiles or quant_tiles(m, n, k, "fp8", num_sms(x.device), device_table(x.device))
+    if isinstance(t, GemvTiles):
+        fp8_gemv(x, weight, weight_scales, scale_rows, None if is_per_row else scale_cols, bias, y, t,
+                 uses_pdl(use_pdl, x))
+        return y
     group = ACTIVATION_GROUP if is_per_row else scale_cols
-    t = tiles or quant_tiles(m, n, k, "fp8", num_sms(x.device))
     block_k = max(t.block_k, group)
     k_per_split = triton.cdiv(triton.cdiv(k, t.split_k), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
@@ -138,6 +143,17 @@ def reduce_split_k(part: torch.Tensor, bias: torch.Tensor | None, y: torch.Tenso
 
 
 _SMS: dict[int, int] = {}
+_TABLES: dict[int, Table] = {}
+
+
+def device_table(device: torch.device) -> Table:
+    """gpu/kernels/quant_gemm_configs.py's table for this GPU (none under Triton's interpreter)."""
+    if device.type != "cuda":
+        return {}
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index not in _TABLES:
+        _TABLES[index] = table_for(torch.cuda.get_device_name(index))
+    return _TABLES[index]
 
 
 def num_sms(device: torch.device) -> int:

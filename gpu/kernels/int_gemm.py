@@ -24,9 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.fp8_gemm import num_sms, reduce_split_k
+from gpu.kernels.fp8_gemm import device_table, num_sms, reduce_split_k
 from gpu.kernels.pdl import pdl_start, uses_pdl
-from gpu.kernels.quant_gemm_configs import QuantTiles, quant_tiles
+from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, Tiles, quant_tiles
+from gpu.kernels.quant_gemv import int_gemv
 from gpu.kernels.skinny_gemm import _store_tile
 from gpu.kernels.triton_math import add
 
@@ -167,9 +168,10 @@ def _int_gemm_kernel(
 
 
 def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = None, use_pdl: bool = True,
-             out: torch.Tensor | None = None, tiles: QuantTiles | None = None
+             out: torch.Tensor | None = None, tiles: Tiles | None = None
              ) -> torch.Tensor:  # [M, K] x [N, K * bits / 32] -> [M, N]
-    """x @ W.T (+ bias) for W in the kernel's form; `out` (an [M, N] view with unit stride along N) receives it."""
+    """x @ W.T (+ bias) for W in the kernel's form; `out` (an [M, N] view with unit stride along N) receives it.
+    `tiles` (else quant_tiles' choice) picks the tensor-core kernel or the GEMV (gpu/kernels/quant_gemv.py)."""
     m, k = x.shape
     words, scales = weight.weight, weight.scales
     n = words.shape[0]
@@ -186,7 +188,10 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return y
-    t = tiles or quant_tiles(m, n, k, f"int{weight.bits}", num_sms(x.device))
+    t = tiles or quant_tiles(m, n, k, f"int{weight.bits}", num_sms(x.device), device_table(x.device))
+    if isinstance(t, GemvTiles):
+        int_gemv(x, weight, bias, y, t, uses_pdl(use_pdl, x))
+        return y
     k_per_split = triton.cdiv(triton.cdiv(k, t.split_k), t.block_k) * t.block_k
     split = triton.cdiv(k, k_per_split)
     part = torch.empty((split, m, n), dtype=torch.float32, device=x.device) if split > 1 else y

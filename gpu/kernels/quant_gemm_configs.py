@@ -1,19 +1,34 @@
-"""Launch parameters of the quantized GEMMs (gpu/kernels/fp8_gemm.py, int_gemm.py): one rule per row bucket.
+"""Launch parameters of the quantized GEMMs (gpu/kernels/fp8_gemm.py, int_gemm.py): which path, and its tiles.
 
-Both kernels put the weight tile on the tensor cores' M side (BLOCK_N output columns) and the rows of x on the N
-side (BLOCK_M, padded to 16), so a decode step's few rows waste no weight bytes: each weight tile is read once from
-memory and multiplied with every row of the step. Few rows make few tiles, so K is split until the grid holds about
-two programs per multiprocessor (each slice still two tiles long, so its loads overlap); many rows take wide row
-tiles and no split. The weight tile is the kernel's unit of work: BLOCK_K columns of BLOCK_N rows, 32 KB of FP8 or
-8 KB of int4 per pipeline stage.
+`quant_tiles` is the one place that chooses: a per-GPU table keyed by (kind, row bucket, N, K) where a sweep
+(`python -m bench.kernels.skinny_gemm --weights fp8 --sweep`, or int4) measured one, else the rules below. Its answer is
+`GemvTiles` (gpu/kernels/quant_gemv.py's GEMV path) or `QuantTiles` (the tensor-core kernels).
+
+GEMV rule, as the sweep measured it against the tensor-core rule: FP8 at one row takes the GEMV (it measured faster
+on every dense shape swept; at two rows on some and at four or more on none), the integer kinds never (their GEMV
+measured faster on few shapes at any row count: it stays for a table's entry to choose). GEMV_MAX_ROWS holds this.
+Tiles of BLOCK_N 4 weight rows by 512 bytes of each (2 KB for 128 threads: 16 bytes a thread), narrow so that
+every product makes hundreds of programs and the weight stream stays full without split-K; the columns halve while
+the float32 sums (rows x tile elements per thread) would pass 64 registers a thread.
+
+Tensor-core rule: both kernels put the weight tile on the tensor cores' M side (BLOCK_N output columns) and the rows
+of x on the N side (BLOCK_M, padded to 16), so a decode step's few rows waste no weight bytes: each weight tile is
+read once from memory and multiplied with every row of the step. Few rows make few tiles, so K is split until the
+grid holds about two programs per multiprocessor (each slice still two tiles long, so its loads overlap); many rows
+take wide row tiles and no split. The weight tile is the kernel's unit of work: BLOCK_K columns of BLOCK_N rows,
+32 KB of FP8 or 8 KB of int4 per pipeline stage.
 
 The rule holds for any shape. This module needs no triton.
 """
 
 from dataclasses import dataclass
 
+from gpu.kernels.skinny_gemm_configs import row_bucket
+
 FP8_CUBLAS_MIN_ROWS = 65  # FP8 products of this many rows or more run in cuBLAS (gpu/quant/fp8.py); fewer, here
 NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpreter runs are those a GPU would
+GEMV_MAX_ROWS = {"fp8": 1, "int4": 0, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's measurements
+GEMV_MAX_SUMS = 64  # float32 sums a thread holds: rows x its tile elements
 
 
 @dataclass(frozen=True)
@@ -26,13 +41,109 @@ class QuantTiles:
     num_stages: int
 
 
+@dataclass(frozen=True)
+class GemvTiles:
+    rows: int  # rows of x per program (1, 2, 4, 8): the sums' leading axis
+    block_n: int  # output columns per program (weight rows)
+    block_k: int  # columns per loop iteration
+    num_warps: int
+
+
+Tiles = QuantTiles | GemvTiles
+Table = dict[tuple[str, int, int, int], Tiles]  # (kind, row bucket, N, K) -> the tiles measured fastest there
+
+# Per GPU (a name the device's contains), entries the sweep measured; an unmeasured shape or GPU takes the rules.
+# H200: Qwen3-8B's and Qwen3-30B-A3B's dense products (qkv, o_proj, gate_up, down; qkv, o_proj) at 1..8 rows, the
+# lines `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` and `--weights int4 --sweep` print.
+TABLES: dict[str, Table] = {"H100": {}, "H200": {
+    ('fp8', 1, 6144, 4096): GemvTiles(rows=1, block_n=16, block_k=512, num_warps=4),
+    ('fp8', 2, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=6, num_warps=4, num_stages=3),
+    ('fp8', 4, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=6, num_warps=4, num_stages=3),
+    ('fp8', 8, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=6, num_warps=4, num_stages=3),
+    ('fp8', 1, 4096, 4096): GemvTiles(rows=1, block_n=8, block_k=512, num_warps=8),
+    ('fp8', 2, 4096, 4096): GemvTiles(rows=2, block_n=8, block_k=512, num_warps=4),
+    ('fp8', 4, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
+    ('fp8', 8, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
+    ('fp8', 1, 24576, 4096): GemvTiles(rows=1, block_n=16, block_k=256, num_warps=4),
+    ('fp8', 2, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=2, num_warps=4, num_stages=3),
+    ('fp8', 4, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=2, num_warps=4, num_stages=3),
+    ('fp8', 8, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=2, num_warps=4, num_stages=3),
+    ('fp8', 1, 4096, 12288): GemvTiles(rows=1, block_n=2, block_k=1024, num_warps=4),
+    ('fp8', 2, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=9, num_warps=4, num_stages=3),
+    ('fp8', 4, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=9, num_warps=4, num_stages=3),
+    ('fp8', 8, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=9, num_warps=4, num_stages=3),
+    ('fp8', 1, 5120, 2048): GemvTiles(rows=1, block_n=8, block_k=512, num_warps=4),
+    ('fp8', 2, 5120, 2048): GemvTiles(rows=2, block_n=8, block_k=256, num_warps=4),
+    ('fp8', 4, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=4, num_warps=4, num_stages=3),
+    ('fp8', 8, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=4, num_warps=4, num_stages=3),
+    ('fp8', 1, 2048, 4096): GemvTiles(rows=1, block_n=4, block_k=1024, num_warps=8),
+    ('fp8', 2, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
+    ('fp8', 4, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
+    ('fp8', 8, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
+    ('int4', 1, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
+    ('int4', 2, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
+    ('int4', 4, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
+    ('int4', 8, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
+    ('int4', 1, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 2, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 4, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 8, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 1, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
+    ('int4', 2, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
+    ('int4', 4, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
+    ('int4', 8, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
+    ('int4', 1, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 2, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 4, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 8, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
+    ('int4', 1, 5120, 2048): GemvTiles(rows=1, block_n=8, block_k=2048, num_warps=4),
+    ('int4', 2, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=7, num_warps=4, num_stages=4),
+    ('int4', 4, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=7, num_warps=4, num_stages=4),
+    ('int4', 8, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=7, num_warps=4, num_stages=4),
+    ('int4', 1, 2048, 4096): GemvTiles(rows=1, block_n=8, block_k=2048, num_warps=4),
+    ('int4', 2, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
+    ('int4', 4, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
+    ('int4', 8, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
+}}
+
+
+def table_for(device_name: str) -> Table:
+    """The table measured on this GPU (empty for a GPU without one)."""
+    return next((table for name, table in TABLES.items() if name in device_name), {})
+
+
+def gemv_tiles(num_rows: int, k: int, kind: str) -> GemvTiles:
+    """The GEMV rule (module docstring): 4 weight rows of 512 bytes, 4 warps; K tiles halve while the sums would
+    pass GEMV_MAX_SUMS a thread, and stay within K's power of two."""
+    rows = row_bucket(num_rows)
+    weights_per_byte = 2 if kind == "int4" else 1
+    block_k = 512 * weights_per_byte
+    num_warps, block_n = 4, 4
+    while block_k > 128 and rows * block_n * block_k > GEMV_MAX_SUMS * 32 * num_warps:
+        block_k //= 2
+    return GemvTiles(rows, block_n, min(block_k, max(64, row_bucket(k))), num_warps)
+
+
+def quant_tiles(num_rows: int, n: int, k: int, kind: str, num_sms: int = NUM_SMS_DEFAULT,
+                table: Table | None = None) -> Tiles:
+    """The path and tiles of an [num_rows, k] x [n, k]^T product with weights of `kind` ("fp8", "int4", "int8"):
+    the table's entry for (kind, row bucket, N, K), else the GEMV rule up to GEMV_MAX_ROWS rows, else the
+    tensor-core rule."""
+    key = (kind, row_bucket(num_rows), n, k)
+    if table and key in table:
+        return table[key]
+    if key[1] <= GEMV_MAX_ROWS[kind]:
+        return gemv_tiles(num_rows, k, kind)
+    return tensor_core_tiles(num_rows, n, k, kind, num_sms)
+
+
 def row_tile(num_rows: int) -> int:
     """16, 32, 64 or 128 rows of x per program: the row bucket, within the tensor cores' limits."""
     return min(128, max(16, 1 << max(0, num_rows - 1).bit_length()))
 
 
-def quant_tiles(num_rows: int, n: int, k: int, kind: str, num_sms: int = NUM_SMS_DEFAULT) -> QuantTiles:
-    """The tiles of an [num_rows, k] x [n, k]^T product with weights of `kind` ("fp8", "int4", "int8")."""
+def tensor_core_tiles(num_rows: int, n: int, k: int, kind: str, num_sms: int = NUM_SMS_DEFAULT) -> QuantTiles:
+    """The tensor-core kernels' tiles for this product."""
     block_m = row_tile(num_rows)
     few_rows = block_m <= 16
     block_k = 256 if kind == "fp8" and few_rows else 128

@@ -1,9 +1,10 @@
 """Quantized weights on the GPU: each GEMM kernel and each route of a layer against its format's reference over
-1..512 rows (and inside a CUDA graph), and whole models by the top-5 rule: weight-only formats (W4A16, GGUF blocks)
-against transformers' bf16 run of the checkpoint dequantized by the format's rule; W8A8 FP8 against the same with
-each linear layer's input quantized as the format quantizes activations (the format's own rule for them), so the
-differences left are two bf16 implementations' roundings: held to the project's usual rate, or, for the formats whose
-near ties flip past it in transformers' own bf16 model too, to the bf16 reference's record against its float32 one."""
+1..512 rows (and inside a CUDA graph; where quant_tiles sends a product to the GEMV path, FP8 activations stay
+unquantized), and whole models by the top-5 rule: weight-only formats (W4A16, GGUF blocks) against transformers' bf16
+run of the checkpoint dequantized by the format's rule; W8A8 FP8 against the same with each linear layer's input
+quantized as the format quantizes activations (the format's own rule for them), so the differences left are two bf16
+implementations' roundings: held to the project's usual rate, or, for the formats whose near ties flip past it in
+transformers' own bf16 model too, to the bf16 reference's record against its float32 one."""
 
 from functools import partial
 from pathlib import Path
@@ -16,7 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from core import LLM, SamplingParams
 from core.model_files.gguf_checkpoint import gguf_checkpoint
-from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS
+from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS, TABLES, GemvTiles, gemv_tiles, quant_tiles, table_for
 from gpu.layers.linear import Linear
 from gpu.loader import CheckpointTensor, TensorSlice
 from gpu.quant import gguf_blocks
@@ -55,6 +56,30 @@ def quantized_activations(x: torch.Tensor, group: int | None, static: torch.Tens
     return ((grouped / scale).clamp(-448, 448).to(torch.float8_e4m3fn).float() * scale).view_as(rows)
 
 
+def runs_gemv(rows: int, kind: str) -> bool:
+    """Whether quant_tiles sends an [rows, K] x [N, K] product of `kind` to the GEMV path on this GPU."""
+    from gpu.kernels.fp8_gemm import device_table, num_sms
+
+    device = torch.device("cuda")
+    return isinstance(quant_tiles(rows, N, K, kind, num_sms(device), device_table(device)), GemvTiles)
+
+
+def test_the_rule_and_this_gpus_table_choose_the_path() -> None:
+    """This GPU's table is the one its name gives; the tests' shape, in no table, takes the rule: the FP8 GEMV at one
+    row (so the FP8 tests below run it there), the tensor cores at more rows and for integer weights at any."""
+    from gpu.kernels.fp8_gemm import device_table
+
+    device = torch.device("cuda")
+    assert device_table(device) is table_for(torch.cuda.get_device_name(device))
+    assert runs_gemv(1, "fp8") and not any(runs_gemv(rows, "fp8") for rows in (2, 4, 8))
+    assert not any(runs_gemv(rows, f"int{bits}") for rows in (1, 2, 4, 8) for bits in (4, 8))
+
+
+def fp8_activations(x: torch.Tensor, group: int | None, static: torch.Tensor | None) -> torch.Tensor:
+    """x as the FP8 path its rows take multiplies it: unquantized on the GEMV path, else quantized_activations."""
+    return x.float() if runs_gemv(x.shape[0], "fp8") else quantized_activations(x, group, static)
+
+
 def _fp8_weight(block: tuple[int, int], g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     weight = torch.randn(N, K, device="cuda", generator=g) * 0.05
     scales = torch.rand(-(-N // block[0]), -(-K // block[1]), device="cuda", generator=g) * 1e-3 + 1e-4
@@ -74,7 +99,7 @@ def test_fp8_kernel_against_the_reference(scheme: str, rows: int) -> None:
     static = torch.tensor([0.02], device="cuda") if scheme == "static" else None
     bias = torch.randn(N, device="cuda", generator=g).bfloat16()
     out = fp8_gemm(x, levels, scales, block, static, bias)
-    activations = quantized_activations(x, 128, static)  # per-row weights: groups of 128 too
+    activations = fp8_activations(x, 128, static)  # per-row weights: groups of 128 too
     _close(out, activations @ dequantize_blocks(levels, scales, block).T + bias.float())
 
 
@@ -105,8 +130,7 @@ def test_fp8_layer_routes_by_rows(scheme: str, rows: int) -> None:
         layer = _loaded(Fp8Scheme({"quant_method": "fp8"}), {"weight": levels, "weight_scale": scales})
     x = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
     per_token = scheme == "per-channel" and rows >= FP8_CUBLAS_MIN_ROWS
-    _close(layer(x), quantized_activations(x, None if per_token else 128, None)
-           @ dequantize_blocks(levels, scales, block).T)
+    _close(layer(x), fp8_activations(x, None if per_token else 128, None) @ dequantize_blocks(levels, scales, block).T)
 
 
 def _int_groups(bits: int, group_size: int, kind: str, g: torch.Generator) -> IntGroups:
@@ -134,6 +158,47 @@ def test_int_kernel_against_the_reference(bits: int, group_size: int, kind: str,
     assert not out[:, :32].any() and not out[:, 32 + N :].any()
 
 
+@pytest.mark.parametrize("rows", (1, 2, 3, 4, 8))
+def test_gemv_tiles_of_the_rule_against_the_reference(rows: int) -> None:
+    """The GEMV path at each row count a table may send to it, whatever the rule picks: FP8 blocks and per-row
+    scales (activations unquantized), int4 with zero points, int8 with act order."""
+    from gpu.kernels.fp8_gemm import fp8_gemm
+    from gpu.kernels.int_gemm import int_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(rows + 7)
+    x = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
+    bias = torch.randn(N, device="cuda", generator=g).bfloat16()
+    for block in ((128, 128), (1, K)):
+        levels, scales = _fp8_weight(block, g)
+        _close(fp8_gemm(x, levels, scales, block, None, bias, tiles=gemv_tiles(rows, K, "fp8")),
+               x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
+    for bits, kind in ((4, "zeros"), (8, "act-order")):
+        stored = to_kernel_form(_int_groups(bits, 128, kind, g), torch.bfloat16)
+        _close(int_gemm(x, stored, bias, tiles=gemv_tiles(rows, K, f"int{bits}")),
+               x.float() @ stored.int_groups().dequantize().T + bias.float())
+
+
+TABLE_GEMVS = sorted({(kind, tiles) for table in TABLES.values() for (kind, *_), tiles in table.items()
+                      if isinstance(tiles, GemvTiles)}, key=repr)
+
+
+@pytest.mark.parametrize(("kind", "tiles"), TABLE_GEMVS)
+def test_the_tables_gemv_tiles_against_the_reference(kind: str, tiles: GemvTiles) -> None:
+    """Each GEMV tile a GPU's table holds, at its rows: FP8 blocks, int4 with zero points."""
+    from gpu.kernels.fp8_gemm import fp8_gemm
+    from gpu.kernels.int_gemm import int_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(tiles.rows)
+    x = torch.randn(tiles.rows, K, device="cuda", generator=g).bfloat16()
+    if kind == "fp8":
+        levels, scales = _fp8_weight((128, 128), g)
+        _close(fp8_gemm(x, levels, scales, (128, 128), None, None, tiles=tiles),
+               x.float() @ dequantize_blocks(levels, scales, (128, 128)).T)
+    else:
+        stored = to_kernel_form(_int_groups(int(kind[3:]), 128, "zeros", g), torch.bfloat16)
+        _close(int_gemm(x, stored, tiles=tiles), x.float() @ stored.int_groups().dequantize().T)
+
+
 @pytest.mark.parametrize("kind", gguf_blocks.TYPES)
 @pytest.mark.parametrize("rows", (1, 16, 100))
 def test_gguf_layer_against_the_reference(kind: str, rows: int) -> None:
@@ -149,11 +214,14 @@ def test_kernels_replay_in_a_cuda_graph() -> None:
     levels, scales = _fp8_weight((128, 128), g)
     fp8 = _loaded(Fp8Scheme({"quant_method": "fp8", "weight_block_size": [128, 128]}),
                   {"weight": levels, "weight_scale_inv": scales})
-    stored = to_kernel_form(_int_groups(4, 128, "zeros", g), torch.bfloat16)
-    few, many = (torch.randn(rows, K, device="cuda", generator=g).bfloat16() for rows in (4, 128))
+    from gpu.kernels.int_gemm import int_gemm
 
-    def step() -> list[torch.Tensor]:
-        return [fp8(few), fp8(many), stored.product(few, None), stored.product(many, None)]
+    stored = to_kernel_form(_int_groups(4, 128, "zeros", g), torch.bfloat16)
+    one, few, many = (torch.randn(rows, K, device="cuda", generator=g).bfloat16() for rows in (1, 4, 128))
+
+    def step() -> list[torch.Tensor]:  # FP8's GEMV at one row (the rule), int4's by its tiles; tensor cores, cuBLAS
+        return [fp8(one), fp8(few), fp8(many), int_gemm(one, stored, tiles=gemv_tiles(1, K, "int4")),
+                stored.product(one, None), stored.product(few, None), stored.product(many, None)]
 
     eager = step()
     torch.cuda.synchronize()

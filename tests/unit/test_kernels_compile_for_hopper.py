@@ -23,11 +23,12 @@ from gpu.kernels import (  # noqa: E402
     int_gemm,
     prefill_attention,
     qk_norm_rope,
+    quant_gemv,
     rms_norm,
     silu_and_mul,
     store_kv,
 )
-from gpu.kernels.quant_gemm_configs import QuantTiles, quant_tiles  # noqa: E402
+from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, gemv_tiles, tensor_core_tiles  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 FLOATS = {"scale_log2", "softcap_in", "softcap_out", "eps", "k_scale", "v_scale"}
@@ -102,8 +103,8 @@ def test_elementwise_kernels_in_gemmas_forms() -> None:
 # H100's shared memory, spills no registers and pipelines its loads (shared memory for two stages or more).
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 MAX_SHARED = 227 * 1024
-MULTIPLES_OF_16 = {"K", "k_per_split", "stride_xm", "stride_wn", "stride_wsn", "stride_qn", "stride_gn", "stride_om",
-                   "stride_os"}
+MULTIPLES_OF_16 = {"K", "num_words", "k_per_split", "stride_xm", "stride_wn", "stride_wsn", "stride_qn", "stride_gn",
+                   "stride_om", "stride_os"}
 QUANT_ROWS = (1, 16, 32, 64, 128, 1024)
 
 
@@ -126,7 +127,7 @@ def compiled_usage(kernel: object, signature: dict[str, str], constexprs: dict[s
 
 
 def _tile_configs(kind: str) -> set[QuantTiles]:
-    return {quant_tiles(rows, n, k, kind) for rows in QUANT_ROWS for n, k in ((6144, 4096), (4096, 12288))}
+    return {tensor_core_tiles(rows, n, k, kind) for rows in QUANT_ROWS for n, k in ((6144, 4096), (4096, 12288))}
 
 
 FP8_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "in_scale_ptr": "*fp32", "bias_ptr": "*bf16",
@@ -178,6 +179,38 @@ def test_fp8_activation_quantization_compiles() -> None:
             GROUP=group, PER_TOKEN=per_token, STATIC=False, USE_PDL=True, BLOCK=1024), 4, 2)
         assert spilled == 0
 
+
+GEMV_SIGNATURE = {"x_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",
+                  "stride_xm": "i32", "stride_om": "i32"}
+FP8_GEMV_SIGNATURE = GEMV_SIGNATURE | {"w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "num_scale_cols": "i32",
+                                       "stride_wn": "i32", "stride_wsn": "i32"}
+INT_GEMV_SIGNATURE = GEMV_SIGNATURE | {"q_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "o_ptr": "*bf16",
+                                       "perm_ptr": "*i32", "num_words": "i32", "num_groups": "i32", "stride_qn": "i32",
+                                       "stride_gn": "i32"}
+
+
+def _gemv_usage(kernel: object, signature: dict[str, str], constexprs: dict[str, object], t: GemvTiles) -> int:
+    names = kernel.arg_names  # type: ignore[attr-defined]
+    ordered = {name: signature[name] for name in names if name in signature}
+    spilled, _ = compiled_usage(kernel, ordered, constexprs | dict(
+        USE_PDL=True, HAS_BIAS=True, EVEN_K=True, ROWS=t.rows, BLOCK_N=t.block_n, BLOCK_K=t.block_k), t.num_warps, 1)
+    return spilled
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize("rows", [1, 2, 4, 8])
+def test_gemv_tiles_of_the_rule_compile_without_spills(rows: int) -> None:
+    """The GEMV rule's tiles at each row bucket (up to the tables' widest) for FP8 blocks and per-row scales, int4
+    with zero points and act order, and int8 with offsets."""
+    t = gemv_tiles(rows, 4096, "fp8")
+    for group, block_scales in ((128, True), (t.block_k, False)):
+        assert _gemv_usage(quant_gemv._fp8_gemv_kernel, FP8_GEMV_SIGNATURE, dict(
+            SCALE_ROWS=128 if block_scales else 1, GROUP=group, BLOCK_SCALES=block_scales), t) == 0, (t, group)
+    for bits, kind in ((4, "zeros"), (4, "act-order"), (8, "offsets")):
+        t = gemv_tiles(rows, 4096, f"int{bits}")
+        assert _gemv_usage(quant_gemv._int_gemv_kernel, INT_GEMV_SIGNATURE, dict(
+            BITS=bits, GROUP=128, ZERO=8.0, HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets",
+            HAS_PERM=kind == "act-order"), t) == 0, (t, kind)
 
 def test_gated_delta_rows_kernel() -> None:
     from gpu.kernels import gated_delta_rows

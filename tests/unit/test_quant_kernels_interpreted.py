@@ -1,11 +1,13 @@
-"""The quantized GEMM kernels (gpu/kernels/int_gemm.py, fp8_gemm.py, fp8_quant.py) run by Triton's interpreter on
-the CPU against their formats' reference dequantization: unpacking, group scales, zero points and offsets, act
-order, block scales, split-K, rows and columns past the tiles' edges. float16 activations (the interpreter's
+"""The quantized GEMM kernels (gpu/kernels/int_gemm.py, fp8_gemm.py, fp8_quant.py, and quant_gemv.py through the
+first two) run by Triton's interpreter on the CPU against their formats' reference dequantization: unpacking, group
+scales, zero points and offsets, act order, block scales, split-K, rows and columns past the tiles' edges; and
+quant_gemm_configs.py's choice of path. float16 activations (the interpreter's
 bfloat16 dot is not numpy's; tests/gpu/test_quantized_gpu.py checks bf16 on CUDA). The interpreter rounds some
 floats to FP8 a binade off, so the FP8 kernels' activations here lie on the FP8 grid (each group's largest value
 448 times a power of two): quantizing them is exact, and the product must equal the dequantized one."""
 
 import importlib.util
+import itertools
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -14,7 +16,16 @@ import numpy as np
 import pytest
 import torch
 
-from gpu.kernels.quant_gemm_configs import QuantTiles
+from gpu.kernels.quant_gemm_configs import (
+    GEMV_MAX_SUMS,
+    TABLES,
+    GemvTiles,
+    QuantTiles,
+    gemv_tiles,
+    quant_tiles,
+    table_for,
+    tensor_core_tiles,
+)
 from gpu.quant import gguf_blocks
 from gpu.quant.fp8 import dequantize_blocks
 from gpu.quant.int_weights import IntGroups, to_kernel_form
@@ -109,6 +120,8 @@ def test_gguf_blocks_through_the_int_kernel(int_kernel: ModuleType, kind: str) -
     x = torch.randn(5, k, generator=torch.Generator().manual_seed(7)).half()
     out = int_kernel.int_gemm(x, stored, tiles=SPLIT_TILES)
     _close(out, x.float() @ stored.int_groups().dequantize().T)
+    gemv = int_kernel.int_gemm(x[:3], stored, tiles=_gemv_tiles(int_kernel, "rows2"))  # the few-row path
+    _close(gemv, x[:3].float() @ stored.int_groups().dequantize().T)
 
 
 def _fp8_grid(m: int, k: int, group: int, g: torch.Generator) -> torch.Tensor:
@@ -155,3 +168,99 @@ def test_activation_quantization_for_cublas(fp8_quant: ModuleType, group: int | 
         assert scales.shape == (m, 1)
         expanded = scales
     assert torch.equal(quantized.float() * expanded, x.float())
+
+
+GEMV_TILES = {"rows1": GemvTiles(1, 4, 256, 4), "rows2": GemvTiles(2, 8, 128, 4), "rows1-short": GemvTiles(1, 4, 64, 2)}
+
+
+def _gemv_tiles(kernel: ModuleType, name: str | None) -> object:
+    """GEMV_TILES[name] as the interpreted module's own class (it imported quant_gemm_configs afresh), or None."""
+    return None if name is None else kernel.GemvTiles(**GEMV_TILES[name].__dict__)
+
+
+@pytest.mark.parametrize(("bits", "group_size", "kind", "m", "n", "k", "tiles"), [
+    (4, 128, "symmetric", 1, 13, 320, "rows1"), (4, 128, "zeros", 2, 9, 320, "rows2"),
+    (4, 32, "zeros", 3, 9, 256, "rows2"), (4, 64, "act-order", 2, 8, 192, "rows1"),
+    (4, 32, "offsets", 1, 6, 128, "rows1"), (8, 32, "offsets", 3, 7, 160, "rows2"),
+    (8, 128, "symmetric", 2, 5, 128, "rows1-short"), (8, 32, "act-order", 1, 4, 96, "rows1-short")])
+def test_int_gemv_equals_the_dequantized_product(int_kernel: ModuleType, bits: int, group_size: int, kind: str,
+                                                 m: int, n: int, k: int, tiles: str) -> None:
+    """Odd N, K past the last whole group (a group of its own, as the rule's group ids say) and past the tile, rows
+    past the row tile, biases (the GEMV by its tiles: the rule never picks it for integer weights, a table may)."""
+    g = torch.Generator().manual_seed(bits * n + k)
+    num_groups = -(-k // group_size)
+    groups = _int_groups(bits, group_size, kind, n, num_groups * group_size, g)
+    groups.levels = groups.levels[:, :k]
+    if kind != "act-order":  # K past the last whole group: a group of fewer columns
+        groups.group_ids = (torch.arange(k) // group_size).to(torch.int32)
+    stored = to_kernel_form(groups, torch.float16)
+    x = torch.randn(m, k, generator=g).half()
+    bias = torch.randn(n, generator=g).half()
+    out = torch.zeros(m, n + 8, dtype=torch.float16)
+    int_kernel.int_gemm(x, stored, bias, out=out[:, 4 : 4 + n], tiles=_gemv_tiles(int_kernel, tiles))
+    _close(out[:, 4 : 4 + n], x.float() @ groups.dequantize().T + bias.float())
+    assert not out[:, :4].any() and not out[:, 4 + n :].any()
+
+
+@pytest.mark.parametrize(("m", "n", "k", "block", "static", "tiles"), [
+    (1, 13, 320, (16, 64), None, "rows1"), (2, 40, 256, (32, 32), None, "rows2"),
+    (3, 24, 384, (1, 384), 0.25, "rows2"), (2, 9, 336, (128, 128), None, "rows1"), (1, 20, 200, (128, 128), None, None),
+    (3, 7, 96, (1, 96), None, "rows1-short")])
+def test_fp8_gemv_equals_the_dequantized_product_with_activations_unquantized(
+        fp8_kernel: ModuleType, m: int, n: int, k: int, block: tuple[int, int], static: float | None,
+        tiles: str | None) -> None:
+    """The GEMV path multiplies x as it is (a static activation scale plays no part): any x, not only the FP8
+    grid, gives the dequantized weight's product."""
+    g = torch.Generator().manual_seed(m * n + k)
+    weight = torch.randn(n, k, generator=g) * 0.05
+    scales = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) * 1e-3 + 1e-4
+    levels = (weight / dequantize_blocks(torch.ones_like(weight), scales, block)).clamp(-448, 448).to(
+        torch.float8_e4m3fn)
+    x = torch.randn(m, k, generator=g).half()
+    bias = torch.randn(n, generator=g).half()
+    assert tiles is not None or isinstance(quant_tiles(m, n, k, "fp8"), GemvTiles)
+    out = fp8_kernel.fp8_gemm(x, levels, scales, block, None if static is None else torch.tensor([static]), bias,
+                              tiles=_gemv_tiles(fp8_kernel, tiles))
+    _close(out, x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
+
+
+def test_gemv_rule_fp8_at_one_row_only() -> None:
+    """FP8 at one row takes the GEMV rule's tiles; more rows, and the integer kinds at any, the tensor-core rule."""
+    for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (20, 200)):
+        assert quant_tiles(1, n, k, "fp8") == gemv_tiles(1, k, "fp8")
+        for rows in (2, 3, 4, 8, 16):
+            assert quant_tiles(rows, n, k, "fp8") == tensor_core_tiles(rows, n, k, "fp8")
+        for kind, rows in itertools.product(("int4", "int8"), (1, 2, 4, 8)):
+            assert quant_tiles(rows, n, k, kind) == tensor_core_tiles(rows, n, k, kind)
+
+
+def test_gemv_tiles_hold_their_sums_in_registers() -> None:
+    """The GEMV rule's tiles at every row count a table may send to the GEMV."""
+    for kind, rows in itertools.product(("fp8", "int4", "int8"), range(1, 9)):
+        t = gemv_tiles(rows, 4096, kind)
+        assert t.rows >= rows and t.rows * t.block_n * t.block_k <= GEMV_MAX_SUMS * 32 * t.num_warps
+    assert gemv_tiles(1, 96, "fp8").block_k == 128  # within K's power of two
+
+
+def test_the_table_overrides_the_rule_for_its_key_only() -> None:
+    tensor_cores = QuantTiles(16, 128, 256, 4, 4, 3)
+    gemv = GemvTiles(8, 4, 256, 4)
+    table = {("fp8", 1, 4096, 4096): tensor_cores, ("int4", 8, 6144, 4096): gemv}
+    assert quant_tiles(1, 4096, 4096, "fp8", table=table) == tensor_cores
+    assert quant_tiles(5, 6144, 4096, "int4", table=table) == gemv  # the row bucket of 5..8
+    for rows, n, k, kind in ((1, 4096, 4096, "int4"), (2, 4096, 4096, "fp8"), (1, 4096, 12288, "fp8"),
+                             (8, 6144, 4096, "fp8"), (16, 6144, 4096, "int4")):
+        assert quant_tiles(rows, n, k, kind, table=table) == quant_tiles(rows, n, k, kind)
+    assert table_for("NVIDIA H100 80GB HBM3") is TABLES["H100"] and table_for("NVIDIA A100-SXM4-80GB") == {}
+
+
+def test_the_h200_table_serves_its_own_keys_only() -> None:
+    """Each entry at every row count of its bucket; a shape it lacks, the rule; integer GEMVs reachable by it."""
+    h200 = table_for("NVIDIA H200")
+    assert h200 is TABLES["H200"] and table_for("NVIDIA H200 NVL") is h200 and table_for("NVIDIA H100 PCIe") is not h200
+    assert any(isinstance(t, GemvTiles) for (kind, *_), t in h200.items() if kind == "int4")
+    for (kind, bucket, n, k), tiles in h200.items():
+        assert not isinstance(tiles, GemvTiles) or tiles.rows == bucket
+        for rows in range(bucket // 2 + 1, bucket + 1):
+            assert quant_tiles(rows, n, k, kind, table=h200) == tiles
+        assert quant_tiles(bucket, n + 128, k, kind, table=h200) == quant_tiles(bucket, n + 128, k, kind)
