@@ -12,8 +12,7 @@ device idle after a verifying one, so a time that ended with the step would favo
 are most rows; and E(k) = 1 + r_0 + ... + r_{k-1} is the expected tokens a decoding sequence gets from such a step,
 where r_i is the running average, per decoding sequence of a step that offered i + 1 or more drafts, of the drafts
 accepted at position i: it folds in how many sequences can take drafts (not the penalized or constrained ones), how
-often the proposer has one, and how often the target agrees (an untried position counts as accepting, and that
-assumption stays in the average as one sequence until measured ones outweigh it: see _UNTRIED_ACCEPTANCE).
+often the proposer has one, and how often the target agrees.
 
 Entering verification costs more than its steps: the first verifying step waits for the device work the step
 before it left in flight (a plain step's, or a prompt's, which is larger), and only then does its own; the
@@ -55,12 +54,7 @@ measured rate, entry included, beats plain decoding; what exploration costs shri
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-# An untried position is assumed to accept: it gets tried, then measured. That assumption stays in its average as one
-# offered sequence beside the measured ones (their pooled ratio over its first steps, then a running average): a
-# first step of one sequence that happens to accept nothing would otherwise make verifying look hopeless, and a
-# position is measured again only when it is verified (at refreshes, far apart where plain decoding is chosen); a
-# step of many sequences outweighs it at once.
-_UNTRIED_ACCEPTANCE = 1.0
+_UNTRIED_ACCEPTANCE = 1.0  # an untried position is assumed to accept: it gets tried, then measured
 
 
 def _no_prompt_work() -> bool:
@@ -109,18 +103,14 @@ class DraftLengthController:
     max_step_growth: float = 1.5  # a step's time enters its arm's average at most this multiple of it
     tail_weight: float = 0.05  # of a verifying step's time beyond that cap in its arm's average of such time
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
-    _acceptance: list[float] = field(default_factory=list)  # r_i, per draft position
-    _acceptance_samples: list[int] = field(default_factory=list)  # steps that measured r_i
-    _acceptance_pooled: list[tuple[float, int]] = field(default_factory=list)  # (accepted, offered) over those steps
+    _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
     _previous_kind: int = 0  # the last step observed: its draft length, or -1 for one with prompt tokens
     _num_same: int = 0  # steps observed in a row of that kind, the last one included
     _num_decode_steps: int = 0  # decode steps since the last step with prompt tokens
     _run_steps: float | None = None  # running average of the runs of decode steps between steps with prompt tokens
 
     def __post_init__(self) -> None:
-        self._acceptance = [_UNTRIED_ACCEPTANCE] * self.max_drafts
-        self._acceptance_samples = [0] * self.max_drafts
-        self._acceptance_pooled = [(_UNTRIED_ACCEPTANCE, 1)] * self.max_drafts
+        self._acceptance = [None] * self.max_drafts
 
     def choose(self, batch_size: int, has_prompt_work: Callable[[], bool] = _no_prompt_work) -> int:
         """The draft length for the next step of `batch_size` running sequences; where `has_prompt_work()` (the step
@@ -157,7 +147,7 @@ class DraftLengthController:
 
     def expected_tokens(self, num_drafts: int) -> float:
         """E(k): tokens a sequence is expected to get from a step that offers it k drafts."""
-        return 1.0 + sum(self._acceptance[:num_drafts])
+        return 1.0 + sum(_UNTRIED_ACCEPTANCE if r is None else r for r in self._acceptance[:num_drafts])
 
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
         """A decode step of `batch_size` sequences, run with draft length `num_drafts`; `batch_size` 0: a step with
@@ -204,13 +194,8 @@ class DraftLengthController:
             return
         for i, num_accepted in enumerate(accepted_per_position):
             ratio = num_accepted / num_offered
-            self._acceptance_samples[i] += 1
-            if self._acceptance_samples[i] * self.acceptance_weight <= 1.0:
-                accepted, offered = self._acceptance_pooled[i]
-                self._acceptance_pooled[i] = (accepted + num_accepted, offered + num_offered)
-                self._acceptance[i] = (accepted + num_accepted) / (offered + num_offered)
-            else:
-                self._acceptance[i] += self.acceptance_weight * (ratio - self._acceptance[i])
+            r = self._acceptance[i]
+            self._acceptance[i] = ratio if r is None else r + self.acceptance_weight * (ratio - r)
 
     def _rate(self, bucket: _Bucket, k: int) -> float:
         """Tokens per second a sequence is expected to get from steps of draft length k at this bucket: measured,
