@@ -56,19 +56,7 @@ def gated_delta_decode(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: t
     Returns the output [rows, Hv, dv] float32."""
     num_key_heads, num_value_heads, key_dim, value_dim = heads
     rows = qkv.shape[0]
-    width = 2 * num_key_heads * key_dim + num_value_heads * value_dim
-    if qkv.dim() != 2 or qkv.stride(1) != 1 or qkv.shape[1] != width:
-        raise ValueError(f"qkv must be [rows, q + k + v] with unit column stride, got {tuple(qkv.shape)} "
-                         f"strides {qkv.stride()}")
-    if state.dtype != torch.float32 or not state.is_contiguous() or state.shape[1:] != (num_value_heads, key_dim,
-                                                                                          value_dim):
-        raise ValueError(f"state must be contiguous float32 [slots, {num_value_heads}, {key_dim}, {value_dim}], got "
-                         f"{state.dtype} {tuple(state.shape)}")
-    if num_value_heads % num_key_heads:
-        raise ValueError(f"{num_value_heads} value heads cannot share {num_key_heads} key heads")
-    for name, tensor in (("g", g), ("beta", beta)):
-        if tensor.shape != (rows, num_value_heads) or not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous [{rows}, {num_value_heads}], got {tuple(tensor.shape)}")
+    check_inputs(qkv, heads, g, beta, state)
     out = torch.empty(rows, num_value_heads, value_dim, dtype=torch.float32, device=qkv.device)
     if rows == 0:
         return out
@@ -81,3 +69,25 @@ def gated_delta_decode(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: t
         BLOCK_K=triton.next_power_of_2(key_dim), BLOCK_V=block_v, SCALE=key_dim**-0.5,
     )
     return out
+
+
+def check_inputs(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: torch.Tensor, beta: torch.Tensor,
+                 state: torch.Tensor) -> None:
+    """What both delta-rule kernels (this one and gpu/kernels/gated_delta_rows.py) assume of their inputs: qkv
+    [tokens, 2 Hk dk + Hv dv] with unit column stride, state contiguous float32 [*, Hv, dk, dv], Hv a multiple of Hk,
+    g and beta contiguous [tokens, Hv]."""
+    num_key_heads, num_value_heads, key_dim, value_dim = heads
+    num_tokens = qkv.shape[0]
+    width = 2 * num_key_heads * key_dim + num_value_heads * value_dim
+    if qkv.dim() != 2 or qkv.stride(1) != 1 or qkv.shape[1] != width:
+        raise ValueError(f"qkv must be [tokens, q + k + v] with unit column stride, got {tuple(qkv.shape)} "
+                         f"strides {qkv.stride()}")
+    if state.dtype != torch.float32 or not state.is_contiguous() or state.shape[1:] != (num_value_heads, key_dim,
+                                                                                          value_dim):
+        raise ValueError(f"state must be contiguous float32 [rows, {num_value_heads}, {key_dim}, {value_dim}], got "
+                         f"{state.dtype} {tuple(state.shape)}")
+    if num_value_heads % num_key_heads:
+        raise ValueError(f"{num_value_heads} value heads cannot share {num_key_heads} key heads")
+    for name, tensor in (("g", g), ("beta", beta)):
+        if tensor.shape != (num_tokens, num_value_heads) or not tensor.is_contiguous():
+            raise ValueError(f"{name} must be contiguous [{num_tokens}, {num_value_heads}], got {tuple(tensor.shape)}")

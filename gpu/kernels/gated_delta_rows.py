@@ -19,6 +19,8 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.kernels.gated_delta_decode import check_inputs
+
 
 @triton.jit
 def _gated_delta_rows_kernel(
@@ -94,19 +96,7 @@ def gated_delta_rows(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: tor
     [tokens, Hv, dv] float32."""
     num_key_heads, num_value_heads, key_dim, value_dim = heads
     num_tokens = qkv.shape[0]
-    width = 2 * num_key_heads * key_dim + num_value_heads * value_dim
-    if qkv.dim() != 2 or qkv.stride(1) != 1 or qkv.shape[1] != width:
-        raise ValueError(f"qkv must be [tokens, q + k + v] with unit column stride, got {tuple(qkv.shape)} "
-                         f"strides {qkv.stride()}")
-    if state.dtype != torch.float32 or not state.is_contiguous() or state.shape[1:] != (num_value_heads, key_dim,
-                                                                                          value_dim):
-        raise ValueError(f"state must be contiguous float32 [rows, {num_value_heads}, {key_dim}, {value_dim}], got "
-                         f"{state.dtype} {tuple(state.shape)}")
-    if num_value_heads % num_key_heads:
-        raise ValueError(f"{num_value_heads} value heads cannot share {num_key_heads} key heads")
-    for name, tensor in (("g", g), ("beta", beta)):
-        if tensor.shape != (num_tokens, num_value_heads) or not tensor.is_contiguous():
-            raise ValueError(f"{name} must be contiguous [{num_tokens}, {num_value_heads}], got {tuple(tensor.shape)}")
+    check_inputs(qkv, heads, g, beta, state)
     slots, keeps, row_starts, row_pieces, piece_ends, piece_states = rows
     num_rows = slots.shape[0]
     if keeps.dtype != torch.float32 or any(x.dtype != torch.int64 for x in (slots, row_starts, row_pieces, piece_ends,

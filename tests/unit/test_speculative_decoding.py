@@ -254,20 +254,26 @@ def test_tensor_parallel_ranks_verify_the_same_positions(plain_llm: LLM, model_d
     assert all(w.process.poll() is not None for w in draft_runner._workers)  # noqa: SLF001 - stopped with the engine
 
 
+def recorded_step_times(speculation: object) -> list[float]:
+    """The step times the engine gives its speculation from now on, in a list that fills as it runs."""
+    observed: list[float] = []
+    observe = speculation.observe_step  # type: ignore[attr-defined]
+
+    def recording(batch_size: int, num_drafts: int, seconds: float) -> None:
+        observed.append(seconds)
+        observe(batch_size, num_drafts, seconds)
+
+    speculation.observe_step = recording  # type: ignore[attr-defined]
+    return observed
+
+
 def test_the_controller_times_a_step_until_the_next_one_starts(model_dir: Path) -> None:
     """The host's work between steps (a server sends the rows' tokens) is part of a step's cost, as it idles the
     device after a verifying step; the engine waiting for requests is no step's cost."""
     engine = speculating_llm(model_dir, num_drafts=None).engine
     speculation = engine.speculation
     assert speculation is not None
-    observed: list[float] = []
-    observe = speculation.observe_step
-
-    def recording(batch_size: int, num_drafts: int, seconds: float) -> None:
-        observed.append(seconds)
-        observe(batch_size, num_drafts, seconds)
-
-    speculation.observe_step = recording  # type: ignore[method-assign]
+    observed = recorded_step_times(speculation)
     engine.add_request("a", REPEATING[2], SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
     while not observed:  # until a decode step's time is given
         engine.step()
@@ -288,14 +294,7 @@ def test_the_wait_after_the_last_request_is_no_step_cost(model_dir: Path) -> Non
     llm = draft_model_llm(model_dir, model_dir)
     speculation = llm.engine.speculation
     assert speculation is not None
-    observed: list[float] = []
-    observe = speculation.observe_step
-
-    def recording(batch_size: int, num_drafts: int, seconds: float) -> None:
-        observed.append(seconds)
-        observe(batch_size, num_drafts, seconds)
-
-    speculation.observe_step = recording  # type: ignore[method-assign]
+    observed = recorded_step_times(speculation)
     params = SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True)
     llm.generate([REPEATING[2]], params)
     num_observed = len(observed)
