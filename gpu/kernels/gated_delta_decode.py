@@ -27,26 +27,44 @@ def _gated_delta_decode_kernel(
     columns = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     keys = tl.arange(0, BLOCK_K)
     key_mask, column_mask = keys < KEY_DIM, columns < VALUE_DIM
-    key_head = head // VALUE_HEADS_PER_KEY_HEAD
-    base = qkv_ptr + row * qkv_stride
-    q = tl.load(base + key_head * KEY_DIM + keys, mask=key_mask, other=0.0).to(tl.float32)
-    k = tl.load(base + K_OFFSET + key_head * KEY_DIM + keys, mask=key_mask, other=0.0).to(tl.float32)
-    v = tl.load(base + V_OFFSET + head * VALUE_DIM + columns, mask=column_mask, other=0.0).to(tl.float32)
-    q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * SCALE
-    k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
-    g = tl.load(g_ptr + row * NUM_VALUE_HEADS + head).to(tl.float32)
-    beta = tl.load(beta_ptr + row * NUM_VALUE_HEADS + head).to(tl.float32)
+    q, k, v, g, beta = token_inputs(qkv_ptr, qkv_stride, g_ptr, beta_ptr, row, keys, key_mask, columns, column_mask,
+                                    head, (head // VALUE_HEADS_PER_KEY_HEAD) * KEY_DIM, NUM_VALUE_HEADS, K_OFFSET,
+                                    V_OFFSET, VALUE_DIM)
     keeps = tl.load(keeps_ptr + row)
     slot = tl.load(slots_ptr + row)
     state_offsets = ((slot * NUM_VALUE_HEADS + head) * KEY_DIM + keys[:, None]) * VALUE_DIM + columns[None, :]
     state_mask = key_mask[:, None] & column_mask[None, :]
-    state = tl.load(state_ptr + state_offsets, mask=state_mask, other=0.0) * (keeps * tl.exp(g))
-    predicted = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]
-    delta = (v - predicted) * beta
-    state = state + k[:, None] * delta[None, :]
-    out = tl.sum(state * q[:, None], axis=0)
+    state = tl.load(state_ptr + state_offsets, mask=state_mask, other=0.0) * keeps
+    state, out = delta_step(state, q, k, v, g, beta, SCALE)
     tl.store(state_ptr + state_offsets, state, mask=state_mask)
     tl.store(out_ptr + (row * NUM_VALUE_HEADS + head) * VALUE_DIM + columns, out, mask=column_mask)
+
+
+@triton.jit
+def token_inputs(qkv_ptr, qkv_stride, g_ptr, beta_ptr, t, keys, key_mask, columns, column_mask, head, key_offset,
+                 NUM_VALUE_HEADS: tl.constexpr, K_OFFSET: tl.constexpr, V_OFFSET: tl.constexpr,
+                 VALUE_DIM: tl.constexpr):
+    """Token t's q, k (the head's key head, at `key_offset`), v (the program's columns), g and beta in float32 (this
+    kernel's and gpu/kernels/gated_delta_rows.py's)."""
+    base = qkv_ptr + t.to(tl.int64) * qkv_stride
+    q = tl.load(base + key_offset + keys, mask=key_mask, other=0.0).to(tl.float32)
+    k = tl.load(base + K_OFFSET + key_offset + keys, mask=key_mask, other=0.0).to(tl.float32)
+    v = tl.load(base + V_OFFSET + head * VALUE_DIM + columns, mask=column_mask, other=0.0).to(tl.float32)
+    g = tl.load(g_ptr + t * NUM_VALUE_HEADS + head).to(tl.float32)
+    beta = tl.load(beta_ptr + t * NUM_VALUE_HEADS + head).to(tl.float32)
+    return q, k, v, g, beta
+
+
+@triton.jit
+def delta_step(state, q, k, v, g, beta, SCALE: tl.constexpr):
+    """One token of the rule on a program's [key_dim, BLOCK_V] part of the state: (the new state, the token's output
+    columns)."""
+    q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * SCALE
+    k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
+    state = state * tl.exp(g)
+    predicted = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]
+    state = state + k[:, None] * ((v - predicted) * beta)[None, :]
+    return state, tl.sum(state * q[:, None], axis=0)
 
 
 def gated_delta_decode(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: torch.Tensor, beta: torch.Tensor,

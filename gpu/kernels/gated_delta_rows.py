@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.gated_delta_decode import check_inputs
+from gpu.kernels.gated_delta_decode import check_inputs, delta_step, token_inputs
 
 
 @triton.jit
@@ -49,19 +49,14 @@ def _gated_delta_rows_kernel(
     start = tl.load(row_starts_ptr + row)
     piece_end = tl.load(piece_ends_ptr + piece)  # a row has at least one piece, and each piece a token
     row_end = tl.load(piece_ends_ptr + last_piece - 1)
-    q, k, v, g, beta = _token_inputs(qkv_ptr, qkv_stride, g_ptr, beta_ptr, start, keys, key_mask, columns,
+    q, k, v, g, beta = token_inputs(qkv_ptr, qkv_stride, g_ptr, beta_ptr, start, keys, key_mask, columns,
                                      column_mask, head, key_offset, NUM_VALUE_HEADS, K_OFFSET, V_OFFSET, VALUE_DIM)
     for t in range(start, row_end):
         # The next token's (the last token's again at the row's end, unused): loads stay within the row.
-        next_q, next_k, next_v, next_g, next_beta = _token_inputs(
+        next_q, next_k, next_v, next_g, next_beta = token_inputs(
             qkv_ptr, qkv_stride, g_ptr, beta_ptr, tl.minimum(t + 1, row_end - 1), keys, key_mask, columns,
             column_mask, head, key_offset, NUM_VALUE_HEADS, K_OFFSET, V_OFFSET, VALUE_DIM)
-        q = q / tl.sqrt(tl.sum(q * q) + 1e-6) * SCALE
-        k = k / tl.sqrt(tl.sum(k * k) + 1e-6)
-        state = state * tl.exp(g)
-        predicted = tl.sum(state * k[:, None], axis=0)  # [BLOCK_V]
-        state = state + k[:, None] * ((v - predicted) * beta)[None, :]
-        out = tl.sum(state * q[:, None], axis=0)
+        state, out = delta_step(state, q, k, v, g, beta, SCALE)
         tl.store(out_ptr + (t * NUM_VALUE_HEADS + head) * VALUE_DIM + columns, out, mask=column_mask)
         if t + 1 == piece_end:
             destination = tl.load(piece_states_ptr + piece)
@@ -71,19 +66,6 @@ def _gated_delta_rows_kernel(
             piece_end = tl.load(piece_ends_ptr + piece)
         q, k, v, g, beta = next_q, next_k, next_v, next_g, next_beta
 
-
-@triton.jit
-def _token_inputs(qkv_ptr, qkv_stride, g_ptr, beta_ptr, t, keys, key_mask, columns, column_mask, head, key_offset,
-                  NUM_VALUE_HEADS: tl.constexpr, K_OFFSET: tl.constexpr, V_OFFSET: tl.constexpr,
-                  VALUE_DIM: tl.constexpr):
-    """Token t's q, k (the head's key head), v (the program's columns), g and beta in float32."""
-    base = qkv_ptr + t.to(tl.int64) * qkv_stride
-    q = tl.load(base + key_offset + keys, mask=key_mask, other=0.0).to(tl.float32)
-    k = tl.load(base + K_OFFSET + key_offset + keys, mask=key_mask, other=0.0).to(tl.float32)
-    v = tl.load(base + V_OFFSET + head * VALUE_DIM + columns, mask=column_mask, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + t * NUM_VALUE_HEADS + head).to(tl.float32)
-    beta = tl.load(beta_ptr + t * NUM_VALUE_HEADS + head).to(tl.float32)
-    return q, k, v, g, beta
 
 
 def gated_delta_rows(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: torch.Tensor, beta: torch.Tensor,

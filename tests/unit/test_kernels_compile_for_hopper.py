@@ -212,8 +212,9 @@ def test_gemv_tiles_of_the_rule_compile_without_spills(rows: int) -> None:
             BITS=bits, GROUP=128, ZERO=8.0, HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets",
             HAS_PERM=kind == "act-order"), t) == 0, (t, kind)
 
-def test_gated_delta_rows_kernel() -> None:
-    from gpu.kernels import gated_delta_rows
+
+def test_gated_delta_kernels() -> None:
+    from gpu.kernels import gated_delta_decode, gated_delta_rows
 
     pointers = dict(qkv_ptr="*bf16", g_ptr="*fp32", beta_ptr="*bf16", state_ptr="*fp32", slots_ptr="*i64",
                     keeps_ptr="*fp32", out_ptr="*fp32", row_starts_ptr="*i64", row_pieces_ptr="*i64",
@@ -221,3 +222,8 @@ def test_gated_delta_rows_kernel() -> None:
     compile_for_hopper(gated_delta_rows._gated_delta_rows_kernel, pointers, dict(
         NUM_VALUE_HEADS=32, VALUE_HEADS_PER_KEY_HEAD=2, KEY_DIM=128, VALUE_DIM=128, K_OFFSET=2048, V_OFFSET=4096,
         BLOCK_K=128, BLOCK_V=8, SCALE=128**-0.5))
+    decode_pointers = {name: pointers[name] for name in gated_delta_decode._gated_delta_decode_kernel.arg_names
+                       if name in pointers}
+    compile_for_hopper(gated_delta_decode._gated_delta_decode_kernel, decode_pointers, dict(
+        NUM_VALUE_HEADS=32, VALUE_HEADS_PER_KEY_HEAD=2, KEY_DIM=128, VALUE_DIM=128, K_OFFSET=2048, V_OFFSET=4096,
+        BLOCK_K=128, BLOCK_V=32, SCALE=128**-0.5))
