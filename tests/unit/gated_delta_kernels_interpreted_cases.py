@@ -14,8 +14,9 @@ import torch
 from gpu.batch import Batch
 from gpu.config import KernelConfig
 from gpu.layers import gated_delta_rule
-from gpu.layers.gated_deltanet import DeltaNetSpec, GatedDeltaNet
+from gpu.layers.gated_deltanet import GatedDeltaNet
 from gpu.state_cache import sequential_rows, step_inputs
+from tests.unit.test_gated_deltanet_layer import SPEC, make_layer
 
 pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -109,20 +110,9 @@ def test_rows_kernel_matches_the_reference_with_snapshots_inside_rows(heads: tup
     assert torch.equal(state[untouched], before[untouched])
 
 
-LAYER_SPEC = DeltaNetSpec(hidden_size=32, num_key_heads=2, num_value_heads=4, key_head_dim=8, value_head_dim=8,
-                          conv_kernel_size=4, norm_eps=1e-6, has_fused_projections=False)
-
-
 def _layer(kernels: KernelConfig) -> GatedDeltaNet:
     """The same random layer whatever its kernels, with 12 state rows (slots 0-4, the rest snapshots)."""
-    torch.manual_seed(0)
-    layer = GatedDeltaNet(LAYER_SPEC, kernels)
-    with torch.no_grad():
-        for param in layer.parameters():
-            param.normal_(0.0, 0.3)
-    layer.conv_state = torch.randn(12, LAYER_SPEC.conv_dim, 3)
-    layer.recurrent_state = torch.randn(12, 4, 8, 8)
-    return layer
+    return make_layer(kernels, state_rows=12)
 
 
 def _on_the_triton_paths(patch: pytest.MonkeyPatch) -> list[tuple[int, int, int]]:
@@ -151,7 +141,7 @@ def test_layer_step_through_the_rows_kernel_matches_the_torch_path(max_tokens: i
     query_lens, continues, slots = [1, 17, 1, 40, 3], [True, False, True, True, False], [3, 0, 4, 1, 2]
     saves = [(1, 5, 6), (3, 16, 7), (3, 32, 8), (4, 1, 9)]  # (row, tokens into it, snapshot row)
     num_tokens = sum(query_lens)
-    inputs = (torch.randn(num_tokens, LAYER_SPEC.conv_dim, generator=generator),
+    inputs = (torch.randn(num_tokens, SPEC.conv_dim, generator=generator),
               -torch.rand(num_tokens, 4, generator=generator), torch.rand(num_tokens, 4, generator=generator))
     batch = Batch(token_ids=[0] * num_tokens, positions=[0] * num_tokens, slot_mapping=[0] * num_tokens,
                   query_lens=query_lens, context_lens=[n + c for n, c in zip(query_lens, continues, strict=True)],

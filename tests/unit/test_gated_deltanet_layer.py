@@ -6,6 +6,7 @@ row's first tokens leave, as running only those tokens leaves it."""
 import torch
 
 from gpu.batch import Batch
+from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.layers.gated_deltanet import DeltaNetSpec, GatedDeltaNet
 from gpu.state_cache import step_inputs
 
@@ -13,14 +14,15 @@ SPEC = DeltaNetSpec(hidden_size=32, num_key_heads=2, num_value_heads=4, key_head
                     conv_kernel_size=4, norm_eps=1e-6, has_fused_projections=False)
 
 
-def make_layer() -> GatedDeltaNet:
+def make_layer(kernels: KernelConfig = DEFAULT_KERNELS, state_rows: int = 8) -> GatedDeltaNet:
+    """The same random layer whatever its kernels, with `state_rows` random state rows."""
     torch.manual_seed(0)
-    layer = GatedDeltaNet(SPEC)
+    layer = GatedDeltaNet(SPEC, kernels)
     with torch.no_grad():
         for param in layer.parameters():
             param.normal_(0.0, 0.3)
-    layer.conv_state = torch.randn(8, SPEC.conv_dim, 3)
-    layer.recurrent_state = torch.randn(8, 4, 8, 8)
+    layer.conv_state = torch.randn(state_rows, SPEC.conv_dim, 3)
+    layer.recurrent_state = torch.randn(state_rows, 4, 8, 8)
     return layer
 
 
