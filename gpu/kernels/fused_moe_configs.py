@@ -14,12 +14,9 @@ hidden size), overrides the rule where it has the key (none measured so far). Th
 step's (tokens, top k, intermediate size per rank, hidden size). This module needs no triton.
 """
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TypeVar
 
-Key = TypeVar("Key")
-Value = TypeVar("Value")
+from gpu.kernels.device_tables import table_named
 
 
 @dataclass(frozen=True)
@@ -82,13 +79,8 @@ def config_for(num_tokens: int, num_experts: int, top_k: int, intermediate: int,
     """The config of a step of `num_tokens` through experts [num_experts, 2 * intermediate, hidden] on the named GPU:
     its table's, else the rule's."""
     bucket = row_bucket(num_tokens)
-    table = _named(TABLES, device_name)
+    table = table_named(TABLES, device_name) or {}
     return table.get((bucket, num_experts, intermediate, hidden)) or default_config(bucket, num_experts, top_k)
-
-
-def _named(tables: Mapping[str, Mapping[Key, Value]], device_name: str) -> Mapping[Key, Value]:
-    """The table of the first GPU name contained in `device_name` ("H100" in "NVIDIA H100 80GB HBM3"), else empty."""
-    return next((table for name, table in tables.items() if name in device_name), {})
 
 
 @dataclass(frozen=True)
@@ -153,4 +145,4 @@ def decode_config(num_tokens: int, top_k: int, intermediate: int, hidden: int, d
     """The decode kernels' tiles of a step of `num_tokens` on the named GPU: its table's, else the rule's. Tokens are
     not bucketed: the decode path takes only a few token counts, each its own key."""
     key = (num_tokens, top_k, intermediate, hidden)
-    return _named(DECODE_TABLES, device_name).get(key) or default_decode_config(*key)
+    return (table_named(DECODE_TABLES, device_name) or {}).get(key) or default_decode_config(*key)

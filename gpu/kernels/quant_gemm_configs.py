@@ -23,6 +23,7 @@ The rule holds for any shape. This module needs no triton.
 
 from dataclasses import dataclass
 
+from gpu.kernels.device_tables import table_named
 from gpu.kernels.skinny_gemm_configs import row_bucket
 
 FP8_CUBLAS_MIN_ROWS = 65  # FP8 products of this many rows or more run in cuBLAS (gpu/quant/fp8.py); fewer, here
@@ -109,7 +110,8 @@ TABLES: dict[str, Table] = {"H100": {}, "H200": {
 
 def table_for(device_name: str) -> Table:
     """The table measured on this GPU (empty for a GPU without one)."""
-    return next((table for name, table in TABLES.items() if name in device_name), {})
+    table = table_named(TABLES, device_name)
+    return {} if table is None else table
 
 
 def gemv_tiles(num_rows: int, k: int, kind: str) -> GemvTiles:
