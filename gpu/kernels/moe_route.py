@@ -7,8 +7,9 @@ each group's two best choice scores), renormalized or not, scaled; or gpt-oss's 
 All in float32. The k experts come out best first; a tie goes to the lower expert id.
 
 Grid: one program per token. The logits are read as [groups, experts per group] (one group without grouping),
-each padded to a power of two; the top k are found by k rounds of max-and-mask. Nothing depends on the data
-but the values written, so a call is CUDA-graph capturable.
+each padded to a power of two; the top k are found by k rounds of one max over keys that pack each expert's choice
+and id (see `_sortable`), then masking the picked one. Nothing depends on the data but the values written, so a call
+is CUDA-graph capturable.
 """
 
 from typing import TYPE_CHECKING
@@ -27,6 +28,10 @@ SOFTMAX = tl.constexpr(0)
 SIGMOID = tl.constexpr(1)
 TOP_K_SOFTMAX = tl.constexpr(2)
 SCORINGS = {"softmax": 0, "sigmoid": 1, "top_k_softmax": 2}
+# A candidate's key: its choice's sortable int32 in the high bits, ID_FIELD - 1 - its expert id in the low ID_BITS.
+ID_BITS = tl.constexpr(32)
+ID_FIELD = tl.constexpr(1 << 32)
+NOT_A_KEY = tl.constexpr(-(1 << 63))  # below every key (-inf's is -0x7F800000 << 32 or more): padding, experts taken
 
 
 @triton.jit
@@ -58,7 +63,7 @@ def _route_kernel(
         e = tl.where(is_expert, tl.exp(x - top), 0.0)
         scores = e / tl.reduce(tl.reduce(e, 1, add), 0, add)
     elif SCORING == SIGMOID:
-        scores = 1.0 / (1.0 + tl.exp(-x))
+        scores = _sigmoid(x)
     else:
         scores = x
     choice = scores
@@ -67,18 +72,24 @@ def _route_kernel(
     choice = tl.where(is_expert, choice, float("-inf"))
     if NUM_GROUPS > 1:
         choice = _in_top_groups(choice, columns, groups, TOP_K_GROUPS, BLOCK_E)
+    # One max per round: the key orders by choice, then by the lower expert id (torch.topk's pick on a tie), and is
+    # unique, so it names the picked expert and, without a bias, carries its weight.
+    low = expert.to(tl.int64) ^ (ID_FIELD - 1)  # ID_FIELD - 1 - id: the lower id the larger
+    keys = tl.where(is_expert, _sortable(choice).to(tl.int64) * ID_FIELD + low, NOT_A_KEY)
     ks = tl.arange(0, BLOCK_K)
-    weights = tl.zeros([BLOCK_K], dtype=tl.float32)
-    ids = tl.zeros([BLOCK_K], dtype=tl.int32)
+    bests = tl.full([BLOCK_K], NOT_A_KEY, dtype=tl.int64)
     for i in tl.static_range(TOP_K):
-        best = tl.reduce(tl.reduce(choice, 1, maximum), 0, maximum)
-        # The lowest expert id among those at the best choice (torch.topk's pick on a tie).
-        picked = tl.reduce(tl.reduce(tl.where(choice == best, expert, 1 << 30), 1, minimum), 0, minimum)
-        weight = tl.reduce(tl.reduce(tl.where(expert == picked, scores, 0.0), 1, add), 0, add)
-        weights = tl.where(ks == i, weight, weights)
-        ids = tl.where(ks == i, picked, ids)
-        choice = tl.where(expert == picked, float("-inf"), choice)
+        best = tl.reduce(tl.reduce(keys, 1, maximum), 0, maximum)
+        bests = tl.where(ks == i, best, bests)
+        keys = tl.where(keys == best, NOT_A_KEY, keys)
     is_k = ks < TOP_K
+    ids = ((bests & (ID_FIELD - 1)) ^ (ID_FIELD - 1)).to(tl.int32)
+    if HAS_BIAS:
+        # The bias only chooses: the weight is the picked expert's score, read back from its logit.
+        tl.static_assert(SCORING == SIGMOID, "a correction bias goes with sigmoid scores")
+        weights = _sigmoid(tl.load(row_ptr + ids, mask=is_k, other=0.0).to(tl.float32))
+    else:
+        weights = _float_of_sortable((bests >> ID_BITS).to(tl.int32))
     if SCORING == TOP_K_SOFTMAX:
         e = tl.where(is_k, tl.exp(weights - tl.reduce(tl.where(is_k, weights, float("-inf")), 0, maximum)), 0.0)
         weights = e / tl.reduce(e, 0, add)
@@ -87,6 +98,26 @@ def _route_kernel(
     out = tl.program_id(0).to(tl.int64) * TOP_K + ks
     tl.store(weights_ptr + out, weights * SCALE, mask=is_k)
     tl.store(ids_ptr + out, ids, mask=is_k)
+
+
+@triton.jit
+def _sigmoid(x):
+    return 1.0 / (1.0 + tl.exp(-x))
+
+
+@triton.jit
+def _sortable(value):
+    """float32 `value` as an int32 in the same order: a negative float's magnitude bits negated, so -0.0 and 0.0 are
+    equal as torch compares them (not NaN: a router's choices have none)."""
+    bits = value.to(tl.int32, bitcast=True)
+    return tl.where(bits < 0, -(bits & 0x7FFFFFFF), bits)
+
+
+@triton.jit
+def _float_of_sortable(key):
+    """The float32 of `_sortable`'s int32 (0.0 for -0.0)."""
+    magnitude = tl.where(key < 0, -key, key).to(tl.float32, bitcast=True)
+    return tl.where(key < 0, -magnitude, magnitude)
 
 
 @triton.jit
@@ -129,6 +160,13 @@ def route(logits: torch.Tensor, routing: "Routing", correction_bias: torch.Tenso
         EPSILON=1e-20 if routing.scoring == "sigmoid" else 0.0, HAS_BIAS=has_bias,
         SCALE=float(routing.scaling_factor), BLOCK_G=triton.next_power_of_2(routing.num_groups),
         BLOCK_E=triton.next_power_of_2(group_size), BLOCK_K=triton.next_power_of_2(k), USE_PDL=pdl, launch_pdl=pdl,
-        num_warps=1 if num_experts <= 64 else 4,
+        num_warps=num_warps_for(triton.next_power_of_2(routing.num_groups) * triton.next_power_of_2(group_size)),
     )
     return weights, ids
+
+
+def num_warps_for(block_experts: int) -> int:
+    """Warps for a row of `block_experts` (padded) experts: one up to 256 (8 keys a thread), so that each top-k
+    round's max is warp shuffles alone, with no trip through shared memory between warps; wider rows one more warp
+    per 256, up to 4."""
+    return min(4, triton.cdiv(block_experts, 256))
