@@ -34,6 +34,61 @@ def test_route_matches_the_reference(name: str) -> None:
     torch.testing.assert_close(weights.gather(1, order), expected.weights.gather(1, expected_order))
 
 
+# Decode-step routings at the real widths, on logits with ties: every case checks the kernel's experts against the
+# rule it promises (best choice first, a tie to the lower expert id) and its weights against route_reference's.
+DECODE_ROUTINGS = {
+    "qwen3-moe": Routing(128, 8),
+    "wide-softmax": Routing(256, 8),
+    "sigmoid": Routing(128, 8, "sigmoid", True),
+    "sigmoid-bias": Routing(128, 8, "sigmoid", True, has_correction_bias=True),
+    "deepseek-v3-groups": Routing(256, 8, "sigmoid", True, 8, 4, 2.5, has_correction_bias=True),
+    "gpt-oss": Routing(32, 4, "top_k_softmax", has_bias=True),
+    "wide-top-k-softmax": Routing(128, 4, "top_k_softmax"),
+}
+LOGITS = {
+    "normal": lambda shape, generator: torch.randn(shape, generator=generator) * 2,
+    "levels": lambda shape, generator: torch.randint(-3, 2, shape, generator=generator).float(),  # ties, negatives
+    "equal": lambda shape, generator: torch.zeros(shape),
+    "signed-zeros": lambda shape, generator: torch.tensor([0.0, -0.0, -1.0])[torch.randint(0, 3, shape,
+                                                                                            generator=generator)],
+}
+
+
+def lowest_ids_first(logits: torch.Tensor, routing: Routing, bias: torch.Tensor | None) -> torch.Tensor:
+    """The top k experts by the rule the kernel promises: the best choice first, a tie to the lower expert id (a
+    stable sort), within the best groups (ties there to the lower group id too)."""
+    if routing.scoring == "softmax":
+        choice = torch.softmax(logits.float(), dim=-1)
+    elif routing.scoring == "sigmoid":
+        choice = logits.float().sigmoid() + (0.0 if bias is None else bias)
+    else:
+        choice = logits.float()
+    grouped = choice.view(choice.shape[0], routing.num_groups, -1)
+    group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1) if routing.num_groups > 1 else grouped[..., 0]
+    best_groups = torch.sort(-group_scores, dim=-1, stable=True)[1][:, : routing.top_k_groups]
+    is_best = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
+    choice = grouped.masked_fill(~is_best.unsqueeze(-1), float("-inf")).view_as(choice)
+    return torch.sort(-choice, dim=-1, stable=True)[1][:, : routing.top_k]
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2, 3, 4])
+@pytest.mark.parametrize("logits_kind", LOGITS)
+@pytest.mark.parametrize("name", DECODE_ROUTINGS)
+def test_route_at_a_decode_step_picks_ties_by_lower_id(name: str, logits_kind: str, num_tokens: int) -> None:
+    routing = DECODE_ROUTINGS[name]
+    generator = torch.Generator().manual_seed(num_tokens)
+    # Every group alike (logits and bias): tied groups, any of which gives the reference the same weights.
+    logits = LOGITS[logits_kind]((num_tokens, routing.num_experts // routing.num_groups), generator)
+    logits = logits.repeat(1, routing.num_groups)
+    bias = None
+    if routing.has_correction_bias:  # mostly negative choices, and ties where the logits tie
+        bias = LOGITS["levels"]((routing.num_experts // routing.num_groups,), generator).repeat(routing.num_groups)
+    weights, ids = route(logits, routing, bias)
+    expected = route_reference(logits, routing, bias)
+    assert torch.equal(ids.long(), lowest_ids_first(logits, routing, bias))
+    torch.testing.assert_close(weights.sort(dim=-1)[0], expected.weights.sort(dim=-1)[0])
+
+
 @pytest.mark.parametrize(("num_tokens", "num_experts", "top_k", "block_m", "chunk"), [
     (1, 8, 2, 16, None), (5, 6, 3, 16, None), (37, 12, 4, 32, None),  # one program
     (45, 8, 2, 16, 16), (200, 6, 4, 64, 32),  # several chunks (25 of them: more than one pass over 16 histograms)
