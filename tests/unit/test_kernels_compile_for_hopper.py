@@ -1,8 +1,8 @@
-"""The attention kernels with every variant switch on, the elementwise kernels in Gemma's forms and the quantized
-GEMMs in every tile config of their rule, compiled ahead of time for Hopper (sm_90) with Triton's own compiler and
-ptxas, on a machine without a GPU: what Triton's interpreter accepts and its compiler refuses (a global read that is
-not a constexpr, a construct the code generator lacks) fails here rather than on the first GPU run. tests/gpu/ runs
-them."""
+"""The attention kernels with every variant switch on, the elementwise kernels in Gemma's forms, the quantized
+GEMMs in every tile config of their rule and the MoE router at 128 and 256 experts, compiled ahead of time for Hopper
+(sm_90) with Triton's own compiler and ptxas, on a machine without a GPU: what Triton's interpreter accepts and its
+compiler refuses (a global read that is not a constexpr, a construct the code generator lacks) fails here rather than
+on the first GPU run. tests/gpu/ runs them."""
 
 import re
 import subprocess
@@ -21,6 +21,7 @@ from gpu.kernels import (  # noqa: E402
     fp8_gemm,
     fp8_quant,
     int_gemm,
+    moe_route,
     prefill_attention,
     qk_norm_rope,
     quant_gemv,
@@ -178,6 +179,27 @@ def test_fp8_activation_quantization_compiles() -> None:
         spilled, _ = compiled_usage(fp8_quant._quantize_rows_kernel, signature, dict(
             GROUP=group, PER_TOKEN=per_token, STATIC=False, USE_PDL=True, BLOCK=1024), 4, 2)
         assert spilled == 0
+
+
+ROUTE_SIGNATURE = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32",
+                   "logits_stride": "i32"}
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize(("num_experts", "num_groups", "top_k_groups", "scoring", "has_bias"), [
+    (128, 1, 1, "softmax", False), (128, 1, 1, "sigmoid", True), (128, 1, 1, "top_k_softmax", False),
+    (256, 1, 1, "softmax", False), (256, 8, 4, "sigmoid", True)])
+def test_route_kernel_reduces_in_one_warp(num_experts: int, num_groups: int, top_k_groups: int, scoring: str,
+                                          has_bias: bool) -> None:
+    """At 128 and 256 experts the router runs in the warps its rule gives (one) with no shared memory (every top-k
+    round's max in warp shuffles) and no spills."""
+    group_size = num_experts // num_groups
+    constexprs = dict(GROUP_SIZE=group_size, NUM_GROUPS=num_groups, TOP_K_GROUPS=top_k_groups, TOP_K=8,
+                      SCORING=moe_route.SCORINGS[scoring], RENORMALIZE=True, EPSILON=0.0, HAS_BIAS=has_bias, SCALE=1.0,
+                      BLOCK_G=num_groups, BLOCK_E=group_size, BLOCK_K=8, USE_PDL=True)
+    num_warps = moe_route.num_warps_for(num_experts)
+    spilled, shared = compiled_usage(moe_route._route_kernel, ROUTE_SIGNATURE, constexprs, num_warps, 1)
+    assert (num_warps, spilled, shared) == (1, 0, 0)
 
 
 GEMV_SIGNATURE = {"x_ptr": "*bf16", "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32",

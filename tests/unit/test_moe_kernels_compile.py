@@ -159,7 +159,8 @@ def test_route_kernel_fits(group_size: int, num_groups: int, top_k_groups: int, 
                      SCORING=scoring, RENORMALIZE=True, EPSILON=0.0, HAS_BIAS=scoring == 1, SCALE=1.0,
                      BLOCK_G=triton.next_power_of_2(num_groups), BLOCK_E=triton.next_power_of_2(group_size),
                      BLOCK_K=triton.next_power_of_2(top_k), USE_PDL=True)
-    _, spilled, shared = compiled(moe_route._route_kernel, signature, constants, 4)
+    num_warps = moe_route.num_warps_for(constants["BLOCK_G"] * constants["BLOCK_E"])
+    _, spilled, shared = compiled(moe_route._route_kernel, signature, constants, num_warps)
     assert spilled == 0 and shared <= MAX_SHARED
 
 
