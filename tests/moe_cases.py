@@ -47,6 +47,23 @@ def random_routing(num_tokens: int, num_experts: int, top_k: int, device: str = 
     return RoutedTokens(torch.rand(num_tokens, top_k, generator=generator, device=device) + 0.1, ids)
 
 
+def lowest_ids_first(logits: torch.Tensor, routing: Routing, bias: torch.Tensor | None) -> torch.Tensor:
+    """The top k experts by the rule gpu/kernels/moe_route.py promises: the best choice first, a tie to the lower
+    expert id (a stable sort), within the best groups (a tie there to the lower group id too)."""
+    if routing.scoring == "softmax":
+        choice = torch.softmax(logits.float(), dim=-1)
+    elif routing.scoring == "sigmoid":
+        choice = logits.float().sigmoid() + (0.0 if bias is None else bias)
+    else:
+        choice = logits.float()
+    grouped = choice.view(choice.shape[0], routing.num_groups, -1)
+    group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1) if routing.num_groups > 1 else grouped[..., 0]
+    best_groups = torch.sort(-group_scores, dim=-1, stable=True)[1][:, : routing.top_k_groups]
+    is_best = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
+    choice = grouped.masked_fill(~is_best.unsqueeze(-1), float("-inf")).view_as(choice)
+    return torch.sort(-choice, dim=-1, stable=True)[1][:, : routing.top_k]
+
+
 def kernel_and_reference(experts: Experts, x: torch.Tensor, routed: RoutedTokens,
                          config: "MoeConfig | None" = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(the fused kernels' output for x in x's dtype, the torch reference's in float32 on the same rounded weights

@@ -17,7 +17,14 @@ from gpu.kernels import fused_moe_configs
 from gpu.kernels.fused_moe_configs import config_for, row_bucket
 from gpu.layers.moe import RoutedTokens, Routing, activation, experts_reference, route_reference
 from tests.gpu.graph_capture import captured
-from tests.moe_cases import aligned_reference, cast, kernel_and_reference, random_experts, random_routing
+from tests.moe_cases import (
+    aligned_reference,
+    cast,
+    kernel_and_reference,
+    lowest_ids_first,
+    random_experts,
+    random_routing,
+)
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the Triton kernels need CUDA")
 fused_moe = pytest.importorskip("gpu.kernels.fused_moe")
@@ -113,6 +120,29 @@ def test_route_on_cuda_matches_the_reference(name: str) -> None:
         order, expected_order = ids.long().argsort(dim=-1), expected.expert_ids.argsort(dim=-1)
         assert torch.equal(ids.long().gather(1, order), expected.expert_ids.gather(1, expected_order)), num_tokens
         torch.testing.assert_close(weights.gather(1, order), expected.weights.gather(1, expected_order))
+
+
+@pytest.mark.parametrize("name", ROUTINGS)
+def test_route_on_cuda_picks_ties_by_lower_id(name: str) -> None:
+    """Logits on five levels (ties, negative choices with a bias), every group alike (tied groups): the experts by
+    the kernel's rule, best first and a tie to the lower id; the weights as the reference's (which ties alike)."""
+    routing = ROUTINGS[name]
+    group_size = routing.num_experts // routing.num_groups
+    generator = torch.Generator("cuda").manual_seed(3)
+
+    def levels(*shape: int) -> torch.Tensor:
+        return torch.randint(-3, 2, shape, device="cuda", generator=generator).float()
+
+    bias = levels(group_size).repeat(routing.num_groups) if routing.has_correction_bias else None
+    for num_tokens in (1, 2, 3, 4, 64):
+        logits = levels(num_tokens, group_size).repeat(1, routing.num_groups)
+        if not routing.float32_logits:
+            logits = logits.bfloat16()
+        weights, ids = moe_route.route(logits, routing, bias)
+        expected = route_reference(logits, routing, bias)
+        rule = lowest_ids_first(logits.cpu(), routing, None if bias is None else bias.cpu())
+        assert torch.equal(ids.long().cpu(), rule), num_tokens
+        torch.testing.assert_close(weights.sort(dim=-1)[0], expected.weights.sort(dim=-1)[0])
 
 
 @pytest.mark.parametrize("use_pdl", [False, True])

@@ -10,7 +10,7 @@ from gpu.kernels.fused_moe_configs import GemmTiles, MoeConfig
 from gpu.kernels.moe_align import align, chunk_size
 from gpu.kernels.moe_route import route
 from gpu.layers.moe import Routing, route_reference
-from tests.moe_cases import aligned_reference, kernel_and_reference, random_experts, random_routing
+from tests.moe_cases import aligned_reference, kernel_and_reference, lowest_ids_first, random_experts, random_routing
 
 ROUTINGS = {
     "softmax": Routing(6, 2),
@@ -52,23 +52,6 @@ LOGITS = {
     "signed-zeros": lambda shape, generator: torch.tensor([0.0, -0.0, -1.0])[torch.randint(0, 3, shape,
                                                                                             generator=generator)],
 }
-
-
-def lowest_ids_first(logits: torch.Tensor, routing: Routing, bias: torch.Tensor | None) -> torch.Tensor:
-    """The top k experts by the rule the kernel promises: the best choice first, a tie to the lower expert id (a
-    stable sort), within the best groups (ties there to the lower group id too)."""
-    if routing.scoring == "softmax":
-        choice = torch.softmax(logits.float(), dim=-1)
-    elif routing.scoring == "sigmoid":
-        choice = logits.float().sigmoid() + (0.0 if bias is None else bias)
-    else:
-        choice = logits.float()
-    grouped = choice.view(choice.shape[0], routing.num_groups, -1)
-    group_scores = grouped.topk(2, dim=-1)[0].sum(dim=-1) if routing.num_groups > 1 else grouped[..., 0]
-    best_groups = torch.sort(-group_scores, dim=-1, stable=True)[1][:, : routing.top_k_groups]
-    is_best = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best_groups, True)
-    choice = grouped.masked_fill(~is_best.unsqueeze(-1), float("-inf")).view_as(choice)
-    return torch.sort(-choice, dim=-1, stable=True)[1][:, : routing.top_k]
 
 
 @pytest.mark.parametrize("num_tokens", [1, 2, 3, 4])
