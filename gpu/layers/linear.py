@@ -11,9 +11,7 @@ A `Linear`'s product x @ W.T runs on, in this order:
    (gpu/kernels/skinny_gemm_configs.py); where the GPU's prologue rule says so, that kernel also computes its own
    input (the residual add + RMSNorm before q/k/v and gate/up, SiLU-and-mul before down): one launch less each
    (Llama's norm convention and SiLU only: Gemma's norms and GELU run on their own first);
-4. cuBLAS (F.linear) otherwise, and everywhere when built with `KernelConfig.fused_kernels` off (the reference);
-   an eager CUDA product's rows rounded up (`cublas_rows`: cuBLAS chooses its kernel per exact shape, slowly on the
-   host the first time it meets one, and prompt steps come in ever new lengths).
+4. cuBLAS (F.linear) otherwise, and everywhere when built with `KernelConfig.fused_kernels` off (the reference).
 The choice depends on shapes, dtypes and the GPU only, so it is the same at every replay of a CUDA graph. The LM
 head (gpu/layers/vocab_parallel.py) routes through the same `linear`. `warm_up_skinny_gemm` compiles every row
 bucket's config before a request.
@@ -39,7 +37,6 @@ from gpu.quant.layout import ColumnSlice, RowSlice, WeightLayout
 from gpu.quant.method import QuantMethod
 
 SKINNY_DTYPES = (torch.bfloat16, torch.float16)
-CUBLAS_ROW_STEP = 64  # eager cuBLAS products of more rows than this take a multiple of it
 
 
 class Linear(nn.Linear):
@@ -194,30 +191,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, ker
     `out` (2-d x only) the product is written into it, a buffer the caller reuses (the decode graphs' logits)."""
     if not is_skinny(x, weight, kernels):
         if out is None:
-            return _cublas(x, weight, bias)
+            return F.linear(x, weight, bias)
         return torch.mm(x, weight.t(), out=out) if bias is None else torch.addmm(bias, x, weight.t(), out=out)
     from gpu.kernels.skinny_gemm import skinny_gemm
 
     y = skinny_gemm(x.reshape(-1, weight.shape[1]), weight, bias, use_pdl=True, out=out)
     return y.view(*x.shape[:-1], weight.shape[0])
-
-
-def cublas_rows(rows: int) -> int:
-    """The rows an eager cuBLAS product over `rows` rows runs at: a few shapes, each chosen once, instead of one per
-    prompt length (up to CUBLAS_ROW_STEP rows stay exact: a bounded set already)."""
-    return rows if rows <= CUBLAS_ROW_STEP else -(-rows // CUBLAS_ROW_STEP) * CUBLAS_ROW_STEP
-
-
-def _cublas(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias), a 2-d CUDA x outside graph capture at `cublas_rows` rows: the added rows are left
-    uninitialized and their products dropped (each output row depends on its own input row alone)."""
-    rows = x.shape[0]
-    padded = cublas_rows(rows)
-    if x.dim() != 2 or padded == rows or not x.is_cuda or torch.cuda.is_current_stream_capturing():
-        return F.linear(x, weight, bias)
-    x_padded = x.new_empty(padded, x.shape[1])
-    x_padded[:rows] = x
-    return F.linear(x_padded, weight, bias)[:rows]
 
 
 def warm_up_skinny_gemm(model: nn.Module, max_rows: int) -> int:

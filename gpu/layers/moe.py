@@ -146,8 +146,10 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> RoutedTokens:
         """Each token's experts, from x [num_tokens, hidden_size] normed."""
-        x = x.float() if self.routing.float32_logits else x
-        logits = linear(x, self.weight, self.bias, self.kernels)  # [num_tokens, num_experts]
+        if self.routing.float32_logits:
+            logits = F.linear(x.float(), self.weight, self.bias)
+        else:
+            logits = linear(x, self.weight, self.bias, self.kernels)  # [num_tokens, num_experts]
         if self.kernels.fused_kernels and HAS_TRITON and logits.is_cuda:
             from gpu.kernels.moe_route import route
 

@@ -39,7 +39,7 @@ from gpu.kernels.skinny_gemm import (  # noqa: E402
     skinny_gemm_silu_and_mul,
 )
 from gpu.layers.activation import SiluAndMul  # noqa: E402
-from gpu.layers.linear import Linear, cublas_rows, is_skinny, warm_up_skinny_gemm  # noqa: E402
+from gpu.layers.linear import Linear, is_skinny, warm_up_skinny_gemm  # noqa: E402
 from gpu.layers.norm import NormInput, RMSNorm  # noqa: E402
 from gpu.layers.vocab_parallel import ParallelLMHead  # noqa: E402
 from gpu.model_runner import ModelRunner  # noqa: E402
@@ -228,32 +228,6 @@ def test_linear_routes_many_rows_where_this_gpus_table_says() -> None:
             torch.testing.assert_close(on(x), off(x), rtol=2e-2, atol=2e-2)
             num_routed += on._is_skinny(x)
     print(f"{torch.cuda.get_device_name()}: {num_routed} of 12 (shape, rows) routed")
-
-
-def test_eager_cublas_products_take_rounded_rows_and_return_their_own() -> None:
-    """Past CUBLAS_ROW_STEP rows an eager cuBLAS product runs at `cublas_rows` rows over an uninitialized tail: the
-    rows returned are x's own (as F.linear's, up to cuBLAS's kernel for the other shape), NaN in the tail or not;
-    inside graph capture the shape stays exact."""
-    layer = Linear(1000, 700, bias=True).to(DEVICE, torch.bfloat16).requires_grad_(False)
-    for rows in (65, 300, 320, 1000):
-        x = torch.randn(rows, 1000, device=DEVICE, dtype=torch.bfloat16)
-        assert not layer._is_skinny(x)
-        y = layer(x)
-        assert y.shape == (rows, 700) and y.is_contiguous()
-        torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=2e-2, atol=2e-2)
-    x = torch.randn(300, 1000, device=DEVICE, dtype=torch.bfloat16)
-    poisoned = torch.full((cublas_rows(300), 1000), float("nan"), device=DEVICE, dtype=torch.bfloat16)
-    del poisoned  # the padded input, the next allocation of this size, reuses the NaN block
-    assert not layer(x).isnan().any()
-    float32 = Linear(1000, 64, bias=False).to(DEVICE).requires_grad_(False)  # a float32 router's product
-    x = torch.randn(300, 1000, device=DEVICE)
-    torch.testing.assert_close(float32(x), F.linear(x, float32.weight), rtol=1e-3, atol=1e-3)
-    graph, static = torch.cuda.CUDAGraph(), torch.randn(100, 1000, device=DEVICE, dtype=torch.bfloat16)
-    layer(static)  # warm-up outside capture
-    with torch.cuda.graph(graph):
-        out = layer(static)
-    graph.replay()
-    torch.testing.assert_close(out, F.linear(static, layer.weight, layer.bias), rtol=2e-2, atol=2e-2)
 
 
 def test_linear_keeps_cublas_where_the_table_says_it_is_as_fast() -> None:
