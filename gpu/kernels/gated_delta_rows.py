@@ -67,7 +67,6 @@ def _gated_delta_rows_kernel(
         q, k, v, g, beta = next_q, next_k, next_v, next_g, next_beta
 
 
-
 def gated_delta_rows(qkv: torch.Tensor, heads: tuple[int, int, int, int], g: torch.Tensor, beta: torch.Tensor,
                      state: torch.Tensor, rows: tuple[torch.Tensor, ...]) -> torch.Tensor:
     """qkv [tokens, 2 Hk dk + Hv dv] (q, k, v after the convolution, rows packed one after another), heads
