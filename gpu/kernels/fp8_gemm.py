@@ -19,8 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.kernels.device_tables import device_name
 from gpu.kernels.pdl import pdl_start, uses_pdl
-from gpu.kernels.quant_gemm_configs import GemvTiles, Table, Tiles, quant_tiles, table_for
+from gpu.kernels.quant_gemm_configs import GemvTiles, Tiles, quant_tiles, table_for
 from gpu.kernels.quant_gemv import fp8_gemv
 from gpu.kernels.skinny_gemm import _split_k_reduce_kernel, _store_tile  # one epilogue for every split-K GEMM here
 from gpu.kernels.triton_math import maximum
@@ -109,7 +110,7 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return y
-    t = tiles or quant_tiles(m, n, k, "fp8", num_sms(x.device), device_table(x.device))
+    t = tiles or quant_tiles(m, n, k, "fp8", num_sms(x.device), table_for(device_name(x.device)))
     if isinstance(t, GemvTiles):
         fp8_gemv(x, weight, weight_scales, scale_rows, None if is_per_row else scale_cols, bias, y, t,
                  uses_pdl(use_pdl, x))
@@ -143,17 +144,6 @@ def reduce_split_k(part: torch.Tensor, bias: torch.Tensor | None, y: torch.Tenso
 
 
 _SMS: dict[int, int] = {}
-_TABLES: dict[int, Table] = {}
-
-
-def device_table(device: torch.device) -> Table:
-    """gpu/kernels/quant_gemm_configs.py's table for this GPU (none under Triton's interpreter)."""
-    if device.type != "cuda":
-        return {}
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _TABLES:
-        _TABLES[index] = table_for(torch.cuda.get_device_name(index))
-    return _TABLES[index]
 
 
 def num_sms(device: torch.device) -> int:

@@ -23,7 +23,6 @@ the step's shape, so a call is CUDA-graph capturable. With `use_pdl` (Hopper) ev
 dependent launch (gpu/kernels/pdl.py), as the rest of a decode step's kernels are.
 """
 
-import functools
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -31,6 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.kernels.device_tables import device_name
 from gpu.kernels.fused_moe_configs import (
     DecodeConfig,
     GemmTiles,
@@ -265,18 +265,6 @@ class Fp8BlockWeights:
 Weights = torch.Tensor | Mxfp4Weights | Fp8BlockWeights
 
 
-@functools.cache
-def _device_name(index: int) -> str:
-    return torch.cuda.get_device_name(index)
-
-
-def device_name(x: torch.Tensor) -> str:
-    """The GPU's name (its tile table's key); empty off CUDA (Triton's interpreter)."""
-    if not x.is_cuda:
-        return ""
-    return _device_name(x.device.index if x.device.index is not None else torch.cuda.current_device())
-
-
 def fused_experts(x: torch.Tensor, gate_up: Weights, down: Weights, weights: torch.Tensor,
                   expert_ids: torch.Tensor, act: "Activation", gate_up_bias: torch.Tensor | None = None,
                   down_bias: torch.Tensor | None = None, config: MoeConfig | DecodeConfig | None = None,
@@ -304,10 +292,10 @@ def fused_experts(x: torch.Tensor, gate_up: Weights, down: Weights, weights: tor
                                             and uses_decode_path(num_tokens, top_k, num_experts)):
         if not (isinstance(gate_up, torch.Tensor) and isinstance(down, torch.Tensor)):
             raise ValueError("the decode kernels take float weights only")
-        config = config or decode_config(num_tokens, top_k, intermediate, hidden, device_name(x))
+        config = config or decode_config(num_tokens, top_k, intermediate, hidden, device_name(x.device))
         return decode_experts(x, gate_up, down, weights, expert_ids, act, gate_up_bias, down_bias, pdl, add, config)
     if config is None:
-        config = config_for(num_tokens, num_experts, top_k, intermediate, hidden, device_name(x))
+        config = config_for(num_tokens, num_experts, top_k, intermediate, hidden, device_name(x.device))
     aligned = align(expert_ids, num_experts, config.block_m, use_pdl=pdl)
     activated = torch.empty(num_tokens * top_k, intermediate, dtype=x.dtype, device=x.device)
     _launch(x, gate_up, gate_up_bias, activated, None, aligned, config, act, top_k, pdl)

@@ -24,9 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.fp8_gemm import device_table, num_sms, reduce_split_k
+from gpu.kernels.device_tables import device_name
+from gpu.kernels.fp8_gemm import num_sms, reduce_split_k
 from gpu.kernels.pdl import pdl_start, uses_pdl
-from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, Tiles, quant_tiles
+from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, Tiles, quant_tiles, table_for
 from gpu.kernels.quant_gemv import int_gemv
 from gpu.kernels.skinny_gemm import _store_tile
 from gpu.kernels.triton_math import add
@@ -188,7 +189,7 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return y
-    t = tiles or quant_tiles(m, n, k, f"int{weight.bits}", num_sms(x.device), device_table(x.device))
+    t = tiles or quant_tiles(m, n, k, f"int{weight.bits}", num_sms(x.device), table_for(device_name(x.device)))
     if isinstance(t, GemvTiles):
         int_gemv(x, weight, bias, y, t, uses_pdl(use_pdl, x))
         return y

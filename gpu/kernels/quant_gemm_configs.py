@@ -21,6 +21,7 @@ take wide row tiles and no split. The weight tile is the kernel's unit of work: 
 The rule holds for any shape. This module needs no triton.
 """
 
+import functools
 from dataclasses import dataclass
 
 from gpu.kernels.device_tables import table_named
@@ -133,8 +134,9 @@ TABLES: dict[str, Table] = {"H100": {
 }}
 
 
+@functools.cache
 def table_for(device_name: str) -> Table:
-    """The table measured on this GPU (empty for a GPU without one)."""
+    """The table measured on this GPU (empty for a GPU without one, or off CUDA: no name), looked up once a name."""
     table = table_named(TABLES, device_name)
     return {} if table is None else table
 

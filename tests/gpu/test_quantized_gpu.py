@@ -17,6 +17,7 @@ from transformers import AutoModelForCausalLM
 
 from core import LLM, SamplingParams
 from core.model_files.gguf_checkpoint import gguf_checkpoint
+from gpu.kernels.device_tables import device_name
 from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS, TABLES, GemvTiles, gemv_tiles, quant_tiles, table_for
 from gpu.layers.linear import Linear
 from gpu.loader import CheckpointTensor, TensorSlice
@@ -58,19 +59,17 @@ def quantized_activations(x: torch.Tensor, group: int | None, static: torch.Tens
 
 def runs_gemv(rows: int, kind: str) -> bool:
     """Whether quant_tiles sends an [rows, K] x [N, K] product of `kind` to the GEMV path on this GPU."""
-    from gpu.kernels.fp8_gemm import device_table, num_sms
+    from gpu.kernels.fp8_gemm import num_sms
 
     device = torch.device("cuda")
-    return isinstance(quant_tiles(rows, N, K, kind, num_sms(device), device_table(device)), GemvTiles)
+    return isinstance(quant_tiles(rows, N, K, kind, num_sms(device), table_for(device_name(device))), GemvTiles)
 
 
 def test_the_rule_and_this_gpus_table_choose_the_path() -> None:
     """This GPU's table is the one its name gives; the tests' shape, in no table, takes the rule: the FP8 GEMV at one
     row (so the FP8 tests below run it there), the tensor cores at more rows and for integer weights at any."""
-    from gpu.kernels.fp8_gemm import device_table
-
     device = torch.device("cuda")
-    assert device_table(device) is table_for(torch.cuda.get_device_name(device))
+    assert device_name(device) == torch.cuda.get_device_name(device)
     assert runs_gemv(1, "fp8") and not any(runs_gemv(rows, "fp8") for rows in (2, 4, 8))
     assert not any(runs_gemv(rows, f"int{bits}") for rows in (1, 2, 4, 8) for bits in (4, 8))
 
