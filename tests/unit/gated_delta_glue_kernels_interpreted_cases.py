@@ -128,17 +128,18 @@ def numpy_softplus(x: torch.Tensor) -> torch.Tensor:
 
 def gates_inputs(num_tokens: int, num_heads: int, dtype: torch.dtype, generator: torch.Generator, exact: bool
                  ) -> tuple[torch.Tensor, ...]:
-    """(a, b: column slices of one projection output, A_log, dt_bias) in `dtype`, with inputs past softplus's
-    threshold, at it and far below; where `exact`, drawn again wherever numpy's math and torch's differ."""
+    """(a, b: column slices of one projection output, A_log, dt_bias) in `dtype`, with inputs far past softplus's
+    threshold (where exp overflows), at it and far below; where `exact`, drawn again wherever numpy's math and torch's
+    differ."""
     projected = torch.randn(num_tokens, 2 * num_heads + 3, generator=generator) * 4
-    projected[0, 2 + num_heads] = 30.0
+    projected[0, 2 + num_heads] = 100.0
     projected = projected.to(dtype)
     a, b = projected[:, 2 + num_heads : 2 + 2 * num_heads], projected[:, 1 : 1 + num_heads]
     a_log = (torch.rand(num_heads, generator=generator) * 3 - 1).to(dtype)
     dt_bias = (torch.rand(num_heads, generator=generator) * 2).to(dtype)
     if num_heads > 1:
         dt_bias[1] = 1.0
-        a[0, 1] = 19.0  # a + dt_bias exactly at the threshold: log1p(exp(20)), not 20
+        a[0, 1] = 19.0  # a + dt_bias exactly at the threshold: log1p(exp(20)) (20 in float32 as well)
     if exact:
         while (differs := torch.from_numpy(np.exp(a_log.float().numpy())) != a_log.float().exp()).any():
             a_log[differs] = (torch.rand(int(differs.sum()), generator=generator) * 3 - 1).to(dtype)
@@ -159,8 +160,8 @@ def test_gates_are_the_torch_gates_bit_for_bit(dtype: torch.dtype, num_tokens: i
     assert g.dtype == torch.float32 and beta.dtype == dtype
     assert torch.equal(g, expected_g), int((g != expected_g).sum())
     assert torch.equal(beta, expected_beta), int((beta != expected_beta).sum())
-    past_threshold = a[0, 0].float() + dt_bias[0].float()  # softplus is its input there
-    assert past_threshold > 20 and g[0, 0] == -a_log[0].float().exp() * past_threshold
+    past_threshold = a[0, 0].float() + dt_bias[0].float()  # softplus is its input there, not log1p(inf)
+    assert past_threshold > 89 and g[0, 0] == -a_log[0].float().exp() * past_threshold
 
 
 @pytest.mark.parametrize("dtype", [*DTYPES, torch.float32])
