@@ -15,7 +15,9 @@ loader regroups.
 On CUDA a decode step's delta rule runs as one Triton kernel (gpu/kernels/gated_delta_decode.py) that updates the
 rows' states in place; a step with prompts runs short rows token after token in one Triton kernel
 (gpu/kernels/gated_delta_rows.py) and longer ones through flash-linear-attention's chunked kernel over every row at
-once where `fla` is installed (else the torch code, row by row); the torch code is the reference all are tested
+once where `fla` is installed (else the torch code, row by row); beta and g come from one kernel
+(gpu/kernels/gated_delta_gates.py) and the gated output norm from another (gpu/kernels/gated_rms_norm.py), each in
+place of a chain of small torch operations, rounding where they round. The torch code is the reference all are tested
 against.
 
 State (gpu/state_cache.py): per sequence slot, `conv_state` [slots, conv_dim, K - 1] in the model's dtype and

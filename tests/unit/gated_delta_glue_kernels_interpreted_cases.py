@@ -173,3 +173,36 @@ def test_gates_over_any_input_are_within_a_few_ulps(dtype: torch.dtype) -> None:
     g, beta = gated_delta_gates(a, b, a_log, dt_bias)
     assert ulps(g, expected_g).max() <= 6
     assert ulps(beta, expected_beta).max() <= (6 if dtype == torch.float32 else 1)
+
+
+def gate_where_sigmoid_agrees(gate: torch.Tensor, generator: torch.Generator) -> None:
+    """Draws `gate` again (in place) wherever numpy's sigmoid, rounded to its dtype, differs from torch's."""
+    while True:
+        values = gate.float().numpy()
+        ours = torch.from_numpy(np.float32(1) / (np.float32(1) + np.exp(-values))).to(gate.dtype)
+        differs = ours != torch.sigmoid(gate)
+        if not differs.any():
+            return
+        gate[differs] = (torch.randn(int(differs.sum()), generator=generator) * 3).to(gate.dtype)
+
+
+@pytest.mark.parametrize(("num_tokens", "num_heads", "head_dim"), [(1, 3, 40), (6, 4, 128), (2, 1, 1100)])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sigmoid_gate_is_the_torch_gate_bit_for_bit(dtype: torch.dtype, num_tokens: int, num_heads: int,
+                                                     head_dim: int) -> None:
+    """The gated attention's form (a gate per element, the gate columns of q_proj's [query; gate] per head) and the
+    shared experts' (one gate a token), against x * torch.sigmoid(gate)."""
+    from gpu.kernels.sigmoid_gate import sigmoid_gate
+
+    generator = torch.Generator().manual_seed(num_tokens * head_dim)
+    x = (torch.randn(num_tokens, num_heads, head_dim, generator=generator) * 3).to(dtype)
+    query_gate = (torch.randn(num_tokens, num_heads, 2 * head_dim, generator=generator) * 3).to(dtype)
+    per_element = query_gate[..., head_dim:]
+    per_token = (torch.randn(num_tokens, 1, 1, generator=generator) * 3).to(dtype)
+    for gate in (per_element, per_token):
+        gate_where_sigmoid_agrees(gate, generator)
+        expected = x * torch.sigmoid(gate)
+        got = sigmoid_gate(x, gate)
+        assert torch.equal(got, expected), int((got != expected).sum())
+        unrounded = (x.float() * torch.sigmoid(gate.float())).to(dtype)  # the sigmoid's rounding skipped
+        assert not torch.equal(unrounded, expected)
