@@ -1,8 +1,9 @@
 """The Gated DeltaNet hybrids on the GPU (skip without CUDA).
 
 - The decode kernel (gpu/kernels/gated_delta_decode.py) against the torch reference, in place in its rows' slots.
-- The gates and output-norm kernels (gpu/kernels/gated_delta_gates.py, gated_rms_norm.py) against the torch code on
-  CUDA, to the ulp; a whole layer's step with the kernels against the torch layer.
+- The gates and output-norm kernels (gpu/kernels/gated_delta_gates.py, gated_rms_norm.py) and the output gates'
+  (sigmoid_gate.py) against the torch code on CUDA, to the ulp; a whole layer's step with the kernels against the
+  torch layer.
 - Prompt rows, a layer at a time, rows continuing their state and rows starting it, snapshots inside rows: the
   kernel that runs them token after token (gpu/kernels/gated_delta_rows.py) against the torch reference and
   flash-linear-attention's chunked kernel (where `fla` is installed), and fla's against the reference.
@@ -126,6 +127,20 @@ def test_norm_and_gates_kernels_round_as_the_torch_code(dtype: torch.dtype, num_
     expected = reference.norm(x, gate)
     differ = ulps(got, expected)
     assert differ.max() <= 1 and (differ > 0).float().mean() < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_output_gate_kernel_rounds_as_the_torch_code(dtype: torch.dtype) -> None:
+    """The gated attention's and the shared experts' x * sigmoid(gate) (gpu/kernels/sigmoid_gate.py) against torch's
+    on CUDA: the same libdevice exp and division, the same two roundings."""
+    from gpu.kernels.sigmoid_gate import sigmoid_gate
+
+    generator = torch.Generator(device="cuda").manual_seed(2)
+    x = (torch.randn(300, 16, 256, device="cuda", generator=generator) * 3).to(dtype)
+    query_gate = (torch.randn(300, 16, 512, device="cuda", generator=generator) * 3).to(dtype)
+    per_token = (torch.randn(300, 1, 1, device="cuda", generator=generator) * 3).to(dtype)
+    for gate in (query_gate[..., 256:], per_token):
+        assert ulps(sigmoid_gate(x, gate), x * torch.sigmoid(gate)).max() <= 1
 
 
 def layer_inputs(num_tokens: int, dtype: torch.dtype) -> torch.Tensor:

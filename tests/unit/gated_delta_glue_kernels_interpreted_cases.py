@@ -1,6 +1,7 @@
-"""The Gated DeltaNet layer's elementwise kernels under Triton's interpreter on the CPU, against the torch code they
-replace (gpu/layers/gated_deltanet.py): the gated output norm (gpu/kernels/gated_rms_norm.py) and the decay and
-write strength (gpu/kernels/gated_delta_gates.py), in bf16 and fp16, odd head counts and sizes, one token and more.
+"""The hybrids' elementwise kernels under Triton's interpreter on the CPU, against the torch code they replace: the
+Gated DeltaNet's gated output norm (gpu/kernels/gated_rms_norm.py) and decay and write strength
+(gpu/kernels/gated_delta_gates.py), and the output gates of the gated attention and the shared experts
+(gpu/kernels/sigmoid_gate.py), in bf16 and fp16, odd head counts and sizes, one token and more.
 
 Bit for bit where the math library agrees: the interpreter runs numpy's exp (and log1p in float64), which differ
 from torch's CPU ones in the last bit or two of a float32 for many inputs (not the kernels' doing: compiled, they call

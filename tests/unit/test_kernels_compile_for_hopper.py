@@ -252,8 +252,9 @@ def test_gated_delta_kernels() -> None:
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_gated_deltanet_norm_and_gates_kernels(dtype: str) -> None:
-    """At Qwen3.5's shape (a rank's 32 value heads of 128), torch's libdevice math and IEEE division compiled in."""
+def test_hybrid_glue_kernels(dtype: str) -> None:
+    """The Gated DeltaNet's norm and gates kernels at Qwen3.5's shape (a rank's 32 value heads of 128) and the output
+    gates' kernel: torch's libdevice math and IEEE division compiled in."""
     from gpu.kernels import gated_delta_gates, gated_rms_norm
 
     norm = gated_rms_norm._gated_rms_norm_kernel
@@ -267,6 +268,13 @@ def test_gated_deltanet_norm_and_gates_kernels(dtype: str) -> None:
     for ptx in (norm_ptx, gates_ptx):
         assert "div.rn.f32" in ptx and "div.full.f32" not in ptx  # torch's IEEE division, not the approximate one
     assert "rsqrt.approx" in norm_ptx  # libdevice's rsqrtf, torch's CUDA rsqrt
+    from gpu.kernels import sigmoid_gate
+
+    for per_element in (True, False):
+        ptx = compiled_ptx(sigmoid_gate._sigmoid_gate_kernel, dict(x_ptr=f"*{dtype}", gate_ptr=f"*{dtype}",
+                                                                   out_ptr=f"*{dtype}"),
+                           dict(NUM_GROUPS=16, SIZE=256, GATE_PER_ELEMENT=per_element, BLOCK=256, USE_PDL=True))
+        assert "div.rn.f32" in ptx and "div.full.f32" not in ptx
 
 
 def compiled_ptx(kernel: object, pointers: dict[str, str], constexprs: dict[str, object]) -> str:
