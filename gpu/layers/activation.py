@@ -58,3 +58,14 @@ def gated_activation(name: str, kernels: KernelConfig = DEFAULT_KERNELS) -> Gate
     if name not in GATED_ACTIVATIONS:
         raise ValueError(f"activation {name!r} is not supported (supported: {sorted(GATED_ACTIVATIONS)})")
     return GATED_ACTIVATIONS[name](kernels)
+
+
+def times_sigmoid(x: torch.Tensor, gate: torch.Tensor, kernels: KernelConfig = DEFAULT_KERNELS) -> torch.Tensor:
+    """x * sigmoid(gate) (an output gate), x [num_tokens, groups, size], gate alike or [num_tokens, 1, 1] (one a
+    token), in x's dtype: on CUDA with the kernels one launch (gpu/kernels/sigmoid_gate.py), the torch code the
+    reference."""
+    if kernels.fused_kernels and HAS_TRITON and x.is_cuda:
+        from gpu.kernels.sigmoid_gate import sigmoid_gate
+
+        return sigmoid_gate(x, gate, use_pdl=True)
+    return x * torch.sigmoid(gate)

@@ -36,6 +36,7 @@ from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.cpu_kernels import ACTIVATION_DTYPES
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.kernels import HAS_TRITON
+from gpu.layers.activation import times_sigmoid
 from gpu.layers.linear import MergedLinear, RowSlice
 from gpu.layers.norm import NormConvention, NormInput, RMSNorm
 from gpu.layers.parallel_linear import RowParallelLinear
@@ -151,16 +152,17 @@ class DecoderAttention(nn.Module):
         out = self.backend.forward(q, source.k_cache, source.v_cache, meta, self.scale * k_scale, self.variant)
         if v_scale != 1.0:
             out = out * v_scale
-        out = out.reshape(num_tokens, -1)
-        return self.o_proj(out if gate is None else out * torch.sigmoid(gate))
+        if gate is not None:
+            out = times_sigmoid(out.reshape(num_tokens, self.num_heads, self.head_dim), gate, self.kernels)
+        return self.o_proj(out.reshape(num_tokens, -1))
 
     def _split_output_gate(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """([q; k; v] without the gate rows, the gate [num_tokens, q_size]) from q_proj's [query; gate] per head."""
+        """([q; k; v] without the gate rows, the gate [num_tokens, heads, head_dim], a view) from q_proj's [query;
+        gate] per head."""
         num_tokens = qkv.shape[0]
         query_gate = qkv[:, : 2 * self.q_size].view(num_tokens, self.num_heads, 2 * self.head_dim)
         q, gate = query_gate.split(self.head_dim, dim=-1)
-        return torch.cat((q.reshape(num_tokens, self.q_size), qkv[:, 2 * self.q_size :]), dim=-1), \
-            gate.reshape(num_tokens, self.q_size)
+        return torch.cat((q.reshape(num_tokens, self.q_size), qkv[:, 2 * self.q_size :]), dim=-1), gate
 
     def _query_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
                           ) -> torch.Tensor:

@@ -15,7 +15,9 @@ loader regroups.
 On CUDA a decode step's delta rule runs as one Triton kernel (gpu/kernels/gated_delta_decode.py) that updates the
 rows' states in place; a step with prompts runs short rows token after token in one Triton kernel
 (gpu/kernels/gated_delta_rows.py) and longer ones through flash-linear-attention's chunked kernel over every row at
-once where `fla` is installed (else the torch code, row by row); the torch code is the reference all are tested
+once where `fla` is installed (else the torch code, row by row); beta and g come from one kernel
+(gpu/kernels/gated_delta_gates.py) and the gated output norm from another (gpu/kernels/gated_rms_norm.py), each in
+place of a chain of small torch operations, rounding where they round. The torch code is the reference all are tested
 against.
 
 State (gpu/state_cache.py): per sequence slot, `conv_state` [slots, conv_dim, K - 1] in the model's dtype and
@@ -176,17 +178,30 @@ def _rows_loader(indices: torch.Tensor) -> Callable[[nn.Parameter, CheckpointTen
     return load
 
 
-class GatedRMSNorm(nn.Module):
-    """rms_norm(x) * weight * silu(gate) per head, rounded where transformers rounds."""
+def uses_kernels(kernels: KernelConfig, x: torch.Tensor) -> bool:
+    """Whether the layer's Triton kernels run over x: on CUDA, with the kernel config's fused kernels."""
+    return kernels.fused_kernels and HAS_TRITON and x.is_cuda
 
-    def __init__(self, size: int, eps: float) -> None:
+
+class GatedRMSNorm(nn.Module):
+    """rms_norm(x) * weight * silu(gate) per head, rounded where transformers rounds; on CUDA with the kernels one
+    launch (gpu/kernels/gated_rms_norm.py), the torch code the reference."""
+
+    def __init__(self, size: int, eps: float, kernels: KernelConfig = DEFAULT_KERNELS) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
+        self.kernels = kernels
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x = x.float()
+        """x: the delta rule's output [tokens, heads, head_dim] (float32, or already the gate's dtype), rounded to the
+        gate's dtype first; the result in the gate's dtype."""
+        if uses_kernels(self.kernels, x):
+            from gpu.kernels.gated_rms_norm import gated_rms_norm
+
+            return gated_rms_norm(x, gate, self.weight, self.eps, use_pdl=True)
+        dtype = gate.dtype
+        x = x.to(dtype).float()
         normed = self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(dtype)
         return (normed * F.silu(gate.float())).to(dtype)
 
@@ -206,7 +221,7 @@ class GatedDeltaNet(nn.Module):
         rows = self.in_proj.rows_of_rank
         for param, indices in ((self.conv1d.weight, rows["qkv"]), (self.dt_bias, rows["a"]), (self.A_log, rows["a"])):
             param.weight_loader = _rows_loader(indices)  # type: ignore[attr-defined]
-        self.norm = GatedRMSNorm(spec.value_head_dim, spec.norm_eps)
+        self.norm = GatedRMSNorm(spec.value_head_dim, spec.norm_eps, kernels)
         self.out_proj = RowParallelLinear(spec.value_dim, spec.hidden_size, False, tp, kernels)
         self.kernels = kernels
         self.conv_state = torch.empty(0)  # [slots, conv_dim, K - 1], set by gpu/state_cache.py
@@ -217,14 +232,23 @@ class GatedDeltaNet(nn.Module):
         projected, residual = self.in_proj.forward_normed(hidden)
         s = self.spec
         qkv, z, b, a = projected.split([s.conv_dim, s.value_dim, s.num_value_heads, s.num_value_heads], dim=-1)
-        beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias)
+        g, beta = self._gates(a, b)
         state = meta.linear_state
         assert state is not None, "a model with Gated DeltaNet layers runs with its rows' state slots"
         out = self._convolved_rule(qkv, g, beta, state)
         num_tokens = out.shape[0]
-        out = self.norm(out.to(qkv.dtype), z.reshape(num_tokens, s.num_value_heads, s.value_head_dim))
+        out = self.norm(out, z.reshape(num_tokens, s.num_value_heads, s.value_head_dim))
         return self.out_proj(out.reshape(num_tokens, s.value_dim)), residual
+
+    def _gates(self, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(g [tokens, value_heads] float32, beta [tokens, value_heads] in b's dtype) from the projection's a and b
+        columns: one launch on CUDA with the kernels (gpu/kernels/gated_delta_gates.py), the torch code the
+        reference."""
+        if self._uses_kernels(a):
+            from gpu.kernels.gated_delta_gates import gated_delta_gates
+
+            return gated_delta_gates(a, b, self.A_log, self.dt_bias, use_pdl=True)
+        return -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias), b.sigmoid()
 
     def _convolved_rule(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
                         ) -> torch.Tensor:
@@ -255,7 +279,7 @@ class GatedDeltaNet(nn.Module):
                 v.reshape(*shape, s.num_value_heads, s.value_head_dim))
 
     def _uses_kernels(self, x: torch.Tensor) -> bool:
-        return self.kernels.fused_kernels and HAS_TRITON and x.is_cuda
+        return uses_kernels(self.kernels, x)
 
     def _decode(self, qkv: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
                 ) -> torch.Tensor:

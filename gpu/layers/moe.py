@@ -36,6 +36,7 @@ from transformers import PretrainedConfig
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.kernels import HAS_TRITON
+from gpu.layers.activation import times_sigmoid
 from gpu.layers.linear import Linear, linear
 from gpu.layers.mlp import MLP, MLPSpec
 from gpu.layers.norm import NormInput
@@ -360,7 +361,7 @@ class SparseMoe(nn.Module):
     def __init__(self, config: PretrainedConfig, spec: MoeSpec, kernels: KernelConfig = DEFAULT_KERNELS,
                  tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.tp = tp
+        self.tp, self.kernels = tp, kernels
         self.gate = Router(config.hidden_size, spec.routing, kernels)
         self.experts = Experts(config.hidden_size, spec, tp, kernels)
         shared = MLPSpec(config.hidden_size, spec.shared_intermediate_size, getattr(config, "hidden_act", "silu"))
@@ -373,6 +374,7 @@ class SparseMoe(nn.Module):
         normed, residual = x.compute()
         shared = self.shared_experts.project(normed) if self.shared_experts is not None else None
         if shared is not None and self.shared_expert_gate is not None:
-            shared = torch.sigmoid(self.shared_expert_gate(normed)) * shared
+            gate = self.shared_expert_gate(normed)  # [num_tokens, 1]
+            shared = times_sigmoid(shared.unsqueeze(1), gate.unsqueeze(2), self.kernels).squeeze(1)
         return self.tp.all_reduce(self.experts(normed, self.gate(normed), shared)), residual
 

@@ -1,6 +1,9 @@
 """The Gated DeltaNet hybrids on the GPU (skip without CUDA).
 
 - The decode kernel (gpu/kernels/gated_delta_decode.py) against the torch reference, in place in its rows' slots.
+- The gates and output-norm kernels (gpu/kernels/gated_delta_gates.py, gated_rms_norm.py) and the output gates'
+  (sigmoid_gate.py) against the torch code on CUDA, to the ulp; a whole layer's step with the kernels against the
+  torch layer.
 - Prompt rows, a layer at a time, rows continuing their state and rows starting it, snapshots inside rows: the
   kernel that runs them token after token (gpu/kernels/gated_delta_rows.py) against the torch reference and
   flash-linear-attention's chunked kernel (where `fla` is installed), and fla's against the reference.
@@ -25,7 +28,7 @@ import transformers
 from core import LLM, GenerationOutput, SamplingParams
 from core.config import engine_config
 from core.engine import LLMEngine, runner_config
-from gpu.attention.metadata import LinearStateMetadata
+from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata
 from gpu.batch import Batch
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.layers.gated_deltanet import HAS_FLA, DeltaNetSpec, GatedDeltaNet
@@ -93,6 +96,80 @@ def test_decode_kernel_matches_the_reference(dtype: torch.dtype) -> None:
     tolerance = 1e-4 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance)
     torch.testing.assert_close(fused.recurrent_state, reference.recurrent_state, rtol=tolerance, atol=tolerance)
+
+
+def ulps(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
+    """How many representable values of their dtype lie between got and expected (same-sign finite values)."""
+    int_type = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[got.dtype]
+    return (got.view(int_type).long() - expected.view(int_type).long()).abs()
+
+
+@pytest.mark.parametrize("num_tokens", [1, 7, 300])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_norm_and_gates_kernels_round_as_the_torch_code(dtype: torch.dtype, num_tokens: int) -> None:
+    """The compiled kernels call the libdevice functions torch's CUDA kernels call (exp, log1p, rsqrt) and divide as
+    they do: beta and g to the ulp; the norm to the bit but where its sum of squares, added in another order, differs
+    in its last bit (an output one ulp off, rarely)."""
+    from gpu.kernels.gated_delta_gates import gated_delta_gates
+    from gpu.kernels.gated_rms_norm import gated_rms_norm
+
+    fused, reference = layer_pair(dtype)
+    generator = torch.Generator(device="cuda").manual_seed(num_tokens)
+    width = SPEC.conv_dim + SPEC.value_dim + 2 * SPEC.num_value_heads
+    projected = (torch.randn(num_tokens, width, device="cuda", generator=generator) * 4).to(dtype)
+    _, z, b, a = projected.split([SPEC.conv_dim, SPEC.value_dim, SPEC.num_value_heads, SPEC.num_value_heads], dim=-1)
+    g, beta = gated_delta_gates(a, b, fused.A_log, fused.dt_bias)
+    expected_g, expected_beta = reference._gates(a, b)
+    assert ulps(g, expected_g).max() <= 2 and ulps(beta, expected_beta).max() <= 1
+    x = torch.randn(num_tokens, SPEC.num_value_heads, SPEC.value_head_dim, device="cuda", generator=generator)
+    gate = z.reshape(num_tokens, SPEC.num_value_heads, SPEC.value_head_dim)
+    got = gated_rms_norm(x, gate, fused.norm.weight, SPEC.norm_eps)
+    expected = reference.norm(x, gate)
+    differ = ulps(got, expected)
+    assert differ.max() <= 1 and (differ > 0).float().mean() < 1e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_output_gate_kernel_rounds_as_the_torch_code(dtype: torch.dtype) -> None:
+    """The gated attention's and the shared experts' x * sigmoid(gate) (gpu/kernels/sigmoid_gate.py) against torch's
+    on CUDA: the same libdevice exp and division, the same two roundings."""
+    from gpu.kernels.sigmoid_gate import sigmoid_gate
+
+    generator = torch.Generator(device="cuda").manual_seed(2)
+    x = (torch.randn(300, 16, 256, device="cuda", generator=generator) * 3).to(dtype)
+    query_gate = (torch.randn(300, 16, 512, device="cuda", generator=generator) * 3).to(dtype)
+    per_token = (torch.randn(300, 1, 1, device="cuda", generator=generator) * 3).to(dtype)
+    for gate in (query_gate[..., 256:], per_token):
+        assert ulps(sigmoid_gate(x, gate), x * torch.sigmoid(gate)).max() <= 1
+
+
+def layer_inputs(num_tokens: int, dtype: torch.dtype) -> torch.Tensor:
+    return torch.randn(num_tokens, SPEC.hidden_size, device="cuda",
+                       generator=torch.Generator(device="cuda").manual_seed(num_tokens)).to(dtype)
+
+
+@pytest.mark.parametrize("rows", [([1] * 4, [True, False, True, True]), ([70, 1, 130, 5], [True, True, False, True])])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_layer_with_the_kernels_matches_the_torch_layer(dtype: torch.dtype, rows: tuple[list[int], list[bool]]
+                                                        ) -> None:
+    """A whole layer's step (projection, gates, convolution, delta rule, norm, out_proj), decode rows and prompt rows:
+    with the kernels against the torch code, output and states."""
+    from gpu.layers.norm import NormInput, RMSNorm
+
+    fused, reference = layer_pair(dtype)
+    query_lens, continues = rows
+    slots = [2, 4, 0, 5][: len(query_lens)]
+    x = layer_inputs(sum(query_lens), dtype)
+    outputs = []
+    for layer, kernels in ((fused, DEFAULT_KERNELS), (reference, KernelConfig(fused_kernels=False))):
+        norm = RMSNorm(SPEC.hidden_size, SPEC.norm_eps, kernels).cuda().to(dtype)
+        meta = AttentionMetadata(torch.empty(0), torch.empty(0), torch.empty(0), torch.empty(0), 0, 0, False,
+                                 linear_state=state_inputs(query_lens, continues, slots))
+        with torch.no_grad():
+            outputs.append(layer(NormInput(norm, x, None), meta)[0].float())
+    torch.testing.assert_close(outputs[0], outputs[1], rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(fused.recurrent_state, reference.recurrent_state, rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(fused.conv_state, reference.conv_state)
 
 
 PROMPT_ROWS = ([70, 1, 130, 5], [True, True, False, True], [2, 4, 0, 5])  # query lengths, continues, slots
@@ -185,7 +262,19 @@ def test_float32_reference_path_matches_transformers(hybrid_dirs: dict[str, Path
 
 
 @pytest.mark.parametrize("model", MODELS)
-def test_graphs_on_give_the_tokens_of_graphs_off(hybrid_dirs: dict[str, Path], model: str) -> None:
+def test_graphs_on_give_the_tokens_of_graphs_off(hybrid_dirs: dict[str, Path], model: str,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layers' kernels (the gates and the norm among them, counted) captured in the decode graphs."""
+    import gpu.kernels.gated_rms_norm as norm_kernel
+
+    norm_launches = []
+    original = norm_kernel.gated_rms_norm
+
+    def counted(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        norm_launches.append(torch.cuda.is_current_stream_capturing())
+        return original(x, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(norm_kernel, "gated_rms_norm", counted)
     prompts = prompts_of_lengths((1, 7, 17, 40, 100, 3, 64), shared_prefix=20)
     params = SamplingParams(temperature=0.0, max_tokens=24)
     tokens = {}
@@ -198,6 +287,7 @@ def test_graphs_on_give_the_tokens_of_graphs_off(hybrid_dirs: dict[str, Path], m
         assert llm.engine.stats().num_prefix_cache_hit_tokens > 0
         tokens[eager] = [o.token_ids for o in outputs]
     assert tokens[False] == tokens[True]
+    assert any(norm_launches) and not all(norm_launches)  # captured in graphs, and run eagerly
 
 
 @pytest.mark.parametrize("tensor_parallel_size", [1, pytest.param(2, marks=pytest.mark.skipif(

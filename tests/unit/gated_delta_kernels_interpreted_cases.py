@@ -13,7 +13,7 @@ import torch
 
 from gpu.batch import Batch
 from gpu.config import KernelConfig
-from gpu.layers import gated_delta_rule
+from gpu.layers import gated_delta_rule, gated_deltanet
 from gpu.layers.gated_deltanet import GatedDeltaNet
 from gpu.state_cache import sequential_rows, step_inputs
 from tests.unit.test_gated_deltanet_layer import SPEC, make_layer
@@ -128,8 +128,27 @@ def _on_the_triton_paths(patch: pytest.MonkeyPatch) -> list[tuple[int, int, int]
         launches.append((qkv.shape[0], rows[0].shape[0], rows[4].shape[0]))
         return original(qkv, heads, g, beta, state, rows)
 
-    patch.setattr(GatedDeltaNet, "_uses_kernels", lambda self, x: self.kernels.fused_kernels)
+    patch.setattr(gated_deltanet, "uses_kernels", lambda kernels, x: kernels.fused_kernels)
     patch.setattr(rows_kernel, "gated_delta_rows", counted)
+    return launches
+
+
+def _counted_glue(patch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the launches of the layer's norm and gates kernels (gpu/kernels/gated_rms_norm.py,
+    gated_delta_gates.py), by name."""
+    import gpu.kernels.gated_delta_gates as gates_kernel
+    import gpu.kernels.gated_rms_norm as norm_kernel
+
+    launches = {"gated_rms_norm": 0, "gated_delta_gates": 0}
+    for module in (norm_kernel, gates_kernel):
+        name = module.__name__.rsplit(".", 1)[1]
+        original = getattr(module, name)
+
+        def counted(*args: object, _name: str = name, _original: object = original, **kwargs: object) -> object:
+            launches[_name] += 1
+            return _original(*args, **kwargs)  # type: ignore[operator]
+
+        patch.setattr(module, name, counted)
     return launches
 
 
@@ -171,9 +190,11 @@ def test_hybrid_model_through_the_kernels_gives_transformers_tokens(tiny_model_d
     prompts = dense.prompts_of_lengths((9, 30, 4), shared_prefix=37)
     with pytest.MonkeyPatch.context() as patch:
         launches = _on_the_triton_paths(patch)
+        glue = _counted_glue(patch)
         llm = LLM(str(model_dir), dtype="float32", block_size=16, kv_cache_blocks=64, max_num_seqs=4,
                   max_num_batched_tokens=40)
         outputs = llm.generate(prompts[:1], dense.GREEDY) + llm.generate(prompts[1:], dense.GREEDY)
     assert llm.engine.stats().num_prefix_cache_hit_tokens >= 2 * 32
     assert any(pieces > rows for _, rows, pieces in launches), "a step saved a snapshot inside a row"
+    assert glue["gated_rms_norm"] > 0 and glue["gated_delta_gates"] == glue["gated_rms_norm"]
     dense.assert_matches_hf(model_dir, prompts, outputs)

@@ -249,3 +249,39 @@ def test_gated_delta_kernels() -> None:
     compile_for_hopper(gated_delta_decode._gated_delta_decode_kernel, decode_pointers, dict(
         NUM_VALUE_HEADS=32, VALUE_HEADS_PER_KEY_HEAD=2, KEY_DIM=128, VALUE_DIM=128, K_OFFSET=2048, V_OFFSET=4096,
         BLOCK_K=128, BLOCK_V=32, SCALE=128**-0.5))
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_hybrid_glue_kernels(dtype: str) -> None:
+    """The Gated DeltaNet's norm and gates kernels at Qwen3.5's shape (a rank's 32 value heads of 128) and the output
+    gates' kernel: torch's libdevice math and IEEE division compiled in."""
+    from gpu.kernels import gated_delta_gates, gated_rms_norm
+
+    norm = gated_rms_norm._gated_rms_norm_kernel
+    norm_pointers = dict(x_ptr="*fp32", gate_ptr=f"*{dtype}", weight_ptr=f"*{dtype}", out_ptr=f"*{dtype}")
+    norm_ptx = compiled_ptx(norm, norm_pointers, dict(NUM_HEADS=32, HEAD_DIM=128, BLOCK_H=16, BLOCK_D=128,
+                                                      USE_PDL=True))
+    gates = gated_delta_gates._gated_delta_gates_kernel
+    gates_ptx = compiled_ptx(gates, dict(a_ptr=f"*{dtype}", b_ptr=f"*{dtype}", a_log_ptr=f"*{dtype}",
+                                         dt_bias_ptr=f"*{dtype}", g_ptr="*fp32", beta_ptr=f"*{dtype}"),
+                             dict(NUM_HEADS=32, THRESHOLD=20.0, BLOCK_T=16, BLOCK_H=32, USE_PDL=True))
+    for ptx in (norm_ptx, gates_ptx):
+        assert "div.rn.f32" in ptx and "div.full.f32" not in ptx  # torch's IEEE division, not the approximate one
+    assert "rsqrt.approx" in norm_ptx  # libdevice's rsqrtf, torch's CUDA rsqrt
+    from gpu.kernels import sigmoid_gate
+
+    for per_element in (True, False):
+        ptx = compiled_ptx(sigmoid_gate._sigmoid_gate_kernel, dict(x_ptr=f"*{dtype}", gate_ptr=f"*{dtype}",
+                                                                   out_ptr=f"*{dtype}"),
+                           dict(NUM_GROUPS=16, SIZE=256, GATE_PER_ELEMENT=per_element, BLOCK=256, USE_PDL=True))
+        assert "div.rn.f32" in ptx and "div.full.f32" not in ptx
+
+
+def compiled_ptx(kernel: object, pointers: dict[str, str], constexprs: dict[str, object]) -> str:
+    """`kernel` compiled for sm_90 as its wrapper launches it (no fp fusion): its PTX."""
+    names = kernel.arg_names  # type: ignore[attr-defined]
+    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name in FLOATS else "i32")
+                 for name in names}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(names.index(name),): value for name, value in constexprs.items()})
+    return triton.compile(source, target=HOPPER, options={"enable_fp_fusion": False}).asm["ptx"]
