@@ -27,8 +27,18 @@ if os.environ.get("CI"):
     settings.load_profile("ci")
 
 
+LONG = "long"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", f"{MARKER}: measures time or CPU load; no other test runs beside it")
+    config.addinivalue_line("markers", f"{LONG}: runs for a minute or more; collected first")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`long` tests first (their order kept, and the rest's): pytest-xdist hands out files in collection order, so a
+    long file started last keeps one worker busy after the other has run out of work."""
+    items.sort(key=lambda item: item.get_closest_marker(LONG) is None)
 
 
 @pytest.hookimpl(hookwrapper=True)

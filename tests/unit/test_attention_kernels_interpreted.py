@@ -25,6 +25,7 @@ CASES = [Path(__file__).with_name(name) for name in ("attention_kernels_interpre
                                                      "gated_delta_glue_kernels_interpreted_cases.py")]
 
 
+@pytest.mark.long
 def test_attention_kernels_under_the_interpreter() -> None:
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path[1:]])}
     command = [sys.executable, "-m", "pytest", "-x", "-p", "no:cacheprovider", "-W", "ignore::RuntimeWarning",
