@@ -36,12 +36,7 @@ FLOATS = {"scale_log2", "softcap_in", "softcap_out", "eps", "k_scale", "v_scale"
 
 
 def compile_for_hopper(kernel: object, pointers: dict[str, str], constexprs: dict[str, object]) -> None:
-    names = kernel.arg_names  # type: ignore[attr-defined]
-    signature = {name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name in FLOATS else "i32")
-                 for name in names}
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(names.index(name),): value for name, value in constexprs.items()})
-    assert triton.compile(source, target=HOPPER).asm["ptx"]
+    assert compiled_ptx(kernel, pointers, constexprs, fp_fusion=True)
 
 
 ATTENTION = dict(q_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", block_tables_ptr="*i32",
@@ -277,11 +272,13 @@ def test_hybrid_glue_kernels(dtype: str) -> None:
         assert "div.rn.f32" in ptx and "div.full.f32" not in ptx
 
 
-def compiled_ptx(kernel: object, pointers: dict[str, str], constexprs: dict[str, object]) -> str:
-    """`kernel` compiled for sm_90 as its wrapper launches it (no fp fusion): its PTX."""
+def compiled_ptx(kernel: object, pointers: dict[str, str], constexprs: dict[str, object], fp_fusion: bool = False
+                 ) -> str:
+    """`kernel` compiled for sm_90 (by default as the wrappers that round as torch does launch it: no fp fusion): its
+    PTX. Arguments not named are i32, or fp32 where FLOATS names them."""
     names = kernel.arg_names  # type: ignore[attr-defined]
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name in FLOATS else "i32")
                  for name in names}
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(names.index(name),): value for name, value in constexprs.items()})
-    return triton.compile(source, target=HOPPER, options={"enable_fp_fusion": False}).asm["ptx"]
+    return triton.compile(source, target=HOPPER, options={"enable_fp_fusion": fp_fusion}).asm["ptx"]
