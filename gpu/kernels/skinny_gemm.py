@@ -30,7 +30,6 @@ along K, same dtype. Optional programmatic dependent launch (`use_pdl`, Hopper):
 before waiting on the kernel that writes x.
 """
 
-import functools
 from dataclasses import dataclass
 
 import torch
@@ -38,15 +37,16 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from gpu.kernels.device_tables import device_name
 from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.skinny_gemm_configs import (
     FEW_ROWS,
     MAX_ROWS,
     SkinnyConfig,
     Table,
-    device_table,
     prologue_buckets_for,
     row_bucket,
+    table_for,
 )
 from gpu.kernels.skinny_gemm_configs import config_for as table_config_for
 from gpu.kernels.skinny_gemm_configs import preferred_config as table_preferred_config
@@ -284,7 +284,7 @@ def _split_k_reduce_kernel(
 
 
 def _table(device: torch.device) -> Table:
-    return device_table(device.index if device.index is not None else torch.cuda.current_device())
+    return table_for(device_name(device))
 
 
 def preferred_config(num_rows: int, n: int, k: int, device: torch.device) -> SkinnyConfig | None:
@@ -292,16 +292,10 @@ def preferred_config(num_rows: int, n: int, k: int, device: torch.device) -> Ski
     return table_preferred_config(num_rows, n, k, _table(device))
 
 
-@functools.cache
-def _prologue_buckets(device_index: int) -> dict[str, tuple[int, ...]]:
-    return prologue_buckets_for(torch.cuda.get_device_name(device_index))
-
-
 def prologue_config(num_rows: int, k: int, kind: str, device: torch.device) -> SkinnyConfig | None:
     """The config of a product over K with a `kind` ("norm" or "silu") prologue on this GPU, or None where the
     elementwise kernel and the product apart are as fast (gpu/kernels/skinny_gemm_configs.py's PROLOGUE_BUCKETS)."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    return rule_prologue_config(num_rows, k, kind, _prologue_buckets(index))
+    return rule_prologue_config(num_rows, k, kind, prologue_buckets_for(device_name(device)))
 
 
 def config_for(num_rows: int, n: int, k: int, device: torch.device) -> SkinnyConfig:

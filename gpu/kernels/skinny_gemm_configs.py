@@ -119,15 +119,9 @@ def table_for(device_name: str) -> Table:
 
 
 @functools.cache
-def device_table(device_index: int) -> Table:
-    """table_for the CUDA device, looked up once per device."""
-    import torch
-
-    return table_for(torch.cuda.get_device_name(device_index))
-
-
 def prologue_buckets_for(device_name: str) -> dict[str, tuple[int, ...]]:
-    """The row buckets per prologue kind where this GPU runs prologues (none for an unmeasured GPU)."""
+    """The row buckets per prologue kind where this GPU runs prologues (none for an unmeasured GPU), looked up once a
+    name."""
     return next((buckets for name, buckets in PROLOGUE_BUCKETS.items() if name in device_name), {})
 
 
