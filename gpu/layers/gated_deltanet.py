@@ -23,7 +23,8 @@ against.
 
 State (gpu/state_cache.py): per sequence slot, `conv_state` [slots, conv_dim, K - 1] in the model's dtype and
 `recurrent_state` [slots, value_heads, key_dim, value_dim] in float32 (the delta rule accumulates into it at every
-token). A step reads each row's slot (zeros where the row starts its sequence) and writes it back.
+token), views of every layer's states stacked (written in place, never assigned). A step reads each row's slot
+(zeros where the row starts its sequence) and writes it back.
 
 Tensor parallelism: each rank holds its share of the key heads and of the value heads (a key head's value heads
 with it): their rows of in_proj, their convolution channels, decays and states; out_proj is row-parallel.
@@ -225,7 +226,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(spec.value_head_dim, spec.norm_eps, kernels)
         self.out_proj = RowParallelLinear(spec.value_dim, spec.hidden_size, False, tp, kernels)
         self.kernels = kernels
-        self.conv_state = torch.empty(0)  # [slots, conv_dim, K - 1], set by gpu/state_cache.py
+        self.conv_state = torch.empty(0)  # [slots, conv_dim, K - 1], a view set by gpu/state_cache.py
         self.recurrent_state = torch.empty(0)  # [slots, value_heads, key_head_dim, value_head_dim] float32
 
     def forward(self, hidden: NormInput, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
