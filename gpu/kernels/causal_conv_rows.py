@@ -115,7 +115,7 @@ def causal_conv_rows(x: torch.Tensor, weight: torch.Tensor, state: torch.Tensor,
         CHANNELS=num_channels, KERNEL_SIZE=kernel_size, BLOCK_C=BLOCK_CHANNELS, BLOCK_T=block_t,
         BLOCK_W=triton.next_power_of_2(max(kernel_size - 1, 1)), USE_PDL=pdl, launch_pdl=pdl,
         num_warps=4,
-        enable_fp_fusion=False,  # products of two 16-bit values are exact in float32: no fused multiply-add needed
+        enable_fp_fusion=False,  # float32 products rounded before their sum (16-bit ones are exact either way)
     )
     return out
 
