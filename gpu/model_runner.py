@@ -152,7 +152,7 @@ class ModelRunner:
         # The decode graphs' logits when they sample (_samples_in_graphs), counted before the KV cache is sized too.
         self._graph_logits = (torch.empty(config.max_num_seqs, self.vocab_size, dtype=self.dtype, device=self.device)
                               if self._samples_in_graphs() else None)
-        self._allocate_state_cache()  # before the KV cache is sized, so its memory is counted
+        self.stacked_states = self._allocate_state_cache()  # before the KV cache is sized, so its memory is counted
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
         self.cpu_decode: CpuDecodeSteps | None = None  # set after the KV cache exists (the warm-up pass runs without)
         self.mixed: MixedGraphs | None = None
@@ -179,14 +179,14 @@ class ModelRunner:
             logger.info("CUDA graph capture took %.1f s", time.perf_counter() - start)
         self._run_first_request_shapes()
 
-    def _allocate_state_cache(self) -> None:
+    def _allocate_state_cache(self) -> state_cache.StackedStates | None:
         if not self.linear_layers:
-            return
+            return None
         # One row more on CUDA: the padded rows of the decode graphs read and write it (gpu/cuda_graphs.py).
         num_rows = self.num_state_slots + self.config.num_state_snapshots + (self.device.type == "cuda")
         slot_bytes = state_cache.bytes_per_slot(self.linear_layers, self.dtype)
         try:
-            state_cache.allocate(self.linear_layers, num_rows, self.dtype, self.device)
+            states = state_cache.allocate(self.linear_layers, num_rows, self.dtype, self.device)
         except torch.OutOfMemoryError as error:
             raise RuntimeError(
                 f"no memory for the linear-attention state of {self.num_state_slots} sequences and "
@@ -200,6 +200,7 @@ class ModelRunner:
 
             prompts = "flash-linear-attention's chunked kernel" if fla_chunked_rule() else "torch (no fla)"
             logger.info("delta rule: decodes by our Triton kernel, prompts by %s", prompts)
+        return states
 
     def _probe_gated_gemm(self) -> None:
         """Runs quack's gated GEMM once here (layers take it only where this probe found it working) and logs why
@@ -571,12 +572,12 @@ class ModelRunner:
             return self._launch_verification(batch)
         rows = [row for row in batch.sampling if row is not None]
         logits = None
-        state_cache.copy_rows(self.linear_layers, batch.state_restores, self.device)
+        state_cache.copy_rows(self.stacked_states, batch.state_restores, self.device)
         if self._replays_decode_graph(batch):
             assert self.decode is not None
             draw = self._graph_draw(batch, rows)
             out = self.decode.run(batch, self._last_sampled_ids, draw)
-            state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
+            state_cache.copy_rows(self.stacked_states, state_cache.saves_at_row_ends(batch), self.device)
             if draw is not None:  # the graph drew the tokens: no launch from here to the copy to the host
                 assert out.logits is not None and out.token_ids is not None
                 pending = self._launched(self.sampler.finish_graph_draw(out.logits, out.token_ids, rows, draw), None)
@@ -587,7 +588,7 @@ class ModelRunner:
                 logits = out.logits  # computed by the graph (None without a sampling head)
         else:
             hidden = self._forward(batch)
-            state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
+            state_cache.copy_rows(self.stacked_states, state_cache.saves_at_row_ends(batch), self.device)
         self._keep_target_hidden(batch, hidden)
         prompt = None
         if batch.prompt_logprobs:
@@ -600,9 +601,9 @@ class ModelRunner:
         """A step with draft tokens (speculative decoding): never decode-only, so it runs as any step with prefill
         (eagerly or in a mixed graph), and samples at every verified position; the engine accepts the drafts."""
         rows, token_indices = batch.sampled_positions()
-        state_cache.copy_rows(self.linear_layers, batch.state_restores, self.device)
+        state_cache.copy_rows(self.stacked_states, batch.state_restores, self.device)
         hidden = self._forward(batch)
-        state_cache.copy_rows(self.linear_layers, state_cache.saves_at_row_ends(batch), self.device)
+        state_cache.copy_rows(self.stacked_states, state_cache.saves_at_row_ends(batch), self.device)
         self._keep_target_hidden(batch, hidden)
         prompt = None
         if batch.prompt_logprobs:

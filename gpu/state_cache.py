@@ -8,10 +8,16 @@ Prefix caching (core/state_snapshots.py) keeps states at block boundaries in fur
 copies a snapshot into a slot before its forward, and a slot into a snapshot after it (`copy_rows`). On CUDA one
 last row is the decode graphs' padded rows' (gpu/cuda_graphs.py), read as zeros and written, never used.
 
+Every layer's states of a kind are one stacked tensor ([layers, rows, ...], `StackedStates`), each layer's
+`conv_state` and `recurrent_state` a view of its index: so a row copy is one gather and one scatter per kind for all
+layers at once, not per layer (a step with prefix hits copies rows before and after its forward). The layers must
+share one shape (a model's Gated DeltaNet layers do), and nothing may assign a layer's state tensors after
+`allocate`, only write into them.
+
 Sized before the KV cache, so the KV cache is sized from what the states leave.
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import cache, partial
 
 import numpy as np
@@ -36,23 +42,39 @@ def bytes_per_slot(layers: list[GatedDeltaNet], dtype: torch.dtype) -> int:
     return total
 
 
-def allocate(layers: list[GatedDeltaNet], num_slots: int, dtype: torch.dtype, device: torch.device) -> None:
-    for layer in layers:
-        s = layer.spec
-        layer.conv_state = torch.zeros(num_slots, s.conv_dim, s.conv_kernel_size - 1, dtype=dtype, device=device)
-        layer.recurrent_state = torch.zeros(num_slots, s.num_value_heads, s.key_head_dim, s.value_head_dim,
-                                            dtype=RECURRENT_DTYPE, device=device)
+@dataclass(frozen=True)
+class StackedStates:
+    """Every linear layer's states, stacked; layer i's `conv_state` and `recurrent_state` are views of index i."""
+
+    conv: torch.Tensor  # [layers, rows, conv_dim, K - 1] in the model's dtype
+    recurrent: torch.Tensor  # [layers, rows, value_heads, key_head_dim, value_head_dim] float32
 
 
-def copy_rows(layers: list[GatedDeltaNet], copies: list[tuple[int, int]], device: torch.device) -> None:
-    """Every layer's state row `source` copied to row `destination`, for each (source, destination): one gather and
-    one scatter per state tensor."""
-    if not copies:
+def allocate(layers: list[GatedDeltaNet], num_rows: int, dtype: torch.dtype, device: torch.device) -> StackedStates:
+    """Zeroed states of `num_rows` rows for every layer, stacked; each layer given its views."""
+    shapes = {(s.conv_dim, s.conv_kernel_size, s.num_value_heads, s.key_head_dim, s.value_head_dim)
+              for s in (layer.spec for layer in layers)}
+    if len(shapes) != 1:
+        raise ValueError(f"the linear layers' states are stacked, so they need one shape, got {sorted(shapes)}")
+    conv_dim, kernel_size, num_value_heads, key_head_dim, value_head_dim = shapes.pop()
+    states = StackedStates(
+        conv=torch.zeros(len(layers), num_rows, conv_dim, kernel_size - 1, dtype=dtype, device=device),
+        recurrent=torch.zeros(len(layers), num_rows, num_value_heads, key_head_dim, value_head_dim,
+                              dtype=RECURRENT_DTYPE, device=device))
+    for index, layer in enumerate(layers):
+        layer.conv_state, layer.recurrent_state = states.conv[index], states.recurrent[index]
+    return states
+
+
+def copy_rows(states: StackedStates | None, copies: list[tuple[int, int]], device: torch.device) -> None:
+    """Every layer's state row `source` copied to row `destination`, for each (source, destination) (destinations
+    distinct; every source read before any destination is written): one gather and one scatter per kind of state,
+    all layers at once."""
+    if states is None or not copies:
         return
-    rows = to_device(np.asarray(copies, dtype=np.int64).T, np.int64, device)  # [2, num_copies]
-    for layer in layers:
-        layer.conv_state[rows[1]] = layer.conv_state[rows[0]]
-        layer.recurrent_state[rows[1]] = layer.recurrent_state[rows[0]]
+    sources, destinations = to_device(np.asarray(copies, dtype=np.int64).T, np.int64, device).unbind()
+    for stacked in (states.conv, states.recurrent):
+        stacked.index_copy_(1, destinations, stacked.index_select(1, sources))
 
 
 def step_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> LinearStateMetadata:

@@ -15,14 +15,16 @@ loader regroups.
 On CUDA a decode step's delta rule runs as one Triton kernel (gpu/kernels/gated_delta_decode.py) that updates the
 rows' states in place; a step with prompts runs short rows token after token in one Triton kernel
 (gpu/kernels/gated_delta_rows.py) and longer ones through flash-linear-attention's chunked kernel over every row at
-once where `fla` is installed (else the torch code, row by row); beta and g come from one kernel
+once where `fla` is installed (else the torch code, row by row), their convolution in one kernel that reads and
+writes the conv states in place (gpu/kernels/causal_conv_rows.py); beta and g come from one kernel
 (gpu/kernels/gated_delta_gates.py) and the gated output norm from another (gpu/kernels/gated_rms_norm.py), each in
 place of a chain of small torch operations, rounding where they round. The torch code is the reference all are tested
 against.
 
 State (gpu/state_cache.py): per sequence slot, `conv_state` [slots, conv_dim, K - 1] in the model's dtype and
 `recurrent_state` [slots, value_heads, key_dim, value_dim] in float32 (the delta rule accumulates into it at every
-token). A step reads each row's slot (zeros where the row starts its sequence) and writes it back.
+token), views of every layer's states stacked (written in place, never assigned). A step reads each row's slot
+(zeros where the row starts its sequence) and writes it back.
 
 Tensor parallelism: each rank holds its share of the key heads and of the value heads (a key head's value heads
 with it): their rows of in_proj, their convolution channels, decays and states; out_proj is row-parallel.
@@ -224,7 +226,7 @@ class GatedDeltaNet(nn.Module):
         self.norm = GatedRMSNorm(spec.value_head_dim, spec.norm_eps, kernels)
         self.out_proj = RowParallelLinear(spec.value_dim, spec.hidden_size, False, tp, kernels)
         self.kernels = kernels
-        self.conv_state = torch.empty(0)  # [slots, conv_dim, K - 1], set by gpu/state_cache.py
+        self.conv_state = torch.empty(0)  # [slots, conv_dim, K - 1], a view set by gpu/state_cache.py
         self.recurrent_state = torch.empty(0)  # [slots, value_heads, key_head_dim, value_head_dim] float32
 
     def forward(self, hidden: NormInput, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
@@ -316,7 +318,11 @@ class GatedDeltaNet(nn.Module):
     def _convolved_rows(self, qkv: torch.Tensor, state: LinearStateMetadata) -> torch.Tensor:
         """Each row's tokens through the causal convolution from its slot's conv state (zeros where it starts its
         sequence), every row at once; the conv state saved where a row saves a snapshot inside it (its K - 1 inputs
-        before the cut) and the slots' conv states advanced: [num_tokens, conv_dim]."""
+        before the cut) and the slots' conv states advanced: [num_tokens, conv_dim]. On CUDA with the kernels one
+        launch that reads and writes the states in place (gpu/kernels/causal_conv_rows.py), else the torch code over
+        gathered windows, the reference."""
+        if self._uses_kernels(qkv):
+            return self._convolved_rows_kernel(qkv, state)
         assert state.conv_windows is not None, "rows run row by row come with their conv windows"
         windows = state.conv_windows(self.spec.conv_kernel_size)
         initial = self.conv_state[state.slots] * state.keeps_state[:, None, None].to(self.conv_state.dtype)
@@ -327,6 +333,17 @@ class GatedDeltaNet(nn.Module):
             self.conv_state[snapshots] = window[columns].transpose(1, 2)
         self.conv_state[state.slots] = window[windows.finals].transpose(1, 2)
         return out
+
+    def _convolved_rows_kernel(self, qkv: torch.Tensor, state: LinearStateMetadata) -> torch.Tensor:
+        """`_convolved_rows` in one Triton launch over the rows' pieces (the sequential delta rule kernel's, built
+        once a step and shared by the layers)."""
+        from gpu.kernels.causal_conv_rows import causal_conv_rows
+
+        assert state.sequential_rows is not None, "rows run row by row come with their sequential pieces"
+        rows = state.sequential_rows()
+        return causal_conv_rows(qkv, self.conv1d.weight[:, 0], self.conv_state,
+                                (state.slots, state.keeps_state, rows.row_starts, rows.row_pieces, rows.piece_ends,
+                                 rows.piece_states), state.max_row_tokens, use_pdl=True)
 
     def _rows(self, mixed: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, state: LinearStateMetadata
               ) -> torch.Tensor:

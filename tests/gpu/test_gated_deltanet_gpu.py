@@ -4,6 +4,8 @@
 - The gates and output-norm kernels (gpu/kernels/gated_delta_gates.py, gated_rms_norm.py) and the output gates'
   (sigmoid_gate.py) against the torch code on CUDA, to the ulp; a whole layer's step with the kernels against the
   torch layer.
+- The prompt rows' convolution kernel (gpu/kernels/causal_conv_rows.py) against the torch convolution, its conv
+  states to the bit, snapshots inside rows and rows shorter than the convolution's window included.
 - Prompt rows, a layer at a time, rows continuing their state and rows starting it, snapshots inside rows: the
   kernel that runs them token after token (gpu/kernels/gated_delta_rows.py) against the torch reference and
   flash-linear-attention's chunked kernel (where `fla` is installed), and fla's against the reference.
@@ -191,6 +193,36 @@ def prompt_rows_of(kernels: KernelConfig, dtype: torch.dtype, saves: tuple[tuple
     state = state_inputs(query_lens, continues, slots, saves)
     ours, theirs = fused._rows(mixed, g, beta, state), reference._rows(mixed, g, beta, state)
     return (ours.float(), fused.recurrent_state), (theirs, reference.recurrent_state)
+
+
+# Rows for the convolution: two shorter than its K - 1 = 3 inputs of state (one continuing, one starting), longer ones
+# over several token blocks; slots 2, 4, 0, 7, 5, snapshots into rows 1, 3 and 6 (one within a row's first 3 tokens).
+CONV_ROWS = ([70, 1, 130, 2, 5], [True, True, False, False, True], [2, 4, 0, 7, 5])
+CONV_SAVES = [(), ((0, 48, 1), (2, 16, 3), (2, 100, 6)), ((0, 2, 1), (2, 1, 3), (4, 4, 6))]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("saves", CONV_SAVES)
+def test_conv_rows_kernel_matches_the_torch_convolution(saves: tuple[tuple[int, int, int], ...], dtype: torch.dtype
+                                                        ) -> None:
+    """The prompt rows' convolution in one launch (gpu/kernels/causal_conv_rows.py) against the torch code over
+    gathered windows: the conv states (copies of inputs) equal to the bit, in the slots and the snapshot rows; the
+    outputs within an ulp where the sums, added in another order, round the other way (rarely); float32 within the
+    reference convolution's rounding."""
+    fused, reference = layer_pair(dtype)
+    query_lens, continues, slots = CONV_ROWS
+    generator = torch.Generator(device="cuda").manual_seed(3)
+    projected = torch.randn(sum(query_lens), SPEC.conv_dim + 9, device="cuda", generator=generator).to(dtype)
+    qkv = projected[:, : SPEC.conv_dim]  # a column slice, as the projection's split gives it
+    state = state_inputs(query_lens, continues, slots, saves)
+    with torch.no_grad():
+        ours, theirs = fused._convolved_rows(qkv, state), reference._convolved_rows(qkv, state)
+    assert torch.equal(fused.conv_state, reference.conv_state)
+    if dtype == torch.float32:
+        torch.testing.assert_close(ours, theirs, rtol=2e-3, atol=2e-3)  # cuDNN's float32 may round its inputs (TF32)
+        return
+    differ = ulps(ours, theirs)
+    assert differ.max() <= 1 and (differ > 0).float().mean() < 1e-2
 
 
 @pytest.mark.skipif(not HAS_FLA, reason="needs flash-linear-attention (fla)")

@@ -2,7 +2,8 @@
 (gpu/layers/gated_delta_rule.py): the decode kernel (gpu/kernels/gated_delta_decode.py) and the one that runs rows
 token after token (gpu/kernels/gated_delta_rows.py), each row's state read from its slot (zeros where the row starts
 its sequence) and updated in place, snapshots inside rows holding the state after their tokens, the other rows
-untouched; a layer's steps and a tiny hybrid model through them against the torch path and transformers.
+untouched; a layer's steps and a tiny hybrid model through them (and the prompt rows' convolution kernel,
+gpu/kernels/causal_conv_rows.py) against the torch path and transformers.
 tests/gpu/test_gated_deltanet_gpu.py checks the compiled kernels on CUDA."""
 
 import os
@@ -133,6 +134,22 @@ def _on_the_triton_paths(patch: pytest.MonkeyPatch) -> list[tuple[int, int, int]
     return launches
 
 
+def _counted_conv(patch: pytest.MonkeyPatch) -> list[int]:
+    """The list each launch of the prompt rows' convolution kernel (gpu/kernels/causal_conv_rows.py) appends its
+    tokens to."""
+    import gpu.kernels.causal_conv_rows as conv_kernel
+
+    launches = []
+    original = conv_kernel.causal_conv_rows
+
+    def counted(x: torch.Tensor, *args: object, **kwargs: object) -> torch.Tensor:
+        launches.append(x.shape[0])
+        return original(x, *args, **kwargs)  # type: ignore[arg-type]
+
+    patch.setattr(conv_kernel, "causal_conv_rows", counted)
+    return launches
+
+
 def _counted_glue(patch: pytest.MonkeyPatch) -> dict[str, int]:
     """Counts the launches of the layer's norm and gates kernels (gpu/kernels/gated_rms_norm.py,
     gated_delta_gates.py), by name."""
@@ -169,10 +186,12 @@ def test_layer_step_through_the_rows_kernel_matches_the_torch_path(max_tokens: i
     reference = _layer(KernelConfig(fused_kernels=False))
     with pytest.MonkeyPatch.context() as patch, torch.no_grad():
         launches = _on_the_triton_paths(patch)
+        conv_launches = _counted_conv(patch)
         got = fused._convolved_rule(*inputs, step_inputs(batch, torch.device("cpu"), 5))
         expected = reference._convolved_rule(*inputs, step_inputs(batch, torch.device("cpu"), 5))
     # the rows of more than one token in one launch: 3 rows in 2 + 3 + 2 pieces
     assert launches == ([(17 + 40 + 3, 3, 7)] if max_tokens == 256 else [])
+    assert conv_launches == [17 + 40 + 3]  # the convolution of those rows in one launch, whichever rule runs them
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fused.recurrent_state, reference.recurrent_state, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(fused.conv_state, reference.conv_state)
@@ -191,10 +210,12 @@ def test_hybrid_model_through_the_kernels_gives_transformers_tokens(tiny_model_d
     with pytest.MonkeyPatch.context() as patch:
         launches = _on_the_triton_paths(patch)
         glue = _counted_glue(patch)
+        conv_launches = _counted_conv(patch)
         llm = LLM(str(model_dir), dtype="float32", block_size=16, kv_cache_blocks=64, max_num_seqs=4,
                   max_num_batched_tokens=40)
         outputs = llm.generate(prompts[:1], dense.GREEDY) + llm.generate(prompts[1:], dense.GREEDY)
     assert llm.engine.stats().num_prefix_cache_hit_tokens >= 2 * 32
     assert any(pieces > rows for _, rows, pieces in launches), "a step saved a snapshot inside a row"
     assert glue["gated_rms_norm"] > 0 and glue["gated_delta_gates"] == glue["gated_rms_norm"]
+    assert conv_launches, "prompt rows ran their convolution in the kernel"
     dense.assert_matches_hf(model_dir, prompts, outputs)

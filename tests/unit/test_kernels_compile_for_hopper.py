@@ -272,6 +272,20 @@ def test_hybrid_glue_kernels(dtype: str) -> None:
         assert "div.rn.f32" in ptx and "div.full.f32" not in ptx
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_causal_conv_rows_kernel(dtype: str) -> None:
+    """The prompt rows' convolution at Qwen3.5's kernel size and channels: torch's IEEE division in its SiLU."""
+    from gpu.kernels import causal_conv_rows
+
+    pointers = dict(x_ptr=f"*{dtype}", weight_ptr=f"*{dtype}", state_ptr=f"*{dtype}", out_ptr=f"*{dtype}",
+                    slots_ptr="*i64", keeps_ptr="*fp32", row_starts_ptr="*i64", row_pieces_ptr="*i64",
+                    piece_ends_ptr="*i64", piece_states_ptr="*i64")
+    ptx = compiled_ptx(causal_conv_rows._causal_conv_rows_kernel, pointers, dict(
+        CHANNELS=8192, KERNEL_SIZE=4, BLOCK_C=causal_conv_rows.BLOCK_CHANNELS, BLOCK_T=causal_conv_rows.BLOCK_TOKENS,
+        BLOCK_W=4, USE_PDL=True))
+    assert "div.rn.f32" in ptx and "div.full.f32" not in ptx
+
+
 def compiled_ptx(kernel: object, pointers: dict[str, str], constexprs: dict[str, object], fp_fusion: bool = False
                  ) -> str:
     """`kernel` compiled for sm_90 (by default as the wrappers that round as torch does launch it: no fp fusion): its
