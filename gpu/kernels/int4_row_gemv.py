@@ -151,16 +151,19 @@ def takes_row_gemv(weight: "IntWeight", x: torch.Tensor) -> bool:
 
 def int4_row_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None, y: torch.Tensor, t: GemvTiles,
                   pdl: bool) -> None:
-    """y [1, N] = x [1, K] @ W.T (+ bias) for arguments gpu/kernels/int_gemm.py checked and `takes_row_gemv` takes;
-    `t.block_k` a multiple of 32 columns (4 words a thread)."""
+    """y [1, N] = x [1, K] @ W.T (+ bias) for arguments gpu/kernels/int_gemm.py checked and `takes_row_gemv` takes.
+    Each thread holds all `t.block_n` rows of its chunk (4 sums a row at most keep the loop in registers), and the
+    warps split the columns: at most one warp per 32 chunks (`t.num_warps` a bound), since x's tile has no rows to
+    spread warps over and its layout must be the weights'."""
     k, n, scales = x.shape[1], weight.weight.shape[0], weight.scales
     block_k = max(t.block_k, CHUNK)
+    num_warps = max(1, min(t.num_warps, block_k // (CHUNK * 32)))
     _int4_row_gemv_kernel[(triton.cdiv(n, t.block_n),)](
         x, weight.weight, scales, _or(weight.zeros, scales), _or(weight.offsets, scales), _or(bias, scales), y, n, k,
         weight.weight.shape[1], scales.shape[1], weight.weight.stride(0), scales.stride(0), ONE_BITS,
         GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl,
-        BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=t.num_warps, num_stages=1, launch_pdl=pdl)
+        BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl)
 
 
 def _or(t: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:

@@ -11,8 +11,8 @@ take gpu/kernels/int4_row_gemv.py (16-byte weight loads, no shared memory in its
 GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows by 512 bytes of each (2 KB for 128 threads: 16 bytes a
 thread), narrow so that every product makes hundreds of programs and the weight stream stays full without split-K;
 the columns halve while the float32 sums (rows x tile elements per thread) would pass 64 registers a thread. The
-4-bit row GEMV holds a sum per 32 columns instead: ROW_GEMV_BLOCK_N rows of 1,024 columns, 4 warps, so that each
-thread multiplies 4 rows with the 32 columns of x it converts once.
+4-bit row GEMV holds a sum per row and 32 columns instead: ROW_GEMV_BLOCK_N rows of up to 4,096 columns, a warp per
+1,024 (up to 4), so that each thread multiplies 4 rows with the 32 columns of x it converts once.
 
 Tensor-core rule: both kernels put the weight tile on the tensor cores' M side (BLOCK_N output columns) and the rows
 of x on the N side (BLOCK_M, padded to 16), so a decode step's few rows waste no weight bytes: each weight tile is
@@ -33,7 +33,7 @@ from gpu.kernels.skinny_gemm_configs import row_bucket
 FP8_CUBLAS_MIN_ROWS = 65  # FP8 products of this many rows or more run in cuBLAS (gpu/quant/fp8.py); fewer, here
 NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpreter runs are those a GPU would
 GEMV_MAX_ROWS = {"fp8": 1, "int4": 1, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's reasons
-ROW_GEMV_BLOCK_N = 16  # the 4-bit row GEMV's rows per program: 4 a thread at its 4 warps of 1,024 columns
+ROW_GEMV_BLOCK_N = 4  # the 4-bit row GEMV's rows per program, each thread's: x converted once for 4 rows
 GEMV_MAX_SUMS = 64  # float32 sums a thread holds: rows x its tile elements
 
 
@@ -145,7 +145,7 @@ def gemv_tiles(num_rows: int, k: int, kind: str) -> GemvTiles:
     pass GEMV_MAX_SUMS a thread, and stay within K's power of two. One row of 4-bit weights: the row GEMV's tiles."""
     rows = row_bucket(num_rows)
     if kind == "int4" and rows == 1:
-        return GemvTiles(1, ROW_GEMV_BLOCK_N, min(1024, max(64, row_bucket(k))), 4)
+        return GemvTiles(1, ROW_GEMV_BLOCK_N, min(4096, max(64, row_bucket(k))), 4)
     weights_per_byte = 2 if kind == "int4" else 1
     block_k = 512 * weights_per_byte
     num_warps, block_n = 4, 4
