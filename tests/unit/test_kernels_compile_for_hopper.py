@@ -218,12 +218,14 @@ def _gemv_usage(kernel: object, signature: dict[str, str], constexprs: dict[str,
 @pytest.mark.parametrize("rows", [1, 2, 4, 8])
 def test_gemv_tiles_of_the_rule_compile_without_spills(rows: int) -> None:
     """The GEMV rule's tiles at each row bucket (up to the tables' widest) for FP8 blocks and per-row scales, int4
-    with zero points and act order, and int8 with offsets."""
+    with zero points and act order (from two rows: one row is the row GEMV's), and int8 with offsets."""
     t = gemv_tiles(rows, 4096, "fp8")
     for group, block_scales in ((128, True), (t.block_k, False)):
         assert _gemv_usage(quant_gemv._fp8_gemv_kernel, FP8_GEMV_SIGNATURE, dict(
             SCALE_ROWS=128 if block_scales else 1, GROUP=group, BLOCK_SCALES=block_scales), t) == 0, (t, group)
     for bits, kind in ((4, "zeros"), (4, "act-order"), (8, "offsets")):
+        if bits == 4 and rows == 1:
+            continue  # the row GEMV's tiles: test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop
         t = gemv_tiles(rows, 4096, f"int{bits}")
         assert _gemv_usage(quant_gemv._int_gemv_kernel, INT_GEMV_SIGNATURE, dict(
             BITS=bits, GROUP=128, ZERO=8.0, HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets",
