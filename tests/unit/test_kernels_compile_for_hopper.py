@@ -20,6 +20,7 @@ from gpu.kernels import (  # noqa: E402
     decode_attention,
     fp8_gemm,
     fp8_quant,
+    int4_row_gemv,
     int_gemm,
     moe_route,
     prefill_attention,
@@ -304,8 +305,6 @@ ROW_GEMV_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*bf16", "z_pt
 
 def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str, int]:
     """(PTX, spilled bytes) of the row GEMV compiled as a launch at Qwen3-8B's shapes specializes it."""
-    from gpu.kernels import int4_row_gemv
-
     kernel = int4_row_gemv._int4_row_gemv_kernel
     constexprs = constexprs | dict(HAS_BIAS=False, EVEN_K=True, USE_PDL=True, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
     names = kernel.arg_names
