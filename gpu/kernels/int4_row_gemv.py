@@ -163,7 +163,8 @@ def int4_row_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | Non
         weight.weight.shape[1], scales.shape[1], weight.weight.stride(0), scales.stride(0), ONE_BITS,
         GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl,
-        BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl)
+        BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl,
+        enable_fp_fusion=True)  # a multiply-add per weight, whatever Triton's default
 
 
 def _or(t: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:

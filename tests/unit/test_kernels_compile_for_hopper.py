@@ -314,7 +314,8 @@ def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str,
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(names.index(name),): value for name, value in constexprs.items()}, attrs=attrs)
     num_warps = max(1, min(t.num_warps, t.block_k // 1024))  # as the wrapper launches it
-    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": 1})
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": 1,
+                                                              "enable_fp_fusion": True})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
@@ -328,7 +329,8 @@ def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str,
 @pytest.mark.parametrize("k", [4096, 12288])
 def test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop(group: int, kind: str, k: int) -> None:
     """The W4A16 row GEMV at the rule's tiles: its loop reads the weights and x in 128-bit loads (the scales,
-    zero points and offsets 16 bits each), touches no shared memory, waits at no barrier, and spills nothing."""
+    zero points and offsets 16 bits each), touches no shared memory, waits at no barrier, spills nothing, and
+    multiplies and adds each weight in one instruction."""
     t = gemv_tiles(1, k, "int4")
     ptx, spilled = row_gemv_compiled(dict(GROUP=group, ZERO=8.0, HAS_ZEROS=kind == "zeros",
                                           HAS_OFFSETS=kind == "offsets"), t)
@@ -339,3 +341,4 @@ def test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop(group: i
     assert wide == rows_per_thread + 4, loads  # each row's 4 words, and x's 32 columns in 4
     assert set(narrow) <= {"b16"}, loads
     assert "bar.sync" not in loop and "shared" not in loop and spilled == 0
+    assert loop.count("fma.rn.f32") >= 28 * rows_per_thread  # a multiply-add per weight (a word's first a multiply)
