@@ -108,7 +108,7 @@ def many_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
 
 def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]:
     if weights != "bf16":  # the tensor-core rule; GEMV tiles of 1..4 16-byte loads a thread, sums in 128 registers
-        sizes = itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048), (4, 8))  # (block_n, block_k, warps)
+        sizes = itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048, 4096), (4, 8))  # (block_n, block_k, warps)
         per_byte = 2 if weights == "int4" else 1
         return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *(GemvTiles(bucket, bn, bk, w) for bn, bk, w in sizes
                 if 1 <= bn * bk / per_byte / (512 * w) <= 4 and bucket * bn * bk <= 4096 * w and bk <= k)]

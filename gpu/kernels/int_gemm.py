@@ -26,8 +26,9 @@ import triton.language as tl
 
 from gpu.kernels.device_tables import device_name
 from gpu.kernels.fp8_gemm import num_sms, reduce_split_k
+from gpu.kernels.int4_row_gemv import int4_row_gemv, takes_row_gemv
 from gpu.kernels.pdl import pdl_start, uses_pdl
-from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, Tiles, quant_tiles, table_for
+from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, Tiles, quant_tiles, table_for, tensor_core_tiles
 from gpu.kernels.quant_gemv import int_gemv
 from gpu.kernels.skinny_gemm import _store_tile
 from gpu.kernels.triton_math import add
@@ -172,7 +173,8 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
              out: torch.Tensor | None = None, tiles: Tiles | None = None
              ) -> torch.Tensor:  # [M, K] x [N, K * bits / 32] -> [M, N]
     """x @ W.T (+ bias) for W in the kernel's form; `out` (an [M, N] view with unit stride along N) receives it.
-    `tiles` (else quant_tiles' choice) picks the tensor-core kernel or the GEMV (gpu/kernels/quant_gemv.py)."""
+    `tiles` (else quant_tiles' choice) picks the tensor-core kernel or the GEMV: one row of 4-bit weights that
+    gpu/kernels/int4_row_gemv.py takes runs there, other rows in gpu/kernels/quant_gemv.py."""
     m, k = x.shape
     words, scales = weight.weight, weight.scales
     n = words.shape[0]
@@ -189,9 +191,10 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return y
-    t = tiles or quant_tiles(m, n, k, f"int{weight.bits}", num_sms(x.device), table_for(device_name(x.device)))
+    t = tiles or _chosen_tiles(x, weight)
     if isinstance(t, GemvTiles):
-        int_gemv(x, weight, bias, y, t, uses_pdl(use_pdl, x))
+        gemv = int4_row_gemv if t.rows == 1 and takes_row_gemv(weight, x) else int_gemv
+        gemv(x, weight, bias, y, t, uses_pdl(use_pdl, x))
         return y
     k_per_split = triton.cdiv(triton.cdiv(k, t.split_k), t.block_k) * t.block_k
     split = triton.cdiv(k, k_per_split)
@@ -212,6 +215,17 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     if split > 1:
         reduce_split_k(part, bias, y, pdl)
     return y
+
+
+def _chosen_tiles(x: torch.Tensor, weight: "IntWeight") -> Tiles:
+    """quant_tiles' choice; where it sends one row of 4-bit weights to the row GEMV and that kernel does not take
+    them (act order, groups narrower than a word), the tensor cores: the row GEMV's tiles are no GEMV tiles for
+    gpu/kernels/quant_gemv.py."""
+    (m, k), n, kind = x.shape, weight.weight.shape[0], f"int{weight.bits}"
+    t = quant_tiles(m, n, k, kind, num_sms(x.device), table_for(device_name(x.device)))
+    if isinstance(t, GemvTiles) and kind == "int4" and t.rows == 1 and not takes_row_gemv(weight, x):
+        return tensor_core_tiles(m, n, k, kind, num_sms(x.device))
+    return t
 
 
 def _takes_sums(weight: "IntWeight", is_half: bool, tiles: QuantTiles) -> bool:

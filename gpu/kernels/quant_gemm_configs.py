@@ -5,11 +5,14 @@
 `GemvTiles` (gpu/kernels/quant_gemv.py's GEMV path) or `QuantTiles` (the tensor-core kernels).
 
 GEMV rule, as the sweep measured it against the tensor-core rule: FP8 at one row takes the GEMV (it measured faster
-on every dense shape swept; at two rows on some and at four or more on none), the integer kinds never (their GEMV
-measured faster on few shapes at any row count: it stays for a table's entry to choose). GEMV_MAX_ROWS holds this.
-Tiles of BLOCK_N 4 weight rows by 512 bytes of each (2 KB for 128 threads: 16 bytes a thread), narrow so that
-every product makes hundreds of programs and the weight stream stays full without split-K; the columns halve while
-the float32 sums (rows x tile elements per thread) would pass 64 registers a thread.
+on every dense shape swept; at two rows on some and at four or more on none); 8-bit integers never (their GEMV
+measured faster on few shapes at any row count: it stays for a table's entry to choose). 4-bit integers at one row
+take gpu/kernels/int4_row_gemv.py (16-byte weight loads, no shared memory in its loop), at more rows the tensor cores.
+GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows by 512 bytes of each (2 KB for 128 threads: 16 bytes a
+thread), narrow so that every product makes hundreds of programs and the weight stream stays full without split-K;
+the columns halve while the float32 sums (rows x tile elements per thread) would pass 64 registers a thread. The
+4-bit row GEMV holds a sum per row and 32 columns instead: ROW_GEMV_BLOCK_N rows of up to 4,096 columns, a warp per
+1,024 (up to 4), so that each thread multiplies 4 rows with the 32 columns of x it converts once.
 
 Tensor-core rule: both kernels put the weight tile on the tensor cores' M side (BLOCK_N output columns) and the rows
 of x on the N side (BLOCK_M, padded to 16), so a decode step's few rows waste no weight bytes: each weight tile is
@@ -29,7 +32,8 @@ from gpu.kernels.skinny_gemm_configs import row_bucket
 
 FP8_CUBLAS_MIN_ROWS = 65  # FP8 products of this many rows or more run in cuBLAS (gpu/quant/fp8.py); fewer, here
 NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpreter runs are those a GPU would
-GEMV_MAX_ROWS = {"fp8": 1, "int4": 0, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's measurements
+GEMV_MAX_ROWS = {"fp8": 1, "int4": 1, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's reasons
+ROW_GEMV_BLOCK_N = 4  # the 4-bit row GEMV's rows per program, each thread's: x converted once for 4 rows
 GEMV_MAX_SUMS = 64  # float32 sums a thread holds: rows x its tile elements
 
 
@@ -56,7 +60,8 @@ Table = dict[tuple[str, int, int, int], Tiles]  # (kind, row bucket, N, K) -> th
 
 # Per GPU (a name the device's contains), entries the sweep measured; an unmeasured shape or GPU takes the rules.
 # Qwen3-8B's and Qwen3-30B-A3B's dense products (qkv, o_proj, gate_up, down; qkv, o_proj) at 1..8 rows, the lines
-# `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` (H100, H200) and `--weights int4 --sweep` (H200) print.
+# `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` (H100, H200) and `--weights int4 --sweep` (H200) print;
+# int4 at one row dropped: measured before the row GEMV, whose rule they would override.
 TABLES: dict[str, Table] = {"H100": {
     ('fp8', 1, 6144, 4096): GemvTiles(rows=1, block_n=16, block_k=512, num_warps=4),
     ('fp8', 2, 6144, 4096): GemvTiles(rows=2, block_n=8, block_k=256, num_warps=4),
@@ -107,27 +112,21 @@ TABLES: dict[str, Table] = {"H100": {
     ('fp8', 2, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
     ('fp8', 4, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
     ('fp8', 8, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
-    ('int4', 1, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
     ('int4', 2, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
     ('int4', 4, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
     ('int4', 8, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
-    ('int4', 1, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
     ('int4', 2, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
     ('int4', 4, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
     ('int4', 8, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
-    ('int4', 1, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
     ('int4', 2, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
     ('int4', 4, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
     ('int4', 8, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=2, num_warps=4, num_stages=4),
-    ('int4', 1, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
     ('int4', 2, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
     ('int4', 4, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
     ('int4', 8, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=9, num_warps=4, num_stages=4),
-    ('int4', 1, 5120, 2048): GemvTiles(rows=1, block_n=8, block_k=2048, num_warps=4),
     ('int4', 2, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=7, num_warps=4, num_stages=4),
     ('int4', 4, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=7, num_warps=4, num_stages=4),
     ('int4', 8, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=7, num_warps=4, num_stages=4),
-    ('int4', 1, 2048, 4096): GemvTiles(rows=1, block_n=8, block_k=2048, num_warps=4),
     ('int4', 2, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
     ('int4', 4, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
     ('int4', 8, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
@@ -143,8 +142,10 @@ def table_for(device_name: str) -> Table:
 
 def gemv_tiles(num_rows: int, k: int, kind: str) -> GemvTiles:
     """The GEMV rule (module docstring): 4 weight rows of 512 bytes, 4 warps; K tiles halve while the sums would
-    pass GEMV_MAX_SUMS a thread, and stay within K's power of two."""
+    pass GEMV_MAX_SUMS a thread, and stay within K's power of two. One row of 4-bit weights: the row GEMV's tiles."""
     rows = row_bucket(num_rows)
+    if kind == "int4" and rows == 1:
+        return GemvTiles(1, ROW_GEMV_BLOCK_N, min(4096, max(64, row_bucket(k))), 4)
     weights_per_byte = 2 if kind == "int4" else 1
     block_k = 512 * weights_per_byte
     num_warps, block_n = 4, 4

@@ -66,12 +66,13 @@ def runs_gemv(rows: int, kind: str) -> bool:
 
 
 def test_the_rule_and_this_gpus_table_choose_the_path() -> None:
-    """This GPU's table is the one its name gives; the tests' shape, in no table, takes the rule: the FP8 GEMV at one
-    row (so the FP8 tests below run it there), the tensor cores at more rows and for integer weights at any."""
+    """This GPU's table is the one its name gives; the tests' shape, in no table, takes the rule: the FP8 GEMV and the
+    int4 row GEMV at one row (so the tests below run them there), the tensor cores at more rows and for int8 at any."""
     device = torch.device("cuda")
     assert device_name(device) == torch.cuda.get_device_name(device)
-    assert runs_gemv(1, "fp8") and not any(runs_gemv(rows, "fp8") for rows in (2, 4, 8))
-    assert not any(runs_gemv(rows, f"int{bits}") for rows in (1, 2, 4, 8) for bits in (4, 8))
+    for kind in ("fp8", "int4"):
+        assert runs_gemv(1, kind) and not any(runs_gemv(rows, kind) for rows in (2, 4, 8))
+    assert not any(runs_gemv(rows, "int8") for rows in (1, 2, 4, 8))
 
 
 def fp8_activations(x: torch.Tensor, group: int | None, static: torch.Tensor | None) -> torch.Tensor:
@@ -175,6 +176,32 @@ def test_gemv_tiles_of_the_rule_against_the_reference(rows: int) -> None:
         stored = to_kernel_form(_int_groups(bits, 128, kind, g), torch.bfloat16)
         _close(int_gemm(x, stored, bias, tiles=gemv_tiles(rows, K, f"int{bits}")),
                x.float() @ stored.int_groups().dequantize().T + bias.float())
+
+
+@pytest.mark.parametrize(("group_size", "kind"), [(128, "symmetric"), (128, "zeros"), (32, "offsets"), (16, "zeros")])
+@pytest.mark.parametrize(("n", "k"), [(N, K), (1531, K), (6144, 4096), (4096, 12288)])
+def test_int4_row_gemv_against_the_reference(group_size: int, kind: str, n: int, k: int) -> None:
+    """One row of 4-bit weights on the rule's path, the row GEMV (gpu/kernels/int4_row_gemv.py), in bf16: the tests'
+    shape, a ragged N, Qwen3-8B's qkv and down; with a bias, into a column slice of a wider output."""
+    from gpu.kernels.fp8_gemm import num_sms
+    from gpu.kernels.int4_row_gemv import takes_row_gemv
+    from gpu.kernels.int_gemm import int_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(n + group_size)
+    levels = torch.randint(0, 16, (n, k), device="cuda", generator=g, dtype=torch.int32)
+    scales = torch.rand(n, k // group_size, device="cuda", generator=g) * 0.01 + 1e-3
+    zeros = torch.randint(0, 16, scales.shape, device="cuda", generator=g).float() if kind == "zeros" else None
+    offsets = (torch.rand(scales.shape, device="cuda", generator=g) - 0.5) * 0.05 if kind == "offsets" else None
+    stored = to_kernel_form(IntGroups(4, levels, scales, zeros, offsets=offsets), torch.bfloat16)
+    x = torch.randn(1, k, device="cuda", generator=g).bfloat16()
+    bias = torch.randn(n, device="cuda", generator=g).bfloat16()
+    device = torch.device("cuda")
+    assert takes_row_gemv(stored, x) and isinstance(
+        quant_tiles(1, n, k, "int4", num_sms(device), table_for(device_name(device))), GemvTiles)
+    out = torch.zeros(1, n + 64, device="cuda", dtype=torch.bfloat16)
+    int_gemm(x, stored, bias, out=out[:, 32 : 32 + n])
+    _close(out[:, 32 : 32 + n], x.float() @ stored.int_groups().dequantize().T + bias.float())
+    assert not out[:, :32].any() and not out[:, 32 + n :].any()
 
 
 TABLE_GEMVS = sorted({(kind, tiles) for table in TABLES.values() for (kind, *_), tiles in table.items()

@@ -20,6 +20,7 @@ from gpu.kernels import (  # noqa: E402
     decode_attention,
     fp8_gemm,
     fp8_quant,
+    int4_row_gemv,
     int_gemm,
     moe_route,
     prefill_attention,
@@ -218,12 +219,14 @@ def _gemv_usage(kernel: object, signature: dict[str, str], constexprs: dict[str,
 @pytest.mark.parametrize("rows", [1, 2, 4, 8])
 def test_gemv_tiles_of_the_rule_compile_without_spills(rows: int) -> None:
     """The GEMV rule's tiles at each row bucket (up to the tables' widest) for FP8 blocks and per-row scales, int4
-    with zero points and act order, and int8 with offsets."""
+    with zero points and act order (from two rows: one row is the row GEMV's), and int8 with offsets."""
     t = gemv_tiles(rows, 4096, "fp8")
     for group, block_scales in ((128, True), (t.block_k, False)):
         assert _gemv_usage(quant_gemv._fp8_gemv_kernel, FP8_GEMV_SIGNATURE, dict(
             SCALE_ROWS=128 if block_scales else 1, GROUP=group, BLOCK_SCALES=block_scales), t) == 0, (t, group)
     for bits, kind in ((4, "zeros"), (4, "act-order"), (8, "offsets")):
+        if bits == 4 and rows == 1:
+            continue  # the row GEMV's tiles: test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop
         t = gemv_tiles(rows, 4096, f"int{bits}")
         assert _gemv_usage(quant_gemv._int_gemv_kernel, INT_GEMV_SIGNATURE, dict(
             BITS=bits, GROUP=128, ZERO=8.0, HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets",
@@ -296,3 +299,60 @@ def compiled_ptx(kernel: object, pointers: dict[str, str], constexprs: dict[str,
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(names.index(name),): value for name, value in constexprs.items()})
     return triton.compile(source, target=HOPPER, options={"enable_fp_fusion": fp_fusion}).asm["ptx"]
+
+
+def loop_body(ptx: str) -> str:
+    """The PTX between a loop's label and its backward branch (the first such loop)."""
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"(\$L__\w+):", line))}
+    for i, line in enumerate(lines):
+        target = re.search(r"\bbra(?:\.uni)?\s+(\$L__\w+);", line)
+        if target and labels.get(target.group(1), i) < i:
+            return "\n".join(lines[labels[target.group(1)]:i + 1])
+    raise AssertionError("no loop in the PTX")
+
+
+ROW_GEMV_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "o_ptr": "*bf16",
+                      "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "K": "i32", "num_words": "i32",
+                      "num_groups": "i32", "stride_qn": "i32", "stride_gn": "i32", "one_bits": "i32"}
+
+
+def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str, int]:
+    """(PTX, spilled bytes) of the row GEMV compiled as a launch at Qwen3-8B's shapes specializes it."""
+    kernel = int4_row_gemv._int4_row_gemv_kernel
+    constexprs = constexprs | dict(HAS_BIAS=False, EVEN_K=True, USE_PDL=True, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+    names = kernel.arg_names
+    signature = {name: "constexpr" if name in constexprs else ROW_GEMV_SIGNATURE[name] for name in names}
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+             if signature[name].startswith("*") or name in ("K", "num_words", "stride_qn", "one_bits")}
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(names.index(name),): value for name, value in constexprs.items()}, attrs=attrs)
+    num_warps = max(1, min(t.num_warps, t.block_k // 1024))  # as the wrapper launches it
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": 1,
+                                                              "enable_fp_fusion": True})
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])
+        cubin.flush()
+        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", cubin.name], capture_output=True, text=True,
+                               check=True).stdout
+    return compiled.asm["ptx"], int(re.search(r"STACK:(\d+)", usage).group(1))  # type: ignore[union-attr]
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize(("group", "kind"), [(128, "symmetric"), (128, "zeros"), (32, "offsets"), (16, "zeros")])
+@pytest.mark.parametrize("k", [4096, 12288])
+def test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop(group: int, kind: str, k: int) -> None:
+    """The W4A16 row GEMV at the rule's tiles: its loop reads the weights and x in 128-bit loads (the scales,
+    zero points and offsets 16 bits each), touches no shared memory, waits at no barrier, spills nothing, and
+    multiplies and adds each weight in one instruction."""
+    t = gemv_tiles(1, k, "int4")
+    ptx, spilled = row_gemv_compiled(dict(GROUP=group, ZERO=8.0, HAS_ZEROS=kind == "zeros",
+                                          HAS_OFFSETS=kind == "offsets"), t)
+    loop = loop_body(ptx)
+    loads = re.findall(r"ld\.global(?:\.nc)?(?:\.L1::\w+|\.L2::\w+)*\.(\w+\.\w+|\w+)", loop)
+    wide, narrow = loads.count("v4.b32"), [load for load in loads if load != "v4.b32"]
+    rows_per_thread = t.block_n  # every warp on its own 32 x 32 columns
+    assert wide == rows_per_thread + 4, loads  # each row's 4 words, and x's 32 columns in 4
+    assert set(narrow) <= {"b16"}, loads
+    assert "bar.sync" not in loop and "shared" not in loop and spilled == 0
+    assert loop.count("fma.rn.f32") >= 28 * rows_per_thread  # a multiply-add per weight (a word's first a multiply)

@@ -122,6 +122,8 @@ def test_gguf_blocks_through_the_int_kernel(int_kernel: ModuleType, kind: str) -
     _close(out, x.float() @ stored.int_groups().dequantize().T)
     gemv = int_kernel.int_gemm(x[:3], stored, tiles=_gemv_tiles(int_kernel, "rows2"))  # the few-row path
     _close(gemv, x[:3].float() @ stored.int_groups().dequantize().T)
+    one_row = int_kernel.int_gemm(x[:1], stored)  # the rule: 4-bit types in the row GEMV
+    _close(one_row, x[:1].float() @ stored.int_groups().dequantize().T)
 
 
 def _fp8_grid(m: int, k: int, group: int, g: torch.Generator) -> torch.Tensor:
@@ -224,20 +226,26 @@ def test_fp8_gemv_equals_the_dequantized_product_with_activations_unquantized(
     _close(out, x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
 
 
-def test_gemv_rule_fp8_at_one_row_only() -> None:
-    """FP8 at one row takes the GEMV rule's tiles; more rows, and the integer kinds at any, the tensor-core rule."""
-    for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (20, 200)):
-        assert quant_tiles(1, n, k, "fp8") == gemv_tiles(1, k, "fp8")
-        for rows in (2, 3, 4, 8, 16):
-            assert quant_tiles(rows, n, k, "fp8") == tensor_core_tiles(rows, n, k, "fp8")
-        for kind, rows in itertools.product(("int4", "int8"), (1, 2, 4, 8)):
-            assert quant_tiles(rows, n, k, kind) == tensor_core_tiles(rows, n, k, kind)
+def test_gemv_rule_fp8_and_int4_at_one_row_only() -> None:
+    """FP8 and int4 at one row take the GEMV rule's tiles (int4's the row GEMV's); more rows, and int8 at any, the
+    tensor-core rule."""
+    for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (24576, 4096), (20, 200)):
+        for kind in ("fp8", "int4"):
+            assert quant_tiles(1, n, k, kind) == gemv_tiles(1, k, kind)
+            for rows in (2, 3, 4, 8, 16):
+                assert quant_tiles(rows, n, k, kind) == tensor_core_tiles(rows, n, k, kind)
+        for rows in (1, 2, 4, 8):
+            assert quant_tiles(rows, n, k, "int8") == tensor_core_tiles(rows, n, k, "int8")
 
 
 def test_gemv_tiles_hold_their_sums_in_registers() -> None:
-    """The GEMV rule's tiles at every row count a table may send to the GEMV."""
+    """The GEMV rule's tiles at every row count a table may send to the GEMV; the row GEMV's (int4, one row) hold a
+    sum per row and 32 columns, 4 rows at most, and give every warp of it 32 x 32 columns."""
     for kind, rows in itertools.product(("fp8", "int4", "int8"), range(1, 9)):
         t = gemv_tiles(rows, 4096, kind)
+        if kind == "int4" and rows == 1:  # each thread all the rows of its 32 columns; a warp per 32 x 32 columns
+            assert t.rows == 1 and t.block_n <= 4 and t.block_k >= 1024 * t.num_warps, t
+            continue
         assert t.rows >= rows and t.rows * t.block_n * t.block_k <= GEMV_MAX_SUMS * 32 * t.num_warps
     assert gemv_tiles(1, 96, "fp8").block_k == 128  # within K's power of two
 
@@ -255,12 +263,66 @@ def test_the_table_overrides_the_rule_for_its_key_only() -> None:
 
 
 def test_the_h200_table_serves_its_own_keys_only() -> None:
-    """Each entry at every row count of its bucket; a shape it lacks, the rule; integer GEMVs reachable by it."""
+    """Each entry at every row count of its bucket; a shape it lacks, the rule; int4 at one row left to the rule
+    (the row GEMV)."""
     h200 = table_for("NVIDIA H200")
     assert h200 is TABLES["H200"] and table_for("NVIDIA H200 NVL") is h200 and table_for("NVIDIA H100 PCIe") is not h200
-    assert any(isinstance(t, GemvTiles) for (kind, *_), t in h200.items() if kind == "int4")
+    assert any(kind == "int4" for kind, *_ in h200) and not any(key[:2] == ("int4", 1) for key in h200)
     for (kind, bucket, n, k), tiles in h200.items():
         assert not isinstance(tiles, GemvTiles) or tiles.rows == bucket
         for rows in range(bucket // 2 + 1, bucket + 1):
             assert quant_tiles(rows, n, k, kind, table=h200) == tiles
         assert quant_tiles(bucket, n + 128, k, kind, table=h200) == quant_tiles(bucket, n + 128, k, kind)
+
+
+@pytest.fixture(scope="module")
+def row_gemv() -> ModuleType:
+    return interpreted("int4_row_gemv")
+
+
+@pytest.mark.parametrize(("group_size", "kind", "n", "k", "tiles"), [
+    (128, "symmetric", 13, 320, GemvTiles(1, 4, 256, 4)), (128, "zeros", 9, 512, None),
+    (128, "zeros", 21, 4096, None), (64, "equal-zeros", 7, 192, GemvTiles(1, 4, 128, 2)),
+    (32, "offsets", 6, 160, GemvTiles(1, 2, 64, 1)), (32, "zeros", 5, 1024, GemvTiles(1, 8, 512, 4)),
+    (16, "zeros", 5, 256, GemvTiles(1, 8, 128, 4)), (8, "offsets", 3, 96, GemvTiles(1, 2, 64, 1)),
+    (512, "symmetric", 4, 320, GemvTiles(1, 4, 128, 1))])
+def test_int4_row_gemv_equals_the_dequantized_product(int_kernel: ModuleType, row_gemv: ModuleType, group_size: int,
+                                                      kind: str, n: int, k: int, tiles: GemvTiles | None) -> None:
+    """One row of x through int_gemm's rule or a row GEMV tile: ragged N, K past the tile and past the last whole
+    group (a group of fewer columns), groups from a word (8 columns) to wider than K, zero points per group, one for
+    all, offsets (GGUF's), a bias and a column slice of a wider output."""
+    g = torch.Generator().manual_seed(n * k + group_size)
+    num_groups = -(-k // group_size)
+    groups = _int_groups(4, group_size, kind, n, num_groups * group_size, g)
+    groups.levels = groups.levels[:, :k]
+    groups.group_ids = (torch.arange(k) // group_size).to(torch.int32)
+    stored = to_kernel_form(groups, torch.float16)
+    x = torch.randn(1, k, generator=g).half()
+    assert row_gemv.takes_row_gemv(stored, x)
+    bias = torch.randn(n, generator=g).half()
+    out = torch.zeros(1, n + 8, dtype=torch.float16)
+    chosen = None if tiles is None else int_kernel.GemvTiles(**tiles.__dict__)
+    if chosen is None:
+        assert quant_tiles(1, n, k, "int4") == gemv_tiles(1, k, "int4")
+    int_kernel.int_gemm(x, stored, bias, out=out[:, 4 : 4 + n], tiles=chosen)
+    _close(out[:, 4 : 4 + n], x.float() @ groups.dequantize().T + bias.float())
+    assert not out[:, :4].any() and not out[:, 4 + n :].any()
+    direct = torch.zeros(1, n, dtype=torch.float16)  # the kernel itself (int_gemm might have routed elsewhere)
+    row_gemv.int4_row_gemv(x, stored, None, direct, row_gemv.GemvTiles(**(tiles or gemv_tiles(1, k, "int4")).__dict__),
+                           False)
+    _close(direct, x.float() @ groups.dequantize().T)
+
+
+def test_row_gemv_leaves_act_order_and_two_rows_to_the_other_kernels(int_kernel: ModuleType,
+                                                                     row_gemv: ModuleType) -> None:
+    """Act order (x gathered) and 8-bit levels are not the row GEMV's: int_gemm's rule sends one row of them to the
+    tensor cores, and the product is still the reference's; more rows never reach it."""
+    g = torch.Generator().manual_seed(11)
+    for bits, kind in ((4, "act-order"), (8, "zeros")):
+        stored = to_kernel_form(_int_groups(bits, 64, kind, 12, 256, g), torch.float16)
+        x = torch.randn(1, 256, generator=g).half()
+        assert not row_gemv.takes_row_gemv(stored, x)
+        _close(int_kernel.int_gemm(x, stored), x.float() @ stored.int_groups().dequantize().T)
+    stored = to_kernel_form(_int_groups(4, 64, "zeros", 12, 256, g), torch.float16)
+    assert row_gemv.takes_row_gemv(stored, torch.zeros(1, 256).half())
+    assert not row_gemv.takes_row_gemv(stored, torch.zeros(2, 256).half())
