@@ -60,9 +60,15 @@ Table = dict[tuple[str, int, int, int], Tiles]  # (kind, row bucket, N, K) -> th
 
 # Per GPU (a name the device's contains), entries the sweep measured; an unmeasured shape or GPU takes the rules.
 # Qwen3-8B's and Qwen3-30B-A3B's dense products (qkv, o_proj, gate_up, down; qkv, o_proj) at 1..8 rows, the lines
-# `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` (H100, H200) and `--weights int4 --sweep` (H200) print;
-# int4 at one row dropped: measured before the row GEMV, whose rule they would override.
+# `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` (H100, H200) and `--weights int4 --sweep` (H200; H100
+# at one row) print; the H200's int4 at one row dropped: measured before the row GEMV, whose rule they would override.
 TABLES: dict[str, Table] = {"H100": {
+    ('int4', 1, 6144, 4096): GemvTiles(rows=1, block_n=4, block_k=2048, num_warps=4),
+    ('int4', 1, 4096, 4096): GemvTiles(rows=1, block_n=4, block_k=2048, num_warps=4),
+    ('int4', 1, 24576, 4096): GemvTiles(rows=1, block_n=4, block_k=1024, num_warps=4),
+    ('int4', 1, 4096, 12288): GemvTiles(rows=1, block_n=4, block_k=2048, num_warps=4),
+    ('int4', 1, 5120, 2048): GemvTiles(rows=1, block_n=4, block_k=2048, num_warps=8),
+    ('int4', 1, 2048, 4096): GemvTiles(rows=1, block_n=4, block_k=4096, num_warps=4),
     ('fp8', 1, 6144, 4096): GemvTiles(rows=1, block_n=16, block_k=512, num_warps=4),
     ('fp8', 2, 6144, 4096): GemvTiles(rows=2, block_n=8, block_k=256, num_warps=4),
     ('fp8', 4, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=6, num_warps=4, num_stages=3),
