@@ -33,6 +33,7 @@ from gpu.kernels.triton_math import add
 if TYPE_CHECKING:
     from gpu.quant.int_weights import IntWeight
 
+WORDS = tl.constexpr(4)  # int32 words of FP8 weights a thread loads at once in the one-row form: 16 bytes
 MAGIC = tl.constexpr(8388608.0)  # 2^23: a float32 whose low mantissa bits are an integer level reads 2^23 + level
 
 
@@ -113,6 +114,127 @@ def _fp8_gemv_kernel(
 
 
 @triton.jit
+def _word_ids(k, G: tl.constexpr, C: tl.constexpr, WORDS: tl.constexpr):
+    """The tile's 4-column words from column k, [1, G, C, 4]: G scale groups of C chunks of 16 columns (a thread's
+    16-byte load of FP8 weights)."""
+    chunks = tl.arange(0, G)[:, None] * (WORDS * C) + tl.arange(0, C)[None, :] * WORDS
+    return k // 4 + (chunks[:, :, None] + tl.arange(0, WORDS)[None, None, :])[None, :, :, :]
+
+
+@triton.jit
+def _block_scales(ptr, rows_offset, k, num_scale_cols, GROUP: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr):
+    """The block scales [BLOCK_N, G, 1] of the sub-tiles from k (sub-tiles past the last read it)."""
+    ids = tl.minimum((k + tl.arange(0, G) * SUB) // GROUP, num_scale_cols - 1)
+    return tl.load(ptr + rows_offset[:, None, None] + ids[None, :, None])
+
+
+@triton.jit
+def _in_k(words, num_words, BLOCK_N: tl.constexpr):
+    """Which of the tile's words [1, G, C, WORDS] lie within K, broadcast to the weight tile's shape: x's loads then
+    take the weights' layout (each thread reads the columns its weights multiply, from L1)."""
+    return tl.broadcast_to(words < num_words, (BLOCK_N, words.shape[1], words.shape[2], words.shape[3]))
+
+
+@triton.jit
+def _load_words(ptrs, in_k, EVEN_K: tl.constexpr):
+    """The words at `ptrs`, broadcast to `in_k`'s shape; 0 where `in_k` is false."""
+    ptrs, _ = tl.broadcast(ptrs, in_k)
+    if EVEN_K:
+        return tl.load(ptrs)
+    return tl.load(ptrs, mask=in_k, other=0)
+
+
+@triton.jit
+def _fp8_byte(words, j: tl.constexpr):
+    """Byte j of each int32 word (column 4 q + j) as the FP8 level it holds, in float32."""
+    return (words >> (8 * j)).to(tl.int8).to(tl.float8e4nv, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _half(words, j: tl.constexpr, X_BF16: tl.constexpr):
+    """Half j of each int64 word of x (column 4 q + j) in float32: a bf16's bits are a float32's high half."""
+    bits = (words >> (16 * j)).to(tl.int32)
+    if X_BF16:
+        return (bits << 16).to(tl.float32, bitcast=True)
+    return bits.to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32)
+
+
+@triton.jit
+def _word_products(w, x, X_BF16: tl.constexpr):
+    """Each word's 4 products (FP8 weights, int32 words; x, int64 words of 4 halves) summed: float32, w's shape."""
+    sums = _fp8_byte(w, 0) * _half(x, 0, X_BF16)
+    sums += _fp8_byte(w, 1) * _half(x, 1, X_BF16)
+    sums += _fp8_byte(w, 2) * _half(x, 2, X_BF16)
+    return sums + _fp8_byte(w, 3) * _half(x, 3, X_BF16)
+
+
+@triton.jit
+def _accumulated(sums, w, x, scales, BLOCK_SCALES: tl.constexpr, X_BF16: tl.constexpr):
+    """`sums` plus a tile's products: with block scales each chunk's products summed, then scaled [BLOCK_N, G, C];
+    else elementwise [BLOCK_N, G, C, WORDS] (the row's scale multiplies the total)."""
+    if BLOCK_SCALES:
+        sums += tl.reduce(_word_products(w, x, X_BF16), 3, add) * scales
+    else:
+        sums += _word_products(w, x, X_BF16)
+    return sums
+
+
+@triton.jit(do_not_specialize=["M", "N"])
+def _fp8_row_gemv_kernel(
+    x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K, num_scale_cols, stride_xm, stride_wn, stride_wsn, stride_om,
+    SCALE_ROWS: tl.constexpr, GROUP: tl.constexpr, BLOCK_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_PDL: tl.constexpr, X_BF16: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    # The one-row form, for K, row strides and pointers in whole words (fp8_gemv checks): tiles [BLOCK_N, G scale
+    # groups, C chunks of 16 columns, WORDS words of 4 columns], weights read as int32 words and x as int64 words of 4
+    # halves, so the tiles carried from one iteration to the next stay whole registers (a tensor of 8- or 16-bit
+    # elements is carried a register an element, then repacked). Tile i + 1's weights, x and scales are requested
+    # before tile i's arithmetic, so no iteration waits on its own loads; a thread's 16 products of a scale group
+    # are summed before that group's one scale multiply.
+    SUB: tl.constexpr = GROUP if BLOCK_SCALES and GROUP < BLOCK_K else BLOCK_K
+    G: tl.constexpr = BLOCK_K // SUB
+    C: tl.constexpr = SUB // (4 * WORDS)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row = tl.program_id(1)
+    rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)
+    scale_rows = (rows_w // SCALE_ROWS) * stride_wsn
+    w_rows = (w_ptr + rows_w[:, None, None, None] * stride_wn).to(tl.pointer_type(tl.int32))
+    x_row = (x_ptr + row * stride_xm).to(tl.pointer_type(tl.int64))
+    num_words = K // 4
+    words = _word_ids(0, G, C, WORDS)
+    w = _load_words(w_rows + words, _in_k(words, num_words, BLOCK_N), EVEN_K)
+    scales = 1.0
+    if BLOCK_SCALES:  # weights too: read before the wait
+        scales = _block_scales(ws_ptr, scale_rows, 0, num_scale_cols, GROUP, G, SUB)
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+    x = _load_words(x_row + words, _in_k(words, num_words, BLOCK_N), EVEN_K)
+    if BLOCK_SCALES:
+        sums = tl.full((BLOCK_N, G, C), 0.0, tl.float32)
+    else:
+        sums = tl.full((BLOCK_N, G, C, WORDS), 0.0, tl.float32)
+    for k in range(BLOCK_K, K, BLOCK_K):  # from the second tile: the last one's arithmetic follows the loop
+        words += BLOCK_K // 4
+        in_k = _in_k(words, num_words, BLOCK_N)
+        w_next = _load_words(w_rows + words, in_k, EVEN_K)
+        x_next = _load_words(x_row + words, in_k, EVEN_K)
+        if BLOCK_SCALES:
+            scales_next = _block_scales(ws_ptr, scale_rows, k, num_scale_cols, GROUP, G, SUB)
+            sums = _accumulated(sums, w, x, scales, BLOCK_SCALES, X_BF16)
+            scales = scales_next
+        else:
+            sums = _accumulated(sums, w, x, scales, BLOCK_SCALES, X_BF16)
+        w, x = w_next, x_next
+    sums = _accumulated(sums, w, x, scales, BLOCK_SCALES, X_BF16)
+    if BLOCK_SCALES:
+        y = tl.reduce(tl.reduce(sums, 2, add), 1, add)
+    else:  # a scale per row: on the sums
+        y = tl.reduce(_reduced(sums), 1, add) * tl.load(ws_ptr + scale_rows)
+    _store_rows(y[None, :], bias_ptr, out_ptr, row + tl.arange(0, 1), offs_n, M, N, stride_om, HAS_BIAS)
+
+
+@triton.jit
 def _levels(words, BITS: tl.constexpr):
     """Packed words [1, BLOCK_N, G, W, 1] (gpu/quant/int_weights.py's pairs: column 2j + h of a word at bit
     BITS * j + 16 * h) -> [1, BLOCK_N, G, W, 32 / BITS] float32 2^23 + level, a word's columns in order along the
@@ -183,12 +305,23 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
     """y = x @ dequantized(weight).T (+ bias) for arguments gpu/kernels/fp8_gemm.py checked: block scales of
     (scale_rows, group), or a scale per row (group None)."""
     (m, k), n = x.shape, weight.shape[0]
-    _fp8_gemv_kernel[_grid(m, n, t)](
-        x, weight, weight_scales, bias if bias is not None else weight_scales, y, m, n, k, weight_scales.shape[1],
-        x.stride(0), weight.stride(0), weight_scales.stride(0), y.stride(0),
-        SCALE_ROWS=scale_rows, GROUP=group or t.block_k, BLOCK_SCALES=group is not None, HAS_BIAS=bias is not None,
-        EVEN_K=k % t.block_k == 0, USE_PDL=pdl, ROWS=t.rows, BLOCK_N=t.block_n, BLOCK_K=t.block_k,
-        num_warps=t.num_warps, num_stages=1, launch_pdl=pdl)
+    args = (x, weight, weight_scales, bias if bias is not None else weight_scales, y, m, n, k, weight_scales.shape[1],
+            x.stride(0), weight.stride(0), weight_scales.stride(0), y.stride(0))
+    constexprs = dict(SCALE_ROWS=scale_rows, GROUP=group or t.block_k, BLOCK_SCALES=group is not None,
+                      HAS_BIAS=bias is not None, EVEN_K=k % t.block_k == 0, USE_PDL=pdl, BLOCK_N=t.block_n,
+                      BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=1, launch_pdl=pdl)
+    if t.rows == 1 and reads_words(x, weight):
+        _fp8_row_gemv_kernel[_grid(m, n, t)](*args, X_BF16=x.dtype == torch.bfloat16, **constexprs)
+    else:
+        _fp8_gemv_kernel[_grid(m, n, t)](*args, ROWS=t.rows, **constexprs)
+
+
+def reads_words(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """Whether the one-row kernel may read `weight` as int32 words and x as int64 words of 4 halves: K, both row
+    strides and both pointers in whole words."""
+    k = x.shape[1]
+    return (x.element_size() == 2 and k % 4 == 0 and weight.stride(0) % 4 == 0 and x.stride(0) % 4 == 0
+            and weight.data_ptr() % 4 == 0 and x.data_ptr() % 8 == 0)
 
 
 def int_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None, y: torch.Tensor, t: GemvTiles,
