@@ -29,7 +29,7 @@ from gpu.kernels import (  # noqa: E402
     silu_and_mul,
     store_kv,
 )
-from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, gemv_tiles, tensor_core_tiles  # noqa: E402
+from gpu.kernels.quant_gemm_configs import TABLES, GemvTiles, QuantTiles, gemv_tiles, tensor_core_tiles  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 FLOATS = {"scale_log2", "softcap_in", "softcap_out", "eps", "k_scale", "v_scale"}
@@ -230,6 +230,64 @@ def test_gemv_tiles_of_the_rule_compile_without_spills(rows: int) -> None:
             HAS_PERM=kind == "act-order"), t) == 0, (t, kind)
 
 
+def one_row_fp8_gemv_tiles() -> set[GemvTiles]:
+    """The one-row GEMV tiles the GPUs' tables pick for FP8 weights."""
+    return {t for table in TABLES.values() for (kind, *_), t in table.items()
+            if kind == "fp8" and isinstance(t, GemvTiles) and t.rows == 1}
+
+
+def loop_bodies(ptx: str) -> list[list[str]]:
+    """The instructions (comments stripped) from each loop's header label to its backward branch."""
+    lines = [line.split("//")[0].strip() for line in ptx.splitlines()]
+    labels = {line[:-1]: i for i, line in enumerate(lines) if re.fullmatch(r"\$L__BB\d+_\d+:", line)}
+    bodies = []
+    for i, line in enumerate(lines):
+        target = re.search(r"\bbra(?:\.uni)?\s+(\$L__BB\d+_\d+);", line)
+        if target and labels.get(target.group(1), i) < i:
+            bodies.append(lines[labels[target.group(1)] + 1 : i])
+    return bodies
+
+
+def global_loads(body: list[str]) -> list[tuple[int, set[str]]]:
+    """(position, destination registers) of each global load in a loop body."""
+    loads = [(i, re.search(r"ld\.global\S*\s+\{?([^}\[]*?)\}?\s*,\s*\[", line)) for i, line in enumerate(body)]
+    return [(i, set(re.findall(r"%\w+", match.group(1)))) for i, match in loads if match]
+
+
+def loads_read_in_their_iteration(body: list[str]) -> list[str]:
+    """Loop instructions other than register moves that read a global load's result in the iteration that issued the
+    load (after it in the body): each makes the iteration wait a memory latency."""
+    reads = []
+    for i, registers in global_loads(body):
+        for line in body[i + 1 :]:
+            operation, _, operands = re.sub(r"^@!?%p\d+\s+", "", line).partition(" ")
+            sources = operands.split(",", 1)[1] if "," in operands else ""
+            if not operation.startswith("mov") and registers & set(re.findall(r"%\w+", sources)):
+                reads.append(line)
+    return reads
+
+
+@pytest.mark.parametrize("block_scales", [True, False])
+def test_one_row_fp8_gemv_uses_each_load_an_iteration_after_issuing_it(block_scales: bool) -> None:
+    """At every one-row tile of the tables, with 128x128 block scales or a scale per row: the loop's loads (the next
+    K tile's weights, x and block scales) are read only by the next iteration (through loop-carried registers), so
+    none waits on its own; and its weights and x load 16 bytes at a time."""
+    tiles = one_row_fp8_gemv_tiles()
+    assert tiles
+    for t in tiles:
+        ptx = compiled_ptx(quant_gemv._fp8_row_gemv_kernel, FP8_GEMV_SIGNATURE, dict(
+            SCALE_ROWS=128 if block_scales else 1, GROUP=128 if block_scales else t.block_k,
+            BLOCK_SCALES=block_scales, HAS_BIAS=True, EVEN_K=True, USE_PDL=True, X_BF16=True, BLOCK_N=t.block_n,
+            BLOCK_K=t.block_k), fp_fusion=True, num_warps=t.num_warps, aligned=MULTIPLES_OF_16)
+        (body,) = loop_bodies(ptx)
+        loads = [body[i] for i, _ in global_loads(body)]
+        scales = [line for line in loads if re.search(r"ld\.global\.b32 \{ %r\d+ \}", line)]  # a float32 each
+        vectors = [line for line in loads if re.search(r"ld\.global\.(v4\.b32|v2\.b64) ", line)]  # 16 bytes each
+        assert len(vectors) >= 2 and len(vectors) + len(scales) == len(loads), (t, loads)
+        assert bool(scales) == block_scales, (t, loads)
+        assert loads_read_in_their_iteration(body) == [], (t, loads_read_in_their_iteration(body)[:4])
+
+
 def test_gated_delta_kernels() -> None:
     from gpu.kernels import gated_delta_decode, gated_delta_rows
 
@@ -272,13 +330,18 @@ def test_hybrid_glue_kernels(dtype: str) -> None:
         assert "div.rn.f32" in ptx and "div.full.f32" not in ptx
 
 
-def compiled_ptx(kernel: object, pointers: dict[str, str], constexprs: dict[str, object], fp_fusion: bool = False
-                 ) -> str:
+def compiled_ptx(kernel: object, pointers: dict[str, str], constexprs: dict[str, object], fp_fusion: bool = False,
+                 num_warps: int = 4, aligned: set[str] | None = None) -> str:
     """`kernel` compiled for sm_90 (by default as the wrappers that round as torch does launch it: no fp fusion): its
-    PTX. Arguments not named are i32, or fp32 where FLOATS names them."""
+    PTX. Arguments not named are i32, or fp32 where FLOATS names them; pointers and the `aligned` integers are marked
+    multiples of 16 as a launch on a GPU specializes them, where `aligned` is given."""
     names = kernel.arg_names  # type: ignore[attr-defined]
     signature = {name: "constexpr" if name in constexprs else pointers.get(name, "fp32" if name in FLOATS else "i32")
                  for name in names}
-    source = ASTSource(fn=kernel, signature=signature,
+    attrs = {} if aligned is None else {
+        (i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+        if name not in constexprs and (signature[name].startswith("*") or name in aligned)}
+    source = ASTSource(fn=kernel, signature=signature, attrs=attrs,
                        constexprs={(names.index(name),): value for name, value in constexprs.items()})
-    return triton.compile(source, target=HOPPER, options={"enable_fp_fusion": fp_fusion}).asm["ptx"]
+    return triton.compile(source, target=HOPPER, options={"enable_fp_fusion": fp_fusion, "num_warps": num_warps}
+                          ).asm["ptx"]

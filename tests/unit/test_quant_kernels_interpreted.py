@@ -224,6 +224,31 @@ def test_fp8_gemv_equals_the_dequantized_product_with_activations_unquantized(
     _close(out, x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
 
 
+@pytest.mark.parametrize(("n", "k", "block", "dtype", "tiles", "reads_words"), [
+    (13, 1000, (128, 128), torch.bfloat16, "rows1", True), (9, 776, (16, 64), torch.float16, "rows1", True),
+    (7, 520, (1, 520), torch.bfloat16, "rows1", True), (5, 224, (1, 224), torch.float16, "rows1-short", True),
+    (6, 258, (128, 128), torch.bfloat16, "rows1", False)])
+def test_one_row_fp8_gemv_equals_the_dequantized_product(fp8_kernel: ModuleType, n: int, k: int,
+                                                         block: tuple[int, int], dtype: torch.dtype, tiles: str,
+                                                         reads_words: bool) -> None:
+    """The one-row kernel (weights and x read as words, each K tile's loads one tile ahead) over several K tiles,
+    K past the last whole tile and scale block, N past the column tile, block scales and a scale per row, bf16 and
+    fp16 activations, x a column slice of a wider tensor; K not in whole words takes the general kernel."""
+    g = torch.Generator().manual_seed(n * k)
+    weight = torch.randn(n, k, generator=g) * 0.05
+    scales = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) * 1e-3 + 1e-4
+    levels = (weight / dequantize_blocks(torch.ones_like(weight), scales, block)).clamp(-448, 448).to(
+        torch.float8_e4m3fn)
+    x = torch.randn(3, k + 8, generator=g).to(dtype)[:, 4 : 4 + k]
+    bias = torch.randn(n, generator=g).to(dtype)
+    from gpu.kernels.quant_gemv import reads_words as kernel_reads_words
+
+    assert kernel_reads_words(x, levels) == reads_words
+    out = fp8_kernel.fp8_gemm(x, levels, scales, block, None, bias, tiles=_gemv_tiles(fp8_kernel, tiles))
+    ref = x.float() @ dequantize_blocks(levels, scales, block).T + bias.float()
+    torch.testing.assert_close(out.float(), ref, rtol=8e-3, atol=8e-3 * (ref.abs().max().item() + 1))  # bf16 rounding
+
+
 def test_gemv_rule_fp8_at_one_row_only() -> None:
     """FP8 at one row takes the GEMV rule's tiles; more rows, and the integer kinds at any, the tensor-core rule."""
     for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (20, 200)):
