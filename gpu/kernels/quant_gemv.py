@@ -19,6 +19,15 @@ is a thread's own; so no tile crosses threads through shared memory in the loop.
 before the current one is used, and the first before waiting on the kernel that writes x (programmatic dependent
 launch, gpu/kernels/pdl.py): weights never depend on it. Rows past M and columns past N re-read the last valid one,
 never stored. Nothing depends on the data: CUDA-graph capturable.
+
+FP8 at one row (a decode step of one sequence) has a kernel of its own, as the wrapper's `reads_words` allows (K,
+row strides and pointers in whole words; else the general kernel at ROWS 1). A tensor of 8- or 16-bit elements
+carried from one loop iteration to the next is split into a register an element and repacked in the iteration that
+loads it, which makes that iteration wait for the load; so this kernel reads the weights as int32 words (4 levels)
+and x as int64 words (4 halves), carries those, and takes the levels and halves apart with shifts where it multiplies
+them. Tile i + 1's weights, x and block scales are all requested before tile i's arithmetic, the first tile's scales
+with its weights before the wait; a thread's 16 products of a scale group are summed before that group's one scale
+multiply (not one multiply a weight).
 """
 
 from typing import TYPE_CHECKING
@@ -185,12 +194,7 @@ def _fp8_row_gemv_kernel(
     SCALE_ROWS: tl.constexpr, GROUP: tl.constexpr, BLOCK_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
     EVEN_K: tl.constexpr, USE_PDL: tl.constexpr, X_BF16: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    # The one-row form, for K, row strides and pointers in whole words (fp8_gemv checks): tiles [BLOCK_N, G scale
-    # groups, C chunks of 16 columns, WORDS words of 4 columns], weights read as int32 words and x as int64 words of 4
-    # halves, so the tiles carried from one iteration to the next stay whole registers (a tensor of 8- or 16-bit
-    # elements is carried a register an element, then repacked). Tile i + 1's weights, x and scales are requested
-    # before tile i's arithmetic, so no iteration waits on its own loads; a thread's 16 products of a scale group
-    # are summed before that group's one scale multiply.
+    # The one-row form (module docstring): tiles [BLOCK_N, G scale groups, C chunks of 16 columns, WORDS words].
     SUB: tl.constexpr = GROUP if BLOCK_SCALES and GROUP < BLOCK_K else BLOCK_K
     G: tl.constexpr = BLOCK_K // SUB
     C: tl.constexpr = SUB // (4 * WORDS)
