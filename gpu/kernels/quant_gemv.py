@@ -20,14 +20,14 @@ before the current one is used, and the first before waiting on the kernel that 
 launch, gpu/kernels/pdl.py): weights never depend on it. Rows past M and columns past N re-read the last valid one,
 never stored. Nothing depends on the data: CUDA-graph capturable.
 
-FP8 at one row (a decode step of one sequence) has a kernel of its own, as the wrapper's `reads_words` allows (K,
-row strides and pointers in whole words; else the general kernel at ROWS 1). A tensor of 8- or 16-bit elements
-carried from one loop iteration to the next is split into a register an element and repacked in the iteration that
-loads it, which makes that iteration wait for the load; so this kernel reads the weights as int32 words (4 levels)
-and x as int64 words (4 halves), carries those, and takes the levels and halves apart with shifts where it multiplies
-them. Tile i + 1's weights, x and block scales are all requested before tile i's arithmetic, the first tile's scales
-with its weights before the wait; a thread's 16 products of a scale group are summed before that group's one scale
-multiply (not one multiply a weight).
+FP8 row tiles of up to WORD_KERNEL_MAX_ROWS (decode steps of one or two sequences) have a kernel of their own, the
+word kernel, as the wrapper's `reads_words` allows (K, row strides and pointers in whole words; else the general
+one). A tensor of 8- or 16-bit elements carried from one loop iteration to the next is split into a register an
+element and repacked in the iteration that loads it, which makes that iteration wait for the load; so the word
+kernel reads the weights as int32 words (4 levels) and x as int64 words (4 halves), carries those, and takes the
+levels and halves apart with shifts where it multiplies them. Tile i + 1's weights, x and block scales are all
+requested before tile i's arithmetic, the first tile's scales with its weights before the wait; a thread's 16
+products of a scale group are summed before that group's one scale multiply (not one multiply a weight).
 """
 
 from typing import TYPE_CHECKING
@@ -42,7 +42,8 @@ from gpu.kernels.triton_math import add
 if TYPE_CHECKING:
     from gpu.quant.int_weights import IntWeight
 
-WORDS = tl.constexpr(4)  # int32 words of FP8 weights a thread loads at once in the one-row form: 16 bytes
+WORDS = tl.constexpr(4)  # int32 words of FP8 weights a thread loads at once in the word kernel: 16 bytes
+WORD_KERNEL_MAX_ROWS = 2  # row tiles the FP8 word kernel takes (at 4 its loop measured more instructions a weight)
 MAGIC = tl.constexpr(8388608.0)  # 2^23: a float32 whose low mantissa bits are an integer level reads 2^23 + level
 
 
@@ -124,24 +125,24 @@ def _fp8_gemv_kernel(
 
 @triton.jit
 def _word_ids(k, G: tl.constexpr, C: tl.constexpr, WORDS: tl.constexpr):
-    """The tile's 4-column words from column k, [1, G, C, 4]: G scale groups of C chunks of 16 columns (a thread's
-    16-byte load of FP8 weights)."""
+    """The tile's 4-column words from column k, [1, 1, G, C, WORDS]: G scale groups of C chunks of 16 columns (a
+    thread's 16-byte load of FP8 weights)."""
     chunks = tl.arange(0, G)[:, None] * (WORDS * C) + tl.arange(0, C)[None, :] * WORDS
-    return k // 4 + (chunks[:, :, None] + tl.arange(0, WORDS)[None, None, :])[None, :, :, :]
+    return k // 4 + (chunks[:, :, None] + tl.arange(0, WORDS)[None, None, :])[None, None, :, :, :]
 
 
 @triton.jit
 def _block_scales(ptr, rows_offset, k, num_scale_cols, GROUP: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr):
-    """The block scales [BLOCK_N, G, 1] of the sub-tiles from k (sub-tiles past the last read it)."""
+    """The block scales [1, BLOCK_N, G, 1] of the sub-tiles from k (sub-tiles past the last read it)."""
     ids = tl.minimum((k + tl.arange(0, G) * SUB) // GROUP, num_scale_cols - 1)
-    return tl.load(ptr + rows_offset[:, None, None] + ids[None, :, None])
+    return tl.load(ptr + rows_offset[None, :, None, None] + ids[None, None, :, None])
 
 
 @triton.jit
-def _in_k(words, num_words, BLOCK_N: tl.constexpr):
-    """Which of the tile's words [1, G, C, WORDS] lie within K, broadcast to the weight tile's shape: x's loads then
-    take the weights' layout (each thread reads the columns its weights multiply, from L1)."""
-    return tl.broadcast_to(words < num_words, (BLOCK_N, words.shape[1], words.shape[2], words.shape[3]))
+def _in_k(words, num_words, ROWS: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Which of the tile's words [1, 1, G, C, WORDS] lie within K, broadcast to the tile's [ROWS, BLOCK_N, ...]: the
+    loads of weights and x then take one layout (each thread reads the columns its weights multiply)."""
+    return tl.broadcast_to(words < num_words, (ROWS, BLOCK_N, words.shape[2], words.shape[3], words.shape[4]))
 
 
 @triton.jit
@@ -179,48 +180,50 @@ def _word_products(w, x, X_BF16: tl.constexpr):
 
 @triton.jit
 def _accumulated(sums, w, x, scales, BLOCK_SCALES: tl.constexpr, X_BF16: tl.constexpr):
-    """`sums` plus a tile's products: with block scales each chunk's products summed, then scaled [BLOCK_N, G, C];
-    else elementwise [BLOCK_N, G, C, WORDS] (the row's scale multiplies the total)."""
+    """`sums` plus a tile's products: with block scales each chunk's products summed, then scaled [ROWS, BLOCK_N, G,
+    C]; else elementwise [ROWS, BLOCK_N, G, C, WORDS] (the row's scale multiplies the total)."""
     if BLOCK_SCALES:
-        sums += tl.reduce(_word_products(w, x, X_BF16), 3, add) * scales
+        sums += tl.reduce(_word_products(w, x, X_BF16), 4, add) * scales
     else:
         sums += _word_products(w, x, X_BF16)
     return sums
 
 
 @triton.jit(do_not_specialize=["M", "N"])
-def _fp8_row_gemv_kernel(
+def _fp8_word_gemv_kernel(
     x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, M, N, K, num_scale_cols, stride_xm, stride_wn, stride_wsn, stride_om,
     SCALE_ROWS: tl.constexpr, GROUP: tl.constexpr, BLOCK_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_PDL: tl.constexpr, X_BF16: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_PDL: tl.constexpr, X_BF16: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):
-    # The one-row form (module docstring): tiles [BLOCK_N, G scale groups, C chunks of 16 columns, WORDS words].
+    # The word kernel (module docstring): tiles [ROWS, BLOCK_N, G scale groups, C chunks of 16 columns, WORDS words],
+    # the weights' loaded at every row of the tile, as x's: one layout for both (the copies read from L1).
     SUB: tl.constexpr = GROUP if BLOCK_SCALES and GROUP < BLOCK_K else BLOCK_K
     G: tl.constexpr = BLOCK_K // SUB
     C: tl.constexpr = SUB // (4 * WORDS)
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    row = tl.program_id(1)
+    offs_m = tl.program_id(1) * ROWS + tl.arange(0, ROWS)
     rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)
     scale_rows = (rows_w // SCALE_ROWS) * stride_wsn
-    w_rows = (w_ptr + rows_w[:, None, None, None] * stride_wn).to(tl.pointer_type(tl.int32))
-    x_row = (x_ptr + row * stride_xm).to(tl.pointer_type(tl.int64))
+    w_rows = (w_ptr + rows_w[None, :, None, None, None] * stride_wn).to(tl.pointer_type(tl.int32))
+    x_row = (x_ptr + tl.minimum(offs_m, M - 1)[:, None, None, None, None] * stride_xm).to(tl.pointer_type(tl.int64))
     num_words = K // 4
     words = _word_ids(0, G, C, WORDS)
-    w = _load_words(w_rows + words, _in_k(words, num_words, BLOCK_N), EVEN_K)
+    w = _load_words(w_rows + words, _in_k(words, num_words, ROWS, BLOCK_N), EVEN_K)
     scales = 1.0
     if BLOCK_SCALES:  # weights too: read before the wait
         scales = _block_scales(ws_ptr, scale_rows, 0, num_scale_cols, GROUP, G, SUB)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    x = _load_words(x_row + words, _in_k(words, num_words, BLOCK_N), EVEN_K)
+    x = _load_words(x_row + words, _in_k(words, num_words, ROWS, BLOCK_N), EVEN_K)
     if BLOCK_SCALES:
-        sums = tl.full((BLOCK_N, G, C), 0.0, tl.float32)
+        sums = tl.full((ROWS, BLOCK_N, G, C), 0.0, tl.float32)
     else:
-        sums = tl.full((BLOCK_N, G, C, WORDS), 0.0, tl.float32)
+        sums = tl.full((ROWS, BLOCK_N, G, C, WORDS), 0.0, tl.float32)
     for k in range(BLOCK_K, K, BLOCK_K):  # from the second tile: the last one's arithmetic follows the loop
         words += BLOCK_K // 4
-        in_k = _in_k(words, num_words, BLOCK_N)
+        in_k = _in_k(words, num_words, ROWS, BLOCK_N)
         w_next = _load_words(w_rows + words, in_k, EVEN_K)
         x_next = _load_words(x_row + words, in_k, EVEN_K)
         if BLOCK_SCALES:
@@ -232,10 +235,10 @@ def _fp8_row_gemv_kernel(
         w, x = w_next, x_next
     sums = _accumulated(sums, w, x, scales, BLOCK_SCALES, X_BF16)
     if BLOCK_SCALES:
-        y = tl.reduce(tl.reduce(sums, 2, add), 1, add)
+        y = _reduced(sums)
     else:  # a scale per row: on the sums
-        y = tl.reduce(_reduced(sums), 1, add) * tl.load(ws_ptr + scale_rows)
-    _store_rows(y[None, :], bias_ptr, out_ptr, row + tl.arange(0, 1), offs_n, M, N, stride_om, HAS_BIAS)
+        y = tl.reduce(_reduced(sums), 2, add) * tl.load(ws_ptr + scale_rows)[None, :]
+    _store_rows(y, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS)
 
 
 @triton.jit
@@ -314,14 +317,14 @@ def fp8_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
     constexprs = dict(SCALE_ROWS=scale_rows, GROUP=group or t.block_k, BLOCK_SCALES=group is not None,
                       HAS_BIAS=bias is not None, EVEN_K=k % t.block_k == 0, USE_PDL=pdl, BLOCK_N=t.block_n,
                       BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=1, launch_pdl=pdl)
-    if t.rows == 1 and reads_words(x, weight):
-        _fp8_row_gemv_kernel[_grid(m, n, t)](*args, X_BF16=x.dtype == torch.bfloat16, **constexprs)
+    if t.rows <= WORD_KERNEL_MAX_ROWS and reads_words(x, weight):
+        _fp8_word_gemv_kernel[_grid(m, n, t)](*args, X_BF16=x.dtype == torch.bfloat16, ROWS=t.rows, **constexprs)
     else:
         _fp8_gemv_kernel[_grid(m, n, t)](*args, ROWS=t.rows, **constexprs)
 
 
 def reads_words(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether the one-row kernel may read `weight` as int32 words and x as int64 words of 4 halves: K, both row
+    """Whether the word kernel may read `weight` as int32 words and x as int64 words of 4 halves: K, both row
     strides and both pointers in whole words."""
     k = x.shape[1]
     return (x.element_size() == 2 and k % 4 == 0 and weight.stride(0) % 4 == 0 and x.stride(0) % 4 == 0

@@ -183,20 +183,21 @@ TABLE_GEMVS_FP8 = [tiles for kind, tiles in TABLE_GEMVS if kind == "fp8"]
 
 
 @pytest.mark.parametrize(("k", "offset", "block"), [(1000, 4, (128, 128)), (2056, 2, (1, 2056)), (258, 0, (128, 128))])
-def test_one_row_fp8_gemv_at_ragged_k_and_unaligned_x(k: int, offset: int, block: tuple[int, int]) -> None:
-    """One row at each table tile's K tile: K past the last whole tile, x a column slice of a wider tensor (rows from
-    8 bytes in: int64 words; from 4: not, and K = 258 not in whole words either: the general kernel's path)."""
+def test_fp8_word_gemv_at_ragged_k_and_unaligned_x(k: int, offset: int, block: tuple[int, int]) -> None:
+    """Three rows at each table tile the word kernel runs (one and two rows): K past the last whole tile, x a column
+    slice of a wider tensor (rows from 8 bytes in: int64 words; from 4: not, and K = 258 not in whole words either:
+    the general kernel's path)."""
     from gpu.kernels.fp8_gemm import fp8_gemm
-    from gpu.kernels.quant_gemv import reads_words
+    from gpu.kernels.quant_gemv import WORD_KERNEL_MAX_ROWS, reads_words
 
     g = torch.Generator(device="cuda").manual_seed(k + offset)
     weight = torch.randn(N, k, device="cuda", generator=g) * 0.05
     scales = torch.rand(-(-N // block[0]), -(-k // block[1]), device="cuda", generator=g) * 1e-3 + 1e-4
     levels = (weight / dequantize_blocks(torch.ones_like(weight), scales, block)).clamp(-448, 448).to(
         torch.float8_e4m3fn)
-    x = torch.randn(1, k + 8, device="cuda", generator=g).bfloat16()[:, offset : offset + k]
+    x = torch.randn(3, k + 8, device="cuda", generator=g).bfloat16()[:, offset : offset + k]
     assert reads_words(x, levels) == (offset % 4 == 0 and k % 4 == 0)
-    for tiles in {t for t in TABLE_GEMVS_FP8 if t.rows == 1}:
+    for tiles in {t for t in TABLE_GEMVS_FP8 if t.rows <= WORD_KERNEL_MAX_ROWS}:
         _close(fp8_gemm(x, levels, scales, block, None, None, tiles=tiles),
                x.float() @ dequantize_blocks(levels, scales, block).T)
 

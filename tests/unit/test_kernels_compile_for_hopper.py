@@ -230,10 +230,10 @@ def test_gemv_tiles_of_the_rule_compile_without_spills(rows: int) -> None:
             HAS_PERM=kind == "act-order"), t) == 0, (t, kind)
 
 
-def one_row_fp8_gemv_tiles() -> set[GemvTiles]:
-    """The one-row GEMV tiles the GPUs' tables pick for FP8 weights."""
+def word_kernel_fp8_gemv_tiles() -> set[GemvTiles]:
+    """The FP8 GEMV tiles of the GPUs' tables that the word kernel runs (those of few enough rows)."""
     return {t for table in TABLES.values() for (kind, *_), t in table.items()
-            if kind == "fp8" and isinstance(t, GemvTiles) and t.rows == 1}
+            if kind == "fp8" and isinstance(t, GemvTiles) and t.rows <= quant_gemv.WORD_KERNEL_MAX_ROWS}
 
 
 def loop_bodies(ptx: str) -> list[list[str]]:
@@ -268,17 +268,18 @@ def loads_read_in_their_iteration(body: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("block_scales", [True, False])
-def test_one_row_fp8_gemv_uses_each_load_an_iteration_after_issuing_it(block_scales: bool) -> None:
-    """At every one-row tile of the tables, with 128x128 block scales or a scale per row: the loop's loads (the next
-    K tile's weights, x and block scales) are read only by the next iteration (through loop-carried registers), so
-    none waits on its own; and its weights and x load 16 bytes at a time."""
-    tiles = one_row_fp8_gemv_tiles()
-    assert tiles
+def test_fp8_word_gemv_uses_each_load_an_iteration_after_issuing_it(block_scales: bool) -> None:
+    """At every tile of the tables that the FP8 word kernel runs (one and two rows), with 128x128 block scales or a
+    scale per row: the loop's loads (the next K tile's weights, x and block scales) are read only by the next
+    iteration (through loop-carried registers), so none waits on its own; and weights and x load 16 bytes at a
+    time."""
+    tiles = word_kernel_fp8_gemv_tiles()
+    assert {t.rows for t in tiles} == {1, 2}
     for t in tiles:
-        ptx = compiled_ptx(quant_gemv._fp8_row_gemv_kernel, FP8_GEMV_SIGNATURE, dict(
+        ptx = compiled_ptx(quant_gemv._fp8_word_gemv_kernel, FP8_GEMV_SIGNATURE, dict(
             SCALE_ROWS=128 if block_scales else 1, GROUP=128 if block_scales else t.block_k,
-            BLOCK_SCALES=block_scales, HAS_BIAS=True, EVEN_K=True, USE_PDL=True, X_BF16=True, BLOCK_N=t.block_n,
-            BLOCK_K=t.block_k), fp_fusion=True, num_warps=t.num_warps, aligned=MULTIPLES_OF_16)
+            BLOCK_SCALES=block_scales, HAS_BIAS=True, EVEN_K=True, USE_PDL=True, X_BF16=True, ROWS=t.rows,
+            BLOCK_N=t.block_n, BLOCK_K=t.block_k), fp_fusion=True, num_warps=t.num_warps, aligned=MULTIPLES_OF_16)
         (body,) = loop_bodies(ptx)
         loads = [body[i] for i, _ in global_loads(body)]
         scales = [line for line in loads if re.search(r"ld\.global\.b32 \{ %r\d+ \}", line)]  # a float32 each

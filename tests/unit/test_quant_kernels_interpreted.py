@@ -227,13 +227,14 @@ def test_fp8_gemv_equals_the_dequantized_product_with_activations_unquantized(
 @pytest.mark.parametrize(("n", "k", "block", "dtype", "tiles", "reads_words"), [
     (13, 1000, (128, 128), torch.bfloat16, "rows1", True), (9, 776, (16, 64), torch.float16, "rows1", True),
     (7, 520, (1, 520), torch.bfloat16, "rows1", True), (5, 224, (1, 224), torch.float16, "rows1-short", True),
+    (11, 680, (128, 128), torch.bfloat16, "rows2", True), (6, 392, (1, 392), torch.float16, "rows2", True),
     (6, 258, (128, 128), torch.bfloat16, "rows1", False)])
-def test_one_row_fp8_gemv_equals_the_dequantized_product(fp8_kernel: ModuleType, n: int, k: int,
-                                                         block: tuple[int, int], dtype: torch.dtype, tiles: str,
-                                                         reads_words: bool) -> None:
-    """The one-row kernel (weights and x read as words, each K tile's loads one tile ahead) over several K tiles,
-    K past the last whole tile and scale block, N past the column tile, block scales and a scale per row, bf16 and
-    fp16 activations, x a column slice of a wider tensor; K not in whole words takes the general kernel."""
+def test_fp8_word_gemv_equals_the_dequantized_product(fp8_kernel: ModuleType, n: int, k: int, block: tuple[int, int],
+                                                      dtype: torch.dtype, tiles: str, reads_words: bool) -> None:
+    """The word kernel (weights and x read as words, each K tile's loads one tile ahead) at one- and two-row tiles
+    over several K tiles: K past the last whole tile and scale block, N past the column tile, 3 rows (past the
+    two-row tile), block scales and a scale per row, bf16 and fp16 activations, x a column slice of a wider tensor;
+    K not in whole words takes the general kernel."""
     g = torch.Generator().manual_seed(n * k)
     weight = torch.randn(n, k, generator=g) * 0.05
     scales = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) * 1e-3 + 1e-4
@@ -241,9 +242,10 @@ def test_one_row_fp8_gemv_equals_the_dequantized_product(fp8_kernel: ModuleType,
         torch.float8_e4m3fn)
     x = torch.randn(3, k + 8, generator=g).to(dtype)[:, 4 : 4 + k]
     bias = torch.randn(n, generator=g).to(dtype)
+    from gpu.kernels.quant_gemv import WORD_KERNEL_MAX_ROWS
     from gpu.kernels.quant_gemv import reads_words as kernel_reads_words
 
-    assert kernel_reads_words(x, levels) == reads_words
+    assert kernel_reads_words(x, levels) == reads_words and GEMV_TILES[tiles].rows <= WORD_KERNEL_MAX_ROWS
     out = fp8_kernel.fp8_gemm(x, levels, scales, block, None, bias, tiles=_gemv_tiles(fp8_kernel, tiles))
     ref = x.float() @ dequantize_blocks(levels, scales, block).T + bias.float()
     torch.testing.assert_close(out.float(), ref, rtol=8e-3, atol=8e-3 * (ref.abs().max().item() + 1))  # bf16 rounding
