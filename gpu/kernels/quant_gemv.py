@@ -57,7 +57,7 @@ def _columns(k, G: tl.constexpr, SUB: tl.constexpr):
 def _group_values(ptr, rows_offset, k, num_groups, GROUP: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr):
     """A per-group tensor's values [1, BLOCK_N, G, 1] at the sub-tiles from k (groups past the last read it)."""
     ids = tl.minimum((k + tl.arange(0, G) * SUB) // GROUP, num_groups - 1)
-    return tl.load(ptr + rows_offset[None, :, None, None] + ids[None, None, :, None]).to(tl.float32)
+    return tl.load(ptr + rows_offset[None, :, None, None] + ids[None, None, :, None]).to(tl.float32).to(tl.float32)
 
 
 @triton.jit
@@ -135,7 +135,7 @@ def _word_ids(k, G: tl.constexpr, C: tl.constexpr, WORDS: tl.constexpr):
 def _block_scales(ptr, rows_offset, k, num_scale_cols, GROUP: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr):
     """The block scales [1, BLOCK_N, G, 1] of the sub-tiles from k (sub-tiles past the last read it)."""
     ids = tl.minimum((k + tl.arange(0, G) * SUB) // GROUP, num_scale_cols - 1)
-    return tl.load(ptr + rows_offset[None, :, None, None] + ids[None, None, :, None])
+    return tl.load(ptr + rows_offset[None, :, None, None] + ids[None, None, :, None]).to(tl.float32)
 
 
 @triton.jit
@@ -237,7 +237,7 @@ def _fp8_word_gemv_kernel(
     if BLOCK_SCALES:
         y = _reduced(sums)
     else:  # a scale per row: on the sums
-        y = tl.reduce(_reduced(sums), 2, add) * tl.load(ws_ptr + scale_rows)[None, :]
+        y = tl.reduce(_reduced(sums), 2, add) * tl.load(ws_ptr + scale_rows).to(tl.float32)[None, :]
     _store_rows(y, bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS)
 
 
