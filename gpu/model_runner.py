@@ -47,7 +47,7 @@ from gpu.host_to_device import pack_block_tables, to_device, write_block_tables
 from gpu.kernels import HAS_TRITON, gated_gemm
 from gpu.kernels.skinny_gemm_configs import FEW_ROWS
 from gpu.kv_cache_groups import KVCacheGroup
-from gpu.layers.linear import warm_up_skinny_gemm
+from gpu.layers.linear import warm_up_cublas_rows, warm_up_skinny_gemm
 from gpu.loader import load_weights
 from gpu.mixed_graphs import MixedGraphs
 from gpu.model_info import checkpoint_dtype, load_hf_config
@@ -56,6 +56,7 @@ from gpu.models.causal_lm import DecoderStack
 from gpu.models.eagle3 import Eagle3Drafter, Eagle3Head, default_aux_layers, read_eagle3_config
 from gpu.penalties import PenaltyState
 from gpu.pending_step import PendingLogits, PendingStep, SampledRows, feed_back_tokens
+from gpu.prompt_logprobs import SLICE as PROMPT_LOGPROBS_ROWS
 from gpu.prompt_logprobs import PackedPromptLogprobs, prompt_logprobs
 from gpu.quant import (
     cast_float_params,
@@ -524,7 +525,7 @@ class ModelRunner:
         prefill, and decode steps of every row count up to 16 (without a sampling head in the decode graphs the
         lm_head after a graph runs eagerly on the unpadded rows) and of every graph bucket, greedy and sampled rows;
         and every linear layer and the lm_head once per row bucket of the skinny GEMM (its configs for 17..256 rows
-        meet prefills of any length too).
+        meet prefills of any length too), and every product shape once per row bucket of cuBLAS.
         On CPU nothing is compiled per shape: one short prefill and one decode step pay the first-call
         costs (thread pool, oneDNN/MKL set-up, the sampler's paths). Nothing is written to the cache
         (slot -1); every row reads block 0."""
@@ -534,6 +535,7 @@ class ModelRunner:
             prompt = min(1024, c.max_num_batched_tokens, c.max_model_len)
             skinny_rows = range(1, min(FEW_ROWS, c.max_num_seqs) + 1)
             warm_up_skinny_gemm(self.model, c.max_num_batched_tokens)
+            self._warm_up_cublas_rows()
             warm_up_quantized(self.model, c.max_num_batched_tokens, self.dtype)
             row_counts = sorted(set(skinny_rows) | set(self.decode.buckets if self.decode else []))
         else:
@@ -546,6 +548,17 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         logger.info("warmed up the first requests' steps (%d) in %.1f s", len(batches), time.perf_counter() - start)
+
+    def _warm_up_cublas_rows(self) -> None:
+        """Every product shape at every cuBLAS row bucket (gpu/kernels/cublas_rows.py): cuBLAS's per-shape choice made
+        now, not at an eager step of a new length. The LM head's rows: a step's sampled rows, or a prompt's logprobs'
+        slices."""
+        c = self.config
+        start = time.perf_counter()
+        num_calls = warm_up_cublas_rows(self.model, c.max_num_batched_tokens, max(c.max_num_seqs, PROMPT_LOGPROBS_ROWS))
+        torch.cuda.synchronize(self.device)
+        logger.info("ran every cuBLAS product shape at every row bucket (%d calls) in %.1f s", num_calls,
+                    time.perf_counter() - start)
 
     def close(self) -> None:
         """Nothing to stop in one process (the surface of gpu.tensor_parallel_runner.TensorParallelRunner)."""

@@ -11,10 +11,12 @@ A `Linear`'s product x @ W.T runs on, in this order:
    (gpu/kernels/skinny_gemm_configs.py); where the GPU's prologue rule says so, that kernel also computes its own
    input (the residual add + RMSNorm before q/k/v and gate/up, SiLU-and-mul before down): one launch less each
    (Llama's norm convention and SiLU only: Gemma's norms and GELU run on their own first);
-4. cuBLAS (F.linear) otherwise, and everywhere when built with `KernelConfig.fused_kernels` off (the reference).
+4. cuBLAS (F.linear) otherwise, and everywhere when built with `KernelConfig.fused_kernels` off (the reference); on
+   a GPU its rows run padded to gpu/kernels/cublas_rows.py's buckets, so an eager prompt's new row count meets a
+   shape cuBLAS has chosen its kernel for before.
 The choice depends on shapes, dtypes and the GPU only, so it is the same at every replay of a CUDA graph. The LM
 head (gpu/layers/vocab_parallel.py) routes through the same `linear`. `warm_up_skinny_gemm` compiles every row
-bucket's config before a request.
+bucket's config before a request, `warm_up_cublas_rows` runs every cuBLAS row bucket of every product shape.
 
 Merging turns three (or two) matmuls into one; each parameter of a MergedLinear carries a `weight_loader` that copies
 one checkpoint shard into its rows. Under tensor parallelism a MergedLinear is column-parallel: each of its shards
@@ -22,11 +24,11 @@ holds a `RowSlice` of its checkpoint tensor (this rank's heads, or its share of 
 """
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.kernels import HAS_TRITON, gated_gemm
+from gpu.kernels.cublas_rows import cublas_row_buckets, padded_linear
 from gpu.kernels.skinny_gemm_configs import MAX_ROWS, SkinnyConfig, row_bucket
 from gpu.layers.activation import GatedActivation, SiluAndMul
 from gpu.layers.cpu_linear import CpuPacking, PackedWeight
@@ -188,10 +190,11 @@ def is_skinny(x: torch.Tensor, weight: torch.Tensor, kernels: KernelConfig) -> b
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, kernels: KernelConfig,
            out: torch.Tensor | None = None) -> torch.Tensor:
     """x @ weight.T (+ bias) over x's last dimension: the skinny GEMM kernel where `is_skinny`, else cuBLAS; with
-    `out` (2-d x only) the product is written into it, a buffer the caller reuses (the decode graphs' logits)."""
+    `out` (2-d x only) the product is written into it, a buffer the caller reuses (the decode graphs' logits, run at
+    the graphs' own row counts: unpadded)."""
     if not is_skinny(x, weight, kernels):
         if out is None:
-            return F.linear(x, weight, bias)
+            return padded_linear(x, weight, bias)
         return torch.mm(x, weight.t(), out=out) if bias is None else torch.addmm(bias, x, weight.t(), out=out)
     from gpu.kernels.skinny_gemm import skinny_gemm
 
@@ -216,6 +219,40 @@ def warm_up_skinny_gemm(model: nn.Module, max_rows: int) -> int:
                        kernels)
                 calls += 1
     return calls
+
+
+def warm_up_cublas_rows(model: nn.Module, max_rows: int, max_head_rows: int | None = None) -> int:
+    """Runs each distinct product shape (out, in, dtype, bias or not) of `model`'s float CUDA layers that route through
+    `linear` once per cuBLAS row bucket above EXACT_ROWS (gpu/kernels/cublas_rows.py) up to `max_rows` (the most rows
+    a step can have), so cuBLAS has chosen its kernel for every shape an eager step can meet before the first
+    request. The layers sharing a shape run it once. `model.lm_head` (a causal LM's) runs up to `max_head_rows`: it
+    takes a step's sampled rows, never all of its tokens, whose logits could take gigabytes. No all-reduce: only the
+    shapes matter. Returns the number of calls made."""
+    head = getattr(model, "lm_head", None)
+    calls = 0
+    for layer, max_layer_rows in _cublas_shapes(model, head, max_rows, max_head_rows).values():
+        weight = layer.weight
+        buckets = cublas_row_buckets(max_layer_rows)
+        zeros = torch.zeros(buckets[-1] if buckets else 0, weight.shape[1], dtype=weight.dtype, device=weight.device)
+        for rows in buckets:
+            linear(zeros[:rows], weight, getattr(layer, "bias", None), layer.kernels)
+            calls += 1
+    return calls
+
+
+def _cublas_shapes(model: nn.Module, head: nn.Module | None, max_rows: int,
+                   max_head_rows: int | None) -> dict[tuple[object, ...], tuple[nn.Module, int]]:
+    """One layer per distinct product shape of `warm_up_cublas_rows`, with the most rows it runs at."""
+    shapes: dict[tuple[object, ...], tuple[nn.Module, int]] = {}
+    for layer in model.modules():
+        weight, kernels = getattr(layer, "weight", None), getattr(layer, "kernels", None)
+        if isinstance(kernels, KernelConfig) and isinstance(weight, torch.Tensor) and weight.dim() == 2 \
+                and weight.is_cuda and weight.is_floating_point() and getattr(layer, "quant", None) is None:
+            bias = getattr(layer, "bias", None)
+            key = (*weight.shape, weight.dtype, weight.device, bias is not None, kernels)
+            rows = max_rows if layer is not head or max_head_rows is None else min(max_rows, max_head_rows)
+            shapes[key] = (layer, max(rows, shapes[key][1] if key in shapes else 0))
+    return shapes
 
 
 class MergedLinear(Linear):

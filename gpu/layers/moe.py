@@ -36,6 +36,7 @@ from transformers import PretrainedConfig
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.kernels import HAS_TRITON
+from gpu.kernels.cublas_rows import padded_linear
 from gpu.layers.activation import times_sigmoid
 from gpu.layers.linear import Linear, linear
 from gpu.layers.mlp import MLP, MLPSpec
@@ -148,7 +149,7 @@ class Router(nn.Module):
     def forward(self, x: torch.Tensor) -> RoutedTokens:
         """Each token's experts, from x [num_tokens, hidden_size] normed."""
         if self.routing.float32_logits:
-            logits = F.linear(x.float(), self.weight, self.bias)
+            logits = padded_linear(x.float(), self.weight, self.bias)  # cuBLAS's row buckets, as `linear`'s
         else:
             logits = linear(x, self.weight, self.bias, self.kernels)  # [num_tokens, num_experts]
         if self.kernels.fused_kernels and HAS_TRITON and logits.is_cuda:
