@@ -4,7 +4,8 @@ Per token and group of GROUP columns (the scales cuBLAS's 1x128 block recipe rea
 M-major as it requires, M padded by zero rows to a multiple of SCALE_ROWS_MULTIPLE), per token (a scale per row over
 all of K: its row-wise recipe), or with a static scale (written once per row, so the row-wise recipe takes it). Each
 scale is the group's largest magnitude / 448, as gpu/kernels/fp8_gemm.py quantizes in its loop. One program per row,
-in chunks of BLOCK columns.
+in chunks of BLOCK columns. The output may have zero rows past x's, up to the row count the product runs at
+(gpu/kernels/cublas_rows.py's bucket), so the padding costs no copy of its own.
 """
 
 import torch
@@ -39,11 +40,11 @@ def _quantize_rows_kernel(
     pdl_start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
-    x_columns = tl.where(row < M, K, 0)  # rows past x's pad the grouped layout: zeros, scaled by MIN_SCALE
+    x_columns = tl.where(row < M, K, 0)  # rows past x's pad the output: zeros, scaled by MIN_SCALE (or the static)
     if STATIC:
         scale = tl.load(in_scale_ptr)
     elif PER_TOKEN:
-        scale = tl.maximum(_row_amax(x_row, K, BLOCK) / FP8_MAX, MIN_SCALE)
+        scale = tl.maximum(_row_amax(x_row, x_columns, BLOCK) / FP8_MAX, MIN_SCALE)
     if STATIC or PER_TOKEN:
         tl.store(s_ptr + row * stride_sm, scale)
     for k in range(0, K, BLOCK):
@@ -61,19 +62,20 @@ def _quantize_rows_kernel(
 
 
 def quantize_rows(x: torch.Tensor, group: int | None, input_scale: torch.Tensor | None = None,
-                  use_pdl: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x as FP8 [M, K], its float32 scales): per token group of `group` columns ([M, K / group], M-major, both with
-    M rounded up to SCALE_ROWS_MULTIPLE by zero rows), per token (group None: [M, 1]) or the static `input_scale`
-    ([M, 1], every row the same)."""
+                  use_pdl: bool = True, num_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x as FP8 [R, K], its float32 scales): per token group of `group` columns ([R, K / group], M-major, R rounded
+    up to SCALE_ROWS_MULTIPLE), per token (group None: [R, 1]) or the static `input_scale` ([R, 1], every row the
+    same). R: `num_rows` (cuBLAS's row bucket, gpu/kernels/cublas_rows.py), at least x's M; rows past x's are zeros."""
     m, k = x.shape
     if x.stride(1) != 1 or (group is not None and (BLOCK % group or k % group)):
         raise ValueError(f"x [M, K] with unit stride along K and K a multiple of the group {group} expected, got "
                          f"{tuple(x.shape)} strides {x.stride()}")
     is_grouped = group is not None and input_scale is None
-    rows = -(-m // SCALE_ROWS_MULTIPLE) * SCALE_ROWS_MULTIPLE if is_grouped else m
+    rows = max(m, num_rows or 0)
+    rows = -(-rows // SCALE_ROWS_MULTIPLE) * SCALE_ROWS_MULTIPLE if is_grouped else rows
     q = torch.empty((rows, k), dtype=torch.float8_e4m3fn, device=x.device)
     scales = (torch.empty((k // group, rows), dtype=torch.float32, device=x.device).t() if is_grouped  # type: ignore[operator]
-              else torch.empty((m, 1), dtype=torch.float32, device=x.device))
+              else torch.empty((rows, 1), dtype=torch.float32, device=x.device))
     if m == 0:
         return q, scales
     pdl = uses_pdl(use_pdl, x)

@@ -110,11 +110,15 @@ def finish_loading(model: nn.Module, dtype: torch.dtype) -> None:
 
 def warm_up_quantized(model: nn.Module, max_rows: int, dtype: torch.dtype) -> int:
     """Runs every quantized CUDA layer once per row tile of gpu/kernels/quant_gemm_configs.py's rule up to `max_rows`
-    rows, so each tile's kernel is compiled before a request meets it. Returns the number of calls made."""
+    rows, so each tile's kernel is compiled before a request meets it; and each distinct product shape that runs in
+    cuBLAS (`QuantMethod.cublas_shape`) once per cuBLAS row bucket (gpu/kernels/cublas_rows.py) up to `max_rows`, so
+    cuBLAS has chosen its kernel for each. Returns the number of calls made."""
+    from gpu.kernels.cublas_rows import cublas_row_buckets
     from gpu.kernels.quant_gemm_configs import row_tile
 
     rows = sorted({min(max_rows, r) for r in (1, 17, 33, 65, 129)})
     calls = 0
+    cublas_layers: dict[tuple[object, ...], nn.Module] = {}
     for module in model.modules():
         method = getattr(module, "quant", None)
         if isinstance(method, QuantMethod) and next(module.parameters()).is_cuda:
@@ -122,6 +126,15 @@ def warm_up_quantized(model: nn.Module, max_rows: int, dtype: torch.dtype) -> in
             for count in {row_tile(r): r for r in rows}.values():
                 method.apply(module, torch.zeros(count, method.layout.in_features, dtype=dtype, device=device), None)
                 calls += 1
+            if (shape := method.cublas_shape()) is not None:
+                bias = getattr(module, "bias", None)
+                cublas_layers.setdefault((shape, bias is not None, device), module)
+    for module in cublas_layers.values():
+        device, in_features = next(module.parameters()).device, module.quant.layout.in_features
+        for count in cublas_row_buckets(max_rows):
+            module.quant.apply(module, torch.zeros(count, in_features, dtype=dtype, device=device),
+                               getattr(module, "bias", None))
+            calls += 1
     return calls
 
 

@@ -83,28 +83,37 @@ class Fp8Method(QuantMethod):
         return y.view(*x.shape[:-1], y.shape[-1])
 
     def _runs_on_cublas(self, rows: torch.Tensor) -> bool:
-        """Many rows on a GPU, in a layout cuBLAS's FP8 GEMM takes (16-aligned sizes; 128x128 weight blocks with
-        dynamic activations, or a scale per row)."""
+        """Many rows on a GPU, in a layout cuBLAS's FP8 GEMM takes (`cublas_shape`)."""
         from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS
 
+        return (rows.is_cuda and rows.shape[0] >= FP8_CUBLAS_MIN_ROWS and rows.stride(-1) == 1
+                and self.cublas_shape() is not None)
+
+    def cublas_shape(self) -> tuple[object, ...] | None:
+        """Where cuBLAS's FP8 GEMM takes this layout (16-aligned sizes; 128x128 weight blocks with dynamic
+        activations, or a scale per row): what selects its kernel beside the rows."""
         n, k = self.layout.out_features, self.layout.in_features
         # cuBLAS reads block scales with a 16-byte aligned leading dimension: the weight's K / 128 scales a row, whole
         # sets of 4 (torch passes the stored row length as that dimension)
         is_deepseek_blocks = self.scale_block == (128, 128) and not self.has_input_scale and k % (128 * 4) == 0
-        return (rows.is_cuda and rows.shape[0] >= FP8_CUBLAS_MIN_ROWS and n % 16 == 0 and k % 16 == 0
-                and rows.stride(-1) == 1 and (self.scale_block[1] >= k or is_deepseek_blocks))
+        if n % 16 or k % 16 or not (self.scale_block[1] >= k or is_deepseek_blocks):
+            return None
+        return (self.format_name, n, k, self.scale_block[1] >= k, self.has_input_scale)
 
     def cublas_product(self, layer: nn.Module, rows: torch.Tensor, input_scale: torch.Tensor | None,
                         bias: torch.Tensor | None) -> torch.Tensor:
         """torch._scaled_mm: activations quantized per token (per-row weights) or per token group of 128 columns
-        (cuBLAS's 1x128 x 128x128 block recipe) first, by one kernel."""
+        (cuBLAS's 1x128 x 128x128 block recipe) first, by one kernel, which also pads them to cuBLAS's row bucket
+        (gpu/kernels/cublas_rows.py)."""
+        from gpu.kernels.cublas_rows import rows_to_run
         from gpu.kernels.fp8_quant import quantize_rows
 
         is_per_row = self.scale_block[1] >= self.layout.in_features
-        quantized, x_scales = quantize_rows(rows, None if is_per_row else 128, input_scale)
+        quantized, x_scales = quantize_rows(rows, None if is_per_row else 128, input_scale,
+                                            num_rows=rows_to_run(rows.shape[0], rows.device))
         y = torch._scaled_mm(quantized, layer.weight.t(), scale_a=x_scales,
                              scale_b=getattr(layer, self.scale_name).t(), bias=bias, out_dtype=rows.dtype)
-        return y[: rows.shape[0]]  # grouped activations come padded to whole sets of rows
+        return y[: rows.shape[0]]  # the activations come padded to cuBLAS's row bucket (and to whole sets of rows)
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         return dequantize_blocks(layer.weight, getattr(layer, self.scale_name), self.scale_block)

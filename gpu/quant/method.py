@@ -62,6 +62,11 @@ class QuantMethod:
         """The weight [out, in] in float32 by the format's rule: the reference."""
         raise NotImplementedError
 
+    def cublas_shape(self) -> tuple[object, ...] | None:
+        """What, beside the rows, selects the cuBLAS kernel that this layer's products of many rows run on (warm-up
+        runs each distinct one at every row bucket of gpu/kernels/cublas_rows.py); None: they never run in cuBLAS."""
+        return None
+
     def stored_bytes(self, layer: nn.Module) -> int:
         return sum(p.numel() * p.element_size() for name, p in layer.named_parameters(recurse=False) if name != "bias")
 

@@ -118,3 +118,25 @@ def test_after_warm_up_a_new_row_count_pays_no_cublas_set_up() -> None:
         torch.cuda.synchronize()
     print(f"first calls at new row counts after warm-up: {[round(t * 1e3, 3) for t in times]} ms")
     assert statistics.median(times) < 1e-3
+
+
+def test_fp8_warm_up_runs_every_bucket_of_each_distinct_cublas_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two FP8 layers of one shape (128x128 blocks): each runs the Triton kernel's row tiles, their one cuBLAS shape
+    every row bucket, its activations padded to it."""
+    from gpu.quant import warm_up_quantized
+    from gpu.quant.fp8 import Fp8Scheme
+    from tests.gpu.test_quantized_gpu import _fp8_weight, _loaded
+
+    scheme = Fp8Scheme({"quant_method": "fp8", "weight_block_size": [128, 128]})
+    layers = []
+    for seed in (1, 2):
+        levels, scales = _fp8_weight((128, 128), torch.Generator(device="cuda").manual_seed(seed))
+        layers.append(_loaded(scheme, {"weight": levels, "weight_scale_inv": scales}))
+    cublas_rows: list[int] = []
+    real = torch._scaled_mm
+    monkeypatch.setattr(torch, "_scaled_mm", lambda a, *args, **kw: cublas_rows.append(a.shape[0]) or
+                        real(a, *args, **kw))
+    calls = warm_up_quantized(torch.nn.Sequential(*layers), 8192, torch.bfloat16)
+    assert cublas_rows.count(192) == 1 + 2  # the bucket, and each layer's tile of 128 rows (run at 129 rows)
+    assert sorted(set(cublas_rows)) == cublas_row_buckets(8192) and len(cublas_rows) == 63 + 2
+    assert calls == 2 * 4 + 63  # row tiles 16, 32, 64, 128 per layer (1, 17, 33, 129 rows); the buckets once

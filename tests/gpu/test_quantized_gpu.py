@@ -115,10 +115,10 @@ def _loaded(scheme: object, tensors: dict[str, torch.Tensor]) -> Linear:
 
 
 @pytest.mark.parametrize("scheme", ["blocks", "per-channel"])
-@pytest.mark.parametrize("rows", ROWS)
+@pytest.mark.parametrize("rows", (*ROWS, 1000, 2049))
 def test_fp8_layer_routes_by_rows(scheme: str, rows: int) -> None:
     """Up to FP8_CUBLAS_MIN_ROWS the Triton kernel (activations per group of 128), from there cuBLAS (per group of
-    128 for 128x128 blocks, per token for a scale per channel)."""
+    128 for 128x128 blocks, per token for a scale per channel), its rows padded to cuBLAS's row bucket."""
     g = torch.Generator(device="cuda").manual_seed(rows + 1)
     block = (128, 128) if scheme == "blocks" else (1, K)
     levels, scales = _fp8_weight(block, g)

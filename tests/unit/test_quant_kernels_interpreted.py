@@ -153,21 +153,29 @@ def test_fp8_gemm_equals_the_dequantized_product(fp8_kernel: ModuleType, m: int,
 
 
 @pytest.mark.parametrize("group", [128, None, "static"])
-def test_activation_quantization_for_cublas(fp8_quant: ModuleType, group: int | str | None) -> None:
+@pytest.mark.parametrize("num_rows", [None, 13])
+def test_activation_quantization_for_cublas(fp8_quant: ModuleType, group: int | str | None,
+                                            num_rows: int | None) -> None:
+    """x's rows quantized; with `num_rows` (cuBLAS's row bucket) zero rows past them, with finite scales."""
     g = torch.Generator().manual_seed(3)
     m, k = 6, 2304
     static = torch.tensor([0.5]) if group == "static" else None
     x = _fp8_grid(m, k, k if group is None else 128, g) if static is None else \
         ((torch.randn(m, k, generator=g) * 100).clamp(-440, 440).to(torch.float8_e4m3fn).float() * 0.5).half()
-    quantized, scales = fp8_quant.quantize_rows(x, group if isinstance(group, int) else None, static)
+    backing = torch.full((16, k), float("inf"), dtype=x.dtype)  # rows past x's: inf, should the kernel read them
+    backing[:m] = x
+    quantized, scales = fp8_quant.quantize_rows(backing[:m], group if isinstance(group, int) else None, static,
+                                                num_rows=num_rows)
+    rows = m if num_rows is None else num_rows
     if isinstance(group, int):  # cuBLAS's 1x128 layout: M-major, M in whole sets of 4 rows (zeros past x's)
-        assert scales.shape == (8, k // group) and scales.stride() == (1, 8) and quantized.shape == (8, k)
-        assert not quantized[m:].float().any()
-        quantized, expanded = quantized[:m], scales[:m].repeat_interleave(group, 1)
+        rows = -(-rows // 4) * 4
+        assert scales.shape == (rows, k // group) and scales.stride() == (1, rows) and quantized.shape == (rows, k)
+        expanded = scales[:m].repeat_interleave(group, 1)
     else:
-        assert scales.shape == (m, 1)
-        expanded = scales
-    assert torch.equal(quantized.float() * expanded, x.float())
+        assert scales.shape == (rows, 1) and quantized.shape == (rows, k)
+        expanded = scales[:m]
+    assert not quantized[m:].float().any() and torch.isfinite(scales).all() and (scales > 0).all()
+    assert torch.equal(quantized[:m].float() * expanded, x.float())
 
 
 GEMV_TILES = {"rows1": GemvTiles(1, 4, 256, 4), "rows2": GemvTiles(2, 8, 128, 4), "rows1-short": GemvTiles(1, 4, 64, 2)}
