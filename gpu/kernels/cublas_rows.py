@@ -52,11 +52,17 @@ def pad_rows(x: torch.Tensor, num_rows: int) -> torch.Tensor:
 
 
 def padded_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """F.linear(x, weight, bias), run at `rows_to_run`'s row count; the result is contiguous wherever F.linear's is
-    (the first rows of a contiguous product)."""
+    """F.linear(x, weight, bias), run at `rows_to_run`'s row count."""
+    if not x.is_cuda:  # the CPU's path as it was, without a look at the rows
+        return F.linear(x, weight, bias)
     num_rows = x.numel() // weight.shape[1]
     padded = rows_to_run(num_rows, x.device)
-    if padded == num_rows:
-        return F.linear(x, weight, bias)
-    y = F.linear(pad_rows(x.reshape(num_rows, weight.shape[1]), padded), weight, bias)
-    return y[:num_rows].view(*x.shape[:-1], weight.shape[0])
+    return F.linear(x, weight, bias) if padded == num_rows else linear_at_rows(x, weight, bias, padded)
+
+
+def linear_at_rows(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, num_rows: int) -> torch.Tensor:
+    """F.linear(x, weight, bias) computed over x's rows padded with zero rows to `num_rows`, on any device; the result
+    is contiguous (the first rows of a contiguous product), shaped as F.linear's."""
+    rows = x.reshape(-1, weight.shape[1])
+    y = F.linear(pad_rows(rows, num_rows), weight, bias)
+    return y[: rows.shape[0]].view(*x.shape[:-1], weight.shape[0])
