@@ -3,8 +3,8 @@ give the unpadded product's rows; a captured graph runs unpadded; `warm_up_cubla
 distinct product shape once, the LM head's up to its own limit; after it, a product at a new row count pays no
 cuBLAS set-up.
 
-Tolerance: one bf16 rounding of the output (relative 2^-8) on top of float32 sums that a kernel chosen for another
-row count may add in another order.
+Tolerance: one ulp of bf16 (relative 2^-7) between two roundings of float32 sums that a kernel chosen for another row
+count may add in another order; the tests print whether the padded and unpadded products are bitwise equal.
 """
 
 import statistics
@@ -43,16 +43,16 @@ def test_a_padded_product_is_the_unpadded_products_rows(rows: int, n: int, k: in
         y = padded_linear(x, weight, b)
         expected = F.linear(x, weight, b)
         assert y.shape == expected.shape and y.is_contiguous()
-        torch.testing.assert_close(y, expected, rtol=2**-8, atol=2**-8)
+        torch.testing.assert_close(y, expected, rtol=2**-7, atol=2**-7)  # one ulp of bf16 apart at most
         exact = (x.float() @ weight.float().t() + (0 if b is None else b.float())).to(dtype)
-        torch.testing.assert_close(y, exact, rtol=2**-7, atol=2**-7)
+        torch.testing.assert_close(y, exact, rtol=2**-7, atol=2**-6)
     print(f"{rows} rows, ({n}, {k}) {dtype}: bitwise equal to unpadded: {torch.equal(y, expected)}")
 
 
 def test_a_3d_input_and_a_linear_layer_go_padded() -> None:
     layer = Linear(1024, 4096, bias=True).to(DEVICE, torch.bfloat16).requires_grad_(False)
     x = torch.randn(3, 700, 1024, device=DEVICE, dtype=torch.bfloat16)
-    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=2**-8, atol=2**-8)
+    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=2**-7, atol=2**-7)
     assert layer(x).shape == (3, 700, 4096)
 
 
@@ -69,7 +69,7 @@ def test_a_captured_product_runs_unpadded_and_replays_the_eager_rows() -> None:
     assert seen == [128, 100]  # outside the capture, then inside it
     x.copy_(torch.randn_like(x))
     graph.replay()
-    torch.testing.assert_close(y, padded_linear(x, weight, None), rtol=2**-8, atol=2**-8)
+    torch.testing.assert_close(y, padded_linear(x, weight, None), rtol=2**-7, atol=2**-7)
 
 
 class TinyLM(torch.nn.Module):
@@ -105,7 +105,7 @@ def test_warm_up_runs_every_bucket_of_every_distinct_shape(monkeypatch: pytest.M
 def test_after_warm_up_a_new_row_count_pays_no_cublas_set_up() -> None:
     """The first product at each of several new row counts, host time: about a microsecond-scale launch, not cuBLAS's
     milliseconds of choosing a kernel for a shape it has not seen (a shape no other test here runs)."""
-    model = torch.nn.Sequential(Linear(2560, 1536, bias=False)).to(DEVICE, torch.bfloat16).requires_grad_(False)
+    model = torch.nn.Sequential(Linear(1536, 2560, bias=False)).to(DEVICE, torch.bfloat16).requires_grad_(False)
     warm_up_cublas_rows(model, 8192)
     torch.cuda.synchronize()
     times = []
