@@ -49,11 +49,17 @@ def test_a_padded_product_is_the_unpadded_products_rows(rows: int, n: int, k: in
     print(f"{rows} rows, ({n}, {k}) {dtype}: bitwise equal to unpadded: {torch.equal(y, expected)}")
 
 
-def test_a_3d_input_and_a_linear_layer_go_padded() -> None:
+def test_a_3d_input_and_a_linear_layer_go_padded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from gpu.kernels import cublas_rows
+
+    padded_to: list[int] = []
+    real = cublas_rows.linear_at_rows
+    monkeypatch.setattr(cublas_rows, "linear_at_rows", lambda *args: padded_to.append(args[-1]) or real(*args))
     layer = Linear(1024, 4096, bias=True).to(DEVICE, torch.bfloat16).requires_grad_(False)
     x = torch.randn(3, 700, 1024, device=DEVICE, dtype=torch.bfloat16)
-    torch.testing.assert_close(layer(x), F.linear(x, layer.weight, layer.bias), rtol=2**-7, atol=2**-7)
-    assert layer(x).shape == (3, 700, 4096)
+    y = layer(x)
+    assert padded_to == [2176] and y.shape == (3, 700, 4096)
+    torch.testing.assert_close(y, F.linear(x, layer.weight, layer.bias), rtol=2**-7, atol=2**-7)
 
 
 def test_a_captured_product_runs_unpadded_and_replays_the_eager_rows() -> None:
