@@ -30,7 +30,7 @@ from gpu.kernels import (  # noqa: E402
     silu_and_mul,
     store_kv,
 )
-from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, gemv_tiles, tensor_core_tiles  # noqa: E402
+from gpu.kernels.quant_gemm_configs import TABLES, GemvTiles, QuantTiles, gemv_tiles, tensor_core_tiles  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 FLOATS = {"scale_log2", "softcap_in", "softcap_out", "eps", "k_scale", "v_scale"}
@@ -314,28 +314,50 @@ def loop_body(ptx: str) -> str:
 
 ROW_GEMV_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "o_ptr": "*bf16",
                       "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "K": "i32", "num_words": "i32",
-                      "num_groups": "i32", "stride_qn": "i32", "stride_gn": "i32", "one_bits": "i32"}
+                      "num_groups": "i32", "stride_qn": "i32", "stride_gn": "i32"}
+NVDISASM_SASS = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", re.MULTILINE)
 
 
-def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str, int]:
-    """(PTX, spilled bytes) of the row GEMV compiled as a launch at Qwen3-8B's shapes specializes it."""
+def row_gemv_constexprs(group: int, kind: str, zero: float = 8.0) -> dict[str, object]:
+    """The row GEMV's switches for a format: groups of `group` columns, zero points per group ("zeros"), offsets
+    ("offsets") or the constant `zero`, as int4_row_gemv passes them."""
+    return dict(GROUP=group, ZERO_LOW=int4_row_gemv._f16x2_bits(-(1024 + zero) / int4_row_gemv.LEVEL_SCALE.value),
+                ZERO_HIGH=int4_row_gemv._f16x2_bits(-(64 + zero) / int4_row_gemv.LEVEL_SCALE.value),
+                HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets")
+
+
+def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str, str, int]:
+    """(PTX, SASS, spilled bytes) of the row GEMV compiled as a launch at Qwen3-8B's shapes specializes it."""
     kernel = int4_row_gemv._int4_row_gemv_kernel
     constexprs = constexprs | dict(HAS_BIAS=False, EVEN_K=True, USE_PDL=True, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
     names = kernel.arg_names
     signature = {name: "constexpr" if name in constexprs else ROW_GEMV_SIGNATURE[name] for name in names}
     attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
-             if signature[name].startswith("*") or name in ("K", "num_words", "stride_qn", "one_bits")}
+             if signature[name].startswith("*") or name in ("K", "num_words", "stride_qn")}
     source = ASTSource(fn=kernel, signature=signature,
                        constexprs={(names.index(name),): value for name, value in constexprs.items()}, attrs=attrs)
-    num_warps = max(1, min(t.num_warps, t.block_k // 1024))  # as the wrapper launches it
-    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": 1,
+    compiled = triton.compile(source, target=HOPPER, options={"num_warps": row_gemv_warps(t), "num_stages": 1,
                                                               "enable_fp_fusion": True})
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])
         cubin.flush()
-        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", cubin.name], capture_output=True, text=True,
-                               check=True).stdout
-    return compiled.asm["ptx"], int(re.search(r"STACK:(\d+)", usage).group(1))  # type: ignore[union-attr]
+        usage, sass = (subprocess.run([str(CUOBJDUMP), option, cubin.name], capture_output=True, text=True,
+                                      check=True).stdout for option in ("--dump-resource-usage", "-sass"))
+    return compiled.asm["ptx"], sass, int(re.search(r"STACK:(\d+)", usage).group(1))  # type: ignore[union-attr]
+
+
+def row_gemv_warps(t: GemvTiles) -> int:
+    return max(1, min(t.num_warps, t.block_k // 1024))  # as the wrapper launches it
+
+
+def sass_loop(sass: str) -> list[str]:
+    """The SASS instructions (NOPs left out) from a loop's first to its backward branch (the first such loop)."""
+    instructions = [(int(address, 16), text) for address, text in NVDISASM_SASS.findall(sass)]
+    for address, text in instructions:
+        target = re.search(r"\bBRA\b.*?(0x[0-9a-f]+)", text)
+        if target and int(target.group(1), 16) < address:
+            return [t for a, t in instructions if int(target.group(1), 16) <= a <= address and t != "NOP"]
+    raise AssertionError("no loop in the SASS")
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
@@ -344,10 +366,10 @@ def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str,
 def test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop(group: int, kind: str, k: int) -> None:
     """The W4A16 row GEMV at the rule's tiles: its loop reads the weights and x in 128-bit loads (the scales,
     zero points and offsets 16 bits each), touches no shared memory, waits at no barrier, spills nothing, and
-    multiplies and adds each weight in one instruction."""
+    takes each pair of weights in two packed float16 multiply-adds (the level less its zero point, its product
+    with x)."""
     t = gemv_tiles(1, k, "int4")
-    ptx, spilled = row_gemv_compiled(dict(GROUP=group, ZERO=8.0, HAS_ZEROS=kind == "zeros",
-                                          HAS_OFFSETS=kind == "offsets"), t)
+    ptx, _, spilled = row_gemv_compiled(row_gemv_constexprs(group, kind), t)
     loop = loop_body(ptx)
     loads = re.findall(r"ld\.global(?:\.nc)?(?:\.L1::\w+|\.L2::\w+)*\.(\w+\.\w+|\w+)", loop)
     wide, narrow = loads.count("v4.b32"), [load for load in loads if load != "v4.b32"]
@@ -355,4 +377,26 @@ def test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop(group: i
     assert wide == rows_per_thread + 4, loads  # each row's 4 words, and x's 32 columns in 4
     assert set(narrow) <= {"b16"}, loads
     assert "bar.sync" not in loop and "shared" not in loop and spilled == 0
-    assert loop.count("fma.rn.f32") >= 28 * rows_per_thread  # a multiply-add per weight (a word's first a multiply)
+    assert loop.count("fma.rn.f16x2") >= 2 * 16 * rows_per_thread  # 16 pairs of columns a row
+
+
+ROW_GEMV_TABLE_TILES = sorted({(n, k, tiles) for (kind, rows, n, k), tiles in TABLES["H100"].items()
+                               if (kind, rows) == ("int4", 1)}, key=repr)
+SHARED_MEMORY_OPCODES = {"LDS", "STS", "LDSM", "ATOMS", "BAR"}
+MAX_INSTRUCTIONS_PER_WEIGHT = 2.75  # SASS, per thread, in the loop at the H100 table's tiles
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize(("n", "k", "t"), ROW_GEMV_TABLE_TILES)
+@pytest.mark.parametrize("kind", ["symmetric", "zeros"])
+def test_row_gemv_issues_few_instructions_per_weight(n: int, k: int, t: GemvTiles, kind: str) -> None:
+    """At the H100 table's one-row int4 tiles (groups of 128, x in bf16), the loop's SASS issues at most
+    MAX_INSTRUCTIONS_PER_WEIGHT instructions per weight a thread multiplies: decode at one row reads its weights
+    once, so the loop must keep up with the memory's bytes (unpacking and a float32 multiply-add per weight, three
+    instructions and more, could not). No shared memory, barrier or spill in it."""
+    _, sass, spilled = row_gemv_compiled(row_gemv_constexprs(128, kind), t)
+    loop = sass_loop(sass)
+    weights_per_thread = t.block_n * t.block_k // (32 * row_gemv_warps(t))
+    opcodes = {re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for text in loop}  # predicates off
+    assert not opcodes & SHARED_MEMORY_OPCODES and spilled == 0, opcodes
+    assert len(loop) / weights_per_thread <= MAX_INSTRUCTIONS_PER_WEIGHT, (n, k, len(loop) / weights_per_thread)
