@@ -396,7 +396,19 @@ def test_row_gemv_issues_few_instructions_per_weight(n: int, k: int, t: GemvTile
     instructions and more, could not). No shared memory, barrier or spill in it."""
     _, sass, spilled = row_gemv_compiled(row_gemv_constexprs(128, kind), t)
     loop = sass_loop(sass)
-    weights_per_thread = t.block_n * t.block_k // (32 * row_gemv_warps(t))
     opcodes = {re.sub(r"^@!?U?P\w+\s+", "", text).split()[0].split(".")[0] for text in loop}  # predicates off
     assert not opcodes & SHARED_MEMORY_OPCODES and spilled == 0, opcodes
-    assert len(loop) / weights_per_thread <= MAX_INSTRUCTIONS_PER_WEIGHT, (n, k, len(loop) / weights_per_thread)
+    per_weight = len(loop) / row_gemv_weights_per_thread(t)
+    assert per_weight <= MAX_INSTRUCTIONS_PER_WEIGHT, (n, k, per_weight)
+
+
+def row_gemv_weights_per_thread(t: GemvTiles) -> int:
+    """Weights a thread multiplies in one pass of the row GEMV's loop: its rows' 32-column chunks."""
+    return t.block_n * t.block_k // (32 * row_gemv_warps(t))
+
+
+if __name__ == "__main__":  # python -m tests.unit.test_kernels_compile_for_hopper: the counts the bound above holds
+    for n, k, t in ROW_GEMV_TABLE_TILES:
+        counts = {kind: len(sass_loop(row_gemv_compiled(row_gemv_constexprs(128, kind), t)[1]))
+                  for kind in ("symmetric", "zeros")}
+        print(n, k, t, {kind: round(count / row_gemv_weights_per_thread(t), 2) for kind, count in counts.items()})
