@@ -26,6 +26,7 @@ import triton
 import triton.language as tl
 
 from gpu.kernels.quant_gemm_configs import GemvTiles
+from gpu.kernels.quant_gemv import pointer_or
 from gpu.kernels.triton_math import add
 
 if TYPE_CHECKING:
@@ -159,14 +160,11 @@ def int4_row_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | Non
     block_k = max(t.block_k, CHUNK)
     num_warps = max(1, min(t.num_warps, block_k // (CHUNK * 32)))
     _int4_row_gemv_kernel[(triton.cdiv(n, t.block_n),)](
-        x, weight.weight, scales, _or(weight.zeros, scales), _or(weight.offsets, scales), _or(bias, scales), y, n, k,
-        weight.weight.shape[1], scales.shape[1], weight.weight.stride(0), scales.stride(0), ONE_BITS,
+        x, weight.weight, scales, pointer_or(weight.zeros, scales), pointer_or(weight.offsets, scales),
+        pointer_or(bias, scales), y, n, k, weight.weight.shape[1], scales.shape[1], weight.weight.stride(0),
+        scales.stride(0), ONE_BITS,
         GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl,
         BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl,
         enable_fp_fusion=True)  # a multiply-add per weight, whatever Triton's default
 
-
-def _or(t: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
-    """A pointer argument the kernel never reads where `t` is absent."""
-    return t if t is not None else stand_in

@@ -29,7 +29,7 @@ from gpu.kernels.fp8_gemm import num_sms, reduce_split_k
 from gpu.kernels.int4_row_gemv import int4_row_gemv, takes_row_gemv
 from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, Tiles, quant_tiles, table_for, tensor_core_tiles
-from gpu.kernels.quant_gemv import int_gemv
+from gpu.kernels.quant_gemv import int_gemv, pointer_or
 from gpu.kernels.skinny_gemm import _store_tile
 from gpu.kernels.triton_math import add
 
@@ -202,8 +202,8 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     pdl = uses_pdl(use_pdl, x)
     is_half = x.dtype in PACKED_DTYPES  # 16-bit activations: levels as exact 16-bit floats
     _int_gemm_kernel[(triton.cdiv(m, t.block_m), triton.cdiv(n, t.block_n), split)](
-        x, words, scales, _or(weight.zeros, scales), _or(weight.offsets, scales), _or(weight.perm, words),
-        _or(bias, scales), part, m, n, k, k_per_split, scales.shape[1],
+        x, words, scales, pointer_or(weight.zeros, scales), pointer_or(weight.offsets, scales),
+        pointer_or(weight.perm, words), pointer_or(bias, scales), part, m, n, k, k_per_split, scales.shape[1],
         x.stride(0), words.stride(0), scales.stride(0), part.stride(0) if split > 1 else 0, part.stride(-2),
         BITS=weight.bits, GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_PERM=weight.perm is not None,
@@ -236,7 +236,3 @@ def _takes_sums(weight: "IntWeight", is_half: bool, tiles: QuantTiles) -> bool:
     return (weight.bits == 4 and is_half and weight.group >= SUMS_MIN_GROUP and weight.perm is None
             and tiles.block_m <= SUMS_MAX_ROWS)
 
-
-def _or(t: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
-    """A pointer argument the kernel never reads where `t` is absent."""
-    return t if t is not None else stand_in

@@ -197,14 +197,14 @@ def int_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None, y:
     (m, k), n = x.shape, weight.weight.shape[0]
     scales = weight.scales
     _int_gemv_kernel[_grid(m, n, t)](
-        x, weight.weight, scales, _or(weight.zeros, scales), _or(weight.offsets, scales), _or(weight.perm, scales),
-        _or(bias, scales), y, m, n, k, weight.weight.shape[1], scales.shape[1], x.stride(0), weight.weight.stride(0),
-        scales.stride(0), y.stride(0), BITS=weight.bits, GROUP=weight.group, ZERO=weight.zero,
-        HAS_ZEROS=weight.zeros is not None, HAS_OFFSETS=weight.offsets is not None, HAS_PERM=weight.perm is not None,
-        HAS_BIAS=bias is not None, EVEN_K=k % t.block_k == 0, USE_PDL=pdl, ROWS=t.rows, BLOCK_N=t.block_n,
-        BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=1, launch_pdl=pdl)
+        x, weight.weight, scales, pointer_or(weight.zeros, scales), pointer_or(weight.offsets, scales),
+        pointer_or(weight.perm, scales), pointer_or(bias, scales), y, m, n, k, weight.weight.shape[1], scales.shape[1],
+        x.stride(0), weight.weight.stride(0), scales.stride(0), y.stride(0), BITS=weight.bits, GROUP=weight.group,
+        ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None, HAS_OFFSETS=weight.offsets is not None,
+        HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None, EVEN_K=k % t.block_k == 0, USE_PDL=pdl,
+        ROWS=t.rows, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=1, launch_pdl=pdl)
 
 
-def _or(t: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
+def pointer_or(t: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:
     """A pointer argument the kernel never reads where `t` is absent."""
     return t if t is not None else stand_in

@@ -45,6 +45,7 @@ from tests.hybrid_models import (
     with_slow_decays,
 )
 from tests.parity.test_parity_cpu import hf_greedy, prompts_of_lengths
+from tests.ulps import ulps
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -99,11 +100,6 @@ def test_decode_kernel_matches_the_reference(dtype: torch.dtype) -> None:
     torch.testing.assert_close(ours, theirs, rtol=tolerance, atol=tolerance)
     torch.testing.assert_close(fused.recurrent_state, reference.recurrent_state, rtol=tolerance, atol=tolerance)
 
-
-def ulps(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-    """How many representable values of their dtype lie between got and expected (same-sign finite values)."""
-    int_type = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[got.dtype]
-    return (got.view(int_type).long() - expected.view(int_type).long()).abs()
 
 
 @pytest.mark.parametrize("num_tokens", [1, 7, 300])

@@ -14,6 +14,7 @@ import torch
 
 from gpu.layers import gated_delta_rule
 from gpu.state_cache import conv_windows, sequential_rows
+from tests.ulps import ulps
 
 pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -82,10 +83,6 @@ def inputs(rows: list[tuple[int, int, bool, list[tuple[int, int]]]], num_channel
     keeps = torch.tensor([1.0 if continues else 0.0 for _, _, continues, _ in rows])
     return x, weight, state, slots, keeps
 
-
-def ulps(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-    int_type = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[got.dtype]
-    return (got.view(int_type).long() - expected.view(int_type).long()).abs()
 
 
 def assert_kernel_is_torch(rows: list[tuple[int, int, bool, list[tuple[int, int]]]], num_channels: int,

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from gpu.config import KernelConfig
 from gpu.layers.gated_deltanet import GatedRMSNorm
+from tests.ulps import ulps
 
 pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -31,11 +32,6 @@ EPS = 1e-6
 # (tokens, heads, head_dim): one token, odd counts and sizes, the real head size
 NORM_SHAPES = [(1, 3, 40), (5, 4, 128), (17, 1, 24), (2, 5, 7)]
 
-
-def ulps(got: torch.Tensor, expected: torch.Tensor) -> torch.Tensor:
-    """How many representable values of their dtype lie between got and expected (same-sign finite values)."""
-    int_type = {torch.float32: torch.int32, torch.bfloat16: torch.int16, torch.float16: torch.int16}[got.dtype]
-    return (got.view(int_type).long() - expected.view(int_type).long()).abs()
 
 
 def numpy_silu(x: torch.Tensor) -> torch.Tensor:

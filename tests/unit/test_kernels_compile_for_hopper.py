@@ -100,27 +100,39 @@ def test_elementwise_kernels_in_gemmas_forms() -> None:
 # H100's shared memory, spills no registers and pipelines its loads (shared memory for two stages or more).
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 MAX_SHARED = 227 * 1024
-MULTIPLES_OF_16 = {"K", "num_words", "k_per_split", "stride_xm", "stride_wn", "stride_wsn", "stride_qn", "stride_gn",
-                   "stride_om", "stride_os"}
+MULTIPLES_OF_16 = frozenset({"K", "num_words", "k_per_split", "stride_xm", "stride_wn", "stride_wsn", "stride_qn",
+                             "stride_gn", "stride_om", "stride_os"})
 QUANT_ROWS = (1, 16, 32, 64, 128, 1024)
+
+
+def compiled_as_launched(kernel: object, signature: dict[str, str], constexprs: dict[str, object], num_warps: int,
+                         num_stages: int, divisible: frozenset[str] = MULTIPLES_OF_16, **options: object) -> object:
+    """`kernel` compiled for sm_90, its arguments specialized as a launch on a GPU specializes them (pointers 16-byte
+    aligned, the sizes and strides in `divisible`, multiples of 16 at a launch, marked so); `signature` in the
+    kernel's argument order."""
+    names = list(signature)
+    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
+             if signature[name].startswith("*") or name in divisible}
+    source = ASTSource(fn=kernel, signature=signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs,
+                       attrs=attrs)
+    return triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages, **options})
+
+
+def spilled_bytes(compiled: object) -> int:
+    """The bytes a compiled kernel spills to its stack, as cuobjdump reads its cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])  # type: ignore[attr-defined]
+        cubin.flush()
+        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", cubin.name], capture_output=True, text=True,
+                               check=True).stdout
+    return int(re.search(r"STACK:(\d+)", usage).group(1))  # type: ignore[union-attr]
 
 
 def compiled_usage(kernel: object, signature: dict[str, str], constexprs: dict[str, object], num_warps: int,
                    num_stages: int) -> tuple[int, int]:
-    """(spilled bytes, shared bytes) of `kernel` compiled for sm_90, its arguments specialized as a launch on a GPU
-    specializes them (pointers 16-byte aligned, the sizes and strides that are multiples of 16 marked so)."""
-    names = list(signature)
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
-             if signature[name].startswith("*") or name in MULTIPLES_OF_16}
-    source = ASTSource(fn=kernel, signature=signature | dict.fromkeys(constexprs, "constexpr"), constexprs=constexprs,
-                       attrs=attrs)
-    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": num_stages})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", cubin.name], capture_output=True, text=True,
-                               check=True).stdout
-    return int(re.search(r"STACK:(\d+)", usage).group(1)), compiled.metadata.shared  # type: ignore[union-attr]
+    """(spilled bytes, shared bytes) of `kernel` compiled as a launch specializes it."""
+    compiled = compiled_as_launched(kernel, signature, constexprs, num_warps, num_stages)
+    return spilled_bytes(compiled), compiled.metadata.shared  # type: ignore[attr-defined]
 
 
 def _tile_configs(kind: str) -> set[QuantTiles]:
@@ -321,21 +333,11 @@ def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str,
     """(PTX, spilled bytes) of the row GEMV compiled as a launch at Qwen3-8B's shapes specializes it."""
     kernel = int4_row_gemv._int4_row_gemv_kernel
     constexprs = constexprs | dict(HAS_BIAS=False, EVEN_K=True, USE_PDL=True, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
-    names = kernel.arg_names
-    signature = {name: "constexpr" if name in constexprs else ROW_GEMV_SIGNATURE[name] for name in names}
-    attrs = {(i,): [["tt.divisibility", 16]] for i, name in enumerate(names)
-             if signature[name].startswith("*") or name in ("K", "num_words", "stride_qn", "one_bits")}
-    source = ASTSource(fn=kernel, signature=signature,
-                       constexprs={(names.index(name),): value for name, value in constexprs.items()}, attrs=attrs)
+    signature = {name: ROW_GEMV_SIGNATURE[name] for name in kernel.arg_names if name not in constexprs}
     num_warps = max(1, min(t.num_warps, t.block_k // 1024))  # as the wrapper launches it
-    compiled = triton.compile(source, target=HOPPER, options={"num_warps": num_warps, "num_stages": 1,
-                                                              "enable_fp_fusion": True})
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
-        cubin.write(compiled.asm["cubin"])
-        cubin.flush()
-        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", cubin.name], capture_output=True, text=True,
-                               check=True).stdout
-    return compiled.asm["ptx"], int(re.search(r"STACK:(\d+)", usage).group(1))  # type: ignore[union-attr]
+    compiled = compiled_as_launched(kernel, signature, constexprs, num_warps, 1,
+                                    frozenset({"K", "num_words", "stride_qn", "one_bits"}), enable_fp_fusion=True)
+    return compiled.asm["ptx"], spilled_bytes(compiled)  # type: ignore[attr-defined]
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
