@@ -87,7 +87,14 @@ def available_bytes_on_cuda(gpu_memory_utilization: float, device: torch.device)
     free, total = torch.cuda.mem_get_info(device)
     used_by_others = total - free - torch.cuda.memory_reserved(device)
     peak = torch.cuda.max_memory_allocated(device)
-    return int(total * gpu_memory_utilization) - used_by_others - peak
+    available = int(total * gpu_memory_utilization) - used_by_others - peak
+    # What the cache is sized from, as vLLM logs it: where a smaller cache than expected comes from.
+    logger.info("GPU memory: %.2f GiB total, utilization %.2f; peak allocated %.2f GiB (the weights, the warm-up's "
+                "activations), %.2f GiB reserved but not allocated, %.2f GiB used by others; %.2f GiB for the KV cache",
+                total / 2**30, gpu_memory_utilization, peak / 2**30,
+                (torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)) / 2**30,
+                used_by_others / 2**30, available / 2**30)
+    return available
 
 
 def num_blocks_per_group(config: RunnerConfig, windows: Sequence[int | None], block_bytes: Sequence[int],
