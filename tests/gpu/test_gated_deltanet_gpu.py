@@ -14,9 +14,10 @@
 - float32: the torch reference path on CUDA (kernels off) gives transformers' tokens (CPU float32) through chunked
   prefill, preemption and prefix hits that restore snapshots.
 - bf16 with the kernels: where tokens differ from transformers' bf16 ones, each side's is in the other's top-5,
-  rarely (tests/gpu/test_parity_gpu.py's rule), with prefix hits and chunked prefill; decode steps in CUDA graphs
-  give the same tokens as with graphs off (snapshots restored and saved around the replays); two GPUs (TP=2) against
-  one by the same rule.
+  rarely (tests/gpu/test_parity_gpu.py's rule), with prefix hits and chunked prefill; decode steps and steps with
+  prompts in CUDA graphs (the mixed graphs' padded steps) give the same tokens as with graphs off, which runs the
+  same padded steps eagerly (snapshots restored and saved around the replays); a chat's later turn runs its prompt
+  step as one replay; two GPUs (TP=2) against one by the same rule.
 """
 
 from collections.abc import Iterator
@@ -309,13 +310,57 @@ def test_graphs_on_give_the_tokens_of_graphs_off(hybrid_dirs: dict[str, Path], m
     for eager in (False, True):
         llm = LLM(str(hybrid_dirs[model]), dtype="bfloat16", device="cuda", attention_backend="triton",
                   enforce_eager=eager, block_size=16, kv_cache_blocks=512, max_num_seqs=16, max_num_batched_tokens=48)
-        decode = llm.engine.runner.decode
+        decode, mixed = llm.engine.runner.decode, llm.engine.runner.mixed
         assert decode is not None and bool(decode.graphs) != eager
+        assert mixed is not None and bool(mixed.graphs) != eager  # steps with prompts padded either way
         outputs = llm.generate(prompts[:1], params) + llm.generate(prompts[1:], params)
         assert llm.engine.stats().num_prefix_cache_hit_tokens > 0
         tokens[eager] = [o.token_ids for o in outputs]
     assert tokens[False] == tokens[True]
     assert any(norm_launches) and not all(norm_launches)  # captured in graphs, and run eagerly
+
+
+def test_a_later_turn_runs_its_prompt_step_as_one_replay(hybrid_dirs: dict[str, Path],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat's later turn (the earlier turn's prompt and answer cached, new tokens after them) on a hybrid MoE: its
+    prompt step replays a captured mixed graph, so the host launches none of the linear layers' kernels; a prompt
+    row past the sequential delta rule still runs eagerly (flash-linear-attention's chunked kernel, or the torch
+    code, builds its indices on the host)."""
+    import gpu.kernels.gated_delta_rows as rows_kernel
+
+    model = "qwen3_5_moe" if "qwen3_5_moe" in MODELS else MODELS[-1]
+    llm = LLM(str(hybrid_dirs[model]), dtype="bfloat16", device="cuda", attention_backend="triton", block_size=16,
+              kv_cache_blocks=512, max_num_seqs=16, max_num_batched_tokens=1024)
+    limit = DEFAULT_KERNELS.sequential_delta_rule_max_tokens
+    runner = llm.engine.runner
+    assert runner.mixed is not None and runner.mixed.graphs
+    mixed, original_run = runner.mixed, runner.mixed.run
+    steps: list[tuple[tuple[int, int] | None, bool]] = []  # (bucket, whether captured) of each padded step
+
+    def run(batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:
+        key = mixed.bucket_for(batch)
+        steps.append((key, key in mixed.graphs))
+        return original_run(batch, last_sampled_ids)
+
+    rows_launches: list[int] = []
+    original_rows = rows_kernel.gated_delta_rows
+
+    def counted(qkv: torch.Tensor, *args: object) -> torch.Tensor:
+        rows_launches.append(qkv.shape[0])
+        return original_rows(qkv, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mixed, "run", run)
+    monkeypatch.setattr(rows_kernel, "gated_delta_rows", counted)
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    first_prompt = prompts_of_lengths((limit + 88,))[0]
+    first = llm.generate([first_prompt], params)
+    assert not steps, "a prompt row past the sequential delta rule runs eagerly, unpadded"
+    later = first_prompt + first[0].token_ids + prompts_of_lengths((40,))[0]
+    hits_before = llm.engine.stats().num_prefix_cache_hit_tokens
+    llm.generate([later], params)
+    assert llm.engine.stats().num_prefix_cache_hit_tokens - hits_before >= limit
+    assert steps and all(captured for _, captured in steps), steps
+    assert rows_launches == [], "the later turn's prompt step launched the rows kernel from the host"
 
 
 @pytest.mark.parametrize("tensor_parallel_size", [1, pytest.param(2, marks=pytest.mark.skipif(
