@@ -6,7 +6,8 @@ needs no clearing.
 
 Prefix caching (core/state_snapshots.py) keeps states at block boundaries in further rows after the slots: a step
 copies a snapshot into a slot before its forward, and a slot into a snapshot after it (`copy_rows`). On CUDA one
-last row is the decode graphs' padded rows' (gpu/cuda_graphs.py), read as zeros and written, never used.
+last row is the padded rows' of the decode graphs and the mixed graphs (gpu/cuda_graphs.py, gpu/mixed_graphs.py), read
+as zeros and written, never used.
 
 Every layer's states of a kind are one stacked tensor ([layers, rows, ...], `StackedStates`), each layer's
 `conv_state` and `recurrent_state` a view of its index: so a row copy is one gather and one scatter per kind for all
