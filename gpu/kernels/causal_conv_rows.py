@@ -11,9 +11,12 @@ saved, the last one at the row's end), state[piece's state row, c, :] = input(en
 row after each inner cut, the row's own slot after its last piece. So a row shorter than K - 1 keeps part of the
 state it read.
 
-Grid: (row, block of channels, block of the row's tokens). The row's first token block alone writes its states:
-it is the only program that reads the row's slot (a later block's windows lie inside the row, since a token block
-is at least K - 1 long), and it synchronizes its threads before storing the slot, so every read of it comes first.
+A padding row of gpu/mixed_graphs.py's padded steps has one empty piece at token 0 and starts its state: it writes no
+output and stores zeros to its state row (the padding row of the state cache).
+Grid: (row, block of channels, block of the row's tokens; a block past the row's tokens skips the convolution). The
+row's first token block alone writes its states: it is the only program that reads the row's slot (a later block's
+windows lie inside the row, since a token block is at least K - 1 long), and it synchronizes its threads before
+storing the slot, so every read of it comes first.
 Invariants the wrapper checks: x [tokens, channels] with unit column stride (a column slice of the projection),
 weight [channels, K] and state [state rows, channels, K - 1] with unit stride along K, one dtype for all three; the
 index tensors int64, keeps float32.

@@ -11,8 +11,10 @@ Per row r, value head h (key head h // (Hv / Hk)) and block of value columns, in
 A row's pieces end where its state is saved (gpu/attention/metadata.py's SequentialRows): a snapshot row after each
 inner cut, the row's own slot after its last piece, so one launch serves any number of snapshots. Grid: (row, value
 head, block of value columns); each program keeps its [key_dim, BLOCK_V] part of the state in registers across the
-row. Invariants the wrapper checks: q, k, v are column slices of one [tokens, *] tensor with unit column stride; the
-state is contiguous [state rows, Hv, key_dim, value_dim] float32; the index tensors are int64.
+row. A row with no token (a padding row of gpu/mixed_graphs.py's padded steps: one empty piece) does nothing, so a
+padded step's grid may hold many. Invariants the wrapper checks: q, k, v are column slices of one [tokens, *] tensor
+with unit column stride; the state is contiguous [state rows, Hv, key_dim, value_dim] float32; the index tensors are
+int64.
 """
 
 import torch
