@@ -171,6 +171,57 @@ def test_layer_with_the_kernels_matches_the_torch_layer(dtype: torch.dtype, rows
     torch.testing.assert_close(fused.conv_state, reference.conv_state)
 
 
+def test_padded_layer_step_matches_the_torch_layer_and_replays_as_it_ran() -> None:
+    """A whole layer's step padded as the mixed graphs pad it (gpu/mixed_graphs.py: a token bucket, a row capacity,
+    every row through the sequential kernels, padding rows on the padding state row 7): its real tokens and states
+    as the torch layer's unpadded step leaves them; captured in a CUDA graph, its replay gives the eager padded
+    step's output and states to the bit."""
+    from gpu.layers.norm import NormInput, RMSNorm
+    from gpu.mixed_graphs import LinearRows, StaticInputs, fill_host_inputs
+
+    dtype, bucket, rows_cap, padding_slot = torch.bfloat16, 256, 8, 7
+    fused, reference = layer_pair(dtype)
+    query_lens, continues, slots = [70, 1, 130, 5], [True, True, False, True], [2, 4, 0, 5]
+    saves = [(0, 48, 1), (2, 16, 3), (2, 100, 6)]
+    num_tokens = sum(query_lens)
+    batch = Batch(token_ids=[0] * num_tokens, positions=[0] * num_tokens, slot_mapping=[0] * num_tokens,
+                  query_lens=query_lens, context_lens=[n + c for n, c in zip(query_lens, continues, strict=True)],
+                  block_tables=[[0]] * 4, state_slots=slots, state_saves=saves)
+    linear = LinearRows(num_state_slots=6, padding_slot=padding_slot, max_row_tokens=512)
+    static = StaticInputs(max_tokens=bucket, max_rows=rows_cap, max_blocks=1, device=torch.device("cuda"),
+                          linear=linear)
+    int64, int32 = static.int64.cpu().numpy(), static.int32.cpu().numpy()
+    num_int64, num_int32 = fill_host_inputs(int64, int32, batch, bucket, rows_cap, 1, linear)
+    static.int64[:num_int64].copy_(torch.from_numpy(int64[:num_int64]))
+    static.int32[:num_int32].copy_(torch.from_numpy(int32[:num_int32]))
+    padded = static.metadata(bucket, rows_cap, max_model_len=256)
+    x = layer_inputs(bucket, dtype)
+    norms = [RMSNorm(SPEC.hidden_size, SPEC.norm_eps, k).cuda().to(dtype)
+             for k in (DEFAULT_KERNELS, KernelConfig(fused_kernels=False))]
+    unpadded = AttentionMetadata(torch.empty(0), torch.empty(0), torch.empty(0), torch.empty(0), 0, 0, False,
+                                 linear_state=step_inputs(batch, torch.device("cuda"), 6))
+    before = fused.conv_state.clone(), fused.recurrent_state.clone()
+    with torch.no_grad():
+        eager = fused(NormInput(norms[0], x, None), padded)[0].clone()
+        expected = reference(NormInput(norms[1], x[:num_tokens], None), unpadded)[0]
+        after = fused.conv_state.clone(), fused.recurrent_state.clone()
+        real = [row for row in range(8) if row != padding_slot]
+        torch.testing.assert_close(eager[:num_tokens].float(), expected.float(), rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(after[1][real], reference.recurrent_state[real], rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(after[0][real], reference.conv_state[real])
+        assert torch.equal(after[1][padding_slot], before[1][padding_slot])  # a padding row runs no token
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = fused(NormInput(norms[0], x, None), padded)[0]
+        fused.conv_state.copy_(before[0])
+        fused.recurrent_state.copy_(before[1])
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed[:num_tokens], eager[:num_tokens])
+    assert torch.equal(fused.conv_state, after[0]) and torch.equal(fused.recurrent_state, after[1])
+
+
 PROMPT_ROWS = ([70, 1, 130, 5], [True, True, False, True], [2, 4, 0, 5])  # query lengths, continues, slots
 # Snapshots saved inside rows, into rows no running row's slot is.
 INNER_SAVES = [(), ((0, 48, 1), (2, 16, 3), (2, 100, 6))]
