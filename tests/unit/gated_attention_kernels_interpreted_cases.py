@@ -89,7 +89,7 @@ def random_positions(generator: torch.Generator) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("head_dim", [64, 128, 256])
+@pytest.mark.parametrize("head_dim", [16, 64, 128, 256])  # 16: the tiny hybrid checkpoints' heads
 @pytest.mark.parametrize("factor", [0.25, 0.5])
 def test_partial_rotation_of_queries_between_gates(dtype: torch.dtype, head_dim: int, factor: float) -> None:
     generator = torch.Generator().manual_seed(head_dim + int(factor * 4))
