@@ -239,13 +239,25 @@ class DecodeGraphs:
 
 class PinnedMirror:
     """Pinned host copies of a graph set's two static input buffers (int64, int32), and an event for when
-    their copy to the device has run (decode graphs here, mixed_graphs.py's)."""
+    their copy to the device has run (decode graphs here, mixed_graphs.py's). For buffers on a CPU (tests run the
+    padded steps there, eagerly) plain memory and no event: the copy is done when it returns."""
 
     def __init__(self, int64: torch.Tensor, int32: torch.Tensor) -> None:
-        self.int64 = torch.zeros(int64.shape, dtype=int64.dtype).pin_memory()
-        self.int32 = torch.zeros(int32.shape, dtype=int32.dtype).pin_memory()
-        self.copied = torch.cuda.Event()
+        on_cuda = int64.is_cuda
+        self.int64 = torch.zeros(int64.shape, dtype=int64.dtype, pin_memory=on_cuda)
+        self.int32 = torch.zeros(int32.shape, dtype=int32.dtype, pin_memory=on_cuda)
+        self.copied: torch.cuda.Event | _CopiedAtOnce = torch.cuda.Event() if on_cuda else _CopiedAtOnce()
         self.copied.record()
+
+
+class _CopiedAtOnce:
+    """A CPU mirror's stand-in for the copy's event: a CPU copy has run when it returns."""
+
+    def record(self) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
 
 
 class _HostMirror(PinnedMirror):

@@ -20,18 +20,28 @@ compute the same numbers, as for decode (gpu/cuda_graphs.py, whose memory pool t
 The static inputs are views of one int64 and one int32 tensor (StaticInputs), filled from one of
 two pinned host mirrors used in turn, with one contiguous copy each; a model with several KV-cache groups has
 slots and block tables per group in them.
+
+A model with linear-attention layers (gpu/layers/gated_deltanet.py) also reads its rows' state inputs from them
+(`LinearRows`, gpu/state_cache.py's `padded_rows`): every row, one-token rows too, through the sequential prompt
+kernels, padding rows with the padding state row of the decode graphs and one empty piece. Only a step whose rows
+each fit the sequential delta rule and that verifies no drafts runs so (`bucket_for`): longer rows go through
+flash-linear-attention's chunked kernel, whose chunk indices are built on the host, and draft rows position by
+position; such steps run eagerly, unpadded. Snapshot copies at a row's start or end are the runner's, outside the
+forward.
 """
 
 import logging
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata
 from gpu.batch import Batch
 from gpu.cuda_graphs import ForwardFn, MemoryPool, PinnedMirror, StaticArgs, capture_graphs
 from gpu.host_to_device import write_block_tables
 from gpu.pending_step import feed_back_tokens
+from gpu.state_cache import fill_padded_rows, padded_rows, padded_rows_size
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +56,19 @@ def token_buckets(max_num_batched_tokens: int) -> list[int]:
     return sorted({b for b in candidates if b < max_num_batched_tokens} | {max_num_batched_tokens})
 
 
+@dataclass(frozen=True)
+class LinearRows:
+    """What the padded state inputs of a model with linear-attention layers need."""
+
+    num_state_slots: int  # the sequence slots (warm-up steps without slots take row % this)
+    padding_slot: int  # the state row padding rows read and write (the decode graphs' padded rows' too)
+    max_row_tokens: int  # the sequential delta rule's limit: a step's rows each at most this long
+
+    def bucket_tokens(self, bucket: int) -> int:
+        """The most tokens a row of the bucket can have: the conv kernel's token blocks."""
+        return min(bucket, self.max_row_tokens)
+
+
 class StaticInputs:
     """The device buffers a mixed-step graph reads, and how a batch is written into them.
 
@@ -53,13 +76,17 @@ class StaticInputs:
     positions, slots, fed-back token indices, their source rows, then the slots of KV-cache groups 1, 2, ...,
     `bucket` entries each; int32: query_start_loc, context lengths, block tables of group 0, 1, ..., for the
     bucket's row capacity), so a step copies one contiguous prefix of each; a graph reads the views of its own bucket.
+    With `linear`, the int64 fields go on with the rows' state inputs (gpu/state_cache.py's `padded_rows`) and the
+    int32 ones with the rows' keeps (float32 bits).
     """
 
     def __init__(self, max_tokens: int, max_rows: int, max_blocks: int, device: torch.device,
-                 num_groups: int = 1) -> None:
-        self.max_rows, self.max_blocks, self.num_groups = max_rows, max_blocks, num_groups
-        self.int64 = torch.zeros((4 + num_groups) * max_tokens, dtype=torch.int64, device=device)
-        self.int32 = torch.zeros(int32_size(max_rows, max_blocks, num_groups), dtype=torch.int32, device=device)
+                 num_groups: int = 1, linear: LinearRows | None = None) -> None:
+        self.max_rows, self.max_blocks, self.num_groups, self.linear = max_rows, max_blocks, num_groups, linear
+        state_int64, state_int32 = (padded_rows_size(max_tokens, max_rows), max_rows) if linear else (0, 0)
+        self.int64 = torch.zeros((4 + num_groups) * max_tokens + state_int64, dtype=torch.int64, device=device)
+        self.int32 = torch.zeros(int32_size(max_rows, max_blocks, num_groups) + state_int32, dtype=torch.int32,
+                                 device=device)
 
     def row_capacities(self, bucket: int) -> list[int]:
         """The bucket's row capacities, ascending: FEW_ROWS and the most rows a step of `bucket` tokens can have."""
@@ -84,8 +111,16 @@ class StaticInputs:
             max_query_len=bucket,
             max_context_len=max_model_len,
             is_decode_only=False,
+            linear_state=None if self.linear is None else self._linear_state(bucket, rows),
         )
         return meta if self.num_groups == 1 else meta.with_group_tables(list(fields[5:]), list(tables[1:]))
+
+    def _linear_state(self, bucket: int, rows: int) -> LinearStateMetadata:
+        assert self.linear is not None
+        start = (4 + self.num_groups) * bucket
+        keeps_start = int32_size(rows, self.max_blocks, self.num_groups)
+        keeps = self.int32[keeps_start : keeps_start + rows].view(torch.float32)
+        return padded_rows(self.int64[start:], keeps, bucket, rows, self.linear.bucket_tokens(bucket))
 
 
 def int32_size(rows: int, max_blocks: int, num_groups: int = 1) -> int:
@@ -93,9 +128,9 @@ def int32_size(rows: int, max_blocks: int, num_groups: int = 1) -> int:
 
 
 def fill_host_inputs(int64: np.ndarray, int32: np.ndarray, batch: Batch, bucket: int, rows_cap: int,
-                     max_blocks: int) -> tuple[int, int]:
-    """Writes the batch, padded to the bucket, into flat host arrays laid out as StaticInputs' bucket views;
-    returns how many leading int64 and int32 entries to copy."""
+                     max_blocks: int, linear: LinearRows | None = None) -> tuple[int, int]:
+    """Writes the batch, padded to the bucket, into flat host arrays laid out as StaticInputs' bucket views (with
+    `linear`, the rows' state inputs too); returns how many leading int64 and int32 entries to copy."""
     n, rows = len(batch.token_ids), batch.num_rows
     num_groups = 1 + len(batch.other_groups)
     fields = int64[: (4 + num_groups) * bucket].reshape(4 + num_groups, bucket)
@@ -117,17 +152,32 @@ def fill_host_inputs(int64: np.ndarray, int32: np.ndarray, batch: Batch, bucket:
     tables = int32[2 * rows_cap + 1 : num_int32].reshape(num_groups, rows_cap, max_blocks)
     for group, group_tables in enumerate([batch.block_tables, *(g.block_tables for g in batch.other_groups)]):
         write_block_tables(tables[group, :rows], group_tables)  # padding rows' entries are never read
-    return (4 + num_groups) * bucket, num_int32
+    if linear is None:
+        return (4 + num_groups) * bucket, num_int32
+    num_state = fill_linear_rows(int64, int32, batch, bucket, rows_cap, max_blocks, num_groups, linear)
+    return (4 + num_groups) * bucket + num_state, num_int32 + rows_cap
+
+
+def fill_linear_rows(int64: np.ndarray, int32: np.ndarray, batch: Batch | None, bucket: int, rows_cap: int,
+                     max_blocks: int, num_groups: int, linear: LinearRows) -> int:
+    """The rows' state inputs after the bucket's fields (None: no row, as graphs are captured); returns how many
+    int64 entries they take."""
+    keeps_start = int32_size(rows_cap, max_blocks, num_groups)
+    keeps = int32[keeps_start : keeps_start + rows_cap].view(np.float32)
+    return fill_padded_rows(int64[(4 + num_groups) * bucket :], keeps, batch, bucket, rows_cap,
+                            linear.num_state_slots, linear.padding_slot)
 
 
 class MixedGraphs:
     def __init__(self, forward: ForwardFn, max_num_batched_tokens: int, max_num_seqs: int, max_model_len: int,
-                 block_size: int, device: torch.device, num_groups: int = 1) -> None:
+                 block_size: int, device: torch.device, num_groups: int = 1, linear: LinearRows | None = None
+                 ) -> None:
+        """`linear`: a model with linear-attention layers' state inputs (see the module docstring)."""
         self.forward = forward
         self.buckets = token_buckets(max_num_batched_tokens)
         self.max_model_len = max_model_len
         self.inputs = StaticInputs(self.buckets[-1], max_num_seqs, -(-max_model_len // block_size), device,
-                                   num_groups)
+                                   num_groups, linear)
         self._mirrors = [PinnedMirror(self.inputs.int64, self.inputs.int32) for _ in range(2)]
         self._turn = 0
         # (token bucket, row capacity), ascending: every graph captured
@@ -137,7 +187,11 @@ class MixedGraphs:
         self.pool: MemoryPool | None = None
 
     def bucket_for(self, batch: Batch) -> tuple[int, int] | None:
-        """(token bucket, row capacity) of the smallest graph that holds the batch, None if none does."""
+        """(token bucket, row capacity) of the smallest graph that holds the batch, None if none does (or, for a
+        model with linear-attention layers, if a row is past the sequential delta rule or verifies drafts)."""
+        linear = self.inputs.linear
+        if linear is not None and (batch.num_draft_tokens is not None or max(batch.query_lens) > linear.max_row_tokens):
+            return None
         num_tokens = len(batch.token_ids)
         bucket = next((b for b in self.buckets if b >= num_tokens), None)
         if bucket is None:
@@ -165,6 +219,13 @@ class MixedGraphs:
         fields = self.inputs.fields(key[0])
         fields[2].fill_(-1)  # slots: no K/V written
         fields[5:].fill_(-1)
+        if (linear := self.inputs.linear) is not None:  # padding rows only
+            int64 = self.inputs.int64.new_zeros(self.inputs.int64.shape, device="cpu")
+            int32 = self.inputs.int32.new_zeros(self.inputs.int32.shape, device="cpu")
+            size = fill_linear_rows(int64.numpy(), int32.numpy(), None, *key, self.inputs.max_blocks,
+                                    self.inputs.num_groups, linear)
+            start = (4 + self.inputs.num_groups) * key[0]
+            self.inputs.int64[start : start + size].copy_(int64[start : start + size])
         return self._static_args(key)
 
     def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:
@@ -177,7 +238,7 @@ class MixedGraphs:
         self._turn ^= 1
         mirror.copied.synchronize()  # its previous copy has run (long since, in practice)
         num_int64, num_int32 = fill_host_inputs(mirror.int64.numpy(), mirror.int32.numpy(), batch, bucket, rows,
-                                                self.inputs.max_blocks)
+                                                self.inputs.max_blocks, self.inputs.linear)
         self.inputs.int64[:num_int64].copy_(mirror.int64[:num_int64], non_blocking=True)
         self.inputs.int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)
         mirror.copied.record()

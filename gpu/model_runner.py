@@ -49,7 +49,7 @@ from gpu.kernels.skinny_gemm_configs import FEW_ROWS
 from gpu.kv_cache_groups import KVCacheGroup
 from gpu.layers.linear import warm_up_skinny_gemm
 from gpu.loader import load_weights
-from gpu.mixed_graphs import MixedGraphs
+from gpu.mixed_graphs import LinearRows, MixedGraphs
 from gpu.model_info import checkpoint_dtype, load_hf_config
 from gpu.models import model_class
 from gpu.models.causal_lm import DecoderStack
@@ -311,7 +311,8 @@ class ModelRunner:
             layer.v_cache[:num_blocks].normal_()
 
         def is_graphed(backend: AttentionBackend, phase: str) -> bool:
-            # (steps with prompts of a model with linear-attention layers never run in a graph: _capture_graphs)
+            # (a model with linear-attention layers: its steps with prompts timed eagerly, as those whose rows are
+            # past the sequential delta rule run; the synthetic steps' inputs are not the mixed graphs' padded ones)
             graph_safe = backend.supports_cuda_graphs if phase == "decode" else (
                 backend.supports_mixed_graphs and not self.linear_layers)
             return graph_safe and not self.config.enforce_eager
@@ -363,10 +364,9 @@ class ModelRunner:
         self.decode = DecodeGraphs(self.model, c.max_num_seqs, c.max_model_len, c.block_size, self.device,
                                    self.model.compute_logits_into if self._graph_logits is not None else None,
                                    self._graph_logits, num_groups, padding_state_slot)
-        # Steps with prompts run the linear-attention layers row by row (host-known lengths): never in a graph.
-        if self.backend.supports_mixed_graphs and not self.linear_layers:
+        if self.backend.supports_mixed_graphs and (not self.linear_layers or self._linear_layers_pad()):
             self.mixed = MixedGraphs(self.model, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len,
-                                     c.block_size, self.device, num_groups)
+                                     c.block_size, self.device, num_groups, self._linear_rows(padding_state_slot))
         if c.enforce_eager:
             logger.info("CUDA graphs off (--enforce-eager)")
             return
@@ -377,6 +377,20 @@ class ModelRunner:
             self.decode.capture()
         else:
             logger.info("CUDA graphs for decode steps off (%s)", self.backend.name)
+
+    def _linear_layers_pad(self) -> bool:
+        """Whether the linear-attention layers' steps with prompts can run padded (in the mixed graphs): through the
+        Triton kernels, whose sequential rows read every index from the device; the torch path (and fla's chunked
+        kernel, for longer rows) builds indices on the host."""
+        kernels = self.config.kernels
+        return kernels.fused_kernels and HAS_TRITON and kernels.sequential_delta_rule_max_tokens > 0
+
+    def _linear_rows(self, padding_state_slot: int | None) -> LinearRows | None:
+        """The mixed graphs' state inputs of a model with linear-attention layers (None: no such layer)."""
+        if padding_state_slot is None:
+            return None
+        limit = self.config.kernels.sequential_delta_rule_max_tokens
+        return LinearRows(self.num_state_slots, padding_state_slot, limit)
 
     def _samples_in_graphs(self) -> bool:
         """Whether the decode graphs compute the logits and draw the tokens too: on CUDA, one GPU (under tensor

@@ -6,7 +6,8 @@ needs no clearing.
 
 Prefix caching (core/state_snapshots.py) keeps states at block boundaries in further rows after the slots: a step
 copies a snapshot into a slot before its forward, and a slot into a snapshot after it (`copy_rows`). On CUDA one
-last row is the decode graphs' padded rows' (gpu/cuda_graphs.py), read as zeros and written, never used.
+last row is the padded rows' of the decode graphs and the mixed graphs (gpu/cuda_graphs.py, gpu/mixed_graphs.py), read
+as zeros and written, never used.
 
 Every layer's states of a kind are one stacked tensor ([layers, rows, ...], `StackedStates`), each layer's
 `conv_state` and `recurrent_state` a view of its index: so a row copy is one gather and one scatter per kind for all
@@ -82,12 +83,7 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> Lin
     tokens in pieces that end where a snapshot is saved inside the row (`saves_at_row_ends` are the runner's). A step
     with both one-token rows and longer ones is split in two parts: the one-token rows run at once as a decode step
     does, the others row by row."""
-    slots = batch.state_slots or [row % num_state_slots for row in range(batch.num_rows)]  # warm-up steps
-    continues = [c > q for c, q in zip(batch.context_lens, batch.query_lens, strict=True)]
-    saves_inside: dict[int, list[tuple[int, int]]] = {}
-    for row, num_tokens, snapshot in batch.state_saves:
-        if num_tokens < batch.query_lens[row]:
-            saves_inside.setdefault(row, []).append((num_tokens, snapshot))
+    slots, continues, saves_inside = _rows_of(batch, num_state_slots)
     rows = range(batch.num_rows)
     whole = _state_inputs([(slots[r], continues[r], batch.query_lens[r], saves_inside.get(r, [])) for r in rows],
                           device)
@@ -111,6 +107,63 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int) -> Lin
     if len(parts) == 1:
         return parts[0][0]
     return replace(whole, parts=tuple(parts))
+
+
+def _rows_of(batch: Batch, num_state_slots: int) -> tuple[list[int], list[bool], dict[int, list[tuple[int, int]]]]:
+    """Each row's state slot, whether it continues its state (tokens before its new ones: context > query), and per
+    row the (tokens into it, snapshot row) of the saves inside it (`saves_at_row_ends` are the runner's)."""
+    slots = batch.state_slots or [row % num_state_slots for row in range(batch.num_rows)]  # warm-up steps
+    continues = [c > q for c, q in zip(batch.context_lens, batch.query_lens, strict=True)]
+    saves_inside: dict[int, list[tuple[int, int]]] = {}
+    for row, num_tokens, snapshot in batch.state_saves:
+        if num_tokens < batch.query_lens[row]:
+            saves_inside.setdefault(row, []).append((num_tokens, snapshot))
+    return slots, continues, saves_inside
+
+
+def padded_rows_size(num_tokens: int, num_rows: int) -> int:
+    """The int64 entries of `padded_rows`' buffer for a step padded to `num_tokens` tokens and `num_rows` rows: slots,
+    row starts, [rows + 1] piece counts, then the pieces' ends and state rows (each piece has a token, and each
+    padding row one empty piece: at most tokens + rows pieces)."""
+    return 3 * num_rows + 1 + 2 * (num_tokens + num_rows)
+
+
+def padded_rows(int64: torch.Tensor, keeps_state: torch.Tensor, num_tokens: int, num_rows: int,
+                max_row_tokens: int) -> LinearStateMetadata:
+    """The linear layers' inputs of a step padded to `num_tokens` tokens and `num_rows` rows (gpu/mixed_graphs.py),
+    as views of a flat int64 buffer and a float32 one that `fill_padded_rows` writes: every row through the sequential
+    kernels in one launch each (no part, no host-built index), the conv kernel's grid from `max_row_tokens` (at least
+    any row's tokens), so the launches depend on the padded sizes only."""
+    slots, row_starts, row_pieces, piece_ends, piece_states = int64[: padded_rows_size(num_tokens, num_rows)].split(
+        [num_rows, num_rows, num_rows + 1, num_tokens + num_rows, num_tokens + num_rows])
+    rows = SequentialRows(row_starts, row_pieces, piece_ends, piece_states)
+    return LinearStateMetadata(slots, keeps_state[:num_rows], continues=(), row_pieces=(), is_one_token_per_row=False,
+                               sequential_rows=lambda: rows, max_row_tokens=max_row_tokens)
+
+
+def fill_padded_rows(int64: np.ndarray, keeps_state: np.ndarray, batch: Batch | None, num_tokens: int,
+                     num_rows: int, num_state_slots: int, padding_slot: int) -> int:
+    """Writes the batch's rows (None: none, as graphs are captured) padded to `num_rows` into host buffers laid out
+    as `padded_rows` reads them; returns how many leading int64 entries to copy. A padding row has the padding slot,
+    starts its state (keeps 0), and one empty piece at token 0: the convolution stores zeros to the padding slot, the
+    delta rule runs no token and stores nothing, and neither writes an output."""
+    slots, continues, row_pieces = [], [], []
+    if batch is not None:
+        slots, continues, saves_inside = _rows_of(batch, num_state_slots)
+        starts = np.cumsum([0, *batch.query_lens]).tolist()
+        row_pieces = [_pieces(starts[r], starts[r + 1], saves_inside.get(r, [])) for r in range(batch.num_rows)]
+    padding = num_rows - len(slots)
+    row_starts, counts, ends, states = _sequential_arrays(
+        (*row_pieces, *[((0, 0, None),)] * padding), [*slots, *[padding_slot] * padding])
+    size = padded_rows_size(num_tokens, num_rows)
+    fields = np.split(int64[:size], np.cumsum([num_rows, num_rows, num_rows + 1, num_tokens + num_rows]))
+    fields[0][:] = [*slots, *[padding_slot] * padding]
+    fields[1][:] = row_starts
+    fields[2][:] = counts
+    fields[3][: len(ends)], fields[3][len(ends) :] = ends, 0
+    fields[4][: len(states)], fields[4][len(states) :] = states, padding_slot
+    keeps_state[: len(continues)], keeps_state[len(continues) : num_rows] = continues, 0.0
+    return size
 
 
 def _position_steps(batch: Batch, rows: list[int], slots: list[int], continues: list[bool],
@@ -181,15 +234,22 @@ def sequential_rows(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], .
     if any(end <= start for pieces in row_pieces for start, end, _ in pieces):
         raise ValueError(f"the sequential kernel's pieces each need a token, got {row_pieces}")
     num_rows = len(row_pieces)
+    row_starts, counts, ends, states = _sequential_arrays(row_pieces, slots)
+    packed = to_device(np.asarray([*row_starts, *counts, *ends, *states], dtype=np.int64), np.int64, device)
+    num_pieces = len(ends)
+    bounds = np.cumsum([0, num_rows, num_rows + 1, num_pieces, num_pieces]).tolist()
+    return SequentialRows(*(packed[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)))
+
+
+def _sequential_arrays(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...], slots: list[int]
+                       ) -> tuple[list[int], list[int], list[int], list[int]]:
+    """SequentialRows' four fields on the host: row starts, cumulative piece counts, piece ends, piece state rows."""
     row_starts = [pieces[0][0] for pieces in row_pieces]
     counts = np.cumsum([0, *(len(pieces) for pieces in row_pieces)]).tolist()
     ends = [end for pieces in row_pieces for _, end, _ in pieces]
     states = [slots[row] if snapshot is None else snapshot for row, pieces in enumerate(row_pieces)
               for _, _, snapshot in pieces]
-    packed = to_device(np.asarray([*row_starts, *counts, *ends, *states], dtype=np.int64), np.int64, device)
-    num_pieces = len(ends)
-    bounds = np.cumsum([0, num_rows, num_rows + 1, num_pieces, num_pieces]).tolist()
-    return SequentialRows(*(packed[start:end] for start, end in zip(bounds[:-1], bounds[1:], strict=True)))
+    return row_starts, counts, ends, states
 
 
 def conv_windows(row_pieces: tuple[tuple[tuple[int, int, int | None], ...], ...], device: torch.device,

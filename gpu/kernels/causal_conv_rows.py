@@ -11,9 +11,12 @@ saved, the last one at the row's end), state[piece's state row, c, :] = input(en
 row after each inner cut, the row's own slot after its last piece. So a row shorter than K - 1 keeps part of the
 state it read.
 
-Grid: (row, block of channels, block of the row's tokens). The row's first token block alone writes its states:
-it is the only program that reads the row's slot (a later block's windows lie inside the row, since a token block
-is at least K - 1 long), and it synchronizes its threads before storing the slot, so every read of it comes first.
+A padding row of gpu/mixed_graphs.py's padded steps has one empty piece at token 0 and starts its state: it writes no
+output and stores zeros to its state row (the padding row of the state cache).
+Grid: (row, block of channels, block of the row's tokens; a block past the row's tokens skips the convolution). The
+row's first token block alone writes its states: it is the only program that reads the row's slot (a later block's
+windows lie inside the row, since a token block is at least K - 1 long), and it synchronizes its threads before
+storing the slot, so every read of it comes first.
 Invariants the wrapper checks: x [tokens, channels] with unit column stride (a column slice of the projection),
 weight [channels, K] and state [state rows, channels, K - 1] with unit stride along K, one dtype for all three; the
 index tensors int64, keeps float32.
@@ -67,16 +70,20 @@ def _causal_conv_rows_kernel(
     dtype = out_ptr.dtype.element_ty
 
     tokens = start + token_block * BLOCK_T + tl.arange(0, BLOCK_T)
-    mask = (tokens < end)[:, None] & channel_mask[None, :]
-    total = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
-    for j in tl.static_range(KERNEL_SIZE):
-        weight = tl.load(weight_ptr + channels * weight_stride + j, mask=channel_mask, other=0.0).to(tl.float32)
-        inputs = _inputs(x_ptr, x_stride, slot_state_ptr, state_channel_stride, tokens - (KERNEL_SIZE - 1 - j),
-                         channels, mask, start, state_start, KERNEL_SIZE)
-        total += inputs.to(tl.float32) * weight[None, :]
-    convolved = round_to(total, dtype).to(tl.float32)
-    silu = tl.math.div_rn(convolved, 1.0 + exp(-convolved))
-    tl.store(out_ptr + tokens[:, None].to(tl.int64) * CHANNELS + channels[None, :], round_to(silu, dtype), mask=mask)
+    # A block past the row's tokens skips the convolution: the grid's token blocks are the longest row's (or, padded
+    # to a bucket, the bucket's), so most programs of a padded step's rows have none.
+    if start + token_block * BLOCK_T < end:
+        mask = (tokens < end)[:, None] & channel_mask[None, :]
+        total = tl.zeros((BLOCK_T, BLOCK_C), dtype=tl.float32)
+        for j in tl.static_range(KERNEL_SIZE):
+            weight = tl.load(weight_ptr + channels * weight_stride + j, mask=channel_mask, other=0.0).to(tl.float32)
+            inputs = _inputs(x_ptr, x_stride, slot_state_ptr, state_channel_stride, tokens - (KERNEL_SIZE - 1 - j),
+                             channels, mask, start, state_start, KERNEL_SIZE)
+            total += inputs.to(tl.float32) * weight[None, :]
+        convolved = round_to(total, dtype).to(tl.float32)
+        silu = tl.math.div_rn(convolved, 1.0 + exp(-convolved))
+        tl.store(out_ptr + tokens[:, None].to(tl.int64) * CHANNELS + channels[None, :], round_to(silu, dtype),
+                 mask=mask)
 
     if token_block == 0:
         window = tl.arange(0, BLOCK_W)

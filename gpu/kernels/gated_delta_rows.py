@@ -11,8 +11,10 @@ Per row r, value head h (key head h // (Hv / Hk)) and block of value columns, in
 A row's pieces end where its state is saved (gpu/attention/metadata.py's SequentialRows): a snapshot row after each
 inner cut, the row's own slot after its last piece, so one launch serves any number of snapshots. Grid: (row, value
 head, block of value columns); each program keeps its [key_dim, BLOCK_V] part of the state in registers across the
-row. Invariants the wrapper checks: q, k, v are column slices of one [tokens, *] tensor with unit column stride; the
-state is contiguous [state rows, Hv, key_dim, value_dim] float32; the index tensors are int64.
+row. A row with no token (a padding row of gpu/mixed_graphs.py's padded steps: one empty piece) does nothing, so a
+padded step's grid may hold many. Invariants the wrapper checks: q, k, v are column slices of one [tokens, *] tensor
+with unit column stride; the state is contiguous [state rows, Hv, key_dim, value_dim] float32; the index tensors are
+int64.
 """
 
 import torch
@@ -38,10 +40,6 @@ def _gated_delta_rows_kernel(
     state_mask = key_mask[:, None] & column_mask[None, :]
     head_offsets = (head * KEY_DIM + keys[:, None]) * VALUE_DIM + columns[None, :]  # within a state row
     key_offset = (head // VALUE_HEADS_PER_KEY_HEAD) * KEY_DIM
-    slot = tl.load(slots_ptr + row)
-    keeps = tl.load(keeps_ptr + row)
-    state = tl.load(state_ptr + slot * NUM_VALUE_HEADS * KEY_DIM * VALUE_DIM + head_offsets, mask=state_mask,
-                    other=0.0) * keeps
     # One flat loop over the row's tokens (a piece's end only stores the state): the next token's inputs are loaded
     # while this one's are used, so their latency hides behind the dependent chain of state updates.
     piece = tl.load(row_pieces_ptr + row)
@@ -49,6 +47,23 @@ def _gated_delta_rows_kernel(
     start = tl.load(row_starts_ptr + row)
     piece_end = tl.load(piece_ends_ptr + piece)  # a row has at least one piece, and each piece a token
     row_end = tl.load(piece_ends_ptr + last_piece - 1)
+    if start < row_end:  # else a padding row of a padded step (gpu/mixed_graphs.py): one empty piece, nothing to do
+        _row(qkv_ptr, qkv_stride, g_ptr, beta_ptr, state_ptr, slots_ptr, keeps_ptr, out_ptr, piece_ends_ptr,
+             piece_states_ptr, row, head, columns, keys, key_mask, column_mask, state_mask, head_offsets, key_offset,
+             piece, last_piece, start, piece_end, row_end, NUM_VALUE_HEADS, KEY_DIM, VALUE_DIM, K_OFFSET, V_OFFSET,
+             SCALE)
+
+
+@triton.jit
+def _row(qkv_ptr, qkv_stride, g_ptr, beta_ptr, state_ptr, slots_ptr, keeps_ptr, out_ptr, piece_ends_ptr,
+         piece_states_ptr, row, head, columns, keys, key_mask, column_mask, state_mask, head_offsets, key_offset,
+         piece, last_piece, start, piece_end, row_end, NUM_VALUE_HEADS: tl.constexpr, KEY_DIM: tl.constexpr,
+         VALUE_DIM: tl.constexpr, K_OFFSET: tl.constexpr, V_OFFSET: tl.constexpr, SCALE: tl.constexpr):
+    """A row's tokens [start, row_end) from its slot's state, the state stored after each piece."""
+    slot = tl.load(slots_ptr + row)
+    keeps = tl.load(keeps_ptr + row)
+    state = tl.load(state_ptr + slot * NUM_VALUE_HEADS * KEY_DIM * VALUE_DIM + head_offsets, mask=state_mask,
+                    other=0.0) * keeps
     q, k, v, g, beta = token_inputs(qkv_ptr, qkv_stride, g_ptr, beta_ptr, start, keys, key_mask, columns,
                                      column_mask, head, key_offset, NUM_VALUE_HEADS, K_OFFSET, V_OFFSET, VALUE_DIM)
     for t in range(start, row_end):

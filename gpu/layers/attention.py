@@ -14,10 +14,12 @@ then reads keys as fp8 * k_scale (the softmax scale times k_scale) and values as
 v_scale), so every backend reads the cache's bytes as they are. The scales are the layer's own, whatever its group.
 On CUDA, when triton is installed, one Triton kernel (gpu/kernels/qk_norm_rope.py) reads the fused QKV
 output, applies the per-head q/k norms and the rotation, and writes the step's keys and values to the
-cache, for a whole rotation over a power-of-two head; on a CPU where the runner hands the layer
-gpu/cpu_kernels/attention.c, its `rope_store` does the same in one call, for a whole rotation and Llama-style q/k
-norms; elsewhere (a partial rotation, a value norm, values that are keys), or built with `KernelConfig.fused_kernels`
-off, the torch layers run (the reference the kernels are tested against) and the backend's store_kv writes the cache.
+cache, for a whole rotation over a power-of-two head or a partial one within its first half, reading the queries
+from between their gates where q_proj's rows are [query; gate] per head (the gates then a view of the projection);
+on a CPU where the runner hands the layer gpu/cpu_kernels/attention.c, its `rope_store` does the same in one call,
+for a whole rotation and Llama-style q/k norms; elsewhere (a partial rotation past half a head, a value norm, values
+that are keys), or built with `KernelConfig.fused_kernels` off, the torch layers run (the reference the kernels are
+tested against) and the backend's store_kv writes the cache.
 Triton is imported on the first CUDA call only. Under tensor
 parallelism a layer holds only its rank's query heads (and their sinks) and the KV heads they read
 (`kv_heads_of_rank`): its q/k/v rows, its KV cache and its attention; `o_proj` sums the ranks' outputs.
@@ -142,9 +144,6 @@ class DecoderAttention(nn.Module):
     def _attend(self, positions: torch.Tensor, qkv: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         num_tokens = qkv.shape[0]
         assert self.backend is not None, "the runner sets the backend before the first forward"
-        gate = None
-        if self.spec.has_output_gate:
-            qkv, gate = self._split_output_gate(qkv)
         meta = meta.of_group(self.kv_group)
         q = self._query_storing_kv(positions, qkv, meta.slot_mapping)
         source = self._kv_source[0] if self._kv_source else self
@@ -152,28 +151,38 @@ class DecoderAttention(nn.Module):
         out = self.backend.forward(q, source.k_cache, source.v_cache, meta, self.scale * k_scale, self.variant)
         if v_scale != 1.0:
             out = out * v_scale
-        if gate is not None:
-            out = times_sigmoid(out.reshape(num_tokens, self.num_heads, self.head_dim), gate, self.kernels)
+        if self.spec.has_output_gate:
+            out = times_sigmoid(out.reshape(num_tokens, self.num_heads, self.head_dim), self._output_gate(qkv),
+                                self.kernels)
         return self.o_proj(out.reshape(num_tokens, -1))
 
-    def _split_output_gate(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """([q; k; v] without the gate rows, the gate [num_tokens, heads, head_dim], a view) from q_proj's [query;
-        gate] per head."""
+    def _output_gate(self, qkv: torch.Tensor) -> torch.Tensor:
+        """The gates [num_tokens, heads, head_dim] of q_proj's [query; gate] rows per head: a view of qkv (one
+        operation: a prompt step pays each one's host time)."""
+        column = qkv.stride(1)
+        return qkv.as_strided((qkv.shape[0], self.num_heads, self.head_dim),
+                              (qkv.stride(0), 2 * self.head_dim * column, column),
+                              qkv.storage_offset() + self.head_dim * column)
+
+    def _without_output_gates(self, qkv: torch.Tensor) -> torch.Tensor:
+        """[q; k; v] without q_proj's gate rows: the torch path's queries, a copy."""
         num_tokens = qkv.shape[0]
         query_gate = qkv[:, : 2 * self.q_size].view(num_tokens, self.num_heads, 2 * self.head_dim)
-        q, gate = query_gate.split(self.head_dim, dim=-1)
-        return torch.cat((q.reshape(num_tokens, self.q_size), qkv[:, 2 * self.q_size :]), dim=-1), gate
+        q = query_gate[..., : self.head_dim].reshape(num_tokens, self.q_size)
+        return torch.cat((q, qkv[:, 2 * self.q_size :]), dim=-1)
 
     def _query_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
                           ) -> torch.Tensor:
         """The rotated queries; this step's keys and values written to the cache (a layer that computes them)."""
         assert self.backend is not None
         num_tokens = qkv.shape[0]
+        if self.spec.computes_kv and self._is_fused(qkv):
+            return self._fused_q_storing_kv(positions, qkv, slot_mapping)
+        if self.spec.has_output_gate:
+            qkv = self._without_output_gates(qkv)
         if not self.spec.computes_kv:
             q = qkv.view(num_tokens, self.num_heads, self.head_dim)
             return self.rotary.rotate(positions, self.q_norm(q) if self.q_norm is not None else q)
-        if self._is_fused(qkv):
-            return self._fused_q_storing_kv(positions, qkv, slot_mapping)
         if self.runs_cpu_kernel(qkv.dtype, qkv.stride(1)):
             return self._cpu_q_storing_kv(positions, qkv, slot_mapping)
         q, k = self._torch_qk(positions, qkv)
@@ -206,7 +215,14 @@ class DecoderAttention(nn.Module):
         is_pow2 = (self.head_dim & (self.head_dim - 1)) == 0  # the kernel's head halves are power-of-two ranges
         is_plain_kv = not (self.spec.values_are_keys or self.spec.has_value_norm)  # the kernel copies the values
         return (self.kernels.fused_kernels and HAS_TRITON and qkv.is_cuda and is_pow2 and qkv.stride(1) == 1
-                and self.rotary.rotary_dim == self.head_dim and is_plain_kv)
+                and self.kernel_rotates and is_plain_kv)
+
+    @property
+    def kernel_rotates(self) -> bool:
+        """Whether qk_norm_rope's rotation is this layer's: a whole head, or a partial one within its first half (the
+        kernel pairs the turned dims within the half it holds)."""
+        rotary_dim = self.rotary.rotary_dim  # even: two per frequency
+        return rotary_dim == self.head_dim or 2 <= rotary_dim <= self.head_dim // 2
 
     def _fused_q_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
                             ) -> torch.Tensor:
@@ -218,7 +234,8 @@ class DecoderAttention(nn.Module):
         weights, eps, convention = self._qk_norms()
         return qk_norm_rope_store_kv(qkv, positions, (self.rotary.cos, self.rotary.sin), heads, weights, eps,
                                      (self.k_cache, self.v_cache, slot_mapping), use_pdl=True,
-                                     norm_convention=convention, kv_scales=self.kv_scales)
+                                     norm_convention=convention, kv_scales=self.kv_scales,
+                                     has_output_gate=self.spec.has_output_gate)
 
     def runs_cpu_kernel(self, dtype: torch.dtype, column_stride: int = 1) -> bool:
         """Whether gpu/cpu_kernels/attention.c rotates and stores this layer's q/k/v of `dtype`: a whole rotation,

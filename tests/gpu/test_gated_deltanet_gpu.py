@@ -14,9 +14,10 @@
 - float32: the torch reference path on CUDA (kernels off) gives transformers' tokens (CPU float32) through chunked
   prefill, preemption and prefix hits that restore snapshots.
 - bf16 with the kernels: where tokens differ from transformers' bf16 ones, each side's is in the other's top-5,
-  rarely (tests/gpu/test_parity_gpu.py's rule), with prefix hits and chunked prefill; decode steps in CUDA graphs
-  give the same tokens as with graphs off (snapshots restored and saved around the replays); two GPUs (TP=2) against
-  one by the same rule.
+  rarely (tests/gpu/test_parity_gpu.py's rule), with prefix hits and chunked prefill; decode steps and steps with
+  prompts in CUDA graphs (the mixed graphs' padded steps) give the same tokens as with graphs off, which runs the
+  same padded steps eagerly (snapshots restored and saved around the replays); a chat's later turn runs its prompt
+  step as one replay; two GPUs (TP=2) against one by the same rule.
 """
 
 from collections.abc import Iterator
@@ -170,6 +171,57 @@ def test_layer_with_the_kernels_matches_the_torch_layer(dtype: torch.dtype, rows
     torch.testing.assert_close(fused.conv_state, reference.conv_state)
 
 
+def test_padded_layer_step_matches_the_torch_layer_and_replays_as_it_ran() -> None:
+    """A whole layer's step padded as the mixed graphs pad it (gpu/mixed_graphs.py: a token bucket, a row capacity,
+    every row through the sequential kernels, padding rows on the padding state row 7): its real tokens and states
+    as the torch layer's unpadded step leaves them; captured in a CUDA graph, its replay gives the eager padded
+    step's output and states to the bit."""
+    from gpu.layers.norm import NormInput, RMSNorm
+    from gpu.mixed_graphs import LinearRows, StaticInputs, fill_host_inputs
+
+    dtype, bucket, rows_cap, padding_slot = torch.bfloat16, 256, 8, 7
+    fused, reference = layer_pair(dtype)
+    query_lens, continues, slots = [70, 1, 130, 5], [True, True, False, True], [2, 4, 0, 5]
+    saves = [(0, 48, 1), (2, 16, 3), (2, 100, 6)]
+    num_tokens = sum(query_lens)
+    batch = Batch(token_ids=[0] * num_tokens, positions=[0] * num_tokens, slot_mapping=[0] * num_tokens,
+                  query_lens=query_lens, context_lens=[n + c for n, c in zip(query_lens, continues, strict=True)],
+                  block_tables=[[0]] * 4, state_slots=slots, state_saves=saves)
+    linear = LinearRows(num_state_slots=6, padding_slot=padding_slot, max_row_tokens=512)
+    static = StaticInputs(max_tokens=bucket, max_rows=rows_cap, max_blocks=1, device=torch.device("cuda"),
+                          linear=linear)
+    int64, int32 = static.int64.cpu().numpy(), static.int32.cpu().numpy()
+    num_int64, num_int32 = fill_host_inputs(int64, int32, batch, bucket, rows_cap, 1, linear)
+    static.int64[:num_int64].copy_(torch.from_numpy(int64[:num_int64]))
+    static.int32[:num_int32].copy_(torch.from_numpy(int32[:num_int32]))
+    padded = static.metadata(bucket, rows_cap, max_model_len=256)
+    x = layer_inputs(bucket, dtype)
+    norms = [RMSNorm(SPEC.hidden_size, SPEC.norm_eps, k).cuda().to(dtype)
+             for k in (DEFAULT_KERNELS, KernelConfig(fused_kernels=False))]
+    unpadded = AttentionMetadata(torch.empty(0), torch.empty(0), torch.empty(0), torch.empty(0), 0, 0, False,
+                                 linear_state=step_inputs(batch, torch.device("cuda"), 6))
+    before = fused.conv_state.clone(), fused.recurrent_state.clone()
+    with torch.no_grad():
+        eager = fused(NormInput(norms[0], x, None), padded)[0].clone()
+        expected = reference(NormInput(norms[1], x[:num_tokens], None), unpadded)[0]
+        after = fused.conv_state.clone(), fused.recurrent_state.clone()
+        real = [row for row in range(8) if row != padding_slot]
+        torch.testing.assert_close(eager[:num_tokens].float(), expected.float(), rtol=3e-2, atol=3e-2)
+        torch.testing.assert_close(after[1][real], reference.recurrent_state[real], rtol=2e-2, atol=2e-2)
+        torch.testing.assert_close(after[0][real], reference.conv_state[real])
+        assert torch.equal(after[1][padding_slot], before[1][padding_slot])  # a padding row runs no token
+
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            replayed = fused(NormInput(norms[0], x, None), padded)[0]
+        fused.conv_state.copy_(before[0])
+        fused.recurrent_state.copy_(before[1])
+        graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(replayed[:num_tokens], eager[:num_tokens])
+    assert torch.equal(fused.conv_state, after[0]) and torch.equal(fused.recurrent_state, after[1])
+
+
 PROMPT_ROWS = ([70, 1, 130, 5], [True, True, False, True], [2, 4, 0, 5])  # query lengths, continues, slots
 # Snapshots saved inside rows, into rows no running row's slot is.
 INNER_SAVES = [(), ((0, 48, 1), (2, 16, 3), (2, 100, 6))]
@@ -309,13 +361,57 @@ def test_graphs_on_give_the_tokens_of_graphs_off(hybrid_dirs: dict[str, Path], m
     for eager in (False, True):
         llm = LLM(str(hybrid_dirs[model]), dtype="bfloat16", device="cuda", attention_backend="triton",
                   enforce_eager=eager, block_size=16, kv_cache_blocks=512, max_num_seqs=16, max_num_batched_tokens=48)
-        decode = llm.engine.runner.decode
+        decode, mixed = llm.engine.runner.decode, llm.engine.runner.mixed
         assert decode is not None and bool(decode.graphs) != eager
+        assert mixed is not None and bool(mixed.graphs) != eager  # steps with prompts padded either way
         outputs = llm.generate(prompts[:1], params) + llm.generate(prompts[1:], params)
         assert llm.engine.stats().num_prefix_cache_hit_tokens > 0
         tokens[eager] = [o.token_ids for o in outputs]
     assert tokens[False] == tokens[True]
     assert any(norm_launches) and not all(norm_launches)  # captured in graphs, and run eagerly
+
+
+def test_a_later_turn_runs_its_prompt_step_as_one_replay(hybrid_dirs: dict[str, Path],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A chat's later turn (the earlier turn's prompt and answer cached, new tokens after them) on a hybrid MoE: its
+    prompt step replays a captured mixed graph, so the host launches none of the linear layers' kernels; a prompt
+    row past the sequential delta rule still runs eagerly (flash-linear-attention's chunked kernel, or the torch
+    code, builds its indices on the host)."""
+    import gpu.kernels.gated_delta_rows as rows_kernel
+
+    model = "qwen3_5_moe" if "qwen3_5_moe" in MODELS else MODELS[-1]
+    llm = LLM(str(hybrid_dirs[model]), dtype="bfloat16", device="cuda", attention_backend="triton", block_size=16,
+              kv_cache_blocks=512, max_num_seqs=16, max_num_batched_tokens=1024)
+    limit = DEFAULT_KERNELS.sequential_delta_rule_max_tokens
+    runner = llm.engine.runner
+    assert runner.mixed is not None and runner.mixed.graphs
+    mixed, original_run = runner.mixed, runner.mixed.run
+    steps: list[tuple[tuple[int, int] | None, bool]] = []  # (bucket, whether captured) of each padded step
+
+    def run(batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:
+        key = mixed.bucket_for(batch)
+        steps.append((key, key in mixed.graphs))
+        return original_run(batch, last_sampled_ids)
+
+    rows_launches: list[int] = []
+    original_rows = rows_kernel.gated_delta_rows
+
+    def counted(qkv: torch.Tensor, *args: object) -> torch.Tensor:
+        rows_launches.append(qkv.shape[0])
+        return original_rows(qkv, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(mixed, "run", run)
+    monkeypatch.setattr(rows_kernel, "gated_delta_rows", counted)
+    params = SamplingParams(temperature=0.0, max_tokens=16)
+    first_prompt = prompts_of_lengths((limit + 88,))[0]
+    first = llm.generate([first_prompt], params)
+    assert not steps, "a prompt row past the sequential delta rule runs eagerly, unpadded"
+    later = first_prompt + first[0].token_ids + prompts_of_lengths((40,))[0]
+    hits_before = llm.engine.stats().num_prefix_cache_hit_tokens
+    llm.generate([later], params)
+    assert llm.engine.stats().num_prefix_cache_hit_tokens - hits_before >= limit
+    assert steps and all(captured for _, captured in steps), steps
+    assert rows_launches == [], "the later turn's prompt step launched the rows kernel from the host"
 
 
 @pytest.mark.parametrize("tensor_parallel_size", [1, pytest.param(2, marks=pytest.mark.skipif(

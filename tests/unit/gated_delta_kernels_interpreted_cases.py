@@ -3,7 +3,8 @@
 token after token (gpu/kernels/gated_delta_rows.py), each row's state read from its slot (zeros where the row starts
 its sequence) and updated in place, snapshots inside rows holding the state after their tokens, the other rows
 untouched; a layer's steps and a tiny hybrid model through them (and the prompt rows' convolution kernel,
-gpu/kernels/causal_conv_rows.py) against the torch path and transformers.
+gpu/kernels/causal_conv_rows.py) against the torch path and transformers, unpadded and padded as the mixed-step CUDA
+graphs pad them (gpu/mixed_graphs.py, run eagerly here as with --enforce-eager).
 tests/gpu/test_gated_deltanet_gpu.py checks the compiled kernels on CUDA."""
 
 import os
@@ -16,7 +17,8 @@ from gpu.batch import Batch
 from gpu.config import KernelConfig
 from gpu.layers import gated_delta_rule, gated_deltanet
 from gpu.layers.gated_deltanet import GatedDeltaNet
-from gpu.state_cache import sequential_rows, step_inputs
+from gpu.mixed_graphs import LinearRows, MixedGraphs, StaticInputs, fill_host_inputs
+from gpu.state_cache import allocate, sequential_rows, step_inputs
 from tests.unit.test_gated_deltanet_layer import SPEC, make_layer
 
 pytest.importorskip("triton")
@@ -218,4 +220,100 @@ def test_hybrid_model_through_the_kernels_gives_transformers_tokens(tiny_model_d
     assert any(pieces > rows for _, rows, pieces in launches), "a step saved a snapshot inside a row"
     assert glue["gated_rms_norm"] > 0 and glue["gated_delta_gates"] == glue["gated_rms_norm"]
     assert conv_launches, "prompt rows ran their convolution in the kernel"
+    dense.assert_matches_hf(model_dir, prompts, outputs)
+
+
+def test_layer_step_padded_as_the_mixed_graphs_pad_it_matches_the_torch_path() -> None:
+    """The same step padded to a token bucket and a row capacity (gpu/mixed_graphs.py's static inputs: every row
+    through the sequential kernels, padding rows one empty piece on the padding state row): the real tokens' outputs
+    and every state row but the padding one as the torch path's unpadded step leaves them; the padding row's
+    recurrent state untouched (the delta rule runs no token of it), its conv state zeros (an empty piece's window)."""
+    generator = torch.Generator().manual_seed(5)
+    query_lens, continues, slots = [1, 17, 1, 20, 3], [True, False, True, True, False], [3, 0, 4, 1, 2]
+    saves = [(1, 5, 6), (3, 16, 7), (3, 19, 8), (4, 1, 9)]  # (row, tokens into it, snapshot row)
+    num_tokens, bucket, rows_cap, padding_slot = sum(query_lens), 48, 8, 11
+    inputs = (torch.randn(bucket, SPEC.conv_dim, generator=generator),
+              -torch.rand(bucket, 4, generator=generator), torch.rand(bucket, 4, generator=generator))
+    batch = Batch(token_ids=[0] * num_tokens, positions=[0] * num_tokens, slot_mapping=[0] * num_tokens,
+                  query_lens=query_lens, context_lens=[n + c for n, c in zip(query_lens, continues, strict=True)],
+                  block_tables=[[0]] * 5, state_slots=slots, state_saves=saves)
+    linear = LinearRows(num_state_slots=5, padding_slot=padding_slot, max_row_tokens=256)
+    static = StaticInputs(max_tokens=64, max_rows=rows_cap, max_blocks=1, device=torch.device("cpu"), linear=linear)
+    int64, int32 = static.int64.numpy().copy(), static.int32.numpy().copy()
+    num_int64, num_int32 = fill_host_inputs(int64, int32, batch, bucket, rows_cap, 1, linear)
+    static.int64[:num_int64], static.int32[:num_int32] = torch.from_numpy(int64[:num_int64]), torch.from_numpy(
+        int32[:num_int32])
+    padded_state = static.metadata(bucket, rows_cap, max_model_len=64).linear_state
+    assert padded_state is not None
+    fused = _layer(KernelConfig(sequential_delta_rule_max_tokens=256))
+    reference = _layer(KernelConfig(fused_kernels=False))
+    recurrent_before = fused.recurrent_state[padding_slot].clone()
+    with pytest.MonkeyPatch.context() as patch, torch.no_grad():
+        launches = _on_the_triton_paths(patch)
+        conv_launches = _counted_conv(patch)
+        got = fused._convolved_rule(*inputs, padded_state)
+        expected = reference._convolved_rule(*(x[:num_tokens] for x in inputs),
+                                             step_inputs(batch, torch.device("cpu"), 5))
+    assert launches == [(bucket, rows_cap, bucket + rows_cap)] and conv_launches == [bucket]  # the padded sizes
+    torch.testing.assert_close(got[:num_tokens], expected, rtol=1e-4, atol=1e-4)
+    real = list(range(padding_slot))
+    torch.testing.assert_close(fused.recurrent_state[real], reference.recurrent_state[real], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(fused.conv_state[real], reference.conv_state[real])
+    assert torch.equal(fused.recurrent_state[padding_slot], recurrent_before)
+    assert not fused.conv_state[padding_slot].any()
+
+
+def _padded_mixed_steps(runner: object, max_row_tokens: int) -> list[Batch]:
+    """Gives a CPU runner the mixed graphs' padded steps (run eagerly: no graph is captured on a CPU), with a padding
+    state row as on CUDA and rows of at most `max_row_tokens` held; returns the list each padded step appends its
+    batch to."""
+    c = runner.config
+    padding_slot = runner.stacked_states.conv.shape[1]
+    runner.stacked_states = allocate(runner.linear_layers, padding_slot + 1, runner.dtype, runner.device)
+    mixed = MixedGraphs(runner.model, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len, c.block_size,
+                        runner.device, len(runner.kv_cache_groups),
+                        LinearRows(runner.num_state_slots, padding_slot, max_row_tokens))
+    padded = []
+    original = mixed.run
+
+    def run(batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:
+        padded.append(batch)
+        return original(batch, last_sampled_ids)
+
+    mixed.run = run  # type: ignore[method-assign]
+    runner.mixed = mixed
+    return padded
+
+
+@pytest.mark.parametrize("max_row_tokens", [32, 512])  # a prompt's first chunk past it (run unpadded); every step
+def test_hybrid_moe_model_in_padded_mixed_steps_gives_transformers_tokens(tiny_model_dirs: dict[str, Path],
+                                                                          tmp_path: Path, max_row_tokens: int) -> None:
+    """A tiny Qwen3.5-MoE whose steps with prompts run padded as in the mixed graphs (gpu/mixed_graphs.py): prompts
+    prefilled in chunks, decode rows beside prompt rows, a snapshot saved inside a row, later requests resuming from
+    it (a later turn's cached prompt); greedy tokens equal transformers'."""
+    from core import LLM
+    from tests.hybrid_models import build_hybrid_model, with_slow_decays
+    from tests.parity import test_parity_cpu as dense
+
+    model_dir = with_slow_decays(build_hybrid_model(tmp_path / "qwen3_5_moe", "qwen3_5_moe",
+                                                    tiny_model_dirs["qwen3"]))
+    prompts = dense.prompts_of_lengths((9, 30, 4), shared_prefix=37)
+    with pytest.MonkeyPatch.context() as patch:
+        launches = _on_the_triton_paths(patch)
+        llm = LLM(str(model_dir), dtype="float32", block_size=16, kv_cache_blocks=64, max_num_seqs=4,
+                  max_num_batched_tokens=40)
+        padded = _padded_mixed_steps(llm.engine.runner, max_row_tokens)
+        launches.clear()  # the runner's warm-up steps ran before
+        outputs = llm.generate(prompts[:1], dense.GREEDY) + llm.generate(prompts[1:], dense.GREEDY)
+    assert llm.engine.stats().num_prefix_cache_hit_tokens >= 2 * 32
+    assert any(batch.context_lens[r] > batch.query_lens[r] > 1 for batch in padded for r in range(batch.num_rows)), \
+        "a padded step continued a prompt from a cached prefix or an earlier chunk"
+    assert any(min(batch.query_lens) == 1 < max(batch.query_lens) for batch in padded), "decode rows beside prompts"
+    num_unpadded = sum(rows < 4 for _, rows, _ in launches)  # the padded steps' launches have the row capacity, 4
+    if max_row_tokens == 512:
+        assert num_unpadded == 0, "every step with prompts padded"
+        assert any(n < batch.query_lens[r] for batch in padded for r, n, _ in batch.state_saves), \
+            "a padded step saved a snapshot inside a row"
+    else:
+        assert num_unpadded > 0, "the first chunk (40 tokens) ran unpadded"
     dense.assert_matches_hf(model_dir, prompts, outputs)

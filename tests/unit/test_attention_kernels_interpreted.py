@@ -1,6 +1,7 @@
 """The attention-side Triton kernels (and the elementwise ones in the newer families' forms, and the MoE ones) under
 Triton's interpreter on the CPU: the cases of tests/unit/attention_kernels_interpreted_cases.py,
-attention_variant_kernels_interpreted_cases.py, family_kernels_interpreted_cases.py, moe_kernels_interpreted_cases.py,
+attention_variant_kernels_interpreted_cases.py, family_kernels_interpreted_cases.py,
+gated_attention_kernels_interpreted_cases.py, moe_kernels_interpreted_cases.py,
 moe_decode_kernels_interpreted_cases.py, gated_delta_kernels_interpreted_cases.py,
 gated_delta_glue_kernels_interpreted_cases.py and causal_conv_rows_interpreted_cases.py, run by pytest in one process
 that has TRITON_INTERPRET=1 from its start (Triton's own helpers such as tl.sum or tl.cdiv stay compiled-only when
@@ -19,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CASES = [Path(__file__).with_name(name) for name in ("attention_kernels_interpreted_cases.py",
                                                      "attention_variant_kernels_interpreted_cases.py",
                                                      "family_kernels_interpreted_cases.py",
+                                                     "gated_attention_kernels_interpreted_cases.py",
                                                      "moe_kernels_interpreted_cases.py",
                                                      "moe_decode_kernels_interpreted_cases.py",
                                                      "gated_delta_kernels_interpreted_cases.py",

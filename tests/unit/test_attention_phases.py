@@ -10,7 +10,16 @@ from gpu.attention.backend import PhasedBackend, TorchBackend, candidate_names, 
 from gpu.attention.metadata import AttentionMetadata
 from gpu.attention.variant import PLAIN
 from gpu.batch import Batch, GroupTables
-from gpu.mixed_graphs import FEW_ROWS, StaticInputs, fill_host_inputs, int32_size, token_buckets
+from gpu.mixed_graphs import (
+    FEW_ROWS,
+    LinearRows,
+    MixedGraphs,
+    StaticInputs,
+    fill_host_inputs,
+    int32_size,
+    token_buckets,
+)
+from gpu.state_cache import sequential_rows
 
 CPU = torch.device("cpu")
 
@@ -175,3 +184,58 @@ def test_each_kv_cache_group_reads_back_its_slots_and_tables_from_the_filled_inp
         for row, table in enumerate(tables):
             assert view.block_tables[row, : len(table)].tolist() == table
         assert view.context_lens is meta.context_lens and view.query_start_loc is meta.query_start_loc
+
+
+def _hybrid_batch() -> Batch:
+    """A step of a model with linear-attention layers: a one-token row, a prompt chunk that starts its sequence with
+    two snapshots saved inside it and one at its end (the runner's copy), a continued chunk."""
+    return Batch(token_ids=list(range(12)), positions=list(range(12)), slot_mapping=list(range(12)),
+                 query_lens=[1, 8, 3], context_lens=[20, 8, 9], block_tables=[[0], [1], [2]],
+                 state_slots=[2, 0, 3], state_saves=[(1, 3, 5), (1, 6, 6), (1, 8, 7), (2, 3, 8)])
+
+
+def test_padded_linear_rows_are_the_sequential_rows_then_empty_padding_rows() -> None:
+    """The mixed graphs' state inputs of a hybrid step read back from the static buffers: the real rows' pieces as
+    the eager step's sequential kernel gets them, each padding row one empty piece at token 0 on the padding slot,
+    starting its state; the conv kernel's token blocks from the bucket and the sequential limit only."""
+    linear = LinearRows(num_state_slots=4, padding_slot=9, max_row_tokens=512)
+    max_rows, max_blocks, bucket, rows_cap = 8, 4, 16, 8
+    inputs = StaticInputs(max_tokens=32, max_rows=max_rows, max_blocks=max_blocks, device=CPU, linear=linear)
+    int64, int32 = inputs.int64.numpy().copy(), inputs.int32.numpy().copy()
+    batch = _hybrid_batch()
+    num_int64, num_int32 = fill_host_inputs(int64, int32, batch, bucket, rows_cap, max_blocks, linear)
+    inputs.int64[:num_int64] = torch.from_numpy(int64[:num_int64])
+    inputs.int32[:num_int32] = torch.from_numpy(int32[:num_int32])
+    state = inputs.metadata(bucket, rows_cap, max_model_len=64).linear_state
+    assert state is not None and not state.parts and not state.is_one_token_per_row and state.max_row_tokens == 16
+    assert state.slots.tolist() == [2, 0, 3] + [9] * 5
+    assert state.keeps_state.tolist() == [1.0, 0.0, 1.0] + [0.0] * 5
+    rows = state.sequential_rows()
+    pieces = (((0, 1, None),), ((1, 4, 5), (4, 7, 6), (7, 9, None)), ((9, 12, None),))
+    eager = sequential_rows(pieces, [2, 0, 3], CPU)
+    num_pieces = len(eager.piece_ends)
+    assert rows.row_starts.tolist() == eager.row_starts.tolist() + [0] * 5
+    assert rows.row_pieces.tolist() == eager.row_pieces.tolist() + list(range(num_pieces + 1, num_pieces + 6))
+    assert rows.piece_ends[:num_pieces].tolist() == eager.piece_ends.tolist()
+    assert rows.piece_states[:num_pieces].tolist() == eager.piece_states.tolist()
+    assert rows.piece_ends[num_pieces : num_pieces + 5].tolist() == [0] * 5
+    assert rows.piece_states[num_pieces : num_pieces + 5].tolist() == [9] * 5
+    assert rows.piece_ends.shape == (bucket + rows_cap,)  # sized by the bucket and the capacity, not the step
+
+
+def test_mixed_graphs_hold_hybrid_steps_only_within_the_sequential_rule() -> None:
+    """Rows past the sequential delta rule (fla's chunked kernel builds its indices on the host) and rows that verify
+    drafts (run position by position) keep a hybrid's step out of the mixed graphs; a model without linear layers
+    is not limited so."""
+    def graphs(linear: LinearRows | None) -> MixedGraphs:
+        return MixedGraphs(lambda *args: args[0], 64, 8, 64, 16, CPU, linear=linear)
+
+    hybrid, dense = graphs(LinearRows(4, 9, max_row_tokens=8)), graphs(None)
+    batch = _hybrid_batch()
+    assert hybrid.bucket_for(batch) == dense.bucket_for(batch) == (16, 8)
+    longer = Batch(token_ids=[0] * 10, positions=list(range(10)), slot_mapping=list(range(10)), query_lens=[9, 1],
+                   context_lens=[9, 5], block_tables=[[0], [1]], state_slots=[0, 1])
+    assert hybrid.bucket_for(longer) is None and dense.bucket_for(longer) == (16, 8)
+    verifying = Batch(token_ids=[0] * 4, positions=list(range(4)), slot_mapping=list(range(4)), query_lens=[3, 1],
+                      context_lens=[9, 5], block_tables=[[0], [1]], state_slots=[0, 1], num_draft_tokens=[2, 0])
+    assert hybrid.bucket_for(verifying) is None and dense.bucket_for(verifying) == (16, 8)

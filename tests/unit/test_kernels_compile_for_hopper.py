@@ -65,11 +65,13 @@ FP8_CACHE = dict(ATTENTION, k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv")
 
 
 def compile_qk_norm_rope(cache: str, constexprs: dict[str, object]) -> None:
-    """The q/k norm + RoPE kernel writing K/V to caches of type `cache`, with a norm."""
+    """The q/k norm + RoPE kernel writing K/V to caches of type `cache`, with a norm; a whole rotation and no gates
+    unless `constexprs` say otherwise."""
+    whole = dict(ROTARY_DIM=constexprs["HEAD_DIM"], Q_HEAD_STRIDE=constexprs["HEAD_DIM"])
     compile_for_hopper(qk_norm_rope._qk_norm_rope_kernel, dict(
         qkv_ptr="*bf16", positions_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", q_weight_ptr="*bf16",
         k_weight_ptr="*bf16", q_out_ptr="*bf16", k_out_ptr="*bf16", k_cache_ptr=cache, v_cache_ptr=cache,
-        slot_mapping_ptr="*i64"), dict(HAS_NORM=True, STORE_KV=True, USE_PDL=False, **constexprs))
+        slot_mapping_ptr="*i64"), dict(HAS_NORM=True, STORE_KV=True, USE_PDL=False, **whole | constexprs))
 
 
 def test_attention_kernels_read_and_write_an_fp8_cache() -> None:
@@ -92,6 +94,9 @@ def test_elementwise_kernels_in_gemmas_forms() -> None:
         HIDDEN=640, BLOCK=1024, HAS_RESIDUAL=True, WEIGHT_OFFSET=1.0, SCALES_IN_FLOAT32=True, USE_PDL=False))
     compile_qk_norm_rope("*bf16", dict(NUM_HEADS=4, NUM_KV_HEADS=1, HEAD_DIM=256, BLOCK_H=4, WEIGHT_OFFSET=1.0,
                                        SCALES_IN_FLOAT32=True))
+    # Qwen3-Next's and Qwen3.5's gated layers: a quarter of each head rotated, the queries between their gates.
+    compile_qk_norm_rope("*bf16", dict(NUM_HEADS=16, NUM_KV_HEADS=2, HEAD_DIM=256, ROTARY_DIM=64, Q_HEAD_STRIDE=512,
+                                       BLOCK_H=4, WEIGHT_OFFSET=1.0, SCALES_IN_FLOAT32=True))
     compile_for_hopper(silu_and_mul._silu_and_mul_kernel, dict(x_ptr="*bf16", out_ptr="*bf16"), dict(
         INTERMEDIATE=2048, BLOCK=1024, IS_GELU_TANH=True, USE_PDL=False))
 
