@@ -93,7 +93,7 @@ def _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, strid
     elementwise and sums them across the warps once, after the loop (a sum per tile crosses the warps through shared
     memory, with barriers, every time); tiles of rows sum each tile's."""
     if BLOCK_M == 1:
-        sum_sq = tl.full((1, BLOCK_K), 0.0, tl.float32)
+        sum_sq = tl.full((1, BLOCK_K // VECTOR), 0.0, tl.float32)
     else:
         sum_sq = tl.full((BLOCK_M,), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
@@ -106,7 +106,7 @@ def _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, strid
                          mask=(offs_m[:, None] < M) & k_mask[None, :])
         s = s.to(tl.float32)
         if BLOCK_M == 1:
-            sum_sq += s * s
+            sum_sq += tl.reduce(tl.reshape(s * s, (1, BLOCK_K // VECTOR, VECTOR)), 2, add)
         else:
             sum_sq += tl.reduce(s * s, 1, add)
     if BLOCK_M == 1:
@@ -116,14 +116,18 @@ def _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, strid
 
 @triton.jit
 def _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, k_mask, K, stride_xm, stride_rm, rstd,
-                   PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr):
-    """The x tile [rows, ks] a prologue makes, in the model dtype."""
+                   PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, ROW_COPIES: tl.constexpr):
+    """The x tile [rows, ks] a prologue makes, in the model dtype. ROW_COPIES (rows all one row, the tile in the
+    weight tile's layout): the norm weight is loaded in the tile's shape too, so that it needs no layout of its own."""
     dtype = x_ptr.dtype.element_ty
     if PROLOGUE == RMS_NORM:
         s = _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL, EVEN_K).to(tl.float32)
         normed = (s * rstd[:, None]).to(dtype).to(tl.float32)
-        weight = _load_along_k(norm_w_ptr + ks, k_mask, EVEN_K).to(tl.float32)
-        x = (weight[None, :] * normed).to(dtype)
+        if ROW_COPIES:
+            weight = _load_along_k(norm_w_ptr + (rows * 0)[:, None] + ks[None, :], k_mask[None, :], EVEN_K)
+        else:
+            weight = _load_along_k(norm_w_ptr + ks, k_mask, EVEN_K)[None, :]
+        x = (weight.to(tl.float32) * normed).to(dtype)
     else:
         tile = x_ptr + rows[:, None] * stride_xm + ks[None, :]
         gate = _load_along_k(tile, k_mask[None, :], EVEN_K).to(tl.float32)
@@ -148,7 +152,7 @@ def _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, strid
 
 @triton.jit
 def _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, ks, k_end, K, stride_xm, stride_rm, rstd,
-            EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+            EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROW_COPIES: tl.constexpr):
     """The x tile [rows, ks] of the pointer kernel: loaded, or made by the prologue."""
     if PROLOGUE == NO_PROLOGUE:
         if EVEN_K:
@@ -157,7 +161,7 @@ def _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, ks, k_end, K, stride_xm, s
             x = tl.load(x_ptrs, mask=(ks < k_end)[None, :], other=0.0)
     else:
         x = _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, ks < k_end, K, stride_xm, stride_rm, rstd,
-                           PROLOGUE, HAS_RESIDUAL, EVEN_K)
+                           PROLOGUE, HAS_RESIDUAL, EVEN_K, ROW_COPIES)
     return x
 
 
@@ -210,7 +214,7 @@ def _skinny_gemm_kernel(
             else:
                 w = tl.load(w_ptrs, mask=((k + offs_k) < k_end)[None, :], other=0.0)
             x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows_x, k + offs_k, k_end, K, stride_xm, stride_rm,
-                        rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
+                        rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL, False)
             acc = tl.dot(w, tl.trans(x), acc)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
@@ -222,7 +226,7 @@ def _skinny_gemm_kernel(
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
             x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows_x, k + offs_k, k_end, K, stride_xm, stride_rm,
-                        rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
+                        rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL, False)
             w_ptrs += BLOCK_K
             w_next = tl.load(w_ptrs, mask=(k + BLOCK_K + offs_k)[None, :] < k_end, other=0.0)
             acc += tl.reduce(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], 2, add)
@@ -248,7 +252,7 @@ def _one_row_products(w, w_ptrs, x_ptr, res_ptr, norm_w_ptr, row, rstd, k_start,
         w_ptrs += BLOCK_K
         w_next = tl.load(w_ptrs, mask=(k + BLOCK_K + offs_k)[None, :] < k_end, other=0.0)  # asked for first: HBM
         x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, k + offs_k, k_end, K, stride_xm, stride_rm, rstd,
-                    EVEN_K, PROLOGUE, HAS_RESIDUAL)
+                    EVEN_K, PROLOGUE, HAS_RESIDUAL, True)
         product = tl.reshape(w.to(tl.float32) * x.to(tl.float32), (BLOCK_N, BLOCK_K // VECTOR, VECTOR))
         products += tl.reduce(product, 2, add)
         w = w_next
@@ -307,7 +311,7 @@ def _skinny_gemm_tma_kernel(
         else:
             ks = k + tl.arange(0, BLOCK_K)
             x = _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows_x, ks, ks < K, K, stride_xm, stride_rm, rstd,
-                               PROLOGUE, HAS_RESIDUAL, False)
+                               PROLOGUE, HAS_RESIDUAL, False, False)
         acc = tl.dot(w, tl.trans(x), acc)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     _store_tile(tl.trans(acc), bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS,
