@@ -9,12 +9,13 @@ Grid: (tiles of BLOCK_M rows, blocks of BLOCK_N output columns, SPLIT_K slices o
 block are neighbours in launch order, so the weight tile they share is read from HBM once and from L2 after. Each
 program streams its [BLOCK_N, K / SPLIT_K] slice of W in [BLOCK_N, BLOCK_K] tiles of 16-byte loads and multiplies
 every tile with its rows of x (x is small and stays in L2). Two inner products: `fma` (float32 products summed over
-K; up to 8 rows, one tile, no padding) and `dot` (tensor cores on W tile x x tile^T: columns are the MMA's M, rows
-its N, padded to BLOCK_M >= 16). Rows past M and columns past N re-read the last valid row (no masks on the weight
-stream); their sums are never stored. A config with `use_tma` runs the dot path in a second kernel whose tiles the
-tensor memory accelerator brings (Hopper; zeros past the edges), where x and W are 16-byte aligned. With
-SPLIT_K > 1 each program writes float32 partial sums to a workspace [SPLIT_K, M, N] and a second kernel adds them
-in a fixed order (no atomics: deterministic).
+K; up to 8 rows, one tile, no padding; one row loads x as copies of its row in the weight tile's layout and sums
+along K after the loop, so that nothing crosses threads inside it) and `dot` (tensor cores on W tile x x tile^T:
+columns are the MMA's M, rows its N, padded to BLOCK_M >= 16). Rows past M and columns past N re-read the last valid
+row (no masks on the weight stream); their sums are never stored. A config with `use_tma` runs the dot path in a
+second kernel whose tiles the tensor memory accelerator brings (Hopper; zeros past the edges), where x and W are
+16-byte aligned. With SPLIT_K > 1 each program writes float32 partial sums to a workspace [SPLIT_K, M, N] and a
+second kernel adds them in a fixed order (no atomics: deterministic).
 
 A prologue may make x on the fly, so the elementwise kernel before the product need not run (at a few rows each
 launch costs more than its bytes): `skinny_gemm_rms_norm` multiplies norm(x + residual), the residual add and
@@ -89,9 +90,9 @@ def _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDU
 def _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
                    HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """1 / sqrt(mean((x + residual)^2) + eps) per row over the whole of K; where `writes_sum` (one program of the
-    grid) also stores x + residual, the residual stream the next block reads. One row adds its squares up
-    elementwise and sums them across the warps once, after the loop (a sum per tile crosses the warps through shared
-    memory, with barriers, every time); tiles of rows sum each tile's."""
+    grid) also stores x + residual, the residual stream the next block reads. One row sums its squares within each
+    thread's vectors, tile after tile, and across the warps once, after the loop (a sum per tile crosses the warps
+    through shared memory, with barriers, every time); tiles of rows sum each tile's."""
     if BLOCK_M == 1:
         sum_sq = tl.full((1, BLOCK_K // VECTOR), 0.0, tl.float32)
     else:
