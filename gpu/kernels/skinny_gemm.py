@@ -9,12 +9,13 @@ Grid: (tiles of BLOCK_M rows, blocks of BLOCK_N output columns, SPLIT_K slices o
 block are neighbours in launch order, so the weight tile they share is read from HBM once and from L2 after. Each
 program streams its [BLOCK_N, K / SPLIT_K] slice of W in [BLOCK_N, BLOCK_K] tiles of 16-byte loads and multiplies
 every tile with its rows of x (x is small and stays in L2). Two inner products: `fma` (float32 products summed over
-K; up to 8 rows, one tile, no padding) and `dot` (tensor cores on W tile x x tile^T: columns are the MMA's M, rows
-its N, padded to BLOCK_M >= 16). Rows past M and columns past N re-read the last valid row (no masks on the weight
-stream); their sums are never stored. A config with `use_tma` runs the dot path in a second kernel whose tiles the
-tensor memory accelerator brings (Hopper; zeros past the edges), where x and W are 16-byte aligned. With
-SPLIT_K > 1 each program writes float32 partial sums to a workspace [SPLIT_K, M, N] and a second kernel adds them
-in a fixed order (no atomics: deterministic).
+K; up to 8 rows, one tile, no padding; one row loads x as copies of its row in the weight tile's layout and sums
+along K after the loop, so that nothing crosses threads inside it) and `dot` (tensor cores on W tile x x tile^T:
+columns are the MMA's M, rows its N, padded to BLOCK_M >= 16). Rows past M and columns past N re-read the last valid
+row (no masks on the weight stream); their sums are never stored. A config with `use_tma` runs the dot path in a
+second kernel whose tiles the tensor memory accelerator brings (Hopper; zeros past the edges), where x and W are
+16-byte aligned. With SPLIT_K > 1 each program writes float32 partial sums to a workspace [SPLIT_K, M, N] and a
+second kernel adds them in a fixed order (no atomics: deterministic).
 
 A prologue may make x on the fly, so the elementwise kernel before the product need not run (at a few rows each
 launch costs more than its bytes): `skinny_gemm_rms_norm` multiplies norm(x + residual), the residual add and
@@ -60,51 +61,78 @@ __all__ = ["FEW_ROWS", "MAX_ROWS", "SkinnyConfig", "config_for", "preferred_conf
 NO_PROLOGUE = tl.constexpr(0)
 RMS_NORM = tl.constexpr(1)  # x := norm(x + residual) * norm_weight
 SILU_AND_MUL = tl.constexpr(2)  # x := silu(x[:, :K]) * x[:, K:]
+VECTOR = tl.constexpr(8)  # elements of one 16-byte load of W: the one-row path sums them within their thread
 
 
 @triton.jit
-def _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL: tl.constexpr):
+def _load_along_k(ptrs, k_mask, EVEN_K: tl.constexpr):
+    """A tile whose K positions past the end (k_mask false) read as zeros; with EVEN_K there are none, and no mask
+    (copies of one row then load once per thread: the compiler merges unmasked loads of one address only)."""
+    if EVEN_K:
+        tile = tl.load(ptrs)
+    else:
+        tile = tl.load(ptrs, mask=k_mask, other=0.0)
+    return tile
+
+
+@triton.jit
+def _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL: tl.constexpr,
+              EVEN_K: tl.constexpr):
     """x + residual over [rows, ks], rounded to the model dtype as gpu/kernels/rms_norm.py rounds it."""
-    x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=k_mask[None, :], other=0.0)
+    x = _load_along_k(x_ptr + rows[:, None] * stride_xm + ks[None, :], k_mask[None, :], EVEN_K)
     if HAS_RESIDUAL:
-        residual = tl.load(res_ptr + rows[:, None] * stride_rm + ks[None, :], mask=k_mask[None, :], other=0.0)
+        residual = _load_along_k(res_ptr + rows[:, None] * stride_rm + ks[None, :], k_mask[None, :], EVEN_K)
         x = (x.to(tl.float32) + residual.to(tl.float32)).to(x_ptr.dtype.element_ty)
     return x
 
 
 @triton.jit
 def _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
-                   HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                   HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
     """1 / sqrt(mean((x + residual)^2) + eps) per row over the whole of K; where `writes_sum` (one program of the
-    grid) also stores x + residual, the residual stream the next block reads."""
-    sum_sq = tl.full((BLOCK_M,), 0.0, tl.float32)
+    grid) also stores x + residual, the residual stream the next block reads. One row sums its squares within each
+    thread's vectors, tile after tile, and across the warps once, after the loop (a sum per tile crosses the warps
+    through shared memory, with barriers, every time); tiles of rows sum each tile's."""
+    if BLOCK_M == 1:
+        sum_sq = tl.full((1, BLOCK_K // VECTOR), 0.0, tl.float32)
+    else:
+        sum_sq = tl.full((BLOCK_M,), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
         ks = k + tl.arange(0, BLOCK_K)
         k_mask = ks < K
-        s = _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL)
+        s = _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL, EVEN_K)
         if HAS_RESIDUAL:
             if writes_sum:
                 tl.store(sum_ptr + offs_m[:, None] * K + ks[None, :], s,
                          mask=(offs_m[:, None] < M) & k_mask[None, :])
         s = s.to(tl.float32)
-        sum_sq += tl.reduce(s * s, 1, add)
+        if BLOCK_M == 1:
+            sum_sq += tl.reduce(tl.reshape(s * s, (1, BLOCK_K // VECTOR, VECTOR)), 2, add)
+        else:
+            sum_sq += tl.reduce(s * s, 1, add)
+    if BLOCK_M == 1:
+        sum_sq = tl.reduce(sum_sq, 1, add)
     return tl.math.rsqrt(sum_sq / K + eps)
 
 
 @triton.jit
 def _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, k_mask, K, stride_xm, stride_rm, rstd,
-                   PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
-    """The x tile [rows, ks] a prologue makes, in the model dtype."""
+                   PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, ROW_COPIES: tl.constexpr):
+    """The x tile [rows, ks] a prologue makes, in the model dtype. ROW_COPIES (rows all one row, the tile in the
+    weight tile's layout): the norm weight is loaded in the tile's shape too, so that it needs no layout of its own."""
     dtype = x_ptr.dtype.element_ty
     if PROLOGUE == RMS_NORM:
-        s = _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL).to(tl.float32)
+        s = _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL, EVEN_K).to(tl.float32)
         normed = (s * rstd[:, None]).to(dtype).to(tl.float32)
-        weight = tl.load(norm_w_ptr + ks, mask=k_mask, other=0.0).to(tl.float32)
-        x = (weight[None, :] * normed).to(dtype)
+        if ROW_COPIES:
+            weight = _load_along_k(norm_w_ptr + (rows * 0)[:, None] + ks[None, :], k_mask[None, :], EVEN_K)
+        else:
+            weight = _load_along_k(norm_w_ptr + ks, k_mask, EVEN_K)[None, :]
+        x = (weight.to(tl.float32) * normed).to(dtype)
     else:
         tile = x_ptr + rows[:, None] * stride_xm + ks[None, :]
-        gate = tl.load(tile, mask=k_mask[None, :], other=0.0).to(tl.float32)
-        up = tl.load(tile + K, mask=k_mask[None, :], other=0.0).to(tl.float32)
+        gate = _load_along_k(tile, k_mask[None, :], EVEN_K).to(tl.float32)
+        up = _load_along_k(tile + K, k_mask[None, :], EVEN_K).to(tl.float32)
         silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
         x = (silu * up).to(dtype)
     return x
@@ -112,11 +140,12 @@ def _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, k_mask, K, stride_xm, s
 
 @triton.jit
 def _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
-                   PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+                   PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
     """The RMS prologue's per-row factor (ones for the others, which read none)."""
     if PROLOGUE == RMS_NORM:
         rstd = _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
-                              HAS_RESIDUAL, BLOCK_M, BLOCK_K)
+                              HAS_RESIDUAL, EVEN_K, BLOCK_M, BLOCK_K)
     else:
         rstd = tl.full((BLOCK_M,), 1.0, tl.float32)
     return rstd
@@ -124,7 +153,7 @@ def _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, strid
 
 @triton.jit
 def _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, ks, k_end, K, stride_xm, stride_rm, rstd,
-            EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr):
+            EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROW_COPIES: tl.constexpr):
     """The x tile [rows, ks] of the pointer kernel: loaded, or made by the prologue."""
     if PROLOGUE == NO_PROLOGUE:
         if EVEN_K:
@@ -133,7 +162,7 @@ def _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, ks, k_end, K, stride_xm, s
             x = tl.load(x_ptrs, mask=(ks < k_end)[None, :], other=0.0)
     else:
         x = _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, ks < k_end, K, stride_xm, stride_rm, rstd,
-                           PROLOGUE, HAS_RESIDUAL)
+                           PROLOGUE, HAS_RESIDUAL, EVEN_K, ROW_COPIES)
     return x
 
 
@@ -177,7 +206,7 @@ def _skinny_gemm_kernel(
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
-                          (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
+                          (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M, BLOCK_K)
     if USE_DOT:
         acc = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
@@ -186,22 +215,50 @@ def _skinny_gemm_kernel(
             else:
                 w = tl.load(w_ptrs, mask=((k + offs_k) < k_end)[None, :], other=0.0)
             x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows_x, k + offs_k, k_end, K, stride_xm, stride_rm,
-                        rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
+                        rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL, False)
             acc = tl.dot(w, tl.trans(x), acc)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
         acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
+    elif BLOCK_M == 1:
+        acc = _one_row_products(w, w_ptrs, x_ptr, res_ptr, norm_w_ptr, pid_m, rstd, k_start, k_end, K, stride_xm,
+                                stride_rm, EVEN_K, PROLOGUE, HAS_RESIDUAL, BLOCK_N, BLOCK_K)
     else:
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
             x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows_x, k + offs_k, k_end, K, stride_xm, stride_rm,
-                        rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL)
+                        rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL, False)
             w_ptrs += BLOCK_K
             w_next = tl.load(w_ptrs, mask=(k + BLOCK_K + offs_k)[None, :] < k_end, other=0.0)
             acc += tl.reduce(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], 2, add)
             w = w_next
             x_ptrs += BLOCK_K
     _store_tile(acc, bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS, IS_PARTIAL)
+
+
+@triton.jit
+def _one_row_products(w, w_ptrs, x_ptr, res_ptr, norm_w_ptr, row, rstd, k_start, k_end, K, stride_xm, stride_rm,
+                      EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The fma path at one row: acc [1, BLOCK_N] of x's row `row` times W's tiles, `w` the first (loaded). x comes
+    as BLOCK_N copies of its row in the weight tile's shape, so each thread multiplies the elements it holds (the
+    multi-row product's broadcast over rows and columns sends both tiles through shared memory, with barriers, in
+    every step); products add up across K tiles elementwise and are summed along K once, after the loop."""
+    rows = tl.full((BLOCK_N,), 0, tl.int32) + row  # [BLOCK_N]: the one row, once per weight row
+    offs_k = tl.arange(0, BLOCK_K)
+    x_ptrs = x_ptr + rows[:, None] * stride_xm + (k_start + offs_k)[None, :]  # [BLOCK_N, BLOCK_K]
+    rstd = tl.broadcast_to(rstd, (BLOCK_N,))
+    products = tl.full((BLOCK_N, BLOCK_K // VECTOR), 0.0, tl.float32)
+    for k in range(k_start, k_end, BLOCK_K):
+        w_ptrs += BLOCK_K
+        w_next = tl.load(w_ptrs, mask=(k + BLOCK_K + offs_k)[None, :] < k_end, other=0.0)  # asked for first: HBM
+        x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, k + offs_k, k_end, K, stride_xm, stride_rm, rstd,
+                    EVEN_K, PROLOGUE, HAS_RESIDUAL, True)
+        product = tl.reshape(w.to(tl.float32) * x.to(tl.float32), (BLOCK_N, BLOCK_K // VECTOR, VECTOR))
+        products += tl.reduce(product, 2, add)
+        w = w_next
+        x_ptrs += BLOCK_K
+    return tl.reduce(products, 1, add)[None, :]
 
 
 @triton.jit
@@ -246,7 +303,7 @@ def _skinny_gemm_tma_kernel(
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_x = tl.minimum(offs_m, M - 1)
     rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
-                          (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, BLOCK_M, BLOCK_K)
+                          (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, False, BLOCK_M, BLOCK_K)
     acc = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         w = w_desc.load([pid_n * BLOCK_N, k])  # [BLOCK_N, BLOCK_K]
@@ -255,7 +312,7 @@ def _skinny_gemm_tma_kernel(
         else:
             ks = k + tl.arange(0, BLOCK_K)
             x = _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows_x, ks, ks < K, K, stride_xm, stride_rm, rstd,
-                               PROLOGUE, HAS_RESIDUAL)
+                               PROLOGUE, HAS_RESIDUAL, False, False)
         acc = tl.dot(w, tl.trans(x), acc)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     _store_tile(tl.trans(acc), bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS,

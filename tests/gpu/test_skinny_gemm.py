@@ -38,6 +38,8 @@ from gpu.kernels.skinny_gemm import (  # noqa: E402
     skinny_gemm_rms_norm,
     skinny_gemm_silu_and_mul,
 )
+from gpu.kernels.skinny_gemm_configs import TABLES  # noqa: E402
+from gpu.kernels.skinny_gemm_configs import prologue_config as rule_prologue_config  # noqa: E402
 from gpu.layers.activation import SiluAndMul  # noqa: E402
 from gpu.layers.linear import Linear, is_skinny, warm_up_skinny_gemm  # noqa: E402
 from gpu.layers.norm import NormInput, RMSNorm  # noqa: E402
@@ -128,6 +130,31 @@ def test_every_path_matches_float32(shape: tuple[int, int], path: str, has_bias:
         x, w, bias = make_inputs(m, n, k, torch.bfloat16, has_bias, seed=m)
         poison_allocator(8 * m * n)
         assert_close(skinny_gemm(x, w, bias, PATHS[path], use_pdl), reference(x, w, bias), torch.bfloat16)
+
+
+ONE_ROW_FMA = sorted({(n, k, config) for table in TABLES.values() for (rows, n, k), config in table.items()
+                      if rows == 1 and config is not None and not config.use_dot}, key=str)
+
+
+@pytest.mark.parametrize("use_pdl", [True, False])
+@pytest.mark.parametrize(("n", "k", "config"), ONE_ROW_FMA, ids=str)
+def test_one_row_table_configs_at_their_shapes(n: int, k: int, config: SkinnyConfig, use_pdl: bool) -> None:
+    """Every GPU's one-row fma config (Qwen3-0.6B's and -30B-A3B's shapes) on its own shape, and the norm and SiLU
+    prologues' one-row config at that K, against float32 products of the elementwise kernels' outputs."""
+    x, w, bias = make_inputs(1, n, k, torch.bfloat16, has_bias=True, seed=n + k)
+    poison_allocator(8 * n)
+    assert_close(skinny_gemm(x, w, bias, config, use_pdl), reference(x, w, bias), torch.bfloat16)
+    buckets = {"norm": (1,), "silu": (1,)}
+    residual, weight_noise = case_inputs(n + k, (1, k), (k,))
+    residual, norm_weight = residual.to(torch.bfloat16), (1 + weight_noise / 4).to(torch.bfloat16)
+    normed, ref_summed = rms_norm(x, norm_weight, 1e-6, residual)
+    norm_config = rule_prologue_config(1, k, "norm", buckets)
+    y, summed = skinny_gemm_rms_norm(x, residual, norm_weight, 1e-6, w, bias, norm_config, use_pdl)
+    assert torch.equal(summed, ref_summed)
+    assert_close(y, reference(normed, w, bias), torch.bfloat16)
+    gate_up = case_inputs(n * k, (1, 2 * k))[0].to(torch.bfloat16)
+    y = skinny_gemm_silu_and_mul(gate_up, w, None, rule_prologue_config(1, k, "silu", buckets), use_pdl)
+    assert_close(y, reference(silu_and_mul(gate_up), w, None), torch.bfloat16)
 
 
 @pytest.mark.parametrize("path", PATHS)

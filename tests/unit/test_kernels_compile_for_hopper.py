@@ -1,8 +1,8 @@
 """The attention kernels with every variant switch on, the elementwise kernels in Gemma's forms, the quantized
-GEMMs in every tile config of their rule and the MoE router at 128 and 256 experts, compiled ahead of time for Hopper
-(sm_90) with Triton's own compiler and ptxas, on a machine without a GPU: what Triton's interpreter accepts and its
-compiler refuses (a global read that is not a constexpr, a construct the code generator lacks) fails here rather than
-on the first GPU run. tests/gpu/ runs them."""
+GEMMs in every tile config of their rule, the MoE router at 128 and 256 experts and the skinny GEMM at one row,
+compiled ahead of time for Hopper (sm_90) with Triton's own compiler and ptxas, on a machine without a GPU: what
+Triton's interpreter accepts and its compiler refuses (a global read that is not a constexpr, a construct the code
+generator lacks) fails here rather than on the first GPU run. tests/gpu/ runs them."""
 
 import re
 import subprocess
@@ -28,9 +28,11 @@ from gpu.kernels import (  # noqa: E402
     quant_gemv,
     rms_norm,
     silu_and_mul,
+    skinny_gemm,
     store_kv,
 )
 from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, gemv_tiles, tensor_core_tiles  # noqa: E402
+from gpu.kernels.skinny_gemm_configs import PROLOGUE_BUCKETS, TABLES, SkinnyConfig, prologue_config  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
 FLOATS = {"scale_log2", "softcap_in", "softcap_out", "eps", "k_scale", "v_scale"}
@@ -106,7 +108,7 @@ def test_elementwise_kernels_in_gemmas_forms() -> None:
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 MAX_SHARED = 227 * 1024
 MULTIPLES_OF_16 = frozenset({"K", "num_words", "k_per_split", "stride_xm", "stride_wn", "stride_wsn", "stride_qn",
-                             "stride_gn", "stride_om", "stride_os"})
+                             "stride_gn", "stride_om", "stride_os", "stride_rm"})
 QUANT_ROWS = (1, 16, 32, 64, 128, 1024)
 
 
@@ -363,3 +365,81 @@ def test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop(group: i
     assert set(narrow) <= {"b16"}, loads
     assert "bar.sync" not in loop and "shared" not in loop and spilled == 0
     assert loop.count("fma.rn.f32") >= 28 * rows_per_thread  # a multiply-add per weight (a word's first a multiply)
+
+
+def compiled_sass(kernel: object, pointers: dict[str, str], constexprs: dict[str, object], num_warps: int,
+                  num_stages: int) -> str:
+    """`kernel` compiled for sm_90 as a launch specializes it (fp fusion on): its SASS. Arguments not named are
+    i32, or fp32 where FLOATS names them."""
+    signature = {name: pointers.get(name, "fp32" if name in FLOATS else "i32")
+                 for name in kernel.arg_names if name not in constexprs}  # type: ignore[attr-defined]
+    compiled = compiled_as_launched(kernel, signature, constexprs, num_warps, num_stages, enable_fp_fusion=True)
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])  # type: ignore[attr-defined]
+        cubin.flush()
+        return subprocess.run([str(CUOBJDUMP), "-sass", cubin.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def loop_bodies(sass: str) -> list[list[str]]:
+    """The instructions of each loop of `sass`: from a backward branch's target to the branch (a branch to itself,
+    the trap after the exit, is no loop)."""
+    code = [(int(address, 16), text.strip()) for address, text in re.findall(r"/\*([0-9a-f]{4,})\*/([^;]*);", sass)]
+    loops = []
+    for address, text in code:
+        branch = re.search(r"\bBRA(?:\.\w+)* (0x[0-9a-f]+)", text)
+        if branch and int(branch.group(1), 16) < address:
+            loops.append([line for at, line in code if int(branch.group(1), 16) <= at <= address])
+    return loops
+
+
+SKINNY_POINTERS = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", out_ptr="*bf16", res_ptr="*bf16",
+                       norm_w_ptr="*bf16", sum_ptr="*bf16")
+SHARED_OR_SPILL = re.compile(r"\b(BAR|LDS|STS|LDSM|STSM|LDL|STL)\b")
+
+
+Launch = tuple[int, bool, SkinnyConfig, bool]  # PROLOGUE, HAS_RESIDUAL, config, EVEN_K
+PROLOGUE_VARIANTS = {"norm": ((skinny_gemm.RMS_NORM.value, True), (skinny_gemm.RMS_NORM.value, False)),
+                     "silu": ((skinny_gemm.SILU_AND_MUL.value, False),)}
+
+
+def _one_row_launches() -> list[Launch]:
+    """Every one-row launch on the fma path: the H100 and H200 tables' one-row fma entries, and on the GPUs that run
+    prologues the prologue rule's config at every K of the tables' one-row shapes."""
+    launches: set[Launch] = set()
+    for gpu, table in TABLES.items():
+        for (bucket, _, k), config in table.items():
+            if bucket != 1:
+                continue
+            if config is not None and not config.use_dot:
+                launches.add((skinny_gemm.NO_PROLOGUE.value, False, config, k % (config.block_k * config.split_k) == 0))
+            for kind, variants in PROLOGUE_VARIANTS.items():
+                prologue = prologue_config(1, k, kind, PROLOGUE_BUCKETS.get(gpu, {}))
+                if prologue is not None:
+                    even_k = k % (prologue.block_k * prologue.split_k) == 0
+                    launches.update((number, has_residual, prologue, even_k) for number, has_residual in variants)
+    return sorted(launches, key=str)
+
+
+def _launch_id(launch: Launch) -> str:
+    prologue, has_residual, c, even_k = launch
+    return (f"prologue{prologue}{'-residual' * has_residual}-{c.block_n}x{c.block_k}-split{c.split_k}-"
+            f"warps{c.num_warps}{'-even' * even_k}")
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize("launch", _one_row_launches(), ids=_launch_id)
+def test_skinny_gemm_one_row_loops_stay_in_registers(launch: Launch) -> None:
+    """Batch-1 decode's products (and the prologues' norm and SiLU) stream W with 16-byte loads and multiply in
+    registers: no barrier, shared memory or spill inside any loop of the kernel."""
+    prologue, has_residual, config, even_k = launch
+    constexprs = dict(PROLOGUE=prologue, HAS_RESIDUAL=has_residual, HAS_BIAS=False, IS_PARTIAL=config.split_k > 1,
+                      EVEN_K=even_k, USE_DOT=False, USE_PDL=True, BLOCK_M=1, BLOCK_N=config.block_n,
+                      BLOCK_K=config.block_k)
+    sass = compiled_sass(skinny_gemm._skinny_gemm_kernel, SKINNY_POINTERS, constexprs, config.num_warps,
+                         config.num_stages)
+    loops = loop_bodies(sass)
+    assert len(loops) == 1 + (prologue == skinny_gemm.RMS_NORM.value), [len(body) for body in loops]  # norm: squares
+    for body in loops:
+        assert not [line for line in body if SHARED_OR_SPILL.search(line)], body
+    assert any("LDG.E.128" in line for line in loops[-1])

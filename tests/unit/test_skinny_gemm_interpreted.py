@@ -79,6 +79,22 @@ def test_few_rows_fma_path(kernel: ModuleType, dtype: torch.dtype) -> None:
         check(kernel, m, 21, 50, config, dtype, has_bias=True)
 
 
+# One row (its own loop: x copied to the weight tile's layout, sums along K after the loop): (config, (N, K)) with
+# several K tiles, a ragged last tile or none (K a multiple: unmasked loads), N no multiple of the block, split-K.
+ONE_ROW = {
+    "ragged": (SkinnyConfig(8, 32, num_stages=1), (13, 100)),
+    "even-k": (SkinnyConfig(4, 16, num_stages=1), (10, 64)),
+    "split": (SkinnyConfig(4, 16, split_k=2, num_stages=1), (21, 70)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("case", ONE_ROW)
+def test_one_row_gives_the_float32_product(kernel: ModuleType, case: str, dtype: torch.dtype) -> None:
+    config, (n, k) = ONE_ROW[case]
+    check(kernel, 1, n, k, config, dtype, has_bias=case != "even-k")
+
+
 @pytest.mark.parametrize("tiles", ["rows32-split", "rows64-tma-split"])
 def test_writes_into_a_given_buffer(kernel: ModuleType, tiles: str) -> None:
     """`out` with a row stride of its own (a view into wider rows) receives y; what lies beside it stays."""
@@ -132,11 +148,21 @@ def torch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Ten
     return weight * (s * torch.rsqrt(s.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype), summed
 
 
+def assert_float32_product(y: torch.Tensor, x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None) -> None:
+    """y is x @ w.T (+ bias) in float32 (what `check` allows): the prologue's product on its own, not only equal to
+    the plain kernel's on the same config."""
+    ref = x.float() @ w.float().T + (0 if bias is None else bias.float())
+    torch.testing.assert_close(y.float(), ref, rtol=1e-2, atol=1e-2 * (ref.abs().max().item() + 1))
+
+
 # (config, dtype, (M, N, K)): K no multiple of the blocks, split-K programs each norming. float16: the interpreter
 # rounds float32 to bfloat16 otherwise than CUDA does (tests/gpu/test_skinny_gemm.py checks bf16 to the bit).
 PROLOGUE_PATHS = {
     "fma": (SkinnyConfig(8, 32, num_stages=1), torch.float16, (3, 21, 100)),
     "fma-split": (SkinnyConfig(4, 16, split_k=3, num_stages=1), torch.float16, (5, 10, 70)),
+    "one-row": (SkinnyConfig(8, 32, num_stages=1), torch.float16, (1, 13, 100)),
+    "one-row-even-k": (SkinnyConfig(4, 16, num_stages=1), torch.float16, (1, 6, 64)),
+    "one-row-split": (SkinnyConfig(4, 16, split_k=2, num_stages=1), torch.float16, (1, 21, 70)),
     "dot": (SkinnyConfig(16, 32, use_dot=True, num_stages=2), torch.float16, (9, 40, 96)),
     "dot-rows": (SkinnyConfig(16, 32, split_k=2, use_dot=True, num_stages=2, block_m=32), torch.float16, (40, 33, 64)),
     "tma-split": (SkinnyConfig(16, 32, split_k=2, use_dot=True, num_stages=2, use_tma=True), torch.float16,
@@ -147,8 +173,9 @@ PROLOGUE_PATHS = {
 @pytest.mark.parametrize("has_residual", [True, False])
 @pytest.mark.parametrize("path", PROLOGUE_PATHS)
 def test_rms_norm_prologue_gives_the_norm_then_the_product(kernel: ModuleType, path: str, has_residual: bool) -> None:
-    """norm(x + residual) @ W^T against the torch norm, then the same config's product; x + residual exactly the
-    torch sum. The product of equal tiles in the same order: equal but for a last-bit flip in the norm."""
+    """norm(x + residual) @ W^T against the torch norm, then the same config's product, and the float32 product;
+    x + residual exactly the torch sum. The product of equal tiles in the same order: equal but for a last-bit flip
+    in the norm."""
     config, dtype, (m, n, k) = PROLOGUE_PATHS[path]
     generator = torch.Generator().manual_seed(m + n + k)
     x, residual = (torch.randn(m, k, generator=generator).to(dtype) for _ in range(2))
@@ -161,6 +188,7 @@ def test_rms_norm_prologue_gives_the_norm_then_the_product(kernel: ModuleType, p
     ref = kernel.skinny_gemm(normed, w, bias, config)
     assert y.dtype == dtype and y.shape == (m, n)
     torch.testing.assert_close(y, ref, rtol=1e-3, atol=1e-3 * (ref.abs().max().item() + 1))
+    assert_float32_product(y, normed, w, bias)
 
 
 @pytest.mark.parametrize("path", PROLOGUE_PATHS)
@@ -172,8 +200,10 @@ def test_silu_and_mul_prologue_gives_the_activation_then_the_product(kernel: Mod
     w = (torch.randn(n, k, generator=generator) * k**-0.5).to(dtype)
     y = kernel.skinny_gemm_silu_and_mul(gate_up, w, None, config)
     gate, up = gate_up.chunk(2, dim=-1)
-    ref = kernel.skinny_gemm(torch.nn.functional.silu(gate) * up, w, None, config)
+    activated = torch.nn.functional.silu(gate) * up
+    ref = kernel.skinny_gemm(activated, w, None, config)
     torch.testing.assert_close(y, ref, rtol=1e-3, atol=1e-3 * (ref.abs().max().item() + 1))
+    assert_float32_product(y, activated, w, None)
 
 
 def test_prologues_check_their_inputs(kernel: ModuleType) -> None:
