@@ -22,11 +22,30 @@ from collections import deque
 
 import numpy as np
 
-from core.ngram_proposer import TokenBuffer
 from core.sequence import Sequence
 
 MAX_CACHED_TOKENS = 1 << 20
 _SEPARATOR = -1
+
+
+class TokenBuffer:
+    """A sequence's known tokens as a numpy array, grown in place (doubling) as tokens come."""
+
+    def __init__(self) -> None:
+        self.array = np.empty(64, dtype=np.int64)
+        self.length = 0
+
+    def sync(self, token_ids: list[int]) -> np.ndarray:
+        """The tokens, after appending those of `token_ids` past what the buffer holds."""
+        new = len(token_ids) - self.length
+        if new > 0:
+            if len(token_ids) > len(self.array):
+                grown = np.empty(max(2 * len(self.array), len(token_ids)), dtype=np.int64)
+                grown[: self.length] = self.array[: self.length]
+                self.array = grown
+            self.array[self.length : len(token_ids)] = token_ids[self.length :]
+            self.length = len(token_ids)
+        return self.array[: self.length]
 
 
 class OutputCache:

@@ -3,6 +3,7 @@ decisions on injected costs, the blocks of rejected drafts, the verification's o
 statistical test with a fixed seed) and the metrics."""
 
 import re
+from array import array
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from scipy.stats import chisquare
 from core.block_manager import BlockManager
 from core.config import engine_config
 from core.engine import EngineStats
-from core.ngram_proposer import NgramProposer, TokenBuffer, lookup_draft
+from core.ngram_proposer import NgramProposer, PackedTokens, lookup_draft
 from core.sampling_params import SamplingParams
 from core.sequence import Sequence
 from core.speculation import Speculation
@@ -76,16 +77,46 @@ def test_suffix_takes_vllms_keys_and_drafts_as_deep_as_its_tree() -> None:
 
 
 def test_lookup_takes_the_longest_suffix_and_its_latest_occurrence() -> None:
-    tokens = np.array([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3])
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
     # "2 3" occurs at 1-2 and 5-6; "5 2 3" nowhere earlier; with max n 2 the latest "2 3" is followed by 7 8 5.
-    assert lookup_draft(tokens, 3, 1, 2).tolist() == [7, 8, 5]
-    tokens = np.array([4, 1, 2, 3, 6, 6, 2, 3, 5, 0, 1, 2, 3])
-    assert lookup_draft(tokens, 2, 1, 3).tolist() == [6, 6]  # "1 2 3" beats the later "2 3"
-    assert lookup_draft(tokens, 2, 1, 2).tolist() == [5, 0]
-    assert lookup_draft(tokens, 9, 4, 4).tolist() == []  # no earlier "0 1 2 3"
-    assert lookup_draft(np.array([5, 5]), 3, 1, 4).tolist() == [5, 5, 5]  # a loop goes on past the end
-    assert lookup_draft(np.array([1, 2, 3, 1, 2]), 5, 1, 4).tolist() == [3, 1, 2, 3, 1]
-    assert lookup_draft(np.array([1, 2, 3]), 3, 1, 4).tolist() == []
+    assert lookup_draft(tokens, 3, 1, 2) == [7, 8, 5]
+    tokens = [4, 1, 2, 3, 6, 6, 2, 3, 5, 0, 1, 2, 3]
+    assert lookup_draft(tokens, 2, 1, 3) == [6, 6]  # "1 2 3" beats the later "2 3"
+    assert lookup_draft(tokens, 2, 1, 2) == [5, 0]
+    assert lookup_draft(tokens, 9, 4, 4) == []  # no earlier "0 1 2 3"
+    assert lookup_draft([5, 5], 3, 1, 4) == [5, 5, 5]  # a loop goes on past the end
+    assert lookup_draft([1, 2, 3, 1, 2], 5, 1, 4) == [3, 1, 2, 3, 1]
+    assert lookup_draft([1, 2, 3], 3, 1, 4) == []
+
+
+def test_lookup_matches_whole_tokens_only() -> None:
+    # Packed 4 bytes a token (little-endian), 2**24 0 2**24 is 00 00 00 01 00 00 00 00 00 00 00 01: from its fourth
+    # byte on it holds the bytes of "1 0" (01 00 00 00 00 00 00 00) across token boundaries, later than the only
+    # whole-token "1 0" before the end, at the start.
+    tokens = [1, 0, 7, 1 << 24, 0, 1 << 24, 9, 1, 0]
+    assert lookup_draft(tokens, 2, 2, 2) == [7, 1 << 24]
+    assert lookup_draft([1 << 24, 0, 1 << 24, 5, 1, 0], 2, 2, 2) == []
+
+
+def test_lookup_agrees_with_a_plain_search_on_random_sequences() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        # Few distinct tokens (many matches), and tokens whose bytes line up across boundaries.
+        alphabet = [[0, 1, 2, 3], [0, 1, 256, 1 << 24, (1 << 24) + 1]][int(rng.integers(2))]
+        tokens = rng.choice(alphabet, size=int(rng.integers(1, 40))).tolist()
+        min_n, max_n = sorted(rng.integers(1, 5, size=2).tolist())
+        assert lookup_draft(tokens, 3, min_n, max_n) == _plain_lookup(tokens, 3, min_n, max_n)
+
+
+def _plain_lookup(tokens: list[int], max_drafts: int, min_n: int, max_n: int) -> list[int]:
+    """The definition, one comparison at a time."""
+    for n in range(max_n, min_n - 1, -1):
+        suffix = tokens[len(tokens) - n :]
+        ends = [e for e in range(n - 1, len(tokens) - 1) if n < len(tokens) and tokens[e - n + 1 : e + 1] == suffix]
+        if ends:
+            period = len(tokens) - 1 - ends[-1]
+            return [tokens[ends[-1] + 1 + i % period] for i in range(max_drafts)]
+    return []
 
 
 def test_the_proposer_reads_each_sequence_incrementally() -> None:
@@ -93,14 +124,14 @@ def test_the_proposer_reads_each_sequence_incrementally() -> None:
     proposer = NgramProposer(1, 3)
     proposer.propose([seq], [2])
     assert seq.draft_token_ids == [2, 3]
-    assert isinstance(seq.draft_state, TokenBuffer)
+    assert isinstance(seq.draft_state, PackedTokens)
     seq.token_ids += [2] * 100 + [5]
     proposer.propose([seq], [4])
     assert seq.draft_token_ids == []  # 5 never came before
     seq.token_ids += [2, 3]
     proposer.propose([seq], [3])
     assert seq.draft_token_ids == [1, 2, 2]
-    assert seq.draft_state.sync(seq.token_ids).tolist() == seq.token_ids
+    assert seq.draft_state.sync(seq.token_ids) == array("i", seq.token_ids).tobytes()
 
 
 def test_only_plain_decoding_sequences_get_drafts_within_their_limits() -> None:
