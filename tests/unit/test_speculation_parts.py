@@ -119,6 +119,18 @@ def _plain_lookup(tokens: list[int], max_drafts: int, min_n: int, max_n: int) ->
     return []
 
 
+def test_a_verifying_batch_samples_each_rows_verified_positions() -> None:
+    greedy, seeded = RowSampling(), RowSampling(temperature=0.5, seed=3, output_index=7)
+    batch = Batch(token_ids=[0] * 12, positions=[0] * 12, slot_mapping=[0] * 12, query_lens=[5, 1, 4, 2],
+                  context_lens=[5, 9, 9, 9], block_tables=[[0]] * 4, sampling=[None, greedy, seeded, greedy],
+                  num_draft_tokens=[0, 0, 3, 1])
+    rows, token_indices = batch.sampled_positions()
+    assert token_indices.tolist() == [5, 6, 7, 8, 9, 10, 11]
+    assert rows[0] is greedy and rows[1] is seeded and rows[5] is rows[6] is greedy
+    assert [row.output_index for row in rows[1:5]] == [7, 8, 9, 10]
+    assert all(row.seed == 3 for row in rows[1:5])
+
+
 def test_the_proposer_reads_each_sequence_incrementally() -> None:
     seq = Sequence("r", [1, 2, 3, 1], SamplingParams(), max_tokens=10)
     proposer = NgramProposer(1, 3)
