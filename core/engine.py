@@ -574,26 +574,24 @@ class LLMEngine:
     def _take_tokens(self, seq: Sequence, token_ids: list[int]) -> tuple[int, FinishReason | None]:
         """Books the sampled token and the accepted ones after it, up to the first that ends the sequence: how
         many it kept, and why it ends (None: it goes on)."""
+        num_kept = self._num_kept(seq, token_ids)
         seq.resolve_pending_token(token_ids[0])
-        finish_reason = self._finish_reason(seq, token_ids[0])
-        if finish_reason is not None or len(token_ids) == 1:
-            return 1, finish_reason
-        accepted = token_ids[1 : 1 + self._num_taken(seq, token_ids[1:])]
-        seq.append_accepted_tokens(accepted)
-        return 1 + len(accepted), self._finish_reason(seq, accepted[-1])
+        if num_kept > 1:
+            seq.append_accepted_tokens(token_ids[1:num_kept])
+        return num_kept, self._finish_reason(seq, token_ids[num_kept - 1])
 
-    def _num_taken(self, seq: Sequence, token_ids: list[int]) -> int:
-        """How many of the accepted `token_ids` a sequence that goes on takes: up to the first that ends it, as
-        `_finish_reason` finds it, in one pass (a verifying step books several tokens a row)."""
+    def _num_kept(self, seq: Sequence, token_ids: list[int]) -> int:
+        """How many of a step's tokens for `seq` (its pending token's first) it keeps: up to the first that ends it,
+        as `_finish_reason` finds it, in one pass over them (a verifying step books several tokens a row)."""
         params = seq.params
-        room = min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)  # >= 1: it goes on
-        num_taken = min(len(token_ids), room)
+        num_outputs = seq.num_output_tokens  # with the pending token: the count each token i adds to is this + i
+        room = min(seq.max_tokens - num_outputs, self.max_model_len - seq.num_tokens)  # tokens after the first
+        num_kept = min(len(token_ids), room + 1)
         stop_ids = params.stop_token_ids if params.ignore_eos else params.stop_token_ids + self.eos_token_ids
-        first_counted = max(0, params.min_tokens - seq.num_output_tokens - 1)  # before it, min_tokens bans stops
-        for i in range(first_counted, num_taken):
+        for i in range(max(0, params.min_tokens - num_outputs), num_kept):  # min_tokens bans stops before
             if token_ids[i] in stop_ids:
                 return i + 1
-        return num_taken
+        return num_kept
 
     def _book_pooled(self, seqs: list[Sequence], pooled: list[np.ndarray], now: float) -> list[RequestOutput]:
         """Pooling sequences end with their pooled output (counted as their first token is, in the metrics)."""

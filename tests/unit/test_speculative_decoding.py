@@ -132,7 +132,7 @@ def test_a_row_takes_its_accepted_tokens_up_to_the_first_that_ends_it(plain_llm:
         params = SamplingParams(max_tokens=max_tokens, min_tokens=rng.randint(0, max_tokens),
                                 stop_token_ids=(3,) if rng.random() < 0.5 else (), ignore_eos=rng.random() < 0.5)
         prompt = [9] * rng.choice([4, engine.max_model_len - 8])
-        num_outputs = rng.randint(0, max_tokens - 1)
+        num_outputs = rng.randint(0, min(max_tokens, engine.max_model_len - len(prompt)) - 1)  # its pending one fits
         sampled = [rng.choice([3, eos, 7, 8]) for _ in range(rng.randint(1, 6))]
         taken, one_at_a_time = (_decoding(prompt, params, max_tokens, num_outputs) for _ in range(2))
         kept = engine._take_tokens(taken, sampled)
