@@ -43,6 +43,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -369,7 +370,7 @@ class LLMEngine:
         num_decode_rows = batch.num_rows if batch.is_decode_only else 0
         if batch.num_draft_tokens is not None:
             draft_counts = [n for n, row in zip(batch.num_draft_tokens, batch.sampling, strict=True) if row is not None]
-            first_positions = np.cumsum([0] + [n + 1 for n in draft_counts[:-1]]).tolist()
+            first_positions = list(accumulate((n + 1 for n in draft_counts[:-1]), initial=0))
             is_decoding = len(batch.token_ids) == batch.num_rows + sum(batch.num_draft_tokens)
             num_decode_rows = batch.num_rows if is_decoding else 0
         return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch), scored, pooled_seqs, draft_counts,
