@@ -10,15 +10,17 @@ its frequency among them the step's probability, while the product of the probab
 (own tokens, earlier outputs) the one with the larger sum of probabilities is proposed.
 
 The suffix tree is not built: the occurrences of the matched string are positions in a numpy array, found
-by narrowing the positions of the last token one preceding token at a time, and a walk step is one
-bincount over their next tokens. The earlier outputs are one array with a sorted index of its positions
-by token (so finding a token's positions is a binary search); outputs appended since the index was built
-are scanned directly until they are a quarter of it, then it is built again. Departure from vLLM: the
+by narrowing the positions of the last token one preceding token at a time, and a walk step counts their
+next tokens. Once a single occurrence is left (a long match mostly has one) the match is extended, and the
+walk follows it without array operations: its continuation is the draft. The earlier outputs are one
+array with a sorted index of its positions by token (so finding a token's positions is a binary search);
+outputs appended since the index was built are scanned directly until they are a quarter of it, then it
+is built again. Departure from vLLM: the
 cache keeps the outputs of at most `max_cached_requests` requests and at most `MAX_CACHED_TOKENS` tokens,
 the most recent; past either it drops the oldest quarter at once.
 """
 
-from collections import deque
+from collections import Counter, deque
 
 import numpy as np
 
@@ -26,6 +28,7 @@ from core.sequence import Sequence
 
 MAX_CACHED_TOKENS = 1 << 20
 _SEPARATOR = -1
+_FEW_TOKENS = 64  # continuations counted in Python, not with np.unique
 
 
 class TokenBuffer:
@@ -101,6 +104,8 @@ def longest_match(corpus: np.ndarray, candidates: np.ndarray, pattern: np.ndarra
     ends, n = candidates, 1
     limit = min(max_depth, len(pattern))
     while n < limit:
+        if len(ends) == 1:  # one occurrence left: extended a token at a time, without array operations
+            return _extended_match(corpus, int(ends[0]), pattern, n, limit), ends
         longer = ends[ends >= n]
         longer = longer[corpus[longer - n] == pattern[-1 - n]]
         if not longer.size:
@@ -109,12 +114,24 @@ def longest_match(corpus: np.ndarray, candidates: np.ndarray, pattern: np.ndarra
     return (n, ends) if ends.size else (0, ends)
 
 
+def _extended_match(corpus: np.ndarray, end: int, pattern: np.ndarray, n: int, limit: int) -> int:
+    """How far the match of length n ending at `end` extends backwards, up to `limit`."""
+    while n < limit and end >= n and corpus[end - n] == pattern[-1 - n]:
+        n += 1
+    return n
+
+
 def walk(corpus: np.ndarray, ends: np.ndarray, max_drafts: int, min_token_prob: float) -> tuple[list[int], float]:
     """The most frequent continuation of the occurrences ending at `ends`, token by token while the path's
     probability stays at least `min_token_prob`: (its tokens, the sum of their probabilities)."""
     draft: list[int] = []
     probability = score = 1.0
     while len(draft) < max_drafts:
+        if len(ends) == 1:  # one occurrence: its continuation, every token of which follows it alone (times 1)
+            for token in _continuation(corpus, int(ends[0]), max_drafts - len(draft)):
+                draft.append(token)
+                score += probability
+            break
         following = ends + 1
         following = following[following < len(corpus)]
         tokens = corpus[following]
@@ -122,15 +139,32 @@ def walk(corpus: np.ndarray, ends: np.ndarray, max_drafts: int, min_token_prob: 
         following, tokens = following[is_token], tokens[is_token]
         if not len(tokens):
             break
-        values, counts = np.unique(tokens, return_counts=True)
-        best = int(np.argmax(counts))
-        probability *= counts[best] / len(ends)
+        token, count = _most_frequent(tokens)
+        probability *= count / len(ends)
         if probability < min_token_prob:
             break
-        draft.append(int(values[best]))
+        draft.append(token)
         score += probability
-        ends = following[tokens == values[best]]
+        ends = following[tokens == token]
     return draft, score - 1.0
+
+
+def _continuation(corpus: np.ndarray, end: int, max_tokens: int) -> list[int]:
+    """Up to `max_tokens` tokens after position `end`, up to the corpus's end or an output's."""
+    following = corpus[end + 1 : end + 1 + max_tokens].tolist()
+    return following[: following.index(_SEPARATOR)] if _SEPARATOR in following else following
+
+
+def _most_frequent(tokens: np.ndarray) -> tuple[int, int]:
+    """The most frequent of `tokens` (the least of equally frequent ones) and its count; counted in Python where
+    they are few, which np.unique's sort costs more than."""
+    if len(tokens) > _FEW_TOKENS:
+        values, counts = np.unique(tokens, return_counts=True)
+        best = int(np.argmax(counts))
+        return int(values[best]), int(counts[best])
+    counts = Counter(tokens.tolist())
+    token = min(counts, key=lambda t: (-counts[t], t))
+    return token, counts[token]
 
 
 class SuffixProposer:

@@ -4,6 +4,7 @@ statistical test with a fixed seed) and the metrics."""
 
 import re
 from array import array
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -177,6 +178,51 @@ def test_the_suffix_walk_follows_the_most_frequent_continuation_while_likely_eno
     assert walk(corpus, ends, 5, 0.1) == ([3, 1, 2, 3, 1], pytest.approx(2.25))
     assert walk(corpus, ends, 2, 0.1)[0] == [3, 1]
     assert walk(corpus, ends, 5, 0.6)[0] == [3]
+
+
+def test_the_suffix_match_and_walk_agree_with_plain_searches_on_random_corpora() -> None:
+    """Single occurrences (followed without arrays) and many (counted with np.unique past a few) alike."""
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        alphabet = int(rng.integers(2, 6))
+        corpus = rng.integers(-1, alphabet, size=int(rng.integers(2, 400)))  # -1: an output's end
+        pattern = np.concatenate([corpus[: int(rng.integers(1, len(corpus)))], rng.integers(0, alphabet, size=2)])
+        candidates = np.flatnonzero(corpus == pattern[-1])
+        max_depth = int(rng.integers(1, 12)) if rng.random() < 0.7 else 1  # 1: every occurrence of the last token
+        max_drafts, min_prob = int(rng.integers(1, 9)), float(rng.random() / 2)
+        n, ends = longest_match(corpus, candidates, pattern, max_depth)
+        assert (n, ends.tolist()) == _plain_match(corpus.tolist(), candidates.tolist(), pattern.tolist(), max_depth)
+        if n:
+            assert walk(corpus, ends, max_drafts, min_prob) == _plain_walk(corpus.tolist(), ends.tolist(), max_drafts,
+                                                                           min_prob)
+
+
+def _plain_match(corpus: list[int], candidates: list[int], pattern: list[int], max_depth: int
+                 ) -> tuple[int, list[int]]:
+    best: tuple[int, list[int]] = (0, [])
+    for n in range(1, min(max_depth, len(pattern)) + 1):
+        ends = [e for e in candidates if e >= n - 1 and corpus[e - n + 1 : e + 1] == pattern[-n:]]
+        if not ends:
+            break
+        best = (n, ends)
+    return best
+
+
+def _plain_walk(corpus: list[int], ends: list[int], max_drafts: int, min_prob: float) -> tuple[list[int], float]:
+    draft, probability, score = [], 1.0, 1.0
+    while len(draft) < max_drafts:
+        following = [e + 1 for e in ends if e + 1 < len(corpus) and corpus[e + 1] != -1]
+        if not following:
+            break
+        counts = Counter(corpus[f] for f in following)
+        token = min(counts, key=lambda t: (-counts[t], t))
+        probability *= counts[token] / len(ends)
+        if probability < min_prob:
+            break
+        draft.append(token)
+        score += probability
+        ends = [f for f in following if corpus[f] == token]
+    return draft, score - 1.0
 
 
 def test_the_output_cache_finds_tokens_in_recent_outputs_only() -> None:
