@@ -145,7 +145,7 @@ def walk(corpus: np.ndarray, ends: np.ndarray, max_drafts: int, min_token_prob: 
             break
         draft.append(token)
         score += probability
-        ends = following[tokens == token]
+        ends = following if count == len(tokens) else following[tokens == token]
     return draft, score - 1.0
 
 
@@ -159,6 +159,8 @@ def _most_frequent(tokens: np.ndarray) -> tuple[int, int]:
     """The most frequent of `tokens` (the least of equally frequent ones) and its count; counted in Python where
     they are few, which np.unique's sort costs more than."""
     if len(tokens) > _FEW_TOKENS:
+        if (tokens == tokens[0]).all():  # a loop's occurrences, all followed alike: no sort
+            return int(tokens[0]), len(tokens)
         values, counts = np.unique(tokens, return_counts=True)
         best = int(np.argmax(counts))
         return int(values[best]), int(counts[best])
