@@ -1,5 +1,6 @@
 """The host's time per engine step on a CPU, with a model so small that its compute is a small part of it: plain
-decode steps, steps that verify n-gram drafts, and verifying steps entered from a plain one.
+decode steps, steps that verify drafts (n-gram, or suffix with --method suffix), and verifying steps entered from a
+plain one.
 
 On a GPU at small batches a verifying step costs its host work and its device work one after the other (it books
 the step in flight before proposing, and is booked before the next step is scheduled), so the host's part of it is
@@ -7,7 +8,7 @@ what this measures. Each sequence's prompt repeats, so prompt lookup finds a dra
 
 Modes, each on its own engine:
   plain      no speculation: asynchronous decode steps
-  verify     n-gram drafts of `--drafts` tokens at every step (a fixed draft length)
+  verify     drafts of `--drafts` tokens at every step (a fixed draft length)
   alternate  a plain step, then a verifying one, and so on: `enter` is a verifying step after a plain one,
              `leave` a plain step after a verifying one
 
@@ -58,9 +59,10 @@ class Alternating:
         pass
 
 
-def build_engine(model_dir: Path, mode: str, num_rows: int, num_drafts: int) -> LLMEngine:
-    spec = None if mode == "plain" else {"method": "ngram", "num_speculative_tokens": num_drafts, "adaptive": False,
-                                         "prompt_lookup_max": 3}
+def build_engine(model_dir: Path, mode: str, num_rows: int, num_drafts: int, method: str = "ngram") -> LLMEngine:
+    spec = None if mode == "plain" else {"method": method, "num_speculative_tokens": num_drafts, "adaptive": False}
+    if method == "ngram" and spec is not None:
+        spec["prompt_lookup_max"] = 3
     llm = LLM(str(model_dir), speculative_config=spec, max_model_len=MAX_MODEL_LEN, block_size=16,
               max_num_seqs=max(num_rows, 1), max_num_batched_tokens=8192, dtype="float32", device="cpu",
               kv_cache_blocks=num_rows * MAX_MODEL_LEN // 16 + 16)
@@ -139,7 +141,7 @@ def summary(mode: str, num_rows: int, times: dict[str, list[float]]) -> list[dic
     lines = []
     for kind, seconds in sorted(times.items()):
         us = sorted(s * 1e6 for s in seconds)
-        q1, median, q3 = statistics.quantiles(us, n=4)
+        q1, median, q3 = statistics.quantiles(us, n=4) if len(us) > 1 else us * 3
         lines.append({"mode": mode, "rows": num_rows, "kind": kind, "steps": len(us), "median_us": round(median, 1),
                       "q1_us": round(q1, 1), "q3_us": round(q3, 1)})
     return lines
@@ -151,6 +153,7 @@ def main() -> None:
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--drafts", type=int, default=4)
+    parser.add_argument("--method", default="ngram", help="the proposer: ngram, suffix")
     parser.add_argument("--profile", default=None, help="MODE:ROWS: print that case's cProfile instead")
     parser.add_argument("--sort", default="tottime", help="the profile's order: tottime, cumulative")
     parser.add_argument("--model-dir", default=None, help="the tiny checkpoint (built there once); default a temp dir")
@@ -162,12 +165,12 @@ def main() -> None:
     if args.profile:
         mode, rows = args.profile.split(":")
         profile = cProfile.Profile()
-        time_steps(build_engine(model_dir, mode, int(rows), args.drafts), int(rows), args.steps, profile)
+        time_steps(build_engine(model_dir, mode, int(rows), args.drafts, args.method), int(rows), args.steps, profile)
         pstats.Stats(profile).sort_stats(args.sort).print_stats(60)
         return
     for num_rows in map(int, args.rows.split(",")):
         for mode in args.modes.split(","):
-            engine = build_engine(model_dir, mode, num_rows, args.drafts)
+            engine = build_engine(model_dir, mode, num_rows, args.drafts, args.method)
             time_steps(engine, num_rows, 20, None)  # warm-up
             for line in summary(mode, num_rows, time_steps(engine, num_rows, args.steps, None)):
                 print(json.dumps(line), flush=True)
