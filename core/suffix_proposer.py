@@ -145,8 +145,27 @@ def walk(corpus: np.ndarray, ends: np.ndarray, max_drafts: int, min_token_prob: 
             break
         draft.append(token)
         score += probability
-        ends = following if count == len(tokens) else following[tokens == token]
+        if count < len(ends):
+            ends = following[tokens == token]
+            continue
+        # Every occurrence went on alike (a loop's do): the tokens they all go on with come at this probability.
+        run = _shared_run(corpus, following, max_drafts - len(draft))
+        draft += corpus[following[0] + 1 : following[0] + 1 + run].tolist()
+        for _ in range(run):
+            score += probability
+        ends = following + run
     return draft, score - 1.0
+
+
+def _shared_run(corpus: np.ndarray, ends: np.ndarray, max_tokens: int) -> int:
+    """How many tokens (up to `max_tokens`) every occurrence ending at `ends` is followed by alike, none an output's
+    end or past the corpus."""
+    width = min(max_tokens, len(corpus) - 1 - int(ends.max()))
+    if width <= 0:
+        return 0
+    following = corpus[ends[:, None] + np.arange(1, width + 1)]  # [occurrences, width]
+    is_shared = (following == following[0]).all(axis=0) & (following[0] != _SEPARATOR)
+    return width if is_shared.all() else int(np.argmin(is_shared))
 
 
 def _continuation(corpus: np.ndarray, end: int, max_tokens: int) -> list[int]:

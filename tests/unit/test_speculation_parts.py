@@ -186,6 +186,10 @@ def test_the_suffix_match_and_walk_agree_with_plain_searches_on_random_corpora()
     for _ in range(300):
         alphabet = int(rng.integers(2, 6))
         corpus = rng.integers(-1, alphabet, size=int(rng.integers(2, 400)))  # -1: an output's end
+        if rng.random() < 0.4:  # outputs that loop: every occurrence goes on alike, up to an output's end
+            loop = rng.integers(0, alphabet, size=int(rng.integers(1, 4))).tolist()
+            repeats = rng.integers(1, 9, size=4) if rng.random() < 0.5 else [int(rng.integers(1, 9))] * 4
+            corpus = np.array([t for r in repeats for t in loop * int(r) + [-1]][: -int(rng.integers(1, 3))])
         pattern = np.concatenate([corpus[: int(rng.integers(1, len(corpus)))], rng.integers(0, alphabet, size=2)])
         candidates = np.flatnonzero(corpus == pattern[-1])
         max_depth = int(rng.integers(1, 12)) if rng.random() < 0.7 else 1  # 1: every occurrence of the last token
