@@ -29,6 +29,7 @@ from core.sequence import Sequence
 MAX_CACHED_TOKENS = 1 << 20
 _SEPARATOR = -1
 _FEW_TOKENS = 64  # continuations counted in Python, not with np.unique
+_MAX_GATHERED = 1 << 16  # tokens a match's further depths are compared in at once (else a depth at a time)
 
 
 class TokenBuffer:
@@ -110,8 +111,22 @@ def longest_match(corpus: np.ndarray, candidates: np.ndarray, pattern: np.ndarra
         longer = longer[corpus[longer - n] == pattern[-1 - n]]
         if not longer.size:
             break
+        if len(longer) == len(ends) and len(longer) * (limit - n) <= _MAX_GATHERED:
+            return _deepest(corpus, longer, pattern, n + 1, limit)  # none dropped out (a loop's): one gather
         ends, n = longer, n + 1
     return (n, ends) if ends.size else (0, ends)
+
+
+def _deepest(corpus: np.ndarray, ends: np.ndarray, pattern: np.ndarray, n: int, limit: int) -> tuple[int, np.ndarray]:
+    """(n, ends) of longest_match, given occurrences that all match n tokens."""
+    if n >= limit:
+        return n, ends
+    depths = np.arange(n, limit)
+    before = ends[:, None] - depths  # [occurrences, depths]: the tokens that would extend each match
+    extends = (before >= 0) & (corpus[np.maximum(before, 0)] == pattern[-1 - depths])
+    lengths = n + np.where(extends.all(axis=1), len(depths), np.argmin(extends, axis=1))
+    longest = int(lengths.max())
+    return longest, ends[lengths == longest]
 
 
 def _extended_match(corpus: np.ndarray, end: int, pattern: np.ndarray, n: int, limit: int) -> int:
