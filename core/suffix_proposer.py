@@ -160,27 +160,39 @@ def walk(corpus: np.ndarray, ends: np.ndarray, max_drafts: int, min_token_prob: 
             break
         draft.append(token)
         score += probability
-        if count < len(ends):
-            ends = following[tokens == token]
+        ends = following if count == len(tokens) else following[tokens == token]
+        if count < len(tokens):
             continue
-        # Every occurrence went on alike (a loop's do): the tokens they all go on with come at this probability.
-        run = _shared_run(corpus, following, max_drafts - len(draft))
-        draft += corpus[following[0] + 1 : following[0] + 1 + run].tolist()
-        for _ in range(run):
+        # Every occurrence that went on went on alike (a loop's do): so may the next tokens, taken in one gather,
+        # each at the probability that the occurrences still going on give it.
+        run, counts, going_on = _agreed_run(corpus, ends, max_drafts - len(draft))
+        num_going_on = len(ends)
+        for token, count in zip(run, counts, strict=True):
+            probability *= count / num_going_on
+            if probability < min_token_prob:
+                return draft, score - 1.0
+            draft.append(token)
             score += probability
-        ends = following + run
+            num_going_on = count
+        if run:
+            ends = ends[going_on[:, len(run) - 1]] + len(run)
     return draft, score - 1.0
 
 
-def _shared_run(corpus: np.ndarray, ends: np.ndarray, max_tokens: int) -> int:
-    """How many tokens (up to `max_tokens`) every occurrence ending at `ends` is followed by alike, none an output's
-    end or past the corpus."""
-    width = min(max_tokens, len(corpus) - 1 - int(ends.max()))
+def _agreed_run(corpus: np.ndarray, ends: np.ndarray, max_tokens: int) -> tuple[list[int], list[int], np.ndarray]:
+    """The tokens (up to `max_tokens`) that the occurrences ending at `ends` go on with alike, those that go on (not
+    past the corpus or an output's end): (the tokens, how many occurrences go on to each, [occurrences, columns] whether
+    each goes on through each column)."""
+    width = min(max_tokens, len(corpus) - 1 - int(ends.min()))
     if width <= 0:
-        return 0
-    following = corpus[ends[:, None] + np.arange(1, width + 1)]  # [occurrences, width]
-    is_shared = (following == following[0]).all(axis=0) & (following[0] != _SEPARATOR)
-    return width if is_shared.all() else int(np.argmin(is_shared))
+        return [], [], ends
+    positions = ends[:, None] + np.arange(1, width + 1)  # [occurrences, width]
+    following = corpus[np.minimum(positions, len(corpus) - 1)]
+    going_on = np.logical_and.accumulate((positions < len(corpus)) & (following != _SEPARATOR), axis=1)
+    tokens = following[np.argmax(going_on, axis=0), np.arange(width)]  # per column, an occurrence's still going on
+    is_agreed = going_on.any(axis=0) & (~going_on | (following == tokens)).all(axis=0)
+    num_agreed = width if is_agreed.all() else int(np.argmin(is_agreed))
+    return tokens[:num_agreed].tolist(), going_on[:, :num_agreed].sum(axis=0).tolist(), going_on
 
 
 def _continuation(corpus: np.ndarray, end: int, max_tokens: int) -> list[int]:
