@@ -29,7 +29,7 @@ from core.sequence import Sequence
 MAX_CACHED_TOKENS = 1 << 20
 _SEPARATOR = -1
 _FEW_TOKENS = 64  # continuations counted in Python, not with np.unique
-_MAX_GATHERED = 1 << 16  # tokens a match's further depths are compared in at once (else a depth at a time)
+_MAX_GATHERED = 1 << 16  # tokens gathered at once for a loop's further depths or drafts (else one at a time)
 
 
 class TokenBuffer:
@@ -161,7 +161,7 @@ def walk(corpus: np.ndarray, ends: np.ndarray, max_drafts: int, min_token_prob: 
         draft.append(token)
         score += probability
         ends = following if count == len(tokens) else following[tokens == token]
-        if count < len(tokens):
+        if count < len(tokens) or len(ends) * (max_drafts - len(draft)) > _MAX_GATHERED:
             continue
         # Every occurrence that went on went on alike (a loop's do): so may the next tokens, taken in one gather,
         # each at the probability that the occurrences still going on give it.
