@@ -88,9 +88,18 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
     return batch
 
 
-def _slots(block_ids: list[int], start: int, end: int, block_size: int) -> list[int]:
-    """The cache slots of positions [start, end) through a block table."""
-    return [block_ids[p // block_size] * block_size + p % block_size for p in range(start, end)]
+def _slots(block_ids: list[int], start: int, end: int, block_size: int) -> range | list[int]:
+    """The cache slots of positions [start, end) through a block table: a range per block (one for most verifying
+    rows, whose few tokens share a block), not a lookup per position."""
+    first = start // block_size
+    if (end - 1) // block_size == first:
+        offset = (block_ids[first] - first) * block_size  # position p of the block is slot p + offset
+        return range(start + offset, end + offset)
+    slots: list[int] = []
+    for index in range(first, (end - 1) // block_size + 1):
+        offset = (block_ids[index] - index) * block_size
+        slots.extend(range(max(start, index * block_size) + offset, min(end, (index + 1) * block_size) + offset))
+    return slots
 
 
 def _pooling_row(seq: Sequence, start: int, end: int, row: int, pooling_slots: PenaltySlots | None) -> PoolingRow:

@@ -43,6 +43,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from itertools import accumulate
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -369,7 +370,7 @@ class LLMEngine:
         num_decode_rows = batch.num_rows if batch.is_decode_only else 0
         if batch.num_draft_tokens is not None:
             draft_counts = [n for n, row in zip(batch.num_draft_tokens, batch.sampling, strict=True) if row is not None]
-            first_positions = np.cumsum([0] + [n + 1 for n in draft_counts[:-1]]).tolist()
+            first_positions = list(accumulate((n + 1 for n in draft_counts[:-1]), initial=0))
             is_decoding = len(batch.token_ids) == batch.num_rows + sum(batch.num_draft_tokens)
             num_decode_rows = batch.num_rows if is_decoding else 0
         return _LaunchedStep(scheduled, sampled_seqs, self.runner.launch(batch), scored, pooled_seqs, draft_counts,
@@ -538,7 +539,8 @@ class LLMEngine:
         """A step that verified drafts: each sequence takes the drafts its sampled tokens confirm and one more
         token (core/speculation.py), up to the first that ends it; the K/V slots of the rest are given back."""
         assert self.speculation is not None and step.draft_counts is not None and step.first_positions is not None
-        refused = self._book_constrained(step.sampled_seqs, [token_ids[i] for i in step.first_positions])
+        refused = set() if self._grammars is None else self._book_constrained(
+            step.sampled_seqs, [token_ids[i] for i in step.first_positions])
         now = time.monotonic()
         outputs, first_token_seqs, num_tokens = [], [], 0
         for seq, first, num_drafts in zip(step.sampled_seqs, step.first_positions, step.draft_counts, strict=True):
@@ -573,14 +575,24 @@ class LLMEngine:
     def _take_tokens(self, seq: Sequence, token_ids: list[int]) -> tuple[int, FinishReason | None]:
         """Books the sampled token and the accepted ones after it, up to the first that ends the sequence: how
         many it kept, and why it ends (None: it goes on)."""
+        num_kept = self._num_kept(seq, token_ids)
         seq.resolve_pending_token(token_ids[0])
-        finish_reason = self._finish_reason(seq, token_ids[0])
-        num_kept = 1
-        while finish_reason is None and num_kept < len(token_ids):
-            seq.append_accepted_token(token_ids[num_kept])
-            finish_reason = self._finish_reason(seq, token_ids[num_kept])
-            num_kept += 1
-        return num_kept, finish_reason
+        if num_kept > 1:
+            seq.append_accepted_tokens(token_ids[1:num_kept])
+        return num_kept, self._finish_reason(seq, token_ids[num_kept - 1])
+
+    def _num_kept(self, seq: Sequence, token_ids: list[int]) -> int:
+        """How many of a step's tokens for `seq` (its pending token's first) it keeps: up to the first that ends it,
+        as `_finish_reason` finds it, in one pass over them (a verifying step books several tokens a row)."""
+        params = seq.params
+        num_outputs = seq.num_output_tokens  # with the pending token: the count each token i adds to is this + i
+        room = min(seq.max_tokens - num_outputs, self.max_model_len - seq.num_tokens)  # tokens after the first
+        num_kept = min(len(token_ids), room + 1)
+        stop_ids = self._stop_token_ids(params)
+        for i in range(max(0, params.min_tokens - num_outputs), num_kept):  # min_tokens bans stops before
+            if token_ids[i] in stop_ids:
+                return i + 1
+        return num_kept
 
     def _book_pooled(self, seqs: list[Sequence], pooled: list[np.ndarray], now: float) -> list[RequestOutput]:
         """Pooling sequences end with their pooled output (counted as their first token is, in the metrics)."""
@@ -600,6 +612,8 @@ class LLMEngine:
     def _book_constrained(self, seqs: list[Sequence], token_ids: list[int]) -> set[Sequence]:
         """Each live constrained sequence's matcher takes its token, in one batched call; returns those whose
         grammar refused it."""
+        if self._grammars is None:  # no request has asked for structured output: no sequence has a grammar
+            return set()
         rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.is_finished]
         if not rows:
             return set()
@@ -608,12 +622,16 @@ class LLMEngine:
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
-        if seq.num_output_tokens >= params.min_tokens:
-            if token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids):
-                return FinishReason.STOP
+        if seq.num_output_tokens >= params.min_tokens and token_id in self._stop_token_ids(params):
+            return FinishReason.STOP
         if self._reaches_length_limit(seq, seq.num_tokens):
             return FinishReason.LENGTH
         return None
+
+    def _stop_token_ids(self, params: SamplingParams) -> tuple[int, ...]:
+        """The tokens that end a sequence once it has its `min_tokens`: the request's stop tokens, and EOS unless
+        it ignores EOS."""
+        return params.stop_token_ids if params.ignore_eos else (*params.stop_token_ids, *self.eos_token_ids)
 
     def _reaches_length_limit(self, seq: Sequence, num_tokens: int) -> bool:
         return num_tokens - seq.num_prompt_tokens >= seq.max_tokens or num_tokens >= self.max_model_len

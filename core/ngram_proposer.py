@@ -2,59 +2,68 @@
 
 The draft is what followed the latest earlier occurrence of the sequence's last n tokens, for the
 longest n in [min_n, max_n] that occurs earlier, continued periodically where it reaches the end
-(vLLM's stops there); no occurrence, no draft. Each sequence keeps its
-tokens in a growing numpy buffer (appended only with the tokens new since its last proposal), and
-the match is found with array operations: one comparison over the whole buffer for the last token,
-then one per further token over the surviving candidates only.
+(vLLM's stops there); no occurrence, no draft. Each sequence keeps its tokens packed in a growing
+buffer of bytes (appended only with the tokens new since its last proposal), and the match is found by
+bytes' own reverse search, from the longest n down: per sequence a few calls into C, not a dozen
+array operations.
 """
 
-import numpy as np
+from array import array
 
 from core.sequence import Sequence
 
+_INT32 = "i"
+_TOKEN_BYTES = array(_INT32).itemsize
 
-class TokenBuffer:
-    """A sequence's known tokens as a numpy array, grown in place (doubling) as tokens come."""
+
+class PackedTokens:
+    """A sequence's known tokens packed 4 bytes each (native int32: token ids are below 2**31), grown in place as
+    tokens come: bytes' own search (C) finds an n-gram's occurrences in one pass, where array operations cost a call
+    each per sequence per step."""
 
     def __init__(self) -> None:
-        self.array = np.empty(64, dtype=np.int64)
+        self.data = bytearray()
         self.length = 0
 
-    def sync(self, token_ids: list[int]) -> np.ndarray:
+    def sync(self, token_ids: list[int]) -> bytearray:
         """The tokens, after appending those of `token_ids` past what the buffer holds."""
-        new = len(token_ids) - self.length
-        if new > 0:
-            if len(token_ids) > len(self.array):
-                grown = np.empty(max(2 * len(self.array), len(token_ids)), dtype=np.int64)
-                grown[: self.length] = self.array[: self.length]
-                self.array = grown
-            self.array[self.length : len(token_ids)] = token_ids[self.length :]
+        if len(token_ids) > self.length:
+            self.data += array(_INT32, token_ids[self.length :]).tobytes()
             self.length = len(token_ids)
-        return self.array[: self.length]
+        return self.data
 
 
-def lookup_draft(tokens: np.ndarray, max_drafts: int, min_n: int, max_n: int) -> np.ndarray:
-    """`max_drafts` tokens that followed the latest earlier occurrence of the longest suffix of `tokens` of length
-    in [min_n, max_n] (an empty array when none occurs)."""
-    num_tokens = len(tokens)
+def lookup_draft(token_ids: list[int], max_drafts: int, min_n: int, max_n: int,
+                 packed: bytes | bytearray | None = None) -> list[int]:
+    """`max_drafts` tokens that followed the latest earlier occurrence of the longest suffix of `token_ids` of length
+    in [min_n, max_n] (none when none occurs). `packed`: the same tokens as PackedTokens holds them (else packed
+    here)."""
+    num_tokens = len(token_ids)
     if num_tokens < 2 or max_drafts < 1:
-        return tokens[:0]
-    ends = np.flatnonzero(tokens[:-1] == tokens[-1])  # where an earlier match of the suffix ends
-    best_end, n = -1, 1
-    while ends.size:
-        if n >= min_n:
-            best_end = int(ends[-1])
-        if n == max_n or n >= num_tokens - 1:
+        return []
+    if packed is None:
+        packed = array(_INT32, token_ids).tobytes()
+    for n in range(min(max_n, num_tokens - 1), min_n - 1, -1):
+        end = _latest_earlier_end(packed, num_tokens, n)
+        if end is not None:
             break
-        ends = ends[ends >= n]
-        ends = ends[tokens[ends - n] == tokens[num_tokens - 1 - n]]
-        n += 1
-    if best_end < 0:
-        return tokens[:0]
+    else:
+        return []
     # What followed the match, repeated where it runs into the end: the match and the suffix are one period
     # apart, so a repetition that reaches the end goes on (a loop gets a full draft, not its last token only).
-    period = num_tokens - 1 - best_end
-    return tokens[best_end + 1 + np.arange(max_drafts) % period]
+    following = token_ids[end + 1 : num_tokens]  # one period
+    return (following * (max_drafts // len(following) + 1))[:max_drafts]
+
+
+def _latest_earlier_end(packed: bytes | bytearray, num_tokens: int, n: int) -> int | None:
+    """Where the latest occurrence of the last n tokens ends, among those that end before the last token."""
+    pattern = packed[(num_tokens - n) * _TOKEN_BYTES : num_tokens * _TOKEN_BYTES]
+    limit = (num_tokens - 1) * _TOKEN_BYTES
+    while (found := packed.rfind(pattern, 0, limit)) >= 0:
+        if found % _TOKEN_BYTES == 0:  # else a match across token boundaries: search before it
+            return found // _TOKEN_BYTES + n - 1
+        limit = found + len(pattern) - 1
+    return None
 
 
 class NgramProposer:
@@ -65,7 +74,7 @@ class NgramProposer:
     def propose(self, seqs: list[Sequence], max_drafts: list[int]) -> None:
         """Sets each sequence's draft_token_ids (at most its entry of `max_drafts`; maybe none)."""
         for seq, limit in zip(seqs, max_drafts, strict=True):
-            if not isinstance(seq.draft_state, TokenBuffer):
-                seq.draft_state = TokenBuffer()
-            tokens = seq.draft_state.sync(seq.token_ids)
-            seq.draft_token_ids = lookup_draft(tokens, limit, self.min_n, self.max_n).tolist()
+            if not isinstance(seq.draft_state, PackedTokens):
+                seq.draft_state = PackedTokens()
+            packed = seq.draft_state.sync(seq.token_ids)
+            seq.draft_token_ids = lookup_draft(seq.token_ids, limit, self.min_n, self.max_n, packed)

@@ -116,12 +116,12 @@ class Sequence:
         self.is_last_token_pending = False
         self.token_ids.append(token_id)
 
-    def append_accepted_token(self, token_id: int) -> None:
-        """A draft token its verification accepted, after the sampled token of the same step (speculative
+    def append_accepted_tokens(self, token_ids: list[int]) -> None:
+        """Draft tokens their verification accepted, after the sampled token of the same step (speculative
         decoding): known on the host at once."""
         assert self.num_pending_tokens == 0
-        self.token_ids.append(token_id)
-        self.num_tokens += 1
+        self.token_ids += token_ids
+        self.num_tokens += len(token_ids)
 
     def __repr__(self) -> str:
         return (f"Sequence({self.request_id!r}, {self.status.name}, tokens={self.num_tokens}, "

@@ -188,19 +188,19 @@ class Batch:
         verifying d drafts, whose i-th draws output token output_index + i (so a seeded row draws what it would
         draw one token per step)."""
         sampled = [i for i, row in enumerate(self.sampling) if row is not None]
-        last_token_index = np.cumsum(self.query_lens) - 1
+        ends = np.cumsum(self.query_lens)[sampled]  # past each sampled row's last token
         if self.num_draft_tokens is None:
-            return [self.sampling[i] for i in sampled], last_token_index[sampled]  # type: ignore[misc]
+            return [self.sampling[i] for i in sampled], ends - 1  # type: ignore[misc]
+        counts = np.asarray(self.num_draft_tokens, dtype=np.int64)[sampled] + 1  # positions per sampled row
+        firsts = np.cumsum(counts) - counts  # each row's first entry in the result
+        indices = np.arange(int(counts.sum())) + np.repeat(ends - counts - firsts, counts)
         rows: list[RowSampling] = []
-        indices: list[int] = []
-        for i in sampled:
-            row, num_drafts, last = self.sampling[i], self.num_draft_tokens[i], int(last_token_index[i])
+        for i, count in zip(sampled, counts.tolist(), strict=True):
+            row = self.sampling[i]
             assert row is not None
-            rows.append(row)
-            rows.extend(row if row.seed is None else replace(row, output_index=row.output_index + j)
-                        for j in range(1, num_drafts + 1))
-            indices.extend(range(last - num_drafts, last + 1))
-        return rows, np.asarray(indices, dtype=np.int64)
+            rows += [row] * count if row.seed is None else [
+                replace(row, output_index=row.output_index + j) if j else row for j in range(count)]
+        return rows, indices
 
 
 @dataclass(frozen=True)

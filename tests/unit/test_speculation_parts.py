@@ -3,6 +3,8 @@ decisions on injected costs, the blocks of rejected drafts, the verification's o
 statistical test with a fixed seed) and the metrics."""
 
 import re
+from array import array
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from scipy.stats import chisquare
 from core.block_manager import BlockManager
 from core.config import engine_config
 from core.engine import EngineStats
-from core.ngram_proposer import NgramProposer, TokenBuffer, lookup_draft
+from core.ngram_proposer import NgramProposer, PackedTokens, lookup_draft
 from core.sampling_params import SamplingParams
 from core.sequence import Sequence
 from core.speculation import Speculation
@@ -76,16 +78,58 @@ def test_suffix_takes_vllms_keys_and_drafts_as_deep_as_its_tree() -> None:
 
 
 def test_lookup_takes_the_longest_suffix_and_its_latest_occurrence() -> None:
-    tokens = np.array([1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3])
+    tokens = [1, 2, 3, 9, 1, 2, 3, 7, 8, 5, 2, 3]
     # "2 3" occurs at 1-2 and 5-6; "5 2 3" nowhere earlier; with max n 2 the latest "2 3" is followed by 7 8 5.
-    assert lookup_draft(tokens, 3, 1, 2).tolist() == [7, 8, 5]
-    tokens = np.array([4, 1, 2, 3, 6, 6, 2, 3, 5, 0, 1, 2, 3])
-    assert lookup_draft(tokens, 2, 1, 3).tolist() == [6, 6]  # "1 2 3" beats the later "2 3"
-    assert lookup_draft(tokens, 2, 1, 2).tolist() == [5, 0]
-    assert lookup_draft(tokens, 9, 4, 4).tolist() == []  # no earlier "0 1 2 3"
-    assert lookup_draft(np.array([5, 5]), 3, 1, 4).tolist() == [5, 5, 5]  # a loop goes on past the end
-    assert lookup_draft(np.array([1, 2, 3, 1, 2]), 5, 1, 4).tolist() == [3, 1, 2, 3, 1]
-    assert lookup_draft(np.array([1, 2, 3]), 3, 1, 4).tolist() == []
+    assert lookup_draft(tokens, 3, 1, 2) == [7, 8, 5]
+    tokens = [4, 1, 2, 3, 6, 6, 2, 3, 5, 0, 1, 2, 3]
+    assert lookup_draft(tokens, 2, 1, 3) == [6, 6]  # "1 2 3" beats the later "2 3"
+    assert lookup_draft(tokens, 2, 1, 2) == [5, 0]
+    assert lookup_draft(tokens, 9, 4, 4) == []  # no earlier "0 1 2 3"
+    assert lookup_draft([5, 5], 3, 1, 4) == [5, 5, 5]  # a loop goes on past the end
+    assert lookup_draft([1, 2, 3, 1, 2], 5, 1, 4) == [3, 1, 2, 3, 1]
+    assert lookup_draft([1, 2, 3], 3, 1, 4) == []
+
+
+def test_lookup_matches_whole_tokens_only() -> None:
+    # Packed 4 bytes a token (little-endian), 2**24 0 2**24 is 00 00 00 01 00 00 00 00 00 00 00 01: from its fourth
+    # byte on it holds the bytes of "1 0" (01 00 00 00 00 00 00 00) across token boundaries, later than the only
+    # whole-token "1 0" before the end, at the start.
+    tokens = [1, 0, 7, 1 << 24, 0, 1 << 24, 9, 1, 0]
+    assert lookup_draft(tokens, 2, 2, 2) == [7, 1 << 24]
+    assert lookup_draft([1 << 24, 0, 1 << 24, 5, 1, 0], 2, 2, 2) == []
+
+
+def test_lookup_agrees_with_a_plain_search_on_random_sequences() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        # Few distinct tokens (many matches), and tokens whose bytes line up across boundaries.
+        alphabet = [[0, 1, 2, 3], [0, 1, 256, 1 << 24, (1 << 24) + 1]][int(rng.integers(2))]
+        tokens = rng.choice(alphabet, size=int(rng.integers(1, 40))).tolist()
+        min_n, max_n = sorted(rng.integers(1, 5, size=2).tolist())
+        assert lookup_draft(tokens, 3, min_n, max_n) == _plain_lookup(tokens, 3, min_n, max_n)
+
+
+def _plain_lookup(tokens: list[int], max_drafts: int, min_n: int, max_n: int) -> list[int]:
+    """The definition, one comparison at a time."""
+    for n in range(max_n, min_n - 1, -1):
+        suffix = tokens[len(tokens) - n :]
+        ends = [e for e in range(n - 1, len(tokens) - 1) if n < len(tokens) and tokens[e - n + 1 : e + 1] == suffix]
+        if ends:
+            period = len(tokens) - 1 - ends[-1]
+            return [tokens[ends[-1] + 1 + i % period] for i in range(max_drafts)]
+    return []
+
+
+def test_a_verifying_batch_samples_each_rows_verified_positions() -> None:
+    greedy, seeded = RowSampling(), RowSampling(temperature=0.5, seed=3, output_index=7)
+    batch = Batch(token_ids=[0] * 12, positions=[0] * 12, slot_mapping=[0] * 12, query_lens=[5, 1, 4, 2],
+                  context_lens=[5, 9, 9, 9], block_tables=[[0]] * 4, sampling=[None, greedy, seeded, greedy],
+                  num_draft_tokens=[0, 0, 3, 1])
+    rows, token_indices = batch.sampled_positions()
+    assert token_indices.tolist() == [5, 6, 7, 8, 9, 10, 11]
+    assert rows[0] is greedy and rows[1] is seeded and rows[5] is rows[6] is greedy
+    assert [row.output_index for row in rows[1:5]] == [7, 8, 9, 10]
+    assert all(row.seed == 3 for row in rows[1:5])
 
 
 def test_the_proposer_reads_each_sequence_incrementally() -> None:
@@ -93,14 +137,14 @@ def test_the_proposer_reads_each_sequence_incrementally() -> None:
     proposer = NgramProposer(1, 3)
     proposer.propose([seq], [2])
     assert seq.draft_token_ids == [2, 3]
-    assert isinstance(seq.draft_state, TokenBuffer)
+    assert isinstance(seq.draft_state, PackedTokens)
     seq.token_ids += [2] * 100 + [5]
     proposer.propose([seq], [4])
     assert seq.draft_token_ids == []  # 5 never came before
     seq.token_ids += [2, 3]
     proposer.propose([seq], [3])
     assert seq.draft_token_ids == [1, 2, 2]
-    assert seq.draft_state.sync(seq.token_ids).tolist() == seq.token_ids
+    assert seq.draft_state.sync(seq.token_ids) == array("i", seq.token_ids).tobytes()
 
 
 def test_only_plain_decoding_sequences_get_drafts_within_their_limits() -> None:
@@ -134,6 +178,55 @@ def test_the_suffix_walk_follows_the_most_frequent_continuation_while_likely_eno
     assert walk(corpus, ends, 5, 0.1) == ([3, 1, 2, 3, 1], pytest.approx(2.25))
     assert walk(corpus, ends, 2, 0.1)[0] == [3, 1]
     assert walk(corpus, ends, 5, 0.6)[0] == [3]
+
+
+def test_the_suffix_match_and_walk_agree_with_plain_searches_on_random_corpora() -> None:
+    """Single occurrences (followed without arrays) and many (counted with np.unique past a few) alike."""
+    rng = np.random.default_rng(1)
+    for _ in range(300):
+        alphabet = int(rng.integers(2, 6))
+        corpus = rng.integers(-1, alphabet, size=int(rng.integers(2, 400)))  # -1: an output's end
+        if rng.random() < 0.4:  # outputs that loop: every occurrence goes on alike, up to an output's end
+            loop = rng.integers(0, alphabet, size=int(rng.integers(1, 4))).tolist()
+            repeats = rng.integers(1, 9, size=4) if rng.random() < 0.5 else [int(rng.integers(1, 9))] * 4
+            corpus = np.array([t for r in repeats for t in loop * int(r) + [-1]][: -int(rng.integers(1, 3))])
+        pattern = np.concatenate([corpus[: int(rng.integers(1, len(corpus)))], rng.integers(0, alphabet, size=2)])
+        candidates = np.flatnonzero(corpus == pattern[-1])
+        max_depth = int(rng.integers(1, 12)) if rng.random() < 0.7 else 1  # 1: every occurrence of the last token
+        max_drafts, min_prob = int(rng.integers(1, 9)), float(rng.random() / 2) if rng.random() < 0.8 else 0.0
+        n, ends = longest_match(corpus, candidates, pattern, max_depth)
+        assert (n, ends.tolist()) == _plain_match(corpus.tolist(), candidates.tolist(), pattern.tolist(), max_depth)
+        if n:
+            assert walk(corpus, ends, max_drafts, min_prob) == _plain_walk(corpus.tolist(), ends.tolist(), max_drafts,
+                                                                           min_prob)
+
+
+def _plain_match(corpus: list[int], candidates: list[int], pattern: list[int], max_depth: int
+                 ) -> tuple[int, list[int]]:
+    best: tuple[int, list[int]] = (0, [])
+    for n in range(1, min(max_depth, len(pattern)) + 1):
+        ends = [e for e in candidates if e >= n - 1 and corpus[e - n + 1 : e + 1] == pattern[-n:]]
+        if not ends:
+            break
+        best = (n, ends)
+    return best
+
+
+def _plain_walk(corpus: list[int], ends: list[int], max_drafts: int, min_prob: float) -> tuple[list[int], float]:
+    draft, probability, score = [], 1.0, 1.0
+    while len(draft) < max_drafts:
+        following = [e + 1 for e in ends if e + 1 < len(corpus) and corpus[e + 1] != -1]
+        if not following:
+            break
+        counts = Counter(corpus[f] for f in following)
+        token = min(counts, key=lambda t: (-counts[t], t))
+        probability *= counts[token] / len(ends)
+        if probability < min_prob:
+            break
+        draft.append(token)
+        score += probability
+        ends = [f for f in following if corpus[f] == token]
+    return draft, score - 1.0
 
 
 def test_the_output_cache_finds_tokens_in_recent_outputs_only() -> None:

@@ -7,6 +7,7 @@ Each test runs the same requests on an engine without speculation and on one who
 the prompts repeat (else the equality would prove nothing).
 """
 
+import random
 import re
 import time
 from pathlib import Path
@@ -14,8 +15,10 @@ from pathlib import Path
 import pytest
 
 from core import LLM, FinishReason, SamplingParams
+from core.engine import LLMEngine
 from core.llm import GenerationOutput
 from core.scheduler import SchedulerOutput
+from core.sequence import Sequence
 from core.tiny_model import build_tiny_model, has_architecture
 from tests.parity.test_parity_cpu import record_schedules
 from tests.tiny_specs import FAMILY_SPECS, TINY_SPECS
@@ -116,6 +119,46 @@ def test_stops_inside_accepted_drafts(plain_llm: LLM, model_dir: Path) -> None:
         assert [(o.token_ids, o.text, o.finish_reason) for o in got] == \
             [(o.token_ids, o.text, o.finish_reason) for o in want]
     assert len(want[0].token_ids) == 13
+
+
+def test_a_row_takes_its_accepted_tokens_up_to_the_first_that_ends_it(plain_llm: LLM) -> None:
+    """What a verifying row keeps, booked at once, is what booking its tokens one at a time keeps: stop tokens, EOS
+    unless ignored, min_tokens, max_tokens and the context length, on random rows."""
+    engine = plain_llm.engine
+    eos = engine.eos_token_ids[0]
+    rng = random.Random(0)
+    for _ in range(500):
+        max_tokens = rng.randint(1, 12)
+        params = SamplingParams(max_tokens=max_tokens, min_tokens=rng.randint(0, max_tokens),
+                                stop_token_ids=(3,) if rng.random() < 0.5 else (), ignore_eos=rng.random() < 0.5)
+        prompt = [9] * rng.choice([4, engine.max_model_len - 8])
+        num_outputs = rng.randint(0, min(max_tokens, engine.max_model_len - len(prompt)) - 1)  # its pending one fits
+        sampled = [rng.choice([3, eos, 7, 8]) for _ in range(rng.randint(1, 6))]
+        taken, one_at_a_time = (_decoding(prompt, params, max_tokens, num_outputs) for _ in range(2))
+        kept = engine._take_tokens(taken, sampled)
+        assert kept == _take_one_at_a_time(engine, one_at_a_time, sampled)
+        assert (taken.token_ids, taken.num_tokens) == (one_at_a_time.token_ids, one_at_a_time.num_tokens)
+
+
+def _decoding(prompt: list[int], params: SamplingParams, max_tokens: int, num_outputs: int) -> Sequence:
+    """A sequence with `num_outputs` tokens booked and its next one pending."""
+    seq = Sequence("r", prompt, params, max_tokens)
+    seq.token_ids += [8] * num_outputs
+    seq.num_tokens += num_outputs
+    seq.add_pending_token(0, is_last=False)
+    return seq
+
+
+def _take_one_at_a_time(engine: LLMEngine, seq: Sequence, token_ids: list[int]) -> tuple[int, FinishReason | None]:
+    seq.resolve_pending_token(token_ids[0])
+    finish_reason = engine._finish_reason(seq, token_ids[0])
+    num_kept = 1
+    while finish_reason is None and num_kept < len(token_ids):
+        seq.token_ids.append(token_ids[num_kept])
+        seq.num_tokens += 1
+        finish_reason = engine._finish_reason(seq, token_ids[num_kept])
+        num_kept += 1
+    return num_kept, finish_reason
 
 
 def test_penalties_and_bias_compose(plain_llm: LLM, model_dir: Path) -> None:
