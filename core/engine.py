@@ -588,9 +588,8 @@ class LLMEngine:
         num_outputs = seq.num_output_tokens  # with the pending token: the count each token i adds to is this + i
         room = min(seq.max_tokens - num_outputs, self.max_model_len - seq.num_tokens)  # tokens after the first
         num_kept = min(len(token_ids), room + 1)
-        stop_ids = self._stop_token_ids(params)
         for i in range(max(0, params.min_tokens - num_outputs), num_kept):  # min_tokens bans stops before
-            if token_ids[i] in stop_ids:
+            if self._is_stop_token(params, token_ids[i]):
                 return i + 1
         return num_kept
 
@@ -622,16 +621,16 @@ class LLMEngine:
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
         params = seq.params
-        if seq.num_output_tokens >= params.min_tokens and token_id in self._stop_token_ids(params):
+        if seq.num_output_tokens >= params.min_tokens and self._is_stop_token(params, token_id):
             return FinishReason.STOP
         if self._reaches_length_limit(seq, seq.num_tokens):
             return FinishReason.LENGTH
         return None
 
-    def _stop_token_ids(self, params: SamplingParams) -> tuple[int, ...]:
-        """The tokens that end a sequence once it has its `min_tokens`: the request's stop tokens, and EOS unless
-        it ignores EOS."""
-        return params.stop_token_ids if params.ignore_eos else (*params.stop_token_ids, *self.eos_token_ids)
+    def _is_stop_token(self, params: SamplingParams, token_id: int) -> bool:
+        """Whether `token_id` ends a sequence once it has its `min_tokens`: a stop token of the request's, or EOS
+        unless it ignores EOS (checked per row and step: no tuple built)."""
+        return token_id in params.stop_token_ids or (not params.ignore_eos and token_id in self.eos_token_ids)
 
     def _reaches_length_limit(self, seq: Sequence, num_tokens: int) -> bool:
         return num_tokens - seq.num_prompt_tokens >= seq.max_tokens or num_tokens >= self.max_model_len

@@ -153,11 +153,11 @@ def fill_padded_rows(int64: np.ndarray, keeps_state: np.ndarray, batch: Batch | 
         starts = np.cumsum([0, *batch.query_lens]).tolist()
         row_pieces = [_pieces(starts[r], starts[r + 1], saves_inside.get(r, [])) for r in range(batch.num_rows)]
     padding = num_rows - len(slots)
-    row_starts, counts, ends, states = _sequential_arrays(
-        (*row_pieces, *[((0, 0, None),)] * padding), [*slots, *[padding_slot] * padding])
+    padded_slots = [*slots, *[padding_slot] * padding]
+    row_starts, counts, ends, states = _sequential_arrays((*row_pieces, *[((0, 0, None),)] * padding), padded_slots)
     size = padded_rows_size(num_tokens, num_rows)
     fields = np.split(int64[:size], np.cumsum([num_rows, num_rows, num_rows + 1, num_tokens + num_rows]))
-    fields[0][:] = [*slots, *[padding_slot] * padding]
+    fields[0][:] = padded_slots
     fields[1][:] = row_starts
     fields[2][:] = counts
     fields[3][: len(ends)], fields[3][len(ends) :] = ends, 0

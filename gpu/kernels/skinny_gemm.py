@@ -156,10 +156,7 @@ def _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, ks, k_end, K, stride_xm, s
             EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROW_COPIES: tl.constexpr):
     """The x tile [rows, ks] of the pointer kernel: loaded, or made by the prologue."""
     if PROLOGUE == NO_PROLOGUE:
-        if EVEN_K:
-            x = tl.load(x_ptrs)
-        else:
-            x = tl.load(x_ptrs, mask=(ks < k_end)[None, :], other=0.0)
+        x = _load_along_k(x_ptrs, (ks < k_end)[None, :], EVEN_K)
     else:
         x = _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, ks < k_end, K, stride_xm, stride_rm, rstd,
                            PROLOGUE, HAS_RESIDUAL, EVEN_K, ROW_COPIES)
