@@ -32,6 +32,7 @@ drawn as one block so the generator's stream is the one-pass stream, is as large
 """
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -285,10 +286,10 @@ def row_chunks(num_rows: int, vocab_size: int, max_bytes: int) -> list[slice]:
     """Consecutive ranges of rows, each of at most max_bytes of float32 [rows, vocab], at least two rows each
     unless num_rows is 1: PyTorch scans (cumsum) a single row on CUDA with other arithmetic than a block of rows."""
     rows_per_chunk = max(2, max_bytes // (4 * vocab_size))
-    starts = list(range(0, num_rows, rows_per_chunk))
-    if len(starts) > 1 and num_rows - starts[-1] == 1:
-        starts.pop()  # the last row joins the chunk before it
-    return [slice(start, end) for start, end in zip(starts, [*starts[1:], num_rows], strict=True)]
+    bounds = [*range(0, num_rows, rows_per_chunk), num_rows]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        del bounds[-2]  # a last single row joins the chunk before it
+    return [slice(start, end) for start, end in pairwise(bounds)]
 
 
 def _filtered_probs(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
