@@ -46,10 +46,10 @@ from gpu.pending_step import PendingStep, SampledRows
 from gpu.token_mask import apply_token_bitmask
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-# The float32 [rows, vocab] size of one chunk of the torch path's and the logprobs' work (about six blocks of it are
-# live at once): small against the KV cache it leaves room for, large enough that a chunk's launches cost little
-# against its sort.
-SAMPLING_CHUNK_BYTES = 64 * 2**20
+# The float32 [rows, vocab] size of one chunk of the torch path's and the logprobs' work. About twelve blocks of it
+# are live at once on CUDA, in the sort (its outputs, ATen's index buffers and cub's double buffers): small against the
+# KV cache it leaves room for, large enough that a chunk's few launches cost little against its sort.
+SAMPLING_CHUNK_BYTES = 32 * 2**20
 
 
 @dataclass
