@@ -251,7 +251,7 @@ class Sampler:
             chunk_logits = logits[chunk] if where is None else logits[where[chunk]]
             random_ids = _filtered_probs(chunk_logits, tensors.rows(chunk)).div_(noise[chunk]).argmax(dim=-1)
             token_ids.append(torch.where(tensors.is_greedy[chunk], chunk_logits.argmax(dim=-1), random_ids))
-        return torch.cat(token_ids)
+        return _joined(token_ids)
 
     def _exponential_noise(self, rows: list[RowSampling], vocab_size: int, device: torch.device) -> torch.Tensor:
         noise = torch.empty(len(rows), vocab_size, dtype=torch.float32, device=device)
@@ -290,6 +290,11 @@ def row_chunks(num_rows: int, vocab_size: int, max_bytes: int) -> list[slice]:
     if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
         del bounds[-2]  # a last single row joins the chunk before it
     return [slice(start, end) for start, end in pairwise(bounds)]
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The chunks' results as one tensor; a step of one chunk (the usual one) pays no copy."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
 def _filtered_probs(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
@@ -336,7 +341,7 @@ def _with_logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor, rows: list
     num_top = max(n or 0 for n in wanted)
     chunks = row_chunks(raw_logits.shape[0], raw_logits.shape[-1], max_chunk_bytes)
     packed = [_logprob_columns(raw_logits[chunk], token_ids[chunk], num_top) for chunk in chunks]
-    return SampledRows(token_ids, torch.cat(packed), wanted)
+    return SampledRows(token_ids, _joined(packed), wanted)
 
 
 def _logprob_columns(raw_logits: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> torch.Tensor:
