@@ -28,7 +28,9 @@ those of the raw distribution.
 Memory: the warm-up's heaviest sampling step (every row filtered, with logprobs) sets the peak that sizes the KV
 cache. The torch path and the logprobs therefore take the rows in chunks of a bounded float32 [rows, vocab] size
 (`row_chunks`), each chunk's work giving the floats the whole batch would (every op is per row); only the noise,
-drawn as one block so the generator's stream is the one-pass stream, is as large as the batch.
+drawn as one block so the generator's stream is the one-pass stream, is as large as the batch. One exception on
+CUDA: ATen picks cumsum's thread layout from the row count, so in a batch many times a chunk's rows the top-p mass
+can differ from the one pass's in its last bit (as it already differs between batches of different sizes).
 """
 
 from dataclasses import dataclass
