@@ -25,7 +25,7 @@ writes the whole logits block a dozen times more. Each row's adjustment depends 
 row alone, so a seeded row still draws the same tokens alone or in any batch. Logprobs are always
 those of the raw distribution.
 
-Memory: the warm-up's heaviest sampling step (every row filtered, with logprobs) sets the peak that sizes the KV
+Memory: the warm-up's heaviest sampling step (every row filtered, with logprobs) is in the peak that sizes the KV
 cache. The torch path and the logprobs therefore take the rows in chunks of a bounded float32 [rows, vocab] size
 (`row_chunks`), each chunk's work giving the floats the whole batch would (every op is per row); only the noise,
 drawn as one block so the generator's stream is the one-pass stream, is as large as the batch. One exception on
