@@ -527,7 +527,9 @@ class ModelRunner:
         if logits is not None:  # None on tensor-parallel ranks other than 0, which never sample
             # Token masks too: their kernel (and the penalties') compiled now, not at a request.
             every_token = TokenMask(list(range(num_rows)), np.full((num_rows, -(-logits.shape[1] // 32)), -1, np.int32))
-            self.sampler(logits.float(), heaviest, token_mask=every_token)
+            # The logits in the model's dtype, as a step gives them: a float32 copy held here would count memory that
+            # no step holds (the sampler upcasts chunk by chunk).
+            self.sampler(logits, heaviest, token_mask=every_token)
             # The plain rows' path too (the fused sampling kernel on CUDA): compiled now, not on the first request.
             plain = [RowSampling(temperature=0.6 if i % 2 == 0 else 0.0) for i in range(num_rows)]
             self.sampler(logits, plain)

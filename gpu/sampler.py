@@ -24,9 +24,17 @@ otherwise a float32 copy is adjusted, every row's at once. On CUDA with triton (
 writes the whole logits block a dozen times more. Each row's adjustment depends on that
 row alone, so a seeded row still draws the same tokens alone or in any batch. Logprobs are always
 those of the raw distribution.
+
+Memory: the warm-up's heaviest sampling step (every row filtered, with logprobs) is in the peak that sizes the KV
+cache. The torch path and the logprobs therefore take the rows in chunks of a bounded float32 [rows, vocab] size
+(`row_chunks`), each chunk's work giving the floats the whole batch would (every op is per row); only the noise,
+drawn as one block so the generator's stream is the one-pass stream, is as large as the batch. One exception on
+CUDA: ATen picks cumsum's thread layout from the row count, so in a batch many times a chunk's rows the top-p mass
+can differ from the one pass's in its last bit (as it already differs between batches of different sizes).
 """
 
 from dataclasses import dataclass
+from itertools import pairwise
 
 import numpy as np
 import torch
@@ -40,6 +48,10 @@ from gpu.pending_step import PendingStep, SampledRows
 from gpu.token_mask import apply_token_bitmask
 
 FUSED_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# The float32 [rows, vocab] size of one chunk of the torch path's and the logprobs' work. About twelve blocks of it
+# are live at once on CUDA, in the sort (its outputs, ATen's index buffers and cub's double buffers): small against the
+# KV cache it leaves room for, large enough that a chunk's few launches cost little against its sort.
+SAMPLING_CHUNK_BYTES = 32 * 2**20
 
 
 @dataclass
@@ -49,6 +61,14 @@ class SamplingTensors:
     top_ks: torch.Tensor | None  # [num_rows] int64, vocab size where off; None when no row uses it
     top_ps: torch.Tensor | None  # [num_rows] float32
     min_ps: torch.Tensor | None  # [num_rows] float32
+
+    def rows(self, chunk: slice) -> "SamplingTensors":
+        """Those of a range of rows; a filter stays on (or off) for every chunk as for the whole batch."""
+        def cut(column: torch.Tensor | None) -> torch.Tensor | None:
+            return None if column is None else column[chunk]
+
+        return SamplingTensors(self.temperatures[chunk], self.is_greedy[chunk], cut(self.top_ks), cut(self.top_ps),
+                               cut(self.min_ps))
 
 
 def build_sampling_tensors(rows: list[RowSampling], vocab_size: int, device: torch.device) -> SamplingTensors:
@@ -78,13 +98,14 @@ class GraphDraw:
 
 class Sampler:
     def __init__(self, device: torch.device, seed: int, kernels: KernelConfig = DEFAULT_KERNELS,
-                 penalty_state: PenaltyState | None = None) -> None:
+                 penalty_state: PenaltyState | None = None, max_chunk_bytes: int = SAMPLING_CHUNK_BYTES) -> None:
         self.device = device
         self.generator = torch.Generator(device=device)  # noise of the torch path
         self.generator.manual_seed(seed)
         self.key_rng = np.random.default_rng(seed)  # per-step Philox keys of the kernel's unseeded rows
         self.kernels = kernels
         self.penalty_state = penalty_state  # needed once a row has penalties
+        self.max_chunk_bytes = max_chunk_bytes  # see `row_chunks`
 
     def __call__(self, logits: torch.Tensor, rows: list[RowSampling], slot_inits: list[PenaltySlotInit] | None = None,
                  token_mask: TokenMask | None = None) -> StepResult:
@@ -107,10 +128,10 @@ class Sampler:
         elif self._is_fused(logits):
             token_ids = self._fused_token_ids(logits, rows)
         else:
-            token_ids = self._torch_token_ids(logits.float(), rows)
+            token_ids = self._torch_token_ids(logits, rows)
         if adjusted:
             self._count_penalized(token_ids, rows, adjusted)
-        return _with_logprobs(raw_logits, token_ids, rows)
+        return _with_logprobs(raw_logits, token_ids, rows, self.max_chunk_bytes)
 
     def _adjusted_logits(self, logits: torch.Tensor, rows: list[RowSampling], adjusted: list[int],
                          slot_inits: list[PenaltySlotInit] | None, token_mask: TokenMask | None) -> torch.Tensor:
@@ -165,7 +186,7 @@ class Sampler:
 
         filtered = _filtered_rows(rows, logits.shape[-1])
         if len(filtered) == len(rows):
-            return self._torch_token_ids(logits.float(), rows)
+            return self._torch_token_ids(logits, rows)
         token_ids = sample_tokens(logits, *self._philox_keys(rows), use_pdl=True)
         self._redraw_filtered(logits, token_ids, rows, filtered)
         return token_ids
@@ -176,7 +197,7 @@ class Sampler:
         pay for the sort and softmax, and their draw is the torch path's, as alone."""
         if filtered:
             where = to_device(filtered, np.int64, logits.device)
-            token_ids[where] = self._torch_token_ids(logits[where].float(), [rows[i] for i in filtered])
+            token_ids[where] = self._torch_token_ids(logits, [rows[i] for i in filtered], where)
 
     def _philox_keys(self, rows: list[RowSampling]) -> tuple[torch.Tensor, torch.Tensor]:
         """Each row's 64-bit Philox key and its temperature (0 on greedy rows), in one copy to the device."""
@@ -217,24 +238,32 @@ class Sampler:
         """A step whose rows a decode graph drew (with `draw`'s inputs): the rows with top-k, top-p or min-p
         drawn again by the torch path, as `sample` does, and the logprobs asked for."""
         self._redraw_filtered(logits, token_ids, rows, draw.filtered)
-        return _with_logprobs(logits, token_ids, rows)
+        return _with_logprobs(logits, token_ids, rows, self.max_chunk_bytes)
 
-    def _torch_token_ids(self, logits: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
-        """logits: float32, banned tokens already at -inf."""
-        greedy_ids = logits.argmax(dim=-1)
-        tensors = build_sampling_tensors(rows, logits.shape[-1], logits.device)
-        probs = _filtered_probs(logits, tensors)
-        random_ids = (probs / self._exponential_noise(probs, rows)).argmax(dim=-1)
-        return torch.where(tensors.is_greedy, greedy_ids, random_ids)
+    def _torch_token_ids(self, logits: torch.Tensor, rows: list[RowSampling],
+                         where: torch.Tensor | None = None) -> torch.Tensor:
+        """The tokens of `rows` drawn from logits[where] (every row of `logits` where None): float32 or the model's
+        dtype, banned tokens already at -inf. Chunk by chunk of rows (see the module's doc); upcasting per chunk
+        changes no float (the division by the temperature computes in float32 either way)."""
+        vocab_size = logits.shape[-1]
+        tensors = build_sampling_tensors(rows, vocab_size, logits.device)
+        noise = self._exponential_noise(rows, vocab_size, logits.device)
+        token_ids = []
+        for chunk in row_chunks(len(rows), vocab_size, self.max_chunk_bytes):
+            chunk_logits = logits[chunk] if where is None else logits[where[chunk]]
+            random_ids = _filtered_probs(chunk_logits, tensors.rows(chunk)).div_(noise[chunk]).argmax(dim=-1)
+            token_ids.append(torch.where(tensors.is_greedy[chunk], chunk_logits.argmax(dim=-1), random_ids))
+        return _joined(token_ids)
 
-    def _exponential_noise(self, probs: torch.Tensor, rows: list[RowSampling]) -> torch.Tensor:
-        noise = torch.empty_like(probs).exponential_(generator=self.generator)
+    def _exponential_noise(self, rows: list[RowSampling], vocab_size: int, device: torch.device) -> torch.Tensor:
+        noise = torch.empty(len(rows), vocab_size, dtype=torch.float32, device=device)
+        noise.exponential_(generator=self.generator)
         for i, row in enumerate(rows):
             if row.seed is not None and not row.is_greedy:
-                generator = torch.Generator(device=probs.device)
+                generator = torch.Generator(device=device)
                 generator.manual_seed(_row_seed(row.seed, row.output_index))
                 noise[i].exponential_(generator=generator)
-        return noise
+        return noise  # [num_rows, vocab] float32
 
 
 def _filtered_rows(rows: list[RowSampling], vocab_size: int) -> list[int]:
@@ -255,29 +284,46 @@ def _ban_tokens(logits: torch.Tensor, rows: list[RowSampling], adjusted: list[in
         logits[where[:, 0], where[:, 1]] = float("-inf")
 
 
+def row_chunks(num_rows: int, vocab_size: int, max_bytes: int) -> list[slice]:
+    """Consecutive ranges of rows, each of at most max_bytes of float32 [rows, vocab], at least two rows each
+    unless num_rows is 1: PyTorch scans (cumsum) a single row on CUDA with other arithmetic than a block of rows."""
+    rows_per_chunk = max(2, max_bytes // (4 * vocab_size))
+    bounds = [*range(0, num_rows, rows_per_chunk), num_rows]
+    if len(bounds) > 2 and bounds[-1] - bounds[-2] == 1:
+        del bounds[-2]  # a last single row joins the chunk before it
+    return [slice(start, end) for start, end in pairwise(bounds)]
+
+
+def _joined(parts: list[torch.Tensor]) -> torch.Tensor:
+    """The chunks' results as one tensor; a step of one chunk (the usual one) pays no copy."""
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
 def _filtered_probs(logits: torch.Tensor, t: SamplingTensors) -> torch.Tensor:
-    logits = logits / t.temperatures.unsqueeze(1)
+    """The float32 probabilities after temperature, top-k, top-p and min-p; `logits` is left as it is."""
+    scaled = logits / t.temperatures.unsqueeze(1)  # a new float32 block, which the filters change in place
     if t.top_ks is not None or t.top_ps is not None:
-        logits = _top_k_top_p(logits, t.top_ks, t.top_ps)
-    probs = logits.softmax(dim=-1)
+        _drop_outside_top_k_top_p(scaled, t.top_ks, t.top_ps)
+    probs = scaled.softmax(dim=-1)
+    del scaled
     if t.min_ps is not None:
         max_probs = probs.max(dim=-1, keepdim=True).values
-        probs = probs.masked_fill(probs < t.min_ps.unsqueeze(1) * max_probs, 0.0)
+        probs.masked_fill_(probs < t.min_ps.unsqueeze(1) * max_probs, 0.0)
     return probs
 
 
-def _top_k_top_p(logits: torch.Tensor, top_ks: torch.Tensor | None, top_ps: torch.Tensor | None) -> torch.Tensor:
+def _drop_outside_top_k_top_p(logits: torch.Tensor, top_ks: torch.Tensor | None, top_ps: torch.Tensor | None) -> None:
+    """Sets to -inf, in place, each row's logits past its top k and then outside its top-p nucleus of what is left."""
     sorted_logits, sorted_ids = logits.sort(dim=-1, descending=True)
-    ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
-    is_dropped = torch.zeros_like(sorted_logits, dtype=torch.bool)
     if top_ks is not None:
-        is_dropped |= ranks >= top_ks.unsqueeze(1)
+        ranks = torch.arange(logits.shape[-1], device=logits.device).unsqueeze(0)
+        sorted_logits.masked_fill_(ranks >= top_ks.unsqueeze(1), float("-inf"))
     if top_ps is not None:
-        sorted_probs = sorted_logits.masked_fill(is_dropped, float("-inf")).softmax(dim=-1)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
-        is_dropped |= mass_before >= top_ps.unsqueeze(1)  # keeps at least the most likely token
-    sorted_logits = sorted_logits.masked_fill(is_dropped, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, sorted_ids, sorted_logits)
+        sorted_probs = sorted_logits.softmax(dim=-1)
+        mass_before = sorted_probs.cumsum(dim=-1).sub_(sorted_probs)
+        del sorted_probs
+        sorted_logits.masked_fill_(mass_before >= top_ps.unsqueeze(1), float("-inf"))  # keeps the most likely token
+    logits.scatter_(-1, sorted_ids, sorted_logits)  # sorted_ids is a permutation of each row: every entry written
 
 
 def _row_seed(seed: int, output_index: int) -> int:
@@ -288,15 +334,23 @@ def _row_seed(seed: int, output_index: int) -> int:
     return (x ^ (x >> 31)) & 0x7FFFFFFFFFFFFFFF
 
 
-def _with_logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor, rows: list[RowSampling]) -> SampledRows:
+def _with_logprobs(raw_logits: torch.Tensor, token_ids: torch.Tensor, rows: list[RowSampling],
+                   max_chunk_bytes: int) -> SampledRows:
     """The sampled ids, and where any row asks for logprobs, one packed tensor for a single copy to the host."""
     wanted = [r.num_top_logprobs for r in rows]
     if all(n is None for n in wanted):
         return SampledRows(token_ids, None, wanted)
+    num_top = max(n or 0 for n in wanted)
+    chunks = row_chunks(raw_logits.shape[0], raw_logits.shape[-1], max_chunk_bytes)
+    packed = [_logprob_columns(raw_logits[chunk], token_ids[chunk], num_top) for chunk in chunks]
+    return SampledRows(token_ids, _joined(packed), wanted)
+
+
+def _logprob_columns(raw_logits: torch.Tensor, token_ids: torch.Tensor, num_top: int) -> torch.Tensor:
+    """[num_rows, 3 + 2 * num_top] float64: each row's token id, its logprob, its rank, top ids, top logprobs."""
     logprobs = raw_logits.float().log_softmax(dim=-1)
     chosen = logprobs.gather(1, token_ids.unsqueeze(1))  # [num_rows, 1]
     ranks = (logprobs > chosen).sum(dim=-1, keepdim=True) + 1
-    num_top = max(n or 0 for n in wanted)
     top_values, top_ids = logprobs.topk(num_top, dim=-1)  # [num_rows, num_top], possibly 0 wide
     columns = [token_ids.unsqueeze(1), chosen, ranks, top_ids, top_values]
-    return SampledRows(token_ids, torch.cat([c.double() for c in columns], dim=1), wanted)
+    return torch.cat([c.double() for c in columns], dim=1)
