@@ -23,8 +23,10 @@ raise end their requests with ERROR and the others go on. A fault that is not a 
 row fails, or steps keep failing) is raised: the engine is broken, and its owner restarts it.
 
 Speculative decoding (core/speculation.py): a step whose controller asks for drafts books the step in flight
-first (drafts are proposed from known tokens), and is itself booked before the next step is scheduled (what it
-accepts decides what comes next); its rows verify their drafts, each sampled at every verified position.
+first (drafts are proposed from known tokens); its rows verify their drafts, each sampled at every verified position.
+It is left in flight as any step is, and the next step books it once it has drained the inbox, before anything else
+(what it accepts decides what comes next): the caller's work on the outputs and the inbox's run beside its device
+work, and each step still waits for the device once.
 
 Pooling models (embeddings, scores: core/pooling_model.py) run the same loop: their requests are
 prefill-only sequences, finished by the step that computes their last prompt token, whose output is
@@ -296,14 +298,15 @@ class LLMEngine:
         return LLMEngine(self.config, runner=self.runner.restarted())
 
     def step(self) -> list[RequestOutput]:
-        started = time.perf_counter()
-        if self._timed_step is not None:
-            rows, drafts, at = self._timed_step
-            self.speculation.observe_step(rows, drafts, started - at)  # type: ignore[union-attr]
-            self._timed_step = None
         outputs = self._drain_inbox()
         if self._compiling:
             outputs += self._schedule_compiled()
+        if self._in_flight is not None and self._in_flight.draft_counts is not None:
+            # A verifying step left in flight: the caller's work and the inbox's ran beside it on the device; what it
+            # accepts decides what comes next, so it is booked before anything else.
+            outputs += self._postprocess(self._in_flight)
+            self._in_flight = None
+        started = self._observe_timed_step()
         num_drafts = 0
         if self.speculation is not None and self.scheduler.running:
             num_drafts = self.speculation.controller.choose(len(self.scheduler.running), self.scheduler.has_prompt_work)
@@ -326,15 +329,26 @@ class LLMEngine:
                 except Exception:  # noqa: BLE001 - as a launch that raised
                     return outputs + self._recover(scheduled)
             self._advance(launched)
-            if self.config.scheduler.async_scheduling and launched.draft_counts is None:
-                self._in_flight = launched
+            if self.config.scheduler.async_scheduling:
+                self._in_flight = launched  # a verifying one is booked as the next step starts (above)
             else:
-                outputs += self._postprocess(launched)  # a verifying step: what it accepts decides the next
+                outputs += self._postprocess(launched)
             if self.speculation is not None and self.has_unfinished_requests():
                 # Timed until the next step starts; where none is due (the last request ended, a caller such as
                 # LLM.generate returns), the wait for the next request would be counted as this step's cost.
                 self._timed_step = (launched.num_decode_rows, num_drafts, started)
         return outputs
+
+    def _observe_timed_step(self) -> float:
+        """Gives the speculation controller the last step's time, from its start to this one's, which starts once a
+        verifying step in flight is booked (its device work and its booking are its own cost); returns this one's
+        start."""
+        started = time.perf_counter()
+        if self._timed_step is not None:
+            rows, drafts, at = self._timed_step
+            self.speculation.observe_step(rows, drafts, started - at)  # type: ignore[union-attr]
+            self._timed_step = None
+        return started
 
     def _propose_drafts(self, num_drafts: int) -> list[RequestOutput]:
         """Books the step in flight (drafts are proposed from known tokens), then gives the running sequences

@@ -3,7 +3,8 @@ accepted.
 
 A step that verifies drafts is built with every token of its sequences known on the host: the engine
 books the step in flight before it proposes, and books the verifying step before the next is scheduled
-(the accepted count decides what comes next). Steps without drafts stay asynchronous.
+(the accepted count decides what comes next), as the next step starts: the caller's work between steps runs beside
+its device work. Steps without drafts stay asynchronous.
 
 A sequence is offered drafts when it is decoding (its stream has begun and only its last token is to be
 computed) and nothing in its sampling depends on the tokens before each verified position other than

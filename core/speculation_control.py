@@ -6,13 +6,14 @@ The rule. For a step of B running sequences, with B's bucket b (the next power o
 where T(b, k) is the running average (the mean of its first steps, then exponential with weight `time_weight`) of
 the wall time of the engine's decode steps at bucket b that verified up to k drafts per sequence (k = 0: plain
 decode steps, queued asynchronously as without speculation; drafting, the draft verification and the steps' own host
-sync are inside the k > 0 figures), each timed from its start to the next step's start: what the host does between
-steps (a server sends every row's tokens to its front end) runs while the device works on a plain step, and with the
-device idle after a verifying one, so a time that ended with the step would favour verifying steps most where there
-are most rows; and E(k) = 1 + r_0 + ... + r_{k-1} is the expected tokens a decoding sequence gets from such a step,
-where r_i is the running average, per decoding sequence of a step that offered i + 1 or more drafts, of the drafts
-accepted at position i: it folds in how many sequences can take drafts (not the penalized or constrained ones), how
-often the proposer has one, and how often the target agrees.
+sync are inside the k > 0 figures), each timed from its start to the next step's start (the engine starts a step
+once the verifying step before it, left in flight, is booked: its wait for its device work and its booking are its
+own): what the host does between steps (a server sends every row's tokens to its front end) runs while the device
+works on the step before, and a time that ended with the step would leave out the wait for a verifying step; and
+E(k) = 1 + r_0 + ... + r_{k-1} is the expected tokens a decoding sequence gets from such a step, where r_i is the
+running average, per decoding sequence of a step that offered i + 1 or more drafts, of the drafts accepted at
+position i: it folds in how many sequences can take drafts (not the penalized or constrained ones), how often the
+proposer has one, and how often the target agrees.
 
 Entering verification costs more than its steps: the first verifying step waits for the device work the step
 before it left in flight (a plain step's, or a prompt's, which is larger), and only then does its own; the

@@ -20,6 +20,7 @@ from core.llm import GenerationOutput
 from core.scheduler import SchedulerOutput
 from core.sequence import Sequence
 from core.tiny_model import build_tiny_model, has_architecture
+from gpu.batch import Batch
 from tests.parity.test_parity_cpu import record_schedules
 from tests.tiny_specs import FAMILY_SPECS, TINY_SPECS
 
@@ -328,6 +329,112 @@ def test_the_controller_times_a_step_until_the_next_one_starts(model_dir: Path) 
     engine.wait_for_work(timeout=0.05)
     engine.step()
     assert len(observed) == num_observed
+
+
+def record_verifying_waits(engine: LLMEngine, events: list[str]) -> None:
+    """Appends to `events` each verifying step's launch and each wait for its result, and each draining of the
+    inbox and scheduling."""
+    launch, drain, schedule = engine.runner.launch, engine._drain_inbox, engine.scheduler.schedule
+
+    def recording_launch(batch: Batch) -> object:
+        pending = launch(batch)
+        if batch.num_draft_tokens is not None:
+            events.append("launch verifying")
+            result = pending.result
+
+            def recording_result() -> object:
+                events.append("wait verifying")
+                return result()
+
+            pending.result = recording_result
+        return pending
+
+    def recording_drain() -> list:
+        events.append("drain")
+        return drain()
+
+    def recording_schedule() -> SchedulerOutput:
+        events.append("schedule")
+        return schedule()
+
+    engine.runner.launch = recording_launch  # type: ignore[method-assign]
+    engine._drain_inbox = recording_drain  # type: ignore[method-assign]
+    engine.scheduler.schedule = recording_schedule  # type: ignore[method-assign]
+
+
+def test_a_verifying_step_is_waited_for_by_the_next_step_after_its_inbox(model_dir: Path) -> None:
+    """A verifying step is left in flight as a plain one is: the caller's work on the outputs and the next step's
+    inbox run beside its device work, and the next step waits for it before it schedules (what it accepts decides
+    what comes next), once per step."""
+    engine = speculating_llm(model_dir).engine
+    events: list[str] = []
+    record_verifying_waits(engine, events)
+    engine.add_request("a", REPEATING[2], SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+        events.append("return")
+    first = events.index("launch verifying")
+    assert events[first : first + 5] == ["launch verifying", "return", "drain", "wait verifying", "schedule"]
+    assert events.count("wait verifying") == events.count("launch verifying") > 3
+
+
+def test_a_verifying_step_is_timed_with_its_wait_and_booking(model_dir: Path) -> None:
+    """The controller is given a verifying step's time up to its booking, made in the next step: a slow wait for its
+    result is its own cost, not that of the step after it."""
+    engine = speculating_llm(model_dir).engine
+    speculation = engine.speculation
+    assert speculation is not None
+    observed = recorded_step_times(speculation)  # one per launched step
+    verifies: list[bool] = []  # per launched step
+    launch = engine.runner.launch
+
+    def slow_verifying_launch(batch: Batch) -> object:
+        pending = launch(batch)
+        verifies.append(batch.num_draft_tokens is not None)
+        if verifies[-1]:
+            result = pending.result
+
+            def slow_result() -> object:
+                time.sleep(0.02)
+                return result()
+
+            pending.result = slow_result
+        return pending
+
+    engine.runner.launch = slow_verifying_launch  # type: ignore[method-assign]
+    engine.add_request("a", REPEATING[2], SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True))
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert len(observed) == len(verifies)
+    verifying = [seconds for seconds, verified in zip(observed, verifies, strict=True) if verified]
+    others = [seconds for seconds, verified in zip(observed, verifies, strict=True) if not verified]
+    assert len(verifying) > 3 and others and min(verifying) >= 0.02 and max(others) < 0.02
+
+
+def test_an_abort_while_a_verifying_step_runs(plain_llm: LLM, model_dir: Path) -> None:
+    """A request aborted while its verifying step is in flight ends there (the step's tokens for it are dropped, as
+    a plain step's), its blocks are freed, and the others go on as without drafts."""
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    engine = speculating_llm(model_dir).engine
+    events: list[str] = []
+    record_verifying_waits(engine, events)
+    engine.add_request("a", REPEATING[0], params)
+    engine.add_request("b", REPEATING[2], params)
+    outputs: dict[str, list] = {"a": [], "b": []}
+    while "launch verifying" not in events:
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+    engine.abort_request("a")
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs[out.request_id].append(out)
+    assert outputs["a"][-1].finish_reason is FinishReason.ABORT and not outputs["a"][-1].new_token_ids
+    num_a_tokens = sum(len(out.new_token_ids) for out in outputs["a"])
+    assert num_a_tokens < 30
+    want = plain_llm.generate([REPEATING[2]], params)[0].token_ids
+    assert [t for out in outputs["b"] for t in out.new_token_ids] == want
+    stats = engine.stats()
+    assert stats.num_used_blocks == 0 and stats.num_free_blocks + stats.num_evictable_blocks == stats.num_total_blocks
 
 
 def test_the_wait_after_the_last_request_is_no_step_cost(model_dir: Path) -> None:
