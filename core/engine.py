@@ -25,8 +25,8 @@ row fails, or steps keep failing) is raised: the engine is broken, and its owner
 Speculative decoding (core/speculation.py): a step whose controller asks for drafts books the step in flight
 first (drafts are proposed from known tokens); its rows verify their drafts, each sampled at every verified position.
 It is left in flight as any step is, and the next step books it once it has drained the inbox, before anything else
-(what it accepts decides what comes next): the caller's work on the outputs and the inbox's run beside its device
-work, and each step still waits for the device once.
+(what it accepts decides what comes next): the caller's work on the outputs and the draining of the inbox run beside
+its device work, and each step still waits for the device once.
 
 Pooling models (embeddings, scores: core/pooling_model.py) run the same loop: their requests are
 prefill-only sequences, finished by the step that computes their last prompt token, whose output is
@@ -302,8 +302,8 @@ class LLMEngine:
         if self._compiling:
             outputs += self._schedule_compiled()
         if self._in_flight is not None and self._in_flight.draft_counts is not None:
-            # A verifying step left in flight: the caller's work and the inbox's ran beside it on the device; what it
-            # accepts decides what comes next, so it is booked before anything else.
+            # A verifying step left in flight: the caller's work and the draining of the inbox ran beside its device
+            # work; what it accepts decides what comes next, so it is booked before anything else.
             outputs += self._postprocess(self._in_flight)
             self._in_flight = None
         started = self._observe_timed_step()
