@@ -313,6 +313,23 @@ def test_int4_row_gemv_equals_the_dequantized_product(int_kernel: ModuleType, ro
     _close(direct, x.float() @ groups.dequantize().T)
 
 
+@pytest.mark.parametrize("x_scale", [1.0, 1e-3, 1e3])
+def test_int4_row_gemv_takes_bf16_x_as_float16_pairs(row_gemv: ModuleType, x_scale: float) -> None:
+    """bfloat16 x (converted to float16 pairs in the kernel: its products are float16) of small, unit and large
+    magnitudes with zero points per group, into float32 outputs: within float16's rounding of the exact product, the
+    sums of 16 products a chunk rounded to float16 too, relative to the largest output."""
+    g = torch.Generator().manual_seed(int(x_scale * 1000))
+    n, k = 64, 512
+    groups = _int_groups(4, 64, "zeros", n, k, g)
+    stored = to_kernel_form(groups, torch.bfloat16)
+    x = (torch.randn(1, k, generator=g) * x_scale).bfloat16()
+    assert row_gemv.takes_row_gemv(stored, x)
+    y = torch.zeros(1, n)
+    row_gemv.int4_row_gemv(x, stored, None, y, row_gemv.GemvTiles(1, 4, 256, 2), False)
+    reference = x.float() @ stored.int_groups().dequantize().T  # its bf16 scales
+    assert ((y - reference).abs().max() / reference.abs().max()).item() < 1.5e-3  # an x half a bf16 ulp off: 2e-3
+
+
 def test_row_gemv_leaves_act_order_and_two_rows_to_the_other_kernels(int_kernel: ModuleType,
                                                                      row_gemv: ModuleType) -> None:
     """Act order (x gathered) and 8-bit levels are not the row GEMV's: int_gemm's rule sends one row of them to the
