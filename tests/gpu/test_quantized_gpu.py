@@ -223,7 +223,7 @@ def test_int4_row_gemv_over_float16s_range(dtype: torch.dtype) -> None:
     x[0, ::997] = torch.linspace(-6e4, 6e4, x[0, ::997].numel(), device="cuda")
     x = x.to(dtype)
     assert takes_row_gemv(stored, x)
-    y = torch.empty(1, n, device="cuda", dtype=dtype)
+    y = torch.empty(1, n, device="cuda")  # float32: the outliers' products pass float16's range summed over K
     int4_row_gemv(x, stored, None, y, gemv_tiles(1, k, "int4"), False)
     assert y.isfinite().all()
     _close(y, x.float() @ stored.int_groups().dequantize().T)
