@@ -48,9 +48,10 @@ def _group_values(ptr, rows_offset, chunk_cols, num_groups, GROUP: tl.constexpr)
     """A per-group tensor's values in float32, [1, BLOCK_N, C] a chunk (groups of a chunk or wider), else
     [4, BLOCK_N, C] a word (groups past the last, which multiply x's zeros, read the last)."""
     if GROUP >= 32:
-        ids = chunk_cols // GROUP
+        cols = chunk_cols
     else:
-        ids = (chunk_cols + tl.arange(0, 4)[:, None, None] * 8) // GROUP
+        cols = chunk_cols + tl.arange(0, 4)[:, None, None] * 8
+    ids = (cols.to(tl.uint32) // GROUP).to(tl.int32)  # columns are never negative: a shift
     return tl.load(ptr + rows_offset + tl.minimum(ids, num_groups - 1)).to(tl.float32)
 
 
@@ -110,8 +111,9 @@ def _zero_constants(z_ptr, rows_offset, chunk_cols, num_groups, GROUP: tl.conste
                     ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr):
     """-(1024 + zero) / 256 and -(64 + zero) / 256 in both halves of a float16 pair: nibbles_less_zero's."""
     if HAS_ZEROS:
-        zeros = _group_values(z_ptr, rows_offset, chunk_cols, num_groups, GROUP) / LEVEL_SCALE
-        return f16x2_splat(-4.0 - zeros), f16x2_splat(-0.25 - zeros)
+        zero_low = f16x2_splat(-4.0 - _group_values(z_ptr, rows_offset, chunk_cols, num_groups, GROUP) / LEVEL_SCALE)
+        ones, low_to_high = tl.full((1, 1, 1), 0x3C003C00, tl.int32), tl.full((1, 1, 1), 0x43804380, tl.int32)
+        return zero_low, f16x2_fma(zero_low, ones, low_to_high)  # + 3.75, exactly: one packed instruction
     else:
         return tl.full((1, 1, 1), ZERO_LOW, tl.int32), tl.full((1, 1, 1), ZERO_HIGH, tl.int32)
 
@@ -145,16 +147,16 @@ def _int4_row_gemv_kernel(
     sums = tl.full((4 if BY_WORD else 1, BLOCK_N, C), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
         if EVEN_K:
-            x_pairs = tl.load(x_pairs_ptr + k // 2 + pair_ids)
+            x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids)
         else:
-            x_pairs = tl.load(x_pairs_ptr + k // 2 + pair_ids, mask=k + pair_ids * 2 < K, other=0)
+            x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids, mask=k + pair_ids * 2 < K, other=0)
         if X_IS_BF16:
             x_pairs = f16x2_of_bf16x2(x_pairs)
         if EVEN_K:  # the last tile's next re-reads it: a load without a mask, nothing to zero
-            next_start = tl.multiple_of(tl.minimum(k + BLOCK_K, K - BLOCK_K) // 8, 4)  # a whole tile's words
+            next_start = tl.multiple_of(tl.minimum(k + BLOCK_K, K - BLOCK_K) >> 3, 4)  # a whole tile's words
             next_words = tl.load(q_rows + word_ids + next_start)
         else:
-            next_ids = word_ids + (k + BLOCK_K) // 8
+            next_ids = word_ids + ((k + BLOCK_K) >> 3)
             next_words = tl.load(q_rows + next_ids, mask=next_ids < num_words, other=0)
         chunk_cols = k + tl.arange(0, C)[None, None, :] * 32
         zero_low, zero_high = _zero_constants(z_ptr, rows_offset, chunk_cols, num_groups, GROUP, HAS_ZEROS,
