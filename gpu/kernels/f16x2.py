@@ -2,8 +2,10 @@
 which Hopper multiplies and adds in one instruction (HFMA2) where Triton, having no packed type, would issue one per
 value. Compiled, each helper is a few lines of PTX; Triton's interpreter cannot run PTX, so under it each helper's
 twin computes the same bits from integer and float operations (float16 results rounded once, as the PTX rounds
-them: a float64 product of two float16 values is exact). tests/unit/test_f16x2_twins.py checks the twins against a
-model of the PTX instructions; tests/gpu/test_quantized_gpu.py checks PTX and twins against each other on a GPU.
+them: a float64 product of two float16 values is exact). Two helpers take bfloat16 pairs alike (IS_BF16), a largest
+magnitude and a product, with which a kernel scales x by a power of two into float16's range.
+tests/unit/test_f16x2_interpreted.py checks the twins against a model of the PTX instructions;
+tests/gpu/test_quantized_gpu.py checks PTX and twins against each other on a GPU.
 """
 
 import triton
@@ -16,6 +18,7 @@ from gpu.kernels.triton_math import IS_INTERPRETED
 MAGIC_1024: tl.constexpr = tl.constexpr(0x64006400)
 LOW_LEVELS: tl.constexpr = tl.constexpr(0x000F000F)  # the levels at bits 0-3 of each half
 HIGH_LEVELS: tl.constexpr = tl.constexpr(0x00F000F0)  # the levels at bits 4-7 of each half
+SIGN_BITS: tl.constexpr = tl.constexpr(-0x7FFF8000)  # 0x80008000 as an int32: each half's sign
 
 
 @triton.jit
@@ -51,6 +54,63 @@ def f16x2_of_bf16x2(v):
         return tl.inline_asm_elementwise(
             "{ .reg .b32 lo, hi; shl.b32 lo, $1, 16; and.b32 hi, $1, 0xFFFF0000; cvt.rn.f16x2.f32 $0, hi, lo; }",
             "=r,r", [v], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def abs_max_x2_twin(a, b):
+    low = tl.maximum(a & 0x7FFF, b & 0x7FFF)
+    high = tl.maximum((a >> 16) & 0x7FFF, (b >> 16) & 0x7FFF)
+    return low | (high << 16) | ((a ^ b) & SIGN_BITS)
+
+
+@triton.jit
+def abs_max_x2(a, b, IS_BF16: tl.constexpr):
+    """The larger magnitude of each half of 16-bit float pairs `a` and `b` (bfloat16 where IS_BF16, else float16),
+    signed by the xor of theirs (max.xorsign.abs: one instruction a pair; a sign to mask off at the end)."""
+    if IS_INTERPRETED:
+        return abs_max_x2_twin(a, b)
+    else:
+        return tl.inline_asm_elementwise(
+            "max.xorsign.abs.bf16x2 $0, $1, $2;" if IS_BF16 else "max.xorsign.abs.f16x2 $0, $1, $2;", "=r,r,r",
+            [a, b], dtype=tl.int32, is_pure=True, pack=1)
+
+
+@triton.jit
+def _bf16_halves_as_float(v):
+    """The low and high bfloat16 halves of int32 `v`, in float32 (exact)."""
+    return (v << 16).to(tl.float32, bitcast=True), (v & -65536).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _packed_bf16(low, high):
+    """float32 `low` and `high` rounded to nearest even bfloat16 and packed, low half first."""
+    low_bits, high_bits = low.to(tl.int32, bitcast=True), high.to(tl.int32, bitcast=True)
+    low_bits = ((low_bits + 0x7FFF + ((low_bits >> 16) & 1)) >> 16) & 0xFFFF
+    high_bits = (high_bits + 0x7FFF + ((high_bits >> 16) & 1)) & -65536
+    return low_bits | high_bits
+
+
+@triton.jit
+def mul_x2_twin(a, b, IS_BF16: tl.constexpr):
+    if IS_BF16:
+        a_low, a_high = _bf16_halves_as_float(a)
+        b_low, b_high = _bf16_halves_as_float(b)
+        return _packed_bf16(a_low * b_low, a_high * b_high)  # exact in float32 where it is normal: rounded once
+    else:
+        a_low, a_high = _halves_as_float(a)
+        b_low, b_high = _halves_as_float(b)
+        return _packed(a_low.to(tl.float64) * b_low.to(tl.float64), a_high.to(tl.float64) * b_high.to(tl.float64))
+
+
+@triton.jit
+def mul_x2(a, b, IS_BF16: tl.constexpr):
+    """a * b in each half of 16-bit float pairs (bfloat16 where IS_BF16, else float16), rounded once."""
+    if IS_INTERPRETED:
+        return mul_x2_twin(a, b, IS_BF16)
+    else:
+        return tl.inline_asm_elementwise(
+            "mul.rn.bf16x2 $0, $1, $2;" if IS_BF16 else "mul.rn.f16x2 $0, $1, $2;", "=r,r,r", [a, b],
+            dtype=tl.int32, is_pure=True, pack=1)
 
 
 @triton.jit

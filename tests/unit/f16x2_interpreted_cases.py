@@ -87,3 +87,43 @@ def test_nibbles_less_zero_are_exact(zero: float) -> None:
     for j in range(4):
         expected = ((levels[:, 2 * j : 2 * j + 2] - zero) / 256).astype(np.float16)
         assert (out[4 + j] == _packed(expected)).all(), j
+
+
+@triton.jit
+def _pair_ops_kernel(a_ptr, b_ptr, out_ptr, IS_BF16: tl.constexpr, BLOCK: tl.constexpr):
+    """abs_max_x2 and mul_x2 on a block of pairs of x's type: out rows max, product."""
+    offs = tl.arange(0, BLOCK)
+    a, b = tl.load(a_ptr + offs), tl.load(b_ptr + offs)
+    tl.store(out_ptr + offs, f16x2.abs_max_x2(a, b, IS_BF16))
+    tl.store(out_ptr + BLOCK + offs, f16x2.mul_x2(a, b, IS_BF16))
+
+
+def _as_float(bits: np.ndarray, is_bf16: bool) -> np.ndarray:
+    """int32 [n] of 16-bit float pairs -> float64 [n, 2] (low half first), exactly."""
+    halves = bits.view(np.uint16).astype(np.uint32).reshape(-1, 2)
+    return (halves << 16).view(np.float32).astype(np.float64) if is_bf16 else _halves(bits).astype(np.float64)
+
+
+def _of_float(values: np.ndarray, is_bf16: bool) -> np.ndarray:
+    """float64 [n, 2] -> int32 [n] of pairs, each rounded to nearest even once (torch's bfloat16 rounding)."""
+    if not is_bf16:
+        return _packed(values)
+    return torch.from_numpy(values.reshape(-1)).to(torch.bfloat16).view(torch.int16).numpy().view(np.int32)
+
+
+@pytest.mark.parametrize("is_bf16", [True, False])
+def test_pair_max_and_product_as_the_ptx(is_bf16: bool) -> None:
+    """max.xorsign.abs (the larger magnitude, signed by the xor of the signs) and mul.rn on pairs of every magnitude
+    of bfloat16 or float16; the products by powers of two as the kernels scale x by them, exact where normal."""
+    rng = np.random.default_rng(int(is_bf16))
+    span = (-60, 60) if is_bf16 else (-12, 12)
+    values = [rng.standard_normal((SIZE, 2)) * np.exp2(rng.integers(*span, (SIZE, 2))) for _ in range(2)]
+    values[1][SIZE // 2 :] = np.sign(values[1][SIZE // 2 :]) * np.exp2(rng.integers(*span, (SIZE // 2, 2)))
+    a, b = (_of_float(v, is_bf16) for v in values)
+    out = torch.zeros(2 * SIZE, dtype=torch.int32)
+    _pair_ops_kernel[(1,)](torch.from_numpy(a), torch.from_numpy(b), out, IS_BF16=is_bf16, BLOCK=SIZE)
+    out = out.numpy().reshape(2, SIZE)
+    a_float, b_float = _as_float(a, is_bf16), _as_float(b, is_bf16)
+    sign = np.where(np.signbit(a_float) ^ np.signbit(b_float), -1.0, 1.0)
+    assert (out[0] == _of_float(sign * np.maximum(np.abs(a_float), np.abs(b_float)), is_bf16)).all()
+    assert (out[1] == _of_float(a_float * b_float, is_bf16)).all()  # float64 products of 16-bit floats are exact
