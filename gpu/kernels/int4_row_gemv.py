@@ -4,20 +4,23 @@ multiplies.
 
 The weights stay in their stored layout (int32 [N, K / 8], a word's 8 columns in pairs in its two 16-bit halves).
 Each thread reads 16 bytes of a weight row at a time (4 words, 32 consecutive columns: a 128-bit load) for each of
-its rows, and once the 32 columns of x they multiply (four 16-byte loads of pairs of columns, bf16 pairs converted to
-float16 pairs once for all its rows). Tiles are [4 words, BLOCK_N rows, C chunks of 32 columns], the 4 words of a
-chunk on the leading axis so that a thread's words and x's [4, 1, C, 4] pairs fall to the same thread (no tile
-crosses threads in the loop: no shared memory, no barrier).
+its rows, and once the 32 columns of x they multiply (four 16-byte loads of pairs of columns, made float16 pairs once
+for all its rows). Tiles are [4 words, BLOCK_N rows, C chunks of 32 columns], the 4 words of a chunk on the leading
+axis so that a thread's words and x's [4, 1, C, 4] pairs fall to the same thread (no tile crosses threads in the
+loop: no shared memory, no barrier).
 
 The arithmetic is packed float16, two columns an instruction (gpu/kernels/f16x2.py), since one float32 multiply-add
 per weight after unpacking it would issue more instructions than the memory delivers weights: a word's 8 levels
 become 4 pairs of (level - z) / 256 in 1 shift, 4 masks into 1024's bits and 4 multiply-adds (exact for integer zero
 points z), then 4 packed multiply-adds with x's pairs add them into a float16 pair of sums through the chunk's 4
 words. Once a chunk, the pair's two sums become float32 and the chunk's scale s multiplies them into float32 sums
-(each word's, for groups narrower than a chunk); with offsets o, o sum_k x_k joins them. The 1 / 256 keeps a chunk's
-sums within float16's range for any float16 x (a bf16 x past it, 65504, becomes infinite); the products round to
-float16 (a relative 2^-11, below the bf16 output's rounding), their sums over the chunk too. The rows reduce across
-threads once, after the loop. No split-K: narrow column blocks make programs enough.
+(each word's, for groups narrower than a chunk); with offsets o, o sum_k x_k joins them. Float16 cannot hold every
+x (a bf16 x past 65504, or one whose products fall below float16's normal range), so each chunk of x is first
+multiplied by the power of two that brings its largest magnitude into [2^14, 2^15), exactly, and the chunk's float32
+sums by its inverse: a chunk's values down to 2^-28 of its largest stay exact in float16, its products are normal
+down to 2^-20 of it, and with the 1 / 256 its sums stay below 2^15. The products round to float16 (a relative
+2^-11, below the bf16 output's rounding), their sums over the chunk too. The rows reduce across threads
+once, after the loop. No split-K: narrow column blocks make programs enough.
 
 The next weight tile is loaded before the current one is used, and the first before waiting on the kernel that
 writes x (programmatic dependent launch, gpu/kernels/pdl.py): weights never depend on it. Rows past N re-read the
@@ -30,7 +33,15 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.f16x2 import f16x2_fma, f16x2_of_bf16x2, f16x2_splat, f16x2_sum, nibbles_less_zero
+from gpu.kernels.f16x2 import (
+    abs_max_x2,
+    f16x2_fma,
+    f16x2_of_bf16x2,
+    f16x2_splat,
+    f16x2_sum,
+    mul_x2,
+    nibbles_less_zero,
+)
 from gpu.kernels.quant_gemm_configs import GemvTiles
 from gpu.kernels.quant_gemv import pointer_or
 from gpu.kernels.triton_math import add
@@ -63,6 +74,39 @@ def _pairs_of_x(x_pairs, C: tl.constexpr):
     x_0, x_2 = tl.split(x_low)
     x_1, x_3 = tl.split(x_high)
     return x_0, x_1, x_2, x_3
+
+
+@triton.jit
+def _chunk_powers_of_two(x_pairs, C: tl.constexpr, IS_BF16: tl.constexpr):
+    """For each chunk of x_pairs [4, 1, C, 4] (16-bit float pairs, bfloat16 where IS_BF16), 2^(14 - e) in both
+    halves of a pair of x's type and 2^(e - 14) in float32, [1, 1, C] each, e the exponent of the chunk's largest
+    magnitude: the first brings that magnitude into [2^14, 2^15) exactly, the second undoes it. Chunks of values
+    too small for a power of two of x's type to reach that range are scaled by the largest it has (or, in bfloat16,
+    the largest whose inverse is a normal float32)."""
+    x_0, x_1, x_2, x_3 = _pairs_of_x(x_pairs, C)
+    by_word = abs_max_x2(abs_max_x2(x_0, x_1, IS_BF16), abs_max_x2(x_2, x_3, IS_BF16), IS_BF16)  # [4, 1, C]
+    word_0, word_1, word_2, word_3 = _words_apart(by_word, 1, C)
+    largest = abs_max_x2(abs_max_x2(word_0, word_1, IS_BF16), abs_max_x2(word_2, word_3, IS_BF16), IS_BF16)
+    SHIFT: tl.constexpr = 7 if IS_BF16 else 10  # the exponent's lowest bit in a half
+    BIAS: tl.constexpr = 127 if IS_BF16 else 15
+    MASK: tl.constexpr = 2 * BIAS + 1
+    exponent = tl.maximum((largest >> SHIFT) & MASK, (largest >> (SHIFT + 16)) & MASK)  # biased, [1, C]
+    exponent = tl.maximum(exponent, max(BIAS - 96, 14))  # 2^(14 - e) below x's largest, 2^(e - 14) normal
+    scale = (2 * BIAS + 14 - exponent) * ((1 << SHIFT) | (1 << (SHIFT + 16)))  # its exponent field in both halves
+    inverse = ((exponent - BIAS - 14 + 127) << 23).to(tl.float32, bitcast=True)
+    return scale.reshape(1, 1, C), inverse.reshape(1, 1, C)
+
+
+@triton.jit
+def _f16_x(x_pairs, C: tl.constexpr, IS_BF16: tl.constexpr):
+    """x_pairs [4, 1, C, 4] as float16 pairs, each chunk scaled by a power of two that brings its largest magnitude
+    into [2^14, 2^15) (exact, whatever x's type and magnitude: float16 holds a chunk's values down to 2^-28 of its
+    largest exactly), and the powers that undo it, float32 [1, 1, C]."""
+    scale, inverse = _chunk_powers_of_two(x_pairs, C, IS_BF16)
+    x_pairs = mul_x2(x_pairs, scale.reshape(1, 1, C, 1), IS_BF16)
+    if IS_BF16:
+        x_pairs = f16x2_of_bf16x2(x_pairs)
+    return x_pairs, inverse
 
 
 @triton.jit
@@ -150,8 +194,7 @@ def _int4_row_gemv_kernel(
             x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids)
         else:
             x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids, mask=k + pair_ids * 2 < K, other=0)
-        if X_IS_BF16:
-            x_pairs = f16x2_of_bf16x2(x_pairs)
+        x_pairs, inverse = _f16_x(x_pairs, C, X_IS_BF16)  # [4, 1, C, 4] float16 pairs, [1, 1, C]
         if EVEN_K:  # the last tile's next re-reads it: a load without a mask, nothing to zero
             next_start = tl.multiple_of(tl.minimum(k + BLOCK_K, K - BLOCK_K) >> 3, 4)  # a whole tile's words
             next_words = tl.load(q_rows + word_ids + next_start)
@@ -166,13 +209,13 @@ def _int4_row_gemv_kernel(
         else:
             dots = _chunk_dots(words, x_pairs, zero_low, zero_high, BLOCK_N, C)  # [1, BLOCK_N, C] pairs
         scales = _group_values(s_ptr, rows_offset, chunk_cols, num_groups, GROUP)
-        sums += scales * f16x2_sum(dots)
+        sums += (scales * inverse) * f16x2_sum(dots)
         if HAS_OFFSETS:
             x_sums = tl.reduce(f16x2_sum(x_pairs), 3, add)  # [4, 1, C]
             if not BY_WORD:
                 x_sums = tl.reduce(x_sums, 0, add, keep_dims=True)
             offsets = _group_values(o_ptr, rows_offset, chunk_cols, num_groups, GROUP)
-            sums += offsets * (x_sums / LEVEL_SCALE)
+            sums += offsets * (x_sums * (inverse / LEVEL_SCALE))
         words = next_words
     y = tl.reduce(tl.reduce(sums, 2, add), 0, add) * LEVEL_SCALE  # [BLOCK_N]
     if HAS_BIAS:

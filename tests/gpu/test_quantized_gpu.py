@@ -207,10 +207,13 @@ def test_int4_row_gemv_against_the_reference(group_size: int, kind: str, n: int,
     assert not out[:, :32].any() and not out[:, 32 + n :].any()
 
 
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_int4_row_gemv_over_float16s_range(dtype: torch.dtype) -> None:
-    """The row GEMV's products are float16 (gpu/kernels/f16x2.py): x from a few 10^-4 to 6 * 10^4 (float16's range:
-    outliers as large activations have them, and small values near its subnormals) stays within the tolerance."""
+@pytest.mark.parametrize(("dtype", "x_scale", "outlier"), [
+    (torch.bfloat16, 1e-6, None), (torch.bfloat16, 1.0, 1e5), (torch.bfloat16, 1e-2, 1e30),
+    (torch.float16, 1e-5, None), (torch.float16, 1e-3, 6e4)])
+def test_int4_row_gemv_past_float16s_range(dtype: torch.dtype, x_scale: float, outlier: float | None) -> None:
+    """The row GEMV's products are float16 (gpu/kernels/f16x2.py) of x scaled a chunk at a time into its range: x
+    whose products fall below float16's normal range (bf16 10^-6, float16 10^-5), and outliers past it (bf16 10^5,
+    10^30, as large activations have them) or at its edge, within float16's rounding of the exact product."""
     from gpu.kernels.int4_row_gemv import int4_row_gemv, takes_row_gemv
 
     g = torch.Generator(device="cuda").manual_seed(5)
@@ -219,14 +222,15 @@ def test_int4_row_gemv_over_float16s_range(dtype: torch.dtype) -> None:
     scales = torch.rand(n, k // 128, device="cuda", generator=g) * 0.01 + 1e-3
     zeros = torch.randint(0, 16, scales.shape, device="cuda", generator=g).float()
     stored = to_kernel_form(IntGroups(4, levels, scales, zeros), dtype)
-    x = torch.randn(1, k, device="cuda", generator=g) * 1e-3
-    x[0, ::997] = torch.linspace(-6e4, 6e4, x[0, ::997].numel(), device="cuda")
+    x = torch.randn(1, k, device="cuda", generator=g) * x_scale
+    if outlier is not None:
+        x[0, ::997] = torch.linspace(-outlier, outlier, x[0, ::997].numel(), device="cuda")
     x = x.to(dtype)
     assert takes_row_gemv(stored, x)
     y = torch.empty(1, n, device="cuda")  # float32: the outliers' products pass float16's range summed over K
     int4_row_gemv(x, stored, None, y, gemv_tiles(1, k, "int4"), False)
     assert y.isfinite().all()
-    _close(y, x.float() @ stored.int_groups().dequantize().T)
+    _close(y, (x.double() @ stored.int_groups().dequantize().double().T).float(), 2e-3)
 
 
 def test_f16x2_ptx_equals_its_twins() -> None:
@@ -243,6 +247,27 @@ def test_f16x2_ptx_equals_its_twins() -> None:
     for i, twin in enumerate((False, True)):
         _f16x2_helpers_kernel[(size // 1024,)](a, b, c, v, out[i], size, TWIN=twin, BLOCK=1024)
     assert torch.equal(out[0], out[1])
+    powers = torch.exp2(torch.randint(-40, 40, (2 * size,), device="cuda", generator=g).float())  # as x is scaled
+    for is_bf16, dtype in ((True, torch.bfloat16), (False, torch.float16)):
+        pairs = torch.zeros(2, 2, size, device="cuda", dtype=torch.int32)
+        b = (powers if is_bf16 else powers.clamp(2.0**-12, 2.0**12)).to(dtype).view(torch.int32)
+        for i, twin in enumerate((False, True)):
+            _pair_ops_kernel[(size // 1024,)](halves[1].to(dtype).view(torch.int32), b, pairs[i], size, IS_BF16=is_bf16,
+                                              TWIN=twin, BLOCK=1024)
+        assert torch.equal(pairs[0], pairs[1]), dtype
+
+
+@triton.jit
+def _pair_ops_kernel(a_ptr, b_ptr, out_ptr, size, IS_BF16: tl.constexpr, TWIN: tl.constexpr, BLOCK: tl.constexpr):
+    """abs_max_x2 and mul_x2 (their twins where TWIN) on a block of pairs, into rows of out."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    a, b = tl.load(a_ptr + offs), tl.load(b_ptr + offs)
+    if TWIN:
+        largest, product = f16x2.abs_max_x2_twin(a, b), f16x2.mul_x2_twin(a, b, IS_BF16)
+    else:
+        largest, product = f16x2.abs_max_x2(a, b, IS_BF16), f16x2.mul_x2(a, b, IS_BF16)
+    tl.store(out_ptr + offs, largest)
+    tl.store(out_ptr + size + offs, product)
 
 
 @triton.jit

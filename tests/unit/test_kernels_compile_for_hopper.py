@@ -377,6 +377,7 @@ def test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop(group: i
     assert set(narrow) <= {"b16"}, loads
     assert "bar.sync" not in loop and "shared" not in loop and spilled == 0
     assert loop.count("fma.rn.f16x2") >= 2 * 16 * rows_per_thread  # 16 pairs of columns a row
+    assert loop.count("mul.rn.bf16x2") == 16  # x's 32 columns scaled into float16's range, once for all rows
 
 
 def compiled_sass(kernel: object, pointers: dict[str, str], constexprs: dict[str, object], num_warps: int,
@@ -464,7 +465,8 @@ def test_skinny_gemm_one_row_loops_stay_in_registers(launch: Launch) -> None:
 
 ROW_GEMV_TABLE_TILES = sorted({(n, k, tiles) for (kind, rows, n, k), tiles in quant_gemm_configs.TABLES["H100"].items()
                                if (kind, rows) == ("int4", 1)}, key=repr)
-MAX_INSTRUCTIONS_PER_WEIGHT = 2.75  # SASS, per thread, in the loop at the H100 table's tiles
+# SASS, per thread, in the loop at the H100 table's tiles, x's scaling into float16's range included
+MAX_INSTRUCTIONS_PER_WEIGHT = {"symmetric": 2.8, "zeros": 3.1}
 
 
 def row_gemv_loop(kind: str, t: GemvTiles) -> tuple[list[str], int]:
@@ -490,7 +492,7 @@ def test_row_gemv_issues_few_instructions_per_weight(n: int, k: int, t: GemvTile
     loop, spilled = row_gemv_loop(kind, t)
     assert not [line for line in loop if SHARED_OR_SPILL.search(line)] and spilled == 0, loop
     per_weight = len(loop) / row_gemv_weights_per_thread(t)
-    assert per_weight <= MAX_INSTRUCTIONS_PER_WEIGHT, (n, k, per_weight)
+    assert per_weight <= MAX_INSTRUCTIONS_PER_WEIGHT[kind], (n, k, per_weight)
 
 
 if __name__ == "__main__":  # python -m tests.unit.test_kernels_compile_for_hopper: the counts the bound above holds
