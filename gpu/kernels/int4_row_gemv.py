@@ -4,15 +4,23 @@ multiplies.
 
 The weights stay in their stored layout (int32 [N, K / 8], a word's 8 columns in pairs in its two 16-bit halves).
 Each thread reads 16 bytes of a weight row at a time (4 words, 32 consecutive columns: a 128-bit load) for each of
-its rows, and once the 32 columns of x they multiply (four 16-byte loads, converted once for all its rows). Tiles are
-[4 words, BLOCK_N rows, C chunks of 32 columns], the 4 words of a chunk on the leading axis so that a thread's words
-and x's [4, 1, C, 8] columns fall to the same thread (no tile crosses threads in the loop: no shared memory, no
-barrier); x's 8 columns of a word split into 8 tensors in registers, one per level of the word. A level becomes a
-float with no conversion instruction: shifted to bits 19-22 and ORed into 1.0's bits it is v = 1 + level / 16,
-exactly. Per group of columns, with scale s, zero point z and offset o, sum_k w_k x_k = 16 s sum_k v_k x_k -
-(s (16 + z) - o) sum_k x_k: a multiply-add per weight into float32 sums of each chunk (each word, for groups narrower
-than a chunk), on which the scales act once a chunk; the rows reduce across threads once, after the loop. No split-K:
-narrow column blocks make programs enough.
+its rows, and once the 32 columns of x they multiply (four 16-byte loads of pairs of columns, made float16 pairs once
+for all its rows). Tiles are [4 words, BLOCK_N rows, C chunks of 32 columns], the 4 words of a chunk on the leading
+axis so that a thread's words and x's [4, 1, C, 4] pairs fall to the same thread (no tile crosses threads in the
+loop: no shared memory, no barrier).
+
+The arithmetic is packed float16, two columns an instruction (gpu/kernels/f16x2.py), since one float32 multiply-add
+per weight after unpacking it would issue more instructions than the memory delivers weights: a word's 8 levels
+become 4 pairs of (level - z) / 256 in 1 shift, 4 masks into 1024's bits and 4 multiply-adds (exact for integer zero
+points z), then 4 packed multiply-adds with x's pairs add them into a float16 pair of sums through the chunk's 4
+words. Once a chunk, the pair's two sums become float32 and the chunk's scale s multiplies them into float32 sums
+(each word's, for groups narrower than a chunk); with offsets o, o sum_k x_k joins them. Float16 cannot hold every
+x (a bf16 x past 65504, or one whose products fall below float16's normal range), so each chunk of x is first
+multiplied by the power of two that brings its largest magnitude into [2^14, 2^15), exactly, and the chunk's float32
+sums by its inverse: a chunk's values down to 2^-28 of its largest stay exact in float16, its products are normal
+down to 2^-20 of it, and with the 1 / 256 its sums stay below 2^15. The products round to float16 (a relative
+2^-11, below the bf16 output's rounding), their sums over the chunk too. The rows reduce across threads
+once, after the loop. No split-K: narrow column blocks make programs enough.
 
 The next weight tile is loaded before the current one is used, and the first before waiting on the kernel that
 writes x (programmatic dependent launch, gpu/kernels/pdl.py): weights never depend on it. Rows past N re-read the
@@ -25,6 +33,15 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.kernels.f16x2 import (
+    abs_max_x2,
+    f16x2_fma,
+    f16x2_of_bf16x2,
+    f16x2_splat,
+    f16x2_sum,
+    mul_x2,
+    nibbles_less_zero,
+)
 from gpu.kernels.quant_gemm_configs import GemvTiles
 from gpu.kernels.quant_gemv import pointer_or
 from gpu.kernels.triton_math import add
@@ -34,9 +51,7 @@ if TYPE_CHECKING:
 
 CHUNK = 32  # columns a thread's 16-byte load holds
 MIN_GROUP = 8  # a group spans whole words: narrower groups take gpu/kernels/quant_gemv.py
-# 1.0's bits, passed as an argument: the instruction that masks a level and ORs them in (LOP3) holds one immediate,
-# and an argument sits in the constant bank, so no register is spent on a second constant in the loop
-ONE_BITS = 0x3F800000
+LEVEL_SCALE: tl.constexpr = tl.constexpr(256.0)  # levels less their zero point are divided by it in float16
 
 
 @triton.jit
@@ -44,69 +59,128 @@ def _group_values(ptr, rows_offset, chunk_cols, num_groups, GROUP: tl.constexpr)
     """A per-group tensor's values in float32, [1, BLOCK_N, C] a chunk (groups of a chunk or wider), else
     [4, BLOCK_N, C] a word (groups past the last, which multiply x's zeros, read the last)."""
     if GROUP >= 32:
-        ids = chunk_cols // GROUP
+        cols = chunk_cols
     else:
-        ids = (chunk_cols + tl.arange(0, 4)[:, None, None] * 8) // GROUP
+        cols = chunk_cols + tl.arange(0, 4)[:, None, None] * 8
+    ids = (cols.to(tl.uint32) // GROUP).to(tl.int32)  # columns are never negative: a shift
     return tl.load(ptr + rows_offset + tl.minimum(ids, num_groups - 1)).to(tl.float32)
 
 
 @triton.jit
-def _unit_float(words, one_bits, BIT: tl.constexpr):
-    """The level at bit BIT of each word as the float32 1 + level / 16: moved to bits 19-22, the top of 1.0's
-    mantissa (no conversion instruction)."""
-    if BIT >= 19:
-        moved = words >> (BIT - 19)
+def _pairs_of_x(x_pairs, C: tl.constexpr):
+    """x_pairs [4, 1, C, 4] (word, pair) split into its pairs, [4, 1, C] each: pair j is columns 2j, 2j + 1 of a
+    word, a split within each thread's registers."""
+    x_low, x_high = tl.split(x_pairs.reshape(4, 1, C, 2, 2))  # [4, 1, C, 2]: pairs 0 and 2, pairs 1 and 3
+    x_0, x_2 = tl.split(x_low)
+    x_1, x_3 = tl.split(x_high)
+    return x_0, x_1, x_2, x_3
+
+
+@triton.jit
+def _chunk_powers_of_two(x_pairs, C: tl.constexpr, IS_BF16: tl.constexpr):
+    """For each chunk of x_pairs [4, 1, C, 4] (16-bit float pairs, bfloat16 where IS_BF16), 2^(14 - e) in both
+    halves of a pair of x's type and 2^(e - 14) in float32, [1, 1, C] each, e the exponent of the chunk's largest
+    magnitude: the first brings that magnitude into [2^14, 2^15) exactly, the second undoes it. Chunks of values
+    too small for a power of two of x's type to reach that range are scaled by the largest it has (or, in bfloat16,
+    the largest whose inverse is a normal float32)."""
+    x_0, x_1, x_2, x_3 = _pairs_of_x(x_pairs, C)
+    by_word = abs_max_x2(abs_max_x2(x_0, x_1, IS_BF16), abs_max_x2(x_2, x_3, IS_BF16), IS_BF16)  # [4, 1, C]
+    word_0, word_1, word_2, word_3 = _words_apart(by_word, 1, C)
+    largest = abs_max_x2(abs_max_x2(word_0, word_1, IS_BF16), abs_max_x2(word_2, word_3, IS_BF16), IS_BF16)
+    SHIFT: tl.constexpr = 7 if IS_BF16 else 10  # the exponent's lowest bit in a half
+    BIAS: tl.constexpr = 127 if IS_BF16 else 15
+    MASK: tl.constexpr = 2 * BIAS + 1
+    exponent = tl.maximum((largest >> SHIFT) & MASK, (largest >> (SHIFT + 16)) & MASK)  # biased, [1, C]
+    exponent = tl.maximum(exponent, max(BIAS - 96, 14))  # 2^(14 - e) below x's largest, 2^(e - 14) normal
+    scale = (2 * BIAS + 14 - exponent) * ((1 << SHIFT) | (1 << (SHIFT + 16)))  # its exponent field in both halves
+    inverse = ((exponent - BIAS - 14 + 127) << 23).to(tl.float32, bitcast=True)
+    return scale.reshape(1, 1, C), inverse.reshape(1, 1, C)
+
+
+@triton.jit
+def _f16_x(x_pairs, C: tl.constexpr, IS_BF16: tl.constexpr):
+    """x_pairs [4, 1, C, 4] as float16 pairs, each chunk scaled by a power of two that brings its largest magnitude
+    into [2^14, 2^15) (exact, whatever x's type and magnitude: float16 holds a chunk's values down to 2^-28 of its
+    largest exactly), and the powers that undo it, float32 [1, 1, C]."""
+    scale, inverse = _chunk_powers_of_two(x_pairs, C, IS_BF16)
+    x_pairs = mul_x2(x_pairs, scale.reshape(1, 1, C, 1), IS_BF16)
+    if IS_BF16:
+        x_pairs = f16x2_of_bf16x2(x_pairs)
+    return x_pairs, inverse
+
+
+@triton.jit
+def _word_dots(words, x_pairs, zero_low, zero_high, C: tl.constexpr):
+    """sum over each word's 8 columns of (level - zero) / 256 * x, a float16 sum per half of a pair, [4, BLOCK_N, C]:
+    one packed multiply-add (two products) per pair of columns."""
+    x_0, x_1, x_2, x_3 = _pairs_of_x(x_pairs, C)
+    pair_0, pair_1, pair_2, pair_3 = nibbles_less_zero(words, zero_low, zero_high)
+    dots = f16x2_fma(pair_0, x_0, tl.full(pair_0.shape, 0, tl.int32))
+    return f16x2_fma(pair_3, x_3, f16x2_fma(pair_2, x_2, f16x2_fma(pair_1, x_1, dots)))
+
+
+@triton.jit
+def _words_apart(t, A: tl.constexpr, C: tl.constexpr):
+    """[4, A, C] -> its 4 words, [A, C] each (a split within each thread's registers)."""
+    even, odd = tl.split(tl.permute(t, (1, 2, 0)).reshape(A, C, 2, 2))  # [A, C, 2]: words 0 and 2, words 1 and 3
+    word_0, word_2 = tl.split(even)
+    word_1, word_3 = tl.split(odd)
+    return word_0, word_1, word_2, word_3
+
+
+@triton.jit
+def _add_word_products(dots, pairs, x, A: tl.constexpr, C: tl.constexpr):
+    """dots [A, C] + the 4 words' products of pairs [4, A, C] and x [4, 1, C], one multiply-add chain."""
+    pair_0, pair_1, pair_2, pair_3 = _words_apart(pairs, A, C)
+    x_0, x_1, x_2, x_3 = _words_apart(x, 1, C)
+    return f16x2_fma(pair_3, x_3, f16x2_fma(pair_2, x_2, f16x2_fma(pair_1, x_1, f16x2_fma(pair_0, x_0, dots))))
+
+
+@triton.jit
+def _chunk_dots(words, x_pairs, zero_low, zero_high, BLOCK_N: tl.constexpr, C: tl.constexpr):
+    """sum over each chunk's 32 columns of (level - zero) / 256 * x, a float16 sum per half of a pair, [1, BLOCK_N,
+    C]: _word_dots' multiply-adds in one chain through the chunk's 4 words."""
+    x_0, x_1, x_2, x_3 = _pairs_of_x(x_pairs, C)
+    pair_0, pair_1, pair_2, pair_3 = nibbles_less_zero(words, zero_low, zero_high)
+    dots = tl.full((BLOCK_N, C), 0, tl.int32)
+    dots = _add_word_products(dots, pair_0, x_0, BLOCK_N, C)
+    dots = _add_word_products(dots, pair_1, x_1, BLOCK_N, C)
+    dots = _add_word_products(dots, pair_2, x_2, BLOCK_N, C)
+    dots = _add_word_products(dots, pair_3, x_3, BLOCK_N, C)
+    return dots.reshape(1, BLOCK_N, C)
+
+
+@triton.jit
+def _zero_constants(z_ptr, rows_offset, chunk_cols, num_groups, GROUP: tl.constexpr, HAS_ZEROS: tl.constexpr,
+                    ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr):
+    """-(1024 + zero) / 256 and -(64 + zero) / 256 in both halves of a float16 pair: nibbles_less_zero's."""
+    if HAS_ZEROS:
+        zero_low = f16x2_splat(-4.0 - _group_values(z_ptr, rows_offset, chunk_cols, num_groups, GROUP) / LEVEL_SCALE)
+        ones, low_to_high = tl.full((1, 1, 1), 0x3C003C00, tl.int32), tl.full((1, 1, 1), 0x43804380, tl.int32)
+        return zero_low, f16x2_fma(zero_low, ones, low_to_high)  # + 3.75, exactly: one packed instruction
     else:
-        moved = words << (19 - BIT)
-    return ((moved & 0x00780000) | one_bits).to(tl.float32, bitcast=True)
-
-
-@triton.jit
-def _halves(t, C: tl.constexpr, SIZE: tl.constexpr):
-    """[4, 1, C, SIZE] -> its even and odd entries of the last axis, [4, 1, C, SIZE / 2] each: a split within each
-    thread's registers."""
-    return tl.split(t.reshape(4, 1, C, SIZE // 2, 2))
-
-
-@triton.jit
-def _dot_columns(words, x, one_bits, C: tl.constexpr):
-    """sum over a word's 8 columns of (1 + level / 16) * x, [4, BLOCK_N, C]: x [4, 1, C, 8] split into its columns
-    (column 2j + h at bit 4j + 16h of the word, gpu/quant/int_weights.py's pairs), one multiply-add each."""
-    x_h0, x_h1 = _halves(x, C, 8)  # [4, 1, C, 4] by j, of h = 0 / 1
-    x_00, x_01 = _halves(x_h0, C, 4)  # [4, 1, C, 2] by j // 2, of j even / odd
-    x_10, x_11 = _halves(x_h1, C, 4)
-    x_at_0, x_at_8 = tl.split(x_00)  # [4, 1, C]: the column at bit 0 of the word, at bit 8
-    x_at_4, x_at_12 = tl.split(x_01)
-    x_at_16, x_at_24 = tl.split(x_10)
-    x_at_20, x_at_28 = tl.split(x_11)
-    dots = _unit_float(words, one_bits, 0) * x_at_0
-    dots += _unit_float(words, one_bits, 4) * x_at_4
-    dots += _unit_float(words, one_bits, 8) * x_at_8
-    dots += _unit_float(words, one_bits, 12) * x_at_12
-    dots += _unit_float(words, one_bits, 16) * x_at_16
-    dots += _unit_float(words, one_bits, 20) * x_at_20
-    dots += _unit_float(words, one_bits, 24) * x_at_24
-    dots += _unit_float(words, one_bits, 28) * x_at_28
-    return dots
+        return tl.full((1, 1, 1), ZERO_LOW, tl.int32), tl.full((1, 1, 1), ZERO_HIGH, tl.int32)
 
 
 @triton.jit(do_not_specialize=["N"])
 def _int4_row_gemv_kernel(
-    x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, bias_ptr, out_ptr, N, K, num_words, num_groups, stride_qn, stride_gn, one_bits,
-    GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
-    HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_K: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, bias_ptr, out_ptr, N, K, num_words, num_groups, stride_qn, stride_gn,
+    GROUP: tl.constexpr, ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    HAS_OFFSETS: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     C: tl.constexpr = BLOCK_K // 32
     BY_WORD: tl.constexpr = GROUP < 32  # a scale per word, else per chunk
+    X_IS_BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)[None, :, None]  # [1, BLOCK_N, 1]
     rows_offset = rows_w * stride_gn
     q_rows = q_ptr + rows_w * stride_qn
-    # word w of chunk c, [4, 1, C]: 4 consecutive words a thread; x's 32 columns [4, 1, C, 8] follow them
+    x_pairs_ptr = x_ptr.to(tl.pointer_type(tl.int32))  # two columns of x an int32, as the packed arithmetic takes them
+    # word w of chunk c, [4, 1, C]: 4 consecutive words a thread; x's 32 columns [4, 1, C, 4] (pairs) follow them
     word_ids = tl.arange(0, C)[None, None, :] * 4 + tl.arange(0, 4)[:, None, None]
     word_ids = tl.max_contiguous(tl.multiple_of(word_ids, [4, 1, 1]), [4, 1, 1])
-    columns = word_ids[:, :, :, None] * 8 + tl.arange(0, 8)[None, None, None, :]
+    pair_ids = word_ids[:, :, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
     if EVEN_K:
         words = tl.load(q_rows + word_ids)
     else:
@@ -117,27 +191,33 @@ def _int4_row_gemv_kernel(
     sums = tl.full((4 if BY_WORD else 1, BLOCK_N, C), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
         if EVEN_K:
-            x = tl.load(x_ptr + k + columns).to(tl.float32)
+            x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids)
         else:
-            x = tl.load(x_ptr + k + columns, mask=k + columns < K, other=0.0).to(tl.float32)
-        next_ids = word_ids + (k + BLOCK_K) // 8
-        next_words = tl.load(q_rows + next_ids, mask=next_ids < num_words, other=0)
-        dots = _dot_columns(words, x, one_bits, C)  # [4, BLOCK_N, C]
-        x_sums = tl.reduce(x, 3, add)  # [4, 1, C]
-        if not BY_WORD:
-            dots = tl.reduce(dots, 0, add, keep_dims=True)
-            x_sums = tl.reduce(x_sums, 0, add, keep_dims=True)
+            x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids, mask=k + pair_ids * 2 < K, other=0)
+        x_pairs, inverse = _f16_x(x_pairs, C, X_IS_BF16)  # [4, 1, C, 4] float16 pairs, [1, 1, C]
+        if EVEN_K:  # the last tile's next re-reads it: a load without a mask, nothing to zero
+            next_start = tl.multiple_of(tl.minimum(k + BLOCK_K, K - BLOCK_K) >> 3, 4)  # a whole tile's words
+            next_words = tl.load(q_rows + word_ids + next_start)
+        else:
+            next_ids = word_ids + ((k + BLOCK_K) >> 3)
+            next_words = tl.load(q_rows + next_ids, mask=next_ids < num_words, other=0)
         chunk_cols = k + tl.arange(0, C)[None, None, :] * 32
-        scales = _group_values(s_ptr, rows_offset, chunk_cols, num_groups, GROUP)
-        if HAS_ZEROS:
-            coefficient = scales * (16.0 + _group_values(z_ptr, rows_offset, chunk_cols, num_groups, GROUP))
+        zero_low, zero_high = _zero_constants(z_ptr, rows_offset, chunk_cols, num_groups, GROUP, HAS_ZEROS,
+                                              ZERO_LOW, ZERO_HIGH)
+        if BY_WORD:
+            dots = _word_dots(words, x_pairs, zero_low, zero_high, C)  # [4, BLOCK_N, C] pairs
         else:
-            coefficient = scales * (16.0 + ZERO)
+            dots = _chunk_dots(words, x_pairs, zero_low, zero_high, BLOCK_N, C)  # [1, BLOCK_N, C] pairs
+        scales = _group_values(s_ptr, rows_offset, chunk_cols, num_groups, GROUP)
+        sums += (scales * inverse) * f16x2_sum(dots)
         if HAS_OFFSETS:
-            coefficient -= _group_values(o_ptr, rows_offset, chunk_cols, num_groups, GROUP)
-        sums += (16.0 * scales) * dots - coefficient * x_sums
+            x_sums = tl.reduce(f16x2_sum(x_pairs), 3, add)  # [4, 1, C]
+            if not BY_WORD:
+                x_sums = tl.reduce(x_sums, 0, add, keep_dims=True)
+            offsets = _group_values(o_ptr, rows_offset, chunk_cols, num_groups, GROUP)
+            sums += offsets * (x_sums * (inverse / LEVEL_SCALE))
         words = next_words
-    y = tl.reduce(tl.reduce(sums, 2, add), 0, add)  # [BLOCK_N]
+    y = tl.reduce(tl.reduce(sums, 2, add), 0, add) * LEVEL_SCALE  # [BLOCK_N]
     if HAS_BIAS:
         y += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
@@ -145,9 +225,11 @@ def _int4_row_gemv_kernel(
 
 def takes_row_gemv(weight: "IntWeight", x: torch.Tensor) -> bool:
     """Whether this kernel computes x @ W.T: one row of 16-bit activations, 4-bit levels in the stored column order
-    (act order gathers x: the GEMV of gpu/kernels/quant_gemv.py), groups of whole words, K of whole chunks."""
+    (act order gathers x: the GEMV of gpu/kernels/quant_gemv.py), groups of whole words, K of whole chunks, x
+    aligned to a pair of columns."""
     return (x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16) and weight.bits == 4
-            and weight.perm is None and weight.group >= MIN_GROUP and x.shape[1] % CHUNK == 0)
+            and weight.perm is None and weight.group >= MIN_GROUP and x.shape[1] % CHUNK == 0
+            and x.data_ptr() % 4 == 0)  # x read as pairs of columns, 4 bytes each
 
 
 def int4_row_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None, y: torch.Tensor, t: GemvTiles,
@@ -162,9 +244,15 @@ def int4_row_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | Non
     _int4_row_gemv_kernel[(triton.cdiv(n, t.block_n),)](
         x, weight.weight, scales, pointer_or(weight.zeros, scales), pointer_or(weight.offsets, scales),
         pointer_or(bias, scales), y, n, k, weight.weight.shape[1], scales.shape[1], weight.weight.stride(0),
-        scales.stride(0), ONE_BITS,
-        GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
+        scales.stride(0),
+        GROUP=weight.group, ZERO_LOW=_f16x2_bits(-(1024 + weight.zero) / LEVEL_SCALE.value),
+        ZERO_HIGH=_f16x2_bits(-(64 + weight.zero) / LEVEL_SCALE.value), HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl,
         BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl,
         enable_fp_fusion=True)  # a multiply-add per weight, whatever Triton's default
 
+
+def _f16x2_bits(value: float) -> int:
+    """`value` rounded to float16 in both halves of an int32 (signed, as the kernel's constant)."""
+    half = int(torch.tensor(value, dtype=torch.float16).view(torch.int16).item()) & 0xFFFF
+    return ((half << 16) | half) - (1 << 32 if half & 0x8000 else 0)

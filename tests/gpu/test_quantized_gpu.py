@@ -13,10 +13,13 @@ import gguf
 import numpy as np
 import pytest
 import torch
+import triton
+import triton.language as tl
 from transformers import AutoModelForCausalLM
 
 from core import LLM, SamplingParams
 from core.model_files.gguf_checkpoint import gguf_checkpoint
+from gpu.kernels import f16x2
 from gpu.kernels.device_tables import device_name
 from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS, TABLES, GemvTiles, gemv_tiles, quant_tiles, table_for
 from gpu.layers.linear import Linear
@@ -202,6 +205,92 @@ def test_int4_row_gemv_against_the_reference(group_size: int, kind: str, n: int,
     int_gemm(x, stored, bias, out=out[:, 32 : 32 + n])
     _close(out[:, 32 : 32 + n], x.float() @ stored.int_groups().dequantize().T + bias.float())
     assert not out[:, :32].any() and not out[:, 32 + n :].any()
+
+
+@pytest.mark.parametrize(("dtype", "x_scale", "outlier"), [
+    (torch.bfloat16, 1e-6, None), (torch.bfloat16, 1.0, 1e5), (torch.bfloat16, 1e-2, 1e30),
+    (torch.float16, 1e-5, None), (torch.float16, 1e-3, 6e4)])
+def test_int4_row_gemv_past_float16s_range(dtype: torch.dtype, x_scale: float, outlier: float | None) -> None:
+    """The row GEMV's products are float16 (gpu/kernels/f16x2.py) of x scaled a chunk at a time into its range: x
+    whose products fall below float16's normal range (bf16 10^-6, float16 10^-5), and outliers past it (bf16 10^5,
+    10^30, as large activations have them) or at its edge, within float16's rounding of the exact product."""
+    from gpu.kernels.int4_row_gemv import int4_row_gemv, takes_row_gemv
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    n, k = 4096, 12288
+    levels = torch.randint(0, 16, (n, k), device="cuda", generator=g, dtype=torch.int32)
+    scales = torch.rand(n, k // 128, device="cuda", generator=g) * 0.01 + 1e-3
+    zeros = torch.randint(0, 16, scales.shape, device="cuda", generator=g).float()
+    stored = to_kernel_form(IntGroups(4, levels, scales, zeros), dtype)
+    x = torch.randn(1, k, device="cuda", generator=g) * x_scale
+    if outlier is not None:
+        x[0, ::997] = torch.linspace(-outlier, outlier, x[0, ::997].numel(), device="cuda")
+    x = x.to(dtype)
+    assert takes_row_gemv(stored, x)
+    y = torch.empty(1, n, device="cuda")  # float32: the outliers' products pass float16's range summed over K
+    int4_row_gemv(x, stored, None, y, gemv_tiles(1, k, "int4"), False)
+    assert y.isfinite().all()
+    _close(y, (x.double() @ stored.int_groups().dequantize().double().T).float(), 2e-3)
+
+
+def test_f16x2_ptx_equals_its_twins() -> None:
+    """gpu/kernels/f16x2.py's PTX and the twins Triton's interpreter runs instead give the same bits on random
+    float16 pairs of every magnitude and every 4-bit level (tests/unit/f16x2_interpreted_cases.py holds the twins
+    to a model of the PTX)."""
+    size = 1 << 16
+    g = torch.Generator(device="cuda").manual_seed(3)
+    halves = [torch.randn(2 * size, device="cuda", generator=g) * torch.exp2(
+        torch.randint(-20, 12, (2 * size,), device="cuda", generator=g).float()) for _ in range(3)]
+    a, b, c = (h.half().view(torch.int32) for h in halves)
+    v = halves[0][:size].contiguous()
+    out = torch.zeros(2, 8, size, device="cuda", dtype=torch.int32)
+    for i, twin in enumerate((False, True)):
+        _f16x2_helpers_kernel[(size // 1024,)](a, b, c, v, out[i], size, TWIN=twin, BLOCK=1024)
+    assert torch.equal(out[0], out[1])
+    powers = torch.exp2(torch.randint(-40, 40, (2 * size,), device="cuda", generator=g).float())  # as x is scaled
+    for is_bf16, dtype in ((True, torch.bfloat16), (False, torch.float16)):
+        pairs = torch.zeros(2, 2, size, device="cuda", dtype=torch.int32)
+        b = (powers if is_bf16 else powers.clamp(2.0**-12, 2.0**12)).to(dtype).view(torch.int32)
+        for i, twin in enumerate((False, True)):
+            _pair_ops_kernel[(size // 1024,)](halves[1].to(dtype).view(torch.int32), b, pairs[i], size, IS_BF16=is_bf16,
+                                              TWIN=twin, BLOCK=1024)
+        assert torch.equal(pairs[0], pairs[1]), dtype
+
+
+@triton.jit
+def _pair_ops_kernel(a_ptr, b_ptr, out_ptr, size, IS_BF16: tl.constexpr, TWIN: tl.constexpr, BLOCK: tl.constexpr):
+    """abs_max_x2 and mul_x2 (their twins where TWIN) on a block of pairs, into rows of out."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    a, b = tl.load(a_ptr + offs), tl.load(b_ptr + offs)
+    if TWIN:
+        largest, product = f16x2.abs_max_x2_twin(a, b), f16x2.mul_x2_twin(a, b, IS_BF16)
+    else:
+        largest, product = f16x2.abs_max_x2(a, b, IS_BF16), f16x2.mul_x2(a, b, IS_BF16)
+    tl.store(out_ptr + offs, largest)
+    tl.store(out_ptr + size + offs, product)
+
+
+@triton.jit
+def _f16x2_helpers_kernel(a_ptr, b_ptr, c_ptr, v_ptr, out_ptr, size, TWIN: tl.constexpr, BLOCK: tl.constexpr):
+    """Each f16x2 helper (its twin where TWIN) on a block of inputs, into rows of out."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    a, b, c, v = tl.load(a_ptr + offs), tl.load(b_ptr + offs), tl.load(c_ptr + offs), tl.load(v_ptr + offs)
+    if TWIN:
+        fma, of_bf16, splat = f16x2.f16x2_fma_twin(a, b, c), f16x2.f16x2_of_bf16x2_twin(a), f16x2.f16x2_splat_twin(v)
+        total = f16x2.f16x2_sum_twin(a)
+        pair_0, pair_1, pair_2, pair_3 = f16x2.nibbles_less_zero_twin(a, b, c)
+    else:
+        fma, of_bf16, splat = f16x2.f16x2_fma(a, b, c), f16x2.f16x2_of_bf16x2(a), f16x2.f16x2_splat(v)
+        total = f16x2.f16x2_sum(a)
+        pair_0, pair_1, pair_2, pair_3 = f16x2.nibbles_less_zero(a, b, c)
+    tl.store(out_ptr + offs, fma)
+    tl.store(out_ptr + size + offs, of_bf16)
+    tl.store(out_ptr + 2 * size + offs, splat)
+    tl.store(out_ptr + 3 * size + offs, total.to(tl.int32, bitcast=True))
+    tl.store(out_ptr + 4 * size + offs, pair_0)
+    tl.store(out_ptr + 5 * size + offs, pair_1)
+    tl.store(out_ptr + 6 * size + offs, pair_2)
+    tl.store(out_ptr + 7 * size + offs, pair_3)
 
 
 TABLE_GEMVS = sorted({(kind, tiles) for table in TABLES.values() for (kind, *_), tiles in table.items()

@@ -25,6 +25,7 @@ from gpu.kernels import (  # noqa: E402
     moe_route,
     prefill_attention,
     qk_norm_rope,
+    quant_gemm_configs,
     quant_gemv,
     rms_norm,
     silu_and_mul,
@@ -333,18 +334,29 @@ def loop_body(ptx: str) -> str:
 
 ROW_GEMV_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "o_ptr": "*bf16",
                       "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "K": "i32", "num_words": "i32",
-                      "num_groups": "i32", "stride_qn": "i32", "stride_gn": "i32", "one_bits": "i32"}
+                      "num_groups": "i32", "stride_qn": "i32", "stride_gn": "i32"}
 
 
-def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str, int]:
-    """(PTX, spilled bytes) of the row GEMV compiled as a launch at Qwen3-8B's shapes specializes it."""
+def row_gemv_constexprs(group: int, kind: str, zero: float = 8.0) -> dict[str, object]:
+    """The row GEMV's switches for a format: groups of `group` columns, zero points per group ("zeros"), offsets
+    ("offsets") or the constant `zero`, as int4_row_gemv passes them."""
+    return dict(GROUP=group, ZERO_LOW=int4_row_gemv._f16x2_bits(-(1024 + zero) / int4_row_gemv.LEVEL_SCALE.value),
+                ZERO_HIGH=int4_row_gemv._f16x2_bits(-(64 + zero) / int4_row_gemv.LEVEL_SCALE.value),
+                HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets")
+
+
+def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str, str, int]:
+    """(PTX, SASS, spilled bytes) of the row GEMV compiled as a launch at Qwen3-8B's shapes specializes it."""
     kernel = int4_row_gemv._int4_row_gemv_kernel
     constexprs = constexprs | dict(HAS_BIAS=False, EVEN_K=True, USE_PDL=True, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
     signature = {name: ROW_GEMV_SIGNATURE[name] for name in kernel.arg_names if name not in constexprs}
-    num_warps = max(1, min(t.num_warps, t.block_k // 1024))  # as the wrapper launches it
-    compiled = compiled_as_launched(kernel, signature, constexprs, num_warps, 1,
-                                    frozenset({"K", "num_words", "stride_qn", "one_bits"}), enable_fp_fusion=True)
-    return compiled.asm["ptx"], spilled_bytes(compiled)  # type: ignore[attr-defined]
+    compiled = compiled_as_launched(kernel, signature, constexprs, row_gemv_warps(t), 1,
+                                    frozenset({"K", "num_words", "stride_qn"}), enable_fp_fusion=True)
+    return compiled.asm["ptx"], cubin_sass(compiled), spilled_bytes(compiled)  # type: ignore[attr-defined]
+
+
+def row_gemv_warps(t: GemvTiles) -> int:
+    return max(1, min(t.num_warps, t.block_k // 1024))  # as the wrapper launches it
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
@@ -353,10 +365,10 @@ def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str,
 def test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop(group: int, kind: str, k: int) -> None:
     """The W4A16 row GEMV at the rule's tiles: its loop reads the weights and x in 128-bit loads (the scales,
     zero points and offsets 16 bits each), touches no shared memory, waits at no barrier, spills nothing, and
-    multiplies and adds each weight in one instruction."""
+    takes each pair of weights in two packed float16 multiply-adds (the level less its zero point, its product
+    with x)."""
     t = gemv_tiles(1, k, "int4")
-    ptx, spilled = row_gemv_compiled(dict(GROUP=group, ZERO=8.0, HAS_ZEROS=kind == "zeros",
-                                          HAS_OFFSETS=kind == "offsets"), t)
+    ptx, _, spilled = row_gemv_compiled(row_gemv_constexprs(group, kind), t)
     loop = loop_body(ptx)
     loads = re.findall(r"ld\.global(?:\.nc)?(?:\.L1::\w+|\.L2::\w+)*\.(\w+\.\w+|\w+)", loop)
     wide, narrow = loads.count("v4.b32"), [load for load in loads if load != "v4.b32"]
@@ -364,7 +376,8 @@ def test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop(group: i
     assert wide == rows_per_thread + 4, loads  # each row's 4 words, and x's 32 columns in 4
     assert set(narrow) <= {"b16"}, loads
     assert "bar.sync" not in loop and "shared" not in loop and spilled == 0
-    assert loop.count("fma.rn.f32") >= 28 * rows_per_thread  # a multiply-add per weight (a word's first a multiply)
+    assert loop.count("fma.rn.f16x2") >= 2 * 16 * rows_per_thread  # 16 pairs of columns a row
+    assert loop.count("mul.rn.bf16x2") == 16  # x's 32 columns scaled into float16's range, once for all rows
 
 
 def compiled_sass(kernel: object, pointers: dict[str, str], constexprs: dict[str, object], num_warps: int,
@@ -373,7 +386,12 @@ def compiled_sass(kernel: object, pointers: dict[str, str], constexprs: dict[str
     i32, or fp32 where FLOATS names them."""
     signature = {name: pointers.get(name, "fp32" if name in FLOATS else "i32")
                  for name in kernel.arg_names if name not in constexprs}  # type: ignore[attr-defined]
-    compiled = compiled_as_launched(kernel, signature, constexprs, num_warps, num_stages, enable_fp_fusion=True)
+    return cubin_sass(compiled_as_launched(kernel, signature, constexprs, num_warps, num_stages,
+                                           enable_fp_fusion=True))
+
+
+def cubin_sass(compiled: object) -> str:
+    """A compiled kernel's SASS, as cuobjdump reads its cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
         cubin.write(compiled.asm["cubin"])  # type: ignore[attr-defined]
         cubin.flush()
@@ -443,3 +461,41 @@ def test_skinny_gemm_one_row_loops_stay_in_registers(launch: Launch) -> None:
     for body in loops:
         assert not [line for line in body if SHARED_OR_SPILL.search(line)], body
     assert any("LDG.E.128" in line for line in loops[-1])
+
+
+ROW_GEMV_TABLE_TILES = sorted({(n, k, tiles) for (kind, rows, n, k), tiles in quant_gemm_configs.TABLES["H100"].items()
+                               if (kind, rows) == ("int4", 1)}, key=repr)
+# SASS, per thread, in the loop at the H100 table's tiles, x's scaling into float16's range included
+MAX_INSTRUCTIONS_PER_WEIGHT = {"symmetric": 2.8, "zeros": 3.1}
+
+
+def row_gemv_loop(kind: str, t: GemvTiles) -> tuple[list[str], int]:
+    """(the SASS of the row GEMV's loop less its NOPs, spilled bytes) at groups of 128 and x in bf16."""
+    _, sass, spilled = row_gemv_compiled(row_gemv_constexprs(128, kind), t)
+    (loop,) = loop_bodies(sass)
+    return [line for line in loop if line != "NOP"], spilled
+
+
+def row_gemv_weights_per_thread(t: GemvTiles) -> int:
+    """Weights a thread multiplies in one pass of the row GEMV's loop: its rows' 32-column chunks."""
+    return t.block_n * t.block_k // (32 * row_gemv_warps(t))
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize(("n", "k", "t"), ROW_GEMV_TABLE_TILES)
+@pytest.mark.parametrize("kind", ["symmetric", "zeros"])
+def test_row_gemv_issues_few_instructions_per_weight(n: int, k: int, t: GemvTiles, kind: str) -> None:
+    """At the H100 table's one-row int4 tiles (groups of 128, x in bf16), the loop's SASS issues at most
+    MAX_INSTRUCTIONS_PER_WEIGHT instructions per weight a thread multiplies: decode at one row reads its weights
+    once, so the loop must keep up with the memory's bytes (unpacking and a float32 multiply-add per weight, three
+    instructions and more, could not). No shared memory, barrier or spill in it."""
+    loop, spilled = row_gemv_loop(kind, t)
+    assert not [line for line in loop if SHARED_OR_SPILL.search(line)] and spilled == 0, loop
+    per_weight = len(loop) / row_gemv_weights_per_thread(t)
+    assert per_weight <= MAX_INSTRUCTIONS_PER_WEIGHT[kind], (n, k, per_weight)
+
+
+if __name__ == "__main__":  # python -m tests.unit.test_kernels_compile_for_hopper: the counts the bound above holds
+    for n, k, t in ROW_GEMV_TABLE_TILES:
+        counts = {kind: len(row_gemv_loop(kind, t)[0]) for kind in ("symmetric", "zeros")}
+        print(n, k, t, {kind: round(count / row_gemv_weights_per_thread(t), 2) for kind, count in counts.items()})

@@ -313,6 +313,34 @@ def test_int4_row_gemv_equals_the_dequantized_product(int_kernel: ModuleType, ro
     _close(direct, x.float() @ groups.dequantize().T)
 
 
+ROW_GEMV_X = [(torch.bfloat16, 1.0, None), (torch.bfloat16, 1e-3, None), (torch.bfloat16, 1e-6, None),
+              (torch.bfloat16, 1e3, None), (torch.bfloat16, 1.0, 1e5), (torch.bfloat16, 1e-2, 1e30),
+              (torch.float16, 1e-5, None), (torch.float16, 1.0, 6e4)]
+
+
+@pytest.mark.parametrize(("dtype", "x_scale", "outlier"), ROW_GEMV_X)
+def test_int4_row_gemv_holds_x_of_any_magnitude(row_gemv: ModuleType, dtype: torch.dtype, x_scale: float,
+                                                outlier: float | None) -> None:
+    """x from bf16's tiny values to past float16's range (1e5, 1e30: outliers as large activations have them), in
+    float16 as far as its subnormals, with zero points per group, into float32 outputs: within float16's rounding of
+    the exact product relative to the largest output (the kernel's products are float16 pairs, of x scaled a chunk at
+    a time by a power of two)."""
+    g = torch.Generator().manual_seed(int(x_scale * 1000) + 7)
+    n, k = 64, 512
+    groups = _int_groups(4, 64, "zeros", n, k, g)
+    stored = to_kernel_form(groups, dtype)
+    x = torch.randn(1, k, generator=g) * x_scale
+    if outlier is not None:
+        x[0, ::61] = outlier * torch.linspace(-1, 1, x[0, ::61].numel())
+    x = x.to(dtype)
+    assert row_gemv.takes_row_gemv(stored, x)
+    y = torch.zeros(1, n)
+    row_gemv.int4_row_gemv(x, stored, None, y, row_gemv.GemvTiles(1, 4, 256, 2), False)
+    reference = x.double() @ stored.int_groups().dequantize().double().T  # its 16-bit scales
+    assert y.isfinite().all()
+    assert ((y.double() - reference).abs().max() / reference.abs().max()).item() < 1e-3
+
+
 def test_row_gemv_leaves_act_order_and_two_rows_to_the_other_kernels(int_kernel: ModuleType,
                                                                      row_gemv: ModuleType) -> None:
     """Act order (x gathered) and 8-bit levels are not the row GEMV's: int_gemm's rule sends one row of them to the
