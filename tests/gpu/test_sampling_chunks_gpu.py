@@ -19,20 +19,11 @@ from gpu.batch import Penalties, RowSampling, TokenMask  # noqa: E402
 from gpu.penalties import PenaltyState  # noqa: E402
 from gpu.pending_step import SampledRows  # noqa: E402
 from gpu.sampler import SAMPLING_CHUNK_BYTES, Sampler  # noqa: E402
+from tests.unit.test_sampler_chunks import KINDS, ONE_PASS  # noqa: E402
 
 CUDA = torch.device("cuda")
 VOCAB = 151936
 NUM_ROWS = 256
-ONE_PASS = 2**40  # bytes: the whole batch is one chunk
-
-KINDS = [
-    RowSampling(temperature=0.0, num_top_logprobs=3),
-    RowSampling(temperature=0.8, top_p=0.9, seed=7, output_index=3, num_top_logprobs=20),
-    RowSampling(temperature=1.0),
-    RowSampling(temperature=0.7, top_k=40, banned_token_ids=(1, 2)),
-    RowSampling(temperature=1.1, min_p=0.05, seed=11),
-    RowSampling(temperature=0.9, top_p=0.5, top_k=100, num_top_logprobs=5),
-]
 
 
 def heaviest_rows(num_rows: int) -> list[RowSampling]:
