@@ -239,15 +239,15 @@ class Experts(nn.Module):
         `add` (the shared experts' part) where given."""
         return self.method(self, x, routed, add)
 
-    def routes_in_kernel(self, logits: torch.Tensor) -> bool:
-        """Whether this step's experts can route from the router's logits themselves (`forward_from_logits`): float
+    def routes_in_kernel(self, router: Router, logits: torch.Tensor) -> bool:
+        """Whether this step's experts can route from `router`'s logits themselves (`forward_from_logits`): float
         weights on the fused kernels' decode path, which chooses each pair's expert in its gate/up kernel."""
         if not (self.method is run_unquantized and self.kernels.fused_kernels and HAS_TRITON and logits.is_cuda):
             return False
         from gpu.kernels.fused_moe_configs import uses_decode_path
 
         num_tokens = logits.shape[0]
-        return num_tokens > 0 and uses_decode_path(num_tokens, self.spec.routing.top_k, self.gate_up_proj.shape[0])
+        return num_tokens > 0 and uses_decode_path(num_tokens, router.routing.top_k, self.gate_up_proj.shape[0])
 
     def forward_from_logits(self, x: torch.Tensor, router: Router, logits: torch.Tensor,
                             add: torch.Tensor | None = None) -> torch.Tensor:
@@ -404,7 +404,7 @@ class SparseMoe(nn.Module):
             gate = self.shared_expert_gate(normed)  # [num_tokens, 1]
             shared = times_sigmoid(shared.unsqueeze(1), gate.unsqueeze(2), self.kernels).squeeze(1)
         logits = self.gate.logits(normed)
-        if self.experts.routes_in_kernel(logits):
+        if self.experts.routes_in_kernel(self.gate, logits):
             out = self.experts.forward_from_logits(normed, self.gate, logits, shared)
         else:
             out = self.experts(normed, self.gate.choose(logits), shared)

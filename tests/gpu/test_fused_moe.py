@@ -15,7 +15,7 @@ import torch
 
 from gpu.kernels import fused_moe_configs
 from gpu.kernels.fused_moe_configs import config_for, row_bucket
-from gpu.layers.moe import RoutedTokens, Routing, activation, experts_reference, route_reference
+from gpu.layers.moe import RoutedTokens, Router, Routing, activation, experts_reference, route_reference
 from tests.gpu.graph_capture import captured
 from tests.moe_cases import (
     aligned_reference,
@@ -312,3 +312,22 @@ def test_routing_in_the_gate_up_kernel_in_a_cuda_graph_follows_new_logits(num_to
         separate = fused_moe.fused_experts(x, experts.gate_up_proj, experts.down_proj, weights, ids,
                                            activation(experts.spec), use_pdl=True)
         assert torch.equal(out, separate)
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe", "glm-4.5", "gpt-oss"])
+def test_experts_route_in_kernel_at_a_decode_step_only_and_match_the_router(name: str) -> None:
+    routing = ROUTINGS[name]
+    act, has_bias = ("clamped_swiglu", True) if routing.scoring == "top_k_softmax" else ("silu", False)
+    experts = cast(random_experts(routing.num_experts, 1024, 384, act, has_bias, device="cuda"), torch.bfloat16)
+    router = Router(1024, routing).cuda().bfloat16()
+    for param in router.parameters():
+        param.data.normal_()
+    x = torch.randn(64, 1024, device="cuda").bfloat16()
+    assert not experts.routes_in_kernel(router, router.logits(x))
+    for num_tokens in (1, 2):
+        logits = router.logits(x[:num_tokens])
+        if not experts.routes_in_kernel(router, logits):  # gpt-oss: past the decode path at 2 tokens
+            assert not fused_moe_configs.uses_decode_path(num_tokens, routing.top_k, routing.num_experts)
+            continue
+        out = experts.forward_from_logits(x[:num_tokens], router, logits)
+        assert torch.equal(out, experts(x[:num_tokens], router.choose(logits)))
