@@ -3,7 +3,9 @@
 The same sums as gpu/kernels/fused_moe.py (out[t] = sum_k weights[t, k] * down_e(act(gate_up_e(x[t]))) with
 e = expert_ids[t, k], biases added before the activation and before the routing weight), in two launches where the
 grouped path takes four: no sort of the pairs by expert (each pair reads its expert id from the router's output)
-and no separate sum over each token's rows.
+and no separate sum over each token's rows. Given the router's logits (`decode_routed_experts`), no routing launch
+either: each gate/up program routes its token's row by moe_route.py's `route_row` (the one rule) and takes its slot,
+and column block 0's programs store the ids and weights the down kernel reads.
 
 1. Gate/up: one program per (pair, block of `block_n` activated columns): that expert's gate rows and up rows times
    the pair's row of x in float32, GEMV-shaped (a weight tile times x broadcast, the products summed elementwise over

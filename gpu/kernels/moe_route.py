@@ -9,7 +9,8 @@ All in float32. The k experts come out best first; a tie goes to the lower exper
 Grid: one program per token. The logits are read as [groups, experts per group] (one group without grouping),
 each padded to a power of two; the top k are found by k rounds of one max over keys that pack each expert's choice
 and id (see `_sortable`), then masking the picked one. Nothing depends on the data but the values written, so a call
-is CUDA-graph capturable.
+is CUDA-graph capturable. `route_row` is that rule for one row, which gpu/kernels/moe_decode.py's gate/up kernel
+also runs at a decode step instead of this launch.
 """
 
 from typing import TYPE_CHECKING
