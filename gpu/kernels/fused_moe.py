@@ -41,7 +41,7 @@ from gpu.kernels.fused_moe_configs import (
 )
 from gpu.kernels.moe_activation import ACTIVATIONS, activate
 from gpu.kernels.moe_align import AlignedPairs, align
-from gpu.kernels.moe_decode import decode_experts
+from gpu.kernels.moe_decode import RouterLogits, decode_experts, decode_routed_experts
 from gpu.kernels.moe_sum import sum_rows
 from gpu.kernels.pdl import pdl_start, uses_pdl
 
@@ -302,6 +302,23 @@ def fused_experts(x: torch.Tensor, gate_up: Weights, down: Weights, weights: tor
     rows = torch.empty(num_tokens * top_k, hidden, dtype=x.dtype, device=x.device)
     _launch(activated, down, down_bias, rows, weights, aligned, config, act, 1, pdl)
     return sum_rows(rows, add, torch.empty_like(x), pdl)
+
+
+def fused_routed_experts(x: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor, router: RouterLogits,
+                         act: "Activation", gate_up_bias: torch.Tensor | None = None,
+                         down_bias: torch.Tensor | None = None, add: torch.Tensor | None = None) -> torch.Tensor:
+    """`fused_experts` on the decode path of moe_route.route's choice from `router`'s logits, that choice made in
+    the gate/up kernel (gpu/kernels/moe_decode.py's `decode_routed_experts`): a step `uses_decode_path` sends there,
+    float weights; programmatic dependent launches where the GPU has them."""
+    num_tokens, hidden = x.shape
+    top_k, intermediate = router.routing.top_k, gate_up.shape[1] // 2
+    if not uses_decode_path(num_tokens, top_k, gate_up.shape[0]):
+        raise ValueError(f"{num_tokens} tokens of top {top_k} do not take the decode path")
+    if add is not None and (add.shape != x.shape or not add.is_contiguous()):
+        raise ValueError(f"add must be contiguous of x's shape {tuple(x.shape)}, got {tuple(add.shape)}")
+    config = decode_config(num_tokens, top_k, intermediate, hidden, device_name(x.device))
+    return decode_routed_experts(x, gate_up, down, router, act, gate_up_bias=gate_up_bias, down_bias=down_bias,
+                                 pdl=uses_pdl(True, x), add=add, config=config)[0]
 
 
 def _launch(a: torch.Tensor, b: Weights, bias: torch.Tensor | None, c: torch.Tensor, weights: torch.Tensor | None,

@@ -9,7 +9,8 @@ All in float32. The k experts come out best first; a tie goes to the lower exper
 Grid: one program per token. The logits are read as [groups, experts per group] (one group without grouping),
 each padded to a power of two; the top k are found by k rounds of one max over keys that pack each expert's choice
 and id (see `_sortable`), then masking the picked one. Nothing depends on the data but the values written, so a call
-is CUDA-graph capturable.
+is CUDA-graph capturable. `route_row` is that rule for one row, which gpu/kernels/moe_decode.py's gate/up kernel
+also runs at a decode step instead of this launch.
 """
 
 from typing import TYPE_CHECKING
@@ -52,11 +53,37 @@ def _route_kernel(
     USE_PDL: tl.constexpr,
 ):
     pdl_start(USE_PDL)
+    row_ptr = logits_ptr + tl.program_id(0).to(tl.int64) * logits_stride
+    weights, ids = route_row(row_ptr, bias_ptr, GROUP_SIZE, NUM_GROUPS, TOP_K_GROUPS, TOP_K, SCORING, RENORMALIZE,
+                             EPSILON, HAS_BIAS, SCALE, BLOCK_G, BLOCK_E, BLOCK_K)
+    ks = tl.arange(0, BLOCK_K)
+    out = tl.program_id(0).to(tl.int64) * TOP_K + ks
+    tl.store(weights_ptr + out, weights, mask=ks < TOP_K)
+    tl.store(ids_ptr + out, ids, mask=ks < TOP_K)
+
+
+@triton.jit
+def route_row(
+    row_ptr, bias_ptr,
+    GROUP_SIZE: tl.constexpr,
+    NUM_GROUPS: tl.constexpr,
+    TOP_K_GROUPS: tl.constexpr,
+    TOP_K: tl.constexpr,
+    SCORING: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    EPSILON: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SCALE: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """(weights [BLOCK_K] float32, scaled, ids [BLOCK_K] int32) of the row of logits at `row_ptr`: the one rule
+    every kernel that routes shares (this file's and gpu/kernels/moe_decode.py's); slots past TOP_K are padding."""
     groups = tl.arange(0, BLOCK_G)
     columns = tl.arange(0, BLOCK_E)
     expert = groups[:, None] * GROUP_SIZE + columns[None, :]  # [BLOCK_G, BLOCK_E]
     is_expert = (groups[:, None] < NUM_GROUPS) & (columns[None, :] < GROUP_SIZE)
-    row_ptr = logits_ptr + tl.program_id(0).to(tl.int64) * logits_stride
     x = tl.load(row_ptr + expert, mask=is_expert, other=float("-inf")).to(tl.float32)
     if SCORING == SOFTMAX:
         top = tl.reduce(tl.reduce(x, 1, maximum), 0, maximum)
@@ -95,9 +122,7 @@ def _route_kernel(
         weights = e / tl.reduce(e, 0, add)
     elif RENORMALIZE:
         weights = weights / (tl.reduce(tl.where(is_k, weights, 0.0), 0, add) + EPSILON)
-    out = tl.program_id(0).to(tl.int64) * TOP_K + ks
-    tl.store(weights_ptr + out, weights * SCALE, mask=is_k)
-    tl.store(ids_ptr + out, ids, mask=is_k)
+    return weights * SCALE, ids
 
 
 @triton.jit
@@ -150,19 +175,27 @@ def route(logits: torch.Tensor, routing: "Routing", correction_bias: torch.Tenso
     ids = torch.empty(num_tokens, k, dtype=torch.int32, device=logits.device)
     if num_tokens == 0:
         return weights, ids
-    group_size = num_experts // routing.num_groups
-    has_bias = correction_bias is not None and routing.scoring == "sigmoid"
     pdl = uses_pdl(use_pdl, logits)
     _route_kernel[(num_tokens,)](
-        logits, correction_bias if has_bias else logits, weights, ids, logits.stride(0),
-        GROUP_SIZE=group_size, NUM_GROUPS=routing.num_groups, TOP_K_GROUPS=routing.top_k_groups, TOP_K=k,
-        SCORING=SCORINGS[routing.scoring], RENORMALIZE=routing.renormalize,
-        EPSILON=1e-20 if routing.scoring == "sigmoid" else 0.0, HAS_BIAS=has_bias,
-        SCALE=float(routing.scaling_factor), BLOCK_G=triton.next_power_of_2(routing.num_groups),
-        BLOCK_E=triton.next_power_of_2(group_size), BLOCK_K=triton.next_power_of_2(k), USE_PDL=pdl, launch_pdl=pdl,
-        num_warps=num_warps_for(triton.next_power_of_2(routing.num_groups) * triton.next_power_of_2(group_size)),
+        logits, correction_bias if correction_bias is not None and routing.scoring == "sigmoid" else logits, weights,
+        ids, logits.stride(0), **rule_constants(routing, correction_bias), USE_PDL=pdl, launch_pdl=pdl,
+        num_warps=num_warps_for(triton.next_power_of_2(routing.num_groups) *
+                                triton.next_power_of_2(routing.num_experts // routing.num_groups)),
     )
     return weights, ids
+
+
+def rule_constants(routing: "Routing", correction_bias: torch.Tensor | None) -> dict[str, object]:
+    """`route_row`'s compile-time arguments for `routing` (gpu/layers/moe.py's Routing)."""
+    group_size = routing.num_experts // routing.num_groups
+    return dict(
+        GROUP_SIZE=group_size, NUM_GROUPS=routing.num_groups, TOP_K_GROUPS=routing.top_k_groups, TOP_K=routing.top_k,
+        SCORING=SCORINGS[routing.scoring], RENORMALIZE=routing.renormalize,
+        EPSILON=1e-20 if routing.scoring == "sigmoid" else 0.0,
+        HAS_BIAS=correction_bias is not None and routing.scoring == "sigmoid", SCALE=float(routing.scaling_factor),
+        BLOCK_G=triton.next_power_of_2(routing.num_groups), BLOCK_E=triton.next_power_of_2(group_size),
+        BLOCK_K=triton.next_power_of_2(routing.top_k),
+    )
 
 
 def num_warps_for(block_experts: int) -> int:

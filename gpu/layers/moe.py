@@ -147,10 +147,16 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor) -> RoutedTokens:
         """Each token's experts, from x [num_tokens, hidden_size] normed."""
+        return self.choose(self.logits(x))
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """[num_tokens, num_experts] of x [num_tokens, hidden_size] normed."""
         if self.routing.float32_logits:
-            logits = F.linear(x.float(), self.weight, self.bias)
-        else:
-            logits = linear(x, self.weight, self.bias, self.kernels)  # [num_tokens, num_experts]
+            return F.linear(x.float(), self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.kernels)
+
+    def choose(self, logits: torch.Tensor) -> RoutedTokens:
+        """Each token's experts from its row of `logits`."""
         if self.kernels.fused_kernels and HAS_TRITON and logits.is_cuda:
             from gpu.kernels.moe_route import route
 
@@ -232,6 +238,27 @@ class Experts(nn.Module):
         """This rank's part of sum_k weight_k * expert_k(x) [num_tokens, hidden_size] (the caller reduces), plus
         `add` (the shared experts' part) where given."""
         return self.method(self, x, routed, add)
+
+    def routes_in_kernel(self, router: Router, logits: torch.Tensor) -> bool:
+        """Whether this step's experts can route from `router`'s logits themselves (`forward_from_logits`): float
+        weights on the fused kernels' decode path, which chooses each pair's expert in its gate/up kernel."""
+        if not (self.method is run_unquantized and self.kernels.fused_kernels and HAS_TRITON and logits.is_cuda):
+            return False
+        from gpu.kernels.fused_moe_configs import uses_decode_path
+
+        num_tokens = logits.shape[0]
+        return num_tokens > 0 and uses_decode_path(num_tokens, router.routing.top_k, self.gate_up_proj.shape[0])
+
+    def forward_from_logits(self, x: torch.Tensor, router: Router, logits: torch.Tensor,
+                            add: torch.Tensor | None = None) -> torch.Tensor:
+        """`forward` of `router`'s choice from `logits`, that choice made inside the experts' kernels (one launch
+        fewer); only where `routes_in_kernel`."""
+        from gpu.kernels.fused_moe import fused_routed_experts
+        from gpu.kernels.moe_decode import RouterLogits
+
+        return fused_routed_experts(x, self.gate_up_proj, self.down_proj,
+                                    RouterLogits(logits, router.routing, router.e_score_correction_bias),
+                                    activation(self.spec), self.gate_up_proj_bias, self.down_proj_bias, add)
 
     def expected_shards(self, param: nn.Parameter) -> set[ExpertShard | None]:
         """The checkpoint shards of `param`: a tensor per expert (gpt-oss: one stacked tensor). A stacked tensor in
@@ -376,5 +403,10 @@ class SparseMoe(nn.Module):
         if shared is not None and self.shared_expert_gate is not None:
             gate = self.shared_expert_gate(normed)  # [num_tokens, 1]
             shared = times_sigmoid(shared.unsqueeze(1), gate.unsqueeze(2), self.kernels).squeeze(1)
-        return self.tp.all_reduce(self.experts(normed, self.gate(normed), shared)), residual
+        logits = self.gate.logits(normed)
+        if self.experts.routes_in_kernel(self.gate, logits):
+            out = self.experts.forward_from_logits(normed, self.gate, logits, shared)
+        else:
+            out = self.experts(normed, self.gate.choose(logits), shared)
+        return self.tp.all_reduce(out), residual
 

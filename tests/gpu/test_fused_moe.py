@@ -15,7 +15,7 @@ import torch
 
 from gpu.kernels import fused_moe_configs
 from gpu.kernels.fused_moe_configs import config_for, row_bucket
-from gpu.layers.moe import RoutedTokens, Routing, activation, experts_reference, route_reference
+from gpu.layers.moe import RoutedTokens, Router, Routing, activation, experts_reference, route_reference
 from tests.gpu.graph_capture import captured
 from tests.moe_cases import (
     aligned_reference,
@@ -257,3 +257,77 @@ def test_decode_kernels_in_a_cuda_graph_follow_new_inputs(num_tokens: int, slot_
         weights, ids = moe_route.route(logits, ROUTINGS["qwen3-moe"], None, False)
         reference = experts_reference(x.float(), cast(experts, torch.float32), RoutedTokens(weights, ids.long()))
         assert_close(out, reference + add.float(), torch.bfloat16)
+
+
+@pytest.mark.parametrize("use_pdl", [False, True])
+@pytest.mark.parametrize("name", ROUTINGS)
+def test_routing_in_the_gate_up_kernel_equals_the_routing_launch(name: str, use_pdl: bool) -> None:
+    """Bit for bit, at every token count the decode path takes: the same ids, weights and output as
+    moe_route.route followed by the decode kernels."""
+    routing = ROUTINGS[name]
+    act, has_bias = ("clamped_swiglu", True) if routing.scoring == "top_k_softmax" else ("silu", False)
+    experts = cast(random_experts(routing.num_experts, 1024, 384, act, has_bias, device="cuda"), torch.bfloat16)
+    pdl = use_pdl and torch.cuda.get_device_capability()[0] >= 9
+    num_tokens = 1
+    while fused_moe_configs.uses_decode_path(num_tokens, routing.top_k, routing.num_experts):
+        generator = torch.Generator("cuda").manual_seed(num_tokens)
+        logits = torch.randn(num_tokens, routing.num_experts, device="cuda", generator=generator) * 2
+        logits = logits if routing.float32_logits else logits.bfloat16()
+        bias = (torch.randn(routing.num_experts, device="cuda", generator=generator)
+                if routing.has_correction_bias else None)
+        x = torch.randn(num_tokens, 1024, device="cuda", generator=generator).bfloat16()
+        add = torch.randn_like(x)
+        args = (x, experts.gate_up_proj, experts.down_proj)
+        kwargs = dict(gate_up_bias=experts.gate_up_proj_bias, down_bias=experts.down_proj_bias, pdl=pdl, add=add)
+        weights, ids = moe_route.route(logits, routing, bias, pdl)
+        expected = moe_decode.decode_experts(*args, weights, ids, activation(experts.spec), **kwargs)
+        out, fused_weights, fused_ids = moe_decode.decode_routed_experts(
+            *args, moe_decode.RouterLogits(logits, routing, bias), activation(experts.spec), **kwargs)
+        assert torch.equal(fused_ids, ids) and torch.equal(fused_weights, weights), (name, num_tokens)
+        assert torch.equal(out, expected), (name, num_tokens)
+        num_tokens += 1
+
+
+@pytest.mark.parametrize("num_tokens", [1, 2])
+def test_routing_in_the_gate_up_kernel_in_a_cuda_graph_follows_new_logits(num_tokens: int) -> None:
+    num_experts, top_k, hidden, intermediate, act, _ = SHAPES["qwen3-30b-a3b"]
+    experts = cast(random_experts(num_experts, hidden, intermediate, act, device="cuda"), torch.bfloat16)
+    x = torch.empty(num_tokens, hidden, dtype=torch.bfloat16, device="cuda")
+    logits = torch.empty(num_tokens, num_experts, dtype=torch.bfloat16, device="cuda")
+    router = moe_decode.RouterLogits(logits, ROUTINGS["qwen3-moe"], None)
+
+    def step() -> torch.Tensor:
+        return fused_moe.fused_routed_experts(x, experts.gate_up_proj, experts.down_proj, router,
+                                              activation(experts.spec))
+
+    for t in (x, logits):
+        t.normal_()
+    graph, out = captured(step)
+    for seed in range(3):
+        generator = torch.Generator("cuda").manual_seed(seed)
+        for t in (x, logits):
+            t.copy_(torch.randn(t.shape, device="cuda", generator=generator))
+        graph.replay()
+        weights, ids = moe_route.route(logits, ROUTINGS["qwen3-moe"], None, True)
+        separate = fused_moe.fused_experts(x, experts.gate_up_proj, experts.down_proj, weights, ids,
+                                           activation(experts.spec), use_pdl=True)
+        assert torch.equal(out, separate)
+
+
+@pytest.mark.parametrize("name", ["qwen3-moe", "glm-4.5", "gpt-oss"])
+def test_experts_route_in_kernel_at_a_decode_step_only_and_match_the_router(name: str) -> None:
+    routing = ROUTINGS[name]
+    act, has_bias = ("clamped_swiglu", True) if routing.scoring == "top_k_softmax" else ("silu", False)
+    experts = cast(random_experts(routing.num_experts, 1024, 384, act, has_bias, device="cuda"), torch.bfloat16)
+    router = Router(1024, routing).cuda().bfloat16()
+    for param in router.parameters():
+        param.data.normal_()
+    x = torch.randn(64, 1024, device="cuda").bfloat16()
+    assert not experts.routes_in_kernel(router, router.logits(x))
+    for num_tokens in (1, 2):
+        logits = router.logits(x[:num_tokens])
+        if not experts.routes_in_kernel(router, logits):  # gpt-oss: past the decode path at 2 tokens
+            assert not fused_moe_configs.uses_decode_path(num_tokens, routing.top_k, routing.num_experts)
+            continue
+        out = experts.forward_from_logits(x[:num_tokens], router, logits)
+        assert torch.equal(out, experts(x[:num_tokens], router.choose(logits)))

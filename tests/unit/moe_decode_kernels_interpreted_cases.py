@@ -23,8 +23,10 @@ from gpu.kernels.fused_moe_configs import (
     default_decode_config,
     uses_decode_path,
 )
+from gpu.kernels.moe_route import route
 from gpu.layers.moe import RoutedTokens, activation, experts_reference
 from tests.moe_cases import cast, random_experts, random_routing
+from tests.unit.moe_kernels_interpreted_cases import DECODE_ROUTINGS, LOGITS
 
 NUM_EXPERTS, HIDDEN, INTERMEDIATE = 16, 48, 40  # neither a power of two: partial K tiles and column tiles
 
@@ -181,3 +183,25 @@ def test_the_decode_rule() -> None:
     assert decode_tiles(1, 2048, 768) == DecodeTiles(8, 1024, 8)  # its down
     assert decode_tiles(64, 768, 2048) == DecodeTiles(64, 128, 8)
     assert decode_tiles(4, 40, 48) == DecodeTiles(8, 64, 4)
+
+
+@pytest.mark.parametrize("logits_kind", ["normal", "levels"])
+@pytest.mark.parametrize("num_tokens", [1, 3])
+@pytest.mark.parametrize("name", DECODE_ROUTINGS)
+def test_routing_in_the_gate_up_kernel_equals_the_routing_launch(decode: ModuleType, name: str, num_tokens: int,
+                                                                  logits_kind: str) -> None:
+    """Bit for bit: the same ids, weights and output as moe_route.route followed by decode_experts."""
+    torch.set_grad_enabled(False)
+    routing = DECODE_ROUTINGS[name]
+    generator = torch.Generator().manual_seed(num_tokens)
+    experts = random_experts(routing.num_experts, HIDDEN, INTERMEDIATE, "silu", False, seed=1)
+    logits = LOGITS[logits_kind]((num_tokens, routing.num_experts), generator)
+    bias = torch.randn(routing.num_experts, generator=generator) if routing.has_correction_bias else None
+    x = torch.randn(num_tokens, HIDDEN, generator=generator)
+    act = activation(experts.spec)
+    weights, ids = route(logits, routing, bias)
+    expected = decode.decode_experts(x, experts.gate_up_proj, experts.down_proj, weights, ids, act)
+    out, fused_weights, fused_ids = decode.decode_routed_experts(
+        x, experts.gate_up_proj, experts.down_proj, decode.RouterLogits(logits, routing, bias), act)
+    assert torch.equal(fused_ids, ids) and torch.equal(fused_weights, weights)
+    assert torch.equal(out, expected)

@@ -10,6 +10,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 from triton.backends.compiler import GPUTarget  # noqa: E402
@@ -17,6 +18,7 @@ from triton.compiler import ASTSource  # noqa: E402
 
 from gpu.kernels import fused_moe, moe_align, moe_decode, moe_route, moe_sum  # noqa: E402
 from gpu.kernels.fused_moe_configs import decode_tiles, default_config, uses_decode_path  # noqa: E402
+from gpu.layers.moe import Routing  # noqa: E402
 
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 if not CUOBJDUMP.exists():
@@ -165,7 +167,22 @@ def test_route_kernel_fits(group_size: int, num_groups: int, top_k_groups: int, 
 
 
 DECODE_GATE_UP = {"x_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "ids_ptr": "*i32", "out_ptr": "*bf16",
-                  "N": "i32", "stride_x": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_bias_e": "i32"}
+                  "N": "i32", "stride_x": "i32", "stride_we": "i32", "stride_wn": "i32", "stride_bias_e": "i32",
+                  "logits_ptr": "*bf16", "route_bias_ptr": "*fp32", "route_weights_ptr": "*fp32",
+                  "stride_logits": "i32"}
+# Each shape's routing (for the gate/up kernel that routes itself), and the constants of one that does not.
+SHAPE_ROUTINGS = {"qwen3-30b-a3b": Routing(128, 8), "gpt-oss-20b": Routing(32, 4, "top_k_softmax", has_bias=True),
+                  "mixtral-8x7b": Routing(8, 2),
+                  "glm-4.5-air": Routing(128, 8, "sigmoid", True, 1, 1, 1.0, has_correction_bias=True)}
+UNROUTED = dict(FUSES_ROUTING=False, GROUP_SIZE=1, NUM_GROUPS=1, TOP_K_GROUPS=1, SCORING=0, RENORMALIZE=False,
+                EPSILON=0.0, HAS_ROUTE_BIAS=False, SCALE=1.0, BLOCK_G=1, BLOCK_E=1, BLOCK_SLOTS=1)
+
+
+def routed(routing: Routing) -> dict[str, object]:
+    """The gate/up kernel's constants that route by `routing` (its correction bias present where it has one)."""
+    rule = moe_route.rule_constants(routing, torch.zeros(1) if routing.has_correction_bias else None)
+    renamed = {"HAS_BIAS": "HAS_ROUTE_BIAS", "BLOCK_K": "BLOCK_SLOTS"}
+    return {renamed.get(k, k): v for k, v in rule.items() if k != "TOP_K"} | dict(FUSES_ROUTING=True)
 DECODE_DOWN = {"h_ptr": "*bf16", "w_ptr": "*bf16", "bias_ptr": "*bf16", "ids_ptr": "*i32", "weights_ptr": "*fp32",
                "add_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "stride_we": "i32", "stride_wn": "i32",
                "stride_bias_e": "i32"}
@@ -179,15 +196,16 @@ def test_decode_kernels_fit_and_stream_weights_in_16_byte_loads(shape: str) -> N
     for num_tokens in [n for n in range(1, 9) if uses_decode_path(n, top_k, num_experts)]:
         gate_up = decode_tiles(num_tokens * top_k, intermediate, hidden)
         down = decode_tiles(num_tokens, hidden, intermediate)
+        gate_up_constants = dict(K=hidden, TOP_K=top_k, ACTIVATION=int(is_gpt_oss), ALPHA=1.702, LIMIT=7.0,
+                                 HAS_BIAS=is_gpt_oss, EVEN_K=hidden % gate_up.block_k == 0)
         kernels = [
-            (moe_decode._gate_up_kernel, DECODE_GATE_UP, gate_up, dict(
-                K=hidden, TOP_K=top_k, ACTIVATION=int(is_gpt_oss), ALPHA=1.702, LIMIT=7.0, HAS_BIAS=is_gpt_oss,
-                EVEN_K=hidden % gate_up.block_k == 0)),
+            (moe_decode._gate_up_kernel, DECODE_GATE_UP, gate_up, gate_up_constants | UNROUTED),
+            (moe_decode._gate_up_kernel, DECODE_GATE_UP, gate_up, gate_up_constants | routed(SHAPE_ROUTINGS[shape])),
             (moe_decode._down_kernel, DECODE_DOWN, down, dict(
                 K=intermediate, TOP_K=top_k, HAS_BIAS=is_gpt_oss, HAS_ADD=True,
                 EVEN_K=intermediate % down.block_k == 0, SLOT_GROUPS=down.slot_groups)),
         ]
-        for (fn, signature, tiles, constants), num_tiles in zip(kernels, (3, 2 * top_k), strict=True):
+        for (fn, signature, tiles, constants), num_tiles in zip(kernels, (3, 3, 2 * top_k), strict=True):
             constants |= dict(BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, NUM_STAGES=tiles.num_stages, USE_PDL=True)
             _, spilled, shared = compiled(fn, signature, constants, tiles.num_warps)
             assert spilled == 0 and shared <= MAX_SHARED, (shape, num_tokens, tiles, spilled)
@@ -200,7 +218,7 @@ def test_decode_kernels_pipeline_their_k_loop_and_split_slots_when_asked() -> No
     """Qwen3-30B-A3B at one token: a gate/up tile with stages brings its K tiles by cp.async into shared memory (the
     loop's num_stages; without stages no load goes through shared memory), and a down kernel over slot groups fits."""
     gate_up = dict(K=2048, TOP_K=8, ACTIVATION=0, ALPHA=1.702, LIMIT=7.0, HAS_BIAS=False, EVEN_K=True, BLOCK_N=8,
-                   BLOCK_K=512, USE_PDL=True)
+                   BLOCK_K=512, USE_PDL=True) | UNROUTED
     for num_stages in (1, 3):
         constants = gate_up | dict(NUM_STAGES=num_stages)
         kernel = compile_for_hopper(moe_decode._gate_up_kernel, DECODE_GATE_UP, constants, 4)
