@@ -539,8 +539,7 @@ class LLMEngine:
         """A step that verified drafts: each sequence takes the drafts its sampled tokens confirm and one more
         token (core/speculation.py), up to the first that ends it; the K/V slots of the rest are given back."""
         assert self.speculation is not None and step.draft_counts is not None and step.first_positions is not None
-        refused = set() if self._grammars is None else self._book_constrained(
-            step.sampled_seqs, [token_ids[i] for i in step.first_positions])
+        refused = self._book_constrained(step.sampled_seqs, [token_ids[i] for i in step.first_positions])
         now = time.monotonic()
         outputs, first_token_seqs, num_tokens = [], [], 0
         for seq, first, num_drafts in zip(step.sampled_seqs, step.first_positions, step.draft_counts, strict=True):
