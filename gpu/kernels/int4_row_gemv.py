@@ -245,11 +245,17 @@ def int4_row_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | Non
         x, weight.weight, scales, pointer_or(weight.zeros, scales), pointer_or(weight.offsets, scales),
         pointer_or(bias, scales), y, n, k, weight.weight.shape[1], scales.shape[1], weight.weight.stride(0),
         scales.stride(0),
-        GROUP=weight.group, ZERO_LOW=_f16x2_bits(-(1024 + weight.zero) / LEVEL_SCALE.value),
-        ZERO_HIGH=_f16x2_bits(-(64 + weight.zero) / LEVEL_SCALE.value), HAS_ZEROS=weight.zeros is not None,
+        GROUP=weight.group, **zero_point_constexprs(weight.zero), HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl,
         BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl,
         enable_fp_fusion=True)  # a multiply-add per weight, whatever Triton's default
+
+
+def zero_point_constexprs(zero: float) -> dict[str, int]:
+    """The kernel's ZERO_LOW and ZERO_HIGH for a constant zero point: -(1024 + zero) / 256 and -(64 + zero) / 256 in
+    both halves of a float16 pair (nibbles_less_zero's)."""
+    return {"ZERO_LOW": _f16x2_bits(-(1024 + zero) / LEVEL_SCALE.value),
+            "ZERO_HIGH": _f16x2_bits(-(64 + zero) / LEVEL_SCALE.value)}
 
 
 def _f16x2_bits(value: float) -> int:

@@ -340,9 +340,8 @@ ROW_GEMV_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*bf16", "z_pt
 def row_gemv_constexprs(group: int, kind: str, zero: float = 8.0) -> dict[str, object]:
     """The row GEMV's switches for a format: groups of `group` columns, zero points per group ("zeros"), offsets
     ("offsets") or the constant `zero`, as int4_row_gemv passes them."""
-    return dict(GROUP=group, ZERO_LOW=int4_row_gemv._f16x2_bits(-(1024 + zero) / int4_row_gemv.LEVEL_SCALE.value),
-                ZERO_HIGH=int4_row_gemv._f16x2_bits(-(64 + zero) / int4_row_gemv.LEVEL_SCALE.value),
-                HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets")
+    return dict(GROUP=group, **int4_row_gemv.zero_point_constexprs(zero), HAS_ZEROS=kind == "zeros",
+                HAS_OFFSETS=kind == "offsets")
 
 
 def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str, str, int]:
