@@ -76,14 +76,16 @@ def _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n, off
 
 @triton.jit
 def _load_kv(cache_ptr, kv_offsets, is_loaded, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-             CACHE: tl.constexpr = ""):
-    """The tile's rows where `is_loaded`, zeros elsewhere. Masked along tokens only when head_dim fills the tile, so
-    loads stay 16 bytes wide."""
+             FROM_L2: tl.constexpr):
+    """The tile's rows where `is_loaded`, zeros elsewhere; FROM_L2: past this SM's L1 (.cg). Masked along tokens only
+    when head_dim fills the tile, so loads stay 16 bytes wide."""
     if HEAD_DIM == BLOCK_D:
         mask = is_loaded[:, None]
     else:
         mask = is_loaded[:, None] & (offs_d < HEAD_DIM)[None, :]
-    return tl.load(cache_ptr + kv_offsets, mask=mask, other=0.0, cache_modifier=CACHE)
+    if FROM_L2:
+        return tl.load(cache_ptr + kv_offsets, mask=mask, other=0.0, cache_modifier=".cg")
+    return tl.load(cache_ptr + kv_offsets, mask=mask, other=0.0)
 
 
 @triton.jit
@@ -167,12 +169,12 @@ def _decode_split_kernel(
                                                     BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
     is_own = is_valid & (positions == context_len - 1)  # this step's token, stored by the kernel before
     is_settled = is_valid & (positions != context_len - 1)
-    k_first = _load_kv(k_cache_ptr, kv_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D)
-    v_first = _load_kv(v_cache_ptr, kv_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D)
+    k_first = _load_kv(k_cache_ptr, kv_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False)
+    v_first = _load_kv(v_cache_ptr, kv_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False)
     pdl_start(USE_PDL)
     # Past the wait, from L2 (.cg): this SM's L1 holds nothing of the token, whose lines no load above touched.
-    k_own = _load_kv(k_cache_ptr, kv_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, ".cg")
-    v_own = _load_kv(v_cache_ptr, kv_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, ".cg")
+    k_own = _load_kv(k_cache_ptr, kv_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True)
+    v_own = _load_kv(v_cache_ptr, kv_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True)
     k_first = tl.where(is_own[:, None], k_own, k_first)
     v_first = tl.where(is_own[:, None], v_own, v_first)
     q = tl.load(q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :], mask=hd_mask, other=0.0)
@@ -189,11 +191,11 @@ def _decode_split_kernel(
         positions, is_valid, kv_offsets = _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n,
                                                         offs_d, kv_head, cache_stride_b, cache_stride_s,
                                                         cache_stride_h, BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
-        k = _load_kv(k_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D).to(q.dtype)
+        k = _load_kv(k_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
         p, m_i, alpha = _tile_probs(q, k, is_valid, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION,
                                     HAS_SOFTCAP)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv(v_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D).to(q.dtype)
+        v = _load_kv(v_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
 
     # l_i == 0 only for an empty segment or context: its output is zeros, its weight zero.
