@@ -5,7 +5,9 @@ Grid (row, kv_head, split). A program loads the GROUP query heads that share one
 of the row's context through the block table BLOCK_N tokens at a time, and keeps an online softmax
 in float32 (base 2, the scale folded together with log2(e)). With one split it writes the output
 directly; with several it writes each segment's normalized partial output and log2-sum-exp, and a
-second kernel merges the segments of each (row, head).
+second kernel merges the segments of each (row, head). Under programmatic dependent launch a program reads its
+segment's first tile, all but the step's own token, before it waits for the kernel before (which writes q and that
+token's K/V), so the block table and cache reads overlap that kernel's end.
 
 Graph safety: the number of splits is fixed from static shapes only (rows, KV heads, block-table
 width, the GPU's multiprocessor count), never from context lengths; each row cuts its own context
@@ -58,6 +60,46 @@ class DecodeConfig:
 
 
 @triton.jit
+def _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n, offs_d, kv_head, cache_stride_b,
+                  cache_stride_s, cache_stride_h, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+                  HAS_WINDOW: tl.constexpr):
+    """A tile's key positions, which of them are keys to attend (none where `tile` is past the segment's end), and
+    their K/V offsets [BLOCK_N, BLOCK_D] in the cache."""
+    positions = tile * BLOCK_N + offs_n
+    is_valid = positions < tl.minimum(context_len, tile_end * BLOCK_N)  # the segment ends on a tile's edge
+    if HAS_WINDOW:
+        is_valid &= positions >= first_key
+    pages = tl.load(table_row + positions // BLOCK_SIZE, mask=is_valid, other=0)
+    token_offsets = pages.to(tl.int64) * cache_stride_b + (positions % BLOCK_SIZE) * cache_stride_s
+    return positions, is_valid, (token_offsets + kv_head * cache_stride_h)[:, None] + offs_d[None, :]
+
+
+@triton.jit
+def _load_kv(cache_ptr, kv_offsets, is_loaded, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+             FROM_L2: tl.constexpr):
+    """The tile's rows where `is_loaded`, zeros elsewhere; FROM_L2: past this SM's L1 (.cg). Masked along tokens only
+    when head_dim fills the tile, so loads stay 16 bytes wide."""
+    if HEAD_DIM == BLOCK_D:
+        mask = is_loaded[:, None]
+    else:
+        mask = is_loaded[:, None] & (offs_d < HEAD_DIM)[None, :]
+    if FROM_L2:
+        return tl.load(cache_ptr + kv_offsets, mask=mask, other=0.0, cache_modifier=".cg")
+    return tl.load(cache_ptr + kv_offsets, mask=mask, other=0.0)
+
+
+@triton.jit
+def _tile_probs(q, k, is_valid, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr):
+    """A K tile's unnormalized probabilities against the running max (base 2), the new max and the old sums' rescale."""
+    dot = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    scores = log2_scores(dot, scale_log2, softcap_in, softcap_out, HAS_SOFTCAP)  # [BLOCK_H, BLOCK_N]
+    scores = tl.where(is_valid[None, :], scores, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    return tl.exp2(scores - m_new[:, None]), m_new, tl.exp2(m_i - m_new)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -95,7 +137,9 @@ def _decode_split_kernel(
     HAS_SOFTCAP: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    pdl_start(USE_PDL)
+    # Everything up to the wait reads only what no kernel of this step writes (the lengths and block tables come
+    # from the host, the cache's earlier tokens from earlier steps), so under PDL it runs while the kernel before
+    # (the one storing this step's K/V and writing q) finishes: the segment's first tile but its own token.
     if HAS_ROW_ORDER:
         row = tl.load(row_order_ptr + tl.program_id(0)).to(tl.int64)
     else:
@@ -118,36 +162,41 @@ def _decode_split_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     heads = kv_head * GROUP + offs_h
     hd_mask = (offs_h < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    table_row = block_tables_ptr + row * table_stride_r
+
+    positions, is_valid, kv_offsets = _tile_offsets(table_row, tile_begin, tile_end, context_len, first_key, offs_n,
+                                                    offs_d, kv_head, cache_stride_b, cache_stride_s, cache_stride_h,
+                                                    BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
+    is_own = is_valid & (positions == context_len - 1)  # this step's token, stored by the kernel before
+    is_settled = is_valid & (positions != context_len - 1)
+    k_first = _load_kv(k_cache_ptr, kv_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False)
+    v_first = _load_kv(v_cache_ptr, kv_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False)
+    pdl_start(USE_PDL)
+    # Past the wait, from L2 (.cg): this SM's L1 holds nothing of the token, whose lines no load above touched.
+    k_own = _load_kv(k_cache_ptr, kv_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True)
+    v_own = _load_kv(v_cache_ptr, kv_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True)
+    k_first = tl.where(is_own[:, None], k_own, k_first)
+    v_first = tl.where(is_own[:, None], v_own, v_first)
     q = tl.load(q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :], mask=hd_mask, other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    table_row = block_tables_ptr + row * table_stride_r
-    for tile in range(tile_begin, tile_end):
-        positions = tile * BLOCK_N + offs_n
-        is_valid = positions < context_len
-        if HAS_WINDOW:
-            is_valid &= positions >= first_key
-        pages = tl.load(table_row + positions // BLOCK_SIZE, mask=is_valid, other=0)
-        token_offsets = pages.to(tl.int64) * cache_stride_b + (positions % BLOCK_SIZE) * cache_stride_s
-        kv_offsets = (token_offsets + kv_head * cache_stride_h)[:, None] + offs_d[None, :]
-        # Mask along tokens only when head_dim fills the tile, so loads stay 16 bytes wide.
-        if HEAD_DIM == BLOCK_D:
-            kv_mask = is_valid[:, None]
-        else:
-            kv_mask = is_valid[:, None] & (offs_d < HEAD_DIM)[None, :]
-        k = tl.load(k_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)  # an FP8 cache's too
-        dot = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
-        scores = log2_scores(dot, scale_log2, softcap_in, softcap_out, HAS_SOFTCAP)  # [BLOCK_H, BLOCK_N]
-        scores = tl.where(is_valid[None, :], scores, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(scores - m_new[:, None])
+    if tile_begin < tile_end:  # an empty segment's all-masked tile would make the running max's rescale NaN
+        p, m_i, alpha = _tile_probs(q, k_first.to(q.dtype), is_valid, m_i, scale_log2, softcap_in, softcap_out,
+                                    DOT_PRECISION, HAS_SOFTCAP)  # an FP8 cache's tiles in q's dtype
+        l_i = tl.sum(p, 1)
+        acc = tl.dot(p.to(q.dtype), v_first.to(q.dtype), input_precision=DOT_PRECISION)
+    for tile in range(tile_begin + 1, tile_end):
+        positions, is_valid, kv_offsets = _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n,
+                                                        offs_d, kv_head, cache_stride_b, cache_stride_s,
+                                                        cache_stride_h, BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
+        k = _load_kv(k_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
+        p, m_i, alpha = _tile_probs(q, k, is_valid, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION,
+                                    HAS_SOFTCAP)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = tl.load(v_cache_ptr + kv_offsets, mask=kv_mask, other=0.0).to(q.dtype)
+        v = _load_kv(v_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-        m_i = m_new
 
     # l_i == 0 only for an empty segment or context: its output is zeros, its weight zero.
     has_keys = l_i > 0.0

@@ -335,3 +335,42 @@ def test_backend_routes_and_matches_reference(is_decode_only: bool) -> None:
     assert backend.name == "triton"
     out = backend.forward(b.query, b.k_cache, b.v_cache, meta, 0.088)
     assert_matches(out, b.reference(0.088), f"backend decode_only={is_decode_only}")
+
+
+@pytest.mark.parametrize("lens", [[1088], [1088, 37, 1, 4096], [64, 65]], ids=str)
+def test_decode_reads_the_own_token_its_pdl_predecessor_stores(lens: list[int]) -> None:
+    """Under PDL the split kernel reads its segments' first tiles before waiting on the kernel before; the step's
+    own token, which that kernel (q/k norm, rotation and K/V store) writes, must be read after the wait. The own
+    slots are poisoned with NaN before every replay of the captured pair; the output equals a plain launch's over
+    the cache as the replay left it."""
+    from gpu.kernels.qk_norm_rope import qk_norm_rope_store_kv
+
+    heads, block_size, width = (32, 4, 128), 16, 4096 // 16
+    num_heads, num_kv_heads, head_dim = heads
+    rows = len(lens)
+    k_cache = torch.randn(rows * width, block_size, num_kv_heads, head_dim, device=DEVICE, dtype=torch.bfloat16)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(rows * width, device=DEVICE, dtype=torch.int32).view(rows, width).contiguous()
+    context_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
+    positions = (context_lens - 1).to(torch.int64)
+    own_blocks = tables.gather(1, (positions // block_size).view(-1, 1).to(torch.int64)).view(-1).to(torch.int64)
+    slots = own_blocks * block_size + positions % block_size
+    angles = torch.arange(4096, device=DEVICE)[:, None] * torch.rand(head_dim, device=DEVICE)[None, :]
+    rotary = (torch.cos(angles).contiguous(), torch.sin(angles).contiguous())
+    qkv = torch.empty(rows, (num_heads + 2 * num_kv_heads) * head_dim, device=DEVICE, dtype=torch.bfloat16)
+
+    def step() -> torch.Tensor:
+        q = qk_norm_rope_store_kv(qkv, positions, rotary, heads, None, 1e-6, (k_cache, v_cache, slots), use_pdl=True)
+        return decode_attention(q, k_cache, v_cache, tables, context_lens, 0.088, use_pdl=True)
+
+    qkv.normal_()
+    graph, static_out = captured(step)
+    for replay in range(20):
+        qkv.normal_()
+        k_cache.view(-1, num_kv_heads, head_dim)[slots] = float("nan")
+        v_cache.view(-1, num_kv_heads, head_dim)[slots] = float("nan")
+        graph.replay()
+        q = qk_norm_rope_store_kv(qkv, positions, rotary, heads, None, 1e-6, (k_cache, v_cache, slots))
+        plain = decode_attention(q, k_cache, v_cache, tables, context_lens, 0.088)
+        assert not static_out.isnan().any(), f"replay {replay}: a poisoned own token was read before the wait"
+        assert torch.equal(static_out, plain), f"replay {replay}"
