@@ -40,6 +40,17 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gpu.kernels.device_tables import device_name
 from gpu.kernels.pdl import pdl_start, uses_pdl
+from gpu.kernels.prologues import (
+    NO_PROLOGUE,
+    RMS_NORM,
+    SILU_AND_MUL,
+    VECTOR,
+    load_along_k,
+    rms_norm_rstd,
+    rms_normed,
+    silu_times_up,
+    sum_tile,
+)
 from gpu.kernels.skinny_gemm_configs import (
     FEW_ROWS,
     MAX_ROWS,
@@ -58,63 +69,6 @@ __all__ = ["FEW_ROWS", "MAX_ROWS", "SkinnyConfig", "config_for", "preferred_conf
            "skinny_gemm", "skinny_gemm_rms_norm", "skinny_gemm_silu_and_mul"]
 
 
-NO_PROLOGUE = tl.constexpr(0)
-RMS_NORM = tl.constexpr(1)  # x := norm(x + residual) * norm_weight
-SILU_AND_MUL = tl.constexpr(2)  # x := silu(x[:, :K]) * x[:, K:]
-VECTOR = tl.constexpr(8)  # elements of one 16-byte load of W: the one-row path sums them within their thread
-
-
-@triton.jit
-def _load_along_k(ptrs, k_mask, EVEN_K: tl.constexpr):
-    """A tile whose K positions past the end (k_mask false) read as zeros; with EVEN_K there are none, and no mask
-    (copies of one row then load once per thread: the compiler merges unmasked loads of one address only)."""
-    if EVEN_K:
-        tile = tl.load(ptrs)
-    else:
-        tile = tl.load(ptrs, mask=k_mask, other=0.0)
-    return tile
-
-
-@triton.jit
-def _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL: tl.constexpr,
-              EVEN_K: tl.constexpr):
-    """x + residual over [rows, ks], rounded to the model dtype as gpu/kernels/rms_norm.py rounds it."""
-    x = _load_along_k(x_ptr + rows[:, None] * stride_xm + ks[None, :], k_mask[None, :], EVEN_K)
-    if HAS_RESIDUAL:
-        residual = _load_along_k(res_ptr + rows[:, None] * stride_rm + ks[None, :], k_mask[None, :], EVEN_K)
-        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x_ptr.dtype.element_ty)
-    return x
-
-
-@triton.jit
-def _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
-                   HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """1 / sqrt(mean((x + residual)^2) + eps) per row over the whole of K; where `writes_sum` (one program of the
-    grid) also stores x + residual, the residual stream the next block reads. One row sums its squares within each
-    thread's vectors, tile after tile, and across the warps once, after the loop (a sum per tile crosses the warps
-    through shared memory, with barriers, every time); tiles of rows sum each tile's."""
-    if BLOCK_M == 1:
-        sum_sq = tl.full((1, BLOCK_K // VECTOR), 0.0, tl.float32)
-    else:
-        sum_sq = tl.full((BLOCK_M,), 0.0, tl.float32)
-    for k in range(0, K, BLOCK_K):
-        ks = k + tl.arange(0, BLOCK_K)
-        k_mask = ks < K
-        s = _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL, EVEN_K)
-        if HAS_RESIDUAL:
-            if writes_sum:
-                tl.store(sum_ptr + offs_m[:, None] * K + ks[None, :], s,
-                         mask=(offs_m[:, None] < M) & k_mask[None, :])
-        s = s.to(tl.float32)
-        if BLOCK_M == 1:
-            sum_sq += tl.reduce(tl.reshape(s * s, (1, BLOCK_K // VECTOR, VECTOR)), 2, add)
-        else:
-            sum_sq += tl.reduce(s * s, 1, add)
-    if BLOCK_M == 1:
-        sum_sq = tl.reduce(sum_sq, 1, add)
-    return tl.math.rsqrt(sum_sq / K + eps)
-
-
 @triton.jit
 def _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, k_mask, K, stride_xm, stride_rm, rstd,
                    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, ROW_COPIES: tl.constexpr):
@@ -122,19 +76,17 @@ def _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, k_mask, K, stride_xm, s
     weight tile's layout): the norm weight is loaded in the tile's shape too, so that it needs no layout of its own."""
     dtype = x_ptr.dtype.element_ty
     if PROLOGUE == RMS_NORM:
-        s = _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL, EVEN_K).to(tl.float32)
-        normed = (s * rstd[:, None]).to(dtype).to(tl.float32)
+        s = sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL, EVEN_K).to(tl.float32)
         if ROW_COPIES:
-            weight = _load_along_k(norm_w_ptr + (rows * 0)[:, None] + ks[None, :], k_mask[None, :], EVEN_K)
+            weight = load_along_k(norm_w_ptr + (rows * 0)[:, None] + ks[None, :], k_mask[None, :], EVEN_K)
         else:
-            weight = _load_along_k(norm_w_ptr + ks, k_mask, EVEN_K)[None, :]
-        x = (weight.to(tl.float32) * normed).to(dtype)
+            weight = load_along_k(norm_w_ptr + ks, k_mask, EVEN_K)[None, :]
+        x = rms_normed(s, rstd[:, None], weight, dtype)
     else:
         tile = x_ptr + rows[:, None] * stride_xm + ks[None, :]
-        gate = _load_along_k(tile, k_mask[None, :], EVEN_K).to(tl.float32)
-        up = _load_along_k(tile + K, k_mask[None, :], EVEN_K).to(tl.float32)
-        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-        x = (silu * up).to(dtype)
+        gate = load_along_k(tile, k_mask[None, :], EVEN_K).to(tl.float32)
+        up = load_along_k(tile + K, k_mask[None, :], EVEN_K).to(tl.float32)
+        x = silu_times_up(gate, up, dtype)
     return x
 
 
@@ -144,8 +96,8 @@ def _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, strid
                    BLOCK_K: tl.constexpr):
     """The RMS prologue's per-row factor (ones for the others, which read none)."""
     if PROLOGUE == RMS_NORM:
-        rstd = _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
-                              HAS_RESIDUAL, EVEN_K, BLOCK_M, BLOCK_K)
+        rstd = rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
+                             HAS_RESIDUAL, EVEN_K, BLOCK_M, BLOCK_K)
     else:
         rstd = tl.full((BLOCK_M,), 1.0, tl.float32)
     return rstd
@@ -156,7 +108,7 @@ def _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, ks, k_end, K, stride_xm, s
             EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, ROW_COPIES: tl.constexpr):
     """The x tile [rows, ks] of the pointer kernel: loaded, or made by the prologue."""
     if PROLOGUE == NO_PROLOGUE:
-        x = _load_along_k(x_ptrs, (ks < k_end)[None, :], EVEN_K)
+        x = load_along_k(x_ptrs, (ks < k_end)[None, :], EVEN_K)
     else:
         x = _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, ks < k_end, K, stride_xm, stride_rm, rstd,
                            PROLOGUE, HAS_RESIDUAL, EVEN_K, ROW_COPIES)
