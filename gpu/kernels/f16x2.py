@@ -38,6 +38,23 @@ def _packed(low, high):
 
 
 @triton.jit
+def halves_of_pair(v, IS_BF16: tl.constexpr):
+    """The low and high halves of a pair of 16-bit floats (bfloat16 where IS_BF16, else float16), in float32 (exact):
+    plain integer and float operations, compiled or interpreted alike."""
+    if IS_BF16:
+        return _bf16_halves_as_float(v)
+    else:
+        return _halves_as_float(v)
+
+
+@triton.jit
+def pair_of(low, high):
+    """Two 16-bit floats (float16 or bfloat16 tensors) packed into an int32, low half first."""
+    low_bits = low.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF
+    return low_bits | (high.to(tl.int16, bitcast=True).to(tl.int32) << 16)
+
+
+@triton.jit
 def f16x2_of_bf16x2_twin(v):
     low = (v << 16).to(tl.float32, bitcast=True)
     high = (v & -65536).to(tl.float32, bitcast=True)

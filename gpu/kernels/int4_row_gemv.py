@@ -27,6 +27,7 @@ writes x (programmatic dependent launch, gpu/kernels/pdl.py): weights never depe
 last valid one, never stored. Nothing depends on the data: CUDA-graph capturable.
 """
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import torch
@@ -39,8 +40,20 @@ from gpu.kernels.f16x2 import (
     f16x2_of_bf16x2,
     f16x2_splat,
     f16x2_sum,
+    halves_of_pair,
     mul_x2,
     nibbles_less_zero,
+    pair_of,
+)
+from gpu.kernels.prologues import (
+    NO_PROLOGUE,
+    RMS_NORM,
+    SILU_AND_MUL,
+    load_along_k,
+    residual_sum,
+    rms_norm_rstd,
+    rms_normed,
+    silu_times_up,
 )
 from gpu.kernels.quant_gemm_configs import GemvTiles
 from gpu.kernels.quant_gemv import pointer_or
@@ -162,10 +175,33 @@ def _zero_constants(z_ptr, rows_offset, chunk_cols, num_groups, GROUP: tl.conste
         return tl.full((1, 1, 1), ZERO_LOW, tl.int32), tl.full((1, 1, 1), ZERO_HIGH, tl.int32)
 
 
+@triton.jit
+def _x_pairs(x_pairs_ptr, res_pairs_ptr, norm_pairs_ptr, offsets, mask, half_k, rstd, PROLOGUE: tl.constexpr,
+             HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, IS_BF16: tl.constexpr):
+    """x's pairs of columns at `offsets` (pairs, [4, 1, C, 4]), loaded or made by the prologue (gpu/kernels/
+    prologues.py's rounding, half by half in float32 in the pairs' own layout: nothing crosses threads)."""
+    dtype: tl.constexpr = tl.bfloat16 if IS_BF16 else tl.float16
+    pairs = load_along_k(x_pairs_ptr + offsets, mask, EVEN_K)
+    if PROLOGUE == RMS_NORM:
+        low, high = halves_of_pair(pairs, IS_BF16)
+        if HAS_RESIDUAL:
+            res_low, res_high = halves_of_pair(load_along_k(res_pairs_ptr + offsets, mask, EVEN_K), IS_BF16)
+            low = residual_sum(low, res_low, dtype).to(tl.float32)
+            high = residual_sum(high, res_high, dtype).to(tl.float32)
+        weight_low, weight_high = halves_of_pair(load_along_k(norm_pairs_ptr + offsets, mask, EVEN_K), IS_BF16)
+        pairs = pair_of(rms_normed(low, rstd, weight_low, dtype), rms_normed(high, rstd, weight_high, dtype))
+    elif PROLOGUE == SILU_AND_MUL:
+        gate_low, gate_high = halves_of_pair(pairs, IS_BF16)
+        up_low, up_high = halves_of_pair(load_along_k(x_pairs_ptr + half_k + offsets, mask, EVEN_K), IS_BF16)
+        pairs = pair_of(silu_times_up(gate_low, up_low, dtype), silu_times_up(gate_high, up_high, dtype))
+    return pairs
+
+
 @triton.jit(do_not_specialize=["N"])
 def _int4_row_gemv_kernel(
-    x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, bias_ptr, out_ptr, N, K, num_words, num_groups, stride_qn, stride_gn,
-    GROUP: tl.constexpr, ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, bias_ptr, out_ptr, res_ptr, norm_w_ptr, sum_ptr, eps, N, K, num_words,
+    num_groups, stride_qn, stride_gn, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, GROUP: tl.constexpr,
+    ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr, HAS_ZEROS: tl.constexpr,
     HAS_OFFSETS: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
@@ -177,6 +213,7 @@ def _int4_row_gemv_kernel(
     rows_offset = rows_w * stride_gn
     q_rows = q_ptr + rows_w * stride_qn
     x_pairs_ptr = x_ptr.to(tl.pointer_type(tl.int32))  # two columns of x an int32, as the packed arithmetic takes them
+    res_pairs_ptr, norm_pairs_ptr = res_ptr.to(tl.pointer_type(tl.int32)), norm_w_ptr.to(tl.pointer_type(tl.int32))
     # word w of chunk c, [4, 1, C]: 4 consecutive words a thread; x's 32 columns [4, 1, C, 4] (pairs) follow them
     word_ids = tl.arange(0, C)[None, None, :] * 4 + tl.arange(0, 4)[:, None, None]
     word_ids = tl.max_contiguous(tl.multiple_of(word_ids, [4, 1, 1]), [4, 1, 1])
@@ -188,12 +225,16 @@ def _int4_row_gemv_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
+    if PROLOGUE == RMS_NORM:  # the one row's, from L2; the first program writes x + residual
+        first = tl.full((1,), 0, tl.int32)
+        rstd = rms_norm_rstd(x_ptr, res_ptr, sum_ptr, first, first, 1, K, 0, 0, eps, tl.program_id(0) == 0,
+                             HAS_RESIDUAL, EVEN_K, 1, BLOCK_K).reshape(1, 1, 1, 1)
+    else:
+        rstd = tl.full((1, 1, 1, 1), 1.0, tl.float32)
     sums = tl.full((4 if BY_WORD else 1, BLOCK_N, C), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
-        if EVEN_K:
-            x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids)
-        else:
-            x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids, mask=k + pair_ids * 2 < K, other=0)
+        x_pairs = _x_pairs(x_pairs_ptr, res_pairs_ptr, norm_pairs_ptr, (k >> 1) + pair_ids, k + pair_ids * 2 < K,
+                           K >> 1, rstd, PROLOGUE, HAS_RESIDUAL, EVEN_K, X_IS_BF16)
         x_pairs, inverse = _f16_x(x_pairs, C, X_IS_BF16)  # [4, 1, C, 4] float16 pairs, [1, 1, C]
         if EVEN_K:  # the last tile's next re-reads it: a load without a mask, nothing to zero
             next_start = tl.multiple_of(tl.minimum(k + BLOCK_K, K - BLOCK_K) >> 3, 4)  # a whole tile's words
@@ -232,23 +273,71 @@ def takes_row_gemv(weight: "IntWeight", x: torch.Tensor) -> bool:
             and x.data_ptr() % 4 == 0)  # x read as pairs of columns, 4 bytes each
 
 
+@dataclass(frozen=True)
+class RowPrologue:
+    """What the row GEMV makes x from (gpu/kernels/prologues.py): `RMS_NORM`, norm(x + residual) * norm_weight,
+    x + residual written into `summed` (no residual: norm(x)); `SILU_AND_MUL`, silu(x[:, :K]) * x[:, K:] of x [1, 2K];
+    `NO_PROLOGUE`, x itself."""
+
+    kind: int = NO_PROLOGUE.value
+    residual: torch.Tensor | None = None
+    norm_weight: torch.Tensor | None = None
+    eps: float = 0.0
+    summed: torch.Tensor | None = None
+
+
+LOADS_X = RowPrologue()
+
+
 def int4_row_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None, y: torch.Tensor, t: GemvTiles,
-                  pdl: bool) -> None:
-    """y [1, N] = x [1, K] @ W.T (+ bias) for arguments gpu/kernels/int_gemm.py checked and `takes_row_gemv` takes.
-    Each thread holds all `t.block_n` rows of its chunk (4 sums a row at most keep the loop in registers), and the
-    warps split the columns: at most one warp per 32 chunks (`t.num_warps` a bound), since x's tile has no rows to
-    spread warps over and its layout must be the weights'."""
-    k, n, scales = x.shape[1], weight.weight.shape[0], weight.scales
+                  pdl: bool, prologue: RowPrologue = LOADS_X) -> None:
+    """y [1, N] = x [1, K] @ W.T (+ bias) for arguments gpu/kernels/int_gemm.py checked and `takes_row_gemv` takes
+    (with a prologue, x what it makes: `int4_row_gemv_rms_norm`, `int4_row_gemv_silu_and_mul`). Each thread holds
+    all `t.block_n` rows of its chunk (4 sums a row at most keep the loop in registers), and the warps split the
+    columns: at most one warp per 32 chunks (`t.num_warps` a bound), since x's tile has no rows to spread warps over
+    and its layout must be the weights'."""
+    k, n, scales = weight.weight.shape[1] * 8, weight.weight.shape[0], weight.scales
     block_k = max(t.block_k, CHUNK)
     num_warps = max(1, min(t.num_warps, block_k // (CHUNK * 32)))
+    residual = pointer_or(prologue.residual, x)
     _int4_row_gemv_kernel[(triton.cdiv(n, t.block_n),)](
         x, weight.weight, scales, pointer_or(weight.zeros, scales), pointer_or(weight.offsets, scales),
-        pointer_or(bias, scales), y, n, k, weight.weight.shape[1], scales.shape[1], weight.weight.stride(0),
-        scales.stride(0),
+        pointer_or(bias, scales), y, residual, pointer_or(prologue.norm_weight, x), pointer_or(prologue.summed, x),
+        prologue.eps, n, k, weight.weight.shape[1], scales.shape[1], weight.weight.stride(0), scales.stride(0),
+        PROLOGUE=prologue.kind, HAS_RESIDUAL=prologue.residual is not None,
         GROUP=weight.group, **zero_point_constexprs(weight.zero), HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl,
         BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl,
         enable_fp_fusion=True)  # a multiply-add per weight, whatever Triton's default
+
+
+def int4_row_gemv_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                           weight: "IntWeight", bias: torch.Tensor | None, y: torch.Tensor, t: GemvTiles,
+                           pdl: bool) -> torch.Tensor:
+    """y [1, N] = norm(x + residual) @ W.T (+ bias) with gpu/kernels/rms_norm.py's norm (Llama's convention), in one
+    launch; returns x + residual (without a residual, x). x [1, K] as `takes_row_gemv` takes it; residual like x,
+    contiguous; norm_weight [K] in x's dtype."""
+    if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or not residual.is_contiguous()
+                                 or residual.data_ptr() % 4):
+        raise ValueError(f"residual must be a contiguous {x.dtype} {tuple(x.shape)}, got {residual.dtype} "
+                         f"{tuple(residual.shape)} strides {residual.stride()}")
+    if norm_weight.shape != (x.shape[1],) or norm_weight.dtype != x.dtype or not norm_weight.is_contiguous() \
+            or norm_weight.data_ptr() % 4:
+        raise ValueError(f"norm_weight must be contiguous [{x.shape[1]}] {x.dtype}, got {norm_weight.dtype} "
+                         f"{tuple(norm_weight.shape)}")
+    summed = torch.empty_like(x) if residual is not None else x
+    int4_row_gemv(x, weight, bias, y, t, pdl, RowPrologue(RMS_NORM.value, residual, norm_weight, eps, summed))
+    return summed
+
+
+def int4_row_gemv_silu_and_mul(gate_up: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None,
+                               y: torch.Tensor, t: GemvTiles, pdl: bool) -> None:
+    """y [1, N] = (silu(gate) * up) @ W.T (+ bias) with gpu/kernels/silu_and_mul.py's rounding, in one launch:
+    gate_up [1, 2K] (gate, then up) whose first K columns `takes_row_gemv` takes."""
+    if gate_up.shape[1] != 2 * weight.weight.shape[1] * 8 or not gate_up.is_contiguous():
+        raise ValueError(f"gate_up must be a contiguous [1, {2 * weight.weight.shape[1] * 8}], got "
+                         f"{tuple(gate_up.shape)} strides {gate_up.stride()}")
+    int4_row_gemv(gate_up, weight, bias, y, t, pdl, RowPrologue(SILU_AND_MUL.value))
 
 
 def zero_point_constexprs(zero: float) -> dict[str, int]:

@@ -333,15 +333,17 @@ def loop_body(ptx: str) -> str:
 
 
 ROW_GEMV_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "o_ptr": "*bf16",
-                      "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "K": "i32", "num_words": "i32",
+                      "bias_ptr": "*bf16", "out_ptr": "*bf16", "res_ptr": "*bf16", "norm_w_ptr": "*bf16",
+                      "sum_ptr": "*bf16", "eps": "fp32", "N": "i32", "K": "i32", "num_words": "i32",
                       "num_groups": "i32", "stride_qn": "i32", "stride_gn": "i32"}
 
 
-def row_gemv_constexprs(group: int, kind: str, zero: float = 8.0) -> dict[str, object]:
+def row_gemv_constexprs(group: int, kind: str, zero: float = 8.0, prologue: int = 0,
+                        has_residual: bool = False) -> dict[str, object]:
     """The row GEMV's switches for a format: groups of `group` columns, zero points per group ("zeros"), offsets
-    ("offsets") or the constant `zero`, as int4_row_gemv passes them."""
-    return dict(GROUP=group, **int4_row_gemv.zero_point_constexprs(zero), HAS_ZEROS=kind == "zeros",
-                HAS_OFFSETS=kind == "offsets")
+    ("offsets") or the constant `zero`, as int4_row_gemv passes them; x loaded (prologue 0) or made by a prologue."""
+    return dict(PROLOGUE=prologue, HAS_RESIDUAL=has_residual, GROUP=group, **int4_row_gemv.zero_point_constexprs(zero),
+                HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets")
 
 
 def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str, str, int]:
@@ -468,10 +470,13 @@ ROW_GEMV_TABLE_TILES = sorted({(n, k, tiles) for (kind, rows, n, k), tiles in qu
 MAX_INSTRUCTIONS_PER_WEIGHT = {"symmetric": 2.8, "zeros": 3.1}
 
 
-def row_gemv_loop(kind: str, t: GemvTiles) -> tuple[list[str], int]:
-    """(the SASS of the row GEMV's loop less its NOPs, spilled bytes) at groups of 128 and x in bf16."""
-    _, sass, spilled = row_gemv_compiled(row_gemv_constexprs(128, kind), t)
-    (loop,) = loop_bodies(sass)
+def row_gemv_loop(kind: str, t: GemvTiles, prologue: int = 0, has_residual: bool = False) -> tuple[list[str], int]:
+    """(the SASS of the row GEMV's product loop less its NOPs, spilled bytes) at groups of 128 and x in bf16 (the
+    norm prologue's sum of squares is a loop before it)."""
+    _, sass, spilled = row_gemv_compiled(row_gemv_constexprs(128, kind, prologue=prologue,
+                                                             has_residual=has_residual), t)
+    *before, loop = loop_bodies(sass)
+    assert len(before) == (prologue == int4_row_gemv.RMS_NORM.value), [len(body) for body in before]
     return [line for line in loop if line != "NOP"], spilled
 
 
@@ -494,7 +499,33 @@ def test_row_gemv_issues_few_instructions_per_weight(n: int, k: int, t: GemvTile
     assert per_weight <= MAX_INSTRUCTIONS_PER_WEIGHT[kind], (n, k, per_weight)
 
 
-if __name__ == "__main__":  # python -m tests.unit.test_kernels_compile_for_hopper: the counts the bound above holds
+ROW_GEMV_PROLOGUES = {"norm": (int4_row_gemv.RMS_NORM.value, False), "norm-residual": (int4_row_gemv.RMS_NORM.value,
+                                                                                        True),
+                      "silu": (int4_row_gemv.SILU_AND_MUL.value, False)}
+# the prologues' elementwise work, a column's, spread over the tile's 4 rows
+MAX_PROLOGUE_INSTRUCTIONS_PER_WEIGHT = {"norm": 5.0, "norm-residual": 6.0, "silu": 7.5}
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize(("n", "k", "t"), ROW_GEMV_TABLE_TILES)
+@pytest.mark.parametrize("prologue", ROW_GEMV_PROLOGUES)
+def test_row_gemv_prologues_stay_in_registers(n: int, k: int, t: GemvTiles, prologue: str) -> None:
+    """With a prologue (norm(x + residual), SiLU-and-mul) the row GEMV's loops, the norm's sum of squares before
+    the product's included, touch no shared memory, wait at no barrier and spill nothing: x is made in its pairs'
+    own layout. The product's loop issues at most MAX_PROLOGUE_INSTRUCTIONS_PER_WEIGHT instructions per weight."""
+    number, has_residual = ROW_GEMV_PROLOGUES[prologue]
+    _, sass, spilled = row_gemv_compiled(row_gemv_constexprs(128, "zeros", prologue=number,
+                                                             has_residual=has_residual), t)
+    assert spilled == 0
+    for body in loop_bodies(sass):
+        assert not [line for line in body if SHARED_OR_SPILL.search(line)], body
+    loop, _ = row_gemv_loop("zeros", t, number, has_residual)
+    per_weight = len(loop) / row_gemv_weights_per_thread(t)
+    assert per_weight <= MAX_PROLOGUE_INSTRUCTIONS_PER_WEIGHT[prologue], (n, k, per_weight)
+
+
+if __name__ == "__main__":  # python -m tests.unit.test_kernels_compile_for_hopper: the counts the bounds above hold
     for n, k, t in ROW_GEMV_TABLE_TILES:
         counts = {kind: len(row_gemv_loop(kind, t)[0]) for kind in ("symmetric", "zeros")}
+        counts |= {name: len(row_gemv_loop("zeros", t, *switches)[0]) for name, switches in ROW_GEMV_PROLOGUES.items()}
         print(n, k, t, {kind: round(count / row_gemv_weights_per_thread(t), 2) for kind, count in counts.items()})
