@@ -233,8 +233,11 @@ def _int4_row_gemv_kernel(
         rstd = tl.full((1, 1, 1, 1), 1.0, tl.float32)
     sums = tl.full((4 if BY_WORD else 1, BLOCK_N, C), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
-        x_pairs = _x_pairs(x_pairs_ptr, res_pairs_ptr, norm_pairs_ptr, (k >> 1) + pair_ids, k + pair_ids * 2 < K,
-                           K >> 1, rstd, PROLOGUE, HAS_RESIDUAL, EVEN_K, X_IS_BF16)
+        if PROLOGUE == NO_PROLOGUE:
+            x_pairs = load_along_k(x_pairs_ptr + (k >> 1) + pair_ids, k + pair_ids * 2 < K, EVEN_K)
+        else:
+            x_pairs = _x_pairs(x_pairs_ptr, res_pairs_ptr, norm_pairs_ptr, (k >> 1) + pair_ids, k + pair_ids * 2 < K,
+                               K >> 1, rstd, PROLOGUE, HAS_RESIDUAL, EVEN_K, X_IS_BF16)
         x_pairs, inverse = _f16_x(x_pairs, C, X_IS_BF16)  # [4, 1, C, 4] float16 pairs, [1, 1, C]
         if EVEN_K:  # the last tile's next re-reads it: a load without a mask, nothing to zero
             next_start = tl.multiple_of(tl.minimum(k + BLOCK_K, K - BLOCK_K) >> 3, 4)  # a whole tile's words

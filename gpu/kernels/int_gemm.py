@@ -18,6 +18,7 @@ The weight tile is the tensor cores' M side and x's rows their N side (as gpu/ke
 rule, split-K and reduce); rows past M and N re-read the last valid row, never stored. CUDA-graph capturable.
 """
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import torch
@@ -26,9 +27,22 @@ import triton.language as tl
 
 from gpu.kernels.device_tables import device_name
 from gpu.kernels.fp8_gemm import num_sms, reduce_split_k
-from gpu.kernels.int4_row_gemv import int4_row_gemv, takes_row_gemv
+from gpu.kernels.int4_row_gemv import (
+    int4_row_gemv,
+    int4_row_gemv_rms_norm,
+    int4_row_gemv_silu_and_mul,
+    takes_row_gemv,
+)
 from gpu.kernels.pdl import pdl_start, uses_pdl
-from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, Tiles, quant_tiles, table_for, tensor_core_tiles
+from gpu.kernels.quant_gemm_configs import (
+    ROW_GEMV_PROLOGUE_BLOCK_N,
+    GemvTiles,
+    QuantTiles,
+    Tiles,
+    quant_tiles,
+    table_for,
+    tensor_core_tiles,
+)
 from gpu.kernels.quant_gemv import int_gemv, pointer_or
 from gpu.kernels.skinny_gemm import _store_tile
 from gpu.kernels.triton_math import add
@@ -214,6 +228,36 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
         num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=pdl)
     if split > 1:
         reduce_split_k(part, bias, y, pdl)
+    return y
+
+
+def row_prologue_tiles(x: torch.Tensor, weight: "IntWeight") -> GemvTiles | None:
+    """The row GEMV's tiles for a product that makes its input x [1, K] in a prologue (x: the K columns the product
+    multiplies), or None where one row of these weights runs elsewhere (act order, 8-bit levels, a table's entry)."""
+    if x.shape[0] != 1 or not takes_row_gemv(weight, x):
+        return None
+    t = _chosen_tiles(x, weight)
+    return replace(t, block_n=ROW_GEMV_PROLOGUE_BLOCK_N) if isinstance(t, GemvTiles) and t.rows == 1 else None
+
+
+def int_gemm_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+                      weight: "IntWeight", bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual) @ W.T (+ bias), x + residual) in one launch of the row GEMV, where `row_prologue_tiles`
+    gives tiles for x [1, K]."""
+    t = row_prologue_tiles(x, weight)
+    assert t is not None
+    y = torch.empty((1, weight.weight.shape[0]), dtype=x.dtype, device=x.device)
+    summed = int4_row_gemv_rms_norm(x, residual, norm_weight, eps, weight, bias, y, t, uses_pdl(True, x))
+    return y, summed
+
+
+def int_gemm_silu_and_mul(gate_up: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None) -> torch.Tensor:
+    """(silu(gate) * up) @ W.T (+ bias) in one launch of the row GEMV, where `row_prologue_tiles` gives tiles for
+    gate_up's first K columns."""
+    t = row_prologue_tiles(gate_up[:, : gate_up.shape[1] // 2], weight)
+    assert t is not None
+    y = torch.empty((1, weight.weight.shape[0]), dtype=gate_up.dtype, device=gate_up.device)
+    int4_row_gemv_silu_and_mul(gate_up, weight, bias, y, t, uses_pdl(True, gate_up))
     return y
 
 

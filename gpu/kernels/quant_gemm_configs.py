@@ -34,6 +34,8 @@ FP8_CUBLAS_MIN_ROWS = 65  # FP8 products of this many rows or more run in cuBLAS
 NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpreter runs are those a GPU would
 GEMV_MAX_ROWS = {"fp8": 1, "int4": 1, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's reasons
 ROW_GEMV_BLOCK_N = 4  # the 4-bit row GEMV's rows per program, each thread's: x converted once for 4 rows
+# ... and with a prologue, which makes each column of x once per program: twice the rows share that work
+ROW_GEMV_PROLOGUE_BLOCK_N = 8
 GEMV_MAX_SUMS = 64  # float32 sums a thread holds: rows x its tile elements
 
 

@@ -27,7 +27,7 @@ from gpu.loader import CheckpointTensor, TensorSlice
 from gpu.quant import gguf_blocks
 from gpu.quant.fp8 import Fp8Scheme, dequantize_blocks
 from gpu.quant.gguf import GgufScheme
-from gpu.quant.int_weights import IntGroups, to_kernel_form
+from gpu.quant.int_weights import IntGroups, IntWeight, to_kernel_form
 from tests import quant_checkpoints as qc
 from tests.gpu.test_parity_gpu import (
     MAX_NEW,
@@ -231,6 +231,63 @@ def test_int4_row_gemv_past_float16s_range(dtype: torch.dtype, x_scale: float, o
     int4_row_gemv(x, stored, None, y, gemv_tiles(1, k, "int4"), False)
     assert y.isfinite().all()
     _close(y, (x.double() @ stored.int_groups().dequantize().double().T).float(), 2e-3)
+
+
+def _row_prologue_weight(n: int, k: int, group_size: int, kind: str, g: torch.Generator) -> IntWeight:
+    levels = torch.randint(0, 16, (n, k), device="cuda", generator=g, dtype=torch.int32)
+    scales = torch.rand(n, k // group_size, device="cuda", generator=g) * 0.01 + 1e-3
+    zeros = torch.randint(0, 16, scales.shape, device="cuda", generator=g).float() if kind == "zeros" else None
+    return to_kernel_form(IntGroups(4, levels, scales, zeros), torch.bfloat16)
+
+
+@pytest.mark.parametrize("use_pdl", [False, True])
+@pytest.mark.parametrize(("group_size", "kind"), [(128, "symmetric"), (128, "zeros"), (32, "zeros")])
+def test_int4_row_gemv_prologues_equal_the_unfused_kernels(group_size: int, kind: str, use_pdl: bool) -> None:
+    """The row GEMV's prologues at Qwen3-8B's qkv (norm(x + residual), and without a residual) and down (SiLU-and-mul
+    of gate_up) against the elementwise kernel then the plain row GEMV at the same tiles: x + residual bit for bit,
+    the products a rounding of the normed x apart at most (its sum of squares in another order); eager and replayed
+    in a CUDA graph alike, with and without PDL."""
+    from gpu.kernels.int4_row_gemv import int4_row_gemv, int4_row_gemv_rms_norm, int4_row_gemv_silu_and_mul
+    from gpu.kernels.int_gemm import row_prologue_tiles
+    from gpu.kernels.rms_norm import rms_norm
+    from gpu.kernels.silu_and_mul import silu_and_mul
+
+    g = torch.Generator(device="cuda").manual_seed(group_size + len(kind))
+    qkv, down = _row_prologue_weight(6144, 4096, group_size, kind, g), _row_prologue_weight(4096, 12288, group_size,
+                                                                                            kind, g)
+    x, residual = (torch.randn(1, 4096, device="cuda", generator=g).bfloat16() * 4 for _ in range(2))
+    norm_weight = torch.randn(4096, device="cuda", generator=g).bfloat16()
+    gate_up = torch.randn(1, 2 * 12288, device="cuda", generator=g).bfloat16() * 3
+    bias = torch.randn(4096, device="cuda", generator=g).bfloat16()
+    qkv_tiles, down_tiles = row_prologue_tiles(x, qkv), row_prologue_tiles(gate_up[:, :12288], down)
+    assert qkv_tiles is not None and down_tiles is not None
+
+    def fused() -> list[torch.Tensor]:
+        outs = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for n in (6144, 6144, 4096)]
+        summed = int4_row_gemv_rms_norm(x, residual, norm_weight, 1e-6, qkv, None, outs[0], qkv_tiles, use_pdl)
+        int4_row_gemv_rms_norm(x, None, norm_weight, 1e-6, qkv, None, outs[1], qkv_tiles, use_pdl)
+        int4_row_gemv_silu_and_mul(gate_up, down, bias, outs[2], down_tiles, use_pdl)
+        return [*outs, summed]
+
+    def unfused() -> list[torch.Tensor]:
+        outs = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for n in (6144, 6144, 4096)]
+        normed, summed = rms_norm(x, norm_weight, 1e-6, residual)
+        int4_row_gemv(normed, qkv, None, outs[0], qkv_tiles, use_pdl)
+        int4_row_gemv(rms_norm(x, norm_weight, 1e-6)[0], qkv, None, outs[1], qkv_tiles, use_pdl)
+        int4_row_gemv(silu_and_mul(gate_up), down, bias, outs[2], down_tiles, use_pdl)
+        return [*outs, summed]
+
+    eager, reference = fused(), unfused()
+    assert torch.equal(eager[3], reference[3])
+    for out, ref in zip(eager[:3], reference[:3], strict=True):
+        _close(out, ref.float(), 2e-3)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = fused()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert all(torch.equal(c, e) for c, e in zip(captured, eager, strict=True))
 
 
 def test_f16x2_ptx_equals_its_twins() -> None:
