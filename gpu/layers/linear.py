@@ -102,6 +102,10 @@ class Linear(nn.Linear):
             y, summed = self.packed.normed(x, inp.residual, inp.norm.weight, inp.norm.eps, self.bias)
             return self._reduce(y), summed
         is_fusable = x.dim() == 2 and inp.norm.is_fused(x) and inp.norm.is_llama_style  # the prologue's convention
+        if is_fusable and self._quant_takes_prologue(x, "norm"):
+            assert self.quant is not None
+            y, summed = self.quant.apply_normed(self, x, inp.residual, inp.norm.weight, inp.norm.eps, self.bias)
+            return self._reduce(y), summed
         config = self._prologue_config(x, "norm") if is_fusable else None
         if config is not None:
             from gpu.kernels.skinny_gemm import skinny_gemm_rms_norm
@@ -119,6 +123,9 @@ class Linear(nn.Linear):
                                                                                                           self.bias):
             return self._reduce(self.packed.silu_and_mul(gate_up, self.bias))
         is_fusable = isinstance(act, SiluAndMul) and act.is_fused(gate_up)  # the prologue computes SiLU only
+        if is_fusable and self._quant_takes_prologue(gate_up[:, : self.in_features], "silu"):
+            assert self.quant is not None
+            return self._reduce(self.quant.apply_activated(self, gate_up, self.bias))
         config = self._prologue_config(gate_up[:, : self.in_features], "silu") if is_fusable else None
         if config is not None:
             from gpu.kernels.skinny_gemm import skinny_gemm_silu_and_mul
@@ -157,6 +164,11 @@ class Linear(nn.Linear):
 
     def _is_skinny(self, x: torch.Tensor) -> bool:
         return is_skinny(x, self.weight, self.kernels)
+
+    def _quant_takes_prologue(self, x: torch.Tensor, kind: str) -> bool:
+        """Whether this quantized layer's kernel computes its input x [M, in_features] (a `kind` prologue) itself:
+        the W4A16 row GEMV at one row (gpu/quant/int_weights.py)."""
+        return self.quant is not None and self.kernels.fused_kernels and self.quant.takes_prologue(x, kind)
 
     def _prologue_config(self, x: torch.Tensor, kind: str) -> SkinnyConfig | None:
         """The skinny kernel's config for a product over x [M, in_features] that computes its input (a `kind`

@@ -216,6 +216,28 @@ class IntGroupsMethod(QuantMethod):
         y = self.stored.product(x.reshape(-1, x.shape[-1]), bias)
         return y.view(*x.shape[:-1], y.shape[-1])
 
+    def takes_prologue(self, x: torch.Tensor, kind: str) -> bool:
+        """One row on the 4-bit row GEMV (gpu/kernels/int4_row_gemv.py), which has both prologues."""
+        if self.stored is None or not x.is_cuda or x.dim() != 2 or x.shape[0] != 1:
+            return False
+        from gpu.kernels.int_gemm import row_prologue_tiles
+
+        return x.dtype == self.stored.scales.dtype and row_prologue_tiles(x, self.stored) is not None
+
+    def apply_normed(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None,
+                     norm_weight: torch.Tensor, eps: float, bias: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        assert self.stored is not None
+        from gpu.kernels.int_gemm import int_gemm_rms_norm
+
+        return int_gemm_rms_norm(x, residual, norm_weight, eps, self.stored, bias)
+
+    def apply_activated(self, layer: nn.Module, gate_up: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        assert self.stored is not None
+        from gpu.kernels.int_gemm import int_gemm_silu_and_mul
+
+        return int_gemm_silu_and_mul(gate_up, self.stored, bias)
+
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         assert self.stored is not None
         return self.stored.int_groups().dequantize()

@@ -58,6 +58,21 @@ class QuantMethod:
         """x @ W.T (+ bias) over x's last dimension, on the layer's device."""
         raise NotImplementedError
 
+    def takes_prologue(self, x: torch.Tensor, kind: str) -> bool:
+        """Whether this layer's product over x [M, in] computes its own input in a `kind` ("norm" or "silu")
+        prologue: `apply_normed`, `apply_activated`."""
+        return False
+
+    def apply_normed(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None,
+                     norm_weight: torch.Tensor, eps: float, bias: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(norm(x + residual) @ W.T (+ bias), x + residual) in one kernel, where `takes_prologue(x, "norm")`."""
+        raise NotImplementedError
+
+    def apply_activated(self, layer: nn.Module, gate_up: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        """(silu(gate) * up) @ W.T (+ bias) in one kernel, where `takes_prologue(gate's columns, "silu")`."""
+        raise NotImplementedError
+
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         """The weight [out, in] in float32 by the format's rule: the reference."""
         raise NotImplementedError
