@@ -4,10 +4,13 @@ Grid (row, kv_head, split). A program loads the GROUP query heads that share one
 [BLOCK_H, head_dim] tile (GQA: each K/V tile is read once for the whole group), walks its segment
 of the row's context through the block table BLOCK_N tokens at a time, and keeps an online softmax
 in float32 (base 2, the scale folded together with log2(e)). With one split it writes the output
-directly; with several it writes each segment's normalized partial output and log2-sum-exp, and a
-second kernel merges the segments of each (row, head). Under programmatic dependent launch a program reads its
-segment's first tile, all but the step's own token, before it waits for the kernel before (which writes q and that
-token's K/V), so the block table and cache reads overlap that kernel's end.
+directly; with several it writes each segment's normalized partial output and log2-sum-exp, then counts
+its arrival on its (row, kv_head) counter, and the program that arrives last merges the segments of its GROUP
+heads and writes the output: one launch, no merge kernel. The counters live in a buffer kept per device and size
+(zeroed once, never per call, so CUDA graphs can capture it); the last program resets its counter to zero for the
+next launch. Under programmatic dependent launch a program reads its segment's first tile, all but the step's own
+token, before it waits for the kernel before (which writes q and that token's K/V), so the block table and cache
+reads overlap that kernel's end; the counters are touched only after the wait.
 
 Graph safety: the number of splits is fixed from static shapes only (rows, KV heads, block-table
 width, the GPU's multiprocessor count), never from context lengths; each row cuts its own context
@@ -111,6 +114,7 @@ def _decode_split_kernel(
     out_ptr,
     partial_out_ptr,  # [num_rows, num_heads, NUM_SPLITS, HEAD_DIM] float32
     partial_lse_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32, log2 domain
+    counters_ptr,  # NUM_SPLITS > 1: [num_rows * num_kv_heads] int32, zero between launches; else unused
     scale_log2,
     softcap_in,
     softcap_out,
@@ -213,30 +217,41 @@ def _decode_split_kernel(
         tl.store(partial_out_ptr + partial_rows[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hd_mask)
         lse = tl.where(has_keys, m_i + tl.log2(l_i), float("-inf"))
         tl.store(partial_lse_ptr + partial_rows, lse, mask=offs_h < GROUP)
+        # Every thread's partial stores come before the counter's release (the barrier), so the program that
+        # sees the count reach NUM_SPLITS - 1 (acquire) finds every split's partial in memory.
+        tl.debug_barrier()
+        counter = counters_ptr + row * tl.num_programs(1) + kv_head
+        arrived_before = tl.atomic_add(counter, 1, sem="acq_rel", scope="gpu")
+        if arrived_before == NUM_SPLITS - 1:
+            tl.store(counter, 0)  # the next launch (or graph replay) starts from zero
+            for h in range(GROUP):
+                _merge_head(partial_out_ptr, partial_lse_ptr, sinks_ptr, out_ptr, row, kv_head * GROUP + h,
+                            num_heads, out_stride_t, out_stride_h, HEAD_DIM, BLOCK_D, NUM_SPLITS, HAS_SINKS)
 
 
 @triton.jit
-def _decode_reduce_kernel(
+def _merge_head(
     partial_out_ptr,
     partial_lse_ptr,
-    sinks_ptr,  # HAS_SINKS: [num_heads]; else unused
+    sinks_ptr,
     out_ptr,
+    row,
+    head,
+    num_heads,
     out_stride_t,
     out_stride_h,
     HEAD_DIM: tl.constexpr,
     BLOCK_D: tl.constexpr,
     NUM_SPLITS: tl.constexpr,
     HAS_SINKS: tl.constexpr,
-    USE_PDL: tl.constexpr,
 ):
-    pdl_start(USE_PDL)
-    row = tl.program_id(0).to(tl.int64)
-    head = tl.program_id(1)
-    num_heads = tl.num_programs(1)
+    """One (row, head)'s output from its splits' partials: fixed [NUM_SPLITS] and [NUM_SPLITS, BLOCK_D] reductions,
+    whichever program merges (deterministic). The partials were written by other programs: loaded through L2 (.cg),
+    never from this multiprocessor's L1."""
     offs_s = tl.arange(0, NUM_SPLITS)
     offs_d = tl.arange(0, BLOCK_D)
     partial_rows = (row * num_heads + head) * NUM_SPLITS + offs_s
-    lse = tl.load(partial_lse_ptr + partial_rows)
+    lse = tl.load(partial_lse_ptr + partial_rows, cache_modifier=".cg")
     lse_max = tl.max(lse, 0)
     if HAS_SINKS:  # the sink weighs in the denominator only
         sink_log2 = tl.load(sinks_ptr + head).to(tl.float32) * LOG2_E
@@ -245,7 +260,8 @@ def _decode_reduce_kernel(
     weights = tl.where(lse > float("-inf"), tl.exp2(lse - lse_max), 0.0)
     d_mask = offs_d < HEAD_DIM
     part_offsets = partial_rows[:, None] * HEAD_DIM + offs_d[None, :]
-    parts = tl.load(partial_out_ptr + part_offsets, mask=d_mask[None, :], other=0.0)  # [NUM_SPLITS, BLOCK_D]
+    parts = tl.load(partial_out_ptr + part_offsets, mask=d_mask[None, :], other=0.0,
+                    cache_modifier=".cg")  # [NUM_SPLITS, BLOCK_D]
     total = tl.sum(weights, 0)
     if HAS_SINKS:
         total += tl.exp2(sink_log2 - lse_max)
@@ -258,6 +274,22 @@ def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
         return 132  # Triton's CPU interpreter: any fixed count will do
     return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _partials(num_rows: int, num_heads: int, num_splits: int, head_dim: int,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each split's normalized output and log2-sum-exp, for the merge (a function of its own so tests can keep them)."""
+    partial_out = torch.empty(num_rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=device)
+    partial_lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=device)
+    return partial_out, partial_lse
+
+
+@functools.cache
+def _arrival_counters(device: torch.device, size: int) -> torch.Tensor:
+    """The split programs' arrival counters, zero between launches: one buffer per device and size for the
+    process's life (made by the eager warm-up run before a graph captures the launch, and never freed, so the graph's
+    pointer stays valid)."""
+    return torch.zeros(size, dtype=torch.int32, device=device)
 
 
 def choose_num_splits(num_rows: int, num_kv_heads: int, max_context_tokens: int, num_sms: int) -> int:
@@ -299,10 +331,10 @@ def decode_attention(
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     if num_splits > 1:
-        partial_out = torch.empty(num_rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
-        partial_lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=query.device)
+        partial_out, partial_lse = _partials(num_rows, num_heads, num_splits, head_dim, query.device)
+        counters = _arrival_counters(query.device, num_rows * num_kv_heads)
     else:
-        partial_out = partial_lse = out  # unused by the kernel's single-split path
+        partial_out = partial_lse = counters = out  # unused by the kernel's single-split path
     num_stages = config.num_stages or (SPLIT_NUM_STAGES if num_splits > 1 else UNSPLIT_NUM_STAGES)
     # One row needs no launch order, and reading it would put a load before every other load of the kernel.
     has_row_order = row_order is not None and num_rows > 1
@@ -310,7 +342,7 @@ def decode_attention(
     sinks = variant.sinks if variant.sinks is not None else context_lens
     _decode_split_kernel[(num_rows, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, context_lens, row_order if has_row_order else context_lens, sinks,
-        out, partial_out, partial_lse,
+        out, partial_out, partial_lse, counters,
         scale * math.log2(math.e), *softcap_factors(scale, variant.softcap), variant.sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
@@ -321,12 +353,6 @@ def decode_attention(
         HAS_SINKS=variant.sinks is not None, HAS_SOFTCAP=variant.softcap is not None,
         USE_PDL=pdl, num_warps=config.num_warps, num_stages=num_stages, launch_pdl=pdl,
     )
-    if num_splits > 1:
-        _decode_reduce_kernel[(num_rows, num_heads)](
-            partial_out, partial_lse, sinks, out, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, HAS_SINKS=variant.sinks is not None,
-            USE_PDL=pdl, num_warps=4, launch_pdl=pdl,
-        )
     return out
 
 

@@ -21,16 +21,19 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from gpu.attention.variant import AttentionVariant  # noqa: E402
 from gpu.kernels import decode_attention as decode_module  # noqa: E402
+from tests.decode_merge_reference import keep_partials, reference_merge  # noqa: E402
 
 BLOCK_SIZE, HEAD_DIM, GROUP, NUM_KV_HEADS = 16, 32, 2, 2
 
 
-def paged_inputs(context_lens: list[int], seed: int) -> tuple[torch.Tensor, ...]:
+def paged_inputs(context_lens: list[int], seed: int, group: int = GROUP,
+                 block_size: int = BLOCK_SIZE) -> tuple[torch.Tensor, ...]:
     """(query, k_cache, v_cache, block_tables, context_lens): each row's blocks shuffled, the table wider than
     needed (as a graph's is) and padded with stale block ids, the caches random (NaN in unowned blocks)."""
     generator = torch.Generator().manual_seed(seed)
-    blocks_per_row = [-(-n // BLOCK_SIZE) for n in context_lens]
+    blocks_per_row = [-(-n // block_size) for n in context_lens]
     num_blocks = sum(blocks_per_row) + 3
     width = max(blocks_per_row) + 2
     pool = torch.randperm(num_blocks, generator=generator).tolist()
@@ -38,12 +41,12 @@ def paged_inputs(context_lens: list[int], seed: int) -> tuple[torch.Tensor, ...]
     for n in blocks_per_row:
         tables.append(pool[used : used + n] + pool[:1] * (width - n))
         used += n
-    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    shape = (num_blocks, block_size, NUM_KV_HEADS, HEAD_DIM)
     k_cache, v_cache = torch.randn(2, *shape, generator=generator).unbind(0)
     owned = torch.tensor(pool[:used])
     unowned = torch.ones(num_blocks, dtype=torch.bool).index_fill_(0, owned, False)
     k_cache[unowned], v_cache[unowned] = float("nan"), float("nan")
-    query = torch.randn(len(context_lens), NUM_KV_HEADS * GROUP, HEAD_DIM, generator=generator)
+    query = torch.randn(len(context_lens), NUM_KV_HEADS * group, HEAD_DIM, generator=generator)
     return (query, k_cache, v_cache, torch.tensor(tables, dtype=torch.int32),
             torch.tensor(context_lens, dtype=torch.int32))
 
@@ -89,6 +92,38 @@ def test_default_splits_for_one_row_of_a_wide_table() -> None:
     assert decode_module.choose_num_splits(1, NUM_KV_HEADS, wide.shape[1] * BLOCK_SIZE, 132) > 300 // 64
     out = decode_module.decode_attention(query, k_cache, v_cache, wide, lens, 0.2)
     torch.testing.assert_close(out, reference(query, k_cache, v_cache, tables, lens, 0.2), atol=1e-5, rtol=1e-5)
+
+
+# (splits, query heads per KV head, block size, tile): one to eight heads a program, tiles of one block, of two blocks
+# and of half a block; every context list ends mid-block somewhere.
+MERGE_CASES = [(2, 2, 16, 16), (4, 1, 16, 32), (16, 4, 32, 16), (4, 8, 8, 16), (16, 2, 16, 16)]
+
+
+@pytest.mark.parametrize(("num_splits", "group", "block_size", "block_n"), MERGE_CASES)
+@pytest.mark.parametrize("has_sinks", [False, True])
+def test_split_programs_merge_as_the_merge_kernel_did(num_splits: int, group: int, block_size: int, block_n: int,
+                                                      has_sinks: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last split program of each (row, KV head) merges its heads bit for bit as the separate merge kernel
+    merged the same partials, and leaves the arrival counters at zero: a second launch gives the same output."""
+    kept = keep_partials(monkeypatch)
+    query, k_cache, v_cache, tables, lens = paged_inputs(CONTEXT_LENS, seed=num_splits + group, group=group,
+                                                         block_size=block_size)
+    sinks = torch.linspace(-2.0, 3.0, query.shape[1]) if has_sinks else None
+    variant = AttentionVariant(sinks=sinks)
+    config = decode_module.DecodeConfig(block_n=block_n, num_splits=num_splits)
+    outs = []
+    for _ in range(2):
+        outs.append(torch.full_like(query, float("nan")))
+        decode_module.decode_attention(query, k_cache, v_cache, tables, lens, 0.2, out=outs[-1], config=config,
+                                       variant=variant)
+        counters = decode_module._arrival_counters(query.device, len(CONTEXT_LENS) * NUM_KV_HEADS)
+        assert torch.equal(counters, torch.zeros_like(counters))
+    assert len(kept) == 2
+    assert torch.equal(outs[0], reference_merge(*kept[0], sinks, query))
+    assert torch.equal(outs[1], outs[0])
+    if not has_sinks:
+        torch.testing.assert_close(outs[0], reference(query, k_cache, v_cache, tables, lens, 0.2), atol=1e-5,
+                                   rtol=1e-5)
 
 
 # (num_heads, num_kv_heads, head_dim): GQA with the values in a program of their own, MQA, heads split unevenly.

@@ -45,7 +45,7 @@ def compile_for_hopper(kernel: object, pointers: dict[str, str], constexprs: dic
 
 ATTENTION = dict(q_ptr="*bf16", k_cache_ptr="*bf16", v_cache_ptr="*bf16", block_tables_ptr="*i32",
                  context_lens_ptr="*i32", row_order_ptr="*i32", sinks_ptr="*fp32", out_ptr="*bf16",
-                 partial_out_ptr="*fp32", partial_lse_ptr="*fp32", query_start_loc_ptr="*i32")
+                 partial_out_ptr="*fp32", partial_lse_ptr="*fp32", counters_ptr="*i32", query_start_loc_ptr="*i32")
 VARIANT_FLAGS = dict(HAS_WINDOW=True, HAS_SINKS=True, HAS_SOFTCAP=True)
 
 
@@ -54,8 +54,23 @@ def test_decode_kernels_with_every_variant_switch(num_splits: int) -> None:
     compile_for_hopper(decode_attention._decode_split_kernel, ATTENTION, dict(
         GROUP=8, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_H=16, BLOCK_D=64, BLOCK_N=64, NUM_SPLITS=num_splits,
         DOT_PRECISION="tf32", HAS_ROW_ORDER=True, USE_PDL=False, **VARIANT_FLAGS))
-    compile_for_hopper(decode_attention._decode_reduce_kernel, ATTENTION, dict(
-        HEAD_DIM=64, BLOCK_D=64, NUM_SPLITS=8, HAS_SINKS=True, USE_PDL=False))
+
+
+def test_split_kernel_merges_after_its_counter_is_released_and_acquired() -> None:
+    """The split programs count their arrival with an acq_rel atomic at GPU scope after a CTA barrier (so every
+    thread's partial stores are released), and the last one reads the partials through L2 (ld.global.cg)."""
+    ptx = compiled_ptx(decode_attention._decode_split_kernel, ATTENTION, dict(
+        GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_H=16, BLOCK_D=128, BLOCK_N=64, NUM_SPLITS=8,
+        DOT_PRECISION="tf32", HAS_ROW_ORDER=False, USE_PDL=True, HAS_WINDOW=False, HAS_SINKS=False,
+        HAS_SOFTCAP=False), fp_fusion=True)
+    lines = [line.strip() for line in ptx.splitlines()]
+    atomics = [i for i, line in enumerate(lines) if "atom." in line]
+    assert len(atomics) == 1 and ".gpu.acq_rel.add" in lines[atomics[0]], [lines[i] for i in atomics]
+    stores_and_barriers = [line for line in lines[:atomics[0]] if "st.global" in line or "bar.sync" in line]
+    assert stores_and_barriers[-1].startswith("bar.sync"), stores_and_barriers[-3:]
+    after = lines[atomics[0]:]
+    assert sum("ld.global.cg" in line for line in after) >= 8 + 1  # a head's eight lse and its parts
+    assert not any(re.search(r"ld\.global\.(?!cg)", line) for line in after)
 
 
 def test_prefill_kernel_with_every_variant_switch() -> None:
