@@ -257,10 +257,17 @@ def _merge_head(
         sink_log2 = tl.load(sinks_ptr + head).to(tl.float32) * LOG2_E
         lse_max = tl.maximum(lse_max, sink_log2)
     # Empty segments (lse = -inf) weigh nothing; if all are empty the output is zeros.
-    weights = tl.where(lse > float("-inf"), tl.exp2(lse - lse_max), 0.0)
+    has_keys = lse > float("-inf")
+    weights = tl.where(has_keys, tl.exp2(lse - lse_max), 0.0)
     d_mask = offs_d < HEAD_DIM
     part_offsets = partial_rows[:, None] * HEAD_DIM + offs_d[None, :]
-    parts = tl.load(partial_out_ptr + part_offsets, mask=d_mask[None, :], other=0.0,
+    # An empty segment's partial is zeros at weight zero: not read (a short context in a wide table leaves most
+    # segments empty), the same sums. Masked along splits only when head_dim fills the tile: 16-byte loads.
+    if HEAD_DIM == BLOCK_D:
+        parts_mask = has_keys[:, None]
+    else:
+        parts_mask = has_keys[:, None] & d_mask[None, :]
+    parts = tl.load(partial_out_ptr + part_offsets, mask=parts_mask, other=0.0,
                     cache_modifier=".cg")  # [NUM_SPLITS, BLOCK_D]
     total = tl.sum(weights, 0)
     if HAS_SINKS:
