@@ -21,8 +21,10 @@ A prologue may make x on the fly, so the elementwise kernel before the product n
 launch costs more than its bytes): `skinny_gemm_rms_norm` multiplies norm(x + residual), the residual add and
 RMSNorm of gpu/kernels/rms_norm.py rounded at the same points (each program first sums the squares of its rows
 over all of K, from L2; the program at column block 0 and K slice 0 also writes x + residual, the next block's
-residual stream), and `skinny_gemm_silu_and_mul` multiplies silu(gate) * up of a merged gate/up projection, as
-gpu/kernels/silu_and_mul.py rounds it. With a prologue the TMA kernel brings only W's tiles; x's are computed.
+residual stream, and where asked the normed x itself, the tiles its product multiplied, for other consumers of the
+same norm: the MoE block's experts after its router), and `skinny_gemm_silu_and_mul` multiplies silu(gate) * up of
+a merged gate/up projection, as gpu/kernels/silu_and_mul.py rounds it. With a prologue the TMA kernel brings only W's
+tiles; x's are computed.
 
 Launch parameters come from gpu/kernels/skinny_gemm_configs.py: a table per GPU keyed by (row bucket, N, K), and
 rules for other shapes. Nothing depends on the data, and M is no specialization key, so a call is CUDA-graph
@@ -139,13 +141,32 @@ def _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, k_mask, K, stride_xm, s
 
 
 @triton.jit
-def _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
-                   PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_K: tl.constexpr):
-    """The RMS prologue's per-row factor (ones for the others, which read none)."""
+def _store_normed(x_ptr, res_ptr, norm_w_ptr, normed_ptr, rows, offs_m, M, K, stride_xm, stride_rm, rstd,
+                  HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Stores norm(x + residual) [M, K]: the prologue's own tiles (the same code, the same rstd), so a consumer of
+    this output reads exactly what the product multiplied."""
+    for k in range(0, K, BLOCK_K):
+        ks = k + tl.arange(0, BLOCK_K)
+        k_mask = ks < K
+        x = _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, k_mask, K, stride_xm, stride_rm, rstd, RMS_NORM,
+                           HAS_RESIDUAL, EVEN_K, False)
+        tl.store(normed_ptr + offs_m[:, None] * K + ks[None, :], x, mask=(offs_m[:, None] < M) & k_mask[None, :])
+
+
+@triton.jit
+def _prologue_rstd(x_ptr, res_ptr, sum_ptr, norm_w_ptr, normed_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps,
+                   writes_sum, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WRITES_NORMED: tl.constexpr,
+                   EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
+    """The RMS prologue's per-row factor (ones for the others, which read none). The program that `writes_sum` also
+    stores the normed x where WRITES_NORMED: in the launch that reads it for the product, so every kernel after this
+    one (each waits for its predecessor's completion, gpu/kernels/pdl.py) finds it written."""
     if PROLOGUE == RMS_NORM:
         rstd = _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
                               HAS_RESIDUAL, EVEN_K, BLOCK_M, BLOCK_K)
+        if WRITES_NORMED:
+            if writes_sum:
+                _store_normed(x_ptr, res_ptr, norm_w_ptr, normed_ptr, rows, offs_m, M, K, stride_xm, stride_rm, rstd,
+                              HAS_RESIDUAL, EVEN_K, BLOCK_K)
     else:
         rstd = tl.full((BLOCK_M,), 1.0, tl.float32)
     return rstd
@@ -166,11 +187,12 @@ def _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, ks, k_end, K, stride_xm, s
 @triton.jit(do_not_specialize=["M", "N"])
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr,
-    res_ptr, norm_w_ptr, sum_ptr, stride_rm, eps,
+    res_ptr, norm_w_ptr, sum_ptr, normed_ptr, stride_rm, eps,
     M, N, K, k_per_split,
     stride_xm, stride_wn, stride_os, stride_om,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    WRITES_NORMED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     IS_PARTIAL: tl.constexpr,
     EVEN_K: tl.constexpr,
@@ -202,8 +224,9 @@ def _skinny_gemm_kernel(
     if USE_PDL:  # (the dot path's weight stream is Triton's software pipeline: there PDL only hides the launch)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
-                          (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M, BLOCK_K)
+    rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, norm_w_ptr, normed_ptr, rows_x, offs_m, M, K, stride_xm,
+                          stride_rm, eps, (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, WRITES_NORMED, EVEN_K,
+                          BLOCK_M, BLOCK_K)
     if USE_DOT:
         acc = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
@@ -275,11 +298,12 @@ def _store_tile(acc, bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, 
 @triton.jit(do_not_specialize=["M", "N"])
 def _skinny_gemm_tma_kernel(
     x_desc, w_desc, bias_ptr, out_ptr,
-    x_ptr, res_ptr, norm_w_ptr, sum_ptr, stride_xm, stride_rm, eps,
+    x_ptr, res_ptr, norm_w_ptr, sum_ptr, normed_ptr, stride_xm, stride_rm, eps,
     M, N, K, k_per_split,
     stride_os, stride_om,
     PROLOGUE: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    WRITES_NORMED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     IS_PARTIAL: tl.constexpr,
     BLOCK_M: tl.constexpr,
@@ -299,8 +323,9 @@ def _skinny_gemm_tma_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_x = tl.minimum(offs_m, M - 1)
-    rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
-                          (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, False, BLOCK_M, BLOCK_K)
+    rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, norm_w_ptr, normed_ptr, rows_x, offs_m, M, K, stride_xm,
+                          stride_rm, eps, (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, WRITES_NORMED, False,
+                          BLOCK_M, BLOCK_K)
     acc = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         w = w_desc.load([pid_n * BLOCK_N, k])  # [BLOCK_N, BLOCK_K]
@@ -360,13 +385,15 @@ def config_for(num_rows: int, n: int, k: int, device: torch.device) -> SkinnyCon
 @dataclass(frozen=True)
 class _Prologue:
     """How the kernel makes x's tiles: NO_PROLOGUE (loads x [M, K]), RMS_NORM (norm(x + residual) * norm_weight,
-    writing x + residual into `summed`), SILU_AND_MUL (silu(x[:, :K]) * x[:, K:] of x [M, 2K])."""
+    writing x + residual into `summed`, and the normed x into `normed` where given), SILU_AND_MUL (silu(x[:, :K]) *
+    x[:, K:] of x [M, 2K])."""
 
     kind: int = NO_PROLOGUE.value
     residual: torch.Tensor | None = None
     norm_weight: torch.Tensor | None = None
     eps: float = 0.0
     summed: torch.Tensor | None = None
+    normed: torch.Tensor | None = None
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, x_columns: int) -> None:
@@ -415,9 +442,13 @@ def skinny_gemm_rms_norm(
     bias: torch.Tensor | None = None,
     config: SkinnyConfig | None = None,
     use_pdl: bool = False,
+    normed_out: torch.Tensor | None = None,  # [M, K] contiguous, x's dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(norm(x + residual) @ weight.T (+ bias), x + residual) with gpu/kernels/rms_norm.py's norm: one launch (two
-    with split-K) for the norm's kernel and the product's. Without a residual, (norm(x) @ weight.T, x)."""
+    with split-K) for the norm's kernel and the product's. Without a residual, (norm(x) @ weight.T, x).
+
+    `normed_out` receives norm(x + residual) itself, exactly the input the product multiplied (rounded where
+    rms_norm.py rounds; its float32 sum of squares in this kernel's order), for other products of the same norm."""
     _check(x, weight, bias, weight.shape[1])
     m, k = x.shape
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1):
@@ -426,8 +457,13 @@ def skinny_gemm_rms_norm(
     if norm_weight.shape != (k,) or norm_weight.dtype != x.dtype or not norm_weight.is_contiguous():
         raise ValueError(f"norm_weight must be contiguous [{k}] {x.dtype}, got {norm_weight.dtype} "
                          f"{tuple(norm_weight.shape)}")
+    if normed_out is not None and (normed_out.shape != x.shape or normed_out.dtype != x.dtype
+                                   or not normed_out.is_contiguous()):
+        raise ValueError(f"normed_out must be contiguous {x.dtype} {tuple(x.shape)}, got {normed_out.dtype} "
+                         f"{tuple(normed_out.shape)} strides {normed_out.stride()}")
     summed = torch.empty((m, k), dtype=x.dtype, device=x.device) if residual is not None else x
-    y = _launch(x, weight, bias, config, use_pdl, None, _Prologue(RMS_NORM.value, residual, norm_weight, eps, summed))
+    prologue = _Prologue(RMS_NORM.value, residual, norm_weight, eps, summed, normed_out)
+    y = _launch(x, weight, bias, config, use_pdl, None, prologue)
     return y, summed
 
 
@@ -464,7 +500,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     has_prologue = prologue.kind != NO_PROLOGUE.value
     residual = prologue.residual if prologue.residual is not None else x
     prologue_args = (residual, prologue.norm_weight if prologue.norm_weight is not None else weight,
-                     prologue.summed if prologue.summed is not None else x)
+                     prologue.summed if prologue.summed is not None else x,
+                     prologue.normed if prologue.normed is not None else x)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, c.block_n), c.split_k)
     if c.use_tma and (has_prologue or _is_tma_aligned(x)) and _is_tma_aligned(weight):
         w_desc = TensorDescriptor.from_tensor(weight, [c.block_n, c.block_k])
@@ -473,6 +510,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
             part, x, *prologue_args, x.stride(0), residual.stride(0), prologue.eps,
             m, n, k, k_per_split, part.stride(0) if is_partial else 0, part.stride(-2),
             PROLOGUE=prologue.kind, HAS_RESIDUAL=prologue.residual is not None,
+            WRITES_NORMED=prologue.normed is not None,
             HAS_BIAS=bias is not None, IS_PARTIAL=is_partial, BLOCK_M=block_m, BLOCK_N=c.block_n,
             BLOCK_K=c.block_k, USE_PDL=pdl, num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,
         )
@@ -483,6 +521,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
             m, n, k, k_per_split,
             x.stride(0), weight.stride(0), part.stride(0) if is_partial else 0, part.stride(-2),
             PROLOGUE=prologue.kind, HAS_RESIDUAL=prologue.residual is not None,
+            WRITES_NORMED=prologue.normed is not None,
             HAS_BIAS=bias is not None, IS_PARTIAL=is_partial, EVEN_K=k % (c.block_k * c.split_k) == 0,
             USE_DOT=c.use_dot, USE_PDL=pdl, BLOCK_M=block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k,
             num_warps=c.num_warps, num_stages=c.num_stages, launch_pdl=pdl,
