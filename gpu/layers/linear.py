@@ -101,8 +101,8 @@ class Linear(nn.Linear):
                 and self.packed.takes(x, inp.residual, inp.norm.weight, self.bias)):
             y, summed = self.packed.normed(x, inp.residual, inp.norm.weight, inp.norm.eps, self.bias)
             return self._reduce(y), summed
-        is_fusable = x.dim() == 2 and inp.norm.is_fused(x) and inp.norm.is_llama_style  # the prologue's convention
-        config = self._prologue_config(x, "norm") if is_fusable else None
+        config = norm_prologue_config(inp, self.weight, self.kernels) if self.packed is None and self.quant is None \
+            else None
         if config is not None:
             from gpu.kernels.skinny_gemm import skinny_gemm_rms_norm
 
@@ -174,6 +174,20 @@ def runs_on_skinny_kernel(x: torch.Tensor, weight: torch.Tensor, kernels: Kernel
     return (kernels.fused_kernels and HAS_TRITON and x.is_cuda and x.dtype in SKINNY_DTYPES and x.dtype == weight.dtype
             and 0 < num_rows <= MAX_ROWS and x.stride(-1) == 1 and weight.stride(-1) == 1
             and not (torch.is_grad_enabled() and weight.requires_grad))
+
+
+def norm_prologue_config(inp: NormInput, weight: torch.Tensor, kernels: KernelConfig) -> SkinnyConfig | None:
+    """The skinny kernel's config for norm(x + residual) @ weight.T with the norm in the product's prologue, or None:
+    the norm kernel runs on its own first. The one rule for every product that may take the norm (a Linear's
+    `forward_normed`, the MoE router's): a 2-d input whose norm is the fused kernel's in Llama's convention (the
+    prologue's), a float weight of x's dtype the skinny kernel takes, and rows where this GPU's prologue rule says."""
+    x = inp.x
+    if not (x.dim() == 2 and inp.norm.is_fused(x) and inp.norm.is_llama_style
+            and runs_on_skinny_kernel(x, weight, kernels)):
+        return None
+    from gpu.kernels.skinny_gemm import prologue_config
+
+    return prologue_config(x.shape[0], weight.shape[1], "norm", x.device)
 
 
 def is_skinny(x: torch.Tensor, weight: torch.Tensor, kernels: KernelConfig) -> bool:

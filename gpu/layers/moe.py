@@ -20,6 +20,10 @@ does, so float32 parity is exact. A quantized format brings its own method
 (gpu/quant/method.py's ExpertsQuantMethod: its stored parameters, their loading, its kernel and its dequantization,
 which a CPU runs); nothing else here knows the format.
 
+The block's input norm: where gpu/layers/linear.py's `norm_prologue_config` allows (a few rows, Llama's norm, a
+router in the model dtype), the router's skinny GEMM computes the norm in its prologue and writes the normed x for
+the experts and shared experts, so no norm kernel runs of its own (`Router.forward_normed`).
+
 Tensor parallelism: the experts' (and shared experts') intermediate size is split over the ranks, like the dense
 MLP's: each rank holds its rows of gate/up and its columns of down for every expert, and the block's output is
 one all-reduce of the routed and shared partial sums. The router is replicated (every rank routes alike).
@@ -37,7 +41,7 @@ from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.kernels import HAS_TRITON
 from gpu.layers.activation import times_sigmoid
-from gpu.layers.linear import Linear, linear
+from gpu.layers.linear import Linear, linear, norm_prologue_config
 from gpu.layers.mlp import MLP, MLPSpec
 from gpu.layers.norm import NormInput
 from gpu.loader import CheckpointTensor, ExpertShard
@@ -151,6 +155,25 @@ class Router(nn.Module):
             logits = F.linear(x.float(), self.weight, self.bias)
         else:
             logits = linear(x, self.weight, self.bias, self.kernels)  # [num_tokens, num_experts]
+        return self._route(logits)
+
+    def forward_normed(self, inp: NormInput) -> tuple[RoutedTokens, torch.Tensor, torch.Tensor]:
+        """(each token's experts, norm(x + residual), x + residual): where `norm_prologue_config` gives a config, one
+        kernel computes the norm in the logits' prologue and also writes the normed x, which the experts then read
+        (no norm kernel of its own); else the norm kernel, then the logits. A float32 router never fuses (its weight
+        is not x's dtype)."""
+        config = None if self.routing.float32_logits else norm_prologue_config(inp, self.weight, self.kernels)
+        if config is None:
+            normed, residual = inp.compute()
+            return self(normed), normed, residual
+        from gpu.kernels.skinny_gemm import skinny_gemm_rms_norm
+
+        normed = torch.empty_like(inp.x)
+        logits, residual = skinny_gemm_rms_norm(inp.x, inp.residual, inp.norm.weight, inp.norm.eps, self.weight,
+                                                self.bias, config, use_pdl=True, normed_out=normed)
+        return self._route(logits), normed, residual
+
+    def _route(self, logits: torch.Tensor) -> RoutedTokens:
         if self.kernels.fused_kernels and HAS_TRITON and logits.is_cuda:
             from gpu.kernels.moe_route import route
 
@@ -371,10 +394,11 @@ class SparseMoe(nn.Module):
         self.shared_expert_gate = Linear(config.hidden_size, 1, False, kernels) if spec.has_shared_expert_gate else None
 
     def forward(self, x: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
-        normed, residual = x.compute()
+        # The router first: where it can, its product computes the norm and hands the normed x on.
+        routed, normed, residual = self.gate.forward_normed(x)
         shared = self.shared_experts.project(normed) if self.shared_experts is not None else None
         if shared is not None and self.shared_expert_gate is not None:
             gate = self.shared_expert_gate(normed)  # [num_tokens, 1]
             shared = times_sigmoid(shared.unsqueeze(1), gate.unsqueeze(2), self.kernels).squeeze(1)
-        return self.tp.all_reduce(self.experts(normed, self.gate(normed), shared)), residual
+        return self.tp.all_reduce(self.experts(normed, routed, shared)), residual
 
