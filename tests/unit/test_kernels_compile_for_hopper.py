@@ -411,13 +411,14 @@ def loop_bodies(sass: str) -> list[list[str]]:
 
 
 SKINNY_POINTERS = dict(x_ptr="*bf16", w_ptr="*bf16", bias_ptr="*bf16", out_ptr="*bf16", res_ptr="*bf16",
-                       norm_w_ptr="*bf16", sum_ptr="*bf16")
+                       norm_w_ptr="*bf16", sum_ptr="*bf16", normed_ptr="*bf16")
 SHARED_OR_SPILL = re.compile(r"\b(BAR|LDS|STS|LDSM|STSM|LDL|STL)\b")
 
 
-Launch = tuple[int, bool, SkinnyConfig, bool]  # PROLOGUE, HAS_RESIDUAL, config, EVEN_K
-PROLOGUE_VARIANTS = {"norm": ((skinny_gemm.RMS_NORM.value, True), (skinny_gemm.RMS_NORM.value, False)),
-                     "silu": ((skinny_gemm.SILU_AND_MUL.value, False),)}
+Launch = tuple[int, bool, bool, SkinnyConfig, bool]  # PROLOGUE, HAS_RESIDUAL, WRITES_NORMED, config, EVEN_K
+RMS_NORM = skinny_gemm.RMS_NORM.value
+PROLOGUE_VARIANTS = {"norm": ((RMS_NORM, True, False), (RMS_NORM, False, False), (RMS_NORM, True, True)),
+                     "silu": ((skinny_gemm.SILU_AND_MUL.value, False, False),)}
 
 
 def _one_row_launches() -> list[Launch]:
@@ -429,18 +430,21 @@ def _one_row_launches() -> list[Launch]:
             if bucket != 1:
                 continue
             if config is not None and not config.use_dot:
-                launches.add((skinny_gemm.NO_PROLOGUE.value, False, config, k % (config.block_k * config.split_k) == 0))
+                launches.add((skinny_gemm.NO_PROLOGUE.value, False, False, config,
+                              k % (config.block_k * config.split_k) == 0))
             for kind, variants in PROLOGUE_VARIANTS.items():
                 prologue = prologue_config(1, k, kind, PROLOGUE_BUCKETS.get(gpu, {}))
                 if prologue is not None:
                     even_k = k % (prologue.block_k * prologue.split_k) == 0
-                    launches.update((number, has_residual, prologue, even_k) for number, has_residual in variants)
+                    launches.update((number, has_residual, writes_normed, prologue, even_k)
+                                    for number, has_residual, writes_normed in variants)
     return sorted(launches, key=str)
 
 
 def _launch_id(launch: Launch) -> str:
-    prologue, has_residual, c, even_k = launch
-    return (f"prologue{prologue}{'-residual' * has_residual}-{c.block_n}x{c.block_k}-split{c.split_k}-"
+    prologue, has_residual, writes_normed, c, even_k = launch
+    return (f"prologue{prologue}{'-residual' * has_residual}{'-normed' * writes_normed}-{c.block_n}x{c.block_k}-"
+            f"split{c.split_k}-"
             f"warps{c.num_warps}{'-even' * even_k}")
 
 
@@ -448,15 +452,18 @@ def _launch_id(launch: Launch) -> str:
 @pytest.mark.parametrize("launch", _one_row_launches(), ids=_launch_id)
 def test_skinny_gemm_one_row_loops_stay_in_registers(launch: Launch) -> None:
     """Batch-1 decode's products (and the prologues' norm and SiLU) stream W with 16-byte loads and multiply in
-    registers: no barrier, shared memory or spill inside any loop of the kernel."""
-    prologue, has_residual, config, even_k = launch
-    constexprs = dict(PROLOGUE=prologue, HAS_RESIDUAL=has_residual, HAS_BIAS=False, IS_PARTIAL=config.split_k > 1,
+    registers: no barrier, shared memory or spill inside any loop of the kernel (the MoE router's also storing the
+    normed x it multiplied, in a loop of its own)."""
+    prologue, has_residual, writes_normed, config, even_k = launch
+    constexprs = dict(PROLOGUE=prologue, HAS_RESIDUAL=has_residual, WRITES_NORMED=writes_normed, HAS_BIAS=False,
+                      IS_PARTIAL=config.split_k > 1,
                       EVEN_K=even_k, USE_DOT=False, USE_PDL=True, BLOCK_M=1, BLOCK_N=config.block_n,
                       BLOCK_K=config.block_k)
     sass = compiled_sass(skinny_gemm._skinny_gemm_kernel, SKINNY_POINTERS, constexprs, config.num_warps,
                          config.num_stages)
     loops = loop_bodies(sass)
-    assert len(loops) == 1 + (prologue == skinny_gemm.RMS_NORM.value), [len(body) for body in loops]  # norm: squares
+    num_norm_loops = (prologue == RMS_NORM) + writes_normed  # the squares' loop; the normed x's
+    assert len(loops) == 1 + num_norm_loops, [len(body) for body in loops]
     for body in loops:
         assert not [line for line in body if SHARED_OR_SPILL.search(line)], body
     assert any("LDG.E.128" in line for line in loops[-1])
