@@ -21,10 +21,10 @@ A prologue may make x on the fly, so the elementwise kernel before the product n
 launch costs more than its bytes): `skinny_gemm_rms_norm` multiplies norm(x + residual), the residual add and
 RMSNorm of gpu/kernels/rms_norm.py rounded at the same points (each program first sums the squares of its rows
 over all of K, from L2; the program at column block 0 and K slice 0 also writes x + residual, the next block's
-residual stream, and where asked the normed x itself, the tiles its product multiplied, for other consumers of the
-same norm: the MoE block's experts after its router), and `skinny_gemm_silu_and_mul` multiplies silu(gate) * up of
-a merged gate/up projection, as gpu/kernels/silu_and_mul.py rounds it. With a prologue the TMA kernel brings only W's
-tiles; x's are computed.
+residual stream; where asked, the programs of column block 0 also store the normed x tiles they multiply, as their
+loop makes them, for other products of the same norm: the MoE block's experts after its router), and
+`skinny_gemm_silu_and_mul` multiplies silu(gate) * up of a merged gate/up projection, as gpu/kernels/silu_and_mul.py
+rounds it. With a prologue the TMA kernel brings only W's tiles; x's are computed.
 
 Launch parameters come from gpu/kernels/skinny_gemm_configs.py: a table per GPU keyed by (row bucket, N, K), and
 rules for other shapes. Nothing depends on the data, and M is no specialization key, so a call is CUDA-graph
@@ -141,35 +141,32 @@ def _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, k_mask, K, stride_xm, s
 
 
 @triton.jit
-def _store_normed(x_ptr, res_ptr, norm_w_ptr, normed_ptr, rows, offs_m, M, K, stride_xm, stride_rm, rstd,
-                  HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Stores norm(x + residual) [M, K]: the prologue's own tiles (the same code, the same rstd), so a consumer of
-    this output reads exactly what the product multiplied."""
-    for k in range(0, K, BLOCK_K):
-        ks = k + tl.arange(0, BLOCK_K)
-        k_mask = ks < K
-        x = _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, k_mask, K, stride_xm, stride_rm, rstd, RMS_NORM,
-                           HAS_RESIDUAL, EVEN_K, False)
-        tl.store(normed_ptr + offs_m[:, None] * K + ks[None, :], x, mask=(offs_m[:, None] < M) & k_mask[None, :])
-
-
-@triton.jit
-def _prologue_rstd(x_ptr, res_ptr, sum_ptr, norm_w_ptr, normed_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps,
-                   writes_sum, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, WRITES_NORMED: tl.constexpr,
-                   EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr):
-    """The RMS prologue's per-row factor (ones for the others, which read none). The program that `writes_sum` also
-    stores the normed x where WRITES_NORMED: in the launch that reads it for the product, so every kernel after this
-    one (each waits for its predecessor's completion, gpu/kernels/pdl.py) finds it written."""
+def _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
+                   PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_K: tl.constexpr):
+    """The RMS prologue's per-row factor (ones for the others, which read none)."""
     if PROLOGUE == RMS_NORM:
         rstd = _rms_norm_rstd(x_ptr, res_ptr, sum_ptr, rows, offs_m, M, K, stride_xm, stride_rm, eps, writes_sum,
                               HAS_RESIDUAL, EVEN_K, BLOCK_M, BLOCK_K)
-        if WRITES_NORMED:
-            if writes_sum:
-                _store_normed(x_ptr, res_ptr, norm_w_ptr, normed_ptr, rows, offs_m, M, K, stride_xm, stride_rm, rstd,
-                              HAS_RESIDUAL, EVEN_K, BLOCK_K)
     else:
         rstd = tl.full((BLOCK_M,), 1.0, tl.float32)
     return rstd
+
+
+@triton.jit
+def _store_normed_tile(normed_ptr, x, rows, offs_m, ks, k_end, M, K, writes_normed, ROW_COPIES: tl.constexpr,
+                       NUM_ROWS: tl.constexpr):
+    """Stores the prologue's tile x [NUM_ROWS, ks] of norm(x + residual) where `writes_normed` (the programs of
+    column block 0, each its K slice): the product's own input, kept for other products of the same norm, written
+    from registers as the loop goes (no pass of its own). ROW_COPIES: rows all one row, stored once."""
+    if ROW_COPIES:
+        is_row = tl.arange(0, NUM_ROWS) == 0
+        ptrs = normed_ptr + rows[:, None] * K + ks[None, :]
+    else:
+        is_row = offs_m < M
+        ptrs = normed_ptr + offs_m[:, None] * K + ks[None, :]
+    k_stop = tl.where(writes_normed, k_end, 0)  # (the other programs store nothing)
+    tl.store(ptrs, x, mask=is_row[:, None] & (ks < k_stop)[None, :])
 
 
 @triton.jit
@@ -224,9 +221,8 @@ def _skinny_gemm_kernel(
     if USE_PDL:  # (the dot path's weight stream is Triton's software pipeline: there PDL only hides the launch)
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, norm_w_ptr, normed_ptr, rows_x, offs_m, M, K, stride_xm,
-                          stride_rm, eps, (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, WRITES_NORMED, EVEN_K,
-                          BLOCK_M, BLOCK_K)
+    rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
+                          (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, EVEN_K, BLOCK_M, BLOCK_K)
     if USE_DOT:
         acc = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
@@ -236,18 +232,23 @@ def _skinny_gemm_kernel(
                 w = tl.load(w_ptrs, mask=((k + offs_k) < k_end)[None, :], other=0.0)
             x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows_x, k + offs_k, k_end, K, stride_xm, stride_rm,
                         rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL, False)
+            if WRITES_NORMED:
+                _store_normed_tile(normed_ptr, x, rows_x, offs_m, k + offs_k, k_end, M, K, pid_n == 0, False, BLOCK_M)
             acc = tl.dot(w, tl.trans(x), acc)
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
         acc = tl.trans(acc)  # [BLOCK_M, BLOCK_N]
     elif BLOCK_M == 1:
-        acc = _one_row_products(w, w_ptrs, x_ptr, res_ptr, norm_w_ptr, pid_m, rstd, k_start, k_end, K, stride_xm,
-                                stride_rm, EVEN_K, PROLOGUE, HAS_RESIDUAL, BLOCK_N, BLOCK_K)
+        acc = _one_row_products(w, w_ptrs, x_ptr, res_ptr, norm_w_ptr, normed_ptr, pid_m, rstd, k_start, k_end, K,
+                                stride_xm, stride_rm, pid_n == 0, EVEN_K, PROLOGUE, HAS_RESIDUAL, WRITES_NORMED,
+                                BLOCK_N, BLOCK_K)
     else:
         acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
         for k in range(k_start, k_end, BLOCK_K):
             x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows_x, k + offs_k, k_end, K, stride_xm, stride_rm,
                         rstd, EVEN_K, PROLOGUE, HAS_RESIDUAL, False)
+            if WRITES_NORMED:
+                _store_normed_tile(normed_ptr, x, rows_x, offs_m, k + offs_k, k_end, M, K, pid_n == 0, False, BLOCK_M)
             w_ptrs += BLOCK_K
             w_next = tl.load(w_ptrs, mask=(k + BLOCK_K + offs_k)[None, :] < k_end, other=0.0)
             acc += tl.reduce(w.to(tl.float32)[None, :, :] * x.to(tl.float32)[:, None, :], 2, add)
@@ -257,9 +258,10 @@ def _skinny_gemm_kernel(
 
 
 @triton.jit
-def _one_row_products(w, w_ptrs, x_ptr, res_ptr, norm_w_ptr, row, rstd, k_start, k_end, K, stride_xm, stride_rm,
-                      EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def _one_row_products(w, w_ptrs, x_ptr, res_ptr, norm_w_ptr, normed_ptr, row, rstd, k_start, k_end, K, stride_xm,
+                      stride_rm, writes_normed, EVEN_K: tl.constexpr, PROLOGUE: tl.constexpr,
+                      HAS_RESIDUAL: tl.constexpr, WRITES_NORMED: tl.constexpr, BLOCK_N: tl.constexpr,
+                      BLOCK_K: tl.constexpr):
     """The fma path at one row: acc [1, BLOCK_N] of x's row `row` times W's tiles, `w` the first (loaded). x comes
     as BLOCK_N copies of its row in the weight tile's shape, so each thread multiplies the elements it holds (the
     multi-row product's broadcast over rows and columns sends both tiles through shared memory, with barriers, in
@@ -274,6 +276,8 @@ def _one_row_products(w, w_ptrs, x_ptr, res_ptr, norm_w_ptr, row, rstd, k_start,
         w_next = tl.load(w_ptrs, mask=(k + BLOCK_K + offs_k)[None, :] < k_end, other=0.0)  # asked for first: HBM
         x = _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, k + offs_k, k_end, K, stride_xm, stride_rm, rstd,
                     EVEN_K, PROLOGUE, HAS_RESIDUAL, True)
+        if WRITES_NORMED:
+            _store_normed_tile(normed_ptr, x, rows, rows, k + offs_k, k_end, 1, K, writes_normed, True, BLOCK_N)
         product = tl.reshape(w.to(tl.float32) * x.to(tl.float32), (BLOCK_N, BLOCK_K // VECTOR, VECTOR))
         products += tl.reduce(product, 2, add)
         w = w_next
@@ -323,9 +327,8 @@ def _skinny_gemm_tma_kernel(
     k_end = tl.minimum(k_start + k_per_split, K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rows_x = tl.minimum(offs_m, M - 1)
-    rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, norm_w_ptr, normed_ptr, rows_x, offs_m, M, K, stride_xm,
-                          stride_rm, eps, (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, WRITES_NORMED, False,
-                          BLOCK_M, BLOCK_K)
+    rstd = _prologue_rstd(x_ptr, res_ptr, sum_ptr, rows_x, offs_m, M, K, stride_xm, stride_rm, eps,
+                          (pid_n == 0) & (pid_k == 0), PROLOGUE, HAS_RESIDUAL, False, BLOCK_M, BLOCK_K)
     acc = tl.full((BLOCK_N, BLOCK_M), 0.0, tl.float32)
     for k in range(k_start, k_end, BLOCK_K):
         w = w_desc.load([pid_n * BLOCK_N, k])  # [BLOCK_N, BLOCK_K]
@@ -335,6 +338,8 @@ def _skinny_gemm_tma_kernel(
             ks = k + tl.arange(0, BLOCK_K)
             x = _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows_x, ks, ks < K, K, stride_xm, stride_rm, rstd,
                                PROLOGUE, HAS_RESIDUAL, False, False)
+            if WRITES_NORMED:
+                _store_normed_tile(normed_ptr, x, rows_x, offs_m, ks, k_end, M, K, pid_n == 0, False, BLOCK_M)
         acc = tl.dot(w, tl.trans(x), acc)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     _store_tile(tl.trans(acc), bias_ptr, out_ptr, offs_m, offs_n, pid_k, M, N, stride_os, stride_om, HAS_BIAS,
