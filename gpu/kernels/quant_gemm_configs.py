@@ -30,7 +30,12 @@ from dataclasses import dataclass
 from gpu.kernels.device_tables import table_named
 from gpu.kernels.skinny_gemm_configs import row_bucket
 
-FP8_CUBLAS_MIN_ROWS = 65  # FP8 products of this many rows or more run in cuBLAS (gpu/quant/fp8.py); fewer, here
+# FP8 paths by row count (gpu/quant/fp8.py): fp8_path's rule. Below the first entry's rows gpu/kernels/fp8_gemm.py
+# (activations quantized in its loop, per weight tile); from each entry's rows on its path, x quantized once first
+# (gpu/kernels/fp8_quant.py): FP8_CUBLAS (torch._scaled_mm) or FP8_BLOCK_GEMM (gpu/kernels/fp8_block_gemm.py). Set
+# from `python -m bench.kernels.skinny_gemm --weights fp8 --rows ...`, which times each path at each row count.
+FP8_IN_LOOP, FP8_CUBLAS, FP8_BLOCK_GEMM = "in-loop", "cublas", "block-gemm"
+FP8_PATHS_FROM_ROWS: tuple[tuple[int, str], ...] = ((65, FP8_CUBLAS),)  # (first row count, path), rows ascending
 NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpreter runs are those a GPU would
 GEMV_MAX_ROWS = {"fp8": 1, "int4": 1, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's reasons
 ROW_GEMV_BLOCK_N = 4  # the 4-bit row GEMV's rows per program, each thread's: x converted once for 4 rows
@@ -189,3 +194,13 @@ def tensor_core_tiles(num_rows: int, n: int, k: int, kind: str, num_sms: int = N
     most = max(1, k // (2 * block_k))  # each slice at least two tiles long
     split = max(1, min(-(-2 * num_sms // tiles), most)) if block_m <= 64 else 1
     return QuantTiles(block_m, 128, block_k, split, num_warps, num_stages)
+
+
+def fp8_path(num_rows: int, paths: tuple[tuple[int, str], ...] = FP8_PATHS_FROM_ROWS) -> str:
+    """The path of an FP8 product of `num_rows` rows: the last entry of `paths` whose row count it reaches, else
+    FP8_IN_LOOP. (The layer falls back where a path refuses its layout: gpu/quant/fp8.py.)"""
+    path = FP8_IN_LOOP
+    for first_rows, name in paths:
+        if num_rows >= first_rows:
+            path = name
+    return path

@@ -22,6 +22,7 @@ saves nothing, and a static activation scale plays no part there. On a CPU the d
 import torch
 from torch import nn
 
+from gpu.kernels.quant_gemm_configs import FP8_BLOCK_GEMM, FP8_CUBLAS, FP8_IN_LOOP
 from gpu.loader import CheckpointTensor
 from gpu.quant.layout import PLAIN, TensorLayout, WeightLayout
 from gpu.quant.method import ExpertsQuantMethod, QuantMethod
@@ -74,37 +75,33 @@ class Fp8Method(QuantMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
         input_scale = getattr(layer, INPUT_SCALE) if self.has_input_scale else None
-        if self._runs_on_cublas(rows):
-            y = self.cublas_product(layer, rows, input_scale, bias)
-        else:
+        weight, scales = layer.weight, getattr(layer, self.scale_name)
+        path = self._path(rows)
+        if path == FP8_IN_LOOP:
             from gpu.kernels.fp8_gemm import fp8_gemm
 
-            y = fp8_gemm(rows, layer.weight, getattr(layer, self.scale_name), self.scale_block, input_scale, bias)
+            y = fp8_gemm(rows, weight, scales, self.scale_block, input_scale, bias)
+        else:
+            y = prequantized_product(rows, weight, scales, self.scale_block, path, input_scale, bias)
         return y.view(*x.shape[:-1], y.shape[-1])
 
-    def _runs_on_cublas(self, rows: torch.Tensor) -> bool:
-        """Many rows on a GPU, in a layout cuBLAS's FP8 GEMM takes (16-aligned sizes; 128x128 weight blocks with
-        dynamic activations, or a scale per row)."""
-        from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS
+    def _path(self, rows: torch.Tensor) -> str:
+        """fp8_path's choice for these rows where its layout allows it: cuBLAS's FP8 GEMM wants 16-aligned sizes and
+        128x128 weight blocks with dynamic activations (K / 128 a multiple of 4: cuBLAS reads block scales with a
+        16-byte aligned leading dimension, which torch passes as the stored row length) or a scale per row; the block
+        GEMM 128-column blocks with dynamic activations, or a scale per row. Else (or on a CPU) the in-loop kernel."""
+        from gpu.kernels.quant_gemm_configs import fp8_path
 
+        path = fp8_path(rows.shape[0]) if rows.is_cuda and rows.stride(-1) == 1 else FP8_IN_LOOP
         n, k = self.layout.out_features, self.layout.in_features
-        # cuBLAS reads block scales with a 16-byte aligned leading dimension: the weight's K / 128 scales a row, whole
-        # sets of 4 (torch passes the stored row length as that dimension)
-        is_deepseek_blocks = self.scale_block == (128, 128) and not self.has_input_scale and k % (128 * 4) == 0
-        return (rows.is_cuda and rows.shape[0] >= FP8_CUBLAS_MIN_ROWS and n % 16 == 0 and k % 16 == 0
-                and rows.stride(-1) == 1 and (self.scale_block[1] >= k or is_deepseek_blocks))
-
-    def cublas_product(self, layer: nn.Module, rows: torch.Tensor, input_scale: torch.Tensor | None,
-                        bias: torch.Tensor | None) -> torch.Tensor:
-        """torch._scaled_mm: activations quantized per token (per-row weights) or per token group of 128 columns
-        (cuBLAS's 1x128 x 128x128 block recipe) first, by one kernel."""
-        from gpu.kernels.fp8_quant import quantize_rows
-
-        is_per_row = self.scale_block[1] >= self.layout.in_features
-        quantized, x_scales = quantize_rows(rows, None if is_per_row else 128, input_scale)
-        y = torch._scaled_mm(quantized, layer.weight.t(), scale_a=x_scales,
-                             scale_b=getattr(layer, self.scale_name).t(), bias=bias, out_dtype=rows.dtype)
-        return y[: rows.shape[0]]  # grouped activations come padded to whole sets of rows
+        is_per_row = self.scale_block[1] >= k
+        is_dynamic_blocks = self.scale_block[1] == 128 and not self.has_input_scale and k % 128 == 0
+        if path == FP8_CUBLAS and not (n % 16 == 0 and k % 16 == 0 and (
+                is_per_row or (is_dynamic_blocks and self.scale_block[0] == 128 and k % (128 * 4) == 0))):
+            path = FP8_BLOCK_GEMM
+        if path == FP8_BLOCK_GEMM and not (is_per_row or is_dynamic_blocks):
+            path = FP8_IN_LOOP
+        return path
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         return dequantize_blocks(layer.weight, getattr(layer, self.scale_name), self.scale_block)
@@ -115,6 +112,26 @@ def dequantize_blocks(weight: torch.Tensor, scales: torch.Tensor, block: tuple[i
     out, cols = weight.shape
     expanded = scales.float().repeat_interleave(block[0], 0)[:out].repeat_interleave(block[1], 1)[:, :cols]
     return weight.float() * expanded
+
+
+def prequantized_product(x: torch.Tensor, weight: torch.Tensor, scales: torch.Tensor, block: tuple[int, int],
+                         path: str, input_scale: torch.Tensor | None = None,
+                         bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, K] x [N, K] -> [M, N]
+    """x quantized once (per token for per-row weights, else per token group of 128 columns: the 1x128 x 128x128
+    recipe) by gpu/kernels/fp8_quant.py, then multiplied on `path`: FP8_CUBLAS (torch._scaled_mm) or FP8_BLOCK_GEMM
+    (gpu/kernels/fp8_block_gemm.py). The layouts each takes: Fp8Method._path."""
+    from gpu.kernels.fp8_quant import quantize_rows
+
+    is_per_row = block[1] >= x.shape[1]
+    quantized, x_scales = quantize_rows(x, None if is_per_row else 128, input_scale)
+    if path == FP8_CUBLAS:
+        y = torch._scaled_mm(quantized, weight.t(), scale_a=x_scales, scale_b=scales.t(), bias=bias,
+                             out_dtype=x.dtype)
+        return y[: x.shape[0]]  # grouped activations come padded to whole sets of rows
+    from gpu.kernels.fp8_block_gemm import fp8_block_gemm
+
+    out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
+    return fp8_block_gemm(quantized, x_scales, weight, scales, block, out, bias)
 
 
 def _numel(shape: tuple[int, ...]) -> int:

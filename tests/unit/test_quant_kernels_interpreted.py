@@ -17,10 +17,15 @@ import pytest
 import torch
 
 from gpu.kernels.quant_gemm_configs import (
+    FP8_BLOCK_GEMM,
+    FP8_CUBLAS,
+    FP8_IN_LOOP,
+    FP8_PATHS_FROM_ROWS,
     GEMV_MAX_SUMS,
     TABLES,
     GemvTiles,
     QuantTiles,
+    fp8_path,
     gemv_tiles,
     quant_tiles,
     table_for,
@@ -66,6 +71,11 @@ def fp8_kernel() -> ModuleType:
 @pytest.fixture(scope="module")
 def fp8_quant() -> ModuleType:
     return interpreted("fp8_quant")
+
+
+@pytest.fixture(scope="module")
+def fp8_block() -> ModuleType:
+    return interpreted("fp8_block_gemm")
 
 
 def _close(out: torch.Tensor, ref: torch.Tensor) -> None:
@@ -170,6 +180,47 @@ def test_activation_quantization_for_cublas(fp8_quant: ModuleType, group: int | 
         assert scales.shape == (m, 1)
         expanded = scales
     assert torch.equal(quantized.float() * expanded, x.float())
+
+
+@pytest.mark.parametrize(("m", "n", "k", "block"), [(37, 40, 384, (128, 128)), (5, 48, 256, (32, 128)),
+                                                    (21, 24, 320, (1, 320)), (16, 16, 128, (1, 128))])
+def test_block_gemm_on_quantized_rows_equals_the_dequantized_product(fp8_quant: ModuleType, fp8_block: ModuleType,
+                                                                     m: int, n: int, k: int,
+                                                                     block: tuple[int, int]) -> None:
+    """The many-rows path: x quantized once (per group of 128, or per token for per-row weights; both exact on the
+    FP8 grid), then the block GEMM on small tiles so that rows and columns run past their edges (and K past its last
+    full 128 columns for per-row weights), against x times the weights dequantized by their block scales."""
+    g = torch.Generator().manual_seed(m + k)
+    weight = torch.randn(n, k, generator=g) * 0.05
+    scales = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) * 1e-3 + 1e-4
+    levels = (weight / dequantize_blocks(torch.ones_like(weight), scales, block)).clamp(-448, 448).to(
+        torch.float8_e4m3fn)
+    is_per_row = block[1] >= k
+    x = _fp8_grid(m, k, k if is_per_row else 128, g)
+    quantized, x_scales = fp8_quant.quantize_rows(x, None if is_per_row else 128)
+    bias = torch.randn(n, generator=g).half()
+    out = torch.empty(m, n, dtype=torch.float16)
+    tiles = fp8_block.BlockGemmTiles(block_m=16, block_n=16, group_m=2, num_warps=4, num_stages=2)
+    fp8_block.fp8_block_gemm(quantized, x_scales, levels, scales, block, out, bias, tiles)
+    _close(out, x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
+
+
+def test_block_gemm_refuses_blocks_other_than_128_columns(fp8_block: ModuleType) -> None:
+    levels = torch.zeros(16, 256, dtype=torch.float8_e4m3fn)
+    with pytest.raises(ValueError, match="block columns"):
+        fp8_block.fp8_block_gemm(levels, torch.ones(16, 4), levels, torch.ones(1, 4), (16, 64),
+                                 torch.empty(16, 16, dtype=torch.float16))
+
+
+def test_fp8_path_by_rows() -> None:
+    """Below the first entry the in-loop kernel; from each entry's rows its path; the default sends many rows to
+    cuBLAS."""
+    paths = ((64, FP8_BLOCK_GEMM), (2048, FP8_CUBLAS))
+    assert [fp8_path(rows, paths) for rows in (1, 63, 64, 1000, 2047, 2048, 8192)] == [
+        FP8_IN_LOOP, FP8_IN_LOOP, FP8_BLOCK_GEMM, FP8_BLOCK_GEMM, FP8_BLOCK_GEMM, FP8_CUBLAS, FP8_CUBLAS]
+    assert fp8_path(8, ()) == fp8_path(8192, ()) == FP8_IN_LOOP
+    first_rows = FP8_PATHS_FROM_ROWS[0][0]
+    assert fp8_path(first_rows - 1) == FP8_IN_LOOP and fp8_path(first_rows) != FP8_IN_LOOP
 
 
 GEMV_TILES = {"rows1": GemvTiles(1, 4, 256, 4), "rows2": GemvTiles(2, 8, 128, 4), "rows1-short": GemvTiles(1, 4, 64, 2)}
