@@ -19,13 +19,23 @@ from transformers import AutoModelForCausalLM
 
 from core import LLM, SamplingParams
 from core.model_files.gguf_checkpoint import gguf_checkpoint
-from gpu.kernels import f16x2
+from gpu.kernels import f16x2, quant_gemm_configs
 from gpu.kernels.device_tables import device_name
-from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS, TABLES, GemvTiles, gemv_tiles, quant_tiles, table_for
+from gpu.kernels.quant_gemm_configs import (
+    FP8_BLOCK_GEMM,
+    FP8_CUBLAS,
+    FP8_IN_LOOP,
+    TABLES,
+    GemvTiles,
+    fp8_path,
+    gemv_tiles,
+    quant_tiles,
+    table_for,
+)
 from gpu.layers.linear import Linear
 from gpu.loader import CheckpointTensor, TensorSlice
 from gpu.quant import gguf_blocks
-from gpu.quant.fp8 import Fp8Scheme, dequantize_blocks
+from gpu.quant.fp8 import Fp8Scheme, dequantize_blocks, prequantized_product
 from gpu.quant.gguf import GgufScheme
 from gpu.quant.int_weights import IntGroups, to_kernel_form
 from tests import quant_checkpoints as qc
@@ -121,8 +131,8 @@ def _loaded(scheme: object, tensors: dict[str, torch.Tensor]) -> Linear:
 @pytest.mark.parametrize("scheme", ["blocks", "per-channel"])
 @pytest.mark.parametrize("rows", ROWS)
 def test_fp8_layer_routes_by_rows(scheme: str, rows: int) -> None:
-    """Up to FP8_CUBLAS_MIN_ROWS the Triton kernel (activations per group of 128), from there cuBLAS (per group of
-    128 for 128x128 blocks, per token for a scale per channel)."""
+    """Below fp8_path's first row count the in-loop Triton kernel (activations per group of 128), from there x
+    quantized once (per group of 128 for 128x128 blocks, per token for a scale per channel) on its path."""
     g = torch.Generator(device="cuda").manual_seed(rows + 1)
     block = (128, 128) if scheme == "blocks" else (1, K)
     levels, scales = _fp8_weight(block, g)
@@ -132,8 +142,54 @@ def test_fp8_layer_routes_by_rows(scheme: str, rows: int) -> None:
     else:
         layer = _loaded(Fp8Scheme({"quant_method": "fp8"}), {"weight": levels, "weight_scale": scales})
     x = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
-    per_token = scheme == "per-channel" and rows >= FP8_CUBLAS_MIN_ROWS
+    per_token = scheme == "per-channel" and fp8_path(rows) != FP8_IN_LOOP
     _close(layer(x), fp8_activations(x, None if per_token else 128, None) @ dequantize_blocks(levels, scales, block).T)
+
+
+MANY_ROWS = (64, 256, 1000, 4096)
+
+
+@pytest.mark.parametrize("scheme", ["blocks", "per-row"])
+@pytest.mark.parametrize("rows", MANY_ROWS)
+def test_fp8_many_row_paths_against_the_reference_and_the_in_loop_kernel(scheme: str, rows: int) -> None:
+    """cuBLAS and the block GEMM on x quantized once against x so quantized times the dequantized weights (float32),
+    and within FP8's tolerance of the in-loop kernel (activations per group of 128 for both weight kinds)."""
+    from gpu.kernels.fp8_gemm import fp8_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(rows + 7)
+    block = (128, 128) if scheme == "blocks" else (1, K)
+    levels, scales = _fp8_weight(block, g)
+    x = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
+    bias = torch.randn(N, device="cuda", generator=g).bfloat16()
+    dense = dequantize_blocks(levels, scales, block).T
+    in_loop = fp8_gemm(x, levels, scales, block, None, bias)
+    for path in (FP8_CUBLAS, FP8_BLOCK_GEMM):
+        out = prequantized_product(x, levels, scales, block, path, None, bias)
+        assert out.shape == (rows, N), path
+        _close(out, quantized_activations(x, None if scheme == "per-row" else 128, None) @ dense + bias.float())
+        _close(out, in_loop.float(), 3e-2)  # per-token and per-group activation scales differ by FP8 roundings
+
+
+@pytest.mark.parametrize("path", [FP8_IN_LOOP, FP8_CUBLAS, FP8_BLOCK_GEMM])
+@pytest.mark.parametrize("scheme", ["blocks", "per-channel"])
+def test_fp8_layer_runs_the_path_the_rule_names(path: str, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layer's output is bitwise the named path's product (each is deterministic): the rule, not a default,
+    decides."""
+    from gpu.kernels.fp8_gemm import fp8_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    block = (128, 128) if scheme == "blocks" else (1, K)
+    levels, scales = _fp8_weight(block, g)
+    if scheme == "blocks":
+        layer = _loaded(Fp8Scheme({"quant_method": "fp8", "weight_block_size": [128, 128]}),
+                        {"weight": levels, "weight_scale_inv": scales})
+    else:
+        layer = _loaded(Fp8Scheme({"quant_method": "fp8"}), {"weight": levels, "weight_scale": scales})
+    monkeypatch.setattr(quant_gemm_configs, "fp8_path", lambda num_rows: path)
+    x = torch.randn(300, K, device="cuda", generator=g).bfloat16()
+    expected = fp8_gemm(x, levels, scales, block) if path == FP8_IN_LOOP else prequantized_product(
+        x, levels, scales, block, path)
+    assert torch.equal(layer(x), expected)
 
 
 def _int_groups(bits: int, group_size: int, kind: str, g: torch.Generator) -> IntGroups:
