@@ -83,8 +83,7 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
         num_requests=len(requests), num_output_tokens=num_tokens, seconds=seconds, num_steps=num_steps,
         num_preemptions=after.num_preemptions - before.num_preemptions,
         num_prefix_hit_tokens=after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens,
-        is_partial=is_partial,
-    )
+        is_partial=is_partial)
 
 
 @dataclass(frozen=True)

@@ -74,5 +74,4 @@ def summarize(concurrency: int, records: list[RequestRecord], duration_s: float)
         "tpot_ms": ms_percentiles([t for r in ok if (t := r.tpot) is not None]),
         # With "max": the longest pause any stream saw (what a scheduler that holds streams back costs them).
         "itl_ms": {**ms_percentiles(itls), "max": round(max(itls, default=math.nan) * 1e3, 3)},
-        "e2e_ms": ms_percentiles([r.e2e for r in ok]),
-    }
+        "e2e_ms": ms_percentiles([r.e2e for r in ok])}

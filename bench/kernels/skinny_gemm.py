@@ -24,9 +24,9 @@ from bench.common import write_result
 from bench.kernels.timing import DEVICE, DTYPE, num_copies, rotated_us_per_call
 from gpu.kernels.fp8_gemm import fp8_gemm
 from gpu.kernels.int_gemm import int_gemm
-from gpu.kernels.quant_gemm_configs import GemvTiles, Tiles, tensor_core_tiles
+from gpu.kernels.quant_gemm_configs import FP8_BLOCK_GEMM, FP8_CUBLAS, GemvTiles, Tiles, tensor_core_tiles
 from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, row_bucket, skinny_gemm
-from gpu.quant.fp8 import dequantize_blocks
+from gpu.quant.fp8 import dequantize_blocks, prequantized_product
 from gpu.quant.int_weights import IntGroups, IntWeight, to_kernel_form
 
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
@@ -42,7 +42,7 @@ MAX_ERROR = {"bf16": 1e-2, "int4": 1e-2, "fp8": 0.1}  # relative; FP8's tensor-c
 
 Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | IntWeight  # bf16; FP8 levels and block scales; int4
 GemmFn = Callable[[torch.Tensor, Weight], torch.Tensor]
-Config = SkinnyConfig | Tiles
+Config = SkinnyConfig | Tiles | str  # str: an FP8 many-rows path on x quantized once (gpu/quant/fp8.py)
 
 
 def weight_copies(n: int, k: int, weights: str) -> list[Weight]:
@@ -68,8 +68,9 @@ def relative_error(fn: GemmFn, x: torch.Tensor, w: Weight) -> float:
 
 def with_config(config: Config | None, weights: str) -> GemmFn:
     """The product on `config` (None: the table's or the rule's)."""
-    if weights == "fp8":
-        return lambda x, w: fp8_gemm(x, *w, (128, 128), tiles=config)  # type: ignore[misc, arg-type]
+    if weights == "fp8":  # a str config: a many-rows path on x quantized once (gpu/quant/fp8.py)
+        return lambda x, w: prequantized_product(x, *w, (128, 128), config) if isinstance(config, str) else \
+            fp8_gemm(x, *w, (128, 128), tiles=config)  # type: ignore[misc, arg-type]
     if weights == "int4":
         return lambda x, w: int_gemm(x, w, tiles=config)  # type: ignore[arg-type]
     return lambda x, w: skinny_gemm(x, w, None, config, use_pdl=True)  # type: ignore[arg-type]
@@ -159,7 +160,8 @@ def sweep_row(weights: str, name: str, m: int, copies: list[Weight], configs: li
         row["configs"].append(getattr(config, "__dict__", {}) | {"code": config_literal(config), "us": us, "err": err})
     row["best"] = best = min(row["configs"], key=lambda c: c["us"])
     row["skinny_us"], row["is_kernel_faster"] = best["us"], weights != "bf16" or best["us"] <= MIN_GAIN * baseline_us
-    print(f"{name:11s} M={m:3d} baseline {baseline_us:7.2f} us, best {best['us']:7.2f} {best['code']}", flush=True)
+    print(f"{name:11s} M={m:3d} baseline {baseline_us:7.2f} us, best {best['us']:7.2f} {best['code']}",
+          *(f"| {c['code']} {c['us']:.2f}" for c in row["configs"] if len(row["configs"]) <= 3), flush=True)
     return row
 
 
@@ -219,8 +221,9 @@ def main(argv: list[str] | None = None) -> None:
                       Path(args.out + ".partial") if args.out else None)
         result |= {"kind": f"{kind}-sweep", "rows": swept, "table": table_lines(args.weights, swept)}
         print("\n".join(table_lines(args.weights, swept)), flush=True)
-    else:  # the table's or the rule's config
-        result["rows"] = sweep(args.weights, shapes, rows, lambda *_: [None], float("inf"), None)
+    else:  # the table's or the rule's config; FP8 also on its many-rows paths
+        paths = [None, FP8_CUBLAS, FP8_BLOCK_GEMM] if args.weights == "fp8" else [None]
+        result["rows"] = sweep(args.weights, shapes, rows, lambda *_: paths, float("inf"), None)
     write_result(args.out, result, "bench.kernels.skinny_gemm", argv)
 
 
