@@ -24,7 +24,7 @@ from bench.common import write_result
 from bench.kernels.timing import DEVICE, DTYPE, num_copies, rotated_us_per_call
 from gpu.kernels.fp8_gemm import fp8_gemm
 from gpu.kernels.int_gemm import int_gemm
-from gpu.kernels.quant_gemm_configs import FP8_BLOCK_GEMM, FP8_CUBLAS, GemvTiles, Tiles, tensor_core_tiles
+from gpu.kernels.quant_gemm_configs import FP8_MANY_ROWS_PATHS, GemvTiles, Tiles, tensor_core_tiles
 from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, row_bucket, skinny_gemm
 from gpu.quant.fp8 import dequantize_blocks, prequantized_product
 from gpu.quant.int_weights import IntGroups, IntWeight, to_kernel_form
@@ -161,7 +161,7 @@ def sweep_row(weights: str, name: str, m: int, copies: list[Weight], configs: li
     row["best"] = best = min(row["configs"], key=lambda c: c["us"])
     row["skinny_us"], row["is_kernel_faster"] = best["us"], weights != "bf16" or best["us"] <= MIN_GAIN * baseline_us
     print(f"{name:11s} M={m:3d} baseline {baseline_us:7.2f} us, best {best['us']:7.2f} {best['code']}",
-          *(f"| {c['code']} {c['us']:.2f}" for c in row["configs"] if len(row["configs"]) <= 3), flush=True)
+          *(f"| {c['code']} {c['us']:.2f}" for c in row["configs"] if len(row["configs"]) <= 4), flush=True)
     return row
 
 
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> None:
         result |= {"kind": f"{kind}-sweep", "rows": swept, "table": table_lines(args.weights, swept)}
         print("\n".join(table_lines(args.weights, swept)), flush=True)
     else:  # the table's or the rule's config; FP8 also on its many-rows paths
-        paths = [None, FP8_CUBLAS, FP8_BLOCK_GEMM] if args.weights == "fp8" else [None]
+        paths = [None, *FP8_MANY_ROWS_PATHS] if args.weights == "fp8" else [None]
         result["rows"] = sweep(args.weights, shapes, rows, lambda *_: paths, float("inf"), None)
     write_result(args.out, result, "bench.kernels.skinny_gemm", argv)
 

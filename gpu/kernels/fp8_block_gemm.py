@@ -11,8 +11,10 @@ Unlike gpu/kernels/fp8_gemm.py (activations quantized inside the loop, once per 
 few rows, repeated N / BLOCK_N times at many), x is quantized once and each program runs square tensor-core tiles,
 rows of x on the MMA's M side. Block scales: each GROUP-column slice's FP8 product (float32 sums) is scaled by its
 activation and weight scales before it is added; per-row scales: the whole product is scaled once at the end.
-Programs are ordered in groups of GROUP_M row tiles so that neighbours share weight tiles in L2. Rows past M and
-columns past N re-read the last valid row, never stored. No data-dependent control: CUDA-graph capturable.
+Programs are ordered in groups of GROUP_M row tiles so that neighbours share weight tiles in L2. Tiles come by
+pointer loads, or with `use_tma` by the tensor memory accelerator (Hopper; x and W 16-byte aligned), which frees the
+warps' issue slots that pointer loads spend. Rows past M and columns past N re-read the last valid row (TMA: read
+zeros), never stored. No data-dependent control: CUDA-graph capturable.
 """
 
 from dataclasses import dataclass
@@ -20,8 +22,10 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from gpu.kernels.pdl import pdl_start, uses_pdl
+from gpu.kernels.skinny_gemm import _is_tma_aligned
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,7 @@ class BlockGemmTiles:
     group_m: int = 8  # row tiles a column of programs walks before the next weight tile
     num_warps: int = 8
     num_stages: int = 4
+    use_tma: bool = False
 
 
 @triton.jit
@@ -46,11 +51,12 @@ def _program_tile(M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: t
 
 @triton.jit(do_not_specialize=["M", "N"])
 def _fp8_block_gemm_kernel(
-    xq_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr,
+    xq_ptr, xs_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, x_desc, w_desc,
     M, N, K,
     stride_xm, stride_xsm, stride_xsg, stride_wn, stride_wsn, stride_om,
     SCALE_ROWS: tl.constexpr, BLOCK_SCALES: tl.constexpr, GROUP: tl.constexpr, HAS_BIAS: tl.constexpr,
-    EVEN_K: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_TMA: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     pdl_start(USE_PDL)
     pid_m, pid_n = _program_tile(M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -65,7 +71,10 @@ def _fp8_block_gemm_kernel(
     ws_rows = ws_ptr + (rows_w // SCALE_ROWS) * stride_wsn
     acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)
     for k in range(0, K, GROUP):
-        if EVEN_K:
+        if USE_TMA:  # rows, columns and K past their ends read as zeros
+            x = x_desc.load([pid_m * BLOCK_M, k])
+            w = w_desc.load([pid_n * BLOCK_N, k])
+        elif EVEN_K:
             x = tl.load(x_ptrs)
             w = tl.load(w_ptrs)
         else:
@@ -78,8 +87,9 @@ def _fp8_block_gemm_kernel(
             acc += tl.dot(x, tl.trans(w)) * scale
         else:
             acc = tl.dot(x, tl.trans(w), acc)
-        x_ptrs += GROUP
-        w_ptrs += GROUP
+        if not USE_TMA:
+            x_ptrs += GROUP
+            w_ptrs += GROUP
     if not BLOCK_SCALES:
         acc *= tl.load(xs_rows)[:, None] * tl.load(ws_rows)[None, :]
     if HAS_BIAS:
@@ -108,11 +118,16 @@ def fp8_block_gemm(xq: torch.Tensor, x_scales: torch.Tensor, weight: torch.Tenso
     if m == 0:
         return out
     pdl = uses_pdl(use_pdl, xq)
+    x_desc, w_desc = xq, weight  # unused by the pointer loads
+    if tiles.use_tma and _is_tma_aligned(xq) and _is_tma_aligned(weight):
+        x_desc = TensorDescriptor.from_tensor(xq, [tiles.block_m, group])
+        w_desc = TensorDescriptor.from_tensor(weight, [tiles.block_n, group])
     grid = (triton.cdiv(m, tiles.block_m) * triton.cdiv(n, tiles.block_n),)
     _fp8_block_gemm_kernel[grid](
-        xq, x_scales, weight, weight_scales, bias if bias is not None else weight_scales, out,
+        xq, x_scales, weight, weight_scales, bias if bias is not None else weight_scales, out, x_desc, w_desc,
         m, n, k, xq.stride(0), x_scales.stride(0), x_scales.stride(1), weight.stride(0), weight_scales.stride(0),
         out.stride(0), SCALE_ROWS=scale_rows, BLOCK_SCALES=not is_per_row, GROUP=group, HAS_BIAS=bias is not None,
-        EVEN_K=k % group == 0, USE_PDL=pdl, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, GROUP_M=tiles.group_m,
+        EVEN_K=k % group == 0, USE_TMA=x_desc is not xq, USE_PDL=pdl, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n,
+        GROUP_M=tiles.group_m,
         num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl)
     return out

@@ -32,9 +32,11 @@ from gpu.kernels.skinny_gemm_configs import row_bucket
 
 # FP8 paths by row count (gpu/quant/fp8.py): fp8_path's rule. Below the first entry's rows gpu/kernels/fp8_gemm.py
 # (activations quantized in its loop, per weight tile); from each entry's rows on its path, x quantized once first
-# (gpu/kernels/fp8_quant.py): FP8_CUBLAS (torch._scaled_mm) or FP8_BLOCK_GEMM (gpu/kernels/fp8_block_gemm.py). Set
-# from `python -m bench.kernels.skinny_gemm --weights fp8 --rows ...`, which times each path at each row count.
-FP8_IN_LOOP, FP8_CUBLAS, FP8_BLOCK_GEMM = "in-loop", "cublas", "block-gemm"
+# (gpu/kernels/fp8_quant.py): FP8_CUBLAS (torch._scaled_mm) or FP8_BLOCK_GEMM (gpu/kernels/fp8_block_gemm.py; _TMA:
+# its tiles loaded by TMA). Set from `python -m bench.kernels.skinny_gemm --weights fp8 --rows ...`, which times
+# each path at each row count.
+FP8_IN_LOOP, FP8_CUBLAS, FP8_BLOCK_GEMM, FP8_BLOCK_GEMM_TMA = "in-loop", "cublas", "block-gemm", "block-gemm-tma"
+FP8_MANY_ROWS_PATHS = (FP8_CUBLAS, FP8_BLOCK_GEMM, FP8_BLOCK_GEMM_TMA)
 FP8_PATHS_FROM_ROWS: tuple[tuple[int, str], ...] = ((65, FP8_CUBLAS),)  # (first row count, path), rows ascending
 NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpreter runs are those a GPU would
 GEMV_MAX_ROWS = {"fp8": 1, "int4": 1, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's reasons

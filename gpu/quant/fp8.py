@@ -22,7 +22,7 @@ saves nothing, and a static activation scale plays no part there. On a CPU the d
 import torch
 from torch import nn
 
-from gpu.kernels.quant_gemm_configs import FP8_BLOCK_GEMM, FP8_CUBLAS, FP8_IN_LOOP
+from gpu.kernels.quant_gemm_configs import FP8_BLOCK_GEMM, FP8_BLOCK_GEMM_TMA, FP8_CUBLAS, FP8_IN_LOOP
 from gpu.loader import CheckpointTensor
 from gpu.quant.layout import PLAIN, TensorLayout, WeightLayout
 from gpu.quant.method import ExpertsQuantMethod, QuantMethod
@@ -99,7 +99,7 @@ class Fp8Method(QuantMethod):
         if path == FP8_CUBLAS and not (n % 16 == 0 and k % 16 == 0 and (
                 is_per_row or (is_dynamic_blocks and self.scale_block[0] == 128 and k % (128 * 4) == 0))):
             path = FP8_BLOCK_GEMM
-        if path == FP8_BLOCK_GEMM and not (is_per_row or is_dynamic_blocks):
+        if path in (FP8_BLOCK_GEMM, FP8_BLOCK_GEMM_TMA) and not (is_per_row or is_dynamic_blocks):
             path = FP8_IN_LOOP
         return path
 
@@ -119,7 +119,7 @@ def prequantized_product(x: torch.Tensor, weight: torch.Tensor, scales: torch.Te
                          bias: torch.Tensor | None = None) -> torch.Tensor:  # [M, K] x [N, K] -> [M, N]
     """x quantized once (per token for per-row weights, else per token group of 128 columns: the 1x128 x 128x128
     recipe) by gpu/kernels/fp8_quant.py, then multiplied on `path`: FP8_CUBLAS (torch._scaled_mm) or FP8_BLOCK_GEMM
-    (gpu/kernels/fp8_block_gemm.py). The layouts each takes: Fp8Method._path."""
+    (gpu/kernels/fp8_block_gemm.py; FP8_BLOCK_GEMM_TMA: its TMA loads). The layouts each takes: Fp8Method._path."""
     from gpu.kernels.fp8_quant import quantize_rows
 
     is_per_row = block[1] >= x.shape[1]
@@ -128,10 +128,11 @@ def prequantized_product(x: torch.Tensor, weight: torch.Tensor, scales: torch.Te
         y = torch._scaled_mm(quantized, weight.t(), scale_a=x_scales, scale_b=scales.t(), bias=bias,
                              out_dtype=x.dtype)
         return y[: x.shape[0]]  # grouped activations come padded to whole sets of rows
-    from gpu.kernels.fp8_block_gemm import fp8_block_gemm
+    from gpu.kernels.fp8_block_gemm import BlockGemmTiles, fp8_block_gemm
 
     out = torch.empty((x.shape[0], weight.shape[0]), dtype=x.dtype, device=x.device)
-    return fp8_block_gemm(quantized, x_scales, weight, scales, block, out, bias)
+    return fp8_block_gemm(quantized, x_scales, weight, scales, block, out, bias,
+                          BlockGemmTiles(use_tma=path == FP8_BLOCK_GEMM_TMA))
 
 
 def _numel(shape: tuple[int, ...]) -> int:

@@ -23,8 +23,10 @@ from gpu.kernels import f16x2, quant_gemm_configs
 from gpu.kernels.device_tables import device_name
 from gpu.kernels.quant_gemm_configs import (
     FP8_BLOCK_GEMM,
+    FP8_BLOCK_GEMM_TMA,
     FP8_CUBLAS,
     FP8_IN_LOOP,
+    FP8_MANY_ROWS_PATHS,
     TABLES,
     GemvTiles,
     fp8_path,
@@ -152,8 +154,9 @@ MANY_ROWS = (64, 256, 1000, 4096)
 @pytest.mark.parametrize("scheme", ["blocks", "per-row"])
 @pytest.mark.parametrize("rows", MANY_ROWS)
 def test_fp8_many_row_paths_against_the_reference_and_the_in_loop_kernel(scheme: str, rows: int) -> None:
-    """cuBLAS and the block GEMM on x quantized once against x so quantized times the dequantized weights (float32),
-    and within FP8's tolerance of the in-loop kernel (activations per group of 128 for both weight kinds)."""
+    """cuBLAS and the block GEMM (pointer and TMA loads) on x quantized once against x so quantized times the
+    dequantized weights (float32), and within FP8's tolerance of the in-loop kernel (activations per group of 128
+    for both weight kinds)."""
     from gpu.kernels.fp8_gemm import fp8_gemm
 
     g = torch.Generator(device="cuda").manual_seed(rows + 7)
@@ -163,14 +166,14 @@ def test_fp8_many_row_paths_against_the_reference_and_the_in_loop_kernel(scheme:
     bias = torch.randn(N, device="cuda", generator=g).bfloat16()
     dense = dequantize_blocks(levels, scales, block).T
     in_loop = fp8_gemm(x, levels, scales, block, None, bias)
-    for path in (FP8_CUBLAS, FP8_BLOCK_GEMM):
+    for path in FP8_MANY_ROWS_PATHS:
         out = prequantized_product(x, levels, scales, block, path, None, bias)
         assert out.shape == (rows, N), path
         _close(out, quantized_activations(x, None if scheme == "per-row" else 128, None) @ dense + bias.float())
         _close(out, in_loop.float(), 3e-2)  # per-token and per-group activation scales differ by FP8 roundings
 
 
-@pytest.mark.parametrize("path", [FP8_IN_LOOP, FP8_CUBLAS, FP8_BLOCK_GEMM])
+@pytest.mark.parametrize("path", [FP8_IN_LOOP, FP8_CUBLAS, FP8_BLOCK_GEMM, FP8_BLOCK_GEMM_TMA])
 @pytest.mark.parametrize("scheme", ["blocks", "per-channel"])
 def test_fp8_layer_runs_the_path_the_rule_names(path: str, scheme: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The layer's output is bitwise the named path's product (each is deterministic): the rule, not a default,

@@ -199,18 +199,22 @@ def test_fp8_activation_quantization_compiles() -> None:
 
 
 BLOCK_GEMM_SIGNATURE = {"xq_ptr": "*fp8e4nv", "xs_ptr": "*fp32", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32",
-                        "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32",
-                        "stride_xsm": "i32", "stride_xsg": "i32", "stride_wn": "i32", "stride_wsn": "i32",
-                        "stride_om": "i32"}
+                        "bias_ptr": "*bf16", "out_ptr": "*bf16", "x_desc": "*fp8e4nv", "w_desc": "*fp8e4nv",
+                        "M": "i32", "N": "i32", "K": "i32", "stride_xm": "i32", "stride_xsm": "i32",
+                        "stride_xsg": "i32", "stride_wn": "i32", "stride_wsn": "i32", "stride_om": "i32"}
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
 @pytest.mark.parametrize("block_scales", [True, False])
-def test_fp8_block_gemm_default_tiles_fit_and_pipeline(block_scales: bool) -> None:
+@pytest.mark.parametrize("use_tma", [False, True])
+def test_fp8_block_gemm_default_tiles_fit_and_pipeline(block_scales: bool, use_tma: bool) -> None:
     t = fp8_block_gemm.BlockGemmTiles()
-    spilled, shared = compiled_usage(fp8_block_gemm._fp8_block_gemm_kernel, BLOCK_GEMM_SIGNATURE, dict(
+    descriptors = {name: f"tensordesc<fp8e4nv[{rows}, 128]>" if use_tma else "*fp8e4nv"  # the launch's arguments
+                   for name, rows in (("x_desc", t.block_m), ("w_desc", t.block_n))}
+    spilled, shared = compiled_usage(fp8_block_gemm._fp8_block_gemm_kernel, BLOCK_GEMM_SIGNATURE | descriptors, dict(
         SCALE_ROWS=128 if block_scales else 1, BLOCK_SCALES=block_scales, GROUP=128, HAS_BIAS=True, EVEN_K=True,
-        USE_PDL=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=t.group_m), t.num_warps, t.num_stages)
+        USE_TMA=use_tma, USE_PDL=True, BLOCK_M=t.block_m, BLOCK_N=t.block_n, GROUP_M=t.group_m), t.num_warps,
+        t.num_stages)
     stage = (t.block_m + t.block_n) * 128  # one 128-column FP8 tile of x and of W
     assert spilled == 0 and 2 * stage <= shared <= MAX_SHARED, (spilled, shared)
 

@@ -182,14 +182,16 @@ def test_activation_quantization_for_cublas(fp8_quant: ModuleType, group: int | 
     assert torch.equal(quantized.float() * expanded, x.float())
 
 
-@pytest.mark.parametrize(("m", "n", "k", "block"), [(37, 40, 384, (128, 128)), (5, 48, 256, (32, 128)),
-                                                    (21, 24, 320, (1, 320)), (16, 16, 128, (1, 128))])
+@pytest.mark.parametrize(("m", "n", "k", "block", "use_tma"), [
+    (37, 40, 384, (128, 128), False), (5, 48, 256, (32, 128), False), (21, 24, 320, (1, 320), False),
+    (16, 16, 128, (1, 128), False), (37, 40, 384, (128, 128), True), (21, 24, 320, (1, 320), True)])
 def test_block_gemm_on_quantized_rows_equals_the_dequantized_product(fp8_quant: ModuleType, fp8_block: ModuleType,
-                                                                     m: int, n: int, k: int,
-                                                                     block: tuple[int, int]) -> None:
+                                                                     m: int, n: int, k: int, block: tuple[int, int],
+                                                                     use_tma: bool) -> None:
     """The many-rows path: x quantized once (per group of 128, or per token for per-row weights; both exact on the
-    FP8 grid), then the block GEMM on small tiles so that rows and columns run past their edges (and K past its last
-    full 128 columns for per-row weights), against x times the weights dequantized by their block scales."""
+    FP8 grid), then the block GEMM on small tiles (pointer or TMA loads) so that rows and columns run past their
+    edges (and K past its last full 128 columns for per-row weights), against x times the weights dequantized by
+    their block scales."""
     g = torch.Generator().manual_seed(m + k)
     weight = torch.randn(n, k, generator=g) * 0.05
     scales = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) * 1e-3 + 1e-4
@@ -200,7 +202,7 @@ def test_block_gemm_on_quantized_rows_equals_the_dequantized_product(fp8_quant: 
     quantized, x_scales = fp8_quant.quantize_rows(x, None if is_per_row else 128)
     bias = torch.randn(n, generator=g).half()
     out = torch.empty(m, n, dtype=torch.float16)
-    tiles = fp8_block.BlockGemmTiles(block_m=16, block_n=16, group_m=2, num_warps=4, num_stages=2)
+    tiles = fp8_block.BlockGemmTiles(block_m=16, block_n=16, group_m=2, num_warps=4, num_stages=2, use_tma=use_tma)
     fp8_block.fp8_block_gemm(quantized, x_scales, levels, scales, block, out, bias, tiles)
     _close(out, x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
 
