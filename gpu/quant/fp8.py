@@ -8,15 +8,16 @@ checkpoints (a merged q/k/v holds three tensors' scales, so a per-tensor scale f
 w[n, k] = fp8[n, k] * scale[n // rows, k // columns].
 
 On a GPU activations are quantized to FP8 on the fly, dynamically or with the checkpoint's static `input_scale` (the
-largest of a merged layer's shards', as vLLM takes it), and the product runs on FP8 tensor cores: up to
-gpu/kernels/quant_gemm_configs.py's FP8_CUBLAS_MIN_ROWS rows in gpu/kernels/fp8_gemm.py (activations quantized per
-token group of the block's columns inside its loop, 128 columns for per-row weights), from there in cuBLAS
-(torch._scaled_mm, activations quantized per token group of 128 for 128x128 blocks, per token for per-row weights,
-by gpu/kernels/fp8_quant.py) where its layout rules allow. At the few rows gpu/kernels/quant_gemm_configs.py sends
-to its GEMV path (gpu/kernels/quant_gemv.py) the weights are dequantized in registers instead and activations stay in
-bf16, as weight-only FP8 kernels run (vLLM's Marlin FP8): where the weight stream bounds the product, quantizing x
-saves nothing, and a static activation scale plays no part there. On a CPU the dequantized weight runs
-(gpu/quant/method.py).
+largest of a merged layer's shards', as vLLM takes it), and the product runs on FP8 tensor cores: below the first row
+count of gpu/kernels/quant_gemm_configs.py's FP8_PATHS_FROM_ROWS in gpu/kernels/fp8_gemm.py (activations quantized
+per token group of the block's columns inside its loop, 128 columns for per-row weights), from there on activations
+quantized once (per token group of 128 for 128x128 blocks, per token for per-row weights, by
+gpu/kernels/fp8_quant.py) in cuBLAS (torch._scaled_mm) where its layout rules allow, or in
+gpu/kernels/fp8_block_gemm.py: which from which row count, fp8_path's rule says. At the few rows
+gpu/kernels/quant_gemm_configs.py sends to its GEMV path (gpu/kernels/quant_gemv.py) the weights are dequantized in
+registers instead and activations stay in bf16, as weight-only FP8 kernels run (vLLM's Marlin FP8): where the weight
+stream bounds the product, quantizing x saves nothing, and a static activation scale plays no part there. On a CPU
+the dequantized weight runs (gpu/quant/method.py).
 """
 
 import torch
