@@ -539,7 +539,7 @@ class LLMEngine:
         """A step that verified drafts: each sequence takes the drafts its sampled tokens confirm and one more
         token (core/speculation.py), up to the first that ends it; the K/V slots of the rest are given back."""
         assert self.speculation is not None and step.draft_counts is not None and step.first_positions is not None
-        refused = self._book_constrained(step.sampled_seqs, [token_ids[i] for i in step.first_positions])
+        refused = self._book_constrained(step.sampled_seqs, token_ids, step.first_positions)
         now = time.monotonic()
         outputs, first_token_seqs, num_tokens = [], [], 0
         for seq, first, num_drafts in zip(step.sampled_seqs, step.first_positions, step.draft_counts, strict=True):
@@ -607,15 +607,18 @@ class LLMEngine:
         self.metrics.on_pooled(finished, now)
         return outputs
 
-    def _book_constrained(self, seqs: list[Sequence], token_ids: list[int]) -> set[Sequence]:
-        """Each live constrained sequence's matcher takes its token, in one batched call; returns those whose
-        grammar refused it."""
+    def _book_constrained(self, seqs: list[Sequence], token_ids: list[int],
+                          positions: list[int] | None = None) -> set[Sequence]:
+        """Each live constrained sequence's matcher takes its token (seqs[i]'s at token_ids[positions[i]], or at
+        token_ids[i] without positions), in one batched call; returns those whose grammar refused it. Positions are
+        looked up for constrained rows only, so a step without grammars builds nothing."""
         if self._grammars is None:  # no request has asked for structured output: no sequence has a grammar
             return set()
         rows = [i for i, seq in enumerate(seqs) if seq.grammar is not None and not seq.is_finished]
         if not rows:
             return set()
-        accepted = self.grammars.accept([seqs[i].grammar for i in rows], [token_ids[i] for i in rows])  # type: ignore[misc]
+        tokens = [token_ids[i if positions is None else positions[i]] for i in rows]
+        accepted = self.grammars.accept([seqs[i].grammar for i in rows], tokens)  # type: ignore[misc]
         return {seqs[i] for i, ok in zip(rows, accepted, strict=True) if not ok}
 
     def _finish_reason(self, seq: Sequence, token_id: int) -> FinishReason | None:
