@@ -257,6 +257,32 @@ def test_f16x2_ptx_equals_its_twins() -> None:
         assert torch.equal(pairs[0], pairs[1]), dtype
 
 
+def test_e4m3_ptx_equals_its_twin() -> None:
+    """cvt.rn.f16x2.e4m3x2 and f16x2_of_e4m3x4's twin give the same bits for every e4m3 code at every byte of a word
+    (the twin is held to torch's float8 -> float16 in tests/unit/f16x2_interpreted_cases.py)."""
+    size = 1 << 16
+    words = torch.randint(-(1 << 31), 1 << 31, (size,), device="cuda", dtype=torch.int64).to(torch.int32)
+    words[:64] = torch.arange(256, device="cuda", dtype=torch.uint8).view(torch.int32)  # each code in each byte
+    words[64:128] = torch.arange(256, device="cuda", dtype=torch.uint8).roll(1).view(torch.int32)
+    out = torch.zeros(2, 2, size, device="cuda", dtype=torch.int32)
+    for i, twin in enumerate((False, True)):
+        _e4m3_kernel[(size // 1024,)](words, out[i], size, TWIN=twin, BLOCK=1024)
+    assert torch.equal(out[0], out[1])
+
+
+@triton.jit
+def _e4m3_kernel(words_ptr, out_ptr, size, TWIN: tl.constexpr, BLOCK: tl.constexpr):
+    """f16x2_of_e4m3x4 (its twin where TWIN) on a block of words, into rows of out."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    word = tl.load(words_ptr + offs)
+    if TWIN:
+        pair_0, pair_1 = f16x2.f16x2_of_e4m3x4_twin(word)
+    else:
+        pair_0, pair_1 = f16x2.f16x2_of_e4m3x4(word)
+    tl.store(out_ptr + offs, pair_0)
+    tl.store(out_ptr + size + offs, pair_1)
+
+
 @triton.jit
 def _pair_ops_kernel(a_ptr, b_ptr, out_ptr, size, IS_BF16: tl.constexpr, TWIN: tl.constexpr, BLOCK: tl.constexpr):
     """abs_max_x2 and mul_x2 (their twins where TWIN) on a block of pairs, into rows of out."""
