@@ -29,6 +29,7 @@ from gpu.kernels.quant_gemv import pointer_or
 from gpu.kernels.triton_math import add
 
 CHUNK = 16  # columns a thread's 16-byte load holds
+MAX_BLOCK_N = 8  # rows a thread holds: 16 rows' words, the tile's and the next's, spill registers
 
 
 @triton.jit
@@ -146,10 +147,16 @@ def fp8_row_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Ten
     """y [1, N] = x [1, K] @ dequantized(weight).T (+ bias) for arguments gpu/kernels/fp8_gemm.py checked and
     `takes_fp8_row_gemv` takes: quant_gemv.fp8_gemv's. The warps split the columns: at most one warp per 32 chunks."""
     k, n = x.shape[1], weight.shape[0]
-    block_k = max(t.block_k, CHUNK)
-    num_warps = max(1, min(t.num_warps, block_k // (CHUNK * 32)))
-    _fp8_row_gemv_kernel[(triton.cdiv(n, t.block_n),)](
+    block_n, block_k, num_warps = launch_shape(t)
+    _fp8_row_gemv_kernel[(triton.cdiv(n, block_n),)](
         x, weight, weight_scales, pointer_or(bias, weight_scales), y, n, k, weight_scales.shape[1], weight.stride(0),
         weight_scales.stride(0), SCALE_ROWS=scale_rows, GROUP=group or block_k, BLOCK_SCALES=group is not None,
-        HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl, BLOCK_N=t.block_n, BLOCK_K=block_k,
+        HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=num_warps, num_stages=1, launch_pdl=pdl, enable_fp_fusion=True)
+
+
+def launch_shape(t: GemvTiles) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, warps) the kernel runs a GEMV tile as: at most MAX_BLOCK_N rows, and at most one warp per
+    32 chunks (x's tile has no rows to spread warps over and its layout must be the weights')."""
+    block_k = max(t.block_k, CHUNK)
+    return min(t.block_n, MAX_BLOCK_N), block_k, max(1, min(t.num_warps, block_k // (CHUNK * 32)))

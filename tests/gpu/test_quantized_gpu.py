@@ -233,6 +233,31 @@ def test_int4_row_gemv_past_float16s_range(dtype: torch.dtype, x_scale: float, o
     _close(y, (x.double() @ stored.int_groups().dequantize().double().T).float(), 2e-3)
 
 
+@pytest.mark.parametrize(("dtype", "x_scale", "outlier"), [(torch.bfloat16, 1.0, None), (torch.bfloat16, 1e-6, None),
+                                                      (torch.bfloat16, 1e-2, 1e30), (torch.float16, 1.0, 6e4)])
+@pytest.mark.parametrize("block", [(128, 128), (1, K)])
+def test_fp8_row_gemv_against_the_reference(dtype: torch.dtype, x_scale: float, outlier: float | None,
+                                            block: tuple[int, int]) -> None:
+    """The one-row FP8 GEMV in packed float16 (gpu/kernels/fp8_row_gemv.py) at the rule's tiles, x of any
+    magnitude, block scales and a scale per row: within bf16's rounding of the products' magnitudes."""
+    from gpu.kernels.fp8_row_gemv import fp8_row_gemv, takes_fp8_row_gemv
+
+    g = torch.Generator(device="cuda").manual_seed(int(x_scale * 100) + block[0])
+    levels, scales = _fp8_weight(block, g)
+    x = torch.randn(1, K, device="cuda", generator=g) * x_scale
+    if outlier is not None:
+        x[0, ::97] = torch.linspace(-outlier, outlier, x[0, ::97].numel(), device="cuda")
+    x = x.to(dtype)
+    group = block[1] if block[0] > 1 else None
+    assert takes_fp8_row_gemv(x, levels, group)
+    y = torch.empty(1, N, device="cuda")
+    fp8_row_gemv(x, levels, scales, block[0], group, None, y, gemv_tiles(1, K, "fp8"), False)
+    weight = dequantize_blocks(levels, scales, block).double()
+    reference, magnitudes = x.double() @ weight.T, x.double().abs() @ weight.abs().T
+    assert y.isfinite().all()
+    assert ((y.double() - reference).abs() <= 2.0**-9 * magnitudes).all()
+
+
 def test_f16x2_ptx_equals_its_twins() -> None:
     """gpu/kernels/f16x2.py's PTX and the twins Triton's interpreter runs instead give the same bits on random
     float16 pairs of every magnitude and every 4-bit level (tests/unit/f16x2_interpreted_cases.py holds the twins
