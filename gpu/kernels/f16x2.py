@@ -207,7 +207,8 @@ def nibbles_less_zero(word, zero_low, zero_high):
 def _e4m3_as_float(code):
     """An e4m3 code (the low byte of int32 `code`) in float32, exactly: its bits less the sign placed at float16's
     bits 7-14 read as the float16 of value / 256 (subnormals too: both formats' exponents line up 8 apart), then
-    times 256. The two NaN codes give NaN, as cvt does."""
+    times 256. The two NaN codes give a NaN, 0x7E00, where cvt gives 0x7FFF: the only bits the two differ in (weights
+    are never NaN)."""
     bits = ((code & 0x7F) << 7).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
     value = tl.where((code & 0x80) != 0, -bits, bits)
     return tl.where((code & 0x7F) == 0x7F, float("nan"), value)

@@ -283,8 +283,9 @@ def test_f16x2_ptx_equals_its_twins() -> None:
 
 
 def test_e4m3_ptx_equals_its_twin() -> None:
-    """cvt.rn.f16x2.e4m3x2 and f16x2_of_e4m3x4's twin give the same bits for every e4m3 code at every byte of a word
-    (the twin is held to torch's float8 -> float16 in tests/unit/f16x2_interpreted_cases.py)."""
+    """cvt.rn.f16x2.e4m3x2 and f16x2_of_e4m3x4's twin give the same bits for every non-NaN e4m3 code at every byte
+    of a word, and both a NaN for the NaN codes (0x7F, 0xFF: NaNs of different bits, 0x7FFF and 0x7E00; weights are
+    never NaN). The twin is held to torch's float8 -> float16 in tests/unit/f16x2_interpreted_cases.py."""
     size = 1 << 16
     words = torch.randint(-(1 << 31), 1 << 31, (size,), device="cuda", dtype=torch.int64).to(torch.int32)
     words[:64] = torch.arange(256, device="cuda", dtype=torch.uint8).view(torch.int32)  # each code in each byte
@@ -292,7 +293,12 @@ def test_e4m3_ptx_equals_its_twin() -> None:
     out = torch.zeros(2, 2, size, device="cuda", dtype=torch.int32)
     for i, twin in enumerate((False, True)):
         _e4m3_kernel[(size // 1024,)](words, out[i], size, TWIN=twin, BLOCK=1024)
-    assert torch.equal(out[0], out[1])
+    # [PTX or twin, word, byte]: pair p's low half converts byte 2p, its high half byte 2p + 1
+    halves = out.view(torch.int16).view(2, 2, size, 2).permute(0, 2, 1, 3).reshape(2, size, 4)
+    is_nan = (words.view(torch.uint8).view(size, 4) & 0x7F) == 0x7F
+    assert is_nan.any() and (~is_nan).any()
+    assert torch.equal(halves[0][~is_nan], halves[1][~is_nan])
+    assert halves.view(torch.float16)[:, is_nan].isnan().all()
 
 
 @triton.jit
