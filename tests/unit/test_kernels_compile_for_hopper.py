@@ -496,7 +496,8 @@ def test_row_gemv_issues_few_instructions_per_weight(n: int, k: int, t: GemvTile
 
 
 FP8_ROW_GEMV_TABLE_TILES = sorted({(n, k, tiles) for (kind, rows, n, k), tiles in
-                                   quant_gemm_configs.TABLES["H100"].items() if (kind, rows) == ("fp8", 1)}, key=repr)
+                                   quant_gemm_configs.TABLES["H100"].items()
+                                   if kind == "fp8" and quant_gemm_configs.runs_row_gemv(tiles)}, key=repr)
 FP8_ROW_GEMV_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
                           "out_ptr": "*bf16"}
 # SASS, per thread, in the loop at the H100 table's tiles (the float32 GEMV of quant_gemv.py: 8.5 to 12)

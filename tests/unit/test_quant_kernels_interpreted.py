@@ -412,3 +412,20 @@ def test_fp8_row_gemv_holds_x_of_any_magnitude(fp8_row_gemv: ModuleType, dtype: 
     assert y.isfinite().all()
     # bf16-like: within half a bf16 rounding (2^-9) of the sum of the products' magnitudes, as bf16 products would be
     assert ((y.double() - reference).abs() <= 2.0**-9 * magnitudes).all(), (y.double() - reference).abs().max()
+
+
+def test_fp8_tiles_choose_the_row_gemv_or_quant_gemvs(fp8_kernel: ModuleType) -> None:
+    """One row on GEMV tiles runs fp8_row_gemv, and on tiles a table entry marks `is_row_gemv=False` quant_gemv.py's
+    GEMV (float32 products: other low bits than the packed float16 sums'), each bit for bit as called directly."""
+    g = torch.Generator().manual_seed(5)
+    levels, scales = _fp8_levels(16, 512, (128, 128), g)
+    x = torch.randn(1, 512, generator=g).half()
+    results = []
+    for is_row_gemv, direct in ((True, fp8_kernel.fp8_row_gemv), (False, fp8_kernel.fp8_gemv)):
+        tiles = fp8_kernel.GemvTiles(1, 4, 256, 4, is_row_gemv=is_row_gemv)
+        y, expected = torch.zeros(1, 16), torch.zeros(1, 16)
+        fp8_kernel.fp8_gemm(x, levels, scales, (128, 128), out=y, tiles=tiles)
+        direct(x, levels, scales, 128, 128, None, expected, tiles, False)
+        assert torch.equal(y, expected), is_row_gemv
+        results.append(y)
+    assert not torch.equal(*results)
