@@ -429,3 +429,53 @@ def test_fp8_tiles_choose_the_row_gemv_or_quant_gemvs(fp8_kernel: ModuleType) ->
         assert torch.equal(y, expected), is_row_gemv
         results.append(y)
     assert not torch.equal(*results)
+
+
+def _torch_norm(x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(norm(x + residual), x + residual) rounded where gpu/kernels/rms_norm.py rounds them."""
+    summed = x if residual is None else (x.float() + residual.float()).to(x.dtype)
+    rstd = torch.rsqrt(summed.float().pow(2).mean(-1, keepdim=True) + eps)
+    return (weight.float() * (summed.float() * rstd).to(x.dtype).float()).to(x.dtype), summed
+
+
+FP8_PROLOGUE_CASES = [(13, 320, torch.float16, GemvTiles(1, 4, 256, 4)),
+                      (9, 512, torch.float16, GemvTiles(1, 8, 512, 8)),
+                      (6, 96, torch.float16, GemvTiles(1, 2, 64, 1))]
+
+
+@pytest.mark.parametrize("has_residual", [True, False])
+@pytest.mark.parametrize(("n", "k", "dtype", "tiles"), FP8_PROLOGUE_CASES)
+def test_fp8_row_gemv_norm_prologue_gives_the_norm_then_the_product(fp8_kernel: ModuleType, n: int, k: int,
+                                                                    dtype: torch.dtype, tiles: GemvTiles,
+                                                                    has_residual: bool) -> None:
+    """norm(x + residual) made in the row GEMV's registers, then its product: as the torch norm (skinny_gemm's
+    rounding points) and then the plain row GEMV on the same tiles, but for a last-bit flip of the norm where the
+    squares' float32 sum rounds otherwise; x + residual exactly the torch sum."""
+    g = torch.Generator().manual_seed(n * k)
+    levels, scales = _fp8_levels(n, k, (128, 128), g)
+    x, residual = (torch.randn(1, k, generator=g).to(dtype) for _ in range(2))
+    norm_weight = (1 + torch.randn(k, generator=g) / 4).to(dtype)
+    bias = torch.randn(n, generator=g).to(dtype)
+    t = fp8_kernel.GemvTiles(**tiles.__dict__)
+    y, summed = fp8_kernel.fp8_gemm_rms_norm(x, residual if has_residual else None, norm_weight, 1e-6, levels, scales,
+                                             (128, 128), bias, t, use_pdl=False)
+    normed, ref_summed = _torch_norm(x, residual if has_residual else None, norm_weight, 1e-6)
+    assert torch.equal(summed, ref_summed) and (has_residual or summed is x)
+    ref = fp8_kernel.fp8_gemm(normed, levels, scales, (128, 128), bias=bias, use_pdl=False, tiles=t)
+    torch.testing.assert_close(y, ref, rtol=2e-3, atol=2e-3 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize(("n", "k", "dtype", "tiles"), FP8_PROLOGUE_CASES)
+def test_fp8_row_gemv_silu_prologue_gives_the_activation_then_the_product(fp8_kernel: ModuleType, n: int, k: int,
+                                                                         dtype: torch.dtype, tiles: GemvTiles) -> None:
+    """silu(gate) * up made in the row GEMV's registers, then its product: bit for bit the torch activation (rounded
+    as gpu/kernels/silu_and_mul.py rounds it) and then the plain row GEMV on the same tiles."""
+    g = torch.Generator().manual_seed(n + k)
+    levels, scales = _fp8_levels(n, k, (128, 128), g)
+    gate_up = (torch.randn(1, 2 * k, generator=g) * 3).to(dtype)
+    t = fp8_kernel.GemvTiles(**tiles.__dict__)
+    y = fp8_kernel.fp8_gemm_silu_and_mul(gate_up, levels, scales, (128, 128), None, t, use_pdl=False)
+    gate, up = gate_up.float().chunk(2, dim=-1)
+    activated = ((gate / (1 + torch.exp(-gate))).to(dtype).float() * up).to(dtype)
+    assert torch.equal(y, fp8_kernel.fp8_gemm(activated, levels, scales, (128, 128), use_pdl=False, tiles=t))
