@@ -24,13 +24,7 @@ from gpu.kernels.fp8_row_gemv import fp8_row_gemv, takes_fp8_row_gemv
 from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.quant_gemm_configs import GemvTiles, Tiles, quant_tiles, runs_row_gemv, table_for
 from gpu.kernels.quant_gemv import fp8_gemv
-from gpu.kernels.skinny_gemm import (  # its prologues, and one epilogue for every split-K GEMM here
-    RMS_NORM,
-    SILU_AND_MUL,
-    _Prologue,
-    _split_k_reduce_kernel,
-    _store_tile,
-)
+from gpu.kernels.skinny_gemm import _split_k_reduce_kernel, _store_tile  # one epilogue for every split-K GEMM here
 from gpu.kernels.triton_math import maximum
 
 FP8_MAX = tl.constexpr(448.0)
@@ -105,14 +99,21 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
     `input_scale` (static); on the GEMV path (`tiles`, else quant_tiles' choice) they stay in x's dtype."""
     m, k = x.shape
     n = weight.shape[0]
-    group = _checked_group(x, weight, weight_scales, scale_block)
+    if weight.dtype != torch.float8_e4m3fn or weight.shape[1] != k or x.stride(1) != 1 or weight.stride(1) != 1:
+        raise ValueError(f"x [M, K] and an FP8 weight [N, K] with unit stride along K expected, got {x.dtype} "
+                         f"{tuple(x.shape)} and {weight.dtype} {tuple(weight.shape)}")
     scale_rows, scale_cols = scale_block
-    is_per_row = group is None
+    is_per_row = scale_cols >= k and scale_rows == 1
+    if weight_scales.shape != (triton.cdiv(n, scale_rows), triton.cdiv(k, scale_cols)) or not (
+            is_per_row or scale_cols in GROUPS):
+        raise ValueError(f"scales {tuple(weight_scales.shape)} of [{n}, {k}] in blocks of {scale_block}: block "
+                         f"columns must be one of {GROUPS}, or one scale per row")
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return y
     t = tiles or quant_tiles(m, n, k, "fp8", num_sms(x.device), table_for(device_name(x.device)))
     if isinstance(t, GemvTiles):
+        group = None if is_per_row else scale_cols
         gemv = fp8_row_gemv if runs_row_gemv(t) and takes_fp8_row_gemv(x, weight, group) else fp8_gemv
         gemv(x, weight, weight_scales, scale_rows, group, bias, y, t, uses_pdl(use_pdl, x))
         return y
@@ -133,76 +134,6 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
         num_stages=t.num_stages, launch_pdl=pdl)
     if split > 1:
         reduce_split_k(part, bias, y, pdl)
-    return y
-
-
-def _checked_group(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
-                   scale_block: tuple[int, int]) -> int | None:
-    """The scale blocks' columns (None: a scale per row) of arguments fp8_gemm takes, else ValueError."""
-    k, n = x.shape[1], weight.shape[0]
-    if weight.dtype != torch.float8_e4m3fn or weight.shape[1] != k or x.stride(1) != 1 or weight.stride(1) != 1:
-        raise ValueError(f"x [M, K] and an FP8 weight [N, K] with unit stride along K expected, got {x.dtype} "
-                         f"{tuple(x.shape)} and {weight.dtype} {tuple(weight.shape)}")
-    scale_rows, scale_cols = scale_block
-    is_per_row = scale_cols >= k and scale_rows == 1
-    if weight_scales.shape != (triton.cdiv(n, scale_rows), triton.cdiv(k, scale_cols)) or not (
-            is_per_row or scale_cols in GROUPS):
-        raise ValueError(f"scales {tuple(weight_scales.shape)} of [{n}, {k}] in blocks of {scale_block}: block "
-                         f"columns must be one of {GROUPS}, or one scale per row")
-    return None if is_per_row else scale_cols
-
-
-def prologue_tiles(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
-                   scale_block: tuple[int, int]) -> GemvTiles | None:
-    """The tiles on which fp8_row_gemv also makes x [1, K] of this product (`fp8_gemm_rms_norm`,
-    `fp8_gemm_silu_and_mul`: x the rows their prologue makes), or None, where the elementwise kernel runs first: the
-    plain product's choice, where it runs the row GEMV."""
-    group = _checked_group(x, weight, weight_scales, scale_block)
-    (m, k), n = x.shape, weight.shape[0]
-    if m != 1:
-        return None
-    t = quant_tiles(m, n, k, "fp8", num_sms(x.device), table_for(device_name(x.device)))
-    return t if runs_row_gemv(t) and takes_fp8_row_gemv(x, weight, group) else None
-
-
-def fp8_gemm_rms_norm(x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
-                      weight: torch.Tensor, weight_scales: torch.Tensor, scale_block: tuple[int, int],
-                      bias: torch.Tensor | None, tiles: GemvTiles, use_pdl: bool = True
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(norm(x + residual) @ dequantized(weight).T (+ bias), x + residual) for x [1, K] in one launch, on tiles
-    `prologue_tiles` gave (gpu/kernels/rms_norm.py's norm: skinny_gemm_rms_norm's). Without a residual (norm(x) @
-    ..., x)."""
-    if (residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype or residual.stride(1) != 1)
-            or norm_weight.shape != (x.shape[1],) or norm_weight.dtype != x.dtype or not norm_weight.is_contiguous()):
-        raise ValueError(f"residual and norm_weight of x {x.dtype} {tuple(x.shape)} expected, got {residual} and "
-                         f"{norm_weight.dtype} {tuple(norm_weight.shape)}")
-    summed = torch.empty_like(x) if residual is not None else x
-    y = _prologue_product(x, weight, weight_scales, scale_block, bias, tiles, use_pdl,
-                          _Prologue(RMS_NORM.value, residual, norm_weight, eps, summed))
-    return y, summed
-
-
-def fp8_gemm_silu_and_mul(gate_up: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
-                          scale_block: tuple[int, int], bias: torch.Tensor | None, tiles: GemvTiles,
-                          use_pdl: bool = True) -> torch.Tensor:
-    """(silu(gate) * up) @ dequantized(weight).T (+ bias) for gate_up [1, 2K] in one launch, on tiles
-    `prologue_tiles` gave (gpu/kernels/silu_and_mul.py's rounding: skinny_gemm_silu_and_mul's)."""
-    k = weight.shape[1]
-    if gate_up.shape[-1] != 2 * k:
-        raise ValueError(f"gate_up [1, {2 * k}] expected, got {tuple(gate_up.shape)}")
-    return _prologue_product(gate_up, weight, weight_scales, scale_block, bias, tiles, use_pdl,
-                             _Prologue(SILU_AND_MUL.value))
-
-
-def _prologue_product(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
-                      scale_block: tuple[int, int], bias: torch.Tensor | None, tiles: GemvTiles, use_pdl: bool,
-                      prologue: _Prologue) -> torch.Tensor:
-    """y [1, N] of fp8_row_gemv with `prologue` making its x from `x` (the gate/up row [1, 2K] for SiLU)."""
-    group = _checked_group(x[:, : weight.shape[1]], weight, weight_scales, scale_block)
-    if x.shape[0] != 1 or not takes_fp8_row_gemv(x[:, : weight.shape[1]], weight, group):
-        raise ValueError(f"one row the FP8 row GEMV takes expected, got {x.dtype} {tuple(x.shape)}")
-    y = torch.empty((1, weight.shape[0]), dtype=x.dtype, device=x.device)
-    fp8_row_gemv(x, weight, weight_scales, scale_block[0], group, bias, y, tiles, uses_pdl(use_pdl, x), prologue)
     return y
 
 

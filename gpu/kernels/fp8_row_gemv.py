@@ -17,12 +17,6 @@ below 2^-14, round at float16's subnormal spacing, 2^-24: below 2^-35 of the chu
 their sums round to float16 (a relative 2^-11 each, below the bf16 output's rounding). Rows past N re-read the last
 valid one, never stored; the next weight tile is loaded before the current one is used, the first before waiting on
 the kernel that writes x (gpu/kernels/pdl.py). Nothing depends on the data: CUDA-graph capturable.
-
-A prologue may make x as gpu/kernels/skinny_gemm.py's do, with its rounding helpers, so that the elementwise kernel
-before the product need not run: RMS_NORM multiplies norm(x + residual) * norm_weight (each program first sums the
-squares of x + residual over all of K, from L2; program 0 also writes x + residual, the next block's residual
-stream), SILU_AND_MUL silu(gate) * up of a merged gate/up row [2K]. Each makes x's pairs from its inputs' pairs in
-the same registers, so the loop's layout is the plain product's.
 """
 
 import torch
@@ -32,12 +26,10 @@ import triton.language as tl
 from gpu.kernels.f16x2 import abs_max_x2, f16x2_fma, f16x2_of_bf16x2, f16x2_of_e4m3x4, f16x2_sum, mul_x2
 from gpu.kernels.quant_gemm_configs import GemvTiles
 from gpu.kernels.quant_gemv import pointer_or
-from gpu.kernels.skinny_gemm import NO_PROLOGUE, RMS_NORM, _Prologue, residual_sum, rms_normed, silu_times
 from gpu.kernels.triton_math import add
 
 CHUNK = 16  # columns a thread's 16-byte load holds
 MAX_BLOCK_N = 8  # rows a thread holds: 16 rows' words, the tile's and the next's, spill registers
-PLAIN_X = _Prologue()  # x as it is: no prologue
 
 
 @triton.jit
@@ -73,78 +65,6 @@ def _f16_x(x_pairs, C: tl.constexpr, IS_BF16: tl.constexpr):
 
 
 @triton.jit
-def _halves(pairs, dtype_ptr):
-    """The low and high 16-bit halves of int32 `pairs` as values of dtype_ptr's element type (bits unchanged)."""
-    dtype = dtype_ptr.dtype.element_ty
-    return (pairs & 0xFFFF).to(tl.int16).to(dtype, bitcast=True), (pairs >> 16).to(tl.int16).to(dtype, bitcast=True)
-
-
-@triton.jit
-def _paired(low, high):
-    """16-bit values `low` and `high` packed into an int32, low first."""
-    return (low.to(tl.int16, bitcast=True).to(tl.int32) & 0xFFFF) | (high.to(tl.int16, bitcast=True).to(tl.int32) << 16)
-
-
-@triton.jit
-def _load_pairs(ptr, ids, num_pairs, EVEN_K: tl.constexpr):
-    """int32 pairs at ptr + ids, zeros at and past num_pairs unless EVEN_K."""
-    if EVEN_K:
-        pairs = tl.load(ptr + ids)
-    else:
-        pairs = tl.load(ptr + ids, mask=ids < num_pairs, other=0)
-    return pairs
-
-
-@triton.jit
-def _summed_pairs(x_ptr, res_ptr, ids, num_pairs, EVEN_K: tl.constexpr):
-    """x + residual at pairs `ids`, its halves in x's dtype (skinny_gemm's rounding)."""
-    x_low, x_high = _halves(_load_pairs(x_ptr.to(tl.pointer_type(tl.int32)), ids, num_pairs, EVEN_K), x_ptr)
-    r_low, r_high = _halves(_load_pairs(res_ptr.to(tl.pointer_type(tl.int32)), ids, num_pairs, EVEN_K), x_ptr)
-    return residual_sum(x_low, r_low), residual_sum(x_high, r_high)
-
-
-@triton.jit
-def _rstd(x_ptr, res_ptr, sum_ptr, ids, K, eps, writes_sum, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr,
-          BLOCK_K: tl.constexpr):
-    """1 / sqrt(mean((x + residual)^2) + eps) over all of K, the squares summed in each thread's registers and across
-    the threads once; where `writes_sum`, x + residual stored to sum_ptr on the way."""
-    x_pairs_ptr = x_ptr.to(tl.pointer_type(tl.int32))
-    sum_sq = tl.full(ids.shape, 0.0, tl.float32)
-    for k in range(0, K, BLOCK_K):
-        at = (k >> 1) + ids
-        if HAS_RESIDUAL:
-            low, high = _summed_pairs(x_ptr, res_ptr, at, K >> 1, EVEN_K)
-            if writes_sum:
-                tl.store(sum_ptr.to(tl.pointer_type(tl.int32)) + at, _paired(low, high), mask=at < (K >> 1))
-        else:
-            low, high = _halves(_load_pairs(x_pairs_ptr, at, K >> 1, EVEN_K), x_ptr)
-        low, high = low.to(tl.float32), high.to(tl.float32)
-        sum_sq += low * low + high * high
-    return tl.math.rsqrt(tl.reduce(sum_sq, None, add) / K + eps)
-
-
-@triton.jit
-def _x_pairs(x_ptr, res_ptr, norm_w_ptr, at, K, rstd, PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-             EVEN_K: tl.constexpr):
-    """x's int32 pairs at pair ids `at` ([4, 1, C, 2]): loaded, or made by the prologue from its inputs' pairs."""
-    x_pairs_ptr = x_ptr.to(tl.pointer_type(tl.int32))
-    if PROLOGUE == NO_PROLOGUE:
-        pairs = _load_pairs(x_pairs_ptr, at, K >> 1, EVEN_K)
-    elif PROLOGUE == RMS_NORM:
-        if HAS_RESIDUAL:
-            low, high = _summed_pairs(x_ptr, res_ptr, at, K >> 1, EVEN_K)
-        else:
-            low, high = _halves(_load_pairs(x_pairs_ptr, at, K >> 1, EVEN_K), x_ptr)
-        w_low, w_high = _halves(_load_pairs(norm_w_ptr.to(tl.pointer_type(tl.int32)), at, K >> 1, EVEN_K), x_ptr)
-        pairs = _paired(rms_normed(low, rstd, w_low), rms_normed(high, rstd, w_high))
-    else:  # SiLU-and-mul: x_ptr is the [2K] gate/up row, up K columns (K / 2 pairs) after gate
-        gate_low, gate_high = _halves(_load_pairs(x_pairs_ptr, at, K >> 1, EVEN_K), x_ptr)
-        up_low, up_high = _halves(_load_pairs(x_pairs_ptr + (K >> 1), at, K >> 1, EVEN_K), x_ptr)
-        pairs = _paired(silu_times(gate_low, up_low), silu_times(gate_high, up_high))
-    return pairs
-
-
-@triton.jit
 def _chunk_dots(words, x_0, x_1, BLOCK_N: tl.constexpr, C: tl.constexpr):
     """sum over each chunk's 16 columns of w * x, a float16 sum per half of a pair, [1, BLOCK_N, C]: words [4,
     BLOCK_N, C] of 4 codes, x_0 and x_1 [4, 1, C] the pairs of x their columns 0-1 and 2-3 multiply."""
@@ -162,10 +82,9 @@ def _chunk_dots(words, x_0, x_1, BLOCK_N: tl.constexpr, C: tl.constexpr):
 
 @triton.jit(do_not_specialize=["N"])
 def _fp8_row_gemv_kernel(
-    x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, res_ptr, norm_w_ptr, sum_ptr, eps, N, K, num_scale_cols, stride_wn,
-    stride_wsn, SCALE_ROWS: tl.constexpr, GROUP: tl.constexpr, BLOCK_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
-    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, ws_ptr, bias_ptr, out_ptr, N, K, num_scale_cols, stride_wn, stride_wsn,
+    SCALE_ROWS: tl.constexpr, GROUP: tl.constexpr, BLOCK_SCALES: tl.constexpr, HAS_BIAS: tl.constexpr,
+    EVEN_K: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     C: tl.constexpr = BLOCK_K // 16
     X_IS_BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
@@ -173,6 +92,7 @@ def _fp8_row_gemv_kernel(
     rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)[None, :, None]  # [1, BLOCK_N, 1]
     scale_rows = ws_ptr + (rows_w // SCALE_ROWS) * stride_wsn
     w_rows = w_ptr.to(tl.pointer_type(tl.int32)) + rows_w * (stride_wn >> 2)
+    x_pairs_ptr = x_ptr.to(tl.pointer_type(tl.int32))  # two columns of x an int32, as the packed arithmetic takes them
     # word w of chunk c, [4, 1, C]: 4 consecutive words a thread; x's 16 columns [4, 1, C, 2] (pairs) follow them
     word_ids = tl.arange(0, C)[None, None, :] * 4 + tl.arange(0, 4)[:, None, None]
     word_ids = tl.max_contiguous(tl.multiple_of(word_ids, [4, 1, 1]), [4, 1, 1])
@@ -185,14 +105,12 @@ def _fp8_row_gemv_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if PROLOGUE == RMS_NORM:
-        rstd = _rstd(x_ptr, res_ptr, sum_ptr, pair_ids, K, eps, tl.program_id(0) == 0, HAS_RESIDUAL, EVEN_K, BLOCK_K)
-    else:
-        rstd = 1.0
     sums = tl.full((1, BLOCK_N, C), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
-        # two columns of x an int32, as the packed arithmetic takes them
-        x_pairs = _x_pairs(x_ptr, res_ptr, norm_w_ptr, (k >> 1) + pair_ids, K, rstd, PROLOGUE, HAS_RESIDUAL, EVEN_K)
+        if EVEN_K:
+            x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids)
+        else:
+            x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids, mask=k + pair_ids * 2 < K, other=0)
         x_0, x_1, inverse = _f16_x(x_pairs, C, X_IS_BF16)
         if EVEN_K:  # the last tile's next re-reads it: a load without a mask
             next_start = tl.multiple_of(tl.minimum(k + BLOCK_K, K - BLOCK_K) >> 2, 4)
@@ -225,20 +143,16 @@ def takes_fp8_row_gemv(x: torch.Tensor, weight: torch.Tensor, group: int | None)
 
 
 def fp8_row_gemv(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor, scale_rows: int,
-                 group: int | None, bias: torch.Tensor | None, y: torch.Tensor, t: GemvTiles, pdl: bool,
-                 prologue: _Prologue = PLAIN_X) -> None:
+                 group: int | None, bias: torch.Tensor | None, y: torch.Tensor, t: GemvTiles, pdl: bool) -> None:
     """y [1, N] = x [1, K] @ dequantized(weight).T (+ bias) for arguments gpu/kernels/fp8_gemm.py checked and
-    `takes_fp8_row_gemv` takes: quant_gemv.fp8_gemv's; with a `prologue` (skinny_gemm's: norm or SiLU-and-mul) of
-    what it makes of x ([1, 2K] gate/up for SiLU). The warps split the columns: at most one warp per 32 chunks."""
-    n, k = weight.shape
+    `takes_fp8_row_gemv` takes: quant_gemv.fp8_gemv's. The warps split the columns: at most one warp per 32 chunks."""
+    k, n = x.shape[1], weight.shape[0]
     block_n, block_k, num_warps = launch_shape(t)
     _fp8_row_gemv_kernel[(triton.cdiv(n, block_n),)](
-        x, weight, weight_scales, pointer_or(bias, weight_scales), y, pointer_or(prologue.residual, x),
-        pointer_or(prologue.norm_weight, x), pointer_or(prologue.summed, x), prologue.eps, n, k,
-        weight_scales.shape[1], weight.stride(0), weight_scales.stride(0), SCALE_ROWS=scale_rows,
-        GROUP=group or block_k, BLOCK_SCALES=group is not None, HAS_BIAS=bias is not None, PROLOGUE=prologue.kind,
-        HAS_RESIDUAL=prologue.residual is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl, BLOCK_N=block_n,
-        BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl, enable_fp_fusion=True)
+        x, weight, weight_scales, pointer_or(bias, weight_scales), y, n, k, weight_scales.shape[1], weight.stride(0),
+        weight_scales.stride(0), SCALE_ROWS=scale_rows, GROUP=group or block_k, BLOCK_SCALES=group is not None,
+        HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=1, launch_pdl=pdl, enable_fp_fusion=True)
 
 
 def launch_shape(t: GemvTiles) -> tuple[int, int, int]:

@@ -76,35 +76,13 @@ def _load_along_k(ptrs, k_mask, EVEN_K: tl.constexpr):
 
 
 @triton.jit
-def residual_sum(x, residual):
-    """x + residual in x's dtype, rounded once as gpu/kernels/rms_norm.py rounds it."""
-    return (x.to(tl.float32) + residual.to(tl.float32)).to(x.dtype)
-
-
-@triton.jit
-def rms_normed(s, rstd, weight):
-    """The norm of s (x + residual, in the model dtype) by its row's rstd, times the norm weight, in the weight's
-    dtype: rounded where gpu/kernels/rms_norm.py rounds it."""
-    normed = (s.to(tl.float32) * rstd).to(weight.dtype).to(tl.float32)
-    return (weight.to(tl.float32) * normed).to(weight.dtype)
-
-
-@triton.jit
-def silu_times(gate, up):
-    """silu(gate) * up in gate's dtype, rounded where gpu/kernels/silu_and_mul.py rounds it."""
-    gate_float = gate.to(tl.float32)
-    silu = (gate_float / (1.0 + tl.exp(-gate_float))).to(gate.dtype).to(tl.float32)
-    return (silu * up.to(tl.float32)).to(gate.dtype)
-
-
-@triton.jit
 def _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL: tl.constexpr,
               EVEN_K: tl.constexpr):
     """x + residual over [rows, ks], rounded to the model dtype as gpu/kernels/rms_norm.py rounds it."""
     x = _load_along_k(x_ptr + rows[:, None] * stride_xm + ks[None, :], k_mask[None, :], EVEN_K)
     if HAS_RESIDUAL:
         residual = _load_along_k(res_ptr + rows[:, None] * stride_rm + ks[None, :], k_mask[None, :], EVEN_K)
-        x = residual_sum(x, residual)
+        x = (x.to(tl.float32) + residual.to(tl.float32)).to(x_ptr.dtype.element_ty)
     return x
 
 
@@ -142,16 +120,21 @@ def _prologue_tile(x_ptr, res_ptr, norm_w_ptr, rows, ks, k_mask, K, stride_xm, s
                    PROLOGUE: tl.constexpr, HAS_RESIDUAL: tl.constexpr, EVEN_K: tl.constexpr, ROW_COPIES: tl.constexpr):
     """The x tile [rows, ks] a prologue makes, in the model dtype. ROW_COPIES (rows all one row, the tile in the
     weight tile's layout): the norm weight is loaded in the tile's shape too, so that it needs no layout of its own."""
+    dtype = x_ptr.dtype.element_ty
     if PROLOGUE == RMS_NORM:
-        s = _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL, EVEN_K)
+        s = _sum_tile(x_ptr, res_ptr, rows, ks, k_mask, stride_xm, stride_rm, HAS_RESIDUAL, EVEN_K).to(tl.float32)
+        normed = (s * rstd[:, None]).to(dtype).to(tl.float32)
         if ROW_COPIES:
             weight = _load_along_k(norm_w_ptr + (rows * 0)[:, None] + ks[None, :], k_mask[None, :], EVEN_K)
         else:
             weight = _load_along_k(norm_w_ptr + ks, k_mask, EVEN_K)[None, :]
-        x = rms_normed(s, rstd[:, None], weight)
+        x = (weight.to(tl.float32) * normed).to(dtype)
     else:
         tile = x_ptr + rows[:, None] * stride_xm + ks[None, :]
-        x = silu_times(_load_along_k(tile, k_mask[None, :], EVEN_K), _load_along_k(tile + K, k_mask[None, :], EVEN_K))
+        gate = _load_along_k(tile, k_mask[None, :], EVEN_K).to(tl.float32)
+        up = _load_along_k(tile + K, k_mask[None, :], EVEN_K).to(tl.float32)
+        silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+        x = (silu * up).to(dtype)
     return x
 
 
