@@ -210,7 +210,7 @@ def _e4m3_as_float(code):
     times 256. The two NaN codes give a NaN, 0x7E00, where cvt gives 0x7FFF: the only bits the two differ in (weights
     are never NaN)."""
     bits = ((code & 0x7F) << 7).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
-    value = tl.where((code & 0x80) != 0, -bits, bits)
+    value = bits * tl.where((code & 0x80) != 0, -1.0, 1.0)  # compiled negation is 0 - x, which loses -0's sign
     return tl.where((code & 0x7F) == 0x7F, float("nan"), value)
 
 
