@@ -107,11 +107,13 @@ def many_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
 
 
 def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]:
-    if weights != "bf16":  # the tensor-core rule; GEMV tiles of 1..4 16-byte loads a thread, sums in 128 registers
-        sizes = itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048, 4096), (4, 8))  # (block_n, block_k, warps)
-        per_byte = 2 if weights == "int4" else 1
-        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *(GemvTiles(bucket, bn, bk, w) for bn, bk, w in sizes
-                if 1 <= bn * bk / per_byte / (512 * w) <= 4 and bucket * bn * bk <= 4096 * w and bk <= k)]
+    if weights != "bf16":  # tensor cores; quant_gemv tiles of 1..4 loads a thread; FP8 at one row also fp8_row_gemv's
+        sizes = list(itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048, 4096), (1, 2, 4, 8)))  # (bn, bk, warps)
+        row = [GemvTiles(1, bn, bk, w) for bn, bk, w in sizes if (weights, bucket) == ("fp8", 1) and bn <= 8 and bk <= k
+               and 512 * w <= max(bk, 512) and 2 <= bn * bk / (512 * w) <= 8]  # its launch shapes: 2..8 loads a thread
+        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *(GemvTiles(bucket, bn, bk, w, not row) for bn,
+                bk, w in sizes if bn > 1 and w >= 4 and 1 <= bn * bk / (2 if weights == "int4" else 1) / (512 * w) <= 4
+                and bucket * bn * bk <= 4096 * w and bk <= k)]
     if bucket > FEW_ROWS:
         return many_row_candidates(bucket, n, k)
     if n > 8192:  # the lm_head: dot tiles, no split
@@ -215,8 +217,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, object] = {"kind": kind, "torch": torch.__version__}
     if args.sweep:
         precompile(args.weights, shapes, rows, args.workers)
-        swept = sweep(args.weights, shapes, rows, candidates, args.budget_s,
-                      Path(args.out + ".partial") if args.out else None)
+        swept = sweep(args.weights, shapes, rows, candidates, args.budget_s, args.out and Path(args.out + ".partial"))
         result |= {"kind": f"{kind}-sweep", "rows": swept, "table": table_lines(args.weights, swept)}
         print("\n".join(table_lines(args.weights, swept)), flush=True)
     else:  # the table's or the rule's config

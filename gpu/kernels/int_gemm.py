@@ -28,7 +28,15 @@ from gpu.kernels.device_tables import device_name
 from gpu.kernels.fp8_gemm import num_sms, reduce_split_k
 from gpu.kernels.int4_row_gemv import int4_row_gemv, takes_row_gemv
 from gpu.kernels.pdl import pdl_start, uses_pdl
-from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, Tiles, quant_tiles, table_for, tensor_core_tiles
+from gpu.kernels.quant_gemm_configs import (
+    GemvTiles,
+    QuantTiles,
+    Tiles,
+    quant_tiles,
+    runs_row_gemv,
+    table_for,
+    tensor_core_tiles,
+)
 from gpu.kernels.quant_gemv import int_gemv, pointer_or
 from gpu.kernels.skinny_gemm import _store_tile
 from gpu.kernels.triton_math import add
@@ -193,7 +201,7 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
         return y
     t = tiles or _chosen_tiles(x, weight)
     if isinstance(t, GemvTiles):
-        gemv = int4_row_gemv if t.rows == 1 and takes_row_gemv(weight, x) else int_gemv
+        gemv = int4_row_gemv if runs_row_gemv(t) and takes_row_gemv(weight, x) else int_gemv
         gemv(x, weight, bias, y, t, uses_pdl(use_pdl, x))
         return y
     k_per_split = triton.cdiv(triton.cdiv(k, t.split_k), t.block_k) * t.block_k
@@ -223,7 +231,7 @@ def _chosen_tiles(x: torch.Tensor, weight: "IntWeight") -> Tiles:
     gpu/kernels/quant_gemv.py."""
     (m, k), n, kind = x.shape, weight.weight.shape[0], f"int{weight.bits}"
     t = quant_tiles(m, n, k, kind, num_sms(x.device), table_for(device_name(x.device)))
-    if isinstance(t, GemvTiles) and kind == "int4" and t.rows == 1 and not takes_row_gemv(weight, x):
+    if runs_row_gemv(t) and kind == "int4" and not takes_row_gemv(weight, x):
         return tensor_core_tiles(m, n, k, kind, num_sms(x.device))
     return t
 
