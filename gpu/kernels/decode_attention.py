@@ -100,6 +100,108 @@ def _tile_probs(q, k, is_valid, m_i, scale_log2, softcap_in, softcap_out, DOT_PR
 
 
 @triton.jit
+def program_row(row_order_ptr, HAS_ROW_ORDER: tl.constexpr):
+    """The row this program runs: its place in the launch order (longest contexts first) where one is given."""
+    if HAS_ROW_ORDER:
+        return tl.load(row_order_ptr + tl.program_id(0)).to(tl.int64)
+    return tl.program_id(0).to(tl.int64)
+
+
+@triton.jit
+def segment(context_len, window, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """(first_key, tile_begin, tile_end): the row's first visible key and this program's split's tiles [begin, end)
+    of the row's context, empty where the row has fewer tiles than splits."""
+    if HAS_WINDOW:
+        first_key = tl.maximum(context_len - window, 0)
+    else:
+        first_key = context_len * 0
+    first_tile = first_key // BLOCK_N
+    num_tiles = tl.cdiv(context_len, BLOCK_N)
+    tiles_per_split = tl.cdiv(num_tiles - first_tile, NUM_SPLITS)
+    tile_begin = first_tile + tl.program_id(2) * tiles_per_split
+    return first_key, tile_begin, tl.minimum(tile_begin + tiles_per_split, num_tiles)
+
+
+@triton.jit
+def attend_segment(q, first_tile, own_kv, tile_range, context, k_cache_ptr, v_cache_ptr, cache_strides, scores,
+                   HEAD_DIM: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, DOT_PRECISION: tl.constexpr,
+                   HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_OWN_KV: tl.constexpr):
+    """(acc, m_i, l_i): the online softmax of q's heads [BLOCK_H, BLOCK_D] over the segment's tiles, the first one's
+    K/V and key mask given (`first_tile`: k, v, is_valid), the others read here. HAS_OWN_KV: the row's own (last)
+    key and value are `own_kv` ([1, BLOCK_D] each, as the cache holds them), not read from the cache in any tile.
+    `tile_range` is (begin, end), `context` (block-table row, context_len, first_key, kv_head), `cache_strides`
+    (block, slot, head), `scores` (scale_log2, softcap_in, softcap_out)."""
+    k_first, v_first, is_valid = first_tile
+    k_own, v_own = own_kv
+    tile_begin, tile_end = tile_range
+    table_row, context_len, first_key, kv_head = context
+    cache_stride_b, cache_stride_s, cache_stride_h = cache_strides
+    scale_log2, softcap_in, softcap_out = scores
+    BLOCK_H: tl.constexpr = q.shape[0]
+    BLOCK_D: tl.constexpr = q.shape[1]
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_n = tl.arange(0, BLOCK_N)
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
+    if tile_begin < tile_end:  # an empty segment's all-masked tile would make the running max's rescale NaN
+        p, m_i, alpha = _tile_probs(q, k_first.to(q.dtype), is_valid, m_i, scale_log2, softcap_in, softcap_out,
+                                    DOT_PRECISION, HAS_SOFTCAP)  # an FP8 cache's tiles in q's dtype
+        l_i = tl.sum(p, 1)
+        acc = tl.dot(p.to(q.dtype), v_first.to(q.dtype), input_precision=DOT_PRECISION)
+    for tile in range(tile_begin + 1, tile_end):
+        positions, is_valid, kv_offsets = _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n,
+                                                        offs_d, kv_head, cache_stride_b, cache_stride_s,
+                                                        cache_stride_h, BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
+        if HAS_OWN_KV:
+            is_own = (positions == context_len - 1)[:, None]
+            k = tl.where(is_own, k_own, _load_kv(k_cache_ptr, kv_offsets, is_valid & (positions != context_len - 1),
+                                                 offs_d, HEAD_DIM, BLOCK_D, False)).to(q.dtype)
+        else:
+            k = _load_kv(k_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
+        p, m_i, alpha = _tile_probs(q, k, is_valid, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION,
+                                    HAS_SOFTCAP)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if HAS_OWN_KV:
+            v = tl.where(is_own, v_own, _load_kv(v_cache_ptr, kv_offsets, is_valid & (positions != context_len - 1),
+                                                 offs_d, HEAD_DIM, BLOCK_D, False)).to(q.dtype)
+        else:
+            v = _load_kv(v_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
+    return acc, m_i, l_i
+
+
+@triton.jit
+def store_segment(acc, m_i, l_i, row, kv_head, sinks_ptr, out_ptr, out_strides, partials, GROUP: tl.constexpr,
+                  HEAD_DIM: tl.constexpr, NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """The segment's result: with one split the row's output (the sinks joined to its softmax), else its normalized
+    partial output and log2-sum-exp (`partials`: their pointers) for the merge."""
+    out_stride_t, out_stride_h = out_strides
+    partial_out_ptr, partial_lse_ptr = partials
+    BLOCK_H: tl.constexpr = acc.shape[0]
+    BLOCK_D: tl.constexpr = acc.shape[1]
+    offs_h = tl.arange(0, BLOCK_H)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kv_head * GROUP + offs_h
+    hd_mask = (offs_h < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
+    # l_i == 0 only for an empty segment or context: its output is zeros, its weight zero.
+    has_keys = l_i > 0.0
+    if NUM_SPLITS == 1 and HAS_SINKS:  # the whole softmax is here: finish it with the sinks
+        sinks_log2 = tl.load(sinks_ptr + heads, mask=offs_h < GROUP, other=0.0).to(tl.float32) * LOG2_E
+        acc, l_i = with_sinks(acc, m_i, l_i, sinks_log2)
+    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
+    if NUM_SPLITS == 1:
+        out_offsets = row * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :]
+        tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
+    else:
+        num_heads = tl.num_programs(1) * GROUP
+        partial_rows = (row * num_heads + heads) * NUM_SPLITS + tl.program_id(2)  # [BLOCK_H]
+        tl.store(partial_out_ptr + partial_rows[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hd_mask)
+        lse = tl.where(has_keys, m_i + tl.log2(l_i), float("-inf"))
+        tl.store(partial_lse_ptr + partial_rows, lse, mask=offs_h < GROUP)
+
+
+@triton.jit
 def _decode_split_kernel(
     q_ptr,
     k_cache_ptr,
@@ -140,22 +242,10 @@ def _decode_split_kernel(
     # Everything up to the wait reads only what no kernel of this step writes (the lengths and block tables come
     # from the host, the cache's earlier tokens from earlier steps), so under PDL it runs while the kernel before
     # (the one storing this step's K/V and writing q) finishes: the segment's first tile but its own token.
-    if HAS_ROW_ORDER:
-        row = tl.load(row_order_ptr + tl.program_id(0)).to(tl.int64)
-    else:
-        row = tl.program_id(0).to(tl.int64)
+    row = program_row(row_order_ptr, HAS_ROW_ORDER)
     kv_head = tl.program_id(1)
-    split = tl.program_id(2)
     context_len = tl.load(context_lens_ptr + row)
-    if HAS_WINDOW:
-        first_key = tl.maximum(context_len - window, 0)
-    else:
-        first_key = context_len * 0
-    first_tile = first_key // BLOCK_N
-    num_tiles = tl.cdiv(context_len, BLOCK_N)
-    tiles_per_split = tl.cdiv(num_tiles - first_tile, NUM_SPLITS)
-    tile_begin = first_tile + split * tiles_per_split
-    tile_end = tl.minimum(tile_begin + tiles_per_split, num_tiles)
+    first_key, tile_begin, tile_end = segment(context_len, window, BLOCK_N, NUM_SPLITS, HAS_WINDOW)
 
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
@@ -179,40 +269,13 @@ def _decode_split_kernel(
     v_first = tl.where(is_own[:, None], v_own, v_first)
     q = tl.load(q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :], mask=hd_mask, other=0.0)
 
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
-    if tile_begin < tile_end:  # an empty segment's all-masked tile would make the running max's rescale NaN
-        p, m_i, alpha = _tile_probs(q, k_first.to(q.dtype), is_valid, m_i, scale_log2, softcap_in, softcap_out,
-                                    DOT_PRECISION, HAS_SOFTCAP)  # an FP8 cache's tiles in q's dtype
-        l_i = tl.sum(p, 1)
-        acc = tl.dot(p.to(q.dtype), v_first.to(q.dtype), input_precision=DOT_PRECISION)
-    for tile in range(tile_begin + 1, tile_end):
-        positions, is_valid, kv_offsets = _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n,
-                                                        offs_d, kv_head, cache_stride_b, cache_stride_s,
-                                                        cache_stride_h, BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
-        k = _load_kv(k_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
-        p, m_i, alpha = _tile_probs(q, k, is_valid, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION,
-                                    HAS_SOFTCAP)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv(v_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
-
-    # l_i == 0 only for an empty segment or context: its output is zeros, its weight zero.
-    has_keys = l_i > 0.0
-    if NUM_SPLITS == 1 and HAS_SINKS:  # the whole softmax is here: finish it with the sinks
-        sinks_log2 = tl.load(sinks_ptr + heads, mask=offs_h < GROUP, other=0.0).to(tl.float32) * LOG2_E
-        acc, l_i = with_sinks(acc, m_i, l_i, sinks_log2)
-    out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
-    if NUM_SPLITS == 1:
-        out_offsets = row * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :]
-        tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
-    else:
-        num_heads = tl.num_programs(1) * GROUP
-        partial_rows = (row * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_H]
-        tl.store(partial_out_ptr + partial_rows[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hd_mask)
-        lse = tl.where(has_keys, m_i + tl.log2(l_i), float("-inf"))
-        tl.store(partial_lse_ptr + partial_rows, lse, mask=offs_h < GROUP)
+    acc, m_i, l_i = attend_segment(
+        q, (k_first, v_first, is_valid), (k_first, v_first), (tile_begin, tile_end),
+        (table_row, context_len, first_key, kv_head), k_cache_ptr, v_cache_ptr,
+        (cache_stride_b, cache_stride_s, cache_stride_h), (scale_log2, softcap_in, softcap_out),
+        HEAD_DIM, BLOCK_SIZE, BLOCK_N, DOT_PRECISION, HAS_WINDOW, HAS_SOFTCAP, False)
+    store_segment(acc, m_i, l_i, row, kv_head, sinks_ptr, out_ptr, (out_stride_t, out_stride_h),
+                  (partial_out_ptr, partial_lse_ptr), GROUP, HEAD_DIM, NUM_SPLITS, HAS_SINKS)
 
 
 @triton.jit
@@ -286,48 +349,80 @@ def decode_attention(
 ) -> torch.Tensor:
     """Attention of each row's single query over its context (its window's part); no host sync, graph-capturable."""
     _check(query, k_cache, v_cache, block_tables, context_lens)
-    config = config or DecodeConfig()
-    num_rows, num_heads, head_dim = query.shape
-    num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     out = torch.empty_like(query) if out is None else out
-    if num_rows == 0:
+    if query.shape[0] == 0:
         return out
-    max_keys = block_tables.shape[1] * block_size
-    if variant.sliding_window is not None:  # a window's keys span at most one tile more than the window
-        max_keys = min(max_keys, variant.sliding_window + config.block_n)
-    num_splits = config.num_splits or choose_num_splits(num_rows, num_kv_heads, max_keys, _num_sms(query.device))
-    group = num_heads // num_kv_heads
-    block_d = triton.next_power_of_2(head_dim)
-    if num_splits > 1:
-        partial_out = torch.empty(num_rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=query.device)
-        partial_lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=query.device)
-    else:
-        partial_out = partial_lse = out  # unused by the kernel's single-split path
-    num_stages = config.num_stages or (SPLIT_NUM_STAGES if num_splits > 1 else UNSPLIT_NUM_STAGES)
-    # One row needs no launch order, and reading it would put a load before every other load of the kernel.
-    has_row_order = row_order is not None and num_rows > 1
-    pdl = uses_pdl(use_pdl, query)
-    sinks = variant.sinks if variant.sinks is not None else context_lens
-    _decode_split_kernel[(num_rows, num_kv_heads, num_splits)](
-        query, k_cache, v_cache, block_tables, context_lens, row_order if has_row_order else context_lens, sinks,
-        out, partial_out, partial_lse,
-        scale * math.log2(math.e), *softcap_factors(scale, variant.softcap), variant.sliding_window or 0,
-        query.stride(0), query.stride(1), out.stride(0), out.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
-        GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
-        NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
-        HAS_ROW_ORDER=has_row_order, HAS_WINDOW=variant.sliding_window is not None,
-        HAS_SINKS=variant.sinks is not None, HAS_SOFTCAP=variant.softcap is not None,
-        USE_PDL=pdl, num_warps=config.num_warps, num_stages=num_stages, launch_pdl=pdl,
+    launch = SplitLaunch.of(out, k_cache, (block_tables, context_lens, row_order), (scale, variant),
+                            (config or DecodeConfig(), uses_pdl(use_pdl, query)))
+    _decode_split_kernel[launch.grid](
+        q_ptr=query, k_cache_ptr=k_cache, v_cache_ptr=v_cache, q_stride_t=query.stride(0), q_stride_h=query.stride(1),
+        BLOCK_D=triton.next_power_of_2(query.shape[2]), **launch.arguments,
     )
-    if num_splits > 1:
-        _decode_reduce_kernel[(num_rows, num_heads)](
-            partial_out, partial_lse, sinks, out, out.stride(0), out.stride(1),
-            HEAD_DIM=head_dim, BLOCK_D=block_d, NUM_SPLITS=num_splits, HAS_SINKS=variant.sinks is not None,
-            USE_PDL=pdl, num_warps=4, launch_pdl=pdl,
-        )
+    launch.merge(out)
     return out
+
+
+@dataclass(frozen=True)
+class SplitLaunch:
+    """What a split kernel's launch takes besides its queries and cache, by argument name, for each form of the
+    kernel (this file's, and gpu/kernels/fused_decode_attention.py's, which makes its queries itself); and the merge
+    of its segments' partial results after it."""
+
+    grid: tuple[int, int, int]  # (rows, kv heads, splits)
+    arguments: dict[str, object]
+
+    @staticmethod
+    def of(out: torch.Tensor, k_cache: torch.Tensor,
+           rows: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None],  # block tables, context lengths, row order
+           attention: tuple[float, AttentionVariant],  # scale, variant
+           launch: tuple[DecodeConfig, bool]) -> "SplitLaunch":  # config, whether launched with PDL
+        """The launch writing `out` [num_rows, num_heads, head_dim] (num_rows > 0)."""
+        block_tables, context_lens, row_order = rows
+        (scale, variant), (config, pdl) = attention, launch
+        num_rows, num_heads, head_dim = out.shape
+        num_blocks, block_size, num_kv_heads, _ = k_cache.shape
+        max_keys = block_tables.shape[1] * block_size
+        if variant.sliding_window is not None:  # a window's keys span at most one tile more than the window
+            max_keys = min(max_keys, variant.sliding_window + config.block_n)
+        num_splits = config.num_splits or choose_num_splits(num_rows, num_kv_heads, max_keys, _num_sms(out.device))
+        group = num_heads // num_kv_heads
+        if num_splits > 1:
+            partial_out = torch.empty(num_rows, num_heads, num_splits, head_dim, dtype=torch.float32, device=out.device)
+            partial_lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=out.device)
+        else:
+            partial_out = partial_lse = out  # unused by the kernel's single-split path
+        # One row needs no launch order, and reading it would put a load before every other load of the kernel.
+        has_row_order = row_order is not None and num_rows > 1
+        softcap_in, softcap_out = softcap_factors(scale, variant.softcap)
+        return SplitLaunch((num_rows, num_kv_heads, num_splits), dict(
+            block_tables_ptr=block_tables, context_lens_ptr=context_lens,
+            row_order_ptr=row_order if has_row_order else context_lens,
+            sinks_ptr=variant.sinks if variant.sinks is not None else context_lens,
+            out_ptr=out, partial_out_ptr=partial_out, partial_lse_ptr=partial_lse,
+            scale_log2=scale * math.log2(math.e), softcap_in=softcap_in, softcap_out=softcap_out,
+            window=variant.sliding_window or 0, out_stride_t=out.stride(0), out_stride_h=out.stride(1),
+            cache_stride_b=k_cache.stride(0), cache_stride_s=k_cache.stride(1), cache_stride_h=k_cache.stride(2),
+            table_stride_r=block_tables.stride(0),
+            GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size, BLOCK_H=max(16, triton.next_power_of_2(group)),
+            BLOCK_N=config.block_n, NUM_SPLITS=num_splits,
+            DOT_PRECISION="ieee" if out.dtype == torch.float32 else "tf32",
+            HAS_ROW_ORDER=has_row_order, HAS_WINDOW=variant.sliding_window is not None,
+            HAS_SINKS=variant.sinks is not None, HAS_SOFTCAP=variant.softcap is not None,
+            USE_PDL=pdl, num_warps=config.num_warps,
+            num_stages=config.num_stages or (SPLIT_NUM_STAGES if num_splits > 1 else UNSPLIT_NUM_STAGES),
+            launch_pdl=pdl,
+        ))
+
+    def merge(self, out: torch.Tensor) -> None:
+        """Merges the segments' partial results into `out` (nothing to do for one split)."""
+        args = self.arguments
+        num_splits = self.grid[2]
+        if num_splits > 1:
+            _decode_reduce_kernel[(out.shape[0], out.shape[1])](
+                args["partial_out_ptr"], args["partial_lse_ptr"], args["sinks_ptr"], out, out.stride(0), out.stride(1),
+                HEAD_DIM=out.shape[2], BLOCK_D=triton.next_power_of_2(out.shape[2]), NUM_SPLITS=num_splits,
+                HAS_SINKS=args["HAS_SINKS"], USE_PDL=args["USE_PDL"], num_warps=4, launch_pdl=args["USE_PDL"],
+            )
 
 
 def _check(

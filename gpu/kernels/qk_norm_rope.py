@@ -35,7 +35,7 @@ from gpu.kernels.triton_math import round_to
 
 
 @triton.jit
-def _cache_value(x, dtype, scale, cache_ptr):
+def cache_value(x, dtype, scale, cache_ptr):
     """x as the cache stores it: rounded to the model dtype; in an FP8 cache, that divided by the scale in float32
     (as the torch path's store divides), then rounded to FP8."""
     value = round_to(x, dtype)
@@ -56,6 +56,63 @@ def _normed(x, rstd, weight, dtype, WEIGHT_OFFSET: tl.constexpr, SCALES_IN_FLOAT
     if SCALES_IN_FLOAT32:
         return _rounded((x * rstd) * (WEIGHT_OFFSET + weight), dtype)
     return _rounded(weight * _rounded(x * rstd, dtype), dtype)
+
+
+@triton.jit
+def normed_rotated_halves(head_row, is_valid, is_query, position, rotary, norm, dtype, HEAD_DIM: tl.constexpr,
+                          ROTARY_DIM: tl.constexpr, HAS_NORM: tl.constexpr, WEIGHT_OFFSET: tl.constexpr,
+                          SCALES_IN_FLOAT32: tl.constexpr):
+    """Heads read at head_row ([rows, 1] pointers, rows where `is_valid`, zeros elsewhere) and made the attention's:
+    (x1, x2, rot1, rot2), their halves [rows, HEAD_DIM // 2] in float32 as read, and normed (queries, where
+    `is_query`, by q's weight, the others by k's) then rotated by `position`, each value rounded where the torch path
+    rounds. `rotary` is (cos_ptr, sin_ptr), `norm` (q_weight_ptr, k_weight_ptr, eps). One helper for this kernel and
+    the decode attention that does the same for its own heads (gpu/kernels/fused_decode_attention.py)."""
+    cos_ptr, sin_ptr = rotary
+    q_weight_ptr, k_weight_ptr, eps = norm
+    half: tl.constexpr = HEAD_DIM // 2
+    dims = tl.arange(0, half)[None, :]  # [1, half]
+    row = head_row + dims
+    x1 = tl.load(row, mask=is_valid, other=0.0).to(tl.float32)
+    x2 = tl.load(row + half, mask=is_valid, other=0.0).to(tl.float32)
+    out1, out2 = x1, x2
+    if HAS_NORM:
+        variance = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1))[:, None] / HEAD_DIM
+        rstd = tl.math.rsqrt(variance + eps)
+        w1 = tl.where(is_query, tl.load(q_weight_ptr + dims), tl.load(k_weight_ptr + dims)).to(tl.float32)
+        w2 = tl.where(is_query, tl.load(q_weight_ptr + half + dims), tl.load(k_weight_ptr + half + dims)).to(tl.float32)
+        out1 = _normed(x1, rstd, w1, dtype, WEIGHT_OFFSET, SCALES_IN_FLOAT32)
+        out2 = _normed(x2, rstd, w2, dtype, WEIGHT_OFFSET, SCALES_IN_FLOAT32)
+    if ROTARY_DIM == HEAD_DIM:
+        table = position * HEAD_DIM + dims
+        cos1 = _rounded(tl.load(cos_ptr + table).to(tl.float32), dtype)
+        cos2 = _rounded(tl.load(cos_ptr + table + half).to(tl.float32), dtype)
+        sin1 = _rounded(tl.load(sin_ptr + table).to(tl.float32), dtype)
+        sin2 = _rounded(tl.load(sin_ptr + table + half).to(tl.float32), dtype)
+        # Each product and the sum rounded, as the torch path's q * cos + rotate_half(q) * sin is.
+        rot1 = _rounded(out1 * cos1, dtype) + _rounded(-(out2 * sin1), dtype)
+        rot2 = _rounded(out2 * cos2, dtype) + _rounded(out1 * sin2, dtype)
+    else:
+        # A partial rotation turns the first ROTARY_DIM dims (all in the first half) in rotate-half form over
+        # ROTARY_DIM: dim d < ROTARY_DIM / 2 pairs with d + ROTARY_DIM / 2 and takes -sin. Each dim's partner is read
+        # again and normed as it was (the same rounding, so the same value); the dims past ROTARY_DIM and the
+        # second half pass through after the norm.
+        rotary_half: tl.constexpr = ROTARY_DIM // 2
+        is_turned = dims < ROTARY_DIM
+        is_first = dims < rotary_half
+        partner = tl.where(is_first, dims + rotary_half, dims - rotary_half)
+        x_partner = tl.load(head_row + partner, mask=is_valid & is_turned, other=0.0).to(tl.float32)
+        out_partner = x_partner
+        if HAS_NORM:
+            w_partner = tl.where(is_query, tl.load(q_weight_ptr + partner), tl.load(k_weight_ptr + partner))
+            out_partner = _normed(x_partner, rstd, w_partner.to(tl.float32), dtype, WEIGHT_OFFSET, SCALES_IN_FLOAT32)
+        table = position * ROTARY_DIM + dims
+        cos = _rounded(tl.load(cos_ptr + table, mask=is_turned, other=0.0).to(tl.float32), dtype)
+        sin = _rounded(tl.load(sin_ptr + table, mask=is_turned, other=0.0).to(tl.float32), dtype)
+        turned_sin = _rounded(out_partner * sin, dtype)  # rounding is symmetric: the sign after it
+        turned = _rounded(out1 * cos, dtype) + tl.where(is_first, -turned_sin, turned_sin)
+        rot1 = tl.where(is_turned, turned, out1)
+        rot2 = out2
+    return x1, x2, rot1, rot2
 
 
 @triton.jit
@@ -105,48 +162,10 @@ def _qk_norm_rope_kernel(
     else:  # each query followed by its gate: the keys and values start after all the pairs
         head_row = qkv_ptr + token * qkv_stride + tl.where(
             is_query, heads * Q_HEAD_STRIDE, heads * HEAD_DIM + NUM_HEADS * (Q_HEAD_STRIDE - HEAD_DIM))
-    row = head_row + dims
-    x1 = tl.load(row, mask=is_valid, other=0.0).to(tl.float32)
-    x2 = tl.load(row + half, mask=is_valid, other=0.0).to(tl.float32)
-    out1, out2 = x1, x2
-    if HAS_NORM:
-        variance = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1))[:, None] / HEAD_DIM
-        rstd = tl.math.rsqrt(variance + eps)
-        w1 = tl.where(is_query, tl.load(q_weight_ptr + dims), tl.load(k_weight_ptr + dims)).to(tl.float32)
-        w2 = tl.where(is_query, tl.load(q_weight_ptr + half + dims), tl.load(k_weight_ptr + half + dims)).to(tl.float32)
-        out1 = _normed(x1, rstd, w1, dtype, WEIGHT_OFFSET, SCALES_IN_FLOAT32)
-        out2 = _normed(x2, rstd, w2, dtype, WEIGHT_OFFSET, SCALES_IN_FLOAT32)
     position = tl.load(positions_ptr + token)
-    if ROTARY_DIM == HEAD_DIM:
-        table = position * HEAD_DIM + dims
-        cos1 = _rounded(tl.load(cos_ptr + table).to(tl.float32), dtype)
-        cos2 = _rounded(tl.load(cos_ptr + table + half).to(tl.float32), dtype)
-        sin1 = _rounded(tl.load(sin_ptr + table).to(tl.float32), dtype)
-        sin2 = _rounded(tl.load(sin_ptr + table + half).to(tl.float32), dtype)
-        # Each product and the sum rounded, as the torch path's q * cos + rotate_half(q) * sin is.
-        rot1 = _rounded(out1 * cos1, dtype) + _rounded(-(out2 * sin1), dtype)
-        rot2 = _rounded(out2 * cos2, dtype) + _rounded(out1 * sin2, dtype)
-    else:
-        # A partial rotation turns the first ROTARY_DIM dims (all in the first half) in rotate-half form over
-        # ROTARY_DIM: dim d < ROTARY_DIM / 2 pairs with d + ROTARY_DIM / 2 and takes -sin. Each dim's partner is read
-        # again and normed as it was (the same rounding, so the same value); the dims past ROTARY_DIM and the
-        # second half pass through after the norm.
-        rotary_half: tl.constexpr = ROTARY_DIM // 2
-        is_turned = dims < ROTARY_DIM
-        is_first = dims < rotary_half
-        partner = tl.where(is_first, dims + rotary_half, dims - rotary_half)
-        x_partner = tl.load(head_row + partner, mask=is_valid & is_turned, other=0.0).to(tl.float32)
-        out_partner = x_partner
-        if HAS_NORM:
-            w_partner = tl.where(is_query, tl.load(q_weight_ptr + partner), tl.load(k_weight_ptr + partner))
-            out_partner = _normed(x_partner, rstd, w_partner.to(tl.float32), dtype, WEIGHT_OFFSET, SCALES_IN_FLOAT32)
-        table = position * ROTARY_DIM + dims
-        cos = _rounded(tl.load(cos_ptr + table, mask=is_turned, other=0.0).to(tl.float32), dtype)
-        sin = _rounded(tl.load(sin_ptr + table, mask=is_turned, other=0.0).to(tl.float32), dtype)
-        turned_sin = _rounded(out_partner * sin, dtype)  # rounding is symmetric: the sign after it
-        turned = _rounded(out1 * cos, dtype) + tl.where(is_first, -turned_sin, turned_sin)
-        rot1 = tl.where(is_turned, turned, out1)
-        rot2 = out2
+    x1, x2, rot1, rot2 = normed_rotated_halves(head_row, is_valid, is_query, position, (cos_ptr, sin_ptr),
+                                               (q_weight_ptr, k_weight_ptr, eps), dtype, HEAD_DIM, ROTARY_DIM,
+                                               HAS_NORM, WEIGHT_OFFSET, SCALES_IN_FLOAT32)
     q_row = q_out_ptr + token * (NUM_HEADS * HEAD_DIM) + heads * HEAD_DIM + dims
     tl.store(q_row, round_to(rot1, dtype), mask=is_query)
     tl.store(q_row + half, round_to(rot2, dtype), mask=is_query)
@@ -158,11 +177,11 @@ def _qk_norm_rope_kernel(
         is_written = slot + 0 * heads >= 0  # [BLOCK_H, 1]: Triton's interpreter fails on a scalar mask term here
         is_key_written = is_key & is_written
         is_value_written = is_valid & ~is_qk & is_written
-        tl.store(k_cache_ptr + cache_offsets, _cache_value(rot1, dtype, k_scale, k_cache_ptr), mask=is_key_written)
-        tl.store(k_cache_ptr + cache_offsets + half, _cache_value(rot2, dtype, k_scale, k_cache_ptr),
+        tl.store(k_cache_ptr + cache_offsets, cache_value(rot1, dtype, k_scale, k_cache_ptr), mask=is_key_written)
+        tl.store(k_cache_ptr + cache_offsets + half, cache_value(rot2, dtype, k_scale, k_cache_ptr),
                  mask=is_key_written)
-        tl.store(v_cache_ptr + cache_offsets, _cache_value(x1, dtype, v_scale, v_cache_ptr), mask=is_value_written)
-        tl.store(v_cache_ptr + cache_offsets + half, _cache_value(x2, dtype, v_scale, v_cache_ptr),
+        tl.store(v_cache_ptr + cache_offsets, cache_value(x1, dtype, v_scale, v_cache_ptr), mask=is_value_written)
+        tl.store(v_cache_ptr + cache_offsets + half, cache_value(x2, dtype, v_scale, v_cache_ptr),
                  mask=is_value_written)
     else:
         k_row = k_out_ptr + token * (NUM_KV_HEADS * HEAD_DIM) + (heads - NUM_HEADS) * HEAD_DIM + dims
