@@ -20,6 +20,7 @@ from gpu.kernels import (  # noqa: E402
     decode_attention,
     fp8_gemm,
     fp8_quant,
+    fused_decode_attention,
     int4_row_gemv,
     int_gemm,
     moe_route,
@@ -141,6 +142,33 @@ def compiled_usage(kernel: object, signature: dict[str, str], constexprs: dict[s
     """(spilled bytes, shared bytes) of `kernel` compiled as a launch specializes it."""
     compiled = compiled_as_launched(kernel, signature, constexprs, num_warps, num_stages)
     return spilled_bytes(compiled), compiled.metadata.shared  # type: ignore[attr-defined]
+
+
+# The fused decode attention at Qwen3-30B-A3B's heads (32 query heads of 128 over 4 KV heads) as its launches
+# specialize it: unsplit (three stages) and split (one), bf16 or FP8 cache, plain, or with every variant switch, a
+# quarter rotation and gated queries.
+FUSED_DECODE_SIZES = frozenset({"qkv_stride", "out_stride_t", "out_stride_h", "cache_stride_b", "cache_stride_s",
+                                "cache_stride_h", "table_stride_r"})
+
+
+@pytest.mark.parametrize("cache", ["*bf16", "*fp8e4nv"])
+@pytest.mark.parametrize(("num_splits", "num_stages", "has_everything"), [(1, 3, False), (16, 1, True)])
+def test_fused_decode_attention_spills_nothing(cache: str, num_splits: int, num_stages: int,
+                                               has_everything: bool) -> None:
+    pointers = dict(qkv_ptr="*bf16", positions_ptr="*i64", cos_ptr="*fp32", sin_ptr="*fp32", q_weight_ptr="*bf16",
+                    k_weight_ptr="*bf16", slot_mapping_ptr="*i64", k_cache_ptr=cache, v_cache_ptr=cache,
+                    block_tables_ptr="*i32", context_lens_ptr="*i32", row_order_ptr="*i32", sinks_ptr="*fp32",
+                    out_ptr="*bf16", partial_out_ptr="*fp32", partial_lse_ptr="*fp32")
+    kernel = fused_decode_attention._fused_decode_split_kernel
+    names = [name for name in kernel.arg_names if not name.isupper()]
+    signature = {name: pointers.get(name, "fp32" if name in FLOATS else "i32") for name in names}
+    rotation = (dict(ROTARY_DIM=32, Q_HEAD_STRIDE=256, WEIGHT_OFFSET=1.0, SCALES_IN_FLOAT32=True) if has_everything
+                else dict(ROTARY_DIM=128, Q_HEAD_STRIDE=128, WEIGHT_OFFSET=0.0, SCALES_IN_FLOAT32=False))
+    flags = dict.fromkeys(("HAS_ROW_ORDER", "HAS_WINDOW", "HAS_SINKS", "HAS_SOFTCAP"), has_everything)
+    constexprs = dict(NUM_HEADS=32, GROUP=8, HEAD_DIM=128, HAS_NORM=True, BLOCK_SIZE=16, BLOCK_H=16, BLOCK_N=64,
+                      NUM_SPLITS=num_splits, DOT_PRECISION="tf32", USE_PDL=True, **rotation, **flags)
+    compiled = compiled_as_launched(kernel, signature, constexprs, 4, num_stages, FUSED_DECODE_SIZES)
+    assert spilled_bytes(compiled) == 0
 
 
 def _tile_configs(kind: str) -> set[QuantTiles]:
