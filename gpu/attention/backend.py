@@ -17,6 +17,7 @@ import torch
 
 from gpu.attention import torch_ref
 from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.qkv_heads import QkvHeads
 from gpu.attention.variant import PLAIN, AttentionVariant
 
 BACKEND_NAMES = ("torch", "cpu", "triton", "flash-attn")
@@ -29,6 +30,9 @@ class AttentionBackend(Protocol):
     # Whether other steps may be captured too, padded to a token bucket with empty padding rows
     # (the launch grid then depends only on the padded shapes).
     supports_mixed_graphs: bool
+    # Whether a decode-only step's attention may start from the raw QKV projection (`decode_from_qkv`): the q/k norms,
+    # the rotation and the store of the step's K/V then run in the attention's own launch.
+    decodes_from_qkv: bool
 
     def store_kv(
         self,
@@ -49,11 +53,23 @@ class AttentionBackend(Protocol):
         variant: AttentionVariant = PLAIN,  # the layer's window, sinks, soft-cap (gpu/attention/variant.py)
     ) -> torch.Tensor: ...
 
+    def decode_from_qkv(
+        self,
+        qkv: torch.Tensor,  # [num_rows, columns of the heads], one token per row
+        positions: torch.Tensor,  # [num_rows] int64
+        layout: QkvHeads,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],  # (k_cache, v_cache), this step's K/V written there
+        meta: AttentionMetadata,  # a decode-only step's
+        scale: float,
+        variant: AttentionVariant = PLAIN,
+    ) -> torch.Tensor: ...  # only where decodes_from_qkv: what store + forward of the normed, rotated q would give
+
 
 class TorchBackend:
     name = "torch"
     supports_cuda_graphs = False  # boolean-mask indexing and per-row host loops
     supports_mixed_graphs = False
+    decodes_from_qkv = False
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:  # noqa: ANN001
         torch_ref.store_kv(key, value, k_cache, v_cache, slot_mapping)
@@ -70,6 +86,7 @@ class PhasedBackend:
         self.name = decode.name if decode.name == prefill.name else f"decode={decode.name}, prefill={prefill.name}"
         self.supports_cuda_graphs = decode.supports_cuda_graphs
         self.supports_mixed_graphs = prefill.supports_mixed_graphs
+        self.decodes_from_qkv = decode.decodes_from_qkv
 
     def store_kv(self, key, value, k_cache, v_cache, slot_mapping) -> None:  # noqa: ANN001
         # Every backend writes the one cache layout (metadata.py), so either may write it.
@@ -78,6 +95,9 @@ class PhasedBackend:
     def forward(self, query, k_cache, v_cache, meta, scale, variant=PLAIN) -> torch.Tensor:  # noqa: ANN001
         backend = self.decode if meta.is_decode_only else self.prefill
         return backend.forward(query, k_cache, v_cache, meta, scale, variant)
+
+    def decode_from_qkv(self, qkv, positions, layout, kv_cache, meta, scale, variant=PLAIN) -> torch.Tensor:  # noqa: ANN001
+        return self.decode.decode_from_qkv(qkv, positions, layout, kv_cache, meta, scale, variant)
 
 
 def backend_named(name: str, cpu_kernels: ModuleType | None = None) -> AttentionBackend:

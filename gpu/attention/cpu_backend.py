@@ -31,6 +31,7 @@ class CpuBackend:
     name = "cpu"
     supports_cuda_graphs = False  # per-row host loops
     supports_mixed_graphs = False
+    decodes_from_qkv = False
 
     def __init__(self, kernels: ModuleType | None = None) -> None:
         """kernels: gpu/cpu_kernels/attention.c built for this CPU; None: the torch code only."""

@@ -51,6 +51,7 @@ _ROWS_PAST_ANY_TILE = 256
 class FlashAttnBackend:
     name = "flash-attn"
     supports_cuda_graphs = True  # decode-only steps
+    decodes_from_qkv = False
 
     def __init__(self) -> None:
         # Steps with prefill in CUDA graphs: only where the varlen grid is known not to depend on the lengths.

@@ -6,7 +6,10 @@ which treats decode rows as rows of query length 1. Both paths read only static 
 (tensor shapes, the is_decode_only flag), never lengths, and allocate their scratch with
 torch.empty, so both are safe to capture in a CUDA graph (the graph's pool owns the scratch): the
 prefill kernel's grid is an upper bound from the token and row counts, and rows with no queries
-(the padding rows of a captured mixed step) exit at once.
+(the padding rows of a captured mixed step) exit at once. A decode-only step may instead hand its layer's raw QKV
+projection to decode_from_qkv: one kernel then norms and rotates the queries and keys, stores the step's K/V and
+attends (gpu/kernels/fused_decode_attention.py), where the layer would launch qk_norm_rope_store_kv and then
+decode_attention.
 """
 
 import torch
@@ -20,8 +23,10 @@ except ImportError as error:
     ) from error
 
 from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.qkv_heads import QkvHeads
 from gpu.attention.variant import PLAIN, AttentionVariant
 from gpu.kernels.decode_attention import decode_attention
+from gpu.kernels.fused_decode_attention import fused_decode_attention
 from gpu.kernels.prefill_attention import prefill_attention
 from gpu.kernels.store_kv import store_kv
 
@@ -30,6 +35,7 @@ class TritonBackend:
     name = "triton"
     supports_cuda_graphs = True
     supports_mixed_graphs = True
+    decodes_from_qkv = True
 
     def store_kv(
         self,
@@ -58,4 +64,19 @@ class TritonBackend:
         return prefill_attention(
             query, k_cache, v_cache, meta.query_start_loc, meta.context_lens, meta.block_tables, scale,
             variant=variant,
+        )
+
+    def decode_from_qkv(
+        self,
+        qkv: torch.Tensor,  # [num_rows, columns of the heads], one token per row
+        positions: torch.Tensor,  # [num_rows] int64
+        layout: QkvHeads,
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        meta: AttentionMetadata,  # a decode-only step's
+        scale: float,
+        variant: AttentionVariant = PLAIN,
+    ) -> torch.Tensor:  # [num_rows, num_heads, head_dim]
+        return fused_decode_attention(
+            qkv, positions, layout, (*kv_cache, meta.slot_mapping), (meta.block_tables, meta.context_lens,
+                                                                     meta.row_order), scale, variant, use_pdl=True,
         )

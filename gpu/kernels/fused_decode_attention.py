@@ -16,12 +16,11 @@ qkv.
 Queries are not written out: only the attention's output, and the merge's when the rows' contexts are split.
 """
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
+from gpu.attention.qkv_heads import QkvHeads
 from gpu.attention.variant import PLAIN, AttentionVariant
 from gpu.kernels.decode_attention import (
     DecodeConfig,
@@ -38,20 +37,6 @@ from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.qk_norm_rope import _check as _check_qk
 from gpu.kernels.qk_norm_rope import _check_kv_cache, cache_value, normed_rotated_halves
 from gpu.kernels.triton_math import round_to
-
-
-@dataclass(frozen=True)
-class QkvHeads:
-    """How qkv's rows hold a layer's heads and how its queries and keys are made (qk_norm_rope_store_kv's
-    arguments but qkv, the positions and the cache)."""
-
-    heads: tuple[int, int, int]  # (num_heads, num_kv_heads, head_dim)
-    rotary: tuple[torch.Tensor, torch.Tensor]  # (cos, sin), each [max_position, rotary_dim]
-    norm_weights: tuple[torch.Tensor, torch.Tensor] | None  # (q_norm, k_norm), each [head_dim]; None: no norm
-    eps: float = 1e-6
-    norm_convention: tuple[float, bool] = (0.0, False)  # (weight offset, scales in float32)
-    kv_scales: tuple[float, float] = (1.0, 1.0)  # an FP8 cache's (k_scale, v_scale)
-    has_output_gate: bool = False  # qkv's queries are [query; gate] per head
 
 
 @triton.jit

@@ -16,6 +16,8 @@ On CUDA, when triton is installed, one Triton kernel (gpu/kernels/qk_norm_rope.p
 output, applies the per-head q/k norms and the rotation, and writes the step's keys and values to the
 cache, for a whole rotation over a power-of-two head or a partial one within its first half, reading the queries
 from between their gates where q_proj's rows are [query; gate] per head (the gates then a view of the projection);
+a decode-only step on a backend that can (Triton's) hands the fused QKV output to the attention kernel itself,
+which does that work and attends in one launch (gpu/kernels/fused_decode_attention.py, `_decodes_from_qkv`);
 on a CPU where the runner hands the layer gpu/cpu_kernels/attention.c, its `rope_store` does the same in one call,
 for a whole rotation and Llama-style q/k norms; elsewhere (a partial rotation past half a head, a value norm, values
 that are keys), or built with `KernelConfig.fused_kernels` off, the torch layers run (the reference the kernels are
@@ -33,6 +35,7 @@ from torch import nn
 
 from gpu.attention.backend import AttentionBackend
 from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.qkv_heads import QkvHeads
 from gpu.attention.variant import PLAIN, AttentionVariant
 from gpu.config import DEFAULT_KERNELS, KernelConfig
 from gpu.cpu_kernels import ACTIVATION_DTYPES
@@ -145,10 +148,14 @@ class DecoderAttention(nn.Module):
         num_tokens = qkv.shape[0]
         assert self.backend is not None, "the runner sets the backend before the first forward"
         meta = meta.of_group(self.kv_group)
-        q = self._query_storing_kv(positions, qkv, meta.slot_mapping)
         source = self._kv_source[0] if self._kv_source else self
         k_scale, v_scale = source.kv_scales
-        out = self.backend.forward(q, source.k_cache, source.v_cache, meta, self.scale * k_scale, self.variant)
+        if self._decodes_from_qkv(qkv, meta):
+            out = self.backend.decode_from_qkv(qkv, positions, self._qkv_heads(), (self.k_cache, self.v_cache), meta,
+                                               self.scale * k_scale, self.variant)
+        else:
+            q = self._query_storing_kv(positions, qkv, meta.slot_mapping)
+            out = self.backend.forward(q, source.k_cache, source.v_cache, meta, self.scale * k_scale, self.variant)
         if v_scale != 1.0:
             out = out * v_scale
         if self.spec.has_output_gate:
@@ -210,6 +217,20 @@ class DecoderAttention(nn.Module):
         if self.q_norm is not None and self.k_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         return self.rotary(positions, q, k)
+
+    def _decodes_from_qkv(self, qkv: torch.Tensor, meta: AttentionMetadata) -> bool:
+        """Whether this step's attention starts from qkv as it is (the backend's decode_from_qkv, one launch for
+        qk_norm_rope_store_kv's work and the attention's): a decode-only step on a backend that can, a layer that
+        computes its K/V where qk_norm_rope_store_kv would run, heads of at most 128 (the fused kernel's registers
+        hold a wider head's tiles only by spilling). Every other step and layer launches the two kernels."""
+        assert self.backend is not None
+        return (meta.is_decode_only and self.backend.decodes_from_qkv and self.spec.computes_kv
+                and self.head_dim <= 128 and self._is_fused(qkv))
+
+    def _qkv_heads(self) -> QkvHeads:
+        weights, eps, convention = self._qk_norms()
+        return QkvHeads((self.num_heads, self.num_kv_heads, self.head_dim), (self.rotary.cos, self.rotary.sin),
+                        weights, eps, convention, self.kv_scales, self.spec.has_output_gate)
 
     def _is_fused(self, qkv: torch.Tensor) -> bool:
         is_pow2 = (self.head_dim & (self.head_dim - 1)) == 0  # the kernel's head halves are power-of-two ranges

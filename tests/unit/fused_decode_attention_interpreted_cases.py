@@ -16,9 +16,10 @@ if os.environ.get("TRITON_INTERPRET") != "1":
     # tests/unit/test_attention_kernels_interpreted.py runs this file in a process so.
     pytest.skip("run with TRITON_INTERPRET=1 from the start", allow_module_level=True)
 
+from gpu.attention.qkv_heads import QkvHeads  # noqa: E402
 from gpu.attention.variant import PLAIN, AttentionVariant  # noqa: E402
 from gpu.kernels.decode_attention import DecodeConfig, decode_attention  # noqa: E402
-from gpu.kernels.fused_decode_attention import QkvHeads, fused_decode_attention  # noqa: E402
+from gpu.kernels.fused_decode_attention import fused_decode_attention  # noqa: E402
 from gpu.kernels.qk_norm_rope import qk_norm_rope_store_kv  # noqa: E402
 
 BLOCK_SIZE, BLOCK_N, MAX_POSITION = 16, 16, 256
