@@ -22,17 +22,9 @@ import triton.language as tl
 
 from gpu.attention.qkv_heads import QkvHeads
 from gpu.attention.variant import PLAIN, AttentionVariant
-from gpu.kernels.decode_attention import (
-    DecodeConfig,
-    SplitLaunch,
-    _load_kv,
-    _tile_offsets,
-    attend_segment,
-    program_row,
-    segment,
-    store_segment,
-)
+from gpu.kernels.decode_attention import DecodeConfig, SplitLaunch
 from gpu.kernels.decode_attention import _check as _check_decode
+from gpu.kernels.decode_segment import attend_segment, load_kv, program_row, segment, store_segment, tile_offsets
 from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.qk_norm_rope import _check as _check_qk
 from gpu.kernels.qk_norm_rope import _check_kv_cache, cache_value, normed_rotated_halves
@@ -121,13 +113,13 @@ def _fused_decode_split_kernel(
     holds_own = (tile_begin < tile_end) & (tile_end * BLOCK_N >= context_len)  # the segment of the last tile
     offs_d = tl.arange(0, HEAD_DIM)
     table_row = block_tables_ptr + row * table_stride_r
-    positions, is_valid, kv_offsets = _tile_offsets(table_row, tile_begin, tile_end, context_len, first_key,
+    positions, is_valid, kv_offsets = tile_offsets(table_row, tile_begin, tile_end, context_len, first_key,
                                                     tl.arange(0, BLOCK_N), offs_d, kv_head, cache_stride_b,
                                                     cache_stride_s, cache_stride_h, BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
     is_own = (is_valid & (positions == context_len - 1))[:, None]
-    k_first = _load_kv(k_cache_ptr, kv_offsets, is_valid & (positions != context_len - 1), offs_d, HEAD_DIM, HEAD_DIM,
+    k_first = load_kv(k_cache_ptr, kv_offsets, is_valid & (positions != context_len - 1), offs_d, HEAD_DIM, HEAD_DIM,
                        False)
-    v_first = _load_kv(v_cache_ptr, kv_offsets, is_valid & (positions != context_len - 1), offs_d, HEAD_DIM, HEAD_DIM,
+    v_first = load_kv(v_cache_ptr, kv_offsets, is_valid & (positions != context_len - 1), offs_d, HEAD_DIM, HEAD_DIM,
                        False)
     pdl_start(USE_PDL)
     position = tl.load(positions_ptr + row)
