@@ -134,16 +134,22 @@ def test_partial_rotation_gates_and_gemmas_norm_convention() -> None:
     assert_fused_equals_two_kernels(layout, CONTEXT_LENS, 2, seed=8)
 
 
-def test_the_own_token_comes_from_qkv_not_the_cache() -> None:
-    """The row's own key is made from qkv and attended to from registers: a cache slot holding NaN before the call
-    changes nothing, and the slot holds the key after it."""
+@pytest.mark.parametrize("num_splits", [1, 2])
+def test_the_own_token_is_attended_from_registers_not_the_cache(num_splits: int) -> None:
+    """The own key and value are made from qkv and attended to as made, in a segment's first tile (10 keys; 40 at
+    two splits, whose second segment is tile 2 alone) or a later one (40 keys at one split: tile 2 of 0-2): with the
+    store skipped (slot -1) and the own token's cache slot NaN, the output is the one of a launch that stores them."""
     layout = layout_of(HEADS[0], True, seed=9)
-    k_cache, v_cache, tables, lens, slots = paged_rows([40], 2, 32, seed=9)
+    k_cache, v_cache, tables, lens, slots = paged_rows([40, 10], 2, 32, seed=9)
+    qkv, positions = qkv_rows(layout, 2, seed=9), lens.to(torch.int64) - 1
+    config = DecodeConfig(block_n=BLOCK_N, num_splits=num_splits)
+    stored = fused_decode_attention(qkv, positions, layout, (k_cache.clone(), v_cache.clone(), slots),
+                                    (tables, lens, None), 0.3, config=config)
     k_cache.view(-1, 2, 32)[slots], v_cache.view(-1, 2, 32)[slots] = float("nan"), float("nan")
-    out = fused_decode_attention(qkv_rows(layout, 1, seed=9), lens.to(torch.int64) - 1, layout,
-                                 (k_cache, v_cache, slots), (tables, lens, None), 0.3,
-                                 config=DecodeConfig(block_n=BLOCK_N, num_splits=2))
-    assert not out.isnan().any() and not k_cache.view(-1, 2, 32)[slots].isnan().any()
+    unstored = fused_decode_attention(qkv, positions, layout, (k_cache, v_cache, torch.full_like(slots, -1)),
+                                      (tables, lens, None), 0.3, config=config)
+    assert torch.equal(unstored, stored) and not stored.isnan().any()
+    assert k_cache.view(-1, 2, 32)[slots].isnan().all(), "slot -1: nothing written"
 
 
 def test_refuses_what_it_does_not_take() -> None:
