@@ -10,9 +10,9 @@ exactly as qk_norm_rope_store_kv writes them (its slot from slot_mapping; an FP8
 of -1), and attends to them from its registers, never from the cache. No other program reads the own token (segments
 are disjoint, and it lies in the last), so no program waits on another's store: there is no ordering between
 programs to keep.
-Under programmatic dependent launch a program reads its segment's first tile but the own token (the lengths and tables
-come from the host, the cache's earlier tokens from earlier steps) before it waits for the kernel before, which writes
-qkv.
+Under programmatic dependent launch a program reads its segment's first tile but the own token, and its row's position
+and slot, before it waits for the kernel before, which writes qkv: the lengths, tables, positions and slots come from
+the host, the cache's earlier tokens from earlier steps.
 Queries are not written out: only the attention's output, and the merge's when the rows' contexts are split.
 """
 
@@ -121,9 +121,11 @@ def _fused_decode_split_kernel(
                        False)
     v_first = load_kv(v_cache_ptr, kv_offsets, is_valid & (positions != context_len - 1), offs_d, HEAD_DIM, HEAD_DIM,
                        False)
-    pdl_start(USE_PDL)
+    # The position and slot come from the host, as the lengths do: read before the wait, so that past it the
+    # rotation's tables are read beside qkv rather than one round trip after it.
     position = tl.load(positions_ptr + row)
     slot = tl.load(slot_mapping_ptr + row)
+    pdl_start(USE_PDL)
 
     dtype = out_ptr.dtype.element_ty
     token_row = qkv_ptr + row * qkv_stride
