@@ -208,7 +208,10 @@ def model_dirs(tiny_model_dirs: dict[str, Path], tmp_path_factory: pytest.TempPa
     root = tmp_path_factory.mktemp("fused-decode-models")
     d128 = TinyModelSpec(architecture="qwen3", hidden_size=256, num_heads=8, num_kv_heads=2, head_dim=128,
                          intermediate_size=512, num_layers=3)
+    d256 = TinyModelSpec(architecture="qwen3", hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=256,
+                         intermediate_size=512, num_layers=2)
     return {"qwen3": tiny_model_dirs["qwen3"], "qwen3-d128": build_tiny_model(root / "qwen3-d128", d128),
+            "qwen3-d256": build_tiny_model(root / "qwen3-d256", d256),
             "qwen3_moe": build_moe_model(root / "qwen3_moe", "qwen3_moe", tiny_model_dirs["qwen3"])}
 
 
@@ -241,3 +244,9 @@ def test_model_decode_through_the_fused_kernel(model_dirs: dict[str, Path], mode
     rel, same_top1 = compare(fused, two)
     print(f"model {model}: rel_err={rel:.2e} fused launches={num_fused}")
     assert rel < 1e-5 and same_top1 == 1.0
+
+
+def test_heads_past_128_keep_the_two_launches(model_dirs: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The layer's rule: a head of 256 (the fused kernel would spill) decodes through the two kernels."""
+    _, num_fused = decode_logits(model_dirs["qwen3-d256"], True, monkeypatch)
+    assert num_fused == 0
