@@ -50,6 +50,7 @@ def _own_kv(token_row, kv_head, position, rotary, norm, k_cache_ptr, v_cache_ptr
     _, _, rot1, rot2 = normed_rotated_halves(key_row, one == 0, one != 0, position, rotary, norm, dtype, HEAD_DIM,
                                              ROTARY_DIM, HAS_NORM, WEIGHT_OFFSET, SCALES_IN_FLOAT32)
     k = cache_value(_whole_heads(rot1, rot2), dtype, k_scale, k_cache_ptr)
+    # The values follow all the keys: one head per KV head, as many as the grid's second dimension.
     value_row = key_row + tl.num_programs(1) * HEAD_DIM + tl.arange(0, HEAD_DIM)[None, :]
     v = cache_value(tl.load(value_row).to(tl.float32), dtype, v_scale, v_cache_ptr)
     return k, v
