@@ -3,8 +3,10 @@
 Per token and group of GROUP columns (the scales cuBLAS's 1x128 block recipe reads: [M, K / GROUP], laid out
 M-major as it requires, M padded by zero rows to a multiple of SCALE_ROWS_MULTIPLE), per token (a scale per row over
 all of K: its row-wise recipe), or with a static scale (written once per row, so the row-wise recipe takes it). Each
-scale is the group's largest magnitude / 448, as gpu/kernels/fp8_gemm.py quantizes in its loop. One program per row,
-in chunks of BLOCK columns.
+scale is the group's largest magnitude / 448, as gpu/kernels/fp8_gemm.py quantizes in its loop. Grouped and static
+scales need nothing from the rest of the row: a program quantizes one BLOCK of columns of one row, so a step's few
+hundred rows still make thousands of programs (one program a row walking its columns leaves the GPU waiting on each
+chunk's loads). Per-token scales take the whole row's largest magnitude first: one program a row, in chunks.
 """
 
 import torch
@@ -40,13 +42,14 @@ def _quantize_rows_kernel(
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     x_columns = tl.where(row < M, K, 0)  # rows past x's pad the grouped layout: zeros, scaled by MIN_SCALE
+    first_column = tl.program_id(1) * BLOCK  # the launch gives per-token rows one program: the whole row
     if STATIC:
         scale = tl.load(in_scale_ptr)
     elif PER_TOKEN:
         scale = tl.maximum(_row_amax(x_row, K, BLOCK) / FP8_MAX, MIN_SCALE)
-    if STATIC or PER_TOKEN:
+    if (STATIC or PER_TOKEN) and first_column == 0:
         tl.store(s_ptr + row * stride_sm, scale)
-    for k in range(0, K, BLOCK):
+    for k in range(first_column, K if PER_TOKEN else tl.minimum(K, first_column + BLOCK), BLOCK):
         ks = k + tl.arange(0, BLOCK)
         x = tl.load(x_row + ks, mask=ks < x_columns, other=0.0).to(tl.float32)
         if STATIC or PER_TOKEN:
@@ -77,7 +80,8 @@ def quantize_rows(x: torch.Tensor, group: int | None, input_scale: torch.Tensor 
     if m == 0:
         return q, scales
     pdl = uses_pdl(use_pdl, x)
-    _quantize_rows_kernel[(rows,)](
+    column_blocks = 1 if group is None and input_scale is None else triton.cdiv(k, BLOCK)
+    _quantize_rows_kernel[(rows, column_blocks)](
         x, q, scales, input_scale if input_scale is not None else scales, m, k, x.stride(0), q.stride(0),
         scales.stride(0), scales.stride(1), GROUP=group if is_grouped else BLOCK,
         PER_TOKEN=group is None and input_scale is None, STATIC=input_scale is not None, USE_PDL=pdl, BLOCK=BLOCK,
