@@ -231,3 +231,13 @@ def f16x2_of_e4m3x4(word):
         return tl.inline_asm_elementwise(
             "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
             "=r,=r,r", [word], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)
+
+
+@triton.jit
+def words_apart(t, A: tl.constexpr, C: tl.constexpr):
+    """[4, A, C] -> its 4 words, [A, C] each (a split within each thread's registers): a row GEMV's 16-byte load
+    of packed pairs taken apart word by word."""
+    even, odd = tl.split(tl.permute(t, (1, 2, 0)).reshape(A, C, 2, 2))  # [A, C, 2]: words 0 and 2, words 1 and 3
+    word_0, word_2 = tl.split(even)
+    word_1, word_3 = tl.split(odd)
+    return word_0, word_1, word_2, word_3

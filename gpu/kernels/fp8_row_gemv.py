@@ -23,7 +23,15 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.f16x2 import abs_max_x2, f16x2_fma, f16x2_of_bf16x2, f16x2_of_e4m3x4, f16x2_sum, mul_x2
+from gpu.kernels.f16x2 import (
+    abs_max_x2,
+    f16x2_fma,
+    f16x2_of_bf16x2,
+    f16x2_of_e4m3x4,
+    f16x2_sum,
+    mul_x2,
+    words_apart,
+)
 from gpu.kernels.quant_gemm_configs import GemvTiles
 from gpu.kernels.quant_gemv import pointer_or
 from gpu.kernels.triton_math import add
@@ -33,22 +41,13 @@ MAX_BLOCK_N = 8  # rows a thread holds: 16 rows' words, the tile's and the next'
 
 
 @triton.jit
-def _words_apart(t, A: tl.constexpr, C: tl.constexpr):
-    """[4, A, C] -> its 4 words, [A, C] each (a split within each thread's registers)."""
-    even, odd = tl.split(tl.permute(t, (1, 2, 0)).reshape(A, C, 2, 2))  # [A, C, 2]: words 0 and 2, words 1 and 3
-    word_0, word_2 = tl.split(even)
-    word_1, word_3 = tl.split(odd)
-    return word_0, word_1, word_2, word_3
-
-
-@triton.jit
 def _f16_x(x_pairs, C: tl.constexpr, IS_BF16: tl.constexpr):
     """x_pairs [4, 1, C, 2] (16-bit float pairs, bfloat16 where IS_BF16) as float16 pairs [4, 1, C] x 2, each chunk
     times 2^(TOP - e), e the exponent of its largest magnitude, and 2^(e - TOP) in float32 [1, 1, C] to undo it.
     Chunks too small for a power of two of x's type to reach [2^TOP, 2^(TOP+1)) take the largest it has (in bfloat16
     the largest whose inverse is a normal float32)."""
     x_0, x_1 = tl.split(x_pairs)  # columns 0-1 and 2-3 of each word, [4, 1, C]
-    word_0, word_1, word_2, word_3 = _words_apart(abs_max_x2(x_0, x_1, IS_BF16), 1, C)
+    word_0, word_1, word_2, word_3 = words_apart(abs_max_x2(x_0, x_1, IS_BF16), 1, C)
     largest = abs_max_x2(abs_max_x2(word_0, word_1, IS_BF16), abs_max_x2(word_2, word_3, IS_BF16), IS_BF16)
     TOP: tl.constexpr = 2  # the largest magnitude's exponent after scaling: 8 products of it and 448 below 2^15
     SHIFT: tl.constexpr = 7 if IS_BF16 else 10  # the exponent's lowest bit in a half
@@ -69,10 +68,10 @@ def _chunk_dots(words, x_0, x_1, BLOCK_N: tl.constexpr, C: tl.constexpr):
     """sum over each chunk's 16 columns of w * x, a float16 sum per half of a pair, [1, BLOCK_N, C]: words [4,
     BLOCK_N, C] of 4 codes, x_0 and x_1 [4, 1, C] the pairs of x their columns 0-1 and 2-3 multiply."""
     pair_0, pair_1 = f16x2_of_e4m3x4(words)
-    w_0, w_1, w_2, w_3 = _words_apart(pair_0, BLOCK_N, C)
-    v_0, v_1, v_2, v_3 = _words_apart(pair_1, BLOCK_N, C)
-    a_0, a_1, a_2, a_3 = _words_apart(x_0, 1, C)
-    b_0, b_1, b_2, b_3 = _words_apart(x_1, 1, C)
+    w_0, w_1, w_2, w_3 = words_apart(pair_0, BLOCK_N, C)
+    v_0, v_1, v_2, v_3 = words_apart(pair_1, BLOCK_N, C)
+    a_0, a_1, a_2, a_3 = words_apart(x_0, 1, C)
+    b_0, b_1, b_2, b_3 = words_apart(x_1, 1, C)
     dots = f16x2_fma(w_0, a_0, tl.full((BLOCK_N, C), 0, tl.int32))
     dots = f16x2_fma(v_0, b_0, f16x2_fma(w_1, a_1, f16x2_fma(v_1, b_1, dots)))
     dots = f16x2_fma(v_2, b_2, f16x2_fma(w_2, a_2, dots))

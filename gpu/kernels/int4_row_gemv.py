@@ -41,6 +41,7 @@ from gpu.kernels.f16x2 import (
     f16x2_sum,
     mul_x2,
     nibbles_less_zero,
+    words_apart,
 )
 from gpu.kernels.quant_gemm_configs import GemvTiles
 from gpu.kernels.quant_gemv import pointer_or
@@ -85,7 +86,7 @@ def _chunk_powers_of_two(x_pairs, C: tl.constexpr, IS_BF16: tl.constexpr):
     the largest whose inverse is a normal float32)."""
     x_0, x_1, x_2, x_3 = _pairs_of_x(x_pairs, C)
     by_word = abs_max_x2(abs_max_x2(x_0, x_1, IS_BF16), abs_max_x2(x_2, x_3, IS_BF16), IS_BF16)  # [4, 1, C]
-    word_0, word_1, word_2, word_3 = _words_apart(by_word, 1, C)
+    word_0, word_1, word_2, word_3 = words_apart(by_word, 1, C)
     largest = abs_max_x2(abs_max_x2(word_0, word_1, IS_BF16), abs_max_x2(word_2, word_3, IS_BF16), IS_BF16)
     SHIFT: tl.constexpr = 7 if IS_BF16 else 10  # the exponent's lowest bit in a half
     BIAS: tl.constexpr = 127 if IS_BF16 else 15
@@ -120,19 +121,10 @@ def _word_dots(words, x_pairs, zero_low, zero_high, C: tl.constexpr):
 
 
 @triton.jit
-def _words_apart(t, A: tl.constexpr, C: tl.constexpr):
-    """[4, A, C] -> its 4 words, [A, C] each (a split within each thread's registers)."""
-    even, odd = tl.split(tl.permute(t, (1, 2, 0)).reshape(A, C, 2, 2))  # [A, C, 2]: words 0 and 2, words 1 and 3
-    word_0, word_2 = tl.split(even)
-    word_1, word_3 = tl.split(odd)
-    return word_0, word_1, word_2, word_3
-
-
-@triton.jit
 def _add_word_products(dots, pairs, x, A: tl.constexpr, C: tl.constexpr):
     """dots [A, C] + the 4 words' products of pairs [4, A, C] and x [4, 1, C], one multiply-add chain."""
-    pair_0, pair_1, pair_2, pair_3 = _words_apart(pairs, A, C)
-    x_0, x_1, x_2, x_3 = _words_apart(x, 1, C)
+    pair_0, pair_1, pair_2, pair_3 = words_apart(pairs, A, C)
+    x_0, x_1, x_2, x_3 = words_apart(x, 1, C)
     return f16x2_fma(pair_3, x_3, f16x2_fma(pair_2, x_2, f16x2_fma(pair_1, x_1, f16x2_fma(pair_0, x_0, dots))))
 
 
