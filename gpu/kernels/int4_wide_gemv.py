@@ -25,16 +25,13 @@ import triton
 import triton.language as tl
 
 from gpu.kernels.fp8_gemm import reduce_split_k
-from gpu.kernels.int4_row_gemv import CHUNK, LEVEL_SCALE, tile_ids, tile_sums, zero_point_constexprs
+from gpu.kernels.int4_row_gemv import LEVEL_SCALE, tile_ids, tile_sums, zero_point_constexprs
 from gpu.kernels.quant_gemm_configs import WideGemvTiles
 from gpu.kernels.quant_gemv import pointer_or
 from gpu.kernels.triton_math import IS_INTERPRETED, add
 
 if TYPE_CHECKING:
     from gpu.quant.int_weights import IntWeight
-
-COLUMNS_PER_WARP = CHUNK * 32  # a warp's 16-byte loads of one row span this many columns
-
 
 @triton.jit
 def _prefetch_to_l2(pointers, is_wanted):
@@ -116,10 +113,9 @@ def _int4_wide_gemv_kernel(
 def int4_wide_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None, y: torch.Tensor,
                    t: WideGemvTiles, pdl: bool) -> None:
     """y [1, N] = x [1, K] @ W.T (+ bias) for arguments gpu/kernels/int_gemm.py checked and int4_row_gemv's
-    `takes_row_gemv` takes. `t.block_k` is rounded up to whole warps of chunks; K splits into `t.split_k` slices of
-    whole tiles at most (fewer where K is short), added by a second pass."""
-    k, n, scales = x.shape[1], weight.weight.shape[0], weight.scales
-    block_k = max(t.block_k, COLUMNS_PER_WARP * t.num_warps)
+    `takes_row_gemv` takes. K splits into `t.split_k` slices of whole tiles at most (fewer where K is short), added
+    by a second pass."""
+    k, n, scales, block_k = x.shape[1], weight.weight.shape[0], weight.scales, t.block_k
     k_per_split = triton.cdiv(triton.cdiv(k, t.split_k), block_k) * block_k
     split = triton.cdiv(k, k_per_split)
     part = torch.empty((split, 1, n), dtype=torch.float32, device=x.device) if split > 1 else y

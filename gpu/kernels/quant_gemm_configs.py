@@ -74,6 +74,13 @@ class WideGemvTiles:
     prefetch: int  # tiles ahead fetched into L2 (0: none)
     in_order: bool = False  # the tile's loads volatile, which ptxas issues in order: all before the first use
 
+    def __post_init__(self) -> None:
+        is_power_of_two = [size > 0 and size & (size - 1) == 0 for size in (self.block_n, self.block_k)]
+        if not all(is_power_of_two) or self.block_k < 1024 * self.num_warps:
+            raise ValueError(f"block_n and block_k must be powers of two, block_k 1,024 columns a warp or more: {self}")
+        if self.split_k < 1 or self.prefetch < 0:
+            raise ValueError(f"split_k must be 1 or more, prefetch 0 or more: {self}")
+
 
 Tiles = QuantTiles | GemvTiles | WideGemvTiles
 Table = dict[tuple[str, int, int, int], Tiles]  # (kind, row bucket, N, K) -> the tiles measured fastest there

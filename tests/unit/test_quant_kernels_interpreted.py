@@ -361,6 +361,16 @@ def test_wide_gemv_tiles_split_only_what_would_leave_multiprocessors_idle() -> N
     assert wide_gemv_tiles(2048, 4096, 132).split_k == 2 and wide_gemv_tiles(4096, 4096, 132).split_k == 1
 
 
+def test_wide_gemv_tiles_refuse_what_the_kernel_cannot_lay_out() -> None:
+    """Tiles of whole warps of 16-byte loads (1,024 columns a warp), powers of two, a slice at least, no negative
+    prefetch."""
+    for args in ((4, 512, 1, 1, 1), (4, 2048, 4, 1, 1), (3, 2048, 1, 1, 1), (4, 3072, 1, 1, 1), (4, 2048, 1, 0, 1),
+                 (4, 2048, 1, 1, -1)):
+        with pytest.raises(ValueError):
+            WideGemvTiles(*args)
+    assert WideGemvTiles(8, 4096, 4, 2, 0).block_k == 4096
+
+
 def test_wide_tiles_the_row_gemv_does_not_take_go_to_the_tensor_cores(int_kernel: ModuleType) -> None:
     """Act order, two rows: the wide tiles fall back to the tensor-core rule, and the product is the reference's."""
     g = torch.Generator().manual_seed(5)
@@ -384,7 +394,7 @@ def test_int4_row_gemv_holds_x_of_any_magnitude(row_gemv: ModuleType, wide_gemv:
     """x from bf16's tiny values to past float16's range (1e5, 1e30: outliers as large activations have them), in
     float16 as far as its subnormals, with zero points per group, into float32 outputs: within float16's rounding of
     the exact product relative to the largest output (the kernels' products are float16 pairs, of x scaled a chunk at
-    a time by a power of two). The row GEMV and the wide one (split in two slices)."""
+    a time by a power of two). The row GEMV and the wide one (one tile wider than K)."""
     g = torch.Generator().manual_seed(int(x_scale * 1000) + 7)
     n, k = 64, 512
     groups = _int_groups(4, 64, "zeros", n, k, g)
@@ -396,7 +406,7 @@ def test_int4_row_gemv_holds_x_of_any_magnitude(row_gemv: ModuleType, wide_gemv:
     assert row_gemv.takes_row_gemv(stored, x)
     y = torch.zeros(1, n)
     if wide:
-        wide_gemv.int4_wide_gemv(x, stored, None, y, wide_gemv.WideGemvTiles(4, 256, 1, 2, 1), False)
+        wide_gemv.int4_wide_gemv(x, stored, None, y, wide_gemv.WideGemvTiles(4, 1024, 1, 2, 1), False)
     else:
         row_gemv.int4_row_gemv(x, stored, None, y, row_gemv.GemvTiles(1, 4, 256, 2), False)
     reference = x.double() @ stored.int_groups().dequantize().double().T  # its 16-bit scales
