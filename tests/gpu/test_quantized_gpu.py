@@ -195,11 +195,11 @@ def test_gemv_tiles_of_the_rule_against_the_reference(rows: int) -> None:
 
 @pytest.mark.parametrize("path", ["wide", "row"])
 @pytest.mark.parametrize(("group_size", "kind"), [(128, "symmetric"), (128, "zeros"), (32, "offsets"), (16, "zeros")])
-@pytest.mark.parametrize(("n", "k"), [(N, K), (1531, K), (6144, 4096), (4096, 12288), (2048, 4096)])
+@pytest.mark.parametrize(("n", "k"), [(N, K), (1531, K), (640, 2560), (6144, 4096), (4096, 12288), (2048, 4096)])
 def test_int4_row_gemv_against_the_reference(group_size: int, kind: str, n: int, k: int, path: str) -> None:
     """One row of 4-bit weights on the wide row GEMV's rule (gpu/kernels/int4_wide_gemv.py, K split for the narrowest
-    N) and on the row GEMV's tiles (int4_row_gemv.py), in bf16: the tests' shape, a ragged N, Qwen3-8B's qkv and
-    down, Qwen3-30B-A3B's o_proj; with a bias, into a column slice of a wider output."""
+    N) and on the row GEMV's tiles (int4_row_gemv.py), in bf16: the tests' shape, a ragged N, K past the last whole
+    tile, Qwen3-8B's qkv and down, Qwen3-30B-A3B's o_proj; with a bias, into a column slice of a wider output."""
     from gpu.kernels.fp8_gemm import num_sms
     from gpu.kernels.int4_row_gemv import takes_row_gemv
     from gpu.kernels.int_gemm import int_gemm
