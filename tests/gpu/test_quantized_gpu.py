@@ -228,15 +228,17 @@ def _wide_sweep_tiles() -> list[WideGemvTiles]:
             for (rows, loads, warps), (prefetch, in_order), split in itertools.product(*WIDE, (1, 2))]
 
 
+@pytest.mark.parametrize("k", [12288, 13312])
 @pytest.mark.parametrize("tiles", _wide_sweep_tiles(), ids=repr)
-def test_the_wide_sweeps_tiles_against_the_reference(tiles: WideGemvTiles) -> None:
-    """Each tile the sweep may write into a table, at Qwen3-8B's down projection (K past a tile of every width) with
-    zero points, x in bf16: its L2 prefetches and in-order (volatile) loads, which Triton's interpreter skips or
-    reads as plain loads, leave the product the reference's."""
+def test_the_wide_sweeps_tiles_against_the_reference(tiles: WideGemvTiles, k: int) -> None:
+    """Each tile the sweep may write into a table, at Qwen3-8B's down projection (K of whole tiles of every width)
+    and past it by 1,024 columns (a partial last tile where tiles are wider) with zero points, x in bf16: its L2
+    prefetches and in-order (volatile) loads, which Triton's interpreter skips or reads as plain loads, leave the
+    product the reference's."""
     from gpu.kernels.int_gemm import int_gemm
 
     g = torch.Generator(device="cuda").manual_seed(tiles.block_k + tiles.block_n)
-    n, k = 4096, 12288
+    n = 4096
     levels = torch.randint(0, 16, (n, k), device="cuda", generator=g, dtype=torch.int32)
     scales = torch.rand(n, k // 128, device="cuda", generator=g) * 0.01 + 1e-3
     zeros = torch.randint(0, 16, scales.shape, device="cuda", generator=g).float()
