@@ -39,7 +39,7 @@ COMPARE_ROWS = (1, 2, 4, 8, 16, 17, 32, 48, 64, 100, 128, 192, 256)  # bucket ed
 NUM_SMS = 132  # H100 SXM; H200: the same
 MIN_GAIN = 0.97  # the kernel enters a table where it takes at most this share of cuBLAS's time
 MAX_ERROR = {"bf16": 1e-2, "int4": 1e-2, "fp8": 0.1}  # relative; FP8's tensor-core path quantizes x (4% an element)
-WIDE = ([(4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 2, 1), (2, 4, 1), (4, 2, 2)],  # rows, loads of each, warps
+WIDE = ([(4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 1, 2), (2, 4, 1), (4, 2, 2)],  # rows, loads of each, warps
         [(0, False), (1, False), (2, False), (2, True)])  # the wide row GEMV's tiles fetched into L2 ahead, in order
 
 Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | IntWeight  # bf16; FP8 levels and block scales; int4

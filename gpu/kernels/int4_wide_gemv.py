@@ -9,8 +9,9 @@ puts them last), and the next iteration waits on them almost the whole memory la
   wherever ptxas places them;
 - each iteration loads its own tile, a thread's BLOCK_N x BLOCK_K / (1,024 num_warps) 16-byte loads, several of
   each row where BLOCK_K spans more columns than the warps' threads; ptxas still spreads them over the iteration
-  to save registers, unless IN_ORDER makes them volatile (ptxas keeps volatile accesses in order, and x's come
-  first in use: every load then issues before the first use, at the cost of reading x from L2, not L1);
+  to save registers, unless IN_ORDER makes them volatile: ptxas keeps volatile accesses in order, and a volatile
+  load of x's first pair after them, which every chunk of x waits on (x's other loads stay cached in L1), makes
+  every weight load issue before the first use of any;
 - where N makes too few programs to fill the multiprocessors, K is split over a second grid axis; the slices'
   float32 sums are added by gpu/kernels/fp8_gemm.py's reduce pass.
 
@@ -91,11 +92,15 @@ def _int4_wide_gemv_kernel(
         k_pairs = tl.multiple_of(k >> 1, 512)
         if EVEN_K:
             words = tl.load(q_rows + k_words + word_ids, volatile=IN_ORDER)
-            x_pairs = tl.load(x_pairs_ptr + k_pairs + pair_ids, volatile=IN_ORDER)
+            x_pairs = tl.load(x_pairs_ptr + k_pairs + pair_ids)
         else:
             words = tl.load(q_rows + k_words + word_ids, mask=k_words + word_ids < num_words, other=0,
                             volatile=IN_ORDER)
-            x_pairs = tl.load(x_pairs_ptr + k_pairs + pair_ids, mask=k + pair_ids * 2 < K, other=0, volatile=IN_ORDER)
+            x_pairs = tl.load(x_pairs_ptr + k_pairs + pair_ids, mask=k + pair_ids * 2 < K, other=0)
+        if IN_ORDER:  # x's first pair again, volatile, so after every word; each chunk's first pair waits on it (a
+            # select the compiler cannot fold; it takes the pair's own value, where its condition holds at all)
+            is_first = ((pair_ids & 15) == 0) & (pair_ids * 2 == k_start - k)
+            x_pairs = tl.where(is_first, tl.load(x_pairs_ptr + k_pairs, volatile=True), x_pairs)
         if PREFETCH > 0:
             _prefetch_tile(q_rows, s_ptr, z_ptr, o_ptr, rows_offset, k + PREFETCH * BLOCK_K, k_end, num_groups, GROUP,
                            HAS_ZEROS, HAS_OFFSETS, C)

@@ -72,7 +72,7 @@ class WideGemvTiles:
     num_warps: int
     split_k: int
     prefetch: int  # tiles ahead fetched into L2 (0: none)
-    in_order: bool = False  # the tile's loads volatile, which ptxas issues in order: all before the first use
+    in_order: bool = False  # the weights' loads volatile, which ptxas issues in order: all before the first use
 
     def __post_init__(self) -> None:
         is_power_of_two = [size > 0 and size & (size - 1) == 0 for size in (self.block_n, self.block_k)]
