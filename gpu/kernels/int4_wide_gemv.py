@@ -4,9 +4,9 @@ arithmetic: `tile_sums`) laid out to keep more weight bytes in flight a multipro
 The row GEMV loads the next tile's words into registers while it multiplies the current one; compiled, ptxas moves
 those loads to the end of the loop body (nothing in the iteration uses them, so a scheduler that saves registers
 puts them last), and the next iteration waits on them almost the whole memory latency. Here:
-- tiles PREFETCH ahead are fetched into L2 (`prefetch`: no registers, nothing waits on it), the first ones before
-  waiting on the kernel that writes x (weights never depend on it), so the loads of a tile wait on L2, not memory,
-  wherever ptxas places them;
+- tiles PREFETCH ahead are fetched into L2 (`prefetch`: no registers, nothing waits on it), the first ones and the
+  slice's scales (zero points, offsets) before waiting on the kernel that writes x (weights never depend on it), so
+  the loads of a tile wait on L2, not memory, wherever ptxas places them;
 - each iteration loads its own tile, a thread's BLOCK_N x BLOCK_K / (1,024 num_warps) 16-byte loads, several of
   each row where BLOCK_K spans more columns than the warps' threads; ptxas still spreads them over the iteration
   to save registers, unless IN_ORDER makes them volatile: ptxas keeps volatile accesses in order, and a volatile
@@ -47,20 +47,23 @@ def _prefetch_to_l2(pointers, is_wanted):
 
 
 @triton.jit
-def _prefetch_tile(q_rows, s_ptr, z_ptr, o_ptr, rows_offset, k, k_end, num_groups, GROUP: tl.constexpr,
-                   HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr, C: tl.constexpr):
-    """The tile from column k on into L2, its columns before k_end only (the program's slice): its words (a prefetch
-    at each 16-byte load's first word: every line, whatever L2's fetch granularity) and its group values."""
+def _prefetch_words(q_rows, k, k_end, C: tl.constexpr):
+    """The tile of words from column k on into L2, its columns before k_end only (the program's slice): a prefetch at
+    each 16-byte load's first word (every line, whatever L2's fetch granularity)."""
     chunk_cols = k + tl.arange(0, C)[None, None, :] * 32  # [1, 1, C]
     words = q_rows + (chunk_cols >> 3)  # [1, BLOCK_N, C]
-    is_wanted = tl.broadcast_to(chunk_cols < k_end, words.shape)
-    _prefetch_to_l2(words, is_wanted)
-    groups = rows_offset + tl.minimum((chunk_cols.to(tl.uint32) // GROUP).to(tl.int32), num_groups - 1)
-    _prefetch_to_l2(s_ptr + groups, is_wanted)
-    if HAS_ZEROS:
-        _prefetch_to_l2(z_ptr + groups, is_wanted)
-    if HAS_OFFSETS:
-        _prefetch_to_l2(o_ptr + groups, is_wanted)
+    _prefetch_to_l2(words, tl.broadcast_to(chunk_cols < k_end, words.shape))
+
+
+@triton.jit
+def _prefetch_groups(ptr, rows_offset, k_start, k_end, num_groups, GROUP: tl.constexpr, C: tl.constexpr):
+    """A per-group tensor's values for the program's slice into L2, a prefetch a 128-byte line (64 16-bit values) of
+    each row: C lines a row at most."""
+    first = k_start // GROUP
+    last = tl.minimum((k_end - 1) // GROUP, num_groups - 1)
+    groups = first + tl.arange(0, C)[None, None, :] * 64  # [1, 1, C]
+    pointers = ptr + rows_offset + groups  # [1, BLOCK_N, C]
+    _prefetch_to_l2(pointers, tl.broadcast_to(groups <= last, pointers.shape))
 
 
 @triton.jit(do_not_specialize=["N"])
@@ -80,9 +83,14 @@ def _int4_wide_gemv_kernel(
     word_ids, pair_ids = tile_ids(C)
     k_start = tl.program_id(1) * k_per_split  # a whole number of tiles
     k_end = tl.minimum(k_start + k_per_split, K)
+    if PREFETCH > 0:
+        _prefetch_groups(s_ptr, rows_offset, k_start, k_end, num_groups, GROUP, C)
+        if HAS_ZEROS:
+            _prefetch_groups(z_ptr, rows_offset, k_start, k_end, num_groups, GROUP, C)
+        if HAS_OFFSETS:
+            _prefetch_groups(o_ptr, rows_offset, k_start, k_end, num_groups, GROUP, C)
     for ahead in tl.static_range(PREFETCH):
-        _prefetch_tile(q_rows, s_ptr, z_ptr, o_ptr, rows_offset, k_start + ahead * BLOCK_K, k_end, num_groups, GROUP,
-                       HAS_ZEROS, HAS_OFFSETS, C)
+        _prefetch_words(q_rows, k_start + ahead * BLOCK_K, k_end, C)
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
@@ -102,8 +110,7 @@ def _int4_wide_gemv_kernel(
             is_first = ((pair_ids & 15) == 0) & (pair_ids * 2 == k_start - k)
             x_pairs = tl.where(is_first, tl.load(x_pairs_ptr + k_pairs, volatile=True), x_pairs)
         if PREFETCH > 0:
-            _prefetch_tile(q_rows, s_ptr, z_ptr, o_ptr, rows_offset, k + PREFETCH * BLOCK_K, k_end, num_groups, GROUP,
-                           HAS_ZEROS, HAS_OFFSETS, C)
+            _prefetch_words(q_rows, k + PREFETCH * BLOCK_K, k_end, C)
         sums += tile_sums(words, x_pairs, k, s_ptr, z_ptr, o_ptr, rows_offset, num_groups, GROUP, ZERO_LOW,
                           ZERO_HIGH, HAS_ZEROS, HAS_OFFSETS, x_ptr.dtype.element_ty == tl.bfloat16, BLOCK_N, C)
     y = tl.reduce(tl.reduce(sums, 2, add), 0, add) * LEVEL_SCALE  # [BLOCK_N]

@@ -510,7 +510,7 @@ QWEN3_8B_PRODUCTS = ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (
 WIDE_GEMV_TILES = sorted({wide_gemv_tiles(n, k) for n, k in QWEN3_8B_PRODUCTS} | {
     WideGemvTiles(4, 2048, 1, 1, 2, True), WideGemvTiles(4, 4096, 1, 1, 1), WideGemvTiles(8, 1024, 1, 1, 2, True),
     WideGemvTiles(8, 2048, 2, 1, 1), WideGemvTiles(4, 4096, 2, 1, 2)}, key=repr)
-MAX_WIDE_INSTRUCTIONS_PER_WEIGHT = {"symmetric": 3.05, "zeros": 3.45, "offsets": 3.9}  # x's scaling, not prefetches
+MAX_WIDE_INSTRUCTIONS_PER_WEIGHT = {"symmetric": 3.0, "zeros": 3.25, "offsets": 3.7}  # x's scaling, not prefetches
 LOAD_128 = re.compile(r"\bLDG\.E\.128(?:\.\w+)*\s+R(\d+)")
 
 
@@ -563,10 +563,10 @@ def wide_gemv_loop(kind: str, group: int, t: WideGemvTiles) -> tuple[list[str], 
 @pytest.mark.parametrize(("kind", "group"), [("symmetric", 128), ("zeros", 128), ("offsets", 32)])
 def test_wide_gemv_keeps_loads_in_flight(t: WideGemvTiles, kind: str, group: int) -> None:
     """The wide row GEMV's loop reads weights and x in 16-byte loads, fetches the tile `prefetch` ahead into L2 (one
-    prefetch a 16-byte load and a group value, a line each), issues few instructions per weight, and touches no
-    shared memory, waits at no barrier, spills nothing. Where its loads are in order, every weight load issues
-    before any is used; else x's first 32 columns and a weight load at least (ptxas spreads the others over the
-    iteration, each a wait on L2 where the tile was fetched ahead)."""
+    prefetch a 16-byte load: a line each; the group values' before the loop), issues few instructions per weight,
+    and touches no shared memory, waits at no barrier, spills nothing. Where its loads are in order, every weight
+    load issues before any is used; else x's first 32 columns and a weight load at least (ptxas spreads the others
+    over the iteration, each a wait on L2 where the tile was fetched ahead)."""
     loop, spilled = wide_gemv_loop(kind, group, t)
     assert not [line for line in loop if SHARED_OR_SPILL.search(line)] and spilled == 0, loop
     loads_per_row = t.block_k // (1024 * t.num_warps)
@@ -577,7 +577,7 @@ def test_wide_gemv_keeps_loads_in_flight(t: WideGemvTiles, kind: str, group: int
         assert len(weights) == t.block_n * loads_per_row and max(weights) < token < first_use(loop, weights), loop
     else:
         assert loads_before_first_use(loop) >= 5, loop
-    prefetches = (2 if kind == "symmetric" else 3) * t.block_n * loads_per_row if t.prefetch else 0
+    prefetches = t.block_n * loads_per_row if t.prefetch else 0  # the group values' before the loop
     assert sum("CCTL.E.PF2" in line for line in loop) == prefetches
     per_weight = (len(loop) - prefetches) / (t.block_n * loads_per_row * 32)
     assert per_weight <= MAX_WIDE_INSTRUCTIONS_PER_WEIGHT[kind], (t, kind, per_weight)
