@@ -79,12 +79,10 @@ def run_workload(engine: LLMEngine, requests: list[Request], max_seconds: float 
     while engine.has_unfinished_requests():
         engine.step()
     after = engine.stats()
-    return EngineRun(
-        num_requests=len(requests), num_output_tokens=num_tokens, seconds=seconds, num_steps=num_steps,
-        num_preemptions=after.num_preemptions - before.num_preemptions,
-        num_prefix_hit_tokens=after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens,
-        is_partial=is_partial,
-    )
+    return EngineRun(num_requests=len(requests), num_output_tokens=num_tokens, seconds=seconds, num_steps=num_steps,
+                     num_preemptions=after.num_preemptions - before.num_preemptions,
+                     num_prefix_hit_tokens=after.num_prefix_cache_hit_tokens - before.num_prefix_cache_hit_tokens,
+                     is_partial=is_partial)
 
 
 @dataclass(frozen=True)

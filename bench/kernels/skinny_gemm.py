@@ -109,13 +109,15 @@ def many_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
 
 
 def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]:
-    if weights != "bf16":  # the tensor-core rule; GEMV tiles of 1..4 16-byte loads a thread; int4's wide row GEMV
-        sizes = itertools.product((2, 4, 8, 16), (256, 512, 1024, 2048, 4096), (4, 8))  # (block_n, block_k, warps)
-        per_byte = 2 if weights == "int4" else 1
+    if weights != "bf16":  # tensor cores; quant_gemv tiles of 1..4 loads a thread; FP8 at one row also fp8_row_gemv's
+        sizes = list(itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048, 4096), (1, 2, 4, 8)))  # (bn, bk, warps)
+        row = [GemvTiles(1, bn, bk, w) for bn, bk, w in sizes if (weights, bucket) == ("fp8", 1) and bn <= 8 and bk <= k
+               and 512 * w <= max(bk, 512) and 2 <= bn * bk / (512 * w) <= 8]  # its launch shapes: 2..8 loads a thread
         wide = [WideGemvTiles(bn, c * w << 10, w, s, p, o) for (bn, c, w), (p, o), s in itertools.product(*WIDE, (1, 2))
-                if (weights, bucket) == ("int4", 1) and s * c * w << 10 <= k and (s == 1 or n <= 8192)]
-        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *wide, *(GemvTiles(bucket, bn, bk, w) for bn, bk, w
-                in sizes if 1 <= bn * bk / per_byte / (512 * w) <= 4 and bucket * bn * bk <= 4096 * w and bk <= k)]
+                if (weights, bucket) == ("int4", 1) and s * c * w << 10 <= k and (s == 1 or n <= 8192)]  # int4's wide
+        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *(GemvTiles(bucket, bn, bk, w, not row) for bn,
+                bk, w in sizes if bn > 1 and w >= 4 and 1 <= bn * bk / (2 if weights == "int4" else 1) / (512 * w) <= 4
+                and bucket * bn * bk <= 4096 * w and bk <= k)] + wide
     if bucket > FEW_ROWS:
         return many_row_candidates(bucket, n, k)
     if n > 8192:  # the lm_head: dot tiles, no split
@@ -219,8 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, object] = {"kind": kind, "torch": torch.__version__}
     if args.sweep:
         precompile(args.weights, shapes, rows, args.workers)
-        swept = sweep(args.weights, shapes, rows, candidates, args.budget_s,
-                      Path(args.out + ".partial") if args.out else None)
+        swept = sweep(args.weights, shapes, rows, candidates, args.budget_s, args.out and Path(args.out + ".partial"))
         result |= {"kind": f"{kind}-sweep", "rows": swept, "table": table_lines(args.weights, swept)}
         print("\n".join(table_lines(args.weights, swept)), flush=True)
     else:  # the table's or the rule's config

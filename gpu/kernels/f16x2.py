@@ -201,3 +201,33 @@ def nibbles_less_zero(word, zero_low, zero_high):
             "fma.rn.f16x2 $3, t3, sixteenth, $6; }",
             "=r,=r,=r,=r,r,r,r", [word, zero_low, zero_high], dtype=(tl.int32, tl.int32, tl.int32, tl.int32),
             is_pure=True, pack=1)
+
+
+@triton.jit
+def _e4m3_as_float(code):
+    """An e4m3 code (the low byte of int32 `code`) in float32, exactly: its bits less the sign placed at float16's
+    bits 7-14 read as the float16 of value / 256 (subnormals too: both formats' exponents line up 8 apart), then
+    times 256. The two NaN codes give a NaN, 0x7E00, where cvt gives 0x7FFF: the only bits the two differ in (weights
+    are never NaN)."""
+    bits = ((code & 0x7F) << 7).to(tl.int16).to(tl.float16, bitcast=True).to(tl.float32) * 256.0
+    value = bits * tl.where((code & 0x80) != 0, -1.0, 1.0)  # compiled negation is 0 - x, which loses -0's sign
+    return tl.where((code & 0x7F) == 0x7F, float("nan"), value)
+
+
+@triton.jit
+def f16x2_of_e4m3x4_twin(word):
+    pair_0 = _packed(_e4m3_as_float(word), _e4m3_as_float(word >> 8))
+    pair_1 = _packed(_e4m3_as_float(word >> 16), _e4m3_as_float(word >> 24))
+    return pair_0, pair_1
+
+
+@triton.jit
+def f16x2_of_e4m3x4(word):
+    """A word's four e4m3 codes (byte j: element j) as two float16 pairs, bytes 0-1 and 2-3, exactly (every e4m3
+    value is a float16): one cvt.rn.f16x2.e4m3x2 a pair (sm_89 and later)."""
+    if IS_INTERPRETED:
+        return f16x2_of_e4m3x4_twin(word)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [word], dtype=(tl.int32, tl.int32), is_pure=True, pack=1)

@@ -20,8 +20,9 @@ import triton
 import triton.language as tl
 
 from gpu.kernels.device_tables import device_name
+from gpu.kernels.fp8_row_gemv import fp8_row_gemv, takes_fp8_row_gemv
 from gpu.kernels.pdl import pdl_start, uses_pdl
-from gpu.kernels.quant_gemm_configs import GemvTiles, Tiles, quant_tiles, table_for
+from gpu.kernels.quant_gemm_configs import GemvTiles, Tiles, quant_tiles, runs_row_gemv, table_for
 from gpu.kernels.quant_gemv import fp8_gemv
 from gpu.kernels.skinny_gemm import _split_k_reduce_kernel, _store_tile  # one epilogue for every split-K GEMM here
 from gpu.kernels.triton_math import maximum
@@ -112,8 +113,9 @@ def fp8_gemm(x: torch.Tensor, weight: torch.Tensor, weight_scales: torch.Tensor,
         return y
     t = tiles or quant_tiles(m, n, k, "fp8", num_sms(x.device), table_for(device_name(x.device)))
     if isinstance(t, GemvTiles):
-        fp8_gemv(x, weight, weight_scales, scale_rows, None if is_per_row else scale_cols, bias, y, t,
-                 uses_pdl(use_pdl, x))
+        group = None if is_per_row else scale_cols
+        gemv = fp8_row_gemv if runs_row_gemv(t) and takes_fp8_row_gemv(x, weight, group) else fp8_gemv
+        gemv(x, weight, weight_scales, scale_rows, group, bias, y, t, uses_pdl(use_pdl, x))
         return y
     group = ACTIVATION_GROUP if is_per_row else scale_cols
     block_k = max(t.block_k, group)

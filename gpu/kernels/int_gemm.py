@@ -35,6 +35,7 @@ from gpu.kernels.quant_gemm_configs import (
     Tiles,
     WideGemvTiles,
     quant_tiles,
+    runs_row_gemv,
     table_for,
     tensor_core_tiles,
 )
@@ -208,7 +209,7 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
         int4_wide_gemv(x, weight, bias, y, t, uses_pdl(use_pdl, x))
         return y
     if isinstance(t, GemvTiles):
-        gemv = int4_row_gemv if t.rows == 1 and takes_row_gemv(weight, x) else int_gemv
+        gemv = int4_row_gemv if runs_row_gemv(t) and takes_row_gemv(weight, x) else int_gemv
         gemv(x, weight, bias, y, t, uses_pdl(use_pdl, x))
         return y
     k_per_split = triton.cdiv(triton.cdiv(k, t.split_k), t.block_k) * t.block_k
@@ -238,7 +239,7 @@ def _chosen_tiles(x: torch.Tensor, weight: "IntWeight") -> Tiles:
     gpu/kernels/quant_gemv.py."""
     (m, k), n, kind = x.shape, weight.weight.shape[0], f"int{weight.bits}"
     t = quant_tiles(m, n, k, kind, num_sms(x.device), table_for(device_name(x.device)))
-    if isinstance(t, GemvTiles) and kind == "int4" and t.rows == 1 and not takes_row_gemv(weight, x):
+    if runs_row_gemv(t) and kind == "int4" and not takes_row_gemv(weight, x):
         return tensor_core_tiles(m, n, k, kind, num_sms(x.device))
     return t
 

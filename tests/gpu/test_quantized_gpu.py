@@ -279,6 +279,31 @@ def test_int4_row_gemv_past_float16s_range(dtype: torch.dtype, x_scale: float, o
     _close(y, (x.double() @ stored.int_groups().dequantize().double().T).float(), 2e-3)
 
 
+@pytest.mark.parametrize(("dtype", "x_scale", "outlier"), [(torch.bfloat16, 1.0, None), (torch.bfloat16, 1e-6, None),
+                                                      (torch.bfloat16, 1e-2, 1e30), (torch.float16, 1.0, 6e4)])
+@pytest.mark.parametrize("block", [(128, 128), (1, K)])
+def test_fp8_row_gemv_against_the_reference(dtype: torch.dtype, x_scale: float, outlier: float | None,
+                                            block: tuple[int, int]) -> None:
+    """The one-row FP8 GEMV in packed float16 (gpu/kernels/fp8_row_gemv.py) at the rule's tiles, x of any
+    magnitude, block scales and a scale per row: within bf16's rounding of the products' magnitudes."""
+    from gpu.kernels.fp8_row_gemv import fp8_row_gemv, takes_fp8_row_gemv
+
+    g = torch.Generator(device="cuda").manual_seed(int(x_scale * 100) + block[0])
+    levels, scales = _fp8_weight(block, g)
+    x = torch.randn(1, K, device="cuda", generator=g) * x_scale
+    if outlier is not None:
+        x[0, ::97] = torch.linspace(-outlier, outlier, x[0, ::97].numel(), device="cuda")
+    x = x.to(dtype)
+    group = block[1] if block[0] > 1 else None
+    assert takes_fp8_row_gemv(x, levels, group)
+    y = torch.empty(1, N, device="cuda")
+    fp8_row_gemv(x, levels, scales, block[0], group, None, y, gemv_tiles(1, K, "fp8"), False)
+    weight = dequantize_blocks(levels, scales, block).double()
+    reference, magnitudes = x.double() @ weight.T, x.double().abs() @ weight.abs().T
+    assert y.isfinite().all()
+    assert ((y.double() - reference).abs() <= 2.0**-9 * magnitudes).all()
+
+
 def test_f16x2_ptx_equals_its_twins() -> None:
     """gpu/kernels/f16x2.py's PTX and the twins Triton's interpreter runs instead give the same bits on random
     float16 pairs of every magnitude and every 4-bit level (tests/unit/f16x2_interpreted_cases.py holds the twins
@@ -301,6 +326,41 @@ def test_f16x2_ptx_equals_its_twins() -> None:
             _pair_ops_kernel[(size // 1024,)](halves[1].to(dtype).view(torch.int32), b, pairs[i], size, IS_BF16=is_bf16,
                                               TWIN=twin, BLOCK=1024)
         assert torch.equal(pairs[0], pairs[1]), dtype
+
+
+def test_e4m3_ptx_equals_its_twin() -> None:
+    """cvt.rn.f16x2.e4m3x2 and f16x2_of_e4m3x4's twin give the same bits for every non-NaN e4m3 code at every byte
+    of a word, and both a NaN for the NaN codes (0x7F, 0xFF: NaNs of different bits, 0x7FFF and 0x7E00; weights are
+    never NaN). The twin is held to torch's float8 -> float16 in tests/unit/f16x2_interpreted_cases.py."""
+    size = 1 << 16
+    words = torch.randint(-(1 << 31), 1 << 31, (size,), device="cuda", dtype=torch.int64).to(torch.int32)
+    words[:64] = torch.arange(256, device="cuda", dtype=torch.uint8).view(torch.int32)  # each code in each byte
+    words[64:128] = torch.arange(256, device="cuda", dtype=torch.uint8).roll(1).view(torch.int32)
+    out = torch.zeros(2, 2, size, device="cuda", dtype=torch.int32)
+    for i, twin in enumerate((False, True)):
+        _e4m3_kernel[(size // 1024,)](words, out[i], size, TWIN=twin, BLOCK=1024)
+    # [PTX or twin, word, byte]: pair p's low half converts byte 2p, its high half byte 2p + 1
+    halves = out.view(torch.int16).view(2, 2, size, 2).permute(0, 2, 1, 3).reshape(2, size, 4)
+    is_nan = (words.view(torch.uint8).view(size, 4) & 0x7F) == 0x7F
+    assert is_nan.any() and (~is_nan).any()
+    differs = (halves[0] != halves[1]) & ~is_nan
+    codes = words.view(torch.uint8).view(size, 4)[differs]
+    assert not differs.any(), (f"codes {codes.unique()[:16].tolist()}: PTX {halves[0][differs][:8].tolist()}, twin "
+                               f"{halves[1][differs][:8].tolist()}")
+    assert halves.view(torch.float16)[:, is_nan].isnan().all()
+
+
+@triton.jit
+def _e4m3_kernel(words_ptr, out_ptr, size, TWIN: tl.constexpr, BLOCK: tl.constexpr):
+    """f16x2_of_e4m3x4 (its twin where TWIN) on a block of words, into rows of out."""
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    word = tl.load(words_ptr + offs)
+    if TWIN:
+        pair_0, pair_1 = f16x2.f16x2_of_e4m3x4_twin(word)
+    else:
+        pair_0, pair_1 = f16x2.f16x2_of_e4m3x4(word)
+    tl.store(out_ptr + offs, pair_0)
+    tl.store(out_ptr + size + offs, pair_1)
 
 
 @triton.jit

@@ -127,3 +127,28 @@ def test_pair_max_and_product_as_the_ptx(is_bf16: bool) -> None:
     sign = np.where(np.signbit(a_float) ^ np.signbit(b_float), -1.0, 1.0)
     assert (out[0] == _of_float(sign * np.maximum(np.abs(a_float), np.abs(b_float)), is_bf16)).all()
     assert (out[1] == _of_float(a_float * b_float, is_bf16)).all()  # float64 products of 16-bit floats are exact
+
+
+@triton.jit
+def _e4m3_kernel(words_ptr, out_ptr, BLOCK: tl.constexpr):
+    """f16x2_of_e4m3x4 on a block of words: out rows pair 0 (bytes 0-1), pair 1 (bytes 2-3)."""
+    offs = tl.arange(0, BLOCK)
+    pair_0, pair_1 = f16x2.f16x2_of_e4m3x4(tl.load(words_ptr + offs))
+    tl.store(out_ptr + offs, pair_0)
+    tl.store(out_ptr + BLOCK + offs, pair_1)
+
+
+def test_e4m3_codes_become_float16_pairs_exactly() -> None:
+    """All 256 e4m3 codes at each of a word's 4 bytes against torch's float8_e4m3fn -> float16 (exact; the NaN
+    codes NaN), as cvt.rn.f16x2.e4m3x2 converts them: the low byte into the low half."""
+    codes = np.arange(SIZE * 4, dtype=np.uint32).reshape(SIZE, 4) * np.array([1, 7, 13, 29], dtype=np.uint32) % 256
+    codes = codes.astype(np.uint8)
+    words = codes.reshape(-1).view(np.int32)
+    out = torch.zeros(2 * SIZE, dtype=torch.int32)
+    _e4m3_kernel[(1,)](torch.from_numpy(words), out, BLOCK=SIZE)
+    halves = out.numpy().reshape(2, SIZE).view(np.float16).reshape(2, SIZE, 2)
+    got = np.concatenate([halves[0], halves[1]], axis=1)  # [SIZE, 4] in byte order
+    expected = torch.from_numpy(codes).view(torch.float8_e4m3fn).to(torch.float16).numpy()
+    assert (np.isnan(got) == np.isnan(expected)).all() and np.isnan(expected).any()
+    finite = ~np.isnan(expected)
+    assert (got[finite].view(np.uint16) == expected[finite].view(np.uint16)).all()  # -0 stays -0

@@ -20,12 +20,14 @@ from gpu.kernels import (  # noqa: E402
     decode_attention,
     fp8_gemm,
     fp8_quant,
+    fp8_row_gemv,
     int4_row_gemv,
     int4_wide_gemv,
     int_gemm,
     moe_route,
     prefill_attention,
     qk_norm_rope,
+    quant_gemm_configs,
     quant_gemv,
     rms_norm,
     silu_and_mul,
@@ -594,6 +596,43 @@ def test_row_gemv_loop_issues_its_next_tile_last() -> None:
     assert loads[4] > 0.75 * len(loop), loads
 
 
+FP8_ROW_GEMV_TABLE_TILES = sorted({(n, k, tiles) for (kind, rows, n, k), tiles in
+                                   quant_gemm_configs.TABLES["H100"].items()
+                                   if kind == "fp8" and quant_gemm_configs.runs_row_gemv(tiles)}, key=repr)
+FP8_ROW_GEMV_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
+                          "out_ptr": "*bf16"}
+# SASS, per thread, in the loop at the H100 table's tiles (the float32 GEMV of quant_gemv.py: 8.5 to 12)
+MAX_FP8_INSTRUCTIONS_PER_WEIGHT = 4.2
+
+
+def fp8_row_gemv_loop(t: GemvTiles) -> tuple[list[str], int, int]:
+    """(the SASS of the FP8 row GEMV's loop less its NOPs, spilled bytes, weights a thread multiplies a pass) at
+    128x128 block scales and x in bf16, launched as fp8_row_gemv launches it."""
+    kernel = fp8_row_gemv._fp8_row_gemv_kernel
+    block_n, block_k, num_warps = fp8_row_gemv.launch_shape(t)
+    constexprs = dict(SCALE_ROWS=128, GROUP=128, BLOCK_SCALES=True, HAS_BIAS=False, EVEN_K=True, USE_PDL=True,
+                      BLOCK_N=block_n, BLOCK_K=block_k)
+    signature = {name: FP8_ROW_GEMV_SIGNATURE.get(name, "i32") for name in kernel.arg_names if name not in constexprs}
+    compiled = compiled_as_launched(kernel, signature, constexprs, num_warps, 1, frozenset({"K", "stride_wn"}),
+                                    enable_fp_fusion=True)
+    (loop,) = loop_bodies(cubin_sass(compiled))
+    weights = block_n * block_k // (32 * num_warps)
+    return [line for line in loop if line != "NOP"], spilled_bytes(compiled), weights
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize(("n", "k", "t"), FP8_ROW_GEMV_TABLE_TILES)
+def test_fp8_row_gemv_issues_few_instructions_per_weight(n: int, k: int, t: GemvTiles) -> None:
+    """At the H100 table's one-row FP8 tiles the loop issues at most MAX_FP8_INSTRUCTIONS_PER_WEIGHT instructions
+    per weight (a conversion per pair, a packed multiply-add per pair, x's scaling shared by the rows): two
+    conversions and a float32 multiply-add per weight could not keep up with the memory. One cvt.rn.f16x2.e4m3x2
+    (F2FP ... E4M3) per pair; no shared memory, barrier or spill in the loop."""
+    loop, spilled, weights = fp8_row_gemv_loop(t)
+    assert not [line for line in loop if SHARED_OR_SPILL.search(line)] and spilled == 0, loop
+    assert sum("E4M3" in line for line in loop) == weights // 2
+    assert len(loop) / weights <= MAX_FP8_INSTRUCTIONS_PER_WEIGHT, (n, k, len(loop) / weights)
+
+
 if __name__ == "__main__":  # python -m tests.unit.test_kernels_compile_for_hopper: the counts the bounds above hold
     for t in ROW_GEMV_SWEPT_TILES:
         counts = {kind: len(row_gemv_loop(kind, t)[0]) for kind in ("symmetric", "zeros")}
@@ -604,3 +643,6 @@ if __name__ == "__main__":  # python -m tests.unit.test_kernels_compile_for_hopp
             weights = t.block_n * t.block_k // (32 * t.num_warps)
             print(t, kind, round((len(loop) - sum("CCTL" in line for line in loop)) / weights, 2),
                   loads_before_first_use(loop), sum(bool(LOAD_128.search(line)) for line in loop))
+    for n, k, t in FP8_ROW_GEMV_TABLE_TILES:
+        loop, _, weights = fp8_row_gemv_loop(t)
+        print("fp8", n, k, t, round(len(loop) / weights, 2))

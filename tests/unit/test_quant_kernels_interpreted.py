@@ -427,3 +427,78 @@ def test_row_gemv_leaves_act_order_and_two_rows_to_the_other_kernels(int_kernel:
     stored = to_kernel_form(_int_groups(4, 64, "zeros", 12, 256, g), torch.float16)
     assert row_gemv.takes_row_gemv(stored, torch.zeros(1, 256).half())
     assert not row_gemv.takes_row_gemv(stored, torch.zeros(2, 256).half())
+
+
+@pytest.fixture(scope="module")
+def fp8_row_gemv() -> ModuleType:
+    return interpreted("fp8_row_gemv")
+
+
+def _fp8_levels(n: int, k: int, block: tuple[int, int], g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """FP8 levels [n, k] spanning e4m3's range (subnormals to 448, both signs) and their scales for `block`."""
+    levels = (torch.randn(n, k, generator=g) * torch.exp2(torch.randint(-8, 8, (n, k), generator=g).float()))
+    levels = levels.clamp(-448, 448).to(torch.float8_e4m3fn)
+    scales = torch.rand(-(-n // block[0]), -(-k // block[1]), generator=g) * 1e-3 + 1e-4
+    return levels, scales
+
+
+@pytest.mark.parametrize(("n", "k", "block", "tiles"), [
+    (13, 320, (128, 128), GemvTiles(1, 4, 256, 4)), (9, 512, (128, 128), GemvTiles(1, 8, 512, 8)),
+    (7, 384, (16, 64), GemvTiles(1, 2, 128, 1)), (6, 96, (1, 96), GemvTiles(1, 4, 64, 1)),
+    (5, 1024, (128, 128), GemvTiles(1, 16, 512, 4))])
+def test_fp8_row_gemv_equals_the_dequantized_product(fp8_row_gemv: ModuleType, n: int, k: int,
+                                                     block: tuple[int, int], tiles: GemvTiles) -> None:
+    """One row of float16 x: ragged N, K past the tile, block scales of several shapes and one scale per row, a bias
+    and a column slice of a wider output."""
+    g = torch.Generator().manual_seed(n * k + block[1])
+    levels, scales = _fp8_levels(n, k, block, g)
+    x = torch.randn(1, k, generator=g).half()
+    bias = torch.randn(n, generator=g).half()
+    is_per_row = block[1] >= k and block[0] == 1
+    group = None if is_per_row else block[1]
+    assert fp8_row_gemv.takes_fp8_row_gemv(x, levels, group)
+    out = torch.zeros(1, n + 8, dtype=torch.float16)
+    fp8_row_gemv.fp8_row_gemv(x, levels, scales, block[0], group, bias, out[:, 4 : 4 + n],
+                              fp8_row_gemv.GemvTiles(**tiles.__dict__), False)
+    _close(out[:, 4 : 4 + n], x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
+    assert not out[:, :4].any() and not out[:, 4 + n :].any()
+
+
+@pytest.mark.parametrize(("dtype", "x_scale", "outlier"), ROW_GEMV_X)
+def test_fp8_row_gemv_holds_x_of_any_magnitude(fp8_row_gemv: ModuleType, dtype: torch.dtype, x_scale: float,
+                                               outlier: float | None) -> None:
+    """x from bf16's tiny values to past float16's range, in float16 as far as its subnormals, FP8 levels up to 448,
+    into float32 outputs: products in float16 pairs (of x scaled a chunk at a time by a power of two) summed in
+    float16 through 8 products, so within bf16's rounding of the products' magnitudes."""
+    g = torch.Generator().manual_seed(int(x_scale * 1000) + 11)
+    n, k, block = 64, 512, (128, 128)
+    levels, scales = _fp8_levels(n, k, block, g)
+    levels[:, ::7] = torch.full((n, levels[:, ::7].shape[1]), 448.0).to(torch.float8_e4m3fn)  # e4m3's largest
+    x = torch.randn(1, k, generator=g) * x_scale
+    if outlier is not None:
+        x[0, ::61] = outlier * torch.linspace(-1, 1, x[0, ::61].numel())
+    x = x.to(dtype)
+    y = torch.zeros(1, n)
+    fp8_row_gemv.fp8_row_gemv(x, levels, scales, 128, 128, None, y, fp8_row_gemv.GemvTiles(1, 4, 256, 2), False)
+    weight = dequantize_blocks(levels, scales, block).double()
+    reference, magnitudes = x.double() @ weight.T, x.double().abs() @ weight.abs().T
+    assert y.isfinite().all()
+    # bf16-like: within half a bf16 rounding (2^-9) of the sum of the products' magnitudes, as bf16 products would be
+    assert ((y.double() - reference).abs() <= 2.0**-9 * magnitudes).all(), (y.double() - reference).abs().max()
+
+
+def test_fp8_tiles_choose_the_row_gemv_or_quant_gemvs(fp8_kernel: ModuleType) -> None:
+    """One row on GEMV tiles runs fp8_row_gemv, and on tiles a table entry marks `is_row_gemv=False` quant_gemv.py's
+    GEMV (float32 products: other low bits than the packed float16 sums'), each bit for bit as called directly."""
+    g = torch.Generator().manual_seed(5)
+    levels, scales = _fp8_levels(16, 512, (128, 128), g)
+    x = torch.randn(1, 512, generator=g).half()
+    results = []
+    for is_row_gemv, direct in ((True, fp8_kernel.fp8_row_gemv), (False, fp8_kernel.fp8_gemv)):
+        tiles = fp8_kernel.GemvTiles(1, 4, 256, 4, is_row_gemv=is_row_gemv)
+        y, expected = torch.zeros(1, 16), torch.zeros(1, 16)
+        fp8_kernel.fp8_gemm(x, levels, scales, (128, 128), out=y, tiles=tiles)
+        direct(x, levels, scales, 128, 128, None, expected, tiles, False)
+        assert torch.equal(y, expected), is_row_gemv
+        results.append(y)
+    assert not torch.equal(*results)
