@@ -13,7 +13,7 @@ end, so the largest key is the longest n and, among those, the latest end. The s
 holds a match of MAX_N (no earlier end can beat it). Work per row is O(length * MAX_N) at most; no host sync, and
 the grid and shapes depend only on the tensors' shapes (CUDA-graph capturable).
 Invariants the wrapper checks: history [R, L] int32 with unit stride along L, lengths [R] int32, on one device;
-L < 2**END_BITS. Lengths above L count as L (the kernel never reads past a row).
+0 < L < 2**END_BITS. Lengths above L count as L (the kernel never reads past a row).
 """
 
 import torch
@@ -86,8 +86,8 @@ def _check(history: torch.Tensor, lengths: torch.Tensor, max_drafts: int, min_n:
     if history.dim() != 2 or history.dtype != torch.int32 or history.stride(1) != 1:
         raise ValueError(f"history must be 2-d int32 with unit stride along the tokens, got {history.dtype} "
                          f"{tuple(history.shape)} strides {history.stride()}")
-    if history.shape[1] >= 1 << END_BITS:
-        raise ValueError(f"history holds at most {(1 << END_BITS) - 1} tokens a row, got {history.shape[1]}")
+    if not 0 < history.shape[1] < 1 << END_BITS:  # the kernel reads a row's first token whatever its length
+        raise ValueError(f"history holds 1 to {(1 << END_BITS) - 1} tokens a row, got {history.shape[1]}")
     if lengths.shape != history.shape[:1] or lengths.dtype != torch.int32 or not lengths.is_contiguous():
         raise ValueError(f"lengths must be contiguous [{history.shape[0]}] int32, got {lengths.dtype} "
                          f"{tuple(lengths.shape)}")

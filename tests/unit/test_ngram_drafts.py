@@ -32,6 +32,7 @@ def test_drafts_equal_lookup_drafts_under_the_interpreter() -> None:
     (torch.zeros(2, 5, dtype=torch.int64), torch.zeros(2, dtype=torch.int32), (4, 1, 3)),
     (torch.zeros(2, 5, dtype=torch.int32)[:, ::2], torch.zeros(2, dtype=torch.int32), (4, 1, 3)),
     (torch.zeros(2, 5, dtype=torch.int32), torch.zeros(3, dtype=torch.int32), (4, 1, 3)),
+    (torch.zeros(2, 0, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), (4, 1, 3)),
     (torch.zeros(2, 5, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), (0, 1, 3)),
     (torch.zeros(2, 5, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), (4, 0, 3)),
     (torch.zeros(2, 5, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), (4, 3, 2)),
