@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 from transformers import PretrainedConfig
 
-from gpu import backend_choice, kv_cache, kv_cache_groups, remembered_backends, state_cache
+from gpu import backend_choice, device_verification, kv_cache, kv_cache_groups, remembered_backends, state_cache
 from gpu.attention.backend import (
     AttentionBackend,
     PhasedBackend,
@@ -41,6 +41,7 @@ from gpu.cpu_decode import CpuDecodeSteps, unavailable_reason
 from gpu.cpu_kernels import NO_CPU_KERNELS, CpuKernels, load_cpu_kernels
 from gpu.cpu_packing import cpu_packing, first_layer_on_a_grid, has_native_bfloat16, pack_linear_layers
 from gpu.cuda_graphs import DecodeGraphs
+from gpu.device_verification import DeviceVerifiedStep, DeviceVerifyBatch
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.dummy_weights import DEFAULT_STD, init_dummy_weights
 from gpu.host_to_device import pack_block_tables, to_device, write_block_tables
@@ -68,6 +69,7 @@ from gpu.quant import (
 from gpu.quant.method import QuantScheme
 from gpu.runner import run_step
 from gpu.sampler import FUSED_DTYPES, GraphDraw, Sampler
+from gpu.token_history import TokenHistory
 
 logger = logging.getLogger(__name__)
 
@@ -149,6 +151,10 @@ class ModelRunner:
         # Before the KV cache is sized, so its memory is counted: [max_num_seqs, vocab] int32 + bool.
         self.penalty_state = PenaltyState(config.max_num_seqs, self.vocab_size, self.device)
         self.sampler = Sampler(self.device, config.seed, config.kernels, self.penalty_state)
+        # Speculative decoding by prompt lookup, verified in steps laid out on the device (gpu/device_verification.py):
+        # [max_num_seqs, max_model_len + 1] int32, allocated before the KV cache is sized too.
+        self.token_history = (TokenHistory(config.max_num_seqs, config.max_model_len, self.device)
+                              if config.keeps_token_history else None)
         # The decode graphs' logits when they sample (_samples_in_graphs), counted before the KV cache is sized too.
         self._graph_logits = (torch.empty(config.max_num_seqs, self.vocab_size, dtype=self.dtype, device=self.device)
                               if self._samples_in_graphs() else None)
@@ -626,6 +632,19 @@ class ModelRunner:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
         logits = self.model.compute_logits(hidden[to_device(token_indices, np.int64, self.device)]) if rows else None
         return self._sample(batch, rows, logits, prompt)
+
+    @torch.inference_mode()
+    def launch_verification_on_device(self, batch: DeviceVerifyBatch) -> DeviceVerifiedStep:
+        """Queues a verifying step laid out on the device from the token history (gpu/device_verification.py) and
+        returns without waiting for it: its drafts, acceptance and history update run on the device too, so the
+        next such step can be queued before this one's tokens reach the host. Runs eagerly."""
+        assert self.token_history is not None and self.tp.is_first, "a runner built to keep the token history"
+        self.token_history.fill(batch.fills)
+        inputs = device_verification.lay_out(self.token_history, batch, self.config.block_size)
+        hidden = self.model(inputs.token_ids, inputs.positions, inputs.meta)
+        sampled = self.sampler.sample(self.model.compute_logits(hidden), device_verification.position_rows(batch))
+        self._last_sampled_ids = None  # the next step's tokens come from the history, never fed back
+        return device_verification.finish(self.token_history, inputs, sampled)
 
     def _sample(self, batch: Batch, rows: list[int], logits: torch.Tensor | None,
                 prompt: PackedPromptLogprobs | None) -> PendingStep | PendingLogits:

@@ -1,0 +1,122 @@
+"""A verifying step laid out on the device (speculative decoding by prompt lookup): its inputs come from the token
+history (gpu/token_history.py), not from the host, so it can be queued before the previous step's tokens reach the
+host, as a plain decode step is.
+
+Every row has the same shape, k + 1 query tokens: the last token of its history (the previous step's bonus token,
+whose K/V is not computed yet) and k drafts found in the history (gpu/kernels/ngram_drafts.py on CUDA, its torch
+equivalent elsewhere; a row without a match verifies k placeholder tokens, of which none is accepted). Its positions
+follow the history's length, its cache slots come from its block table, which the host sized for the longest the
+row can be (core/device_verification.py). After sampling at every position, a row accepts the drafts up to the
+first that differs from the token sampled before it, and appends the sampled tokens up to and including that one
+(the accepted drafts and the bonus token) to its history: the next step reads them there.
+"""
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+import torch
+
+from gpu.attention.metadata import AttentionMetadata
+from gpu.batch import RowSampling, StepResult
+from gpu.host_to_device import to_device, write_block_tables
+from gpu.pending_step import PendingStep, SampledRows
+from gpu.token_history import HistoryFill, TokenHistory, torch_ngram_drafts
+
+
+@dataclass(frozen=True)
+class DeviceVerifyBatch:
+    """What the host gives a verifying step laid out on the device: one row per running sequence."""
+
+    slots: list[int]  # [num_rows] each row's token-history slot, distinct
+    block_tables: list[list[int]]  # [num_rows][blocks]: covering every position the row may write
+    sampling: list[RowSampling]  # [num_rows]: no seed, penalties or token mask (the same at every position)
+    num_drafts: int  # k, the drafts every row verifies
+    min_n: int  # the n-gram lengths of the lookup (speculative_config's prompt_lookup_min and _max)
+    max_n: int
+    max_context_len: int  # at least any row's context once the step's K/V are written
+    fills: list[HistoryFill] = field(default_factory=list)  # written to the history first
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.slots)
+
+
+@dataclass(frozen=True)
+class VerifyInputs:
+    token_ids: torch.Tensor  # [num_rows * (k + 1)] int64
+    positions: torch.Tensor  # [num_rows * (k + 1)] int64
+    meta: AttentionMetadata
+    slots: torch.Tensor  # [num_rows] int64, the rows' history slots
+    drafts: torch.Tensor  # [num_rows, k] int64
+    num_drafts: torch.Tensor  # [num_rows] int64: k, or 0 where the lookup found nothing
+
+
+def lay_out(history: TokenHistory, batch: DeviceVerifyBatch, block_size: int) -> VerifyInputs:
+    """The step's inputs, computed on the device from the history (no host sync)."""
+    device, k = history.device, batch.num_drafts
+    tables = np.zeros((batch.num_rows, max(map(len, batch.block_tables))), dtype=np.int32)
+    write_block_tables(tables, batch.block_tables)
+    block_tables = to_device(tables, np.int32, device)
+    slots = to_device(np.asarray(batch.slots, dtype=np.int64), np.int64, device)
+    lengths = history.lengths[slots]
+    drafts, num_drafts = _drafts(history.tokens[slots], lengths, batch)
+    lengths = lengths.to(torch.int64)
+    bonus = history.tokens[slots, torch.clamp(lengths - 1, min=0)].to(torch.int64)
+    token_ids = torch.cat([bonus[:, None], drafts.to(torch.int64)], dim=1).reshape(-1)
+    positions = (lengths[:, None] - 1 + torch.arange(k + 1, device=device)).reshape(batch.num_rows, k + 1)
+    block_index = torch.clamp(positions // block_size, max=tables.shape[1] - 1)
+    slot_mapping = block_tables.to(torch.int64).gather(1, block_index) * block_size + positions % block_size
+    meta = AttentionMetadata(
+        slot_mapping=slot_mapping.reshape(-1),
+        query_start_loc=torch.arange(0, batch.num_rows * (k + 1) + 1, k + 1, dtype=torch.int32, device=device),
+        context_lens=(lengths + k).to(torch.int32), block_tables=block_tables, max_query_len=k + 1,
+        max_context_len=batch.max_context_len, is_decode_only=False)
+    return VerifyInputs(token_ids, positions.reshape(-1), meta, slots, drafts.to(torch.int64),
+                        num_drafts.to(torch.int64))
+
+
+def position_rows(batch: DeviceVerifyBatch) -> list[RowSampling]:
+    """The sampling of each position, row after row (a row's k + 1 positions sample alike: no seed)."""
+    width = batch.num_drafts + 1
+    return [row for row in batch.sampling for _ in range(width)]
+
+
+def num_accepted(sampled: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.Tensor) -> torch.Tensor:
+    """[num_rows] the drafts each row accepts: its leading drafts that equal the token sampled at the position
+    before each. sampled [R, k + 1], drafts [R, k], num_drafts [R]."""
+    k = drafts.shape[1]
+    is_equal = (drafts == sampled[:, :k]) & (torch.arange(k, device=drafts.device) < num_drafts[:, None])
+    return is_equal.to(torch.int64).cumprod(dim=1).sum(dim=1)
+
+
+def finish(history: TokenHistory, inputs: VerifyInputs, sampled: SampledRows) -> "DeviceVerifiedStep":
+    """Accepts each row's drafts, appends its new tokens to the history and queues the copies to the host."""
+    tokens = sampled.token_ids.reshape(inputs.drafts.shape[0], -1)
+    accepted = num_accepted(tokens, inputs.drafts, inputs.num_drafts)
+    history.append(inputs.slots, tokens, accepted + 1)
+    counts = torch.stack([accepted, inputs.num_drafts])
+    counts_host = counts.to("cpu", non_blocking=True)  # queued before PendingStep records the event it waits on
+    return DeviceVerifiedStep(PendingStep(sampled), counts_host)
+
+
+class DeviceVerifiedStep:
+    """A verifying step laid out on the device, on its way to the host: its result has k + 1 sampled tokens a row
+    (`token_ids`, row after row) and each row's drafts and accepted drafts."""
+
+    def __init__(self, pending: PendingStep, counts: torch.Tensor) -> None:
+        self._pending = pending
+        self._counts = counts  # [2, num_rows] on the host once the step's event has passed
+
+    def result(self) -> StepResult:
+        result = self._pending.result()  # waits for the step, whose copies include the counts'
+        accepted, drafts = self._counts.tolist()
+        return replace(result, num_accepted=accepted, num_drafts=drafts)
+
+
+def _drafts(rows: torch.Tensor, lengths: torch.Tensor, batch: DeviceVerifyBatch) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's k drafts and their count (k or 0), from its slot's tokens ([R, max_model_len + 1] int32)."""
+    if rows.is_cuda:
+        from gpu.kernels.ngram_drafts import ngram_drafts  # noqa: PLC0415 - Triton only where there is a GPU
+
+        return ngram_drafts(rows, lengths, batch.num_drafts, batch.min_n, batch.max_n)
+    return torch_ngram_drafts(rows, lengths, batch.num_drafts, batch.min_n, batch.max_n)
