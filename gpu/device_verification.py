@@ -57,15 +57,18 @@ def lay_out(history: TokenHistory, batch: DeviceVerifyBatch, block_size: int) ->
     tables = np.zeros((batch.num_rows, max(map(len, batch.block_tables))), dtype=np.int32)
     write_block_tables(tables, batch.block_tables)
     block_tables = to_device(tables, np.int32, device)
-    slots = to_device(np.asarray(batch.slots, dtype=np.int64), np.int64, device)
+    num_blocks = np.fromiter(map(len, batch.block_tables), dtype=np.int64, count=batch.num_rows)
+    slots, num_blocks = to_device(np.concatenate([batch.slots, num_blocks]), np.int64, device).split(batch.num_rows)
     lengths = history.lengths[slots]
     drafts, num_drafts = _drafts(history.tokens[slots], lengths, batch)
     lengths = lengths.to(torch.int64)
     bonus = history.tokens[slots, torch.clamp(lengths - 1, min=0)].to(torch.int64)
     token_ids = torch.cat([bonus[:, None], drafts.to(torch.int64)], dim=1).reshape(-1)
     positions = (lengths[:, None] - 1 + torch.arange(k + 1, device=device)).reshape(batch.num_rows, k + 1)
-    block_index = torch.clamp(positions // block_size, max=tables.shape[1] - 1)
-    slot_mapping = block_tables.to(torch.int64).gather(1, block_index) * block_size + positions % block_size
+    block_index = positions // block_size
+    is_covered = block_index < num_blocks[:, None]  # always, where the host reserved the row's blocks
+    slot_mapping = block_tables.to(torch.int64).gather(1, torch.clamp(block_index, max=tables.shape[1] - 1))
+    slot_mapping = torch.where(is_covered, slot_mapping * block_size + positions % block_size, -1)  # -1: not written
     meta = AttentionMetadata(
         slot_mapping=slot_mapping.reshape(-1),
         query_start_loc=torch.arange(0, batch.num_rows * (k + 1) + 1, k + 1, dtype=torch.int32, device=device),
