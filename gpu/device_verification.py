@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from gpu.attention.metadata import AttentionMetadata
-from gpu.batch import RowSampling, StepResult
+from gpu.batch import Batch, RowSampling, StepResult
 from gpu.host_to_device import to_device, write_block_tables
 from gpu.pending_step import PendingStep, SampledRows
 from gpu.token_history import HistoryFill, TokenHistory, torch_ngram_drafts
@@ -76,6 +76,15 @@ def lay_out(history: TokenHistory, batch: DeviceVerifyBatch, block_size: int) ->
         max_context_len=batch.max_context_len, is_decode_only=False)
     return VerifyInputs(token_ids, positions.reshape(-1), meta, slots, drafts.to(torch.int64),
                         num_drafts.to(torch.int64))
+
+
+def host_shape(batch: DeviceVerifyBatch) -> Batch:
+    """The step as a plain batch of placeholders but for its shape and block tables: what a mixed-step graph
+    (gpu/mixed_graphs.py) is chosen and filled by before the device's values are written over it."""
+    num_tokens = batch.num_rows * (batch.num_drafts + 1)
+    return Batch(token_ids=[0] * num_tokens, positions=[0] * num_tokens, slot_mapping=[-1] * num_tokens,
+                 query_lens=[batch.num_drafts + 1] * batch.num_rows, context_lens=[0] * batch.num_rows,
+                 block_tables=batch.block_tables)
 
 
 def position_rows(batch: DeviceVerifyBatch) -> list[RowSampling]:

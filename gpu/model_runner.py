@@ -641,10 +641,20 @@ class ModelRunner:
         assert self.token_history is not None and self.tp.is_first, "a runner built to keep the token history"
         self.token_history.fill(batch.fills)
         inputs = device_verification.lay_out(self.token_history, batch, self.config.block_size)
-        hidden = self.model(inputs.token_ids, inputs.positions, inputs.meta)
+        hidden = self._forward_laid_out(batch, inputs)
         sampled = self.sampler.sample(self.model.compute_logits(hidden), device_verification.position_rows(batch))
         self._last_sampled_ids = None  # the next step's tokens come from the history, never fed back
         return device_verification.finish(self.token_history, inputs, sampled)
+
+    def _forward_laid_out(self, batch: DeviceVerifyBatch, inputs: device_verification.VerifyInputs) -> torch.Tensor:
+        """[num_rows * (k + 1), hidden_size]: in the mixed-step graph that holds the step, its static inputs written
+        from `inputs` on the device; eagerly where none does."""
+        if self.mixed is not None:
+            shape = device_verification.host_shape(batch)
+            if self.mixed.bucket_for(shape) is not None:
+                laid_out = (inputs.token_ids, inputs.positions, inputs.meta.slot_mapping, inputs.meta.context_lens)
+                return self.mixed.run(shape, None, laid_out)
+        return self.model(inputs.token_ids, inputs.positions, inputs.meta)
 
     def _sample(self, batch: Batch, rows: list[int], logits: torch.Tensor | None,
                 prompt: PackedPromptLogprobs | None) -> PendingStep | PendingLogits:

@@ -14,7 +14,9 @@ from core import LLM, SamplingParams
 from core.engine import LLMEngine, _DeviceStep
 from core.outputs import FinishReason, RequestOutput
 from core.tiny_model import build_tiny_model
+from gpu.batch import Batch
 from gpu.device_verification import DeviceVerifiedStep, DeviceVerifyBatch, lay_out, num_accepted
+from gpu.mixed_graphs import MixedGraphs
 from gpu.token_history import HistoryFill, TokenHistory
 from tests.tiny_specs import TINY_SPECS
 
@@ -250,3 +252,24 @@ def test_lay_out_reads_the_history_and_block_tables() -> None:
     sampled = torch.tensor([[3, 1, 5, 6], [0, 0, 0, 0]])
     accepted = num_accepted(sampled, inputs.drafts, inputs.num_drafts)
     assert accepted.tolist() == [2, 0]  # 3 and 1 confirmed, 2 != 5; row 1 had no drafts
+
+
+def test_in_the_buffers_of_a_mixed_step_graph(plain_engine: LLMEngine, model_dir: Path) -> None:
+    """Where a mixed-step graph holds the step (CUDA), its static inputs are filled from the device's layout: run here
+    eagerly on those padded buffers, the output is the same."""
+    engine = speculating_engine(model_dir)
+    runner, c = engine.runner, engine.runner.config  # type: ignore[attr-defined]
+    runner.mixed = MixedGraphs(runner.model, c.max_num_batched_tokens, c.max_num_seqs, c.max_model_len, c.block_size,
+                               runner.device)
+    num_laid_out = 0
+    mixed_run = runner.mixed.run
+
+    def record(batch: Batch, last_sampled_ids: torch.Tensor | None, laid_out: tuple | None = None) -> torch.Tensor:
+        nonlocal num_laid_out
+        num_laid_out += laid_out is not None
+        return mixed_run(batch, last_sampled_ids, laid_out)
+
+    runner.mixed.run = record
+    requests = named(REPEATING + CODE_EDIT + PLAIN, greedy(60))
+    assert run(engine, requests) == run(plain_engine, requests)
+    assert num_laid_out > 10
