@@ -84,6 +84,13 @@ class DeviceVerification:
             seq.history_slot, seq.num_history_tokens = None, 0
 
     @staticmethod
+    def forget_history(seqs: list[Sequence]) -> None:
+        """After a launch that failed: what the device's history holds is unknown, so the next such step fills each
+        slot anew."""
+        for seq in seqs:
+            seq.num_history_tokens = 0
+
+    @staticmethod
     def _is_ordinary_decoding(seq: Sequence) -> bool:
         params = seq.params
         return (seq.num_uncomputed_tokens == 1 and seq.num_pending_tokens == 0 and seq.num_output_tokens > 0

@@ -24,7 +24,10 @@ row fails, or steps keep failing) is raised: the engine is broken, and its owner
 
 Speculative decoding (core/speculation.py): a step whose controller asks for drafts books the step in flight
 first (drafts are proposed from known tokens), and is itself booked before the next step is scheduled (what it
-accepts decides what comes next); its rows verify their drafts, each sampled at every verified position.
+accepts decides what comes next); its rows verify their drafts, each sampled at every verified position. Prompt
+lookup's decode-only steps of ordinary rows are laid out on the device instead (core/device_verification.py): drafts,
+inputs, acceptance and the next step's first tokens stay there, so such a step is launched before the one in flight
+is booked, as a plain step is, and books its rows' tokens a step late.
 
 Pooling models (embeddings, scores: core/pooling_model.py) run the same loop: their requests are
 prefill-only sequences, finished by the step that computes their last prompt token, whose output is
@@ -330,10 +333,9 @@ class LLMEngine:
         num_drafts = 0
         if self.speculation is not None and self.scheduler.running:
             num_drafts = self.speculation.controller.choose(len(self.scheduler.running), self.scheduler.has_prompt_work)
-            if num_drafts and self.device_verification is not None:
-                verified = self._verify_on_device(num_drafts, started)
-                if verified is not None:
-                    return outputs + verified
+            if num_drafts and self.device_verification is not None and self._verify_on_device(
+                    num_drafts, started, outputs):
+                return outputs
         if isinstance(self._in_flight, _DeviceStep):  # the next step is laid out on the host, from every token
             outputs += self._postprocess(self._in_flight)
             self._in_flight = None
@@ -366,33 +368,41 @@ class LLMEngine:
                 self._timed_step = (launched.num_decode_rows, num_drafts, started)
         return outputs
 
-    def _verify_on_device(self, num_drafts: int, started: float) -> list[RequestOutput] | None:
+    def _verify_on_device(self, num_drafts: int, started: float, outputs: list[RequestOutput]) -> bool:
         """Where the rule allows it (core/device_verification.py), launches a verifying step laid out on the device,
-        then books the step in flight while the device runs it; None: the rule does not allow it."""
+        then books the step in flight while the device runs it (its outputs go to `outputs`); whether it did (else
+        the step is laid out on the host)."""
         assert self.device_verification is not None
         in_flight = self._in_flight
         in_flight_drafts = in_flight.num_drafts if isinstance(in_flight, _DeviceStep) else None
         if self.scheduler.has_prompt_work() or not self.device_verification.can_verify(
                 self.scheduler.running, num_drafts, in_flight_drafts):
-            return None
-        outputs = []
+            return False
         if isinstance(in_flight, _LaunchedStep):  # entering: the history is filled from every token, its own too
-            outputs = self._postprocess(in_flight)
+            outputs += self._postprocess(in_flight)
             self._in_flight = in_flight = None
         running = list(self.scheduler.running)
         if not running:  # every sequence ended with the tokens just booked
-            return outputs
+            return True
         batch = self.device_verification.reserve(running, num_drafts, in_flight_drafts)
-        launched = _DeviceStep(running, self.runner.launch_verification_on_device(batch), num_drafts)  # type: ignore[attr-defined]
+        try:
+            pending = self.runner.launch_verification_on_device(batch)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - the host lays the step out instead, where a request's fault is found alone
+            logger.exception("a verifying step laid out on the device failed to launch; the host lays it out")
+            if in_flight is not None:
+                outputs += self._postprocess(in_flight)
+                self._in_flight = None
+            self.device_verification.forget_history(running)  # after the booking, which counts what it appended
+            return False
         if isinstance(in_flight, _DeviceStep):
-            outputs += self._book_device_step(in_flight, num_drafts)  # the device works on `launched` meanwhile
-        self._in_flight = launched
+            outputs += self._book_device_step(in_flight, num_drafts)  # the device works on the new step meanwhile
+        self._in_flight = _DeviceStep(running, pending, num_drafts)
         if not self.config.scheduler.async_scheduling:
-            outputs += self._postprocess(launched)
+            outputs += self._postprocess(self._in_flight)
             self._in_flight = None
         if self.has_unfinished_requests():  # timed until the next step starts (as in `step`)
             self._timed_step = (len(running), num_drafts, started)
-        return outputs
+        return True
 
     def _propose_drafts(self, num_drafts: int) -> list[RequestOutput]:
         """Books the step in flight (drafts are proposed from known tokens), then gives the running sequences

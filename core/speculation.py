@@ -3,7 +3,8 @@ accepted.
 
 A step that verifies drafts is built with every token of its sequences known on the host: the engine
 books the step in flight before it proposes, and books the verifying step before the next is scheduled
-(the accepted count decides what comes next). Steps without drafts stay asynchronous.
+(the accepted count decides what comes next). Steps without drafts stay asynchronous, and so do prompt lookup's
+steps laid out on the device (core/device_verification.py), which draft from the device's own token history.
 
 A sequence is offered drafts when it is decoding (its stream has begun and only its last token is to be
 computed) and nothing in its sampling depends on the tokens before each verified position other than

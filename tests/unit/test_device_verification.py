@@ -273,3 +273,29 @@ def test_in_the_buffers_of_a_mixed_step_graph(plain_engine: LLMEngine, model_dir
     requests = named(REPEATING + CODE_EDIT + PLAIN, greedy(60))
     assert run(engine, requests) == run(plain_engine, requests)
     assert num_laid_out > 10
+
+
+def test_a_launch_that_fails_is_laid_out_on_the_host(plain_engine: LLMEngine, model_dir: Path) -> None:
+    """A verifying step laid out on the device that fails to launch (after writing part of the history) runs on the
+    host instead; the next such step fills the history anew, and nothing changes in the output."""
+    engine = speculating_engine(model_dir)
+    runner = engine.runner
+    launch = runner.launch_verification_on_device  # type: ignore[attr-defined]
+    num_calls = 0
+    refilled: list[bool] = []
+
+    def fail_some(batch: DeviceVerifyBatch) -> DeviceVerifiedStep:
+        nonlocal num_calls
+        num_calls += 1
+        if num_calls in (5, 10):  # the launch after a failure: every row's slot filled from its first token
+            refilled.append(len(batch.fills) == batch.num_rows and all(f.start == 0 for f in batch.fills))
+        if num_calls in (4, 9):
+            runner.token_history.fill(batch.fills)  # type: ignore[attr-defined]
+            runner.token_history.tokens.fill_(3)  # type: ignore[attr-defined]
+            raise RuntimeError("a launch that fails")
+        return launch(batch)
+
+    runner.launch_verification_on_device = fail_some  # type: ignore[attr-defined]
+    requests = named(REPEATING + CODE_EDIT, greedy(50))
+    assert run(engine, requests) == run(plain_engine, requests)
+    assert num_calls > 12 and refilled == [True, True]
