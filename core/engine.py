@@ -72,7 +72,7 @@ from core.startup_gc import freeze_startup_objects
 from core.state_snapshots import DraftStates, LinearStates, StateSnapshots
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
-from gpu.device_verification import DeviceVerifiedStep
+from gpu.device_verification import MAX_LOOKUP, DeviceVerifiedStep
 from gpu.kv_cache_groups import KVCacheGroup, context_block_limit
 from gpu.loader import has_tensors_named
 from gpu.model_info import ModelInfo, load_hf_config, read_model_info
@@ -818,10 +818,19 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
         tensor_parallel_size=c.model.tensor_parallel_size, cache_dir=str(cache_dir_for(c.model.download_dir)),
         load_format=c.model.load_format, num_state_snapshots=num_state_rows(c, read_model_info(c.model.model)),
         mtp_head=spec is not None and spec.method == "mtp",
-        keeps_token_history=(spec is not None and spec.method == "ngram" and spec.verify_on_device
-                             and c.model.tensor_parallel_size == 1),
+        device_ngram=_device_ngram(c),
         eagle3_head=spec.model if spec is not None and spec.method == "eagle3" else None,
     )
+
+
+def _device_ngram(config: EngineConfig) -> tuple[int, int, int] | None:
+    """What the runner keeps a token history and compiles the device lookup for (most drafts, min n, max n): method
+    ngram verifying on the device, in one process, with a lookup the kernel takes (gpu/kernels/ngram_drafts.py)."""
+    spec = config.scheduler.speculative_config
+    if (spec is None or spec.method != "ngram" or not spec.verify_on_device or config.model.tensor_parallel_size != 1
+            or spec.prompt_lookup_max > MAX_LOOKUP):
+        return None
+    return spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
 
 
 def num_state_snapshots(config: EngineConfig, info: ModelInfo) -> int:

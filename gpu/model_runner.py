@@ -154,7 +154,7 @@ class ModelRunner:
         # Speculative decoding by prompt lookup, verified in steps laid out on the device (gpu/device_verification.py):
         # [max_num_seqs, max_model_len + 1] int32, allocated before the KV cache is sized too.
         self.token_history = (TokenHistory(config.max_num_seqs, config.max_model_len, self.device)
-                              if config.keeps_token_history else None)
+                              if config.device_ngram is not None else None)
         # The decode graphs' logits when they sample (_samples_in_graphs), counted before the KV cache is sized too.
         self._graph_logits = (torch.empty(config.max_num_seqs, self.vocab_size, dtype=self.dtype, device=self.device)
                               if self._samples_in_graphs() else None)
@@ -183,7 +183,19 @@ class ModelRunner:
             start = time.perf_counter()
             self._capture_graphs()
             logger.info("CUDA graph capture took %.1f s", time.perf_counter() - start)
+            self._compile_device_drafts()
         self._run_first_request_shapes()
+
+    def _compile_device_drafts(self) -> None:
+        """The n-gram lookup of verifying steps laid out on the device, compiled for every draft length the engine
+        may choose, so that no request waits for a compile."""
+        if self.token_history is None or self.config.device_ngram is None:
+            return
+        from gpu.kernels.ngram_drafts import ngram_drafts  # noqa: PLC0415 - Triton, only where there is a GPU
+
+        max_drafts, min_n, max_n = self.config.device_ngram
+        for num_drafts in range(1, max_drafts + 1):
+            ngram_drafts(self.token_history.tokens[:1], self.token_history.lengths[:1], num_drafts, min_n, max_n)
 
     def _allocate_state_cache(self) -> state_cache.StackedStates | None:
         if not self.linear_layers:

@@ -13,6 +13,8 @@ import torch
 
 pytest.importorskip("triton")
 
+from gpu import device_verification  # noqa: E402
+from gpu.kernels import ngram_drafts as kernel  # noqa: E402
 from gpu.kernels.ngram_drafts import ngram_drafts  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -41,3 +43,7 @@ def test_wrapper_refuses_what_the_kernel_cannot_take(history: torch.Tensor, leng
                                                      settings: tuple[int, int, int]) -> None:
     with pytest.raises(ValueError):
         ngram_drafts(history, lengths, *settings)
+
+
+def test_the_engine_knows_the_longest_lookup_the_kernel_takes() -> None:
+    assert device_verification.MAX_LOOKUP == kernel.MAX_LOOKUP
