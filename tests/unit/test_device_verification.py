@@ -11,11 +11,16 @@ import pytest
 import torch
 
 from core import LLM, SamplingParams
+from core.block_manager import BlockManager
+from core.device_verification import DeviceVerification
 from core.engine import LLMEngine, _DeviceStep
 from core.outputs import FinishReason, RequestOutput
+from core.sequence import Sequence
+from core.speculative_config import SpeculativeConfig
 from core.tiny_model import build_tiny_model
 from gpu.batch import Batch
 from gpu.device_verification import DeviceVerifiedStep, DeviceVerifyBatch, lay_out, num_accepted
+from gpu.kv_cache_groups import KVCacheGroup
 from gpu.mixed_graphs import MixedGraphs
 from gpu.token_history import HistoryFill, TokenHistory
 from tests.tiny_specs import TINY_SPECS
@@ -299,3 +304,51 @@ def test_a_launch_that_fails_is_laid_out_on_the_host(plain_engine: LLMEngine, mo
     requests = named(REPEATING + CODE_EDIT, greedy(50))
     assert run(engine, requests) == run(plain_engine, requests)
     assert num_calls > 12 and refilled == [True, True]
+
+
+def decoding_seqs(block_size: int, num_blocks: int, prompts: list[int], **params: object
+                  ) -> tuple[BlockManager, list[Sequence]]:
+    """Running sequences that have computed their prompts and sampled one token (its K/V still to compute)."""
+    manager = BlockManager([KVCacheGroup(None, num_blocks)], block_size, enable_prefix_caching=False)
+    seqs = []
+    for i, length in enumerate(prompts):
+        seq = Sequence(f"s{i}", list(range(1, length + 1)), SamplingParams(max_tokens=50, **params), 50)  # type: ignore
+        manager.admit(seq, manager.no_hit())
+        manager.allocate(seq, length)
+        seq.num_computed_tokens = length
+        seq.add_pending_token(0, is_last=False)
+        seq.resolve_pending_token(99)
+        seqs.append(seq)
+    return manager, seqs
+
+
+def test_blocks_cover_the_worst_case_and_slots_are_filled_once() -> None:
+    """A step of k drafts covers known + k tokens, or known + k + k_prev + 1 behind a step in flight; a row's slot
+    is filled with the tokens the device lacks, once."""
+    manager, seqs = decoding_seqs(4, 20, [5, 9])  # 6 and 10 known tokens, 2 and 3 blocks
+    verification = DeviceVerification(SpeculativeConfig(num_speculative_tokens=3), manager, 64, 4, (0,))
+    assert verification.can_verify(seqs, 3, None)
+    batch = verification.reserve(seqs, 3, None)
+    assert [len(t) for t in batch.block_tables] == [3, 4]  # 9 and 13 tokens
+    assert [(f.slot, f.start, len(f.token_ids)) for f in batch.fills] == [(0, 0, 6), (1, 0, 10)]
+    assert batch.max_context_len == 13
+    again = verification.reserve(seqs, 2, 3)  # behind the step in flight: 6 + 3 + 1 + 2 = 12 and 16 tokens
+    assert [len(t) for t in again.block_tables] == [3, 4] and again.fills == [] and again.max_context_len == 16
+    assert manager.num_free_blocks == 20 - 7
+    assert verification.can_verify(seqs, 3, 16)  # 26 and 30 tokens: 8 blocks more, of 13 free
+    assert not verification.can_verify(seqs, 3, 40)  # 50 and 54 tokens: 20 blocks more
+    verification.release(seqs[0])
+    assert seqs[0].history_slot is None and verification.slots.num_free == 3
+
+
+@pytest.mark.parametrize("params", [dict(seed=1), dict(presence_penalty=0.5), dict(min_tokens=3)])
+def test_rows_that_need_the_host_keep_the_step_on_it(params: dict) -> None:
+    _, seqs = decoding_seqs(4, 20, [5, 9])
+    _, others = decoding_seqs(4, 20, [5, 9], **params)
+    manager = BlockManager([KVCacheGroup(None, 20)], 4)
+    verification = DeviceVerification(SpeculativeConfig(num_speculative_tokens=3), manager, 64, 4, (0,))
+    assert verification.can_verify(seqs, 3, None)
+    assert not verification.can_verify([seqs[0], others[1]], 3, None)
+    assert not verification.can_verify(seqs, 0, None)
+    short = DeviceVerification(SpeculativeConfig(num_speculative_tokens=3), manager, 12, 4, (0,))
+    assert not short.can_verify(seqs, 3, None)  # the second row's 13 tokens pass the context
