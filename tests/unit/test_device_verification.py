@@ -352,3 +352,18 @@ def test_rows_that_need_the_host_keep_the_step_on_it(params: dict) -> None:
     assert not verification.can_verify(seqs, 0, None)
     short = DeviceVerification(SpeculativeConfig(num_speculative_tokens=3), manager, 12, 4, (0,))
     assert not short.can_verify(seqs, 3, None)  # the second row's 13 tokens pass the context
+
+
+def test_a_stop_string_inside_an_accepted_run(model_dir: Path) -> None:
+    """A stop string (found by the front end's text tracker, which aborts the request) met among the tokens a
+    step accepted ends the text where the output without speculation ends it."""
+    config = {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False, "prompt_lookup_max": 3}
+    plain, speculating = LLM(str(model_dir), **COMMON), LLM(str(model_dir), speculative_config=config, **COMMON)
+    free = plain.generate(REPEATING, greedy(40))
+    stop = free[2].text[len(free[2].text) // 2 :][:3]
+    params = greedy(40, stop=(stop,))
+    steps = DeviceSteps(speculating.engine)
+    got, want = speculating.generate(REPEATING, params), plain.generate(REPEATING, params)
+    assert [(o.token_ids, o.text, o.finish_reason) for o in got] == \
+        [(o.token_ids, o.text, o.finish_reason) for o in want]
+    assert want[2].finish_reason is FinishReason.STOP and steps.num_overlapped > 3
