@@ -8,7 +8,9 @@ equivalent elsewhere; a row without a match verifies k placeholder tokens, of wh
 follow the history's length, its cache slots come from its block table, which the host sized for the longest the
 row can be (core/device_verification.py). After sampling at every position, a row accepts the drafts up to the
 first that differs from the token sampled before it, and appends the sampled tokens up to and including that one
-(the accepted drafts and the bonus token) to its history: the next step reads them there.
+(the accepted drafts and the bonus token) to its history: the next step reads them there. The forward replays the
+mixed-step graph that holds the step (gpu/mixed_graphs.py), whose inputs the device writes over the host's
+placeholders; where none does, it runs eagerly.
 """
 
 from dataclasses import dataclass, field, replace
