@@ -8,11 +8,16 @@ equivalent elsewhere; a row without a match verifies k placeholder tokens, of wh
 follow the history's length, its cache slots come from its block table, which the host sized for the longest the
 row can be (core/device_verification.py). After sampling at every position, a row accepts the drafts up to the
 first that differs from the token sampled before it, and appends the sampled tokens up to and including that one
-(the accepted drafts and the bonus token) to its history: the next step reads them there. The forward replays the
-mixed-step graph that holds the step (gpu/mixed_graphs.py), whose inputs the device writes over the host's
-placeholders; where none does, it runs eagerly.
+(the accepted drafts and the bonus token) to its history: the next step reads them there.
+
+The whole step is one function, `verify_step`, with no host sync: a verify graph (gpu/verify_graphs.py) captures it
+per rows bucket and draft length, so such a step is a few inputs filled, one replay and the copies of its results;
+the eager path (the CPU's, and any step no graph takes: the runner's rule) runs the same function, its forward in
+the mixed-step graph that holds the step where one does (gpu/mixed_graphs.py, its inputs written over the host's
+placeholders on the device).
 """
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -48,40 +53,99 @@ class DeviceVerifyBatch:
 
 
 @dataclass(frozen=True)
+class StepInputs:
+    """What a step reads beside the history, on the device: per step the host's only inputs (a verify graph's static
+    buffers, gpu/verify_graphs.py, or tensors copied for one eager step)."""
+
+    slots: torch.Tensor  # [num_rows] int64, the rows' history slots (padding rows: the history's padding slot)
+    num_blocks: torch.Tensor  # [num_rows] int64, the blocks of each row's table (0: a padding row, which keeps nothing)
+    block_tables: torch.Tensor  # [num_rows, max_blocks] int32
+
+
+@dataclass(frozen=True)
+class StepShape:
+    num_drafts: int  # k
+    min_n: int  # the lookup's n-gram lengths
+    max_n: int
+    block_size: int
+    max_context_len: int  # at least any row's context once the step's K/V are written
+
+
+@dataclass(frozen=True)
+class StepFunctions:
+    """The model's part of a step: the forward, the logits of every position, and the draw of a token from each."""
+
+    forward: Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]  # -> [positions, hidden]
+    logits: Callable[[torch.Tensor], torch.Tensor]  # hidden -> [positions, vocab]
+    draw: Callable[[torch.Tensor], torch.Tensor]  # logits -> [positions] int64
+
+
+@dataclass(frozen=True)
 class VerifyInputs:
     token_ids: torch.Tensor  # [num_rows * (k + 1)] int64
     positions: torch.Tensor  # [num_rows * (k + 1)] int64
     meta: AttentionMetadata
-    slots: torch.Tensor  # [num_rows] int64, the rows' history slots
     drafts: torch.Tensor  # [num_rows, k] int64
     num_drafts: torch.Tensor  # [num_rows] int64: k, or 0 where the lookup found nothing
 
 
-def lay_out(history: TokenHistory, batch: DeviceVerifyBatch, block_size: int) -> VerifyInputs:
-    """The step's inputs, computed on the device from the history (no host sync)."""
-    device, k = history.device, batch.num_drafts
+@dataclass(frozen=True)
+class VerifiedOutputs:
+    """A step's results on the device."""
+
+    token_ids: torch.Tensor  # [num_rows * (k + 1)] int64, sampled at every position, row after row
+    counts: torch.Tensor  # [num_rows, 2] int64: each row's accepted drafts and verified drafts (k or 0)
+    logits: torch.Tensor  # [num_rows * (k + 1), vocab]: the raw logits the tokens were drawn from
+
+    def rows(self, num_rows: int) -> "VerifiedOutputs":
+        num_positions = num_rows * (self.token_ids.shape[0] // self.counts.shape[0])
+        return VerifiedOutputs(self.token_ids[:num_positions], self.counts[:num_rows], self.logits[:num_positions])
+
+
+def verify_step(history: TokenHistory, inputs: StepInputs, shape: StepShape, model: StepFunctions
+                ) -> VerifiedOutputs:
+    """The whole step on the device, from the history to the history: drafts, layout, forward, draw, acceptance and
+    the history's update. No host sync and no shape that depends on values, so a verify graph captures this very
+    function (gpu/verify_graphs.py); the eager path runs it as it is."""
+    laid_out = lay_out(history, inputs, shape)
+    logits = model.logits(model.forward(laid_out.token_ids, laid_out.positions, laid_out.meta))
+    token_ids = model.draw(logits)
+    return VerifiedOutputs(token_ids, accept(history, inputs, laid_out, token_ids), logits)
+
+
+def device_inputs(batch: DeviceVerifyBatch, device: torch.device) -> StepInputs:
+    """The batch's inputs copied to the device for one eager step (two copies)."""
     tables = np.zeros((batch.num_rows, max(map(len, batch.block_tables))), dtype=np.int32)
     write_block_tables(tables, batch.block_tables)
-    block_tables = to_device(tables, np.int32, device)
     num_blocks = np.fromiter(map(len, batch.block_tables), dtype=np.int64, count=batch.num_rows)
     slots, num_blocks = to_device(np.concatenate([batch.slots, num_blocks]), np.int64, device).split(batch.num_rows)
-    lengths = history.lengths[slots]
-    drafts, num_drafts = _drafts(history.tokens[slots], lengths, batch)
+    return StepInputs(slots, num_blocks, to_device(tables, np.int32, device))
+
+
+def step_shape(batch: DeviceVerifyBatch, block_size: int) -> StepShape:
+    return StepShape(batch.num_drafts, batch.min_n, batch.max_n, block_size, batch.max_context_len)
+
+
+def lay_out(history: TokenHistory, inputs: StepInputs, shape: StepShape) -> VerifyInputs:
+    """The step's inputs, computed on the device from the history (no host sync)."""
+    device, k, block_size = history.device, shape.num_drafts, shape.block_size
+    num_rows, max_blocks = inputs.block_tables.shape
+    lengths = history.lengths[inputs.slots]
+    drafts, num_drafts = _drafts(history.tokens[inputs.slots], lengths, shape)
     lengths = lengths.to(torch.int64)
-    bonus = history.tokens[slots, torch.clamp(lengths - 1, min=0)].to(torch.int64)
+    bonus = history.tokens[inputs.slots, torch.clamp(lengths - 1, min=0)].to(torch.int64)
     token_ids = torch.cat([bonus[:, None], drafts.to(torch.int64)], dim=1).reshape(-1)
-    positions = (lengths[:, None] - 1 + torch.arange(k + 1, device=device)).reshape(batch.num_rows, k + 1)
+    positions = (lengths[:, None] - 1 + torch.arange(k + 1, device=device)).reshape(num_rows, k + 1)
     block_index = positions // block_size
-    is_covered = block_index < num_blocks[:, None]  # always, where the host reserved the row's blocks
-    slot_mapping = block_tables.to(torch.int64).gather(1, torch.clamp(block_index, max=tables.shape[1] - 1))
+    is_covered = block_index < inputs.num_blocks[:, None]  # always, where the host reserved the row's blocks
+    slot_mapping = inputs.block_tables.to(torch.int64).gather(1, torch.clamp(block_index, max=max_blocks - 1))
     slot_mapping = torch.where(is_covered, slot_mapping * block_size + positions % block_size, -1)  # -1: not written
     meta = AttentionMetadata(
         slot_mapping=slot_mapping.reshape(-1),
-        query_start_loc=torch.arange(0, batch.num_rows * (k + 1) + 1, k + 1, dtype=torch.int32, device=device),
-        context_lens=(lengths + k).to(torch.int32), block_tables=block_tables, max_query_len=k + 1,
-        max_context_len=batch.max_context_len, is_decode_only=False)
-    return VerifyInputs(token_ids, positions.reshape(-1), meta, slots, drafts.to(torch.int64),
-                        num_drafts.to(torch.int64))
+        query_start_loc=torch.arange(0, num_rows * (k + 1) + 1, k + 1, dtype=torch.int32, device=device),
+        context_lens=(lengths + k).to(torch.int32), block_tables=inputs.block_tables, max_query_len=k + 1,
+        max_context_len=shape.max_context_len, is_decode_only=False)
+    return VerifyInputs(token_ids, positions.reshape(-1), meta, drafts.to(torch.int64), num_drafts.to(torch.int64))
 
 
 def host_shape(batch: DeviceVerifyBatch) -> Batch:
@@ -107,34 +171,35 @@ def num_accepted(sampled: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.
     return is_equal.to(torch.int64).cumprod(dim=1).sum(dim=1)
 
 
-def finish(history: TokenHistory, inputs: VerifyInputs, sampled: SampledRows) -> "DeviceVerifiedStep":
-    """Accepts each row's drafts, appends its new tokens to the history and queues the copies to the host."""
-    tokens = sampled.token_ids.reshape(inputs.drafts.shape[0], -1)
-    accepted = num_accepted(tokens, inputs.drafts, inputs.num_drafts)
-    history.append(inputs.slots, tokens, accepted + 1)
-    counts = torch.stack([accepted, inputs.num_drafts])
-    counts_host = counts.to("cpu", non_blocking=True)  # queued before PendingStep records the event it waits on
-    return DeviceVerifiedStep(PendingStep(sampled), counts_host)
+def accept(history: TokenHistory, inputs: StepInputs, laid_out: VerifyInputs, token_ids: torch.Tensor
+           ) -> torch.Tensor:
+    """Accepts each row's drafts and appends its new tokens to the history (a padding row, without blocks, none);
+    [num_rows, 2] int64: the accepted drafts and the verified drafts of each row."""
+    tokens = token_ids.reshape(laid_out.drafts.shape[0], -1)
+    accepted = num_accepted(tokens, laid_out.drafts, laid_out.num_drafts)
+    history.append(inputs.slots, tokens, (accepted + 1) * (inputs.num_blocks > 0))
+    return torch.stack([accepted, laid_out.num_drafts], dim=1)
 
 
 class DeviceVerifiedStep:
     """A verifying step laid out on the device, on its way to the host: its result has k + 1 sampled tokens a row
     (`token_ids`, row after row) and each row's drafts and accepted drafts."""
 
-    def __init__(self, pending: PendingStep, counts: torch.Tensor) -> None:
-        self._pending = pending
-        self._counts = counts  # [2, num_rows] on the host once the step's event has passed
+    def __init__(self, sampled: SampledRows, counts: torch.Tensor) -> None:
+        """`counts`: [num_rows, 2] on the device, VerifiedOutputs'."""
+        self._counts = counts.to("cpu", non_blocking=True)  # queued before PendingStep records the event it waits on
+        self._pending = PendingStep(sampled)
 
     def result(self) -> StepResult:
         result = self._pending.result()  # waits for the step, whose copies include the counts'
-        accepted, drafts = self._counts.tolist()
+        accepted, drafts = self._counts.T.tolist()
         return replace(result, num_accepted=accepted, num_drafts=drafts)
 
 
-def _drafts(rows: torch.Tensor, lengths: torch.Tensor, batch: DeviceVerifyBatch) -> tuple[torch.Tensor, torch.Tensor]:
+def _drafts(rows: torch.Tensor, lengths: torch.Tensor, shape: StepShape) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's k drafts and their count (k or 0), from its slot's tokens ([R, max_model_len + 1] int32)."""
     if rows.is_cuda:
         from gpu.kernels.ngram_drafts import ngram_drafts  # noqa: PLC0415 - Triton only where there is a GPU
 
-        return ngram_drafts(rows, lengths, batch.num_drafts, batch.min_n, batch.max_n)
-    return torch_ngram_drafts(rows, lengths, batch.num_drafts, batch.min_n, batch.max_n)
+        return ngram_drafts(rows, lengths, shape.num_drafts, shape.min_n, shape.max_n)
+    return torch_ngram_drafts(rows, lengths, shape.num_drafts, shape.min_n, shape.max_n)

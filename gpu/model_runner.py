@@ -26,7 +26,15 @@ import torch
 from tqdm import tqdm
 from transformers import PretrainedConfig
 
-from gpu import backend_choice, device_verification, kv_cache, kv_cache_groups, remembered_backends, state_cache
+from gpu import (
+    backend_choice,
+    device_verification,
+    kv_cache,
+    kv_cache_groups,
+    remembered_backends,
+    state_cache,
+    verify_graphs,
+)
 from gpu.attention.backend import (
     AttentionBackend,
     PhasedBackend,
@@ -40,7 +48,7 @@ from gpu.config import RunnerConfig
 from gpu.cpu_decode import CpuDecodeSteps, unavailable_reason
 from gpu.cpu_kernels import NO_CPU_KERNELS, CpuKernels, load_cpu_kernels
 from gpu.cpu_packing import cpu_packing, first_layer_on_a_grid, has_native_bfloat16, pack_linear_layers
-from gpu.cuda_graphs import DecodeGraphs
+from gpu.cuda_graphs import DecodeGraphs, ForwardFn
 from gpu.device_verification import DeviceVerifiedStep, DeviceVerifyBatch
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.dummy_weights import DEFAULT_STD, init_dummy_weights
@@ -70,6 +78,7 @@ from gpu.quant.method import QuantScheme
 from gpu.runner import run_step
 from gpu.sampler import FUSED_DTYPES, GraphDraw, Sampler
 from gpu.token_history import TokenHistory
+from gpu.verify_graphs import VerifyGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -156,12 +165,14 @@ class ModelRunner:
         self.token_history = (TokenHistory(config.max_num_seqs, config.max_model_len, self.device)
                               if config.device_ngram is not None else None)
         # The decode graphs' logits when they sample (_samples_in_graphs), counted before the KV cache is sized too.
-        self._graph_logits = (torch.empty(config.max_num_seqs, self.vocab_size, dtype=self.dtype, device=self.device)
-                              if self._samples_in_graphs() else None)
+        # The verify graphs' logits too (gpu/verify_graphs.py), where they may hold more positions than decode rows.
+        self._graph_logits = (torch.empty(self._graph_logits_rows(), self.vocab_size, dtype=self.dtype,
+                                          device=self.device) if self._samples_in_graphs() else None)
         self.stacked_states = self._allocate_state_cache()  # before the KV cache is sized, so its memory is counted
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
         self.cpu_decode: CpuDecodeSteps | None = None  # set after the KV cache exists (the warm-up pass runs without)
         self.mixed: MixedGraphs | None = None
+        self.verify: VerifyGraphs | None = None  # set after the KV cache exists
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
         # Per phase, each candidate's summed step milliseconds when `auto` measured them, now or at an earlier start.
         self.attention_times: dict[str, dict[str, float]] | None = None
@@ -395,6 +406,28 @@ class ModelRunner:
             self.decode.capture()
         else:
             logger.info("CUDA graphs for decode steps off (%s)", self.backend.name)
+        self.verify = self._verify_graphs()
+        if self.verify is not None:
+            self.verify.pool = self.decode.pool or (self.mixed.pool if self.mixed is not None else None)
+            self.verify.capture()
+
+    def _verify_graphs(self) -> VerifyGraphs | None:
+        """Graphs of whole verifying steps laid out on the device (gpu/verify_graphs.py): where the runner keeps the
+        token history, the decode graphs sample (the verify graphs draw with the same kernel into the same logits
+        buffer), the backend's steps of several query tokens a row are safe to capture (as the mixed graphs') and the
+        model keeps one KV-cache group and no linear-attention state (as the device layout does)."""
+        c = self.config
+        if (c.device_ngram is None or self.token_history is None or self._graph_logits is None
+                or not self.backend.supports_mixed_graphs or len(self.kv_cache_groups) != 1 or self.linear_layers):
+            return None
+        from gpu.kernels.sampling import sample_tokens  # noqa: PLC0415 - Triton, only where there is a GPU
+
+        max_drafts, min_n, max_n = c.device_ngram
+        positions = verify_graphs.max_positions(c.max_num_seqs, max_drafts, c.max_num_batched_tokens)
+        return VerifyGraphs(
+            self.token_history, self.model, self.model.compute_logits_into, self._graph_logits[:positions],
+            lambda logits, keys, temperatures: sample_tokens(logits, keys, temperatures, use_pdl=True),
+            verify_graphs.Lookup(max_drafts, min_n, max_n), c.max_num_seqs, c.max_model_len, c.block_size)
 
     def _linear_layers_pad(self) -> bool:
         """Whether the linear-attention layers' steps with prompts can run padded (in the mixed graphs): through the
@@ -409,6 +442,15 @@ class ModelRunner:
             return None
         limit = self.config.kernels.sequential_delta_rule_max_tokens
         return LinearRows(self.num_state_slots, padding_state_slot, limit)
+
+    def _graph_logits_rows(self) -> int:
+        """The rows of the graphs' logits buffer: the decode graphs' most rows, or the verify graphs' most positions
+        where they are captured and hold more."""
+        c = self.config
+        if c.device_ngram is None or c.enforce_eager:
+            return c.max_num_seqs
+        return max(c.max_num_seqs, verify_graphs.max_positions(c.max_num_seqs, c.device_ngram[0],
+                                                               c.max_num_batched_tokens))
 
     def _samples_in_graphs(self) -> bool:
         """Whether the decode graphs compute the logits and draw the tokens too: on CUDA, one GPU (under tensor
@@ -649,24 +691,49 @@ class ModelRunner:
     def launch_verification_on_device(self, batch: DeviceVerifyBatch) -> DeviceVerifiedStep:
         """Queues a verifying step laid out on the device from the token history (gpu/device_verification.py) and
         returns without waiting for it: its drafts, acceptance and history update run on the device too, so the
-        next such step can be queued before this one's tokens reach the host. Runs eagerly."""
+        next such step can be queued before this one's tokens reach the host. One replay of a verify graph where
+        one takes the step (`_verify_graph_draw`), else eagerly."""
         assert self.token_history is not None and self.tp.is_first, "a runner built to keep the token history"
         self.token_history.fill(batch.fills)
-        inputs = device_verification.lay_out(self.token_history, batch, self.config.block_size)
-        hidden = self._forward_laid_out(batch, inputs)
-        sampled = self.sampler.sample(self.model.compute_logits(hidden), device_verification.position_rows(batch))
+        rows = device_verification.position_rows(batch)
+        draw = self._verify_graph_draw(batch, rows)
+        if draw is not None:
+            assert self.verify is not None
+            out = self.verify.run(batch, draw)
+        else:
+            out = self._verify_eagerly(batch, rows)
         self._last_sampled_ids = None  # the next step's tokens come from the history, never fed back
-        return device_verification.finish(self.token_history, inputs, sampled)
+        return DeviceVerifiedStep(self.sampler.with_logprobs(out.logits, out.token_ids, rows), out.counts)
 
-    def _forward_laid_out(self, batch: DeviceVerifyBatch, inputs: device_verification.VerifyInputs) -> torch.Tensor:
-        """[num_rows * (k + 1), hidden_size]: in the mixed-step graph that holds the step, its static inputs written
-        from `inputs` on the device; eagerly where none does."""
-        if self.mixed is not None:
-            shape = device_verification.host_shape(batch)
-            if self.mixed.bucket_for(shape) is not None:
-                laid_out = (inputs.token_ids, inputs.positions, inputs.meta.slot_mapping, inputs.meta.context_lens)
-                return self.mixed.run(shape, None, laid_out)
-        return self.model(inputs.token_ids, inputs.positions, inputs.meta)
+    def _verify_graph_draw(self, batch: DeviceVerifyBatch, rows: list[RowSampling]) -> GraphDraw | None:
+        """The rule for which verifying steps a verify graph takes: one holds the batch's rows and draft length, and
+        every position's draw is the fused kernel's alone (greedy or unseeded random rows without top-k, top-p,
+        min-p or logit bias: the graph accepts drafts before the host could draw such a row again); then the
+        graph's draw inputs, else None (the eager path)."""
+        if self.verify is None or self.verify.key_for(batch) is None:
+            return None
+        draw = self.sampler.graph_draw(rows, self.vocab_size)
+        return None if draw is None or draw.filtered else draw
+
+    def _verify_eagerly(self, batch: DeviceVerifyBatch, rows: list[RowSampling]
+                        ) -> device_verification.VerifiedOutputs:
+        """The verify graphs' function run eagerly, its forward in the mixed-step graph that holds the step (its
+        static inputs written from the device's layout) where one does, and any row's draw the sampler's."""
+        functions = device_verification.StepFunctions(self._laid_out_forward(batch), self.model.compute_logits,
+                                                      lambda logits: self.sampler.draw(logits, rows))
+        return device_verification.verify_step(self.token_history, device_verification.device_inputs(
+            batch, self.device), device_verification.step_shape(batch, self.config.block_size), functions)
+
+    def _laid_out_forward(self, batch: DeviceVerifyBatch) -> ForwardFn:
+        """The forward of an eager verifying step: the mixed-step graph that holds it, else the model."""
+        shape = device_verification.host_shape(batch)
+        if self.mixed is None or self.mixed.bucket_for(shape) is None:
+            return self.model
+        mixed = self.mixed
+
+        def forward(token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+            return mixed.run(shape, None, (token_ids, positions, meta.slot_mapping, meta.context_lens))
+        return forward
 
     def _sample(self, batch: Batch, rows: list[int], logits: torch.Tensor | None,
                 prompt: PackedPromptLogprobs | None) -> PendingStep | PendingLogits:

@@ -6,7 +6,8 @@ slot's tokens once (the prompt and any tokens a step that kept no history gave i
 step appends its accepted tokens on the device (`append`). `lengths[slot]` is the tokens the slot holds; its last
 token's K/V is not computed yet (the next verifying step's first input, as a decode row's token).
 Invariants: 0 <= lengths <= max_model_len; `tokens` has one column more, where the writes of tokens a step did not
-accept go (no mask that would need a host sync).
+accept go (no mask that would need a host sync). One slot more than core assigns, `padding_slot`, holds one token
+for good: the padding rows of a verify graph (gpu/verify_graphs.py) read it and append nothing.
 """
 
 from dataclasses import dataclass
@@ -29,9 +30,12 @@ class HistoryFill:
 
 class TokenHistory:
     def __init__(self, num_slots: int, max_model_len: int, device: torch.device) -> None:
+        """`num_slots`: the sequences' slots (core's), the padding slot beside them."""
         self.max_model_len = max_model_len
-        self.tokens = torch.zeros(num_slots, max_model_len + 1, dtype=torch.int32, device=device)
-        self.lengths = torch.zeros(num_slots, dtype=torch.int32, device=device)
+        self.padding_slot = num_slots
+        self.tokens = torch.zeros(num_slots + 1, max_model_len + 1, dtype=torch.int32, device=device)
+        self.lengths = torch.zeros(num_slots + 1, dtype=torch.int32, device=device)
+        self.lengths[self.padding_slot] = 1  # so its row's positions start at 0
 
     @property
     def device(self) -> torch.device:

@@ -15,7 +15,7 @@ if not torch.cuda.is_available():
 from core import LLM  # noqa: E402
 from core.engine import LLMEngine  # noqa: E402
 from core.tiny_model import build_tiny_model  # noqa: E402
-from gpu.device_verification import DeviceVerifyBatch, lay_out  # noqa: E402
+from gpu.device_verification import DeviceVerifyBatch, device_inputs, lay_out, step_shape  # noqa: E402
 from gpu.token_history import HistoryFill, TokenHistory  # noqa: E402
 from tests.tiny_specs import TINY_SPECS  # noqa: E402
 from tests.unit.ngram_draft_cases import looping_case, random_case  # noqa: E402
@@ -55,7 +55,7 @@ def test_layout_on_cuda_equals_the_cpus() -> None:
         for device in (torch.device("cpu"), torch.device("cuda")):
             history = TokenHistory(len(case.rows), 256, device)
             history.fill([HistoryFill(slot, 0, row) for slot, row in zip(batch.slots, case.rows, strict=True)])
-            inputs = lay_out(history, batch, bs)
+            inputs = lay_out(history, device_inputs(batch, device), step_shape(batch, bs))
             laid_out.append([t.tolist() for t in (inputs.token_ids, inputs.positions, inputs.meta.slot_mapping,
                                                   inputs.meta.context_lens, inputs.drafts, inputs.num_drafts)])
         assert laid_out[0] == laid_out[1], case

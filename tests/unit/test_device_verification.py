@@ -19,7 +19,14 @@ from core.sequence import Sequence
 from core.speculative_config import SpeculativeConfig
 from core.tiny_model import build_tiny_model
 from gpu.batch import Batch
-from gpu.device_verification import DeviceVerifiedStep, DeviceVerifyBatch, lay_out, num_accepted
+from gpu.device_verification import (
+    DeviceVerifiedStep,
+    DeviceVerifyBatch,
+    device_inputs,
+    lay_out,
+    num_accepted,
+    step_shape,
+)
 from gpu.kv_cache_groups import KVCacheGroup
 from gpu.mixed_graphs import MixedGraphs
 from gpu.token_history import HistoryFill, TokenHistory
@@ -248,7 +255,7 @@ def test_lay_out_reads_the_history_and_block_tables() -> None:
     history.fill([HistoryFill(3, 0, [1, 2, 3, 1, 2]), HistoryFill(1, 0, [7, 8, 9])])
     batch = DeviceVerifyBatch(slots=[3, 1], block_tables=[[5, 6], [2]], sampling=[], num_drafts=3, min_n=1, max_n=2,
                               max_context_len=8)
-    inputs = lay_out(history, batch, block_size=4)
+    inputs = lay_out(history, device_inputs(batch, cpu), step_shape(batch, block_size=4))
     assert inputs.token_ids.tolist() == [2, 3, 1, 2, 9, 0, 0, 0]  # row 1 finds no match: placeholders
     assert inputs.positions.tolist() == [4, 5, 6, 7, 2, 3, 4, 5]
     assert inputs.meta.slot_mapping.tolist() == [24, 25, 26, 27, 10, 11, -1, -1]  # past its blocks: not written

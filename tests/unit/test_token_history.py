@@ -46,10 +46,13 @@ def test_fill_then_append_keeps_accepted_tokens_only() -> None:
     history.fill([HistoryFill(2, 3, [8])])  # tokens a step without history gave it
     slots = torch.tensor([2, 0])
     history.append(slots, torch.tensor([[9, 10, 11], [2, 3, 4]]), torch.tensor([2, 3]))
-    assert history.lengths.tolist() == [4, 0, 6]
+    assert history.lengths.tolist() == [4, 0, 6, 1]  # the padding slot holds one token
     assert history.tokens[2, :6].tolist() == [5, 6, 7, 8, 9, 10]
     assert history.tokens[0, :4].tolist() == [1, 2, 3, 4]
     assert history.tokens[2, 6:10].tolist() == [0] * 4  # the rejected token went to the spare column
     history.append(slots[:1], torch.tensor([[1, 2, 3, 4, 5, 6]]), torch.tensor([6]))
     assert history.lengths[2] == 10  # never past max_model_len
     assert history.tokens[2, :10].tolist() == [5, 6, 7, 8, 9, 10, 1, 2, 3, 4]
+    padding = torch.tensor([history.padding_slot] * 2)  # padding rows (repeated) append nothing
+    history.append(padding, torch.tensor([[7, 7], [8, 8]]), torch.tensor([0, 0]))
+    assert history.lengths[history.padding_slot] == 1 and history.tokens[history.padding_slot, :10].tolist() == [0] * 10
