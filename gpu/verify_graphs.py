@@ -24,15 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from gpu import device_verification
 from gpu.cuda_graphs import ForwardFn, MemoryPool, PinnedMirror, capture_graphs
-from gpu.device_verification import (
-    DeviceVerifyBatch,
-    StepFunctions,
-    StepInputs,
-    StepShape,
-    VerifiedOutputs,
-    verify_step,
-)
+from gpu.device_verification import DeviceVerifyBatch, StepFunctions, StepInputs, StepShape, VerifiedOutputs
 from gpu.host_to_device import write_block_tables
 from gpu.sampler import GraphDraw
 from gpu.token_history import TokenHistory
@@ -125,7 +119,7 @@ class VerifyGraphs:
         functions = StepFunctions(self.forward, lambda hidden: self.logits_into(hidden, logits),
                                   lambda step_logits: self.draw(step_logits, keys, temperatures))
         shape = StepShape(k, self.lookup.min_n, self.lookup.max_n, self.block_size, self.max_model_len)
-        return verify_step(self.history, inputs, shape, functions)
+        return device_verification.verify_step(self.history, inputs, shape, functions)  # the eager path's too
 
     def _fill(self, mirror: PinnedMirror, batch: DeviceVerifyBatch, draw: GraphDraw, key: Key) -> int:
         """Writes the batch, padded to the key's rows, into the mirror; returns how many int32 entries to copy."""
