@@ -408,7 +408,7 @@ class ModelRunner:
             logger.info("CUDA graphs for decode steps off (%s)", self.backend.name)
         self.verify = self._verify_graphs()
         if self.verify is not None:
-            self.verify.pool = self.decode.pool or (self.mixed.pool if self.mixed is not None else None)
+            self.verify.pool = self.decode.pool  # the mixed graphs' too, which the verify graphs need
             self.verify.capture()
 
     def _verify_graphs(self) -> VerifyGraphs | None:
