@@ -65,9 +65,9 @@ class VerifyGraphs:
         self.max_rows = n = max_num_seqs
         self.max_blocks = -(-max_model_len // block_size)
         buckets = sorted({1 << i for i in range(max_num_seqs.bit_length()) if 1 << i < max_num_seqs} | {max_num_seqs})
-        # ascending, so that capture_graphs captures the largest first
-        self.keys = sorted((rows, k) for k in range(1, lookup.max_drafts + 1) for rows in buckets
-                           if rows * (k + 1) <= num_positions)
+        # By positions, ascending: capture_graphs captures the largest first, so that later graphs fit in its memory.
+        self.keys = sorted(((rows, k) for k in range(1, lookup.max_drafts + 1) for rows in buckets
+                            if rows * (k + 1) <= num_positions), key=lambda key: (key[0] * (key[1] + 1), key))
         device = history.device
         self._int64 = torch.zeros(2 * n + num_positions, dtype=torch.int64, device=device)
         self._int32 = torch.zeros(num_positions + n * self.max_blocks, dtype=torch.int32, device=device)
@@ -82,7 +82,8 @@ class VerifyGraphs:
         """The smallest graph that holds the batch (None: none does)."""
         if (batch.min_n, batch.max_n) != (self.lookup.min_n, self.lookup.max_n):
             return None
-        return next((key for key in self.keys if key[1] == batch.num_drafts and key[0] >= batch.num_rows), None)
+        held = [key for key in self.keys if key[1] == batch.num_drafts and key[0] >= batch.num_rows]
+        return min(held, default=None)
 
     @torch.inference_mode()
     def capture(self) -> None:

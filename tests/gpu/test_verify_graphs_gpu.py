@@ -42,7 +42,7 @@ def engine(model_dir: Path, speculative: bool, dtype: str = "float32") -> LLMEng
 def test_every_bucket_and_draft_length_is_captured(model_dir: Path) -> None:
     graphs = engine(model_dir, True).runner.verify  # type: ignore[attr-defined]
     assert graphs is not None and graphs.max_positions == 80  # 16 rows x 5 positions, within the token budget
-    assert sorted(graphs.graphs) == graphs.keys
+    assert set(graphs.graphs) == set(graphs.keys)
     assert {(rows, k) for rows in (1, 2, 4, 8, 16) for k in range(1, 5)} == set(graphs.keys)
 
 
