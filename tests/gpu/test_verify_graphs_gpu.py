@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from core import LLM  # noqa: E402
+from core import LLM, SamplingParams  # noqa: E402
 from core.engine import LLMEngine  # noqa: E402
 from core.tiny_model import build_tiny_model  # noqa: E402
 from gpu import device_verification  # noqa: E402
@@ -111,20 +111,40 @@ def _restore(history: object, saved: tuple[torch.Tensor, torch.Tensor]) -> None:
     history.lengths.copy_(saved[1])  # type: ignore[attr-defined]
 
 
-def test_float32_output_equals_output_without_drafts(model_dir: Path) -> None:
-    requests = named(REPEATING + CODE_EDIT + PLAIN, greedy(64))
-    speculating = engine(model_dir, True)
-    steps = DeviceSteps(speculating)
+def replays(speculating: LLMEngine) -> list[bool]:
+    """Per step the verify graphs take, whether a captured graph replayed it, recorded."""
     graphs = speculating.runner.verify  # type: ignore[attr-defined]
-    replays: list[int] = []
+    replayed: list[bool] = []
     graphs_run = graphs.run
 
     def record(batch: DeviceVerifyBatch, draw: object) -> device_verification.VerifiedOutputs:
-        replays.append(graphs.key_for(batch) in graphs.graphs)
+        replayed.append(graphs.key_for(batch) in graphs.graphs)
         return graphs_run(batch, draw)
 
     graphs.run = record
+    return replayed
+
+
+def test_float32_output_equals_output_without_drafts(model_dir: Path) -> None:
+    requests = named(REPEATING + CODE_EDIT + PLAIN, greedy(64))
+    speculating = engine(model_dir, True)
+    steps, replayed = DeviceSteps(speculating), replays(speculating)
     assert run(speculating, requests) == run(engine(model_dir, False), requests)
     assert speculating.speculation.counts.num_accepted_tokens > 20  # type: ignore[union-attr]
-    assert steps.num_launched > 10 and len(replays) == steps.num_launched and all(replays)
+    assert steps.num_launched > 10 and len(replayed) == steps.num_launched and all(replayed)
     assert steps.num_overlapped >= steps.num_launched - 2
+
+
+def test_unseeded_random_rows_replay(model_dir: Path) -> None:
+    """Random rows draw inside the graph (a Philox key per position); rows with top-p are verified eagerly."""
+    speculating = engine(model_dir, True)
+    steps, replayed = DeviceSteps(speculating), replays(speculating)
+    params = SamplingParams(temperature=0.8, max_tokens=40, ignore_eos=True)
+    outputs = run(speculating, named(REPEATING + CODE_EDIT, params))
+    assert all(len(tokens) == 40 for tokens, _ in outputs.values())
+    assert steps.num_launched > 5 and len(replayed) == steps.num_launched and all(replayed)
+    filtered = SamplingParams(temperature=0.8, top_p=0.9, max_tokens=40, ignore_eos=True)
+    speculating = engine(model_dir, True)
+    steps, replayed = DeviceSteps(speculating), replays(speculating)
+    assert all(len(tokens) == 40 for tokens, _ in run(speculating, named(REPEATING, filtered)).values())
+    assert steps.num_launched > 5 and replayed == []
