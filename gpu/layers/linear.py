@@ -11,6 +11,8 @@ A `Linear`'s product x @ W.T runs on, in this order:
    (gpu/kernels/skinny_gemm_configs.py); where the GPU's prologue rule says so, that kernel also computes its own
    input (the residual add + RMSNorm before q/k/v and gate/up, SiLU-and-mul before down): one launch less each
    (Llama's norm convention and SiLU only: Gemma's norms and GELU run on their own first);
+   a quantized format's kernel may compute its input alike (QuantMethod.apply_normed / apply_activated: FP8's one-row
+   GEMV where the plain product runs there);
 4. cuBLAS (F.linear) otherwise, and everywhere when built with `KernelConfig.fused_kernels` off (the reference).
 The choice depends on shapes, dtypes and the GPU only, so it is the same at every replay of a CUDA graph. The LM
 head (gpu/layers/vocab_parallel.py) routes through the same `linear`. `warm_up_skinny_gemm` compiles every row
@@ -102,6 +104,9 @@ class Linear(nn.Linear):
             y, summed = self.packed.normed(x, inp.residual, inp.norm.weight, inp.norm.eps, self.bias)
             return self._reduce(y), summed
         is_fusable = x.dim() == 2 and inp.norm.is_fused(x) and inp.norm.is_llama_style  # the prologue's convention
+        if is_fusable and self.quant is not None and (fused := self.quant.apply_normed(
+                self, x, inp.residual, inp.norm.weight, inp.norm.eps, self.bias)) is not None:
+            return self._reduce(fused[0]), fused[1]
         config = self._prologue_config(x, "norm") if is_fusable else None
         if config is not None:
             from gpu.kernels.skinny_gemm import skinny_gemm_rms_norm
@@ -119,6 +124,9 @@ class Linear(nn.Linear):
                                                                                                           self.bias):
             return self._reduce(self.packed.silu_and_mul(gate_up, self.bias))
         is_fusable = isinstance(act, SiluAndMul) and act.is_fused(gate_up)  # the prologue computes SiLU only
+        if is_fusable and self.quant is not None and (
+                y := self.quant.apply_activated(self, gate_up, self.bias)) is not None:
+            return self._reduce(y)
         config = self._prologue_config(gate_up[:, : self.in_features], "silu") if is_fusable else None
         if config is not None:
             from gpu.kernels.skinny_gemm import skinny_gemm_silu_and_mul

@@ -19,12 +19,17 @@ saves nothing, and a static activation scale plays no part there. On a CPU the d
 (gpu/quant/method.py).
 """
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
 from gpu.loader import CheckpointTensor
 from gpu.quant.layout import PLAIN, TensorLayout, WeightLayout
 from gpu.quant.method import ExpertsQuantMethod, QuantMethod
+
+if TYPE_CHECKING:
+    from gpu.kernels.quant_gemm_configs import GemvTiles
 
 FP8_DTYPE = torch.float8_e4m3fn
 INPUT_SCALE = "input_scale"
@@ -81,6 +86,38 @@ class Fp8Method(QuantMethod):
 
             y = fp8_gemm(rows, layer.weight, getattr(layer, self.scale_name), self.scale_block, input_scale, bias)
         return y.view(*x.shape[:-1], y.shape[-1])
+
+    def apply_normed(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None,
+                     norm_weight: torch.Tensor, eps: float, bias: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """One row on the row GEMV: its norm prologue (gpu/kernels/fp8_row_gemv.py)."""
+        tiles = self._prologue_tiles(layer, x)
+        if tiles is None:
+            return None
+        from gpu.kernels.fp8_gemm import fp8_gemm_rms_norm
+
+        return fp8_gemm_rms_norm(x, residual, norm_weight, eps, layer.weight, getattr(layer, self.scale_name),
+                                 self.scale_block, bias, tiles)
+
+    def apply_activated(self, layer: nn.Module, gate_up: torch.Tensor, bias: torch.Tensor | None
+                        ) -> torch.Tensor | None:
+        """One row on the row GEMV: its SiLU-and-mul prologue."""
+        tiles = self._prologue_tiles(layer, gate_up[..., : self.layout.in_features])
+        if tiles is None:
+            return None
+        from gpu.kernels.fp8_gemm import fp8_gemm_silu_and_mul
+
+        return fp8_gemm_silu_and_mul(gate_up, layer.weight, getattr(layer, self.scale_name), self.scale_block, bias,
+                                     tiles)
+
+    def _prologue_tiles(self, layer: nn.Module, x: torch.Tensor) -> "GemvTiles | None":
+        """The row GEMV's tiles for x [1, K] on a GPU where the plain product runs there (its prologues ride along),
+        else None."""
+        if not (x.is_cuda and x.dim() == 2 and x.shape[0] == 1):
+            return None
+        from gpu.kernels.fp8_gemm import prologue_tiles
+
+        return prologue_tiles(x, layer.weight, getattr(layer, self.scale_name), self.scale_block)
 
     def _runs_on_cublas(self, rows: torch.Tensor) -> bool:
         """Many rows on a GPU, in a layout cuBLAS's FP8 GEMM takes (16-aligned sizes; 128x128 weight blocks with

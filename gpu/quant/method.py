@@ -58,6 +58,18 @@ class QuantMethod:
         """x @ W.T (+ bias) over x's last dimension, on the layer's device."""
         raise NotImplementedError
 
+    def apply_normed(self, layer: nn.Module, x: torch.Tensor, residual: torch.Tensor | None,
+                     norm_weight: torch.Tensor, eps: float, bias: torch.Tensor | None
+                     ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(norm(x + residual) @ W.T (+ bias), x + residual) with Llama's RMSNorm computed by the product's kernel, or
+        None where the format's kernel does not compute its input (the norm then runs on its own)."""
+        return None
+
+    def apply_activated(self, layer: nn.Module, gate_up: torch.Tensor, bias: torch.Tensor | None
+                        ) -> torch.Tensor | None:
+        """(silu(gate) * up) @ W.T (+ bias) with SiLU-and-mul computed by the product's kernel, or None (as above)."""
+        return None
+
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         """The weight [out, in] in float32 by the format's rule: the reference."""
         raise NotImplementedError

@@ -457,3 +457,60 @@ def test_gguf_blocks_model_by_the_top5_rule(tmp_path: Path) -> None:
     dequantized = gguf_checkpoint(path, tmp_path / "cache", "float32")
     outputs = _serve_bf16(blocks).generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
     assert_bf16_divergences_rare_near_ties(dequantized, PROMPTS, outputs)
+
+
+@pytest.mark.parametrize("use_pdl", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fp8_row_gemv_prologues_equal_the_kernels_apart(dtype: torch.dtype, use_pdl: bool) -> None:
+    """fp8_gemm_rms_norm and fp8_gemm_silu_and_mul against gpu/kernels/rms_norm.py's and silu_and_mul.py's kernels
+    and then the plain row GEMV on the same tiles (the H100's qkv and down ones), back to back and in replays of one
+    CUDA graph: x + residual and the SiLU product bit for bit, the norm's product but for a last-bit flip of the
+    norm where the squares' float32 sum rounds otherwise."""
+    from gpu.kernels.fp8_gemm import fp8_gemm, fp8_gemm_rms_norm, fp8_gemm_silu_and_mul
+    from gpu.kernels.rms_norm import rms_norm
+    from gpu.kernels.silu_and_mul import silu_and_mul
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    levels, scales = _fp8_weight((128, 128), g)
+    tiles = [GemvTiles(1, 2, 2048, 4), GemvTiles(1, 2, 2048, 8), GemvTiles(1, 4, 1024, 4)]
+    x, residual, gate_up = (torch.randn(1, width, device="cuda", generator=g).to(dtype) for width in (K, K, 2 * K))
+    norm_weight = (1 + torch.randn(K, device="cuda", generator=g) / 4).to(dtype)
+
+    def fused(t: GemvTiles) -> tuple[torch.Tensor, ...]:
+        y, summed = fp8_gemm_rms_norm(x, residual, norm_weight, 1e-6, levels, scales, (128, 128), None, t, use_pdl)
+        return y, summed, fp8_gemm_silu_and_mul(gate_up, levels, scales, (128, 128), None, t, use_pdl)
+
+    for t in tiles:
+        normed, ref_summed = rms_norm(x, norm_weight, 1e-6, residual)
+        ref_norm = fp8_gemm(normed, levels, scales, (128, 128), tiles=t)
+        ref_silu = fp8_gemm(silu_and_mul(gate_up), levels, scales, (128, 128), tiles=t)
+        eager = fused(t)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            captured = fused(t)
+        for _ in range(2):
+            graph.replay()
+        torch.cuda.synchronize()
+        for y, summed, y_silu in (eager, captured):
+            assert torch.equal(summed, ref_summed) and torch.equal(y_silu, ref_silu), t
+            torch.testing.assert_close(y, ref_norm, rtol=1e-2, atol=1e-2 * ref_norm.abs().max().item())
+
+
+def test_fp8_linear_at_one_row_computes_its_norm_and_activation() -> None:
+    """An FP8 Linear at one row on the GPU: its format computes the norm and the activation in the row GEMV
+    (apply_normed / apply_activated give results), and forward_normed and forward_activated give exactly those."""
+    from gpu.layers.activation import SiluAndMul
+    from gpu.layers.norm import NormInput, RMSNorm
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    levels, scales = _fp8_weight((128, 128), g)
+    layer = _loaded(Fp8Scheme({"quant_method": "fp8", "weight_block_size": [128, 128]}),
+                    {"weight": levels, "weight_scale_inv": scales})
+    norm = RMSNorm(K, 1e-6).cuda().to(torch.bfloat16)
+    x, residual, gate_up = (torch.randn(1, w, device="cuda", generator=g).bfloat16() for w in (K, K, 2 * K))
+    fused = layer.quant.apply_normed(layer, x, residual, norm.weight, norm.eps, None)
+    assert fused is not None and layer.quant.apply_activated(layer, gate_up, None) is not None
+    y, summed = layer.forward_normed(NormInput(norm, x, residual))
+    assert torch.equal(y, fused[0]) and torch.equal(summed, fused[1])
+    activated = layer.forward_activated(gate_up, SiluAndMul())
+    assert torch.equal(activated, layer.quant.apply_activated(layer, gate_up, None))

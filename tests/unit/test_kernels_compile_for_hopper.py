@@ -499,24 +499,32 @@ FP8_ROW_GEMV_TABLE_TILES = sorted({(n, k, tiles) for (kind, rows, n, k), tiles i
                                    quant_gemm_configs.TABLES["H100"].items()
                                    if kind == "fp8" and quant_gemm_configs.runs_row_gemv(tiles)}, key=repr)
 FP8_ROW_GEMV_SIGNATURE = {"x_ptr": "*bf16", "w_ptr": "*fp8e4nv", "ws_ptr": "*fp32", "bias_ptr": "*bf16",
-                          "out_ptr": "*bf16"}
+                          "out_ptr": "*bf16", "res_ptr": "*bf16", "norm_w_ptr": "*bf16", "sum_ptr": "*bf16",
+                          "eps": "fp32"}
 # SASS, per thread, in the loop at the H100 table's tiles (the float32 GEMV of quant_gemv.py: 8.5 to 12)
 MAX_FP8_INSTRUCTIONS_PER_WEIGHT = 4.2
 
 
-def fp8_row_gemv_loop(t: GemvTiles) -> tuple[list[str], int, int]:
-    """(the SASS of the FP8 row GEMV's loop less its NOPs, spilled bytes, weights a thread multiplies a pass) at
-    128x128 block scales and x in bf16, launched as fp8_row_gemv launches it."""
+def fp8_row_gemv_compiled(t: GemvTiles, prologue: int = 0) -> tuple[list[list[str]], int]:
+    """(the SASS of the FP8 row GEMV's loops, spilled bytes) at 128x128 block scales and x in bf16 (with a residual
+    for the norm prologue), launched as fp8_row_gemv launches it."""
     kernel = fp8_row_gemv._fp8_row_gemv_kernel
     block_n, block_k, num_warps = fp8_row_gemv.launch_shape(t)
-    constexprs = dict(SCALE_ROWS=128, GROUP=128, BLOCK_SCALES=True, HAS_BIAS=False, EVEN_K=True, USE_PDL=True,
+    constexprs = dict(SCALE_ROWS=128, GROUP=128, BLOCK_SCALES=True, HAS_BIAS=False, PROLOGUE=prologue,
+                      HAS_RESIDUAL=prologue == skinny_gemm.RMS_NORM.value, EVEN_K=True, USE_PDL=True,
                       BLOCK_N=block_n, BLOCK_K=block_k)
     signature = {name: FP8_ROW_GEMV_SIGNATURE.get(name, "i32") for name in kernel.arg_names if name not in constexprs}
     compiled = compiled_as_launched(kernel, signature, constexprs, num_warps, 1, frozenset({"K", "stride_wn"}),
                                     enable_fp_fusion=True)
-    (loop,) = loop_bodies(cubin_sass(compiled))
+    return loop_bodies(cubin_sass(compiled)), spilled_bytes(compiled)
+
+
+def fp8_row_gemv_loop(t: GemvTiles) -> tuple[list[str], int, int]:
+    """(the SASS of the FP8 row GEMV's loop less its NOPs, spilled bytes, weights a thread multiplies a pass)."""
+    block_n, block_k, num_warps = fp8_row_gemv.launch_shape(t)
+    (loop,), spilled = fp8_row_gemv_compiled(t)
     weights = block_n * block_k // (32 * num_warps)
-    return [line for line in loop if line != "NOP"], spilled_bytes(compiled), weights
+    return [line for line in loop if line != "NOP"], spilled, weights
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
@@ -530,6 +538,21 @@ def test_fp8_row_gemv_issues_few_instructions_per_weight(n: int, k: int, t: Gemv
     assert not [line for line in loop if SHARED_OR_SPILL.search(line)] and spilled == 0, loop
     assert sum("E4M3" in line for line in loop) == weights // 2
     assert len(loop) / weights <= MAX_FP8_INSTRUCTIONS_PER_WEIGHT, (n, k, len(loop) / weights)
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize("prologue", [skinny_gemm.RMS_NORM.value, skinny_gemm.SILU_AND_MUL.value])
+@pytest.mark.parametrize(("n", "k", "t"), FP8_ROW_GEMV_TABLE_TILES)
+def test_fp8_row_gemv_prologues_keep_the_loop_in_registers(n: int, k: int, t: GemvTiles, prologue: int) -> None:
+    """With a prologue (norm with a residual: its squares' loop, then the product's) x's pairs are made in the
+    threads that multiply them: no shared memory, barrier or spill in any loop, the packed conversions unchanged."""
+    loops, spilled = fp8_row_gemv_compiled(t, prologue)
+    assert len(loops) == 1 + (prologue == skinny_gemm.RMS_NORM.value), [len(body) for body in loops]
+    assert spilled == 0
+    for body in loops:
+        assert not [line for line in body if SHARED_OR_SPILL.search(line)], body
+    block_n, block_k, num_warps = fp8_row_gemv.launch_shape(t)
+    assert sum("E4M3" in line for line in loops[-1]) == block_n * block_k // (64 * num_warps)
 
 
 if __name__ == "__main__":  # python -m tests.unit.test_kernels_compile_for_hopper: the counts the bound above holds
