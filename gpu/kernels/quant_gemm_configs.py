@@ -65,7 +65,7 @@ Table = dict[tuple[str, int, int, int], Tiles]  # (kind, row bucket, N, K) -> th
 # Qwen3-8B's and Qwen3-30B-A3B's dense products (qkv, o_proj, gate_up, down; qkv, o_proj) at 1..8 rows, the lines
 # `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` (H100, H200) and `--weights int4 --sweep` (H200; H100
 # at one row) print; the H200's int4 at one row dropped: measured before the row GEMV, whose rule they would override.
-# FP8 at one row: the H100's measured against the one-row kernel, the H200's on quant_gemv.py's GEMV only (so kept).
+# FP8 at one row: measured against the one-row kernel on both GPUs.
 TABLES: dict[str, Table] = {"H100": {
     ('int4', 1, 6144, 4096): GemvTiles(rows=1, block_n=4, block_k=2048, num_warps=4),
     ('int4', 1, 4096, 4096): GemvTiles(rows=1, block_n=4, block_k=2048, num_warps=4),
@@ -98,27 +98,27 @@ TABLES: dict[str, Table] = {"H100": {
     ('fp8', 4, 2048, 4096): GemvTiles(rows=4, block_n=4, block_k=512, num_warps=4),
     ('fp8', 8, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
 }, "H200": {
-    ('fp8', 1, 6144, 4096): GemvTiles(rows=1, block_n=16, block_k=512, num_warps=4, is_row_gemv=False),
+    ('fp8', 1, 6144, 4096): GemvTiles(rows=1, block_n=4, block_k=1024, num_warps=1),
     ('fp8', 2, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=6, num_warps=4, num_stages=3),
     ('fp8', 4, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=6, num_warps=4, num_stages=3),
     ('fp8', 8, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=6, num_warps=4, num_stages=3),
-    ('fp8', 1, 4096, 4096): GemvTiles(rows=1, block_n=8, block_k=512, num_warps=8, is_row_gemv=False),
+    ('fp8', 1, 4096, 4096): GemvTiles(rows=1, block_n=2, block_k=1024, num_warps=1),
     ('fp8', 2, 4096, 4096): GemvTiles(rows=2, block_n=8, block_k=512, num_warps=4),
     ('fp8', 4, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
     ('fp8', 8, 4096, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
-    ('fp8', 1, 24576, 4096): GemvTiles(rows=1, block_n=16, block_k=256, num_warps=4, is_row_gemv=False),
+    ('fp8', 1, 24576, 4096): GemvTiles(rows=1, block_n=4, block_k=1024, num_warps=1),
     ('fp8', 2, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=2, num_warps=4, num_stages=3),
     ('fp8', 4, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=2, num_warps=4, num_stages=3),
     ('fp8', 8, 24576, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=2, num_warps=4, num_stages=3),
-    ('fp8', 1, 4096, 12288): GemvTiles(rows=1, block_n=2, block_k=1024, num_warps=4, is_row_gemv=False),
+    ('fp8', 1, 4096, 12288): GemvTiles(rows=1, block_n=4, block_k=1024, num_warps=2),
     ('fp8', 2, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=9, num_warps=4, num_stages=3),
     ('fp8', 4, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=9, num_warps=4, num_stages=3),
     ('fp8', 8, 4096, 12288): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=9, num_warps=4, num_stages=3),
-    ('fp8', 1, 5120, 2048): GemvTiles(rows=1, block_n=8, block_k=512, num_warps=4, is_row_gemv=False),
+    ('fp8', 1, 5120, 2048): GemvTiles(rows=1, block_n=4, block_k=1024, num_warps=2),
     ('fp8', 2, 5120, 2048): GemvTiles(rows=2, block_n=8, block_k=256, num_warps=4),
     ('fp8', 4, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=4, num_warps=4, num_stages=3),
     ('fp8', 8, 5120, 2048): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=4, num_warps=4, num_stages=3),
-    ('fp8', 1, 2048, 4096): GemvTiles(rows=1, block_n=4, block_k=1024, num_warps=8, is_row_gemv=False),
+    ('fp8', 1, 2048, 4096): GemvTiles(rows=1, block_n=4, block_k=2048, num_warps=4),
     ('fp8', 2, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
     ('fp8', 4, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
     ('fp8', 8, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
