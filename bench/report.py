@@ -47,10 +47,6 @@ def _by(results: list[Result], kind: str, **match: object) -> list[Result]:
     return [r for r in results if r.get("kind") == kind and all(r.get(k) == v for k, v in match.items())]
 
 
-def _latest(results: list[Result], kind: str) -> Result | None:
-    return max(_by(results, kind), key=lambda r: r["date"], default=None)
-
-
 def offline(results: list[Result]) -> list[str]:
     """nano-vllm's workload: the latest run per model, device and GPU count, beside other engines' recorded figures."""
     latest: dict[tuple[str, str, int], Result] = {}

@@ -46,6 +46,7 @@ class ModelShape:
     num_experts_per_token: int = 0
     linear_params_per_token: int = 0  # weights one token multiplies, its experts only (the LM head apart)
     dtype_bytes: int = 2
+    kv_dtype_bytes: int = 0  # the KV cache's element (0: the model's dtype)
 
     @staticmethod
     def from_dir(model_dir: str | Path, dtype_bytes: int = 2) -> "ModelShape":
@@ -80,7 +81,7 @@ class ModelShape:
 
     @property
     def kv_bytes_per_token_and_layer(self) -> int:
-        return 2 * self.num_kv_heads * self.head_dim * self.dtype_bytes
+        return 2 * self.num_kv_heads * self.head_dim * (self.kv_dtype_bytes or self.dtype_bytes)
 
     def weight_bytes(self, num_rows: int) -> float:
         """Weights a step of `num_rows` token rows reads."""

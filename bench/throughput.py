@@ -22,7 +22,7 @@ import argparse
 import sys
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--enforce-eager", action="store_true")
     p.add_argument("--attention-backend", default="auto")
+    p.add_argument("--kv-cache-dtype", choices=["auto", "fp8"], default="auto", help="fp8: e4m3, a byte in the ideal")
     p.add_argument("--tensor-parallel-size", type=int, default=1,
                    help="ranks (GPUs); the ideal is then one rank's share of the bytes and FLOPs")
     p.add_argument("--warmup", choices=["full", "short", "none"], default="full",
@@ -91,7 +92,7 @@ def model_dir(args: argparse.Namespace) -> str:
 
 ENGINE_FLAGS = ("dtype", "device", "load_format", "max_model_len", "enforce_eager", "attention_backend",
                 "kv_cache_blocks", "gpu_memory_utilization", "max_num_seqs", "max_num_batched_tokens",
-                "tensor_parallel_size")
+                "tensor_parallel_size", "kv_cache_dtype")
 
 
 def new_engine(args: argparse.Namespace, model: str) -> LLMEngine:
@@ -116,7 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     model = model_dir(args)
     device = torch.device("cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
     limits = measure_limits(device, getattr(torch, args.dtype))
-    shape = ModelShape.from_dir(model, DTYPE_BYTES.get(args.dtype, 2)).per_rank(args.tensor_parallel_size)
+    shape = replace(ModelShape.from_dir(model, DTYPE_BYTES.get(args.dtype, 2)), kv_dtype_bytes=int(
+        args.kv_cache_dtype == "fp8")).per_rank(args.tensor_parallel_size)
     requests = workload(args, args.seed)
     result: dict[str, Any] = {
         "kind": "throughput", "workload": args.workload, "model": model, "torch": torch.__version__,

@@ -3,6 +3,7 @@ window) and a tiny workload worked out by hand."""
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -43,6 +44,7 @@ def test_a_dense_tied_checkpoint_by_hand(tmp_path: Path) -> None:
     # read once as the LM head; float32 tensors counted at the serving dtype's 2 bytes.
     assert shape == TINY
     assert shape.kv_bytes_per_new_token == 2 * 2 * 1 * 4 * 2  # K and V, 2 layers, 1 head of 4, 2 bytes
+    assert replace(shape, kv_dtype_bytes=1).kv_bytes_per_new_token == 2 * 2 * 1 * 4  # an FP8 cache: a byte each
     assert shape.lm_head_flops_per_row == 2 * 8 * 32 and shape.attention_flops_per_pair == 4 * 2 * 4 * 2
 
 
