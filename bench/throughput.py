@@ -117,8 +117,8 @@ def main(argv: list[str] | None = None) -> None:
     model = model_dir(args)
     device = torch.device("cuda" if args.device in ("auto", "cuda") and torch.cuda.is_available() else "cpu")
     limits = measure_limits(device, getattr(torch, args.dtype))
-    shape = replace(ModelShape.from_dir(model, DTYPE_BYTES.get(args.dtype, 2)), kv_dtype_bytes=int(
-        args.kv_cache_dtype == "fp8")).per_rank(args.tensor_parallel_size)
+    shape = replace(ModelShape.from_dir(model, DTYPE_BYTES.get(args.dtype, 2)),
+                    kv_dtype_bytes=1 if args.kv_cache_dtype == "fp8" else 0).per_rank(args.tensor_parallel_size)
     requests = workload(args, args.seed)
     result: dict[str, Any] = {
         "kind": "throughput", "workload": args.workload, "model": model, "torch": torch.__version__,

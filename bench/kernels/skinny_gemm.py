@@ -108,12 +108,14 @@ def many_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
 
 def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]:
     if weights != "bf16":  # tensor cores; quant_gemv tiles of 1..4 loads a thread; FP8 at one row also fp8_row_gemv's
-        sizes = list(itertools.product((1, 2, 4, 8, 16), (256, 512, 1024, 2048, 4096), (1, 2, 4, 8)))  # (bn, bk, warps)
-        row = [GemvTiles(1, bn, bk, w) for bn, bk, w in sizes if (weights, bucket) == ("fp8", 1) and bn <= 8 and bk <= k
-               and 512 * w <= max(bk, 512) and 2 <= bn * bk / (512 * w) <= 8]  # its launch shapes: 2..8 loads a thread
-        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *(GemvTiles(bucket, bn, bk, w, not row) for bn,
-                bk, w in sizes if bn > 1 and w >= 4 and 1 <= bn * bk / (2 if weights == "int4" else 1) / (512 * w) <= 4
-                and bucket * bn * bk <= 4096 * w and bk <= k)]
+        block_ks = [bk for bk in (256, 512, 1024, 2048, 4096) if bk <= k]
+        is_fp8_row = (weights, bucket) == ("fp8", 1)  # both one-row GEMVs are tried there, quant_gemv's flagged
+        row = [GemvTiles(1, bn, bk, w) for bn, bk, w in itertools.product((1, 2, 4, 8), block_ks, (1, 2, 4, 8))
+               if is_fp8_row and 512 * w <= max(bk, 512) and 2 <= bn * bk / (512 * w) <= 8]  # 2..8 loads a thread
+        gemv = [GemvTiles(bucket, bn, bk, w, is_row_gemv=not is_fp8_row)
+                for bn, bk, w in itertools.product((2, 4, 8, 16), block_ks, (4, 8))  # codes a byte: 2 int4, 1 fp8
+                if 1 <= bn * bk / (512 * w * (2 if weights == "int4" else 1)) <= 4 and bucket * bn * bk <= 4096 * w]
+        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *gemv]
     if bucket > FEW_ROWS:
         return many_row_candidates(bucket, n, k)
     if n > 8192:  # the lm_head: dot tiles, no split
