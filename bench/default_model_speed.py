@@ -226,8 +226,7 @@ def main(argv: list[str]) -> None:
         "threads": torch.get_num_threads(), **({"cpu": cpu_description()} if args.device == "cpu" else {}),
         "openmp_environment": {name: os.environ[name] for name in OPENMP_ENVIRONMENT if name in os.environ},
         "load_average_1_5_15": {"before": [round(x, 2) for x in load_before],
-                                "after": [round(x, 2) for x in os.getloadavg()]},
-        "results": results,
+                                "after": [round(x, 2) for x in os.getloadavg()]}, "results": results,
     }
     print(json.dumps({k: v for k, v in result.items() if k not in ("results", "cpu")}))
     write_result(args.out, result, "bench.default_model_speed", argv)

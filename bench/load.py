@@ -96,10 +96,8 @@ def _complete(record: RequestRecord, end: float, usage_tokens: int | None, num_t
     record.num_output_tokens = usage_tokens if usage_tokens is not None else num_text_chunks
 
 
-async def run_conversations(
-    session: aiohttp.ClientSession, conversations: list[list[RequestSpec]], concurrency: int,
-    deadline: float | None = None,
-) -> tuple[list[list[RequestRecord]], float]:
+async def run_conversations(session: aiohttp.ClientSession, conversations: list[list[RequestSpec]], concurrency: int,
+                            deadline: float | None = None) -> tuple[list[list[RequestRecord]], float]:
     """Sends each conversation's turns in order, a turn when the previous one has finished, with at most
     `concurrency` conversations in flight; returns each conversation's records (one per turn sent) and the wall time.
 

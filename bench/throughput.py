@@ -122,8 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     requests = workload(args, args.seed)
     result: dict[str, Any] = {
         "kind": "throughput", "workload": args.workload, "model": model, "torch": torch.__version__,
-        "limits": limits.figures(),
-        "ideal": ideal_figures(shape, args, requests, limits),
+        "limits": limits.figures(), "ideal": ideal_figures(shape, args, requests, limits),
         "config": {k: v for k, v in vars(args).items() if k != "out"},
     }
     # The engine's start-up objects frozen as a served engine's are (core/startup_gc.py): a full collection would

@@ -24,7 +24,7 @@ from bench.common import write_result
 from bench.kernels.timing import DEVICE, DTYPE, num_copies, rotated_us_per_call
 from gpu.kernels.fp8_gemm import fp8_gemm
 from gpu.kernels.int_gemm import int_gemm
-from gpu.kernels.quant_gemm_configs import GemvTiles, Tiles, tensor_core_tiles
+from gpu.kernels.quant_gemm_configs import GemvTiles, Tiles, WideGemvTiles, tensor_core_tiles
 from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, row_bucket, skinny_gemm
 from gpu.quant.fp8 import dequantize_blocks
 from gpu.quant.int_weights import IntGroups, IntWeight, to_kernel_form
@@ -39,6 +39,8 @@ COMPARE_ROWS = (1, 2, 4, 8, 16, 17, 32, 48, 64, 100, 128, 192, 256)  # bucket ed
 NUM_SMS = 132  # H100 SXM; H200: the same
 MIN_GAIN = 0.97  # the kernel enters a table where it takes at most this share of cuBLAS's time
 MAX_ERROR = {"bf16": 1e-2, "int4": 1e-2, "fp8": 0.1}  # relative; FP8's tensor-core path quantizes x (4% an element)
+WIDE = ([(4, 1, 1), (4, 2, 1), (4, 4, 1), (8, 1, 1), (8, 1, 2), (2, 4, 1), (4, 2, 2)],  # rows, loads of each, warps
+        [(0, False), (1, False), (2, False), (2, True)])  # the wide row GEMV's tiles fetched into L2 ahead, in order
 
 Weight = torch.Tensor | tuple[torch.Tensor, torch.Tensor] | IntWeight  # bf16; FP8 levels and block scales; int4
 GemmFn = Callable[[torch.Tensor, Weight], torch.Tensor]
@@ -115,7 +117,9 @@ def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]
         gemv = [GemvTiles(bucket, bn, bk, w, is_row_gemv=not is_fp8_row)
                 for bn, bk, w in itertools.product((2, 4, 8, 16), block_ks, (4, 8))  # codes a byte: 2 int4, 1 fp8
                 if 1 <= bn * bk / (512 * w * (2 if weights == "int4" else 1)) <= 4 and bucket * bn * bk <= 4096 * w]
-        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *gemv]
+        wide = [WideGemvTiles(bn, c * w << 10, w, s, p, o) for (bn, c, w), (p, o), s in itertools.product(*WIDE, (1, 2))
+                if (weights, bucket) == ("int4", 1) and s * c * w << 10 <= k and (s == 1 or n <= 8192)]  # int4's wide
+        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *gemv, *wide]
     if bucket > FEW_ROWS:
         return many_row_candidates(bucket, n, k)
     if n > 8192:  # the lm_head: dot tiles, no split

@@ -154,6 +154,42 @@ def _zero_constants(z_ptr, rows_offset, chunk_cols, num_groups, GROUP: tl.conste
         return tl.full((1, 1, 1), ZERO_LOW, tl.int32), tl.full((1, 1, 1), ZERO_HIGH, tl.int32)
 
 
+@triton.jit
+def tile_ids(C: tl.constexpr):
+    """A tile's words from its first, [4, 1, C] (word w of chunk c: 4 consecutive words a thread, one 16-byte load),
+    and x's pairs of columns from its first, [4, 1, C, 4] (the 32 columns of those words, in the same threads)."""
+    word_ids = tl.arange(0, C)[None, None, :] * 4 + tl.arange(0, 4)[:, None, None]
+    word_ids = tl.max_contiguous(tl.multiple_of(word_ids, [4, 1, 1]), [4, 1, 1])
+    return word_ids, word_ids[:, :, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+
+
+@triton.jit
+def tile_sums(words, x_pairs, k, s_ptr, z_ptr, o_ptr, rows_offset, num_groups, GROUP: tl.constexpr,
+              ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+              X_IS_BF16: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr):
+    """A tile's float32 sums of (level - zero) * scale (+ offset) * x / 256 over each chunk (each word, for groups
+    narrower than a chunk): [1 or 4, BLOCK_N, C], of its words [4, BLOCK_N, C] (int32) and x_pairs [4, 1, C, 4]
+    (pairs of 16-bit floats, bfloat16 where X_IS_BF16, as loaded) from column k on."""
+    BY_WORD: tl.constexpr = GROUP < 32  # a scale per word, else per chunk
+    x_pairs, inverse = _f16_x(x_pairs, C, X_IS_BF16)  # [4, 1, C, 4] float16 pairs, [1, 1, C]
+    chunk_cols = k + tl.arange(0, C)[None, None, :] * 32
+    zero_low, zero_high = _zero_constants(z_ptr, rows_offset, chunk_cols, num_groups, GROUP, HAS_ZEROS, ZERO_LOW,
+                                          ZERO_HIGH)
+    if BY_WORD:
+        dots = _word_dots(words, x_pairs, zero_low, zero_high, C)  # [4, BLOCK_N, C] pairs
+    else:
+        dots = _chunk_dots(words, x_pairs, zero_low, zero_high, BLOCK_N, C)  # [1, BLOCK_N, C] pairs
+    scales = _group_values(s_ptr, rows_offset, chunk_cols, num_groups, GROUP)
+    sums = (scales * inverse) * f16x2_sum(dots)
+    if HAS_OFFSETS:
+        x_sums = tl.reduce(f16x2_sum(x_pairs), 3, add)  # [4, 1, C]
+        if not BY_WORD:
+            x_sums = tl.reduce(x_sums, 0, add, keep_dims=True)
+        offsets = _group_values(o_ptr, rows_offset, chunk_cols, num_groups, GROUP)
+        sums += offsets * (x_sums * (inverse / LEVEL_SCALE))
+    return sums
+
+
 @triton.jit(do_not_specialize=["N"])
 def _int4_row_gemv_kernel(
     x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, bias_ptr, out_ptr, N, K, num_words, num_groups, stride_qn, stride_gn,
@@ -162,17 +198,12 @@ def _int4_row_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     C: tl.constexpr = BLOCK_K // 32
-    BY_WORD: tl.constexpr = GROUP < 32  # a scale per word, else per chunk
-    X_IS_BF16: tl.constexpr = x_ptr.dtype.element_ty == tl.bfloat16
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)[None, :, None]  # [1, BLOCK_N, 1]
     rows_offset = rows_w * stride_gn
     q_rows = q_ptr + rows_w * stride_qn
     x_pairs_ptr = x_ptr.to(tl.pointer_type(tl.int32))  # two columns of x an int32, as the packed arithmetic takes them
-    # word w of chunk c, [4, 1, C]: 4 consecutive words a thread; x's 32 columns [4, 1, C, 4] (pairs) follow them
-    word_ids = tl.arange(0, C)[None, None, :] * 4 + tl.arange(0, 4)[:, None, None]
-    word_ids = tl.max_contiguous(tl.multiple_of(word_ids, [4, 1, 1]), [4, 1, 1])
-    pair_ids = word_ids[:, :, :, None] * 4 + tl.arange(0, 4)[None, None, None, :]
+    word_ids, pair_ids = tile_ids(C)
     if EVEN_K:
         words = tl.load(q_rows + word_ids)
     else:
@@ -180,34 +211,20 @@ def _int4_row_gemv_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    sums = tl.full((4 if BY_WORD else 1, BLOCK_N, C), 0.0, tl.float32)
+    sums = tl.full((4 if GROUP < 32 else 1, BLOCK_N, C), 0.0, tl.float32)  # a sum per word, or per chunk
     for k in range(0, K, BLOCK_K):
         if EVEN_K:
             x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids)
         else:
             x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids, mask=k + pair_ids * 2 < K, other=0)
-        x_pairs, inverse = _f16_x(x_pairs, C, X_IS_BF16)  # [4, 1, C, 4] float16 pairs, [1, 1, C]
         if EVEN_K:  # the last tile's next re-reads it: a load without a mask, nothing to zero
             next_start = tl.multiple_of(tl.minimum(k + BLOCK_K, K - BLOCK_K) >> 3, 4)  # a whole tile's words
             next_words = tl.load(q_rows + word_ids + next_start)
         else:
             next_ids = word_ids + ((k + BLOCK_K) >> 3)
             next_words = tl.load(q_rows + next_ids, mask=next_ids < num_words, other=0)
-        chunk_cols = k + tl.arange(0, C)[None, None, :] * 32
-        zero_low, zero_high = _zero_constants(z_ptr, rows_offset, chunk_cols, num_groups, GROUP, HAS_ZEROS,
-                                              ZERO_LOW, ZERO_HIGH)
-        if BY_WORD:
-            dots = _word_dots(words, x_pairs, zero_low, zero_high, C)  # [4, BLOCK_N, C] pairs
-        else:
-            dots = _chunk_dots(words, x_pairs, zero_low, zero_high, BLOCK_N, C)  # [1, BLOCK_N, C] pairs
-        scales = _group_values(s_ptr, rows_offset, chunk_cols, num_groups, GROUP)
-        sums += (scales * inverse) * f16x2_sum(dots)
-        if HAS_OFFSETS:
-            x_sums = tl.reduce(f16x2_sum(x_pairs), 3, add)  # [4, 1, C]
-            if not BY_WORD:
-                x_sums = tl.reduce(x_sums, 0, add, keep_dims=True)
-            offsets = _group_values(o_ptr, rows_offset, chunk_cols, num_groups, GROUP)
-            sums += offsets * (x_sums * (inverse / LEVEL_SCALE))
+        sums += tile_sums(words, x_pairs, k, s_ptr, z_ptr, o_ptr, rows_offset, num_groups, GROUP, ZERO_LOW,
+                          ZERO_HIGH, HAS_ZEROS, HAS_OFFSETS, x_ptr.dtype.element_ty == tl.bfloat16, BLOCK_N, C)
         words = next_words
     y = tl.reduce(tl.reduce(sums, 2, add), 0, add) * LEVEL_SCALE  # [BLOCK_N]
     if HAS_BIAS:

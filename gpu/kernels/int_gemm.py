@@ -27,11 +27,13 @@ import triton.language as tl
 from gpu.kernels.device_tables import device_name
 from gpu.kernels.fp8_gemm import num_sms, reduce_split_k
 from gpu.kernels.int4_row_gemv import int4_row_gemv, takes_row_gemv
+from gpu.kernels.int4_wide_gemv import int4_wide_gemv
 from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.quant_gemm_configs import (
     GemvTiles,
     QuantTiles,
     Tiles,
+    WideGemvTiles,
     quant_tiles,
     runs_row_gemv,
     table_for,
@@ -182,7 +184,8 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
              ) -> torch.Tensor:  # [M, K] x [N, K * bits / 32] -> [M, N]
     """x @ W.T (+ bias) for W in the kernel's form; `out` (an [M, N] view with unit stride along N) receives it.
     `tiles` (else quant_tiles' choice) picks the tensor-core kernel or the GEMV: one row of 4-bit weights that
-    gpu/kernels/int4_row_gemv.py takes runs there, other rows in gpu/kernels/quant_gemv.py."""
+    gpu/kernels/int4_row_gemv.py takes runs there (or in int4_wide_gemv.py, for its tiles), other rows in
+    gpu/kernels/quant_gemv.py."""
     m, k = x.shape
     words, scales = weight.weight, weight.scales
     n = words.shape[0]
@@ -200,6 +203,11 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     if m == 0:
         return y
     t = tiles or _chosen_tiles(x, weight)
+    if isinstance(t, WideGemvTiles) and not takes_row_gemv(weight, x):  # act order, narrow groups, rows: not its
+        t = tensor_core_tiles(m, n, k, f"int{weight.bits}", num_sms(x.device))
+    if isinstance(t, WideGemvTiles):
+        int4_wide_gemv(x, weight, bias, y, t, uses_pdl(use_pdl, x))
+        return y
     if isinstance(t, GemvTiles):
         gemv = int4_row_gemv if runs_row_gemv(t) and takes_row_gemv(weight, x) else int_gemv
         gemv(x, weight, bias, y, t, uses_pdl(use_pdl, x))

@@ -2,17 +2,22 @@
 
 `quant_tiles` is the one place that chooses: a per-GPU table keyed by (kind, row bucket, N, K) where a sweep
 (`python -m bench.kernels.skinny_gemm --weights fp8 --sweep`, or int4) measured one, else the rules below. Its answer is
-`GemvTiles` (gpu/kernels/quant_gemv.py's GEMV path) or `QuantTiles` (the tensor-core kernels).
+`GemvTiles` (gpu/kernels/quant_gemv.py's GEMV path), `WideGemvTiles` (int4_wide_gemv.py's) or `QuantTiles` (the
+tensor-core kernels).
 
 GEMV rule, as the sweep measured it against the tensor-core rule: FP8 at one row takes the GEMV (it measured faster
 on every dense shape swept; at two rows on some and at four or more on none); 8-bit integers never (their GEMV
 measured faster on few shapes at any row count: it stays for a table's entry to choose). 4-bit integers at one row
-take gpu/kernels/int4_row_gemv.py (16-byte weight loads, no shared memory in its loop), at more rows the tensor cores.
-GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows by 512 bytes of each (2 KB for 128 threads: 16 bytes a
-thread), narrow so that every product makes hundreds of programs and the weight stream stays full without split-K;
+take gpu/kernels/int4_wide_gemv.py (`WideGemvTiles`; a table's `GemvTiles` entry takes int4_row_gemv.py, its
+register-prefetching twin), at more rows the tensor cores. GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows
+by 512 bytes of each (2 KB for 128 threads: 16 bytes a thread), narrow so that every product makes hundreds of
+programs and the weight stream stays full without split-K;
 the columns halve while the float32 sums (rows x tile elements per thread) would pass 64 registers a thread. The
-4-bit row GEMV holds a sum per row and 32 columns instead: ROW_GEMV_BLOCK_N rows of up to 4,096 columns, a warp per
-1,024 (up to 4), so that each thread multiplies 4 rows with the 32 columns of x it converts once.
+4-bit row GEMVs hold a sum per row and 32 columns instead: ROW_GEMV_BLOCK_N rows, so that each thread multiplies 4
+rows with the 32 columns of x it converts once; the row GEMV's tiles up to 4,096 columns, a warp per 1,024 (up to 4);
+the wide one's 2,048 columns a warp (two 16-byte loads of each row a thread), one warp a program (its sums reduce
+without shared memory), the next two tiles fetched into L2, and K split while its programs would give a
+multiprocessor fewer than WIDE_MIN_WARPS warps.
 
 Tensor-core rule: both kernels put the weight tile on the tensor cores' M side (BLOCK_N output columns) and the rows
 of x on the N side (BLOCK_M, padded to 16), so a decode step's few rows waste no weight bytes: each weight tile is
@@ -35,6 +40,7 @@ NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpret
 GEMV_MAX_ROWS = {"fp8": 1, "int4": 1, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's reasons
 ROW_GEMV_BLOCK_N = 4  # the 4-bit row GEMV's rows per program, each thread's: x converted once for 4 rows
 GEMV_MAX_SUMS = 64  # float32 sums a thread holds: rows x its tile elements
+WIDE_MIN_WARPS = 6  # warps a multiprocessor the wide row GEMV's programs give it at least, K split if need be
 
 
 @dataclass(frozen=True)
@@ -58,21 +64,36 @@ class GemvTiles:
     is_row_gemv: bool = True
 
 
-Tiles = QuantTiles | GemvTiles
+@dataclass(frozen=True)
+class WideGemvTiles:
+    """gpu/kernels/int4_wide_gemv.py's tiles (4-bit weights, one row of x): each thread issues block_n x block_k /
+    (1,024 num_warps) 16-byte weight loads an iteration, tiles `prefetch` ahead are fetched into L2, K in `split_k`
+    slices at most."""
+
+    block_n: int  # weight rows per program, all of them each thread's
+    block_k: int  # columns per loop iteration: 1,024 a warp for each 16-byte load a thread issues per row
+    num_warps: int
+    split_k: int
+    prefetch: int  # tiles ahead fetched into L2 (0: none)
+    in_order: bool = False  # the weights' loads volatile, which ptxas issues in order: all before the first use
+
+    def __post_init__(self) -> None:
+        is_power_of_two = [size > 0 and size & (size - 1) == 0 for size in (self.block_n, self.block_k)]
+        if not all(is_power_of_two) or self.block_k < 1024 * self.num_warps:
+            raise ValueError(f"block_n and block_k must be powers of two, block_k 1,024 columns a warp or more: {self}")
+        if self.split_k < 1 or self.prefetch < 0:
+            raise ValueError(f"split_k must be 1 or more, prefetch 0 or more: {self}")
+
+
+Tiles = QuantTiles | GemvTiles | WideGemvTiles
 Table = dict[tuple[str, int, int, int], Tiles]  # (kind, row bucket, N, K) -> the tiles measured fastest there
 
 # Per GPU (a name the device's contains), entries the sweep measured; an unmeasured shape or GPU takes the rules.
 # Qwen3-8B's and Qwen3-30B-A3B's dense products (qkv, o_proj, gate_up, down; qkv, o_proj) at 1..8 rows, the lines
-# `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` (H100, H200) and `--weights int4 --sweep` (H200; H100
-# at one row) print; the H200's int4 at one row dropped: measured before the row GEMV, whose rule they would override.
+# `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` (H100, H200) and `--weights int4 --sweep` (H200) print;
+# int4 at one row dropped on both: measured before the wide row GEMV, whose rule they would override.
 # FP8 at one row: measured against the one-row kernel on both GPUs.
 TABLES: dict[str, Table] = {"H100": {
-    ('int4', 1, 6144, 4096): GemvTiles(rows=1, block_n=4, block_k=2048, num_warps=4),
-    ('int4', 1, 4096, 4096): GemvTiles(rows=1, block_n=4, block_k=2048, num_warps=4),
-    ('int4', 1, 24576, 4096): GemvTiles(rows=1, block_n=4, block_k=1024, num_warps=4),
-    ('int4', 1, 4096, 12288): GemvTiles(rows=1, block_n=4, block_k=2048, num_warps=4),
-    ('int4', 1, 5120, 2048): GemvTiles(rows=1, block_n=4, block_k=2048, num_warps=8),
-    ('int4', 1, 2048, 4096): GemvTiles(rows=1, block_n=4, block_k=4096, num_warps=4),
     ('fp8', 1, 6144, 4096): GemvTiles(rows=1, block_n=16, block_k=512, num_warps=4, is_row_gemv=False),
     ('fp8', 2, 6144, 4096): GemvTiles(rows=2, block_n=8, block_k=256, num_warps=4),
     ('fp8', 4, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=6, num_warps=4, num_stages=3),
@@ -178,9 +199,19 @@ def quant_tiles(num_rows: int, n: int, k: int, kind: str, num_sms: int = NUM_SMS
     key = (kind, row_bucket(num_rows), n, k)
     if table and key in table:
         return table[key]
+    if kind == "int4" and key[1] == 1:
+        return wide_gemv_tiles(n, k, num_sms)
     if key[1] <= GEMV_MAX_ROWS[kind]:
         return gemv_tiles(num_rows, k, kind)
     return tensor_core_tiles(num_rows, n, k, kind, num_sms)
+
+
+def wide_gemv_tiles(n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> WideGemvTiles:
+    """The wide row GEMV rule (module docstring); each K slice a whole tile at least."""
+    block_k = min(2 * 1024, max(1024, row_bucket(k)))
+    programs = -(-n // ROW_GEMV_BLOCK_N)
+    split = max(1, min(k // block_k, -(-WIDE_MIN_WARPS * num_sms // programs)))
+    return WideGemvTiles(ROW_GEMV_BLOCK_N, block_k, 1, split, 2)
 
 
 def row_tile(num_rows: int) -> int:

@@ -6,6 +6,7 @@ quantized as the format quantizes activations (the format's own rule for them), 
 implementations' roundings: held to the project's usual rate, or, for the formats whose near ties flip past it in
 transformers' own bf16 model too, to the bf16 reference's record against its float32 one."""
 
+import itertools
 from functools import partial
 from pathlib import Path
 
@@ -21,7 +22,16 @@ from core import LLM, SamplingParams
 from core.model_files.gguf_checkpoint import gguf_checkpoint
 from gpu.kernels import f16x2
 from gpu.kernels.device_tables import device_name
-from gpu.kernels.quant_gemm_configs import FP8_CUBLAS_MIN_ROWS, TABLES, GemvTiles, gemv_tiles, quant_tiles, table_for
+from gpu.kernels.quant_gemm_configs import (
+    FP8_CUBLAS_MIN_ROWS,
+    TABLES,
+    GemvTiles,
+    WideGemvTiles,
+    gemv_tiles,
+    quant_tiles,
+    table_for,
+    wide_gemv_tiles,
+)
 from gpu.layers.linear import Linear
 from gpu.loader import CheckpointTensor, TensorSlice
 from gpu.quant import gguf_blocks
@@ -65,12 +75,14 @@ def runs_gemv(rows: int, kind: str) -> bool:
     from gpu.kernels.fp8_gemm import num_sms
 
     device = torch.device("cuda")
-    return isinstance(quant_tiles(rows, N, K, kind, num_sms(device), table_for(device_name(device))), GemvTiles)
+    return isinstance(quant_tiles(rows, N, K, kind, num_sms(device), table_for(device_name(device))),
+                      GemvTiles | WideGemvTiles)
 
 
 def test_the_rule_and_this_gpus_table_choose_the_path() -> None:
     """This GPU's table is the one its name gives; the tests' shape, in no table, takes the rule: the FP8 GEMV and the
-    int4 row GEMV at one row (so the tests below run them there), the tensor cores at more rows and for int8 at any."""
+    int4 wide row GEMV at one row (so the tests below run them there), the tensor cores at more rows and for int8 at
+    any."""
     device = torch.device("cuda")
     assert device_name(device) == torch.cuda.get_device_name(device)
     for kind in ("fp8", "int4"):
@@ -181,11 +193,13 @@ def test_gemv_tiles_of_the_rule_against_the_reference(rows: int) -> None:
                x.float() @ stored.int_groups().dequantize().T + bias.float())
 
 
+@pytest.mark.parametrize("path", ["wide", "row"])
 @pytest.mark.parametrize(("group_size", "kind"), [(128, "symmetric"), (128, "zeros"), (32, "offsets"), (16, "zeros")])
-@pytest.mark.parametrize(("n", "k"), [(N, K), (1531, K), (6144, 4096), (4096, 12288)])
-def test_int4_row_gemv_against_the_reference(group_size: int, kind: str, n: int, k: int) -> None:
-    """One row of 4-bit weights on the rule's path, the row GEMV (gpu/kernels/int4_row_gemv.py), in bf16: the tests'
-    shape, a ragged N, Qwen3-8B's qkv and down; with a bias, into a column slice of a wider output."""
+@pytest.mark.parametrize(("n", "k"), [(N, K), (1531, K), (640, 2560), (6144, 4096), (4096, 12288), (2048, 4096)])
+def test_int4_row_gemv_against_the_reference(group_size: int, kind: str, n: int, k: int, path: str) -> None:
+    """One row of 4-bit weights on the wide row GEMV's rule (gpu/kernels/int4_wide_gemv.py, K split for the narrowest
+    N) and on the row GEMV's tiles (int4_row_gemv.py), in bf16: the tests' shape, a ragged N, K past the last whole
+    tile, Qwen3-8B's qkv and down, Qwen3-30B-A3B's o_proj; with a bias, into a column slice of a wider output."""
     from gpu.kernels.fp8_gemm import num_sms
     from gpu.kernels.int4_row_gemv import takes_row_gemv
     from gpu.kernels.int_gemm import int_gemm
@@ -198,23 +212,52 @@ def test_int4_row_gemv_against_the_reference(group_size: int, kind: str, n: int,
     stored = to_kernel_form(IntGroups(4, levels, scales, zeros, offsets=offsets), torch.bfloat16)
     x = torch.randn(1, k, device="cuda", generator=g).bfloat16()
     bias = torch.randn(n, device="cuda", generator=g).bfloat16()
-    device = torch.device("cuda")
-    assert takes_row_gemv(stored, x) and isinstance(
-        quant_tiles(1, n, k, "int4", num_sms(device), table_for(device_name(device))), GemvTiles)
+    assert takes_row_gemv(stored, x)
+    tiles = wide_gemv_tiles(n, k, num_sms(x.device)) if path == "wide" else gemv_tiles(1, k, "int4")
     out = torch.zeros(1, n + 64, device="cuda", dtype=torch.bfloat16)
-    int_gemm(x, stored, bias, out=out[:, 32 : 32 + n])
+    int_gemm(x, stored, bias, out=out[:, 32 : 32 + n], tiles=tiles)
     _close(out[:, 32 : 32 + n], x.float() @ stored.int_groups().dequantize().T + bias.float())
     assert not out[:, :32].any() and not out[:, 32 + n :].any()
+
+
+def _wide_sweep_tiles() -> list[WideGemvTiles]:
+    """Every wide row GEMV tile the sweep (bench/kernels/skinny_gemm.py) tries, split in two too."""
+    from bench.kernels.skinny_gemm import WIDE
+
+    return [WideGemvTiles(rows, loads * warps << 10, warps, split, prefetch, in_order)
+            for (rows, loads, warps), (prefetch, in_order), split in itertools.product(*WIDE, (1, 2))]
+
+
+@pytest.mark.parametrize("k", [12288, 13312])
+@pytest.mark.parametrize("tiles", _wide_sweep_tiles(), ids=repr)
+def test_the_wide_sweeps_tiles_against_the_reference(tiles: WideGemvTiles, k: int) -> None:
+    """Each tile the sweep may write into a table, at Qwen3-8B's down projection (K of whole tiles of every width)
+    and past it by 1,024 columns (a partial last tile where tiles are wider) with zero points, x in bf16: its L2
+    prefetches and in-order (volatile) loads, which Triton's interpreter skips or reads as plain loads, leave the
+    product the reference's."""
+    from gpu.kernels.int_gemm import int_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(tiles.block_k + tiles.block_n)
+    n = 4096
+    levels = torch.randint(0, 16, (n, k), device="cuda", generator=g, dtype=torch.int32)
+    scales = torch.rand(n, k // 128, device="cuda", generator=g) * 0.01 + 1e-3
+    zeros = torch.randint(0, 16, scales.shape, device="cuda", generator=g).float()
+    stored = to_kernel_form(IntGroups(4, levels, scales, zeros), torch.bfloat16)
+    x = torch.randn(1, k, device="cuda", generator=g).bfloat16()
+    _close(int_gemm(x, stored, tiles=tiles), x.float() @ stored.int_groups().dequantize().T)
 
 
 @pytest.mark.parametrize(("dtype", "x_scale", "outlier"), [
     (torch.bfloat16, 1e-6, None), (torch.bfloat16, 1.0, 1e5), (torch.bfloat16, 1e-2, 1e30),
     (torch.float16, 1e-5, None), (torch.float16, 1e-3, 6e4)])
-def test_int4_row_gemv_past_float16s_range(dtype: torch.dtype, x_scale: float, outlier: float | None) -> None:
-    """The row GEMV's products are float16 (gpu/kernels/f16x2.py) of x scaled a chunk at a time into its range: x
+@pytest.mark.parametrize("wide", [False, True])
+def test_int4_row_gemv_past_float16s_range(dtype: torch.dtype, x_scale: float, outlier: float | None,
+                                           wide: bool) -> None:
+    """The row GEMVs' products are float16 (gpu/kernels/f16x2.py) of x scaled a chunk at a time into its range: x
     whose products fall below float16's normal range (bf16 10^-6, float16 10^-5), and outliers past it (bf16 10^5,
     10^30, as large activations have them) or at its edge, within float16's rounding of the exact product."""
     from gpu.kernels.int4_row_gemv import int4_row_gemv, takes_row_gemv
+    from gpu.kernels.int4_wide_gemv import int4_wide_gemv
 
     g = torch.Generator(device="cuda").manual_seed(5)
     n, k = 4096, 12288
@@ -228,7 +271,10 @@ def test_int4_row_gemv_past_float16s_range(dtype: torch.dtype, x_scale: float, o
     x = x.to(dtype)
     assert takes_row_gemv(stored, x)
     y = torch.empty(1, n, device="cuda")  # float32: the outliers' products pass float16's range summed over K
-    int4_row_gemv(x, stored, None, y, gemv_tiles(1, k, "int4"), False)
+    if wide:
+        int4_wide_gemv(x, stored, None, y, wide_gemv_tiles(n, k), False)
+    else:
+        int4_row_gemv(x, stored, None, y, gemv_tiles(1, k, "int4"), False)
     assert y.isfinite().all()
     _close(y, (x.double() @ stored.int_groups().dequantize().double().T).float(), 2e-3)
 
@@ -394,9 +440,11 @@ def test_kernels_replay_in_a_cuda_graph() -> None:
     stored = to_kernel_form(_int_groups(4, 128, "zeros", g), torch.bfloat16)
     one, few, many = (torch.randn(rows, K, device="cuda", generator=g).bfloat16() for rows in (1, 4, 128))
 
-    def step() -> list[torch.Tensor]:  # FP8's GEMV at one row (the rule), int4's by its tiles; tensor cores, cuBLAS
+    def step() -> list[torch.Tensor]:  # FP8's GEMV at one row (the rule), int4's by its tiles (the wide one's, split
+        # too); tensor cores, cuBLAS
         return [fp8(one), fp8(few), fp8(many), int_gemm(one, stored, tiles=gemv_tiles(1, K, "int4")),
-                stored.product(one, None), stored.product(few, None), stored.product(many, None)]
+                int_gemm(one, stored, tiles=WideGemvTiles(4, 1024, 1, 2, 2, True)), stored.product(one, None),
+                stored.product(few, None), stored.product(many, None)]
 
     eager = step()
     torch.cuda.synchronize()

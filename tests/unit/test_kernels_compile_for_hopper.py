@@ -22,6 +22,7 @@ from gpu.kernels import (  # noqa: E402
     fp8_quant,
     fp8_row_gemv,
     int4_row_gemv,
+    int4_wide_gemv,
     int_gemm,
     moe_route,
     prefill_attention,
@@ -33,7 +34,14 @@ from gpu.kernels import (  # noqa: E402
     skinny_gemm,
     store_kv,
 )
-from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, gemv_tiles, tensor_core_tiles  # noqa: E402
+from gpu.kernels.quant_gemm_configs import (  # noqa: E402
+    GemvTiles,
+    QuantTiles,
+    WideGemvTiles,
+    gemv_tiles,
+    tensor_core_tiles,
+    wide_gemv_tiles,
+)
 from gpu.kernels.skinny_gemm_configs import PROLOGUE_BUCKETS, TABLES, SkinnyConfig, prologue_config  # noqa: E402
 
 HOPPER = GPUTarget("cuda", 90, 32)
@@ -463,9 +471,10 @@ def test_skinny_gemm_one_row_loops_stay_in_registers(launch: Launch) -> None:
     assert any("LDG.E.128" in line for line in loops[-1])
 
 
-ROW_GEMV_TABLE_TILES = sorted({(n, k, tiles) for (kind, rows, n, k), tiles in quant_gemm_configs.TABLES["H100"].items()
-                               if (kind, rows) == ("int4", 1)}, key=repr)
-# SASS, per thread, in the loop at the H100 table's tiles, x's scaling into float16's range included
+# The tiles the H100 sweep measured fastest for the row GEMV at Qwen3-8B's one-row products
+ROW_GEMV_SWEPT_TILES = [GemvTiles(1, 4, 1024, 4), GemvTiles(1, 4, 2048, 4), GemvTiles(1, 4, 2048, 8),
+                        GemvTiles(1, 4, 4096, 4)]
+# SASS, per thread, in the loop at those tiles, x's scaling into float16's range included
 MAX_INSTRUCTIONS_PER_WEIGHT = {"symmetric": 2.8, "zeros": 3.1}
 
 
@@ -482,17 +491,109 @@ def row_gemv_weights_per_thread(t: GemvTiles) -> int:
 
 
 @pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
-@pytest.mark.parametrize(("n", "k", "t"), ROW_GEMV_TABLE_TILES)
+@pytest.mark.parametrize("t", ROW_GEMV_SWEPT_TILES, ids=repr)
 @pytest.mark.parametrize("kind", ["symmetric", "zeros"])
-def test_row_gemv_issues_few_instructions_per_weight(n: int, k: int, t: GemvTiles, kind: str) -> None:
-    """At the H100 table's one-row int4 tiles (groups of 128, x in bf16), the loop's SASS issues at most
+def test_row_gemv_issues_few_instructions_per_weight(t: GemvTiles, kind: str) -> None:
+    """At the tiles the sweep chose for it (groups of 128, x in bf16), the loop's SASS issues at most
     MAX_INSTRUCTIONS_PER_WEIGHT instructions per weight a thread multiplies: decode at one row reads its weights
     once, so the loop must keep up with the memory's bytes (unpacking and a float32 multiply-add per weight, three
     instructions and more, could not). No shared memory, barrier or spill in it."""
     loop, spilled = row_gemv_loop(kind, t)
     assert not [line for line in loop if SHARED_OR_SPILL.search(line)] and spilled == 0, loop
     per_weight = len(loop) / row_gemv_weights_per_thread(t)
-    assert per_weight <= MAX_INSTRUCTIONS_PER_WEIGHT[kind], (n, k, per_weight)
+    assert per_weight <= MAX_INSTRUCTIONS_PER_WEIGHT[kind], (t, per_weight)
+
+
+WIDE_GEMV_SIGNATURE = ROW_GEMV_SIGNATURE | {"k_per_split": "i32", "stride_os": "i32"}
+QWEN3_8B_PRODUCTS = ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (5120, 2048), (2048, 4096))
+# the rule's tiles at Qwen3-8B's (and -30B-A3B's) one-row products, and variants the sweep tries: loads in order, 4
+# rows by 4 loads of each, 8 rows, two warps (8 rows by 2 loads a thread spill with zero points: not swept; 4 rows by 4
+# loads in order spill 88 bytes with offsets: not here)
+WIDE_GEMV_TILES = sorted({wide_gemv_tiles(n, k) for n, k in QWEN3_8B_PRODUCTS} | {
+    WideGemvTiles(4, 2048, 1, 1, 2, True), WideGemvTiles(4, 4096, 1, 1, 1), WideGemvTiles(8, 1024, 1, 1, 2, True),
+    WideGemvTiles(8, 2048, 2, 1, 1), WideGemvTiles(4, 4096, 2, 1, 2)}, key=repr)
+MAX_WIDE_INSTRUCTIONS_PER_WEIGHT = {"symmetric": 3.0, "zeros": 3.25, "offsets": 3.7}  # x's scaling, not prefetches
+LOAD_128 = re.compile(r"\bLDG\.E\.128(?:\.\w+)*\s+R(\d+)")
+
+
+def _registers(line: str) -> tuple[int | None, set[int]]:
+    """The register a SASS instruction writes first (None for stores, prefetches, branches) and those it reads."""
+    op, _, operands = re.sub(r"^@!?P\w+\s+", "", line).partition(" ")
+    has_dest = not op.startswith(("ST", "CCTL", "RED", "BRA", "EXIT")) and "," in operands
+    dest, _, sources = operands.partition(",") if has_dest else ("", "", operands)
+    first = re.match(r"\s*R(\d+)", dest)
+    return (int(first.group(1)) if first else None), {int(r) for r in re.findall(r"\bR(\d+)\b", sources)}
+
+
+def first_use(body: list[str], loads: set[int]) -> int:
+    """The index of the first instruction that reads a register one of the 16-byte loads at `loads` wrote (and
+    nothing rewrote since), len(body) if none."""
+    written: set[int] = set()
+    for i, line in enumerate(body):
+        dest, sources = _registers(line)
+        if written & sources:
+            return i
+        if i in loads:
+            written |= set(range(int(LOAD_128.search(line).group(1)), int(LOAD_128.search(line).group(1)) + 4))
+        elif dest is not None:
+            written.discard(dest)
+    return len(body)
+
+
+def loads_before_first_use(body: list[str]) -> int:
+    """The 16-byte loads a loop body issues before it first uses one."""
+    loads = {i for i, line in enumerate(body) if LOAD_128.search(line)}
+    return sum(i < first_use(body, loads) for i in loads)
+
+
+def wide_gemv_loop(kind: str, group: int, t: WideGemvTiles) -> tuple[list[str], int]:
+    """(the SASS of the wide row GEMV's loop less its NOPs, spilled bytes), x in bf16, as the wrapper launches it."""
+    kernel = int4_wide_gemv._int4_wide_gemv_kernel
+    constexprs = row_gemv_constexprs(group, kind) | dict(
+        HAS_BIAS=False, IS_PARTIAL=t.split_k > 1, EVEN_K=True, USE_PDL=True, PREFETCH=t.prefetch, IN_ORDER=t.in_order,
+        BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+    signature = {name: WIDE_GEMV_SIGNATURE[name] for name in kernel.arg_names if name not in constexprs}
+    signature["out_ptr"] = "*fp32" if t.split_k > 1 else "*bf16"
+    compiled = compiled_as_launched(kernel, signature, constexprs, t.num_warps, 1,
+                                    frozenset({"K", "num_words", "stride_qn", "k_per_split"}), enable_fp_fusion=True)
+    (loop,) = loop_bodies(cubin_sass(compiled))
+    return [line for line in loop if line != "NOP"], spilled_bytes(compiled)
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize("t", WIDE_GEMV_TILES, ids=repr)
+@pytest.mark.parametrize(("kind", "group"), [("symmetric", 128), ("zeros", 128), ("offsets", 32)])
+def test_wide_gemv_keeps_loads_in_flight(t: WideGemvTiles, kind: str, group: int) -> None:
+    """The wide row GEMV's loop reads weights and x in 16-byte loads, fetches the tile `prefetch` ahead into L2 (one
+    prefetch a 16-byte load: a line each; the group values' before the loop), issues few instructions per weight,
+    and touches no shared memory, waits at no barrier, spills nothing. Where its loads are in order, every weight
+    load issues before any is used; else x's first 32 columns and a weight load at least (ptxas spreads the others
+    over the iteration, each a wait on L2 where the tile was fetched ahead)."""
+    loop, spilled = wide_gemv_loop(kind, group, t)
+    assert not [line for line in loop if SHARED_OR_SPILL.search(line)] and spilled == 0, loop
+    loads_per_row = t.block_k // (1024 * t.num_warps)
+    assert sum(bool(LOAD_128.search(line)) for line in loop) == (t.block_n + 4) * loads_per_row
+    if t.in_order:  # the weights' volatile loads, x's first pair again (volatile), then any use of the weights
+        weights = {i for i, line in enumerate(loop) if LOAD_128.search(line) and ".STRONG" in line}
+        (token,) = [i for i, line in enumerate(loop) if re.search(r"\bLDG\.E\.STRONG", line)]
+        assert len(weights) == t.block_n * loads_per_row and max(weights) < token < first_use(loop, weights), loop
+    else:
+        assert loads_before_first_use(loop) >= 5, loop
+    prefetches = t.block_n * loads_per_row if t.prefetch else 0  # the group values' before the loop
+    assert sum("CCTL.E.PF2" in line for line in loop) == prefetches
+    per_weight = (len(loop) - prefetches) / (t.block_n * loads_per_row * 32)
+    assert per_weight <= MAX_WIDE_INSTRUCTIONS_PER_WEIGHT[kind], (t, kind, per_weight)
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+def test_row_gemv_loop_issues_its_next_tile_last() -> None:
+    """Why the wide row GEMV prefetches into L2: the row GEMV's loop issues only x's loads before it first uses one
+    (its next tile's words come last, just before the branch: ptxas sinks them), so each iteration waits on words
+    loaded at the end of the one before."""
+    loop, _ = row_gemv_loop("symmetric", GemvTiles(1, 4, 2048, 4))
+    assert loads_before_first_use(loop) == 4
+    loads = [i for i, line in enumerate(loop) if LOAD_128.search(line)]
+    assert loads[4] > 0.75 * len(loop), loads
 
 
 FP8_ROW_GEMV_TABLE_TILES = sorted({(n, k, tiles) for (kind, rows, n, k), tiles in
@@ -532,10 +633,16 @@ def test_fp8_row_gemv_issues_few_instructions_per_weight(n: int, k: int, t: Gemv
     assert len(loop) / weights <= MAX_FP8_INSTRUCTIONS_PER_WEIGHT, (n, k, len(loop) / weights)
 
 
-if __name__ == "__main__":  # python -m tests.unit.test_kernels_compile_for_hopper: the counts the bound above holds
-    for n, k, t in ROW_GEMV_TABLE_TILES:
+if __name__ == "__main__":  # python -m tests.unit.test_kernels_compile_for_hopper: the counts the bounds above hold
+    for t in ROW_GEMV_SWEPT_TILES:
         counts = {kind: len(row_gemv_loop(kind, t)[0]) for kind in ("symmetric", "zeros")}
-        print(n, k, t, {kind: round(count / row_gemv_weights_per_thread(t), 2) for kind, count in counts.items()})
+        print(t, {kind: round(count / row_gemv_weights_per_thread(t), 2) for kind, count in counts.items()})
+    for t in WIDE_GEMV_TILES:
+        for kind, group in (("symmetric", 128), ("zeros", 128), ("offsets", 32)):
+            loop, _ = wide_gemv_loop(kind, group, t)
+            weights = t.block_n * t.block_k // (32 * t.num_warps)
+            print(t, kind, round((len(loop) - sum("CCTL" in line for line in loop)) / weights, 2),
+                  loads_before_first_use(loop), sum(bool(LOAD_128.search(line)) for line in loop))
     for n, k, t in FP8_ROW_GEMV_TABLE_TILES:
         loop, _, weights = fp8_row_gemv_loop(t)
         print("fp8", n, k, t, round(len(loop) / weights, 2))

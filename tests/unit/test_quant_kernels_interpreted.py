@@ -19,12 +19,15 @@ import torch
 from gpu.kernels.quant_gemm_configs import (
     GEMV_MAX_SUMS,
     TABLES,
+    WIDE_MIN_WARPS,
     GemvTiles,
     QuantTiles,
+    WideGemvTiles,
     gemv_tiles,
     quant_tiles,
     table_for,
     tensor_core_tiles,
+    wide_gemv_tiles,
 )
 from gpu.quant import gguf_blocks
 from gpu.quant.fp8 import dequantize_blocks
@@ -227,11 +230,12 @@ def test_fp8_gemv_equals_the_dequantized_product_with_activations_unquantized(
 
 
 def test_gemv_rule_fp8_and_int4_at_one_row_only() -> None:
-    """FP8 and int4 at one row take the GEMV rule's tiles (int4's the row GEMV's); more rows, and int8 at any, the
-    tensor-core rule."""
+    """FP8 and int4 at one row take the GEMV rules' tiles (int4's the wide row GEMV's); more rows, and int8 at any,
+    the tensor-core rule."""
     for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (24576, 4096), (20, 200)):
+        assert quant_tiles(1, n, k, "fp8") == gemv_tiles(1, k, "fp8")
+        assert quant_tiles(1, n, k, "int4") == wide_gemv_tiles(n, k)
         for kind in ("fp8", "int4"):
-            assert quant_tiles(1, n, k, kind) == gemv_tiles(1, k, kind)
             for rows in (2, 3, 4, 8, 16):
                 assert quant_tiles(rows, n, k, kind) == tensor_core_tiles(rows, n, k, kind)
         for rows in (1, 2, 4, 8):
@@ -301,9 +305,7 @@ def test_int4_row_gemv_equals_the_dequantized_product(int_kernel: ModuleType, ro
     assert row_gemv.takes_row_gemv(stored, x)
     bias = torch.randn(n, generator=g).half()
     out = torch.zeros(1, n + 8, dtype=torch.float16)
-    chosen = None if tiles is None else int_kernel.GemvTiles(**tiles.__dict__)
-    if chosen is None:
-        assert quant_tiles(1, n, k, "int4") == gemv_tiles(1, k, "int4")
+    chosen = None if tiles is None else int_kernel.GemvTiles(**tiles.__dict__)  # None: the wide row GEMV's rule
     int_kernel.int_gemm(x, stored, bias, out=out[:, 4 : 4 + n], tiles=chosen)
     _close(out[:, 4 : 4 + n], x.float() @ groups.dequantize().T + bias.float())
     assert not out[:, :4].any() and not out[:, 4 + n :].any()
@@ -313,18 +315,86 @@ def test_int4_row_gemv_equals_the_dequantized_product(int_kernel: ModuleType, ro
     _close(direct, x.float() @ groups.dequantize().T)
 
 
+@pytest.fixture(scope="module")
+def wide_gemv() -> ModuleType:
+    return interpreted("int4_wide_gemv")
+
+
+@pytest.mark.parametrize(("group_size", "kind", "n", "k", "tiles"), [
+    (128, "symmetric", 13, 4096, WideGemvTiles(4, 2048, 1, 1, 2)),
+    (128, "zeros", 9, 2560, WideGemvTiles(4, 1024, 1, 2, 1)),
+    (64, "equal-zeros", 7, 3072, WideGemvTiles(2, 2048, 2, 1, 1, True)),
+    (32, "offsets", 6, 160, WideGemvTiles(2, 1024, 1, 1, 0)),
+    (16, "zeros", 5, 4096, WideGemvTiles(8, 1024, 1, 4, 3)),
+    (8, "offsets", 3, 2048, WideGemvTiles(4, 4096, 1, 1, 1)),
+    (512, "symmetric", 4, 1536, WideGemvTiles(4, 1024, 1, 3, 2))])
+def test_int4_wide_gemv_equals_the_dequantized_product(int_kernel: ModuleType, group_size: int, kind: str, n: int,
+                                                       k: int, tiles: WideGemvTiles) -> None:
+    """One row of x through the wide row GEMV's tiles by int_gemm: ragged N, K past the last whole tile and group,
+    shorter than a tile, split in slices (the last one short), prefetches past the slice and K, loads in order, two
+    warps, groups from a word to wider than a tile, zero points per group, one for all, offsets, a bias and a column
+    slice of a wider output."""
+    g = torch.Generator().manual_seed(n * k + group_size)
+    num_groups = -(-k // group_size)
+    groups = _int_groups(4, group_size, kind, n, num_groups * group_size, g)
+    groups.levels = groups.levels[:, :k]
+    groups.group_ids = (torch.arange(k) // group_size).to(torch.int32)
+    stored = to_kernel_form(groups, torch.float16)
+    x = torch.randn(1, k, generator=g).half()
+    bias = torch.randn(n, generator=g).half()
+    out = torch.zeros(1, n + 8, dtype=torch.float16)
+    int_kernel.int_gemm(x, stored, bias, out=out[:, 4 : 4 + n], tiles=int_kernel.WideGemvTiles(**tiles.__dict__))
+    _close(out[:, 4 : 4 + n], x.float() @ groups.dequantize().T + bias.float())
+    assert not out[:, :4].any() and not out[:, 4 + n :].any()
+
+
+def test_wide_gemv_tiles_split_only_what_would_leave_multiprocessors_idle() -> None:
+    """The wide row GEMV's rule: 4 rows by whole warps of chunks, a power of two of columns; K split only where the
+    programs would give a multiprocessor fewer than WIDE_MIN_WARPS warps, each slice a whole tile at least."""
+    for n, k in ((6144, 4096), (4096, 4096), (24576, 4096), (4096, 12288), (5120, 2048), (2048, 4096), (128, 2048),
+                 (20, 200)):
+        t = wide_gemv_tiles(n, k, 132)
+        assert t.block_n == 4 and t.block_k % (1024 * t.num_warps) == 0 and t.block_k & (t.block_k - 1) == 0, t
+        programs = -(-n // t.block_n) * t.num_warps
+        assert (t.split_k > 1) == (programs < WIDE_MIN_WARPS * 132 and k >= 2 * t.block_k), (n, k, t)
+        assert t.split_k == 1 or k // t.split_k >= t.block_k
+    assert wide_gemv_tiles(2048, 4096, 132).split_k == 2 and wide_gemv_tiles(4096, 4096, 132).split_k == 1
+
+
+def test_wide_gemv_tiles_refuse_what_the_kernel_cannot_lay_out() -> None:
+    """Tiles of whole warps of 16-byte loads (1,024 columns a warp), powers of two, a slice at least, no negative
+    prefetch."""
+    for args in ((4, 512, 1, 1, 1), (4, 2048, 4, 1, 1), (3, 2048, 1, 1, 1), (4, 3072, 1, 1, 1), (4, 2048, 1, 0, 1),
+                 (4, 2048, 1, 1, -1)):
+        with pytest.raises(ValueError):
+            WideGemvTiles(*args)
+    assert WideGemvTiles(8, 4096, 4, 2, 0).block_k == 4096
+
+
+def test_wide_tiles_the_row_gemv_does_not_take_go_to_the_tensor_cores(int_kernel: ModuleType) -> None:
+    """Act order, two rows: the wide tiles fall back to the tensor-core rule, and the product is the reference's."""
+    g = torch.Generator().manual_seed(5)
+    tiles = int_kernel.WideGemvTiles(4, 1024, 1, 1, 1)
+    act_order = to_kernel_form(_int_groups(4, 64, "act-order", 12, 256, g), torch.float16)
+    zeros = to_kernel_form(_int_groups(4, 64, "zeros", 12, 256, g), torch.float16)
+    for stored, m in ((act_order, 1), (zeros, 2)):
+        x = torch.randn(m, 256, generator=g).half()
+        _close(int_kernel.int_gemm(x, stored, tiles=tiles), x.float() @ stored.int_groups().dequantize().T)
+
+
 ROW_GEMV_X = [(torch.bfloat16, 1.0, None), (torch.bfloat16, 1e-3, None), (torch.bfloat16, 1e-6, None),
               (torch.bfloat16, 1e3, None), (torch.bfloat16, 1.0, 1e5), (torch.bfloat16, 1e-2, 1e30),
               (torch.float16, 1e-5, None), (torch.float16, 1.0, 6e4)]
 
 
+@pytest.mark.parametrize("wide", [False, True])
 @pytest.mark.parametrize(("dtype", "x_scale", "outlier"), ROW_GEMV_X)
-def test_int4_row_gemv_holds_x_of_any_magnitude(row_gemv: ModuleType, dtype: torch.dtype, x_scale: float,
-                                                outlier: float | None) -> None:
+def test_int4_row_gemv_holds_x_of_any_magnitude(row_gemv: ModuleType, wide_gemv: ModuleType, dtype: torch.dtype,
+                                                x_scale: float, outlier: float | None, wide: bool) -> None:
     """x from bf16's tiny values to past float16's range (1e5, 1e30: outliers as large activations have them), in
     float16 as far as its subnormals, with zero points per group, into float32 outputs: within float16's rounding of
-    the exact product relative to the largest output (the kernel's products are float16 pairs, of x scaled a chunk at
-    a time by a power of two)."""
+    the exact product relative to the largest output (the kernels' products are float16 pairs, of x scaled a chunk at
+    a time by a power of two). The row GEMV and the wide one (one tile wider than K)."""
     g = torch.Generator().manual_seed(int(x_scale * 1000) + 7)
     n, k = 64, 512
     groups = _int_groups(4, 64, "zeros", n, k, g)
@@ -335,7 +405,10 @@ def test_int4_row_gemv_holds_x_of_any_magnitude(row_gemv: ModuleType, dtype: tor
     x = x.to(dtype)
     assert row_gemv.takes_row_gemv(stored, x)
     y = torch.zeros(1, n)
-    row_gemv.int4_row_gemv(x, stored, None, y, row_gemv.GemvTiles(1, 4, 256, 2), False)
+    if wide:
+        wide_gemv.int4_wide_gemv(x, stored, None, y, wide_gemv.WideGemvTiles(4, 1024, 1, 2, 1), False)
+    else:
+        row_gemv.int4_row_gemv(x, stored, None, y, row_gemv.GemvTiles(1, 4, 256, 2), False)
     reference = x.double() @ stored.int_groups().dequantize().double().T  # its 16-bit scales
     assert y.isfinite().all()
     assert ((y.double() - reference).abs().max() / reference.abs().max()).item() < 1e-3
