@@ -91,7 +91,7 @@ Table = dict[tuple[str, int, int, int], Tiles]  # (kind, row bucket, N, K) -> th
 # Per GPU (a name the device's contains), entries the sweep measured; an unmeasured shape or GPU takes the rules.
 # Qwen3-8B's and Qwen3-30B-A3B's dense products (qkv, o_proj, gate_up, down; qkv, o_proj) at 1..8 rows, the lines
 # `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` (H100, H200) and `--weights int4 --sweep` (H200) print;
-# int4 at one row dropped on both: measured before the wide row GEMV, whose rule they would override.
+# int4 at one row: the H200's measured against the wide row GEMV; the H100 takes its rule.
 # FP8 at one row: measured against the one-row kernel on both GPUs.
 TABLES: dict[str, Table] = {"H100": {
     ('fp8', 1, 6144, 4096): GemvTiles(rows=1, block_n=16, block_k=512, num_warps=4, is_row_gemv=False),
@@ -143,6 +143,12 @@ TABLES: dict[str, Table] = {"H100": {
     ('fp8', 2, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
     ('fp8', 4, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
     ('fp8', 8, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=256, split_k=8, num_warps=4, num_stages=3),
+    ('int4', 1, 6144, 4096): WideGemvTiles(block_n=4, block_k=2048, num_warps=1, split_k=1, prefetch=2),
+    ('int4', 1, 4096, 4096): WideGemvTiles(block_n=4, block_k=4096, num_warps=1, split_k=1, prefetch=1),
+    ('int4', 1, 24576, 4096): WideGemvTiles(block_n=4, block_k=1024, num_warps=1, split_k=1, prefetch=2, in_order=True),
+    ('int4', 1, 4096, 12288): WideGemvTiles(block_n=4, block_k=4096, num_warps=1, split_k=1, prefetch=1),
+    ('int4', 1, 5120, 2048): WideGemvTiles(block_n=4, block_k=2048, num_warps=1, split_k=1, prefetch=1),
+    ('int4', 1, 2048, 4096): WideGemvTiles(block_n=4, block_k=4096, num_warps=2, split_k=1, prefetch=2),
     ('int4', 2, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
     ('int4', 4, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
     ('int4', 8, 6144, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
