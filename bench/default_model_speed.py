@@ -42,13 +42,13 @@ from gpu.layers.int8_dot_linear import Int8DotProduct
 from gpu.model_runner import ModelRunner
 
 PROMPT_SETS = tomllib.loads(Path(__file__).with_name("prompts.toml").read_text())
-# Speculative configs by name (num_speculative_tokens: --drafts): n-gram lookup with as many drafts as pay (the
-# default), with every draft every step (as vLLM), suffix lookup, and the target as its own draft model with every
-# draft every step (all accepted: the step-cost model's best case), the checkpoint's own MTP head.
+# Speculative configs by name (--drafts: num_speculative_tokens): n-gram lookup, as many drafts as pay or all (-fixed),
+# verified on the device or from the host's drafts (-host); suffix lookup; the target as its own draft (all); MTP.
 SPECULATIVE: dict[str, dict[str, object] | None] = {
-    "off": None, "ngram": {"method": "ngram", "prompt_lookup_max": 4},
-    "ngram-fixed": {"method": "ngram", "prompt_lookup_max": 4, "adaptive": False}, "mtp": {"method": "mtp"},
-    "suffix": {"method": "suffix"}, "draft-self": {"method": "draft_model", "adaptive": False}}
+    "off": None, "mtp": {"method": "mtp"}, "suffix": {"method": "suffix"},
+    "draft-self": {"method": "draft_model", "adaptive": False}} | {f"ngram{fixed}{host}": {
+        "method": "ngram", "prompt_lookup_max": 4, "adaptive": not fixed, "verify_on_device": not host}
+        for fixed in ("", "-fixed") for host in ("", "-host")}
 # Recorded where set: how every contender's OpenMP threads run and wait, the instruction set torch's kernels take.
 OPENMP_ENVIRONMENT = ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "OMP_PROC_BIND", "ATEN_CPU_CAPABILITY")
 

@@ -24,7 +24,10 @@ row fails, or steps keep failing) is raised: the engine is broken, and its owner
 
 Speculative decoding (core/speculation.py): a step whose controller asks for drafts books the step in flight
 first (drafts are proposed from known tokens), and is itself booked before the next step is scheduled (what it
-accepts decides what comes next); its rows verify their drafts, each sampled at every verified position.
+accepts decides what comes next); its rows verify their drafts, each sampled at every verified position. Prompt
+lookup's decode-only steps of ordinary rows are laid out on the device instead (core/device_verification.py): drafts,
+inputs, acceptance and the next step's first tokens stay there, so such a step is launched before the one in flight
+is booked, as a plain step is, and books its rows' tokens a step late.
 
 Pooling models (embeddings, scores: core/pooling_model.py) run the same loop: their requests are
 prefill-only sequences, finished by the step that computes their last prompt token, whose output is
@@ -52,6 +55,7 @@ import numpy as np
 from core.batch_builder import build_batch
 from core.block_manager import BlockManager
 from core.config import EngineConfig
+from core.device_verification import DeviceVerification
 from core.engine_metrics import EngineMetrics, EngineObservations
 from core.engine_stats import EngineStats
 from core.model_files.cache import cache_dir_for
@@ -68,6 +72,7 @@ from core.startup_gc import freeze_startup_objects
 from core.state_snapshots import DraftStates, LinearStates, StateSnapshots
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
+from gpu.device_verification import MAX_LOOKUP, DeviceVerifiedStep
 from gpu.kv_cache_groups import KVCacheGroup, context_block_limit
 from gpu.loader import has_tensors_named
 from gpu.model_info import ModelInfo, load_hf_config, read_model_info
@@ -106,6 +111,15 @@ class _LaunchedStep:
     num_decode_rows: int = 0  # its rows when every one decodes (one token, or one and its drafts); else 0
 
 
+@dataclass(frozen=True)
+class _DeviceStep:
+    """A verifying step laid out on the device (core/device_verification.py): a row per sequence, k + 1 positions."""
+
+    seqs: list[Sequence]
+    pending: DeviceVerifiedStep
+    num_drafts: int
+
+
 class LLMEngine:
     def __init__(self, config: EngineConfig, runner: Runner | None = None) -> None:
         """`runner`: the model runner to drive (a benchmark's, built with its own kernel choices);
@@ -140,7 +154,7 @@ class LLMEngine:
         self._inbox: queue.SimpleQueue[Sequence | _Abort] = queue.SimpleQueue()
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
-        self._in_flight: _LaunchedStep | None = None  # launched, results not yet taken
+        self._in_flight: _LaunchedStep | _DeviceStep | None = None  # launched, results not yet taken
         # The last step's (decode rows or 0, draft length, start): the speculation controller is given its time when
         # the next step starts (core/speculation_control.py says why).
         self._timed_step: tuple[int, int, float] | None = None
@@ -158,6 +172,7 @@ class LLMEngine:
         self._draft_model_runner = draft_runner if draft_runner is not self.runner else None
         self.speculation = None if spec_config is None else Speculation(
             spec_config, self.max_model_len, draft_runner, self.block_size, config.scheduler.max_num_batched_tokens)
+        self.device_verification = self._device_verification()
 
     def _draft_runner(self) -> Runner | None:
         """The draft model's runner (speculative method draft_model): the target's KV blocks and tensor-parallel size
@@ -187,6 +202,17 @@ class LLMEngine:
             raise ValueError(f"speculative_config.model {spec.model!r}: a draft model with sliding-window layers "
                              f"is not supported (it reads the target's block tables, of full attention)")
         return runner
+
+    def _device_verification(self) -> DeviceVerification | None:
+        """Prompt lookup's verifying steps are laid out on the device where the runner keeps the token history (built
+        for method ngram in one process: runner_config) and the model keeps one full-attention KV group (the history
+        knows nothing of windows or linear-attention states)."""
+        spec = self.config.scheduler.speculative_config
+        if (spec is None or getattr(self.runner, "token_history", None) is None or self.linear_states is not None
+                or not _is_full_attention_only(self.runner.kv_cache_groups)):
+            return None
+        return DeviceVerification(spec, self.block_manager, self.max_model_len, self.config.scheduler.max_num_seqs,
+                                  self.eos_token_ids)
 
     @property
     def grammars(self) -> "Grammars":
@@ -307,8 +333,14 @@ class LLMEngine:
         num_drafts = 0
         if self.speculation is not None and self.scheduler.running:
             num_drafts = self.speculation.controller.choose(len(self.scheduler.running), self.scheduler.has_prompt_work)
-            if num_drafts:
-                outputs += self._propose_drafts(num_drafts)
+            if num_drafts and self.device_verification is not None and self._verify_on_device(
+                    num_drafts, started, outputs):
+                return outputs
+        if isinstance(self._in_flight, _DeviceStep):  # the next step is laid out on the host, from every token
+            outputs += self._postprocess(self._in_flight)
+            self._in_flight = None
+        if num_drafts:
+            outputs += self._propose_drafts(num_drafts)
         scheduled = self._schedule()
         try:
             if num_drafts:
@@ -336,6 +368,42 @@ class LLMEngine:
                 self._timed_step = (launched.num_decode_rows, num_drafts, started)
         return outputs
 
+    def _verify_on_device(self, num_drafts: int, started: float, outputs: list[RequestOutput]) -> bool:
+        """Where the rule allows it (core/device_verification.py), launches a verifying step laid out on the device,
+        then books the step in flight while the device runs it (its outputs go to `outputs`); whether it did (else
+        the step is laid out on the host)."""
+        assert self.device_verification is not None
+        in_flight = self._in_flight
+        in_flight_drafts = in_flight.num_drafts if isinstance(in_flight, _DeviceStep) else None
+        if self.scheduler.has_prompt_work() or not self.device_verification.can_verify(
+                self.scheduler.running, num_drafts, in_flight_drafts):
+            return False
+        if isinstance(in_flight, _LaunchedStep):  # entering: the history is filled from every token, its own too
+            outputs += self._postprocess(in_flight)
+            self._in_flight = in_flight = None
+        running = list(self.scheduler.running)
+        if not running:  # every sequence ended with the tokens just booked
+            return True
+        batch = self.device_verification.reserve(running, num_drafts, in_flight_drafts)
+        try:
+            pending = self.runner.launch_verification_on_device(batch)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - the host lays the step out instead, where a request's fault is found alone
+            logger.exception("a verifying step laid out on the device failed to launch; the host lays it out")
+            if in_flight is not None:
+                outputs += self._postprocess(in_flight)
+                self._in_flight = None
+            self.device_verification.forget_history(running)  # after the booking, which counts what it appended
+            return False
+        if isinstance(in_flight, _DeviceStep):
+            outputs += self._book_device_step(in_flight, num_drafts)  # the device works on the new step meanwhile
+        self._in_flight = _DeviceStep(running, pending, num_drafts)
+        if not self.config.scheduler.async_scheduling:
+            outputs += self._postprocess(self._in_flight)
+            self._in_flight = None
+        if self.has_unfinished_requests():  # timed until the next step starts (as in `step`)
+            self._timed_step = (len(running), num_drafts, started)
+        return True
+
     def _propose_drafts(self, num_drafts: int) -> list[RequestOutput]:
         """Books the step in flight (drafts are proposed from known tokens), then gives the running sequences
         their drafts (core/speculation.py)."""
@@ -351,6 +419,8 @@ class LLMEngine:
         out = self.scheduler.schedule()
         for seq in out.preempted:
             self._release_penalty_slot(seq)  # it takes one anew, filled from its tokens, when it samples again
+            if self.device_verification is not None:  # as the penalty slot
+                self.device_verification.release(seq)
             self._release_pooling_slot(seq)  # its pooling starts again from its first token
             if self.linear_states is not None:  # its recomputation starts its state again (or from a snapshot)
                 self.linear_states.release(seq)
@@ -504,8 +574,10 @@ class LLMEngine:
             return None
         return self.limits.refusal(seq.token_ids, seq.params)
 
-    def _postprocess(self, step: _LaunchedStep) -> list[RequestOutput]:
+    def _postprocess(self, step: _LaunchedStep | _DeviceStep) -> list[RequestOutput]:
         """Waits for the step's tokens (the one host sync) and books them."""
+        if isinstance(step, _DeviceStep):
+            return self._book_device_step(step, None)
         result = step.pending.result()
         for seq, entries in zip(step.scored_seqs, result.prompt_logprobs, strict=True):
             seq.prompt_logprobs.extend(entries)  # type: ignore[union-attr]
@@ -569,6 +641,34 @@ class LLMEngine:
             outputs.append(_output(seq, sampled[:num_kept], logprobs[first : first + num_kept]))
             num_tokens += num_kept
         self.metrics.on_tokens(first_token_seqs, num_tokens, now)
+        return outputs
+
+    def _book_device_step(self, step: _DeviceStep, next_num_drafts: int | None) -> list[RequestOutput]:
+        """Waits for a verifying step laid out on the device and books each row's accepted drafts and bonus token,
+        up to the first that ends it (later ones are dropped, as the row of such a sequence in the step after). A
+        row's blocks are kept up to what the next step, in flight with `next_num_drafts` (None: none is), can
+        write; the rest go back."""
+        assert self.speculation is not None
+        result = step.pending.result()
+        self.speculation.on_device_verified(result.num_drafts, result.num_accepted, step.num_drafts)
+        width = step.num_drafts + 1
+        outputs, num_tokens = [], 0
+        for row, (seq, num_accepted) in enumerate(zip(step.seqs, result.num_accepted, strict=True)):
+            if seq.is_finished:
+                continue  # aborted, or ended by the step before, while this one ran
+            first = row * width
+            sampled = result.token_ids[first : first + num_accepted + 1]
+            seq.add_pending_token(row, is_last=False)  # the row's first token, then its accepted ones
+            num_kept, finish_reason = self._take_tokens(seq, sampled)
+            seq.num_computed_tokens = seq.num_tokens - 1  # its last token's K/V is the next step's
+            seq.num_history_tokens = seq.num_tokens
+            kept = seq.num_computed_tokens if next_num_drafts is None else seq.num_tokens + next_num_drafts
+            self.block_manager.release_tail(seq, kept)
+            if finish_reason is not None:
+                self._finish(seq, finish_reason)
+            outputs.append(_output(seq, sampled[:num_kept], result.logprobs[first : first + num_kept]))
+            num_tokens += num_kept
+        self.metrics.on_tokens([], num_tokens, time.monotonic())
         return outputs
 
     def _take_tokens(self, seq: Sequence, token_ids: list[int]) -> tuple[int, FinishReason | None]:
@@ -647,6 +747,8 @@ class LLMEngine:
         self._release_pooling_slot(seq)
         if self.linear_states is not None:
             self.linear_states.release(seq)
+        if self.device_verification is not None:
+            self.device_verification.release(seq)
         seq.finish_reason = reason
         if self.speculation is not None:
             self.speculation.on_finished(seq)
@@ -716,8 +818,19 @@ def runner_config(config: EngineConfig, max_model_len: int | None = None) -> Run
         tensor_parallel_size=c.model.tensor_parallel_size, cache_dir=str(cache_dir_for(c.model.download_dir)),
         load_format=c.model.load_format, num_state_snapshots=num_state_rows(c, read_model_info(c.model.model)),
         mtp_head=spec is not None and spec.method == "mtp",
+        device_ngram=_device_ngram(c),
         eagle3_head=spec.model if spec is not None and spec.method == "eagle3" else None,
     )
+
+
+def _device_ngram(config: EngineConfig) -> tuple[int, int, int] | None:
+    """What the runner keeps a token history and compiles the device lookup for (most drafts, min n, max n): method
+    ngram verifying on the device, in one process, with a lookup the kernel takes (gpu/kernels/ngram_drafts.py)."""
+    spec = config.scheduler.speculative_config
+    if (spec is None or spec.method != "ngram" or not spec.verify_on_device or config.model.tensor_parallel_size != 1
+            or spec.prompt_lookup_max > MAX_LOOKUP):
+        return None
+    return spec.num_speculative_tokens, spec.prompt_lookup_min, spec.prompt_lookup_max
 
 
 def num_state_snapshots(config: EngineConfig, info: ModelInfo) -> int:

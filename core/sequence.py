@@ -83,6 +83,10 @@ class Sequence:
         # decode). Never in num_tokens: the scheduler adds them to the step's new tokens.
         self.draft_token_ids: list[int] = []
         self.draft_state: object | None = None  # the proposer's own record of the sequence (core/ngram_proposer.py)
+        # Verifying steps laid out on the device (core/device_verification.py): its slot of the runner's token history
+        # while it runs, and how many of its tokens the slot holds as far as the host has booked.
+        self.history_slot: int | None = None
+        self.num_history_tokens = 0
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -3,7 +3,8 @@ accepted.
 
 A step that verifies drafts is built with every token of its sequences known on the host: the engine
 books the step in flight before it proposes, and books the verifying step before the next is scheduled
-(the accepted count decides what comes next). Steps without drafts stay asynchronous.
+(the accepted count decides what comes next). Steps without drafts stay asynchronous, and so do prompt lookup's
+steps laid out on the device (core/device_verification.py), which draft from the device's own token history.
 
 A sequence is offered drafts when it is decoding (its stream has begun and only its last token is to be
 computed) and nothing in its sampling depends on the tokens before each verified position other than
@@ -140,6 +141,22 @@ class Speculation:
                 counts.accepted_per_position[i] += 1
                 self._accepted_at[i] += 1
         return num_accepted
+
+    def on_device_verified(self, num_drafts: list[int], num_accepted: list[int], max_drafts: int) -> None:
+        """A verifying step laid out on the device (core/device_verification.py) is booked: per row, the drafts it
+        verified (`max_drafts`, or 0 where the lookup found none) and those it accepted, for the metrics and the
+        controller (every row was a decoding row offered drafts)."""
+        self._num_offered = len(num_drafts)
+        self._accepted_at = [0] * max_drafts
+        counts = self.counts
+        for drafted, accepted in zip(num_drafts, num_accepted, strict=True):
+            if drafted:
+                counts.num_drafts += 1
+                counts.num_draft_tokens += drafted
+                counts.num_accepted_tokens += accepted
+                for i in range(accepted):
+                    counts.accepted_per_position[i] += 1
+                    self._accepted_at[i] += 1
 
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
         """A step's wall time (`batch_size` 0: a step with prompt tokens), and (for a verifying step, booked by now)

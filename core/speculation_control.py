@@ -6,7 +6,8 @@ The rule. For a step of B running sequences, with B's bucket b (the next power o
 where T(b, k) is the running average (the mean of its first steps, then exponential with weight `time_weight`) of
 the wall time of the engine's decode steps at bucket b that verified up to k drafts per sequence (k = 0: plain
 decode steps, queued asynchronously as without speculation; drafting, the draft verification and the steps' own host
-sync are inside the k > 0 figures), each timed from its start to the next step's start: what the host does between
+sync are inside the k > 0 figures, which are those of asynchronous steps too where the verifying steps are laid out on
+the device: core/device_verification.py), each timed from its start to the next step's start: what the host does between
 steps (a server sends every row's tokens to its front end) runs while the device works on a plain step, and with the
 device idle after a verifying one, so a time that ended with the step would favour verifying steps most where there
 are most rows; and E(k) = 1 + r_0 + ... + r_{k-1} is the expected tokens a decoding sequence gets from such a step,

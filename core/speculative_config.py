@@ -37,6 +37,10 @@ class SpeculativeConfig:
     suffix_decoding_min_token_prob: float = 0.1
     # Ours, not vLLM's: false offers num_speculative_tokens drafts at every step, as vLLM does.
     adaptive: bool = True
+    # Ours: method ngram lays its verifying steps out on the device where it can (core/device_verification.py), so they
+    # overlap the host as plain steps do; false: drafts are always proposed on the host, each verifying step booked
+    # before the next is scheduled.
+    verify_on_device: bool = True
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -72,8 +76,9 @@ class SpeculativeConfig:
         values = dict(values)
         if values.get("model") is not None and "method" not in values:
             values["method"] = "draft_model"
-        if not isinstance(values.get("adaptive", True), bool):
-            raise ValueError(f"speculative_config.adaptive must be true or false, got {json.dumps(values['adaptive'])}")
+        for key in ("adaptive", "verify_on_device"):
+            if not isinstance(values.get(key, True), bool):
+                raise ValueError(f"speculative_config.{key} must be true or false, got {json.dumps(values[key])}")
         integers = ("num_speculative_tokens", "prompt_lookup_min", "prompt_lookup_max",
                     "suffix_decoding_max_tree_depth", "suffix_decoding_max_cached_requests")
         for key in integers:

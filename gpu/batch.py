@@ -223,3 +223,7 @@ class StepResult:
     prompt_logprobs: list[list[TokenLogprobs]] = field(default_factory=list)
     # One float32 vector per pooling row that ends its prompt, in row order (gpu/pooling.py says what it holds).
     pooled: list[np.ndarray] = field(default_factory=list)
+    # A verifying step laid out on the device (gpu/device_verification.py), whose token_ids hold k + 1 sampled tokens
+    # a row: per row, the drafts it verified (k, or 0 where the lookup found none) and how many it accepted.
+    num_drafts: list[int] = field(default_factory=list)
+    num_accepted: list[int] = field(default_factory=list)

@@ -71,6 +71,9 @@ class RunnerConfig:
     # Speculative decoding's method eagle3: the EAGLE-3 head's directory (speculators format); the target keeps the
     # inputs of three of its layers per KV slot for it.
     eagle3_head: str | None = None
+    # Speculative decoding by prompt lookup with verifying steps laid out on the device: the runner keeps each running
+    # sequence's tokens there (gpu/token_history.py) and compiles the lookup at start for (most drafts, min n, max n).
+    device_ngram: tuple[int, int, int] | None = None
 
     @property
     def is_fp8_kv_cache(self) -> bool:

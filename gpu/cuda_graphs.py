@@ -67,12 +67,13 @@ class DecodeOutputs:
         return DecodeOutputs(self.hidden[:num_rows], cut(self.logits), cut(self.token_ids))
 
 
-def capture_graphs(forward: Callable[..., Output], buckets: list[Key], static_args: Callable[[Key], StaticArgs],
+def capture_graphs(forward: Callable[..., Output], buckets: list[Key], static_args: Callable[[Key], tuple[object, ...]],
                    pool: MemoryPool | None, desc: str,
                    ) -> tuple[dict[Key, torch.cuda.CUDAGraph], dict[Key, Output], MemoryPool | None]:
     """One graph of `forward` per bucket (`buckets` ascending) on the bucket's static args, largest first so that
     later graphs fit in its memory, all in one pool (`pool`, or a new one); returns the graphs, their static outputs
-    and the pool. Used for decode steps here and for steps with prefill (mixed_graphs.py)."""
+    and the pool. Used for decode steps here, for steps with prefill (mixed_graphs.py) and for verifying steps
+    laid out on the device (verify_graphs.py)."""
     graphs: dict[Key, torch.cuda.CUDAGraph] = {}
     outputs: dict[Key, Output] = {}
     eager_s = capture_s = 0.0  # the host's seconds in each part, for the log: where start-up time goes

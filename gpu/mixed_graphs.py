@@ -228,9 +228,12 @@ class MixedGraphs:
             self.inputs.int64[start : start + size].copy_(int64[start : start + size])
         return self._static_args(key)
 
-    def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None) -> torch.Tensor:
+    def run(self, batch: Batch, last_sampled_ids: torch.Tensor | None,
+            laid_out: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """Fills the static buffers (fed-back tokens read from `last_sampled_ids` on the device), replays the
-        bucket's graph (or runs eagerly on the buffers when none was captured); returns [num_tokens, hidden]."""
+        bucket's graph (or runs eagerly on the buffers when none was captured); returns [num_tokens, hidden].
+        `laid_out`: the step's token ids, positions, slots and context lengths computed on the device (a verifying
+        step laid out there: gpu/device_verification.py), written over the batch's placeholders."""
         key = self.bucket_for(batch)
         assert key is not None
         bucket, rows = key
@@ -246,6 +249,11 @@ class MixedGraphs:
             fields = self.inputs.fields(bucket)
             feed_back_tokens(fields[0], fields[3, :num_fed_back], fields[4, :num_fed_back], last_sampled_ids)
         num_tokens = len(batch.token_ids)
+        if laid_out is not None:
+            fields = self.inputs.fields(bucket)
+            for field, values in zip(fields[:3], laid_out[:3], strict=True):
+                field[:num_tokens].copy_(values)
+            self.inputs.int32[rows + 1 : rows + 1 + batch.num_rows].copy_(laid_out[3])  # the context lengths
         if key not in self.graphs:
             return self.forward(*self._static_args(key))[:num_tokens]
         self.graphs[key].replay()

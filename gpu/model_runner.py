@@ -26,7 +26,15 @@ import torch
 from tqdm import tqdm
 from transformers import PretrainedConfig
 
-from gpu import backend_choice, kv_cache, kv_cache_groups, remembered_backends, state_cache
+from gpu import (
+    backend_choice,
+    device_verification,
+    kv_cache,
+    kv_cache_groups,
+    remembered_backends,
+    state_cache,
+    verify_graphs,
+)
 from gpu.attention.backend import (
     AttentionBackend,
     PhasedBackend,
@@ -40,7 +48,8 @@ from gpu.config import RunnerConfig
 from gpu.cpu_decode import CpuDecodeSteps, unavailable_reason
 from gpu.cpu_kernels import NO_CPU_KERNELS, CpuKernels, load_cpu_kernels
 from gpu.cpu_packing import cpu_packing, first_layer_on_a_grid, has_native_bfloat16, pack_linear_layers
-from gpu.cuda_graphs import DecodeGraphs
+from gpu.cuda_graphs import DecodeGraphs, ForwardFn
+from gpu.device_verification import DeviceVerifiedStep, DeviceVerifyBatch
 from gpu.distributed import SINGLE, TensorParallel
 from gpu.dummy_weights import DEFAULT_STD, init_dummy_weights
 from gpu.host_to_device import pack_block_tables, to_device, write_block_tables
@@ -68,6 +77,8 @@ from gpu.quant import (
 from gpu.quant.method import QuantScheme
 from gpu.runner import run_step
 from gpu.sampler import FUSED_DTYPES, GraphDraw, Sampler
+from gpu.token_history import TokenHistory
+from gpu.verify_graphs import VerifyGraphs
 
 logger = logging.getLogger(__name__)
 
@@ -149,13 +160,19 @@ class ModelRunner:
         # Before the KV cache is sized, so its memory is counted: [max_num_seqs, vocab] int32 + bool.
         self.penalty_state = PenaltyState(config.max_num_seqs, self.vocab_size, self.device)
         self.sampler = Sampler(self.device, config.seed, config.kernels, self.penalty_state)
+        # Speculative decoding by prompt lookup, verified in steps laid out on the device (gpu/device_verification.py):
+        # [max_num_seqs, max_model_len + 1] int32, allocated before the KV cache is sized too.
+        self.token_history = (TokenHistory(config.max_num_seqs, config.max_model_len, self.device)
+                              if config.device_ngram is not None else None)
         # The decode graphs' logits when they sample (_samples_in_graphs), counted before the KV cache is sized too.
-        self._graph_logits = (torch.empty(config.max_num_seqs, self.vocab_size, dtype=self.dtype, device=self.device)
-                              if self._samples_in_graphs() else None)
+        # The verify graphs' logits too (gpu/verify_graphs.py), where they may hold more positions than decode rows.
+        self._graph_logits = (torch.empty(self._graph_logits_rows(), self.vocab_size, dtype=self.dtype,
+                                          device=self.device) if self._samples_in_graphs() else None)
         self.stacked_states = self._allocate_state_cache()  # before the KV cache is sized, so its memory is counted
         self.decode: DecodeGraphs | None = None  # set after the KV cache exists
         self.cpu_decode: CpuDecodeSteps | None = None  # set after the KV cache exists (the warm-up pass runs without)
         self.mixed: MixedGraphs | None = None
+        self.verify: VerifyGraphs | None = None  # set after the KV cache exists
         self._last_sampled_ids: torch.Tensor | None = None  # [rows] on the device, of the last launched step
         # Per phase, each candidate's summed step milliseconds when `auto` measured them, now or at an earlier start.
         self.attention_times: dict[str, dict[str, float]] | None = None
@@ -177,7 +194,19 @@ class ModelRunner:
             start = time.perf_counter()
             self._capture_graphs()
             logger.info("CUDA graph capture took %.1f s", time.perf_counter() - start)
+            self._compile_device_drafts()
         self._run_first_request_shapes()
+
+    def _compile_device_drafts(self) -> None:
+        """The n-gram lookup of verifying steps laid out on the device, compiled for every draft length the engine
+        may choose, so that no request waits for a compile."""
+        if self.token_history is None or self.config.device_ngram is None:
+            return
+        from gpu.kernels.ngram_drafts import ngram_drafts  # noqa: PLC0415 - Triton, only where there is a GPU
+
+        max_drafts, min_n, max_n = self.config.device_ngram
+        for num_drafts in range(1, max_drafts + 1):
+            ngram_drafts(self.token_history.tokens[:1], self.token_history.lengths[:1], num_drafts, min_n, max_n)
 
     def _allocate_state_cache(self) -> state_cache.StackedStates | None:
         if not self.linear_layers:
@@ -377,6 +406,28 @@ class ModelRunner:
             self.decode.capture()
         else:
             logger.info("CUDA graphs for decode steps off (%s)", self.backend.name)
+        self.verify = self._verify_graphs()
+        if self.verify is not None:
+            self.verify.pool = self.decode.pool  # the mixed graphs' too, which the verify graphs need
+            self.verify.capture()
+
+    def _verify_graphs(self) -> VerifyGraphs | None:
+        """Graphs of whole verifying steps laid out on the device (gpu/verify_graphs.py): where the runner keeps the
+        token history, the decode graphs sample (the verify graphs draw with the same kernel into the same logits
+        buffer), the backend's steps of several query tokens a row are safe to capture (as the mixed graphs') and the
+        model keeps one KV-cache group and no linear-attention state (as the device layout does)."""
+        c = self.config
+        if (c.device_ngram is None or self.token_history is None or self._graph_logits is None
+                or not self.backend.supports_mixed_graphs or len(self.kv_cache_groups) != 1 or self.linear_layers):
+            return None
+        from gpu.kernels.sampling import sample_tokens  # noqa: PLC0415 - Triton, only where there is a GPU
+
+        max_drafts, min_n, max_n = c.device_ngram
+        positions = verify_graphs.max_positions(c.max_num_seqs, max_drafts, c.max_num_batched_tokens)
+        return VerifyGraphs(
+            self.token_history, self.model, self.model.compute_logits_into, self._graph_logits[:positions],
+            lambda logits, keys, temperatures: sample_tokens(logits, keys, temperatures, use_pdl=True),
+            verify_graphs.Lookup(max_drafts, min_n, max_n), c.max_num_seqs, c.max_model_len, c.block_size)
 
     def _linear_layers_pad(self) -> bool:
         """Whether the linear-attention layers' steps with prompts can run padded (in the mixed graphs): through the
@@ -391,6 +442,15 @@ class ModelRunner:
             return None
         limit = self.config.kernels.sequential_delta_rule_max_tokens
         return LinearRows(self.num_state_slots, padding_state_slot, limit)
+
+    def _graph_logits_rows(self) -> int:
+        """The rows of the graphs' logits buffer: the decode graphs' most rows, or the verify graphs' most positions
+        where they are captured and hold more."""
+        c = self.config
+        if c.device_ngram is None or c.enforce_eager:
+            return c.max_num_seqs
+        return max(c.max_num_seqs, verify_graphs.max_positions(c.max_num_seqs, c.device_ngram[0],
+                                                               c.max_num_batched_tokens))
 
     def _samples_in_graphs(self) -> bool:
         """Whether the decode graphs compute the logits and draw the tokens too: on CUDA, one GPU (under tensor
@@ -626,6 +686,54 @@ class ModelRunner:
             prompt = prompt_logprobs(hidden, batch.prompt_logprobs, self.model.compute_logits)
         logits = self.model.compute_logits(hidden[to_device(token_indices, np.int64, self.device)]) if rows else None
         return self._sample(batch, rows, logits, prompt)
+
+    @torch.inference_mode()
+    def launch_verification_on_device(self, batch: DeviceVerifyBatch) -> DeviceVerifiedStep:
+        """Queues a verifying step laid out on the device from the token history (gpu/device_verification.py) and
+        returns without waiting for it: its drafts, acceptance and history update run on the device too, so the
+        next such step can be queued before this one's tokens reach the host. One replay of a verify graph where
+        one takes the step (`_verify_graph_draw`), else eagerly."""
+        assert self.token_history is not None and self.tp.is_first, "a runner built to keep the token history"
+        self.token_history.fill(batch.fills)
+        rows = device_verification.position_rows(batch)
+        draw = self._verify_graph_draw(batch, rows)
+        if draw is not None:
+            assert self.verify is not None
+            out = self.verify.run(batch, draw)
+        else:
+            out = self._verify_eagerly(batch, rows)
+        self._last_sampled_ids = None  # the next step's tokens come from the history, never fed back
+        return DeviceVerifiedStep(self.sampler.with_logprobs(out.logits, out.token_ids, rows), out.counts)
+
+    def _verify_graph_draw(self, batch: DeviceVerifyBatch, rows: list[RowSampling]) -> GraphDraw | None:
+        """The rule for which verifying steps a verify graph takes: one holds the batch's rows and draft length, and
+        every position's draw is the fused kernel's alone (greedy or unseeded random rows without top-k, top-p,
+        min-p or logit bias: the graph accepts drafts before the host could draw such a row again); then the
+        graph's draw inputs, else None (the eager path)."""
+        if self.verify is None or self.verify.key_for(batch) is None:
+            return None
+        draw = self.sampler.graph_draw(rows, self.vocab_size)
+        return None if draw is None or draw.filtered else draw
+
+    def _verify_eagerly(self, batch: DeviceVerifyBatch, rows: list[RowSampling]
+                        ) -> device_verification.VerifiedOutputs:
+        """The verify graphs' function run eagerly, its forward in the mixed-step graph that holds the step (its
+        static inputs written from the device's layout) where one does, and any row's draw the sampler's."""
+        functions = device_verification.StepFunctions(self._laid_out_forward(batch), self.model.compute_logits,
+                                                      lambda logits: self.sampler.draw(logits, rows))
+        return device_verification.verify_step(self.token_history, device_verification.device_inputs(
+            batch, self.device), device_verification.step_shape(batch, self.config.block_size), functions)
+
+    def _laid_out_forward(self, batch: DeviceVerifyBatch) -> ForwardFn:
+        """The forward of an eager verifying step: the mixed-step graph that holds it, else the model."""
+        shape = device_verification.host_shape(batch)
+        if self.mixed is None or self.mixed.bucket_for(shape) is None:
+            return self.model
+        mixed = self.mixed
+
+        def forward(token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+            return mixed.run(shape, None, (token_ids, positions, meta.slot_mapping, meta.context_lens))
+        return forward
 
     def _sample(self, batch: Batch, rows: list[int], logits: torch.Tensor | None,
                 prompt: PackedPromptLogprobs | None) -> PendingStep | PendingLogits:

@@ -117,7 +117,11 @@ class Sampler:
         """logits: [num_rows, vocab_size] in the model's dtype or float32, one row per entry of `rows`;
         slot_inits: penalty slots to fill first; token_mask: allowed tokens of some rows.
         Queues the work on the device and returns without waiting for it."""
-        raw_logits = logits
+        return self.with_logprobs(logits, self.draw(logits, rows, slot_inits, token_mask), rows)
+
+    def draw(self, logits: torch.Tensor, rows: list[RowSampling], slot_inits: list[PenaltySlotInit] | None = None,
+             token_mask: TokenMask | None = None) -> torch.Tensor:
+        """`sample`'s tokens ([num_rows] int64 on the device) without the logprobs."""
         adjusted = [i for i, r in enumerate(rows) if r.adjusts_logits]
         if adjusted or token_mask is not None:
             logits = self._adjusted_logits(logits, rows, adjusted, slot_inits, token_mask)
@@ -131,6 +135,11 @@ class Sampler:
             token_ids = self._torch_token_ids(logits, rows)
         if adjusted:
             self._count_penalized(token_ids, rows, adjusted)
+        return token_ids
+
+    def with_logprobs(self, raw_logits: torch.Tensor, token_ids: torch.Tensor, rows: list[RowSampling]
+                      ) -> SampledRows:
+        """The drawn tokens, with the logprobs of the rows that ask for them (of the raw logits)."""
         return _with_logprobs(raw_logits, token_ids, rows, self.max_chunk_bytes)
 
     def _adjusted_logits(self, logits: torch.Tensor, rows: list[RowSampling], adjusted: list[int],

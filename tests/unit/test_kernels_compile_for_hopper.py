@@ -318,6 +318,24 @@ def test_causal_conv_rows_kernel(dtype: str) -> None:
     assert "div.rn.f32" in ptx and "div.full.f32" not in ptx
 
 
+NGRAM_SIGNATURE = {"history_ptr": "*i32", "lengths_ptr": "*i32", "drafts_ptr": "*i32", "num_drafts_ptr": "*i32",
+                   "history_stride": "i32", "num_columns": "i32"}
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize(("max_n", "max_drafts"), [(1, 1), (4, 4), (8, 16)])
+def test_ngram_drafts_scan_stays_in_registers(max_n: int, max_drafts: int) -> None:
+    """The device n-gram drafts at the wrapper's tile: a row's scan, however long the row, spills nothing (shared
+    memory only for the tile's reduction)."""
+    from gpu.kernels import ngram_drafts
+
+    constexprs = dict(MIN_N=1, MAX_N=max_n, K=max_drafts, BLOCK_K=max_drafts, BLOCK_=ngram_drafts.BLOCK,
+                      END_BITS_=ngram_drafts.END_BITS)
+    spilled, shared = compiled_usage(ngram_drafts._ngram_drafts_kernel, NGRAM_SIGNATURE, constexprs,
+                                     ngram_drafts.NUM_WARPS, 1)
+    assert spilled == 0 and shared <= 1024, (spilled, shared)
+
+
 def compiled_ptx(kernel: object, pointers: dict[str, str], constexprs: dict[str, object], fp_fusion: bool = False
                  ) -> str:
     """`kernel` compiled for sm_90 (by default as the wrappers that round as torch does launch it: no fp fusion): its

@@ -1,0 +1,49 @@
+"""gpu/kernels/ngram_drafts.py against core/ngram_proposer.py's lookup_draft under Triton's interpreter: the cases of
+tests/unit/ngram_drafts_interpreted_cases.py, run by pytest in a process that has TRITON_INTERPRET=1 from its start;
+and the wrapper's refusals, which come before any launch. tests/gpu/test_ngram_drafts_gpu.py runs the compiled
+kernel, in a CUDA graph too."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from gpu import device_verification  # noqa: E402
+from gpu.kernels import ngram_drafts as kernel  # noqa: E402
+from gpu.kernels.ngram_drafts import ngram_drafts  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[2]
+CASES = Path(__file__).with_name("ngram_drafts_interpreted_cases.py")
+
+
+def test_drafts_equal_lookup_drafts_under_the_interpreter() -> None:
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path[1:]])}
+    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
+               "-W", "ignore::RuntimeWarning", str(CASES)]
+    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
+
+
+@pytest.mark.parametrize(("history", "lengths", "settings"), [
+    (torch.zeros(2, 5, dtype=torch.int64), torch.zeros(2, dtype=torch.int32), (4, 1, 3)),
+    (torch.zeros(2, 5, dtype=torch.int32)[:, ::2], torch.zeros(2, dtype=torch.int32), (4, 1, 3)),
+    (torch.zeros(2, 5, dtype=torch.int32), torch.zeros(3, dtype=torch.int32), (4, 1, 3)),
+    (torch.zeros(2, 0, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), (4, 1, 3)),
+    (torch.zeros(2, 5, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), (0, 1, 3)),
+    (torch.zeros(2, 5, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), (4, 0, 3)),
+    (torch.zeros(2, 5, dtype=torch.int32), torch.zeros(2, dtype=torch.int32), (4, 3, 2)),
+])
+def test_wrapper_refuses_what_the_kernel_cannot_take(history: torch.Tensor, lengths: torch.Tensor,
+                                                     settings: tuple[int, int, int]) -> None:
+    with pytest.raises(ValueError):
+        ngram_drafts(history, lengths, *settings)
+
+
+def test_the_engine_knows_the_longest_lookup_the_kernel_takes() -> None:
+    assert device_verification.MAX_LOOKUP == kernel.MAX_LOOKUP
