@@ -134,7 +134,7 @@ def query_rows_of_uniform_rows(context_lens: torch.Tensor, num_queries: int, blo
     """The queries of rows that have `num_queries` each, their last tokens: `context_lens` [num_rows] (int32, on the
     device, this step's tokens included) and `block_tables` the rows'. Device ops only, no host sync."""
     num_rows, device = context_lens.shape[0], context_lens.device
-    rows = torch.arange(num_rows, device=device).repeat_interleave(num_queries)
+    rows = torch.arange(num_rows, device=device)[:, None].expand(num_rows, num_queries).reshape(-1)  # sizes known
     offsets = torch.arange(1 - num_queries, 1, device=device, dtype=torch.int32)
     lens = (context_lens[:, None] + offsets).reshape(-1)
     return QueryRows(rows, lens, block_tables.index_select(0, rows))
