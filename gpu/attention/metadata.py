@@ -129,15 +129,12 @@ class QueryRows:
         return replace(self, block_tables=block_tables.index_select(0, self.rows))
 
 
-def query_rows_of_uniform_rows(context_lens: torch.Tensor, num_queries: int, block_tables: torch.Tensor
-                               ) -> QueryRows:
-    """The queries of rows that have `num_queries` each, their last tokens: `context_lens` [num_rows] (int32, on the
-    device, this step's tokens included) and `block_tables` the rows'. Device ops only, no host sync."""
-    num_rows, device = context_lens.shape[0], context_lens.device
-    rows = torch.arange(num_rows, device=device)[:, None].expand(num_rows, num_queries).reshape(-1)  # sizes known
-    offsets = torch.arange(1 - num_queries, 1, device=device, dtype=torch.int32)
-    lens = (context_lens[:, None] + offsets).reshape(-1)
-    return QueryRows(rows, lens, block_tables.index_select(0, rows))
+def query_rows_of_uniform_rows(positions: torch.Tensor, block_tables: torch.Tensor) -> QueryRows:
+    """The queries of rows that have as many each, at `positions` [num_rows, queries a row] (int64, on the device);
+    `block_tables` the rows'. A few device ops (an eager step launches each), no host sync."""
+    num_rows, num_queries = positions.shape
+    rows = torch.arange(num_rows * num_queries, device=positions.device) // num_queries
+    return QueryRows(rows, (positions.reshape(-1) + 1).to(torch.int32), block_tables.index_select(0, rows))
 
 
 def query_rows_of_host_rows(query_lens: np.ndarray, context_lens: np.ndarray, block_tables: torch.Tensor

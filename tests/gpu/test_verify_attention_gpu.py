@@ -25,12 +25,17 @@ QWEN3 = Shape(16, 128, 4, 8)  # Qwen3-8B: 32 query heads over 8 KV heads of 128
 STEPS = [(5, [300]), (2, [17, 513]), (9, [9, 4096, 700]), (5, [65] * 16 + [1000] * 16)]
 
 
+def _positions(context_lens: torch.Tensor, num_queries: int) -> torch.Tensor:
+    """[rows, num_queries] int64: each row's last num_queries positions."""
+    return context_lens[:, None].long() - num_queries + torch.arange(num_queries, device=context_lens.device)
+
+
 def _meta(b: PagedBatch, num_queries: int) -> AttentionMetadata:
     return AttentionMetadata(
         slot_mapping=torch.full((b.query.shape[0],), -1, dtype=torch.int64, device=DEVICE),
         query_start_loc=b.query_start_loc, context_lens=b.context_lens, block_tables=b.block_tables,
         max_query_len=num_queries, max_context_len=int(b.context_lens.max()), is_decode_only=False,
-        query_rows=query_rows_of_uniform_rows(b.context_lens, num_queries, b.block_tables))
+        query_rows=query_rows_of_uniform_rows(_positions(b.context_lens, num_queries), b.block_tables))
 
 
 def _prefill(b: PagedBatch, scale: float, variant: AttentionVariant = PLAIN) -> torch.Tensor:
@@ -80,7 +85,7 @@ def test_a_captured_step_reads_the_tokens_stored_before_it(lens: list[int]) -> N
     v_cache = torch.randn_like(k_cache)
     tables = torch.randperm(rows * width, device=DEVICE, dtype=torch.int32).view(rows, width).contiguous()
     context_lens = torch.tensor(lens, dtype=torch.int32, device=DEVICE)
-    positions = (context_lens[:, None] - num_queries + torch.arange(num_queries, device=DEVICE)).view(-1).long()
+    positions = _positions(context_lens, num_queries).view(-1)
     blocks = tables.repeat_interleave(num_queries, 0).gather(1, (positions // block_size)[:, None].long()).view(-1)
     slots = blocks.long() * block_size + positions % block_size
     angles = torch.arange(4096, device=DEVICE)[:, None] * torch.rand(head_dim, device=DEVICE)[None, :]
@@ -91,7 +96,7 @@ def test_a_captured_step_reads_the_tokens_stored_before_it(lens: list[int]) -> N
 
     def step() -> torch.Tensor:
         meta = AttentionMetadata(slots, starts, context_lens, tables, num_queries, 4096, False,
-                                 query_rows=query_rows_of_uniform_rows(context_lens, num_queries, tables))
+                                 query_rows=query_rows_of_uniform_rows(positions.view(rows, -1), tables))
         q = qk_norm_rope_store_kv(qkv, positions, rotary, heads, None, 1e-6, (k_cache, v_cache, slots), use_pdl=True)
         return TritonBackend().forward(q, k_cache, v_cache, meta, 0.088)
 

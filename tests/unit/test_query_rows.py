@@ -20,7 +20,7 @@ def test_query_rows_from_the_host_and_the_device_agree() -> None:
     context_lens = torch.tensor([4, 10, 6], dtype=torch.int32)
     table = torch.arange(9, dtype=torch.int32).view(3, 3)
     host = query_rows_of_host_rows(np.array([4, 4, 4]), context_lens.numpy(), table)
-    device = query_rows_of_uniform_rows(context_lens, 4, table)
+    device = query_rows_of_uniform_rows(context_lens[:, None].long() - 4 + torch.arange(4), table)
     assert host.context_lens.tolist() == [1, 2, 3, 4, 7, 8, 9, 10, 3, 4, 5, 6]
     assert host.rows.tolist() == [0] * 4 + [1] * 4 + [2] * 4
     assert host.block_tables[5].tolist() == [3, 4, 5]

@@ -40,7 +40,8 @@ STEPS = {
 def _metadata(query_lens: list[int], context_lens: torch.Tensor, starts: torch.Tensor, table: torch.Tensor,
               on_device: bool) -> AttentionMetadata:
     if on_device:
-        query_rows = query_rows_of_uniform_rows(context_lens, query_lens[0], table)
+        positions = context_lens[:, None].long() - query_lens[0] + torch.arange(query_lens[0])
+        query_rows = query_rows_of_uniform_rows(positions, table)
     else:
         query_rows = query_rows_of_host_rows(np.array(query_lens), context_lens.numpy(), table)
     return AttentionMetadata(slot_mapping=torch.zeros(0, dtype=torch.int64), query_start_loc=starts,
