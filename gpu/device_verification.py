@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.metadata import MAX_QUERIES_AS_ROWS, AttentionMetadata, query_rows_of_uniform_rows
 from gpu.batch import Batch, RowSampling, StepResult
 from gpu.host_to_device import to_device, write_block_tables
 from gpu.pending_step import PendingStep, SampledRows
@@ -140,11 +140,12 @@ def lay_out(history: TokenHistory, inputs: StepInputs, shape: StepShape) -> Veri
     is_covered = block_index < inputs.num_blocks[:, None]  # always, where the host reserved the row's blocks
     slot_mapping = inputs.block_tables.to(torch.int64).gather(1, torch.clamp(block_index, max=max_blocks - 1))
     slot_mapping = torch.where(is_covered, slot_mapping * block_size + positions % block_size, -1)  # -1: not written
+    query_rows = query_rows_of_uniform_rows(positions, inputs.block_tables) if k + 1 <= MAX_QUERIES_AS_ROWS else None
     meta = AttentionMetadata(
         slot_mapping=slot_mapping.reshape(-1),
         query_start_loc=torch.arange(0, num_rows * (k + 1) + 1, k + 1, dtype=torch.int32, device=device),
         context_lens=(lengths + k).to(torch.int32), block_tables=inputs.block_tables, max_query_len=k + 1,
-        max_context_len=shape.max_context_len, is_decode_only=False)
+        max_context_len=shape.max_context_len, is_decode_only=False, query_rows=query_rows)
     return VerifyInputs(token_ids, positions.reshape(-1), meta, drafts.to(torch.int64), num_drafts.to(torch.int64))
 
 

@@ -42,7 +42,7 @@ from gpu.attention.backend import (
     candidate_names,
     without_flash_attn_for_fp8_cache,
 )
-from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.metadata import MAX_QUERIES_AS_ROWS, AttentionMetadata, QueryRows, query_rows_of_host_rows
 from gpu.batch import Batch, GroupTables, PackedBlockTables, Penalties, RowSampling, StepResult, TokenMask
 from gpu.config import RunnerConfig
 from gpu.cpu_decode import CpuDecodeSteps, unavailable_reason
@@ -864,15 +864,17 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int = 0
                 ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
     """A step's token ids, positions and attention metadata on the device (fed-back tokens still placeholders);
     with `num_state_slots` (a model with linear-attention layers), each row's state slot too."""
+    block_tables = to_device(_padded_block_tables(batch.block_tables), np.int32, device)
     meta = AttentionMetadata(
         slot_mapping=to_device(np.asarray(batch.slot_mapping, dtype=np.int64), np.int64, device),
         query_start_loc=to_device(np.cumsum([0, *batch.query_lens], dtype=np.int32), np.int32, device),
         context_lens=to_device(np.asarray(batch.context_lens, dtype=np.int32), np.int32, device),
-        block_tables=to_device(_padded_block_tables(batch.block_tables), np.int32, device),
+        block_tables=block_tables,
         max_query_len=max(batch.query_lens),
         max_context_len=max(batch.context_lens),
         is_decode_only=batch.is_decode_only,
         linear_state=state_cache.step_inputs(batch, device, num_state_slots) if num_state_slots else None,
+        query_rows=_query_rows(batch, block_tables),
     )
     if batch.other_groups:
         meta = meta.with_group_tables(
@@ -880,6 +882,14 @@ def step_inputs(batch: Batch, device: torch.device, num_state_slots: int = 0
             [to_device(_padded_block_tables(g.block_tables), np.int32, device) for g in batch.other_groups])
     input_ids = to_device(np.asarray(batch.token_ids, dtype=np.int64), np.int64, device)
     return input_ids, to_device(np.asarray(batch.positions, dtype=np.int64), np.int64, device), meta
+
+
+def _query_rows(batch: Batch, block_tables: torch.Tensor) -> QueryRows | None:
+    """The step's queries as decode rows where its rows each have a few, not all one (AttentionMetadata.query_rows)."""
+    if batch.is_decode_only or max(batch.query_lens) > MAX_QUERIES_AS_ROWS:
+        return None
+    return query_rows_of_host_rows(np.asarray(batch.query_lens, dtype=np.int64),
+                                   np.asarray(batch.context_lens, dtype=np.int64), block_tables)
 
 
 @contextlib.contextmanager

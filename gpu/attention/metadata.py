@@ -11,12 +11,20 @@ the step's tensors) and a layer reads its group's (`of_group`); a one-group mode
 A model with linear-attention layers (gpu/layers/gated_deltanet.py) also reads each row's state slot
 (`linear_state`): the layers keep one state per sequence, not per token. The index tensors of its rows' pieces
 (`PieceLevel`, `ConvWindows`) are built once per step and shared by every linear layer, which only indexes with them.
+
+A step whose rows each have a few queries (a verifying step's k + 1) also lays each query out as a decode row of its
+own (`query_rows`): causal by construction, since a query at position p sees the keys 0..p and the step's K/V are
+stored before any layer's attention reads them. Built once per step on the device (no host sync, shapes fixed by
+the step's), where the step's other metadata is made.
 """
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+import numpy as np
 import torch
+
+from gpu.host_to_device import to_device
 
 
 @dataclass
@@ -103,6 +111,46 @@ class PositionStep:
     saves_to: torch.Tensor  # [rows] int64
 
 
+# Rows of at most this many queries each (verifying steps: k + 1 <= 9) attend as one decode row per query: the decode
+# kernel splits each query's context over the GPU, where the prefill kernel gives a row a few programs that walk it all.
+MAX_QUERIES_AS_ROWS = 16
+
+
+@dataclass
+class QueryRows:
+    """A step's queries as decode rows, one a query, in the step's token order."""
+
+    rows: torch.Tensor  # [num_tokens] int64: the row of each query
+    context_lens: torch.Tensor  # [num_tokens] int32: its position + 1, the keys it sees
+    block_tables: torch.Tensor  # [num_tokens, max_blocks_per_row] int32: its row's
+
+    def with_tables(self, block_tables: torch.Tensor) -> "QueryRows":
+        """The same queries reading the rows' `block_tables` (another KV-cache group's)."""
+        return replace(self, block_tables=block_tables.index_select(0, self.rows))
+
+
+def query_rows_of_uniform_rows(positions: torch.Tensor, block_tables: torch.Tensor) -> QueryRows:
+    """The queries of rows that have as many each, at `positions` [num_rows, queries a row] (int64, on the device);
+    `block_tables` the rows'. A few device ops (an eager step launches each), no host sync."""
+    num_rows, num_queries = positions.shape
+    rows = torch.arange(num_rows * num_queries, device=positions.device) // num_queries
+    return QueryRows(rows, (positions.reshape(-1) + 1).to(torch.int32), block_tables.index_select(0, rows))
+
+
+def query_rows_of_host_rows(query_lens: np.ndarray, context_lens: np.ndarray, block_tables: torch.Tensor
+                            ) -> QueryRows:
+    """The queries of rows laid out on the host: `query_lens` and `context_lens` [num_rows] (this step's tokens
+    included); `block_tables` the rows', on the device. One copy to the device."""
+    num_rows, num_tokens = len(query_lens), int(query_lens.sum())
+    rows = np.repeat(np.arange(num_rows, dtype=np.int64), query_lens)
+    first_token = np.repeat(np.cumsum(query_lens) - query_lens, query_lens)
+    first_position = np.repeat(np.asarray(context_lens, dtype=np.int64) - query_lens, query_lens)
+    lens = first_position + (np.arange(num_tokens, dtype=np.int64) - first_token) + 1
+    both = to_device(np.concatenate([rows, lens]), np.int64, block_tables.device)
+    device_rows = both[:num_tokens]
+    return QueryRows(device_rows, both[num_tokens:].to(torch.int32), block_tables.index_select(0, device_rows))
+
+
 @dataclass
 class AttentionMetadata:
     slot_mapping: torch.Tensor  # [num_tokens] int64; -1: padding, nothing written
@@ -116,6 +164,9 @@ class AttentionMetadata:
     # launches the rows in this order so the longest finish first instead of forming the tail.
     row_order: torch.Tensor | None = None
     linear_state: LinearStateMetadata | None = None  # only for a model with linear-attention layers
+    # Rows of at most MAX_QUERIES_AS_ROWS queries, not one each: the queries as decode rows (see the module's doc).
+    # None: not such a step, or one laid out without them (a mixed-step graph's).
+    query_rows: QueryRows | None = None
     # The views of groups 1, 2, ...: this metadata is group 0's.
     other_groups: tuple["AttentionMetadata", ...] = ()
 
@@ -127,6 +178,7 @@ class AttentionMetadata:
                           ) -> "AttentionMetadata":
         """This step's metadata with a view per further group: group g + 1 writes `slot_mappings[g]` and reads
         `block_tables[g]`."""
-        views = tuple(replace(self, slot_mapping=slots, block_tables=tables)
+        views = tuple(replace(self, slot_mapping=slots, block_tables=tables,
+                              query_rows=None if self.query_rows is None else self.query_rows.with_tables(tables))
                       for slots, tables in zip(slot_mappings, block_tables, strict=True))
         return replace(self, other_groups=views)

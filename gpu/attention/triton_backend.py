@@ -1,6 +1,7 @@
 """The Triton attention backend: our own kernels on CUDA.
 
-Routing: a decode-only batch (one query per row) goes to the split-KV decode kernel; any other
+Routing: a decode-only batch (one query per row) goes to the split-KV decode kernel, and so does a batch laid out
+with its queries as decode rows (`query_rows`: rows of a few queries each, a verifying step's); any other
 batch (prefill chunks, prefix-cache hits, mixed prefill + decode rows) to the varlen prefill kernel,
 which treats decode rows as rows of query length 1. Both paths read only static facts on the host
 (tensor shapes, the is_decode_only flag), never lengths, and allocate their scratch with
@@ -55,6 +56,12 @@ class TritonBackend:
                 query, k_cache, v_cache, meta.block_tables, meta.context_lens, scale, row_order=meta.row_order,
                 use_pdl=True, variant=variant,
             )
+        if meta.query_rows is not None:
+            # Without PDL: a query's context holds the step's earlier tokens too, which the kernel before stores, and
+            # under PDL the decode kernel reads all but a row's last token before it waits for that kernel.
+            rows = meta.query_rows
+            return decode_attention(query, k_cache, v_cache, rows.block_tables, rows.context_lens, scale,
+                                    variant=variant)
         return prefill_attention(
             query, k_cache, v_cache, meta.query_start_loc, meta.context_lens, meta.block_tables, scale,
             variant=variant,

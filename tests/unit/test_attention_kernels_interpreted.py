@@ -3,7 +3,8 @@ Triton's interpreter on the CPU: the cases of tests/unit/attention_kernels_inter
 attention_variant_kernels_interpreted_cases.py, family_kernels_interpreted_cases.py,
 gated_attention_kernels_interpreted_cases.py, moe_kernels_interpreted_cases.py,
 moe_decode_kernels_interpreted_cases.py, gated_delta_kernels_interpreted_cases.py,
-gated_delta_glue_kernels_interpreted_cases.py and causal_conv_rows_interpreted_cases.py, run by pytest in one process
+gated_delta_glue_kernels_interpreted_cases.py, causal_conv_rows_interpreted_cases.py and
+verify_attention_interpreted_cases.py, run by pytest in one process
 that has TRITON_INTERPRET=1 from its start (Triton's own helpers such as tl.sum or tl.cdiv stay compiled-only when
 triton was imported first, as it is in this process)."""
 
@@ -25,7 +26,8 @@ CASES = [Path(__file__).with_name(name) for name in ("attention_kernels_interpre
                                                      "moe_decode_kernels_interpreted_cases.py",
                                                      "gated_delta_kernels_interpreted_cases.py",
                                                      "gated_delta_glue_kernels_interpreted_cases.py",
-                                                     "causal_conv_rows_interpreted_cases.py")]
+                                                     "causal_conv_rows_interpreted_cases.py",
+                                                     "verify_attention_interpreted_cases.py")]
 
 
 @pytest.mark.long

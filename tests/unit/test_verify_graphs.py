@@ -192,7 +192,7 @@ def test_both_paths_run_the_one_step_function(model_dir: Path, monkeypatch: pyte
         one_step(engine, 3)  # the eager path
     assert rows == [3]
     assert len(steps) == 2 and steps[0] == steps[1]
-    assert 30 <= len(steps[0]) <= 70, steps[0]  # views included: each a launch or more where run eagerly
+    assert 30 <= len(steps[0]) <= 80, steps[0]  # views included: each a launch or more where run eagerly
     # Nothing a CUDA graph cannot hold: no read of a value on the host, no shape that depends on values.
     assert not {"_local_scalar_dense", "nonzero", "masked_select", "unique"} & set(steps[0])
     assert not [name for name in steps[0] if name.endswith(" by mask")]
