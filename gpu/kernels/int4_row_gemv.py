@@ -1,6 +1,8 @@
-"""Triton kernel: one row of x times 4-bit weights (W4A16: GPTQ, AWQ, compressed-tensors' pack-quantized, GGUF's
+"""Triton kernel: a few rows of x times 4-bit weights (W4A16: GPTQ, AWQ, compressed-tensors' pack-quantized, GGUF's
 4-bit blocks, all in gpu/quant/int_weights.py's `IntWeight` form) as a GEMV, the row a decode step of one sequence
-multiplies.
+multiplies, or the 2..8 of a verifying step or a small batch: a program takes ROWS rows of x (rows past M re-read
+the last, never stored), decodes each weight word once and multiplies it with every row's x, each row with its own
+chunk scaling and float32 sums (`row_sums`).
 
 The weights stay in their stored layout (int32 [N, K / 8], a word's 8 columns in pairs in its two 16-bit halves).
 Each thread reads 16 bytes of a weight row at a time (4 words, 32 consecutive columns: a 128-bit load) for each of
@@ -111,11 +113,11 @@ def _f16_x(x_pairs, C: tl.constexpr, IS_BF16: tl.constexpr):
 
 
 @triton.jit
-def _word_dots(words, x_pairs, zero_low, zero_high, C: tl.constexpr):
+def _word_dots(levels, x_pairs, C: tl.constexpr):
     """sum over each word's 8 columns of (level - zero) / 256 * x, a float16 sum per half of a pair, [4, BLOCK_N, C]:
     one packed multiply-add (two products) per pair of columns."""
     x_0, x_1, x_2, x_3 = _pairs_of_x(x_pairs, C)
-    pair_0, pair_1, pair_2, pair_3 = nibbles_less_zero(words, zero_low, zero_high)
+    pair_0, pair_1, pair_2, pair_3 = levels
     dots = f16x2_fma(pair_0, x_0, tl.full(pair_0.shape, 0, tl.int32))
     return f16x2_fma(pair_3, x_3, f16x2_fma(pair_2, x_2, f16x2_fma(pair_1, x_1, dots)))
 
@@ -129,11 +131,11 @@ def _add_word_products(dots, pairs, x, A: tl.constexpr, C: tl.constexpr):
 
 
 @triton.jit
-def _chunk_dots(words, x_pairs, zero_low, zero_high, BLOCK_N: tl.constexpr, C: tl.constexpr):
+def _chunk_dots(levels, x_pairs, BLOCK_N: tl.constexpr, C: tl.constexpr):
     """sum over each chunk's 32 columns of (level - zero) / 256 * x, a float16 sum per half of a pair, [1, BLOCK_N,
     C]: _word_dots' multiply-adds in one chain through the chunk's 4 words."""
     x_0, x_1, x_2, x_3 = _pairs_of_x(x_pairs, C)
-    pair_0, pair_1, pair_2, pair_3 = nibbles_less_zero(words, zero_low, zero_high)
+    pair_0, pair_1, pair_2, pair_3 = levels
     dots = tl.full((BLOCK_N, C), 0, tl.int32)
     dots = _add_word_products(dots, pair_0, x_0, BLOCK_N, C)
     dots = _add_word_products(dots, pair_1, x_1, BLOCK_N, C)
@@ -164,45 +166,83 @@ def tile_ids(C: tl.constexpr):
 
 
 @triton.jit
-def tile_sums(words, x_pairs, k, s_ptr, z_ptr, o_ptr, rows_offset, num_groups, GROUP: tl.constexpr,
-              ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
-              X_IS_BF16: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr):
-    """A tile's float32 sums of (level - zero) * scale (+ offset) * x / 256 over each chunk (each word, for groups
-    narrower than a chunk): [1 or 4, BLOCK_N, C], of its words [4, BLOCK_N, C] (int32) and x_pairs [4, 1, C, 4]
-    (pairs of 16-bit floats, bfloat16 where X_IS_BF16, as loaded) from column k on."""
-    BY_WORD: tl.constexpr = GROUP < 32  # a scale per word, else per chunk
-    x_pairs, inverse = _f16_x(x_pairs, C, X_IS_BF16)  # [4, 1, C, 4] float16 pairs, [1, 1, C]
+def tile_levels(words, k, z_ptr, rows_offset, num_groups, GROUP: tl.constexpr, ZERO_LOW: tl.constexpr,
+                ZERO_HIGH: tl.constexpr, HAS_ZEROS: tl.constexpr, C: tl.constexpr):
+    """A tile's words [4, BLOCK_N, C] (int32) from column k on, decoded: 4 float16 pairs of (level - zero) / 256
+    each (nibbles_less_zero's), once for every row of x they multiply."""
     chunk_cols = k + tl.arange(0, C)[None, None, :] * 32
     zero_low, zero_high = _zero_constants(z_ptr, rows_offset, chunk_cols, num_groups, GROUP, HAS_ZEROS, ZERO_LOW,
                                           ZERO_HIGH)
-    if BY_WORD:
-        dots = _word_dots(words, x_pairs, zero_low, zero_high, C)  # [4, BLOCK_N, C] pairs
-    else:
-        dots = _chunk_dots(words, x_pairs, zero_low, zero_high, BLOCK_N, C)  # [1, BLOCK_N, C] pairs
+    return nibbles_less_zero(words, zero_low, zero_high)
+
+
+@triton.jit
+def tile_groups(k, s_ptr, o_ptr, rows_offset, num_groups, GROUP: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+                C: tl.constexpr):
+    """A tile's scales and offsets (the scales again without offsets) in float32, [1 or 4, BLOCK_N, C]: read once
+    for every row of x."""
+    chunk_cols = k + tl.arange(0, C)[None, None, :] * 32
     scales = _group_values(s_ptr, rows_offset, chunk_cols, num_groups, GROUP)
+    if HAS_OFFSETS:
+        return scales, _group_values(o_ptr, rows_offset, chunk_cols, num_groups, GROUP)
+    else:
+        return scales, scales
+
+
+@triton.jit
+def row_sums(levels, scales, offsets, x_pairs, GROUP: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+             X_IS_BF16: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr):
+    """One row of x's float32 sums of (level - zero) * scale (+ offset) * x / 256 over each chunk (each word, for
+    groups narrower than a chunk), [1 or 4, BLOCK_N, C], of a tile's `tile_levels` and `tile_groups` and that row's
+    x_pairs [4, 1, C, 4] (pairs of 16-bit floats, bfloat16 where X_IS_BF16, as loaded)."""
+    BY_WORD: tl.constexpr = GROUP < 32  # a scale per word, else per chunk
+    x_pairs, inverse = _f16_x(x_pairs, C, X_IS_BF16)  # [4, 1, C, 4] float16 pairs, [1, 1, C]
+    if BY_WORD:
+        dots = _word_dots(levels, x_pairs, C)  # [4, BLOCK_N, C] pairs
+    else:
+        dots = _chunk_dots(levels, x_pairs, BLOCK_N, C)  # [1, BLOCK_N, C] pairs
     sums = (scales * inverse) * f16x2_sum(dots)
     if HAS_OFFSETS:
         x_sums = tl.reduce(f16x2_sum(x_pairs), 3, add)  # [4, 1, C]
         if not BY_WORD:
             x_sums = tl.reduce(x_sums, 0, add, keep_dims=True)
-        offsets = _group_values(o_ptr, rows_offset, chunk_cols, num_groups, GROUP)
         sums += offsets * (x_sums * (inverse / LEVEL_SCALE))
     return sums
 
 
-@triton.jit(do_not_specialize=["N"])
+@triton.jit
+def tile_sums(words, x_pairs, k, s_ptr, z_ptr, o_ptr, rows_offset, num_groups, GROUP: tl.constexpr,
+              ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+              X_IS_BF16: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr):
+    """`row_sums` of one row of x, its tile's words decoded for it alone."""
+    levels = tile_levels(words, k, z_ptr, rows_offset, num_groups, GROUP, ZERO_LOW, ZERO_HIGH, HAS_ZEROS, C)
+    scales, offsets = tile_groups(k, s_ptr, o_ptr, rows_offset, num_groups, GROUP, HAS_OFFSETS, C)
+    return row_sums(levels, scales, offsets, x_pairs, GROUP, HAS_OFFSETS, X_IS_BF16, BLOCK_N, C)
+
+
+@triton.jit
+def _x_pairs(x_pairs_ptr, k, pair_ids, K, EVEN_K: tl.constexpr):
+    """A row of x's pairs of columns from column k on, [4, 1, C, 4] int32 (zeros past K)."""
+    if EVEN_K:
+        return tl.load(x_pairs_ptr + (k >> 1) + pair_ids)
+    else:
+        return tl.load(x_pairs_ptr + (k >> 1) + pair_ids, mask=k + pair_ids * 2 < K, other=0)
+
+
+@triton.jit(do_not_specialize=["N", "M"])
 def _int4_row_gemv_kernel(
-    x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, bias_ptr, out_ptr, N, K, num_words, num_groups, stride_qn, stride_gn,
+    x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, bias_ptr, out_ptr, M, N, K, num_words, num_groups, stride_xm, stride_om,
+    stride_qn, stride_gn,
     GROUP: tl.constexpr, ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr, HAS_ZEROS: tl.constexpr,
     HAS_OFFSETS: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, USE_PDL: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     C: tl.constexpr = BLOCK_K // 32
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)[None, :, None]  # [1, BLOCK_N, 1]
     rows_offset = rows_w * stride_gn
     q_rows = q_ptr + rows_w * stride_qn
-    x_pairs_ptr = x_ptr.to(tl.pointer_type(tl.int32))  # two columns of x an int32, as the packed arithmetic takes them
+    first_row = tl.program_id(1) * ROWS  # of x: this program's ROWS rows, those past M re-read the last, unstored
     word_ids, pair_ids = tile_ids(C)
     if EVEN_K:
         words = tl.load(q_rows + word_ids)
@@ -211,52 +251,69 @@ def _int4_row_gemv_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    sums = tl.full((4 if GROUP < 32 else 1, BLOCK_N, C), 0.0, tl.float32)  # a sum per word, or per chunk
+    sums = ()  # a tensor a row of x: a sum per word, or per chunk
+    for _ in tl.static_range(ROWS):
+        sums = sums + (tl.full((4 if GROUP < 32 else 1, BLOCK_N, C), 0.0, tl.float32),)
     for k in range(0, K, BLOCK_K):
-        if EVEN_K:
-            x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids)
-        else:
-            x_pairs = tl.load(x_pairs_ptr + (k >> 1) + pair_ids, mask=k + pair_ids * 2 < K, other=0)
+        x_pairs = _x_pairs(_row_pairs(x_ptr, first_row, M, stride_xm), k, pair_ids, K, EVEN_K)
         if EVEN_K:  # the last tile's next re-reads it: a load without a mask, nothing to zero
             next_start = tl.multiple_of(tl.minimum(k + BLOCK_K, K - BLOCK_K) >> 3, 4)  # a whole tile's words
             next_words = tl.load(q_rows + word_ids + next_start)
         else:
             next_ids = word_ids + ((k + BLOCK_K) >> 3)
             next_words = tl.load(q_rows + next_ids, mask=next_ids < num_words, other=0)
-        sums += tile_sums(words, x_pairs, k, s_ptr, z_ptr, o_ptr, rows_offset, num_groups, GROUP, ZERO_LOW,
-                          ZERO_HIGH, HAS_ZEROS, HAS_OFFSETS, x_ptr.dtype.element_ty == tl.bfloat16, BLOCK_N, C)
+        levels = tile_levels(words, k, z_ptr, rows_offset, num_groups, GROUP, ZERO_LOW, ZERO_HIGH, HAS_ZEROS, C)
+        scales, offsets = tile_groups(k, s_ptr, o_ptr, rows_offset, num_groups, GROUP, HAS_OFFSETS, C)
+        new_sums = ()
+        for r in tl.static_range(ROWS):  # each decoded weight multiplies every row's x
+            if r > 0:
+                x_pairs = _x_pairs(_row_pairs(x_ptr, first_row + r, M, stride_xm), k, pair_ids, K, EVEN_K)
+            new_sums = new_sums + (sums[r] + row_sums(levels, scales, offsets, x_pairs, GROUP, HAS_OFFSETS,
+                                                      x_ptr.dtype.element_ty == tl.bfloat16, BLOCK_N, C),)
+        sums = new_sums
         words = next_words
-    y = tl.reduce(tl.reduce(sums, 2, add), 0, add) * LEVEL_SCALE  # [BLOCK_N]
-    if HAS_BIAS:
-        y += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
-    tl.store(out_ptr + offs_n, y.to(out_ptr.dtype.element_ty), mask=offs_n < N)
+    for r in tl.static_range(ROWS):
+        y = tl.reduce(tl.reduce(sums[r], 2, add), 0, add) * LEVEL_SCALE  # [BLOCK_N]
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+        num_stored = tl.where(first_row + r < M, N, 0)  # the row's columns, none past M
+        tl.store(out_ptr + (first_row + r).to(tl.int64) * stride_om + offs_n, y.to(out_ptr.dtype.element_ty),
+                 mask=offs_n < num_stored)
+
+
+@triton.jit
+def _row_pairs(x_ptr, row, M, stride_xm):
+    """Row `row` of x (the last, past M) as pairs of columns: two columns an int32, as the packed arithmetic takes
+    them (stride_xm even)."""
+    return x_ptr.to(tl.pointer_type(tl.int32)) + tl.minimum(row, M - 1).to(tl.int64) * (stride_xm // 2)
 
 
 def takes_row_gemv(weight: "IntWeight", x: torch.Tensor) -> bool:
-    """Whether this kernel computes x @ W.T: one row of 16-bit activations, 4-bit levels in the stored column order
-    (act order gathers x: the GEMV of gpu/kernels/quant_gemv.py), groups of whole words, K of whole chunks, x
-    aligned to a pair of columns."""
-    return (x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16) and weight.bits == 4
+    """Whether this kernel computes x @ W.T: 16-bit activations, 4-bit levels in the stored column order (act order
+    gathers x: the GEMV of gpu/kernels/quant_gemv.py), groups of whole words, K of whole chunks, x's rows aligned to
+    a pair of columns."""
+    return (x.dtype in (torch.bfloat16, torch.float16) and weight.bits == 4
             and weight.perm is None and weight.group >= MIN_GROUP and x.shape[1] % CHUNK == 0
-            and x.data_ptr() % 4 == 0)  # x read as pairs of columns, 4 bytes each
+            and x.data_ptr() % 4 == 0 and (x.shape[0] == 1 or x.stride(0) % 2 == 0))  # pairs of columns, 4 bytes
 
 
 def int4_row_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None, y: torch.Tensor, t: GemvTiles,
                   pdl: bool) -> None:
-    """y [1, N] = x [1, K] @ W.T (+ bias) for arguments gpu/kernels/int_gemm.py checked and `takes_row_gemv` takes.
+    """y [M, N] = x [M, K] @ W.T (+ bias) for arguments gpu/kernels/int_gemm.py checked and `takes_row_gemv` takes.
     Each thread holds all `t.block_n` rows of its chunk (4 sums a row at most keep the loop in registers), and the
     warps split the columns: at most one warp per 32 chunks (`t.num_warps` a bound), since x's tile has no rows to
-    spread warps over and its layout must be the weights'."""
-    k, n, scales = x.shape[1], weight.weight.shape[0], weight.scales
+    spread warps over and its layout must be the weights'. A program multiplies `t.rows` rows of x (a second grid
+    axis covers M): each weight it decodes once for all of them."""
+    (m, k), n, scales = x.shape, weight.weight.shape[0], weight.scales
     block_k = max(t.block_k, CHUNK)
     num_warps = max(1, min(t.num_warps, block_k // (CHUNK * 32)))
-    _int4_row_gemv_kernel[(triton.cdiv(n, t.block_n),)](
+    _int4_row_gemv_kernel[(triton.cdiv(n, t.block_n), triton.cdiv(m, t.rows))](
         x, weight.weight, scales, pointer_or(weight.zeros, scales), pointer_or(weight.offsets, scales),
-        pointer_or(bias, scales), y, n, k, weight.weight.shape[1], scales.shape[1], weight.weight.stride(0),
-        scales.stride(0),
+        pointer_or(bias, scales), y, m, n, k, weight.weight.shape[1], scales.shape[1], x.stride(0), y.stride(0),
+        weight.weight.stride(0), scales.stride(0),
         GROUP=weight.group, **zero_point_constexprs(weight.zero), HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl,
-        BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl,
+        ROWS=t.rows, BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl,
         enable_fp_fusion=True)  # a multiply-add per weight, whatever Triton's default
 
 

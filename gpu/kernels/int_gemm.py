@@ -183,8 +183,8 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
              out: torch.Tensor | None = None, tiles: Tiles | None = None
              ) -> torch.Tensor:  # [M, K] x [N, K * bits / 32] -> [M, N]
     """x @ W.T (+ bias) for W in the kernel's form; `out` (an [M, N] view with unit stride along N) receives it.
-    `tiles` (else quant_tiles' choice) picks the tensor-core kernel or the GEMV: one row of 4-bit weights that
-    gpu/kernels/int4_row_gemv.py takes runs there (or in int4_wide_gemv.py, for its tiles), other rows in
+    `tiles` (else quant_tiles' choice) picks the tensor-core kernel or the GEMV: 4-bit weights that
+    gpu/kernels/int4_row_gemv.py takes run there (one row also in int4_wide_gemv.py, for its tiles), others in
     gpu/kernels/quant_gemv.py."""
     m, k = x.shape
     words, scales = weight.weight, weight.scales
@@ -203,7 +203,7 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     if m == 0:
         return y
     t = tiles or _chosen_tiles(x, weight)
-    if isinstance(t, WideGemvTiles) and not takes_row_gemv(weight, x):  # act order, narrow groups, rows: not its
+    if isinstance(t, WideGemvTiles) and (m > 1 or not takes_row_gemv(weight, x)):  # rows, act order: not its
         t = tensor_core_tiles(m, n, k, f"int{weight.bits}", num_sms(x.device))
     if isinstance(t, WideGemvTiles):
         int4_wide_gemv(x, weight, bias, y, t, uses_pdl(use_pdl, x))
@@ -234,7 +234,7 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
 
 
 def _chosen_tiles(x: torch.Tensor, weight: "IntWeight") -> Tiles:
-    """quant_tiles' choice; where it sends one row of 4-bit weights to the row GEMV and that kernel does not take
+    """quant_tiles' choice; where it sends 4-bit weights to the row GEMV and that kernel does not take
     them (act order, groups narrower than a word), the tensor cores: the row GEMV's tiles are no GEMV tiles for
     gpu/kernels/quant_gemv.py."""
     (m, k), n, kind = x.shape, weight.weight.shape[0], f"int{weight.bits}"

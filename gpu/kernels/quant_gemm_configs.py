@@ -9,12 +9,18 @@ GEMV rule, as the sweep measured it against the tensor-core rule: FP8 at one row
 on every dense shape swept; at two rows on some and at four or more on none); 8-bit integers never (their GEMV
 measured faster on few shapes at any row count: it stays for a table's entry to choose). 4-bit integers at one row
 take gpu/kernels/int4_wide_gemv.py (`WideGemvTiles`; a table's `GemvTiles` entry takes int4_row_gemv.py, its
-register-prefetching twin), at more rows the tensor cores. GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows
+register-prefetching twin), at 2..8 rows int4_row_gemv.py (tiles of `rows` rows of x: each weight it decodes once
+multiplies every row: one pass over the weights for a verifying step's or a small batch's rows, where the tensor
+cores' split-K and reduce measured several times one row's time on the small, latency-bound products), more rows
+the tensor cores.
+GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows
 by 512 bytes of each (2 KB for 128 threads: 16 bytes a thread), narrow so that every product makes hundreds of
 programs and the weight stream stays full without split-K;
 the columns halve while the float32 sums (rows x tile elements per thread) would pass 64 registers a thread. The
 4-bit row GEMVs hold a sum per row and 32 columns instead: ROW_GEMV_BLOCK_N rows, so that each thread multiplies 4
-rows with the 32 columns of x it converts once; the row GEMV's tiles up to 4,096 columns, a warp per 1,024 (up to 4);
+rows with the 32 columns of x it converts once (fewer where its rows of x would pass ROW_GEMV_MAX_PRODUCTS products
+a thread: past that the sums and decoded weights spill); the row GEMV's tiles up to 4,096 columns, a warp per 1,024
+(up to 4);
 the wide one's 2,048 columns a warp (two 16-byte loads of each row a thread), one warp a program (its sums reduce
 without shared memory), the next two tiles fetched into L2, and K split while its programs would give a
 multiprocessor fewer than WIDE_MIN_WARPS warps.
@@ -37,8 +43,9 @@ from gpu.kernels.skinny_gemm_configs import row_bucket
 
 FP8_CUBLAS_MIN_ROWS = 65  # FP8 products of this many rows or more run in cuBLAS (gpu/quant/fp8.py); fewer, here
 NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpreter runs are those a GPU would
-GEMV_MAX_ROWS = {"fp8": 1, "int4": 1, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's reasons
+GEMV_MAX_ROWS = {"fp8": 1, "int4": 8, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's reasons
 ROW_GEMV_BLOCK_N = 4  # the 4-bit row GEMV's rows per program, each thread's: x converted once for 4 rows
+ROW_GEMV_MAX_PRODUCTS = 8  # weight rows x rows of x a thread of the 4-bit row GEMV multiplies a chunk: its sums
 GEMV_MAX_SUMS = 64  # float32 sums a thread holds: rows x its tile elements
 WIDE_MIN_WARPS = 6  # warps a multiprocessor the wide row GEMV's programs give it at least, K split if need be
 
@@ -59,8 +66,8 @@ class GemvTiles:
     block_n: int  # output columns per program (weight rows)
     block_k: int  # columns per loop iteration
     num_warps: int
-    # one row: the one-row kernel of the weights' kind (fp8_row_gemv.py, int4_row_gemv.py) where it takes the
-    # arguments; False: quant_gemv.py's GEMV, where the sweep measured that one faster
+    # the row kernel of the weights' kind where it takes the arguments (fp8_row_gemv.py: one row; int4_row_gemv.py:
+    # `rows` rows a program, any M); False: quant_gemv.py's GEMV, where the sweep measured that one faster
     is_row_gemv: bool = True
 
 
@@ -171,9 +178,9 @@ TABLES: dict[str, Table] = {"H100": {
 
 
 def runs_row_gemv(t: Tiles) -> bool:
-    """Whether a product on these tiles runs on its kind's one-row GEMV (where that kernel takes the arguments): the
-    one place that chooses between it and quant_gemv.py's GEMV."""
-    return isinstance(t, GemvTiles) and t.rows == 1 and t.is_row_gemv
+    """Whether a product on these tiles runs on its kind's row GEMV (where that kernel takes the arguments: FP8's
+    one row, int4's any): the one place that chooses between it and quant_gemv.py's GEMV."""
+    return isinstance(t, GemvTiles) and t.is_row_gemv
 
 
 @functools.cache
@@ -185,10 +192,14 @@ def table_for(device_name: str) -> Table:
 
 def gemv_tiles(num_rows: int, k: int, kind: str) -> GemvTiles:
     """The GEMV rule (module docstring): 4 weight rows of 512 bytes, 4 warps; K tiles halve while the sums would
-    pass GEMV_MAX_SUMS a thread, and stay within K's power of two. One row of 4-bit weights: the row GEMV's tiles."""
+    pass GEMV_MAX_SUMS a thread, and stay within K's power of two. 4-bit weights: the row GEMV's tiles, its weight
+    rows halved while a thread's products of them with x's rows would pass ROW_GEMV_MAX_PRODUCTS."""
     rows = row_bucket(num_rows)
-    if kind == "int4" and rows == 1:
-        return GemvTiles(1, ROW_GEMV_BLOCK_N, min(4096, max(64, row_bucket(k))), 4)
+    if kind == "int4":
+        block_n = ROW_GEMV_BLOCK_N
+        while block_n > 1 and rows * block_n > ROW_GEMV_MAX_PRODUCTS:
+            block_n //= 2
+        return GemvTiles(rows, block_n, min(4096, max(64, row_bucket(k))), 4)
     weights_per_byte = 2 if kind == "int4" else 1
     block_k = 512 * weights_per_byte
     num_warps, block_n = 4, 4

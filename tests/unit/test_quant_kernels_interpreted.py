@@ -18,6 +18,7 @@ import torch
 
 from gpu.kernels.quant_gemm_configs import (
     GEMV_MAX_SUMS,
+    ROW_GEMV_MAX_PRODUCTS,
     TABLES,
     WIDE_MIN_WARPS,
     GemvTiles,
@@ -25,6 +26,7 @@ from gpu.kernels.quant_gemm_configs import (
     WideGemvTiles,
     gemv_tiles,
     quant_tiles,
+    runs_row_gemv,
     table_for,
     tensor_core_tiles,
     wide_gemv_tiles,
@@ -229,14 +231,17 @@ def test_fp8_gemv_equals_the_dequantized_product_with_activations_unquantized(
     _close(out, x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
 
 
-def test_gemv_rule_fp8_and_int4_at_one_row_only() -> None:
-    """FP8 and int4 at one row take the GEMV rules' tiles (int4's the wide row GEMV's); more rows, and int8 at any,
-    the tensor-core rule."""
-    for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (24576, 4096), (20, 200)):
+def test_gemv_rule_fp8_at_one_row_int4_up_to_eight() -> None:
+    """FP8 and int4 at one row take the GEMV rules' tiles (int4's the wide row GEMV's), int4 at 2..8 rows the row
+    GEMV's of its row bucket; more rows, and int8 at any, the tensor-core rule."""
+    for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (24576, 4096), (20, 200), (960, 576)):
         assert quant_tiles(1, n, k, "fp8") == gemv_tiles(1, k, "fp8")
         assert quant_tiles(1, n, k, "int4") == wide_gemv_tiles(n, k)
-        for kind in ("fp8", "int4"):
-            for rows in (2, 3, 4, 8, 16):
+        for rows in (2, 3, 4, 5, 8):
+            assert quant_tiles(rows, n, k, "int4") == gemv_tiles(rows, k, "int4")
+            assert runs_row_gemv(quant_tiles(rows, n, k, "int4"))
+        for kind, rows in itertools.product(("fp8", "int4"), (2, 3, 4, 8, 16)):
+            if kind == "fp8" or rows > 8:
                 assert quant_tiles(rows, n, k, kind) == tensor_core_tiles(rows, n, k, kind)
         for rows in (1, 2, 4, 8):
             assert quant_tiles(rows, n, k, "int8") == tensor_core_tiles(rows, n, k, "int8")
@@ -247,8 +252,9 @@ def test_gemv_tiles_hold_their_sums_in_registers() -> None:
     sum per row and 32 columns, 4 rows at most, and give every warp of it 32 x 32 columns."""
     for kind, rows in itertools.product(("fp8", "int4", "int8"), range(1, 9)):
         t = gemv_tiles(rows, 4096, kind)
-        if kind == "int4" and rows == 1:  # each thread all the rows of its 32 columns; a warp per 32 x 32 columns
-            assert t.rows == 1 and t.block_n <= 4 and t.block_k >= 1024 * t.num_warps, t
+        if kind == "int4":  # each thread all the weight rows of its 32 columns; a warp per 32 x 32 columns
+            assert t.rows >= rows and t.rows * t.block_n <= ROW_GEMV_MAX_PRODUCTS, t
+            assert t.block_n <= 4 and t.block_k >= 1024 * t.num_warps, t
             continue
         assert t.rows >= rows and t.rows * t.block_n * t.block_k <= GEMV_MAX_SUMS * 32 * t.num_warps
     assert gemv_tiles(1, 96, "fp8").block_k == 128  # within K's power of two
@@ -313,6 +319,42 @@ def test_int4_row_gemv_equals_the_dequantized_product(int_kernel: ModuleType, ro
     row_gemv.int4_row_gemv(x, stored, None, direct, row_gemv.GemvTiles(**(tiles or gemv_tiles(1, k, "int4")).__dict__),
                            False)
     _close(direct, x.float() @ groups.dequantize().T)
+
+
+@pytest.mark.parametrize(("group_size", "kind", "m", "n", "k", "dtype", "x_scale", "tiles"), [
+    (32, "offsets", 2, 13, 576, torch.bfloat16, 1.0, None), (32, "offsets", 5, 9, 1536, torch.float16, 1.0, None),
+    (128, "symmetric", 3, 7, 576, torch.float16, 1e3, None), (128, "symmetric", 8, 6, 1536, torch.bfloat16, 1e-6, None),
+    (128, "zeros", 5, 11, 1536, torch.bfloat16, 1e6, GemvTiles(8, 1, 512, 1)),
+    (64, "zeros", 8, 5, 576, torch.float16, 1e-3, GemvTiles(4, 2, 256, 1)),
+    (16, "zeros", 3, 7, 320, torch.float16, 1.0, GemvTiles(2, 4, 128, 1))])
+def test_int4_row_gemv_at_several_rows_equals_each_rows_own_product(
+        int_kernel: ModuleType, row_gemv: ModuleType, group_size: int, kind: str, m: int, n: int, k: int,
+        dtype: torch.dtype, x_scale: float, tiles: GemvTiles | None) -> None:
+    """2..8 rows of x through int_gemm's rule (the row GEMV at the rows' bucket) or a tile of fewer rows than M (a
+    second grid axis): GGUF's Q4_1 form (groups of 32 with offsets), symmetric groups of 128, zero points, K past the
+    tile, x in bf16 and float16 of large and small magnitudes, a bias, a slice of a wider output left untouched
+    around it. Each row equals the one-row kernel's product of that row alone, bit for bit (a row's arithmetic is
+    its own), and the dequantized product within float16's rounding."""
+    g = torch.Generator().manual_seed(m * n + k + group_size)
+    groups = _int_groups(4, group_size, kind, n, k, g)
+    stored = to_kernel_form(groups, dtype)
+    x = (torch.randn(m, k, generator=g) * x_scale).to(dtype)
+    bias = (torch.randn(n, generator=g) * x_scale).to(dtype)
+    assert row_gemv.takes_row_gemv(stored, x)
+    t = gemv_tiles(m, k, "int4") if tiles is None else tiles
+    assert tiles is not None or int_kernel.quant_tiles(m, n, k, "int4") == int_kernel.GemvTiles(**t.__dict__)
+    out = torch.zeros(m + 2, n + 8, dtype=dtype)
+    int_kernel.int_gemm(x, stored, bias, out=out[1 : 1 + m, 4 : 4 + n],
+                        tiles=None if tiles is None else int_kernel.GemvTiles(**tiles.__dict__))
+    assert not out[0].any() and not out[-1].any() and not out[:, :4].any() and not out[:, 4 + n :].any()
+    one_row = row_gemv.GemvTiles(1, t.block_n, t.block_k, t.num_warps)
+    for row in range(m):
+        alone = torch.zeros(1, n, dtype=dtype)
+        row_gemv.int4_row_gemv(x[row : row + 1], stored, bias, alone, one_row, False)
+        assert torch.equal(out[1 + row, 4 : 4 + n], alone[0]), row
+    reference = x.double() @ stored.int_groups().dequantize().double().T + bias.double()
+    error = (out[1 : 1 + m, 4 : 4 + n].double() - reference).abs().max() / reference.abs().max()
+    assert error.item() < 1e-2
 
 
 @pytest.fixture(scope="module")
@@ -414,10 +456,11 @@ def test_int4_row_gemv_holds_x_of_any_magnitude(row_gemv: ModuleType, wide_gemv:
     assert ((y.double() - reference).abs().max() / reference.abs().max()).item() < 1e-3
 
 
-def test_row_gemv_leaves_act_order_and_two_rows_to_the_other_kernels(int_kernel: ModuleType,
-                                                                     row_gemv: ModuleType) -> None:
+def test_row_gemv_leaves_act_order_and_odd_row_strides_to_the_other_kernels(int_kernel: ModuleType,
+                                                                            row_gemv: ModuleType) -> None:
     """Act order (x gathered) and 8-bit levels are not the row GEMV's: int_gemm's rule sends one row of them to the
-    tensor cores, and the product is still the reference's; more rows never reach it."""
+    tensor cores, and the product is still the reference's; rows of x an odd number of columns apart (not pairs of
+    columns) never reach it."""
     g = torch.Generator().manual_seed(11)
     for bits, kind in ((4, "act-order"), (8, "zeros")):
         stored = to_kernel_form(_int_groups(bits, 64, kind, 12, 256, g), torch.float16)
@@ -426,7 +469,8 @@ def test_row_gemv_leaves_act_order_and_two_rows_to_the_other_kernels(int_kernel:
         _close(int_kernel.int_gemm(x, stored), x.float() @ stored.int_groups().dequantize().T)
     stored = to_kernel_form(_int_groups(4, 64, "zeros", 12, 256, g), torch.float16)
     assert row_gemv.takes_row_gemv(stored, torch.zeros(1, 256).half())
-    assert not row_gemv.takes_row_gemv(stored, torch.zeros(2, 256).half())
+    assert row_gemv.takes_row_gemv(stored, torch.zeros(2, 256).half())
+    assert not row_gemv.takes_row_gemv(stored, torch.zeros(2, 257).half()[:, :256])
 
 
 @pytest.fixture(scope="module")
