@@ -342,8 +342,9 @@ def loop_body(ptx: str) -> str:
 
 
 ROW_GEMV_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "o_ptr": "*bf16",
-                      "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "K": "i32", "num_words": "i32",
-                      "num_groups": "i32", "stride_qn": "i32", "stride_gn": "i32"}
+                      "bias_ptr": "*bf16", "out_ptr": "*bf16", "M": "i32", "N": "i32", "K": "i32", "num_words": "i32",
+                      "num_groups": "i32", "stride_xm": "i32", "stride_om": "i32", "stride_qn": "i32",
+                      "stride_gn": "i32"}
 
 
 def row_gemv_constexprs(group: int, kind: str, zero: float = 8.0) -> dict[str, object]:
@@ -356,11 +357,22 @@ def row_gemv_constexprs(group: int, kind: str, zero: float = 8.0) -> dict[str, o
 def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str, str, int]:
     """(PTX, SASS, spilled bytes) of the row GEMV compiled as a launch at Qwen3-8B's shapes specializes it."""
     kernel = int4_row_gemv._int4_row_gemv_kernel
-    constexprs = constexprs | dict(HAS_BIAS=False, EVEN_K=True, USE_PDL=True, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+    constexprs = constexprs | dict(HAS_BIAS=False, EVEN_K=True, USE_PDL=True, ROWS=t.rows, BLOCK_N=t.block_n,
+                                   BLOCK_K=t.block_k)
     signature = {name: ROW_GEMV_SIGNATURE[name] for name in kernel.arg_names if name not in constexprs}
     compiled = compiled_as_launched(kernel, signature, constexprs, row_gemv_warps(t), 1,
-                                    frozenset({"K", "num_words", "stride_qn"}), enable_fp_fusion=True)
+                                    frozenset({"K", "num_words", "stride_xm", "stride_qn"}), enable_fp_fusion=True)
     return compiled.asm["ptx"], cubin_sass(compiled), spilled_bytes(compiled)  # type: ignore[attr-defined]
+
+
+def registers(compiled: object) -> int:
+    """The registers a thread of a compiled kernel holds, as cuobjdump reads its cubin."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as cubin:
+        cubin.write(compiled.asm["cubin"])  # type: ignore[attr-defined]
+        cubin.flush()
+        usage = subprocess.run([str(CUOBJDUMP), "--dump-resource-usage", cubin.name], capture_output=True, text=True,
+                               check=True).stdout
+    return int(re.search(r"REG:(\d+)", usage).group(1))  # type: ignore[union-attr]
 
 
 def row_gemv_warps(t: GemvTiles) -> int:
@@ -386,6 +398,37 @@ def test_row_gemv_loads_16_bytes_a_thread_and_syncs_nothing_in_its_loop(group: i
     assert "bar.sync" not in loop and "shared" not in loop and spilled == 0
     assert loop.count("fma.rn.f16x2") >= 2 * 16 * rows_per_thread  # 16 pairs of columns a row
     assert loop.count("mul.rn.bf16x2") == 16  # x's 32 columns scaled into float16's range, once for all rows
+
+
+MAX_ROW_GEMV_REGISTERS = 240  # of 255: the rule's multi-row tiles fit with room, the next wider spill
+
+
+@pytest.mark.skipif(not CUOBJDUMP.exists(), reason="triton without its NVIDIA backend's tools")
+@pytest.mark.parametrize(("group", "kind"), [(128, "symmetric"), (32, "offsets"), (128, "zeros"), (16, "zeros")])
+@pytest.mark.parametrize("rows", [2, 4, 8])
+@pytest.mark.parametrize("k", [576, 4096])
+def test_row_gemv_at_several_rows_decodes_once_and_spills_nothing(group: int, kind: str, rows: int, k: int) -> None:
+    """The row GEMV at the rule's tiles for 2, 4 and 8 rows of x: no spill, registers below
+    MAX_ROW_GEMV_REGISTERS, each weight row's 4 words loaded once (128 bits) and decoded once (its 4 packed level
+    pairs, one multiply-add each, whatever the rows), then multiplied with every row's x (2 packed multiply-adds a
+    pair of columns for each)."""
+    t = gemv_tiles(rows, k, "int4")
+    assert t.rows == rows
+    kernel = int4_row_gemv._int4_row_gemv_kernel
+    constexprs = row_gemv_constexprs(group, kind) | dict(HAS_BIAS=False, EVEN_K=k % t.block_k == 0, USE_PDL=True,
+                                                         ROWS=rows, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
+    signature = {name: ROW_GEMV_SIGNATURE[name] for name in kernel.arg_names if name not in constexprs}
+    compiled = compiled_as_launched(kernel, signature, constexprs, row_gemv_warps(t), 1,
+                                    frozenset({"K", "num_words", "stride_xm", "stride_qn"}), enable_fp_fusion=True)
+    assert spilled_bytes(compiled) == 0 and registers(compiled) <= MAX_ROW_GEMV_REGISTERS
+    if k % t.block_k == 0:  # one loop, whose counts are per tile
+        loop = loop_body(compiled.asm["ptx"])  # type: ignore[attr-defined]
+        words = re.findall(r"ld\.global(?:\.nc)?(?:\.L1::\w+|\.L2::\w+)*\.v4\.b32", loop)
+        chunks = t.block_k // (1024 * row_gemv_warps(t))  # a thread's, each weight row's and each x row's
+        assert len(words) == chunks * (t.block_n + 4 * rows)  # a weight row's 4 words, a row of x's 32 columns in 4
+        pairs = 4 * 4 * t.block_n * chunks  # level pairs a thread decodes a tile
+        fmas = loop.count("fma.rn.f16x2") - pairs * (1 + rows)  # one each to decode, one with each row's x
+        assert 0 <= fmas < pairs, fmas  # besides: zero points' constants, fewer than a second decoding
 
 
 def compiled_sass(kernel: object, pointers: dict[str, str], constexprs: dict[str, object], num_warps: int,
