@@ -109,12 +109,12 @@ def many_row_candidates(bucket: int, n: int, k: int) -> list[SkinnyConfig]:
 
 
 def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]:
-    if weights != "bf16":  # tensor cores; quant_gemv tiles of 1..4 loads a thread; FP8 at one row also fp8_row_gemv's
-        block_ks = [bk for bk in (256, 512, 1024, 2048, 4096) if bk <= k]
-        is_fp8_row = (weights, bucket) == ("fp8", 1)  # both one-row GEMVs are tried there, quant_gemv's flagged
-        row = [GemvTiles(1, bn, bk, w) for bn, bk, w in itertools.product((1, 2, 4, 8), block_ks, (1, 2, 4, 8))
-               if is_fp8_row and 512 * w <= max(bk, 512) and 2 <= bn * bk / (512 * w) <= 8]  # 2..8 loads a thread
-        gemv = [GemvTiles(bucket, bn, bk, w, is_row_gemv=not is_fp8_row)
+    if weights != "bf16":  # tensor cores; quant_gemv tiles of 1..4 loads a thread; FP8 at one row, int4 at 2..8 rows,
+        block_ks = [bk for bk in (256, 512, 1024, 2048, 4096) if bk < 2 * k]  # the row GEMV's too; K's power of two
+        is_row = (weights, bucket) == ("fp8", 1) or (weights == "int4" and bucket > 1)  # quant_gemv's tiles flagged
+        row = [GemvTiles(bucket, bn, bk, w) for bn, bk, w in itertools.product((1, 2, 4, 8), block_ks, (1, 2, 4, 8))
+               if is_row and 512 * w <= max(bk, 512) and 2 <= bucket * bn * bk / (512 * w) <= 8]  # 2..8 loads a thread
+        gemv = [GemvTiles(bucket, bn, bk, w, is_row_gemv=not is_row)
                 for bn, bk, w in itertools.product((2, 4, 8, 16), block_ks, (4, 8))  # codes a byte: 2 int4, 1 fp8
                 if 1 <= bn * bk / (512 * w * (2 if weights == "int4" else 1)) <= 4 and bucket * bn * bk <= 4096 * w]
         wide = [WideGemvTiles(bn, c * w << 10, w, s, p, o) for (bn, c, w), (p, o), s in itertools.product(*WIDE, (1, 2))

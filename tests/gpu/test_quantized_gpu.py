@@ -81,12 +81,12 @@ def runs_gemv(rows: int, kind: str) -> bool:
 
 def test_the_rule_and_this_gpus_table_choose_the_path() -> None:
     """This GPU's table is the one its name gives; the tests' shape, in no table, takes the rule: the FP8 GEMV and the
-    int4 wide row GEMV at one row (so the tests below run them there), the tensor cores at more rows and for int8 at
-    any."""
+    int4 wide row GEMV at one row, int4's row GEMV at 2..8 (so the tests below run them there), the tensor cores at
+    more rows and for int8 at any."""
     device = torch.device("cuda")
     assert device_name(device) == torch.cuda.get_device_name(device)
-    for kind in ("fp8", "int4"):
-        assert runs_gemv(1, kind) and not any(runs_gemv(rows, kind) for rows in (2, 4, 8))
+    assert runs_gemv(1, "fp8") and not any(runs_gemv(rows, "fp8") for rows in (2, 4, 8))
+    assert all(runs_gemv(rows, "int4") for rows in (1, 2, 4, 8)) and not runs_gemv(16, "int4")
     assert not any(runs_gemv(rows, "int8") for rows in (1, 2, 4, 8))
 
 
@@ -218,6 +218,53 @@ def test_int4_row_gemv_against_the_reference(group_size: int, kind: str, n: int,
     int_gemm(x, stored, bias, out=out[:, 32 : 32 + n], tiles=tiles)
     _close(out[:, 32 : 32 + n], x.float() @ stored.int_groups().dequantize().T + bias.float())
     assert not out[:, :32].any() and not out[:, 32 + n :].any()
+
+
+@pytest.mark.parametrize(("group_size", "kind"), [(32, "offsets"), (128, "symmetric"), (128, "zeros"), (16, "zeros")])
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 576), (3072, 576), (576, 1536), (1531, K), (6144, 4096)])
+def test_int4_row_gemv_at_several_rows_in_a_cuda_graph(group_size: int, kind: str, n: int, k: int) -> None:
+    """2, 3, 5 and 8 rows of x times 4-bit weights on the row GEMV at the rule's tiles (int4_row_gemv.py, ROWS rows a
+    program), replayed in a CUDA graph, bf16: SmolLM2-135M's products (GGUF's Q4_1 form: groups of 32 with offsets),
+    a ragged N, Qwen3-8B's qkv; with a bias, into a slice of a wider output left untouched. The replay equals the
+    eager run, each row the one-row kernel's product of that row alone bit for bit, and the reference."""
+    from gpu.kernels.int4_row_gemv import int4_row_gemv, takes_row_gemv
+    from gpu.kernels.int_gemm import int_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(n + k + group_size)
+    levels = torch.randint(0, 16, (n, k), device="cuda", generator=g, dtype=torch.int32)
+    scales = torch.rand(n, k // group_size, device="cuda", generator=g) * 0.01 + 1e-3
+    zeros = torch.randint(0, 16, scales.shape, device="cuda", generator=g).float() if kind == "zeros" else None
+    offsets = (torch.rand(scales.shape, device="cuda", generator=g) - 0.5) * 0.05 if kind == "offsets" else None
+    stored = to_kernel_form(IntGroups(4, levels, scales, zeros, offsets=offsets), torch.bfloat16)
+    bias = torch.randn(n, device="cuda", generator=g).bfloat16()
+    xs = [torch.randn(rows, k, device="cuda", generator=g).bfloat16() for rows in (2, 3, 5, 8)]
+    assert all(takes_row_gemv(stored, x) for x in xs)
+    outs = [torch.zeros(x.shape[0] + 2, n + 64, device="cuda", dtype=torch.bfloat16) for x in xs]
+
+    def step() -> None:
+        for x, out in zip(xs, outs, strict=True):
+            int_gemm(x, stored, bias, out=out[1:-1, 32 : 32 + n], tiles=gemv_tiles(x.shape[0], k, "int4"))
+
+    step()
+    eager = [out.clone() for out in outs]
+    for out in outs:
+        out.zero_()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    graph.replay()
+    torch.cuda.synchronize()
+    reference = stored.int_groups().dequantize().T
+    for x, out, before in zip(xs, outs, eager, strict=True):
+        assert torch.equal(out, before)
+        assert not out[0].any() and not out[-1].any() and not out[:, :32].any() and not out[:, 32 + n :].any()
+        _close(out[1:-1, 32 : 32 + n], x.float() @ reference + bias.float())
+        t = gemv_tiles(x.shape[0], k, "int4")
+        for row in range(x.shape[0]):
+            alone = torch.empty(1, n, device="cuda", dtype=torch.bfloat16)
+            int4_row_gemv(x[row : row + 1], stored, bias, alone, GemvTiles(1, t.block_n, t.block_k, t.num_warps),
+                          False)
+            assert torch.equal(out[1 + row, 32 : 32 + n], alone[0]), row
 
 
 def _wide_sweep_tiles() -> list[WideGemvTiles]:
