@@ -195,29 +195,47 @@ def row_sums(levels, scales, offsets, x_pairs, GROUP: tl.constexpr, HAS_OFFSETS:
     """One row of x's float32 sums of (level - zero) * scale (+ offset) * x / 256 over each chunk (each word, for
     groups narrower than a chunk), [1 or 4, BLOCK_N, C], of a tile's `tile_levels` and `tile_groups` and that row's
     x_pairs [4, 1, C, 4] (pairs of 16-bit floats, bfloat16 where X_IS_BF16, as loaded)."""
-    BY_WORD: tl.constexpr = GROUP < 32  # a scale per word, else per chunk
     x_pairs, inverse = _f16_x(x_pairs, C, X_IS_BF16)  # [4, 1, C, 4] float16 pairs, [1, 1, C]
-    if BY_WORD:
-        dots = _word_dots(levels, x_pairs, C)  # [4, BLOCK_N, C] pairs
-    else:
-        dots = _chunk_dots(levels, x_pairs, BLOCK_N, C)  # [1, BLOCK_N, C] pairs
-    sums = (scales * inverse) * f16x2_sum(dots)
+    sums = (scales * inverse) * f16x2_sum(_dots(levels, x_pairs, GROUP, BLOCK_N, C))
     if HAS_OFFSETS:
-        x_sums = tl.reduce(f16x2_sum(x_pairs), 3, add)  # [4, 1, C]
-        if not BY_WORD:
-            x_sums = tl.reduce(x_sums, 0, add, keep_dims=True)
-        sums += offsets * (x_sums * (inverse / LEVEL_SCALE))
+        sums += offsets * _x_sums(x_pairs, inverse, GROUP)
     return sums
+
+
+@triton.jit
+def _dots(levels, x_pairs, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr):
+    """The float16 pairs of sums of levels times x: [4, BLOCK_N, C] a word for groups narrower than a chunk, else
+    [1, BLOCK_N, C] a chunk."""
+    if GROUP < 32:
+        return _word_dots(levels, x_pairs, C)
+    else:
+        return _chunk_dots(levels, x_pairs, BLOCK_N, C)
+
+
+@triton.jit
+def _x_sums(x_pairs, inverse, GROUP: tl.constexpr):
+    """sum of x / 256 over each word (groups narrower than a chunk) or chunk, [4 or 1, 1, C], of x's float16 pairs
+    and their chunks' inverse scaling: what offsets multiply."""
+    x_sums = tl.reduce(f16x2_sum(x_pairs), 3, add)  # [4, 1, C]
+    if GROUP >= 32:
+        x_sums = tl.reduce(x_sums, 0, add, keep_dims=True)
+    return x_sums * (inverse / LEVEL_SCALE)
 
 
 @triton.jit
 def tile_sums(words, x_pairs, k, s_ptr, z_ptr, o_ptr, rows_offset, num_groups, GROUP: tl.constexpr,
               ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
               X_IS_BF16: tl.constexpr, BLOCK_N: tl.constexpr, C: tl.constexpr):
-    """`row_sums` of one row of x, its tile's words decoded for it alone."""
+    """`row_sums` of one row of x, its tile's words decoded for it alone: x scaled first and each group tensor read
+    where its product needs it, an order that leaves ptxas' schedule of the one-row loops as it was measured."""
+    x_pairs, inverse = _f16_x(x_pairs, C, X_IS_BF16)  # [4, 1, C, 4] float16 pairs, [1, 1, C]
     levels = tile_levels(words, k, z_ptr, rows_offset, num_groups, GROUP, ZERO_LOW, ZERO_HIGH, HAS_ZEROS, C)
-    scales, offsets = tile_groups(k, s_ptr, o_ptr, rows_offset, num_groups, GROUP, HAS_OFFSETS, C)
-    return row_sums(levels, scales, offsets, x_pairs, GROUP, HAS_OFFSETS, X_IS_BF16, BLOCK_N, C)
+    dots = _dots(levels, x_pairs, GROUP, BLOCK_N, C)
+    chunk_cols = k + tl.arange(0, C)[None, None, :] * 32
+    sums = (_group_values(s_ptr, rows_offset, chunk_cols, num_groups, GROUP) * inverse) * f16x2_sum(dots)
+    if HAS_OFFSETS:
+        sums += _group_values(o_ptr, rows_offset, chunk_cols, num_groups, GROUP) * _x_sums(x_pairs, inverse, GROUP)
+    return sums
 
 
 @triton.jit
@@ -262,15 +280,20 @@ def _int4_row_gemv_kernel(
         else:
             next_ids = word_ids + ((k + BLOCK_K) >> 3)
             next_words = tl.load(q_rows + next_ids, mask=next_ids < num_words, other=0)
-        levels = tile_levels(words, k, z_ptr, rows_offset, num_groups, GROUP, ZERO_LOW, ZERO_HIGH, HAS_ZEROS, C)
-        scales, offsets = tile_groups(k, s_ptr, o_ptr, rows_offset, num_groups, GROUP, HAS_OFFSETS, C)
-        new_sums = ()
-        for r in tl.static_range(ROWS):  # each decoded weight multiplies every row's x
-            if r > 0:
-                x_pairs = _x_pairs(_row_pairs(x_ptr, first_row + r, M, stride_xm), k, pair_ids, K, EVEN_K)
-            new_sums = new_sums + (sums[r] + row_sums(levels, scales, offsets, x_pairs, GROUP, HAS_OFFSETS,
-                                                      x_ptr.dtype.element_ty == tl.bfloat16, BLOCK_N, C),)
-        sums = new_sums
+        if ROWS == 1:
+            sums = (sums[0] + tile_sums(words, x_pairs, k, s_ptr, z_ptr, o_ptr, rows_offset, num_groups, GROUP,
+                                        ZERO_LOW, ZERO_HIGH, HAS_ZEROS, HAS_OFFSETS,
+                                        x_ptr.dtype.element_ty == tl.bfloat16, BLOCK_N, C),)
+        else:
+            levels = tile_levels(words, k, z_ptr, rows_offset, num_groups, GROUP, ZERO_LOW, ZERO_HIGH, HAS_ZEROS, C)
+            scales, offsets = tile_groups(k, s_ptr, o_ptr, rows_offset, num_groups, GROUP, HAS_OFFSETS, C)
+            new_sums = ()
+            for r in tl.static_range(ROWS):  # each decoded weight multiplies every row's x
+                if r > 0:
+                    x_pairs = _x_pairs(_row_pairs(x_ptr, first_row + r, M, stride_xm), k, pair_ids, K, EVEN_K)
+                new_sums = new_sums + (sums[r] + row_sums(levels, scales, offsets, x_pairs, GROUP, HAS_OFFSETS,
+                                                          x_ptr.dtype.element_ty == tl.bfloat16, BLOCK_N, C),)
+            sums = new_sums
         words = next_words
     for r in tl.static_range(ROWS):
         y = tl.reduce(tl.reduce(sums[r], 2, add), 0, add) * LEVEL_SCALE  # [BLOCK_N]
