@@ -295,10 +295,12 @@ def _int4_row_gemv_kernel(
                                                           x_ptr.dtype.element_ty == tl.bfloat16, BLOCK_N, C),)
             sums = new_sums
         words = next_words
+    if HAS_BIAS:
+        bias = tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
     for r in tl.static_range(ROWS):
         y = tl.reduce(tl.reduce(sums[r], 2, add), 0, add) * LEVEL_SCALE  # [BLOCK_N]
         if HAS_BIAS:
-            y += tl.load(bias_ptr + offs_n, mask=offs_n < N, other=0.0).to(tl.float32)
+            y += bias
         num_stored = tl.where(first_row + r < M, N, 0)  # the row's columns, none past M
         tl.store(out_ptr + (first_row + r).to(tl.int64) * stride_om + offs_n, y.to(out_ptr.dtype.element_ty),
                  mask=offs_n < num_stored)
