@@ -8,8 +8,9 @@ tensor-core kernels).
 GEMV rule, as the sweep measured it against the tensor-core rule: FP8 at one row takes the GEMV (it measured faster
 on every dense shape swept; at two rows on some and at four or more on none); 8-bit integers never (their GEMV
 measured faster on few shapes at any row count: it stays for a table's entry to choose). 4-bit integers at one row
-take gpu/kernels/int4_wide_gemv.py (`WideGemvTiles`; a table's `GemvTiles` entry takes int4_row_gemv.py, its
-register-prefetching twin), at more rows the tensor cores. GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows
+take gpu/kernels/int4_wide_gemv.py (`WideGemvTiles`) where K spans two of its tiles or more (WIDE_MIN_K: with one,
+no tile lies ahead to fetch), else int4_row_gemv.py, its register-prefetching twin (as does a table's `GemvTiles`
+entry); at more rows the tensor cores. GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows
 by 512 bytes of each (2 KB for 128 threads: 16 bytes a thread), narrow so that every product makes hundreds of
 programs and the weight stream stays full without split-K;
 the columns halve while the float32 sums (rows x tile elements per thread) would pass 64 registers a thread. The
@@ -40,6 +41,7 @@ NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpret
 GEMV_MAX_ROWS = {"fp8": 1, "int4": 1, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's reasons
 ROW_GEMV_BLOCK_N = 4  # the 4-bit row GEMV's rows per program, each thread's: x converted once for 4 rows
 GEMV_MAX_SUMS = 64  # float32 sums a thread holds: rows x its tile elements
+WIDE_MIN_K = 4096  # columns from which one-row 4-bit products take the wide row GEMV's rule: two of its tiles
 WIDE_MIN_WARPS = 6  # warps a multiprocessor the wide row GEMV's programs give it at least, K split if need be
 
 
@@ -205,7 +207,7 @@ def quant_tiles(num_rows: int, n: int, k: int, kind: str, num_sms: int = NUM_SMS
     key = (kind, row_bucket(num_rows), n, k)
     if table and key in table:
         return table[key]
-    if kind == "int4" and key[1] == 1:
+    if kind == "int4" and key[1] == 1 and k >= WIDE_MIN_K:
         return wide_gemv_tiles(n, k, num_sms)
     if key[1] <= GEMV_MAX_ROWS[kind]:
         return gemv_tiles(num_rows, k, kind)

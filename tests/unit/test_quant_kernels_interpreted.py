@@ -230,11 +230,13 @@ def test_fp8_gemv_equals_the_dequantized_product_with_activations_unquantized(
 
 
 def test_gemv_rule_fp8_and_int4_at_one_row_only() -> None:
-    """FP8 and int4 at one row take the GEMV rules' tiles (int4's the wide row GEMV's); more rows, and int8 at any,
-    the tensor-core rule."""
-    for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (24576, 4096), (20, 200)):
+    """FP8 and int4 at one row take the GEMV rules' tiles (int4's the wide row GEMV's where K spans two of its tiles,
+    else the row GEMV's); more rows, and int8 at any, the tensor-core rule."""
+    for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (24576, 4096), (20, 200), (960, 576), (576, 1536),
+                 (5120, 2048)):
         assert quant_tiles(1, n, k, "fp8") == gemv_tiles(1, k, "fp8")
-        assert quant_tiles(1, n, k, "int4") == wide_gemv_tiles(n, k)
+        is_wide = k >= 2 * 2048  # two of the wide GEMV's tiles: the 8B products, not the default model's or A3B's qkv
+        assert quant_tiles(1, n, k, "int4") == (wide_gemv_tiles(n, k) if is_wide else gemv_tiles(1, k, "int4"))
         for kind in ("fp8", "int4"):
             for rows in (2, 3, 4, 8, 16):
                 assert quant_tiles(rows, n, k, kind) == tensor_core_tiles(rows, n, k, kind)
