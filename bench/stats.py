@@ -66,13 +66,11 @@ def summarize(concurrency: int, records: list[RequestRecord], duration_s: float)
     ok = [r for r in records if r.is_ok]
     num_tokens = sum(r.num_output_tokens for r in ok)
     itls = [gap for r in ok for gap in r.itls]
-    return {
-        "concurrency": concurrency, "num_requests": len(records), "num_failed": len(records) - len(ok),
-        "duration_s": round(duration_s, 3), "request_per_s": round(len(ok) / duration_s, 3),
-        "output_tokens_per_s": round(num_tokens / duration_s, 1), "num_output_tokens": num_tokens,
-        "ttft_ms": ms_percentiles([r.ttft for r in ok]),
-        "tpot_ms": ms_percentiles([t for r in ok if (t := r.tpot) is not None]),
-        # With "max": the longest pause any stream saw (what a scheduler that holds streams back costs them).
-        "itl_ms": {**ms_percentiles(itls), "max": round(max(itls, default=math.nan) * 1e3, 3)},
-        "e2e_ms": ms_percentiles([r.e2e for r in ok]),
-    }
+    return {"concurrency": concurrency, "num_requests": len(records), "num_failed": len(records) - len(ok),
+            "duration_s": round(duration_s, 3), "request_per_s": round(len(ok) / duration_s, 3),
+            "output_tokens_per_s": round(num_tokens / duration_s, 1), "num_output_tokens": num_tokens,
+            "ttft_ms": ms_percentiles([r.ttft for r in ok]),
+            "tpot_ms": ms_percentiles([t for r in ok if (t := r.tpot) is not None]),
+            # With "max": the longest pause any stream saw (what a scheduler that holds streams back costs them).
+            "itl_ms": {**ms_percentiles(itls), "max": round(max(itls, default=math.nan) * 1e3, 3)},
+            "e2e_ms": ms_percentiles([r.e2e for r in ok])}

@@ -103,12 +103,10 @@ def ideal_figures(shape: ModelShape, args: argparse.Namespace, requests: list[Re
                   ) -> dict[str, object]:
     ideal = ideal_run(shape, requests, limits)
     batch1_context = args.prompt_len + args.batch1_tokens // 2  # the mean context of the batch-1 decode steps
-    return {
-        "seconds": round(ideal.seconds, 4), "tokens_per_s": round(ideal.tokens_per_s, 1),
-        "num_steps": ideal.num_steps, "tera_bytes": round(ideal.num_bytes / 1e12, 3),
-        "tera_flops": round(ideal.num_flops / 1e12, 2), "weight_bytes_per_step": shape.weight_bytes(1),
-        "batch1_tpot_ms": round(decode_cost(shape, [batch1_context]).seconds(limits) * 1e3, 4),
-    }
+    return {"seconds": round(ideal.seconds, 4), "tokens_per_s": round(ideal.tokens_per_s, 1),
+            "num_steps": ideal.num_steps, "tera_bytes": round(ideal.num_bytes / 1e12, 3),
+            "tera_flops": round(ideal.num_flops / 1e12, 2), "weight_bytes_per_step": shape.weight_bytes(1),
+            "batch1_tpot_ms": round(decode_cost(shape, [batch1_context]).seconds(limits) * 1e3, 4)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -32,7 +32,8 @@ from gpu.quant.int_weights import IntGroups, IntWeight, to_kernel_form
 SHAPES = {"qkv": (4096, 1024), "o_proj": (1024, 2048), "gate_up": (6144, 1024), "down": (1024, 3072),
           "lm_head": (151936, 1024), "a3b_qkv": (5120, 2048), "a3b_o_proj": (2048, 4096), "a3b_router": (128, 2048),
           "a3b_lm_head": (151936, 2048), "q8b_qkv": (6144, 4096), "q8b_o_proj": (4096, 4096),
-          "q8b_gate_up": (24576, 4096), "q8b_down": (4096, 12288)}  # name -> (N, K); a3b_/q8b_: Qwen3-30B-A3B/-8B's
+          "q8b_gate_up": (24576, 4096), "q8b_down": (4096, 12288),  # name -> (N, K); a3b_/q8b_: Qwen3-30B-A3B/-8B's
+          "smol_qkv": (960, 576), "smol_o_proj": (576, 576), "smol_gate_up": (3072, 576), "smol_down": (576, 1536)}
 QUANT_SHAPES = ["q8b_qkv", "q8b_o_proj", "q8b_gate_up", "q8b_down", "a3b_qkv", "a3b_o_proj"]
 SWEEP_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256)  # one per row bucket: its widest row count
 COMPARE_ROWS = (1, 2, 4, 8, 16, 17, 32, 48, 64, 100, 128, 192, 256)  # bucket edges and decode graph buckets
@@ -56,7 +57,8 @@ def random_weight(n: int, k: int, weights: str) -> Weight:
         return torch.randn(n, k, device=DEVICE).to(torch.float8_e4m3fn), torch.rand(n // 128, k // 128, device=DEVICE)
     if weights == "int4":
         levels = torch.randint(0, 16, (n, k), dtype=torch.int32, device=DEVICE)
-        return to_kernel_form(IntGroups(4, levels, torch.rand(n, k // 128, device=DEVICE) * k**-0.5), DTYPE)
+        groups = k // (128 if k % 128 == 0 else 32)  # K of 576 (the default model's): its GGUF's groups of 32
+        return to_kernel_form(IntGroups(4, levels, torch.rand(n, groups, device=DEVICE) * k**-0.5), DTYPE)
     return torch.randn(n, k, dtype=DTYPE, device=DEVICE) * k**-0.5
 
 
@@ -119,7 +121,9 @@ def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]
                 if 1 <= bn * bk / (512 * w * (2 if weights == "int4" else 1)) <= 4 and bucket * bn * bk <= 4096 * w]
         wide = [WideGemvTiles(bn, c * w << 10, w, s, p, o) for (bn, c, w), (p, o), s in itertools.product(*WIDE, (1, 2))
                 if (weights, bucket) == ("int4", 1) and s * c * w << 10 <= k and (s == 1 or n <= 8192)]  # int4's wide
-        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *gemv, *wide]
+        small = [GemvTiles(bucket, bn, bk, w) for bn, bk, w in itertools.product((2, 4, 8), (64, 128, 256), (1, 2, 4))
+                 if weights == "int4" and bucket > 1 and n * k <= 1 << 22]  # latency-bound: narrow tiles, few warps
+        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *gemv, *wide, *small]
     if bucket > FEW_ROWS:
         return many_row_candidates(bucket, n, k)
     if n > 8192:  # the lm_head: dot tiles, no split
@@ -217,7 +221,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     is_bf16 = args.weights == "bf16"
     shapes = {name: SHAPES[name] for name in args.shapes or (
-        [n for n in SHAPES if not n.startswith("q8b")] if is_bf16 else QUANT_SHAPES)}
+        [n for n in SHAPES if not n.startswith(("q8b", "smol"))] if is_bf16 else QUANT_SHAPES)}
     rows = tuple(args.rows or (SWEEP_ROWS[:4] if not is_bf16 else SWEEP_ROWS if args.sweep else COMPARE_ROWS))
     kind = "skinny-gemm" if is_bf16 else f"quant-gemm-{args.weights}"
     result: dict[str, object] = {"kind": kind, "torch": torch.__version__}
