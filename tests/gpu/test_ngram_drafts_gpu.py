@@ -23,10 +23,7 @@ def kept(drafts: torch.Tensor, num_drafts: torch.Tensor) -> list[list[int]]:
 
 
 def drafts_of(case: DraftCase, rng: random.Random) -> list[list[int]]:
-    history, lengths = case.history(rng, CUDA)
-    drafts, num_drafts = ngram_drafts(history, lengths, case.max_drafts, case.min_n, case.max_n)
-    assert all(count in (0, case.max_drafts) for count in num_drafts.tolist())
-    return kept(drafts, num_drafts)
+    return case.drafts_by(ngram_drafts, rng, CUDA)
 
 
 def test_random_rows_and_loops_get_lookup_drafts() -> None:

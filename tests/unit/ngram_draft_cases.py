@@ -2,6 +2,7 @@
 tests/gpu on CUDA), and the drafts core/ngram_proposer.py's lookup_draft gives each row: its definition."""
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,6 +29,21 @@ class DraftCase:
 
     def expected(self) -> list[list[int]]:
         return [lookup_draft(row, self.max_drafts, self.min_n, self.max_n) for row in self.rows]
+
+    def drafts_by(self, propose: "DraftFn", rng: random.Random, device: torch.device) -> list[list[int]]:
+        """The drafts `propose` gives this case's rows, each row's first num_drafts, after checking the tensors'
+        shapes and dtypes and that a row gets all its drafts or none, zeros past them."""
+        history, lengths = self.history(rng, device)
+        drafts, num_drafts = propose(history, lengths, self.max_drafts, self.min_n, self.max_n)
+        assert drafts.shape == (len(self.rows), self.max_drafts) and num_drafts.shape == (len(self.rows),)
+        assert drafts.dtype == num_drafts.dtype == torch.int32
+        for row, count in zip(drafts.tolist(), num_drafts.tolist(), strict=True):
+            assert count in (0, self.max_drafts) and row[count:] == [0] * (self.max_drafts - count)
+        return [row[:count] for row, count in zip(drafts.tolist(), num_drafts.tolist(), strict=True)]
+
+
+# (history [R, C] int32, lengths [R] int32, most drafts, min n, max n) -> (drafts [R, most], num_drafts [R])
+DraftFn = Callable[[torch.Tensor, torch.Tensor, int, int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
 def random_case(rng: random.Random, max_length: int = 300, max_rows: int = 6) -> DraftCase:

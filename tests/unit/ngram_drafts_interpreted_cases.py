@@ -20,13 +20,7 @@ CPU = torch.device("cpu")
 
 
 def drafts_of(case: DraftCase, rng: random.Random) -> list[list[int]]:
-    history, lengths = case.history(rng, CPU)
-    drafts, num_drafts = ngram_drafts(history, lengths, case.max_drafts, case.min_n, case.max_n)
-    assert drafts.shape == (len(case.rows), case.max_drafts) and num_drafts.shape == (len(case.rows),)
-    assert drafts.dtype == num_drafts.dtype == torch.int32
-    for row, count in zip(drafts.tolist(), num_drafts.tolist(), strict=True):
-        assert count in (0, case.max_drafts) and row[count:] == [0] * (case.max_drafts - count)
-    return [row[:count] for row, count in zip(drafts.tolist(), num_drafts.tolist(), strict=True)]
+    return case.drafts_by(ngram_drafts, rng, CPU)
 
 
 def test_random_rows_get_lookup_drafts() -> None:
