@@ -31,7 +31,7 @@ from gpu.kernels.quant_gemm_configs import (
 )
 from gpu.quant import gguf_blocks
 from gpu.quant.fp8 import dequantize_blocks
-from gpu.quant.int_weights import IntGroups, to_kernel_form
+from gpu.quant.int_weights import IntGroups, IntWeight, to_kernel_form
 
 pytest.importorskip("triton")
 
@@ -281,6 +281,18 @@ def test_the_h200_table_serves_its_own_keys_only() -> None:
         assert quant_tiles(bucket, n + 128, k, kind, table=h200) == quant_tiles(bucket, n + 128, k, kind)
 
 
+
+def _ragged_row_case(n: int, k: int, group_size: int, kind: str
+                     ) -> tuple[IntGroups, IntWeight, torch.Tensor, torch.Generator]:
+    """4-bit weights [n, k] whose last group is cut short at K (the rule, and its kernel form), one float16 row of x,
+    and the generator that made them (for what a test draws next)."""
+    g = torch.Generator().manual_seed(n * k + group_size)
+    num_groups = -(-k // group_size)
+    groups = _int_groups(4, group_size, kind, n, num_groups * group_size, g)
+    groups.levels = groups.levels[:, :k]
+    groups.group_ids = (torch.arange(k) // group_size).to(torch.int32)
+    return groups, to_kernel_form(groups, torch.float16), torch.randn(1, k, generator=g).half(), g
+
 @pytest.fixture(scope="module")
 def row_gemv() -> ModuleType:
     return interpreted("int4_row_gemv")
@@ -297,13 +309,7 @@ def test_int4_row_gemv_equals_the_dequantized_product(int_kernel: ModuleType, ro
     """One row of x through int_gemm's rule or a row GEMV tile: ragged N, K past the tile and past the last whole
     group (a group of fewer columns), groups from a word (8 columns) to wider than K, zero points per group, one for
     all, offsets (GGUF's), a bias and a column slice of a wider output."""
-    g = torch.Generator().manual_seed(n * k + group_size)
-    num_groups = -(-k // group_size)
-    groups = _int_groups(4, group_size, kind, n, num_groups * group_size, g)
-    groups.levels = groups.levels[:, :k]
-    groups.group_ids = (torch.arange(k) // group_size).to(torch.int32)
-    stored = to_kernel_form(groups, torch.float16)
-    x = torch.randn(1, k, generator=g).half()
+    groups, stored, x, g = _ragged_row_case(n, k, group_size, kind)
     assert row_gemv.takes_row_gemv(stored, x)
     bias = torch.randn(n, generator=g).half()
     out = torch.zeros(1, n + 8, dtype=torch.float16)
@@ -336,13 +342,7 @@ def test_int4_wide_gemv_equals_the_dequantized_product(int_kernel: ModuleType, g
     shorter than a tile, split in slices (the last one short), prefetches past the slice and K, loads in order, two
     warps, groups from a word to wider than a tile, zero points per group, one for all, offsets, a bias and a column
     slice of a wider output."""
-    g = torch.Generator().manual_seed(n * k + group_size)
-    num_groups = -(-k // group_size)
-    groups = _int_groups(4, group_size, kind, n, num_groups * group_size, g)
-    groups.levels = groups.levels[:, :k]
-    groups.group_ids = (torch.arange(k) // group_size).to(torch.int32)
-    stored = to_kernel_form(groups, torch.float16)
-    x = torch.randn(1, k, generator=g).half()
+    groups, stored, x, g = _ragged_row_case(n, k, group_size, kind)
     bias = torch.randn(n, generator=g).half()
     out = torch.zeros(1, n + 8, dtype=torch.float16)
     int_kernel.int_gemm(x, stored, bias, out=out[:, 4 : 4 + n], tiles=int_kernel.WideGemvTiles(**tiles.__dict__))
