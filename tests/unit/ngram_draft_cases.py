@@ -46,6 +46,20 @@ class DraftCase:
 DraftFn = Callable[[torch.Tensor, torch.Tensor, int, int, int], tuple[torch.Tensor, torch.Tensor]]
 
 
+def check_random_rows(propose: DraftFn, device: torch.device) -> None:
+    """150 batches of random rows: `propose` gives each row lookup_draft's drafts; rows with drafts and rows without
+    both occur."""
+    rng = random.Random(0)
+    num_with_drafts = num_rows = 0
+    for _ in range(150):
+        case = random_case(rng)
+        expected = case.expected()
+        assert case.drafts_by(propose, rng, device) == expected, case
+        num_with_drafts += sum(map(bool, expected))
+        num_rows += len(expected)
+    assert num_rows > 400 and 0 < num_with_drafts < num_rows
+
+
 def random_case(rng: random.Random, max_length: int = 300, max_rows: int = 6) -> DraftCase:
     """Rows of different lengths (1 to `max_length`) in a small vocabulary (3 to 8 tokens), so matches happen."""
     vocab = rng.randint(3, 8)

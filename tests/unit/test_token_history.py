@@ -6,7 +6,7 @@ import random
 import torch
 
 from gpu.token_history import HistoryFill, TokenHistory, torch_ngram_drafts
-from tests.unit.ngram_draft_cases import DraftCase, looping_case, random_case, spread_case
+from tests.unit.ngram_draft_cases import DraftCase, check_random_rows, looping_case, spread_case
 
 CPU = torch.device("cpu")
 
@@ -16,15 +16,8 @@ def drafts_of(case: DraftCase, rng: random.Random) -> list[list[int]]:
 
 
 def test_torch_drafts_equal_lookup_drafts() -> None:
-    rng = random.Random(0)
-    num_with_drafts = num_rows = 0
-    for _ in range(150):
-        case = random_case(rng)
-        expected = case.expected()
-        assert drafts_of(case, rng) == expected, case
-        num_with_drafts += sum(map(bool, expected))
-        num_rows += len(expected)
-    assert num_rows > 400 and 0 < num_with_drafts < num_rows
+    check_random_rows(torch_ngram_drafts, CPU)
+    rng = random.Random(1)
     for _ in range(30):
         case = looping_case(rng)
         assert drafts_of(case, rng) == case.expected(), case
