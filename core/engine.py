@@ -72,13 +72,14 @@ from core.startup_gc import freeze_startup_objects
 from core.state_snapshots import DraftStates, LinearStates, StateSnapshots
 from gpu.batch import TokenLogprobs, TokenMask
 from gpu.config import RunnerConfig
-from gpu.device_verification import MAX_LOOKUP, DeviceVerifiedStep
+from gpu.device_verification import DeviceVerifiedStep
 from gpu.kv_cache_groups import KVCacheGroup, context_block_limit
 from gpu.loader import has_tensors_named
 from gpu.model_info import ModelInfo, load_hf_config, read_model_info
 from gpu.models import mtp_checkpoint_prefix
 from gpu.runner import Runner, StepInFlight
 from gpu.runner_factory import AwaitingMasks, make_runner
+from gpu.token_history import MAX_LOOKUP
 
 if TYPE_CHECKING:
     from core.grammar import Grammars

@@ -29,10 +29,6 @@ from gpu.host_to_device import to_device, write_block_tables
 from gpu.pending_step import PendingStep, SampledRows
 from gpu.token_history import HistoryFill, TokenHistory, torch_ngram_drafts
 
-# The longest n-gram the device lookup takes: gpu/kernels/ngram_drafts.py's MAX_LOOKUP, named here too as that module
-# needs Triton.
-MAX_LOOKUP = 127
-
 
 @dataclass(frozen=True)
 class DeviceVerifyBatch:

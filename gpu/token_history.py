@@ -17,6 +17,10 @@ import torch
 
 from gpu.host_to_device import to_device
 
+# The longest n-gram the device lookup takes (gpu/kernels/ngram_drafts.py keeps n above a 24-bit match end in one
+# int32 key); here, where modules that run without Triton can read it.
+MAX_LOOKUP = 127
+
 
 @dataclass(frozen=True)
 class HistoryFill:

@@ -20,10 +20,11 @@ import torch
 import triton
 import triton.language as tl
 
+from gpu.token_history import MAX_LOOKUP
+
 BLOCK = 1024
 NUM_WARPS = 4
 END_BITS = 24  # a key is n << END_BITS | end
-MAX_LOOKUP = 127  # max_n that keeps a key in int32
 
 
 @triton.jit(do_not_specialize=["history_stride", "num_columns"])
