@@ -20,6 +20,7 @@ from core.batch_builder import row_sampling
 from core.block_manager import BlockManager
 from core.penalty_slots import PenaltySlots
 from core.sequence import Sequence
+from core.speculation import takes_drafts
 from core.speculative_config import SpeculativeConfig
 from gpu.device_verification import DeviceVerifyBatch
 from gpu.token_history import HistoryFill
@@ -92,7 +93,4 @@ class DeviceVerification:
 
     @staticmethod
     def _is_ordinary_decoding(seq: Sequence) -> bool:
-        params = seq.params
-        return (seq.num_uncomputed_tokens == 1 and seq.num_pending_tokens == 0 and seq.num_output_tokens > 0
-                and seq.num_output_tokens >= params.min_tokens and not seq.has_penalties and seq.grammar is None
-                and params.seed is None and seq.pooling is None)
+        return takes_drafts(seq) and seq.grammar is None and seq.params.seed is None and seq.pooling is None

@@ -42,6 +42,13 @@ if TYPE_CHECKING:
     from core.grammar import Grammars
 
 
+def takes_drafts(seq: Sequence) -> bool:
+    """Whether a sequence may verify drafts this step (module docstring): decoding, its stream begun, nothing pending,
+    no penalties, past min_tokens."""
+    return (seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0 and not seq.num_pending_tokens
+            and not seq.has_penalties and seq.num_output_tokens >= seq.params.min_tokens)
+
+
 @dataclass
 class SpeculationCounts:
     """vLLM's spec_decode metrics: counters that only grow."""
@@ -115,9 +122,7 @@ class Speculation:
             self.proposer.on_finished(seq)
 
     def _draft_limit(self, seq: Sequence, num_drafts: int) -> int:
-        params = seq.params
-        if (seq.num_uncomputed_tokens != 1 or seq.num_output_tokens == 0 or seq.num_pending_tokens
-                or seq.has_penalties or seq.num_output_tokens < params.min_tokens):
+        if not takes_drafts(seq):
             return 0
         if seq.grammar is not None and isinstance(self.proposer, DraftModelProposer | MtpProposer):
             return 0  # its drafts come after scheduling, too late to cut them to the grammar
