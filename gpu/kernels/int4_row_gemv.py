@@ -155,6 +155,15 @@ def _zero_constants(z_ptr, rows_offset, chunk_cols, num_groups, GROUP: tl.conste
 
 
 @triton.jit
+def weight_rows(q_ptr, N, stride_qn, stride_gn, BLOCK_N: tl.constexpr):
+    """The program's output columns [BLOCK_N], the offsets of their rows in the per-group tensors and the pointers to
+    their weight words, [1, BLOCK_N, 1] each (rows past N re-read the last valid one)."""
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)[None, :, None]
+    return offs_n, rows_w * stride_gn, q_ptr + rows_w * stride_qn
+
+
+@triton.jit
 def tile_ids(C: tl.constexpr):
     """A tile's words from its first, [4, 1, C] (word w of chunk c: 4 consecutive words a thread, one 16-byte load),
     and x's pairs of columns from its first, [4, 1, C, 4] (the 32 columns of those words, in the same threads)."""
@@ -198,10 +207,7 @@ def _int4_row_gemv_kernel(
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     C: tl.constexpr = BLOCK_K // 32
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)[None, :, None]  # [1, BLOCK_N, 1]
-    rows_offset = rows_w * stride_gn
-    q_rows = q_ptr + rows_w * stride_qn
+    offs_n, rows_offset, q_rows = weight_rows(q_ptr, N, stride_qn, stride_gn, BLOCK_N)
     x_pairs_ptr = x_ptr.to(tl.pointer_type(tl.int32))  # two columns of x an int32, as the packed arithmetic takes them
     word_ids, pair_ids = tile_ids(C)
     if EVEN_K:

@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from gpu.kernels.fp8_gemm import reduce_split_k
-from gpu.kernels.int4_row_gemv import LEVEL_SCALE, tile_ids, tile_sums, zero_point_constexprs
+from gpu.kernels.int4_row_gemv import LEVEL_SCALE, tile_ids, tile_sums, weight_rows, zero_point_constexprs
 from gpu.kernels.quant_gemm_configs import WideGemvTiles
 from gpu.kernels.quant_gemv import pointer_or
 from gpu.kernels.triton_math import IS_INTERPRETED, add
@@ -75,10 +75,7 @@ def _int4_wide_gemv_kernel(
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, IN_ORDER: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     C: tl.constexpr = BLOCK_K // 32
-    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)[None, :, None]  # [1, BLOCK_N, 1]
-    rows_offset = rows_w * stride_gn
-    q_rows = q_ptr + rows_w * stride_qn
+    offs_n, rows_offset, q_rows = weight_rows(q_ptr, N, stride_qn, stride_gn, BLOCK_N)
     x_pairs_ptr = x_ptr.to(tl.pointer_type(tl.int32))  # two columns of x an int32, as the packed arithmetic takes them
     word_ids, pair_ids = tile_ids(C)
     k_start = tl.program_id(1) * k_per_split  # a whole number of tiles
