@@ -2,23 +2,16 @@
 interpreter, against a numpy model of that PTX: the cases of tests/unit/f16x2_interpreted_cases.py, run by pytest in a
 process that has TRITON_INTERPRET=1 from its start."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.unit.interpreted import assert_cases_pass_under_the_interpreter
+
 pytest.importorskip("triton")
 
-ROOT = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).with_name("f16x2_interpreted_cases.py")
 
 
 def test_f16x2_twins_under_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path[1:]])}
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-               "-W", "ignore::RuntimeWarning", str(CASES)]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
+    assert_cases_pass_under_the_interpreter(CASES)

@@ -3,30 +3,23 @@ tests/unit/ngram_drafts_interpreted_cases.py, run by pytest in a process that ha
 and the wrapper's refusals, which come before any launch. tests/gpu/test_ngram_drafts_gpu.py runs the compiled
 kernel, in a CUDA graph too."""
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.unit.interpreted import assert_cases_pass_under_the_interpreter
 
 pytest.importorskip("triton")
 
 from gpu.kernels import ngram_drafts as kernel  # noqa: E402
 from gpu.kernels.ngram_drafts import ngram_drafts  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[2]
 CASES = Path(__file__).with_name("ngram_drafts_interpreted_cases.py")
 
 
 def test_drafts_equal_lookup_drafts_under_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), *sys.path[1:]])}
-    command = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-o", "addopts=",
-               "-W", "ignore::RuntimeWarning", str(CASES)]
-    result = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout, result.stdout[-2000:]
+    assert_cases_pass_under_the_interpreter(CASES)
 
 
 @pytest.mark.parametrize(("history", "lengths", "settings"), [
