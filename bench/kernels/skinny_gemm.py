@@ -24,7 +24,7 @@ from bench.common import write_result
 from bench.kernels.timing import DEVICE, DTYPE, num_copies, rotated_us_per_call
 from gpu.kernels.fp8_gemm import fp8_gemm
 from gpu.kernels.int_gemm import int_gemm
-from gpu.kernels.quant_gemm_configs import GemvTiles, Tiles, WideGemvTiles, tensor_core_tiles
+from gpu.kernels.quant_gemm_configs import GemvTiles, QuantTiles, Tiles, WideGemvTiles, tensor_core_tiles
 from gpu.kernels.skinny_gemm import FEW_ROWS, SkinnyConfig, row_bucket, skinny_gemm
 from gpu.quant.fp8 import dequantize_blocks
 from gpu.quant.int_weights import IntGroups, IntWeight, to_kernel_form
@@ -121,8 +121,10 @@ def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]
                 if 1 <= bn * bk / (512 * w * (2 if weights == "int4" else 1)) <= 4 and bucket * bn * bk <= 4096 * w]
         wide = [WideGemvTiles(bn, c * w << 10, w, s, p, o) for (bn, c, w), (p, o), s in itertools.product(*WIDE, (1, 2))
                 if (weights, bucket) == ("int4", 1) and s * c * w << 10 <= k and (s == 1 or n <= 8192)]  # int4's wide
+        is_small = weights == "int4" and bucket > 1 and n * k <= 1 << 22  # latency-bound: narrow tiles, few warps
         small = [GemvTiles(bucket, bn, bk, w) for bn, bk, w in itertools.product((2, 4, 8), (64, 128, 256), (1, 2, 4))
-                 if weights == "int4" and bucket > 1 and n * k <= 1 << 22]  # latency-bound: narrow tiles, few warps
+                 if is_small] + [QuantTiles(16, bn, bk, s, w, 2) for bn, bk, s, w in itertools.product(
+                     (16, 32, 64), (64, 128), (1, 2), (2, 4)) if is_small and bk * s <= k]  # tensor cores, no reduce
         return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *gemv, *wide, *small]
     if bucket > FEW_ROWS:
         return many_row_candidates(bucket, n, k)
@@ -134,9 +136,8 @@ def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]
 
 def compile_key(m: int, k: int, config: Config) -> tuple:
     """What Triton compiles a variant for (M and N are no specialization keys; the quantized kernels' K is)."""
-    if isinstance(config, SkinnyConfig):
-        return config, 0 if config.use_dot else row_bucket(m), k % (config.block_k * config.split_k) == 0
-    return config, k
+    return (config, 0 if config.use_dot else row_bucket(m), k % (config.block_k * config.split_k) == 0) if isinstance(
+        config, SkinnyConfig) else (config, k)
 
 
 def _compile_worker(jobs: list[tuple[str, int, int, Config]]) -> None:
@@ -161,9 +162,8 @@ def sweep_row(weights: str, name: str, m: int, copies: list[Weight], configs: li
     baseline_us = rotated_us_per_call(baseline(weights, m, n, k), x, copies)
     row = {"shape": name, "n": n, "k": k, "m": m, "cublas_us": round(baseline_us, 2), "configs": []}
     for config in configs:
-        fn = with_config(config, weights)
         try:
-            err = relative_error(fn, x, copies[0])
+            err = relative_error(fn := with_config(config, weights), x, copies[0])
             us = rotated_us_per_call(fn, x, copies) if err < MAX_ERROR[weights] else float("inf")
         except Exception as error:  # noqa: BLE001 - a config that fails is reported, not fatal
             err, us = float("nan"), float("inf")
