@@ -93,7 +93,9 @@ Table = dict[tuple[str, int, int, int], Tiles]  # (kind, row bucket, N, K) -> th
 # Per GPU (a name the device's contains), entries the sweep measured; an unmeasured shape or GPU takes the rules.
 # Qwen3-8B's and Qwen3-30B-A3B's dense products (qkv, o_proj, gate_up, down; qkv, o_proj) at 1..8 rows, the lines
 # `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` (H100, H200) and `--weights int4 --sweep` (H200) print;
-# int4 at one row: the H200's measured against the wide row GEMV; the H100 takes its rule.
+# int4 at one row: the H200's measured against the wide row GEMV; the H100 takes its rule. The default model's
+# (SmolLM2-135M, Q4_1: qkv 960x576, o_proj 576x576, gate_up 3072x576, down 576x1536) at 2..8 rows, a verifying
+# step's: `--shapes smol_qkv smol_o_proj smol_gate_up smol_down --rows 2 4 8` (H200; the rule's where it measured best).
 # FP8 at one row: measured against the one-row kernel on both GPUs.
 TABLES: dict[str, Table] = {"H100": {
     ('fp8', 1, 6144, 4096): GemvTiles(rows=1, block_n=16, block_k=512, num_warps=4, is_row_gemv=False),
@@ -169,6 +171,16 @@ TABLES: dict[str, Table] = {"H100": {
     ('int4', 2, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
     ('int4', 4, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
     ('int4', 8, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
+    ('int4', 2, 960, 576): GemvTiles(rows=2, block_n=4, block_k=256, num_warps=1),
+    ('int4', 4, 960, 576): GemvTiles(rows=4, block_n=2, block_k=128, num_warps=1),
+    ('int4', 8, 960, 576): QuantTiles(block_m=16, block_n=16, block_k=128, split_k=2, num_warps=2, num_stages=2),
+    ('int4', 2, 576, 576): GemvTiles(rows=2, block_n=2, block_k=256, num_warps=1),
+    ('int4', 4, 576, 576): GemvTiles(rows=4, block_n=2, block_k=256, num_warps=1),
+    ('int4', 8, 576, 576): QuantTiles(block_m=16, block_n=16, block_k=128, split_k=2, num_warps=2, num_stages=2),
+    ('int4', 2, 3072, 576): GemvTiles(rows=2, block_n=2, block_k=128, num_warps=1),
+    ('int4', 4, 3072, 576): GemvTiles(rows=4, block_n=2, block_k=64, num_warps=1),
+    ('int4', 8, 3072, 576): QuantTiles(block_m=16, block_n=16, block_k=128, split_k=1, num_warps=2, num_stages=2),
+    ('int4', 2, 576, 1536): GemvTiles(rows=2, block_n=2, block_k=256, num_warps=2),
 }}
 
 

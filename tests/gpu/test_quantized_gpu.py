@@ -26,6 +26,7 @@ from gpu.kernels.quant_gemm_configs import (
     FP8_CUBLAS_MIN_ROWS,
     TABLES,
     GemvTiles,
+    Tiles,
     WideGemvTiles,
     gemv_tiles,
     quant_tiles,
@@ -148,12 +149,12 @@ def test_fp8_layer_routes_by_rows(scheme: str, rows: int) -> None:
     _close(layer(x), fp8_activations(x, None if per_token else 128, None) @ dequantize_blocks(levels, scales, block).T)
 
 
-def _int_groups(bits: int, group_size: int, kind: str, g: torch.Generator) -> IntGroups:
-    levels = torch.randint(0, 1 << bits, (N, K), device="cuda", generator=g, dtype=torch.int32)
-    scales = torch.rand(N, K // group_size, device="cuda", generator=g) * 0.01 + 1e-3
+def _int_groups(bits: int, group_size: int, kind: str, g: torch.Generator, n: int = N, k: int = K) -> IntGroups:
+    levels = torch.randint(0, 1 << bits, (n, k), device="cuda", generator=g, dtype=torch.int32)
+    scales = torch.rand(n, k // group_size, device="cuda", generator=g) * 0.01 + 1e-3
     zeros = torch.randint(0, 1 << bits, scales.shape, device="cuda", generator=g).float() if kind == "zeros" else None
     offsets = (torch.rand(scales.shape, device="cuda", generator=g) - 0.5) * 0.05 if kind == "offsets" else None
-    group_ids = (torch.randperm(K, device="cuda", generator=g) // group_size).int() if kind == "act-order" else None
+    group_ids = (torch.randperm(k, device="cuda", generator=g) // group_size).int() if kind == "act-order" else None
     return IntGroups(bits, levels, scales, zeros, group_ids, offsets=offsets)
 
 
@@ -417,6 +418,24 @@ def test_the_tables_gemv_tiles_against_the_reference(kind: str, tiles: GemvTiles
                x.float() @ dequantize_blocks(levels, scales, (128, 128)).T)
     else:
         stored = to_kernel_form(_int_groups(int(kind[3:]), 128, "zeros", g), torch.bfloat16)
+        _close(int_gemm(x, stored, tiles=tiles), x.float() @ stored.int_groups().dequantize().T)
+
+
+TABLE_INT4 = sorted({(rows, n, k, tiles) for table in TABLES.values() for (kind, rows, n, k), tiles in table.items()
+                     if kind == "int4"}, key=repr)
+
+
+@pytest.mark.parametrize(("rows", "n", "k", "tiles"), TABLE_INT4)
+def test_the_tables_int4_entries_at_their_shapes(rows: int, n: int, k: int, tiles: Tiles) -> None:
+    """Each int4 entry of a GPU's table at its own product and row bucket (and one row fewer), with the offsets of
+    GGUF's Q4_1 in groups of 32 where K is no multiple of 128 (the default model's), else GPTQ's zero points."""
+    from gpu.kernels.int_gemm import int_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(n + k + rows)
+    group, kind = (128, "zeros") if k % 128 == 0 else (32, "offsets")
+    stored = to_kernel_form(_int_groups(4, group, kind, g, n, k), torch.bfloat16)
+    for m in {rows, max(1, rows - 1)}:
+        x = torch.randn(m, k, device="cuda", generator=g).bfloat16()
         _close(int_gemm(x, stored, tiles=tiles), x.float() @ stored.int_groups().dequantize().T)
 
 

@@ -9,6 +9,7 @@ floats to FP8 a binade off, so the FP8 kernels' activations here lie on the FP8 
 import importlib.util
 import itertools
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -92,7 +93,9 @@ def _int_groups(bits: int, group_size: int, kind: str, n: int, k: int, g: torch.
     (4, 32, "offsets", 2, 24, 256, SPLIT_TILES),
     (4, 128, "act-order", 1, 8, 1024, None),
     (4, 32, "symmetric", 2, 8, 64, None), (8, 64, "zeros", 2, 16, 128, None),
-    (8, 16, "offsets", 5, 20, 384, SPLIT_TILES), (8, 64, "act-order", 1, 16, 256, SPLIT_TILES)])
+    (8, 16, "offsets", 5, 20, 384, SPLIT_TILES), (8, 64, "act-order", 1, 16, 256, SPLIT_TILES),
+    (4, 32, "offsets", 5, 40, 576, SPLIT_TILES),  # K past the split's tiles; the default model's Q4_1 products
+    (4, 32, "offsets", 8, 40, 576, replace(SPLIT_TILES, split_k=1, num_warps=2))])
 def test_int_gemm_equals_the_dequantized_product(int_kernel: ModuleType, bits: int, group_size: int, kind: str,
                                                  m: int, n: int, k: int, tiles: QuantTiles | None) -> None:
     g = torch.Generator().manual_seed(bits * n + k)
