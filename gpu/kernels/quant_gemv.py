@@ -7,9 +7,11 @@ dequantizes each tile to float32 by the format's rule (FP8 levels times their bl
 levels (level - zero) * scale (+ offset), the levels made exact floats by the 2^23 exponent trick) and adds its
 products with every row elementwise into float32 sums, reduced across K once at the end (gpu/kernels/moe_decode.py's
 GEMV idiom: no tensor cores, so no row padding to 16, and no split-K or reduce kernel: narrow column blocks make
-programs enough to keep the weight stream full). Activations stay in x's dtype: the product is the reference
-dequantization times x up to float32 summation order (an FP8 checkpoint's static activation scale plays no part, as
-in weight-only FP8 kernels).
+programs enough to keep the weight stream full). Integer tiles add each word's products up first, in the thread
+that holds the word, so that a thread keeps a sum per word rather than per level: tiles that span all of a small K
+at several rows then fit in registers, one pass of loads reading the whole weight row. Activations stay in x's
+dtype: the product is the reference dequantization times x up to float32 summation order (an FP8 checkpoint's
+static activation scale plays no part, as in weight-only FP8 kernels).
 
 Tiles are 4-d, [ROWS, BLOCK_N, BLOCK_K / SUB, SUB] with SUB the columns one scale spans within a tile, so a group's
 scale multiplies its sub-tile by broadcasting (no reshape of the weight stream); integer tiles split SUB into
@@ -155,7 +157,7 @@ def _int_gemv_kernel(
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    sums = tl.full((ROWS, BLOCK_N, G, W, PER_WORD), 0.0, tl.float32)
+    sums = tl.full((ROWS, BLOCK_N, G, W), 0.0, tl.float32)
     for k in range(0, K, BLOCK_K):
         stored = _word_columns(k, G, W, PER_WORD)
         columns = tl.load(perm_ptr + tl.minimum(stored, K - 1)) if HAS_PERM else stored  # x's column for each
@@ -170,8 +172,8 @@ def _int_gemv_kernel(
         weight = (levels - c) * _group_values(s_ptr, group_rows, k, num_groups, GROUP, G, SUB)[:, :, :, :, None]
         if HAS_OFFSETS:
             weight += _group_values(o_ptr, group_rows, k, num_groups, GROUP, G, SUB)[:, :, :, :, None]
-        sums += weight * x
-    _store_rows(tl.reduce(_reduced(sums), 2, add), bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS)
+        sums += tl.reduce(weight * x, 4, add)  # a word's levels, all in its thread: no exchange
+    _store_rows(_reduced(sums), bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS)
 
 
 def _grid(m: int, n: int, t: GemvTiles) -> tuple[int, int]:
