@@ -74,7 +74,11 @@ class NgramProposer:
     def propose(self, seqs: list[Sequence], max_drafts: list[int]) -> None:
         """Sets each sequence's draft_token_ids (at most its entry of `max_drafts`; maybe none)."""
         for seq, limit in zip(seqs, max_drafts, strict=True):
-            if not isinstance(seq.draft_state, PackedTokens):
-                seq.draft_state = PackedTokens()
-            packed = seq.draft_state.sync(seq.token_ids)
-            seq.draft_token_ids = lookup_draft(seq.token_ids, limit, self.min_n, self.max_n, packed)
+            seq.draft_token_ids = self.draft(seq, limit)
+
+    def draft(self, seq: Sequence, max_drafts: int) -> list[int]:
+        """Up to `max_drafts` tokens to follow the sequence's known ones (maybe none)."""
+        if not isinstance(seq.draft_state, PackedTokens):
+            seq.draft_state = PackedTokens()
+        packed = seq.draft_state.sync(seq.token_ids)
+        return lookup_draft(seq.token_ids, max_drafts, self.min_n, self.max_n, packed)

@@ -15,6 +15,13 @@ output: drafts are cut where the grammar refuses one; each verified position is 
 state after the drafts before it, and the matcher takes the kept tokens only (a draft model's or an MTP
 head's drafts, drawn after scheduling, are not cut: constrained sequences get none from them).
 
+While the controller has steps verify nothing, prompt lookup's acceptance is still measured on a few decoding
+sequences at a time (`follow_unverified`): what the lookup would draft from a sequence's known tokens is compared with
+the tokens it then generates, each compared draft a sample of what a verifying step would accept from that sequence
+(none where the lookup finds nothing or the sequence takes no drafts). For one-hot drafts a draft's chance to be
+accepted is the chance that the target samples it, so this is the verifying steps' own measure, and the controller
+need not verify drafts to learn whether they would pay (other proposers cost a forward pass to ask: not followed).
+
 Verification (one-hot drafts: a proposer's draft is a token, not a distribution): the target samples at
 each verified position as it would one token per step (a seeded row with the output index of that
 position); drafts are accepted while they equal the sampled token, and the first sampled token that
@@ -41,12 +48,37 @@ from gpu.runner import Runner
 if TYPE_CHECKING:
     from core.grammar import Grammars
 
+FOLLOWED_SEQUENCES = 4  # sequences whose drafts are followed at a time while steps verify none
 
-def takes_drafts(seq: Sequence) -> bool:
-    """Whether a sequence may verify drafts this step (module docstring): decoding, its stream begun, nothing pending,
-    no penalties, past min_tokens."""
-    return (seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0 and not seq.num_pending_tokens
+
+def takes_drafts(seq: Sequence, pending: int = 0) -> bool:
+    """Whether a sequence may verify drafts this step (module docstring): decoding, its stream begun, nothing pending
+    (but the `pending` tokens a followed draft allows for), no penalties, past min_tokens."""
+    return (seq.num_uncomputed_tokens == 1 and seq.num_output_tokens > 0 and seq.num_pending_tokens == pending
             and not seq.has_penalties and seq.num_output_tokens >= seq.params.min_tokens)
+
+
+@dataclass
+class _FollowedDraft:
+    """What prompt lookup drafted for a sequence at a step that verified none: the tokens from index `start` on are
+    compared with it once known."""
+
+    seq: Sequence
+    start: int
+    drafts: list[int]
+
+    def accepted(self, num_positions: int) -> list[int] | None:
+        """Per position, 1 where a verifying step would have accepted the draft there; None until the tokens it
+        stands for are known (or the sequence ended)."""
+        tokens = self.seq.token_ids
+        if len(tokens) < self.start + num_positions and not self.seq.is_finished:
+            return None
+        accepted = [0] * num_positions
+        for i, draft in enumerate(self.drafts):
+            if self.start + i >= len(tokens) or tokens[self.start + i] != draft:
+                break
+            accepted[i] = 1
+        return accepted
 
 
 @dataclass
@@ -84,6 +116,9 @@ class Speculation:
         self.counts = SpeculationCounts(accepted_per_position=[0] * config.num_speculative_tokens)
         self._num_offered = 0
         self._accepted_at = [0] * config.num_speculative_tokens
+        self._followed: list[_FollowedDraft] = []
+        self._follows = config.adaptive and isinstance(self.proposer, NgramProposer)
+        self._next_followed = 0  # where in the running list the next followed sequence is looked for
 
     def propose(self, running: list[Sequence], num_drafts: int, grammars: "Grammars | None") -> None:
         """Gives the eligible running sequences up to `num_drafts` draft tokens each (module docstring).
@@ -106,6 +141,35 @@ class Speculation:
                 assert grammars is not None, "a sequence with a grammar before the engine built its grammars"
                 del seq.draft_token_ids[grammars.grammatical_prefix(seq.grammar, seq.draft_token_ids):]
 
+    def follow_unverified(self, running: list[Sequence], num_drafts: int) -> None:
+        """Each step: the followed drafts whose tokens are known go to the controller's acceptance; where this step
+        verifies none (`num_drafts` 0), drafts are looked up for running sequences until FOLLOWED_SEQUENCES are
+        followed, taken in turn (module docstring)."""
+        if not self._follows:
+            return
+        max_drafts = self.config.num_speculative_tokens
+        still_followed = []
+        for followed in self._followed:
+            accepted = followed.accepted(max_drafts)
+            if accepted is None:
+                still_followed.append(followed)
+            else:
+                self.controller.observe_acceptance(1, accepted)
+        self._followed = still_followed
+        if num_drafts or not running:
+            return
+        followed_seqs, first = {id(followed.seq) for followed in still_followed}, self._next_followed
+        for offset in range(len(running)):
+            if len(self._followed) >= FOLLOWED_SEQUENCES:
+                break
+            seq = running[(first + offset) % len(running)]
+            if id(seq) in followed_seqs or not seq.num_output_tokens:  # decoding sequences only
+                continue
+            limit = self._draft_limit(seq, max_drafts, pending=seq.num_pending_tokens)
+            drafts = self.proposer.draft(seq, limit) if limit else []  # type: ignore[union-attr]
+            self._followed.append(_FollowedDraft(seq, len(seq.token_ids), drafts))
+            self._next_followed = (first + offset + 1) % len(running)
+
     def fill(self, scheduled: list[ScheduledSequence]) -> None:
         """Once the step is scheduled: draws the drafts of a proposer that needs their slots (a draft model, an MTP
         head)."""
@@ -121,13 +185,15 @@ class Speculation:
         if isinstance(self.proposer, SuffixProposer):
             self.proposer.on_finished(seq)
 
-    def _draft_limit(self, seq: Sequence, num_drafts: int) -> int:
-        if not takes_drafts(seq):
+    def _draft_limit(self, seq: Sequence, num_drafts: int, pending: int = 0) -> int:
+        """The drafts a sequence may verify; `pending`: its tokens still in flight, which a followed draft's first
+        stands for (a verifying step waits for them)."""
+        if not takes_drafts(seq, pending):
             return 0
         if seq.grammar is not None and isinstance(self.proposer, DraftModelProposer | MtpProposer):
             return 0  # its drafts come after scheduling, too late to cut them to the grammar
         # The step's own token plus the drafts stay within max_tokens and the context.
-        room = min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1
+        room = min(seq.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens) - 1 + pending
         return max(0, min(num_drafts, room))
 
     def num_accepted(self, sampled: list[int], drafts: list[int]) -> int:

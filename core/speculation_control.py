@@ -105,6 +105,7 @@ class DraftLengthController:
     tail_weight: float = 0.05  # of a verifying step's time beyond that cap in its arm's average of such time
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
+    _num_acceptance_samples: list[int] = field(default_factory=list)  # steps that measured each r_i
     _previous_kind: int = 0  # the last step observed: its draft length, or -1 for one with prompt tokens
     _num_same: int = 0  # steps observed in a row of that kind, the last one included
     _num_decode_steps: int = 0  # decode steps since the last step with prompt tokens
@@ -112,6 +113,7 @@ class DraftLengthController:
 
     def __post_init__(self) -> None:
         self._acceptance = [None] * self.max_drafts
+        self._num_acceptance_samples = [0] * self.max_drafts
 
     def choose(self, batch_size: int, has_prompt_work: Callable[[], bool] = _no_prompt_work) -> int:
         """The draft length for the next step of `batch_size` running sequences; where `has_prompt_work()` (the step
@@ -195,8 +197,12 @@ class DraftLengthController:
             return
         for i, num_accepted in enumerate(accepted_per_position):
             ratio = num_accepted / num_offered
+            self._num_acceptance_samples[i] += 1
+            # The mean of the first samples, then a running average: one early step (a reply's opening, which
+            # nothing before it predicts) would otherwise set r_i for as long as refreshes take to move it.
+            weight = max(self.acceptance_weight, 1.0 / self._num_acceptance_samples[i])
             r = self._acceptance[i]
-            self._acceptance[i] = ratio if r is None else r + self.acceptance_weight * (ratio - r)
+            self._acceptance[i] = ratio if r is None else r + weight * (ratio - r)
 
     def _rate(self, bucket: _Bucket, k: int) -> float:
         """Tokens per second a sequence is expected to get from steps of draft length k at this bucket: measured,

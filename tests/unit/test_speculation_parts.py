@@ -165,6 +165,35 @@ def test_only_plain_decoding_sequences_get_drafts_within_their_limits() -> None:
     assert penalized.draft_token_ids == early.draft_token_ids == []
 
 
+def test_drafts_are_followed_while_steps_verify_none() -> None:
+    """With plain steps chosen, prompt lookup's drafts for a decoding sequence (its last token in flight, as under
+    asynchronous scheduling) are compared with the tokens it then generates: a sample of the controller's acceptance
+    once those are known, each sequence followed once at a time; none while a step verifies drafts, nor for a
+    penalized sequence, whose sample (once as many tokens are known) is that nothing would have been accepted."""
+    speculation = Speculation(SpeculativeConfig(num_speculative_tokens=3), max_model_len=64)
+    controller = speculation.controller
+    assert isinstance(controller, DraftLengthController)
+
+    def in_flight(params: SamplingParams) -> Sequence:
+        seq = Sequence("r", [7, 8, 9] * 5 + [7], params, max_tokens=40)
+        seq.num_tokens = len(seq.token_ids) + 1  # the token after the last 7 is pending
+        seq.num_computed_tokens = seq.num_tokens - 1
+        return seq
+
+    seq, penalized = in_flight(SamplingParams()), in_flight(SamplingParams(presence_penalty=0.5))
+    speculation.follow_unverified([seq, penalized], 2)  # a verifying step: nothing followed
+    speculation.follow_unverified([seq, penalized], 0)
+    assert [f.drafts for f in speculation._followed] == [[8, 9, 7], []]  # noqa: SLF001 - what is followed
+    seq.token_ids += [8, 9]  # the pending 8, then 9: two of three drafts known
+    penalized.token_ids += [8, 9, 7]
+    speculation.follow_unverified([seq, penalized], 0)
+    assert controller.expected_tokens(3) == 1.0  # the penalized one's sample: nothing accepted
+    seq.token_ids += [5]
+    speculation.follow_unverified([seq, penalized], 0)
+    assert controller.expected_tokens(3) == pytest.approx(1.0 + 0.5 + 0.5 + 0.0)  # the mean of the two samples
+    assert len(speculation._followed) == 2  # noqa: SLF001 - both followed again
+
+
 # -- suffix decoding
 
 
@@ -431,6 +460,15 @@ def test_an_arms_first_steps_are_averaged_evenly() -> None:
     for seconds in (9.0, 9.0, 1.0, 1.2, 1.4):  # two unmeasured plain steps, then three measured ones
         controller.observe_step(1, 0, seconds)
     assert controller._bucket(1).arms[0].seconds == pytest.approx(1.2)  # noqa: SLF001 - the figure itself
+
+
+def test_acceptance_is_the_mean_of_its_first_samples() -> None:
+    """A reply's opening that no draft predicts (nothing accepted at the first verifying steps) must not stand for
+    the acceptance while only refreshes measure it again: the first samples are averaged as equals."""
+    controller = DraftLengthController(max_drafts=2)
+    for accepted in ([0, 0], [1, 1], [1, 0], [1, 1]):
+        controller.observe_acceptance(1, accepted)
+    assert controller.expected_tokens(2) == pytest.approx(1.0 + 0.75 + 0.5)
 
 
 # -- blocks of rejected drafts
