@@ -10,7 +10,13 @@ on every dense shape swept; at two rows on some and at four or more on none); 8-
 measured faster on few shapes at any row count: it stays for a table's entry to choose). 4-bit integers at one row
 take gpu/kernels/int4_wide_gemv.py (`WideGemvTiles`) where K spans two of its tiles or more (WIDE_MIN_K: with one,
 no tile lies ahead to fetch), else int4_row_gemv.py, its register-prefetching twin (as does a table's `GemvTiles`
-entry); at more rows the tensor cores. GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows
+entry); at more rows the tensor cores, but for small products (rows x N x K up to SMALL_INT4_MAX, a verifying
+step's at a model of hundreds of millions of parameters), which take quant_gemv's one weight row a program at 2..8
+rows (`small_int4_tiles`): there the tensor cores' split-K and reduce cost several one-row GEMVs' time, while every
+weight read once a program for all rows is latency, not bandwidth (the H200's sweep of the default model's products
+at 2, 4 and 8 rows: this tile beat the tensor cores on each product it takes; the bound lies between the largest
+that won, 4.4 million, and the smallest that lost, 7.1 million).
+GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows
 by 512 bytes of each (2 KB for 128 threads: 16 bytes a thread), narrow so that every product makes hundreds of
 programs and the weight stream stays full without split-K;
 the columns halve while the float32 sums (rows x tile elements per thread) would pass 64 registers a thread. The
@@ -41,6 +47,7 @@ NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpret
 GEMV_MAX_ROWS = {"fp8": 1, "int4": 1, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's reasons
 ROW_GEMV_BLOCK_N = 4  # the 4-bit row GEMV's rows per program, each thread's: x converted once for 4 rows
 GEMV_MAX_SUMS = 64  # float32 sums a thread holds: rows x its tile elements
+SMALL_INT4_MAX = 5 << 20  # rows x N x K up to which 4-bit products at 2..8 rows take `small_int4_tiles`
 WIDE_MIN_K = 4096  # columns from which one-row 4-bit products take the wide row GEMV's rule: two of its tiles
 WIDE_MIN_WARPS = 6  # warps a multiprocessor the wide row GEMV's programs give it at least, K split if need be
 
@@ -224,7 +231,16 @@ def quant_tiles(num_rows: int, n: int, k: int, kind: str, num_sms: int = NUM_SMS
         return wide_gemv_tiles(n, k, num_sms)
     if key[1] <= GEMV_MAX_ROWS[kind]:
         return gemv_tiles(num_rows, k, kind)
+    if kind == "int4" and key[1] <= 8 and key[1] * n * k <= SMALL_INT4_MAX:
+        return small_int4_tiles(num_rows, k)
     return tensor_core_tiles(num_rows, n, k, kind, num_sms)
+
+
+def small_int4_tiles(num_rows: int, k: int) -> GemvTiles:
+    """quant_gemv's tiles for a small 4-bit product at 2..8 rows (module docstring): one weight row a program, 1,024
+    columns of sums a warp across the rows (each thread a word of each row), one warp at 2 rows and two past that."""
+    rows = row_bucket(num_rows)
+    return GemvTiles(rows, 1, min(1024 // rows, max(64, row_bucket(k))), 1 if rows <= 2 else 2)
 
 
 def wide_gemv_tiles(n: int, k: int, num_sms: int = NUM_SMS_DEFAULT) -> WideGemvTiles:

@@ -39,6 +39,7 @@ from gpu.kernels.quant_gemm_configs import (  # noqa: E402
     QuantTiles,
     WideGemvTiles,
     gemv_tiles,
+    small_int4_tiles,
     tensor_core_tiles,
     wide_gemv_tiles,
 )
@@ -248,7 +249,8 @@ def _gemv_usage(kernel: object, signature: dict[str, str], constexprs: dict[str,
 @pytest.mark.parametrize("rows", [1, 2, 4, 8])
 def test_gemv_tiles_of_the_rule_compile_without_spills(rows: int) -> None:
     """The GEMV rule's tiles at each row bucket (up to the tables' widest) for FP8 blocks and per-row scales, int4
-    with zero points and act order (from two rows: one row is the row GEMV's), and int8 with offsets."""
+    with zero points and act order (from two rows: one row is the row GEMV's), and int8 with offsets; small int4
+    products' tiles from two rows (groups of 32 with offsets)."""
     t = gemv_tiles(rows, 4096, "fp8")
     for group, block_scales in ((128, True), (t.block_k, False)):
         assert _gemv_usage(quant_gemv._fp8_gemv_kernel, FP8_GEMV_SIGNATURE, dict(
@@ -260,6 +262,10 @@ def test_gemv_tiles_of_the_rule_compile_without_spills(rows: int) -> None:
         assert _gemv_usage(quant_gemv._int_gemv_kernel, INT_GEMV_SIGNATURE, dict(
             BITS=bits, GROUP=128, ZERO=8.0, HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets",
             HAS_PERM=kind == "act-order"), t) == 0, (t, kind)
+    if rows > 1:  # small int4 products' tiles, at the default model's K and its GGUF's groups of 32 with offsets
+        t = small_int4_tiles(rows, 576)
+        assert _gemv_usage(quant_gemv._int_gemv_kernel, INT_GEMV_SIGNATURE, dict(
+            BITS=4, GROUP=32, ZERO=0.0, HAS_ZEROS=False, HAS_OFFSETS=True, HAS_PERM=False), t) == 0, t
 
 
 def test_gated_delta_kernels() -> None:

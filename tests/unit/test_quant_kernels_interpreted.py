@@ -19,6 +19,7 @@ import torch
 
 from gpu.kernels.quant_gemm_configs import (
     GEMV_MAX_SUMS,
+    SMALL_INT4_MAX,
     TABLES,
     WIDE_MIN_WARPS,
     GemvTiles,
@@ -26,10 +27,12 @@ from gpu.kernels.quant_gemm_configs import (
     WideGemvTiles,
     gemv_tiles,
     quant_tiles,
+    small_int4_tiles,
     table_for,
     tensor_core_tiles,
     wide_gemv_tiles,
 )
+from gpu.kernels.skinny_gemm_configs import row_bucket
 from gpu.quant import gguf_blocks
 from gpu.quant.fp8 import dequantize_blocks
 from gpu.quant.int_weights import IntGroups, IntWeight, to_kernel_form
@@ -232,19 +235,26 @@ def test_fp8_gemv_equals_the_dequantized_product_with_activations_unquantized(
     _close(out, x.float() @ dequantize_blocks(levels, scales, block).T + bias.float())
 
 
-def test_gemv_rule_fp8_and_int4_at_one_row_only() -> None:
+def test_gemv_rule_fp8_and_int4_at_one_row_and_small_int4_products_at_few() -> None:
     """FP8 and int4 at one row take the GEMV rules' tiles (int4's the wide row GEMV's where K spans two of its tiles,
-    else the row GEMV's); more rows, and int8 at any, the tensor-core rule."""
+    else the row GEMV's); more rows, and int8 at any, the tensor-core rule, but small int4 products at 2..8 rows
+    (rows x N x K up to SMALL_INT4_MAX: the default model's at a verifying step's rows, but its gate_up at 4 and 8
+    and down at 8), which take quant_gemv's one weight row a program."""
     for n, k in ((4096, 4096), (6144, 4096), (4096, 12288), (24576, 4096), (20, 200), (960, 576), (576, 1536),
-                 (5120, 2048)):
+                 (3072, 576), (5120, 2048), (1536, 2048)):
         assert quant_tiles(1, n, k, "fp8") == gemv_tiles(1, k, "fp8")
         is_wide = k >= 2 * 2048  # two of the wide GEMV's tiles: the 8B products, not the default model's or A3B's qkv
         assert quant_tiles(1, n, k, "int4") == (wide_gemv_tiles(n, k) if is_wide else gemv_tiles(1, k, "int4"))
-        for kind in ("fp8", "int4"):
-            for rows in (2, 3, 4, 8, 16):
-                assert quant_tiles(rows, n, k, kind) == tensor_core_tiles(rows, n, k, kind)
+        for rows in (2, 3, 4, 8, 16):
+            assert quant_tiles(rows, n, k, "fp8") == tensor_core_tiles(rows, n, k, "fp8")
+            is_small = rows <= 8 and row_bucket(rows) * n * k <= SMALL_INT4_MAX
+            assert quant_tiles(rows, n, k, "int4") == (
+                small_int4_tiles(rows, k) if is_small else tensor_core_tiles(rows, n, k, "int4")), (rows, n, k)
         for rows in (1, 2, 4, 8):
             assert quant_tiles(rows, n, k, "int8") == tensor_core_tiles(rows, n, k, "int8")
+    smol = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o_proj, gate_up, down
+    assert [[isinstance(quant_tiles(rows, n, k, "int4"), GemvTiles) for n, k in smol] for rows in (2, 4, 8)] == [
+        [True, True, True, True], [True, True, False, True], [True, True, False, False]]
 
 
 def test_gemv_tiles_hold_their_sums_in_registers() -> None:
