@@ -48,7 +48,7 @@ from gpu.runner import Runner
 if TYPE_CHECKING:
     from core.grammar import Grammars
 
-FOLLOWED_SEQUENCES = 4  # sequences whose drafts are followed at a time while steps verify none
+MAX_FOLLOWED = 4  # drafts followed at a time while steps verify none: one a step at one sequence, as verifying does
 
 
 def takes_drafts(seq: Sequence, pending: int = 0) -> bool:
@@ -143,8 +143,9 @@ class Speculation:
 
     def follow_unverified(self, running: list[Sequence], num_drafts: int) -> None:
         """Each step: the followed drafts whose tokens are known go to the controller's acceptance; where this step
-        verifies none (`num_drafts` 0), drafts are looked up for running sequences until FOLLOWED_SEQUENCES are
-        followed, taken in turn (module docstring)."""
+        verifies none (`num_drafts` 0), drafts are looked up for running sequences, taken in turn, until MAX_FOLLOWED
+        are followed (a sequence's drafts of successive steps overlap, as those of successive verifying steps would:
+        module docstring)."""
         if not self._follows:
             return
         max_drafts = self.config.num_speculative_tokens
@@ -158,12 +159,12 @@ class Speculation:
         self._followed = still_followed
         if num_drafts or not running:
             return
-        followed_seqs, first = {id(followed.seq) for followed in still_followed}, self._next_followed
+        first = self._next_followed
         for offset in range(len(running)):
-            if len(self._followed) >= FOLLOWED_SEQUENCES:
+            if len(self._followed) >= MAX_FOLLOWED:
                 break
             seq = running[(first + offset) % len(running)]
-            if id(seq) in followed_seqs or not seq.num_output_tokens:  # decoding sequences only
+            if not seq.num_output_tokens:  # decoding sequences only
                 continue
             limit = self._draft_limit(seq, max_drafts, pending=seq.num_pending_tokens)
             drafts = self.proposer.draft(seq, limit) if limit else []  # type: ignore[union-attr]
