@@ -13,7 +13,9 @@ device idle after a verifying one, so a time that ended with the step would favo
 are most rows; and E(k) = 1 + r_0 + ... + r_{k-1} is the expected tokens a decoding sequence gets from such a step,
 where r_i is the running average, per decoding sequence of a step that offered i + 1 or more drafts, of the drafts
 accepted at position i: it folds in how many sequences can take drafts (not the penalized or constrained ones), how
-often the proposer has one, and how often the target agrees.
+often the proposer has one, and how often the target agrees. It is the mean of its first samples, then a running
+average that follows the last few (`acceptance_weight`): acceptance changes with the text within a reply (a passage
+copied, then new text), and a slow average keeps a length chosen for the passage before.
 
 Entering verification costs more than its steps: the first verifying step waits for the device work the step
 before it left in flight (a plain step's, or a prompt's, which is larger), and only then does its own; the
@@ -100,7 +102,7 @@ class DraftLengthController:
     refresh_steps: int = 100
     exploration_share: float = 0.01  # of a bucket's time that refreshing losing arms may cost
     time_weight: float = 0.2  # of a new step time in the running average
-    acceptance_weight: float = 0.05  # of a new step's acceptance in the running averages
+    acceptance_weight: float = 0.2  # of a new sample of acceptance in the running averages, past the first few
     max_step_growth: float = 1.5  # a step's time enters its arm's average at most this multiple of it
     tail_weight: float = 0.05  # of a verifying step's time beyond that cap in its arm's average of such time
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
