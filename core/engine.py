@@ -334,7 +334,7 @@ class LLMEngine:
         num_drafts = 0
         if self.speculation is not None and self.scheduler.running:
             num_drafts = self.speculation.controller.choose(len(self.scheduler.running), self.scheduler.has_prompt_work)
-            self.speculation.follow_unverified(self.scheduler.running, num_drafts)
+            self.speculation.follow_drafts(self.scheduler.running)
             if num_drafts and self.device_verification is not None and self._verify_on_device(
                     num_drafts, started, outputs):
                 return outputs

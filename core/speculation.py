@@ -15,12 +15,13 @@ output: drafts are cut where the grammar refuses one; each verified position is 
 state after the drafts before it, and the matcher takes the kept tokens only (a draft model's or an MTP
 head's drafts, drawn after scheduling, are not cut: constrained sequences get none from them).
 
-While the controller has steps verify nothing, prompt lookup's acceptance is still measured on a few decoding
-sequences at a time (`follow_unverified`): what the lookup would draft from a sequence's known tokens is compared with
-the tokens it then generates, each compared draft a sample of what a verifying step would accept from that sequence
-(none where the lookup finds nothing or the sequence takes no drafts). For one-hot drafts a draft's chance to be
-accepted is the chance that the target samples it, so this is the verifying steps' own measure, and the controller
-need not verify drafts to learn whether they would pay (other proposers cost a forward pass to ask: not followed).
+Prompt lookup's acceptance is measured beyond the drafts that steps verify (`follow_drafts`): at every step, what
+the lookup would draft (the most drafts) from a few decoding sequences' known tokens is compared with the tokens they
+then generate, each compared draft a sample of what a verifying step would accept from that sequence (none where the
+lookup finds nothing or the sequence takes no drafts). For one-hot drafts a draft's chance to be accepted is the
+chance that the target samples it, so this is the verifying steps' own measure; the controller learns whether drafts
+would pay while it verifies none, and what longer ones would accept while it verifies short ones (other proposers
+cost a forward pass to ask: not followed).
 
 Verification (one-hot drafts: a proposer's draft is a token, not a distribution): the target samples at
 each verified position as it would one token per step (a seeded row with the output index of that
@@ -48,7 +49,7 @@ from gpu.runner import Runner
 if TYPE_CHECKING:
     from core.grammar import Grammars
 
-MAX_FOLLOWED = 4  # drafts followed at a time while steps verify none: one a step at one sequence, as verifying does
+MAX_FOLLOWED = 4  # drafts followed at a time: at one sequence, one opened a step
 
 
 def takes_drafts(seq: Sequence, pending: int = 0) -> bool:
@@ -60,8 +61,8 @@ def takes_drafts(seq: Sequence, pending: int = 0) -> bool:
 
 @dataclass
 class _FollowedDraft:
-    """What prompt lookup drafted for a sequence at a step that verified none: the tokens from index `start` on are
-    compared with it once known."""
+    """What prompt lookup would draft for a sequence at a step: the tokens from index `start` on are compared with it
+    once known."""
 
     seq: Sequence
     start: int
@@ -141,11 +142,10 @@ class Speculation:
                 assert grammars is not None, "a sequence with a grammar before the engine built its grammars"
                 del seq.draft_token_ids[grammars.grammatical_prefix(seq.grammar, seq.draft_token_ids):]
 
-    def follow_unverified(self, running: list[Sequence], num_drafts: int) -> None:
-        """Each step: the followed drafts whose tokens are known go to the controller's acceptance; where this step
-        verifies none (`num_drafts` 0), drafts are looked up for running sequences, taken in turn, until MAX_FOLLOWED
-        are followed (a sequence's drafts of successive steps overlap, as those of successive verifying steps would:
-        module docstring)."""
+    def follow_drafts(self, running: list[Sequence]) -> None:
+        """Each step: the followed drafts whose tokens are known go to the controller's acceptance, and drafts are
+        looked up for running sequences, taken in turn, until MAX_FOLLOWED are followed (a sequence's drafts of
+        successive steps overlap, as those of successive verifying steps would: module docstring)."""
         if not self._follows:
             return
         max_drafts = self.config.num_speculative_tokens
@@ -157,8 +157,6 @@ class Speculation:
             else:
                 self.controller.observe_acceptance(1, accepted)
         self._followed = still_followed
-        if num_drafts or not running:
-            return
         first = self._next_followed
         for offset in range(len(running)):
             if len(self._followed) >= MAX_FOLLOWED:

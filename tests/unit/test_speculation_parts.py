@@ -165,12 +165,12 @@ def test_only_plain_decoding_sequences_get_drafts_within_their_limits() -> None:
     assert penalized.draft_token_ids == early.draft_token_ids == []
 
 
-def test_drafts_are_followed_while_steps_verify_none() -> None:
-    """With plain steps chosen, prompt lookup's drafts for decoding sequences (their last token in flight, as under
-    asynchronous scheduling) are compared with the tokens they then generate: a sample of the controller's acceptance
-    once those are known; a draft opened a step for each sequence in turn while fewer than MAX_FOLLOWED are open, none
-    while a step verifies drafts; a penalized sequence's sample (once as many tokens are known) is that nothing would
-    have been accepted."""
+def test_drafts_are_followed_at_every_step() -> None:
+    """Prompt lookup's drafts (the most the config allows) for decoding sequences (their last token in flight, as
+    under asynchronous scheduling) are compared with the tokens they then generate: a sample of the controller's
+    acceptance once those are known; a draft opened a step for each sequence in turn while fewer than MAX_FOLLOWED
+    are open; a penalized sequence's sample (once as many tokens are known) is that nothing would have been
+    accepted."""
     speculation = Speculation(SpeculativeConfig(num_speculative_tokens=3), max_model_len=64)
     controller = speculation.controller
     assert isinstance(controller, DraftLengthController)
@@ -182,16 +182,15 @@ def test_drafts_are_followed_while_steps_verify_none() -> None:
         return seq
 
     seq, penalized = in_flight(SamplingParams()), in_flight(SamplingParams(presence_penalty=0.5))
-    speculation.follow_unverified([seq, penalized], 2)  # a verifying step: nothing followed
-    speculation.follow_unverified([seq, penalized], 0)
+    speculation.follow_drafts([seq, penalized])
     assert [f.drafts for f in speculation._followed] == [[8, 9, 7], []]  # noqa: SLF001 - what is followed
     seq.token_ids += [8, 9]  # the pending 8, then 9: two of three drafts known
     penalized.token_ids += [8, 9, 7]
-    speculation.follow_unverified([seq, penalized], 0)
+    speculation.follow_drafts([seq, penalized])
     assert controller.expected_tokens(3) == 1.0  # the penalized one's sample: nothing accepted
     assert [f.drafts for f in speculation._followed] == [[8, 9, 7], [7, 8, 9], []]  # noqa: SLF001 - one more each
     seq.token_ids += [5]
-    speculation.follow_unverified([seq, penalized], 0)
+    speculation.follow_drafts([seq, penalized])
     assert controller.expected_tokens(3) == pytest.approx(1.0 + 0.5 + 0.5 + 0.0)  # the mean of the two samples
     assert len(speculation._followed) == 4  # noqa: SLF001 - at most MAX_FOLLOWED
 
