@@ -122,9 +122,9 @@ def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]
         wide = [WideGemvTiles(bn, c * w << 10, w, s, p, o) for (bn, c, w), (p, o), s in itertools.product(*WIDE, (1, 2))
                 if (weights, bucket) == ("int4", 1) and s * c * w << 10 <= k and (s == 1 or n <= 8192)]  # int4's wide
         is_small = weights == "int4" and bucket > 1 and n * k <= 1 << 22  # latency-bound: narrow tiles, few warps
-        small = [GemvTiles(bucket, bn, bk, w) for bn, bk, w in itertools.product((1, 2, 4), (64, 128, 256, 512, 1024),
-                 (1, 2)) if is_small and bucket * bn * bk <= 8192 * w] + [QuantTiles(16, *t) for t in itertools.product(
-                 (16, 32), (128, 256), (1, 2), (2, 4), (1, 2)) if is_small and bucket >= 8]  # no split-K's reduce
+        small = [GemvTiles(bucket, bn, bk, w, ahead=a) for bn, bk, w, a in itertools.product((1, 2, 4), (64, 128, 256,
+                 512, 1024), (1, 2), (False, True)) if is_small and bucket * bn * bk <= 8192 * w] + [QuantTiles(16, *t)
+                 for t in itertools.product((16, 32), (128, 256), (1, 2), (2, 4), (1, 2)) if is_small and bucket >= 8]
         return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *gemv, *wide, *small]
     if bucket > FEW_ROWS:
         return many_row_candidates(bucket, n, k)

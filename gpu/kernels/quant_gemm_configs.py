@@ -71,6 +71,7 @@ class GemvTiles:
     # one row: the one-row kernel of the weights' kind (fp8_row_gemv.py, int4_row_gemv.py) where it takes the
     # arguments; False: quant_gemv.py's GEMV, where the sweep measured that one faster
     is_row_gemv: bool = True
+    ahead: bool = False  # quant_gemv's integer GEMV: the next tile's x and group values loaded before this one's use
 
 
 @dataclass(frozen=True)

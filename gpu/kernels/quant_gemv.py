@@ -132,13 +132,34 @@ def _word_columns(k, G: tl.constexpr, W: tl.constexpr, PER_WORD: tl.constexpr):
     return words * PER_WORD + tl.arange(0, PER_WORD)[None, None, None, None, :]
 
 
+@triton.jit
+def _x_columns(perm_ptr, stored, K, HAS_PERM: tl.constexpr):
+    """x's column for each stored column (act order gathers them)."""
+    return tl.load(perm_ptr + tl.minimum(stored, K - 1)) if HAS_PERM else stored
+
+
+@triton.jit
+def _tile_groups(z_ptr, s_ptr, o_ptr, group_rows, k, num_groups, GROUP: tl.constexpr, ZERO: tl.constexpr,
+                 HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr, G: tl.constexpr, SUB: tl.constexpr):
+    """The tile from k's magic + zero point, scales and offsets (the scales again without offsets), each
+    [1, BLOCK_N, G, 1, 1] (a constant zero point: a scalar)."""
+    scale = _group_values(s_ptr, group_rows, k, num_groups, GROUP, G, SUB)[:, :, :, :, None]
+    if HAS_ZEROS:
+        c = _group_values(z_ptr, group_rows, k, num_groups, GROUP, G, SUB)[:, :, :, :, None] + MAGIC
+    else:
+        c = MAGIC + ZERO
+    if HAS_OFFSETS:
+        return c, scale, _group_values(o_ptr, group_rows, k, num_groups, GROUP, G, SUB)[:, :, :, :, None]
+    return c, scale, scale
+
+
 @triton.jit(do_not_specialize=["M", "N"])
 def _int_gemv_kernel(
     x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, perm_ptr, bias_ptr, out_ptr, M, N, K, num_words, num_groups,
     stride_xm, stride_qn, stride_gn, stride_om,
     BITS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
     HAS_PERM: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, USE_PDL: tl.constexpr,
-    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AHEAD: tl.constexpr,
 ):
     # Tiles [ROWS, BLOCK_N, G groups, W words, PER_WORD levels].
     PER_WORD: tl.constexpr = 32 // BITS
@@ -158,21 +179,30 @@ def _int_gemv_kernel(
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
     sums = tl.full((ROWS, BLOCK_N, G, W), 0.0, tl.float32)
+    stored = _word_columns(0, G, W, PER_WORD)  # the tile's stored columns
+    if AHEAD:  # the first tile's x and group values before the loop, each next one's while this one is used
+        x = _x_tile(x_rows, _x_columns(perm_ptr, stored, K, HAS_PERM), stored < K, _levels(words, BITS), False)
+        c, scale, offset = _tile_groups(z_ptr, s_ptr, o_ptr, group_rows, 0, num_groups, GROUP, ZERO, HAS_ZEROS,
+                                        HAS_OFFSETS, G, SUB)
     for k in range(0, K, BLOCK_K):
-        stored = _word_columns(k, G, W, PER_WORD)
-        columns = tl.load(perm_ptr + tl.minimum(stored, K - 1)) if HAS_PERM else stored  # x's column for each
         levels = _levels(words, BITS)
-        x = _x_tile(x_rows, columns, stored < K, levels, EVEN_K)
+        if AHEAD:
+            tile_x, tile_c, tile_scale, tile_offset = x, c, scale, offset
+            stored += BLOCK_K
+            x = _x_tile(x_rows, _x_columns(perm_ptr, stored, K, HAS_PERM), stored < K, levels, False)  # masked: past K
+            c, scale, offset = _tile_groups(z_ptr, s_ptr, o_ptr, group_rows, k + BLOCK_K, num_groups, GROUP, ZERO,
+                                            HAS_ZEROS, HAS_OFFSETS, G, SUB)
+        else:
+            tile_x = _x_tile(x_rows, _x_columns(perm_ptr, stored, K, HAS_PERM), stored < K, levels, EVEN_K)
+            tile_c, tile_scale, tile_offset = _tile_groups(z_ptr, s_ptr, o_ptr, group_rows, k, num_groups, GROUP,
+                                                           ZERO, HAS_ZEROS, HAS_OFFSETS, G, SUB)
+            stored += BLOCK_K
         word_ids += BLOCK_K // PER_WORD
         words = tl.load(q_rows + word_ids, mask=word_ids < num_words, other=0)
-        if HAS_ZEROS:
-            c = _group_values(z_ptr, group_rows, k, num_groups, GROUP, G, SUB)[:, :, :, :, None] + MAGIC
-        else:
-            c = MAGIC + ZERO
-        weight = (levels - c) * _group_values(s_ptr, group_rows, k, num_groups, GROUP, G, SUB)[:, :, :, :, None]
+        weight = (levels - tile_c) * tile_scale
         if HAS_OFFSETS:
-            weight += _group_values(o_ptr, group_rows, k, num_groups, GROUP, G, SUB)[:, :, :, :, None]
-        sums += tl.reduce(weight * x, 4, add)  # a word's levels, all in its thread: no exchange
+            weight += tile_offset
+        sums += tl.reduce(weight * tile_x, 4, add)  # a word's levels, all in its thread: no exchange
     _store_rows(_reduced(sums), bias_ptr, out_ptr, offs_m, offs_n, M, N, stride_om, HAS_BIAS)
 
 
@@ -204,7 +234,8 @@ def int_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None, y:
         x.stride(0), weight.weight.stride(0), scales.stride(0), y.stride(0), BITS=weight.bits, GROUP=weight.group,
         ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None, HAS_OFFSETS=weight.offsets is not None,
         HAS_PERM=weight.perm is not None, HAS_BIAS=bias is not None, EVEN_K=k % t.block_k == 0, USE_PDL=pdl,
-        ROWS=t.rows, BLOCK_N=t.block_n, BLOCK_K=t.block_k, num_warps=t.num_warps, num_stages=1, launch_pdl=pdl)
+        ROWS=t.rows, BLOCK_N=t.block_n, BLOCK_K=t.block_k, AHEAD=t.ahead, num_warps=t.num_warps, num_stages=1,
+        launch_pdl=pdl)
 
 
 def pointer_or(t: torch.Tensor | None, stand_in: torch.Tensor) -> torch.Tensor:

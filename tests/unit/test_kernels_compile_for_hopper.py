@@ -7,6 +7,7 @@ generator lacks) fails here rather than on the first GPU run. tests/gpu/ runs th
 import re
 import subprocess
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -240,7 +241,8 @@ INT_GEMV_SIGNATURE = GEMV_SIGNATURE | {"q_ptr": "*i32", "s_ptr": "*bf16", "z_ptr
 def _gemv_usage(kernel: object, signature: dict[str, str], constexprs: dict[str, object], t: GemvTiles) -> int:
     names = kernel.arg_names  # type: ignore[attr-defined]
     ordered = {name: signature[name] for name in names if name in signature}
-    spilled, _ = compiled_usage(kernel, ordered, constexprs | dict(
+    ahead = {"AHEAD": t.ahead} if "AHEAD" in names else {}
+    spilled, _ = compiled_usage(kernel, ordered, constexprs | ahead | dict(
         USE_PDL=True, HAS_BIAS=True, EVEN_K=True, ROWS=t.rows, BLOCK_N=t.block_n, BLOCK_K=t.block_k), t.num_warps, 1)
     return spilled
 
@@ -263,9 +265,9 @@ def test_gemv_tiles_of_the_rule_compile_without_spills(rows: int) -> None:
             BITS=bits, GROUP=128, ZERO=8.0, HAS_ZEROS=kind == "zeros", HAS_OFFSETS=kind == "offsets",
             HAS_PERM=kind == "act-order"), t) == 0, (t, kind)
     if rows > 1:  # small int4 products' tiles, at the default model's K and its GGUF's groups of 32 with offsets
-        t = small_int4_tiles(rows, 576)
-        assert _gemv_usage(quant_gemv._int_gemv_kernel, INT_GEMV_SIGNATURE, dict(
-            BITS=4, GROUP=32, ZERO=0.0, HAS_ZEROS=False, HAS_OFFSETS=True, HAS_PERM=False), t) == 0, t
+        for t in (small_int4_tiles(rows, 576), replace(small_int4_tiles(rows, 576), ahead=True)):
+            assert _gemv_usage(quant_gemv._int_gemv_kernel, INT_GEMV_SIGNATURE, dict(
+                BITS=4, GROUP=32, ZERO=0.0, HAS_ZEROS=False, HAS_OFFSETS=True, HAS_PERM=False), t) == 0, t
 
 
 def test_gated_delta_kernels() -> None:

@@ -181,7 +181,8 @@ def test_activation_quantization_for_cublas(fp8_quant: ModuleType, group: int | 
     assert torch.equal(quantized.float() * expanded, x.float())
 
 
-GEMV_TILES = {"rows1": GemvTiles(1, 4, 256, 4), "rows2": GemvTiles(2, 8, 128, 4), "rows1-short": GemvTiles(1, 4, 64, 2)}
+GEMV_TILES = {"rows1": GemvTiles(1, 4, 256, 4), "rows2": GemvTiles(2, 8, 128, 4), "rows1-short": GemvTiles(1, 4, 64, 2),
+              "rows2-ahead": GemvTiles(2, 2, 128, 1, ahead=True), "rows4-ahead": GemvTiles(4, 1, 64, 2, ahead=True)}
 
 
 def _gemv_tiles(kernel: ModuleType, name: str | None) -> object:
@@ -193,11 +194,14 @@ def _gemv_tiles(kernel: ModuleType, name: str | None) -> object:
     (4, 128, "symmetric", 1, 13, 320, "rows1"), (4, 128, "zeros", 2, 9, 320, "rows2"),
     (4, 32, "zeros", 3, 9, 256, "rows2"), (4, 64, "act-order", 2, 8, 192, "rows1"),
     (4, 32, "offsets", 1, 6, 128, "rows1"), (8, 32, "offsets", 3, 7, 160, "rows2"),
-    (8, 128, "symmetric", 2, 5, 128, "rows1-short"), (8, 32, "act-order", 1, 4, 96, "rows1-short")])
+    (8, 128, "symmetric", 2, 5, 128, "rows1-short"), (8, 32, "act-order", 1, 4, 96, "rows1-short"),
+    (4, 32, "offsets", 3, 9, 320, "rows4-ahead"), (4, 64, "act-order", 2, 8, 192, "rows2-ahead"),
+    (8, 32, "zeros", 4, 7, 160, "rows4-ahead"), (4, 128, "zeros", 2, 5, 256, "rows2-ahead")])
 def test_int_gemv_equals_the_dequantized_product(int_kernel: ModuleType, bits: int, group_size: int, kind: str,
                                                  m: int, n: int, k: int, tiles: str) -> None:
     """Odd N, K past the last whole group (a group of its own, as the rule's group ids say) and past the tile, rows
-    past the row tile, biases (the GEMV by its tiles: the rule never picks it for integer weights, a table may)."""
+    past the row tile, biases (the GEMV by its tiles, as a table or the small products' rule picks them), with the
+    next tile's x and group values loaded ahead or not."""
     g = torch.Generator().manual_seed(bits * n + k)
     num_groups = -(-k // group_size)
     groups = _int_groups(bits, group_size, kind, n, num_groups * group_size, g)
