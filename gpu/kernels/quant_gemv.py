@@ -192,13 +192,15 @@ def _int_gemv_kernel(
             x = _x_tile(x_rows, _x_columns(perm_ptr, stored, K, HAS_PERM), stored < K, levels, False)  # masked: past K
             c, scale, offset = _tile_groups(z_ptr, s_ptr, o_ptr, group_rows, k + BLOCK_K, num_groups, GROUP, ZERO,
                                             HAS_ZEROS, HAS_OFFSETS, G, SUB)
-        else:
+            word_ids += BLOCK_K // PER_WORD
+            words = tl.load(q_rows + word_ids, mask=word_ids < num_words, other=0)
+        else:  # x, the next weight tile, then the group values, each as late as it can be
             tile_x = _x_tile(x_rows, _x_columns(perm_ptr, stored, K, HAS_PERM), stored < K, levels, EVEN_K)
+            stored += BLOCK_K
+            word_ids += BLOCK_K // PER_WORD
+            words = tl.load(q_rows + word_ids, mask=word_ids < num_words, other=0)
             tile_c, tile_scale, tile_offset = _tile_groups(z_ptr, s_ptr, o_ptr, group_rows, k, num_groups, GROUP,
                                                            ZERO, HAS_ZEROS, HAS_OFFSETS, G, SUB)
-            stored += BLOCK_K
-        word_ids += BLOCK_K // PER_WORD
-        words = tl.load(q_rows + word_ids, mask=word_ids < num_words, other=0)
         weight = (levels - tile_c) * tile_scale
         if HAS_OFFSETS:
             weight += tile_offset
