@@ -49,7 +49,10 @@ from gpu.runner import Runner
 if TYPE_CHECKING:
     from core.grammar import Grammars
 
-MAX_FOLLOWED = 4  # drafts followed at a time: at one sequence, one opened a step
+# Drafts followed at a time: each step opens one for each sequence in turn, up to 4 a sequence (one a step, for its
+# drafts' length) and this many in all, so that a step's resolved ones (a quarter, about) make one sample of several.
+MAX_FOLLOWED = 32
+FOLLOWED_PER_SEQUENCE = 4
 
 
 def takes_drafts(seq: Sequence, pending: int = 0) -> bool:
@@ -143,23 +146,26 @@ class Speculation:
                 del seq.draft_token_ids[grammars.grammatical_prefix(seq.grammar, seq.draft_token_ids):]
 
     def follow_drafts(self, running: list[Sequence]) -> None:
-        """Each step: the followed drafts whose tokens are known go to the controller's acceptance, and drafts are
-        looked up for running sequences, taken in turn, until MAX_FOLLOWED are followed (a sequence's drafts of
-        successive steps overlap, as those of successive verifying steps would: module docstring)."""
+        """Each step: the followed drafts whose tokens are known go to the controller's acceptance as one sample, and
+        drafts are looked up for running sequences, taken in turn, while fewer than MAX_FOLLOWED (and
+        FOLLOWED_PER_SEQUENCE a sequence) are followed (a sequence's drafts of successive steps overlap, as those of
+        successive verifying steps would: module docstring)."""
         if not self._follows:
             return
         max_drafts = self.config.num_speculative_tokens
-        still_followed = []
+        still_followed, num_resolved, accepted_at = [], 0, [0] * max_drafts
         for followed in self._followed:
             accepted = followed.accepted(max_drafts)
             if accepted is None:
                 still_followed.append(followed)
             else:
-                self.controller.observe_acceptance(1, accepted)
+                num_resolved += 1
+                accepted_at = [total + a for total, a in zip(accepted_at, accepted, strict=True)]
+        self.controller.observe_acceptance(num_resolved, accepted_at)  # one sample of the step's (none: nothing)
         self._followed = still_followed
-        first = self._next_followed
+        first, most = self._next_followed, min(MAX_FOLLOWED, FOLLOWED_PER_SEQUENCE * len(running))
         for offset in range(len(running)):
-            if len(self._followed) >= MAX_FOLLOWED:
+            if len(self._followed) >= most:
                 break
             seq = running[(first + offset) % len(running)]
             if not seq.num_output_tokens:  # decoding sequences only

@@ -17,7 +17,7 @@ from core.engine import EngineStats
 from core.ngram_proposer import NgramProposer, PackedTokens, lookup_draft
 from core.sampling_params import SamplingParams
 from core.sequence import Sequence
-from core.speculation import Speculation
+from core.speculation import FOLLOWED_PER_SEQUENCE, Speculation
 from core.speculation_control import DraftLengthController
 from core.speculative_config import SpeculativeConfig, parse_speculative_config
 from core.suffix_proposer import OutputCache, SuffixProposer, longest_match, walk
@@ -192,7 +192,10 @@ def test_drafts_are_followed_at_every_step() -> None:
     seq.token_ids += [5]
     speculation.follow_drafts([seq, penalized])
     assert controller.expected_tokens(3) == pytest.approx(1.0 + 0.5 + 0.5 + 0.0)  # the mean of the two samples
-    assert len(speculation._followed) == 4  # noqa: SLF001 - at most MAX_FOLLOWED
+    assert len(speculation._followed) == 4  # noqa: SLF001 - one opened a step for each sequence
+    for _ in range(6):  # no tokens come: at most FOLLOWED_PER_SEQUENCE a sequence stay open
+        speculation.follow_drafts([seq, penalized])
+    assert len(speculation._followed) == 2 * FOLLOWED_PER_SEQUENCE  # noqa: SLF001 - what is followed
 
 
 # -- suffix decoding
