@@ -50,8 +50,9 @@ if TYPE_CHECKING:
     from core.grammar import Grammars
 
 # Drafts followed at a time: each step opens one for each sequence in turn, up to 4 a sequence (one a step, for its
-# drafts' length) and this many in all, so that a step's resolved ones (a quarter, about) make one sample of several.
-MAX_FOLLOWED = 32
+# drafts' length) and this many in all, so that a step's resolved ones (a quarter, about) make one sample of a few,
+# for a lookup each (some microseconds) a step.
+MAX_FOLLOWED = 8
 FOLLOWED_PER_SEQUENCE = 4
 
 
