@@ -29,7 +29,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -50,6 +50,7 @@ StaticArgs = tuple[torch.Tensor, torch.Tensor, AttentionMetadata]  # a forward's
 MemoryPool = tuple[int, int]  # CUDAGraph.pool()'s handle
 LogitsFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (hidden [rows, hidden], out [rows, vocab]) -> out
 Output = TypeVar("Output")
+Mirror = TypeVar("Mirror", bound="PinnedMirror")
 Key = TypeVar("Key", int, tuple[int, int])  # a graph's bucket: rows (decode), (tokens, row capacity) (prefill)
 
 
@@ -140,9 +141,7 @@ class DecodeGraphs:
         self.padding_state_slot = padding_state_slot
         self.state_slots = torch.full((n,), padding_state_slot or 0, dtype=torch.int64, device=device)
         self.keeps_state = torch.zeros(n, dtype=torch.float32, device=device)
-        # Two pinned mirrors used in turn: one is filled while the copy out of the other may still be queued.
-        self._mirrors = [_HostMirror(self._int64, self._int32) for _ in range(2)]
-        self._turn = 0
+        self._mirrors = MirrorPair(lambda: _HostMirror(self._int64, self._int32))
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[int, DecodeOutputs] = {}
         self.pool: MemoryPool | None = None
@@ -206,8 +205,7 @@ class DecodeGraphs:
         num_rows = batch.num_rows
         bucket = self.bucket_for(num_rows)
         assert bucket is not None and batch.is_decode_only
-        mirror = self._mirrors[self._turn]
-        self._turn ^= 1
+        mirror = self._mirrors.next()
         num_int32 = mirror.fill(batch, bucket, self.max_num_seqs, self.max_blocks, draw)
         self._int64.copy_(mirror.int64, non_blocking=True)
         self._int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)
@@ -251,6 +249,22 @@ class PinnedMirror:
         self.copied.record()
 
 
+class MirrorPair(Generic[Mirror]):
+    """Two pinned mirrors of a graph set's static inputs, used in turn: one is filled while the copy out of the other
+    may still be queued."""
+
+    def __init__(self, make: Callable[[], Mirror]) -> None:
+        self._mirrors = (make(), make())
+        self._turn = 0
+
+    def next(self) -> Mirror:
+        """The mirror to fill now, once its previous copy has run (long since, in practice)."""
+        mirror = self._mirrors[self._turn]
+        self._turn ^= 1
+        mirror.copied.synchronize()
+        return mirror
+
+
 class _CopiedAtOnce:
     """A CPU mirror's stand-in for the copy's event: a CPU copy has run when it returns."""
 
@@ -265,7 +279,6 @@ class _HostMirror(PinnedMirror):
     def fill(self, batch: Batch, bucket: int, max_num_seqs: int, max_blocks: int,
              draw: "GraphDraw | None" = None) -> int:
         """Writes the batch (padded to the bucket) into the mirror; returns how many int32 entries to copy."""
-        self.copied.synchronize()  # its previous copy has run (long since, in practice)
         rows = batch.num_rows
         int64, int32 = self.int64.numpy(), self.int32.numpy()
         int64[0, :rows] = batch.token_ids  # fed-back entries are placeholders, overwritten on the device

@@ -38,7 +38,7 @@ import torch
 
 from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata
 from gpu.batch import Batch
-from gpu.cuda_graphs import ForwardFn, MemoryPool, PinnedMirror, StaticArgs, capture_graphs
+from gpu.cuda_graphs import ForwardFn, MemoryPool, MirrorPair, PinnedMirror, StaticArgs, capture_graphs
 from gpu.host_to_device import write_block_tables
 from gpu.pending_step import feed_back_tokens
 from gpu.state_cache import fill_padded_rows, padded_rows, padded_rows_size
@@ -178,8 +178,7 @@ class MixedGraphs:
         self.max_model_len = max_model_len
         self.inputs = StaticInputs(self.buckets[-1], max_num_seqs, -(-max_model_len // block_size), device,
                                    num_groups, linear)
-        self._mirrors = [PinnedMirror(self.inputs.int64, self.inputs.int32) for _ in range(2)]
-        self._turn = 0
+        self._mirrors = MirrorPair(lambda: PinnedMirror(self.inputs.int64, self.inputs.int32))
         # (token bucket, row capacity), ascending: every graph captured
         self.keys = [(bucket, rows) for bucket in self.buckets for rows in self.inputs.row_capacities(bucket)]
         self.graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
@@ -237,9 +236,7 @@ class MixedGraphs:
         key = self.bucket_for(batch)
         assert key is not None
         bucket, rows = key
-        mirror = self._mirrors[self._turn]
-        self._turn ^= 1
-        mirror.copied.synchronize()  # its previous copy has run (long since, in practice)
+        mirror = self._mirrors.next()
         num_int64, num_int32 = fill_host_inputs(mirror.int64.numpy(), mirror.int32.numpy(), batch, bucket, rows,
                                                 self.inputs.max_blocks, self.inputs.linear)
         self.inputs.int64[:num_int64].copy_(mirror.int64[:num_int64], non_blocking=True)

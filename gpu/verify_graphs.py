@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from gpu import device_verification
-from gpu.cuda_graphs import ForwardFn, MemoryPool, PinnedMirror, capture_graphs
+from gpu.cuda_graphs import ForwardFn, MemoryPool, MirrorPair, PinnedMirror, capture_graphs
 from gpu.device_verification import DeviceVerifyBatch, StepFunctions, StepInputs, StepShape, VerifiedOutputs
 from gpu.host_to_device import write_block_tables
 from gpu.sampler import GraphDraw
@@ -72,8 +72,7 @@ class VerifyGraphs:
         self._int64 = torch.zeros(2 * n + num_positions, dtype=torch.int64, device=device)
         self._int32 = torch.zeros(num_positions + n * self.max_blocks, dtype=torch.int32, device=device)
         self._int64[:n].fill_(history.padding_slot)  # no row yet: what the captures read
-        self._mirrors = [PinnedMirror(self._int64, self._int32) for _ in range(2)]
-        self._turn = 0
+        self._mirrors = MirrorPair(lambda: PinnedMirror(self._int64, self._int32))
         self.graphs: dict[Key, torch.cuda.CUDAGraph] = {}
         self.outputs: dict[Key, VerifiedOutputs] = {}
         self.pool: MemoryPool | None = None
@@ -96,9 +95,7 @@ class VerifyGraphs:
         outputs of the batch's rows."""
         key = self.key_for(batch)
         assert key is not None and not draw.filtered
-        mirror = self._mirrors[self._turn]
-        self._turn ^= 1
-        mirror.copied.synchronize()  # its previous copy has run (long since, in practice)
+        mirror = self._mirrors.next()
         num_int32 = self._fill(mirror, batch, draw, key)
         self._int64.copy_(mirror.int64, non_blocking=True)
         self._int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)

@@ -15,7 +15,7 @@ step's at a model of hundreds of millions of parameters), which take quant_gemv'
 rows (`small_int4_tiles`): there the tensor cores' split-K and reduce cost several one-row GEMVs' time, while every
 weight read once a program for all rows is latency, not bandwidth (the H200's sweep of the default model's products
 at 2, 4 and 8 rows: this tile beat the tensor cores on each product it takes; the bound lies between the largest
-that won, 4.4 million, and the smallest that lost, 7.1 million).
+product that won and the smallest that lost).
 GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows
 by 512 bytes of each (2 KB for 128 threads: 16 bytes a thread), narrow so that every product makes hundreds of
 programs and the weight stream stays full without split-K;
