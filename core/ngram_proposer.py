@@ -43,12 +43,17 @@ def lookup_draft(token_ids: list[int], max_drafts: int, min_n: int, max_n: int,
         return []
     if packed is None:
         packed = array(_INT32, token_ids).tobytes()
-    for n in range(min(max_n, num_tokens - 1), min_n - 1, -1):
-        end = _latest_earlier_end(packed, num_tokens, n)
-        if end is not None:
-            break
-    else:
+    if min_n > num_tokens - 1:
         return []
+    # The shortest suffix first: a longer one occurs only where it does, and in most text the last tokens occur
+    # nowhere before, which one scan tells rather than one per length.
+    end = _latest_earlier_end(packed, num_tokens, min_n)
+    if end is None:
+        return []
+    for n in range(min(max_n, num_tokens - 1), min_n, -1):
+        if (longer_end := _latest_earlier_end(packed, num_tokens, n)) is not None:
+            end = longer_end
+            break
     # What followed the match, repeated where it runs into the end: the match and the suffix are one period
     # apart, so a repetition that reaches the end goes on (a loop gets a full draft, not its last token only).
     following = token_ids[end + 1 : num_tokens]  # one period

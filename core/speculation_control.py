@@ -25,6 +25,12 @@ verifying step's time beyond its arm's average, less what a plain step would hav
 that excess spread over the decode steps it can expect before the next prompt breaks the run (the running average of
 the runs of decode steps between prompts): under a steady stream of new requests, runs are short and verification
 is entered often, so it must win by more.
+Leaving it costs too: a step with prompt tokens after a verifying step is laid out once that step's result is back,
+with the device idle, where after a plain step the host lays it out while the device works. The controller measures
+that excess as well, per bucket, as the running average of the time of the steps with prompt tokens that follow a
+verifying step beyond that of those that follow a plain one, and charges it to every draft length spread over the run
+of decode steps between prompts, as the entry. While only runs that end verifying have been seen, a run's
+expected last step (one) is plain, so that a prompt comes after one.
 
 Choosing: plain decoding is measured first (the baseline), then the longest draft length; any other untried length is
 tried only while its most hopeful rate (its time taken on the line between plain decoding's and the longest's, which
@@ -87,6 +93,8 @@ class _Bucket:
     num_refresh_steps_left: int = 0
     # Running averages of a first step's time beyond its arm's average, by (kind of step before, verifying or not).
     entry_excess: dict[tuple[int, bool], float] = field(default_factory=dict)
+    # Running averages of the time of a step with prompt tokens after one of this bucket's, by whether that verified.
+    prompt_seconds: dict[bool, float] = field(default_factory=dict)
 
     def entry_seconds(self, previous_kind: int) -> float:
         """What entering verification after a step of `previous_kind` costs beyond the verifying steps' own time."""
@@ -94,6 +102,12 @@ class _Bucket:
         if verifying is None:
             return 0.0
         return max(0.0, verifying - self.entry_excess.get((previous_kind, False), 0.0))
+
+    def exit_seconds(self) -> float:
+        """What a step with prompt tokens costs after a verifying step beyond its cost after a plain one."""
+        if len(self.prompt_seconds) < 2:
+            return 0.0
+        return max(0.0, self.prompt_seconds[True] - self.prompt_seconds[False])
 
 
 @dataclass
@@ -112,6 +126,7 @@ class DraftLengthController:
     _num_same: int = 0  # steps observed in a row of that kind, the last one included
     _num_decode_steps: int = 0  # decode steps since the last step with prompt tokens
     _run_steps: float | None = None  # running average of the runs of decode steps between steps with prompt tokens
+    _last_batch_size: int = 0  # the last decode step's
 
     def __post_init__(self) -> None:
         self._acceptance = [None] * self.max_drafts
@@ -128,7 +143,7 @@ class DraftLengthController:
         for k in (0, self.max_drafts):
             if arms[k].seconds is None:
                 return k
-        rates = [self._rate(bucket, k) for k in range(len(arms))]
+        rates = self._rates(bucket)
         best = max((k for k in range(len(arms)) if arms[k].seconds is not None), key=lambda k: rates[k])
         hopeful = [k for k in range(len(arms)) if arms[k].seconds is None and rates[k] > rates[best]]
         if hopeful:
@@ -148,6 +163,9 @@ class DraftLengthController:
             if not bucket.num_refresh_steps_left:
                 bucket.refreshing = None
             return k
+        if best and bucket.prompt_seconds.keys() == {True} and self._num_decode_steps + 1 == round(
+                self._run_steps or 0.0):
+            return 0  # the exit is unmeasured while every run ends verifying: this run is expected to end here
         return best
 
     def expected_tokens(self, num_drafts: int) -> float:
@@ -162,6 +180,11 @@ class DraftLengthController:
         self._num_same = self._num_same + 1 if kind == previous else 1
         self._previous_kind = kind
         if not batch_size:
+            if previous >= _PLAIN and self._last_batch_size:
+                prompt_seconds = self._bucket(self._last_batch_size).prompt_seconds
+                verified, average = previous > _PLAIN, prompt_seconds.get(previous > _PLAIN)
+                prompt_seconds[verified] = seconds if average is None else average + self.time_weight * (
+                    seconds - average)
             if self._num_decode_steps:
                 run = float(self._num_decode_steps)
                 self._run_steps = run if self._run_steps is None else self._run_steps + self.time_weight * (
@@ -169,6 +192,7 @@ class DraftLengthController:
             self._num_decode_steps = 0
             return
         self._num_decode_steps += 1
+        self._last_batch_size = batch_size
         bucket = self._bucket(batch_size)
         arm = bucket.arms[num_drafts]
         # An entry (a verifying step after a plain one or a prompt), or a plain step after a prompt (what entering
@@ -206,20 +230,28 @@ class DraftLengthController:
             r = self._acceptance[i]
             self._acceptance[i] = ratio if r is None else r + weight * (ratio - r)
 
-    def _rate(self, bucket: _Bucket, k: int) -> float:
-        """Tokens per second a sequence is expected to get from steps of draft length k at this bucket: measured,
-        or for an untried k its most hopeful (the line between plain decoding's time and the longest's), with
-        the entry into verification spread over the run expected ahead where the last step did not verify."""
+    def _rates(self, bucket: _Bucket) -> list[float]:
+        """Per draft length, the tokens per second a sequence is expected to get from its steps at this bucket:
+        measured, or for an untried k its most hopeful (the line between plain decoding's time and the longest's);
+        verifying lengths are charged the exit from verification, and the entry where the last step did not verify,
+        spread over the run expected ahead. One pass: it runs every decode step."""
         arms = bucket.arms
-        seconds = arms[k].cost()
-        if seconds is None:
-            plain, longest = arms[0].cost(), arms[self.max_drafts].cost()
-            assert plain is not None and longest is not None, "plain decoding and the longest k are tried first"
-            seconds = plain + (longest - plain) * k / self.max_drafts
-        if k and self._previous_kind <= _PLAIN:
-            seconds += bucket.entry_seconds(self._previous_kind) / max(1.0, self._run_steps or 0.0,
-                                                                       float(self._num_decode_steps))
-        return self.expected_tokens(k) / seconds
+        plain, longest = arms[0].cost(), arms[self.max_drafts].cost()
+        assert plain is not None and longest is not None, "plain decoding and the longest k are tried first"
+        run = max(1.0, self._run_steps or 0.0, float(self._num_decode_steps))
+        charge = bucket.exit_seconds()
+        if self._previous_kind <= _PLAIN:
+            charge += bucket.entry_seconds(self._previous_kind)
+        charge /= run
+        rates, tokens = [1.0 / plain], 1.0
+        for k in range(1, len(arms)):
+            r = self._acceptance[k - 1]
+            tokens += _UNTRIED_ACCEPTANCE if r is None else r
+            seconds = arms[k].cost()
+            if seconds is None:
+                seconds = plain + (longest - plain) * k / self.max_drafts
+            rates.append(tokens / (seconds + charge))
+        return rates
 
     def _refresh_seconds(self, bucket: _Bucket, k: int, rates: list[float]) -> float:
         """What measuring arm k again costs: the tokens its steps give up against the best rate (in the best arm's

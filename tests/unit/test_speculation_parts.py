@@ -402,21 +402,22 @@ def test_a_refreshed_arm_can_take_over() -> None:
     assert controller.choose(1) == 1
 
 
-def run_with_prompts(decode_steps_per_prompt: int, num_prompts: int) -> list[int]:
+def run_with_prompts(decode_steps_per_prompt: int, num_prompts: int, entry: float = 3.0,
+                     exit_cost: float = 0.0) -> list[int]:
     """The draft lengths a controller chooses where a prompt step comes every `decode_steps_per_prompt` decode steps;
     verifying steps take 1.5 against plain ones' 1.0 and accept 0.6 drafts (a gain of 7% in a run of them), but the
-    first verifying step after a plain step or a prompt takes 3.0 more (it waits for the step in flight), and after a
-    prompt any step takes 1.0 more."""
+    first verifying step after a plain step or a prompt takes `entry` more (it waits for the step in flight), after a
+    prompt any step takes 1.0 more, and a prompt step (5.0) after a verifying one `exit_cost` more."""
     controller = DraftLengthController(max_drafts=1, refresh_steps=1000)
     chosen, previous = [], 0
     for _ in range(num_prompts):
-        controller.observe_step(0, 0, 5.0)
+        controller.observe_step(0, 0, 5.0 + (exit_cost if previous > 0 else 0.0))
         previous = -1
         for _ in range(decode_steps_per_prompt):
             k = controller.choose(1)
             chosen.append(k)
             seconds = 1.5 if k else 1.0
-            seconds += 3.0 if k and previous != k else 0.0
+            seconds += entry if k and previous != k else 0.0
             seconds += 1.0 if previous == -1 else 0.0
             controller.observe_step(1, k, seconds)
             if k:
@@ -431,6 +432,17 @@ def test_entering_verification_is_charged_over_the_runs_between_prompts() -> Non
     short_runs = run_with_prompts(4, 60)
     assert sum(short_runs[-120:]) == 0, short_runs
     long_runs = run_with_prompts(200, 3)
+    assert sum(long_runs[-150:]) >= 140, long_runs
+
+
+def test_leaving_verification_for_a_prompt_is_charged_as_entering_it() -> None:
+    """Entering is free but a prompt step after a verifying one takes 2.0 more (laid out once the verifying step's
+    result is back, the device idle): with a prompt every 8 decode steps a run gains at most 8 x 0.07 against it, so
+    plain decoding wins once a run has ended in each way; with one every 200, verification still wins."""
+    short_runs = run_with_prompts(8, 60, entry=0.0, exit_cost=2.0)
+    assert sum(short_runs[-240:]) == 0, short_runs
+    assert sum(run_with_prompts(8, 60, entry=0.0)[-240:]) >= 200  # without the exit's cost verification wins there
+    long_runs = run_with_prompts(200, 3, entry=0.0, exit_cost=2.0)
     assert sum(long_runs[-150:]) >= 140, long_runs
 
 
