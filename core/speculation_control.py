@@ -22,15 +22,18 @@ before it left in flight (a plain step's, or a prompt's, which is larger), and o
 controller measures that excess, per bucket and per kind of step it follows (plain or prompt), as the first
 verifying step's time beyond its arm's average, less what a plain step would have paid after the same kind of step
 (after a prompt a plain step waits too). Entered from a step that did not verify, a draft length's time is charged
-that excess spread over the decode steps it can expect before the next prompt breaks the run (the running average of
-the runs of decode steps between prompts): under a steady stream of new requests, runs are short and verification
-is entered often, so it must win by more.
+that excess spread over the run it can expect before the next prompt breaks it, in tokens: a step of k drafts pays
+the share E(k) / R of it, where R is the bucket's running average of the tokens a decoding sequence got between two
+prompts (expected ones: 1 a plain step, E(k) a verifying one). Runs are counted in tokens, not steps, because
+requests end, and new ones bring their prompts, after so many tokens: verifying steps, which give more tokens a
+step, make the runs as counted in steps shorter, not the work between prompts. Under a steady stream of new
+requests, runs are short and verification is entered often, so it must win by more.
 Leaving it costs too: a step with prompt tokens after a verifying step is laid out once that step's result is back,
 with the device idle, where after a plain step the host lays it out while the device works. The controller measures
 that excess as well, per bucket, as the running average of the time of the steps with prompt tokens that follow a
 verifying step beyond that of those that follow a plain one, and charges it to every draft length spread over the run
-of decode steps between prompts, as the entry. While only runs that end verifying have been seen, a run's
-expected last step (one) is plain, so that a prompt comes after one.
+as the entry. While only runs that end verifying have been seen, steps from the one expected to end a run on are
+plain, so that a prompt comes after one.
 
 Choosing: plain decoding is measured first (the baseline), then the longest draft length; any other untried length is
 tried only while its most hopeful rate (its time taken on the line between plain decoding's and the longest's, which
@@ -95,6 +98,7 @@ class _Bucket:
     entry_excess: dict[tuple[int, bool], float] = field(default_factory=dict)
     # Running averages of the time of a step with prompt tokens after one of this bucket's, by whether that verified.
     prompt_seconds: dict[bool, float] = field(default_factory=dict)
+    run_tokens: float | None = None  # running average of the tokens a decoding sequence gets between prompts
 
     def entry_seconds(self, previous_kind: int) -> float:
         """What entering verification after a step of `previous_kind` costs beyond the verifying steps' own time."""
@@ -124,8 +128,7 @@ class DraftLengthController:
     _num_acceptance_samples: list[int] = field(default_factory=list)  # steps that measured each r_i
     _previous_kind: int = 0  # the last step observed: its draft length, or -1 for one with prompt tokens
     _num_same: int = 0  # steps observed in a row of that kind, the last one included
-    _num_decode_steps: int = 0  # decode steps since the last step with prompt tokens
-    _run_steps: float | None = None  # running average of the runs of decode steps between steps with prompt tokens
+    _run_tokens: float = 0.0  # tokens a decoding sequence is expected to have got since the last prompt step
     _last_batch_size: int = 0  # the last decode step's
 
     def __post_init__(self) -> None:
@@ -163,9 +166,9 @@ class DraftLengthController:
             if not bucket.num_refresh_steps_left:
                 bucket.refreshing = None
             return k
-        if best and bucket.prompt_seconds.keys() == {True} and self._num_decode_steps + 1 == round(
-                self._run_steps or 0.0):
-            return 0  # the exit is unmeasured while every run ends verifying: this run is expected to end here
+        if best and bucket.prompt_seconds.keys() == {True} and bucket.run_tokens is not None and (
+                self._run_tokens + self.expected_tokens(best) + 0.5 >= bucket.run_tokens):
+            return 0  # the exit is unmeasured while every run ends verifying: this run is expected to end about here
         return best
 
     def expected_tokens(self, num_drafts: int) -> float:
@@ -185,13 +188,13 @@ class DraftLengthController:
                 verified, average = previous > _PLAIN, prompt_seconds.get(previous > _PLAIN)
                 prompt_seconds[verified] = seconds if average is None else average + self.time_weight * (
                     seconds - average)
-            if self._num_decode_steps:
-                run = float(self._num_decode_steps)
-                self._run_steps = run if self._run_steps is None else self._run_steps + self.time_weight * (
-                    run - self._run_steps)
-            self._num_decode_steps = 0
+            if self._run_tokens:
+                run_bucket, run = self._bucket(self._last_batch_size), self._run_tokens
+                average = run_bucket.run_tokens
+                run_bucket.run_tokens = run if average is None else average + self.time_weight * (run - average)
+            self._run_tokens = 0.0
             return
-        self._num_decode_steps += 1
+        self._run_tokens += self.expected_tokens(num_drafts)
         self._last_batch_size = batch_size
         bucket = self._bucket(batch_size)
         arm = bucket.arms[num_drafts]
@@ -238,11 +241,10 @@ class DraftLengthController:
         arms = bucket.arms
         plain, longest = arms[0].cost(), arms[self.max_drafts].cost()
         assert plain is not None and longest is not None, "plain decoding and the longest k are tried first"
-        run = max(1.0, self._run_steps or 0.0, float(self._num_decode_steps))
+        run = max(bucket.run_tokens or 0.0, self._run_tokens)
         charge = bucket.exit_seconds()
         if self._previous_kind <= _PLAIN:
             charge += bucket.entry_seconds(self._previous_kind)
-        charge /= run
         rates, tokens = [1.0 / plain], 1.0
         for k in range(1, len(arms)):
             r = self._acceptance[k - 1]
@@ -250,7 +252,7 @@ class DraftLengthController:
             seconds = arms[k].cost()
             if seconds is None:
                 seconds = plain + (longest - plain) * k / self.max_drafts
-            rates.append(tokens / (seconds + charge))
+            rates.append(tokens / (seconds + charge * tokens / max(tokens, run)))
         return rates
 
     def _refresh_seconds(self, bucket: _Bucket, k: int, rates: list[float]) -> float:

@@ -446,6 +446,30 @@ def test_leaving_verification_for_a_prompt_is_charged_as_entering_it() -> None:
     assert sum(long_runs[-150:]) >= 140, long_runs
 
 
+def test_runs_are_counted_in_tokens_per_bucket() -> None:
+    """Runs alternate between one sequence, whose prompt comes every 200 tokens, and 16, whose prompts come every 8
+    tokens (a request ends after so many tokens, faster where drafts are accepted); a prompt step after a verifying one
+    costs 3.0 more at both. Verification (1.6 tokens for 1.5 against 1.0 for 1.0) pays where runs are long only: each
+    bucket weighs the exit against its own runs."""
+    controller = DraftLengthController(max_drafts=1, refresh_steps=1000)
+    chosen: dict[int, list[int]] = {1: [], 16: []}
+    previous = 0
+    for _ in range(40):
+        for batch_size, run_tokens in ((1, 200), (16, 8)):
+            controller.observe_step(0, 0, 5.0 + (3.0 if previous > 0 else 0.0))
+            previous, tokens = -1, 0.0
+            while tokens < run_tokens:
+                k = controller.choose(batch_size)
+                chosen[batch_size].append(k)
+                controller.observe_step(batch_size, k, 1.5 if k else 1.0)
+                if k:
+                    controller.observe_acceptance(5, [3])
+                tokens += 1.6 if k else 1.0
+                previous = k
+    assert sum(chosen[1][-1000:]) >= 950, chosen[1]
+    assert sum(chosen[16][-100:]) == 0, chosen[16]
+
+
 def test_one_slow_plain_step_does_not_turn_speculation_on() -> None:
     """A plain step slowed by something else (a garbage collection) enters the plain arm's average at most 1.5 times
     that average: without the cap, one 20-unit step makes drafts that are never accepted look worth verifying, and
