@@ -4,16 +4,16 @@ The draft is what followed the latest earlier occurrence of the sequence's last 
 longest n in [min_n, max_n] that occurs earlier, continued periodically where it reaches the end
 (vLLM's stops there); no occurrence, no draft. Each sequence keeps its tokens packed in a growing
 buffer of bytes (appended only with the tokens new since its last proposal), and the match is found by
-bytes' own reverse search, from the longest n down: per sequence a few calls into C, not a dozen
-array operations.
+bytes' own reverse search, for the shortest n first (where it never occurred, no longer one did), then from the
+longest n down: per sequence a few calls into C, not a dozen array operations.
 """
 
-from array import array
+import struct
 
 from core.sequence import Sequence
 
 _INT32 = "i"
-_TOKEN_BYTES = array(_INT32).itemsize
+_TOKEN_BYTES = struct.calcsize(_INT32)
 
 
 class PackedTokens:
@@ -28,7 +28,10 @@ class PackedTokens:
     def sync(self, token_ids: list[int]) -> bytearray:
         """The tokens, after appending those of `token_ids` past what the buffer holds."""
         if len(token_ids) > self.length:
-            self.data += array(_INT32, token_ids[self.length :]).tobytes()
+            # struct packs a list about three times faster than array's constructor: a long prompt is packed whole at
+            # its sequence's first lookup.
+            new = token_ids[self.length :]
+            self.data += struct.pack(f"{len(new)}{_INT32}", *new)
             self.length = len(token_ids)
         return self.data
 
@@ -42,7 +45,7 @@ def lookup_draft(token_ids: list[int], max_drafts: int, min_n: int, max_n: int,
     if num_tokens < 2 or max_drafts < 1:
         return []
     if packed is None:
-        packed = array(_INT32, token_ids).tobytes()
+        packed = PackedTokens().sync(token_ids)
     if min_n > num_tokens - 1:
         return []
     # The shortest suffix first: a longer one occurs only where it does, and in most text the last tokens occur

@@ -150,8 +150,9 @@ class Speculation:
         """Each step: the followed drafts whose tokens are known go to the controller's acceptance as one sample, and
         drafts are looked up for running sequences, taken in turn, while fewer than MAX_FOLLOWED (and
         FOLLOWED_PER_SEQUENCE a sequence) are followed (a sequence's drafts of successive steps overlap, as those of
-        successive verifying steps would: module docstring)."""
-        if not self._follows:
+        successive verifying steps would: module docstring). Not where the controller's choice cannot depend on
+        acceptance (a lookup packs a new sequence's prompt first, tens of microseconds for a long one)."""
+        if not self._follows or not self.controller.acceptance_matters(len(running)):
             return
         max_drafts = self.config.num_speculative_tokens
         still_followed, num_resolved, accepted_at = [], 0, [0] * max_drafts

@@ -171,6 +171,25 @@ class DraftLengthController:
             return 0  # the exit is unmeasured while every run ends verifying: this run is expected to end about here
         return best
 
+    def acceptance_matters(self, batch_size: int) -> bool:
+        """Whether what drafts accept can change the choice at this batch size: not where every draft length would
+        lose to plain decoding with all its drafts accepted (its time measured, or an untried one's most hopeful),
+        until a refresh measures the lengths again."""
+        bucket = self._buckets.get(1 << max(0, batch_size - 1).bit_length())
+        if bucket is None:
+            return True
+        arms = bucket.arms
+        plain, longest = arms[0].cost(), arms[self.max_drafts].cost()
+        if plain is None or longest is None:
+            return True
+        for k in range(1, len(arms)):
+            seconds = arms[k].cost()
+            if seconds is None:
+                seconds = plain + (longest - plain) * k / self.max_drafts
+            if (1 + k) * plain > seconds:
+                return True
+        return False
+
     def expected_tokens(self, num_drafts: int) -> float:
         """E(k): tokens a sequence is expected to get from a step that offers it k drafts."""
         return 1.0 + sum(_UNTRIED_ACCEPTANCE if r is None else r for r in self._acceptance[:num_drafts])
@@ -285,6 +304,9 @@ class FixedDraftLength:
 
     def choose(self, batch_size: int, has_prompt_work: Callable[[], bool] = _no_prompt_work) -> int:
         return self.num_drafts  # drafts beside prompts too (not asked: a scan of the running sequences)
+
+    def acceptance_matters(self, batch_size: int) -> bool:
+        return False
 
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
         pass

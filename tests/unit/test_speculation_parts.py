@@ -198,6 +198,24 @@ def test_drafts_are_followed_at_every_step() -> None:
     assert len(speculation._followed) == 2 * FOLLOWED_PER_SEQUENCE  # noqa: SLF001 - what is followed
 
 
+@pytest.mark.parametrize(("longest_seconds", "followed"), [(4.5, []), (3.5, [[8, 9, 7]])])
+def test_drafts_are_not_followed_where_acceptance_cannot_change_the_choice(
+        longest_seconds: float, followed: list[list[int]]) -> None:
+    """Verifying 3 drafts measured at 4.5 plain steps: even all accepted (4 tokens) every length loses (the untried
+    ones on the line between), so lookups there would cost the host and tell nothing; at 3.5 plain steps they could
+    win. An unmeasured batch size follows."""
+    speculation = Speculation(SpeculativeConfig(num_speculative_tokens=3), max_model_len=64)
+    controller = speculation.controller
+    assert isinstance(controller, DraftLengthController)
+    seq = Sequence("r", [7, 8, 9] * 5 + [7], SamplingParams(), max_tokens=40)
+    seq.num_tokens = len(seq.token_ids) + 1
+    seq.num_computed_tokens = seq.num_tokens - 1
+    run_controller({0: 1.0, 1: 2.2, 2: 3.4, 3: longest_seconds}, [1.0, 1.0, 1.0], controller=controller)
+    assert controller.acceptance_matters(1) == bool(followed) and controller.acceptance_matters(200)
+    speculation.follow_drafts([seq])
+    assert [f.drafts for f in speculation._followed] == followed  # noqa: SLF001 - what is looked up
+
+
 # -- suffix decoding
 
 
