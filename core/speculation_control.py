@@ -175,20 +175,11 @@ class DraftLengthController:
         """Whether what drafts accept can change the choice at this batch size: not where every draft length would
         lose to plain decoding with all its drafts accepted (its time measured, or an untried one's most hopeful),
         until a refresh measures the lengths again."""
-        bucket = self._buckets.get(1 << max(0, batch_size - 1).bit_length())
-        if bucket is None:
+        bucket = self._buckets.get(_bucket_key(batch_size))
+        if bucket is None or bucket.arms[0].seconds is None or bucket.arms[self.max_drafts].seconds is None:
             return True
-        arms = bucket.arms
-        plain, longest = arms[0].cost(), arms[self.max_drafts].cost()
-        if plain is None or longest is None:
-            return True
-        for k in range(1, len(arms)):
-            seconds = arms[k].cost()
-            if seconds is None:
-                seconds = plain + (longest - plain) * k / self.max_drafts
-            if (1 + k) * plain > seconds:
-                return True
-        return False
+        plain = self._seconds(bucket, 0)
+        return any((1 + k) * plain > self._seconds(bucket, k) for k in range(1, self.max_drafts + 1))
 
     def expected_tokens(self, num_drafts: int) -> float:
         """E(k): tokens a sequence is expected to get from a step that offers it k drafts."""
@@ -257,22 +248,26 @@ class DraftLengthController:
         measured, or for an untried k its most hopeful (the line between plain decoding's time and the longest's);
         verifying lengths are charged the exit from verification, and the entry where the last step did not verify,
         spread over the run expected ahead. One pass: it runs every decode step."""
-        arms = bucket.arms
-        plain, longest = arms[0].cost(), arms[self.max_drafts].cost()
-        assert plain is not None and longest is not None, "plain decoding and the longest k are tried first"
         run = max(bucket.run_tokens or 0.0, self._run_tokens)
         charge = bucket.exit_seconds()
         if self._previous_kind <= _PLAIN:
             charge += bucket.entry_seconds(self._previous_kind)
-        rates, tokens = [1.0 / plain], 1.0
-        for k in range(1, len(arms)):
+        rates, tokens = [1.0 / self._seconds(bucket, 0)], 1.0
+        for k in range(1, self.max_drafts + 1):
             r = self._acceptance[k - 1]
             tokens += _UNTRIED_ACCEPTANCE if r is None else r
-            seconds = arms[k].cost()
-            if seconds is None:
-                seconds = plain + (longest - plain) * k / self.max_drafts
-            rates.append(tokens / (seconds + charge * tokens / max(tokens, run)))
+            rates.append(tokens / (self._seconds(bucket, k) + charge * tokens / max(tokens, run)))
         return rates
+
+    def _seconds(self, bucket: _Bucket, k: int) -> float:
+        """A step's cost at draft length k: measured, or for an untried k its most hopeful, the line between plain
+        decoding's time and the longest's (both measured first)."""
+        seconds = bucket.arms[k].cost()
+        if seconds is None:
+            plain, longest = bucket.arms[0].cost(), bucket.arms[self.max_drafts].cost()
+            assert plain is not None and longest is not None, "plain decoding and the longest k are tried first"
+            seconds = plain + (longest - plain) * k / self.max_drafts
+        return seconds
 
     def _refresh_seconds(self, bucket: _Bucket, k: int, rates: list[float]) -> float:
         """What measuring arm k again costs: the tokens its steps give up against the best rate (in the best arm's
@@ -283,11 +278,16 @@ class DraftLengthController:
         return lost + (bucket.entry_seconds(_PLAIN) if k else 0.0)
 
     def _bucket(self, batch_size: int) -> _Bucket:
-        key = 1 << max(0, batch_size - 1).bit_length()
+        key = _bucket_key(batch_size)
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket([_Arm() for _ in range(self.max_drafts + 1)])
         return bucket
+
+
+def _bucket_key(batch_size: int) -> int:
+    """A batch size's bucket: the next power of two."""
+    return 1 << max(0, batch_size - 1).bit_length()
 
 
 def _unmeasured_steps(num_drafts: int) -> int:
