@@ -28,8 +28,8 @@ class PackedTokens:
     def sync(self, token_ids: list[int]) -> bytearray:
         """The tokens, after appending those of `token_ids` past what the buffer holds."""
         if len(token_ids) > self.length:
-            # struct packs a list about three times faster than array's constructor: a long prompt is packed whole at
-            # its sequence's first lookup.
+            # struct, which packs a list faster than array's constructor: a long prompt is packed whole at its
+            # sequence's first lookup.
             new = token_ids[self.length :]
             self.data += struct.pack(f"{len(new)}{_INT32}", *new)
             self.length = len(token_ids)

@@ -193,15 +193,14 @@ class DraftLengthController:
         self._num_same = self._num_same + 1 if kind == previous else 1
         self._previous_kind = kind
         if not batch_size:
-            if previous >= _PLAIN and self._last_batch_size:
-                prompt_seconds = self._bucket(self._last_batch_size).prompt_seconds
-                verified, average = previous > _PLAIN, prompt_seconds.get(previous > _PLAIN)
-                prompt_seconds[verified] = seconds if average is None else average + self.time_weight * (
-                    seconds - average)
-            if self._run_tokens:
-                run_bucket, run = self._bucket(self._last_batch_size), self._run_tokens
-                average = run_bucket.run_tokens
-                run_bucket.run_tokens = run if average is None else average + self.time_weight * (run - average)
+            if self._last_batch_size:  # the bucket of the run that the prompt ends
+                last = self._bucket(self._last_batch_size)
+                if previous >= _PLAIN:
+                    verified = previous > _PLAIN
+                    last.prompt_seconds[verified] = _averaged(last.prompt_seconds.get(verified), seconds,
+                                                              self.time_weight)
+                if self._run_tokens:
+                    last.run_tokens = _averaged(last.run_tokens, self._run_tokens, self.time_weight)
             self._run_tokens = 0.0
             return
         self._run_tokens += self.expected_tokens(num_drafts)
@@ -213,18 +212,18 @@ class DraftLengthController:
         is_first_after = self._num_same == 1 and arm.seconds is not None
         if is_first_after and (num_drafts > 0 and previous <= _PLAIN or num_drafts == 0 and previous == _PROMPT):
             key = (previous, num_drafts > 0)
-            excess, average = seconds - arm.cost(), bucket.entry_excess.get(key)  # type: ignore[operator]
-            bucket.entry_excess[key] = excess if average is None else average + self.time_weight * (excess - average)
+            excess = seconds - arm.cost()  # type: ignore[operator]
+            bucket.entry_excess[key] = _averaged(bucket.entry_excess.get(key), excess, self.time_weight)
         if self._num_same <= _unmeasured_steps(num_drafts):
             return
         if arm.seconds is not None:
             capped = min(seconds, self.max_step_growth * arm.seconds)
             if num_drafts:
-                arm.tail_seconds += self.tail_weight * (seconds - capped - arm.tail_seconds)
+                arm.tail_seconds = _averaged(arm.tail_seconds, seconds - capped, self.tail_weight)
             seconds = capped
         arm.num_samples += 1
         weight = max(self.time_weight, 1.0 / arm.num_samples)  # the mean of the first few, then a running average
-        arm.seconds = seconds if arm.seconds is None else arm.seconds + weight * (seconds - arm.seconds)
+        arm.seconds = _averaged(arm.seconds, seconds, weight)
         arm.last_step = bucket.num_steps
         bucket.num_steps += 1
         bucket.num_steps_since_refresh += 1
@@ -240,8 +239,7 @@ class DraftLengthController:
             # The mean of the first samples, then a running average: one early step (a reply's opening, which
             # nothing before it predicts) would otherwise set r_i for as long as refreshes take to move it.
             weight = max(self.acceptance_weight, 1.0 / self._num_acceptance_samples[i])
-            r = self._acceptance[i]
-            self._acceptance[i] = ratio if r is None else r + weight * (ratio - r)
+            self._acceptance[i] = _averaged(self._acceptance[i], ratio, weight)
 
     def _rates(self, bucket: _Bucket) -> list[float]:
         """Per draft length, the tokens per second a sequence is expected to get from its steps at this bucket:
@@ -283,6 +281,11 @@ class DraftLengthController:
         if bucket is None:
             bucket = self._buckets[key] = _Bucket([_Arm() for _ in range(self.max_drafts + 1)])
         return bucket
+
+
+def _averaged(average: float | None, sample: float, weight: float) -> float:
+    """A running average after `sample` (of `weight`): the sample itself where there is none yet."""
+    return sample if average is None else average + weight * (sample - average)
 
 
 def _bucket_key(batch_size: int) -> int:
