@@ -125,7 +125,11 @@ def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]
         small = [GemvTiles(bucket, bn, bk, w, ahead=a) for bn, bk, w, a in itertools.product((1, 2, 4), (64, 128, 256,
                  512, 1024), (1, 2), (False, True)) if is_small and bucket * bn * bk <= 8192 * w] + [QuantTiles(16, *t)
                  for t in itertools.product((16, 32), (128, 256), (1, 2), (2, 4), (1, 2)) if is_small and bucket >= 8]
-        return [tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *gemv, *wide, *small]
+        # A verifying step's rows x (k + 1) and a batch's decode rows: many programs of narrow tiles over both sides.
+        narrow = [QuantTiles(bm, *t) for bm, *t in itertools.product((16, 32, 64), (16, 32, 64), (128, 256), (1, 2),
+                  (4,), (2, 3)) if is_small and 16 <= bm <= bucket]
+        return list(dict.fromkeys([tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *gemv, *wide, *small,
+                                   *narrow]))  # one of each
     if bucket > FEW_ROWS:
         return many_row_candidates(bucket, n, k)
     if n > 8192:  # the lm_head: dot tiles, no split
