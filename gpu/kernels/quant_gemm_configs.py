@@ -15,7 +15,11 @@ step's at a model of hundreds of millions of parameters), which take quant_gemv'
 rows (`small_int4_tiles`): there the tensor cores' split-K and reduce cost several one-row GEMVs' time, while every
 weight read once a program for all rows is latency, not bandwidth (the H200's sweep of the default model's products
 at 2, 4 and 8 rows: this tile beat the tensor cores on each product it takes; the bound lies between the largest
-product that won and the smallest that lost).
+product that won and the smallest that lost). Past 8 rows such products (N x K under NARROW_INT4_MAX_WEIGHTS, up to
+NARROW_INT4_MAX_ROWS: a verifying step's rows x (k + 1), a batch's decode rows) take narrow tensor-core tiles without
+split-K (`narrow_int4_tiles`): 128-wide tiles leave most multiprocessors idle on a few hundred weight rows, and a
+split's reduce costs as much as its product (the H200's sweep of the default model's qkv and gate_up at 16-320 rows:
+16 x 32 tiles 2-4x faster than the 128-wide rule from 64 rows on).
 GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows
 by 512 bytes of each (2 KB for 128 threads: 16 bytes a thread), narrow so that every product makes hundreds of
 programs and the weight stream stays full without split-K;
@@ -48,6 +52,8 @@ GEMV_MAX_ROWS = {"fp8": 1, "int4": 1, "int8": 0}  # rows the GEMV rule takes per
 ROW_GEMV_BLOCK_N = 4  # the 4-bit row GEMV's rows per program, each thread's: x converted once for 4 rows
 GEMV_MAX_SUMS = 64  # float32 sums a thread holds: rows x its tile elements
 SMALL_INT4_MAX = 5 << 20  # rows x N x K up to which 4-bit products at 2..8 rows take `small_int4_tiles`
+NARROW_INT4_MAX_WEIGHTS = 1 << 21  # N x K under which 4-bit products past 8 rows take `narrow_int4_tiles`
+NARROW_INT4_MAX_ROWS = 512  # ... up to this row bucket (a prefill chunk's thousands of rows fill the GPU in wide tiles)
 WIDE_MIN_K = 4096  # columns from which one-row 4-bit products take the wide row GEMV's rule: two of its tiles
 WIDE_MIN_WARPS = 6  # warps a multiprocessor the wide row GEMV's programs give it at least, K split if need be
 
@@ -103,7 +109,8 @@ Table = dict[tuple[str, int, int, int], Tiles]  # (kind, row bucket, N, K) -> th
 # `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` (H100, H200) and `--weights int4 --sweep` (H200) print;
 # int4 at one row: the H200's measured against the wide row GEMV; the H100 takes its rule. The default model's
 # (SmolLM2-135M, Q4_1: qkv 960x576, o_proj 576x576, gate_up 3072x576, down 576x1536) at 2..8 rows, a verifying
-# step's: `--shapes smol_qkv smol_o_proj smol_gate_up smol_down --rows 2 4 8` (H200; the rule's where it measured best).
+# step's: `--shapes smol_qkv smol_o_proj smol_gate_up smol_down --rows 2 4 8` (H200; the rule's where it measured best),
+# and qkv and gate_up at `--rows 16 32 64 128 192 320` (H200).
 # FP8 at one row: measured against the one-row kernel on both GPUs.
 TABLES: dict[str, Table] = {"H100": {
     ('fp8', 1, 6144, 4096): GemvTiles(rows=1, block_n=16, block_k=512, num_warps=4, is_row_gemv=False),
@@ -191,6 +198,18 @@ TABLES: dict[str, Table] = {"H100": {
     ('int4', 2, 576, 1536): GemvTiles(rows=2, block_n=1, block_k=512, num_warps=1),
     ('int4', 4, 576, 1536): GemvTiles(rows=4, block_n=1, block_k=256, num_warps=2, ahead=True),
     ('int4', 8, 576, 1536): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
+    ('int4', 16, 3072, 576): QuantTiles(block_m=16, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=3),
+    ('int4', 32, 3072, 576): QuantTiles(block_m=32, block_n=16, block_k=128, split_k=1, num_warps=4, num_stages=3),
+    ('int4', 64, 3072, 576): QuantTiles(block_m=32, block_n=16, block_k=128, split_k=1, num_warps=4, num_stages=3),
+    ('int4', 128, 3072, 576): QuantTiles(block_m=64, block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=3),
+    ('int4', 256, 3072, 576): QuantTiles(block_m=64, block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=3),
+    ('int4', 512, 3072, 576): QuantTiles(block_m=64, block_n=64, block_k=128, split_k=1, num_warps=4, num_stages=2),
+    ('int4', 16, 960, 576): QuantTiles(block_m=16, block_n=16, block_k=256, split_k=1, num_warps=4, num_stages=3),
+    ('int4', 32, 960, 576): QuantTiles(block_m=16, block_n=16, block_k=256, split_k=1, num_warps=4, num_stages=3),
+    ('int4', 64, 960, 576): QuantTiles(block_m=32, block_n=16, block_k=128, split_k=1, num_warps=4, num_stages=3),
+    ('int4', 128, 960, 576): QuantTiles(block_m=32, block_n=16, block_k=128, split_k=1, num_warps=4, num_stages=3),
+    ('int4', 256, 960, 576): QuantTiles(block_m=32, block_n=16, block_k=128, split_k=1, num_warps=4, num_stages=3),
+    ('int4', 512, 960, 576): QuantTiles(block_m=16, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=1),
 }}
 
 
@@ -235,7 +254,15 @@ def quant_tiles(num_rows: int, n: int, k: int, kind: str, num_sms: int = NUM_SMS
         return gemv_tiles(num_rows, k, kind)
     if kind == "int4" and key[1] <= 8 and key[1] * n * k <= SMALL_INT4_MAX:
         return small_int4_tiles(num_rows, k)
+    if kind == "int4" and 8 < key[1] <= NARROW_INT4_MAX_ROWS and n * k < NARROW_INT4_MAX_WEIGHTS:
+        return narrow_int4_tiles(num_rows)
     return tensor_core_tiles(num_rows, n, k, kind, num_sms)
+
+
+def narrow_int4_tiles(num_rows: int) -> QuantTiles:
+    """The tensor cores' tiles for a small 4-bit product past 8 rows (module docstring): 16 weight rows by 32 rows
+    of x a program, 64 past 256 rows; no split."""
+    return QuantTiles(min(32, row_tile(num_rows)) if num_rows <= 256 else 64, 16, 128, 1, 4, 3)
 
 
 def small_int4_tiles(num_rows: int, k: int) -> GemvTiles:

@@ -29,6 +29,7 @@ from gpu.kernels.quant_gemm_configs import (
     Tiles,
     WideGemvTiles,
     gemv_tiles,
+    narrow_int4_tiles,
     quant_tiles,
     table_for,
     wide_gemv_tiles,
@@ -423,9 +424,12 @@ def test_the_tables_gemv_tiles_against_the_reference(kind: str, tiles: GemvTiles
 
 TABLE_INT4 = sorted({(rows, n, k, tiles) for table in TABLES.values() for (kind, rows, n, k), tiles in table.items()
                      if kind == "int4"}, key=repr)
+# The narrow-tile rule at the default model's o_proj and down, which no table holds past 8 rows.
+NARROW_INT4 = [(rows, n, k, narrow_int4_tiles(rows)) for rows in (16, 64, 256, 512)
+               for n, k in ((576, 576), (576, 1536))]
 
 
-@pytest.mark.parametrize(("rows", "n", "k", "tiles"), TABLE_INT4)
+@pytest.mark.parametrize(("rows", "n", "k", "tiles"), TABLE_INT4 + NARROW_INT4)
 def test_the_tables_int4_entries_at_their_shapes(rows: int, n: int, k: int, tiles: Tiles) -> None:
     """Each int4 entry of a GPU's table at its own product and row bucket (and one row fewer), with the offsets of
     GGUF's Q4_1 in groups of 32 where K is no multiple of 128 (the default model's), else GPTQ's zero points."""

@@ -19,6 +19,8 @@ import torch
 
 from gpu.kernels.quant_gemm_configs import (
     GEMV_MAX_SUMS,
+    NARROW_INT4_MAX_ROWS,
+    NARROW_INT4_MAX_WEIGHTS,
     SMALL_INT4_MAX,
     TABLES,
     WIDE_MIN_WARPS,
@@ -26,6 +28,7 @@ from gpu.kernels.quant_gemm_configs import (
     QuantTiles,
     WideGemvTiles,
     gemv_tiles,
+    narrow_int4_tiles,
     quant_tiles,
     small_int4_tiles,
     table_for,
@@ -252,13 +255,25 @@ def test_gemv_rule_fp8_and_int4_at_one_row_and_small_int4_products_at_few() -> N
         for rows in (2, 3, 4, 8, 16):
             assert quant_tiles(rows, n, k, "fp8") == tensor_core_tiles(rows, n, k, "fp8")
             is_small = rows <= 8 and row_bucket(rows) * n * k <= SMALL_INT4_MAX
+            is_narrow = rows > 8 and n * k < NARROW_INT4_MAX_WEIGHTS
             assert quant_tiles(rows, n, k, "int4") == (
-                small_int4_tiles(rows, k) if is_small else tensor_core_tiles(rows, n, k, "int4")), (rows, n, k)
+                small_int4_tiles(rows, k) if is_small else narrow_int4_tiles(rows) if is_narrow
+                else tensor_core_tiles(rows, n, k, "int4")), (rows, n, k)
         for rows in (1, 2, 4, 8):
             assert quant_tiles(rows, n, k, "int8") == tensor_core_tiles(rows, n, k, "int8")
     smol = [(960, 576), (576, 576), (3072, 576), (576, 1536)]  # qkv, o_proj, gate_up, down
     assert [[isinstance(quant_tiles(rows, n, k, "int4"), GemvTiles) for n, k in smol] for rows in (2, 4, 8)] == [
         [True, True, True, True], [True, True, False, True], [True, True, False, False]]
+
+
+def test_small_int4_products_past_8_rows_take_narrow_tiles_up_to_a_bound() -> None:
+    """The default model's products at a verifying step's or a batch's rows: 16 weight rows by 32 rows of x (64 past
+    256), no split; a prefill chunk's rows past NARROW_INT4_MAX_ROWS, and larger products, the tensor-core rule."""
+    for n, k in ((960, 576), (576, 576), (3072, 576), (576, 1536)):
+        for rows, block_m in ((9, 16), (16, 16), (17, 32), (64, 32), (256, 32), (257, 64), (512, 64)):
+            assert quant_tiles(rows, n, k, "int4") == QuantTiles(block_m, 16, 128, 1, 4, 3), (rows, n, k)
+        assert quant_tiles(NARROW_INT4_MAX_ROWS + 1, n, k, "int4") == tensor_core_tiles(513, n, k, "int4")
+    assert quant_tiles(64, 1024, 2048, "int4") == tensor_core_tiles(64, 1024, 2048, "int4")  # Qwen3-0.6B's o_proj
 
 
 def test_gemv_tiles_hold_their_sums_in_registers() -> None:
