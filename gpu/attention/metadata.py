@@ -123,6 +123,9 @@ class QueryRows:
     rows: torch.Tensor  # [num_tokens] int64: the row of each query
     context_lens: torch.Tensor  # [num_tokens] int32: its position + 1, the keys it sees
     block_tables: torch.Tensor  # [num_tokens, max_blocks_per_row] int32: its row's
+    # Where every row has as many queries, that many (the decode kernel then runs a row's queries in one program,
+    # reading its K/V once for all); else 1.
+    queries_per_row: int = 1
 
     def with_tables(self, block_tables: torch.Tensor) -> "QueryRows":
         """The same queries reading the rows' `block_tables` (another KV-cache group's)."""
@@ -134,7 +137,8 @@ def query_rows_of_uniform_rows(positions: torch.Tensor, block_tables: torch.Tens
     `block_tables` the rows'. A few device ops (an eager step launches each), no host sync."""
     num_rows, num_queries = positions.shape
     rows = torch.arange(num_rows * num_queries, device=positions.device) // num_queries
-    return QueryRows(rows, (positions.reshape(-1) + 1).to(torch.int32), block_tables.index_select(0, rows))
+    return QueryRows(rows, (positions.reshape(-1) + 1).to(torch.int32), block_tables.index_select(0, rows),
+                     num_queries)
 
 
 def query_rows_of_host_rows(query_lens: np.ndarray, context_lens: np.ndarray, block_tables: torch.Tensor
@@ -148,7 +152,9 @@ def query_rows_of_host_rows(query_lens: np.ndarray, context_lens: np.ndarray, bl
     lens = first_position + (np.arange(num_tokens, dtype=np.int64) - first_token) + 1
     both = to_device(np.concatenate([rows, lens]), np.int64, block_tables.device)
     device_rows = both[:num_tokens]
-    return QueryRows(device_rows, both[num_tokens:].to(torch.int32), block_tables.index_select(0, device_rows))
+    is_uniform = num_rows > 0 and int(query_lens.min()) == int(query_lens.max())
+    return QueryRows(device_rows, both[num_tokens:].to(torch.int32), block_tables.index_select(0, device_rows),
+                     int(query_lens[0]) if is_uniform else 1)
 
 
 @dataclass

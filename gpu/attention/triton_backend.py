@@ -61,7 +61,7 @@ class TritonBackend:
             # under PDL the decode kernel reads all but a row's last token before it waits for that kernel.
             rows = meta.query_rows
             return decode_attention(query, k_cache, v_cache, rows.block_tables, rows.context_lens, scale,
-                                    variant=variant)
+                                    variant=variant, queries_per_row=rows.queries_per_row)
         return prefill_attention(
             query, k_cache, v_cache, meta.query_start_loc, meta.context_lens, meta.block_tables, scale,
             variant=variant,

@@ -19,6 +19,11 @@ A layer's variant (gpu/attention/variant.py): with a sliding window W a row's se
 the one holding its first visible key (context_len - W), and the keys before it are masked out of that tile (not
 loaded, nor their block-table entries read); sinks join the denominator where the softmax is finished (the
 single-split program, or the merge); a soft-cap bends the scores before the softmax.
+Rows of several queries (a verifying step's k + 1, `queries_per_row`: consecutive queries of one sequence, each with
+its own context length and the row's block table): one program per (row, KV head, split) runs every query of the row
+with the group's heads as one [queries x GROUP, head_dim] tile, so each K/V tile is read once for all of them where a
+program per query would read it k + 1 times; each query's keys are masked to its own context (and window), and a query
+with no key in a segment gets an empty partial as above. Its outputs and partials are per query, as for decode rows.
 An FP8 cache (float8_e4m3fn) is read as it is, each tile converted to the query's dtype: its scales are the
 caller's (the softmax scale and the output, gpu/layers/attention.py).
 """
@@ -89,14 +94,32 @@ def _load_kv(cache_ptr, kv_offsets, is_loaded, offs_d, HEAD_DIM: tl.constexpr, B
 
 
 @triton.jit
-def _tile_probs(q, k, is_valid, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr):
-    """A K tile's unnormalized probabilities against the running max (base 2), the new max and the old sums' rescale."""
+def _tile_probs(q, k, mask, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, MAY_BE_EMPTY: tl.constexpr):
+    """A K tile's unnormalized probabilities against the running max (base 2), the new max and the old sums' rescale.
+    `mask`: the keys each row attends ([1, BLOCK_N] where all rows share them). MAY_BE_EMPTY: a row may have none in
+    the tile and none before (its max stays -inf; its probabilities and rescale are zeros, not NaN)."""
     dot = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     scores = log2_scores(dot, scale_log2, softcap_in, softcap_out, HAS_SOFTCAP)  # [BLOCK_H, BLOCK_N]
-    scores = tl.where(is_valid[None, :], scores, float("-inf"))
+    scores = tl.where(mask, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
-    return tl.exp2(scores - m_new[:, None]), m_new, tl.exp2(m_i - m_new)
+    m_ref = m_new
+    if MAY_BE_EMPTY:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    return tl.exp2(scores - m_ref[:, None]), m_new, tl.exp2(m_i - m_ref)
+
+
+@triton.jit
+def _keys_mask(is_valid, positions, row_lens, row_first_keys, QUERIES: tl.constexpr, HAS_WINDOW: tl.constexpr):
+    """Which of a tile's keys each row attends: all the valid ones for one query a row; a row's own context (and
+    window) where a program runs several queries of a row."""
+    if QUERIES == 1:
+        mask = is_valid[None, :]
+    else:
+        mask = is_valid[None, :] & (positions[None, :] < row_lens[:, None])
+        if HAS_WINDOW:
+            mask &= positions[None, :] >= row_first_keys[:, None]
+    return mask
 
 
 @triton.jit
@@ -109,7 +132,7 @@ def _decode_split_kernel(
     row_order_ptr,  # [num_rows] int32: which row each program-row runs (longest contexts first); or unused
     sinks_ptr,  # HAS_SINKS: [num_heads], any float dtype; else unused
     out_ptr,
-    partial_out_ptr,  # [num_rows, num_heads, NUM_SPLITS, HEAD_DIM] float32
+    partial_out_ptr,  # [num_rows, num_heads, NUM_SPLITS, HEAD_DIM] float32 (rows: queries)
     partial_lse_ptr,  # [num_rows, num_heads, NUM_SPLITS] float32, log2 domain
     scale_log2,
     softcap_in,
@@ -135,6 +158,7 @@ def _decode_split_kernel(
     HAS_WINDOW: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
+    QUERIES: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     # Everything up to the wait reads only what no kernel of this step writes (the lengths and block tables come
@@ -146,29 +170,48 @@ def _decode_split_kernel(
         row = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    context_len = tl.load(context_lens_ptr + row)
-    if HAS_WINDOW:
-        first_key = tl.maximum(context_len - window, 0)
-    else:
-        first_key = context_len * 0
+    offs_h = tl.arange(0, BLOCK_H)
+    if QUERIES == 1:
+        query_rows = row  # the output's row
+        heads = kv_head * GROUP + offs_h
+        is_row = offs_h < GROUP
+        context_len = tl.load(context_lens_ptr + row)
+        row_lens = context_len
+        own_from = context_len - 1  # this step's token
+        if HAS_WINDOW:
+            first_key = tl.maximum(context_len - window, 0)
+        else:
+            first_key = context_len * 0
+        row_first_keys = first_key
+        table_row = block_tables_ptr + row * table_stride_r
+    else:  # the tile's rows: each query of the row (QUERIES of them, in token order) times the group's heads
+        query_rows = row * QUERIES + tl.minimum(offs_h // GROUP, QUERIES - 1)
+        heads = kv_head * GROUP + offs_h % GROUP
+        is_row = offs_h < QUERIES * GROUP
+        row_lens = tl.load(context_lens_ptr + query_rows)
+        context_len = tl.max(row_lens, 0)  # the segments cut the longest context
+        own_from = tl.min(row_lens, 0) - 1  # this step's tokens
+        if HAS_WINDOW:
+            row_first_keys = tl.maximum(row_lens - window, 0)
+        else:
+            row_first_keys = row_lens * 0
+        first_key = tl.min(row_first_keys, 0)
+        table_row = block_tables_ptr + row * QUERIES * table_stride_r  # every query's is its row's
     first_tile = first_key // BLOCK_N
     num_tiles = tl.cdiv(context_len, BLOCK_N)
     tiles_per_split = tl.cdiv(num_tiles - first_tile, NUM_SPLITS)
     tile_begin = first_tile + split * tiles_per_split
     tile_end = tl.minimum(tile_begin + tiles_per_split, num_tiles)
 
-    offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     offs_n = tl.arange(0, BLOCK_N)
-    heads = kv_head * GROUP + offs_h
-    hd_mask = (offs_h < GROUP)[:, None] & (offs_d < HEAD_DIM)[None, :]
-    table_row = block_tables_ptr + row * table_stride_r
+    hd_mask = is_row[:, None] & (offs_d < HEAD_DIM)[None, :]
 
     positions, is_valid, kv_offsets = _tile_offsets(table_row, tile_begin, tile_end, context_len, first_key, offs_n,
                                                     offs_d, kv_head, cache_stride_b, cache_stride_s, cache_stride_h,
                                                     BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
-    is_own = is_valid & (positions == context_len - 1)  # this step's token, stored by the kernel before
-    is_settled = is_valid & (positions != context_len - 1)
+    is_own = is_valid & (positions >= own_from)  # this step's tokens, stored by the kernel before
+    is_settled = is_valid & (positions < own_from)
     k_first = _load_kv(k_cache_ptr, kv_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False)
     v_first = _load_kv(v_cache_ptr, kv_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False)
     pdl_start(USE_PDL)
@@ -177,14 +220,16 @@ def _decode_split_kernel(
     v_own = _load_kv(v_cache_ptr, kv_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True)
     k_first = tl.where(is_own[:, None], k_own, k_first)
     v_first = tl.where(is_own[:, None], v_own, v_first)
-    q = tl.load(q_ptr + row * q_stride_t + heads[:, None] * q_stride_h + offs_d[None, :], mask=hd_mask, other=0.0)
+    q = tl.load(q_ptr + (query_rows * q_stride_t + heads * q_stride_h)[:, None] + offs_d[None, :], mask=hd_mask,
+                other=0.0)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     if tile_begin < tile_end:  # an empty segment's all-masked tile would make the running max's rescale NaN
-        p, m_i, alpha = _tile_probs(q, k_first.to(q.dtype), is_valid, m_i, scale_log2, softcap_in, softcap_out,
-                                    DOT_PRECISION, HAS_SOFTCAP)  # an FP8 cache's tiles in q's dtype
+        mask = _keys_mask(is_valid, positions, row_lens, row_first_keys, QUERIES, HAS_WINDOW)
+        p, m_i, alpha = _tile_probs(q, k_first.to(q.dtype), mask, m_i, scale_log2, softcap_in, softcap_out,
+                                    DOT_PRECISION, HAS_SOFTCAP, QUERIES > 1)  # an FP8 cache's tiles in q's dtype
         l_i = tl.sum(p, 1)
         acc = tl.dot(p.to(q.dtype), v_first.to(q.dtype), input_precision=DOT_PRECISION)
     for tile in range(tile_begin + 1, tile_end):
@@ -192,8 +237,9 @@ def _decode_split_kernel(
                                                         offs_d, kv_head, cache_stride_b, cache_stride_s,
                                                         cache_stride_h, BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
         k = _load_kv(k_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
-        p, m_i, alpha = _tile_probs(q, k, is_valid, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION,
-                                    HAS_SOFTCAP)
+        mask = _keys_mask(is_valid, positions, row_lens, row_first_keys, QUERIES, HAS_WINDOW)
+        p, m_i, alpha = _tile_probs(q, k, mask, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION,
+                                    HAS_SOFTCAP, QUERIES > 1)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_kv(v_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -201,18 +247,18 @@ def _decode_split_kernel(
     # l_i == 0 only for an empty segment or context: its output is zeros, its weight zero.
     has_keys = l_i > 0.0
     if NUM_SPLITS == 1 and HAS_SINKS:  # the whole softmax is here: finish it with the sinks
-        sinks_log2 = tl.load(sinks_ptr + heads, mask=offs_h < GROUP, other=0.0).to(tl.float32) * LOG2_E
+        sinks_log2 = tl.load(sinks_ptr + heads, mask=is_row, other=0.0).to(tl.float32) * LOG2_E
         acc, l_i = with_sinks(acc, m_i, l_i, sinks_log2)
     out = acc / tl.where(has_keys, l_i, 1.0)[:, None]
     if NUM_SPLITS == 1:
-        out_offsets = row * out_stride_t + heads[:, None] * out_stride_h + offs_d[None, :]
+        out_offsets = (query_rows * out_stride_t + heads * out_stride_h)[:, None] + offs_d[None, :]
         tl.store(out_ptr + out_offsets, out.to(out_ptr.dtype.element_ty), mask=hd_mask)
     else:
         num_heads = tl.num_programs(1) * GROUP
-        partial_rows = (row * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_H]
+        partial_rows = (query_rows * num_heads + heads) * NUM_SPLITS + split  # [BLOCK_H]
         tl.store(partial_out_ptr + partial_rows[:, None] * HEAD_DIM + offs_d[None, :], out, mask=hd_mask)
         lse = tl.where(has_keys, m_i + tl.log2(l_i), float("-inf"))
-        tl.store(partial_lse_ptr + partial_rows, lse, mask=offs_h < GROUP)
+        tl.store(partial_lse_ptr + partial_rows, lse, mask=is_row)
 
 
 @triton.jit
@@ -283,11 +329,14 @@ def decode_attention(
     row_order: torch.Tensor | None = None,  # [num_rows] int32, a permutation: launch order of the rows
     use_pdl: bool = False,  # programmatic dependent launches where the GPU has them (gpu/kernels/pdl.py)
     variant: AttentionVariant = PLAIN,  # the layer's window, sinks, soft-cap
+    queries_per_row: int = 1,  # rows of queries_per_row consecutive queries each, one program's (module docstring)
 ) -> torch.Tensor:
     """Attention of each row's single query over its context (its window's part); no host sync, graph-capturable."""
     _check(query, k_cache, v_cache, block_tables, context_lens)
     config = config or DecodeConfig()
     num_rows, num_heads, head_dim = query.shape
+    if queries_per_row < 1 or num_rows % queries_per_row:
+        raise ValueError(f"{num_rows} queries are no whole rows of {queries_per_row}")
     num_blocks, block_size, num_kv_heads, _ = k_cache.shape
     out = torch.empty_like(query) if out is None else out
     if num_rows == 0:
@@ -295,7 +344,8 @@ def decode_attention(
     max_keys = block_tables.shape[1] * block_size
     if variant.sliding_window is not None:  # a window's keys span at most one tile more than the window
         max_keys = min(max_keys, variant.sliding_window + config.block_n)
-    num_splits = config.num_splits or choose_num_splits(num_rows, num_kv_heads, max_keys, _num_sms(query.device))
+    num_programs = num_rows // queries_per_row
+    num_splits = config.num_splits or choose_num_splits(num_programs, num_kv_heads, max_keys, _num_sms(query.device))
     group = num_heads // num_kv_heads
     block_d = triton.next_power_of_2(head_dim)
     if num_splits > 1:
@@ -305,20 +355,20 @@ def decode_attention(
         partial_out = partial_lse = out  # unused by the kernel's single-split path
     num_stages = config.num_stages or (SPLIT_NUM_STAGES if num_splits > 1 else UNSPLIT_NUM_STAGES)
     # One row needs no launch order, and reading it would put a load before every other load of the kernel.
-    has_row_order = row_order is not None and num_rows > 1
+    has_row_order = row_order is not None and num_rows > 1 and queries_per_row == 1
     pdl = uses_pdl(use_pdl, query)
     sinks = variant.sinks if variant.sinks is not None else context_lens
-    _decode_split_kernel[(num_rows, num_kv_heads, num_splits)](
+    _decode_split_kernel[(num_programs, num_kv_heads, num_splits)](
         query, k_cache, v_cache, block_tables, context_lens, row_order if has_row_order else context_lens, sinks,
         out, partial_out, partial_lse,
         scale * math.log2(math.e), *softcap_factors(scale, variant.softcap), variant.sliding_window or 0,
         query.stride(0), query.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2), block_tables.stride(0),
         GROUP=group, HEAD_DIM=head_dim, BLOCK_SIZE=block_size,
-        BLOCK_H=max(16, triton.next_power_of_2(group)), BLOCK_D=block_d, BLOCK_N=config.block_n,
+        BLOCK_H=max(16, triton.next_power_of_2(group * queries_per_row)), BLOCK_D=block_d, BLOCK_N=config.block_n,
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         HAS_ROW_ORDER=has_row_order, HAS_WINDOW=variant.sliding_window is not None,
-        HAS_SINKS=variant.sinks is not None, HAS_SOFTCAP=variant.softcap is not None,
+        HAS_SINKS=variant.sinks is not None, HAS_SOFTCAP=variant.softcap is not None, QUERIES=queries_per_row,
         USE_PDL=pdl, num_warps=config.num_warps, num_stages=num_stages, launch_pdl=pdl,
     )
     if num_splits > 1:

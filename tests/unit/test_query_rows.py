@@ -27,6 +27,7 @@ def test_query_rows_from_the_host_and_the_device_agree() -> None:
     for mine, theirs in zip((host.rows, host.context_lens, host.block_tables),
                             (device.rows, device.context_lens, device.block_tables), strict=True):
         assert mine.dtype == theirs.dtype and torch.equal(mine, theirs)
+    assert host.queries_per_row == device.queries_per_row == 4  # one program a row's queries
 
 
 def _batch(query_lens: list[int], context_lens: list[int], other_groups: list[GroupTables] | None = None) -> Batch:
@@ -44,6 +45,7 @@ def test_a_host_laid_verifying_step_has_them_in_every_group() -> None:
     assert meta.query_rows.rows.tolist() == [0, 0, 0, 1, 2, 2]
     assert meta.query_rows.context_lens.tolist() == [5, 6, 7, 4, 5, 6]
     assert meta.query_rows.block_tables.tolist() == [[3, 4]] * 3 + [[5, 0], [6, 7], [6, 7]]
+    assert meta.query_rows.queries_per_row == 1  # rows of unlike counts: a program a query
     other = meta.of_group(1).query_rows
     assert other is not None and other.block_tables.tolist() == [[9, 0]] * 3 + [[8, 1], [2, 0], [2, 0]]
 

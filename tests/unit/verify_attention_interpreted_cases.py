@@ -2,7 +2,8 @@
 (AttentionMetadata.query_rows) on the decode kernel, under Triton's interpreter on the CPU in float32: the same
 output as the prefill kernel's for the step's rows, with and without a layer's variant, for 1..3 rows of 2..9
 queries whose contexts cross KV blocks and tiles, with one split and several. Both ways the metadata is made: the
-host's (gpu/model_runner.py's step_inputs) and the device's (gpu/device_verification.py's lay_out).
+host's (gpu/model_runner.py's step_inputs) and the device's (gpu/device_verification.py's lay_out); rows of as many
+queries each run in one program a row (QueryRows.queries_per_row), others in one a query.
 tests/gpu/test_verify_attention_gpu.py checks the compiled kernels on CUDA."""
 
 import os
@@ -32,6 +33,8 @@ VARIANTS = {
 STEPS = {
     "one-row-2": ([2], [7]),
     "one-row-9": ([9], [40]),
+    # the second KV tile holds keys of the last queries only: with splits, earlier queries have none in its segment
+    "one-row-5-across-tiles": ([5], [66]),
     "two-rows-5": ([5, 5], [5, 33]),
     "three-rows-uneven": ([3, 9, 2], [12, 71, 18]),
 }
