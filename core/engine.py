@@ -375,17 +375,20 @@ class LLMEngine:
         then books the step in flight while the device runs it (its outputs go to `outputs`); whether it did (else
         the step is laid out on the host)."""
         assert self.device_verification is not None
-        in_flight = self._in_flight
-        in_flight_drafts = in_flight.num_drafts if isinstance(in_flight, _DeviceStep) else None
-        if self.scheduler.has_prompt_work() or not self.device_verification.can_verify(
-                self.scheduler.running, num_drafts, in_flight_drafts):
+        if self.scheduler.has_prompt_work():
             return False
-        if isinstance(in_flight, _LaunchedStep):  # entering: the history is filled from every token, its own too
+        in_flight = self._in_flight
+        if isinstance(in_flight, _LaunchedStep):
+            # Entering: the history is filled from every token, the step in flight's too, so it is booked first (a
+            # step laid out on the host would book it as well); only then are the rows' tokens all known.
             outputs += self._postprocess(in_flight)
             self._in_flight = in_flight = None
         running = list(self.scheduler.running)
         if not running:  # every sequence ended with the tokens just booked
             return True
+        in_flight_drafts = in_flight.num_drafts if isinstance(in_flight, _DeviceStep) else None
+        if not self.device_verification.can_verify(running, num_drafts, in_flight_drafts):
+            return False
         batch = self.device_verification.reserve(running, num_drafts, in_flight_drafts)
         try:
             pending = self.runner.launch_verification_on_device(batch)  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ aborts while such a step is in flight, a request arriving mid-run, logprobs), ev
 steps really ran so and overlapped: each launched while the step before it was still in flight.
 """
 
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -131,6 +132,23 @@ def test_one_sequence_of_code_edit_text(plain_engine: LLMEngine, model_dir: Path
     # After the prompt step and the first plain step (the controller's first choice is booked), every step
     # verifies on the device with the step before it in flight, but for the first.
     assert steps.num_overlapped == steps.num_launched - 1 and steps.num_launched > 10
+
+
+def test_entering_from_a_plain_step_lays_the_step_out_on_the_device(plain_engine: LLMEngine, model_dir: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller that alternates runs of plain steps and verifying ones (an adaptive one's choices): each entry
+    books the plain step in flight and verifies on the device, none on the host; the output is the same."""
+    requests = named(CODE_EDIT + REPEATING[:1], greedy(60))
+    engine = speculating_engine(model_dir)
+    choices = itertools.cycle([0, 0, 4, 4, 4])
+    monkeypatch.setattr(engine.speculation.controller, "choose", lambda *args: next(choices))  # type: ignore[union-attr]
+    host_laid = []
+    propose = engine._propose_drafts
+    monkeypatch.setattr(engine, "_propose_drafts", lambda k: host_laid.append(k) or propose(k))
+    steps = DeviceSteps(engine)
+    assert run(engine, requests) == run(plain_engine, requests)
+    assert host_laid == [] and steps.num_launched > 10
+    assert steps.num_overlapped < steps.num_launched  # entries, whose step in flight was a plain one
 
 
 def test_stops_inside_an_accepted_run(plain_engine: LLMEngine, model_dir: Path) -> None:
