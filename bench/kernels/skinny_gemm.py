@@ -1,10 +1,8 @@
-"""The skinny GEMM (gpu/kernels/skinny_gemm.py) against cuBLAS at the decode shapes of Qwen3-0.6B and the dense ones
-of Qwen3-30B-A3B, 1 to 256 rows; with `--weights fp8|int4` the quantized GEMMs (gpu/kernels/fp8_gemm.py, 128x128
-blocks; int_gemm.py, GPTQ's symmetric groups of 128) against their tensor-core rule at Qwen3-8B's and -30B-A3B's
-dense shapes, 1 to 8 rows. Microseconds per call: the median replay of a CUDA graph of calls rotating over weight
-copies (bench/kernels/timing.py), from HBM. `--sweep` prints and writes under `table` each shape and row bucket's
-fastest config: lines of gpu/kernels/skinny_gemm_configs.py's table (None: cuBLAS not beaten by 3%), or of
-quant_gemm_configs.py's; without it, the baseline against the table's configs (this GPU's) or the rule's."""
+"""The skinny GEMM (gpu/kernels/skinny_gemm.py) against cuBLAS at Qwen3-0.6B's and -30B-A3B's decode shapes, 1-256 rows;
+`--weights fp8|int4`: the quantized GEMMs (fp8_gemm.py, 128x128 blocks; int_gemm.py) against their tensor-core rule.
+Microseconds a call: the median replay of a CUDA graph of calls rotating over weight copies (bench/kernels/timing.py).
+`--sweep` prints and writes under `table` each shape and row bucket's fastest config: lines of skinny_gemm_configs.py's
+table (None: cuBLAS not beaten by 3%) or quant_gemm_configs.py's; else the baseline against this GPU's table or rule."""
 
 import argparse
 import contextlib
@@ -125,11 +123,9 @@ def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]
         small = [GemvTiles(bucket, bn, bk, w, ahead=a) for bn, bk, w, a in itertools.product((1, 2, 4), (64, 128, 256,
                  512, 1024), (1, 2), (False, True)) if is_small and bucket * bn * bk <= 8192 * w] + [QuantTiles(16, *t)
                  for t in itertools.product((16, 32), (128, 256), (1, 2), (2, 4), (1, 2)) if is_small and bucket >= 8]
-        # A verifying step's rows x (k + 1) and a batch's decode rows: many programs of narrow tiles over both sides.
-        narrow = [QuantTiles(bm, *t) for bm, *t in itertools.product((16, 32, 64), (16, 32, 64), (128, 256), (1, 2),
-                  (4,), (2, 3)) if is_small and 16 <= bm <= bucket]
-        return list(dict.fromkeys([tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *gemv, *wide, *small,
-                                   *narrow]))  # one of each
+        small += [QuantTiles(*t, 4, s) for *t, s in itertools.product((16, 32, 64), (16, 32, 64), (128, 256), (1, 2),
+                  (2, 3)) if is_small and 16 <= t[0] <= bucket]  # past 8 rows: narrow on both sides
+        return list(dict.fromkeys([tensor_core_tiles(bucket, n, k, weights, NUM_SMS), *row, *gemv, *wide, *small]))
     if bucket > FEW_ROWS:
         return many_row_candidates(bucket, n, k)
     if n > 8192:  # the lm_head: dot tiles, no split
