@@ -203,9 +203,9 @@ def test_slow_header_clients_get_408_and_do_not_hold_others_up(server: RunningSe
 
 def test_a_slow_body_gets_408(server: RunningServer) -> None:
     with connect(server) as sock:
+        started = time.monotonic()  # before the bytes go: the server's timer cannot start earlier
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode()
                      + b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":")
-        started = time.monotonic()
         answer = read_all(sock)
     assert openai_error(answer, 408)["code"] == "request_timeout"
     assert BODY_TIMEOUT_S <= time.monotonic() - started < BODY_TIMEOUT_S + 2
