@@ -34,6 +34,10 @@ that excess as well, per bucket, as the running average of the time of the steps
 verifying step beyond that of those that follow a plain one, and charges it to every draft length spread over the run
 as the entry. While only runs that end verifying have been seen, steps from the one expected to end a run on are
 plain, so that a prompt comes after one.
+Leaving it for plain decoding costs too: the first plain step books the verifying one (the device idle meanwhile) and
+the second waits for the first's device work, launched late. The controller measures what the two take beyond two
+plain steps' average, per bucket, and while verifying charges plain decoding that figure spread over the run as the
+entry (a refresh that goes from one to the other and back pays both).
 
 Choosing: plain decoding is measured first (the baseline), then the longest draft length; any other untried length is
 tried only while its most hopeful rate (its time taken on the line between plain decoding's and the longest's, which
@@ -99,6 +103,8 @@ class _Bucket:
     # Running averages of the time of a step with prompt tokens after one of this bucket's, by whether that verified.
     prompt_seconds: dict[bool, float] = field(default_factory=dict)
     run_tokens: float | None = None  # running average of the tokens a decoding sequence gets between prompts
+    # Running average of what the first two plain steps after a verifying one take beyond two plain steps' average.
+    leave_seconds: float | None = None
 
     def entry_seconds(self, previous_kind: int) -> float:
         """What entering verification after a step of `previous_kind` costs beyond the verifying steps' own time."""
@@ -130,6 +136,7 @@ class DraftLengthController:
     _num_same: int = 0  # steps observed in a row of that kind, the last one included
     _run_tokens: float = 0.0  # tokens a decoding sequence is expected to have got since the last prompt step
     _last_batch_size: int = 0  # the last decode step's
+    _leave_excess: float | None = None  # the first plain step after a verifying one: its time beyond plain's average
 
     def __post_init__(self) -> None:
         self._acceptance = [None] * self.max_drafts
@@ -155,7 +162,7 @@ class DraftLengthController:
             losing = [k for k, arm in enumerate(arms) if arm.seconds is not None and k != best]
             if losing:
                 k = min(losing, key=lambda k: arms[k].last_step)
-                spacing = self._refresh_seconds(bucket, k, rates) / (self.exploration_share * arms[best].cost())  # type: ignore[operator]
+                spacing = self._refresh_seconds(bucket, k, best, rates) / (self.exploration_share * arms[best].cost())  # type: ignore[operator]
                 if bucket.num_steps_since_refresh >= spacing:
                     bucket.num_steps_since_refresh = 0
                     bucket.refreshing = k
@@ -214,6 +221,15 @@ class DraftLengthController:
             key = (previous, num_drafts > 0)
             excess = seconds - arm.cost()  # type: ignore[operator]
             bucket.entry_excess[key] = _averaged(bucket.entry_excess.get(key), excess, self.time_weight)
+        # Leaving for plain decoding: the first plain step books the verifying one (the device idle meanwhile), the
+        # second waits for the first's device work, launched late.
+        if num_drafts == 0 and arm.seconds is not None and self._num_same <= 2:
+            excess = seconds - arm.cost()  # type: ignore[operator]
+            if self._num_same == 1:
+                self._leave_excess = excess if previous > _PLAIN else None
+            elif self._leave_excess is not None:
+                bucket.leave_seconds = _averaged(bucket.leave_seconds, self._leave_excess + excess, self.time_weight)
+                self._leave_excess = None
         if self._num_same <= _unmeasured_steps(num_drafts):
             return
         if arm.seconds is not None:
@@ -248,9 +264,12 @@ class DraftLengthController:
         spread over the run expected ahead. One pass: it runs every decode step."""
         run = max(bucket.run_tokens or 0.0, self._run_tokens)
         charge = bucket.exit_seconds()
+        plain_seconds = self._seconds(bucket, 0)
         if self._previous_kind <= _PLAIN:
             charge += bucket.entry_seconds(self._previous_kind)
-        rates, tokens = [1.0 / self._seconds(bucket, 0)], 1.0
+        else:  # leaving verification for plain decoding costs as entering it does, spread alike
+            plain_seconds += (bucket.leave_seconds or 0.0) / max(1.0, run)
+        rates, tokens = [1.0 / plain_seconds], 1.0
         for k in range(1, self.max_drafts + 1):
             r = self._acceptance[k - 1]
             tokens += _UNTRIED_ACCEPTANCE if r is None else r
@@ -267,13 +286,15 @@ class DraftLengthController:
             seconds = plain + (longest - plain) * k / self.max_drafts
         return seconds
 
-    def _refresh_seconds(self, bucket: _Bucket, k: int, rates: list[float]) -> float:
+    def _refresh_seconds(self, bucket: _Bucket, k: int, best: int, rates: list[float]) -> float:
         """What measuring arm k again costs: the tokens its steps give up against the best rate (in the best arm's
-        time), and the entry into verification from plain decoding where it verifies."""
+        time), and where one of k and the best verifies and the other does not, the way there and back (entering
+        verification from plain decoding, and leaving it)."""
         arm_seconds = bucket.arms[k].cost()
         assert arm_seconds is not None, "only a measured arm is refreshed"
         lost = (_unmeasured_steps(k) + 1) * arm_seconds * max(0.0, 1.0 - rates[k] / max(rates))
-        return lost + (bucket.entry_seconds(_PLAIN) if k else 0.0)
+        round_trip = bucket.entry_seconds(_PLAIN) + (bucket.leave_seconds or 0.0)
+        return lost + (round_trip if (k == 0) != (best == 0) else 0.0)
 
     def _bucket(self, batch_size: int) -> _Bucket:
         key = _bucket_key(batch_size)

@@ -464,6 +464,33 @@ def test_leaving_verification_for_a_prompt_is_charged_as_entering_it() -> None:
     assert sum(long_runs[-150:]) >= 140, long_runs
 
 
+def controller_after_runs_that_leave_verification(leave: float) -> DraftLengthController:
+    """Runs between prompts of 4 plain steps (1.0), 12 verifying ones (1.5, 0.6 drafts accepted) and 4 plain ones,
+    the first two of which take `leave` more in all (the first books the verifying step, the device idle); then a
+    run that verifies as acceptance falls to 0.47."""
+    controller = DraftLengthController(max_drafts=1, refresh_steps=10**6)
+    for is_whole in (True, True, True, False):
+        controller.observe_step(0, 0, 5.0)
+        for _ in range(4):
+            controller.observe_step(1, 0, 1.0)
+        for _ in range(12 if is_whole else 6):
+            controller.observe_step(1, 1, 1.5)
+            controller.observe_acceptance(10, [6])
+        for i in range(4 if is_whole else 0):
+            controller.observe_step(1, 0, 1.0 + (leave / 2 if i < 2 else 0.0))
+    for _ in range(40):
+        controller.observe_acceptance(100, [47])
+    return controller
+
+
+def test_leaving_verification_for_plain_decoding_is_charged_as_entering_it() -> None:
+    """Where verifying has fallen just below plain decoding (1.47 tokens for 1.5 against 1.0 for 1.0), a controller
+    that measured leaving it as costing 2.0 (spread over a run of about 27 tokens) keeps verifying; one that measured
+    it free leaves."""
+    assert controller_after_runs_that_leave_verification(leave=2.0).choose(1) == 1
+    assert controller_after_runs_that_leave_verification(leave=0.0).choose(1) == 0
+
+
 def test_runs_are_counted_in_tokens_per_bucket() -> None:
     """Runs alternate between one sequence, whose prompt comes every 200 tokens, and 16, whose prompts come every 8
     tokens (a request ends after so many tokens, faster where drafts are accepted); a prompt step after a verifying one
