@@ -19,7 +19,7 @@ product that won and the smallest that lost). Past 8 rows such products (N x K u
 NARROW_INT4_MAX_ROWS: a verifying step's rows x (k + 1), a batch's decode rows) take narrow tensor-core tiles without
 split-K (`narrow_int4_tiles`): 128-wide tiles leave most multiprocessors idle on a few hundred weight rows, and a
 split's reduce costs as much as its product (the H200's sweep of the default model's qkv and gate_up at 16-320 rows:
-16 x 32 tiles 1.7-3.9x faster than the 128-wide rule from 64 rows on).
+such tiles beat the 128-wide rule at every row count).
 GEMV_MAX_ROWS holds this. Tiles of BLOCK_N 4 weight rows
 by 512 bytes of each (2 KB for 128 threads: 16 bytes a thread), narrow so that every product makes hundreds of
 programs and the weight stream stays full without split-K;
