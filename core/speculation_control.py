@@ -37,7 +37,7 @@ plain, so that a prompt comes after one.
 Leaving it for plain decoding costs too: the first plain step books the verifying one (the device idle meanwhile) and
 the second waits for the first's device work, launched late. The controller measures what the two take beyond two
 plain steps' average, per bucket, and while verifying charges plain decoding that figure spread over the run as the
-entry (a refresh that goes from one to the other and back pays both).
+entry (a refresh of a draft length from plain decoding pays both).
 
 Choosing: plain decoding is measured first (the baseline), then the longest draft length; any other untried length is
 tried only while its most hopeful rate (its time taken on the line between plain decoding's and the longest's, which
@@ -162,7 +162,7 @@ class DraftLengthController:
             losing = [k for k, arm in enumerate(arms) if arm.seconds is not None and k != best]
             if losing:
                 k = min(losing, key=lambda k: arms[k].last_step)
-                spacing = self._refresh_seconds(bucket, k, best, rates) / (self.exploration_share * arms[best].cost())  # type: ignore[operator]
+                spacing = self._refresh_seconds(bucket, k, rates) / (self.exploration_share * arms[best].cost())  # type: ignore[operator]
                 if bucket.num_steps_since_refresh >= spacing:
                     bucket.num_steps_since_refresh = 0
                     bucket.refreshing = k
@@ -286,15 +286,13 @@ class DraftLengthController:
             seconds = plain + (longest - plain) * k / self.max_drafts
         return seconds
 
-    def _refresh_seconds(self, bucket: _Bucket, k: int, best: int, rates: list[float]) -> float:
+    def _refresh_seconds(self, bucket: _Bucket, k: int, rates: list[float]) -> float:
         """What measuring arm k again costs: the tokens its steps give up against the best rate (in the best arm's
-        time), and where one of k and the best verifies and the other does not, the way there and back (entering
-        verification from plain decoding, and leaving it)."""
+        time), and where it verifies, entering verification from plain decoding and leaving it again."""
         arm_seconds = bucket.arms[k].cost()
         assert arm_seconds is not None, "only a measured arm is refreshed"
         lost = (_unmeasured_steps(k) + 1) * arm_seconds * max(0.0, 1.0 - rates[k] / max(rates))
-        round_trip = bucket.entry_seconds(_PLAIN) + (bucket.leave_seconds or 0.0)
-        return lost + (round_trip if (k == 0) != (best == 0) else 0.0)
+        return lost + (bucket.entry_seconds(_PLAIN) + (bucket.leave_seconds or 0.0) if k else 0.0)
 
     def _bucket(self, batch_size: int) -> _Bucket:
         key = _bucket_key(batch_size)
