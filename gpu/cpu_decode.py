@@ -13,7 +13,7 @@ products, whose attention is plain and has its C kernels, and whose norms are Ll
 `unavailable_reason` says why not otherwise.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import ModuleType
 
 import torch
@@ -83,6 +83,17 @@ class CpuDecodeSteps:
         self.sizes = (model.norm.weight.shape[0], first.qkv_proj.out_features, first.q_size,
                       mlp.gate_up_proj.out_features)
         self._buffers: dict[int, Buffers] = {}
+
+    def run_queries(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """[tokens, hidden_size]: `run` for a step whose rows have a few queries each (meta.query_rows: a verifying
+        step's), one decode row a query. Causal as it is: each layer stores the step's K/V before any query attends,
+        and a query's context ends at its own position."""
+        queries = meta.query_rows
+        assert queries is not None, "a step laid out as decode rows, one a query"
+        one_each = torch.arange(input_ids.shape[0] + 1, dtype=torch.int32)
+        return self.run(input_ids, positions, replace(meta, context_lens=queries.context_lens,
+                                                      block_tables=queries.block_tables, query_start_loc=one_each,
+                                                      is_decode_only=True, query_rows=None))
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """[rows, hidden_size]: the final norm's output of a decode-only step (one token per row)."""

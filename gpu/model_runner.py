@@ -725,8 +725,16 @@ class ModelRunner:
             batch, self.device), device_verification.step_shape(batch, self.config.block_size), functions)
 
     def _laid_out_forward(self, batch: DeviceVerifyBatch) -> ForwardFn:
-        """The forward of an eager verifying step: the mixed-step graph that holds it, else the model."""
+        """The forward of an eager verifying step: the mixed-step graph that holds it, else on a CPU its queries as
+        decode rows (where the step has them), else the model."""
         shape = device_verification.host_shape(batch)
+        cpu_decode = self.cpu_decode
+        if cpu_decode is not None:
+            def on_cpu(token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+                if meta.query_rows is None:
+                    return self.model(token_ids, positions, meta)
+                return cpu_decode.run_queries(token_ids, positions, meta)
+            return on_cpu
         if self.mixed is None or self.mixed.bucket_for(shape) is None:
             return self.model
         mixed = self.mixed
@@ -795,9 +803,11 @@ class ModelRunner:
         """[num_tokens, hidden_size] of a step the decode graphs do not hold (`launch` replays those itself)."""
         if self.mixed is not None and not batch.is_decode_only and self.mixed.bucket_for(batch) is not None:
             return self.mixed.run(batch, self._last_sampled_ids)
-        if self.cpu_decode is not None and batch.is_decode_only:
-            return self.cpu_decode.run(*self._prepare(batch))
         input_ids, positions, meta = self._prepare(batch)
+        if self.cpu_decode is not None and batch.is_decode_only:
+            return self.cpu_decode.run(input_ids, positions, meta)
+        if self.cpu_decode is not None and meta.query_rows is not None:  # a verifying step: its queries as rows
+            return self.cpu_decode.run_queries(input_ids, positions, meta)
         return self.model(input_ids, positions, meta)
 
     def _prepare(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:

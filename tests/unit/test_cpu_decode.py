@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
+from core import LLM, SamplingParams
 from core.config import engine_config
 from core.engine import runner_config
 from gpu.batch import Batch, RowSampling
@@ -94,6 +95,69 @@ def test_decode_steps_equal_the_models_layers(grid_dirs: dict[str, Path], model:
     assert torch.equal(by_steps, by_layers)
     for layer, (k_cache, v_cache) in zip(r.layers, caches, strict=True):
         assert torch.equal(layer.k_cache, k_cache) and torch.equal(layer.v_cache, v_cache)
+
+
+def verifying_step(prompts: list[list[int]], num_queries: list[int]) -> Batch:
+    """After `prefill_then_decode`'s prefill, a verifying step: each row's next `num_queries[row]` tokens (its bonus
+    token and drafts), across a block edge where the prompt ends near one."""
+    tables = [[2 * row, 2 * row + 1] for row in range(len(prompts))]
+    positions = [[len(p) + i for i in range(n)] for p, n in zip(prompts, num_queries, strict=True)]
+    return Batch(token_ids=[9 + i for n in num_queries for i in range(n)],
+                 positions=[q for row in positions for q in row],
+                 slot_mapping=[tables[row][q // BLOCK_SIZE] * BLOCK_SIZE + q % BLOCK_SIZE
+                               for row, qs in enumerate(positions) for q in qs],
+                 query_lens=num_queries, context_lens=[len(p) + n for p, n in zip(prompts, num_queries, strict=True)],
+                 block_tables=tables, sampling=[RowSampling(temperature=0.0)] * len(prompts),
+                 num_draft_tokens=[n - 1 for n in num_queries])
+
+
+@pytest.mark.parametrize("num_queries", [[5], [3, 1, 4]])
+def test_a_verifying_steps_queries_run_as_decode_rows(grid_dirs: dict[str, Path], num_queries: list[int]) -> None:
+    """A verifying step (rows of a few queries) runs its queries as decode rows, one a query: each query's hidden
+    state is, to the bit, a decode step's of that token once the tokens before it are in the cache (the keys after
+    it in the step unseen), so verifying gives the tokens decoding one at a time would (the model's layers, on
+    several tokens a row, multiply on other kernels)."""
+    r = runner(grid_dirs["qwen3"], "auto")
+    prompts = [list(range(3 + row, 17 + 2 * row)) for row in range(len(num_queries))]  # 14.. tokens: a block edge
+    prefill, _ = prefill_then_decode(prompts)
+    r.execute(prefill)
+    step = verifying_step(prompts, num_queries)
+    input_ids, positions, meta = r._prepare(step)
+    assert meta.query_rows is not None
+    with torch.inference_mode():
+        by_rows = r.cpu_decode.run_queries(input_ids, positions, meta)  # type: ignore[union-attr]
+        token = 0
+        for row, prompt in enumerate(prompts):
+            for i in range(num_queries[row]):
+                one = replace(step, token_ids=[step.token_ids[token]], positions=[step.positions[token]],
+                              slot_mapping=[-1], query_lens=[1], context_lens=[len(prompt) + i + 1],
+                              block_tables=[step.block_tables[row]], sampling=[RowSampling(temperature=0.0)],
+                              num_draft_tokens=None)
+                alone = r.cpu_decode.run(*r._prepare(one))  # type: ignore[union-attr]
+                assert torch.equal(alone[0], by_rows[token]), (row, i)
+                token += 1
+
+
+@pytest.mark.parametrize("on_device", [True, False])
+def test_speculative_decoding_on_the_decode_steps_gives_the_same_greedy_tokens(grid_dirs: dict[str, Path],
+                                                                               on_device: bool) -> None:
+    """Drafts verified on the packed path (laid out on the device or by the host): the greedy tokens of decoding
+    without them, on text that repeats (drafts are accepted) and text that does not."""
+    settings = dict(device="cpu", dtype="auto", max_model_len=256, block_size=BLOCK_SIZE, kv_cache_blocks=64,
+                    max_num_seqs=4)
+    prompts = [[5, 6, 7, 8, 9] * 6, list(range(40, 70))]
+    params = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    plain = LLM(str(grid_dirs["qwen3"]), **settings)
+    assert plain.engine.runner.cpu_decode is not None  # type: ignore[attr-defined]
+    expected = [o.token_ids for o in plain.generate(prompts, params)]
+    config = {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False, "verify_on_device": on_device}
+    speculating = LLM(str(grid_dirs["qwen3"]), speculative_config=config, **settings)
+    steps = speculating.engine.runner.cpu_decode  # type: ignore[attr-defined]
+    run_queries, calls = steps.run_queries, []
+    steps.run_queries = lambda *args: calls.append(1) or run_queries(*args)
+    assert [o.token_ids for o in speculating.generate(prompts, params)] == expected
+    counts = speculating.engine.speculation.counts  # type: ignore[union-attr]
+    assert len(calls) > 10 and counts.num_draft_tokens > 40 and counts.num_accepted_tokens > 0
 
 
 @pytest.mark.parametrize("kernels", [KernelConfig(cpu_packed_weights=False), KernelConfig(fused_kernels=False)],
