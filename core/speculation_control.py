@@ -216,15 +216,14 @@ class DraftLengthController:
         arm = bucket.arms[num_drafts]
         # An entry (a verifying step after a plain one or a prompt), or a plain step after a prompt (what entering
         # from a prompt is weighed against): its time beyond its arm's average.
-        is_first_after = self._num_same == 1 and arm.seconds is not None
-        if is_first_after and (num_drafts > 0 and previous <= _PLAIN or num_drafts == 0 and previous == _PROMPT):
+        excess = None if arm.seconds is None else seconds - arm.cost()  # type: ignore[operator]
+        if excess is not None and self._num_same == 1 and (
+                num_drafts > 0 and previous <= _PLAIN or num_drafts == 0 and previous == _PROMPT):
             key = (previous, num_drafts > 0)
-            excess = seconds - arm.cost()  # type: ignore[operator]
             bucket.entry_excess[key] = _averaged(bucket.entry_excess.get(key), excess, self.time_weight)
         # Leaving for plain decoding: the first plain step books the verifying one (the device idle meanwhile), the
         # second waits for the first's device work, launched late.
-        if num_drafts == 0 and arm.seconds is not None and self._num_same <= 2:
-            excess = seconds - arm.cost()  # type: ignore[operator]
+        if excess is not None and num_drafts == 0 and self._num_same <= 2:
             if self._num_same == 1:
                 self._leave_excess = excess if previous > _PLAIN else None
             elif self._leave_excess is not None:

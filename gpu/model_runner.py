@@ -725,18 +725,10 @@ class ModelRunner:
             batch, self.device), device_verification.step_shape(batch, self.config.block_size), functions)
 
     def _laid_out_forward(self, batch: DeviceVerifyBatch) -> ForwardFn:
-        """The forward of an eager verifying step: the mixed-step graph that holds it, else on a CPU its queries as
-        decode rows (where the step has them), else the model."""
+        """The forward of an eager verifying step: the mixed-step graph that holds it, else `_eager_forward`."""
         shape = device_verification.host_shape(batch)
-        cpu_decode = self.cpu_decode
-        if cpu_decode is not None:
-            def on_cpu(token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-                if meta.query_rows is None:
-                    return self.model(token_ids, positions, meta)
-                return cpu_decode.run_queries(token_ids, positions, meta)
-            return on_cpu
         if self.mixed is None or self.mixed.bucket_for(shape) is None:
-            return self.model
+            return self._eager_forward
         mixed = self.mixed
 
         def forward(token_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
@@ -803,10 +795,15 @@ class ModelRunner:
         """[num_tokens, hidden_size] of a step the decode graphs do not hold (`launch` replays those itself)."""
         if self.mixed is not None and not batch.is_decode_only and self.mixed.bucket_for(batch) is not None:
             return self.mixed.run(batch, self._last_sampled_ids)
-        input_ids, positions, meta = self._prepare(batch)
-        if self.cpu_decode is not None and batch.is_decode_only:
+        return self._eager_forward(*self._prepare(batch))
+
+    def _eager_forward(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+                       ) -> torch.Tensor:
+        """A step no graph holds: on a CPU, decode rows on the decode kernels (one token a row, or a verifying step's
+        queries laid out as rows: AttentionMetadata.query_rows), else the model's modules."""
+        if self.cpu_decode is not None and meta.is_decode_only:
             return self.cpu_decode.run(input_ids, positions, meta)
-        if self.cpu_decode is not None and meta.query_rows is not None:  # a verifying step: its queries as rows
+        if self.cpu_decode is not None and meta.query_rows is not None:
             return self.cpu_decode.run_queries(input_ids, positions, meta)
         return self.model(input_ids, positions, meta)
 
