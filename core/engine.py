@@ -331,9 +331,10 @@ class LLMEngine:
         outputs = self._drain_inbox()
         if self._compiling:
             outputs += self._schedule_compiled()
-        num_drafts, measured = 0, True
+        num_drafts = 0
         if self.speculation is not None and self.scheduler.running:
-            num_drafts, measured = self.speculation.plan_step(self.scheduler.running, self.scheduler.has_prompt_work)
+            num_drafts = self.speculation.controller.choose(len(self.scheduler.running), self.scheduler.has_prompt_work)
+            self.speculation.follow_drafts(self.scheduler.running)
             if num_drafts and self.device_verification is not None and self._verify_on_device(
                     num_drafts, started, outputs):
                 return outputs
@@ -363,8 +364,7 @@ class LLMEngine:
                 self._in_flight = launched
             else:
                 outputs += self._postprocess(launched)  # a verifying step: what it accepts decides the next
-            if self.speculation is not None and (measured or not launched.num_decode_rows) and (
-                    self.has_unfinished_requests()):
+            if self.speculation is not None and self.has_unfinished_requests():
                 # Timed until the next step starts; where none is due (the last request ended, a caller such as
                 # LLM.generate returns), the wait for the next request would be counted as this step's cost.
                 self._timed_step = (launched.num_decode_rows, num_drafts, started)

@@ -15,11 +15,10 @@ output: drafts are cut where the grammar refuses one; each verified position is 
 state after the drafts before it, and the matcher takes the kept tokens only (a draft model's or an MTP
 head's drafts, drawn after scheduling, are not cut: constrained sequences get none from them).
 
-Prompt lookup's acceptance is measured beyond the drafts that steps verify (`follow_drafts`): at every step whose
-draft length is chosen (not those held to plain decoding: core/speculation_control.py), what the lookup would draft
-(the most drafts) from a few decoding sequences' known tokens is compared with the tokens they then generate, each
-compared draft a sample of what a verifying step would accept from that sequence (none where the lookup finds nothing
-or the sequence takes no drafts). For one-hot drafts a draft's chance to be accepted is the
+Prompt lookup's acceptance is measured beyond the drafts that steps verify (`follow_drafts`): at every step, what
+the lookup would draft (the most drafts) from a few decoding sequences' known tokens is compared with the tokens they
+then generate, each compared draft a sample of what a verifying step would accept from that sequence (none where the
+lookup finds nothing or the sequence takes no drafts). For one-hot drafts a draft's chance to be accepted is the
 chance that the target samples it, so this is the verifying steps' own measure; the controller learns whether drafts
 would pay while it verifies none, and what longer ones would accept while it verifies short ones (other proposers
 cost a forward pass to ask: not followed).
@@ -34,8 +33,6 @@ removed and renormalized, which is max(p - q, 0) normalized. Each token is there
 target's distribution, and a seeded request gets the tokens it gets without speculation.
 """
 
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -127,7 +124,6 @@ class Speculation:
         self._followed: list[_FollowedDraft] = []
         self._follows = config.adaptive and isinstance(self.proposer, NgramProposer)
         self._next_followed = 0  # where in the running list the next followed sequence is looked for
-        self._observe_seconds = 0.0  # what measuring the last step took, part of the next choice's host work
 
     def propose(self, running: list[Sequence], num_drafts: int, grammars: "Grammars | None") -> None:
         """Gives the eligible running sequences up to `num_drafts` draft tokens each (module docstring).
@@ -149,19 +145,6 @@ class Speculation:
             if seq.grammar is not None and seq.draft_token_ids:  # drafts past what its grammar allows go
                 assert grammars is not None, "a sequence with a grammar before the engine built its grammars"
                 del seq.draft_token_ids[grammars.grammatical_prefix(seq.grammar, seq.draft_token_ids):]
-
-    def plan_step(self, running: list[Sequence], has_prompt_work: Callable[[], bool]) -> tuple[int, bool]:
-        """The next step's draft length, and whether the step is to be measured (`observe_step`): not where the
-        controller holds plain decoding (core/speculation_control.py), which skips the choice and following drafts
-        too; else what this and the last step's measurement took is the controller's figure of that work."""
-        if self.controller.holds(len(running), has_prompt_work):
-            return 0, False
-        started = time.perf_counter()
-        num_drafts = self.controller.choose(len(running), has_prompt_work)
-        self.follow_drafts(running)
-        self.controller.observe_host_seconds(time.perf_counter() - started + self._observe_seconds)
-        self._observe_seconds = 0.0
-        return num_drafts, True
 
     def follow_drafts(self, running: list[Sequence]) -> None:
         """Each step: the followed drafts whose tokens are known go to the controller's acceptance as one sample, and
@@ -256,9 +239,7 @@ class Speculation:
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
         """A step's wall time (`batch_size` 0: a step with prompt tokens), and (for a verifying step, booked by now)
         what it accepted."""
-        started = time.perf_counter()
         self.controller.observe_step(batch_size, num_drafts, seconds)
         if num_drafts:
             self.controller.observe_acceptance(self._num_offered, self._accepted_at)
             self._num_offered = 0
-        self._observe_seconds = time.perf_counter() - started

@@ -65,14 +65,6 @@ as they do in a run of them.
 
 Never losing: k = 0 is always an arm, measured like the others, so speculation is chosen only where its
 measured rate, entry included, beats plain decoding; what exploration costs shrinks as refreshes keep losing.
-
-Holding plain decoding: where the step is small (a small model, few rows), speculation's own host work on each step
-(the choice, following drafts, the step's measurement: tens of microseconds of Python) is a share of it, paid where
-plain decoding gains nothing from it, and the host is what such a step waits on. So once plain decoding is chosen as
-the best rate in a run of plain steps, the next steps are held to it, unchosen, unfollowed and unmeasured, as many as
-keep that host work (the running average of a decided step's, `observe_host_seconds`) within `host_share` of the
-plain steps' time: none where a step is long, about one step in ten for a small model at one row. A held step still
-counts in the run and the bucket's steps; a change of bucket or prompt work ends the hold.
 """
 
 from collections.abc import Callable
@@ -137,8 +129,6 @@ class DraftLengthController:
     acceptance_weight: float = 0.2  # of a new sample of acceptance in the running averages, past the first few
     max_step_growth: float = 1.5  # a step's time enters its arm's average at most this multiple of it
     tail_weight: float = 0.05  # of a verifying step's time beyond that cap in its arm's average of such time
-    host_share: float = 0.01  # of plain decoding's time that speculation's host work may take while plain decoding
-    max_held_steps: int = 32  # held plain steps in a row at most, so that the choice still follows the workload
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
     _num_acceptance_samples: list[int] = field(default_factory=list)  # steps that measured each r_i
@@ -147,9 +137,6 @@ class DraftLengthController:
     _run_tokens: float = 0.0  # tokens a decoding sequence is expected to have got since the last prompt step
     _last_batch_size: int = 0  # the last decode step's
     _leave_excess: float | None = None  # the first plain step after a verifying one: its time beyond plain's average
-    _host_seconds: float | None = None  # running average of speculation's host work on a step whose k is chosen
-    _num_held_left: int = 0  # plain steps still held (docstring)
-    _held_bucket: int = 0  # the bucket they are held at
 
     def __post_init__(self) -> None:
         self._acceptance = [None] * self.max_drafts
@@ -189,35 +176,7 @@ class DraftLengthController:
         if best and bucket.prompt_seconds.keys() == {True} and bucket.run_tokens is not None and (
                 self._run_tokens + self.expected_tokens(best) + 0.5 >= bucket.run_tokens):
             return 0  # the exit is unmeasured while every run ends verifying: this run is expected to end about here
-        if not best and self._previous_kind == _PLAIN and self._num_same > _unmeasured_steps(0) and (
-                self._host_seconds is not None):
-            plain_seconds = arms[0].cost()
-            assert plain_seconds is not None, "plain decoding is measured first"
-            self._num_held_left = min(self.max_held_steps, int(self._host_seconds / (self.host_share * plain_seconds)))
-            self._held_bucket = _bucket_key(batch_size)
         return best
-
-    def holds(self, batch_size: int, has_prompt_work: Callable[[], bool] = _no_prompt_work) -> bool:
-        """Whether the next step of `batch_size` running sequences is held to plain decoding (docstring): then no
-        draft length is chosen for it, nor is it followed or measured; it counts as one more step of its run."""
-        if not self._num_held_left:
-            return False
-        if _bucket_key(batch_size) != self._held_bucket or has_prompt_work():
-            self._num_held_left = 0
-            return False
-        self._num_held_left -= 1
-        self._num_same += 1
-        self._run_tokens += 1.0
-        self._last_batch_size = batch_size
-        bucket = self._buckets[self._held_bucket]
-        bucket.num_steps += 1
-        bucket.num_steps_since_refresh += 1
-        return True
-
-    def observe_host_seconds(self, seconds: float) -> None:
-        """Speculation's host work on a step whose draft length was chosen: the choice, following drafts, measuring
-        the step before."""
-        self._host_seconds = _averaged(self._host_seconds, seconds, self.time_weight)
 
     def acceptance_matters(self, batch_size: int) -> bool:
         """Whether what drafts accept can change the choice at this batch size: not where every draft length would
@@ -369,12 +328,6 @@ class FixedDraftLength:
 
     def acceptance_matters(self, batch_size: int) -> bool:
         return False
-
-    def holds(self, batch_size: int, has_prompt_work: Callable[[], bool] = _no_prompt_work) -> bool:
-        return False
-
-    def observe_host_seconds(self, seconds: float) -> None:
-        pass
 
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
         pass

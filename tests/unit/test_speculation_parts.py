@@ -5,7 +5,6 @@ statistical test with a fixed seed) and the metrics."""
 import re
 from array import array
 from collections import Counter
-from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -408,50 +407,6 @@ def test_a_losing_arm_is_refreshed_as_often_as_its_cost_allows() -> None:
     assert {len(run) for run in far.strip("0").split("11") if run} == {101}, far
     near = refreshes({0: 1.0, 1: 1.1}, 0.05, 100)
     assert {len(run) for run in near.strip("0").split("11")[1:-1]} == {12}, near
-
-
-def held_run(controller: DraftLengthController, batch_size: int = 1,
-             has_prompt_work: Callable[[], bool] = lambda: False) -> int:
-    """Plain steps held in a row from the controller's next choice on (that choice must be plain decoding)."""
-    assert controller.choose(batch_size) == 0
-    controller.observe_step(batch_size, 0, 1.0)
-    num_held = 0
-    while controller.holds(batch_size, has_prompt_work):
-        num_held += 1
-    return num_held
-
-
-def test_plain_decoding_is_held_while_speculations_host_work_would_be_a_share_of_it() -> None:
-    """Host work of 5% of a plain step on the steps whose length is chosen: 5 held steps after each keep it at 1%
-    (`host_share`); a tenth of that holds none; a change of bucket or prompt work ends a hold; held steps count
-    towards the next refresh as decode steps of their bucket."""
-    controller = run_controller({0: 1.0, 1: 2.0}, [0.5], controller=DraftLengthController(1, refresh_steps=1000))
-    controller.observe_host_seconds(0.05)
-    assert held_run(controller) == 5 and held_run(controller) == 5
-    assert controller.choose(1) == 0
-    assert not controller.holds(200) and not controller.holds(1)  # another bucket: the hold is over
-    assert held_run(controller, has_prompt_work=lambda: True) == 0
-    controller.max_held_steps = 3
-    assert held_run(controller) == 3
-    controller.max_held_steps = 32
-    for _ in range(30):  # the figure falls to a tenth
-        controller.observe_host_seconds(0.005)
-    assert held_run(controller) == 0
-    # A refresh every 10 decode steps at most: held ones count, so it comes as early as without holds.
-    controller = run_controller({0: 1.0, 1: 1.1}, [0.05], controller=DraftLengthController(1, refresh_steps=10))
-    controller.observe_host_seconds(0.05)
-    chosen = ""
-    for _ in range(60):
-        if controller.holds(1):
-            chosen += "h"
-            continue
-        chosen += str(k := controller.choose(1))
-        controller.observe_step(1, k, 1.0 if k == 0 else 1.1)
-        if k:
-            controller.observe_acceptance(100, [5])
-    assert "h" in chosen, chosen
-    runs = [len(run) for run in chosen.split("11")[1:-1]]
-    assert runs and all(12 <= run <= 12 + 5 for run in runs), chosen  # as without holds, or late by a hold
 
 
 def test_a_refreshed_arm_can_take_over() -> None:

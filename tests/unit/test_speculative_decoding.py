@@ -19,7 +19,6 @@ from core.engine import LLMEngine
 from core.llm import GenerationOutput
 from core.scheduler import SchedulerOutput
 from core.sequence import Sequence
-from core.speculation_control import DraftLengthController
 from core.tiny_model import build_tiny_model, has_architecture
 from tests.parity.test_parity_cpu import record_schedules
 from tests.tiny_specs import FAMILY_SPECS, TINY_SPECS
@@ -329,41 +328,6 @@ def test_the_controller_times_a_step_until_the_next_one_starts(model_dir: Path) 
     engine.wait_for_work(timeout=0.05)
     engine.step()
     assert len(observed) == num_observed
-
-
-def test_held_plain_steps_are_neither_chosen_nor_measured(plain_llm: LLM, model_dir: Path) -> None:
-    """Where speculation's host work would be a share of plain decoding's time past the controller's bound, plain
-    steps are held: no draft length is chosen for them, no drafts followed, their time not given to the controller;
-    the output is the same, and the decided steps still come, at most `max_held_steps` apart."""
-    params = SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True)
-    llm = speculating_llm(model_dir, num_drafts=None)
-    speculation = llm.engine.speculation
-    assert speculation is not None
-    controller = speculation.controller
-    assert isinstance(controller, DraftLengthController)
-    controller.host_share, controller.max_held_steps = 1e-9, 5  # any host work is too much: holds as long as allowed
-    observed = recorded_step_times(speculation)
-    kinds = ""
-    choose, holds, follow = controller.choose, controller.holds, speculation.follow_drafts
-
-    def choosing(*args: object) -> int:
-        nonlocal kinds
-        kinds += "c"
-        return choose(*args)  # type: ignore[arg-type]
-
-    def holding(*args: object) -> bool:
-        nonlocal kinds
-        held = holds(*args)  # type: ignore[arg-type]
-        kinds += "h" if held else ""
-        return held
-
-    controller.choose, controller.holds = choosing, holding  # type: ignore[method-assign]
-    followed = []
-    speculation.follow_drafts = lambda running: followed.append(1) or follow(running)  # type: ignore[method-assign]
-    assert tokens(generate(llm, PLAIN, params)) == tokens(generate(plain_llm, PLAIN, params))
-    assert "chhhhhc" in kinds and "hhhhhh" not in kinds, kinds
-    assert len(followed) == kinds.count("c")
-    assert len(observed) <= kinds.count("c") + 2  # held steps are not measured (but a prompt's step would be)
 
 
 def test_the_wait_after_the_last_request_is_no_step_cost(model_dir: Path) -> None:
