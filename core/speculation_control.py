@@ -27,7 +27,10 @@ the share E(k) / R of it, where R is the bucket's running average of the tokens 
 prompts (expected ones: 1 a plain step, E(k) a verifying one). Runs are counted in tokens, not steps, because
 requests end, and new ones bring their prompts, after so many tokens: verifying steps, which give more tokens a
 step, make the runs as counted in steps shorter, not the work between prompts. Under a steady stream of new
-requests, runs are short and verification is entered often, so it must win by more.
+requests, runs are short and verification is entered often, so it must win by more. Where verification ends before
+the prompt does (acceptance falls, and plain decoding is chosen again: one reply alone, whose copied passages come and
+go), an entry is paid for each verifying run, so R is then the bucket's running average of the tokens a verifying
+run gave (from its entry to its first plain step or prompt) where that is shorter.
 Leaving it costs too: a step with prompt tokens after a verifying step is laid out once that step's result is back,
 with the device idle, where after a plain step the host lays it out while the device works. The controller measures
 that excess as well, per bucket, as the running average of the time of the steps with prompt tokens that follow a
@@ -105,6 +108,8 @@ class _Bucket:
     run_tokens: float | None = None  # running average of the tokens a decoding sequence gets between prompts
     # Running average of what the first two plain steps after a verifying one take beyond two plain steps' average.
     leave_seconds: float | None = None
+    # Running average of the tokens a decoding sequence got from a verifying run (its entry to a plain step or prompt).
+    verifying_run_tokens: float | None = None
 
     def entry_seconds(self, previous_kind: int) -> float:
         """What entering verification after a step of `previous_kind` costs beyond the verifying steps' own time."""
@@ -135,6 +140,7 @@ class DraftLengthController:
     _previous_kind: int = 0  # the last step observed: its draft length, or -1 for one with prompt tokens
     _num_same: int = 0  # steps observed in a row of that kind, the last one included
     _run_tokens: float = 0.0  # tokens a decoding sequence is expected to have got since the last prompt step
+    _verifying_run_tokens: float = 0.0  # those it is expected to have got since verification was entered
     _last_batch_size: int = 0  # the last decode step's
     _leave_excess: float | None = None  # the first plain step after a verifying one: its time beyond plain's average
 
@@ -208,11 +214,18 @@ class DraftLengthController:
                                                               self.time_weight)
                 if self._run_tokens:
                     last.run_tokens = _averaged(last.run_tokens, self._run_tokens, self.time_weight)
+                if previous > _PLAIN:
+                    self._end_verifying_run(last)
             self._run_tokens = 0.0
             return
-        self._run_tokens += self.expected_tokens(num_drafts)
+        tokens = self.expected_tokens(num_drafts)
+        self._run_tokens += tokens
         self._last_batch_size = batch_size
         bucket = self._bucket(batch_size)
+        if num_drafts:
+            self._verifying_run_tokens += tokens
+        elif previous > _PLAIN:
+            self._end_verifying_run(bucket)
         arm = bucket.arms[num_drafts]
         # An entry (a verifying step after a plain one or a prompt), or a plain step after a prompt (what entering
         # from a prompt is weighed against): its time beyond its arm's average.
@@ -256,23 +269,32 @@ class DraftLengthController:
             weight = max(self.acceptance_weight, 1.0 / self._num_acceptance_samples[i])
             self._acceptance[i] = _averaged(self._acceptance[i], ratio, weight)
 
+    def _end_verifying_run(self, bucket: _Bucket) -> None:
+        if self._verifying_run_tokens:
+            bucket.verifying_run_tokens = _averaged(bucket.verifying_run_tokens, self._verifying_run_tokens,
+                                                    self.time_weight)
+        self._verifying_run_tokens = 0.0
+
     def _rates(self, bucket: _Bucket) -> list[float]:
         """Per draft length, the tokens per second a sequence is expected to get from its steps at this bucket:
         measured, or for an untried k its most hopeful (the line between plain decoding's time and the longest's);
-        verifying lengths are charged the exit from verification, and the entry where the last step did not verify,
-        spread over the run expected ahead. One pass: it runs every decode step."""
+        verifying lengths are charged the exit from verification spread over the run expected ahead, and the entry
+        where the last step did not verify spread over the verifying run expected (no longer than that run). One pass:
+        it runs every decode step."""
         run = max(bucket.run_tokens or 0.0, self._run_tokens)
-        charge = bucket.exit_seconds()
+        exit_seconds, entry_seconds, verifying_run = bucket.exit_seconds(), 0.0, run
         plain_seconds = self._seconds(bucket, 0)
         if self._previous_kind <= _PLAIN:
-            charge += bucket.entry_seconds(self._previous_kind)
+            entry_seconds = bucket.entry_seconds(self._previous_kind)
+            verifying_run = min(run, bucket.verifying_run_tokens or run)
         else:  # leaving verification for plain decoding costs as entering it does, spread alike
             plain_seconds += (bucket.leave_seconds or 0.0) / max(1.0, run)
         rates, tokens = [1.0 / plain_seconds], 1.0
         for k in range(1, self.max_drafts + 1):
             r = self._acceptance[k - 1]
             tokens += _UNTRIED_ACCEPTANCE if r is None else r
-            rates.append(tokens / (self._seconds(bucket, k) + charge * tokens / max(tokens, run)))
+            charge = exit_seconds * tokens / max(tokens, run) + entry_seconds * tokens / max(tokens, verifying_run)
+            rates.append(tokens / (self._seconds(bucket, k) + charge))
         return rates
 
     def _seconds(self, bucket: _Bucket, k: int) -> float:

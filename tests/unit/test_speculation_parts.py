@@ -491,6 +491,36 @@ def test_leaving_verification_for_plain_decoding_is_charged_as_entering_it() -> 
     assert controller_after_runs_that_leave_verification(leave=0.0).choose(1) == 0
 
 
+def controller_after_verifying_runs(num_verifying: int) -> DraftLengthController:
+    """One sequence, a prompt every 200 tokens or so; within, runs of 4 plain steps (1.0) and `num_verifying`
+    verifying ones (1.5, 0.6 drafts accepted), the first of which takes 3.0 more (it waits for the step in flight)."""
+    controller = DraftLengthController(max_drafts=1, refresh_steps=10**6)
+    for _ in range(3):
+        controller.observe_step(0, 0, 5.0)
+        tokens = 0.0
+        while tokens < 200:
+            for _ in range(4):
+                controller.observe_step(1, 0, 1.0)
+            for i in range(num_verifying):
+                controller.observe_step(1, 1, 1.5 + (3.0 if i == 0 else 0.0))
+                controller.observe_acceptance(1, [1 if i % 5 < 3 else 0])
+            tokens += 4 + 1.6 * num_verifying
+    controller.observe_step(0, 0, 5.0)
+    for _ in range(4):
+        controller.observe_step(1, 0, 1.0)
+    for _ in range(40):
+        controller.observe_acceptance(10, [6])
+    return controller
+
+
+def test_entering_verification_is_charged_over_the_verifying_runs_where_they_end_before_the_prompt() -> None:
+    """Verifying (1.6 tokens for 1.5 against 1.0 for 1.0) gains 7% in a run of it: where its runs last 5 steps (8
+    tokens) each entry (3.0) costs more than that, and from plain decoding the controller stays there, though the
+    prompts come 200 tokens apart; where they last 100 steps it enters."""
+    assert controller_after_verifying_runs(5).choose(1) == 0
+    assert controller_after_verifying_runs(100).choose(1) == 1
+
+
 def test_runs_are_counted_in_tokens_per_bucket() -> None:
     """Runs alternate between one sequence, whose prompt comes every 200 tokens, and 16, whose prompts come every 8
     tokens (a request ends after so many tokens, faster where drafts are accepted); a prompt step after a verifying one
