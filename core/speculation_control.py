@@ -270,6 +270,7 @@ class DraftLengthController:
             self._acceptance[i] = _averaged(self._acceptance[i], ratio, weight)
 
     def _end_verifying_run(self, bucket: _Bucket) -> None:
+        """A verifying run ended (a plain step or a prompt came): its tokens go to `bucket`'s running average."""
         if self._verifying_run_tokens:
             bucket.verifying_run_tokens = _averaged(bucket.verifying_run_tokens, self._verifying_run_tokens,
                                                     self.time_weight)
