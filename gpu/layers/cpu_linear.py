@@ -18,13 +18,15 @@ bfloat16 only, torch's int4 CPU kernel takes them:
   torch's int8 kernel takes one scale per row, not per group.
 - `OneDnnWeight` (bfloat16 only): any other weight, rounded to bfloat16, in oneDNN's blocked layout
   (`mkldnn._reorder_linear_weight`), which F.linear in bfloat16 would otherwise re-lay-out at every
-  call; the products are the same bits as F.linear's.
+  call; the products are the same bits as F.linear's. Not where oneDNN has no bfloat16 layout for the CPU (it needs
+  AVX512 or AVX-NE-CONVERT): the weight stays as loaded.
 
 Never a lossy quantization of a weight: a weight off a grid, even by a little, is not packed on it. Runs built with
 `KernelConfig.cpu_packed_weights` off keep F.linear (the float32 parity reference).
 """
 
 from dataclasses import dataclass
+from functools import cache
 from types import ModuleType
 
 import torch
@@ -53,6 +55,17 @@ class Int4Groups:
         out = torch.ops.aten._weight_int4pack_mm_for_cpu(rows, self.packed, GROUP_SIZE, self.scales_and_zeros)
         out = out.view(*x.shape[:-1], self.out_features)
         return out if bias is None else out + bias
+
+
+@cache
+def onednn_lays_out_bfloat16() -> bool:
+    """Whether oneDNN takes bfloat16 linear weights in its own layout on this CPU (it refuses where the CPU lacks the
+    instructions its bfloat16 kernels use)."""
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 32, dtype=torch.bfloat16), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 class OneDnnWeight:
@@ -105,7 +118,7 @@ class CpuPacking:
             packed = self.pack_int4_groups(*found)
         elif (found := int8_grid(weight)) is not None:
             packed = self.pack_int8_groups(*found)
-        if packed is None and self.dtype == torch.bfloat16:
+        if packed is None and self.dtype == torch.bfloat16 and onednn_lays_out_bfloat16():
             return OneDnnWeight(weight)
         return packed
 
@@ -142,14 +155,31 @@ def int4_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 
 
 def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(levels, scales) when every group of GROUP_SIZE columns of `weight` [out, in] lies on the grid of multiples
-    of its largest magnitude / 127; else None."""
+    """(levels, scales) when every group of GROUP_SIZE columns of `weight` [out, in] lies on a grid of multiples of
+    a step, levels -127..127: its largest magnitude / 127 (Q8_0's), or else its own smallest step, a float16 (Q5_0's
+    levels -16..15 of a float16 scale need not reach 127); else None."""
     groups = _groups(weight)
     if groups is None:
         return None
     scales = groups.abs().amax(-1) / 127
     levels = _levels(groups, scales)
-    return None if levels is None else (levels.view(weight.shape), scales)
+    if levels is None:
+        if _smallest_step_levels(groups[:1]) is None:  # a weight off every grid is told by its first row
+            return None
+        found = _smallest_step_levels(groups)
+        if found is None:
+            return None
+        levels, scales = found
+    return levels.view(weight.shape), scales
+
+
+def _smallest_step_levels(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(levels, steps) of `groups` on their smallest steps where those are float16 values and the levels -127..127."""
+    steps = _smallest_steps(groups)
+    levels = _levels(groups, steps)
+    if levels is None or levels.abs().max() > 127 or not torch.equal(steps.half().float(), steps):
+        return None
+    return levels, steps
 
 
 def torch_int4_fits(shape: torch.Size) -> bool:
@@ -163,6 +193,23 @@ def _groups(weight: torch.Tensor) -> torch.Tensor | None:
     if in_features % GROUP_SIZE or in_features == 0:
         return None
     return weight.float().view(out_features, in_features // GROUP_SIZE, GROUP_SIZE)
+
+
+def _smallest_steps(groups: torch.Tensor) -> torch.Tensor:
+    """[out, groups]: per group, the largest step of which every value is a multiple, tried among the smallest
+    distance between two of its values or from zero, divided by 1 to 8 (a group whose levels are all even, or 0, 3
+    and 5, has no two values one level apart); 0 where no such step is found or every value is zero."""
+    values = torch.cat([groups, torch.zeros_like(groups[..., :1])], -1).sort(-1).values
+    gaps = values.diff(dim=-1)
+    tiny = values.abs().amax(-1, keepdim=True) * 1e-6  # equal values, up to float32 rounding, are one value
+    smallest = torch.where(gaps > tiny, gaps, torch.inf).amin(-1)
+    steps = torch.zeros_like(smallest)
+    for divisor in range(8, 0, -1):  # the largest step that fits wins: the smallest divisor last
+        step = smallest / divisor
+        levels = groups / step.unsqueeze(-1)
+        fits = ((levels - levels.round()).abs() <= GRID_TOLERANCE).all(-1) & torch.isfinite(step)
+        steps = torch.where(fits, step, steps)
+    return steps
 
 
 def _levels(offsets: torch.Tensor, scales: torch.Tensor) -> torch.Tensor | None:

@@ -21,7 +21,15 @@ from core.engine import runner_config
 from gpu.config import KernelConfig
 from gpu.cpu_kernels import load_cpu_kernels
 from gpu.cpu_packing import first_layer_on_a_grid, has_native_bfloat16
-from gpu.layers.cpu_linear import GROUP_SIZE, CpuPacking, Int4Groups, Int8Groups, OneDnnWeight
+from gpu.layers.cpu_linear import (
+    GROUP_SIZE,
+    CpuPacking,
+    Int4Groups,
+    Int8Groups,
+    OneDnnWeight,
+    int8_grid,
+    onednn_lays_out_bfloat16,
+)
 from gpu.layers.int8_dot_linear import Int4DotGroups, Int8DotGroups
 from gpu.layers.linear import Linear
 from gpu.model_runner import ModelRunner
@@ -41,6 +49,10 @@ def q4_1_round_trip(weight: torch.Tensor) -> torch.Tensor:
 
 def q8_0_round_trip(weight: torch.Tensor) -> torch.Tensor:
     return round_trip(weight, GGMLQuantizationType.Q8_0)
+
+
+def q5_0_round_trip(weight: torch.Tensor) -> torch.Tensor:
+    return round_trip(weight, GGMLQuantizationType.Q5_0)
 
 
 TORCH_INT4 = CpuPacking(torch.bfloat16, None)  # where the int8 dot-product kernels could not be built
@@ -83,6 +95,26 @@ def test_a_q8_0_weight_is_kept_as_two_4_bit_planes() -> None:
     torch.testing.assert_close(packed(x, None).float(), x.float() @ weight.T, rtol=2**-6, atol=2e-2)
 
 
+def test_a_q5_0_weight_lies_on_8_bit_groups_of_its_own_float16_scale() -> None:
+    """Q5_0's levels (-16..15) need not reach 127: the step is found as each group's smallest, and it is the file's
+    float16 scale (its magnitude). One value off the grid, or a step that is no float16, and the weight is off every
+    grid."""
+    weight = _random(64, 128) * 0.05
+    blocks = quantize(weight.numpy(), GGMLQuantizationType.Q5_0)  # [out, groups * 22]: float16 scale, 5-bit levels
+    file_scales = torch.from_numpy(blocks.reshape(64, 4, 22)[..., :2].copy().view(np.float16)).float().view(64, 4)
+    dequantized = q5_0_round_trip(weight)
+    found = int8_grid(dequantized)
+    assert found is not None
+    levels, scales = found
+    # The quantizer's scale carries a sign (its largest magnitude is level -16): ours is its magnitude.
+    assert torch.equal(scales, file_scales.abs()) and levels.abs().max() <= 16
+    assert torch.equal((levels.view(64, 4, GROUP_SIZE) * scales.unsqueeze(-1)).view(64, 128), dequantized)
+    off = dequantized.clone()
+    off[3, 9] += 0.3 * file_scales[3, 0]
+    assert int8_grid(off) is None
+    assert int8_grid(torch.randint(-16, 16, (64, 128)).float() * 0.1) is None  # 0.1 is no float16
+
+
 @pytest.mark.parametrize("case", ["random", "one value off the grid", "16 rows short", "columns not in groups"])
 def test_weights_off_the_grid_or_of_other_shapes_are_bfloat16(case: str) -> None:
     weight = {"random": _random(96, 128), "16 rows short": q4_1_round_trip(_random(88, 128)),
@@ -91,6 +123,9 @@ def test_weights_off_the_grid_or_of_other_shapes_are_bfloat16(case: str) -> None
     if case == "one value off the grid":
         weight[5, 7] += 0.01 * (weight[5, :32].amax() - weight[5, :32].amin()) / 15
     packed = TORCH_INT4.pack(weight)
+    if not onednn_lays_out_bfloat16():  # this CPU: oneDNN has no bfloat16 layout, so the weight stays as loaded
+        assert packed is None
+        return
     assert isinstance(packed, OneDnnWeight)
     x = _random(5, weight.shape[1], seed=2).bfloat16()
     bias = _random(weight.shape[0], seed=3).bfloat16()

@@ -15,7 +15,7 @@ from gpu.layers.activation import SiluAndMul
 from gpu.layers.cpu_linear import CpuPacking, int4_grid, int8_grid
 from gpu.layers.int8_dot_linear import GROUP_SIZE, Int4DotGroups, Int8DotGroups
 from gpu.layers.norm import RMSNorm
-from tests.unit.test_cpu_linear import q4_1_round_trip, q8_0_round_trip
+from tests.unit.test_cpu_linear import q4_1_round_trip, q5_0_round_trip, q8_0_round_trip
 
 TARGETS = ["native", "haswell"]  # this CPU's instruction set; AVX2 without VNNI
 
@@ -87,18 +87,19 @@ ROWS = [1, 3, 4, 5, 37]  # one, a partial chunk of 4, a chunk, a chunk and one, 
 
 
 @pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("bits", [4, 8])
-def test_groups_equal_the_product_of_quantized_activations(kernels, bits: int, rows: int) -> None:  # noqa: ANN001
-    """A Q4_1 weight as 4-bit groups (with their minimums), a Q8_0 one as 8-bit groups."""
-    if bits == 4:
+@pytest.mark.parametrize("kind", ["q4_1", "q8_0", "q5_0"])
+def test_groups_equal_the_product_of_quantized_activations(kernels, kind: str, rows: int) -> None:  # noqa: ANN001
+    """A Q4_1 weight as 4-bit groups (with their minimums), a Q8_0 one as 8-bit groups, a Q5_0 one as 8-bit groups
+    on its own float16 step (levels -16..15)."""
+    if kind == "q4_1":
         weight = q4_1_round_trip(_random(64, 160) * 0.05)
         packed = Int4DotGroups.pack(kernels, *int4_grid(weight))  # type: ignore[misc]
     else:
-        weight = q8_0_round_trip(_random(48, 96) * 0.05)
+        weight = (q8_0_round_trip if kind == "q8_0" else q5_0_round_trip)(_random(48, 96) * 0.05)
         packed = Int8DotGroups.pack(kernels, *int8_grid(weight))  # type: ignore[misc]
     assert packed is not None
     x = _random(rows, weight.shape[1], seed=rows)
-    check_product(packed(x, None), x, weight, minimums=group_minimums(weight) if bits == 4 else None)
+    check_product(packed(x, None), x, weight, minimums=group_minimums(weight) if kind == "q4_1" else None)
 
 
 def test_extreme_levels_and_activations_do_not_overflow(kernels) -> None:  # noqa: ANN001
