@@ -5,7 +5,7 @@ the memory bandwidth plus the calls' overhead. A weight that lies exactly on a g
 on it, as the GGUF file stored it:
 - 4-bit groups (a scale and a minimum per group: Q4_1; the dequantized weights of a Q4_1 GGUF lie on it) and
 - 8-bit groups (a scale per group, levels -127..127: Q8_0; the default model's token embedding, which its LM head
-  shares).
+  shares; Q5_0, whose levels -16..15 fit).
 Where the integer dot-product kernels were built (gpu/cpu_kernels/int8_dot.c, any x86-64 CPU with AVX2 and a C
 compiler), both go through them, for float32 or bfloat16 activations (gpu/layers/int8_dot_linear.py): a fifth of
 float32's bytes for 4-bit groups, the activations quantized to int8 per group of 32 as llama.cpp does. Elsewhere, in
