@@ -176,6 +176,8 @@ def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
 def _smallest_step_levels(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(levels, steps) of `groups` on their smallest steps where those are float16 values and the levels -127..127."""
     steps = _smallest_steps(groups)
+    if ((steps == 0) & (groups.abs().amax(-1) > 0)).any():  # a group with values and no step found
+        return None
     levels = _levels(groups, steps)
     if levels is None or levels.abs().max() > 127 or not torch.equal(steps.half().float(), steps):
         return None

@@ -113,6 +113,9 @@ def test_a_q5_0_weight_lies_on_8_bit_groups_of_its_own_float16_scale() -> None:
     off[3, 9] += 0.3 * file_scales[3, 0]
     assert int8_grid(off) is None
     assert int8_grid(torch.randint(-16, 16, (64, 128)).float() * 0.1) is None  # 0.1 is no float16
+    unstepped = torch.zeros(16, 32)
+    unstepped[0, :3] = torch.tensor([10.0, 19.0, -10.0])  # no step among a ninth of the smallest gap down: refused
+    assert int8_grid(unstepped) is None
 
 
 @pytest.mark.parametrize("case", ["random", "one value off the grid", "16 rows short", "columns not in groups"])
