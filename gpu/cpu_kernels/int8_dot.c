@@ -2,7 +2,8 @@
  * multiplies its Q4_1 and Q8_0 blocks, with the activations carried to 16 bits.
  *
  * Weights keep their GGUF grid: groups of 32 input columns, each with a float16 scale (and, for 4-bit groups, a
- * float16 minimum): w = scale * level + minimum (level 0..15) or w = scale * level (level -127..127). Activations are
+ * float16 minimum): w = scale * level + minimum (level 0..15) or w = scale * level (level -127..127); a weight whose
+ * scales are no float16 (Q4_K's: a 6-bit integer times a float16) holds them in float32. Activations are
  * quantized per row and group of 32 with their own float32 scale (largest magnitude / 127), as llama.cpp's Q8_1, and
  * their remainders again in 256ths of that step: two int8 passes through the same weights, whose dot products combine
  * into that of a 16-bit activation: one pass alone (llama.cpp's) parts from float32's greedy choices far more often,
@@ -16,7 +17,7 @@
  * 4 consecutive columns, each quad a [TILE_ROWS, 4] byte vector that one dpbusd multiplies by 4 broadcast activations.
  * 4-bit: quads j and j + 4 share bytes (j in the low nibble); 8-bit: level + 128 as unsigned bytes where the CPU has
  * VNNI (dpbusd multiplies unsigned by signed), else the signed level (AVX2's maddubs would saturate on the sum).
- * Scales: [tiles, groups, TILE_ROWS] float16.
+ * Scales: [tiles, groups, TILE_ROWS] float16 (float32 where scale_f32).
  *
  * Compiled on the machine that runs it (-march=native, gpu/cpu_kernels/build.py): AVX512-VNNI (16 rows a tile), or
  * AVX2 with or without AVX-VNNI (8 rows). Threads: OpenMP, torch's own runtime (one pool for both).
@@ -253,12 +254,18 @@ typedef __m256 fvec;
 
 typedef struct {
     const uint8_t *levels; /* the packed tiles */
-    const uint16_t *scale; /* [tiles, groups, TILE_ROWS] float16 */
-    const uint16_t *minimum; /* 4-bit only */
+    const void *scale;     /* [tiles, groups, TILE_ROWS] float16, or float32 where scale_f32 */
+    const void *minimum;   /* 4-bit only; as `scale` */
     const void *bias;      /* [n] in the activations' dtype, or NULL */
     int64_t n, k;
     int is_q4;
+    int scale_f32;
 } Weights;
+
+/* A group's TILE_ROWS scales (or minimums) from `values` at `at`, in float32. */
+static inline __attribute__((always_inline)) fvec scales_at(const void *values, int64_t at, int is_f32) {
+    return is_f32 ? fload((const float *)values + at) : halves((const uint16_t *)values + at);
+}
 
 typedef struct {
     void *data;
@@ -354,11 +361,11 @@ INLINE void tile_of(const Weights *w, const Quantized *a, const Output *out, int
         else
             q8_group(base + g * group_bytes, a, x, w->k, rows, a->qsum + m0 * groups + g, groups, exact);
         int64_t at = (tile * groups + g) * TILE_ROWS;
-        fvec scale = halves(w->scale + at);
+        fvec scale = scales_at(w->scale, at, w->scale_f32);
         for (int r = 0; r < rows; r++)
             acc[r] = fmadd(to_float(exact[r]), fmul(scale, fset1(a->scale[(m0 + r) * groups + g])), acc[r]);
         if (is_q4) {
-            fvec minimum = halves(w->minimum + at);
+            fvec minimum = scales_at(w->minimum, at, w->scale_f32);
             for (int r = 0; r < rows; r++) acc[r] = fmadd(minimum, fset1(a->sum[(m0 + r) * groups + g]), acc[r]);
         }
     }
@@ -413,18 +420,19 @@ static int read_ints(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expecte
 
 static void free_weights(PyObject *capsule) { free(PyCapsule_GetPointer(capsule, "int8_dot.Weights")); }
 
-/* weights(levels, scale, minimum, n, k) -> a capsule: the layout's pointers (the caller keeps the tensors alive).
- * minimum: None for 8-bit groups. */
+/* weights(levels, scale, minimum, n, k, scale_f32) -> a capsule: the layout's pointers (the caller keeps the tensors
+ * alive). minimum: None for 8-bit groups; scale_f32: whether scale and minimum are float32 (else float16). */
 static PyObject *weights(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    int64_t v[5];
-    if (read_ints(args, nargs, 5, 0, v) < 0) return NULL;
+    int64_t v[6];
+    if (read_ints(args, nargs, 6, 0, v) < 0) return NULL;
     if (v[3] % TILE_ROWS || v[4] % GROUP || v[4] <= 0) {
         PyErr_SetString(PyExc_ValueError, "n must be whole tiles of rows and k whole groups");
         return NULL;
     }
     Weights *w = malloc(sizeof(Weights));
     if (w == NULL) return PyErr_NoMemory();
-    *w = (Weights){(const uint8_t *)v[0], (const uint16_t *)v[1], (const uint16_t *)v[2], NULL, v[3], v[4], v[2] != 0};
+    *w = (Weights){(const uint8_t *)v[0], (const void *)v[1], (const void *)v[2], NULL, v[3], v[4], v[2] != 0,
+                   v[5] != 0};
     return PyCapsule_New(w, "int8_dot.Weights", free_weights);
 }
 

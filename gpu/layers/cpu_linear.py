@@ -3,7 +3,8 @@
 At batch 1 a decode step reads every weight once, so on a CPU its time is the weights' bytes over
 the memory bandwidth plus the calls' overhead. A weight that lies exactly on a grid of groups of 32 columns is kept
 on it, as the GGUF file stored it:
-- 4-bit groups (a scale and a minimum per group: Q4_1; the dequantized weights of a Q4_1 GGUF lie on it) and
+- 4-bit groups (a scale and a minimum per group: Q4_1; the dequantized weights of a Q4_1 GGUF lie on it; Q4_K's
+  groups of 32 too, their scales and minimums held in float32 where no float16) and
 - 8-bit groups (a scale per group, levels -127..127: Q8_0; the default model's token embedding, which its LM head
   shares; Q5_0, whose levels -16..15 fit).
 Where the integer dot-product kernels were built (gpu/cpu_kernels/int8_dot.c, any x86-64 CPU with AVX2 and a C
@@ -143,15 +144,25 @@ class CpuPacking:
 
 
 def int4_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
-    """(levels, scales, minimums) when every group of GROUP_SIZE columns of `weight` [out, in] lies on the 4-bit
-    grid from its minimum to its maximum; else None."""
+    """(levels, scales, minimums) when every group of GROUP_SIZE columns of `weight` [out, in] lies on a 4-bit grid
+    from its minimum: of 15 steps to its maximum (Q4_0's, Q4_1's), or else of its own smallest step, levels 0..15
+    (Q4_K's groups need not span all 16 levels); else None."""
     groups = _groups(weight)
     if groups is None:
         return None
     minimums, maximums = groups.amin(-1), groups.amax(-1)
     scales = (maximums - minimums) / 15
-    levels = _levels(groups - minimums.unsqueeze(-1), scales)
-    return None if levels is None else (levels.view(weight.shape), scales, minimums)
+    offsets = groups - minimums.unsqueeze(-1)
+    levels = _levels(offsets, scales)
+    if levels is None:
+        first_row = offsets[:1]
+        if _stepped_levels(first_row, _smallest_steps(first_row), 15) is None:  # off every grid, by its first row
+            return None
+        scales = _smallest_steps(offsets)
+        levels = _stepped_levels(offsets, scales, 15)
+        if levels is None:
+            return None
+    return levels.view(weight.shape), scales, minimums
 
 
 def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -164,24 +175,22 @@ def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     scales = groups.abs().amax(-1) / 127
     levels = _levels(groups, scales)
     if levels is None:
-        if _smallest_step_levels(groups[:1]) is None:  # a weight off every grid is told by its first row
+        first_row = groups[:1]
+        if _stepped_levels(first_row, _smallest_steps(first_row), 127) is None:  # off every grid, by its first row
             return None
-        found = _smallest_step_levels(groups)
-        if found is None:
+        scales = _smallest_steps(groups)
+        levels = _stepped_levels(groups, scales, 127)
+        if levels is None or not torch.equal(scales.half().float(), scales):
             return None
-        levels, scales = found
     return levels.view(weight.shape), scales
 
 
-def _smallest_step_levels(groups: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(levels, steps) of `groups` on their smallest steps where those are float16 values and the levels -127..127."""
-    steps = _smallest_steps(groups)
-    if ((steps == 0) & (groups.abs().amax(-1) > 0)).any():  # a group with values and no step found
+def _stepped_levels(values: torch.Tensor, steps: torch.Tensor, most: int) -> torch.Tensor | None:
+    """`values` [..., GROUP_SIZE] in `steps` of their group, where each is a whole number of them of at most `most`."""
+    if ((steps == 0) & (values.abs().amax(-1) > 0)).any():  # a group with values and no step found
         return None
-    levels = _levels(groups, steps)
-    if levels is None or levels.abs().max() > 127 or not torch.equal(steps.half().float(), steps):
-        return None
-    return levels, steps
+    levels = _levels(values, steps)
+    return None if levels is None or levels.abs().max() > most else levels
 
 
 def torch_int4_fits(shape: torch.Size) -> bool:

@@ -29,12 +29,13 @@ class Int8DotProduct:
 
     def __init__(self, kernels: ModuleType, out_features: int, in_features: int,
                  tensors: tuple[torch.Tensor, ...]) -> None:
-        """tensors: (levels, scales) or (levels, scales, minimums), in the kernel's layout."""
+        """tensors: (levels, scales) or (levels, scales, minimums), in the kernel's layout (scales and minimums
+        float16, or float32 where a group's are no float16)."""
         self.out_features, self.in_features = out_features, in_features
         self._tensors = tensors  # kept alive: the kernel reads them through the handle's pointers
         minimums = tensors[2].data_ptr() if len(tensors) == 3 else None
         self._weights = kernels.weights(tensors[0].data_ptr(), tensors[1].data_ptr(), minimums, out_features,
-                                        in_features)
+                                        in_features, int(tensors[1].dtype == torch.float32))
         self._kernels = kernels
 
     @property
@@ -88,7 +89,10 @@ class Int4DotGroups(Int8DotProduct):
             return None
         quads = _quads(levels.to(torch.uint8), kernels.TILE_ROWS)  # [tiles, groups, 8, tile rows, 4]
         nibbles = quads[:, :, :4] | (quads[:, :, 4:] << 4)  # quads j and j + 4 share bytes
-        tensors = (nibbles.contiguous(), _tiled(scales, kernels.TILE_ROWS), _tiled(minimums, kernels.TILE_ROWS))
+        # float16 as a GGUF stores them (Q4_0, Q4_1), float32 where they are no float16 (Q4_K's sub-block scales).
+        dtype = torch.float16 if _is_float16(scales) and _is_float16(minimums) else torch.float32
+        tensors = (nibbles.contiguous(), _tiled(scales, kernels.TILE_ROWS, dtype),
+                   _tiled(minimums, kernels.TILE_ROWS, dtype))
         return cls(kernels, *levels.shape, tensors)
 
 
@@ -104,7 +108,7 @@ class Int8DotGroups(Int8DotProduct):
         quads = _quads(levels.to(torch.int16), kernels.TILE_ROWS)
         # Where the CPU has VNNI, the kernel multiplies unsigned weights by signed activations: level + 128.
         stored = (quads + 128).to(torch.uint8) if kernels.OFFSET_BYTES else quads.to(torch.int8)
-        return cls(kernels, *levels.shape, (stored.contiguous(), _tiled(scales, kernels.TILE_ROWS)))
+        return cls(kernels, *levels.shape, (stored.contiguous(), _tiled(scales, kernels.TILE_ROWS, torch.float16)))
 
 
 def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
@@ -136,7 +140,13 @@ def _quads(levels: torch.Tensor, tile_rows: int) -> torch.Tensor:
     return grouped.permute(0, 2, 3, 1, 4)
 
 
-def _tiled(values: torch.Tensor, tile_rows: int) -> torch.Tensor:
-    """[out, groups] float -> [tiles, groups, tile rows] float16."""
+def _tiled(values: torch.Tensor, tile_rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """[out, groups] float -> [tiles, groups, tile rows] in `dtype`."""
     out_features, groups = values.shape
-    return values.view(out_features // tile_rows, tile_rows, groups).permute(0, 2, 1).half().contiguous()
+    return values.view(out_features // tile_rows, tile_rows, groups).permute(0, 2, 1).to(dtype).contiguous()
+
+
+def _is_float16(values: torch.Tensor) -> bool:
+    """Whether every value is a float16 to float32 rounding (a scale found as a group's range / 15 may be off by it)."""
+    values = values.float()
+    return bool(((values.half().float() - values).abs() <= 1e-6 * values.abs()).all())

@@ -27,6 +27,7 @@ from gpu.layers.cpu_linear import (
     Int4Groups,
     Int8Groups,
     OneDnnWeight,
+    int4_grid,
     int8_grid,
     onednn_lays_out_bfloat16,
 )
@@ -53,6 +54,20 @@ def q8_0_round_trip(weight: torch.Tensor) -> torch.Tensor:
 
 def q5_0_round_trip(weight: torch.Tensor) -> torch.Tensor:
     return round_trip(weight, GGMLQuantizationType.Q5_0)
+
+
+def q4_k_like(out_features: int, in_features: int, seed: int = 0) -> torch.Tensor:
+    """A weight as a Q4_K block dequantizes (the gguf package cannot write one): per 256 columns a float16 scale and
+    minimum, per 32 a 6-bit multiple of each; w = d * sc * q - dmin * m with q 2..13, so no group spans all 16
+    levels."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = (out_features, in_features // 256)
+    d, dmin = ((torch.rand(*blocks, generator=g) * 0.01 + 1e-3).half().float() for _ in range(2))
+    sub = (out_features, in_features // GROUP_SIZE)
+    sc, m = torch.randint(1, 64, sub, generator=g).float(), torch.randint(0, 64, sub, generator=g).float()
+    scales, minimums = d.repeat_interleave(8, -1) * sc, -dmin.repeat_interleave(8, -1) * m
+    q = torch.randint(2, 14, (*sub, GROUP_SIZE), generator=g).float()
+    return (q * scales.unsqueeze(-1) + minimums.unsqueeze(-1)).view(out_features, in_features)
 
 
 TORCH_INT4 = CpuPacking(torch.bfloat16, None)  # where the int8 dot-product kernels could not be built
@@ -116,6 +131,22 @@ def test_a_q5_0_weight_lies_on_8_bit_groups_of_its_own_float16_scale() -> None:
     unstepped = torch.zeros(16, 32)
     unstepped[0, :3] = torch.tensor([10.0, 19.0, -10.0])  # no step among a ninth of the smallest gap down: refused
     assert int8_grid(unstepped) is None
+
+
+def test_a_q4_k_weight_lies_on_4_bit_groups_of_its_own_steps() -> None:
+    """Q4_K's groups of 32 need not reach level 0 or 15: the step is found as each group's smallest, from its minimum;
+    the scales (a 6-bit integer times a float16) are mostly no float16, and kept as found."""
+    weight = q4_k_like(32, 512)
+    found = int4_grid(weight)
+    assert found is not None
+    levels, scales, minimums = found
+    assert levels.min() >= 0 and levels.max() <= 15
+    rebuilt = levels.view(32, 16, GROUP_SIZE) * scales.unsqueeze(-1) + minimums.unsqueeze(-1)
+    torch.testing.assert_close(rebuilt.view(32, 512), weight, rtol=1e-6, atol=1e-7)
+    assert (scales.half().float() != scales).float().mean() > 0.5
+    off = weight.clone()
+    off[2, 40] += 0.3 * scales[2, 1]
+    assert int4_grid(off) is None
 
 
 @pytest.mark.parametrize("case", ["random", "one value off the grid", "16 rows short", "columns not in groups"])
