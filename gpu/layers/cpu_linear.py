@@ -155,13 +155,9 @@ def int4_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
     offsets = groups - minimums.unsqueeze(-1)
     levels = _levels(offsets, scales)
     if levels is None:
-        first_row = offsets[:1]
-        if _stepped_levels(first_row, _smallest_steps(first_row), 15) is None:  # off every grid, by its first row
+        if (found := _on_smallest_steps(offsets, 15)) is None:
             return None
-        scales = _smallest_steps(offsets)
-        levels = _stepped_levels(offsets, scales, 15)
-        if levels is None:
-            return None
+        levels, scales = found
     return levels.view(weight.shape), scales, minimums
 
 
@@ -175,22 +171,26 @@ def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     scales = groups.abs().amax(-1) / 127
     levels = _levels(groups, scales)
     if levels is None:
-        first_row = groups[:1]
-        if _stepped_levels(first_row, _smallest_steps(first_row), 127) is None:  # off every grid, by its first row
+        found = _on_smallest_steps(groups, 127)
+        if found is None or not torch.equal(found[1].half().float(), found[1]):
             return None
-        scales = _smallest_steps(groups)
-        levels = _stepped_levels(groups, scales, 127)
-        if levels is None or not torch.equal(scales.half().float(), scales):
-            return None
+        levels, scales = found
     return levels.view(weight.shape), scales
 
 
-def _stepped_levels(values: torch.Tensor, steps: torch.Tensor, most: int) -> torch.Tensor | None:
-    """`values` [..., GROUP_SIZE] in `steps` of their group, where each is a whole number of them of at most `most`."""
-    if ((steps == 0) & (values.abs().amax(-1) > 0)).any():  # a group with values and no step found
-        return None
-    levels = _levels(values, steps)
-    return None if levels is None or levels.abs().max() > most else levels
+def _on_smallest_steps(values: torch.Tensor, most: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(levels, steps) of `values` [out, groups, GROUP_SIZE] in whole numbers of each group's smallest step, at most
+    `most` of them; None where a group is off it. The first row is tried first: a weight off every grid costs a row."""
+    found = None
+    for part in (values[:1], values):
+        steps = _smallest_steps(part)
+        if ((steps == 0) & (part.abs().amax(-1) > 0)).any():  # a group with values and no step found
+            return None
+        levels = _levels(part, steps)
+        if levels is None or levels.abs().max() > most:
+            return None
+        found = levels, steps
+    return found
 
 
 def torch_int4_fits(shape: torch.Size) -> bool:
