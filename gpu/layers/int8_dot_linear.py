@@ -1,12 +1,13 @@
 """Linear weights on their GGUF grid, multiplied by integer dot products (gpu/cpu_kernels/int8_dot.c).
 
-Two forms, each a group of 32 input columns with float16 scales, as GGUF's Q4_1 and Q8_0 blocks store them:
-- `Int4DotGroups`: w = scale * level + minimum, level 0..15 (Q4_1; Q4_0 too, with minimum = -8 * scale);
+Two forms, each a group of 32 input columns with float16 scales, as GGUF's Q4_1 and Q8_0 blocks store them (float32
+where a weight's are no float16, as Q4_K's sub-block scales):
+- `Int4DotGroups`: w = scale * level + minimum, level 0..15 (Q4_1; Q4_0 too, with minimum = -8 * scale; Q4_K);
 - `Int8DotGroups`: w = scale * level, level -127..127 (Q8_0; Q5_0's levels fit too).
 The activations are quantized per row and group of 32 to 16 bits as two int8 passes (a float32 scale each group), so
 a product differs from the float one by that rounding: at most half a step of 1/(127 * 256) of each group's largest
-activation, per activation. The weights are the grid's own values up to the float16 rounding of each group's scale
-and minimum: exact for a GGUF's, which stores them in float16.
+activation, per activation. The weights are the grid's own values: scales and minimums are held in float16 only where
+they are float16 values.
 
 Both take float32 or bfloat16 activations and return the same dtype. The kernel's layout (its tiles of output rows and
 how a quad of 4 columns is laid out) is written here, from the constants the compiled kernel states.
@@ -89,11 +90,7 @@ class Int4DotGroups(Int8DotProduct):
             return None
         quads = _quads(levels.to(torch.uint8), kernels.TILE_ROWS)  # [tiles, groups, 8, tile rows, 4]
         nibbles = quads[:, :, :4] | (quads[:, :, 4:] << 4)  # quads j and j + 4 share bytes
-        # float16 as a GGUF stores them (Q4_0, Q4_1), float32 where they are no float16 (Q4_K's sub-block scales).
-        dtype = torch.float16 if _is_float16(scales) and _is_float16(minimums) else torch.float32
-        tensors = (nibbles.contiguous(), _tiled(scales, kernels.TILE_ROWS, dtype),
-                   _tiled(minimums, kernels.TILE_ROWS, dtype))
-        return cls(kernels, *levels.shape, tensors)
+        return cls(kernels, *levels.shape, (nibbles.contiguous(), *_tiled(kernels.TILE_ROWS, scales, minimums)))
 
 
 class Int8DotGroups(Int8DotProduct):
@@ -108,7 +105,7 @@ class Int8DotGroups(Int8DotProduct):
         quads = _quads(levels.to(torch.int16), kernels.TILE_ROWS)
         # Where the CPU has VNNI, the kernel multiplies unsigned weights by signed activations: level + 128.
         stored = (quads + 128).to(torch.uint8) if kernels.OFFSET_BYTES else quads.to(torch.int8)
-        return cls(kernels, *levels.shape, (stored.contiguous(), _tiled(scales, kernels.TILE_ROWS, torch.float16)))
+        return cls(kernels, *levels.shape, (stored.contiguous(), *_tiled(kernels.TILE_ROWS, scales)))
 
 
 def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:
@@ -140,13 +137,11 @@ def _quads(levels: torch.Tensor, tile_rows: int) -> torch.Tensor:
     return grouped.permute(0, 2, 3, 1, 4)
 
 
-def _tiled(values: torch.Tensor, tile_rows: int, dtype: torch.dtype) -> torch.Tensor:
-    """[out, groups] float -> [tiles, groups, tile rows] in `dtype`."""
-    out_features, groups = values.shape
-    return values.view(out_features // tile_rows, tile_rows, groups).permute(0, 2, 1).to(dtype).contiguous()
-
-
-def _is_float16(values: torch.Tensor) -> bool:
-    """Whether every value is a float16 to float32 rounding (a scale found as a group's range / 15 may be off by it)."""
-    values = values.float()
-    return bool(((values.half().float() - values).abs() <= 1e-6 * values.abs()).all())
+def _tiled(tile_rows: int, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """A weight's [out, groups] scales (and minimums) -> [tiles, groups, tile rows] each: float16, as a GGUF stores
+    them (Q4_0, Q4_1, Q5_0, Q8_0), where every value is one to float32 rounding (a scale found as a group's range / 15
+    may be off by it); else float32, which the kernel reads too (Q4_K's: a 6-bit integer times a float16)."""
+    is_float16 = all(((v.float().half().float() - v.float()).abs() <= 1e-6 * v.float().abs()).all() for v in values)
+    dtype = torch.float16 if is_float16 else torch.float32
+    return tuple(v.view(v.shape[0] // tile_rows, tile_rows, v.shape[1]).permute(0, 2, 1).to(dtype).contiguous()
+                 for v in values)
