@@ -54,7 +54,7 @@ def pack_linear_layers(model: nn.Module, packing: CpuPacking) -> Counter[str]:
 
 def first_layer_on_a_grid(model_dir: Path) -> bool:
     """Whether every projection of the checkpoint's first decoder layer lies on a grid the int8 dot products take
-    (a Q4_0, Q4_1, Q4_K, Q5_0 or Q8_0 GGUF's do; Q6_K and unquantized weights do not), read from the files before the
+    (a Q4_0, Q4_1, Q4_K, Q5_0, Q6_K or Q8_0 GGUF's do; unquantized weights do not), read from the files before the
     model is built. The first layer stands for the rest, so that the check reads a layer's bytes, not the model's: a
     file quantized otherwise past its first layer would run those layers' float32 weights unpacked. False without such
     a layer or files."""

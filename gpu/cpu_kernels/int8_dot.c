@@ -3,7 +3,8 @@
  *
  * Weights keep their GGUF grid: groups of 32 input columns, each with a float16 scale (and, for 4-bit groups, a
  * float16 minimum): w = scale * level + minimum (level 0..15) or w = scale * level (level -127..127); a weight whose
- * scales are no float16 (Q4_K's: a 6-bit integer times a float16) holds them in float32. Activations are
+ * scales are no float16 (Q4_K's: a 6-bit integer times a float16) holds them in float32. An 8-bit weight may have a
+ * scale per half group of 16 columns instead (Q6_K's sub-blocks: `halves`). Activations are
  * quantized per row and group of 32 with their own float32 scale (largest magnitude / 127), as llama.cpp's Q8_1, and
  * their remainders again in 256ths of that step: two int8 passes through the same weights, whose dot products combine
  * into that of a 16-bit activation: one pass alone (llama.cpp's) parts from float32's greedy choices far more often,
@@ -17,7 +18,7 @@
  * 4 consecutive columns, each quad a [TILE_ROWS, 4] byte vector that one dpbusd multiplies by 4 broadcast activations.
  * 4-bit: quads j and j + 4 share bytes (j in the low nibble); 8-bit: level + 128 as unsigned bytes where the CPU has
  * VNNI (dpbusd multiplies unsigned by signed), else the signed level (AVX2's maddubs would saturate on the sum).
- * Scales: [tiles, groups, TILE_ROWS] float16 (float32 where scale_f32).
+ * Scales: [tiles, groups, TILE_ROWS] float16 (float32 where scale_f32); [tiles, groups, 2, TILE_ROWS] for halves.
  *
  * Compiled on the machine that runs it (-march=native, gpu/cpu_kernels/build.py): AVX512-VNNI (16 rows a tile), or
  * AVX2 with or without AVX-VNNI (8 rows). Threads: OpenMP, torch's own runtime (one pool for both).
@@ -61,6 +62,7 @@ typedef struct {
     float *scale;   /* [rows, groups]: what one unit of the combined levels is worth */
     float *sum;     /* [rows, groups]: the float32 sum of the group's activations */
     int32_t *qsum;  /* [rows, groups]: the sum of its combined levels */
+    int32_t *qsum_half; /* [rows, groups, 2]: that sum over each half group of 16 columns */
     float *row;     /* [rows, k]: the activations in float32, after the prologue */
     int64_t plane;  /* rows * k: from one pass's levels to the next's */
 } Quantized;
@@ -144,7 +146,8 @@ static void prologue_row(const Prologue *p, int64_t m, int64_t k, float *row) {
 
 /* Levels q1 = round(x / d), d = largest magnitude / 127, and q2 = round((x - q1 d) / (d / 256)), so that
  * x = (256 q1 + q2) d / 256 to within half of d / 256: 16 bits a group, as two int8 passes. */
-static void quantize_group(const float *x, int64_t plane, int8_t *q, float *scale, float *sum, int32_t *qsum) {
+static void quantize_group(const float *x, int64_t plane, int8_t *q, float *scale, float *sum, int32_t *qsum,
+                           int32_t *qsum_half) {
     float amax = 0.0f, total = 0.0f;
 #pragma omp simd reduction(max : amax) reduction(+ : total)
     for (int i = 0; i < GROUP; i++) {
@@ -152,20 +155,26 @@ static void quantize_group(const float *x, int64_t plane, int8_t *q, float *scal
         total += x[i];
     }
     float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int32_t s = 0;
+    int32_t halves[2] = {0, 0};
+    for (int h = 0; h < 2; h++) {
+        int32_t s = 0;
 #pragma omp simd reduction(+ : s)
-    for (int i = 0; i < GROUP; i++) {
-        float exact = x[i] * inv;
-        float first = round_even(exact);
-        float second = round_even((exact - first) * 256.0f);
-        second = second > 127.0f ? 127.0f : (second < -127.0f ? -127.0f : second);
-        q[i] = (int8_t)first;
-        q[plane + i] = (int8_t)second;
-        s += 256 * (int32_t)first + (int32_t)second;
+        for (int i = h * GROUP / 2; i < (h + 1) * GROUP / 2; i++) {
+            float exact = x[i] * inv;
+            float first = round_even(exact);
+            float second = round_even((exact - first) * 256.0f);
+            second = second > 127.0f ? 127.0f : (second < -127.0f ? -127.0f : second);
+            q[i] = (int8_t)first;
+            q[plane + i] = (int8_t)second;
+            s += 256 * (int32_t)first + (int32_t)second;
+        }
+        halves[h] = s;
     }
     *scale = d / 256.0f;
     *sum = total;
-    *qsum = s;
+    *qsum = halves[0] + halves[1];
+    qsum_half[0] = halves[0];
+    qsum_half[1] = halves[1];
 }
 
 static int quantize(const Prologue *p, int64_t rows, int64_t k, Quantized *out) {
@@ -175,15 +184,17 @@ static int quantize(const Prologue *p, int64_t rows, int64_t k, Quantized *out) 
     out->scale = malloc(rows * groups * sizeof(float));
     out->sum = malloc(rows * groups * sizeof(float));
     out->qsum = malloc(rows * groups * sizeof(int32_t));
+    out->qsum_half = malloc(2 * rows * groups * sizeof(int32_t));
     out->row = malloc(rows * k * sizeof(float));
-    if (!out->q || !out->scale || !out->sum || !out->qsum || !out->row) return -1;
+    if (!out->q || !out->scale || !out->sum || !out->qsum || !out->qsum_half || !out->row) return -1;
 #pragma omp parallel for schedule(static) if (rows >= 16)
     for (int64_t m = 0; m < rows; m++) {
         float *row = out->row + m * k;
         prologue_row(p, m, k, row);
         for (int64_t g = 0; g < groups; g++)
             quantize_group(row + g * GROUP, out->plane, out->q + m * k + g * GROUP, out->scale + m * groups + g,
-                           out->sum + m * groups + g, out->qsum + m * groups + g);
+                           out->sum + m * groups + g, out->qsum + m * groups + g,
+                           out->qsum_half + 2 * (m * groups + g));
     }
     return 0;
 }
@@ -193,6 +204,7 @@ static void release(Quantized *a) {
     free(a->scale);
     free(a->sum);
     free(a->qsum);
+    free(a->qsum_half);
     free(a->row);
 }
 
@@ -260,6 +272,7 @@ typedef struct {
     int64_t n, k;
     int is_q4;
     int scale_f32;
+    int halves; /* 8-bit: a scale per half group of 16 columns */
 } Weights;
 
 /* A group's TILE_ROWS scales (or minimums) from `values` at `at`, in float32. */
@@ -346,9 +359,47 @@ INLINE void q8_group(const uint8_t *block, const Quantized *a, const int8_t *x, 
     }
 }
 
-/* One tile of output rows for activation rows m0 .. m0 + rows (is_q4: w->is_q4, as a constant). */
+/* One group of an 8-bit tile whose halves have their own scales: as q8_group, each half's combined dot products
+ * in exact[r] (columns 0..15) and exact_high[r] (16..31); qsum_half: the rows' sums per half, a row's 2 * groups
+ * apart. */
+INLINE void q8_halves_group(const uint8_t *block, const Quantized *a, const int8_t *x, int64_t k, int rows,
+                            const int32_t *qsum_half, int64_t groups, ivec *exact, ivec *exact_high) {
+    ivec dots[2][ROW_CHUNK], rest[2][ROW_CHUNK];
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < rows; r++) dots[h][r] = rest[h][r] = izero();
+    for (int j = 0; j < 8; j++) {
+        const int h = j / 4;
+        ivec levels = iload(block + j * QUAD_BYTES);
+#if !OFFSET_BYTES
+        ivec magnitudes = _mm256_sign_epi8(levels, levels);
+#endif
+        for (int r = 0; r < rows; r++) {
+            const int8_t *xr = x + r * k + 4 * j;
+#if OFFSET_BYTES
+            dots[h][r] = dot_u8s8(dots[h][r], levels, broadcast4(xr));
+            rest[h][r] = dot_u8s8(rest[h][r], levels, broadcast4(xr + a->plane));
+#else
+            dots[h][r] = dot_u8s8(dots[h][r], magnitudes, _mm256_sign_epi8(broadcast4(xr), levels));
+            rest[h][r] = dot_u8s8(rest[h][r], magnitudes, _mm256_sign_epi8(broadcast4(xr + a->plane), levels));
+#endif
+        }
+    }
+    for (int r = 0; r < rows; r++) {
+        exact[r] = COMBINE(dots[0][r], rest[0][r]);
+        exact_high[r] = COMBINE(dots[1][r], rest[1][r]);
+#if OFFSET_BYTES
+        exact[r] = iadd_scalar(exact[r], -128 * qsum_half[r * 2 * groups]);
+        exact_high[r] = iadd_scalar(exact_high[r], -128 * qsum_half[r * 2 * groups + 1]);
+#endif
+    }
+}
+
+enum { Q8, Q4, Q8_HALVES }; /* a weight's kind of groups */
+
+/* One tile of output rows for activation rows m0 .. m0 + rows (kind: the weight's, as a constant). */
 INLINE void tile_of(const Weights *w, const Quantized *a, const Output *out, int64_t tile, int64_t m0, int rows,
-                    const int is_q4) {
+                    const int kind) {
+    const int is_q4 = kind == Q4;
     int64_t groups = w->k / GROUP, group_bytes = is_q4 ? Q4_GROUP_BYTES : Q8_GROUP_BYTES;
     const uint8_t *base = w->levels + tile * groups * group_bytes;
     fvec acc[ROW_CHUNK];
@@ -356,6 +407,20 @@ INLINE void tile_of(const Weights *w, const Quantized *a, const Output *out, int
     for (int64_t g = 0; g < groups; g++) {
         const int8_t *x = a->q + m0 * w->k + g * GROUP;
         ivec exact[ROW_CHUNK];
+        if (kind == Q8_HALVES) {
+            ivec exact_high[ROW_CHUNK];
+            q8_halves_group(base + g * group_bytes, a, x, w->k, rows, a->qsum_half + 2 * (m0 * groups + g), groups,
+                            exact, exact_high);
+            int64_t at = (tile * groups + g) * 2 * TILE_ROWS;
+            fvec scale = scales_at(w->scale, at, w->scale_f32), scale_high = scales_at(w->scale, at + TILE_ROWS,
+                                                                                      w->scale_f32);
+            for (int r = 0; r < rows; r++) {
+                fvec unit = fset1(a->scale[(m0 + r) * groups + g]);
+                acc[r] = fmadd(to_float(exact[r]), fmul(scale, unit), acc[r]);
+                acc[r] = fmadd(to_float(exact_high[r]), fmul(scale_high, unit), acc[r]);
+            }
+            continue;
+        }
         if (is_q4)
             q4_group(base + g * group_bytes, a, x, w->k, rows, exact);
         else
@@ -373,19 +438,21 @@ INLINE void tile_of(const Weights *w, const Quantized *a, const Output *out, int
 }
 
 /* Each (row count, weight kind) its own copy of the tile loop, so that its accumulators live in registers. */
-#define TILES_OF(is_q4)                                             \
-    switch (chunk) {                                                \
-    case 1: tile_of(w, a, out, t, m0, 1, is_q4); break;             \
-    case 2: tile_of(w, a, out, t, m0, 2, is_q4); break;             \
-    case 3: if (ROW_CHUNK > 2) tile_of(w, a, out, t, m0, 3, is_q4); break; \
-    case 4: if (ROW_CHUNK > 3) tile_of(w, a, out, t, m0, 4, is_q4); break; \
+#define TILES_OF(kind)                                             \
+    switch (chunk) {                                               \
+    case 1: tile_of(w, a, out, t, m0, 1, kind); break;             \
+    case 2: tile_of(w, a, out, t, m0, 2, kind); break;             \
+    case 3: if (ROW_CHUNK > 2) tile_of(w, a, out, t, m0, 3, kind); break; \
+    case 4: if (ROW_CHUNK > 3) tile_of(w, a, out, t, m0, 4, kind); break; \
     }
 
 static void tile_rows(const Weights *w, const Quantized *a, const Output *out, int64_t t, int64_t m0, int chunk) {
     if (w->is_q4)
-        TILES_OF(1)
+        TILES_OF(Q4)
+    else if (w->halves)
+        TILES_OF(Q8_HALVES)
     else
-        TILES_OF(0)
+        TILES_OF(Q8)
 }
 
 static void product(const Weights *w, const Quantized *a, int64_t rows, const Output *out) {
@@ -420,11 +487,16 @@ static int read_ints(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expecte
 
 static void free_weights(PyObject *capsule) { free(PyCapsule_GetPointer(capsule, "int8_dot.Weights")); }
 
-/* weights(levels, scale, minimum, n, k, scale_f32) -> a capsule: the layout's pointers (the caller keeps the tensors
- * alive). minimum: None for 8-bit groups; scale_f32: whether scale and minimum are float32 (else float16). */
+/* weights(levels, scale, minimum, n, k, scale_f32, halves) -> a capsule: the layout's pointers (the caller keeps the
+ * tensors alive). minimum: None for 8-bit groups; scale_f32: whether scale and minimum are float32 (else float16);
+ * halves: an 8-bit weight's scales are per half group. */
 static PyObject *weights(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    int64_t v[6];
-    if (read_ints(args, nargs, 6, 0, v) < 0) return NULL;
+    int64_t v[7];
+    if (read_ints(args, nargs, 7, 0, v) < 0) return NULL;
+    if (v[6] && v[2]) {
+        PyErr_SetString(PyExc_ValueError, "scales per half group are for 8-bit groups");
+        return NULL;
+    }
     if (v[3] % TILE_ROWS || v[4] % GROUP || v[4] <= 0) {
         PyErr_SetString(PyExc_ValueError, "n must be whole tiles of rows and k whole groups");
         return NULL;
@@ -432,7 +504,7 @@ static PyObject *weights(PyObject *self, PyObject *const *args, Py_ssize_t nargs
     Weights *w = malloc(sizeof(Weights));
     if (w == NULL) return PyErr_NoMemory();
     *w = (Weights){(const uint8_t *)v[0], (const void *)v[1], (const void *)v[2], NULL, v[3], v[4], v[2] != 0,
-                   v[5] != 0};
+                   v[5] != 0, v[6] != 0};
     return PyCapsule_New(w, "int8_dot.Weights", free_weights);
 }
 

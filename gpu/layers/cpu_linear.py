@@ -6,7 +6,8 @@ on it, as the GGUF file stored it:
 - 4-bit groups (a scale and a minimum per group: Q4_1; the dequantized weights of a Q4_1 GGUF lie on it; Q4_K's
   groups of 32 too, their scales and minimums held in float32 where no float16) and
 - 8-bit groups (a scale per group, levels -127..127: Q8_0; the default model's token embedding, which its LM head
-  shares; Q5_0, whose levels -16..15 fit).
+  shares; Q5_0, whose levels -16..15 fit), or a scale per half group of 16 columns (Q6_K's sub-blocks: a 6-bit level
+  times an 8-bit integer times a float16, kept in float32; through the integer dot products only).
 Where the integer dot-product kernels were built (gpu/cpu_kernels/int8_dot.c, any x86-64 CPU with AVX2 and a C
 compiler), both go through them, for float32 or bfloat16 activations (gpu/layers/int8_dot_linear.py): a fifth of
 float32's bytes for 4-bit groups, the activations quantized to int8 per group of 32 as llama.cpp does. Elsewhere, in
@@ -135,10 +136,12 @@ class CpuPacking:
 
     def pack_int8_groups(self, levels: torch.Tensor, scales: torch.Tensor) -> Int8DotGroups | Int8Groups | None:
         """W = levels * scale per group of GROUP_SIZE columns (levels [out, in] in -127..127; scales
-        [out, in / GROUP_SIZE]): a GGUF's Q8_0 blocks."""
+        [out, in / GROUP_SIZE]): a GGUF's Q8_0 blocks; or per half group (scales [out, 2 * in / GROUP_SIZE]: Q6_K's),
+        which torch's int4 kernel does not take."""
         if self.int8_dot is not None:
             return Int8DotGroups.pack(self.int8_dot, levels, scales)
-        if self.dtype == torch.bfloat16 and torch_int4_fits(levels.shape):
+        per_group = scales.shape[1] * GROUP_SIZE == levels.shape[1]
+        if self.dtype == torch.bfloat16 and torch_int4_fits(levels.shape) and per_group:
             return Int8Groups(levels.to(torch.int32), scales.float())
         return None
 
@@ -164,7 +167,8 @@ def int4_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.T
 def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     """(levels, scales) when every group of GROUP_SIZE columns of `weight` [out, in] lies on a grid of multiples of
     a step, levels -127..127: its largest magnitude / 127 (Q8_0's), or else its own smallest step, a float16 (Q5_0's
-    levels -16..15 of a float16 scale need not reach 127); else None."""
+    levels -16..15 of a float16 scale need not reach 127); or else every half group of 16 columns on its own smallest
+    step (Q6_K's sub-blocks), scales [out, 2 * in / GROUP_SIZE]; else None."""
     groups = _groups(weight)
     if groups is None:
         return None
@@ -173,13 +177,21 @@ def int8_grid(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
     if levels is None:
         found = _on_smallest_steps(groups, 127)
         if found is None or not torch.equal(found[1].half().float(), found[1]):
-            return None
+            halves = groups.view(groups.shape[0], -1, GROUP_SIZE // 2)
+            found = _on_smallest_steps(halves, 127)
+            if found is None:
+                return None
+            # A step found as a gap between two values carries their rounding: the least-squares step of the whole
+            # half group is the file's (a float16 times an 8-bit integer, which float32 holds exactly).
+            levels = found[0].double()
+            fitted = (halves.double() * levels).sum(-1) / (levels * levels).sum(-1).clamp(min=1)
+            found = found[0], fitted.float()
         levels, scales = found
     return levels.view(weight.shape), scales
 
 
 def _on_smallest_steps(values: torch.Tensor, most: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """(levels, steps) of `values` [out, groups, GROUP_SIZE] in whole numbers of each group's smallest step, at most
+    """(levels, steps) of `values` [out, groups, size] in whole numbers of each group's smallest step, at most
     `most` of them; None where a group is off it. The first row is tried first: a weight off every grid costs a row."""
     found = None
     for part in (values[:1], values):
@@ -207,9 +219,9 @@ def _groups(weight: torch.Tensor) -> torch.Tensor | None:
 
 
 def _smallest_steps(groups: torch.Tensor) -> torch.Tensor:
-    """[out, groups]: per group, the largest step of which every value is a multiple, tried among the smallest
-    distance between two of its values or from zero, divided by 1 to 8 (a group whose levels are all even, or 0, 3
-    and 5, has no two values one level apart); 0 where no such step is found or every value is zero."""
+    """[out, groups]: per group (of any size), the largest step of which every value is a multiple, tried among the
+    smallest distance between two of its values or from zero, divided by 1 to 8 (a group whose levels are all even, or
+    0, 3 and 5, has no two values one level apart); 0 where no such step is found or every value is zero."""
     values = torch.cat([groups, torch.zeros_like(groups[..., :1])], -1).sort(-1).values
     gaps = values.diff(dim=-1)
     tiny = values.abs().amax(-1, keepdim=True) * 1e-6  # equal values, up to float32 rounding, are one value

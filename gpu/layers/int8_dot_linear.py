@@ -3,7 +3,8 @@
 Two forms, each a group of 32 input columns with float16 scales, as GGUF's Q4_1 and Q8_0 blocks store them (float32
 where a weight's are no float16, as Q4_K's sub-block scales):
 - `Int4DotGroups`: w = scale * level + minimum, level 0..15 (Q4_1; Q4_0 too, with minimum = -8 * scale; Q4_K);
-- `Int8DotGroups`: w = scale * level, level -127..127 (Q8_0; Q5_0's levels fit too).
+- `Int8DotGroups`: w = scale * level, level -127..127 (Q8_0; Q5_0's levels fit too), or with a scale per half group
+  of 16 columns (Q6_K's sub-blocks, levels -32..31).
 The activations are quantized per row and group of 32 to 16 bits as two int8 passes (a float32 scale each group), so
 a product differs from the float one by that rounding: at most half a step of 1/(127 * 256) of each group's largest
 activation, per activation. The weights are the grid's own values: scales and minimums are held in float16 only where
@@ -31,12 +32,13 @@ class Int8DotProduct:
     def __init__(self, kernels: ModuleType, out_features: int, in_features: int,
                  tensors: tuple[torch.Tensor, ...]) -> None:
         """tensors: (levels, scales) or (levels, scales, minimums), in the kernel's layout (scales and minimums
-        float16, or float32 where a group's are no float16)."""
+        float16, or float32 where a group's are no float16; an 8-bit weight's scales per group or per half group)."""
         self.out_features, self.in_features = out_features, in_features
         self._tensors = tensors  # kept alive: the kernel reads them through the handle's pointers
         minimums = tensors[2].data_ptr() if len(tensors) == 3 else None
+        halves = int(tensors[1].shape[1] == 2 * in_features // GROUP_SIZE)
         self._weights = kernels.weights(tensors[0].data_ptr(), tensors[1].data_ptr(), minimums, out_features,
-                                        in_features, int(tensors[1].dtype == torch.float32))
+                                        in_features, int(tensors[1].dtype == torch.float32), halves)
         self._kernels = kernels
 
     @property
@@ -98,8 +100,9 @@ class Int8DotGroups(Int8DotProduct):
 
     @classmethod
     def pack(cls, kernels: ModuleType, levels: torch.Tensor, scales: torch.Tensor) -> "Int8DotGroups | None":
-        """levels: [out, in] integers in -127..127; scales: [out, in / GROUP_SIZE], so that W = levels * scale per
-        group. None where the kernel cannot take the shape."""
+        """levels: [out, in] integers in -127..127; scales: [out, in / GROUP_SIZE] (or [out, 2 * in / GROUP_SIZE],
+        one per half group), so that W = levels * scale per group (or half). None where the kernel cannot take the
+        shape."""
         if not fits(kernels, levels.shape):
             return None
         quads = _quads(levels.to(torch.int16), kernels.TILE_ROWS)
@@ -138,7 +141,8 @@ def _quads(levels: torch.Tensor, tile_rows: int) -> torch.Tensor:
 
 
 def _tiled(tile_rows: int, *values: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """A weight's [out, groups] scales (and minimums) -> [tiles, groups, tile rows] each: float16, as a GGUF stores
+    """A weight's [out, groups] scales (and minimums) -> [tiles, groups, tile rows] each (per half group: [out,
+    2 * groups] -> [tiles, groups, 2 halves, tile rows], as the kernel reads them): float16, as a GGUF stores
     them (Q4_0, Q4_1, Q5_0, Q8_0), where every value is one to float32 rounding (a scale found as a group's range / 15
     may be off by it); else float32, which the kernel reads too (Q4_K's: a 6-bit integer times a float16)."""
     is_float16 = all(((v.float().half().float() - v.float()).abs() <= 1e-6 * v.float().abs()).all() for v in values)

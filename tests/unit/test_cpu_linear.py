@@ -70,6 +70,19 @@ def q4_k_like(out_features: int, in_features: int, seed: int = 0) -> torch.Tenso
     return (q * scales.unsqueeze(-1) + minimums.unsqueeze(-1)).view(out_features, in_features)
 
 
+def q6_k_like(out_features: int, in_features: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """(weight, steps) as a Q6_K block dequantizes (the gguf package cannot write one): per 256 columns a float16 d, per
+    16 a signed 8-bit scale; w = d * scale * (q - 32) with q 0..63, in float32 as the gguf package computes it, and
+    steps [out, in / 16] = d * scale."""
+    g = torch.Generator().manual_seed(seed)
+    d = (torch.rand(out_features, in_features // 256, generator=g) * 1e-3 + 1e-4).half().float()
+    scales = torch.randint(-128, 128, (out_features, in_features // 16), generator=g).float()
+    scales[scales == 0] = 1
+    steps = d.repeat_interleave(16, -1) * scales
+    q = torch.randint(0, 64, (out_features, in_features // 16, 16), generator=g).float()
+    return (steps.unsqueeze(-1) * (q - 32)).view(out_features, in_features), steps
+
+
 TORCH_INT4 = CpuPacking(torch.bfloat16, None)  # where the int8 dot-product kernels could not be built
 
 
@@ -147,6 +160,24 @@ def test_a_q4_k_weight_lies_on_4_bit_groups_of_its_own_steps() -> None:
     off = weight.clone()
     off[2, 40] += 0.3 * scales[2, 1]
     assert int4_grid(off) is None
+
+
+def test_a_q6_k_weight_lies_on_8_bit_halves_of_its_own_steps() -> None:
+    """Q6_K's sub-blocks of 16 columns each have their own step (a float16 times an 8-bit integer): found per half
+    group, exactly the file's, its levels -32..32; one value off and the weight is off every grid. Torch's int4 kernel
+    takes no half groups."""
+    weight, steps = q6_k_like(32, 512)
+    found = int8_grid(weight)
+    assert found is not None
+    levels, scales = found
+    assert scales.shape == (32, 32) and torch.equal(scales, steps.abs())
+    assert levels.abs().max() <= 32
+    torch.testing.assert_close((levels.view(32, 32, 16) * scales.unsqueeze(-1)).view(32, 512), weight, rtol=1e-6,
+                               atol=0)
+    off = weight.clone()
+    off[2, 40] += 0.3 * steps[2, 2]
+    assert int8_grid(off) is None
+    assert TORCH_INT4.pack_int8_groups(levels, scales) is None
 
 
 @pytest.mark.parametrize("case", ["random", "one value off the grid", "16 rows short", "columns not in groups"])

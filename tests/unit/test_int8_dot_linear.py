@@ -15,7 +15,7 @@ from gpu.layers.activation import SiluAndMul
 from gpu.layers.cpu_linear import CpuPacking, int4_grid, int8_grid
 from gpu.layers.int8_dot_linear import GROUP_SIZE, Int4DotGroups, Int8DotGroups
 from gpu.layers.norm import RMSNorm
-from tests.unit.test_cpu_linear import q4_1_round_trip, q4_k_like, q5_0_round_trip, q8_0_round_trip
+from tests.unit.test_cpu_linear import q4_1_round_trip, q4_k_like, q5_0_round_trip, q6_k_like, q8_0_round_trip
 
 TARGETS = ["native", "haswell"]  # this CPU's instruction set; AVX2 without VNNI
 
@@ -87,16 +87,21 @@ ROWS = [1, 3, 4, 5, 37]  # one, a partial chunk of 4, a chunk, a chunk and one, 
 
 
 @pytest.mark.parametrize("rows", ROWS)
-@pytest.mark.parametrize("kind", ["q4_1", "q4_k", "q8_0", "q5_0"])
+@pytest.mark.parametrize("kind", ["q4_1", "q4_k", "q8_0", "q5_0", "q6_k"])
 def test_groups_equal_the_product_of_quantized_activations(kernels, kind: str, rows: int) -> None:  # noqa: ANN001
     """A Q4_1 weight as 4-bit groups (with their minimums), a Q4_K one too with its float32 scales, a Q8_0 one as
-    8-bit groups, a Q5_0 one as 8-bit groups on its own float16 step (levels -16..15)."""
+    8-bit groups, a Q5_0 one as 8-bit groups on its own float16 step (levels -16..15), a Q6_K one as 8-bit groups with
+    a float32 scale per half group."""
     if kind.startswith("q4"):
         weight = q4_1_round_trip(_random(64, 160) * 0.05) if kind == "q4_1" else q4_k_like(64, 256, seed=rows)
         packed = Int4DotGroups.pack(kernels, *int4_grid(weight))  # type: ignore[misc]
         assert packed is not None
         scale_dtype = packed._tensors[1].dtype  # noqa: SLF001 - the scales as the kernel reads them
         assert scale_dtype == (torch.float16 if kind == "q4_1" else torch.float32)
+    elif kind == "q6_k":
+        weight = q6_k_like(48, 256, seed=rows)[0]
+        packed = Int8DotGroups.pack(kernels, *int8_grid(weight))  # type: ignore[misc]
+        assert packed is not None and packed._tensors[1].shape == (48 // kernels.TILE_ROWS, 16, kernels.TILE_ROWS)  # noqa: SLF001
     else:
         weight = (q8_0_round_trip if kind == "q8_0" else q5_0_round_trip)(_random(48, 96) * 0.05)
         packed = Int8DotGroups.pack(kernels, *int8_grid(weight))  # type: ignore[misc]
