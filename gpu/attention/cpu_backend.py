@@ -13,9 +13,9 @@ query) costs more than the arithmetic. Here:
 The math is the reference's (float32 scores and softmax, the output rounded to the query's dtype), in
 another summation order: results equal it to float32 rounding (tests/unit/test_cpu_attention.py).
 
-Built with the C kernels of gpu/cpu_kernels/attention.c, a layer of plain attention (no window, sinks or soft-cap)
-attends every single-query row of a step in one call of `decode_attention` (same math, its own summation order), and
-only prefill rows take the torch code.
+Built with the C kernels of gpu/cpu_kernels/attention.c, a layer of plain or sliding-window attention (no sinks or
+soft-cap) attends every single-query row of a step in one call of `decode_attention` (same math, its own summation
+order), and only prefill rows take the torch code.
 """
 
 from types import ModuleType
@@ -45,7 +45,7 @@ class CpuBackend:
         v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
     def forward(self, query, k_cache, v_cache, meta, scale, variant=PLAIN) -> torch.Tensor:  # noqa: ANN001
-        if self.kernels is None or variant is not PLAIN or not can_take(query, k_cache):
+        if self.kernels is None or not is_windowed_at_most(variant) or not can_take(query, k_cache):
             return paged_attention(query, k_cache, v_cache, meta, scale, variant)
         out = torch.empty_like(query)
         _, block_size, num_kv_heads, head_dim = k_cache.shape
@@ -53,10 +53,16 @@ class CpuBackend:
             query.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), out.data_ptr(), meta.block_tables.data_ptr(),
             meta.block_tables.stride(0), meta.context_lens.data_ptr(), meta.query_start_loc.data_ptr(),
             meta.context_lens.shape[0], block_size, query.shape[1], num_kv_heads, head_dim, scale,
-            int(query.dtype == torch.bfloat16))
+            int(query.dtype == torch.bfloat16), variant.sliding_window or 0)
         if not meta.is_decode_only:
-            paged_attention(query, k_cache, v_cache, meta, scale, out=out, skips_single_queries=True)
+            paged_attention(query, k_cache, v_cache, meta, scale, variant, out=out, skips_single_queries=True)
         return out
+
+
+def is_windowed_at_most(variant: AttentionVariant) -> bool:
+    """Whether the C kernel computes this variant: plain attention, or within a sliding window (no sinks, no
+    soft-cap)."""
+    return variant.sinks is None and variant.softcap is None
 
 
 def can_take(query: torch.Tensor, k_cache: torch.Tensor) -> bool:

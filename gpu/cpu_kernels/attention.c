@@ -1,12 +1,12 @@
 /* Attention's elementwise work and single-query attention on a CPU, each in one call per layer.
  *
  * rope_store: a step's fused q/k/v projection -> the rotated queries, and the rotated keys and the values written
- * to their cache slots (optionally after per-head RMSNorms of q and k, Qwen3's), as gpu/layers/attention.py's torch
- * code computes them: the same float32 operations in the same order (x * cos + swapped(x) * signed_sin), so a
+ * to their cache slots (optionally after per-head RMSNorms of q and k, Qwen3's or Gemma's), as
+ * gpu/layers/attention.py's torch code computes them: the same float32 operations in the same order (x * cos + swapped(x) * signed_sin), so a
  * float32 run gives the same bits (compiled without floating-point contraction).
  *
- * decode_attention: every row whose step has one query (a decode) attends to its whole context through its block
- * table; a head group reads its KV head once. Scores and softmax in float32, as the torch reference; sums in another
+ * decode_attention: every row whose step has one query (a decode) attends to its whole context (or the last `window`
+ * positions of it: a sliding-window layer) through its block table; a head group reads its KV head once. Scores and softmax in float32, as the torch reference; sums in another
  * order, so results equal it to float32 rounding. Rows with more queries (prefill chunks) are left to the caller.
  *
  * Tensors are float32 or bfloat16 (one dtype for the activations and the cache); positions and slots int64, the
@@ -54,14 +54,16 @@ typedef struct {
     int64_t num_heads, num_kv_heads, head_dim;
     const void *q_norm, *k_norm; /* [head_dim] or NULL */
     float eps;
+    float norm_offset; /* the norms scale by norm_offset + weight (Gemma 3: 1) */
+    int norm_f32;      /* Gemma's convention: normed * scale in float32, rounded once; else Llama's */
     void *k_cache, *v_cache; /* [num_blocks * block_size, num_kv_heads, head_dim] */
     const int64_t *slots;
     void *q_out; /* [num_tokens, num_heads, head_dim] */
     int is_bf16;
 } RopeStore;
 
-/* One head: optional RMSNorm (float32, weight applied after rounding to the dtype, as RMSNorm.forward), then the
- * rotation, written to dst[0 .. head_dim). */
+/* One head: optional RMSNorm (float32; Llama's convention: the weight applied after rounding to the dtype, Gemma's:
+ * the scale in float32, then rounded, as RMSNorm.forward), then the rotation, written to dst[0 .. head_dim). */
 static void rotate_head(const RopeStore *a, const void *src, int64_t src_at, const void *norm, int64_t position,
                         void *dst, int64_t dst_at) {
     int64_t d = a->head_dim, half = d / 2;
@@ -73,12 +75,13 @@ static void rotate_head(const RopeStore *a, const void *src, int64_t src_at, con
         float inverse = 1.0f / sqrtf(squares / (float)d + a->eps);
         for (int64_t i = 0; i < d; i++) {
             float normed = x[i] * inverse;
-            if (a->is_bf16) { /* rounded to the dtype before the weight, as the torch code */
+            if (a->norm_f32) normed *= a->norm_offset + load(norm, i, a->is_bf16);
+            if (a->is_bf16) { /* rounded to the dtype (Llama's: before the weight), as the torch code */
                 uint16_t rounded;
                 store(&rounded, 0, normed, 1);
                 normed = load(&rounded, 0, 1);
             }
-            x[i] = load(norm, i, a->is_bf16) * normed;
+            x[i] = a->norm_f32 ? normed : (a->norm_offset + load(norm, i, a->is_bf16)) * normed;
         }
     }
     int64_t row = position * d;
@@ -110,7 +113,14 @@ typedef struct {
     int64_t table_stride, block_size, num_heads, num_kv_heads, head_dim;
     float scale;
     int is_bf16;
+    int64_t window; /* the positions a query sees at most (0: all) */
 } Decode;
+
+/* A row's first context position its query sees: its window's first, where the layer has one. */
+static inline int64_t first_seen(const Decode *a, int64_t row) {
+    int64_t length = a->context_lens[row];
+    return a->window > 0 && length > a->window ? length - a->window : 0;
+}
 
 /* Context positions a task attends to at most: longer contexts are split, their parts merged. A step with fewer
  * parts than threads splits its rows finer (to MIN_CHUNK), so every thread has a part. */
@@ -227,19 +237,19 @@ static int read_args(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expecte
 }
 
 /* rope_store(qkv, qkv_stride, num_tokens, positions, cos, signed_sin, num_heads, num_kv_heads, head_dim, q_norm,
- *            k_norm, eps, k_cache, v_cache, slots, q_out, is_bf16) */
+ *            k_norm, eps, k_cache, v_cache, slots, q_out, is_bf16, norm_offset, norm_f32) */
 static PyObject *rope_store(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    int64_t v[17];
-    if (read_args(args, nargs, 17, v) < 0) return NULL;
-    double eps = PyFloat_AsDouble(args[11]);
-    if (eps == -1.0 && PyErr_Occurred()) return NULL;
+    int64_t v[19];
+    if (read_args(args, nargs, 19, v) < 0) return NULL;
+    double eps = PyFloat_AsDouble(args[11]), offset = PyFloat_AsDouble(args[17]);
+    if ((eps == -1.0 || offset == -1.0) && PyErr_Occurred()) return NULL;
     if (v[8] > 1024 || v[8] % 2) {
         PyErr_SetString(PyExc_ValueError, "head_dim must be even and at most 1024");
         return NULL;
     }
     RopeStore a = {(const void *)v[0], v[1], (const int64_t *)v[3], (const void *)v[4], (const void *)v[5], v[6],
-                   v[7], v[8], (const void *)v[9], (const void *)v[10], (float)eps, (void *)v[12], (void *)v[13],
-                   (const int64_t *)v[14], (void *)v[15], (int)v[16]};
+                   v[7], v[8], (const void *)v[9], (const void *)v[10], (float)eps, (float)offset, (int)v[18],
+                   (void *)v[12], (void *)v[13], (const int64_t *)v[14], (void *)v[15], (int)v[16]};
     int64_t tokens = v[2];
     Py_BEGIN_ALLOW_THREADS
 #pragma omp parallel for schedule(static) if (tokens >= 64)
@@ -249,15 +259,16 @@ static PyObject *rope_store(PyObject *self, PyObject *const *args, Py_ssize_t na
 }
 
 /* decode_attention(q, k_cache, v_cache, out, block_tables, table_stride, context_lens, query_start, num_rows,
- *                  block_size, num_heads, num_kv_heads, head_dim, scale, is_bf16): rows with one query only. */
+ *                  block_size, num_heads, num_kv_heads, head_dim, scale, is_bf16, window): rows with one query only;
+ *                  window 0: the whole context. */
 static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    int64_t v[15];
-    if (read_args(args, nargs, 15, v) < 0) return NULL;
+    int64_t v[16];
+    if (read_args(args, nargs, 16, v) < 0) return NULL;
     double scale = PyFloat_AsDouble(args[13]);
     if (scale == -1.0 && PyErr_Occurred()) return NULL;
     Decode a = {(const void *)v[0], (const void *)v[1], (const void *)v[2], (void *)v[3], (const int32_t *)v[4],
                 (const int32_t *)v[6], (const int32_t *)v[7], v[5], v[9], v[10], v[11], v[12], (float)scale,
-                (int)v[14]};
+                (int)v[14], v[15]};
     int64_t rows = v[8], heads = a.num_heads, d = a.head_dim;
     if (a.num_heads % a.num_kv_heads) {
         PyErr_SetString(PyExc_ValueError, "the query heads must be a multiple of the KV heads");
@@ -269,8 +280,9 @@ static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssiz
     int64_t work = 0, tasks = 0, chunk = CHUNK, threads = omp_get_max_threads();
     for (int64_t r = 0; r < rows; r++)
         if (a.query_start[r + 1] - a.query_start[r] == 1) {
-            work += a.context_lens[r];
-            tasks += (a.context_lens[r] + CHUNK - 1) / CHUNK;
+            int64_t seen = a.context_lens[r] - first_seen(&a, r);
+            work += seen;
+            tasks += (seen + CHUNK - 1) / CHUNK;
         }
     int parallel = threads > 1 && work * heads * d >= PARALLEL_WORK;
     if (parallel && tasks < threads) {
@@ -280,7 +292,8 @@ static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssiz
     tasks = 0;
     for (int64_t r = 0; r < rows; r++) {
         first[r] = tasks;
-        if (a.query_start[r + 1] - a.query_start[r] == 1) tasks += (a.context_lens[r] + chunk - 1) / chunk;
+        if (a.query_start[r + 1] - a.query_start[r] == 1)
+            tasks += (a.context_lens[r] - first_seen(&a, r) + chunk - 1) / chunk;
     }
     first[rows] = tasks;
     float *partials = malloc(sizeof(float) * (tasks > 0 ? tasks : 1) * heads * (d + 2));
@@ -297,7 +310,7 @@ static PyObject *decode_attention(PyObject *self, PyObject *const *args, Py_ssiz
         for (int64_t task = 0; task < tasks; task++) {
             int64_t row = 0;
             while (first[row + 1] <= task) row++;
-            int64_t begin = (task - first[row]) * chunk, end = begin + chunk;
+            int64_t begin = first_seen(&a, row) + (task - first[row]) * chunk, end = begin + chunk;
             end = end < a.context_lens[row] ? end : a.context_lens[row];
             float *base = partials + task * heads * (d + 2);
             Partial part = {base, base + heads * d, base + heads * d + heads};

@@ -10,8 +10,9 @@
  * into that of a 16-bit activation: one pass alone (llama.cpp's) parts from float32's greedy choices far more often,
  * and the second costs little where the weights' bytes bound the time (a decode step; docs/performance.md has the
  * figures). A 4-bit group's minimum multiplies the exact float32 sum of its activations. Each group's integer dot product is exact in int32 and is scaled once, in float32.
- * The functions take their rows' input and compute it first where asked: RMSNorm after a residual add, or
- * SiLU-and-mul (the prologues the CUDA skinny GEMM has too).
+ * The functions take their rows' input and compute it first where asked: RMSNorm after a residual add (in Llama's
+ * convention or Gemma's, optionally after a norm of the input itself: Gemma's post-attention and post-MLP norms), or
+ * SiLU-and-mul or GELU(tanh)-and-mul (the prologues the CUDA skinny GEMM has too).
  *
  * Layout (written by gpu/layers/int8_dot_linear.py): output rows in tiles of TILE_ROWS (one SIMD lane per row), so
  * no horizontal sums are needed; a tile's groups follow each other, and a group holds its 32 columns as 8 quads of
@@ -96,17 +97,37 @@ static inline void store(void *base, int64_t i, float f, int is_bf16) {
 static inline float rounded(float f, int is_bf16) { return is_bf16 ? bf16_to_f32(f32_to_bf16(f)) : f; }
 
 /* What the product's input is computed from, in the layer's dtype, rounding where the torch code rounds:
- * NONE: x itself; NORM: RMSNorm(x + residual) (gpu/layers/norm.py), x + residual written to `summed`;
- * SILU_AND_MUL: silu(gate) * up of x = [gate | up] (gpu/layers/activation.py). */
-enum { NONE, NORM, SILU_AND_MUL };
+ * NONE: x itself; NORM: RMSNorm(x' + residual) (gpu/layers/norm.py), x' + residual written to `summed`, where x' is
+ * x or, with a post_norm, RMSNorm(x) by that weight (Gemma's norm of a block's output before the residual add);
+ * SILU_AND_MUL, GELU_TANH_AND_MUL: act(gate) * up of x = [gate | up] (gpu/layers/activation.py). */
+enum { NONE, NORM, SILU_AND_MUL, GELU_TANH_AND_MUL };
 
 typedef struct {
     int kind, is_bf16;
     const void *x, *residual, *norm; /* residual: NULL for none; norm: [k] weight */
     int64_t x_stride, residual_stride;
     float eps;
-    void *summed; /* [rows, k] contiguous, where there is a residual */
+    void *summed;          /* [rows, k] contiguous, where there is a residual */
+    const void *post_norm; /* [k] weight or NULL; the same eps and convention as `norm` */
+    float norm_offset;     /* a norm scales by norm_offset + weight (Gemma 3: 1) */
+    int norm_f32;          /* Gemma's convention: normed * scale in float32, rounded once; else Llama's */
 } Prologue;
+
+/* row[0 .. k) RMS-normed in place by `weight` in the prologue's convention. */
+static inline __attribute__((always_inline)) void rms_norm_row(const Prologue *p, const void *weight, int64_t k,
+                                                               float *row, const int bf) {
+    float squares = 0.0f;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t i = 0; i < k; i++) squares += row[i] * row[i];
+    float inverse = 1.0f / sqrtf(squares / (float)k + p->eps);
+    if (p->norm_f32) {
+#pragma omp simd
+        for (int64_t i = 0; i < k; i++) row[i] = rounded(row[i] * inverse * (p->norm_offset + load(weight, i, bf)), bf);
+        return;
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < k; i++) row[i] = rounded(load(weight, i, bf) * rounded(row[i] * inverse, bf), bf);
+}
 
 static inline __attribute__((always_inline)) void prologue_row_as(const Prologue *p, int64_t m, int64_t k,
                                                                   float *row, const int bf) {
@@ -119,9 +140,19 @@ static inline __attribute__((always_inline)) void prologue_row_as(const Prologue
         }
         return;
     }
+    if (p->kind == GELU_TANH_AND_MUL) { /* 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)), u = sqrt(2 / pi)(g + 0.044715 g^3) */
+#pragma omp simd
+        for (int64_t i = 0; i < k; i++) {
+            float gate = load(p->x, at + i, bf), up = load(p->x, at + k + i, bf);
+            float u = 0.7978845608f * (gate + 0.044715f * gate * gate * gate);
+            row[i] = rounded(rounded(gate / (1.0f + exp_approx(-2.0f * u)), bf) * up, bf);
+        }
+        return;
+    }
 #pragma omp simd
     for (int64_t i = 0; i < k; i++) row[i] = load(p->x, at + i, bf);
     if (p->kind == NONE) return;
+    if (p->post_norm != NULL) rms_norm_row(p, p->post_norm, k, row, bf);
     if (p->residual != NULL) {
 #pragma omp simd
         for (int64_t i = 0; i < k; i++) {
@@ -129,12 +160,7 @@ static inline __attribute__((always_inline)) void prologue_row_as(const Prologue
             store(p->summed, m * k + i, row[i], bf);
         }
     }
-    float squares = 0.0f;
-#pragma omp simd reduction(+ : squares)
-    for (int64_t i = 0; i < k; i++) squares += row[i] * row[i];
-    float inverse = 1.0f / sqrtf(squares / (float)k + p->eps);
-#pragma omp simd
-    for (int64_t i = 0; i < k; i++) row[i] = rounded(load(p->norm, i, bf) * rounded(row[i] * inverse, bf), bf);
+    rms_norm_row(p, p->norm, k, row, bf);
 }
 
 static void prologue_row(const Prologue *p, int64_t m, int64_t k, float *row) {
@@ -532,28 +558,36 @@ static PyObject *run(PyObject *capsule, const Prologue *p, int64_t rows, const v
 static PyObject *linear(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int64_t v[7];
     if (read_ints(args, nargs, 7, 1, v) < 0) return NULL; /* argument 0: the weights' capsule */
-    Prologue p = {NONE, (int)v[6], (const void *)v[1], NULL, NULL, v[2], 0, 0.0f, NULL};
+    Prologue p = {NONE, (int)v[6], (const void *)v[1], NULL, NULL, v[2], 0, 0.0f, NULL, NULL, 0.0f, 0};
     return run(args[0], &p, v[3], (const void *)v[4], (void *)v[5]);
 }
 
-/* linear_normed(weights, x, x_stride, residual, residual_stride, norm, eps, summed, rows, bias, out, is_bf16):
- * out = RMSNorm(x + residual) @ W.T + bias, x + residual written to `summed` [rows, k] (residual None: nothing
- * summed, nothing written). */
+/* linear_normed(weights, x, x_stride, residual, residual_stride, norm, eps, summed, rows, bias, out, is_bf16,
+ *               post_norm, norm_offset, norm_f32):
+ * out = RMSNorm(x' + residual) @ W.T + bias, x' + residual written to `summed` [rows, k] (residual None: nothing
+ * summed, nothing written); x' = x, or RMSNorm(x) by post_norm where given; the norms scale by norm_offset + weight,
+ * in Gemma's convention where norm_f32, else Llama's. */
 static PyObject *linear_normed(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    int64_t v[12];
-    if (read_ints(args, nargs, 12, 1, v) < 0) return NULL;
-    double eps = PyFloat_AsDouble(args[6]);
-    if (eps == -1.0 && PyErr_Occurred()) return NULL;
+    int64_t v[15];
+    if (read_ints(args, nargs, 15, 1, v) < 0) return NULL;
+    double eps = PyFloat_AsDouble(args[6]), offset = PyFloat_AsDouble(args[13]);
+    if ((eps == -1.0 || offset == -1.0) && PyErr_Occurred()) return NULL;
     Prologue p = {NORM, (int)v[11], (const void *)v[1], (const void *)v[3], (const void *)v[5], v[2], v[4],
-                  (float)eps, (void *)v[7]};
+                  (float)eps, (void *)v[7], (const void *)v[12], (float)offset, (int)v[14]};
     return run(args[0], &p, v[8], (const void *)v[9], (void *)v[10]);
 }
 
-/* linear_silu_and_mul(weights, gate_up, stride, rows, bias, out, is_bf16): out = (silu(gate) * up) @ W.T + bias */
-static PyObject *linear_silu_and_mul(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    int64_t v[7];
-    if (read_ints(args, nargs, 7, 1, v) < 0) return NULL;
-    Prologue p = {SILU_AND_MUL, (int)v[6], (const void *)v[1], NULL, NULL, v[2], 0, 0.0f, NULL};
+/* linear_gated(weights, gate_up, stride, rows, bias, out, is_bf16, activation): out = (act(gate) * up) @ W.T + bias,
+ * act: 0 SiLU, 1 GELU with the tanh approximation */
+static PyObject *linear_gated(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    int64_t v[8];
+    if (read_ints(args, nargs, 8, 1, v) < 0) return NULL;
+    if (v[7] != 0 && v[7] != 1) {
+        PyErr_SetString(PyExc_ValueError, "activation: 0 (SiLU) or 1 (GELU tanh)");
+        return NULL;
+    }
+    Prologue p = {v[7] ? GELU_TANH_AND_MUL : SILU_AND_MUL, (int)v[6], (const void *)v[1], NULL, NULL, v[2], 0, 0.0f,
+                  NULL, NULL, 0.0f, 0};
     return run(args[0], &p, v[3], (const void *)v[4], (void *)v[5]);
 }
 
@@ -561,7 +595,7 @@ static PyMethodDef methods[] = {
     {"weights", (PyCFunction)(void (*)(void))weights, METH_FASTCALL, "a packed weight's handle"},
     {"linear", (PyCFunction)(void (*)(void))linear, METH_FASTCALL, "x @ W.T (+ bias)"},
     {"linear_normed", (PyCFunction)(void (*)(void))linear_normed, METH_FASTCALL, "RMSNorm(x + residual) @ W.T"},
-    {"linear_silu_and_mul", (PyCFunction)(void (*)(void))linear_silu_and_mul, METH_FASTCALL, "(silu(g) * u) @ W.T"},
+    {"linear_gated", (PyCFunction)(void (*)(void))linear_gated, METH_FASTCALL, "(act(g) * u) @ W.T"},
     {NULL, NULL, 0, NULL},
 };
 

@@ -239,14 +239,14 @@ class DecoderAttention(nn.Module):
 
     def runs_cpu_kernel(self, dtype: torch.dtype, column_stride: int = 1) -> bool:
         """Whether gpu/cpu_kernels/attention.c rotates and stores this layer's q/k/v of `dtype`: a whole rotation,
-        Llama-style q/k norms or none, plain values, and the cache (unscaled) and rotary tables in that dtype."""
+        q/k norms (either convention) or none, plain values, and the cache (unscaled), rotary tables and norms in
+        that dtype."""
         is_plain_kv = not (self.spec.values_are_keys or self.spec.has_value_norm) and self.spec.computes_kv
-        has_llama_norms = self.q_norm is None or self.q_norm.is_llama_style
+        norms_in_dtype = self.q_norm is None or self.q_norm.weight.dtype == self.k_norm.weight.dtype == dtype
         is_unscaled = self.kv_scales == (1.0, 1.0)  # an FP8 cache's scales: the torch code divides by them
         return (self.cpu_kernels is not None and dtype in ACTIVATION_DTYPES and column_stride == 1 and is_plain_kv
-                and is_unscaled
-                and has_llama_norms and self.rotary.rotary_dim == self.head_dim and self.head_dim % 2 == 0
-                and self.head_dim <= 1024
+                and is_unscaled and norms_in_dtype and self.rotary.rotary_dim == self.head_dim
+                and self.head_dim % 2 == 0 and self.head_dim <= 1024
                 and dtype == self.k_cache.dtype == self.rotary.cos.dtype == self.rotary.signed_sin.dtype)
 
     def _cpu_q_storing_kv(self, positions: torch.Tensor, qkv: torch.Tensor, slot_mapping: torch.Tensor
@@ -256,19 +256,19 @@ class DecoderAttention(nn.Module):
         assert self.cpu_kernels is not None
         num_tokens = qkv.shape[0]
         q = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=qkv.dtype)
-        norms, eps, _ = self._qk_norms()
+        norms, eps, (offset, in_float32) = self._qk_norms()
         q_norm, k_norm = (None, None) if norms is None else (norms[0].data_ptr(), norms[1].data_ptr())
         self.cpu_kernels.rope_store(
             qkv.data_ptr(), qkv.stride(0), num_tokens, positions.data_ptr(), self.rotary.cos.data_ptr(),
             self.rotary.signed_sin.data_ptr(), self.num_heads, self.num_kv_heads, self.head_dim, q_norm, k_norm,
             float(eps), self.k_cache.data_ptr(), self.v_cache.data_ptr(), slot_mapping.data_ptr(), q.data_ptr(),
-            int(qkv.dtype == torch.bfloat16))
+            int(qkv.dtype == torch.bfloat16), float(offset), int(in_float32))
         return q
 
-    def qk_norm_weights(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float]:
-        """(q_norm and k_norm weights, or None without them; their eps)."""
-        norms, eps, _ = self._qk_norms()
-        return norms, eps
+    def qk_norm_weights(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float, tuple[float, bool]]:
+        """(q_norm and k_norm weights, or None without them; their eps; their weight offset and whether they scale in
+        float32, as the C kernels take them)."""
+        return self._qk_norms()
 
     def _qk_norms(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float, tuple[float, bool]]:
         """(q_norm and k_norm weights, or None without them; their eps; their convention for the kernel)."""

@@ -15,12 +15,18 @@ how a quad of 4 columns is laid out) is written here, from the constants the com
 """
 
 from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
 from gpu.cpu_kernels import ACTIVATION_DTYPES
 
+if TYPE_CHECKING:
+    from gpu.layers.norm import RMSNorm
+
 GROUP_SIZE = 32  # input columns per group: GGUF's block size for Q4_0, Q4_1, Q5_0 and Q8_0
+# The gated activations the kernel computes before a product, by gpu/layers/activation.py's names: its codes.
+GATED_ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
 
 
 class Int8DotProduct:
@@ -54,22 +60,25 @@ class Int8DotProduct:
                              out.data_ptr(), _is_bf16(rows))
         return out.view(*x.shape[:-1], self.out_features).to(x.dtype)
 
-    def normed(self, x: torch.Tensor, residual: torch.Tensor | None, norm_weight: torch.Tensor, eps: float,
+    def normed(self, x: torch.Tensor, residual: torch.Tensor | None, norm: "RMSNorm",
                bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(RMSNorm(x + residual) @ W.T + bias, x + residual) for x, residual [rows, in_features] and the rest in
-        x's dtype (`takes`)."""
+        """(norm(x + residual) @ W.T + bias, x + residual) for x, residual [rows, in_features] and the rest in x's
+        dtype (`takes`), the norm in its family's convention (gpu/layers/norm.py)."""
         out = torch.empty(x.shape[0], self.out_features, dtype=x.dtype)
         summed = x if residual is None else torch.empty_like(x)
+        offset, in_float32 = norm_convention(norm)
         self._kernels.linear_normed(
             self._weights, x.data_ptr(), x.stride(0), _pointer(residual), 0 if residual is None else residual.stride(0),
-            norm_weight.data_ptr(), eps, summed.data_ptr(), x.shape[0], _pointer(bias), out.data_ptr(), _is_bf16(x))
+            norm.weight.data_ptr(), norm.eps, summed.data_ptr(), x.shape[0], _pointer(bias), out.data_ptr(),
+            _is_bf16(x), None, offset, in_float32)
         return out, summed
 
-    def silu_and_mul(self, gate_up: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-        """(silu(gate) * up) @ W.T + bias for gate_up [rows, 2 * in_features] = [gate | up] (`takes`)."""
+    def gated(self, gate_up: torch.Tensor, bias: torch.Tensor | None, activation: str) -> torch.Tensor:
+        """(act(gate) * up) @ W.T + bias for gate_up [rows, 2 * in_features] = [gate | up] (`takes`), act one of
+        GATED_ACTIVATIONS."""
         out = torch.empty(gate_up.shape[0], self.out_features, dtype=gate_up.dtype)
-        self._kernels.linear_silu_and_mul(self._weights, gate_up.data_ptr(), gate_up.stride(0), gate_up.shape[0],
-                                          _pointer(bias), out.data_ptr(), _is_bf16(gate_up))
+        self._kernels.linear_gated(self._weights, gate_up.data_ptr(), gate_up.stride(0), gate_up.shape[0],
+                                   _pointer(bias), out.data_ptr(), _is_bf16(gate_up), GATED_ACTIVATIONS[activation])
         return out
 
     @staticmethod
@@ -109,6 +118,11 @@ class Int8DotGroups(Int8DotProduct):
         # Where the CPU has VNNI, the kernel multiplies unsigned weights by signed activations: level + 128.
         stored = (quads + 128).to(torch.uint8) if kernels.OFFSET_BYTES else quads.to(torch.int8)
         return cls(kernels, *levels.shape, (stored.contiguous(), *_tiled(kernels.TILE_ROWS, scales)))
+
+
+def norm_convention(norm: "RMSNorm") -> tuple[float, int]:
+    """(weight offset, whether Gemma's float32 scaling) of a norm, as the kernels take them."""
+    return norm.convention.weight_offset, int(norm.convention.scales_in_float32)
 
 
 def _rows(x: torch.Tensor, in_features: int) -> torch.Tensor:

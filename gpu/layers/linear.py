@@ -30,7 +30,7 @@ from gpu.kernels import HAS_TRITON, gated_gemm
 from gpu.kernels.skinny_gemm_configs import MAX_ROWS, SkinnyConfig, row_bucket
 from gpu.layers.activation import GatedActivation, SiluAndMul
 from gpu.layers.cpu_linear import CpuPacking, PackedWeight
-from gpu.layers.int8_dot_linear import Int8DotProduct
+from gpu.layers.int8_dot_linear import GATED_ACTIVATIONS, Int8DotProduct
 from gpu.layers.norm import NormInput
 from gpu.loader import CheckpointTensor
 from gpu.quant.layout import ColumnSlice, RowSlice, WeightLayout
@@ -97,9 +97,8 @@ class Linear(nn.Linear):
     def forward_normed(self, inp: NormInput) -> tuple[torch.Tensor, torch.Tensor]:
         """(self(norm(x + residual)), x + residual): in one kernel where `_prologue_config` gives a config."""
         x = inp.x
-        if (isinstance(self.packed, Int8DotProduct) and inp.norm.is_llama_style  # the kernel's prologue convention
-                and self.packed.takes(x, inp.residual, inp.norm.weight, self.bias)):
-            y, summed = self.packed.normed(x, inp.residual, inp.norm.weight, inp.norm.eps, self.bias)
+        if isinstance(self.packed, Int8DotProduct) and self.packed.takes(x, inp.residual, inp.norm.weight, self.bias):
+            y, summed = self.packed.normed(x, inp.residual, inp.norm, self.bias)
             return self._reduce(y), summed
         is_fusable = x.dim() == 2 and inp.norm.is_fused(x) and inp.norm.is_llama_style  # the prologue's convention
         config = self._prologue_config(x, "norm") if is_fusable else None
@@ -114,10 +113,10 @@ class Linear(nn.Linear):
 
     def forward_activated(self, gate_up: torch.Tensor, act: "GatedActivation") -> torch.Tensor:
         """self(act(gate_up)): in one kernel where `_prologue_config` gives a config, or where the CPU's packed
-        weight computes its SiLU-and-mul input."""
-        if isinstance(self.packed, Int8DotProduct) and isinstance(act, SiluAndMul) and self.packed.takes(gate_up,
-                                                                                                          self.bias):
-            return self._reduce(self.packed.silu_and_mul(gate_up, self.bias))
+        weight computes its input (SiLU- or GELU-and-mul)."""
+        if (isinstance(self.packed, Int8DotProduct) and act.activation in GATED_ACTIVATIONS
+                and self.packed.takes(gate_up, self.bias)):
+            return self._reduce(self.packed.gated(gate_up, self.bias, act.activation))
         is_fusable = isinstance(act, SiluAndMul) and act.is_fused(gate_up)  # the prologue computes SiLU only
         config = self._prologue_config(gate_up[:, : self.in_features], "silu") if is_fusable else None
         if config is not None:

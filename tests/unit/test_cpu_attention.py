@@ -1,7 +1,7 @@
 """The `cpu` attention backend against the torch reference: cache writes and attention over the paged
-cache, for decode rows, prefill chunks and both in one step, in float32 and bfloat16; with its C kernels
-(gpu/cpu_kernels/attention.c) and without. The C kernels' RoPE and cache write against the attention layer's torch
-code: the same bits in float32."""
+cache, plain and within a sliding window, for decode rows, prefill chunks and both in one step, in float32 and
+bfloat16; with its C kernels (gpu/cpu_kernels/attention.c) and without. The C kernels' RoPE and cache write
+against the attention layer's torch code: the same bits in float32 (without q/k norms)."""
 
 import pytest
 import torch
@@ -10,9 +10,10 @@ from transformers import Qwen3Config
 from gpu.attention.backend import TorchBackend
 from gpu.attention.cpu_backend import CpuBackend
 from gpu.attention.metadata import AttentionMetadata
+from gpu.attention.variant import PLAIN, AttentionVariant
 from gpu.cpu_kernels import build, load_cpu_kernels
 from gpu.layers.attention import AttentionSpec, DecoderAttention
-from gpu.layers.norm import LLAMA_NORM
+from gpu.layers.norm import GEMMA3_NORM, LLAMA_NORM, NormConvention
 from gpu.layers.rotary import RotaryEmbedding
 
 KERNELS = load_cpu_kernels(None).attention
@@ -41,7 +42,11 @@ def _meta(query_lens: list[int], context_lens: list[int]) -> AttentionMetadata:
                              is_decode_only=max(query_lens) == 1)
 
 
+WINDOWED = AttentionVariant(sliding_window=6)
+
+
 @pytest.mark.parametrize("kernels", WITH_KERNELS)
+@pytest.mark.parametrize("variant", [PLAIN, WINDOWED], ids=["plain", "window of 6"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(4, 4), (6, 2), (9, 3), (4, 1)])
 @pytest.mark.parametrize(("query_lens", "context_lens"), [
@@ -49,13 +54,15 @@ def _meta(query_lens: list[int], context_lens: list[int]) -> AttentionMetadata:
     ([7], [7]), ([3, 5], [10, 5]),  # prefill, fresh and after a cached prefix
     ([1, 6, 1, 0], [9, 14, 30, 4]),  # decode rows and a chunk in one step, and a row with nothing to compute
 ])
-def test_attention_equals_the_reference(kernels, dtype: torch.dtype, num_heads: int,  # noqa: ANN001
-                                        num_kv_heads: int, query_lens: list[int], context_lens: list[int]) -> None:
+def test_attention_equals_the_reference(kernels, variant: AttentionVariant, dtype: torch.dtype,  # noqa: ANN001
+                                        num_heads: int, num_kv_heads: int, query_lens: list[int],
+                                        context_lens: list[int]) -> None:
+    """Plain attention, and within a sliding window (decode rows in the C kernel, chunks in the torch code)."""
     k_cache, v_cache = _caches(num_kv_heads, dtype)
     meta = _meta(query_lens, context_lens)
     query = torch.randn(sum(query_lens), num_heads, HEAD_DIM, generator=torch.Generator().manual_seed(1)).to(dtype)
-    expected = TorchBackend().forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5)
-    got = CpuBackend(kernels).forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5)
+    expected = TorchBackend().forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5, variant)
+    got = CpuBackend(kernels).forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5, variant)
     rows = [i for i, n in enumerate(query_lens) if n]
     computed = torch.cat([torch.arange(int(meta.query_start_loc[i]), int(meta.query_start_loc[i + 1])) for i in rows])
     # The same float32 math in another summation order: equal to float32 rounding, then rounded to the dtype.
@@ -78,14 +85,14 @@ def test_store_kv_equals_the_reference(slots: list[int]) -> None:
         assert not torch.equal(got[0], _caches(3, torch.float32)[0])  # something was written
 
 
-def _attention_layer(dtype: torch.dtype, has_qk_norm: bool) -> DecoderAttention:
+def _attention_layer(dtype: torch.dtype, qk_norm: NormConvention | None) -> DecoderAttention:
     config = Qwen3Config(hidden_size=96, num_attention_heads=6, num_key_value_heads=2, head_dim=HEAD_DIM,
                          rope_theta=10000.0)
     rotary = RotaryEmbedding(config, HEAD_DIM, 512)
     spec = AttentionSpec(hidden_size=96, num_heads=6, num_kv_heads=2, head_dim=HEAD_DIM, scale=HEAD_DIM**-0.5,
-                         qk_norm=LLAMA_NORM if has_qk_norm else None)
+                         qk_norm=qk_norm)
     layer = DecoderAttention(spec, rotary).to(dtype)
-    if has_qk_norm:
+    if qk_norm is not None:
         with torch.no_grad():
             layer.q_norm.weight.uniform_(0.5, 1.5)  # type: ignore[union-attr]
             layer.k_norm.weight.uniform_(0.5, 1.5)  # type: ignore[union-attr]
@@ -94,11 +101,11 @@ def _attention_layer(dtype: torch.dtype, has_qk_norm: bool) -> DecoderAttention:
 
 
 @pytest.mark.skipif(KERNELS is None, reason="the C kernels are not built here")
-@pytest.mark.parametrize("has_qk_norm", [False, True], ids=["llama", "qwen3 q/k norms"])
+@pytest.mark.parametrize("qk_norm", [None, LLAMA_NORM, GEMMA3_NORM], ids=["llama", "qwen3 q/k norms", "gemma3's"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_rope_and_cache_write_equal_the_layers_torch_code(dtype: torch.dtype, has_qk_norm: bool) -> None:
+def test_rope_and_cache_write_equal_the_layers_torch_code(dtype: torch.dtype, qk_norm: NormConvention | None) -> None:
     """Queries returned, keys and values written to their slots (none for a padding slot -1)."""
-    layer = _attention_layer(dtype, has_qk_norm)
+    layer = _attention_layer(dtype, qk_norm)
     positions = torch.tensor([0, 5, 300, 17])
     slots = torch.tensor([3, 40, -1, 9], dtype=torch.int64)
     qkv = (torch.randn(4, (6 + 2 * 2) * HEAD_DIM, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
@@ -109,7 +116,7 @@ def test_rope_and_cache_write_equal_the_layers_torch_code(dtype: torch.dtype, ha
     keys, values = layer.k_cache.view(-1, 2, HEAD_DIM), layer.v_cache.view(-1, 2, HEAD_DIM)
     written = [0, 1, 3]
     assert torch.equal(values[slots[written]], expected_v[written])
-    if dtype == torch.float32 and not has_qk_norm:  # the same operations in the same order
+    if dtype == torch.float32 and qk_norm is None:  # the same operations in the same order
         assert torch.equal(got_q, expected_q) and torch.equal(keys[slots[written]], expected_k[written])
     else:  # the norms' sums in another order; bfloat16 rounded once, not after each operation
         tolerance = 1e-5 if dtype == torch.float32 else 2e-2
@@ -120,10 +127,12 @@ def test_rope_and_cache_write_equal_the_layers_torch_code(dtype: torch.dtype, ha
 
 
 @pytest.mark.parametrize("kernels", WITH_KERNELS[1:])
+@pytest.mark.parametrize("variant", [PLAIN, AttentionVariant(sliding_window=300)], ids=["plain", "window of 300"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_long_contexts_split_in_chunks_equal_the_reference(kernels, dtype: torch.dtype) -> None:  # noqa: ANN001
-    """Contexts longer than the kernel's chunk of 256 positions are attended to in parts, on every thread, and merged;
-    a short row beside them is one part."""
+def test_long_contexts_split_in_chunks_equal_the_reference(kernels, variant: AttentionVariant,  # noqa: ANN001
+                                                           dtype: torch.dtype) -> None:
+    """Contexts longer than the kernel's chunk of 256 positions are attended to in parts, on every thread, and merged
+    (a window's from its first position); a short row beside them is one part."""
     block_size, num_blocks = 16, 160
     generator = torch.Generator().manual_seed(3)
     k_cache, v_cache = (torch.randn(num_blocks, block_size, 2, HEAD_DIM, generator=generator).to(dtype)
@@ -136,7 +145,7 @@ def test_long_contexts_split_in_chunks_equal_the_reference(kernels, dtype: torch
                              context_lens=torch.tensor(context_lens, dtype=torch.int32), block_tables=tables,
                              max_query_len=1, max_context_len=1000, is_decode_only=True)
     query = (torch.randn(3, 6, HEAD_DIM, generator=generator) * 3).to(dtype)
-    expected = TorchBackend().forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5)
-    got = CpuBackend(kernels).forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5)
+    expected = TorchBackend().forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5, variant)
+    got = CpuBackend(kernels).forward(query, k_cache, v_cache, meta, HEAD_DIM**-0.5, variant)
     tolerance = 1e-5 if dtype == torch.float32 else 1e-2
     torch.testing.assert_close(got.float(), expected.float(), rtol=tolerance, atol=tolerance)

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from gpu.cpu_kernels import build
-from gpu.layers.activation import SiluAndMul
+from gpu.layers.activation import GatedActivation, GeluTanhAndMul, SiluAndMul
 from gpu.layers.cpu_linear import CpuPacking, int4_grid, int8_grid
 from gpu.layers.int8_dot_linear import GROUP_SIZE, Int4DotGroups, Int8DotGroups
-from gpu.layers.norm import RMSNorm
+from gpu.layers.norm import GEMMA3_NORM, RMSNorm
 from tests.unit.test_cpu_linear import q4_1_round_trip, q4_k_like, q5_0_round_trip, q6_k_like, q8_0_round_trip
 
 TARGETS = ["native", "haswell"]  # this CPU's instruction set; AVX2 without VNNI
@@ -176,16 +176,44 @@ def test_a_norm_before_the_product_equals_the_norm_layer(kernels, dtype: torch.d
     x, residual = (_random(3, 64, seed=seed).to(dtype) * 4 for seed in (5, 6))
     bias = _random(32, seed=7).to(dtype)
     expected_normed, expected_summed = norm.forward_with_residual(x, residual if has_residual else None)
-    y, summed = packed.normed(x, residual if has_residual else None, norm.weight, norm.eps, bias)
+    y, summed = packed.normed(x, residual if has_residual else None, norm, bias)
     assert torch.equal(summed, expected_summed)
     check_product(y, expected_normed, weight, bias, group_minimums(weight), normed_input=True)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_silu_and_mul_before_the_product_equals_the_activation_layer(kernels, dtype: torch.dtype) -> None:  # noqa: ANN001
+def test_gemmas_norms_before_the_product_equal_the_norm_layers(kernels, dtype: torch.dtype) -> None:  # noqa: ANN001
+    """Gemma 3's convention (scale 1 + w, in float32, rounded once), and its norm of the block's output before the
+    residual add (a post norm): RMSNorm(post_norm(x) + residual) as gpu/layers/norm.py's code computes it, the sum
+    returned to the bit."""
+    weight = q8_0_round_trip(_random(32, 64) * 0.05)
+    packed = Int8DotGroups.pack(kernels, *int8_grid(weight))  # type: ignore[misc]
+    assert packed is not None
+    norm, post_norm = (RMSNorm(64, 1e-6, convention=GEMMA3_NORM).to(dtype) for _ in range(2))
+    with torch.no_grad():
+        norm.weight.uniform_(-0.5, 1.0)
+        post_norm.weight.uniform_(-0.5, 1.0)
+    x, residual = (_random(3, 64, seed=seed).to(dtype) * 4 for seed in (5, 6))
+    expected_normed, expected_summed = norm.forward_with_residual(post_norm(x), residual)
+    out = torch.empty(3, 32, dtype=dtype)
+    summed = torch.empty_like(x)
+    kernels.linear_normed(packed.handle, x.data_ptr(), 64, residual.data_ptr(), 64, norm.weight.data_ptr(), 1e-6,
+                          summed.data_ptr(), 3, None, out.data_ptr(), int(dtype == torch.bfloat16),
+                          post_norm.weight.data_ptr(), 1.0, 1)
+    assert torch.equal(summed, expected_summed)
+    check_product(out, expected_normed, weight, normed_input=True)
+    y, _ = packed.normed(x, residual, norm, None)  # without the post norm, through the layer's call
+    check_product(y, norm.forward_with_residual(x, residual)[0], weight, normed_input=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("activation", [SiluAndMul, GeluTanhAndMul], ids=["silu", "gelu_tanh"])
+def test_an_activation_and_mul_before_the_product_equals_the_activation_layer(
+        kernels, dtype: torch.dtype, activation: type[GatedActivation]) -> None:  # noqa: ANN001
     weight = q8_0_round_trip(_random(32, 64) * 0.05)
     packed = Int8DotGroups.pack(kernels, *int8_grid(weight))  # type: ignore[misc]
     assert packed is not None
     gate_up = (_random(2, 128, seed=8) * 3).to(dtype)
-    y = packed.silu_and_mul(gate_up, None)
-    check_product(y, SiluAndMul()(gate_up), weight, normed_input=True)
+    act = activation()
+    y = packed.gated(gate_up, None, act.activation)
+    check_product(y, act(gate_up), weight, normed_input=True)
