@@ -163,8 +163,7 @@ class Speculation:
             else:
                 num_resolved += 1
                 accepted_at = [total + a for total, a in zip(accepted_at, accepted, strict=True)]
-        # One sample of the step's (none: nothing), worth the share of the running sequences it saw.
-        self.controller.observe_acceptance(num_resolved, accepted_at, len(running))
+        self.controller.observe_acceptance(num_resolved, accepted_at)  # one sample of the step's (none: nothing)
         self._followed = still_followed
         first, most = self._next_followed, min(MAX_FOLLOWED, FOLLOWED_PER_SEQUENCE * len(running))
         for offset in range(len(running)):

@@ -136,7 +136,7 @@ class DraftLengthController:
     tail_weight: float = 0.05  # of a verifying step's time beyond that cap in its arm's average of such time
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
     _acceptance: list[float | None] = field(default_factory=list)  # r_i, per draft position
-    _num_acceptance_samples: list[float] = field(default_factory=list)  # steps' worth of samples of each r_i
+    _num_acceptance_samples: list[int] = field(default_factory=list)  # steps that measured each r_i
     _previous_kind: int = 0  # the last step observed: its draft length, or -1 for one with prompt tokens
     _num_same: int = 0  # steps observed in a row of that kind, the last one included
     _run_tokens: float = 0.0  # tokens a decoding sequence is expected to have got since the last prompt step
@@ -146,7 +146,7 @@ class DraftLengthController:
 
     def __post_init__(self) -> None:
         self._acceptance = [None] * self.max_drafts
-        self._num_acceptance_samples = [0.0] * self.max_drafts
+        self._num_acceptance_samples = [0] * self.max_drafts
 
     def choose(self, batch_size: int, has_prompt_work: Callable[[], bool] = _no_prompt_work) -> int:
         """The draft length for the next step of `batch_size` running sequences; where `has_prompt_work()` (the step
@@ -256,23 +256,17 @@ class DraftLengthController:
         bucket.num_steps += 1
         bucket.num_steps_since_refresh += 1
 
-    def observe_acceptance(self, num_offered: int, accepted_per_position: list[int],
-                           num_sequences: int | None = None) -> None:
+    def observe_acceptance(self, num_offered: int, accepted_per_position: list[int]) -> None:
         """A step offered `num_offered` sequences up to len(accepted_per_position) drafts each; entry i counts those
-        whose draft at position i was accepted. `num_sequences`: the decoding sequences of the step the sample was
-        taken from, where it saw only some of them (drafts followed without verifying them): it counts as that
-        share of a step's sample, so a few sequences' drafts, all accepted or all refused by chance, move the
-        acceptance of a large batch as little as their share of it (one step's verification measures every
-        sequence); None: a whole step's."""
+        whose draft at position i was accepted."""
         if not num_offered:
             return
-        share = 1.0 if num_sequences is None else min(1.0, num_offered / max(1, num_sequences))
         for i, num_accepted in enumerate(accepted_per_position):
             ratio = num_accepted / num_offered
-            self._num_acceptance_samples[i] += share
+            self._num_acceptance_samples[i] += 1
             # The mean of the first samples, then a running average: one early step (a reply's opening, which
             # nothing before it predicts) would otherwise set r_i for as long as refreshes take to move it.
-            weight = max(1.0 - (1.0 - self.acceptance_weight) ** share, share / self._num_acceptance_samples[i])
+            weight = max(self.acceptance_weight, 1.0 / self._num_acceptance_samples[i])
             self._acceptance[i] = _averaged(self._acceptance[i], ratio, weight)
 
     def _end_verifying_run(self, bucket: _Bucket) -> None:
@@ -361,6 +355,5 @@ class FixedDraftLength:
     def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
         pass
 
-    def observe_acceptance(self, num_offered: int, accepted_per_position: list[int],
-                           num_sequences: int | None = None) -> None:
+    def observe_acceptance(self, num_offered: int, accepted_per_position: list[int]) -> None:
         pass

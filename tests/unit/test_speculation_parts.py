@@ -420,20 +420,6 @@ def test_a_refreshed_arm_can_take_over() -> None:
     assert controller.choose(1) == 1
 
 
-@pytest.mark.parametrize(("num_sequences", "moves"), [(2, True), (64, False), (None, True)])
-def test_a_sample_of_a_few_sequences_moves_a_large_batchs_acceptance_by_its_share(num_sequences: int | None,
-                                                                                 moves: bool) -> None:
-    """Followed drafts of 2 sequences, all accepted: for a batch of 2 (or a whole step's sample) they are what a
-    verifying step would measure and move the acceptance as far; for a batch of 64 they are a thirty-second of it."""
-    controller = DraftLengthController(max_drafts=1)
-    for _ in range(10):  # verifying steps of the whole batch measured 0.2
-        controller.observe_acceptance(64, [13])
-    for _ in range(5):
-        controller.observe_acceptance(2, [2], num_sequences)
-    acceptance = controller.expected_tokens(1) - 1
-    assert (acceptance > 0.6) if moves else (0.2 < acceptance < 0.3), acceptance
-
-
 def run_with_prompts(decode_steps_per_prompt: int, num_prompts: int, entry: float = 3.0,
                      exit_cost: float = 0.0) -> list[int]:
     """The draft lengths a controller chooses where a prompt step comes every `decode_steps_per_prompt` decode steps;
