@@ -2,12 +2,14 @@
  *
  * rope_store: a step's fused q/k/v projection -> the rotated queries, and the rotated keys and the values written
  * to their cache slots (optionally after per-head RMSNorms of q and k, Qwen3's or Gemma's), as
- * gpu/layers/attention.py's torch code computes them: the same float32 operations in the same order (x * cos + swapped(x) * signed_sin), so a
- * float32 run gives the same bits (compiled without floating-point contraction).
+ * gpu/layers/attention.py's torch code computes them: the same float32 operations in the same order
+ * (x * cos + swapped(x) * signed_sin), so a float32 run gives the same bits (compiled without floating-point
+ * contraction).
  *
  * decode_attention: every row whose step has one query (a decode) attends to its whole context (or the last `window`
- * positions of it: a sliding-window layer) through its block table; a head group reads its KV head once. Scores and softmax in float32, as the torch reference; sums in another
- * order, so results equal it to float32 rounding. Rows with more queries (prefill chunks) are left to the caller.
+ * positions of it: a sliding-window layer) through its block table; a head group reads its KV head once. Scores and
+ * softmax in float32, as the torch reference; sums in another order, so results equal it to float32 rounding. Rows
+ * with more queries (prefill chunks) are left to the caller.
  *
  * Tensors are float32 or bfloat16 (one dtype for the activations and the cache); positions and slots int64, the
  * block tables, context lengths and query starts int32, as gpu/attention/metadata.py holds them.

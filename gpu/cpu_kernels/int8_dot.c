@@ -122,7 +122,8 @@ static inline __attribute__((always_inline)) void rms_norm_row(const Prologue *p
     float inverse = 1.0f / sqrtf(squares / (float)k + p->eps);
     if (p->norm_f32) {
 #pragma omp simd
-        for (int64_t i = 0; i < k; i++) row[i] = rounded(row[i] * inverse * (p->norm_offset + load(weight, i, bf)), bf);
+        for (int64_t i = 0; i < k; i++)
+            row[i] = rounded(row[i] * inverse * (p->norm_offset + load(weight, i, bf)), bf);
         return;
     }
 #pragma omp simd
@@ -140,7 +141,8 @@ static inline __attribute__((always_inline)) void prologue_row_as(const Prologue
         }
         return;
     }
-    if (p->kind == GELU_TANH_AND_MUL) { /* 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)), u = sqrt(2 / pi)(g + 0.044715 g^3) */
+    /* GELU(tanh): 0.5 g (1 + tanh(u)) = g / (1 + exp(-2u)), u = sqrt(2 / pi) (g + 0.044715 g^3) */
+    if (p->kind == GELU_TANH_AND_MUL) {
 #pragma omp simd
         for (int64_t i = 0; i < k; i++) {
             float gate = load(p->x, at + i, bf), up = load(p->x, at + k + i, bf);
@@ -356,27 +358,31 @@ INLINE void q4_group(const uint8_t *block, const Quantized *a, const int8_t *x, 
     for (int r = 0; r < rows; r++) exact[r] = COMBINE(iadd(dots[r], dots_high[r]), iadd(rest[r], rest_high[r]));
 }
 
+/* An 8-bit quad j (4 columns of each lane's row) times the rows' activations, added to their sums of both passes. */
+INLINE void q8_quad(const uint8_t *block, int j, const Quantized *a, const int8_t *x, int64_t k, int rows,
+                    ivec *dots, ivec *rest) {
+    ivec levels = iload(block + j * QUAD_BYTES);
+#if !OFFSET_BYTES
+    ivec magnitudes = _mm256_sign_epi8(levels, levels);
+#endif
+    for (int r = 0; r < rows; r++) {
+        const int8_t *xr = x + r * k + 4 * j;
+#if OFFSET_BYTES
+        dots[r] = dot_u8s8(dots[r], levels, broadcast4(xr));
+        rest[r] = dot_u8s8(rest[r], levels, broadcast4(xr + a->plane));
+#else
+        dots[r] = dot_u8s8(dots[r], magnitudes, _mm256_sign_epi8(broadcast4(xr), levels));
+        rest[r] = dot_u8s8(rest[r], magnitudes, _mm256_sign_epi8(broadcast4(xr + a->plane), levels));
+#endif
+    }
+}
+
 /* One group of an 8-bit tile, as q4_group; qsum: the rows' sums of combined levels, a row's `groups` apart. */
 INLINE void q8_group(const uint8_t *block, const Quantized *a, const int8_t *x, int64_t k, int rows,
                      const int32_t *qsum, int64_t groups, ivec *exact) {
     ivec dots[ROW_CHUNK], rest[ROW_CHUNK];
     for (int r = 0; r < rows; r++) dots[r] = rest[r] = izero();
-    for (int j = 0; j < 8; j++) { /* 8 bytes a lane per group: bandwidth, not this chain, bounds it */
-        ivec levels = iload(block + j * QUAD_BYTES);
-#if !OFFSET_BYTES
-        ivec magnitudes = _mm256_sign_epi8(levels, levels);
-#endif
-        for (int r = 0; r < rows; r++) {
-            const int8_t *xr = x + r * k + 4 * j;
-#if OFFSET_BYTES
-            dots[r] = dot_u8s8(dots[r], levels, broadcast4(xr));
-            rest[r] = dot_u8s8(rest[r], levels, broadcast4(xr + a->plane));
-#else
-            dots[r] = dot_u8s8(dots[r], magnitudes, _mm256_sign_epi8(broadcast4(xr), levels));
-            rest[r] = dot_u8s8(rest[r], magnitudes, _mm256_sign_epi8(broadcast4(xr + a->plane), levels));
-#endif
-        }
-    }
+    for (int j = 0; j < 8; j++) q8_quad(block, j, a, x, k, rows, dots, rest); /* bandwidth, not this chain, bounds it */
     for (int r = 0; r < rows; r++) {
         exact[r] = COMBINE(dots[r], rest[r]);
 #if OFFSET_BYTES
@@ -393,23 +399,7 @@ INLINE void q8_halves_group(const uint8_t *block, const Quantized *a, const int8
     ivec dots[2][ROW_CHUNK], rest[2][ROW_CHUNK];
     for (int h = 0; h < 2; h++)
         for (int r = 0; r < rows; r++) dots[h][r] = rest[h][r] = izero();
-    for (int j = 0; j < 8; j++) {
-        const int h = j / 4;
-        ivec levels = iload(block + j * QUAD_BYTES);
-#if !OFFSET_BYTES
-        ivec magnitudes = _mm256_sign_epi8(levels, levels);
-#endif
-        for (int r = 0; r < rows; r++) {
-            const int8_t *xr = x + r * k + 4 * j;
-#if OFFSET_BYTES
-            dots[h][r] = dot_u8s8(dots[h][r], levels, broadcast4(xr));
-            rest[h][r] = dot_u8s8(rest[h][r], levels, broadcast4(xr + a->plane));
-#else
-            dots[h][r] = dot_u8s8(dots[h][r], magnitudes, _mm256_sign_epi8(broadcast4(xr), levels));
-            rest[h][r] = dot_u8s8(rest[h][r], magnitudes, _mm256_sign_epi8(broadcast4(xr + a->plane), levels));
-#endif
-        }
-    }
+    for (int j = 0; j < 8; j++) q8_quad(block, j, a, x, k, rows, dots[j / 4], rest[j / 4]);
     for (int r = 0; r < rows; r++) {
         exact[r] = COMBINE(dots[0][r], rest[0][r]);
         exact_high[r] = COMBINE(dots[1][r], rest[1][r]);
