@@ -4,7 +4,7 @@
  * Weights keep their GGUF grid: groups of 32 input columns, each with a float16 scale (and, for 4-bit groups, a
  * float16 minimum): w = scale * level + minimum (level 0..15) or w = scale * level (level -127..127); a weight whose
  * scales are no float16 (Q4_K's: a 6-bit integer times a float16) holds them in float32. An 8-bit weight may have a
- * scale per half group of 16 columns instead (Q6_K's sub-blocks: `halves`). Activations are
+ * scale per half group of 16 columns instead (Q6_K's sub-blocks: `per_half`). Activations are
  * quantized per row and group of 32 with their own float32 scale (largest magnitude / 127), as llama.cpp's Q8_1, and
  * their remainders again in 256ths of that step: two int8 passes through the same weights, whose dot products combine
  * into that of a 16-bit activation: one pass alone (llama.cpp's) parts from float32's greedy choices far more often,
@@ -19,7 +19,7 @@
  * 4 consecutive columns, each quad a [TILE_ROWS, 4] byte vector that one dpbusd multiplies by 4 broadcast activations.
  * 4-bit: quads j and j + 4 share bytes (j in the low nibble); 8-bit: level + 128 as unsigned bytes where the CPU has
  * VNNI (dpbusd multiplies unsigned by signed), else the signed level (AVX2's maddubs would saturate on the sum).
- * Scales: [tiles, groups, TILE_ROWS] float16 (float32 where scale_f32); [tiles, groups, 2, TILE_ROWS] for halves.
+ * Scales: [tiles, groups, TILE_ROWS] float16 (float32 where scale_f32); [tiles, groups, 2, TILE_ROWS] per half group.
  *
  * Compiled on the machine that runs it (-march=native, gpu/cpu_kernels/build.py): AVX512-VNNI (16 rows a tile), or
  * AVX2 with or without AVX-VNNI (8 rows). Threads: OpenMP, torch's own runtime (one pool for both).
@@ -183,7 +183,7 @@ static void quantize_group(const float *x, int64_t plane, int8_t *q, float *scal
         total += x[i];
     }
     float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    int32_t halves[2] = {0, 0};
+    int32_t half_sums[2] = {0, 0};
     for (int h = 0; h < 2; h++) {
         int32_t s = 0;
 #pragma omp simd reduction(+ : s)
@@ -196,13 +196,13 @@ static void quantize_group(const float *x, int64_t plane, int8_t *q, float *scal
             q[plane + i] = (int8_t)second;
             s += 256 * (int32_t)first + (int32_t)second;
         }
-        halves[h] = s;
+        half_sums[h] = s;
     }
     *scale = d / 256.0f;
     *sum = total;
-    *qsum = halves[0] + halves[1];
-    qsum_half[0] = halves[0];
-    qsum_half[1] = halves[1];
+    *qsum = half_sums[0] + half_sums[1];
+    qsum_half[0] = half_sums[0];
+    qsum_half[1] = half_sums[1];
 }
 
 static int quantize(const Prologue *p, int64_t rows, int64_t k, Quantized *out) {
@@ -258,7 +258,7 @@ typedef __m512 fvec;
 #define fadd(a, b) _mm512_add_ps((a), (b))
 #define fload(p) _mm512_loadu_ps(p)
 #define fstore(p, v) _mm512_storeu_ps((p), (v))
-#define halves(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
+#define float16s(p) _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(p)))
 #else
 typedef __m256i ivec;
 typedef __m256 fvec;
@@ -285,7 +285,7 @@ typedef __m256 fvec;
 #define fadd(a, b) _mm256_add_ps((a), (b))
 #define fload(p) _mm256_loadu_ps(p)
 #define fstore(p, v) _mm256_storeu_ps((p), (v))
-#define halves(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
+#define float16s(p) _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p)))
 #endif
 
 #define QUAD_BYTES (TILE_ROWS * 4)
@@ -300,12 +300,12 @@ typedef struct {
     int64_t n, k;
     int is_q4;
     int scale_f32;
-    int halves; /* 8-bit: a scale per half group of 16 columns */
+    int per_half; /* 8-bit: a scale per half group of 16 columns */
 } Weights;
 
 /* A group's TILE_ROWS scales (or minimums) from `values` at `at`, in float32. */
 static inline __attribute__((always_inline)) fvec scales_at(const void *values, int64_t at, int is_f32) {
-    return is_f32 ? fload((const float *)values + at) : halves((const uint16_t *)values + at);
+    return is_f32 ? fload((const float *)values + at) : float16s((const uint16_t *)values + at);
 }
 
 typedef struct {
@@ -465,7 +465,7 @@ INLINE void tile_of(const Weights *w, const Quantized *a, const Output *out, int
 static void tile_rows(const Weights *w, const Quantized *a, const Output *out, int64_t t, int64_t m0, int chunk) {
     if (w->is_q4)
         TILES_OF(Q4)
-    else if (w->halves)
+    else if (w->per_half)
         TILES_OF(Q8_HALVES)
     else
         TILES_OF(Q8)
@@ -503,9 +503,9 @@ static int read_ints(PyObject *const *args, Py_ssize_t nargs, Py_ssize_t expecte
 
 static void free_weights(PyObject *capsule) { free(PyCapsule_GetPointer(capsule, "int8_dot.Weights")); }
 
-/* weights(levels, scale, minimum, n, k, scale_f32, halves) -> a capsule: the layout's pointers (the caller keeps the
+/* weights(levels, scale, minimum, n, k, scale_f32, per_half) -> a capsule: the layout's pointers (the caller keeps the
  * tensors alive). minimum: None for 8-bit groups; scale_f32: whether scale and minimum are float32 (else float16);
- * halves: an 8-bit weight's scales are per half group. */
+ * per_half: an 8-bit weight's scales are per half group. */
 static PyObject *weights(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     int64_t v[7];
     if (read_ints(args, nargs, 7, 0, v) < 0) return NULL;

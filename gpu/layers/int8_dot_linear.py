@@ -42,9 +42,9 @@ class Int8DotProduct:
         self.out_features, self.in_features = out_features, in_features
         self._tensors = tensors  # kept alive: the kernel reads them through the handle's pointers
         minimums = tensors[2].data_ptr() if len(tensors) == 3 else None
-        halves = int(tensors[1].shape[1] == 2 * in_features // GROUP_SIZE)
+        per_half = int(tensors[1].shape[1] == 2 * in_features // GROUP_SIZE)
         self._weights = kernels.weights(tensors[0].data_ptr(), tensors[1].data_ptr(), minimums, out_features,
-                                        in_features, int(tensors[1].dtype == torch.float32), halves)
+                                        in_features, int(tensors[1].dtype == torch.float32), per_half)
         self._kernels = kernels
 
     @property
