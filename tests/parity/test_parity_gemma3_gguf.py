@@ -1,7 +1,8 @@
 """The real Gemma 3 270M against transformers, both from the same GGUF file (transformers' `gguf_file=` loader is the
 oracle for the conversion: names, Gemma's norm shift, the K-quant dequantization, the config it derives), float32
 on CPU, greedy: a short code prompt, and prompts past the 512-token sliding window, in one step, chunked, and as
-prefix-cache hits; the tokenizer converted from the file's SentencePiece vocabulary against transformers'."""
+prefix-cache hits; the tokenizer converted from the file's SentencePiece vocabulary against transformers'; and the
+path `auto` serves it with on a CPU (packed weights, packed decode steps) against that float32 reference."""
 
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,7 +14,9 @@ from transformers import PreTrainedModel, PreTrainedTokenizerBase
 from core import LLM, SamplingParams
 from core.model_files import resolve_model
 from gpu.attention.variant import PLAIN
+from gpu.cpu_kernels import load_cpu_kernels
 from gpu.model_info import read_model_info
+from tests.greedy_agreement import assert_diverge_rarely_near_ties
 from tests.parity.test_parity_cpu import whole_prompt_batch
 from tests.transformers_gguf import transformers_from_gguf
 
@@ -127,3 +130,17 @@ def test_logits_past_the_window_are_transformers_and_need_the_window(llm: LLM, l
         for layer, variant in zip(runner.layers, windows, strict=True):
             layer.variant = variant
     assert (unwindowed - theirs).abs().max() > 0.1
+
+
+@pytest.mark.skipif(load_cpu_kernels(None).int8_dot is None, reason="the int8 dot-product kernels are not built here")
+def test_the_packed_decode_steps_agree_with_float32_but_at_near_ties(gemma3_dir: Path, llm: LLM,
+                                                                     long_prompts: list[list[int]]) -> None:
+    """The path `auto` serves the file with on a CPU (every projection on its GGUF grid through the int8 dot products,
+    the layers as the packed decode steps: windows, Gemma's norms, GELU) against the float32 reference: short prompts
+    and prompts past the window, their greedy tokens the same but at near-ties (the project's rule)."""
+    packed = LLM(str(gemma3_dir), device="cpu", dtype="auto", max_model_len=2048, kv_cache_blocks=256,
+                 max_num_seqs=8, max_num_batched_tokens=2048)
+    assert packed.engine.runner.cpu_decode is not None  # type: ignore[attr-defined]
+    prompts = [llm.tokenizer.encode(text) for text in TEXTS[:2]] + long_prompts
+    params = SamplingParams(temperature=0.0, max_tokens=24, logprobs=5)
+    assert_diverge_rarely_near_ties(packed.generate(prompts, params), llm.generate(prompts, params))
