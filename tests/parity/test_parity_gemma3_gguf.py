@@ -48,6 +48,14 @@ def llm(gemma3_dir: Path) -> LLM:
 
 
 @pytest.fixture(scope="module")
+def raw_llm(gemma3_dir: Path) -> LLM:
+    """An engine whose runner a test calls directly: its steps write the KV cache's first blocks, which `llm`'s
+    prefix cache may hold for later requests."""
+    return LLM(str(gemma3_dir), device="cpu", dtype="float32", max_model_len=2048, kv_cache_blocks=256,
+               max_num_seqs=8, max_num_batched_tokens=2048)
+
+
+@pytest.fixture(scope="module")
 def long_prompts(llm: LLM) -> list[list[int]]:
     """Three prompts of about 600-900 tokens (past the window), the last two sharing their first 560 tokens."""
     lines = [f"Entry {i}: the {['red', 'green', 'blue'][i % 3]} box holds {i * 7 % 23} stones." for i in range(90)]
@@ -112,13 +120,13 @@ def test_chunked_prompts_past_the_window_equal_transformers(gemma3_dir: Path, lo
                                                                                  for a in hf_long_answers[:2]]
 
 
-def test_logits_past_the_window_are_transformers_and_need_the_window(llm: LLM, long_prompts: list[list[int]],
+def test_logits_past_the_window_are_transformers_and_need_the_window(raw_llm: LLM, long_prompts: list[list[int]],
                                                                       hf_long_answers: list[HfAnswer]) -> None:
     """The last position's logits equal transformers' to float32 rounding; with the windows taken off they do not
     (the window is what the long prompts test)."""
     prompt, theirs = long_prompts[1], hf_long_answers[1].first_logits
-    runner = llm.engine.runner
-    batch = whole_prompt_batch(prompt, llm.engine)
+    runner = raw_llm.engine.runner
+    batch = whole_prompt_batch(prompt, raw_llm.engine)
     ours = runner.model.compute_logits(runner._forward(batch)[-1:])[0]
     torch.testing.assert_close(ours, theirs, rtol=1e-3, atol=1e-3)
     windows = [layer.variant for layer in runner.layers]
