@@ -92,6 +92,8 @@ class CpuDecodeSteps:
         first = model.layers[0].self_attn
         self.heads = (first.num_heads, first.num_kv_heads, first.head_dim)
         self.scale, self.block_size = first.scale, first.k_cache.shape[1]
+        last = model.layers[-1]  # Gemma's last MLP output is normed before the final norm adds it
+        self.last_out_norm = last.post_feedforward_layernorm if isinstance(last, GemmaDecoderLayer) else None
         mlp = model.layers[0].mlp
         self.sizes = (model.norm.weight.shape[0], first.qkv_proj.out_features, first.q_size,
                       mlp.gate_up_proj.out_features)
@@ -143,10 +145,7 @@ class CpuDecodeSteps:
             k8.linear_gated(layer.down, b.gate_up, gate_up_size, rows, layer.biases[3], b.hidden, bf,
                             layer.activation)
             previous_out_norm = layer.mlp_out_norm
-        out = b.tensors[0]
-        last = self.model.layers[-1]
-        if isinstance(last, GemmaDecoderLayer):
-            out = last.post_feedforward_layernorm(out)
+        out = b.tensors[0] if self.last_out_norm is None else self.last_out_norm(b.tensors[0])
         hidden, _ = self.model.norm.forward_with_residual(out, residual)
         return hidden
 
@@ -210,7 +209,7 @@ def _record(layer: DecoderLayer | GemmaDecoderLayer) -> LayerRecord:
     attn, mlp = layer.self_attn, layer.mlp
     products: tuple[Linear, ...] = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     handles = [p.packed.handle for p in products]  # type: ignore[union-attr]
-    qk_norms, qk_eps, (qk_offset, qk_in_float32) = attn.qk_norm_weights()
+    qk_norms, qk_eps, (qk_offset, qk_in_float32) = attn.qk_norms()
     norms = [n.weight.data_ptr() for n in _norms(layer)]
     # Llama: input, MLP input; Gemma: input, attention output, MLP input, MLP output.
     input_norm, attention_out_norm, mlp_norm, mlp_out_norm = norms if len(norms) == 4 else (norms[0], None,

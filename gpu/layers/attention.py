@@ -231,7 +231,7 @@ class DecoderAttention(nn.Module):
         from gpu.kernels.qk_norm_rope import qk_norm_rope_store_kv
 
         heads = (self.num_heads, self.num_kv_heads, self.head_dim)
-        weights, eps, convention = self._qk_norms()
+        weights, eps, convention = self.qk_norms()
         return qk_norm_rope_store_kv(qkv, positions, (self.rotary.cos, self.rotary.sin), heads, weights, eps,
                                      (self.k_cache, self.v_cache, slot_mapping), use_pdl=True,
                                      norm_convention=convention, kv_scales=self.kv_scales,
@@ -256,7 +256,7 @@ class DecoderAttention(nn.Module):
         assert self.cpu_kernels is not None
         num_tokens = qkv.shape[0]
         q = torch.empty(num_tokens, self.num_heads, self.head_dim, dtype=qkv.dtype)
-        norms, eps, (offset, in_float32) = self._qk_norms()
+        norms, eps, (offset, in_float32) = self.qk_norms()
         q_norm, k_norm = (None, None) if norms is None else (norms[0].data_ptr(), norms[1].data_ptr())
         self.cpu_kernels.rope_store(
             qkv.data_ptr(), qkv.stride(0), num_tokens, positions.data_ptr(), self.rotary.cos.data_ptr(),
@@ -265,13 +265,9 @@ class DecoderAttention(nn.Module):
             int(qkv.dtype == torch.bfloat16), float(offset), int(in_float32))
         return q
 
-    def qk_norm_weights(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float, tuple[float, bool]]:
-        """(q_norm and k_norm weights, or None without them; their eps; their weight offset and whether they scale in
-        float32, as the C kernels take them)."""
-        return self._qk_norms()
-
-    def _qk_norms(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float, tuple[float, bool]]:
-        """(q_norm and k_norm weights, or None without them; their eps; their convention for the kernel)."""
+    def qk_norms(self) -> tuple[tuple[torch.Tensor, torch.Tensor] | None, float, tuple[float, bool]]:
+        """(q_norm and k_norm weights, or None without them; their eps; their convention for the kernels: weight
+        offset, and whether they scale in float32)."""
         if self.q_norm is None or self.k_norm is None:
             return None, 0.0, (0.0, False)
         convention = self.q_norm.convention
