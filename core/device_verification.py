@@ -13,7 +13,9 @@ Blocks: a row's step writes up to k + 1 positions after the tokens the host know
 flight may add before it; the host covers that worst case before it launches (`reserve`) and gives back the tail
 past what the next step in flight can write once it books a step (core/engine.py). History slots: a sequence takes
 one (gpu/token_history.py) at its first such step and fills it with the tokens the device lacks (its prompt, then
-those of steps that kept no history); it gives it back when it finishes or is preempted.
+those of steps that kept no history); it gives it back when it finishes or is preempted. Entering from a plain step
+still in flight, a row's last token is that step's, not booked yet: the device copies it from that step's sampled
+tokens, so the entry waits for nothing (a pending token that ends its sequence by length keeps the step on the host).
 """
 
 from core.batch_builder import row_sampling
@@ -68,7 +70,8 @@ class DeviceVerification:
                 seq.history_slot, seq.num_history_tokens = self.slots.allocate(), 0
             if seq.num_history_tokens != seq.num_tokens:
                 fills.append(HistoryFill(seq.history_slot, seq.num_history_tokens,
-                                         seq.token_ids[seq.num_history_tokens :]))
+                                         seq.token_ids[seq.num_history_tokens :],
+                                         seq.pending_row if seq.num_pending_tokens else None))
                 seq.num_history_tokens = seq.num_tokens
             slots.append(seq.history_slot)
             tables.append(seq.block_tables[0])
@@ -93,4 +96,7 @@ class DeviceVerification:
 
     @staticmethod
     def _is_ordinary_decoding(seq: Sequence) -> bool:
-        return takes_drafts(seq) and seq.grammar is None and seq.params.seed is None and seq.pooling is None
+        """Its last token may be pending (a plain step in flight sampled it: the device copies it to the history),
+        unless that token ends it by length."""
+        return (takes_drafts(seq, seq.num_pending_tokens) and not seq.is_last_token_pending and seq.grammar is None
+                and seq.params.seed is None and seq.pooling is None)

@@ -378,15 +378,8 @@ class LLMEngine:
         assert self.device_verification is not None
         if self.scheduler.has_prompt_work():
             return False
-        in_flight = self._in_flight
-        if isinstance(in_flight, _LaunchedStep):
-            # Entering: the history is filled from every token, the step in flight's too, so it is booked first (a
-            # step laid out on the host would book it as well); only then are the rows' tokens all known.
-            outputs += self._postprocess(in_flight)
-            self._in_flight = in_flight = None
+        in_flight = self._in_flight  # a plain step (host-verifying steps are booked at once), or one laid out so
         running = list(self.scheduler.running)
-        if not running:  # every sequence ended with the tokens just booked
-            return True
         in_flight_drafts = in_flight.num_drafts if isinstance(in_flight, _DeviceStep) else None
         if not self.device_verification.can_verify(running, num_drafts, in_flight_drafts):
             return False
@@ -400,7 +393,11 @@ class LLMEngine:
                 self._in_flight = None
             self.device_verification.forget_history(running)  # after the booking, which counts what it appended
             return False
-        if isinstance(in_flight, _DeviceStep):
+        if isinstance(in_flight, _LaunchedStep):
+            # Entering from a plain step: the rows' pending tokens were copied to the history on the device; the step
+            # is booked while the device works on the new one.
+            outputs += self._postprocess(in_flight)
+        elif isinstance(in_flight, _DeviceStep):
             outputs += self._book_device_step(in_flight, num_drafts)  # the device works on the new step meanwhile
         self._in_flight = _DeviceStep(running, pending, num_drafts)
         if not self.config.scheduler.async_scheduling:

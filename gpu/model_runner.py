@@ -692,9 +692,10 @@ class ModelRunner:
         """Queues a verifying step laid out on the device from the token history (gpu/device_verification.py) and
         returns without waiting for it: its drafts, acceptance and history update run on the device too, so the
         next such step can be queued before this one's tokens reach the host. One replay of a verify graph where
-        one takes the step (`_verify_graph_draw`), else eagerly."""
+        one takes the step (`_verify_graph_draw`), else eagerly. A fill's pending token is the previous step's
+        (a plain step still in flight), copied from its sampled tokens on the device."""
         assert self.token_history is not None and self.tp.is_first, "a runner built to keep the token history"
-        self.token_history.fill(batch.fills)
+        self.token_history.fill(batch.fills, self._last_sampled_ids)
         rows = device_verification.position_rows(batch)
         draw = self._verify_graph_draw(batch, rows)
         if draw is not None:

@@ -25,11 +25,17 @@ MAX_LOOKUP = 127
 @dataclass(frozen=True)
 class HistoryFill:
     """Tokens the host knows and a slot lacks: they go to slot columns [start, start + len(token_ids)), and the slot
-    then holds start + len(token_ids) tokens."""
+    then holds start + len(token_ids) tokens; with `pending_row`, one more: the token the step in flight sampled at
+    that row, copied on the device (the host has not booked it yet)."""
 
     slot: int
     start: int
     token_ids: list[int]
+    pending_row: int | None = None
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.token_ids) + (self.pending_row is not None)
 
 
 class TokenHistory:
@@ -45,20 +51,28 @@ class TokenHistory:
     def device(self) -> torch.device:
         return self.tokens.device
 
-    def fill(self, fills: list[HistoryFill]) -> None:
-        """Writes the host's tokens and the slots' lengths, in one copy to the device."""
+    def fill(self, fills: list[HistoryFill], pending_token_ids: torch.Tensor | None = None) -> None:
+        """Writes the host's tokens and the slots' lengths, in one copy to the device, and the pending tokens the
+        fills name from `pending_token_ids` (the step in flight's sampled tokens, on the device)."""
         if not fills:
             return
         counts = np.fromiter((len(f.token_ids) for f in fills), dtype=np.int64, count=len(fills))
         slots = np.fromiter((f.slot for f in fills), dtype=np.int64, count=len(fills))
-        ends = np.fromiter((f.start + len(f.token_ids) for f in fills), dtype=np.int64, count=len(fills))
-        columns = np.repeat(ends - counts.cumsum(), counts) + np.arange(int(counts.sum()))  # start + i per token
-        packed = to_device(np.concatenate([slots, ends, np.repeat(slots, counts), columns,
+        starts = np.fromiter((f.start for f in fills), dtype=np.int64, count=len(fills))
+        ends = np.fromiter((f.end for f in fills), dtype=np.int64, count=len(fills))
+        pending = np.array([(f.slot, f.end - 1, f.pending_row) for f in fills if f.pending_row is not None],
+                           dtype=np.int64).reshape(-1, 3).T  # slots, columns, rows of the step's sampled tokens
+        columns = np.repeat(starts - counts.cumsum() + counts, counts) + np.arange(int(counts.sum()))  # start + i
+        packed = to_device(np.concatenate([slots, ends, np.repeat(slots, counts), columns, pending.ravel(),
                                            *(f.token_ids for f in fills)]).astype(np.int64), np.int64, self.device)
-        num_rows, num_tokens = len(fills), int(counts.sum())
-        fill_slots, fill_ends, token_slots, token_columns, token_ids = packed.split(
-            [num_rows, num_rows, num_tokens, num_tokens, num_tokens])
+        num_rows, num_tokens, num_pending = len(fills), int(counts.sum()), pending.shape[1]
+        fill_slots, fill_ends, token_slots, token_columns, pending_slots, pending_columns, pending_rows, token_ids = (
+            packed.split([num_rows, num_rows, num_tokens, num_tokens, num_pending, num_pending, num_pending,
+                          num_tokens]))
         self.tokens[token_slots, token_columns] = token_ids.to(torch.int32)
+        if num_pending:
+            assert pending_token_ids is not None, "a fill names a pending token but no step's tokens were given"
+            self.tokens[pending_slots, pending_columns] = pending_token_ids[pending_rows].to(torch.int32)
         self.lengths[fill_slots] = fill_ends.to(torch.int32)
 
     def append(self, slots: torch.Tensor, token_ids: torch.Tensor, num_new: torch.Tensor) -> None:

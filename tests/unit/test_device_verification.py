@@ -14,7 +14,7 @@ import torch
 from core import LLM, SamplingParams
 from core.block_manager import BlockManager
 from core.device_verification import DeviceVerification
-from core.engine import LLMEngine, _DeviceStep
+from core.engine import LLMEngine, _DeviceStep, _LaunchedStep
 from core.outputs import FinishReason, RequestOutput
 from core.sequence import Sequence
 from core.speculative_config import SpeculativeConfig
@@ -60,11 +60,13 @@ def speculating_engine(model_dir: Path, on_device: bool = True, **settings: obje
 
 @dataclass
 class DeviceSteps:
-    """Counts the device-laid verifying steps an engine launches, and those launched with one in flight."""
+    """Counts the device-laid verifying steps an engine launches, those launched with one in flight, and those
+    launched with a plain step (or a prompt's) in flight."""
 
     engine: LLMEngine
     num_launched: int = 0
     num_overlapped: int = 0
+    num_entered: int = 0
     num_rows: int = 0
 
     def __post_init__(self) -> None:
@@ -74,6 +76,7 @@ class DeviceSteps:
             self.num_launched += 1
             self.num_rows += batch.num_rows
             self.num_overlapped += isinstance(self.engine._in_flight, _DeviceStep)
+            self.num_entered += isinstance(self.engine._in_flight, _LaunchedStep)
             return launch(batch)
 
         self.engine.runner.launch_verification_on_device = record  # type: ignore[attr-defined]
@@ -129,15 +132,16 @@ def test_one_sequence_of_code_edit_text(plain_engine: LLMEngine, model_dir: Path
     steps = DeviceSteps(engine)
     assert run(engine, requests) == run(plain_engine, requests)
     assert engine.speculation.counts.num_accepted_tokens > 20  # type: ignore[union-attr]
-    # After the prompt step and the first plain step (the controller's first choice is booked), every step
-    # verifies on the device with the step before it in flight, but for the first.
-    assert steps.num_overlapped == steps.num_launched - 1 and steps.num_launched > 10
+    # Every step verifies on the device with the step before it in flight: the first, the prompt step's (its first
+    # token copied to the history on the device), the others the verifying step before.
+    assert steps.num_entered == 1 and steps.num_overlapped == steps.num_launched - 1 and steps.num_launched > 10
 
 
 def test_entering_from_a_plain_step_lays_the_step_out_on_the_device(plain_engine: LLMEngine, model_dir: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A controller that alternates runs of plain steps and verifying ones (an adaptive one's choices): each entry
-    books the plain step in flight and verifies on the device, none on the host; the output is the same."""
+    verifies on the device with the plain step still in flight (its tokens copied to the history there), none on
+    the host; the output is the same."""
     requests = named(CODE_EDIT + REPEATING[:1], greedy(60))
     engine = speculating_engine(model_dir)
     choices = itertools.cycle([0, 0, 4, 4, 4])
@@ -148,7 +152,7 @@ def test_entering_from_a_plain_step_lays_the_step_out_on_the_device(plain_engine
     steps = DeviceSteps(engine)
     assert run(engine, requests) == run(plain_engine, requests)
     assert host_laid == [] and steps.num_launched > 10
-    assert steps.num_overlapped < steps.num_launched  # entries, whose step in flight was a plain one
+    assert steps.num_entered > 3 and steps.num_entered + steps.num_overlapped == steps.num_launched
 
 
 def test_stops_inside_an_accepted_run(plain_engine: LLMEngine, model_dir: Path) -> None:
@@ -364,6 +368,31 @@ def test_blocks_cover_the_worst_case_and_slots_are_filled_once() -> None:
     assert not verification.can_verify(seqs, 3, 40)  # 50 and 54 tokens: 20 blocks more
     verification.release(seqs[0])
     assert seqs[0].history_slot is None and verification.slots.num_free == 3
+
+
+def test_a_pending_token_is_copied_on_the_device_unless_it_ends_the_sequence() -> None:
+    """Behind a plain step in flight a row's last token is pending: its fill names the step's sampled row, and the
+    history takes that token from the step's tokens on the device; a pending token that ends its sequence by
+    length keeps the step on the host."""
+    manager, seqs = decoding_seqs(4, 20, [5, 9])
+    for row, seq in enumerate(seqs):
+        seq.num_computed_tokens += 1  # a plain step in flight computes the last known token and samples the next
+        seq.add_pending_token(row, is_last=False)
+    verification = DeviceVerification(SpeculativeConfig(num_speculative_tokens=3), manager, 64, 4, (0,))
+    assert verification.can_verify(seqs, 3, None)
+    batch = verification.reserve(seqs, 3, None)
+    assert [(f.slot, f.start, len(f.token_ids), f.pending_row, f.end) for f in batch.fills] == [
+        (0, 0, 6, 0, 7), (1, 0, 10, 1, 11)]
+    assert [len(t) for t in batch.block_tables] == [3, 4]  # 7 + 3 and 11 + 3 tokens
+    history = TokenHistory(4, 64, torch.device("cpu"))
+    history.fill(batch.fills, torch.tensor([41, 42]))
+    assert history.lengths[:2].tolist() == [7, 11]
+    assert history.tokens[0, :7].tolist() == [*range(1, 6), 99, 41]
+    assert history.tokens[1, :11].tolist() == [*range(1, 10), 99, 42]
+    _, ending = decoding_seqs(4, 20, [5])
+    ending[0].num_computed_tokens += 1
+    ending[0].add_pending_token(0, is_last=True)
+    assert not verification.can_verify(ending, 3, None)
 
 
 @pytest.mark.parametrize("params", [dict(seed=1), dict(presence_penalty=0.5), dict(min_tokens=3)])
