@@ -63,7 +63,7 @@ def test_an_epochs_settling_steps_are_not_counted() -> None:
 
 
 def test_buckets_are_measured_apart_and_an_epoch_cut_short_is_dropped() -> None:
-    switch = SpeculationSwitch(epoch_steps=10)
+    switch = SpeculationSwitch(epoch_steps=10, settling_steps=0)
     assert switch.allows(64)
     for _ in range(3):
         switch.observe_step(0.01, 10)
