@@ -10,15 +10,17 @@ right and the whole is slower. So over spans of steps (epochs) at one bucket, th
 second are compared with verification allowed (the controller chooses each step's draft length) and with every step
 decoding plainly: one measure of everything, the rule that keeps speculation from being slower than none.
 
-The rule. An epoch is `epoch_steps` steps in one mode while the running sequences stay in one bucket (the next power of
-two, as the controller's); its first `settling_steps` are not counted: they book tokens, or wait for device work, that
-the steps before the epoch left in flight, and under load the server's own pace settles to the new mode over tens of
-steps (a server streaming a token per event for every row, as plain decoding makes it, is slower to take new requests:
-more of them wait before the engine sees them, fewer decode; verifying steps, a few tokens per event, drain that queue),
-so the first steps after a change would credit one mode with what the other left. Its rate is the tokens booked during
-its counted steps over their time, each step timed from its start to the next one's (what the host does between steps is
-in it). An epoch whose bucket changes before its end counts if at least half its steps were counted, else it is dropped.
-Per bucket and mode, the rate is the mean of its first epochs, then a running average (weight `rate_weight`).
+The rule. At one running sequence verification is always allowed (above: nothing else runs beside it). Elsewhere an
+epoch is `epoch_steps` steps in one mode while the running sequences stay in one bucket (the next power of two, as the
+controller's); its first `settling_steps` are not counted: they book tokens, or wait for device work, that the steps
+before the epoch left in flight, and under load the server's own pace settles to the new mode only as the requests
+running turn over (a server streaming a token per event for every row, as plain decoding makes it, is slower to take new
+requests: more of them wait before the engine sees them, fewer decode; verifying steps, a few tokens per event, drain
+that queue), so the first steps after a change would credit one mode with what the other left. Its rate is the tokens
+booked during its counted steps over their time, each step timed from its start to the next one's (what the host does
+between steps is in it). An epoch whose bucket changes before its end counts if at least half its steps were counted,
+else it is dropped. Per bucket and mode, the rate is the mean of its first epochs, then a running average (weight
+`rate_weight`).
 Verification allowed is measured first (the controller learns its figures there), then plain decoding; after that
 each epoch takes the faster mode, and the slower one is measured again once the bucket's epochs since it last was
 reach its shortfall (1 - its rate / the faster's) over `exploration_share`: measuring it costs about an epoch times
@@ -69,8 +71,8 @@ class _Epoch:
 
 @dataclass
 class SpeculationSwitch:
-    epoch_steps: int = 140
-    settling_steps: int = 40
+    epoch_steps: int = 200
+    settling_steps: int = 100
     exploration_share: float = 0.01
     rate_weight: float = 0.2
     _buckets: dict[int, _Bucket] = field(default_factory=dict)
@@ -84,6 +86,10 @@ class SpeculationSwitch:
         if epoch is not None and epoch.key != key:
             self._end(epoch)
             epoch = None
+        if key == 1:
+            # One sequence: no other request's prompt is batched beside its steps (its own prompt is its start), so
+            # the controller's figures are the whole and there is nothing here to weigh.
+            return True
         if epoch is None:
             bucket = self._buckets.setdefault(key, _Bucket())
             epoch = self._epoch = _Epoch(key, bucket.next_mode(self.exploration_share))

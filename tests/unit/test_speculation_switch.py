@@ -31,7 +31,13 @@ def test_allowed_is_measured_first_then_plain_then_the_faster_is_taken() -> None
     assert _epoch(switch, 64, rates) is False
     rates = {True: 1500.0, False: 1000.0}
     switch = SpeculationSwitch()
-    assert [_epoch(switch, 1, rates) for _ in range(3)] == [True, False, True]
+    assert [_epoch(switch, 2, rates) for _ in range(3)] == [True, False, True]
+
+
+def test_one_sequence_always_lets_the_controller_choose() -> None:
+    switch = SpeculationSwitch()
+    assert all(_epoch(switch, 1, {True: 900.0, False: 1000.0}) for _ in range(5))
+    assert switch.rate(1, allowed=True) is None and switch.rate(1, allowed=False) is None
 
 
 @pytest.mark.parametrize("shortfall", [0.05, 0.2])
@@ -56,7 +62,7 @@ def test_a_mode_that_became_faster_takes_over() -> None:
 
 def test_an_epochs_settling_steps_are_not_counted() -> None:
     switch = SpeculationSwitch(epoch_steps=10, settling_steps=2)
-    switch.allows(4)
+    assert switch.allows(4)
     for i in range(10):
         switch.observe_step(100.0 if i < 2 else 0.01, 1000 if i < 2 else 10)  # the first two book the steps' before
     assert switch.rate(4, allowed=True) == pytest.approx(1000.0)
@@ -81,8 +87,8 @@ def test_the_switch_holds_the_controllers_choice_back_in_plain_epochs() -> None:
     assert speculation.switch is not None
     chosen = []
     for _ in range(3 * speculation.switch.epoch_steps):
-        chosen.append(speculation.choose(1, lambda: False))
-        speculation.observe_step(1, chosen[-1], 0.01 if chosen[-1] else 0.001, 1)
+        chosen.append(speculation.choose(2, lambda: False))
+        speculation.observe_step(2, chosen[-1], 0.01 if chosen[-1] else 0.001, 2)
     epoch = speculation.switch.epoch_steps
     assert any(chosen[:epoch]), "the first epoch lets the controller verify"
     assert not any(chosen[epoch : 2 * epoch]), "the second decodes plainly"
