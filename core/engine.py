@@ -156,9 +156,9 @@ class LLMEngine:
         self._taken_from_inbox: deque[Sequence | _Abort] = deque()  # by wait_for_work, in order
         self._sequences: dict[str, Sequence] = {}
         self._in_flight: _LaunchedStep | _DeviceStep | None = None  # launched, results not yet taken
-        # The last step's (decode rows or 0, draft length, start, tokens generated before it): speculation is given its
-        # time and the tokens booked meanwhile when the next step starts (core/speculation_control.py says why).
-        self._timed_step: tuple[int, int, float, int] | None = None
+        # The last step's (decode rows or 0, draft length, start): the speculation controller is given its time when
+        # the next step starts (core/speculation_control.py says why).
+        self._timed_step: tuple[int, int, float] | None = None
         self._num_failed_steps_in_a_row = 0
         self.penalty_slots = PenaltySlots(config.scheduler.max_num_seqs)
         self.pooling_slots = PenaltySlots(config.scheduler.max_num_seqs)  # the same kind of pool, for pooling state
@@ -323,20 +323,20 @@ class LLMEngine:
         return LLMEngine(self.config, runner=self.runner.restarted())
 
     def step(self) -> list[RequestOutput]:
-        started, tokens_at_start = time.perf_counter(), self.metrics.num_generation_tokens
+        started = time.perf_counter()
         if self._timed_step is not None:
-            rows, drafts, at, tokens_at = self._timed_step
-            self.speculation.observe_step(rows, drafts, started - at, tokens_at_start - tokens_at)  # type: ignore[union-attr]
+            rows, drafts, at = self._timed_step
+            self.speculation.observe_step(rows, drafts, started - at)  # type: ignore[union-attr]
             self._timed_step = None
         outputs = self._drain_inbox()
         if self._compiling:
             outputs += self._schedule_compiled()
         num_drafts = 0
         if self.speculation is not None and self.scheduler.running:
-            num_drafts = self.speculation.choose(len(self.scheduler.running), self.scheduler.has_prompt_work)
+            num_drafts = self.speculation.controller.choose(len(self.scheduler.running), self.scheduler.has_prompt_work)
             self.speculation.follow_drafts(self.scheduler.running)
             if num_drafts and self.device_verification is not None and self._verify_on_device(
-                    num_drafts, started, tokens_at_start, outputs):
+                    num_drafts, started, outputs):
                 return outputs
         if isinstance(self._in_flight, _DeviceStep):  # the next step is laid out on the host, from every token
             outputs += self._postprocess(self._in_flight)
@@ -367,11 +367,10 @@ class LLMEngine:
             if self.speculation is not None and self.has_unfinished_requests():
                 # Timed until the next step starts; where none is due (the last request ended, a caller such as
                 # LLM.generate returns), the wait for the next request would be counted as this step's cost.
-                self._timed_step = (launched.num_decode_rows, num_drafts, started, tokens_at_start)
+                self._timed_step = (launched.num_decode_rows, num_drafts, started)
         return outputs
 
-    def _verify_on_device(self, num_drafts: int, started: float, tokens_at_start: int, outputs: list[RequestOutput]
-                          ) -> bool:
+    def _verify_on_device(self, num_drafts: int, started: float, outputs: list[RequestOutput]) -> bool:
         """Where the rule allows it (core/device_verification.py), launches a verifying step laid out on the device,
         then books the step in flight while the device runs it (its outputs go to `outputs`); whether it did (else
         the step is laid out on the host)."""
@@ -404,7 +403,7 @@ class LLMEngine:
             outputs += self._postprocess(self._in_flight)
             self._in_flight = None
         if self.has_unfinished_requests():  # timed until the next step starts (as in `step`)
-            self._timed_step = (len(running), num_drafts, started, tokens_at_start)
+            self._timed_step = (len(running), num_drafts, started)
         return True
 
     def _propose_drafts(self, num_drafts: int) -> list[RequestOutput]:

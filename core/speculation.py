@@ -33,7 +33,6 @@ removed and renormalized, which is max(p - q, 0) normalized. Each token is there
 target's distribution, and a seeded request gets the tokens it gets without speculation.
 """
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -43,7 +42,6 @@ from core.ngram_proposer import NgramProposer
 from core.scheduler import ScheduledSequence
 from core.sequence import Sequence
 from core.speculation_control import DraftLengthController, FixedDraftLength
-from core.speculation_switch import SpeculationSwitch
 from core.speculative_config import SpeculativeConfig
 from core.suffix_proposer import SuffixProposer
 from gpu.runner import Runner
@@ -120,20 +118,12 @@ class Speculation:
             self.proposer = NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
         self.controller = (DraftLengthController(config.num_speculative_tokens) if config.adaptive
                            else FixedDraftLength(config.num_speculative_tokens))
-        self.switch = SpeculationSwitch() if config.adaptive else None
         self.counts = SpeculationCounts(accepted_per_position=[0] * config.num_speculative_tokens)
         self._num_offered = 0
         self._accepted_at = [0] * config.num_speculative_tokens
         self._followed: list[_FollowedDraft] = []
         self._follows = config.adaptive and isinstance(self.proposer, NgramProposer)
         self._next_followed = 0  # where in the running list the next followed sequence is looked for
-
-    def choose(self, batch_size: int, has_prompt_work: Callable[[], bool]) -> int:
-        """The next step's draft length (0: it decodes plainly): the controller's, where the switch allows it
-        (core/speculation_switch.py)."""
-        if self.switch is not None and not self.switch.allows(batch_size):
-            return 0
-        return self.controller.choose(batch_size, has_prompt_work)
 
     def propose(self, running: list[Sequence], num_drafts: int, grammars: "Grammars | None") -> None:
         """Gives the eligible running sequences up to `num_drafts` draft tokens each (module docstring).
@@ -246,12 +236,10 @@ class Speculation:
                     counts.accepted_per_position[i] += 1
                     self._accepted_at[i] += 1
 
-    def observe_step(self, batch_size: int, num_drafts: int, seconds: float, num_tokens: int) -> None:
-        """A step's wall time (`batch_size` 0: a step with prompt tokens) and the tokens booked meanwhile, and (for a
-        verifying step, booked by now) what it accepted."""
+    def observe_step(self, batch_size: int, num_drafts: int, seconds: float) -> None:
+        """A step's wall time (`batch_size` 0: a step with prompt tokens), and (for a verifying step, booked by now)
+        what it accepted."""
         self.controller.observe_step(batch_size, num_drafts, seconds)
-        if self.switch is not None:
-            self.switch.observe_step(seconds, num_tokens)
         if num_drafts:
             self.controller.observe_acceptance(self._num_offered, self._accepted_at)
             self._num_offered = 0

@@ -188,7 +188,7 @@ class DraftLengthController:
         """Whether what drafts accept can change the choice at this batch size: not where every draft length would
         lose to plain decoding with all its drafts accepted (its time measured, or an untried one's most hopeful),
         until a refresh measures the lengths again."""
-        bucket = self._buckets.get(bucket_key(batch_size))
+        bucket = self._buckets.get(_bucket_key(batch_size))
         if bucket is None or bucket.arms[0].seconds is None or bucket.arms[self.max_drafts].seconds is None:
             return True
         plain = self._seconds(bucket, 0)
@@ -317,7 +317,7 @@ class DraftLengthController:
         return lost + (bucket.entry_seconds(_PLAIN) + (bucket.leave_seconds or 0.0) if k else 0.0)
 
     def _bucket(self, batch_size: int) -> _Bucket:
-        key = bucket_key(batch_size)
+        key = _bucket_key(batch_size)
         bucket = self._buckets.get(key)
         if bucket is None:
             bucket = self._buckets[key] = _Bucket([_Arm() for _ in range(self.max_drafts + 1)])
@@ -329,7 +329,7 @@ def _averaged(average: float | None, sample: float, weight: float) -> float:
     return sample if average is None else average + weight * (sample - average)
 
 
-def bucket_key(batch_size: int) -> int:
+def _bucket_key(batch_size: int) -> int:
     """A batch size's bucket: the next power of two."""
     return 1 << max(0, batch_size - 1).bit_length()
 

@@ -302,9 +302,9 @@ def recorded_step_times(speculation: object) -> list[float]:
     observed: list[float] = []
     observe = speculation.observe_step  # type: ignore[attr-defined]
 
-    def recording(batch_size: int, num_drafts: int, seconds: float, num_tokens: int) -> None:
+    def recording(batch_size: int, num_drafts: int, seconds: float) -> None:
         observed.append(seconds)
-        observe(batch_size, num_drafts, seconds, num_tokens)
+        observe(batch_size, num_drafts, seconds)
 
     speculation.observe_step = recording  # type: ignore[attr-defined]
     return observed
