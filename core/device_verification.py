@@ -2,12 +2,15 @@
 which steps run so, and the blocks and history slots their rows hold.
 
 Such a step is queued before the previous step's tokens reach the host, as a plain decode step is, so the host
-books each one a step late; it does not know how many tokens a row has until then. So the rule (`can_verify`, the
-one place that decides): a step runs so when the controller asks for drafts and it is decode only, every running
-sequence an ordinary decoding row: its stream begun, only its last token to compute, past min_tokens (no banned
-tokens), no penalties (their counts would need the drafts), no grammar, no seed (its noise depends on an output index
-the host does not know yet), and room in the context for the longest it can become. Anything else (prompt work, a
-draft model, an MTP head, suffix decoding) keeps the step whose drafts are proposed on the host.
+books each one a step late; it does not know how many tokens a row has until then. So the rule (`can_lay_out`, the
+one place that decides): a step runs so when it is decode only, every running sequence an ordinary decoding row: its
+stream begun, only its last token to compute, past min_tokens (no banned tokens), no penalties (their counts would
+need the drafts), no grammar, no seed (its noise depends on an output index the host does not know yet), and room in
+the context for the longest it can become. It verifies drafts where the controller asks for them (with a prompt due
+it may not); a plain step (no drafts) is laid out so after a verifying one still in flight, where the controller
+chooses plain decoding or a prompt waits: the way out of verification needs no wait for that step's tokens, and the
+plain step's one token a row is pending as any plain step's, so the step after it is laid out on the host at once.
+Anything else (a draft model, an MTP head, suffix decoding) keeps the step whose drafts are proposed on the host.
 
 Blocks: a row's step writes up to k + 1 positions after the tokens the host knows, plus the k_prev + 1 the step in
 flight may add before it; the host covers that worst case before it launches (`reserve`) and gives back the tail
@@ -37,11 +40,10 @@ class DeviceVerification:
         self.eos_token_ids = eos_token_ids
         self.slots = PenaltySlots(max_num_seqs)  # the same kind of pool as the penalty slots
 
-    def can_verify(self, running: list[Sequence], num_drafts: int, in_flight_drafts: int | None) -> bool:
-        """Whether the next step verifies `num_drafts` drafts a row laid out on the device (the module's rule), given
-        the draft length of such a step still in flight (None: none is). The caller has checked that no prompt
-        work is due."""
-        if not num_drafts or not running:
+    def can_lay_out(self, running: list[Sequence], num_drafts: int, in_flight_drafts: int | None) -> bool:
+        """Whether the next step, verifying `num_drafts` drafts a row (0: a plain step), can be laid out on the device
+        (the module's rule), given the draft length of such a step still in flight (None: none is)."""
+        if not running:
             return False
         bs = self.block_manager.block_size
         num_blocks = 0
@@ -60,7 +62,7 @@ class DeviceVerification:
 
     def reserve(self, running: list[Sequence], num_drafts: int, in_flight_drafts: int | None) -> DeviceVerifyBatch:
         """Covers each row's worst case with blocks and gives it a history slot (filled where the device lacks
-        tokens); the batch to launch. Only after `can_verify` said yes."""
+        tokens); the batch to launch. Only after `can_lay_out` said yes."""
         fills, slots, tables, sampling = [], [], [], []
         max_context_len = 0
         for seq in running:

@@ -338,6 +338,8 @@ class LLMEngine:
             if num_drafts and self.device_verification is not None and self._verify_on_device(
                     num_drafts, started, outputs):
                 return outputs
+        if isinstance(self._in_flight, _DeviceStep) and not num_drafts and self._leave_on_device(started, outputs):
+            return outputs
         if isinstance(self._in_flight, _DeviceStep):  # the next step is laid out on the host, from every token
             outputs += self._postprocess(self._in_flight)
             self._in_flight = None
@@ -380,7 +382,7 @@ class LLMEngine:
         in_flight = self._in_flight  # a plain step (host-verifying steps are booked at once), or one laid out so
         running = list(self.scheduler.running)
         in_flight_drafts = in_flight.num_drafts if isinstance(in_flight, _DeviceStep) else None
-        if not self.device_verification.can_verify(running, num_drafts, in_flight_drafts):
+        if not self.device_verification.can_lay_out(running, num_drafts, in_flight_drafts):
             return False
         batch = self.device_verification.reserve(running, num_drafts, in_flight_drafts)
         try:
@@ -404,6 +406,43 @@ class LLMEngine:
             self._in_flight = None
         if self.has_unfinished_requests():  # timed until the next step starts (as in `step`)
             self._timed_step = (len(running), num_drafts, started)
+        return True
+
+    def _leave_on_device(self, started: float, outputs: list[RequestOutput]) -> bool:
+        """After a verifying step laid out on the device and still in flight, where plain decoding is chosen or a
+        prompt is due: a plain step laid out on the device too, where the rule allows it (core/device_verification.py),
+        so that leaving verification waits for nothing. The verifying step is booked while the device runs the plain
+        one, whose token a row is then pending, as a plain step's (the next step is laid out on the host at once).
+        Whether it launched one (its outputs go to `outputs`)."""
+        step = self._in_flight
+        assert isinstance(step, _DeviceStep) and self.device_verification is not None
+        running = list(self.scheduler.running)
+        if not self.device_verification.can_lay_out(running, 0, step.num_drafts):
+            return False
+        batch = self.device_verification.reserve(running, 0, step.num_drafts)
+        try:
+            pending = self.runner.launch_verification_on_device(batch)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - as a verifying step's launch that failed (_verify_on_device)
+            logger.exception("a plain step laid out on the device failed to launch; the host lays it out")
+            outputs += self._postprocess(step)
+            self._in_flight = None
+            self.device_verification.forget_history(running)
+            return False
+        outputs += self._book_device_step(step, 0)  # the device works on the plain step meanwhile
+        scheduled = []
+        for row, seq in enumerate(running):
+            if seq.is_finished:
+                continue  # ended by the verifying step's tokens: its row's token is dropped
+            scheduled.append(ScheduledSequence(seq, seq.num_tokens - 1, 1))
+            seq.num_computed_tokens = seq.num_tokens
+            seq.add_pending_token(row, is_last=self._reaches_length_limit(seq, seq.num_tokens + 1))
+            seq.num_history_tokens = seq.num_tokens  # the step appends its token to the history
+        self._in_flight = _LaunchedStep(scheduled, running, pending, [], [], num_decode_rows=len(running))
+        if not self.config.scheduler.async_scheduling:
+            outputs += self._postprocess(self._in_flight)
+            self._in_flight = None
+        if self.has_unfinished_requests():  # timed until the next step starts (as in `step`)
+            self._timed_step = (len(running), 0, started)
         return True
 
     def _propose_drafts(self, num_drafts: int) -> list[RequestOutput]:

@@ -32,15 +32,17 @@ the prompt does (acceptance falls, and plain decoding is chosen again: one reply
 go), an entry is paid for each verifying run, so R is then the bucket's running average of the tokens a verifying
 run gave (from its entry to its first plain step or prompt) where that is shorter.
 Leaving it costs too: a step with prompt tokens after a verifying step is laid out once that step's result is back,
-with the device idle, where after a plain step the host lays it out while the device works. The controller measures
+with the device idle, where after a plain step the host lays it out while the device works (where a plain step laid
+out on the device comes between, the prompt waits a step instead). The controller measures
 that excess as well, per bucket, as the running average of the time of the steps with prompt tokens that follow a
 verifying step beyond that of those that follow a plain one, and charges it to every draft length spread over the run
 as the entry. While only runs that end verifying have been seen, steps from the one expected to end a run on are
 plain, so that a prompt comes after one.
 Leaving it for plain decoding costs too: the first plain step books the verifying one (the device idle meanwhile) and
-the second waits for the first's device work, launched late. The controller measures what the two take beyond two
-plain steps' average, per bucket, and while verifying charges plain decoding that figure spread over the run as the
-entry (a refresh of a draft length from plain decoding pays both).
+the second waits for the first's device work, launched late (where that first plain step is laid out on the device,
+core/device_verification.py, neither waits, and the measured excess is what remains of it). The controller measures what
+the two take beyond two plain steps' average, per bucket, and while verifying charges plain decoding that figure spread
+over the run as the entry (a refresh of a draft length from plain decoding pays both).
 
 Choosing: plain decoding is measured first (the baseline), then the longest draft length; any other untried length is
 tried only while its most hopeful rate (its time taken on the line between plain decoding's and the longest's, which

@@ -3,7 +3,8 @@ history (gpu/token_history.py), not from the host, so it can be queued before th
 host, as a plain decode step is.
 
 Every row has the same shape, k + 1 query tokens: the last token of its history (the previous step's bonus token,
-whose K/V is not computed yet) and k drafts found in the history (gpu/kernels/ngram_drafts.py on CUDA, its torch
+whose K/V is not computed yet) and k drafts found in the history (k = 0: a plain decode step laid out so, the way
+out of verification that need not wait for the verifying step's tokens) (gpu/kernels/ngram_drafts.py on CUDA, its torch
 equivalent elsewhere; a row without a match verifies k placeholder tokens, of which none is accepted). Its positions
 follow the history's length, its cache slots come from its block table, which the host sized for the longest the
 row can be (core/device_verification.py). After sampling at every position, a row accepts the drafts up to the
@@ -195,6 +196,9 @@ class DeviceVerifiedStep:
 
 def _drafts(rows: torch.Tensor, lengths: torch.Tensor, shape: StepShape) -> tuple[torch.Tensor, torch.Tensor]:
     """Each row's k drafts and their count (k or 0), from its slot's tokens ([R, max_model_len + 1] int32)."""
+    if not shape.num_drafts:  # a plain step laid out on the device: nothing to look up
+        empty = torch.zeros(rows.shape[0], 0, dtype=torch.int32, device=rows.device)
+        return empty, torch.zeros(rows.shape[0], dtype=torch.int32, device=rows.device)
     if rows.is_cuda:
         from gpu.kernels.ngram_drafts import ngram_drafts  # noqa: PLC0415 - Triton only where there is a GPU
 

@@ -703,7 +703,9 @@ class ModelRunner:
             out = self.verify.run(batch, draw)
         else:
             out = self._verify_eagerly(batch, rows)
-        self._last_sampled_ids = None  # the next step's tokens come from the history, never fed back
+        # A verifying step's tokens reach the next step through the history; a plain one's (k = 0: one a row) are fed
+        # back as any plain step's, for a step laid out on the host after it.
+        self._last_sampled_ids = None if batch.num_drafts else out.token_ids[: batch.num_rows]
         return DeviceVerifiedStep(self.sampler.with_logprobs(out.logits, out.token_ids, rows), out.counts)
 
     def _verify_graph_draw(self, batch: DeviceVerifyBatch, rows: list[RowSampling]) -> GraphDraw | None:

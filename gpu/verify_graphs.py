@@ -3,7 +3,8 @@ draft length k, each holding the whole step (`verify_step`: drafts, layout, forw
 position, acceptance and the history's update), so that such a step costs the host a few inputs filled, one replay
 and the copies of its results, where run eagerly it launches dozens of small kernels beside the forward.
 
-Keys: rows buckets of powers of two (and max_num_seqs) for every k from 1 to the configured most, where a step of
+Keys: rows buckets of powers of two (and max_num_seqs) for every k from 0 (a plain step laid out on the device) to
+the configured most, where a step of
 rows x (k + 1) positions fits `max_positions` (the shared logits buffer's rows, allocated before the KV cache is
 sized, and at most a step's token budget, which the start-up's memory profile covers). Padding rows read the history's
 padding slot (one token, gpu/token_history.py) and have no blocks: they write no K/V, keep no token and attend to
@@ -66,7 +67,7 @@ class VerifyGraphs:
         self.max_blocks = -(-max_model_len // block_size)
         buckets = sorted({1 << i for i in range(max_num_seqs.bit_length()) if 1 << i < max_num_seqs} | {max_num_seqs})
         # By positions, ascending: capture_graphs captures the largest first, so that later graphs fit in its memory.
-        self.keys = sorted(((rows, k) for k in range(1, lookup.max_drafts + 1) for rows in buckets
+        self.keys = sorted(((rows, k) for k in range(lookup.max_drafts + 1) for rows in buckets
                             if rows * (k + 1) <= num_positions), key=lambda key: (key[0] * (key[1] + 1), key))
         device = history.device
         self._int64 = torch.zeros(2 * n + num_positions, dtype=torch.int64, device=device)

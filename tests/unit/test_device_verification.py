@@ -60,13 +60,14 @@ def speculating_engine(model_dir: Path, on_device: bool = True, **settings: obje
 
 @dataclass
 class DeviceSteps:
-    """Counts the device-laid verifying steps an engine launches, those launched with one in flight, and those
-    launched with a plain step (or a prompt's) in flight."""
+    """Counts the device-laid steps an engine launches, those launched with one in flight, those launched with a
+    plain step (or a prompt's) in flight, and the plain ones (no drafts)."""
 
     engine: LLMEngine
     num_launched: int = 0
     num_overlapped: int = 0
     num_entered: int = 0
+    num_plain: int = 0
     num_rows: int = 0
 
     def __post_init__(self) -> None:
@@ -77,6 +78,7 @@ class DeviceSteps:
             self.num_rows += batch.num_rows
             self.num_overlapped += isinstance(self.engine._in_flight, _DeviceStep)
             self.num_entered += isinstance(self.engine._in_flight, _LaunchedStep)
+            self.num_plain += batch.num_drafts == 0
             return launch(batch)
 
         self.engine.runner.launch_verification_on_device = record  # type: ignore[attr-defined]
@@ -153,6 +155,54 @@ def test_entering_from_a_plain_step_lays_the_step_out_on_the_device(plain_engine
     assert run(engine, requests) == run(plain_engine, requests)
     assert host_laid == [] and steps.num_launched > 10
     assert steps.num_entered > 3 and steps.num_entered + steps.num_overlapped == steps.num_launched
+
+
+def test_leaving_for_plain_decoding_lays_a_plain_step_out_on_the_device(plain_engine: LLMEngine, model_dir: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """A controller that leaves verifying runs for plain decoding: the first plain step after a verifying one is laid
+    out on the device with that step still in flight (its token a row then pending, fed to the plain steps after it
+    from the device), and entering again copies those; the output is the same, logprobs included."""
+    requests = named(CODE_EDIT + REPEATING[:2], greedy(60, logprobs=2))
+    engine = speculating_engine(model_dir)
+    choices = itertools.cycle([4, 4, 4, 0, 0])
+    monkeypatch.setattr(engine.speculation.controller, "choose", lambda *args: next(choices))  # type: ignore[union-attr]
+    steps = DeviceSteps(engine)
+    got_outputs = outputs_of(engine, requests)
+    want_outputs = outputs_of(plain_engine, requests)
+    assert got_outputs.keys() == want_outputs.keys()
+    for request_id, got in got_outputs.items():
+        want = want_outputs[request_id]
+        assert [t for o in got for t in o.new_token_ids] == [t for o in want for t in o.new_token_ids]
+        got_logprobs = [lp for o in got for lp in o.new_logprobs]
+        want_logprobs = [lp for o in want for lp in o.new_logprobs]
+        assert [lp.top_token_ids for lp in got_logprobs] == [lp.top_token_ids for lp in want_logprobs]
+        assert [lp.logprob for lp in got_logprobs] == pytest.approx([lp.logprob for lp in want_logprobs], abs=1e-4)
+    assert steps.num_plain > 5 and steps.num_plain <= steps.num_overlapped
+
+
+def test_a_prompt_due_leaves_verification_through_a_plain_step_on_the_device(
+        plain_engine: LLMEngine, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An adaptive controller's rule (no drafts while a prompt is due): a request arriving mid-run is taken after a
+    plain step laid out on the device, the verifying step in flight booked meanwhile; the output is the same."""
+    first, second = named(CODE_EDIT + REPEATING[:1], greedy(60)), {"late": (REPEATING[2], greedy(40))}
+    engine = speculating_engine(model_dir)
+    monkeypatch.setattr(engine.speculation.controller, "choose",  # type: ignore[union-attr]
+                        lambda batch_size, has_prompt_work: 0 if has_prompt_work() else 4)
+    steps = DeviceSteps(engine)
+    got = run(engine, first, later={8: second, 20: {"later": (PLAIN[0], greedy(30))}})
+    want = run(plain_engine, {**first, **second, "later": (PLAIN[0], greedy(30))})
+    assert got == want
+    assert steps.num_plain >= 2
+
+
+def outputs_of(engine: LLMEngine, requests: dict[str, Request]) -> dict[str, list[RequestOutput]]:
+    for request_id, (prompt, params) in requests.items():
+        engine.add_request(request_id, prompt, params)
+    outputs: dict[str, list[RequestOutput]] = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            outputs.setdefault(out.request_id, []).append(out)
+    return outputs
 
 
 def test_stops_inside_an_accepted_run(plain_engine: LLMEngine, model_dir: Path) -> None:
@@ -356,7 +406,7 @@ def test_blocks_cover_the_worst_case_and_slots_are_filled_once() -> None:
     is filled with the tokens the device lacks, once."""
     manager, seqs = decoding_seqs(4, 20, [5, 9])  # 6 and 10 known tokens, 2 and 3 blocks
     verification = DeviceVerification(SpeculativeConfig(num_speculative_tokens=3), manager, 64, 4, (0,))
-    assert verification.can_verify(seqs, 3, None)
+    assert verification.can_lay_out(seqs, 3, None)
     batch = verification.reserve(seqs, 3, None)
     assert [len(t) for t in batch.block_tables] == [3, 4]  # 9 and 13 tokens
     assert [(f.slot, f.start, len(f.token_ids)) for f in batch.fills] == [(0, 0, 6), (1, 0, 10)]
@@ -364,8 +414,8 @@ def test_blocks_cover_the_worst_case_and_slots_are_filled_once() -> None:
     again = verification.reserve(seqs, 2, 3)  # behind the step in flight: 6 + 3 + 1 + 2 = 12 and 16 tokens
     assert [len(t) for t in again.block_tables] == [3, 4] and again.fills == [] and again.max_context_len == 16
     assert manager.num_free_blocks == 20 - 7
-    assert verification.can_verify(seqs, 3, 16)  # 26 and 30 tokens: 8 blocks more, of 13 free
-    assert not verification.can_verify(seqs, 3, 40)  # 50 and 54 tokens: 20 blocks more
+    assert verification.can_lay_out(seqs, 3, 16)  # 26 and 30 tokens: 8 blocks more, of 13 free
+    assert not verification.can_lay_out(seqs, 3, 40)  # 50 and 54 tokens: 20 blocks more
     verification.release(seqs[0])
     assert seqs[0].history_slot is None and verification.slots.num_free == 3
 
@@ -379,7 +429,7 @@ def test_a_pending_token_is_copied_on_the_device_unless_it_ends_the_sequence() -
         seq.num_computed_tokens += 1  # a plain step in flight computes the last known token and samples the next
         seq.add_pending_token(row, is_last=False)
     verification = DeviceVerification(SpeculativeConfig(num_speculative_tokens=3), manager, 64, 4, (0,))
-    assert verification.can_verify(seqs, 3, None)
+    assert verification.can_lay_out(seqs, 3, None)
     batch = verification.reserve(seqs, 3, None)
     assert [(f.slot, f.start, len(f.token_ids), f.pending_row, f.end) for f in batch.fills] == [
         (0, 0, 6, 0, 7), (1, 0, 10, 1, 11)]
@@ -392,7 +442,7 @@ def test_a_pending_token_is_copied_on_the_device_unless_it_ends_the_sequence() -
     _, ending = decoding_seqs(4, 20, [5])
     ending[0].num_computed_tokens += 1
     ending[0].add_pending_token(0, is_last=True)
-    assert not verification.can_verify(ending, 3, None)
+    assert not verification.can_lay_out(ending, 3, None)
 
 
 @pytest.mark.parametrize("params", [dict(seed=1), dict(presence_penalty=0.5), dict(min_tokens=3)])
@@ -401,11 +451,10 @@ def test_rows_that_need_the_host_keep_the_step_on_it(params: dict) -> None:
     _, others = decoding_seqs(4, 20, [5, 9], **params)
     manager = BlockManager([KVCacheGroup(None, 20)], 4)
     verification = DeviceVerification(SpeculativeConfig(num_speculative_tokens=3), manager, 64, 4, (0,))
-    assert verification.can_verify(seqs, 3, None)
-    assert not verification.can_verify([seqs[0], others[1]], 3, None)
-    assert not verification.can_verify(seqs, 0, None)
+    assert verification.can_lay_out(seqs, 3, None)
+    assert not verification.can_lay_out([seqs[0], others[1]], 3, None)
     short = DeviceVerification(SpeculativeConfig(num_speculative_tokens=3), manager, 12, 4, (0,))
-    assert not short.can_verify(seqs, 3, None)  # the second row's 13 tokens pass the context
+    assert not short.can_lay_out(seqs, 3, None)  # the second row's 13 tokens pass the context
 
 
 def test_a_stop_string_inside_an_accepted_run(model_dir: Path) -> None:
