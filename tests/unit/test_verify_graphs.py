@@ -3,6 +3,7 @@ function: tests/gpu/test_verify_graphs_gpu.py): greedy output equals the output 
 the padding slot keeps nothing, the runner's rule sends the steps a graph cannot take to the eager path, and both paths
 run the one step function, dispatching the same operations outside the model's."""
 
+import itertools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -76,6 +77,23 @@ def test_greedy_output_with_padded_rows(plain_engine: LLMEngine, model_dir: Path
     history = graphs.history
     assert history.lengths[history.padding_slot] == 1
     assert not history.tokens[history.padding_slot, : history.max_model_len].any()  # nothing kept
+
+
+def test_plain_steps_on_their_buffers(plain_engine: LLMEngine, model_dir: Path,  # noqa: F811
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Plain steps laid out on the device (draft length 0, leaving verification) run in their own keys' buffers,
+    three rows padded to four; the output is the output without speculation."""
+    engine = speculating_engine(model_dir)
+    graphs = with_verify_graphs(engine)
+    assert (4, 0) in graphs.keys
+    choices = itertools.cycle([4, 4, 0, 0, 0])
+    monkeypatch.setattr(engine.speculation.controller, "choose", lambda *args: next(choices))  # type: ignore[union-attr]
+    keys: list[tuple[int, int]] = []
+    key_for = graphs.key_for
+    monkeypatch.setattr(graphs, "key_for", lambda batch: keys.append(key := key_for(batch)) or key)
+    requests = named(REPEATING, greedy(60))
+    assert run(engine, requests) == run(plain_engine, requests)
+    assert (4, 0) in keys and (4, 4) in keys
 
 
 def test_logprobs_and_the_rule(plain_engine: LLMEngine, model_dir: Path) -> None:  # noqa: F811
