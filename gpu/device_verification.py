@@ -2,14 +2,14 @@
 history (gpu/token_history.py), not from the host, so it can be queued before the previous step's tokens reach the
 host, as a plain decode step is.
 
-Every row has the same shape, k + 1 query tokens: the last token of its history (the previous step's bonus token,
-whose K/V is not computed yet) and k drafts found in the history (k = 0: a plain decode step laid out so, the way
-out of verification that need not wait for the verifying step's tokens) (gpu/kernels/ngram_drafts.py on CUDA, its torch
-equivalent elsewhere; a row without a match verifies k placeholder tokens, of which none is accepted). Its positions
-follow the history's length, its cache slots come from its block table, which the host sized for the longest the
-row can be (core/device_verification.py). After sampling at every position, a row accepts the drafts up to the
-first that differs from the token sampled before it, and appends the sampled tokens up to and including that one
-(the accepted drafts and the bonus token) to its history: the next step reads them there.
+Every row has the same shape, k + 1 query tokens: the last token of its history (the previous step's bonus token, whose
+K/V is not computed yet) and k drafts found in the history (gpu/kernels/ngram_drafts.py on CUDA, its torch equivalent
+elsewhere; a row without a match verifies k placeholder tokens, of which none is accepted). With k = 0 it is a plain
+decode step laid out so: the way out of verification that need not wait for the verifying step's tokens. Its positions
+follow the history's length, its cache slots come from its block table, which the host sized for the longest the row can
+be (core/device_verification.py). After sampling at every position, a row accepts the drafts up to the first that
+differs from the token sampled before it, and appends the sampled tokens up to and including that one (the accepted
+drafts and the bonus token) to its history: the next step reads them there.
 
 The whole step is one function, `verify_step`, with no host sync: a verify graph (gpu/verify_graphs.py) captures it
 per rows bucket and draft length, so such a step is a few inputs filled, one replay and the copies of its results;
