@@ -376,23 +376,12 @@ class LLMEngine:
         """Where the rule allows it (core/device_verification.py), launches a verifying step laid out on the device,
         then books the step in flight while the device runs it (its outputs go to `outputs`); whether it did (else
         the step is laid out on the host)."""
-        assert self.device_verification is not None
         if self.scheduler.has_prompt_work():
             return False
         in_flight = self._in_flight  # a plain step (host-verifying steps are booked at once), or one laid out so
         running = list(self.scheduler.running)
-        in_flight_drafts = in_flight.num_drafts if isinstance(in_flight, _DeviceStep) else None
-        if not self.device_verification.can_lay_out(running, num_drafts, in_flight_drafts):
-            return False
-        batch = self.device_verification.reserve(running, num_drafts, in_flight_drafts)
-        try:
-            pending = self.runner.launch_verification_on_device(batch)  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - the host lays the step out instead, where a request's fault is found alone
-            logger.exception("a verifying step laid out on the device failed to launch; the host lays it out")
-            if in_flight is not None:
-                outputs += self._postprocess(in_flight)
-                self._in_flight = None
-            self.device_verification.forget_history(running)  # after the booking, which counts what it appended
+        pending = self._launch_laid_out(running, num_drafts, outputs)
+        if pending is None:
             return False
         if isinstance(in_flight, _LaunchedStep):
             # Entering from a plain step: the rows' pending tokens were copied to the history on the device; the step
@@ -400,12 +389,7 @@ class LLMEngine:
             outputs += self._postprocess(in_flight)
         elif isinstance(in_flight, _DeviceStep):
             outputs += self._book_device_step(in_flight, num_drafts)  # the device works on the new step meanwhile
-        self._in_flight = _DeviceStep(running, pending, num_drafts)
-        if not self.config.scheduler.async_scheduling:
-            outputs += self._postprocess(self._in_flight)
-            self._in_flight = None
-        if self.has_unfinished_requests():  # timed until the next step starts (as in `step`)
-            self._timed_step = (len(running), num_drafts, started)
+        self._keep_in_flight(_DeviceStep(running, pending, num_drafts), len(running), num_drafts, started, outputs)
         return True
 
     def _leave_on_device(self, started: float, outputs: list[RequestOutput]) -> bool:
@@ -415,18 +399,10 @@ class LLMEngine:
         one, whose token a row is then pending, as a plain step's (the next step is laid out on the host at once).
         Whether it launched one (its outputs go to `outputs`)."""
         step = self._in_flight
-        assert isinstance(step, _DeviceStep) and self.device_verification is not None
+        assert isinstance(step, _DeviceStep)
         running = list(self.scheduler.running)
-        if not self.device_verification.can_lay_out(running, 0, step.num_drafts):
-            return False
-        batch = self.device_verification.reserve(running, 0, step.num_drafts)
-        try:
-            pending = self.runner.launch_verification_on_device(batch)  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - as a verifying step's launch that failed (_verify_on_device)
-            logger.exception("a plain step laid out on the device failed to launch; the host lays it out")
-            outputs += self._postprocess(step)
-            self._in_flight = None
-            self.device_verification.forget_history(running)
+        pending = self._launch_laid_out(running, 0, outputs)
+        if pending is None:
             return False
         outputs += self._book_device_step(step, 0)  # the device works on the plain step meanwhile
         scheduled = []
@@ -437,13 +413,42 @@ class LLMEngine:
             seq.num_computed_tokens = seq.num_tokens
             seq.add_pending_token(row, is_last=self._reaches_length_limit(seq, seq.num_tokens + 1))
             seq.num_history_tokens = seq.num_tokens  # the step appends its token to the history
-        self._in_flight = _LaunchedStep(scheduled, running, pending, [], [], num_decode_rows=len(running))
-        if not self.config.scheduler.async_scheduling:
-            outputs += self._postprocess(self._in_flight)
-            self._in_flight = None
-        if self.has_unfinished_requests():  # timed until the next step starts (as in `step`)
-            self._timed_step = (len(running), 0, started)
+        plain = _LaunchedStep(scheduled, running, pending, [], [], num_decode_rows=len(running))
+        self._keep_in_flight(plain, len(running), 0, started, outputs)
         return True
+
+    def _launch_laid_out(self, running: list[Sequence], num_drafts: int, outputs: list[RequestOutput]
+                         ) -> DeviceVerifiedStep | None:
+        """Launches a step of the running rows laid out on the device, verifying `num_drafts` drafts a row (0: a
+        plain step), behind the step in flight, where the rule allows it (core/device_verification.py); None where it
+        did not. A launch that fails books the step in flight (its outputs go to `outputs`): the host lays the next
+        step out from every token, where a request's fault is found alone."""
+        assert self.device_verification is not None
+        in_flight = self._in_flight
+        in_flight_drafts = in_flight.num_drafts if isinstance(in_flight, _DeviceStep) else None
+        if not self.device_verification.can_lay_out(running, num_drafts, in_flight_drafts):
+            return None
+        batch = self.device_verification.reserve(running, num_drafts, in_flight_drafts)
+        try:
+            return self.runner.launch_verification_on_device(batch)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - the host lays the step out instead
+            logger.exception("a step laid out on the device failed to launch; the host lays it out")
+            if in_flight is not None:
+                outputs += self._postprocess(in_flight)
+                self._in_flight = None
+            self.device_verification.forget_history(running)  # after the booking, which counts what it appended
+            return None
+
+    def _keep_in_flight(self, step: _LaunchedStep | _DeviceStep, num_rows: int, num_drafts: int, started: float,
+                        outputs: list[RequestOutput]) -> None:
+        """A step laid out on the device, launched: left in flight (booked at once without async scheduling), and
+        timed until the next step starts (as in `step`)."""
+        self._in_flight = step
+        if not self.config.scheduler.async_scheduling:
+            outputs += self._postprocess(step)
+            self._in_flight = None
+        if self.has_unfinished_requests():
+            self._timed_step = (num_rows, num_drafts, started)
 
     def _propose_drafts(self, num_drafts: int) -> list[RequestOutput]:
         """Books the step in flight (drafts are proposed from known tokens), then gives the running sequences
