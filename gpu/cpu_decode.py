@@ -93,7 +93,7 @@ class CpuDecodeSteps:
         self.heads = (first.num_heads, first.num_kv_heads, first.head_dim)
         self.scale, self.block_size = first.scale, first.k_cache.shape[1]
         last = model.layers[-1]  # Gemma's last MLP output is normed before the final norm adds it
-        self.last_out_norm = last.post_feedforward_layernorm if isinstance(last, GemmaDecoderLayer) else None
+        self.last_out_norm = _norm_places(last)[3]
         mlp = model.layers[0].mlp
         self.sizes = (model.norm.weight.shape[0], first.qkv_proj.out_features, first.q_size,
                       mlp.gate_up_proj.out_features)
@@ -193,12 +193,18 @@ def _layer_unavailable_reason(layer: nn.Module, dtype: torch.dtype) -> str | Non
     return None
 
 
-def _norms(layer: DecoderLayer | GemmaDecoderLayer) -> list[RMSNorm]:
-    """A layer's norms of the hidden states, in the order they run."""
+def _norm_places(layer: DecoderLayer | GemmaDecoderLayer
+                 ) -> tuple[RMSNorm, RMSNorm | None, RMSNorm, RMSNorm | None]:
+    """A layer's norms of the hidden states, in the order they run: its input's, its attention output's (Gemma's
+    post_attention_layernorm, else None), its MLP input's (Llama's post_attention_layernorm) and its MLP output's."""
     if isinstance(layer, GemmaDecoderLayer):
-        return [layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
-                layer.post_feedforward_layernorm]
-    return [layer.input_layernorm, layer.post_attention_layernorm]
+        return (layer.input_layernorm, layer.post_attention_layernorm, layer.pre_feedforward_layernorm,
+                layer.post_feedforward_layernorm)
+    return layer.input_layernorm, None, layer.post_attention_layernorm, None
+
+
+def _norms(layer: DecoderLayer | GemmaDecoderLayer) -> list[RMSNorm]:
+    return [norm for norm in _norm_places(layer) if norm is not None]
 
 
 def _dtypes_agree(dtype: torch.dtype, *tensors: torch.Tensor | None) -> bool:
@@ -210,10 +216,8 @@ def _record(layer: DecoderLayer | GemmaDecoderLayer) -> LayerRecord:
     products: tuple[Linear, ...] = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     handles = [p.packed.handle for p in products]  # type: ignore[union-attr]
     qk_norms, qk_eps, (qk_offset, qk_in_float32) = attn.qk_norms()
-    norms = [n.weight.data_ptr() for n in _norms(layer)]
-    # Llama: input, MLP input; Gemma: input, attention output, MLP input, MLP output.
-    input_norm, attention_out_norm, mlp_norm, mlp_out_norm = norms if len(norms) == 4 else (norms[0], None,
-                                                                                              norms[1], None)
+    input_norm, attention_out_norm, mlp_norm, mlp_out_norm = (
+        None if norm is None else norm.weight.data_ptr() for norm in _norm_places(layer))
     return LayerRecord(
         *handles, tuple(None if p.bias is None else p.bias.data_ptr() for p in products),  # type: ignore[arg-type]
         input_norm, mlp_norm, attention_out_norm, mlp_out_norm, layer.input_layernorm.eps,
