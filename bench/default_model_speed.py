@@ -43,10 +43,10 @@ from gpu.model_runner import ModelRunner
 
 PROMPT_SETS = tomllib.loads(Path(__file__).with_name("prompts.toml").read_text())
 # Speculative configs by name (--drafts: num_speculative_tokens): n-gram lookup, as many drafts as pay or all (-fixed),
-# verified on the device or from the host's drafts (-host); suffix lookup; the target as its own draft (all); MTP.
+# verified on the device or from the host's drafts (-host); suffix lookup; the target as its own draft; MTP.
 SPECULATIVE: dict[str, dict[str, object] | None] = {
-    "off": None, "mtp": {"method": "mtp"}, "suffix": {"method": "suffix"},
-    "draft-self": {"method": "draft_model", "adaptive": False}} | {f"ngram{fixed}{host}": {
+    "off": None, "mtp": {"method": "mtp"}, "suffix": {"method": "suffix"}, "draft-self": {"method": "draft_model"},
+    "draft-self-fixed": {"method": "draft_model", "adaptive": False}} | {f"ngram{fixed}{host}": {
         "method": "ngram", "prompt_lookup_max": 4, "adaptive": not fixed, "verify_on_device": not host}
         for fixed in ("", "-fixed") for host in ("", "-host")}
 # Recorded where set: how every contender's OpenMP threads run and wait, the instruction set torch's kernels take.

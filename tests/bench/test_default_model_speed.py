@@ -51,8 +51,8 @@ def test_ours_times_a_real_request(tiny_model_dirs: dict[str, Path]) -> None:
 
 
 def test_ours_with_the_target_as_its_own_draft_accepts_every_draft(tiny_model_dirs: dict[str, Path]) -> None:
-    ours = Ours(tiny_model_dirs["llama"], "cpu", "float32", "draft-self", num_drafts=3)
-    assert ours.name == "openai-serve float32 (float32), speculative draft-self"
+    ours = Ours(tiny_model_dirs["llama"], "cpu", "float32", "draft-self-fixed", num_drafts=3)
+    assert ours.name == "openai-serve float32 (float32), speculative draft-self-fixed"
     ours.request([5, 6, 7], 12)
     speculation = ours.figures()["speculation"]
     assert speculation["draft_tokens"] > 0  # type: ignore[index]
