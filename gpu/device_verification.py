@@ -3,14 +3,16 @@ history (gpu/token_history.py), not from the host, so it can be queued before th
 host, as a plain decode step is.
 
 Every row has the same shape, k + 1 query tokens: the last token of its history (the previous step's bonus token, whose
-K/V is not computed yet) and k drafts found in the history (gpu/kernels/ngram_drafts.py on CUDA, its torch equivalent
-elsewhere; a row without a match verifies k placeholder tokens, of which none is accepted). With k = 0 it is a plain
+K/V is not computed yet) and k drafts found in the history (prompt lookup's search as gpu/kernels/ngram_drafts.py
+states it; a row without a match verifies k placeholder tokens, of which none is accepted). With k = 0 it is a plain
 decode step laid out so: the way out of verification that need not wait for the verifying step's tokens. Its positions
 follow the history's length, its cache slots come from its block table, which the host sized for the longest the row can
 be (core/device_verification.py). After sampling at every position, a row accepts the drafts up to the first that
 differs from the token sampled before it, and appends the sampled tokens up to and including that one (the accepted
 drafts and the bonus token) to its history: the next step reads them there.
 
+On CUDA the layout (drafts included) and the acceptance are a kernel each (gpu/kernels/verify_layout.py), where torch
+operations (`torch_lay_out`, `torch_accept`: the CPU's path and the kernels' reference) launch some sixty.
 The whole step is one function, `verify_step`, with no host sync: a verify graph (gpu/verify_graphs.py) captures it
 per rows bucket and draft length, so such a step is a few inputs filled, one replay and the copies of its results;
 the eager path (the CPU's, and any step no graph takes: the runner's rule) runs the same function, its forward in
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 import torch
 
-from gpu.attention.metadata import MAX_QUERIES_AS_ROWS, AttentionMetadata, query_rows_of_uniform_rows
+from gpu.attention.metadata import MAX_QUERIES_AS_ROWS, AttentionMetadata, QueryRows, query_rows_of_uniform_rows
 from gpu.batch import Batch, RowSampling, StepResult
 from gpu.host_to_device import to_device, write_block_tables
 from gpu.pending_step import PendingStep, SampledRows
@@ -124,7 +126,27 @@ def step_shape(batch: DeviceVerifyBatch, block_size: int) -> StepShape:
 
 
 def lay_out(history: TokenHistory, inputs: StepInputs, shape: StepShape) -> VerifyInputs:
-    """The step's inputs, computed on the device from the history (no host sync)."""
+    """The step's inputs, computed on the device from the history (no host sync): on CUDA by one kernel
+    (`kernel_lay_out`), elsewhere by `torch_lay_out`."""
+    return (kernel_lay_out if history.device.type == "cuda" else torch_lay_out)(history, inputs, shape)
+
+
+def kernel_lay_out(history: TokenHistory, inputs: StepInputs, shape: StepShape) -> VerifyInputs:
+    """`lay_out` by gpu/kernels/verify_layout.py's kernel (on CUDA, or any device under Triton's interpreter)."""
+    from gpu.kernels.verify_layout import fused_lay_out  # noqa: PLC0415 - Triton only where there is a GPU
+
+    k = shape.num_drafts
+    out = fused_lay_out(history.tokens, history.lengths, inputs.slots, inputs.num_blocks, inputs.block_tables, k,
+                        shape.min_n, shape.max_n, shape.block_size, as_rows=k + 1 <= MAX_QUERIES_AS_ROWS)
+    meta = AttentionMetadata(
+        slot_mapping=out.slot_mapping, query_start_loc=out.query_start_loc, context_lens=out.context_lens,
+        block_tables=inputs.block_tables, max_query_len=k + 1, max_context_len=shape.max_context_len,
+        is_decode_only=False, query_rows=None if out.queries is None else QueryRows(*out.queries, k + 1))
+    return VerifyInputs(out.token_ids, out.positions, meta, out.drafts, out.num_drafts)
+
+
+def torch_lay_out(history: TokenHistory, inputs: StepInputs, shape: StepShape) -> VerifyInputs:
+    """`lay_out` in torch operations: the CPU's path, and the kernel's reference."""
     device, k, block_size = history.device, shape.num_drafts, shape.block_size
     num_rows, max_blocks = inputs.block_tables.shape
     lengths = history.lengths[inputs.slots]
@@ -172,7 +194,23 @@ def num_accepted(sampled: torch.Tensor, drafts: torch.Tensor, num_drafts: torch.
 def accept(history: TokenHistory, inputs: StepInputs, laid_out: VerifyInputs, token_ids: torch.Tensor
            ) -> torch.Tensor:
     """Accepts each row's drafts and appends its new tokens to the history (a padding row, without blocks, none);
-    [num_rows, 2] int64: the accepted drafts and the verified drafts of each row."""
+    [num_rows, 2] int64: the accepted drafts and the verified drafts of each row. On CUDA one kernel
+    (`kernel_accept`), elsewhere `torch_accept`."""
+    return (kernel_accept if history.device.type == "cuda" else torch_accept)(history, inputs, laid_out, token_ids)
+
+
+def kernel_accept(history: TokenHistory, inputs: StepInputs, laid_out: VerifyInputs, token_ids: torch.Tensor
+                  ) -> torch.Tensor:
+    """`accept` by gpu/kernels/verify_layout.py's kernel (on CUDA, or any device under Triton's interpreter)."""
+    from gpu.kernels.verify_layout import fused_accept  # noqa: PLC0415 - Triton only where there is a GPU
+
+    return fused_accept(history.tokens, history.lengths, history.max_model_len, inputs.slots, inputs.num_blocks,
+                        token_ids, laid_out.drafts, laid_out.num_drafts)
+
+
+def torch_accept(history: TokenHistory, inputs: StepInputs, laid_out: VerifyInputs, token_ids: torch.Tensor
+                 ) -> torch.Tensor:
+    """`accept` in torch operations: the CPU's path, and the kernel's reference."""
     tokens = token_ids.reshape(laid_out.drafts.shape[0], -1)
     accepted = num_accepted(tokens, laid_out.drafts, laid_out.num_drafts)
     history.append(inputs.slots, tokens, (accepted + 1) * (inputs.num_blocks > 0))

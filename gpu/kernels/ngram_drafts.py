@@ -27,13 +27,11 @@ NUM_WARPS = 4
 END_BITS = 24  # a key is n << END_BITS | end
 
 
-@triton.jit(do_not_specialize=["history_stride", "num_columns"])
-def _ngram_drafts_kernel(history_ptr, lengths_ptr, drafts_ptr, num_drafts_ptr, history_stride, num_columns,
-                         MIN_N: tl.constexpr, MAX_N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
-                         BLOCK_: tl.constexpr, END_BITS_: tl.constexpr):
-    row = tl.program_id(0)
-    tokens_ptr = history_ptr + row.to(tl.int64) * history_stride
-    num_tokens = tl.minimum(tl.load(lengths_ptr + row), num_columns)
+@triton.jit
+def latest_match(tokens_ptr, num_tokens, MIN_N: tl.constexpr, MAX_N: tl.constexpr, BLOCK_: tl.constexpr,
+                 END_BITS_: tl.constexpr):
+    """The lookup's match in a row's first `num_tokens` tokens: (whether one is found, where it ends, the last token's
+    index), the end that of the longest suffix in [MIN_N, MAX_N] that occurs earlier, the latest such."""
     last = num_tokens - 1  # a match ends before it
     offsets = tl.arange(0, BLOCK_)
     best = tl.full((), -1, tl.int32)
@@ -51,8 +49,17 @@ def _ngram_drafts_kernel(history_ptr, lengths_ptr, drafts_ptr, num_drafts_ptr, h
         keys = tl.where(n >= MIN_N, (n << END_BITS_) | ends, -1)
         best = tl.maximum(best, tl.max(keys, axis=0))
         start -= BLOCK_
-    is_found = best >= 0
-    end = best & ((1 << END_BITS_) - 1)
+    return best >= 0, best & ((1 << END_BITS_) - 1), last
+
+
+@triton.jit(do_not_specialize=["history_stride", "num_columns"])
+def _ngram_drafts_kernel(history_ptr, lengths_ptr, drafts_ptr, num_drafts_ptr, history_stride, num_columns,
+                         MIN_N: tl.constexpr, MAX_N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
+                         BLOCK_: tl.constexpr, END_BITS_: tl.constexpr):
+    row = tl.program_id(0)
+    tokens_ptr = history_ptr + row.to(tl.int64) * history_stride
+    num_tokens = tl.minimum(tl.load(lengths_ptr + row), num_columns)
+    is_found, end, last = latest_match(tokens_ptr, num_tokens, MIN_N, MAX_N, BLOCK_, END_BITS_)
     period = tl.where(is_found, last - end, 1)  # what followed the match, up to the last token
     j = tl.arange(0, BLOCK_K)
     num_drafts = tl.where(is_found, K, 0)
