@@ -168,6 +168,17 @@ def torch_lay_out(history: TokenHistory, inputs: StepInputs, shape: StepShape) -
     return VerifyInputs(token_ids, positions.reshape(-1), meta, drafts.to(torch.int64), num_drafts.to(torch.int64))
 
 
+def warm_up(history: TokenHistory, max_drafts: int, min_n: int, max_n: int, block_size: int) -> None:
+    """The layout and acceptance run once on the padding slot (a row without blocks keeps nothing) at every draft length
+    from 0 to `max_drafts`: on CUDA their kernels compile here, not in a request's step."""
+    device = history.device
+    inputs = StepInputs(torch.tensor([history.padding_slot], device=device), torch.zeros(1, dtype=torch.int64,
+                        device=device), torch.zeros(1, 1, dtype=torch.int32, device=device))
+    for k in range(max_drafts + 1):
+        laid_out = lay_out(history, inputs, StepShape(k, min_n, max_n, block_size, history.max_model_len))
+        accept(history, inputs, laid_out, laid_out.token_ids)
+
+
 def host_shape(batch: DeviceVerifyBatch) -> Batch:
     """The step as a plain batch of placeholders but for its shape and block tables: what a mixed-step graph
     (gpu/mixed_graphs.py) is chosen and filled by before the device's values are written over it."""

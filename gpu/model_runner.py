@@ -194,19 +194,17 @@ class ModelRunner:
             start = time.perf_counter()
             self._capture_graphs()
             logger.info("CUDA graph capture took %.1f s", time.perf_counter() - start)
-            self._compile_device_drafts()
+            self._compile_device_steps()
         self._run_first_request_shapes()
 
-    def _compile_device_drafts(self) -> None:
-        """The n-gram lookup of verifying steps laid out on the device, compiled for every draft length the engine
-        may choose, so that no request waits for a compile."""
+    def _compile_device_steps(self) -> None:
+        """The layout and acceptance of verifying steps laid out on the device, compiled for every draft length the
+        engine may choose, so that no request waits for a compile (where no verify graph takes a step, it runs
+        eagerly)."""
         if self.token_history is None or self.config.device_ngram is None:
             return
-        from gpu.kernels.ngram_drafts import ngram_drafts  # noqa: PLC0415 - Triton, only where there is a GPU
-
         max_drafts, min_n, max_n = self.config.device_ngram
-        for num_drafts in range(1, max_drafts + 1):
-            ngram_drafts(self.token_history.tokens[:1], self.token_history.lengths[:1], num_drafts, min_n, max_n)
+        device_verification.warm_up(self.token_history, max_drafts, min_n, max_n, self.config.block_size)
 
     def _allocate_state_cache(self) -> state_cache.StackedStates | None:
         if not self.linear_layers:

@@ -41,7 +41,18 @@ class FusedLayout:
     queries: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None
 
 
-@triton.jit(do_not_specialize=["tokens_stride", "num_columns", "max_blocks", "block_size"])
+TABLE_CHUNK = 64  # block-table entries a program copies at a time: a constant, so no table width compiles a variant
+# Every argument unspecialized (no variant per pointer alignment or integer value): one compile per draft length and
+# lookup, which gpu/device_verification.py's `warm_up` runs before any request; a row's few loads gain nothing from it.
+_LAY_OUT_ARGUMENTS = ["tokens_ptr", "lengths_ptr", "slots_ptr", "num_blocks_ptr", "tables_ptr", "token_ids_ptr",
+                      "positions_ptr", "slot_mapping_ptr", "context_lens_ptr", "query_start_ptr", "drafts_ptr",
+                      "num_drafts_ptr", "query_rows_ptr", "query_lens_ptr", "query_tables_ptr", "tokens_stride",
+                      "num_columns", "max_blocks", "block_size"]
+_ACCEPT_ARGUMENTS = ["tokens_ptr", "lengths_ptr", "slots_ptr", "num_blocks_ptr", "sampled_ptr", "drafts_ptr",
+                     "num_drafts_ptr", "counts_ptr", "tokens_stride", "max_model_len"]
+
+
+@triton.jit(do_not_specialize=_LAY_OUT_ARGUMENTS)
 def _lay_out_kernel(tokens_ptr, lengths_ptr, slots_ptr, num_blocks_ptr, tables_ptr, token_ids_ptr, positions_ptr,
                     slot_mapping_ptr, context_lens_ptr, query_start_ptr, drafts_ptr, num_drafts_ptr, query_rows_ptr,
                     query_lens_ptr, query_tables_ptr, tokens_stride, num_columns, max_blocks, block_size,
@@ -84,13 +95,14 @@ def _lay_out_kernel(tokens_ptr, lengths_ptr, slots_ptr, num_blocks_ptr, tables_p
     if AS_ROWS:
         tl.store(query_rows_ptr + first + j, (row + j * 0).to(tl.int64), mask=is_position)
         tl.store(query_lens_ptr + first + j, (positions + 1).to(tl.int32), mask=is_position)
-        b = tl.arange(0, BLOCK_B)
-        table = tl.load(tables_ptr + row * max_blocks + b, mask=b < max_blocks)
-        for q in tl.static_range(K + 1):
-            tl.store(query_tables_ptr + (first + q) * max_blocks + b, table, mask=b < max_blocks)
+        for start in range(0, max_blocks, BLOCK_B):  # a chunk of the row's table to each of its queries
+            b = start + tl.arange(0, BLOCK_B)
+            table = tl.load(tables_ptr + row * max_blocks + b, mask=b < max_blocks)
+            for q in tl.static_range(K + 1):
+                tl.store(query_tables_ptr + (first + q) * max_blocks + b, table, mask=b < max_blocks)
 
 
-@triton.jit(do_not_specialize=["tokens_stride", "max_model_len"])
+@triton.jit(do_not_specialize=_ACCEPT_ARGUMENTS)
 def _accept_kernel(tokens_ptr, lengths_ptr, slots_ptr, num_blocks_ptr, sampled_ptr, drafts_ptr, num_drafts_ptr,
                    counts_ptr, tokens_stride, max_model_len, K: tl.constexpr, BLOCK_Q: tl.constexpr):
     row = tl.program_id(0)
@@ -136,7 +148,7 @@ def fused_lay_out(tokens: torch.Tensor, lengths: torch.Tensor, slots: torch.Tens
             tokens, lengths, slots, num_blocks, block_tables, token_ids, positions, slot_mapping, context_lens,
             query_start_loc, drafts, found, rows, query_lens, query_tables, tokens.stride(0), tokens.shape[1],
             max_blocks, block_size, K=num_drafts, MIN_N=min_n, MAX_N=max_n, AS_ROWS=as_rows,
-            BLOCK_Q=triton.next_power_of_2(num_drafts + 1), BLOCK_B=triton.next_power_of_2(max(max_blocks, 1)),
+            BLOCK_Q=triton.next_power_of_2(num_drafts + 1), BLOCK_B=TABLE_CHUNK,
             BLOCK_=BLOCK, END_BITS_=END_BITS, num_warps=NUM_WARPS)
     else:
         query_start_loc.zero_()

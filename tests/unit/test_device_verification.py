@@ -27,6 +27,7 @@ from gpu.device_verification import (
     lay_out,
     num_accepted,
     step_shape,
+    warm_up,
 )
 from gpu.kv_cache_groups import KVCacheGroup
 from gpu.mixed_graphs import MixedGraphs
@@ -470,3 +471,11 @@ def test_a_stop_string_inside_an_accepted_run(model_dir: Path) -> None:
     assert [(o.token_ids, o.text, o.finish_reason) for o in got] == \
         [(o.token_ids, o.text, o.finish_reason) for o in want]
     assert want[2].finish_reason is FinishReason.STOP and steps.num_overlapped > 3
+
+
+def test_the_warm_up_leaves_the_history_as_it_was() -> None:
+    history = TokenHistory(3, 64, torch.device("cpu"))
+    history.fill([HistoryFill(0, 0, [5, 6, 5, 6, 5]), HistoryFill(2, 0, [1, 2]), HistoryFill(3, 0, [7, 7])])
+    tokens, lengths = history.tokens.clone(), history.lengths.clone()
+    warm_up(history, 4, 1, 3, 16)
+    assert torch.equal(history.tokens[:, :-1], tokens[:, :-1]) and torch.equal(history.lengths, lengths)
