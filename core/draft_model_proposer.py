@@ -10,10 +10,11 @@ accepted prefix the draft model computed. Target and draft each keep one full-at
 refuses a draft model otherwise): a windowed group's table names a null block before its window, where a draft that
 catches up would still write.
 
-Drafting k tokens is k launches of the draft model, greedy, after it has caught up: launches of at most a
-step's token budget compute the draft K/V of every position before the sequence's last token that it
-lacks (nothing sampled); the first draft launch is then the last token of each sequence, and each later one
-feeds back the token the previous drew, on the device; the host waits once, for all of them. The draft is
+Drafting k tokens is k launches of the draft model, greedy: the first computes the draft K/V of the positions before
+each sequence's last token that it lacks (catching up: after a verification, the drafts it kept but the last and the
+bonus token) and the last token's, in one row a sequence sampled at its end; where those positions exceed a step's
+token budget (a long prompt), launches before it compute the rest (nothing sampled). Each later launch feeds back the
+token the previous drew, on the device; the host waits once, for all of them. The draft is
 one-hot (argmax), so the verification's acceptance rule is exact rejection sampling (core/speculation.py).
 """
 
@@ -58,9 +59,10 @@ class DraftModelProposer:
         if not rows:
             return
         seqs = [seq for seq, _ in rows]
-        for batch in self._catch_up_batches(seqs):
+        *catch_up, first = self._first_draft_batches(seqs)
+        for batch in catch_up:
             self.runner.launch(batch)
-        launched = [self.runner.launch(self._first_draft_batch(seqs))]
+        launched = [self.runner.launch(first)]
         previous = seqs
         for i in range(1, max(n for _, n in rows)):
             current = [seq for seq, n in rows if n > i]
@@ -80,12 +82,30 @@ class DraftModelProposer:
         assert isinstance(seq.draft_state, DraftProgress)
         seq.draft_state.num_computed_tokens = min(seq.num_computed_tokens, num_tokens_before + num_drafts - 1)
 
-    def _catch_up_batches(self, seqs: list[Sequence]) -> list[Batch]:
-        """The positions before each sequence's last `lag` whose drafter state it lacks, in batches of at most a
-        step's token budget (a long prompt over several); nothing is sampled."""
-        batches, batch = [], self._new_batch()
+    def _first_draft_batches(self, seqs: list[Sequence]) -> list[Batch]:
+        """The launches that catch the drafter up and draw the first drafts (module doc): the last has a row a
+        sequence, in order, ending at the position its first draft is sampled at and starting as early as the step's
+        token budget allows (earlier sequences first); the positions before those rows that lack drafter state go to
+        launches before it, in batches of at most the budget, nothing sampled."""
+        room = self.max_num_batched_tokens - len(seqs)  # the last launch's, beside a sampled position a sequence
+        starts = []
         for seq in seqs:
-            start, end = seq.draft_state.num_computed_tokens, seq.num_tokens - self.lag  # type: ignore[union-attr]
+            first, sampled_at = seq.draft_state.num_computed_tokens, seq.num_tokens - self.lag  # type: ignore[union-attr]
+            starts.append(min(max(first, sampled_at - room), sampled_at))
+            room -= sampled_at - starts[-1]
+        last = self._new_batch()
+        for seq, start in zip(seqs, starts, strict=True):
+            sampled_at = seq.num_tokens - self.lag
+            self._add_positions(last, seq, start, sampled_at + 1)
+            add_row(last, seq, sampled_at + 1 - start, sampled_at + 1)
+        return self._catch_up_batches(seqs, starts) + [last]
+
+    def _catch_up_batches(self, seqs: list[Sequence], ends: list[int]) -> list[Batch]:
+        """Each sequence's positions without drafter state before its entry of `ends`, in batches of at most a step's
+        token budget (a long prompt over several); nothing is sampled."""
+        batches, batch = [], self._new_batch()
+        for seq, end in zip(seqs, ends, strict=True):
+            start = seq.draft_state.num_computed_tokens  # type: ignore[union-attr]
             while start < end:
                 room = self.max_num_batched_tokens - len(batch.token_ids)
                 if room == 0:
@@ -96,15 +116,6 @@ class DraftModelProposer:
                 add_row(batch, seq, stop - start, stop, sampled=False)
                 start = stop
         return batches + [batch] if batch.token_ids else batches
-
-    def _first_draft_batch(self, seqs: list[Sequence]) -> Batch:
-        """Each sequence at its first position without drafter state: the first draft is sampled there."""
-        batch = self._new_batch()
-        for seq in seqs:
-            position = seq.num_tokens - self.lag
-            self._add_positions(batch, seq, position, position + 1)
-            add_row(batch, seq, 1, position + 1)
-        return batch
 
     def _next_batch(self, seqs: list[Sequence], previous: list[Sequence], index: int) -> Batch:
         """One token per sequence: the draft the previous launch drew (fed back on the device), at its position."""

@@ -17,9 +17,10 @@ import pytest
 from core import LLM, FinishReason, SamplingParams
 from core.engine import LLMEngine
 from core.llm import GenerationOutput
-from core.scheduler import SchedulerOutput
+from core.scheduler import ScheduledSequence, SchedulerOutput
 from core.sequence import Sequence
 from core.tiny_model import build_tiny_model, has_architecture
+from gpu.batch import Batch
 from tests.parity.test_parity_cpu import record_schedules
 from tests.tiny_specs import FAMILY_SPECS, TINY_SPECS
 
@@ -404,6 +405,29 @@ def test_a_draft_model_catches_up_in_steps_of_the_token_budget(plain_llm: LLM, m
     assert tokens(generate(llm, PLAIN + REPEATING, params)) == tokens(generate(plain_llm, PLAIN + REPEATING, params))
     counts = llm.engine.speculation.counts  # type: ignore[union-attr]
     assert counts.num_draft_tokens > 50 and counts.num_accepted_tokens == counts.num_draft_tokens
+
+
+def test_a_draft_model_catches_up_in_the_launch_of_its_first_drafts(plain_llm: LLM, model_dir: Path) -> None:
+    """What the draft lacks before its first draft (a prompt, or after a verification the last kept draft and the
+    bonus token) is computed in the launch that draws the first draft: drafting k tokens is k launches."""
+    params = SamplingParams(temperature=0.0, max_tokens=30, ignore_eos=True)
+    llm = draft_model_llm(model_dir, model_dir, max_num_batched_tokens=128)  # every prompt's catch-up fits a launch
+    proposer = llm.engine.speculation.proposer  # type: ignore[union-attr]
+    launch, fill = proposer.runner.launch, proposer.fill  # type: ignore[union-attr]
+    drafts_and_launches: list[list[int]] = []
+
+    def counted_launch(batch: Batch) -> object:
+        drafts_and_launches[-1][1] += 1
+        return launch(batch)
+
+    def counted_fill(scheduled: list[ScheduledSequence]) -> None:
+        drafts_and_launches.append([max((s.end - s.seq.num_tokens for s in scheduled), default=0), 0])
+        fill(scheduled)
+
+    proposer.runner.launch, proposer.fill = counted_launch, counted_fill  # type: ignore[union-attr]
+    assert tokens(generate(llm, PLAIN + REPEATING, params)) == tokens(generate(plain_llm, PLAIN + REPEATING, params))
+    verified = [(drafts, launches) for drafts, launches in drafts_and_launches if drafts]
+    assert len(verified) > 5 and all(drafts == launches for drafts, launches in verified), verified
 
 
 @pytest.mark.parametrize("family", ["gemma3", "mistral"])
