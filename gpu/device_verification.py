@@ -12,7 +12,7 @@ differs from the token sampled before it, and appends the sampled tokens up to a
 drafts and the bonus token) to its history: the next step reads them there.
 
 On CUDA the layout (drafts included) and the acceptance are a kernel each (gpu/kernels/verify_layout.py), where torch
-operations (`torch_lay_out`, `torch_accept`: the CPU's path and the kernels' reference) launch some sixty.
+operations (`torch_lay_out`, `torch_accept`: the CPU's path and the kernels' reference) launch dozens.
 The whole step is one function, `verify_step`, with no host sync: a verify graph (gpu/verify_graphs.py) captures it
 per rows bucket and draft length, so such a step is a few inputs filled, one replay and the copies of its results;
 the eager path (the CPU's, and any step no graph takes: the runner's rule) runs the same function, its forward in

@@ -1,7 +1,7 @@
 """Triton kernels: a verifying step's layout and acceptance laid out on the device (gpu/device_verification.py's
 `lay_out` and `accept`), one program a row each.
 
-Written with torch operations, the two launch some sixty small kernels beside the forward (gathers of the rows' history
+Written with torch operations, the two launch dozens of small kernels beside the forward (gathers of the rows' history
 and lengths, casts, aranges, the block-table lookups of the cache slots, the acceptance's cumulative product, the
 history's scatter), each a launch in the step's graph. Here the layout is one launch: a row's program finds its drafts
 (gpu/kernels/ngram_drafts.py's `latest_match`, reading the row's history slot in place), and writes its k + 1 tokens,
