@@ -1,8 +1,9 @@
 """The attention kernels with every variant switch on, the elementwise kernels in Gemma's forms, the quantized
-GEMMs in every tile config of their rule, the MoE router at 128 and 256 experts and the skinny GEMM at one row,
-compiled ahead of time for Hopper (sm_90) with Triton's own compiler and ptxas, on a machine without a GPU: what
-Triton's interpreter accepts and its compiler refuses (a global read that is not a constexpr, a construct the code
-generator lacks) fails here rather than on the first GPU run. tests/gpu/ runs them."""
+GEMMs in every tile config of their rule, the MoE router at 128 and 256 experts, the skinny GEMM at one row and the
+verifying step's lookup, layout and acceptance at every draft length, compiled ahead of time for Hopper (sm_90) with
+Triton's own compiler and ptxas, on a machine without a GPU: what Triton's interpreter accepts and its compiler refuses
+(a global read that is not a constexpr, a construct the code generator lacks) fails here rather than on the first GPU
+run. tests/gpu/ runs them."""
 
 import re
 import subprocess
@@ -26,6 +27,7 @@ from gpu.kernels import (  # noqa: E402
     int4_wide_gemv,
     int_gemm,
     moe_route,
+    ngram_drafts,
     prefill_attention,
     qk_norm_rope,
     quant_gemm_configs,
@@ -34,6 +36,7 @@ from gpu.kernels import (  # noqa: E402
     silu_and_mul,
     skinny_gemm,
     store_kv,
+    verify_layout,
 )
 from gpu.kernels.quant_gemm_configs import (  # noqa: E402
     GemvTiles,
@@ -69,6 +72,28 @@ def test_decode_kernels_with_every_variant_switch(num_splits: int, queries: int)
         **VARIANT_FLAGS))
     compile_for_hopper(decode_attention._decode_reduce_kernel, ATTENTION, dict(
         HEAD_DIM=64, BLOCK_D=64, NUM_SPLITS=8, HAS_SINKS=True, USE_PDL=False))
+
+
+HISTORY = dict(tokens_ptr="*i32", lengths_ptr="*i32", slots_ptr="*i64", num_blocks_ptr="*i64", drafts_ptr="*i64",
+               num_drafts_ptr="*i64")
+LAYOUT = HISTORY | dict(tables_ptr="*i32", token_ids_ptr="*i64", positions_ptr="*i64", slot_mapping_ptr="*i64",
+                        context_lens_ptr="*i32", query_start_ptr="*i32", query_rows_ptr="*i64",
+                        query_lens_ptr="*i32", query_tables_ptr="*i32")
+
+
+@pytest.mark.parametrize("num_drafts", range(6))
+def test_the_verifying_steps_lookup_layout_and_acceptance(num_drafts: int) -> None:
+    search = dict(MIN_N=1, MAX_N=4, BLOCK_=ngram_drafts.BLOCK, END_BITS_=ngram_drafts.END_BITS)
+    block_q = triton.next_power_of_2(num_drafts + 1)
+    if num_drafts:
+        compile_for_hopper(ngram_drafts._ngram_drafts_kernel, dict(history_ptr="*i32", lengths_ptr="*i32",
+                           drafts_ptr="*i32", num_drafts_ptr="*i32"),
+                           dict(K=num_drafts, BLOCK_K=triton.next_power_of_2(num_drafts), **search))
+    for as_rows in (True, False):
+        compile_for_hopper(verify_layout._lay_out_kernel, LAYOUT, dict(
+            K=num_drafts, AS_ROWS=as_rows, BLOCK_Q=block_q, BLOCK_B=verify_layout.TABLE_CHUNK, **search))
+    compile_for_hopper(verify_layout._accept_kernel, HISTORY | dict(sampled_ptr="*i64", counts_ptr="*i64"),
+                       dict(K=num_drafts, BLOCK_Q=block_q))
 
 
 def test_prefill_kernel_with_every_variant_switch() -> None:
