@@ -15,7 +15,10 @@ where r_i is the running average, per decoding sequence of a step that offered i
 accepted at position i: it folds in how many sequences can take drafts (not the penalized or constrained ones), how
 often the proposer has one, and how often the target agrees. It is the mean of its first samples, then a running
 average that follows the last few (`acceptance_weight`): acceptance changes with the text within a reply (a passage
-copied, then new text), and a slow average keeps a length chosen for the passage before.
+copied, then new text), and a slow average keeps a length chosen for the passage before. A step with prompt tokens
+after decoding steps of one sequence starts that mean again: the figures were that one reply's, and the next reply
+(or the two sequences from then on) is another text, which the old reply's tail would stand for until several of its
+own samples outweighed it.
 
 Entering verification costs more than its steps: the first verifying step waits for the device work the step
 before it left in flight (a plain step's, or a prompt's, which is larger), and only then does its own; the
@@ -208,6 +211,8 @@ class DraftLengthController:
         self._num_same = self._num_same + 1 if kind == previous else 1
         self._previous_kind = kind
         if not batch_size:
+            if self._last_batch_size == 1:  # acceptance measured one reply's text: a new one's is averaged afresh
+                self._num_acceptance_samples = [0] * self.max_drafts
             if self._last_batch_size:  # the bucket of the run that the prompt ends
                 last = self._bucket(self._last_batch_size)
                 if previous >= _PLAIN:

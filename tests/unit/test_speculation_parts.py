@@ -586,6 +586,19 @@ def test_acceptance_is_the_mean_of_its_first_samples() -> None:
     assert controller.expected_tokens(2) == pytest.approx(1.0 + 0.75 + 0.5)
 
 
+
+@pytest.mark.parametrize(("batch_size", "expected"), [(1, 1.0), (2, 1.8)])
+def test_a_prompt_after_one_sequences_run_averages_acceptance_afresh(batch_size: int, expected: float) -> None:
+    """After a run of one sequence its reply's acceptance (here high) does not stand for the next reply's: the first
+    sample after the prompt step replaces it. After a run of several sequences the running average goes on."""
+    controller = DraftLengthController(max_drafts=1)
+    for _ in range(20):
+        controller.observe_acceptance(1, [1])
+    controller.observe_step(batch_size, 1, 0.001)
+    controller.observe_step(0, 0, 0.002)  # the next request's prompt
+    controller.observe_acceptance(1, [0])
+    assert controller.expected_tokens(1) == pytest.approx(expected)
+
 # -- blocks of rejected drafts
 
 
