@@ -88,16 +88,14 @@ class DraftModelProposer:
         token budget allows (earlier sequences first); the positions before those rows that lack drafter state go to
         launches before it, in batches of at most the budget, nothing sampled."""
         room = self.max_num_batched_tokens - len(seqs)  # the last launch's, beside a sampled position a sequence
-        starts = []
+        last, starts = self._new_batch(), []
         for seq in seqs:
             first, sampled_at = seq.draft_state.num_computed_tokens, seq.num_tokens - self.lag  # type: ignore[union-attr]
-            starts.append(min(max(first, sampled_at - room), sampled_at))
-            room -= sampled_at - starts[-1]
-        last = self._new_batch()
-        for seq, start in zip(seqs, starts, strict=True):
-            sampled_at = seq.num_tokens - self.lag
+            start = min(max(first, sampled_at - room), sampled_at)
+            room -= sampled_at - start
             self._add_positions(last, seq, start, sampled_at + 1)
             add_row(last, seq, sampled_at + 1 - start, sampled_at + 1)
+            starts.append(start)
         return self._catch_up_batches(seqs, starts) + [last]
 
     def _catch_up_batches(self, seqs: list[Sequence], ends: list[int]) -> list[Batch]:

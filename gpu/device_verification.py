@@ -146,7 +146,8 @@ def kernel_lay_out(history: TokenHistory, inputs: StepInputs, shape: StepShape) 
 
 
 def torch_lay_out(history: TokenHistory, inputs: StepInputs, shape: StepShape) -> VerifyInputs:
-    """`lay_out` in torch operations: the CPU's path, and the kernel's reference."""
+    """`lay_out` in torch operations (its lookup on CUDA gpu/kernels/ngram_drafts.py's, itself checked against
+    core/ngram_proposer.py's): the CPU's path, and the layout kernel's reference."""
     device, k, block_size = history.device, shape.num_drafts, shape.block_size
     num_rows, max_blocks = inputs.block_tables.shape
     lengths = history.lengths[inputs.slots]
