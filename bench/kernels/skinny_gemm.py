@@ -114,6 +114,8 @@ def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]
         is_fp8_row = (weights, bucket) == ("fp8", 1)  # both one-row GEMVs are tried there, quant_gemv's flagged
         row = [GemvTiles(1, bn, bk, w) for bn, bk, w in itertools.product((1, 2, 4, 8), block_ks, (1, 2, 4, 8))
                if is_fp8_row and 512 * w <= max(bk, 512) and 2 <= bn * bk / (512 * w) <= 8]  # 2..8 loads a thread
+        row += [GemvTiles(1, bn, bk, max(1, bk >> 10)) for bn, bk in itertools.product((2, 4, 8), (256, 512, 1024))
+                if weights == "int4" and 1 < bucket <= 8]  # int4's row GEMV, programs a row, at a verifying step's rows
         gemv = [GemvTiles(bucket, bn, bk, w, is_row_gemv=not is_fp8_row)
                 for bn, bk, w in itertools.product((2, 4, 8, 16), block_ks, (4, 8))  # codes a byte: 2 int4, 1 fp8
                 if 1 <= bn * bk / (512 * w * (2 if weights == "int4" else 1)) <= 4 and bucket * bn * bk <= 4096 * w]

@@ -1,6 +1,6 @@
 """Triton kernel: one row of x times 4-bit weights (W4A16: GPTQ, AWQ, compressed-tensors' pack-quantized, GGUF's
 4-bit blocks, all in gpu/quant/int_weights.py's `IntWeight` form) as a GEMV, the row a decode step of one sequence
-multiplies.
+multiplies; a verifying step's few rows each in programs of their own.
 
 The weights stay in their stored layout (int32 [N, K / 8], a word's 8 columns in pairs in its two 16-bit halves).
 Each thread reads 16 bytes of a weight row at a time (4 words, 32 consecutive columns: a 128-bit load) for each of
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
 
 CHUNK = 32  # columns a thread's 16-byte load holds
 MIN_GROUP = 8  # a group spans whole words: narrower groups take gpu/kernels/quant_gemv.py
+MAX_ROWS = 8  # rows of x it takes (a verifying step's): past them the tensor cores' tiles are full
 LEVEL_SCALE: tl.constexpr = tl.constexpr(256.0)  # levels less their zero point are divided by it in float16
 
 
@@ -199,15 +200,18 @@ def tile_sums(words, x_pairs, k, s_ptr, z_ptr, o_ptr, rows_offset, num_groups, G
     return sums
 
 
-@triton.jit(do_not_specialize=["N"])
+@triton.jit(do_not_specialize=["N", "stride_ym"])
 def _int4_row_gemv_kernel(
     x_ptr, q_ptr, s_ptr, z_ptr, o_ptr, bias_ptr, out_ptr, N, K, num_words, num_groups, stride_qn, stride_gn,
-    GROUP: tl.constexpr, ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr, HAS_ZEROS: tl.constexpr,
+    stride_xm, stride_ym, GROUP: tl.constexpr, ZERO_LOW: tl.constexpr, ZERO_HIGH: tl.constexpr, HAS_ZEROS: tl.constexpr,
     HAS_OFFSETS: tl.constexpr, HAS_BIAS: tl.constexpr, EVEN_K: tl.constexpr, USE_PDL: tl.constexpr,
     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     C: tl.constexpr = BLOCK_K // 32
     offs_n, rows_offset, q_rows = weight_rows(q_ptr, N, stride_qn, stride_gn, BLOCK_N)
+    row = tl.program_id(1).to(tl.int64)  # x's row: each its own programs, the weights shared through the L2
+    x_ptr += row * stride_xm
+    out_ptr += row * stride_ym
     x_pairs_ptr = x_ptr.to(tl.pointer_type(tl.int32))  # two columns of x an int32, as the packed arithmetic takes them
     word_ids, pair_ids = tile_ids(C)
     if EVEN_K:
@@ -239,27 +243,29 @@ def _int4_row_gemv_kernel(
 
 
 def takes_row_gemv(weight: "IntWeight", x: torch.Tensor) -> bool:
-    """Whether this kernel computes x @ W.T: one row of 16-bit activations, 4-bit levels in the stored column order
-    (act order gathers x: the GEMV of gpu/kernels/quant_gemv.py), groups of whole words, K of whole chunks, x
-    aligned to a pair of columns."""
-    return (x.shape[0] == 1 and x.dtype in (torch.bfloat16, torch.float16) and weight.bits == 4
+    """Whether this kernel computes x @ W.T: up to MAX_ROWS rows of 16-bit activations, 4-bit levels in the stored
+    column order (act order gathers x: the GEMV of gpu/kernels/quant_gemv.py), groups of whole words, K of whole
+    chunks, x's rows aligned to a pair of columns."""
+    return (x.shape[0] <= MAX_ROWS and x.dtype in (torch.bfloat16, torch.float16) and weight.bits == 4
             and weight.perm is None and weight.group >= MIN_GROUP and x.shape[1] % CHUNK == 0
-            and x.data_ptr() % 4 == 0)  # x read as pairs of columns, 4 bytes each
+            and x.data_ptr() % 4 == 0 and x.stride(0) % 2 == 0)  # x read as pairs of columns, 4 bytes each
 
 
 def int4_row_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None, y: torch.Tensor, t: GemvTiles,
                   pdl: bool) -> None:
-    """y [1, N] = x [1, K] @ W.T (+ bias) for arguments gpu/kernels/int_gemm.py checked and `takes_row_gemv` takes.
+    """y [M, N] = x [M, K] @ W.T (+ bias) for arguments gpu/kernels/int_gemm.py checked and `takes_row_gemv` takes,
+    each row of x its own programs (a verifying step's few rows: each program as fast as one row's, where the
+    tensor cores' tiles would pad the rows to 16 and split K).
     Each thread holds all `t.block_n` rows of its chunk (4 sums a row at most keep the loop in registers), and the
     warps split the columns: at most one warp per 32 chunks (`t.num_warps` a bound), since x's tile has no rows to
     spread warps over and its layout must be the weights'."""
     k, n, scales = x.shape[1], weight.weight.shape[0], weight.scales
     block_k = max(t.block_k, CHUNK)
     num_warps = max(1, min(t.num_warps, block_k // (CHUNK * 32)))
-    _int4_row_gemv_kernel[(triton.cdiv(n, t.block_n),)](
+    _int4_row_gemv_kernel[(triton.cdiv(n, t.block_n), x.shape[0])](
         x, weight.weight, scales, pointer_or(weight.zeros, scales), pointer_or(weight.offsets, scales),
         pointer_or(bias, scales), y, n, k, weight.weight.shape[1], scales.shape[1], weight.weight.stride(0),
-        scales.stride(0),
+        scales.stride(0), x.stride(0) if x.shape[0] > 1 else 0, y.stride(0),  # x's stride specialized: 16-byte loads
         GROUP=weight.group, **zero_point_constexprs(weight.zero), HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl,
         BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl,

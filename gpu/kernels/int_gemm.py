@@ -203,7 +203,7 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     if m == 0:
         return y
     t = tiles or _chosen_tiles(x, weight)
-    if isinstance(t, WideGemvTiles) and not takes_row_gemv(weight, x):  # act order, narrow groups, rows: not its
+    if isinstance(t, WideGemvTiles) and not (m == 1 and takes_row_gemv(weight, x)):  # act order, narrow groups, rows
         t = tensor_core_tiles(m, n, k, f"int{weight.bits}", num_sms(x.device))
     if isinstance(t, WideGemvTiles):
         int4_wide_gemv(x, weight, bias, y, t, uses_pdl(use_pdl, x))

@@ -397,7 +397,8 @@ def loop_body(ptx: str) -> str:
 
 ROW_GEMV_SIGNATURE = {"x_ptr": "*bf16", "q_ptr": "*i32", "s_ptr": "*bf16", "z_ptr": "*bf16", "o_ptr": "*bf16",
                       "bias_ptr": "*bf16", "out_ptr": "*bf16", "N": "i32", "K": "i32", "num_words": "i32",
-                      "num_groups": "i32", "stride_qn": "i32", "stride_gn": "i32"}
+                      "num_groups": "i32", "stride_qn": "i32", "stride_gn": "i32", "stride_xm": "i32",
+                      "stride_ym": "i32"}
 
 
 def row_gemv_constexprs(group: int, kind: str, zero: float = 8.0) -> dict[str, object]:
@@ -413,7 +414,7 @@ def row_gemv_compiled(constexprs: dict[str, object], t: GemvTiles) -> tuple[str,
     constexprs = constexprs | dict(HAS_BIAS=False, EVEN_K=True, USE_PDL=True, BLOCK_N=t.block_n, BLOCK_K=t.block_k)
     signature = {name: ROW_GEMV_SIGNATURE[name] for name in kernel.arg_names if name not in constexprs}
     compiled = compiled_as_launched(kernel, signature, constexprs, row_gemv_warps(t), 1,
-                                    frozenset({"K", "num_words", "stride_qn"}), enable_fp_fusion=True)
+                                    frozenset({"K", "num_words", "stride_qn", "stride_xm"}), enable_fp_fusion=True)
     return compiled.asm["ptx"], cubin_sass(compiled), spilled_bytes(compiled)  # type: ignore[attr-defined]
 
 

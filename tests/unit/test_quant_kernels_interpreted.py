@@ -448,10 +448,27 @@ def test_int4_row_gemv_holds_x_of_any_magnitude(row_gemv: ModuleType, wide_gemv:
     assert ((y.double() - reference).abs().max() / reference.abs().max()).item() < 1e-3
 
 
-def test_row_gemv_leaves_act_order_and_two_rows_to_the_other_kernels(int_kernel: ModuleType,
-                                                                     row_gemv: ModuleType) -> None:
+@pytest.mark.parametrize(("group_size", "kind", "m", "n", "k"), [
+    (32, "offsets", 2, 13, 320), (128, "zeros", 5, 9, 576), (16, "symmetric", 8, 6, 160)])
+def test_int4_row_gemv_takes_each_row_of_a_verifying_step(int_kernel: ModuleType, row_gemv: ModuleType,
+                                                          group_size: int, kind: str, m: int, n: int, k: int) -> None:
+    """Several rows of x (a verifying step's, rows of a wider tensor) through the row GEMV's tiles into a column slice
+    of a wider output: every row the reference's, and nothing outside the slice written."""
+    groups, stored, _, g = _ragged_row_case(n, k, group_size, kind)
+    x = torch.randn(m, k + 6, generator=g).half()[:, 2 : 2 + k]  # a row stride past K
+    bias = torch.randn(n, generator=g).half()
+    out = torch.zeros(m, n + 8, dtype=torch.float16)
+    assert row_gemv.takes_row_gemv(stored, x)
+    int_kernel.int_gemm(x, stored, bias, out=out[:, 4 : 4 + n], tiles=int_kernel.GemvTiles(1, 4, 256, 2))
+    _close(out[:, 4 : 4 + n], x.float() @ groups.dequantize().T + bias.float())
+    assert not out[:, :4].any() and not out[:, 4 + n :].any()
+
+
+def test_row_gemv_leaves_act_order_and_many_rows_to_the_other_kernels(int_kernel: ModuleType,
+                                                                      row_gemv: ModuleType) -> None:
     """Act order (x gathered) and 8-bit levels are not the row GEMV's: int_gemm's rule sends one row of them to the
-    tensor cores, and the product is still the reference's; more rows never reach it."""
+    tensor cores, and the product is still the reference's; rows past MAX_ROWS, or whose pairs of columns a row
+    stride would misalign, never reach it."""
     g = torch.Generator().manual_seed(11)
     for bits, kind in ((4, "act-order"), (8, "zeros")):
         stored = to_kernel_form(_int_groups(bits, 64, kind, 12, 256, g), torch.float16)
@@ -459,8 +476,9 @@ def test_row_gemv_leaves_act_order_and_two_rows_to_the_other_kernels(int_kernel:
         assert not row_gemv.takes_row_gemv(stored, x)
         _close(int_kernel.int_gemm(x, stored), x.float() @ stored.int_groups().dequantize().T)
     stored = to_kernel_form(_int_groups(4, 64, "zeros", 12, 256, g), torch.float16)
-    assert row_gemv.takes_row_gemv(stored, torch.zeros(1, 256).half())
-    assert not row_gemv.takes_row_gemv(stored, torch.zeros(2, 256).half())
+    assert row_gemv.takes_row_gemv(stored, torch.zeros(row_gemv.MAX_ROWS, 256).half())
+    assert not row_gemv.takes_row_gemv(stored, torch.zeros(row_gemv.MAX_ROWS + 1, 256).half())
+    assert not row_gemv.takes_row_gemv(stored, torch.zeros(2, 257).half()[:, :256])
 
 
 @pytest.fixture(scope="module")
