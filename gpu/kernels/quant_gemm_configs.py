@@ -70,7 +70,7 @@ class QuantTiles:
 
 @dataclass(frozen=True)
 class GemvTiles:
-    rows: int  # rows of x per program (1, 2, 4, 8): the sums' leading axis
+    rows: int  # rows of x per program (1, 2, 4, 8): the sums' leading axis (1 at more rows: a row's own programs)
     block_n: int  # output columns per program (weight rows)
     block_k: int  # columns per loop iteration
     num_warps: int
@@ -109,7 +109,8 @@ Table = dict[tuple[str, int, int, int], Tiles]  # (kind, row bucket, N, K) -> th
 # `python -m bench.kernels.skinny_gemm --weights fp8 --sweep` (H100, H200) and `--weights int4 --sweep` (H200) print;
 # int4 at one row: the H200's measured against the wide row GEMV; the H100 takes its rule. The default model's
 # (SmolLM2-135M, Q4_1: qkv 960x576, o_proj 576x576, gate_up 3072x576, down 576x1536) at 2..8 rows, a verifying
-# step's: `--shapes smol_qkv smol_o_proj smol_gate_up smol_down --rows 2 4 8` (H200; the rule's where it measured best),
+# step's: `--shapes smol_qkv smol_o_proj smol_gate_up smol_down --rows 2 4 8` (H200; the rule's where it measured best;
+# rows=1 at more rows: the row GEMV, a row's own programs, measured at 3..8 rows against the entries swept before),
 # and qkv and gate_up at `--rows 16 32 64 128 192 320` (H200).
 # FP8 at one row: measured against the one-row kernel on both GPUs.
 TABLES: dict[str, Table] = {"H100": {
@@ -187,17 +188,17 @@ TABLES: dict[str, Table] = {"H100": {
     ('int4', 4, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
     ('int4', 8, 2048, 4096): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=16, num_warps=4, num_stages=4),
     ('int4', 2, 960, 576): GemvTiles(rows=2, block_n=1, block_k=1024, num_warps=1),
-    ('int4', 4, 960, 576): GemvTiles(rows=4, block_n=1, block_k=256, num_warps=2, ahead=True),
-    ('int4', 8, 960, 576): GemvTiles(rows=8, block_n=1, block_k=128, num_warps=2, ahead=True),
+    ('int4', 4, 960, 576): GemvTiles(rows=1, block_n=8, block_k=1024, num_warps=1),
+    ('int4', 8, 960, 576): GemvTiles(rows=1, block_n=4, block_k=256, num_warps=1),
     ('int4', 2, 576, 576): GemvTiles(rows=2, block_n=1, block_k=1024, num_warps=1),
-    ('int4', 4, 576, 576): GemvTiles(rows=4, block_n=1, block_k=256, num_warps=2, ahead=True),
-    ('int4', 8, 576, 576): GemvTiles(rows=8, block_n=1, block_k=128, num_warps=1),
+    ('int4', 4, 576, 576): GemvTiles(rows=1, block_n=4, block_k=1024, num_warps=1),
+    ('int4', 8, 576, 576): GemvTiles(rows=1, block_n=4, block_k=1024, num_warps=1),
     ('int4', 2, 3072, 576): GemvTiles(rows=2, block_n=2, block_k=256, num_warps=1),
     ('int4', 4, 3072, 576): GemvTiles(rows=4, block_n=2, block_k=128, num_warps=1),
     ('int4', 8, 3072, 576): QuantTiles(block_m=16, block_n=32, block_k=256, split_k=1, num_warps=4, num_stages=1),
-    ('int4', 2, 576, 1536): GemvTiles(rows=2, block_n=1, block_k=512, num_warps=1),
-    ('int4', 4, 576, 1536): GemvTiles(rows=4, block_n=1, block_k=256, num_warps=2, ahead=True),
-    ('int4', 8, 576, 1536): QuantTiles(block_m=16, block_n=128, block_k=128, split_k=6, num_warps=4, num_stages=4),
+    ('int4', 2, 576, 1536): GemvTiles(rows=1, block_n=2, block_k=1024, num_warps=1),
+    ('int4', 4, 576, 1536): GemvTiles(rows=1, block_n=2, block_k=512, num_warps=1),
+    ('int4', 8, 576, 1536): GemvTiles(rows=1, block_n=4, block_k=512, num_warps=1),
     ('int4', 16, 3072, 576): QuantTiles(block_m=16, block_n=32, block_k=128, split_k=1, num_warps=4, num_stages=3),
     ('int4', 32, 3072, 576): QuantTiles(block_m=32, block_n=16, block_k=128, split_k=1, num_warps=4, num_stages=3),
     ('int4', 64, 3072, 576): QuantTiles(block_m=32, block_n=16, block_k=128, split_k=1, num_warps=4, num_stages=3),
@@ -214,8 +215,9 @@ TABLES: dict[str, Table] = {"H100": {
 
 
 def runs_row_gemv(t: Tiles) -> bool:
-    """Whether a product on these tiles runs on its kind's one-row GEMV (where that kernel takes the arguments): the
-    one place that chooses between it and quant_gemv.py's GEMV."""
+    """Whether a product on these tiles runs on its kind's one-row GEMV (where that kernel takes the arguments; the
+    4-bit one takes up to 8 rows, each in programs of its own): the one place that chooses between it and
+    quant_gemv.py's GEMV."""
     return isinstance(t, GemvTiles) and t.rows == 1 and t.is_row_gemv
 
 

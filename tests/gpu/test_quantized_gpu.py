@@ -222,6 +222,23 @@ def test_int4_row_gemv_against_the_reference(group_size: int, kind: str, n: int,
     assert not out[:, :32].any() and not out[:, 32 + n :].any()
 
 
+@pytest.mark.parametrize("m", range(1, 9))
+@pytest.mark.parametrize(("n", "k"), [(960, 576), (576, 576), (3072, 576), (576, 1536)])
+def test_a_verifying_steps_rows_of_4_bit_weights_against_the_reference(n: int, k: int, m: int) -> None:
+    """The default model's products (Q4_1: groups of 32 with offsets) at a verifying step's 1..8 rows, x rows of a
+    wider tensor, on the path and tiles int_gemm chooses on this GPU (its table's row GEMV, a row's own programs,
+    where it has one)."""
+    from gpu.kernels.int_gemm import int_gemm
+
+    g = torch.Generator(device="cuda").manual_seed(n * m + k)
+    levels = torch.randint(0, 16, (n, k), device="cuda", generator=g, dtype=torch.int32)
+    scales = torch.rand(n, k // 32, device="cuda", generator=g) * 0.01 + 1e-3
+    offsets = (torch.rand(scales.shape, device="cuda", generator=g) - 0.5) * 0.05
+    stored = to_kernel_form(IntGroups(4, levels, scales, offsets=offsets), torch.bfloat16)
+    x = torch.randn(m, k + 64, device="cuda", generator=g).bfloat16()[:, 32 : 32 + k]
+    _close(int_gemm(x, stored), x.float() @ stored.int_groups().dequantize().T)
+
+
 def _wide_sweep_tiles() -> list[WideGemvTiles]:
     """Every wide row GEMV tile the sweep (bench/kernels/skinny_gemm.py) tries, split in two too."""
     from bench.kernels.skinny_gemm import WIDE
