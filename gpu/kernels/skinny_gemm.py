@@ -5,7 +5,8 @@ float32, the bias added in float32 before the one rounding. A decode step is a c
 sizes cuBLAS pays a fixed cost per call and picks poor kernels for some shapes, where this kernel streams W at a
 higher share of the memory bandwidth.
 
-Grid: (tiles of BLOCK_M rows, blocks of BLOCK_N output columns, SPLIT_K slices of K); the row tiles of one column
+Grid: (tiles of BLOCK_M rows times blocks of BLOCK_N output columns, SPLIT_K slices of K), the row tiles the faster
+(one axis: a vocabulary's column blocks pass the second axis' 65,535); the row tiles of one column
 block are neighbours in launch order, so the weight tile they share is read from HBM once and from L2 after. Each
 program streams its [BLOCK_N, K / SPLIT_K] slice of W in [BLOCK_N, BLOCK_K] tiles of 16-byte loads and multiplies
 every tile with its rows of x (x is small and stays in L2). Two inner products: `fma` (float32 products summed over
@@ -163,6 +164,13 @@ def _x_tile(x_ptrs, x_ptr, res_ptr, norm_w_ptr, rows, ks, k_end, K, stride_xm, s
     return x
 
 
+@triton.jit
+def tile_ids(M, BLOCK_M: tl.constexpr):
+    """(row tile, column tile, K slice) of this program, as the module's grid lays them out."""
+    pid, num_m = tl.program_id(0), (M + BLOCK_M - 1) // BLOCK_M
+    return pid % num_m, pid // num_m, tl.program_id(1)
+
+
 @triton.jit(do_not_specialize=["M", "N"])
 def _skinny_gemm_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr,
@@ -180,9 +188,7 @@ def _skinny_gemm_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
+    pid_m, pid_n, pid_k = tile_ids(M, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_k = tl.arange(0, BLOCK_K)
@@ -292,9 +298,7 @@ def _skinny_gemm_tma_kernel(
     multiplies, which frees the warps' issue slots that pointer loads spend on many rows. With a prologue only W's
     tiles come that way; x's are made from pointer loads (x_desc is then unused)."""
     pdl_start(USE_PDL)
-    pid_m = tl.program_id(0)
-    pid_n = tl.program_id(1)
-    pid_k = tl.program_id(2)
+    pid_m, pid_n, pid_k = tile_ids(M, BLOCK_M)
     k_start = pid_k * k_per_split
     k_end = tl.minimum(k_start + k_per_split, K)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -465,7 +469,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, co
     residual = prologue.residual if prologue.residual is not None else x
     prologue_args = (residual, prologue.norm_weight if prologue.norm_weight is not None else weight,
                      prologue.summed if prologue.summed is not None else x)
-    grid = (triton.cdiv(m, block_m), triton.cdiv(n, c.block_n), c.split_k)
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, c.block_n), c.split_k)  # the kernels' `tile_ids`
     if c.use_tma and (has_prologue or _is_tma_aligned(x)) and _is_tma_aligned(weight):
         w_desc = TensorDescriptor.from_tensor(weight, [c.block_n, c.block_k])
         _skinny_gemm_tma_kernel[grid](

@@ -267,6 +267,17 @@ def test_linear_keeps_cublas_where_the_table_says_it_is_as_fast() -> None:
     assert odd._is_skinny(torch.randn(1, 1000, device=DEVICE, dtype=torch.bfloat16))
 
 
+@pytest.mark.parametrize("m", [1, 5, 40])
+def test_a_vocabulary_past_the_grids_second_axis(m: int) -> None:
+    """Gemma 3's vocabulary (262,144 rows of 640) on this GPU's config and on 4-column blocks: more column blocks
+    than a grid's second axis holds (65,535), every output column computed."""
+    n, k = 262144, 640
+    x, w, bias = make_inputs(m, n, k, torch.bfloat16, has_bias=False, seed=m)
+    for config in [None] + [SkinnyConfig(4, 512, 1, False, 4, 1)] * (m <= 8):
+        poison_allocator(4 * m * n)
+        assert_close(skinny_gemm(x, w, bias, config), reference(x, w, bias), torch.bfloat16)
+
+
 def test_lm_head_routes_like_a_linear_layer() -> None:
     head = ParallelLMHead(151936, 1024, SINGLE).to(DEVICE, torch.bfloat16).requires_grad_(False)
     cublas_only = ParallelLMHead(151936, 1024, SINGLE, KernelConfig(fused_kernels=False)).to(DEVICE, torch.bfloat16)
