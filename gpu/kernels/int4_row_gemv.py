@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 
 CHUNK = 32  # columns a thread's 16-byte load holds
 MIN_GROUP = 8  # a group spans whole words: narrower groups take gpu/kernels/quant_gemv.py
-MAX_ROWS = 8  # rows of x it takes (a verifying step's): past them the tensor cores' tiles are full
+MAX_ROWS = 8  # rows of x it takes, a verifying step's few: more share each weight tile on the tensor cores
 LEVEL_SCALE: tl.constexpr = tl.constexpr(256.0)  # levels less their zero point are divided by it in float16
 
 
@@ -265,7 +265,7 @@ def int4_row_gemv(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | Non
     _int4_row_gemv_kernel[(triton.cdiv(n, t.block_n), x.shape[0])](
         x, weight.weight, scales, pointer_or(weight.zeros, scales), pointer_or(weight.offsets, scales),
         pointer_or(bias, scales), y, n, k, weight.weight.shape[1], scales.shape[1], weight.weight.stride(0),
-        scales.stride(0), x.stride(0) if x.shape[0] > 1 else 0, y.stride(0),  # x's stride specialized: 16-byte loads
+        scales.stride(0), x.stride(0) if x.shape[0] > 1 else 0, y.stride(0),  # 0 at one row: any x loads 16 bytes
         GROUP=weight.group, **zero_point_constexprs(weight.zero), HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_BIAS=bias is not None, EVEN_K=k % block_k == 0, USE_PDL=pdl,
         BLOCK_N=t.block_n, BLOCK_K=block_k, num_warps=num_warps, num_stages=1, launch_pdl=pdl,
