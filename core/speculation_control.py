@@ -40,7 +40,8 @@ out on the device comes between, the prompt waits a step instead). The controlle
 that excess as well, per bucket, as the running average of the time of the steps with prompt tokens that follow a
 verifying step beyond that of those that follow a plain one, and charges it to every draft length spread over the run
 as the entry. While only runs that end verifying have been seen, steps from the one expected to end a run on are
-plain, so that a prompt comes after one.
+plain, so that a prompt comes after one; a run that goes past twice that length (a longer request than those seen,
+as after a short first one) is chosen for by rate again.
 Leaving it for plain decoding costs too: the first plain step books the verifying one (the device idle meanwhile) and
 the second waits for the first's device work, launched late (where that first plain step is laid out on the device,
 core/device_verification.py, neither waits, and the measured excess is what remains of it). The controller measures what
@@ -185,7 +186,7 @@ class DraftLengthController:
                 bucket.refreshing = None
             return k
         if best and bucket.prompt_seconds.keys() == {True} and bucket.run_tokens is not None and (
-                self._run_tokens + self.expected_tokens(best) + 0.5 >= bucket.run_tokens):
+                bucket.run_tokens <= self._run_tokens + self.expected_tokens(best) + 0.5 < 2 * bucket.run_tokens):
             return 0  # the exit is unmeasured while every run ends verifying: this run is expected to end about here
         return best
 

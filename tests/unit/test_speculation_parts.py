@@ -521,6 +521,27 @@ def test_entering_verification_is_charged_over_the_verifying_runs_where_they_end
     assert controller_after_verifying_runs(100).choose(1) == 1
 
 
+def test_a_run_past_twice_the_expected_one_verifies_again() -> None:
+    """A first run of 6 decode steps (a warm-up request) ends verifying, so the exit after a plain step is unmeasured
+    and the next run holds plain decoding where it is expected to end (about 9 tokens in) so that its prompt comes
+    after a plain step; that run goes on for 200 steps (the next request is longer), and once past twice the expected
+    length it verifies again (1.9 tokens for 1.2 against 1.0 for 1.0), not plain to its end."""
+    controller = DraftLengthController(max_drafts=1, refresh_steps=10**6)
+    chosen: list[int] = []
+    for num_steps in (6, 200):
+        controller.observe_step(0, 0, 5.0)
+        chosen.clear()
+        for i in range(num_steps):
+            k = controller.choose(1)
+            chosen.append(k)
+            controller.observe_step(1, k, 1.2 if k else 1.0)
+            if k:
+                controller.observe_acceptance(1, [int(i % 10 < 9)])
+        if num_steps == 6:
+            assert chosen[-1] == 1, chosen  # the first run ended verifying
+    assert 0 in chosen[3:12] and sum(chosen[-150:]) >= 145, chosen
+
+
 def test_runs_are_counted_in_tokens_per_bucket() -> None:
     """Runs alternate between one sequence, whose prompt comes every 200 tokens, and 16, whose prompts come every 8
     tokens (a request ends after so many tokens, faster where drafts are accepted); a prompt step after a verifying one
