@@ -159,12 +159,10 @@ def counter_figures(before: dict[str, float], after: dict[str, float], duration_
     delta = {k: after[k] - before[k] for k in COUNTERS if k in before and k in after}
     queries, hits = delta.get("prefix_cache_queries_total"), delta.get("prefix_cache_hits_total")
     prompt = delta.get("prompt_tokens_total")
-    return {
-        "prefix_cache_queried_tokens": queries, "prefix_cache_hit_tokens": hits,
-        "prefix_hit_rate": round(hits / queries, 4) if queries and hits is not None else None,
-        "prompt_tokens": prompt, "prompt_tokens_per_s": round(prompt / duration_s, 1) if prompt is not None else None,
-        "computed_prompt_tokens": queries - hits if queries is not None and hits is not None else None,
-    }
+    return {"prefix_cache_queried_tokens": queries, "prefix_cache_hit_tokens": hits, "prompt_tokens": prompt,
+            "prefix_hit_rate": round(hits / queries, 4) if queries and hits is not None else None,
+            "prompt_tokens_per_s": round(prompt / duration_s, 1) if prompt is not None else None,
+            "computed_prompt_tokens": queries - hits if queries is not None and hits is not None else None}
 
 
 # The server under test.

@@ -114,14 +114,13 @@ def candidates(weights: str, bucket: int, n: int, k: int) -> list[Config | None]
         is_fp8_row = (weights, bucket) == ("fp8", 1)  # both one-row GEMVs are tried there, quant_gemv's flagged
         row = [GemvTiles(1, bn, bk, w) for bn, bk, w in itertools.product((1, 2, 4, 8), block_ks, (1, 2, 4, 8))
                if is_fp8_row and 512 * w <= max(bk, 512) and 2 <= bn * bk / (512 * w) <= 8]  # 2..8 loads a thread
-        row += [GemvTiles(1, bn, bk, max(1, bk >> 10)) for bn, bk in itertools.product((2, 4, 8), (256, 512, 1024))
-                if weights == "int4" and 1 < bucket <= 8]  # int4's row GEMV, programs a row, at a verifying step's rows
         gemv = [GemvTiles(bucket, bn, bk, w, is_row_gemv=not is_fp8_row)
                 for bn, bk, w in itertools.product((2, 4, 8, 16), block_ks, (4, 8))  # codes a byte: 2 int4, 1 fp8
                 if 1 <= bn * bk / (512 * w * (2 if weights == "int4" else 1)) <= 4 and bucket * bn * bk <= 4096 * w]
         wide = [WideGemvTiles(bn, c * w << 10, w, s, p, o) for (bn, c, w), (p, o), s in itertools.product(*WIDE, (1, 2))
                 if (weights, bucket) == ("int4", 1) and s * c * w << 10 <= k and (s == 1 or n <= 8192)]  # int4's wide
         is_small = weights == "int4" and bucket > 1 and n * k <= 1 << 22  # latency-bound: narrow tiles, few warps
+        row += [GemvTiles(1, bn, bk, 1) for bn in (2, 4, 8) for bk in (256, 512, 1024) if is_small and bucket <= 8]
         small = [GemvTiles(bucket, bn, bk, w, ahead=a) for bn, bk, w, a in itertools.product((1, 2, 4), (64, 128, 256,
                  512, 1024), (1, 2), (False, True)) if is_small and bucket * bn * bk <= 8192 * w] + [QuantTiles(16, *t)
                  for t in itertools.product((16, 32), (128, 256), (1, 2), (2, 4), (1, 2)) if is_small and bucket >= 8]
