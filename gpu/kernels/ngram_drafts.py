@@ -52,6 +52,17 @@ def latest_match(tokens_ptr, num_tokens, MIN_N: tl.constexpr, MAX_N: tl.constexp
     return best >= 0, best & ((1 << END_BITS_) - 1), last
 
 
+@triton.jit
+def match_drafts(tokens_ptr, num_tokens, d, K: tl.constexpr, MIN_N: tl.constexpr, MAX_N: tl.constexpr,
+                 BLOCK_: tl.constexpr, END_BITS_: tl.constexpr):
+    """The lookup's draft count (K, or 0 without a match) and its drafts at indices `d` (0 past the count): what
+    followed the `latest_match`, repeated where it reaches the last token."""
+    is_found, end, last = latest_match(tokens_ptr, num_tokens, MIN_N, MAX_N, BLOCK_, END_BITS_)
+    period = tl.where(is_found, last - end, 1)
+    num_found = tl.where(is_found, K, 0)
+    return num_found, tl.load(tokens_ptr + end + 1 + d % period, mask=d < num_found, other=0)
+
+
 @triton.jit(do_not_specialize=["history_stride", "num_columns"])
 def _ngram_drafts_kernel(history_ptr, lengths_ptr, drafts_ptr, num_drafts_ptr, history_stride, num_columns,
                          MIN_N: tl.constexpr, MAX_N: tl.constexpr, K: tl.constexpr, BLOCK_K: tl.constexpr,
@@ -59,11 +70,8 @@ def _ngram_drafts_kernel(history_ptr, lengths_ptr, drafts_ptr, num_drafts_ptr, h
     row = tl.program_id(0)
     tokens_ptr = history_ptr + row.to(tl.int64) * history_stride
     num_tokens = tl.minimum(tl.load(lengths_ptr + row), num_columns)
-    is_found, end, last = latest_match(tokens_ptr, num_tokens, MIN_N, MAX_N, BLOCK_, END_BITS_)
-    period = tl.where(is_found, last - end, 1)  # what followed the match, up to the last token
     j = tl.arange(0, BLOCK_K)
-    num_drafts = tl.where(is_found, K, 0)
-    drafts = tl.load(tokens_ptr + end + 1 + j % period, mask=j < num_drafts, other=0)
+    num_drafts, drafts = match_drafts(tokens_ptr, num_tokens, j, K, MIN_N, MAX_N, BLOCK_, END_BITS_)
     tl.store(drafts_ptr + row * K + j, drafts, mask=j < K)
     tl.store(num_drafts_ptr + row, num_drafts)
 

@@ -4,7 +4,7 @@
 Written with torch operations, the two launch dozens of small kernels beside the forward (gathers of the rows' history
 and lengths, casts, aranges, the block-table lookups of the cache slots, the acceptance's cumulative product, the
 history's scatter), each a launch in the step's graph. Here the layout is one launch: a row's program finds its drafts
-(gpu/kernels/ngram_drafts.py's `latest_match`, reading the row's history slot in place), and writes its k + 1 tokens,
+(gpu/kernels/ngram_drafts.py's `match_drafts`, reading the row's history slot in place), and writes its k + 1 tokens,
 positions and cache slots, its context length and query start, and where the step's queries attend as decode rows
 (gpu/attention/metadata.py's QueryRows) its queries' rows, lengths and block tables. The acceptance is another: a row's
 program counts the leading drafts equal to the tokens sampled before them, appends the kept tokens to its history slot
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from gpu.kernels.ngram_drafts import BLOCK, END_BITS, NUM_WARPS, latest_match
+from gpu.kernels.ngram_drafts import BLOCK, END_BITS, NUM_WARPS, match_drafts
 
 
 @dataclass(frozen=True)
@@ -68,13 +68,9 @@ def _lay_out_kernel(tokens_ptr, lengths_ptr, slots_ptr, num_blocks_ptr, tables_p
     first = row * (K + 1)
     token = tl.load(row_tokens + tl.maximum(length - 1, 0) + j * 0, mask=j == 0, other=0)  # the last token first
     if K > 0:
-        is_found, end, last = latest_match(row_tokens, tl.minimum(length, num_columns).to(tl.int32), MIN_N, MAX_N,
-                                           BLOCK_, END_BITS_)
-        period = tl.where(is_found, last - end, 1)  # what followed the match, repeated where it reaches the end
-        num_found = tl.where(is_found, K, 0)
+        num_found, draft = match_drafts(row_tokens, tl.minimum(length, num_columns).to(tl.int32), tl.maximum(j - 1, 0),
+                                        K, MIN_N, MAX_N, BLOCK_, END_BITS_)  # position j's draft: the (j - 1)th
         is_draft = (j >= 1) & is_position
-        draft = tl.load(row_tokens + end + 1 + (tl.maximum(j - 1, 0) % period), mask=(j >= 1) & (j <= num_found),
-                        other=0)
         token = tl.where(is_draft, draft, token)
         tl.store(drafts_ptr + row * K + j - 1, draft.to(tl.int64), mask=is_draft)
         tl.store(num_drafts_ptr + row, num_found.to(tl.int64))
