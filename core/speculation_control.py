@@ -46,7 +46,10 @@ Leaving it for plain decoding costs too: the first plain step books the verifyin
 the second waits for the first's device work, launched late (where that first plain step is laid out on the device,
 core/device_verification.py, neither waits, and the measured excess is what remains of it). The controller measures what
 the two take beyond two plain steps' average, per bucket, and while verifying charges plain decoding that figure spread
-over the run as the entry (a refresh of a draft length from plain decoding pays both).
+over the run as the entry; from plain decoding it charges the verifying lengths that figure beside the entry, spread
+alike: a verifying run entered is left again, so the way back is part of the way in (else one draft accepted among
+plain steps' lookups would start runs of a step or two, each paying the way back for a fraction of a token). A refresh
+of a draft length from plain decoding pays both.
 
 Choosing: plain decoding is measured first (the baseline), then the longest draft length; any other untried length is
 tried only while its most hopeful rate (its time taken on the line between plain decoding's and the longest's, which
@@ -287,14 +290,14 @@ class DraftLengthController:
     def _rates(self, bucket: _Bucket) -> list[float]:
         """Per draft length, the tokens per second a sequence is expected to get from its steps at this bucket:
         measured, or for an untried k its most hopeful (the line between plain decoding's time and the longest's);
-        verifying lengths are charged the exit from verification spread over the run expected ahead, and the entry
-        where the last step did not verify spread over the verifying run expected (no longer than that run). One pass:
-        it runs every decode step."""
+        verifying lengths are charged the exit from verification spread over the run expected ahead, and the entry and
+        the way back to plain decoding where the last step did not verify spread over the verifying run expected (no
+        longer than that run). One pass: it runs every decode step."""
         run = max(bucket.run_tokens or 0.0, self._run_tokens)
         exit_seconds, entry_seconds, verifying_run = bucket.exit_seconds(), 0.0, run
         plain_seconds = self._seconds(bucket, 0)
         if self._previous_kind <= _PLAIN:
-            entry_seconds = bucket.entry_seconds(self._previous_kind)
+            entry_seconds = bucket.entry_seconds(self._previous_kind) + (bucket.leave_seconds or 0.0)  # in and out
             verifying_run = min(run, bucket.verifying_run_tokens or run)
         else:  # leaving verification for plain decoding costs as entering it does, spread alike
             plain_seconds += (bucket.leave_seconds or 0.0) / max(1.0, run)

@@ -521,6 +521,32 @@ def test_entering_verification_is_charged_over_the_verifying_runs_where_they_end
     assert controller_after_verifying_runs(100).choose(1) == 1
 
 
+def controller_after_short_verifying_runs(leave: float) -> DraftLengthController:
+    """One sequence after its prompt: runs of 10 plain steps (1.0) and 3 verifying ones (1.15, the first unmeasured),
+    the first two plain steps after them taking `leave` more in all; then plain steps whose lookups accept one draft
+    in five (1.2 tokens for 1.15 against 1.0 for 1.0: a gain of 4% a step, were it free to go back)."""
+    controller = DraftLengthController(max_drafts=1, refresh_steps=10**6)
+    controller.observe_step(0, 0, 5.0)
+    for _ in range(6):
+        for i in range(10):
+            controller.observe_step(1, 0, 1.0 + (leave / 2 if i < 2 else 0.0))
+        for _ in range(3):
+            controller.observe_step(1, 1, 1.15)
+            controller.observe_acceptance(1, [0])
+    for i in range(10):
+        controller.observe_step(1, 0, 1.0 + (leave / 2 if i < 2 else 0.0))
+    for _ in range(40):
+        controller.observe_acceptance(5, [1])
+    return controller
+
+
+def test_entering_verification_is_charged_the_way_back_to_plain_decoding() -> None:
+    """From plain decoding, verifying 4% faster a step does not pay for runs of 3 steps (about 3.6 tokens) that
+    each cost 0.6 to leave again: the controller stays plain; where leaving is free, it enters."""
+    assert controller_after_short_verifying_runs(leave=0.6).choose(1) == 0
+    assert controller_after_short_verifying_runs(leave=0.0).choose(1) == 1
+
+
 def test_a_run_past_twice_the_expected_one_verifies_again() -> None:
     """A first run of 6 decode steps (a warm-up request) ends verifying, so the exit after a plain step is unmeasured
     and the next run holds plain decoding where it is expected to end (about 9 tokens in) so that its prompt comes
