@@ -127,6 +127,11 @@ class _Bucket:
             return 0.0
         return max(0.0, verifying - self.entry_excess.get((previous_kind, False), 0.0))
 
+    def round_trip_seconds(self, previous_kind: int) -> float:
+        """What a verifying run entered after a step of `previous_kind` costs beyond its steps' own time: the entry
+        and the way back to plain decoding."""
+        return self.entry_seconds(previous_kind) + (self.leave_seconds or 0.0)
+
     def exit_seconds(self) -> float:
         """What a step with prompt tokens costs after a verifying step beyond its cost after a plain one."""
         if len(self.prompt_seconds) < 2:
@@ -294,10 +299,10 @@ class DraftLengthController:
         the way back to plain decoding where the last step did not verify spread over the verifying run expected (no
         longer than that run). One pass: it runs every decode step."""
         run = max(bucket.run_tokens or 0.0, self._run_tokens)
-        exit_seconds, entry_seconds, verifying_run = bucket.exit_seconds(), 0.0, run
+        exit_seconds, round_trip_seconds, verifying_run = bucket.exit_seconds(), 0.0, run
         plain_seconds = self._seconds(bucket, 0)
         if self._previous_kind <= _PLAIN:
-            entry_seconds = bucket.entry_seconds(self._previous_kind) + (bucket.leave_seconds or 0.0)  # in and out
+            round_trip_seconds = bucket.round_trip_seconds(self._previous_kind)
             verifying_run = min(run, bucket.verifying_run_tokens or run)
         else:  # leaving verification for plain decoding costs as entering it does, spread alike
             plain_seconds += (bucket.leave_seconds or 0.0) / max(1.0, run)
@@ -305,7 +310,8 @@ class DraftLengthController:
         for k in range(1, self.max_drafts + 1):
             r = self._acceptance[k - 1]
             tokens += _UNTRIED_ACCEPTANCE if r is None else r
-            charge = exit_seconds * tokens / max(tokens, run) + entry_seconds * tokens / max(tokens, verifying_run)
+            charge = (exit_seconds * tokens / max(tokens, run)
+                      + round_trip_seconds * tokens / max(tokens, verifying_run))
             rates.append(tokens / (self._seconds(bucket, k) + charge))
         return rates
 
@@ -325,7 +331,7 @@ class DraftLengthController:
         arm_seconds = bucket.arms[k].cost()
         assert arm_seconds is not None, "only a measured arm is refreshed"
         lost = (_unmeasured_steps(k) + 1) * arm_seconds * max(0.0, 1.0 - rates[k] / max(rates))
-        return lost + (bucket.entry_seconds(_PLAIN) + (bucket.leave_seconds or 0.0) if k else 0.0)
+        return lost + (bucket.round_trip_seconds(_PLAIN) if k else 0.0)
 
     def _bucket(self, batch_size: int) -> _Bucket:
         key = _bucket_key(batch_size)
