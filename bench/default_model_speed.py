@@ -85,9 +85,8 @@ class Ours:
 
     def figures(self) -> dict[str, object]:
         """The CPU kernels it ran (on a CPU) and vLLM's speculative decoding counters (with speculation)."""
-        stats = self.engine.stats()
         figures: dict[str, object] = {} if self.kernels is None else {"cpu_kernels": self.kernels}
-        if stats.num_spec_accepted_per_position:
+        if (stats := self.engine.stats()).num_spec_accepted_per_position:
             figures["speculation"] = {name.removeprefix("num_spec_"): value for name, value in asdict(stats).items()
                                       if name.startswith("num_spec_")}
         return figures
@@ -134,8 +133,7 @@ def llama_cpp(args: argparse.Namespace) -> list[Contender]:
     """llama.cpp on the model's GGUF file, on a CPU, where llama-cpp-python is installed."""
     if args.llama_cpp == "off" or args.device != "cpu" or not find_spec("llama_cpp"):
         return []
-    gguf = model_gguf(args.model)
-    return [] if gguf is None else [LlamaCpp(gguf)]
+    return [] if (gguf := model_gguf(args.model)) is None else [LlamaCpp(gguf)]
 
 
 def cpu_description() -> dict[str, object]:
@@ -204,8 +202,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def build_contenders(args: argparse.Namespace, model_dir: Path) -> list[Contender]:
     ours = itertools.product(filter(None, args.ours.split(",")), args.speculative.split(","))
-    contenders: list[Contender] = [Ours(model_dir, args.device, *spec, args.drafts) for spec in ours]
-    return contenders + llama_cpp(args)
+    return [Ours(model_dir, args.device, *spec, args.drafts) for spec in ours] + llama_cpp(args)
 
 
 def main(argv: list[str]) -> None:

@@ -54,7 +54,7 @@ def run_variant(args: argparse.Namespace, argv: list[str], variants: list[dict[s
                                                                              **server}, "levels": []}
     variants.append(entry)
     num_chats = serve.per_level([int(x) for x in args.levels.split(",")], args.num_chats, "--num-chats")
-    spec = partial(serve.completion_spec, base_url, model, args=args)
+    spec = partial(serve.completion_spec, base_url, model, args=args, tokens=args.max_tokens)
 
     def level(index: int, concurrency: int) -> serve.Conversations:
         chats = multi_turn_chats(int(num_chats[index]), args.turns, args.system_len, args.user_len, args.max_tokens,

@@ -14,6 +14,7 @@ multiplies, 2 * hidden * vocab for the LM head where a token is sampled, 4 * hea
 """
 
 import json
+import math
 import statistics
 import struct
 import time
@@ -133,9 +134,7 @@ def _with_weights(shape: ModelShape, tensors: dict[str, dict[str, object]], is_u
     """Adds up the checkpoint's tensors: bytes per step (routed experts apart) and the weights a token multiplies."""
     dense = experts = params = 0
     for name, meta in tensors.items():
-        numel = 1
-        for n in meta["shape"]:  # type: ignore[attr-defined]
-            numel *= int(n)
+        numel = math.prod(int(n) for n in meta["shape"])  # type: ignore[attr-defined]
         dtype = str(meta["dtype"])
         is_float = dtype in _FLOAT_TYPES
         nbytes = numel * (1 if dtype.startswith("F8") else shape.dtype_bytes if is_float else _TYPE_BYTES.get(dtype, 1))

@@ -60,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-requests", default=None, help="requests per level: one number, or one per level, "
                    "comma-separated (default: max(32, 4 x concurrency))")
     p.add_argument("--prompt-len", type=int, default=1024)
+    p.add_argument("--range-ratio", type=float, default=0.0, help="lengths from [x (1 - r), x (1 + r)] (vLLM's)")
     return p.parse_args(argv)
 
 
@@ -71,11 +72,11 @@ def per_level(levels: list[int], spec: str, flag: str) -> list[float]:
     return values * len(levels) if len(values) == 1 else values
 
 
-def completion_spec(base_url: str, model: str, prompt: object, args: argparse.Namespace) -> RequestSpec:
-    """A streamed /v1/completions request of `--max-tokens` tokens with ignore_eos, its usage in the last chunk."""
-    body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": args.temperature,
+def completion_spec(base_url: str, model: str, prompt: object, args: argparse.Namespace, tokens: int) -> RequestSpec:
+    """A streamed /v1/completions request of `tokens` tokens with ignore_eos, its usage in the last chunk."""
+    body = {"model": model, "prompt": prompt, "max_tokens": tokens, "temperature": args.temperature,
             "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
-    return RequestSpec(base_url.rstrip("/") + "/v1/completions", body, args.max_tokens)
+    return RequestSpec(base_url.rstrip("/") + "/v1/completions", body, tokens)
 
 
 Conversations = list[list[RequestSpec]]  # each conversation's turns, in order; a request is one turn
@@ -245,14 +246,14 @@ def run(args: argparse.Namespace, argv: list[str], base_url: str, server: dict[s
         max(32, 4 * c) for c in levels]
 
     def specs(num: int, seed: int) -> list[RequestSpec]:
-        return [completion_spec(base_url, model, r.prompt_token_ids, args)
-                for r in fixed_workload(num, args.prompt_len, args.max_tokens, seed=seed)]
+        return [completion_spec(base_url, model, r.prompt_token_ids, args, r.max_tokens)
+                for r in fixed_workload(num, args.prompt_len, args.max_tokens, seed, args.range_ratio)]
 
     def level(index: int, concurrency: int) -> Conversations:
         return [[spec] for spec in specs(int(counts[index]), args.seed + 1000 * index + concurrency)]
 
-    config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "temperature", "seed", "warmup_requests",
-                                            "max_seconds_per_level")}
+    config = {k: getattr(args, k) for k in ("prompt_len", "max_tokens", "range_ratio", "temperature", "seed",
+                                            "warmup_requests", "max_seconds_per_level")}
 
     def save(levels: list[dict[str, object]], is_complete: bool) -> None:
         write_result(args.out, {"kind": "serve", "server": server, "config": config, "levels": levels,

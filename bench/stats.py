@@ -36,9 +36,7 @@ class RequestRecord:
 
     @property
     def tpot(self) -> float | None:
-        if self.num_output_tokens < 2:
-            return None
-        return (self.e2e - self.ttft) / (self.num_output_tokens - 1)
+        return None if self.num_output_tokens < 2 else (self.e2e - self.ttft) / (self.num_output_tokens - 1)
 
     @property
     def itls(self) -> list[float]:
@@ -51,8 +49,7 @@ def percentile(values: list[float], q: float) -> float:
         return math.nan
     ordered = sorted(values)
     rank = (len(ordered) - 1) * q / 100.0
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
+    low, high = math.floor(rank), min(math.floor(rank) + 1, len(ordered) - 1)
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 

@@ -1,8 +1,9 @@
 """The benchmark workloads: seeded lists of (prompt token ids, number of tokens to generate).
 
 `nano_vllm_workload` is nano-vllm's offline workload, drawn in the order of its bench.py so a seed gives the same
-requests. `fixed_workload` is the serving shape: distinct random prompts of one length, so a prefix cache cannot make
-them cheaper, each asking for the same number of tokens. `multi_turn_chats` is the prefix-heavy shape.
+requests. `fixed_workload` is the serving shape: distinct random prompts (no prefix cache helps) of one length and
+output length, or both drawn from [x (1 - r), x (1 + r)] (range ratio r, as vLLM's random dataset: in a closed loop,
+requests of one length end together and the next prompts come in bursts). `multi_turn_chats` is the prefix-heavy one.
 """
 
 import random
@@ -27,9 +28,14 @@ def nano_vllm_workload(num_requests: int = NANO_VLLM_NUM_REQUESTS, seed: int = 0
     return [Request(p, m) for p, m in zip(prompts, max_tokens, strict=True)]
 
 
-def fixed_workload(num_requests: int, prompt_len: int, max_tokens: int, seed: int = 0) -> list[Request]:
+def fixed_workload(num_requests: int, prompt_len: int, max_tokens: int, seed: int = 0, range_ratio: float = 0.0
+                   ) -> list[Request]:
     rng = random.Random(seed)
-    return [Request([rng.randrange(PROMPT_ID_LIMIT) for _ in range(prompt_len)], max_tokens)
+
+    def length(x: int) -> int:
+        return rng.randint(max(1, int(x * (1 - range_ratio))), int(x * (1 + range_ratio))) if range_ratio else x
+
+    return [Request([rng.randrange(PROMPT_ID_LIMIT) for _ in range(length(prompt_len))], length(max_tokens))
             for _ in range(num_requests)]
 
 

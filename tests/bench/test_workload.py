@@ -38,6 +38,15 @@ def test_fixed_workload_prompts_have_the_length_and_differ() -> None:
     assert fixed_workload(8, 1024, 128, seed=4) != requests
 
 
+def test_a_range_ratio_draws_lengths_around_the_given_ones_and_none_keeps_the_old_draw() -> None:
+    varied = fixed_workload(400, prompt_len=100, max_tokens=20, seed=3, range_ratio=0.5)
+    prompt_lens, output_lens = [len(r.prompt_token_ids) for r in varied], [r.max_tokens for r in varied]
+    assert min(prompt_lens) >= 50 and max(prompt_lens) <= 150 and min(output_lens) >= 10 and max(output_lens) <= 30
+    assert len(set(prompt_lens)) > 50 and len(set(output_lens)) > 15  # spread over the range, not one length
+    assert abs(sum(output_lens) / len(output_lens) - 20) < 1.5  # centred on the given length
+    assert fixed_workload(8, 1024, 128, seed=3, range_ratio=0.0) == fixed_workload(8, 1024, 128, seed=3)
+
+
 def test_multi_turn_chats_share_the_system_prompt_and_grow_turn_by_turn() -> None:
     chats = multi_turn_chats(num_chats=3, num_turns=4, system_len=64, user_len=8, reply_len=5, seed=1)
     system = chats[0][0].prompt_token_ids[:64]
