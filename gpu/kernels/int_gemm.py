@@ -47,6 +47,10 @@ if TYPE_CHECKING:
     from gpu.quant.int_weights import IntWeight
 
 PACKED_DTYPES = (torch.bfloat16, torch.float16)
+# Rows from which a 16-bit product dequantizes its weight once (a kernel writing it in x's dtype) and multiplies on
+# cuBLAS: the tensor-core kernel dequantizes every weight tile again for every tile of rows, and at prompt steps'
+# rows that arithmetic, not the weight's bytes, sets its time.
+DEQUANTIZED_MIN_ROWS = 256
 SUMS_MIN_GROUP = 128  # groups this wide or wider: scales on the sums (a product per group costs less than per weight)
 SUMS_MAX_ROWS = 32  # row tiles up to here: scales on the sums
 
@@ -185,7 +189,8 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     """x @ W.T (+ bias) for W in the kernel's form; `out` (an [M, N] view with unit stride along N) receives it.
     `tiles` (else quant_tiles' choice) picks the tensor-core kernel or the GEMV: one row of 4-bit weights that
     gpu/kernels/int4_row_gemv.py takes runs there (or in int4_wide_gemv.py, for its tiles), other rows in
-    gpu/kernels/quant_gemv.py."""
+    gpu/kernels/quant_gemv.py. Without `tiles`, 16-bit x of DEQUANTIZED_MIN_ROWS rows or more multiplies the weight
+    dequantized on cuBLAS."""
     m, k = x.shape
     words, scales = weight.weight, weight.scales
     n = words.shape[0]
@@ -202,6 +207,9 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return y
+    if tiles is None and m >= DEQUANTIZED_MIN_ROWS and x.dtype in PACKED_DTYPES:
+        w = int_dequantized(weight, x.dtype, use_pdl)
+        return torch.mm(x, w.T, out=y) if bias is None else torch.addmm(bias, x, w.T, out=y)
     t = tiles or _chosen_tiles(x, weight)
     if isinstance(t, WideGemvTiles) and not (m == 1 and takes_row_gemv(weight, x)):  # act order, narrow groups, rows
         t = tensor_core_tiles(m, n, k, f"int{weight.bits}", num_sms(x.device))
@@ -231,6 +239,47 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     if split > 1:
         reduce_split_k(part, bias, y, pdl)
     return y
+
+
+@triton.jit
+def _int_dequantize_kernel(
+    q_ptr, s_ptr, z_ptr, o_ptr, perm_ptr, out_ptr, N, K, num_groups, stride_qn, stride_gn, stride_on,
+    BITS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
+    HAS_PERM: tl.constexpr, PACKED: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """One [BLOCK_N, BLOCK_K] tile of W in out's dtype, as the GEMM's main loop dequantizes it, stored at its columns
+    of x (through `perm` where the stored columns are sorted by group)."""
+    pdl_start(USE_PDL)
+    PER_WORD: tl.constexpr = 32 // BITS
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    k = tl.program_id(1) * BLOCK_K
+    ks = k + tl.arange(0, BLOCK_K)
+    rows_w = tl.minimum(offs_n, N - 1).to(tl.int64)
+    word_cols = k // PER_WORD + tl.arange(0, BLOCK_K // PER_WORD)
+    words = tl.load(q_ptr + rows_w[:, None] * stride_qn + word_cols[None, :],
+                    mask=(word_cols * PER_WORD < K)[None, :], other=0)
+    w = _dequantize(words, s_ptr, z_ptr, o_ptr, rows_w * stride_gn, k, num_groups, out_ptr.dtype.element_ty, BITS,
+                    GROUP, ZERO, HAS_ZEROS, HAS_OFFSETS, PACKED, BLOCK_N, BLOCK_K)
+    columns = tl.load(perm_ptr + tl.minimum(ks, K - 1)) if HAS_PERM else ks
+    tl.store(out_ptr + offs_n[:, None].to(tl.int64) * stride_on + columns[None, :], w,
+             mask=(offs_n < N)[:, None] & (ks < K)[None, :])
+
+
+def int_dequantized(weight: "IntWeight", dtype: torch.dtype, use_pdl: bool = True) -> torch.Tensor:
+    """W [N, K] in `dtype` (16-bit), in x's column order: each weight as the GEMM's main loop dequantizes it."""
+    words, scales = weight.weight, weight.scales
+    n, k = words.shape[0], words.shape[1] * 32 // weight.bits
+    out = torch.empty((n, k), dtype=dtype, device=words.device)
+    block_n, block_k = 64, 128
+    pdl = uses_pdl(use_pdl, words)
+    _int_dequantize_kernel[(triton.cdiv(n, block_n), triton.cdiv(k, block_k))](
+        words, scales, pointer_or(weight.zeros, scales), pointer_or(weight.offsets, scales),
+        pointer_or(weight.perm, words), out, n, k, scales.shape[1], words.stride(0), scales.stride(0), out.stride(0),
+        BITS=weight.bits, GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
+        HAS_OFFSETS=weight.offsets is not None, HAS_PERM=weight.perm is not None,
+        PACKED=weight.bits == 4 and dtype in PACKED_DTYPES, USE_PDL=pdl, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=4, launch_pdl=pdl)
+    return out
 
 
 def _chosen_tiles(x: torch.Tensor, weight: "IntWeight") -> Tiles:

@@ -175,6 +175,22 @@ def test_int_kernel_against_the_reference(bits: int, group_size: int, kind: str,
     assert not out[:, :32].any() and not out[:, 32 + N :].any()
 
 
+@pytest.mark.parametrize(("bits", "group_size", "kind"), [
+    (4, 128, "zeros"), (4, 32, "act-order"), (4, 32, "offsets"), (8, 16, "offsets")])
+def test_the_dequantized_weight_is_the_one_the_tensor_core_kernel_multiplies(bits: int, group_size: int,
+                                                                             kind: str) -> None:
+    """Many rows multiply the weight dequantized on cuBLAS: the same weights, rounded as the kernel rounds them."""
+    from gpu.kernels.fp8_gemm import num_sms
+    from gpu.kernels.int_gemm import int_dequantized, int_gemm
+    from gpu.kernels.quant_gemm_configs import tensor_core_tiles
+
+    g = torch.Generator(device="cuda").manual_seed(bits + group_size)
+    stored = to_kernel_form(_int_groups(bits, group_size, kind, g, n=320, k=512), torch.bfloat16)
+    eye = torch.eye(512, device="cuda", dtype=torch.bfloat16)  # each output a single weight times one
+    tiles = tensor_core_tiles(512, 320, 512, f"int{bits}", num_sms(eye.device))
+    assert torch.equal(int_dequantized(stored, torch.bfloat16), int_gemm(eye, stored, tiles=tiles).T)
+
+
 @pytest.mark.parametrize("rows", (1, 2, 3, 4, 8))
 def test_gemv_tiles_of_the_rule_against_the_reference(rows: int) -> None:
     """The GEMV path at each row count a table may send to it, whatever the rule picks: FP8 blocks and per-row
@@ -461,7 +477,7 @@ def test_the_tables_int4_entries_at_their_shapes(rows: int, n: int, k: int, tile
 
 
 @pytest.mark.parametrize("kind", gguf_blocks.TYPES)
-@pytest.mark.parametrize("rows", (1, 16, 100))
+@pytest.mark.parametrize("rows", (1, 16, 100, 300))
 def test_gguf_layer_against_the_reference(kind: str, rows: int) -> None:
     data = torch.from_numpy(np.ascontiguousarray(
         qc.random_gguf_blocks(N, K, getattr(gguf.GGMLQuantizationType, kind), seed=rows)))
