@@ -277,7 +277,7 @@ def int_dequantized(weight: "IntWeight", dtype: torch.dtype, use_pdl: bool = Tru
         pointer_or(weight.perm, words), out, n, k, scales.shape[1], words.stride(0), scales.stride(0), out.stride(0),
         BITS=weight.bits, GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_PERM=weight.perm is not None,
-        PACKED=weight.bits == 4 and dtype in PACKED_DTYPES, USE_PDL=pdl, BLOCK_N=block_n, BLOCK_K=block_k,
+        PACKED=False, USE_PDL=pdl, BLOCK_N=block_n, BLOCK_K=block_k,
         num_warps=4, launch_pdl=pdl)
     return out
 

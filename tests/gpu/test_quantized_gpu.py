@@ -177,18 +177,17 @@ def test_int_kernel_against_the_reference(bits: int, group_size: int, kind: str,
 
 @pytest.mark.parametrize(("bits", "group_size", "kind"), [
     (4, 128, "zeros"), (4, 32, "act-order"), (4, 32, "offsets"), (8, 16, "offsets")])
-def test_the_dequantized_weight_is_the_one_the_tensor_core_kernel_multiplies(bits: int, group_size: int,
-                                                                             kind: str) -> None:
-    """Many rows multiply the weight dequantized on cuBLAS: the same weights, rounded as the kernel rounds them."""
-    from gpu.kernels.fp8_gemm import num_sms
-    from gpu.kernels.int_gemm import int_dequantized, int_gemm
-    from gpu.kernels.quant_gemm_configs import tensor_core_tiles
+def test_the_dequantized_weight_is_the_reference_rounded_once(bits: int, group_size: int, kind: str) -> None:
+    """Many rows multiply the weight dequantized on cuBLAS: each weight computed in float32 and rounded once to x's
+    dtype (a fused multiply-add may move a float32 result by its last bit, and so a rare rounding by one)."""
+    from gpu.kernels.int_gemm import int_dequantized
 
     g = torch.Generator(device="cuda").manual_seed(bits + group_size)
     stored = to_kernel_form(_int_groups(bits, group_size, kind, g, n=320, k=512), torch.bfloat16)
-    eye = torch.eye(512, device="cuda", dtype=torch.bfloat16)  # each output a single weight times one
-    tiles = tensor_core_tiles(512, 320, 512, f"int{bits}", num_sms(eye.device))
-    assert torch.equal(int_dequantized(stored, torch.bfloat16), int_gemm(eye, stored, tiles=tiles).T)
+    ours, reference = int_dequantized(stored, torch.bfloat16).float(), stored.int_groups().dequantize()
+    ulp = reference.abs().clamp_min(1e-30) * 2.0**-7
+    assert ((ours - reference.bfloat16().float()).abs() <= ulp).all()
+    assert (ours != reference.bfloat16().float()).float().mean() < 1e-3
 
 
 @pytest.mark.parametrize("rows", (1, 2, 3, 4, 8))
