@@ -16,6 +16,8 @@ float32 activations) take the magic in float32 (2^23 + level).
 
 The weight tile is the tensor cores' M side and x's rows their N side (as gpu/kernels/fp8_gemm.py's, with its tile
 rule, split-K and reduce); rows past M and N re-read the last valid row, never stored. CUDA-graph capturable.
+From DEQUANTIZED_MIN_ROWS rows a 16-bit product dequantizes the weight once instead (`int_dequantized`) and multiplies
+on cuBLAS.
 """
 
 from typing import TYPE_CHECKING
@@ -245,10 +247,10 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
 def _int_dequantize_kernel(
     q_ptr, s_ptr, z_ptr, o_ptr, perm_ptr, out_ptr, N, K, num_groups, stride_qn, stride_gn, stride_on,
     BITS: tl.constexpr, GROUP: tl.constexpr, ZERO: tl.constexpr, HAS_ZEROS: tl.constexpr, HAS_OFFSETS: tl.constexpr,
-    HAS_PERM: tl.constexpr, PACKED: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    HAS_PERM: tl.constexpr, USE_PDL: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    """One [BLOCK_N, BLOCK_K] tile of W in out's dtype, as the GEMM's main loop dequantizes it, stored at its columns
-    of x (through `perm` where the stored columns are sorted by group)."""
+    """One [BLOCK_N, BLOCK_K] tile of W in out's dtype, each weight computed in float32 and rounded once, stored at its
+    columns of x (through `perm` where the stored columns are sorted by group)."""
     pdl_start(USE_PDL)
     PER_WORD: tl.constexpr = 32 // BITS
     offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -259,14 +261,14 @@ def _int_dequantize_kernel(
     words = tl.load(q_ptr + rows_w[:, None] * stride_qn + word_cols[None, :],
                     mask=(word_cols * PER_WORD < K)[None, :], other=0)
     w = _dequantize(words, s_ptr, z_ptr, o_ptr, rows_w * stride_gn, k, num_groups, out_ptr.dtype.element_ty, BITS,
-                    GROUP, ZERO, HAS_ZEROS, HAS_OFFSETS, PACKED, BLOCK_N, BLOCK_K)
+                    GROUP, ZERO, HAS_ZEROS, HAS_OFFSETS, False, BLOCK_N, BLOCK_K)
     columns = tl.load(perm_ptr + tl.minimum(ks, K - 1)) if HAS_PERM else ks
     tl.store(out_ptr + offs_n[:, None].to(tl.int64) * stride_on + columns[None, :], w,
              mask=(offs_n < N)[:, None] & (ks < K)[None, :])
 
 
 def int_dequantized(weight: "IntWeight", dtype: torch.dtype, use_pdl: bool = True) -> torch.Tensor:
-    """W [N, K] in `dtype` (16-bit), in x's column order: each weight as the GEMM's main loop dequantizes it."""
+    """W [N, K] in `dtype` (16-bit), in x's column order, each weight rounded once (the reference's rounding)."""
     words, scales = weight.weight, weight.scales
     n, k = words.shape[0], words.shape[1] * 32 // weight.bits
     out = torch.empty((n, k), dtype=dtype, device=words.device)
@@ -277,8 +279,7 @@ def int_dequantized(weight: "IntWeight", dtype: torch.dtype, use_pdl: bool = Tru
         pointer_or(weight.perm, words), out, n, k, scales.shape[1], words.stride(0), scales.stride(0), out.stride(0),
         BITS=weight.bits, GROUP=weight.group, ZERO=weight.zero, HAS_ZEROS=weight.zeros is not None,
         HAS_OFFSETS=weight.offsets is not None, HAS_PERM=weight.perm is not None,
-        PACKED=False, USE_PDL=pdl, BLOCK_N=block_n, BLOCK_K=block_k,
-        num_warps=4, launch_pdl=pdl)
+        USE_PDL=pdl, BLOCK_N=block_n, BLOCK_K=block_k, num_warps=4, launch_pdl=pdl)
     return out
 
 

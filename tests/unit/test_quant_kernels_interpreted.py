@@ -119,6 +119,26 @@ def test_int_gemm_equals_the_dequantized_product(int_kernel: ModuleType, bits: i
     torch.testing.assert_close(stored.int_groups().dequantize(), groups.dequantize(), rtol=1e-3, atol=1e-4)
 
 
+@pytest.mark.parametrize(("bits", "group_size", "kind"), [
+    (4, 128, "symmetric"), (4, 32, "zeros"), (4, 32, "offsets"), (4, 64, "act-order"), (8, 16, "offsets")])
+def test_many_rows_multiply_the_weight_dequantized_once(int_kernel: ModuleType, bits: int, group_size: int,
+                                                        kind: str) -> None:
+    """From DEQUANTIZED_MIN_ROWS rows: the weight dequantized (float32, rounded once, in x's column order), then a
+    plain matmul; bias added."""
+    g = torch.Generator().manual_seed(bits + group_size)
+    n, k, m = 40, 256, int_kernel.DEQUANTIZED_MIN_ROWS
+    stored = to_kernel_form(_int_groups(bits, group_size, kind, n, k, g), torch.float16)
+    reference = stored.int_groups().dequantize()
+    dequantized = int_kernel.int_dequantized(stored, torch.float16)
+    assert (dequantized.float() - reference.half().float()).abs().max() <= reference.abs().max() * 2.0**-10
+    x = torch.randn(m, k, generator=g).half()
+    bias = torch.randn(n, generator=g).half()
+    out = torch.zeros(m, n + 8, dtype=torch.float16)
+    int_kernel.int_gemm(x, stored, bias, out=out[:, 4 : 4 + n])  # a column slice, as merged layers write
+    _close(out[:, 4 : 4 + n], x.float() @ reference.T + bias.float())
+    assert not out[:, :4].any() and not out[:, 4 + n :].any()
+
+
 @pytest.mark.parametrize("kind", gguf_blocks.TYPES)
 def test_gguf_blocks_through_the_int_kernel(int_kernel: ModuleType, kind: str) -> None:
     import gguf
