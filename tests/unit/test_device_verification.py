@@ -225,30 +225,45 @@ def test_stops_inside_an_accepted_run(plain_engine: LLMEngine, model_dir: Path) 
     assert want["r0"][1] is FinishReason.LENGTH and len(want["r0"][0]) == 48 - len(REPEATING[0])
 
 
-def test_stop_token_in_the_middle_of_an_accepted_run_is_hit(plain_engine: LLMEngine, model_dir: Path) -> None:
-    """The stop lands strictly inside what a step accepted (else the test above could pass by luck)."""
-    free = run(plain_engine, named(CODE_EDIT, greedy(80)))
-    engine = speculating_engine(model_dir)
-    booked: list[int] = []
+def _device_booked_chunks(engine: LLMEngine, prompt: list[int], params: SamplingParams) -> list[tuple[list[int], bool]]:
+    """One request's output, chunk by chunk in order, each with whether a step laid out on the device booked it."""
+    device_booked: list[RequestOutput] = []
     book = engine._book_device_step
 
     def record(step: _DeviceStep, next_num_drafts: int | None) -> list[RequestOutput]:
         outputs = book(step, next_num_drafts)
-        booked.extend(len(o.new_token_ids) for o in outputs)
+        device_booked.extend(outputs)
         return outputs
 
     engine._book_device_step = record  # type: ignore[method-assign]
-    run(engine, named(CODE_EDIT, greedy(80)))
-    runs = [n for n in booked if n >= 3]
-    assert runs, booked
-    tokens = free["r0"][0]
-    position = sum(booked[: booked.index(runs[0])]) + 1  # the second token of a run of 3 or more
-    stop_id = tokens[position]
-    if stop_id in tokens[:position]:
-        pytest.skip("the token occurs earlier: pick another model seed")
-    params = greedy(80, stop_token_ids=(stop_id,))
-    want = run(plain_engine, named(CODE_EDIT, params))
-    assert run(speculating_engine(model_dir), named(CODE_EDIT, params)) == want
+    engine.add_request("r0", prompt, params)
+    chunks = []
+    while engine.has_unfinished_requests():
+        chunks += [(o.new_token_ids, any(o is b for b in device_booked)) for o in engine.step()]
+    return chunks
+
+
+def test_stop_token_in_the_middle_of_an_accepted_run_is_hit(plain_engine: LLMEngine, model_dir: Path) -> None:
+    """The stop lands strictly inside what a step accepted (else the test above could pass by luck), on a token the
+    reply has not made before. The tiny model's replies repeat themselves, so a run accepted later copies tokens
+    the reply made earlier; the prompt ends with some of the reply's opening instead, so that a run copies them from
+    the prompt: the first opening length (of a few tried) that gives a run with a token new to the output inside."""
+    opening = run(plain_engine, named(CODE_EDIT, greedy(40)))["r0"][0]
+    for length in range(0, 41, 5):
+        prompt = CODE_EDIT[0] + opening[:length]
+        chunks = _device_booked_chunks(speculating_engine(model_dir), prompt, greedy(40))
+        tokens, inside, start = [t for ids, _ in chunks for t in ids], [], 0
+        for ids, on_device in chunks:
+            if on_device:  # positions with a token of the same step on either side
+                inside += [start + i for i in range(1, len(ids) - 1) if tokens[start + i] not in tokens[: start + i]]
+            start += len(ids)
+        if inside:
+            break
+    assert inside, "no opening length gave a run with a new token inside"
+    position = inside[0]
+    params = greedy(40, stop_token_ids=(tokens[position],))
+    want = run(plain_engine, {"r0": (prompt, params)})
+    assert run(speculating_engine(model_dir), {"r0": (prompt, params)}) == want
     assert want["r0"] == (tokens[: position + 1], FinishReason.STOP)
 
 
