@@ -202,7 +202,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
 
 def build_contenders(args: argparse.Namespace, model_dir: Path) -> list[Contender]:
     ours = itertools.product(filter(None, args.ours.split(",")), args.speculative.split(","))
-    return [Ours(model_dir, args.device, *spec, args.drafts) for spec in ours] + llama_cpp(args)
+    return [*(Ours(model_dir, args.device, *spec, args.drafts) for spec in ours), *llama_cpp(args)]
 
 
 def main(argv: list[str]) -> None:
