@@ -16,7 +16,7 @@ float32 activations) take the magic in float32 (2^23 + level).
 
 The weight tile is the tensor cores' M side and x's rows their N side (as gpu/kernels/fp8_gemm.py's, with its tile
 rule, split-K and reduce); rows past M and N re-read the last valid row, never stored. CUDA-graph capturable.
-From DEQUANTIZED_MIN_ROWS rows a 16-bit product dequantizes the weight once instead (`int_dequantized`) and multiplies
+From INT_CUBLAS_MIN_ROWS rows a 16-bit product dequantizes the weight once instead (`int_dequantized`) and multiplies
 on cuBLAS.
 """
 
@@ -32,6 +32,7 @@ from gpu.kernels.int4_row_gemv import int4_row_gemv, takes_row_gemv
 from gpu.kernels.int4_wide_gemv import int4_wide_gemv
 from gpu.kernels.pdl import pdl_start, uses_pdl
 from gpu.kernels.quant_gemm_configs import (
+    INT_CUBLAS_MIN_ROWS,
     GemvTiles,
     QuantTiles,
     Tiles,
@@ -49,10 +50,6 @@ if TYPE_CHECKING:
     from gpu.quant.int_weights import IntWeight
 
 PACKED_DTYPES = (torch.bfloat16, torch.float16)
-# Rows from which a 16-bit product dequantizes its weight once (a kernel writing it in x's dtype) and multiplies on
-# cuBLAS: the tensor-core kernel dequantizes every weight tile again for every tile of rows, and at prompt steps'
-# rows that arithmetic, not the weight's bytes, sets its time.
-DEQUANTIZED_MIN_ROWS = 256
 SUMS_MIN_GROUP = 128  # groups this wide or wider: scales on the sums (a product per group costs less than per weight)
 SUMS_MAX_ROWS = 32  # row tiles up to here: scales on the sums
 
@@ -191,7 +188,7 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     """x @ W.T (+ bias) for W in the kernel's form; `out` (an [M, N] view with unit stride along N) receives it.
     `tiles` (else quant_tiles' choice) picks the tensor-core kernel or the GEMV: one row of 4-bit weights that
     gpu/kernels/int4_row_gemv.py takes runs there (or in int4_wide_gemv.py, for its tiles), other rows in
-    gpu/kernels/quant_gemv.py. Without `tiles`, 16-bit x of DEQUANTIZED_MIN_ROWS rows or more multiplies the weight
+    gpu/kernels/quant_gemv.py. Without `tiles`, 16-bit x of INT_CUBLAS_MIN_ROWS rows or more multiplies the weight
     dequantized on cuBLAS."""
     m, k = x.shape
     words, scales = weight.weight, weight.scales
@@ -209,7 +206,7 @@ def int_gemm(x: torch.Tensor, weight: "IntWeight", bias: torch.Tensor | None = N
     y = torch.empty((m, n), dtype=x.dtype, device=x.device) if out is None else out
     if m == 0:
         return y
-    if tiles is None and m >= DEQUANTIZED_MIN_ROWS and x.dtype in PACKED_DTYPES:
+    if tiles is None and m >= INT_CUBLAS_MIN_ROWS and x.dtype in PACKED_DTYPES:
         w = int_dequantized(weight, x.dtype, use_pdl)
         return torch.mm(x, w.T, out=y) if bias is None else torch.addmm(bias, x, w.T, out=y)
     t = tiles or _chosen_tiles(x, weight)

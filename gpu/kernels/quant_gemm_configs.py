@@ -3,7 +3,8 @@
 `quant_tiles` is the one place that chooses: a per-GPU table keyed by (kind, row bucket, N, K) where a sweep
 (`python -m bench.kernels.skinny_gemm --weights fp8 --sweep`, or int4) measured one, else the rules below. Its answer is
 `GemvTiles` (gpu/kernels/quant_gemv.py's GEMV path), `WideGemvTiles` (int4_wide_gemv.py's) or `QuantTiles` (the
-tensor-core kernels).
+tensor-core kernels). Many rows leave the kernels for cuBLAS: FP8 from FP8_CUBLAS_MIN_ROWS, integers with 16-bit
+activations from INT_CUBLAS_MIN_ROWS (their weight dequantized once a call).
 
 GEMV rule, as the sweep measured it against the tensor-core rule: FP8 at one row takes the GEMV (it measured faster
 on every dense shape swept; at two rows on some and at four or more on none); 8-bit integers never (their GEMV
@@ -47,6 +48,10 @@ from gpu.kernels.device_tables import table_named
 from gpu.kernels.skinny_gemm_configs import row_bucket
 
 FP8_CUBLAS_MIN_ROWS = 65  # FP8 products of this many rows or more run in cuBLAS (gpu/quant/fp8.py); fewer, here
+# Integer products of 16-bit x from this many rows dequantize the weight once and run in cuBLAS (int_gemm.py): the
+# tensor-core kernel dequantizes every weight tile again for every tile of rows, and at prompt steps' rows that
+# arithmetic, not the weight's bytes, sets its time.
+INT_CUBLAS_MIN_ROWS = 256
 NUM_SMS_DEFAULT = 132  # an H100's multiprocessors: the tiles Triton's interpreter runs are those a GPU would
 GEMV_MAX_ROWS = {"fp8": 1, "int4": 1, "int8": 0}  # rows the GEMV rule takes per kind: the docstring's reasons
 ROW_GEMV_BLOCK_N = 4  # the 4-bit row GEMV's rows per program, each thread's: x converted once for 4 rows

@@ -19,6 +19,7 @@ import torch
 
 from gpu.kernels.quant_gemm_configs import (
     GEMV_MAX_SUMS,
+    INT_CUBLAS_MIN_ROWS,
     NARROW_INT4_MAX_ROWS,
     NARROW_INT4_MAX_WEIGHTS,
     SMALL_INT4_MAX,
@@ -123,10 +124,10 @@ def test_int_gemm_equals_the_dequantized_product(int_kernel: ModuleType, bits: i
     (4, 128, "symmetric"), (4, 32, "zeros"), (4, 32, "offsets"), (4, 64, "act-order"), (8, 16, "offsets")])
 def test_many_rows_multiply_the_weight_dequantized_once(int_kernel: ModuleType, bits: int, group_size: int,
                                                         kind: str) -> None:
-    """From DEQUANTIZED_MIN_ROWS rows: the weight dequantized (float32, rounded once, in x's column order), then a
+    """From INT_CUBLAS_MIN_ROWS rows: the weight dequantized (float32, rounded once, in x's column order), then a
     plain matmul; bias added."""
     g = torch.Generator().manual_seed(bits + group_size)
-    n, k, m = 40, 256, int_kernel.DEQUANTIZED_MIN_ROWS
+    n, k, m = 40, 256, INT_CUBLAS_MIN_ROWS
     stored = to_kernel_form(_int_groups(bits, group_size, kind, n, k, g), torch.float16)
     reference = stored.int_groups().dequantize()
     dequantized = int_kernel.int_dequantized(stored, torch.float16)
