@@ -1,5 +1,7 @@
 """The benchmark workloads: nano-vllm's shape, ranges, seeding, and the serving shape."""
 
+import random
+
 from bench.workload import PROMPT_ID_LIMIT, fixed_workload, multi_turn_chats, nano_vllm_workload
 
 
@@ -44,7 +46,9 @@ def test_a_range_ratio_draws_lengths_around_the_given_ones_and_none_keeps_the_ol
     assert min(prompt_lens) >= 50 and max(prompt_lens) <= 150 and min(output_lens) >= 10 and max(output_lens) <= 30
     assert len(set(prompt_lens)) > 50 and len(set(output_lens)) > 15  # spread over the range, not one length
     assert abs(sum(output_lens) / len(output_lens) - 20) < 1.5  # centred on the given length
-    assert fixed_workload(8, 1024, 128, seed=3, range_ratio=0.0) == fixed_workload(8, 1024, 128, seed=3)
+    rng = random.Random(3)  # ratio 0: the draw from before the option existed, every prompt token from one stream
+    old_draw = [[rng.randrange(PROMPT_ID_LIMIT) for _ in range(1024)] for _ in range(8)]
+    assert [r.prompt_token_ids for r in fixed_workload(8, 1024, 128, seed=3, range_ratio=0.0)] == old_draw
 
 
 def test_multi_turn_chats_share_the_system_prompt_and_grow_turn_by_turn() -> None:
