@@ -536,7 +536,8 @@ def w8a8_reference(model_dir: Path, group: int | None, static: float | None,
 
 # Formats whose tiny checkpoints flip near ties past the usual rate between two bf16 implementations, transformers'
 # own bf16 model against its float32 one included: W8A8 (an FP8 activation rounds a bf16 difference up to a whole FP8
-# step), and AWQ's 4-bit weights (the kernel keeps their scales in bf16, transformers rounds each weight once).
+# step), and AWQ's and GGUF's 4-bit weights (the kernel keeps a group's scale and offset in bf16, an error shared by
+# the group's weights, where transformers rounds each dequantized weight to bf16 on its own).
 FLIP_OFTEN = {"fp8-blocks", "fp8-tensor-static", "awq"}
 
 
@@ -562,4 +563,4 @@ def test_gguf_blocks_model_by_the_top5_rule(tmp_path: Path) -> None:
     blocks = gguf_checkpoint(path, tmp_path / "cache", "bfloat16", keep_blocks=True)
     dequantized = gguf_checkpoint(path, tmp_path / "cache", "float32")
     outputs = _serve_bf16(blocks).generate(PROMPTS, SamplingParams(temperature=0.0, max_tokens=MAX_NEW, logprobs=5))
-    assert_bf16_divergences_rare_near_ties(dequantized, PROMPTS, outputs)
+    assert_bf16_departs_no_more_than_transformers(dequantized, PROMPTS, outputs)
