@@ -65,41 +65,50 @@ class DecodeConfig:
 
 
 @triton.jit
-def _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n, offs_d, kv_head, cache_stride_b,
+def _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n, kv_head, cache_stride_b,
                   cache_stride_s, cache_stride_h, BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
                   HAS_WINDOW: tl.constexpr):
     """A tile's key positions, which of them are keys to attend (none where `tile` is past the segment's end), and
-    their K/V offsets [BLOCK_N, BLOCK_D] in the cache."""
+    each key's offset [BLOCK_N] in the cache (its head's first element)."""
     positions = tile * BLOCK_N + offs_n
     is_valid = positions < tl.minimum(context_len, tile_end * BLOCK_N)  # the segment ends on a tile's edge
     if HAS_WINDOW:
         is_valid &= positions >= first_key
     pages = tl.load(table_row + positions // BLOCK_SIZE, mask=is_valid, other=0)
     token_offsets = pages.to(tl.int64) * cache_stride_b + (positions % BLOCK_SIZE) * cache_stride_s
-    return positions, is_valid, (token_offsets + kv_head * cache_stride_h)[:, None] + offs_d[None, :]
+    return positions, is_valid, token_offsets + kv_head * cache_stride_h
 
 
 @triton.jit
-def _load_kv(cache_ptr, kv_offsets, is_loaded, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-             FROM_L2: tl.constexpr):
-    """The tile's rows where `is_loaded`, zeros elsewhere; FROM_L2: past this SM's L1 (.cg). Masked along tokens only
-    when head_dim fills the tile, so loads stay 16 bytes wide."""
-    if HEAD_DIM == BLOCK_D:
-        mask = is_loaded[:, None]
+def _load_kv(cache_ptr, key_offsets, is_loaded, offs_d, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+             FROM_L2: tl.constexpr, TRANSPOSED: tl.constexpr):
+    """The tile [BLOCK_N, BLOCK_D] (TRANSPOSED: [BLOCK_D, BLOCK_N]) of the keys where `is_loaded`, zeros elsewhere;
+    FROM_L2: past this SM's L1 (.cg). Masked along tokens only when head_dim fills the tile, so loads stay 16 bytes
+    wide. K is read transposed: q.k's second operand as the tensor cores take it, not transposed in registers (which
+    an FP8 tile would leave a byte at a time through shared memory)."""
+    if TRANSPOSED:
+        offsets = key_offsets[None, :] + offs_d[:, None]
+        mask = is_loaded[None, :]
+        if HEAD_DIM != BLOCK_D:
+            mask &= (offs_d < HEAD_DIM)[:, None]
     else:
-        mask = is_loaded[:, None] & (offs_d < HEAD_DIM)[None, :]
+        offsets = key_offsets[:, None] + offs_d[None, :]
+        mask = is_loaded[:, None]
+        if HEAD_DIM != BLOCK_D:
+            mask &= (offs_d < HEAD_DIM)[None, :]
     if FROM_L2:
-        return tl.load(cache_ptr + kv_offsets, mask=mask, other=0.0, cache_modifier=".cg")
-    return tl.load(cache_ptr + kv_offsets, mask=mask, other=0.0)
+        return tl.load(cache_ptr + offsets, mask=mask, other=0.0, cache_modifier=".cg")
+    return tl.load(cache_ptr + offsets, mask=mask, other=0.0)
 
 
 @triton.jit
-def _tile_probs(q, k, mask, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION: tl.constexpr,
+def _tile_probs(q, k_t, mask, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION: tl.constexpr,
                 HAS_SOFTCAP: tl.constexpr, MAY_BE_EMPTY: tl.constexpr):
-    """A K tile's unnormalized probabilities against the running max (base 2), the new max and the old sums' rescale.
-    `mask`: the keys each row attends ([1, BLOCK_N] where all rows share them). MAY_BE_EMPTY: a row may have none in
-    the tile and none before (its max stays -inf; its probabilities and rescale are zeros, not NaN)."""
-    dot = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+    """A K tile's ([BLOCK_D, BLOCK_N]) unnormalized probabilities against the running max (base 2), the new max and
+    the old sums' rescale. `mask`: the keys each row attends ([1, BLOCK_N] where all rows share them). MAY_BE_EMPTY: a
+    row may have none in the tile and none before (its max stays -inf; its probabilities and rescale are zeros, not
+    NaN)."""
+    dot = tl.dot(q, k_t, input_precision=DOT_PRECISION)
     scores = log2_scores(dot, scale_log2, softcap_in, softcap_out, HAS_SOFTCAP)  # [BLOCK_H, BLOCK_N]
     scores = tl.where(mask, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -107,6 +116,16 @@ def _tile_probs(q, k, mask, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECIS
     if MAY_BE_EMPTY:
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     return tl.exp2(scores - m_ref[:, None]), m_new, tl.exp2(m_i - m_ref)
+
+
+@triton.jit
+def _scaled_f16_query(q):
+    """q in float16, scaled by about a power of two that puts its largest magnitude near 2^13 (below float16's
+    largest; bf16's 8 mantissa bits fit float16's 11, so only values 2^27 below the largest lose bits), and the factor
+    that undoes the scaling on q.k."""
+    q = q.to(tl.float32)
+    shift = tl.floor(tl.log2(tl.maximum(tl.max(tl.max(tl.abs(q), 1), 0), 1e-30))) - 13.0
+    return (q * tl.exp2(-shift)).to(tl.float16), tl.exp2(shift)
 
 
 @triton.jit
@@ -159,6 +178,7 @@ def _decode_split_kernel(
     HAS_SINKS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     QUERIES: tl.constexpr,
+    FP8_AS_F16: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     # Everything up to the wait reads only what no kernel of this step writes (the lengths and block tables come
@@ -207,21 +227,25 @@ def _decode_split_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     hd_mask = is_row[:, None] & (offs_d < HEAD_DIM)[None, :]
 
-    positions, is_valid, kv_offsets = _tile_offsets(table_row, tile_begin, tile_end, context_len, first_key, offs_n,
-                                                    offs_d, kv_head, cache_stride_b, cache_stride_s, cache_stride_h,
-                                                    BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
+    positions, is_valid, key_offsets = _tile_offsets(table_row, tile_begin, tile_end, context_len, first_key, offs_n,
+                                                     kv_head, cache_stride_b, cache_stride_s, cache_stride_h,
+                                                     BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
     is_own = is_valid & (positions >= own_from)  # this step's tokens, stored by the kernel before
     is_settled = is_valid & (positions < own_from)
-    k_first = _load_kv(k_cache_ptr, kv_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False)
-    v_first = _load_kv(v_cache_ptr, kv_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False)
+    k_first = _load_kv(k_cache_ptr, key_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False, True)
+    v_first = _load_kv(v_cache_ptr, key_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False, False)
     pdl_start(USE_PDL)
     # Past the wait, from L2 (.cg): this SM's L1 holds nothing of the token, whose lines no load above touched.
-    k_own = _load_kv(k_cache_ptr, kv_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True)
-    v_own = _load_kv(v_cache_ptr, kv_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True)
-    k_first = tl.where(is_own[:, None], k_own, k_first)
+    k_own = _load_kv(k_cache_ptr, key_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True, True)
+    v_own = _load_kv(v_cache_ptr, key_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True, False)
+    k_first = tl.where(is_own[None, :], k_own, k_first)
     v_first = tl.where(is_own[:, None], v_own, v_first)
     q = tl.load(q_ptr + (query_rows * q_stride_t + heads * q_stride_h)[:, None] + offs_d[None, :], mask=hd_mask,
                 other=0.0)
+    if FP8_AS_F16:  # the tiles below convert to q's dtype: float16 now
+        q, q_scale = _scaled_f16_query(q)
+        scale_log2 = scale_log2 * q_scale
+        softcap_in = softcap_in * q_scale
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -233,15 +257,15 @@ def _decode_split_kernel(
         l_i = tl.sum(p, 1)
         acc = tl.dot(p.to(q.dtype), v_first.to(q.dtype), input_precision=DOT_PRECISION)
     for tile in range(tile_begin + 1, tile_end):
-        positions, is_valid, kv_offsets = _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n,
-                                                        offs_d, kv_head, cache_stride_b, cache_stride_s,
-                                                        cache_stride_h, BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
-        k = _load_kv(k_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
+        positions, is_valid, key_offsets = _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n,
+                                                         kv_head, cache_stride_b, cache_stride_s, cache_stride_h,
+                                                         BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
+        k = _load_kv(k_cache_ptr, key_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False, True).to(q.dtype)
         mask = _keys_mask(is_valid, positions, row_lens, row_first_keys, QUERIES, HAS_WINDOW)
         p, m_i, alpha = _tile_probs(q, k, mask, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION,
                                     HAS_SOFTCAP, QUERIES > 1)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv(v_cache_ptr, kv_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False).to(q.dtype)
+        v = _load_kv(v_cache_ptr, key_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False, False).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
 
     # l_i == 0 only for an empty segment or context: its output is zeros, its weight zero.
@@ -369,6 +393,7 @@ def decode_attention(
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         HAS_ROW_ORDER=has_row_order, HAS_WINDOW=variant.sliding_window is not None,
         HAS_SINKS=variant.sinks is not None, HAS_SOFTCAP=variant.softcap is not None, QUERIES=queries_per_row,
+        FP8_AS_F16=k_cache.dtype == torch.float8_e4m3fn and query.dtype != torch.float32,
         USE_PDL=pdl, num_warps=config.num_warps, num_stages=num_stages, launch_pdl=pdl,
     )
     if num_splits > 1:

@@ -144,6 +144,22 @@ def test_decode_and_prefill_read_an_fp8_cache() -> None:
     torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_decode_reads_an_fp8_cache_in_float16_for_a_16_bit_query() -> None:
+    """A bf16 query over an FP8 cache multiplies in float16 (the cache's values exact there, the query scaled into
+    float16's range by about a power of two): the float32 reference's output within bf16's rounding, and the same
+    for a query far past float16's largest value (65,504) with a scale as much smaller."""
+    query, k_cache, v_cache, tables, lens = paged_inputs(CONTEXT_LENS, seed=12)
+    k_cache, v_cache = _fp8(k_cache), _fp8(v_cache)
+    query = query.bfloat16()
+    expected = reference(query.float(), k_cache, v_cache, tables, lens, 0.2)
+    config = decode_module.DecodeConfig(block_n=16, num_splits=2)
+    out = decode_module.decode_attention(query, k_cache, v_cache, tables, lens, 0.2, config=config)
+    torch.testing.assert_close(out.float(), expected, atol=1e-2, rtol=1e-2)
+    huge = decode_module.decode_attention(query * 2.0**18, k_cache, v_cache, tables, lens, 0.2 / 2.0**18,
+                                          config=config)
+    torch.testing.assert_close(huge.float(), expected, atol=1e-2, rtol=1e-2)
+
+
 @triton.jit
 def _as_fp8_kernel(x_ptr, out_ptr, N: tl.constexpr):  # noqa: ANN001 - a Triton kernel
     offs = tl.arange(0, N)
