@@ -25,7 +25,11 @@ with the group's heads as one [queries x GROUP, head_dim] tile, so each K/V tile
 program per query would read it k + 1 times; each query's keys are masked to its own context (and window), and a query
 with no key in a segment gets an empty partial as above. Its outputs and partials are per query, as for decode rows.
 An FP8 cache (float8_e4m3fn) is read as it is, each tile converted to the query's dtype: its scales are the
-caller's (the softmax scale and the output, gpu/layers/attention.py).
+caller's (the softmax scale and the output, gpu/layers/attention.py). A 16-bit query over it multiplies in float16,
+the query scaled into float16's range by about a power of two (FP8 converts to float16 in one instruction a pair,
+to bf16 through float16), and its K tiles are read transposed, as q.k's second operand reaches the tensor cores:
+transposed in registers an 8-bit tile went through shared memory a byte a load. A bf16 cache's K tiles are read
+as stored and transposed on the way to the tensor cores, which measured faster for them.
 """
 
 import functools
@@ -84,8 +88,7 @@ def _load_kv(cache_ptr, key_offsets, is_loaded, offs_d, HEAD_DIM: tl.constexpr, 
              FROM_L2: tl.constexpr, TRANSPOSED: tl.constexpr):
     """The tile [BLOCK_N, BLOCK_D] (TRANSPOSED: [BLOCK_D, BLOCK_N]) of the keys where `is_loaded`, zeros elsewhere;
     FROM_L2: past this SM's L1 (.cg). Masked along tokens only when head_dim fills the tile, so loads stay 16 bytes
-    wide. K is read transposed: q.k's second operand as the tensor cores take it, not transposed in registers (which
-    an FP8 tile would leave a byte at a time through shared memory)."""
+    wide."""
     if TRANSPOSED:
         offsets = key_offsets[None, :] + offs_d[:, None]
         mask = is_loaded[None, :]
@@ -102,13 +105,16 @@ def _load_kv(cache_ptr, key_offsets, is_loaded, offs_d, HEAD_DIM: tl.constexpr, 
 
 
 @triton.jit
-def _tile_probs(q, k_t, mask, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION: tl.constexpr,
-                HAS_SOFTCAP: tl.constexpr, MAY_BE_EMPTY: tl.constexpr):
-    """A K tile's ([BLOCK_D, BLOCK_N]) unnormalized probabilities against the running max (base 2), the new max and
-    the old sums' rescale. `mask`: the keys each row attends ([1, BLOCK_N] where all rows share them). MAY_BE_EMPTY: a
-    row may have none in the tile and none before (its max stays -inf; its probabilities and rescale are zeros, not
-    NaN)."""
-    dot = tl.dot(q, k_t, input_precision=DOT_PRECISION)
+def _tile_probs(q, k, mask, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION: tl.constexpr,
+                HAS_SOFTCAP: tl.constexpr, MAY_BE_EMPTY: tl.constexpr, K_TRANSPOSED: tl.constexpr):
+    """A K tile's ([BLOCK_N, BLOCK_D], K_TRANSPOSED: [BLOCK_D, BLOCK_N]) unnormalized probabilities against the
+    running max (base 2), the new max and the old sums' rescale. `mask`: the keys each row attends ([1, BLOCK_N]
+    where all rows share them). MAY_BE_EMPTY: a row may have none in the tile and none before (its max stays -inf;
+    its probabilities and rescale are zeros, not NaN)."""
+    if K_TRANSPOSED:
+        dot = tl.dot(q, k, input_precision=DOT_PRECISION)
+    else:
+        dot = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     scores = log2_scores(dot, scale_log2, softcap_in, softcap_out, HAS_SOFTCAP)  # [BLOCK_H, BLOCK_N]
     scores = tl.where(mask, scores, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(scores, 1))
@@ -178,6 +184,7 @@ def _decode_split_kernel(
     HAS_SINKS: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     QUERIES: tl.constexpr,
+    K_TRANSPOSED: tl.constexpr,
     FP8_AS_F16: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -232,13 +239,16 @@ def _decode_split_kernel(
                                                      BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
     is_own = is_valid & (positions >= own_from)  # this step's tokens, stored by the kernel before
     is_settled = is_valid & (positions < own_from)
-    k_first = _load_kv(k_cache_ptr, key_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False, True)
+    k_first = _load_kv(k_cache_ptr, key_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False, K_TRANSPOSED)
     v_first = _load_kv(v_cache_ptr, key_offsets, is_settled, offs_d, HEAD_DIM, BLOCK_D, False, False)
     pdl_start(USE_PDL)
     # Past the wait, from L2 (.cg): this SM's L1 holds nothing of the token, whose lines no load above touched.
-    k_own = _load_kv(k_cache_ptr, key_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True, True)
+    k_own = _load_kv(k_cache_ptr, key_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True, K_TRANSPOSED)
     v_own = _load_kv(v_cache_ptr, key_offsets, is_own, offs_d, HEAD_DIM, BLOCK_D, True, False)
-    k_first = tl.where(is_own[None, :], k_own, k_first)
+    if K_TRANSPOSED:
+        k_first = tl.where(is_own[None, :], k_own, k_first)
+    else:
+        k_first = tl.where(is_own[:, None], k_own, k_first)
     v_first = tl.where(is_own[:, None], v_own, v_first)
     q = tl.load(q_ptr + (query_rows * q_stride_t + heads * q_stride_h)[:, None] + offs_d[None, :], mask=hd_mask,
                 other=0.0)
@@ -253,17 +263,17 @@ def _decode_split_kernel(
     if tile_begin < tile_end:  # an empty segment's all-masked tile would make the running max's rescale NaN
         mask = _keys_mask(is_valid, positions, row_lens, row_first_keys, QUERIES, HAS_WINDOW)
         p, m_i, alpha = _tile_probs(q, k_first.to(q.dtype), mask, m_i, scale_log2, softcap_in, softcap_out,
-                                    DOT_PRECISION, HAS_SOFTCAP, QUERIES > 1)  # an FP8 cache's tiles in q's dtype
+                                    DOT_PRECISION, HAS_SOFTCAP, QUERIES > 1, K_TRANSPOSED)  # tiles in q's dtype
         l_i = tl.sum(p, 1)
         acc = tl.dot(p.to(q.dtype), v_first.to(q.dtype), input_precision=DOT_PRECISION)
     for tile in range(tile_begin + 1, tile_end):
         positions, is_valid, key_offsets = _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n,
                                                          kv_head, cache_stride_b, cache_stride_s, cache_stride_h,
                                                          BLOCK_SIZE, BLOCK_N, HAS_WINDOW)
-        k = _load_kv(k_cache_ptr, key_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False, True).to(q.dtype)
+        k = _load_kv(k_cache_ptr, key_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False, K_TRANSPOSED).to(q.dtype)
         mask = _keys_mask(is_valid, positions, row_lens, row_first_keys, QUERIES, HAS_WINDOW)
         p, m_i, alpha = _tile_probs(q, k, mask, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION,
-                                    HAS_SOFTCAP, QUERIES > 1)
+                                    HAS_SOFTCAP, QUERIES > 1, K_TRANSPOSED)
         l_i = l_i * alpha + tl.sum(p, 1)
         v = _load_kv(v_cache_ptr, key_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False, False).to(q.dtype)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
@@ -393,6 +403,7 @@ def decode_attention(
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         HAS_ROW_ORDER=has_row_order, HAS_WINDOW=variant.sliding_window is not None,
         HAS_SINKS=variant.sinks is not None, HAS_SOFTCAP=variant.softcap is not None, QUERIES=queries_per_row,
+        K_TRANSPOSED=k_cache.dtype == torch.float8_e4m3fn,
         FP8_AS_F16=k_cache.dtype == torch.float8_e4m3fn and query.dtype != torch.float32,
         USE_PDL=pdl, num_warps=config.num_warps, num_stages=num_stages, launch_pdl=pdl,
     )

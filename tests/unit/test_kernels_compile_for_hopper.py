@@ -69,7 +69,7 @@ def test_decode_kernels_with_every_variant_switch(num_splits: int, queries: int)
     compile_for_hopper(decode_attention._decode_split_kernel, ATTENTION, dict(
         GROUP=8, HEAD_DIM=64, BLOCK_SIZE=16, BLOCK_H=16 if queries == 1 else 64, BLOCK_D=64, BLOCK_N=64,
         NUM_SPLITS=num_splits, DOT_PRECISION="tf32", HAS_ROW_ORDER=queries == 1, USE_PDL=False, QUERIES=queries,
-        FP8_AS_F16=False, **VARIANT_FLAGS))
+        K_TRANSPOSED=False, FP8_AS_F16=False, **VARIANT_FLAGS))
     compile_for_hopper(decode_attention._decode_reduce_kernel, ATTENTION, dict(
         HEAD_DIM=64, BLOCK_D=64, NUM_SPLITS=8, HAS_SINKS=True, USE_PDL=False))
 
@@ -119,7 +119,7 @@ def test_attention_kernels_read_and_write_an_fp8_cache() -> None:
     compile_for_hopper(decode_attention._decode_split_kernel, FP8_CACHE, dict(
         GROUP=8, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_H=16, BLOCK_D=128, BLOCK_N=64, NUM_SPLITS=4,
         DOT_PRECISION="tf32", HAS_ROW_ORDER=True, USE_PDL=True, HAS_WINDOW=False, HAS_SINKS=False, HAS_SOFTCAP=False,
-        QUERIES=1, FP8_AS_F16=True))
+        QUERIES=1, K_TRANSPOSED=True, FP8_AS_F16=True))
     compile_for_hopper(prefill_attention._prefill_kernel, FP8_CACHE, dict(
         GROUP=4, HEAD_DIM=128, BLOCK_SIZE=16, BLOCK_M=64, BLOCK_Q=16, BLOCK_D=128, BLOCK_N=64, DOT_PRECISION="tf32",
         HAS_WINDOW=False, HAS_SINKS=False, HAS_SOFTCAP=False))
