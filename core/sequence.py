@@ -30,6 +30,11 @@ class SequenceStatus(Enum):
     FINISHED = auto()
 
 
+# An Enum member read from its class goes through a descriptor; `is_finished`, asked of every row several times a
+# step, compares with this name instead.
+_FINISHED = SequenceStatus.FINISHED
+
+
 class Sequence:
     def __init__(self, request_id: str, prompt_token_ids: list[int], params: SamplingParams, max_tokens: int) -> None:
         self.request_id = request_id
@@ -107,7 +112,7 @@ class Sequence:
 
     @property
     def is_finished(self) -> bool:
-        return self.status is SequenceStatus.FINISHED
+        return self.status is _FINISHED
 
     def add_pending_token(self, row: int, is_last: bool) -> None:
         assert self.num_pending_tokens == 0, "a sequence is sampled again before its last token was resolved"
