@@ -536,8 +536,9 @@ def w8a8_reference(model_dir: Path, group: int | None, static: float | None,
 
 # Formats whose tiny checkpoints flip near ties past the usual rate between two bf16 implementations, transformers'
 # own bf16 model against its float32 one included: W8A8 (an FP8 activation rounds a bf16 difference up to a whole FP8
-# step), and AWQ's and GGUF's 4-bit weights (the kernel keeps a group's scale and offset in bf16, an error shared by
-# the group's weights, where transformers rounds each dequantized weight to bf16 on its own).
+# step), and AWQ's 4-bit weights (the kernel keeps a group's scale in bf16, an error shared by the group's weights,
+# where transformers rounds each dequantized weight to bf16 on its own). GGUF's blocks, whose kernel keeps a group's
+# scale and offset so, are held to the same rule by their own test below.
 FLIP_OFTEN = {"fp8-blocks", "fp8-tensor-static", "awq"}
 
 
