@@ -27,9 +27,10 @@ with no key in a segment gets an empty partial as above. Its outputs and partial
 An FP8 cache (float8_e4m3fn) is read as it is, each tile converted to the query's dtype: its scales are the
 caller's (the softmax scale and the output, gpu/layers/attention.py). A 16-bit query over it multiplies in float16,
 the query scaled into float16's range by about a power of two (FP8 converts to float16 in one instruction a pair,
-to bf16 through float16), and its K tiles are read transposed, as q.k's second operand reaches the tensor cores:
-transposed in registers an 8-bit tile went through shared memory a byte a load. A bf16 cache's K tiles are read
-as stored and transposed on the way to the tensor cores, which measured faster for them.
+to bf16 through float16), its K tiles are read transposed, as q.k's second operand reaches the tensor cores
+(transposed in registers an 8-bit tile went through shared memory a byte a load), and its V tiles are converted
+where loaded (`_in_dot_dtype`). A bf16 cache's K tiles are read as stored and transposed on the way to the tensor
+cores, which measured faster for them.
 """
 
 import functools
@@ -43,6 +44,7 @@ import triton.language as tl
 from gpu.attention.variant import PLAIN, AttentionVariant
 from gpu.kernels.attention_variant import LOG2_E, log2_scores, softcap_factors, with_sinks
 from gpu.kernels.pdl import pdl_start, uses_pdl
+from gpu.kernels.triton_math import IS_INTERPRETED
 
 # With at least NO_SPLIT_PROGRAMS_PER_SM (row, kv_head) programs per multiprocessor one split is best (more
 # programs already fill the GPU); below that, splitting up to about SPLIT_PROGRAMS_PER_SM programs per multiprocessor
@@ -122,6 +124,22 @@ def _tile_probs(q, k, mask, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECIS
     if MAY_BE_EMPTY:
         m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
     return tl.exp2(scores - m_ref[:, None]), m_new, tl.exp2(m_i - m_ref)
+
+
+@triton.jit
+def _in_dot_dtype(v, q, FP8_AS_F16: tl.constexpr):
+    """A V tile in q's dtype. An FP8 one in float16 (FP8_AS_F16) is converted four values a call to two
+    `cvt.rn.f16x2.e4m3x2`, an operation not marked pure, which Triton then keeps where the tile was loaded: the P.V
+    product needs V transposed, which a 16-bit tile gets from shared memory in `ldmatrix.trans`, where an 8-bit one
+    converted past the transposition (Triton's own conversion, which it moves there) left it a byte a load."""
+    if not FP8_AS_F16:
+        return v.to(q.dtype)
+    elif IS_INTERPRETED:
+        return v.to(tl.float16)
+    else:
+        return tl.inline_asm_elementwise(
+            "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
+            "=r,=r,r", [v.to(tl.uint8, bitcast=True)], dtype=tl.float16, is_pure=False, pack=4)
 
 
 @triton.jit
@@ -265,7 +283,7 @@ def _decode_split_kernel(
         p, m_i, alpha = _tile_probs(q, k_first.to(q.dtype), mask, m_i, scale_log2, softcap_in, softcap_out,
                                     DOT_PRECISION, HAS_SOFTCAP, QUERIES > 1, K_TRANSPOSED)  # tiles in q's dtype
         l_i = tl.sum(p, 1)
-        acc = tl.dot(p.to(q.dtype), v_first.to(q.dtype), input_precision=DOT_PRECISION)
+        acc = tl.dot(p.to(q.dtype), _in_dot_dtype(v_first, q, FP8_AS_F16), input_precision=DOT_PRECISION)
     for tile in range(tile_begin + 1, tile_end):
         positions, is_valid, key_offsets = _tile_offsets(table_row, tile, tile_end, context_len, first_key, offs_n,
                                                          kv_head, cache_stride_b, cache_stride_s, cache_stride_h,
@@ -275,7 +293,8 @@ def _decode_split_kernel(
         p, m_i, alpha = _tile_probs(q, k, mask, m_i, scale_log2, softcap_in, softcap_out, DOT_PRECISION,
                                     HAS_SOFTCAP, QUERIES > 1, K_TRANSPOSED)
         l_i = l_i * alpha + tl.sum(p, 1)
-        v = _load_kv(v_cache_ptr, key_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False, False).to(q.dtype)
+        v = _in_dot_dtype(_load_kv(v_cache_ptr, key_offsets, is_valid, offs_d, HEAD_DIM, BLOCK_D, False, False), q,
+                          FP8_AS_F16)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
 
     # l_i == 0 only for an empty segment or context: its output is zeros, its weight zero.

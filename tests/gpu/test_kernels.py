@@ -174,6 +174,25 @@ def test_decode_other_dtypes(dtype: torch.dtype) -> None:
     assert_matches(out, b.reference(0.08), f"decode {dtype}", max_rel=1e-2 if dtype == torch.float16 else 1e-5)
 
 
+@pytest.mark.parametrize("num_splits", [1, 4])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_reads_an_fp8_cache(dtype: torch.dtype, num_splits: int) -> None:
+    """A 16-bit query over an FP8 cache (its tiles in float16, V converted where loaded): the reference's output over
+    the cache's values, at several tile shapes and one query far past float16's range."""
+    b = make_batch([1] * 5, [1, 100, 2000, 37, 1024], Shape(16, 128, 4, 2), dtype=dtype)
+    b.k_cache, b.v_cache = b.k_cache.to(torch.float8_e4m3fn), b.v_cache.to(torch.float8_e4m3fn)
+    expected = reference_attention(b.query.float(), b.k_cache.float(), b.v_cache.float(), b.query_start_loc,
+                                   b.context_lens, b.block_tables, 0.08)
+    for block_n, num_stages in ((64, None), (128, 2), (32, 3)):
+        out = torch.full_like(b.query, float("nan"))
+        config = DecodeConfig(block_n=block_n, num_stages=num_stages, num_splits=num_splits)
+        decode_attention(b.query, b.k_cache, b.v_cache, b.block_tables, b.context_lens, 0.08, out=out, config=config)
+        assert_matches(out, expected, f"decode fp8 {dtype} {block_n} {num_stages} {num_splits}")
+    if dtype == torch.bfloat16:
+        huge = decode_attention(b.query * 2.0**20, b.k_cache, b.v_cache, b.block_tables, b.context_lens, 0.08 / 2**20)
+        assert_matches(huge, expected, "decode fp8, a query past float16's range")
+
+
 def test_decode_replays_in_a_cuda_graph_with_new_lengths() -> None:
     """Captured once; lengths, tables and queries change in place between replays."""
     shape, batch = Shape(16, 128, 2, 8), 32
