@@ -55,8 +55,10 @@ SPLIT_PROGRAMS_PER_SM = 4
 MIN_SPLIT_TOKENS = 64
 MAX_SPLITS = 64
 # Software-pipelining stages of the split kernel. A split launch (few rows) walks one or a few tiles per
-# program, where deeper pipelining only delays the first tile; unsplit launches walk many and keep three.
+# program, where deeper pipelining only delays the first tile; unsplit launches walk many and keep three, or two
+# over an FP8 cache, whose tiles are converted in registers as they are loaded and leave less to overlap.
 UNSPLIT_NUM_STAGES = 3
+UNSPLIT_FP8_NUM_STAGES = 2
 SPLIT_NUM_STAGES = 1
 
 
@@ -66,7 +68,7 @@ class DecodeConfig:
 
     block_n: int = 64  # KV tokens per tile
     num_warps: int = 4
-    num_stages: int | None = None  # None: SPLIT_NUM_STAGES for a split launch, UNSPLIT_NUM_STAGES otherwise
+    num_stages: int | None = None  # None: _default_num_stages()
     num_splits: int | None = None  # None: choose_num_splits(); a power of two otherwise
 
 
@@ -370,6 +372,12 @@ def choose_num_splits(num_rows: int, num_kv_heads: int, max_context_tokens: int,
     return 1 << int(math.log2(splits))  # a power of two: few compiled variants, and arange-able
 
 
+def _default_num_stages(num_splits: int, is_fp8: bool) -> int:
+    if num_splits > 1:
+        return SPLIT_NUM_STAGES
+    return UNSPLIT_FP8_NUM_STAGES if is_fp8 else UNSPLIT_NUM_STAGES
+
+
 def decode_attention(
     query: torch.Tensor,  # [num_rows, num_heads, head_dim], one token per row
     k_cache: torch.Tensor,  # [num_blocks, block_size, num_kv_heads, head_dim]
@@ -406,7 +414,8 @@ def decode_attention(
         partial_lse = torch.empty(num_rows, num_heads, num_splits, dtype=torch.float32, device=query.device)
     else:
         partial_out = partial_lse = out  # unused by the kernel's single-split path
-    num_stages = config.num_stages or (SPLIT_NUM_STAGES if num_splits > 1 else UNSPLIT_NUM_STAGES)
+    is_fp8 = k_cache.dtype == torch.float8_e4m3fn
+    num_stages = config.num_stages or _default_num_stages(num_splits, is_fp8)
     # One row needs no launch order, and reading it would put a load before every other load of the kernel.
     has_row_order = row_order is not None and num_rows > 1 and queries_per_row == 1
     pdl = uses_pdl(use_pdl, query)
@@ -422,8 +431,7 @@ def decode_attention(
         NUM_SPLITS=num_splits, DOT_PRECISION="ieee" if query.dtype == torch.float32 else "tf32",
         HAS_ROW_ORDER=has_row_order, HAS_WINDOW=variant.sliding_window is not None,
         HAS_SINKS=variant.sinks is not None, HAS_SOFTCAP=variant.softcap is not None, QUERIES=queries_per_row,
-        K_TRANSPOSED=k_cache.dtype == torch.float8_e4m3fn,
-        FP8_AS_F16=k_cache.dtype == torch.float8_e4m3fn and query.dtype != torch.float32,
+        K_TRANSPOSED=is_fp8, FP8_AS_F16=is_fp8 and query.dtype != torch.float32,
         USE_PDL=pdl, num_warps=config.num_warps, num_stages=num_stages, launch_pdl=pdl,
     )
     if num_splits > 1:
