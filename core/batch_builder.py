@@ -67,6 +67,7 @@ def build_batch(scheduled: list[ScheduledSequence], block_size: int, eos_token_i
         batch.query_lens.append(end - start)
         batch.context_lens.append(end)
         batch.block_tables.append(block_ids)
+        batch.table_epochs.append(seq.table_epoch)
         if linear_states is not None:
             _add_state_slot(seq, start, end, num_drafts, linear_states, batch)
         if seq.pooling is not None:

@@ -24,6 +24,11 @@ kind of group answers the same questions: a linear-attention group (one recurren
 full block for hits) would have a first kept block of the hit's last one (the snapshot the hit resumes from) and
 release the older ones.
 
+Table epochs: every change the manager makes to a sequence's tables (admitting, appending blocks, a windowed group's
+release, giving back a tail, freeing) gives the sequence a new `table_epoch`, from one counter of the process, so no
+two states of any tables share a number; a runner that wrote a row's table at some epoch rewrites it only when the
+row's epoch is another (gpu/host_to_device.py's WrittenTables).
+
 Invariants, per group: a block is in exactly one of {in use (ref > 0), free (ref 0, no key), evictable (ref 0,
 keyed)}; at idle every ref count is 0 and free + evictable = total. In a sequence's windowed table the null entries
 are a prefix.
@@ -34,10 +39,13 @@ from array import array
 from collections import OrderedDict, deque
 from collections.abc import Sequence as Sequence_
 from dataclasses import dataclass
-from itertools import accumulate
+from itertools import accumulate, count
 
 from core.sequence import Sequence
 from gpu.kv_cache_groups import KVCacheGroup
+
+# One counter for the process: engines (and restarted ones) never hand out the same epoch.
+_TABLE_EPOCHS = count(1)
 
 
 def block_key(parent_key: bytes | None, token_ids: list[int]) -> bytes:
@@ -123,14 +131,19 @@ class BlockPool:
         out_of_window = self._blocks_out_of_window(table, next_position)
         return needed - sum(1 for index in out_of_window if self.ref_counts[table[index]] == 1)
 
-    def append(self, table: list[int], next_position: int, num_tokens: int) -> None:
-        """Releases the table's blocks before the window of `next_position`, then covers `num_tokens` tokens."""
+    def append(self, table: list[int], next_position: int, num_tokens: int) -> bool:
+        """Releases the table's blocks before the window of `next_position`, then covers `num_tokens` tokens;
+        whether the table changed."""
+        changed = False
         if self.sliding_window is not None:
             for index in self._blocks_out_of_window(table, next_position):
                 self._release(table[index])
                 table[index] = self.null_block  # type: ignore[assignment]
+                changed = True
         for _ in range(-(-num_tokens // self.block_size) - len(table)):
             table.append(self._take_block())
+            changed = True
+        return changed
 
     def release_tail(self, table: list[int], num_kept: int) -> None:
         """Gives back the table's blocks past its first `num_kept` (those of rejected draft tokens): never keyed, as
@@ -252,6 +265,7 @@ class BlockManager:
         for pool, table in zip(self.pools, hit.block_tables, strict=True):
             pool.hold(table)
         seq.block_tables = [list(table) for table in hit.block_tables]
+        seq.table_epoch = next(_TABLE_EPOCHS)
         seq.block_keys = list(hit.keys)
         seq.num_computed_tokens = hit.num_blocks * self.block_size
 
@@ -272,9 +286,12 @@ class BlockManager:
         start = seq.num_computed_tokens
         end = start + num_new_tokens
         num_blocks = -(-end // self.block_size)
+        changed = False
         for pool, table in zip(self.pools, seq.block_tables, strict=True):
             if num_blocks > len(table) or pool.sliding_window is not None:  # else nothing to do (most decodes)
-                pool.append(table, start, end)
+                changed = pool.append(table, start, end) or changed
+        if changed:
+            seq.table_epoch = next(_TABLE_EPOCHS)
         if self.enable_prefix_caching and min(end, len(seq.token_ids)) // self.block_size > len(seq.block_keys):
             self._key_full_blocks(seq, end)
 
@@ -285,6 +302,7 @@ class BlockManager:
         num_kept = -(-num_tokens // self.block_size)
         for pool, table in zip(self.pools, seq.block_tables, strict=True):
             pool.release_tail(table, num_kept)
+        seq.table_epoch = next(_TABLE_EPOCHS)
 
     def free(self, seq: Sequence, keep_cached: bool = True) -> None:
         """Drops the sequence's references in every group (`keep_cached`: see BlockPool.free); a waiting sequence
@@ -292,6 +310,7 @@ class BlockManager:
         for pool, table in zip(self.pools, seq.block_tables, strict=False):
             pool.free(table, keep_cached)
         seq.block_tables = []
+        seq.table_epoch = next(_TABLE_EPOCHS)
         seq.block_keys = []
 
     def _cached_chain(self, seq: Sequence) -> list[bytes]:

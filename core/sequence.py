@@ -48,6 +48,7 @@ class Sequence:
         self.num_cached_prompt_tokens = 0  # prompt tokens served from the prefix cache at first admission
         # One block table per KV-cache group (core/block_manager.py), empty while it holds no blocks.
         self.block_tables: list[list[int]] = []
+        self.table_epoch = 0  # the state its block tables are in (core/block_manager.py sets it at each change)
         self.block_keys: list[bytes] = []  # prefix-cache keys of the full blocks it holds, in order
         # The keys of its first full blocks of known tokens, computed once (tokens are only appended): a waiting
         # sequence is matched against the prefix cache at every step until it is admitted, and again after a preemption.

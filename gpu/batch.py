@@ -144,6 +144,10 @@ class Batch:
     query_lens: list[int]  # [num_rows]
     context_lens: list[int]  # [num_rows], tokens in the cache once this step's K/V are written
     block_tables: list[list[int]] | PackedBlockTables  # [num_rows][blocks of that row]
+    # [num_rows] each row's table epoch (core/block_manager.py: a number that names one state of a sequence's block
+    # tables, every group's, and no other), with which a runner rewrites only the rows whose tables changed since
+    # it last wrote them; empty: not known (every row is written).
+    table_epochs: list[int] = field(default_factory=list)
     # [num_rows]; None for a prefill chunk that ends before the prompt does (nothing to sample).
     sampling: list[RowSampling | None] = field(default_factory=list)
     # Tokens the host does not know yet: token_ids[fed_back_token_indices[i]] (a placeholder) is the

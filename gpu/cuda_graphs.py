@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata
 from gpu.batch import Batch
-from gpu.host_to_device import to_device, write_block_tables
+from gpu.host_to_device import WrittenTables, to_device
 from gpu.pending_step import feed_back_tokens
 
 if TYPE_CHECKING:
@@ -247,6 +247,7 @@ class PinnedMirror:
         self.int32 = torch.zeros(int32.shape, dtype=int32.dtype, pin_memory=on_cuda)
         self.copied: torch.cuda.Event | _CopiedAtOnce = torch.cuda.Event() if on_cuda else _CopiedAtOnce()
         self.copied.record()
+        self.written_tables = WrittenTables()  # what its block-table region holds
 
 
 class MirrorPair(Generic[Mirror]):
@@ -301,8 +302,8 @@ class _HostMirror(PinnedMirror):
             int64[5, rows:bucket] = 0
             int32[2 * n : 2 * n + rows] = temperatures.view(np.int32)
             int32[2 * n + rows : 2 * n + bucket] = 0  # the bits of 0.0
-        # Entries past a row's blocks keep older (valid) block ids.
-        for group, tables in enumerate([batch.block_tables, *(g.block_tables for g in batch.other_groups)]):
-            start = 3 * n + group * n * max_blocks
-            write_block_tables(int32[start : start + bucket * max_blocks].reshape(bucket, max_blocks), tables)
+        # Entries past a row's blocks keep older (valid) block ids; rows whose tables did not change keep theirs.
+        group_tables = [batch.block_tables, *(g.block_tables for g in batch.other_groups)]
+        tables = int32[3 * n : 3 * n + len(group_tables) * n * max_blocks].reshape(len(group_tables), n, max_blocks)
+        self.written_tables.write(tables, group_tables, batch.table_epochs, (n, max_blocks, len(group_tables)))
         return 3 * n + bucket * max_blocks

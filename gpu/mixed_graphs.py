@@ -39,7 +39,7 @@ import torch
 from gpu.attention.metadata import AttentionMetadata, LinearStateMetadata
 from gpu.batch import Batch
 from gpu.cuda_graphs import ForwardFn, MemoryPool, MirrorPair, PinnedMirror, StaticArgs, capture_graphs
-from gpu.host_to_device import write_block_tables
+from gpu.host_to_device import WrittenTables, write_block_tables
 from gpu.pending_step import feed_back_tokens
 from gpu.state_cache import fill_padded_rows, padded_rows, padded_rows_size
 
@@ -128,9 +128,11 @@ def int32_size(rows: int, max_blocks: int, num_groups: int = 1) -> int:
 
 
 def fill_host_inputs(int64: np.ndarray, int32: np.ndarray, batch: Batch, bucket: int, rows_cap: int,
-                     max_blocks: int, linear: LinearRows | None = None) -> tuple[int, int]:
+                     max_blocks: int, linear: LinearRows | None = None, written: WrittenTables | None = None
+                     ) -> tuple[int, int]:
     """Writes the batch, padded to the bucket, into flat host arrays laid out as StaticInputs' bucket views (with
-    `linear`, the rows' state inputs too); returns how many leading int64 and int32 entries to copy."""
+    `linear`, the rows' state inputs too); returns how many leading int64 and int32 entries to copy. `written`: what
+    the arrays' block-table region holds from earlier fills (None: every row is written)."""
     n, rows = len(batch.token_ids), batch.num_rows
     num_groups = 1 + len(batch.other_groups)
     fields = int64[: (4 + num_groups) * bucket].reshape(4 + num_groups, bucket)
@@ -150,8 +152,12 @@ def fill_host_inputs(int64: np.ndarray, int32: np.ndarray, batch: Batch, bucket:
     context_lens[:rows], context_lens[rows:] = batch.context_lens, 0
     num_int32 = int32_size(rows_cap, max_blocks, num_groups)
     tables = int32[2 * rows_cap + 1 : num_int32].reshape(num_groups, rows_cap, max_blocks)
-    for group, group_tables in enumerate([batch.block_tables, *(g.block_tables for g in batch.other_groups)]):
-        write_block_tables(tables[group, :rows], group_tables)  # padding rows' entries are never read
+    group_tables = [batch.block_tables, *(g.block_tables for g in batch.other_groups)]
+    if written is None:
+        for group, rows_tables in enumerate(group_tables):
+            write_block_tables(tables[group, :rows], rows_tables)  # padding rows' entries are never read
+    else:
+        written.write(tables, group_tables, batch.table_epochs, (rows_cap, max_blocks, num_groups))
     if linear is None:
         return (4 + num_groups) * bucket, num_int32
     num_state = fill_linear_rows(int64, int32, batch, bucket, rows_cap, max_blocks, num_groups, linear)
@@ -238,7 +244,7 @@ class MixedGraphs:
         bucket, rows = key
         mirror = self._mirrors.next()
         num_int64, num_int32 = fill_host_inputs(mirror.int64.numpy(), mirror.int32.numpy(), batch, bucket, rows,
-                                                self.inputs.max_blocks, self.inputs.linear)
+                                                self.inputs.max_blocks, self.inputs.linear, mirror.written_tables)
         self.inputs.int64[:num_int64].copy_(mirror.int64[:num_int64], non_blocking=True)
         self.inputs.int32[:num_int32].copy_(mirror.int32[:num_int32], non_blocking=True)
         mirror.copied.record()

@@ -320,3 +320,35 @@ def test_a_waiting_sequence_hashes_its_blocks_once(monkeypatch) -> None:  # noqa
     admit(bm, seq)
     assert len(calls) == 9 and seq.block_keys == seq.chain_keys[:9]
     assert seq.block_keys[1] == block_key(block_key(None, [0, 1, 2, 3]), [4, 5, 6, 7])
+
+
+def test_every_change_to_a_sequences_tables_gives_it_an_epoch_no_state_had() -> None:
+    """Admitting, a new block, a windowed release, giving back a tail and freeing each give a new epoch; a step that
+    changes no table (a decode whose token fits its blocks, the window releasing nothing) keeps it, so a runner
+    rewrites nothing. Epochs are unique across managers."""
+    bm, other = full_and_windowed(16, 16), full_attention(8)
+    seq, elsewhere = make_seq([1, 2, 3]), make_seq([1, 2, 3], "s")
+    seen = {seq.table_epoch}
+
+    def changed() -> bool:
+        fresh = seq.table_epoch not in seen
+        seen.add(seq.table_epoch)
+        return fresh
+
+    admit(bm, seq)
+    assert changed()
+    kinds = set()
+    for token in range(4, 16):
+        before = [list(table) for table in seq.block_tables]
+        decode(bm, seq, token)
+        grew = len(seq.block_tables[0]) > len(before[0])
+        released = seq.block_tables[1][: len(before[1])] != before[1]
+        kinds.add((grew, released))
+        assert changed() == (grew or released)
+    assert {(False, False), (True, False), (False, True)} <= kinds  # each kind of step occurred
+    bm.release_tail(seq, seq.num_tokens - 1)
+    assert changed()
+    admit(other, elsewhere)
+    assert elsewhere.table_epoch not in seen
+    bm.free(seq)
+    assert changed()

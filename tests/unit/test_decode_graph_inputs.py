@@ -26,6 +26,7 @@ def unpinned_mirrors(monkeypatch: pytest.MonkeyPatch) -> None:
     def init(self: cuda_graphs.PinnedMirror, int64: torch.Tensor, int32: torch.Tensor) -> None:
         self.int64, self.int32 = torch.zeros_like(int64), torch.zeros_like(int32)
         self.copied = _NoEvent()
+        self.written_tables = cuda_graphs.WrittenTables()
 
     monkeypatch.setattr(cuda_graphs.PinnedMirror, "__init__", init)
 
