@@ -16,8 +16,38 @@ import triton
 import triton.language as tl
 
 from gpu.kernels.pdl import pdl_start, uses_pdl
+from gpu.kernels.triton_math import add
 
 MAX_HIDDEN = 32768
+
+
+@triton.jit
+def normed_row(
+    x_ptr, residual_ptr, weight_ptr, sum_ptr, row, columns, x_stride, residual_stride, eps,
+    DTYPE: tl.constexpr, HIDDEN: tl.constexpr, BLOCK: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+    WEIGHT_OFFSET: tl.constexpr, SCALES_IN_FLOAT32: tl.constexpr,
+):
+    """Row `row`'s norm(x + residual) [BLOCK] in DTYPE, rounded as the reference rounds it, after storing
+    x + residual into sum_ptr's row where there is a residual. Only the first `columns` (HIDDEN, or 0 for a row
+    that is none of x's) are read and stored: zeros past them."""
+    cols = tl.arange(0, BLOCK)
+    mask = cols < columns
+    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
+    if HAS_RESIDUAL:
+        residual = tl.load(residual_ptr + row * residual_stride + cols, mask=mask, other=0.0).to(tl.float32)
+        # Rounded before the norm: the torch path adds in the model dtype, and this sum is also the
+        # residual stream the next block reads.
+        x = (x + residual).to(DTYPE)
+        tl.store(sum_ptr + row * HIDDEN + cols, x, mask=mask)
+        x = x.to(tl.float32)
+    variance = tl.reduce(x * x, 0, add) / HIDDEN  # tl.sum's reduction, which the interpreter runs nested
+    normed = x * tl.math.rsqrt(variance + eps)
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if SCALES_IN_FLOAT32:
+        out = normed * (WEIGHT_OFFSET + weight)
+    else:
+        out = weight * normed.to(DTYPE).to(tl.float32)
+    return out.to(DTYPE)
 
 
 @triton.jit
@@ -40,24 +70,9 @@ def _rms_norm_kernel(
     pdl_start(USE_PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
-    mask = cols < HIDDEN
-    dtype = out_ptr.dtype.element_ty
-    x = tl.load(x_ptr + row * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        residual = tl.load(residual_ptr + row * residual_stride + cols, mask=mask, other=0.0).to(tl.float32)
-        # Rounded before the norm: the torch path adds in the model dtype, and this sum is also the
-        # residual stream the next block reads.
-        x = (x + residual).to(dtype)
-        tl.store(sum_ptr + row * HIDDEN + cols, x, mask=mask)
-        x = x.to(tl.float32)
-    variance = tl.sum(x * x, axis=0) / HIDDEN
-    normed = x * tl.math.rsqrt(variance + eps)
-    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    if SCALES_IN_FLOAT32:
-        out = normed * (WEIGHT_OFFSET + weight)
-    else:
-        out = weight * normed.to(dtype).to(tl.float32)
-    tl.store(out_ptr + row * HIDDEN + cols, out.to(dtype), mask=mask)
+    out = normed_row(x_ptr, residual_ptr, weight_ptr, sum_ptr, row, HIDDEN, x_stride, residual_stride, eps,
+                     out_ptr.dtype.element_ty, HIDDEN, BLOCK, HAS_RESIDUAL, WEIGHT_OFFSET, SCALES_IN_FLOAT32)
+    tl.store(out_ptr + row * HIDDEN + cols, out, mask=cols < HIDDEN)
 
 
 def rms_norm(
@@ -70,7 +85,7 @@ def rms_norm(
     scales_in_float32: bool = False,  # ... in float32, rounded once
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Returns (norm(x + residual), x + residual); without a residual, (norm(x), x)."""
-    _check(x, weight, residual)
+    check_norm_inputs(x, weight, residual)
     num_tokens, hidden = x.shape
     out = torch.empty((num_tokens, hidden), dtype=x.dtype, device=x.device)
     summed = torch.empty_like(out) if residual is not None else x
@@ -88,14 +103,18 @@ def rms_norm(
         SCALES_IN_FLOAT32=scales_in_float32,
         USE_PDL=pdl,
         launch_pdl=pdl,
-        # About 8 elements (16 bytes of bf16) per thread and load, up to 16 warps.
-        num_warps=min(max(block // 256, 1), 16),
+        num_warps=norm_warps(block),
         enable_fp_fusion=False,  # no mul+add into one FMA: torch rounds the product first
     )
     return out, summed
 
 
-def _check(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
+def norm_warps(block: int) -> int:
+    """About 8 elements (16 bytes of bf16) per thread and load, up to 16 warps."""
+    return min(max(block // 256, 1), 16)
+
+
+def check_norm_inputs(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None) -> None:
     if x.dim() != 2 or x.stride(1) != 1:
         raise ValueError(f"x must be 2-d [num_tokens, hidden] with unit stride along hidden, got {tuple(x.shape)} "
                          f"strides {x.stride()}")

@@ -18,6 +18,20 @@ ACTIVATIONS = ("silu", "gelu_tanh")
 
 
 @triton.jit
+def gated_chunk(x_row, cols, mask, INTERMEDIATE: tl.constexpr, IS_GELU_TANH: tl.constexpr, DTYPE: tl.constexpr):
+    """act(gate) * up at columns `cols` of one row of [gate; up] (x_row: its first element), in DTYPE, rounded where
+    the reference rounds (zeros where not `mask`)."""
+    gate = tl.load(x_row + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_row + INTERMEDIATE + cols, mask=mask, other=0.0).to(tl.float32)
+    if IS_GELU_TANH:
+        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)  # sqrt(2 / pi) (g + 0.044715 g^3)
+        activated = (0.5 * gate * (1.0 + tanh(inner))).to(DTYPE).to(tl.float32)
+    else:
+        activated = (gate / (1.0 + tl.exp(-gate))).to(DTYPE).to(tl.float32)
+    return (activated * up).to(DTYPE)
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     x_ptr,
     out_ptr,
@@ -31,15 +45,8 @@ def _silu_and_mul_kernel(
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < INTERMEDIATE
-    dtype = out_ptr.dtype.element_ty
-    gate = tl.load(x_ptr + token * x_stride + cols, mask=mask, other=0.0).to(tl.float32)
-    up = tl.load(x_ptr + token * x_stride + INTERMEDIATE + cols, mask=mask, other=0.0).to(tl.float32)
-    if IS_GELU_TANH:
-        inner = 0.7978845608028654 * (gate + 0.044715 * gate * gate * gate)  # sqrt(2 / pi) (g + 0.044715 g^3)
-        activated = (0.5 * gate * (1.0 + tanh(inner))).to(dtype).to(tl.float32)
-    else:
-        activated = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
-    tl.store(out_ptr + token * INTERMEDIATE + cols, (activated * up).to(dtype), mask=mask)
+    out = gated_chunk(x_ptr + token * x_stride, cols, mask, INTERMEDIATE, IS_GELU_TANH, out_ptr.dtype.element_ty)
+    tl.store(out_ptr + token * INTERMEDIATE + cols, out, mask=mask)
 
 
 def silu_and_mul(x: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:  # [T, 2 * I] -> [T, I]
@@ -50,11 +57,7 @@ def silu_and_mul(x: torch.Tensor, use_pdl: bool = False) -> torch.Tensor:  # [T,
 
 def gated_activation(x: torch.Tensor, activation: str, use_pdl: bool = False) -> torch.Tensor:
     """act(x[:, :I]) * x[:, I:], act one of ACTIVATIONS."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
-    if x.dim() != 2 or x.shape[1] % 2 or x.stride(1) != 1:
-        raise ValueError(f"x must be 2-d [num_tokens, 2 * intermediate] with unit column stride, got "
-                         f"{tuple(x.shape)} strides {x.stride()}")
+    check_gated_input(x, activation)
     num_tokens, intermediate = x.shape[0], x.shape[1] // 2
     out = torch.empty((num_tokens, intermediate), dtype=x.dtype, device=x.device)
     if num_tokens == 0 or intermediate == 0:
@@ -72,3 +75,11 @@ def gated_activation(x: torch.Tensor, activation: str, use_pdl: bool = False) ->
         enable_fp_fusion=False,  # no mul+add into one FMA: torch rounds the product first
     )
     return out
+
+
+def check_gated_input(x: torch.Tensor, activation: str) -> None:
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {ACTIVATIONS}")
+    if x.dim() != 2 or x.shape[1] % 2 or x.stride(1) != 1:
+        raise ValueError(f"x must be 2-d [num_tokens, 2 * intermediate] with unit column stride, got "
+                         f"{tuple(x.shape)} strides {x.stride()}")

@@ -12,6 +12,8 @@ A `Linear`'s product x @ W.T runs on, in this order:
    input (the residual add + RMSNorm before q/k/v and gate/up, SiLU-and-mul before down): one launch less each
    (Llama's norm convention and SiLU only: Gemma's norms and GELU run on their own first);
 4. cuBLAS (F.linear) otherwise, and everywhere when built with `KernelConfig.fused_kernels` off (the reference).
+A quantized layer's format takes the product (gpu/quant/); where it has a kernel that prepares the product's input
+from the norm or activation before it (FP8's quantization), `forward_normed` and `forward_activated` let it.
 The choice depends on shapes, dtypes and the GPU only, so it is the same at every replay of a CUDA graph. The LM
 head (gpu/layers/vocab_parallel.py) routes through the same `linear`. `warm_up_skinny_gemm` compiles every row
 bucket's config before a request.
@@ -100,6 +102,9 @@ class Linear(nn.Linear):
         if isinstance(self.packed, Int8DotProduct) and self.packed.takes(x, inp.residual, inp.norm.weight, self.bias):
             y, summed = self.packed.normed(x, inp.residual, inp.norm, self.bias)
             return self._reduce(y), summed
+        fused = self.quant.apply_normed(self, inp, self.bias) if self.quant is not None else None
+        if fused is not None:
+            return self._reduce(fused[0]), fused[1]
         is_fusable = x.dim() == 2 and inp.norm.is_fused(x) and inp.norm.is_llama_style  # the prologue's convention
         config = self._prologue_config(x, "norm") if is_fusable else None
         if config is not None:
@@ -117,6 +122,9 @@ class Linear(nn.Linear):
         if (isinstance(self.packed, Int8DotProduct) and act.activation in GATED_ACTIVATIONS
                 and self.packed.takes(gate_up, self.bias)):
             return self._reduce(self.packed.gated(gate_up, self.bias, act.activation))
+        product = self.quant.apply_activated(self, gate_up, act, self.bias) if self.quant is not None else None
+        if product is not None:
+            return self._reduce(product)
         is_fusable = isinstance(act, SiluAndMul) and act.is_fused(gate_up)  # the prologue computes SiLU only
         config = self._prologue_config(gate_up[:, : self.in_features], "silu") if is_fusable else None
         if config is not None:

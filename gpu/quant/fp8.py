@@ -12,12 +12,15 @@ largest of a merged layer's shards', as vLLM takes it), and the product runs on 
 gpu/kernels/quant_gemm_configs.py's FP8_CUBLAS_MIN_ROWS rows in gpu/kernels/fp8_gemm.py (activations quantized per
 token group of the block's columns inside its loop, 128 columns for per-row weights), from there in cuBLAS
 (torch._scaled_mm, activations quantized per token group of 128 for 128x128 blocks, per token for per-row weights,
-by gpu/kernels/fp8_quant.py) where its layout rules allow. At the few rows gpu/kernels/quant_gemm_configs.py sends
+by gpu/kernels/fp8_quant.py) where its layout rules allow; there a layer whose input is a norm's or a gated
+activation's output takes it quantized from that kernel (`apply_normed`, `apply_activated`). At the few rows gpu/kernels/quant_gemm_configs.py sends
 to its GEMV path (gpu/kernels/quant_gemv.py) the weights are dequantized in registers instead and activations stay in
 bf16, as weight-only FP8 kernels run (vLLM's Marlin FP8): where the weight stream bounds the product, quantizing x
 saves nothing, and a static activation scale plays no part there. On a CPU the dequantized weight runs
 (gpu/quant/method.py).
 """
+
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -25,6 +28,10 @@ from torch import nn
 from gpu.loader import CheckpointTensor
 from gpu.quant.layout import PLAIN, TensorLayout, WeightLayout
 from gpu.quant.method import ExpertsQuantMethod, QuantMethod
+
+if TYPE_CHECKING:
+    from gpu.layers.activation import GatedActivation
+    from gpu.layers.norm import NormInput
 
 FP8_DTYPE = torch.float8_e4m3fn
 INPUT_SCALE = "input_scale"
@@ -73,7 +80,7 @@ class Fp8Method(QuantMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         rows = x.reshape(-1, x.shape[-1])
-        input_scale = getattr(layer, INPUT_SCALE) if self.has_input_scale else None
+        input_scale = self._input_scale(layer)
         if self._runs_on_cublas(rows):
             y = self.cublas_product(layer, rows, input_scale, bias)
         else:
@@ -95,16 +102,54 @@ class Fp8Method(QuantMethod):
                 and rows.stride(-1) == 1 and (self.scale_block[1] >= k or is_deepseek_blocks))
 
     def cublas_product(self, layer: nn.Module, rows: torch.Tensor, input_scale: torch.Tensor | None,
-                        bias: torch.Tensor | None) -> torch.Tensor:
+                       bias: torch.Tensor | None) -> torch.Tensor:
         """torch._scaled_mm: activations quantized per token (per-row weights) or per token group of 128 columns
         (cuBLAS's 1x128 x 128x128 block recipe) first, by one kernel."""
         from gpu.kernels.fp8_quant import quantize_rows
 
-        is_per_row = self.scale_block[1] >= self.layout.in_features
-        quantized, x_scales = quantize_rows(rows, None if is_per_row else 128, input_scale)
+        quantized, x_scales = quantize_rows(rows, self._activation_group(), input_scale)
+        return self._scaled_mm(layer, quantized, x_scales, bias, rows)
+
+    def apply_normed(self, layer: nn.Module, inp: "NormInput",
+                     bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """On cuBLAS's rows, the norm's kernel writes its output as FP8 and its scales (gpu/kernels/fp8_quant.py):
+        what `cublas_product` would quantize, bit for bit, one launch and one 16-bit round trip less."""
+        from gpu.kernels.rms_norm import MAX_HIDDEN
+
+        x = inp.x
+        if not (x.dim() == 2 and x.shape[1] <= MAX_HIDDEN and inp.norm.is_fused(x) and self._runs_on_cublas(x)):
+            return None
+        from gpu.kernels.fp8_quant import rms_norm_quantized
+
+        convention = inp.norm.convention
+        quantized, x_scales, summed = rms_norm_quantized(
+            x, inp.norm.weight, inp.norm.eps, inp.residual, self._activation_group(), self._input_scale(layer),
+            convention.weight_offset, convention.scales_in_float32)
+        return self._scaled_mm(layer, quantized, x_scales, bias, x), summed
+
+    def apply_activated(self, layer: nn.Module, gate_up: torch.Tensor, act: "GatedActivation",
+                        bias: torch.Tensor | None) -> torch.Tensor | None:
+        """As `apply_normed`, for the gated activation before a down projection."""
+        if not (act.is_fused(gate_up) and self._runs_on_cublas(gate_up)):
+            return None
+        from gpu.kernels.fp8_quant import gated_activation_quantized
+
+        quantized, x_scales = gated_activation_quantized(gate_up, act.activation, self._activation_group(),
+                                                         self._input_scale(layer))
+        return self._scaled_mm(layer, quantized, x_scales, bias, gate_up)
+
+    def _activation_group(self) -> int | None:
+        """The activations' scales for cuBLAS: per token (None) for per-row weights, per 128 columns for blocks."""
+        return None if self.scale_block[1] >= self.layout.in_features else 128
+
+    def _input_scale(self, layer: nn.Module) -> torch.Tensor | None:
+        return getattr(layer, INPUT_SCALE) if self.has_input_scale else None
+
+    def _scaled_mm(self, layer: nn.Module, quantized: torch.Tensor, x_scales: torch.Tensor,
+                   bias: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
         y = torch._scaled_mm(quantized, layer.weight.t(), scale_a=x_scales,
-                             scale_b=getattr(layer, self.scale_name).t(), bias=bias, out_dtype=rows.dtype)
-        return y[: rows.shape[0]]  # grouped activations come padded to whole sets of rows
+                             scale_b=getattr(layer, self.scale_name).t(), bias=bias, out_dtype=x.dtype)
+        return y[: x.shape[0]]  # grouped activations come padded to whole sets of rows
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         return dequantize_blocks(layer.weight, getattr(layer, self.scale_name), self.scale_block)

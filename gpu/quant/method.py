@@ -11,13 +11,17 @@ the layer's shape in its `WeightLayout`; nothing else in the model knows the for
 """
 
 import re
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 from torch import nn
 
 from gpu.loader import CheckpointTensor
 from gpu.quant.layout import PLAIN, RowSlice, TensorLayout, WeightLayout, read_part, stored_range
+
+if TYPE_CHECKING:
+    from gpu.layers.activation import GatedActivation
+    from gpu.layers.norm import NormInput
 
 
 class QuantMethod:
@@ -57,6 +61,17 @@ class QuantMethod:
     def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         """x @ W.T (+ bias) over x's last dimension, on the layer's device."""
         raise NotImplementedError
+
+    def apply_normed(self, layer: nn.Module, inp: "NormInput",
+                     bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """(norm(x + residual) @ W.T (+ bias), x + residual) with the norm computed by the kernel that prepares the
+        product's input, or None where the format has no such kernel for these rows (the norm then runs alone)."""
+        return None
+
+    def apply_activated(self, layer: nn.Module, gate_up: torch.Tensor, act: "GatedActivation",
+                        bias: torch.Tensor | None) -> torch.Tensor | None:
+        """act(gate_up) @ W.T (+ bias) likewise, or None."""
+        return None
 
     def dequantize(self, layer: nn.Module) -> torch.Tensor:
         """The weight [out, in] in float32 by the format's rule: the reference."""

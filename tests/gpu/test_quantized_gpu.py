@@ -34,7 +34,9 @@ from gpu.kernels.quant_gemm_configs import (
     table_for,
     wide_gemv_tiles,
 )
+from gpu.layers.activation import GeluTanhAndMul, SiluAndMul
 from gpu.layers.linear import Linear
+from gpu.layers.norm import GEMMA3_NORM, LLAMA_NORM, NormInput, RMSNorm
 from gpu.loader import CheckpointTensor, TensorSlice
 from gpu.quant import gguf_blocks
 from gpu.quant.fp8 import Fp8Scheme, dequantize_blocks
@@ -148,6 +150,39 @@ def test_fp8_layer_routes_by_rows(scheme: str, rows: int) -> None:
     x = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
     per_token = scheme == "per-channel" and rows >= FP8_CUBLAS_MIN_ROWS
     _close(layer(x), fp8_activations(x, None if per_token else 128, None) @ dequantize_blocks(levels, scales, block).T)
+
+
+@pytest.mark.parametrize("scheme", ["blocks", "per-channel", "static"])
+@pytest.mark.parametrize("rows", (FP8_CUBLAS_MIN_ROWS, 200, 512))
+def test_fp8_layer_takes_its_input_quantized_from_the_norm_and_the_activation(scheme: str, rows: int) -> None:
+    """On cuBLAS's rows the norm's and the gated activation's kernels write the FP8 input themselves
+    (gpu/kernels/fp8_quant.py): the products and the residual sum equal the norm (or activation) run alone and then
+    the layer, bit for bit, Llama's and Gemma's norm conventions, SiLU and GELU."""
+    g = torch.Generator(device="cuda").manual_seed(rows + 2)
+    block = (128, 128) if scheme == "blocks" else (1, K)
+    levels, scales = _fp8_weight(block, g)
+    if scheme == "blocks":
+        layer = _loaded(Fp8Scheme({"quant_method": "fp8", "weight_block_size": [128, 128]}),
+                        {"weight": levels, "weight_scale_inv": scales})
+    else:
+        config = {"quant_method": "fp8", "activation_scheme": "static" if scheme == "static" else "dynamic"}
+        tensors = {"weight": levels, "weight_scale": scales}
+        layer = _loaded(Fp8Scheme(config), tensors | ({"input_scale": torch.tensor([0.03])} if scheme == "static"
+                                                       else {}))
+    x = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
+    residual = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
+    for convention in (LLAMA_NORM, GEMMA3_NORM):
+        norm = RMSNorm(K, 1e-6, convention=convention).cuda().bfloat16()
+        norm.weight.data.normal_(generator=g)
+        inp = NormInput(norm, x, residual)
+        assert layer.quant.apply_normed(layer, inp, None) is not None  # type: ignore[union-attr]
+        y, summed = layer.forward_normed(inp)
+        normed, want_summed = inp.compute()
+        assert torch.equal(y, layer(normed)) and torch.equal(summed, want_summed)
+    gate_up = torch.randn(rows, 2 * K, device="cuda", generator=g).bfloat16()
+    for act in (SiluAndMul(), GeluTanhAndMul()):
+        assert layer.quant.apply_activated(layer, gate_up, act, None) is not None  # type: ignore[union-attr]
+        assert torch.equal(layer.forward_activated(gate_up, act), layer(act(gate_up)))
 
 
 def _int_groups(bits: int, group_size: int, kind: str, g: torch.Generator, n: int = N, k: int = K) -> IntGroups:

@@ -235,6 +235,22 @@ def test_fp8_activation_quantization_compiles() -> None:
             GROUP=group, PER_TOKEN=per_token, STATIC=False, USE_PDL=True, BLOCK=1024), 4, 2)
         assert spilled == 0
 
+    norm_signature = {"x_ptr": "*bf16", "residual_ptr": "*bf16", "weight_ptr": "*bf16", "sum_ptr": "*bf16",
+                      "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_scale_ptr": "*fp32", "M": "i32", "x_stride": "i32",
+                      "residual_stride": "i32", "eps": "fp32", "stride_qm": "i32", "stride_sm": "i32",
+                      "stride_sg": "i32"}
+    gated_signature = {"x_ptr": "*bf16", "q_ptr": "*fp8e4nv", "s_ptr": "*fp32", "in_scale_ptr": "*fp32", "M": "i32",
+                       "x_stride": "i32", "stride_qm": "i32", "stride_sm": "i32", "stride_sg": "i32"}
+    for group, per_token in ((128, False), (4096, True)):  # Qwen3-8B's hidden and intermediate sizes
+        spilled, _ = compiled_usage(fp8_quant._rms_norm_quantize_kernel, norm_signature, dict(
+            HIDDEN=4096, BLOCK=4096, HAS_RESIDUAL=True, WEIGHT_OFFSET=0.0, SCALES_IN_FLOAT32=False, GROUP=group,
+            PER_TOKEN=per_token, STATIC=False, USE_PDL=True), 16, 2)
+        assert spilled == 0
+        spilled, _ = compiled_usage(fp8_quant._gated_quantize_kernel, gated_signature, dict(
+            INTERMEDIATE=12288, BLOCK=1024, IS_GELU_TANH=False, GROUP=min(group, 1024), PER_TOKEN=per_token,
+            STATIC=False, USE_PDL=True), 4, 2)
+        assert spilled == 0
+
 
 ROUTE_SIGNATURE = {"logits_ptr": "*bf16", "bias_ptr": "*fp32", "weights_ptr": "*fp32", "ids_ptr": "*i32",
                    "logits_stride": "i32"}

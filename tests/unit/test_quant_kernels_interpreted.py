@@ -205,6 +205,67 @@ def test_activation_quantization_for_cublas(fp8_quant: ModuleType, group: int | 
     assert torch.equal(quantized.float() * expanded, x.float())
 
 
+@pytest.fixture(scope="module")
+def norm_kernel() -> ModuleType:
+    return interpreted("rms_norm")
+
+
+@pytest.fixture(scope="module")
+def activation_kernel() -> ModuleType:
+    return interpreted("silu_and_mul")
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype == torch.float8_e4m3fn else t
+
+
+def _assert_same_quantization(fused: tuple[torch.Tensor, ...], apart: tuple[torch.Tensor, ...]) -> None:
+    for got, want in zip(fused, apart, strict=True):
+        assert got.shape == want.shape and got.stride() == want.stride()
+        assert torch.equal(_bits(got), _bits(want))
+
+
+@pytest.mark.parametrize("group", [128, None, "static"])
+@pytest.mark.parametrize(("hidden", "has_residual", "gemma"), [(384, True, False), (256, False, False),
+                                                               (512, True, True)])
+def test_norm_quantized_in_one_kernel_equals_the_norm_then_quantize_rows(
+        fp8_quant: ModuleType, norm_kernel: ModuleType, group: int | str | None, hidden: int, has_residual: bool,
+        gemma: bool) -> None:
+    """The fused norm's FP8 rows, scales (padded rows included) and residual sum equal, bit for bit, the norm
+    kernel's output quantized by quantize_rows: 5 rows (3 padding rows for groups), a hidden size off a power of two,
+    Gemma's convention."""
+    g = torch.Generator().manual_seed(4)
+    x = (torch.randn(5, hidden, generator=g) * 3).half()
+    residual = torch.randn(5, hidden, generator=g).half() if has_residual else None
+    weight = torch.randn(hidden, generator=g).half()
+    static = torch.tensor([0.02]) if group == "static" else None
+    size = group if isinstance(group, int) else None
+    offset, in_float32 = (1.0, True) if gemma else (0.0, False)
+    normed, summed = norm_kernel.rms_norm(x, weight, 1e-6, residual, weight_offset=offset,
+                                          scales_in_float32=in_float32)
+    apart = (*fp8_quant.quantize_rows(normed, size, static), summed)
+    fused = fp8_quant.rms_norm_quantized(x, weight, 1e-6, residual, size, static, weight_offset=offset,
+                                         scales_in_float32=in_float32)
+    _assert_same_quantization(fused, apart)
+    assert static is not None or fused[0].float().abs().amax() == 448  # some value on each scale's largest level
+
+
+@pytest.mark.parametrize("group", [128, None, "static"])
+@pytest.mark.parametrize(("intermediate", "activation"), [(1280, "silu"), (256, "gelu_tanh")])
+def test_activation_quantized_in_one_kernel_equals_the_activation_then_quantize_rows(
+        fp8_quant: ModuleType, activation_kernel: ModuleType, group: int | str | None, intermediate: int,
+        activation: str) -> None:
+    """The fused gated activation's FP8 rows and scales equal the activation kernel's output quantized by
+    quantize_rows, bit for bit: one column block and a partial second (1,280 columns in tiles of 1,024), both
+    activations, a strided input."""
+    g = torch.Generator().manual_seed(5)
+    x = (torch.randn(6, 2 * intermediate + 8, generator=g) * 2).half()[:, : 2 * intermediate]
+    static = torch.tensor([0.01]) if group == "static" else None
+    size = group if isinstance(group, int) else None
+    apart = fp8_quant.quantize_rows(activation_kernel.gated_activation(x, activation), size, static)
+    _assert_same_quantization(fp8_quant.gated_activation_quantized(x, activation, size, static), apart)
+
+
 GEMV_TILES = {"rows1": GemvTiles(1, 4, 256, 4), "rows2": GemvTiles(2, 8, 128, 4), "rows1-short": GemvTiles(1, 4, 64, 2),
               "rows2-ahead": GemvTiles(2, 2, 128, 1, ahead=True), "rows4-ahead": GemvTiles(4, 1, 64, 2, ahead=True)}
 
