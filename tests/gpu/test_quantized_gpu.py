@@ -134,19 +134,26 @@ def _loaded(scheme: object, tensors: dict[str, torch.Tensor]) -> Linear:
     return layer
 
 
+def _fp8_layer(scheme: str, g: torch.Generator) -> tuple[Linear, torch.Tensor, torch.Tensor, tuple[int, int]]:
+    """(a layer of random FP8 weights, its levels, scales and scale block): 128x128 blocks ("blocks"), or a scale
+    per channel with dynamic ("per-channel") or static ("static") activation scales."""
+    block = (128, 128) if scheme == "blocks" else (1, K)
+    levels, scales = _fp8_weight(block, g)
+    if scheme == "blocks":
+        return _loaded(Fp8Scheme({"quant_method": "fp8", "weight_block_size": [128, 128]}),
+                       {"weight": levels, "weight_scale_inv": scales}), levels, scales, block
+    config = {"quant_method": "fp8", "activation_scheme": "static" if scheme == "static" else "dynamic"}
+    static = {"input_scale": torch.tensor([0.03])} if scheme == "static" else {}
+    return _loaded(Fp8Scheme(config), {"weight": levels, "weight_scale": scales} | static), levels, scales, block
+
+
 @pytest.mark.parametrize("scheme", ["blocks", "per-channel"])
 @pytest.mark.parametrize("rows", ROWS)
 def test_fp8_layer_routes_by_rows(scheme: str, rows: int) -> None:
     """Up to FP8_CUBLAS_MIN_ROWS the Triton kernel (activations per group of 128), from there cuBLAS (per group of
     128 for 128x128 blocks, per token for a scale per channel)."""
     g = torch.Generator(device="cuda").manual_seed(rows + 1)
-    block = (128, 128) if scheme == "blocks" else (1, K)
-    levels, scales = _fp8_weight(block, g)
-    if scheme == "blocks":
-        layer = _loaded(Fp8Scheme({"quant_method": "fp8", "weight_block_size": [128, 128]}),
-                        {"weight": levels, "weight_scale_inv": scales})
-    else:
-        layer = _loaded(Fp8Scheme({"quant_method": "fp8"}), {"weight": levels, "weight_scale": scales})
+    layer, levels, scales, block = _fp8_layer(scheme, g)
     x = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
     per_token = scheme == "per-channel" and rows >= FP8_CUBLAS_MIN_ROWS
     _close(layer(x), fp8_activations(x, None if per_token else 128, None) @ dequantize_blocks(levels, scales, block).T)
@@ -159,16 +166,7 @@ def test_fp8_layer_takes_its_input_quantized_from_the_norm_and_the_activation(sc
     (gpu/kernels/fp8_quant.py): the products and the residual sum equal the norm (or activation) run alone and then
     the layer, bit for bit, Llama's and Gemma's norm conventions, SiLU and GELU."""
     g = torch.Generator(device="cuda").manual_seed(rows + 2)
-    block = (128, 128) if scheme == "blocks" else (1, K)
-    levels, scales = _fp8_weight(block, g)
-    if scheme == "blocks":
-        layer = _loaded(Fp8Scheme({"quant_method": "fp8", "weight_block_size": [128, 128]}),
-                        {"weight": levels, "weight_scale_inv": scales})
-    else:
-        config = {"quant_method": "fp8", "activation_scheme": "static" if scheme == "static" else "dynamic"}
-        tensors = {"weight": levels, "weight_scale": scales}
-        layer = _loaded(Fp8Scheme(config), tensors | ({"input_scale": torch.tensor([0.03])} if scheme == "static"
-                                                       else {}))
+    layer = _fp8_layer(scheme, g)[0]
     x = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
     residual = torch.randn(rows, K, device="cuda", generator=g).bfloat16()
     for convention in (LLAMA_NORM, GEMMA3_NORM):
