@@ -13,11 +13,11 @@ gpu/kernels/quant_gemm_configs.py's FP8_CUBLAS_MIN_ROWS rows in gpu/kernels/fp8_
 token group of the block's columns inside its loop, 128 columns for per-row weights), from there in cuBLAS
 (torch._scaled_mm, activations quantized per token group of 128 for 128x128 blocks, per token for per-row weights,
 by gpu/kernels/fp8_quant.py) where its layout rules allow; there a layer whose input is a norm's or a gated
-activation's output takes it quantized from that kernel (`apply_normed`, `apply_activated`). At the few rows gpu/kernels/quant_gemm_configs.py sends
-to its GEMV path (gpu/kernels/quant_gemv.py) the weights are dequantized in registers instead and activations stay in
-bf16, as weight-only FP8 kernels run (vLLM's Marlin FP8): where the weight stream bounds the product, quantizing x
-saves nothing, and a static activation scale plays no part there. On a CPU the dequantized weight runs
-(gpu/quant/method.py).
+activation's output takes it quantized from that kernel (`apply_normed`, `apply_activated`). At the few rows
+gpu/kernels/quant_gemm_configs.py sends to its GEMV path (gpu/kernels/quant_gemv.py) the weights are dequantized in
+registers instead and activations stay in bf16, as weight-only FP8 kernels run (vLLM's Marlin FP8): where the weight
+stream bounds the product, quantizing x saves nothing, and a static activation scale plays no part there. On a CPU
+the dequantized weight runs (gpu/quant/method.py).
 """
 
 from typing import TYPE_CHECKING
