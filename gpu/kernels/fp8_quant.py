@@ -33,6 +33,21 @@ def _scale_of(amax):
 
 
 @triton.jit
+def _row_scale(s_row, in_scale_ptr, amax, PER_TOKEN: tl.constexpr, STATIC: tl.constexpr):
+    """The row's one scale, stored at s_row: the static one, or its largest magnitude's (`amax`, read only PER_TOKEN);
+    1.0, stored nowhere, where each group has its own."""
+    if STATIC:
+        scale = tl.load(in_scale_ptr)
+    elif PER_TOKEN:
+        scale = _scale_of(amax)
+    else:
+        scale = 1.0
+    if STATIC or PER_TOKEN:
+        tl.store(s_row, scale)
+    return scale
+
+
+@triton.jit
 def _quantize_chunk(q_row, s_row, x, first_col, K, stride_sg, scale, GROUP: tl.constexpr, PER_ROW: tl.constexpr,
                     BLOCK: tl.constexpr):
     """Stores x [BLOCK] (float32; columns first_col..) as FP8 into q_row, divided by the row's `scale` (PER_ROW) or
@@ -67,14 +82,10 @@ def _quantize_rows_kernel(
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_xm
     x_columns = tl.where(row < M, K, 0)  # rows past x's pad the grouped layout: zeros, scaled by MIN_SCALE
-    if STATIC:
-        scale = tl.load(in_scale_ptr)
-    elif PER_TOKEN:
-        scale = _scale_of(_row_amax(x_row, K, BLOCK))
-    else:
-        scale = 1.0  # unused: each group has its own
-    if STATIC or PER_TOKEN:
-        tl.store(s_ptr + row * stride_sm, scale)
+    amax = 0.0
+    if PER_TOKEN:
+        amax = _row_amax(x_row, K, BLOCK)
+    scale = _row_scale(s_ptr + row * stride_sm, in_scale_ptr, amax, PER_TOKEN, STATIC)
     for k in range(0, K, BLOCK):
         ks = k + tl.arange(0, BLOCK)
         x = tl.load(x_row + ks, mask=ks < x_columns, other=0.0).to(tl.float32)
@@ -97,14 +108,8 @@ def _rms_norm_quantize_kernel(
     normed = normed_row(x_ptr, residual_ptr, weight_ptr, sum_ptr, row, columns, x_stride, residual_stride, eps,
                         x_ptr.dtype.element_ty, HIDDEN, BLOCK, HAS_RESIDUAL, WEIGHT_OFFSET,
                         SCALES_IN_FLOAT32).to(tl.float32)
-    if STATIC:
-        scale = tl.load(in_scale_ptr)
-    elif PER_TOKEN:
-        scale = _scale_of(tl.reduce(tl.abs(normed), 0, maximum))
-    else:
-        scale = 1.0  # unused: each group has its own
-    if STATIC or PER_TOKEN:
-        tl.store(s_ptr + row * stride_sm, scale)
+    scale = _row_scale(s_ptr + row * stride_sm, in_scale_ptr, tl.reduce(tl.abs(normed), 0, maximum), PER_TOKEN,
+                       STATIC)
     _quantize_chunk(q_ptr + row * stride_qm, s_ptr + row * stride_sm, normed, 0, HIDDEN, stride_sg, scale, GROUP,
                     STATIC or PER_TOKEN, BLOCK)
 
@@ -125,16 +130,15 @@ def _gated_quantize_kernel(
     dtype = x_ptr.dtype.element_ty
     columns = tl.where(row < M, INTERMEDIATE, 0)  # rows past x's pad the grouped layout
     if STATIC or PER_TOKEN:
-        if STATIC:
-            scale = tl.load(in_scale_ptr)
-        else:
-            amax = tl.full((BLOCK,), 0.0, tl.float32)
+        amax = 0.0
+        if PER_TOKEN:
+            amaxes = tl.full((BLOCK,), 0.0, tl.float32)
             for k in range(0, INTERMEDIATE, BLOCK):
                 cols = k + tl.arange(0, BLOCK)
                 chunk = gated_chunk(x_row, cols, cols < columns, INTERMEDIATE, IS_GELU_TANH, dtype)
-                amax = tl.maximum(amax, tl.abs(chunk.to(tl.float32)))
-            scale = _scale_of(tl.reduce(amax, 0, maximum))
-        tl.store(s_row, scale)
+                amaxes = tl.maximum(amaxes, tl.abs(chunk.to(tl.float32)))
+            amax = tl.reduce(amaxes, 0, maximum)
+        scale = _row_scale(s_row, in_scale_ptr, amax, PER_TOKEN, STATIC)
         for k in range(0, INTERMEDIATE, BLOCK):
             cols = k + tl.arange(0, BLOCK)
             chunk = gated_chunk(x_row, cols, cols < columns, INTERMEDIATE, IS_GELU_TANH, dtype)
